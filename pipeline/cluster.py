@@ -1,0 +1,146 @@
+"""Connect to a Dask cluster, or start the embedded one a config describes.
+
+The embedded cluster is a `SpecCluster` (a LocalCluster gives every worker the same
+resource tags) of nanny-managed worker processes, one Dask thread each: a worker runs
+its tasks one at a time, and its torch thread count comes from the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Iterator
+from urllib.parse import urlsplit
+
+import psutil
+
+import dask
+from distributed import Client, Nanny, Scheduler, SpecCluster
+
+from pipeline.config import ClusterConfig, WorkerConfig
+from tasks.worker_state import WorkerSetup
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot serve this run (unreachable, missing tag, worker lost)."""
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """A worker chosen to run conv shards."""
+
+    address: str
+    name: str
+    resource: str
+    threads: int
+    emulated_speed: float  # 1.0 unless the worker emulates a slower device
+
+    @property
+    def label(self) -> str:
+        if self.emulated_speed < 1.0:
+            return f"{self.name} (emulated {self.emulated_speed:g}x speed)"
+        return self.name
+
+
+def all_local(slots: list[WorkerSlot]) -> bool:
+    """Whether every worker runs on this host (so /dev/shm is shared with them)."""
+    local = {"127.0.0.1", "::1", "localhost", socket.gethostname()}
+    for addresses in psutil.net_if_addrs().values():
+        local.update(a.address.split("%")[0] for a in addresses)
+    return all(urlsplit(slot.address).hostname in local for slot in slots)
+
+
+def scheduler_address(config: ClusterConfig) -> str | None:
+    """The scheduler to use: the config's, else $DASK_SCHEDULER_ADDRESS, else None."""
+    return config.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
+
+
+def start_embedded_cluster(workers: list[WorkerConfig], dashboard: bool = False) -> SpecCluster:
+    """Start a scheduler and one nanny-managed process per configured worker."""
+    scheduler = {"cls": Scheduler,
+                 "options": {"dashboard_address": ":0" if dashboard else None}}
+    spec = {
+        worker.name: {"cls": Nanny, "options": {
+            "nthreads": 1, "silence_logs": logging.ERROR, "resources": dict(worker.resources), "memory_limit": 0,
+        }}
+        for worker in workers
+    }
+    quiet = {"distributed.worker.daemon": False, "logging.distributed": "error",
+             "distributed.admin.system-monitor.gil.enabled": False}
+    with dask.config.set(quiet):
+        return SpecCluster(workers=spec, scheduler=scheduler, silence_logs=logging.ERROR)
+
+
+@contextlib.contextmanager
+def open_client(config: ClusterConfig, dashboard: bool = False) -> Iterator[Client]:
+    """A client to the named scheduler, or to a fresh embedded cluster (closed after)."""
+    address = scheduler_address(config)
+    if address:
+        try:
+            client = Client(address, timeout="10s", set_as_default=False)
+        except (OSError, TimeoutError) as error:
+            raise ClusterError(
+                f"cannot reach the Dask scheduler at {address} ({type(error).__name__}); "
+                "is `dask scheduler` running there?"
+            ) from None
+        with client:
+            yield client
+        return
+    cluster = start_embedded_cluster(config.worker_list(), dashboard)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            yield client
+    finally:
+        cluster.close()
+
+
+def register_setup(client: Client, config: ClusterConfig) -> None:
+    """Install `WorkerSetup` on every worker (threads and emulated speeds by name)."""
+    threads, speeds = {}, {}
+    if scheduler_address(config) is None:
+        for worker in config.worker_list():
+            threads[worker.name] = worker.threads
+            speeds[worker.name] = worker.speed
+    client.register_plugin(WorkerSetup(threads, speeds))
+
+
+def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
+    """Wait (at most `wait_timeout` s) for workers offering the config's tag.
+
+    Returns `use_workers` of them (all, if unset), ordered by name. Raises a
+    ClusterError naming the tag if too few appear in time: never waits silently.
+    """
+    tag = config.resource
+    wanted = config.use_workers or 1
+    deadline = time.monotonic() + config.wait_timeout
+    emulated = {} if scheduler_address(config) else {
+        w.name: w.speed for w in config.worker_list()}
+    threads_by_name = {} if scheduler_address(config) else {
+        w.name: w.threads for w in config.worker_list()}
+    while True:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        tagged = sorted(
+            ({**info, "address": address} for address, info in workers.items()
+             if info.get("resources", {}).get(tag, 0) >= 1),
+            key=lambda info: str(info.get("name")),
+        )
+        if len(tagged) >= wanted:
+            chosen = tagged[: config.use_workers] if config.use_workers else tagged
+            return [
+                WorkerSlot(info["address"], str(info.get("name")), tag,
+                           int(threads_by_name.get(str(info.get("name")), info["nthreads"])),
+                           float(emulated.get(str(info.get("name")), 1.0)))
+                for info in chosen
+            ]
+        if time.monotonic() > deadline:
+            offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
+            raise ClusterError(
+                f"no worker offers resource '{tag}' "
+                f"({len(tagged)} of {wanted} needed after {config.wait_timeout:g} s; "
+                f"{len(workers)} worker(s) connected, offering: {', '.join(offered) or 'none'})"
+            )
+        time.sleep(0.2)

@@ -1,0 +1,215 @@
+"""The schema of one training run's config, and how to load it.
+
+A run config is YAML; `load_run_config` validates it into `RunConfig` and applies
+dotted ``key=value`` overrides from the command line first. Sweeps (in
+`experiments`) build on the same schema and only add axes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipeline.schema import ConfigError, from_dict, load_yaml, parse_override, set_dotted
+from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
+
+Strategy = Literal["kernel", "single", "reference"]
+
+
+@dataclass
+class ConvLayerConfig:
+    kernels: int
+    size: int = 5
+    padding: int = 2
+    pool: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("kernels", "size", "pool"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.padding < 0:
+            raise ConfigError(f"padding must be >= 0, got {self.padding}")
+
+
+@dataclass
+class NetworkConfig:
+    conv: list[ConvLayerConfig] = field(
+        default_factory=lambda: [ConvLayerConfig(32), ConvLayerConfig(64)]
+    )
+    hidden: list[int] = field(default_factory=list)
+    classes: int = 10
+    dtype: Literal["float32", "float64"] = "float32"
+
+    def __post_init__(self) -> None:
+        if not self.conv:
+            raise ConfigError("conv: at least one conv layer is needed")
+
+
+@dataclass
+class DataConfig:
+    source: str = "synthetic"  # "synthetic", or a path to CIFAR-10's python archive/folder
+    path: str | None = None  # the Zarr store; default data/<source name>.zarr
+    train_samples: int = 5000
+    test_samples: int = 1000
+    seed: int = 0
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20
+    batch: int = 64
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    nesterov: bool = False
+    seed: int = 0
+    warmup_steps: int = 1  # excluded from the timing summary
+    checkpoint_every: int = 0  # 0: only step 0 and the last step
+    eval_samples: int = 1000  # test images scored at the end (0: skip)
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"steps must be at least 1, got {self.steps}")
+        if self.batch < 1:
+            raise ConfigError(f"batch must be at least 1, got {self.batch}")
+        if self.checkpoint_every < 0 or self.warmup_steps < 0 or self.eval_samples < 0:
+            raise ConfigError("checkpoint_every, warmup_steps and eval_samples must be >= 0")
+
+
+@dataclass
+class WorkerConfig:
+    """One worker of the embedded cluster."""
+
+    name: str | None = None
+    resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    threads: int = 1
+    speed: float = 1.0  # < 1 emulates a slower device (labelled "emulated" everywhere)
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ConfigError(f"threads must be at least 1, got {self.threads}")
+        if not 0 < self.speed <= 1:
+            raise ConfigError(f"speed must be in (0, 1], got {self.speed}")
+
+
+@dataclass
+class ClusterConfig:
+    scheduler: str | None = None  # None: DASK_SCHEDULER_ADDRESS, else an embedded cluster
+    workers: int | list[WorkerConfig] = 2  # embedded cluster: a count of CPU workers or a list
+    resource: str = "CPU"  # the tag whose workers run the conv tasks
+    use_workers: int | None = None  # how many tagged workers to use (None: all)
+    wait_timeout: float = 30.0  # seconds to wait for workers offering the tag
+
+    def worker_list(self) -> list[WorkerConfig]:
+        """The embedded cluster's workers, with names filled in."""
+        if isinstance(self.workers, int):
+            workers = [WorkerConfig() for _ in range(self.workers)]
+        else:
+            workers = [copy.copy(w) for w in self.workers]
+        for index, worker in enumerate(workers):
+            if worker.name is None:
+                tag = "-".join(sorted(worker.resources)).lower() or "worker"
+                worker.name = f"{tag}-{index}"
+        return workers
+
+    def __post_init__(self) -> None:
+        count = self.workers if isinstance(self.workers, int) else len(self.workers)
+        if count < 1:
+            raise ConfigError("workers: at least one worker is needed")
+        if self.use_workers is not None and self.use_workers < 1:
+            raise ConfigError(f"use_workers must be at least 1, got {self.use_workers}")
+
+
+@dataclass
+class WorkspaceConfig:
+    path: str | None = None  # default: /dev/shm when all workers are local, else <output>
+    channel_quantum: int = 4  # shards own whole multiples of this many channels
+
+
+@dataclass
+class ReferenceConfig:
+    threads: int = 1  # torch threads of the in-process reference run
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    strategy: Strategy = "kernel"
+    placement: Literal["calibrated", "even"] = "calibrated"
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    workspace: WorkspaceConfig = field(default_factory=WorkspaceConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    output: str | None = None  # default: runs/<name>
+    progress: bool = True
+
+    # Derived values -------------------------------------------------------------
+
+    @property
+    def output_dir(self) -> str:
+        return self.output or os.path.join("runs", self.name)
+
+    @property
+    def dataset_path(self) -> str:
+        if self.data.path:
+            return self.data.path
+        if self.data.source == "synthetic":
+            return os.path.join(
+                "data", f"synthetic-{self.data.train_samples}-{self.data.test_samples}"
+                f"-s{self.data.seed}-{self.network.dtype}.zarr"
+            )
+        base = os.path.basename(os.path.normpath(self.data.source)).split(".")[0]
+        return os.path.join("data", f"{base}-{self.network.dtype}.zarr")
+
+    @property
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.output_dir, "checkpoints.zarr")
+
+    def network_spec(self, image_shape: tuple[int, int, int]) -> NetworkSpec:
+        """The network's shapes, given the dataset's (channels, height, width)."""
+        channels, height, width = image_shape
+        layers = []
+        for layer in self.network.conv:
+            spec = ConvLayerSpec(channels, layer.kernels, layer.size, layer.padding,
+                                 layer.pool, height, width)
+            if spec.out_height < 1 or spec.out_width < 1:
+                raise ConfigError(
+                    f"network.conv.{len(layers)}: the image is only {height}x{width} here, "
+                    "too small for this kernel/pool"
+                )
+            layers.append(spec)
+            channels, height, width = spec.kernels, spec.out_height, spec.out_width
+        return NetworkSpec(tuple(layers), tuple(self.network.hidden),
+                           self.network.classes, self.network.dtype)
+
+    def optimizer_spec(self) -> OptimizerSpec:
+        t = self.train
+        return OptimizerSpec(t.lr, t.momentum, t.weight_decay, t.nesterov)
+
+    def checkpoint_steps(self) -> set[int]:
+        """Steps after which a checkpoint is written (0 = the initial weights)."""
+        steps = {0, self.train.steps}
+        if self.train.checkpoint_every:
+            steps.update(range(0, self.train.steps, self.train.checkpoint_every))
+        return steps
+
+
+def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConfig:
+    """Validate raw config data after applying ``key=value`` overrides."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(data, key, value)
+    return from_dict(RunConfig, data)
+
+
+def load_run_config(path: str, overrides: list[str] = ()) -> RunConfig:
+    """Load, override and validate a run config file; raises ConfigError."""
+    data = load_yaml(path)
+    data.setdefault("name", os.path.splitext(os.path.basename(path))[0])
+    return build_run_config(data, overrides)

@@ -1,0 +1,115 @@
+"""Data-parallel and single-device steps (Castelló et al. §data parallelism).
+
+Every device holds a replica and processes its share of the batch; after the
+backward pass the weight gradients are summed with an allreduce whose
+volume is the parameter count, independent of the batch.  With ``overlap``
+each layer's gradients go as soon as every replica has them, on one
+communication channel, while the backward pass goes on.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import collectives
+from .compute import LayerTime, conv_time, dense_time
+from .devices import DeviceSpec, LinkSpec
+from .network import Network
+from .prediction import Options, Prediction, split_batch
+
+__all__ = ["layer_times", "allreduce_schedule", "predict_single", "predict_data", "comm_link"]
+
+
+def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = True) -> list[LayerTime]:
+    """Per-layer times of a whole replica, in forward order."""
+    out = [conv_time(dev, c, batch, input_grad=i > 0) for i, c in enumerate(network.conv)]
+    if dense:
+        out += [dense_time(dev, [d], batch, input_grad=bool(network.conv) or i > 0) for i, d in enumerate(network.dense)]
+    return out
+
+
+def comm_link(devices: Sequence[DeviceSpec], link: LinkSpec) -> LinkSpec:
+    """The link a collective over ``devices`` runs at: the slowest one."""
+    return LinkSpec.slowest([d.link or link for d in devices])
+
+
+def allreduce_schedule(
+    times: list[list[LayerTime]],
+    grad_bytes: list[float],
+    link: LinkSpec,
+    algorithm: str,
+    overlap: bool,
+) -> tuple[float, float]:
+    """End of forward+backward+allreduce, and the compute part of it.
+
+    Parameters
+    ----------
+    times : list of list of LayerTime
+        ``times[d][i]``: device ``d``, layer ``i`` in forward order.
+    grad_bytes : list of float
+        Gradient bytes of each layer.
+    link : LinkSpec
+        Link of the collective.
+    algorithm : str
+        Allreduce algorithm.
+    overlap : bool
+        ``False``: one allreduce of all gradients after the backward pass.
+        ``True``: one per layer, started when all replicas finished that
+        layer's backward, one at a time.
+
+    Returns
+    -------
+    end, compute : float
+        Seconds until the last gradient is summed; slowest replica's
+        forward + backward.
+    """
+    p = len(times)
+    compute = max(sum(t.forward + t.backward for t in row) for row in times)
+    if not overlap:
+        return compute + collectives.allreduce(sum(grad_bytes), p, link, algorithm), compute
+    n = len(grad_bytes)
+    ready = [0.0] * n
+    for row in times:
+        clock = sum(t.forward for t in row)
+        for i in reversed(range(n)):
+            clock += row[i].backward
+            ready[i] = max(ready[i], clock)
+    channel = 0.0
+    for i in reversed(range(n)):
+        channel = max(channel, ready[i]) + collectives.allreduce(grad_bytes[i], p, link, algorithm)
+    return max(channel, compute), compute
+
+
+def predict_single(network: Network, batch: int, device: DeviceSpec) -> Prediction:
+    """Whole network on one device: pure compute."""
+    t = sum(layer_times(device, network, batch), LayerTime())
+    step = t.total
+    conv = sum(layer_times(device, network, batch, dense=False), LayerTime()).total
+    breakdown = {
+        "compute": [step], "compute_max": step, "compute_critical": conv,
+        "communication": 0.0, "storage": 0.0, "master": step - conv, "overhead": 0.0,
+    }
+    return Prediction("single", step, batch, breakdown)
+
+
+def predict_data(
+    network: Network, batch: int, devices: Sequence[DeviceSpec], link: LinkSpec, options: Options
+) -> Prediction:
+    """Data parallel: per-device batch, allreduce of every weight gradient."""
+    weights = [1.0] * len(devices) if options.batch_split == "equal" else [d.rate("conv") for d in devices]
+    shares = split_batch(batch, weights)
+    times = [layer_times(dev, network, b) for dev, b in zip(devices, shares)]
+    s = devices[0].bytes_per_elem
+    grads = [c.params() * s for c in network.conv] + [d.params() * s for d in network.dense]
+    lk = comm_link(devices, link)
+    end, compute = allreduce_schedule(times, grads, lk, options.allreduce, options.overlap)
+    update = max(sum(t.update for t in row) for row in times)
+    per_dev = [sum(t.total for t in row) for row in times]
+    breakdown = {
+        "compute": per_dev, "compute_max": max(per_dev), "compute_critical": compute + update,
+        "communication": end - compute, "storage": 0.0, "master": 0.0, "overhead": 0.0,
+    }
+    return Prediction(
+        "data", end + update, batch, breakdown,
+        details={"batch_shares": shares, "allreduce_bytes": sum(grads)},
+    )

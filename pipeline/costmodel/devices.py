@@ -1,0 +1,186 @@
+"""Devices, links, the shared store and Dask overheads as plain numbers.
+
+Compute follows Castelló et al.'s roofline: an ``m x n x k`` product costs
+``max(2mnk / R, s (mn + mk + nk) / M)``; ``R`` is a peak rate scaled by a
+Paleo-style efficiency per layer kind (Qi et al., ICLR 2017), or a rate
+calibrated for one named layer.  Links follow Hockney: ``alpha + n beta``
+(``+ n gamma`` where bytes are reduced).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .network import Gemm
+
+__all__ = ["LinkSpec", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK"]
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Hockney point-to-point link.
+
+    Attributes
+    ----------
+    alpha : float
+        Latency per message, s.
+    beta : float
+        Transfer time per byte, s/B (inverse bandwidth).
+    gamma : float
+        Reduction arithmetic per byte, s/B.
+    """
+
+    alpha: float = 0.0
+    beta: float = 0.0
+    gamma: float = 0.0
+
+    @classmethod
+    def from_bandwidth(
+        cls, bandwidth: float, latency: float = 0.0, reduce_bandwidth: float = INF
+    ) -> "LinkSpec":
+        """Build from bandwidths in B/s (``inf`` gives a zero term)."""
+        return cls(alpha=latency, beta=1.0 / bandwidth, gamma=1.0 / reduce_bandwidth)
+
+    @property
+    def bandwidth(self) -> float:
+        """Bandwidth in B/s."""
+        return INF if self.beta == 0 else 1.0 / self.beta
+
+    def time(self, n_bytes: float, messages: int = 1) -> float:
+        """``messages * alpha + n_bytes * beta``; zero bytes and messages cost zero."""
+        return messages * self.alpha + n_bytes * self.beta
+
+    @staticmethod
+    def slowest(links: "list[LinkSpec]") -> "LinkSpec":
+        """Worst of each term: a ring or tree runs at its slowest link."""
+        return LinkSpec(
+            alpha=max(l.alpha for l in links),
+            beta=max(l.beta for l in links),
+            gamma=max(l.gamma for l in links),
+        )
+
+
+IDEAL_LINK = LinkSpec()
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One compute device (a CPU process or a GPU).
+
+    Attributes
+    ----------
+    flops : float
+        Peak arithmetic rate, FLOP/s.
+    mem_bw : float
+        Memory bandwidth, B/s (``inf``: never memory-bound).
+    bytes_per_elem : int
+        ``s`` of the roofline (4 for float32).
+    conv_efficiency, dense_efficiency : float
+        Fraction of ``flops`` reached on conv / dense products (Paleo's
+        efficiency factor).
+    mem_efficiency : float
+        Fraction of ``mem_bw`` reached by streaming kernels.
+    layer_rates : mapping of str to float
+        Calibrated effective FLOP/s for named layers; overrides the roofline
+        for those layers (the measurement already holds memory effects).
+    link : LinkSpec or None
+        The device's own connection (to peers or to the store); ``None``:
+        use the link given to ``predict``.
+    name : str
+        Label.
+    """
+
+    flops: float
+    mem_bw: float = INF
+    bytes_per_elem: int = 4
+    conv_efficiency: float = 1.0
+    dense_efficiency: float = 1.0
+    mem_efficiency: float = 1.0
+    layer_rates: Mapping[str, float] = field(default_factory=dict)
+    link: LinkSpec | None = None
+    name: str = ""
+
+    def rate(self, kind: str = "conv", layer: str | None = None) -> float:
+        """Effective FLOP/s for a layer kind (``"conv"`` or ``"dense"``)."""
+        if layer is not None and layer in self.layer_rates:
+            return self.layer_rates[layer]
+        eff = self.conv_efficiency if kind == "conv" else self.dense_efficiency
+        return self.flops * eff
+
+    def gemm_time(self, gemm: Gemm, kind: str = "conv", layer: str | None = None) -> float:
+        """Roofline time ``max(2mnk/R, s(mn+mk+nk)/M)`` of one product."""
+        if gemm.macs <= 0:
+            return 0.0
+        if layer is not None and layer in self.layer_rates:
+            return gemm.flops / self.layer_rates[layer]
+        compute = gemm.flops / self.rate(kind)
+        memory = self.bytes_per_elem * gemm.elements() / (self.mem_bw * self.mem_efficiency)
+        return max(compute, memory)
+
+    def stream_time(self, elements: float) -> float:
+        """Time to stream ``elements`` through memory once (element-wise ops)."""
+        return self.bytes_per_elem * elements / (self.mem_bw * self.mem_efficiency)
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """The shared Zarr workspace that activations and gradients go through.
+
+    Attributes
+    ----------
+    write_bw, read_bw : float
+        Aggregate bandwidth of the store, B/s: concurrent writers (readers)
+        share it, so a phase lasts at least its total bytes over this.
+    latency : float
+        Per-operation cost, s (open, metadata, chunk-key lookup).
+    client_write_bw, client_read_bw : float or None
+        What one client can reach alone; ``None``: the aggregate.
+    """
+
+    write_bw: float
+    read_bw: float
+    latency: float = 0.0
+    client_write_bw: float | None = None
+    client_read_bw: float | None = None
+
+    def client_bw(self, direction: str) -> float:
+        """Single-client bandwidth for ``"read"`` or ``"write"``."""
+        if direction == "read":
+            return self.client_read_bw or self.read_bw
+        return self.client_write_bw or self.write_bw
+
+    def aggregate_bw(self, direction: str) -> float:
+        """Shared bandwidth for ``"read"`` or ``"write"``."""
+        return self.read_bw if direction == "read" else self.write_bw
+
+
+@dataclass(frozen=True)
+class DaskOverhead:
+    """Per-step orchestration costs of running the step as Dask tasks.
+
+    Attributes
+    ----------
+    task : float
+        Scheduler cost per task, s; the scheduler handles tasks one at a
+        time, so these add up.
+    hop : float
+        Latency of one dependency hop (a task waiting on another's result
+        through the scheduler), s.
+    client_round_trip : float
+        One round trip through the client, s (the dense head on the master).
+    round_trips_per_step : int
+        How many client round trips a step needs.
+    """
+
+    task: float = 0.0
+    hop: float = 0.0
+    client_round_trip: float = 0.0
+    round_trips_per_step: int = 1
+
+    def time(self, tasks: int, hops: int) -> float:
+        """Orchestration seconds of a step with ``tasks`` tasks and ``hops`` levels."""
+        return tasks * self.task + hops * self.hop + self.round_trips_per_step * self.client_round_trip

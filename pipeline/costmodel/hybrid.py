@@ -1,0 +1,119 @@
+"""Hybrid step of "one weird trick" (Krizhevsky 2014).
+
+Conv layers are data-parallel (each of ``K`` workers runs its share of the
+batch, conv weight gradients are allreduced); dense layers are
+model-parallel (each worker holds ``1/K`` of every dense layer's neurons).
+Between the two, the last conv activations reach the dense layers by
+
+- (a) an all-gather of all of them, then the dense work on the whole batch
+  (or worker-sized sub-steps), then a reduce-scatter of their gradients;
+- (b) ``K`` rounds: worker ``j`` broadcasts its part, all run a dense
+  sub-step on it, the input gradient is reduced back to ``j``; the next
+  broadcast overlaps the current sub-step;
+- (c) ``K`` rounds in which every worker sends ``1/K`` of its examples to
+  all (an all-gather of a round's batch), gradients reduce-scattered back.
+
+Inside a model-parallel sub-step each dense layer after the first needs the
+full input (all-gather) and the partial input gradients summed
+(reduce-scatter); the logits are all-gathered for the softmax.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import collectives as col
+from .compute import LayerTime, dense_time
+from .data import allreduce_schedule, comm_link, layer_times
+from .devices import DeviceSpec, LinkSpec
+from .network import Network
+from .prediction import Options, Prediction, split_batch
+
+__all__ = ["predict_hybrid"]
+
+
+def _inner_comm(network: Network, b: float, p: int, link: LinkSpec, s: int) -> float:
+    """Activation exchange inside one model-parallel dense sub-step of batch ``b``."""
+    t = 0.0
+    for layer in network.dense[1:]:
+        n = b * layer.in_features * s
+        t += col.ring_allgather(n, p, link) + col.ring_reduce_scatter(n, p, link)
+    t += col.ring_allgather(b * network.dense[-1].out_features * s, p, link)
+    return t
+
+
+def predict_hybrid(
+    network: Network, batch: int, devices: Sequence[DeviceSpec], link: LinkSpec, options: Options
+) -> Prediction:
+    """Hybrid data/model parallel step; ``batch`` is the total conv batch."""
+    K, s = len(devices), devices[0].bytes_per_elem
+    weights = [1.0] * K if options.batch_split == "equal" else [d.rate("conv") for d in devices]
+    shares = split_batch(batch, weights)
+    lk = comm_link(devices, link)
+
+    # conv trunk: data parallel
+    conv = [layer_times(dev, network, b, dense=False) for dev, b in zip(devices, shares)]
+    grads = [c.params() * s for c in network.conv]
+    fwd = max(sum(t.forward for t in row) for row in conv)
+    end, conv_compute = allreduce_schedule(conv, grads, lk, options.allreduce, options.overlap)
+    conv_bwd_and_comm = end - fwd
+    conv_update = max(sum(t.update for t in row) for row in conv)
+
+    # dense head: model parallel, fraction 1/K of neurons each
+    frac = 1.0 / K
+    per_update = options.dense_batch == "worker"
+
+    def sub(b: float, update: bool) -> tuple[float, list[LayerTime]]:
+        parts = [dense_time(dev, network.dense, b, frac) for dev in devices]
+        return max(p.forward + p.backward + (p.update if update else 0.0) for p in parts), parts
+
+    F = network.features * s
+    dense_compute = 0.0
+    per_dev_dense = [0.0] * K
+    if options.scheme == "a":
+        steps = [float(batch)] if not per_update else [float(b) for b in shares]
+        comm = col.ring_allgather(batch * F, K, lk) + col.ring_reduce_scatter(batch * F, K, lk)
+        for b in steps:
+            t, parts = sub(b, per_update)
+            dense_compute += t
+            comm += _inner_comm(network, b, K, lk, s)
+            per_dev_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_dev_dense, parts)]
+    elif options.scheme in ("b", "c"):
+        if options.scheme == "b":
+            rounds = [float(b) for b in shares]
+            send = [col.broadcast(b * F, K, lk, options.broadcast) for b in rounds]
+            back = [col.reduce(b * F, K, lk, options.broadcast) for b in rounds]
+        else:
+            rounds = [batch / K] * K
+            send = [col.ring_allgather(b * F, K, lk) for b in rounds]
+            back = [col.ring_reduce_scatter(b * F, K, lk) for b in rounds]
+        elapsed = send[0]
+        for j, b in enumerate(rounds):
+            t, parts = sub(b, per_update)
+            dense_compute += t
+            nxt = send[j + 1] if j + 1 < K else 0.0
+            elapsed += (max(t, nxt) if options.overlap_dense else t + nxt)
+            elapsed += _inner_comm(network, b, K, lk, s) + back[j]
+            per_dev_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_dev_dense, parts)]
+        comm = elapsed - dense_compute
+    else:
+        raise ValueError(f"unknown hybrid scheme {options.scheme!r}")
+    final_update = 0.0
+    if not per_update:
+        ups = [dense_time(dev, network.dense, 1, frac).update for dev in devices]
+        final_update = max(ups)
+        per_dev_dense = [a + u for a, u in zip(per_dev_dense, ups)]
+    master = dense_compute + final_update
+
+    step = fwd + master + comm + conv_bwd_and_comm + conv_update
+    conv_comm = end - conv_compute
+    per_dev = [sum(t.total for t in row) + dd for row, dd in zip(conv, per_dev_dense)]
+    breakdown = {
+        "compute": per_dev, "compute_max": max(per_dev),
+        "compute_critical": conv_compute + conv_update,
+        "communication": comm + conv_comm, "storage": 0.0, "master": master, "overhead": 0.0,
+    }
+    return Prediction(
+        "hybrid", step, batch, breakdown,
+        details={"batch_shares": shares, "dense_comm": comm, "conv_allreduce": conv_comm},
+    )

@@ -1,0 +1,351 @@
+"""Network descriptions reduced to matrix products.
+
+Castelló et al. (PDP 2021) model every layer as matrix products: a convolution
+becomes an im2col product, a dense layer a plain GEMM.  This module describes a
+network as plain dataclasses and counts its parameters, multiply-accumulates
+(MACs) and the ``m x n x k`` products of forward and backward, so the rest of
+the cost model never looks at tensors.
+
+Conventions: a product ``Gemm(m, n, k)`` multiplies an ``m x k`` matrix by a
+``k x n`` one, costing ``m*n*k`` MACs (``2*m*n*k`` FLOPs).  ``n`` may be a
+float where a layer is split fractionally (model-parallel dense slices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+__all__ = [
+    "Gemm",
+    "ConvLayer",
+    "DenseLayer",
+    "Network",
+    "sequential",
+    "conv_net",
+    "marques_cifar",
+    "alexnet",
+]
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """An ``m x k`` by ``k x n`` matrix product.
+
+    Attributes
+    ----------
+    m, n, k : float
+        Product dimensions; MACs are ``m * n * k``.
+    """
+
+    m: float
+    n: float
+    k: float
+
+    @property
+    def macs(self) -> float:
+        """Multiply-accumulates of the product."""
+        return self.m * self.n * self.k
+
+    @property
+    def flops(self) -> float:
+        """Floating-point operations (two per MAC)."""
+        return 2.0 * self.macs
+
+    def elements(self) -> float:
+        """Elements touched at least once: both operands and the result.
+
+        This is the ``mn + mk + nk`` term of the roofline's memory side.
+        """
+        return self.m * self.n + self.m * self.k + self.n * self.k
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    """A 2-D convolution, optionally followed by ReLU and max-pooling.
+
+    Parameters
+    ----------
+    in_channels, out_channels : int
+        ``C(l-1)`` and ``K(l)``; output channels are the kernels that
+        kernel-parallel training shares out.
+    in_hw : tuple of int
+        Input height and width.
+    kernel, stride, padding : int or tuple of int
+        Convolution geometry.
+    pool, pool_stride : int
+        Max-pool window and stride after the ReLU (``pool=1``: no pooling;
+        ``pool_stride=None``: same as the window).  Pooling runs on the device
+        that owns the channels, so only pooled outputs travel.
+    name : str
+        Used to look up per-layer calibrated rates.
+    bias : bool
+        Whether the layer has a bias per kernel.
+    """
+
+    in_channels: int
+    out_channels: int
+    in_hw: tuple[int, int]
+    kernel: int | tuple[int, int] = 3
+    stride: int | tuple[int, int] = 1
+    padding: int | tuple[int, int] = 0
+    pool: int = 1
+    pool_stride: int | None = None
+    name: str = ""
+    bias: bool = True
+
+    @property
+    def conv_hw(self) -> tuple[int, int]:
+        """Spatial size after the convolution, before pooling."""
+        (kh, kw), (sh, sw), (ph, pw) = _pair(self.kernel), _pair(self.stride), _pair(self.padding)
+        h, w = self.in_hw
+        return ((h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        """Spatial size after pooling (what the next layer sees)."""
+        h, w = self.conv_hw
+        if self.pool <= 1:
+            return (h, w)
+        s = self.pool_stride or self.pool
+        return ((h - self.pool) // s + 1, (w - self.pool) // s + 1)
+
+    @property
+    def patch(self) -> int:
+        """Length of one im2col column: ``C_in * kh * kw``."""
+        kh, kw = _pair(self.kernel)
+        return self.in_channels * kh * kw
+
+    def params(self, kernels: int | None = None) -> int:
+        """Parameters of ``kernels`` output channels (all by default)."""
+        k = self.out_channels if kernels is None else kernels
+        return k * self.patch + (k if self.bias else 0)
+
+    def macs(self, kernels: float | None = None) -> float:
+        """Forward MACs per sample for ``kernels`` output channels."""
+        return self.forward(1, kernels).macs
+
+    def forward(self, batch: int, kernels: float | None = None) -> Gemm:
+        """im2col product of the forward pass: ``(B*Ho*Wo) x K x (C*kh*kw)``."""
+        k = self.out_channels if kernels is None else kernels
+        ho, wo = self.conv_hw
+        return Gemm(m=batch * ho * wo, n=k, k=self.patch)
+
+    def backward_input(self, batch: int, kernels: float | None = None) -> Gemm:
+        """Product giving the (partial) input gradient, before col2im."""
+        k = self.out_channels if kernels is None else kernels
+        ho, wo = self.conv_hw
+        return Gemm(m=batch * ho * wo, n=self.patch, k=k)
+
+    def backward_weight(self, batch: int, kernels: float | None = None) -> Gemm:
+        """Product giving the kernel gradients: ``K x (C*kh*kw) x (B*Ho*Wo)``."""
+        k = self.out_channels if kernels is None else kernels
+        ho, wo = self.conv_hw
+        return Gemm(m=k, n=self.patch, k=batch * ho * wo)
+
+    def input_elements(self, batch: int) -> int:
+        """Elements of the layer input ``B * C(l-1) * H * W``."""
+        return batch * self.in_channels * self.in_hw[0] * self.in_hw[1]
+
+    def conv_elements(self, batch: int, kernels: float | None = None) -> float:
+        """Elements of the pre-pool output of ``kernels`` channels."""
+        k = self.out_channels if kernels is None else kernels
+        return batch * k * self.conv_hw[0] * self.conv_hw[1]
+
+    def output_elements(self, batch: int, kernels: float | None = None) -> float:
+        """Elements of the pooled output of ``kernels`` channels."""
+        k = self.out_channels if kernels is None else kernels
+        return batch * k * self.out_hw[0] * self.out_hw[1]
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """A fully-connected layer ``in_features -> out_features``."""
+
+    in_features: int
+    out_features: int
+    name: str = ""
+    bias: bool = True
+
+    def params(self, fraction: float = 1.0) -> float:
+        """Parameters of a slice holding ``fraction`` of the output neurons."""
+        return fraction * self.out_features * (self.in_features + (1 if self.bias else 0))
+
+    def macs(self, fraction: float = 1.0) -> float:
+        """Forward MACs per sample."""
+        return self.forward(1, fraction).macs
+
+    def forward(self, batch: int, fraction: float = 1.0) -> Gemm:
+        """``B x out x in`` product (``fraction`` of the outputs)."""
+        return Gemm(m=batch, n=fraction * self.out_features, k=self.in_features)
+
+    def backward_input(self, batch: int, fraction: float = 1.0) -> Gemm:
+        """``B x in x out`` product for the (partial) input gradient."""
+        return Gemm(m=batch, n=self.in_features, k=fraction * self.out_features)
+
+    def backward_weight(self, batch: int, fraction: float = 1.0) -> Gemm:
+        """``out x in x B`` product for the weight gradient."""
+        return Gemm(m=fraction * self.out_features, n=self.in_features, k=batch)
+
+
+@dataclass(frozen=True)
+class Network:
+    """Convolutional trunk followed by a dense head.
+
+    Attributes
+    ----------
+    conv : tuple of ConvLayer
+        Layers in order; each one's input shape is the previous one's output.
+    dense : tuple of DenseLayer
+        The head, starting from the flattened last conv output.
+    name : str
+        Free label.
+    """
+
+    conv: tuple[ConvLayer, ...]
+    dense: tuple[DenseLayer, ...]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for a, b in zip(self.conv, self.conv[1:]):
+            if b.in_channels != a.out_channels or tuple(b.in_hw) != a.out_hw:
+                raise ValueError(f"conv layer {b.name!r} does not follow {a.name!r}")
+        if self.conv and self.dense and self.dense[0].in_features != self.features:
+            raise ValueError("first dense layer must take the flattened conv output")
+        for a, b in zip(self.dense, self.dense[1:]):
+            if b.in_features != a.out_features:
+                raise ValueError(f"dense layer {b.name!r} does not follow {a.name!r}")
+
+    @property
+    def features(self) -> int:
+        """Flattened size of the last conv layer's (pooled) output per sample."""
+        last = self.conv[-1]
+        return last.out_channels * last.out_hw[0] * last.out_hw[1]
+
+    def conv_params(self) -> int:
+        """Parameters of all conv layers."""
+        return sum(c.params() for c in self.conv)
+
+    def dense_params(self) -> int:
+        """Parameters of all dense layers."""
+        return int(sum(d.params() for d in self.dense))
+
+    def params(self) -> int:
+        """Total parameter count."""
+        return self.conv_params() + self.dense_params()
+
+    def conv_macs(self) -> float:
+        """Forward MACs of the conv layers per sample."""
+        return sum(c.macs() for c in self.conv)
+
+    def dense_macs(self) -> float:
+        """Forward MACs of the dense layers per sample."""
+        return sum(d.macs() for d in self.dense)
+
+    def macs(self) -> float:
+        """Forward MACs per sample."""
+        return self.conv_macs() + self.dense_macs()
+
+    def training_flops(self, batch: int) -> float:
+        """FLOPs of one training step (forward and both backward products).
+
+        The first conv layer needs no input gradient, so it counts twice its
+        forward work instead of three times.
+        """
+        total = 0.0
+        for i, c in enumerate(self.conv):
+            total += c.forward(batch).flops + c.backward_weight(batch).flops
+            if i > 0:
+                total += c.backward_input(batch).flops
+        for d in self.dense:
+            total += 3 * d.forward(batch).flops
+        return total
+
+
+def sequential(
+    in_channels: int,
+    in_hw: tuple[int, int],
+    conv_specs: Sequence[dict],
+    dense_sizes: Sequence[int],
+    name: str = "",
+) -> Network:
+    """Build a network whose shapes chain automatically.
+
+    Parameters
+    ----------
+    in_channels, in_hw : int, tuple of int
+        Image channels and size.
+    conv_specs : sequence of dict
+        Keyword arguments of :class:`ConvLayer` other than ``in_channels`` and
+        ``in_hw`` (``out_channels`` is required).
+    dense_sizes : sequence of int
+        Output sizes of the dense layers; the first takes the flattened
+        conv output.
+    name : str
+        Network label.
+    """
+    conv: list[ConvLayer] = []
+    c, hw = in_channels, tuple(in_hw)
+    for i, spec in enumerate(conv_specs):
+        spec = {"name": f"conv{i + 1}", **spec}
+        layer = ConvLayer(in_channels=c, in_hw=hw, **spec)  # type: ignore[arg-type]
+        conv.append(layer)
+        c, hw = layer.out_channels, layer.out_hw
+    feats = c * hw[0] * hw[1]
+    dense: list[DenseLayer] = []
+    for j, size in enumerate(dense_sizes):
+        dense.append(DenseLayer(feats, size, name=f"fc{j + 1}"))
+        feats = size
+    return Network(tuple(conv), tuple(dense), name=name)
+
+
+def conv_net(
+    widths: Sequence[int],
+    in_channels: int = 3,
+    image: int = 32,
+    kernel: int = 5,
+    padding: int = 2,
+    pool: int = 2,
+    hidden: Sequence[int] = (),
+    classes: int = 10,
+    name: str = "",
+) -> Network:
+    """Generic CIFAR-style network from a list of conv widths.
+
+    Every conv layer is ``kernel x kernel`` with ``padding``, ReLU and a
+    ``pool x pool`` max-pool (the project's reading of Marques et al.);
+    then optional hidden dense layers and a classifier.
+    """
+    specs = [dict(out_channels=w, kernel=kernel, padding=padding, pool=pool) for w in widths]
+    return sequential(in_channels, (image, image), specs, [*hidden, classes], name=name)
+
+
+def marques_cifar(k1: int = 500, k2: int = 1500, hidden: Sequence[int] = ()) -> Network:
+    """Marques et al.'s CIFAR-10 network: two 5x5 conv layers, one dense layer.
+
+    With the defaults: 38,000 + 18,751,500 conv parameters and a
+    ``1500*8*8 -> 10`` classifier (960,010), 19,749,510 in all.
+    """
+    return conv_net([k1, k2], hidden=hidden, name=f"marques_{k1}_{k2}")
+
+
+def alexnet(classes: int = 1000) -> Network:
+    """Single-column AlexNet of "one weird trick" (torchvision's variant).
+
+    conv 64 11x11/4 pad 2, pool 3/2; 192 5x5 pad 2, pool 3/2; 384, 256, 256
+    3x3 pad 1, pool 3/2; dense 9216-4096-4096-1000 on 3x224x224.  This is the
+    variant with 61,100,840 parameters; its convolutions cost 655.6 M MACs per
+    image (714.2 M with the dense layers).
+    """
+    specs = [
+        dict(out_channels=64, kernel=11, stride=4, padding=2, pool=3, pool_stride=2),
+        dict(out_channels=192, kernel=5, padding=2, pool=3, pool_stride=2),
+        dict(out_channels=384, kernel=3, padding=1),
+        dict(out_channels=256, kernel=3, padding=1),
+        dict(out_channels=256, kernel=3, padding=1, pool=3, pool_stride=2),
+    ]
+    return sequential(3, (224, 224), specs, [4096, 4096, classes], name="alexnet")

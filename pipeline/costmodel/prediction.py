@@ -1,0 +1,120 @@
+"""Options of a prediction and its result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .devices import DaskOverhead, DeviceSpec
+
+__all__ = ["Options", "Prediction", "split_batch"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """Knobs of :func:`~pipeline.costmodel.strategies.predict`.
+
+    Attributes
+    ----------
+    kernel_counts : sequence of sequence of int, optional
+        ``k[l][d]`` for ``kernel``: kernels of conv layer ``l`` on device
+        ``d``; each row sums to the layer's output channels.
+    split : str
+        How ``kernel`` splits when no counts are given: ``"proportional"``
+        or ``"minmax"``.
+    quantum : int
+        Kernel counts are multiples of this (a Zarr chunk's channels).
+    master : int
+        Index of the device that runs the dense head (``kernel``).
+    master_device : DeviceSpec, optional
+        A separate master instead of one of ``devices``.
+    overhead : DaskOverhead, optional
+        Task / hop / client costs (``kernel``); ``None``: none.
+    allreduce : str
+        ``"ring"`` or ``"rhd"`` for weight-gradient allreduce.
+    overlap : bool
+        Overlap per-layer gradient allreduce with the backward pass.
+    batch_split : str
+        ``"equal"`` (``B/p`` each) or ``"proportional"`` to conv rate, for
+        ``data`` and the conv part of ``hybrid``.
+    scheme : str
+        ``hybrid`` feeding of the dense layers: ``"a"`` all-gather, ``"b"``
+        broadcast in turn, ``"c"`` all-to-all.
+    dense_batch : str
+        ``hybrid``: ``"worker"`` (dense batch = one worker's conv batch,
+        weights updated after every sub-step) or ``"full"`` (the whole
+        batch, one update).
+    broadcast : str
+        ``hybrid`` scheme (b): ``"binomial"`` or ``"linear"`` broadcast and
+        matching reduce of the returned gradients.
+    overlap_dense : bool
+        ``hybrid`` schemes (b)/(c): send the next part while the dense
+        layers work on the current one.
+    """
+
+    kernel_counts: Sequence[Sequence[int]] | None = None
+    split: str = "proportional"
+    quantum: int = 1
+    master: int = 0
+    master_device: DeviceSpec | None = None
+    overhead: DaskOverhead | None = None
+    allreduce: str = "ring"
+    overlap: bool = False
+    batch_split: str = "equal"
+    scheme: str = "b"
+    dense_batch: str = "worker"
+    broadcast: str = "binomial"
+    overlap_dense: bool = True
+
+
+@dataclass
+class Prediction:
+    """Predicted step of one strategy.
+
+    Attributes
+    ----------
+    strategy : str
+        ``single``, ``kernel``, ``data`` or ``hybrid``.
+    step_time : float
+        Seconds per training step.
+    batch : int
+        Samples per step.
+    breakdown : dict
+        Seconds: ``compute`` (list, per device, all its work),
+        ``compute_max``, and the critical path split into
+        ``compute_critical`` (conv work), ``master`` (dense head / dense
+        phase compute), ``communication`` (link time not hidden),
+        ``storage`` (store I/O) and ``overhead`` (Dask); these five add up
+        to ``step_time``.
+    kernel_counts : list of list of int, optional
+        The split used by ``kernel``.
+    details : dict
+        Strategy-specific extras (per-layer phases, bytes moved).
+    """
+
+    strategy: str
+    step_time: float
+    batch: int
+    breakdown: dict[str, Any]
+    kernel_counts: list[list[int]] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.batch / self.step_time if self.step_time > 0 else float("inf")
+
+
+def split_batch(batch: int, weights: Sequence[float]) -> list[int]:
+    """Split ``batch`` samples in proportion to ``weights``, summing exactly.
+
+    Largest-remainder rounding, so equal weights give ``B/p`` each (the
+    first ``B mod p`` devices one more).
+    """
+    total = float(sum(weights))
+    raw = [batch * w / total for w in weights]
+    base = [int(r) for r in raw]
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - base[i]), i))
+    for i in order[: batch - sum(base)]:
+        base[i] += 1
+    return base

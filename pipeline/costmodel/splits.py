@@ -1,0 +1,134 @@
+"""Sharing out the kernels of each conv layer over unequal devices.
+
+``split_kernels_proportional`` follows Marques et al.: kernels in proportion
+to each device's speed for that layer.  It ignores that every active device
+pays for reading the whole layer input and for writing a full-size partial
+gradient, so a fast device behind a slow link gets too much.
+
+``split_kernels_minmax`` minimises the slowest device's predicted time of each
+layer, traffic included.  Per layer, device ``d``'s forward + backward time
+``t_d(k)`` is non-decreasing in its kernel count ``k`` (and zero at ``k = 0``:
+an idle device has no task).  Handing out kernels one quantum at a time, each
+to the device whose time after taking it is least, is optimal for
+``min max_d t_d(k_d)`` subject to ``sum_d k_d = K`` with non-decreasing
+``t_d``: if some pick exceeded the optimum ``T*``, every device would already
+hold at least what it can take within ``T*``, and those counts already sum
+to ``K``.  Layers are visited last to first because a layer's backward reads
+one partial per device active in the layer above.  The store's shared
+bandwidth couples devices; as a guard the result is compared with the
+proportional split under the full model and the better one is returned, so it
+is never worse.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Sequence
+
+from .devices import DeviceSpec, LinkSpec, StoreSpec
+from .kernel import KernelContext, device_phase, predict_kernel
+from .network import Network
+from .prediction import Options
+
+__all__ = ["apportion", "split_kernels_proportional", "split_kernels_minmax"]
+
+
+def apportion(total: int, weights: Sequence[float], quantum: int = 1) -> list[int]:
+    """Split ``total`` in proportion to ``weights`` in multiples of ``quantum``.
+
+    Largest-remainder rounding on whole quanta; if ``total`` is not a
+    multiple of ``quantum`` the leftover goes to the heaviest device.  The
+    counts always sum to ``total``.
+    """
+    units, rest = divmod(total, quantum)
+    wsum = float(sum(weights))
+    raw = [units * w / wsum for w in weights]
+    base = [int(r) for r in raw]
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - base[i]), -weights[i], i))
+    for i in order[: units - sum(base)]:
+        base[i] += 1
+    counts = [b * quantum for b in base]
+    if rest:
+        counts[max(range(len(weights)), key=lambda i: weights[i])] += rest
+    return counts
+
+
+def split_kernels_proportional(
+    network: Network, devices: Sequence[DeviceSpec], quantum: int = 1
+) -> list[list[int]]:
+    """Kernels of each layer in proportion to each device's rate for that layer.
+
+    The rate is the calibrated one for the layer's name if the device has it,
+    else its effective conv rate.
+    """
+    return [
+        apportion(layer.out_channels, [d.rate("conv", layer.name or None) for d in devices], quantum)
+        for layer in network.conv
+    ]
+
+
+def _greedy_layer(ctx: KernelContext, l: int, sources: int, quantum: int) -> list[int]:
+    """Min-max kernel counts of one layer, one quantum at a time."""
+    K, P = ctx.network.conv[l].out_channels, len(ctx.devices)
+    if K <= 0:
+        return [0] * P
+    units = [quantum] * (K // quantum) + ([K % quantum] if K % quantum else [])
+
+    def t(d: int, k: int) -> float:
+        return (
+            device_phase(ctx, l, d, k, "forward").time
+            + device_phase(ctx, l, d, k, "backward", sources).time
+        )
+
+    counts = [0] * P
+    # heap of (time after taking the next full quantum, device)
+    heap = [(t(d, units[0]), d) for d in range(P)]
+    heapq.heapify(heap)
+    for i, u in enumerate(units):
+        if u != units[0]:  # the short remainder: re-score everyone
+            heap = [(t(d, counts[d] + u), d) for d in range(P)]
+            heapq.heapify(heap)
+        _, d = heapq.heappop(heap)
+        counts[d] += u
+        if i + 1 < len(units) and units[i + 1] == units[0]:
+            heapq.heappush(heap, (t(d, counts[d] + units[0]), d))
+    return counts
+
+
+def split_kernels_minmax(
+    network: Network,
+    batch: int,
+    devices: Sequence[DeviceSpec],
+    link: LinkSpec = LinkSpec(),
+    store: StoreSpec | None = None,
+    quantum: int = 1,
+    options: Options | None = None,
+) -> list[list[int]]:
+    """Counts minimising each layer's slowest-device time, traffic included.
+
+    Parameters
+    ----------
+    network, batch, devices, link, store
+        As for :func:`~pipeline.costmodel.strategies.predict`.
+    quantum : int
+        Counts are multiples of this (except one leftover below it).
+    options : Options, optional
+        Used for the final comparison with the proportional split.
+
+    Returns
+    -------
+    list of list of int
+        ``k[l][d]``, each row summing to the layer's kernels.
+    """
+    devs = tuple(devices)
+    ctx = KernelContext(network, batch, devs, link, store)
+    L = len(network.conv)
+    rows: list[list[int]] = [[] for _ in range(L)]
+    for l in reversed(range(L)):
+        sources = 1 if l == L - 1 else sum(1 for k in rows[l + 1] if k > 0)
+        rows[l] = _greedy_layer(ctx, l, sources, quantum)
+    opts = options or Options()
+    prop = split_kernels_proportional(network, devs, quantum)
+    t_g = predict_kernel(network, batch, devs, link, store, opts, rows).step_time
+    t_p = predict_kernel(network, batch, devs, link, store, opts, prop).step_time
+    return rows if t_g <= t_p else prop

@@ -1,0 +1,105 @@
+"""Entry point: predicted step time of a strategy on given devices.
+
+Four strategies, after METHODS.md:
+
+- ``single``: the whole network on ``devices[0]``;
+- ``kernel``: Marques et al.'s kernel-parallel conv layers through the
+  shared store, dense head on a master (:mod:`.kernel`);
+- ``data``: data parallel with gradient allreduce (:mod:`.data`);
+- ``hybrid``: Krizhevsky's data-parallel conv + model-parallel dense
+  (:mod:`.hybrid`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from .data import predict_data, predict_single
+from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec
+from .hybrid import predict_hybrid
+from .kernel import predict_kernel
+from .network import Network
+from .prediction import Options, Prediction
+from .splits import split_kernels_minmax, split_kernels_proportional
+
+__all__ = ["STRATEGIES", "predict", "speedup"]
+
+STRATEGIES = ("single", "kernel", "data", "hybrid")
+
+
+def predict(
+    strategy: str,
+    network: Network,
+    batch: int,
+    devices: DeviceSpec | Sequence[DeviceSpec],
+    link: LinkSpec = IDEAL_LINK,
+    store: StoreSpec | None = None,
+    options: Options | None = None,
+    **overrides: Any,
+) -> Prediction:
+    """Predict one training step.
+
+    Parameters
+    ----------
+    strategy : str
+        One of :data:`STRATEGIES`.
+    network : Network
+        What is trained.
+    batch : int
+        Samples per step (the whole mini-batch over all devices).
+    devices : DeviceSpec or sequence of DeviceSpec
+        The workers, possibly unequal.
+    link : LinkSpec
+        Link used where a device has none of its own.
+    store : StoreSpec, optional
+        The shared store ``kernel`` moves activations through; ``None``:
+        direct transfers over the links.
+    options : Options, optional
+        Strategy knobs; keyword ``overrides`` replace its fields.
+
+    Returns
+    -------
+    Prediction
+    """
+    devs = [devices] if isinstance(devices, DeviceSpec) else list(devices)
+    if not devs:
+        raise ValueError("need at least one device")
+    opts = dataclasses.replace(options or Options(), **overrides)
+    if strategy == "single":
+        return predict_single(network, batch, devs[0])
+    if strategy == "data":
+        return predict_data(network, batch, devs, link, opts)
+    if strategy == "hybrid":
+        return predict_hybrid(network, batch, devs, link, opts)
+    if strategy == "kernel":
+        counts = opts.kernel_counts
+        if counts is None:
+            if opts.split == "proportional":
+                counts = split_kernels_proportional(network, devs, opts.quantum)
+            elif opts.split == "minmax":
+                counts = split_kernels_minmax(network, batch, devs, link, store, opts.quantum, opts)
+            else:
+                raise ValueError(f"unknown split {opts.split!r}")
+        return predict_kernel(network, batch, devs, link, store, opts, counts)
+    raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+
+
+def speedup(
+    strategy: str,
+    network: Network,
+    batch: int,
+    devices: Sequence[DeviceSpec],
+    link: LinkSpec = IDEAL_LINK,
+    store: StoreSpec | None = None,
+    options: Options | None = None,
+    baseline: DeviceSpec | None = None,
+    **overrides: Any,
+) -> float:
+    """Single-device step time over the strategy's step time, same batch.
+
+    ``baseline`` is the single device (``devices[0]`` by default).
+    """
+    one = predict("single", network, batch, baseline or devices[0])
+    many = predict(strategy, network, batch, devices, link, store, options, **overrides)
+    return one.step_time / many.step_time

@@ -1,0 +1,213 @@
+"""Turn plain YAML data into typed, validated dataclasses.
+
+Config is validated once, at the edge: every later piece of code can trust the types.
+A mistake gives one `ConfigError` whose message names the offending field by its
+dotted path (``train.steps: expected an integer, got 'three'``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field."""
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if tp is bool:
+        return "true or false"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is list:
+        return "a list"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    return str(tp)
+
+
+def convert(tp: Any, value: Any, where: str) -> Any:
+    """Check `value` against the type `tp` and convert it (mappings -> dataclasses)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return convert(option, value, where)
+            except ConfigError as error:
+                errors.append(error)
+        # One alternative matched the shape but failed deeper: report that one.
+        deeper = [e for e in errors if not str(e).startswith(f"{where}: expected")]
+        if deeper:
+            raise deeper[0]
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {_describe(value)}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: expected {_type_name(tp)}, got {_describe(value)}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {_describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {_describe(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {_describe(value)}")
+        return value
+    if origin is list or origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {_describe(value)}")
+        (item_type, *_rest) = typing.get_args(tp)
+        items = [convert(item_type, item, f"{where}.{i}") for i, item in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
+        key_type, value_type = typing.get_args(tp)
+        return {
+            convert(key_type, k, f"{where}"): convert(value_type, v, f"{where}.{k}")
+            for k, v in value.items()
+        }
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    raise TypeError(f"schema type {tp!r} at {where} is not supported")
+
+
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    prefix = f"{where}." if where else ""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{prefix}{unknown[0]}: unknown key (expected one of {', '.join(sorted(known))})"
+        )
+    values = {}
+    for name, field in known.items():
+        if name in data:
+            values[name] = convert(hints[name], data[name], f"{prefix}{name}")
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{prefix}{name}: required key is missing")
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{where or 'config'}: {error}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """The plain-data form of a config dataclass (what YAML would hold)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``a.b.c=value`` and parse the value as YAML (so ``3`` is an int)."""
+    if "=" not in text:
+        raise ConfigError(f"{text}: an override must look like key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"{text}: an override needs a key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(data: dict, dotted: str, value: Any) -> None:
+    """Set ``data[a][b][0][c] = value`` for the dotted path ``a.b.0.c``.
+
+    Missing mappings on the way are created, so an override can set a field the
+    YAML left at its default; the schema then rejects keys that do not exist.
+    """
+    parts = dotted.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            node = node[_list_index(node, part, where)]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: cannot set a field inside {_describe(node)}")
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, dotted)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"{dotted}: cannot set a field inside {_describe(node)}")
+
+
+def _list_index(node: list, part: str, where: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"{where}: no item {part!r} in a list of {len(node)}")
+    return int(part)
+
+
+def load_yaml(path: str) -> dict:
+    """Read a YAML mapping, turning file and syntax problems into ConfigError."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{line}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config must be a mapping of keys to values")
+    return data

@@ -1,0 +1,137 @@
+"""Per-process state on a Dask worker: its settings and the shards it owns.
+
+Shard weights and optimizer state must stay on the worker that owns them across
+steps (weights never travel in kernel-parallel training). Dask keeps no such state
+for us, so it lives here, keyed by the worker's address (several workers may share
+one process in tests) and the run id. `WorkerSetup`, registered by the master with
+`Client.register_plugin`, prepares every worker, including ones that join later.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from distributed import get_worker
+from distributed.diagnostics.plugin import WorkerPlugin
+
+
+@dataclass
+class WorkerProfile:
+    """What a task needs to know about the worker it runs on."""
+
+    name: str
+    threads: int
+    speed: float  # 1.0 = real speed; < 1 = emulated slower device
+    device: str  # "cpu" or "cuda"
+
+    @property
+    def emulated(self) -> bool:
+        return self.speed < 1.0
+
+    def emulate(self, compute_s: float) -> float:
+        """Sleep so the device appears `speed` times as fast; return the added time."""
+        if not self.emulated:
+            return 0.0
+        extra = compute_s * (1.0 / self.speed - 1.0)
+        time.sleep(extra)
+        return extra
+
+
+_PROFILES: dict[str, WorkerProfile] = {}
+_SHARDS: dict[tuple[str, str, int], Any] = {}
+
+
+def tune_allocator() -> None:
+    """Undo the Dask nanny's MALLOC_TRIM_THRESHOLD_=65536.
+
+    With that setting glibc returns freed memory at once, so every large tensor is
+    built on fresh pages: torch ran 1.6x slower inside a worker (DESIGN.md). Raising
+    the trim and mmap thresholds restores the heap reuse an ordinary process gets.
+    """
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_trim_threshold, 1 << 30)
+        libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum for 64-bit
+    except (OSError, AttributeError):
+        pass
+
+
+def configure_process(threads: int) -> None:
+    """Thread count, denormal flushing and allocator, as every compute process needs."""
+    torch.set_num_threads(threads)
+    # Small initial weights make denormal floats, which ran 3x slower (DESIGN.md).
+    torch.set_flush_denormal(True)
+    tune_allocator()
+
+
+class WorkerSetup(WorkerPlugin):
+    """Configures each worker: torch threads, emulated speed, the compute device."""
+
+    name = "cnn-worker-setup"
+
+    def __init__(self, threads_by_name: dict[str, int] | None = None,
+                 speed_by_name: dict[str, float] | None = None) -> None:
+        self.threads_by_name = threads_by_name or {}
+        self.speed_by_name = speed_by_name or {}
+
+    def setup(self, worker: Any) -> None:
+        name = str(worker.name)
+        threads = int(self.threads_by_name.get(name, worker.state.nthreads))
+        configure_process(threads)
+        gpu = "GPU" in (worker.state.total_resources or {})
+        device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+        _PROFILES[worker.address] = WorkerProfile(
+            name=name, threads=threads, speed=float(self.speed_by_name.get(name, 1.0)),
+            device=device,
+        )
+
+
+def current_profile() -> WorkerProfile:
+    """The profile of the worker running this task (plain defaults outside Dask)."""
+    try:
+        address = get_worker().address
+    except ValueError:
+        return WorkerProfile("local", torch.get_num_threads(), 1.0, "cpu")
+    profile = _PROFILES.get(address)
+    if profile is None:
+        raise RuntimeError(f"worker {address} was not set up: register WorkerSetup first")
+    return profile
+
+
+def _key(run_id: str, layer: int) -> tuple[str, str, int]:
+    try:
+        address = get_worker().address
+    except ValueError:
+        address = "local"
+    return (address, run_id, layer)
+
+
+def put_shard(run_id: str, layer: int, state: Any) -> None:
+    _SHARDS[_key(run_id, layer)] = state
+
+
+def get_shard(run_id: str, layer: int) -> Any:
+    try:
+        return _SHARDS[_key(run_id, layer)]
+    except KeyError:
+        raise RuntimeError(
+            f"run {run_id}: this worker holds no shard of layer {layer} "
+            "(was the worker restarted?)"
+        ) from None
+
+
+def drop_run(run_id: str) -> int:
+    """Forget every shard of a run on this worker; returns how many were held."""
+    keys = [k for k in _SHARDS if k[1] == run_id and k[0] == _key(run_id, 0)[0]]
+    for key in keys:
+        del _SHARDS[key]
+    return len(keys)
