@@ -62,7 +62,7 @@ def scheduler_address(config: ClusterConfig) -> str | None:
 def start_embedded_cluster(workers: list[WorkerConfig], dashboard: bool = False) -> SpecCluster:
     """Start a scheduler and one nanny-managed process per configured worker."""
     scheduler = {"cls": Scheduler,
-                 "options": {"dashboard_address": ":0" if dashboard else None}}
+                 "options": {"dashboard_address": ":0"}}
     spec = {
         worker.name: {"cls": Nanny, "options": {
             "nthreads": 1, "silence_logs": logging.ERROR, "resources": dict(worker.resources), "memory_limit": 0,

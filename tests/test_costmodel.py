@@ -1,0 +1,393 @@
+"""Tests of the analytical performance model (pipeline.costmodel)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from pipeline.costmodel import (
+    IDEAL_LINK,
+    DaskOverhead,
+    DeviceSpec,
+    LinkSpec,
+    Options,
+    StoreSpec,
+    alexnet,
+    apportion,
+    conv_net,
+    device_from_layer_timings,
+    effective_rate,
+    fit_hockney,
+    krizhevsky_k20_setup,
+    krizhevsky_speedups,
+    marques_cifar,
+    overhead_from_measurements,
+    predict,
+    speedup,
+    split_kernels_minmax,
+    split_kernels_proportional,
+    store_from_measurements,
+)
+from pipeline.costmodel import collectives as col
+from pipeline.costmodel.compute import conv_time
+from pipeline.costmodel.krizhevsky import PUBLISHED_SINGLE_STEP, PUBLISHED_SPEEDUPS
+
+CPU = DeviceSpec(flops=90e9, mem_bw=10e9, name="cpu")
+STORE = StoreSpec(write_bw=1.9e9, read_bw=0.8e9, latency=1e-3)
+OVERHEAD = overhead_from_measurements(11.5e-3)
+LAN = LinkSpec.from_bandwidth(1e9, latency=1e-4)
+
+
+# -- network counting ---------------------------------------------------------
+
+def test_alexnet_parameters_match_torchvision():
+    net = alexnet()
+    assert net.params() == 61_100_840
+    assert abs(net.params() - 61.1e6) / 61.1e6 < 0.005
+    assert net.conv_params() == 2_469_696
+    assert net.features == 9216
+
+
+def test_alexnet_macs():
+    net = alexnet()
+    # by hand: 55^2*64*363 + 27^2*192*1600 + 13^2*(384*1728 + 256*3456 + 256*2304)
+    assert net.conv_macs() == 655_566_528
+    assert 0.65e9 < net.conv_macs() < 0.72e9
+    assert 0.66e9 < net.macs() < 0.72e9  # 714.2 M with the dense layers
+
+
+def test_marques_network_by_hand():
+    net = marques_cifar(500, 1500)
+    c1, c2 = net.conv
+    assert c1.params() == 500 * 3 * 25 + 500
+    assert c2.params() == 1500 * 500 * 25 + 1500
+    assert net.dense[0].params() == 1500 * 8 * 8 * 10 + 10
+    assert net.params() == 38_000 + 18_751_500 + 960_010
+    assert c1.out_hw == (16, 16) and c2.out_hw == (8, 8)
+    assert net.conv_macs() == 32 * 32 * 500 * 75 + 16 * 16 * 1500 * 12500
+
+
+def test_conv_products_have_forward_macs():
+    layer = marques_cifar().conv[1]
+    b, k = 16, 300
+    fwd = layer.forward(b, k)
+    assert fwd.macs == b * layer.macs(k)
+    assert layer.backward_input(b, k).macs == fwd.macs
+    assert layer.backward_weight(b, k).macs == fwd.macs
+    assert (fwd.m, fwd.n, fwd.k) == (b * 16 * 16, k, 500 * 25)
+
+
+def test_generic_constructor_chains_shapes():
+    net = conv_net([8, 16, 32], hidden=[64])
+    assert [c.in_channels for c in net.conv] == [3, 8, 16]
+    assert net.conv[-1].out_hw == (4, 4)
+    assert net.dense[0].in_features == 32 * 4 * 4 and net.dense[-1].out_features == 10
+
+
+# -- devices and collectives ---------------------------------------------------
+
+def test_roofline_takes_the_slower_side():
+    from pipeline.costmodel import Gemm
+
+    dev = DeviceSpec(flops=1e12, mem_bw=1e11)
+    big = Gemm(4096, 4096, 4096)
+    assert dev.gemm_time(big) == pytest.approx(2 * 4096**3 / 1e12)
+    thin = Gemm(1, 4096, 4096)  # matrix-vector: memory-bound
+    assert dev.gemm_time(thin) == pytest.approx(4 * thin.elements() / 1e11)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 16])
+def test_collectives_closed_forms(p):
+    a, b, g, n = 3e-5, 1 / 6e9, 1 / 50e9, 12_345_678.0
+    link = LinkSpec(a, b, g)
+    lg = math.ceil(math.log2(p))
+    f = (p - 1) / p
+    assert col.ring_allreduce(n, p, link) == pytest.approx(2 * (p - 1) * a + 2 * f * n * b + f * n * g)
+    assert col.rhd_allreduce(n, p, link) == pytest.approx(2 * lg * a + 2 * f * n * b + f * n * g)
+    assert col.ring_allgather(n, p, link) == pytest.approx((p - 1) * a + f * n * b)
+    assert col.ring_reduce_scatter(n, p, link) == pytest.approx((p - 1) * a + f * n * (b + g))
+    assert col.binomial_broadcast(n, p, link) == pytest.approx(lg * (a + n * b))
+    assert col.linear_broadcast(n, p, link) == pytest.approx((p - 1) * (a + n * b))
+    assert col.alltoall(n, p, link) == pytest.approx((p - 1) * (a + n / p * b))
+
+
+def test_collectives_free_for_one_process():
+    link = LinkSpec(1e-3, 1e-9, 1e-10)
+    for fn in (col.ring_allreduce, col.rhd_allreduce, col.ring_allgather, col.ring_reduce_scatter,
+               col.binomial_broadcast, col.linear_broadcast, col.alltoall, col.binomial_reduce):
+        assert fn(1e6, 1, link) == 0.0
+        assert fn(0, 4, link) == 0.0
+
+
+def test_rhd_beats_ring_on_latency_only():
+    latency_only, bandwidth_only = LinkSpec(alpha=1e-3), LinkSpec(beta=1e-9)
+    assert col.rhd_allreduce(1e6, 16, latency_only) < col.ring_allreduce(1e6, 16, latency_only)
+    assert col.rhd_allreduce(1e6, 16, bandwidth_only) == pytest.approx(col.ring_allreduce(1e6, 16, bandwidth_only))
+
+
+# -- limits ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["kernel", "data", "hybrid"])
+def test_one_device_equals_single_with_ideal_links(strategy):
+    net = marques_cifar(50, 150)
+    one = predict("single", net, 32, CPU)
+    p = predict(strategy, net, 32, [CPU], IDEAL_LINK)
+    assert p.step_time == pytest.approx(one.step_time, rel=1e-12)
+    assert p.breakdown["communication"] == 0.0 and p.breakdown["storage"] == 0.0
+
+
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+def test_one_device_no_communication_even_on_slow_link(strategy):
+    p = predict(strategy, marques_cifar(50, 150), 32, [CPU], LinkSpec(1.0, 1e-3, 1e-3))
+    assert p.breakdown["communication"] == 0.0
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_ideal_network_time_is_pure_compute(P):
+    net = marques_cifar(64, 192)
+    k = predict("kernel", net, 32, [CPU] * P, IDEAL_LINK)
+    assert k.step_time == pytest.approx(k.breakdown["compute_critical"] + k.breakdown["master"])
+    assert k.breakdown["storage"] == 0 and k.breakdown["communication"] == 0
+    d = predict("data", net, 32 * P, [CPU] * P, IDEAL_LINK)
+    assert d.step_time == pytest.approx(d.breakdown["compute_max"])
+    h = predict("hybrid", net, 32 * P, [CPU] * P, IDEAL_LINK)
+    assert h.step_time == pytest.approx(h.breakdown["compute_critical"] + h.breakdown["master"])
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 8])
+@pytest.mark.parametrize("store", [None, STORE])
+def test_kernel_speedup_at_most_P_on_equal_devices(P, store):
+    net = marques_cifar()
+    for link in (IDEAL_LINK, LAN):
+        assert speedup("kernel", net, 32, [CPU] * P, link, store) <= P + 1e-9
+
+
+@pytest.mark.parametrize("strategy", ["single", "kernel", "data", "hybrid"])
+def test_breakdown_adds_up(strategy):
+    net = marques_cifar(100, 300)
+    devs = [CPU, DeviceSpec(flops=200e9, mem_bw=20e9)]
+    p = predict(strategy, net, 64, devs, LAN, STORE, overhead=OVERHEAD)
+    b = p.breakdown
+    parts = b["compute_critical"] + b["communication"] + b["storage"] + b["master"] + b["overhead"]
+    assert parts == pytest.approx(p.step_time)
+    assert len(b["compute"]) == (1 if strategy == "single" else 2)
+
+
+# -- trends of METHODS §1 and §3 -------------------------------------------------
+
+def _kernel_speedup(net, batch, link=LAN, P=4):
+    return speedup("kernel", net, batch, [CPU] * P, link, STORE, overhead=OVERHEAD)
+
+
+def test_kernel_speedup_rises_with_kernels():
+    s = [_kernel_speedup(marques_cifar(k, 3 * k), 32) for k in (25, 100, 500)]
+    assert s[0] < s[1] < s[2]
+
+
+def test_kernel_speedup_rises_with_batch():
+    net = marques_cifar(100, 300)
+    s = [_kernel_speedup(net, b) for b in (8, 32, 128)]
+    assert s[0] < s[1] < s[2]
+
+
+def test_kernel_speedup_falls_with_slower_links():
+    net = marques_cifar()
+    s = [_kernel_speedup(net, 32, LinkSpec.from_bandwidth(bw, 1e-4)) for bw in (10e9, 1e9, 1e8)]
+    assert s[0] > s[1] > s[2]
+
+
+def test_data_parallel_traffic_independent_of_batch():
+    net = marques_cifar(100, 300)
+    small = predict("data", net, 32, [CPU] * 4, LAN)
+    large = predict("data", net, 512, [CPU] * 4, LAN)
+    assert small.breakdown["communication"] == pytest.approx(large.breakdown["communication"])
+    assert small.details["allreduce_bytes"] == 4 * net.params()
+    assert large.step_time > small.step_time
+
+
+def test_data_overlap_and_algorithms():
+    net = alexnet()
+    gpus = [DeviceSpec(flops=3.5e12, mem_bw=2e11, conv_efficiency=0.4)] * 8
+    link = LinkSpec.from_bandwidth(6e9, 1e-3)
+    plain = predict("data", net, 1024, gpus, link)
+    over = predict("data", net, 1024, gpus, link, overlap=True)
+    rhd = predict("data", net, 1024, gpus, link, allreduce="rhd")
+    assert over.step_time < plain.step_time
+    assert rhd.step_time < plain.step_time  # fewer latency terms, same bytes
+
+
+def test_data_proportional_batch_helps_unequal_devices():
+    net = marques_cifar(50, 150)
+    devs = [CPU, DeviceSpec(flops=3 * 90e9, mem_bw=10e9)]
+    eq = predict("data", net, 128, devs, LAN)
+    prop = predict("data", net, 128, devs, LAN, batch_split="proportional")
+    assert prop.step_time < eq.step_time
+    assert sum(prop.details["batch_shares"]) == 128
+
+
+def test_model_parallel_traffic_grows_with_batch_in_hybrid():
+    net = alexnet()
+    gpus = [DeviceSpec(flops=3.5e12, mem_bw=2e11)] * 4
+    link = LinkSpec.from_bandwidth(6e9, 1e-5)
+    small = predict("hybrid", net, 4 * 32, gpus, link)
+    large = predict("hybrid", net, 4 * 256, gpus, link)
+    assert large.details["dense_comm"] > small.details["dense_comm"]
+
+
+@pytest.mark.parametrize("scheme", ["a", "b", "c"])
+@pytest.mark.parametrize("dense_batch", ["worker", "full"])
+def test_hybrid_schemes_run_and_overlap_helps(scheme, dense_batch):
+    st = krizhevsky_k20_setup()
+    gpus = [st.gpu] * 4
+    p = predict("hybrid", st.network, 512, gpus, st.link, scheme=scheme, dense_batch=dense_batch)
+    assert p.step_time > predict("hybrid", st.network, 512, gpus, IDEAL_LINK, scheme=scheme).breakdown["compute_critical"]
+    if scheme in ("b", "c"):
+        q = predict("hybrid", st.network, 512, gpus, st.link, scheme=scheme, dense_batch=dense_batch, overlap_dense=False)
+        assert p.step_time < q.step_time
+
+
+# -- kernel splits ------------------------------------------------------------------
+
+def test_apportion_sums_and_quantum():
+    assert apportion(1500, [1, 1, 1]) == [500, 500, 500]
+    c = apportion(1500, [1, 2, 3.5], quantum=16)
+    assert sum(c) == 1500
+    assert sum(1 for x in c if x % 16) <= 1
+    assert apportion(10, [1, 0]) == [10, 0]
+
+
+def test_proportional_split_follows_rates():
+    net = marques_cifar()
+    devs = [CPU, DeviceSpec(flops=270e9, mem_bw=10e9)]
+    assert split_kernels_proportional(net, devs) == [[125, 375], [375, 1125]]
+
+
+def _slow_link_case():
+    fast = LinkSpec.from_bandwidth(10e9, 1e-4)
+    slow = LinkSpec.from_bandwidth(50e6, 5e-3)
+    a = DeviceSpec(flops=90e9, mem_bw=10e9, link=fast)
+    b = DeviceSpec(flops=270e9, mem_bw=10e9, link=slow)  # fast device, slow link
+    return marques_cifar(), [a, b], StoreSpec(write_bw=2e9, read_bw=2e9, latency=1e-3)
+
+
+def test_minmax_beats_proportional_when_fast_device_has_slow_link():
+    net, devs, store = _slow_link_case()
+    prop = predict("kernel", net, 32, devs, store=store)
+    mm = predict("kernel", net, 32, devs, store=store, split="minmax")
+    assert mm.step_time < 0.9 * prop.step_time
+    # the fast device behind the slow link is given less than its compute share
+    assert mm.kernel_counts[0][1] < prop.kernel_counts[0][1]
+    for layer, row in zip(net.conv, mm.kernel_counts):
+        assert sum(row) == layer.out_channels
+
+
+def test_minmax_never_worse_than_proportional():
+    rng = random.Random(7)
+    for _ in range(25):
+        P = rng.randint(2, 5)
+        devs = [
+            DeviceSpec(
+                flops=rng.uniform(20e9, 400e9), mem_bw=rng.uniform(5e9, 50e9),
+                link=LinkSpec.from_bandwidth(rng.choice([30e6, 300e6, 3e9]), rng.uniform(0, 5e-3)),
+            )
+            for _ in range(P)
+        ]
+        net = marques_cifar(rng.choice([64, 128, 500]), rng.choice([192, 512, 1500]))
+        batch, q = rng.choice([8, 32, 128]), rng.choice([1, 8, 32])
+        store = rng.choice([None, STORE])
+        prop = predict("kernel", net, batch, devs, LAN, store, quantum=q)
+        counts = split_kernels_minmax(net, batch, devs, LAN, store, quantum=q)
+        mm = predict("kernel", net, batch, devs, LAN, store, kernel_counts=counts)
+        assert mm.step_time <= prop.step_time * (1 + 1e-12)
+        for layer, row in zip(net.conv, counts):
+            assert sum(row) == layer.out_channels
+            assert sum(1 for k in row if k % q) <= 1
+
+
+def test_kernel_bytes_match_methods_traffic():
+    """METHODS §1: full input to every device, outputs once, P partials summed."""
+    net, B, P = marques_cifar(), 8, 3
+    p = predict("kernel", net, B, [CPU] * P, LAN, STORE)
+    c1, c2 = net.conv
+    fwd = P * c1.input_elements(B) + c1.output_elements(B) + P * c2.input_elements(B) + c2.output_elements(B)
+    head = 2 * B * net.features
+    bwd = 1 * c2.output_elements(B) + P * c2.input_elements(B)  # layer 2: slices from the master, partials out
+    bwd += P * c1.output_elements(B)  # layer 1: its slice of each of the P partials, no input grad
+    assert p.details["bytes_moved"] == 4 * (fwd + head + bwd)
+
+
+def test_bad_kernel_counts_rejected():
+    with pytest.raises(ValueError):
+        predict("kernel", marques_cifar(), 8, [CPU, CPU], kernel_counts=[[250, 249], [750, 750]])
+
+
+# -- calibration ------------------------------------------------------------------
+
+def test_calibrated_device_reproduces_its_timings():
+    net = marques_cifar()
+    c1, c2 = net.conv
+    timings = {"conv1": (c1, 16, 50, 0.02), "conv2": (c2, 16, 100, 1.5)}
+    dev = device_from_layer_timings(timings, first_layer="conv1")
+    assert conv_time(dev, c2, 16, 100).forward + conv_time(dev, c2, 16, 100).backward == pytest.approx(1.5)
+    t1 = conv_time(dev, c1, 16, 50, input_grad=False)
+    assert t1.forward + t1.backward == pytest.approx(0.02)
+    assert dev.rate("conv", "conv2") == pytest.approx(effective_rate(c2, 16, 100, 1.5))
+    # proportional split follows the measured per-layer speeds
+    slow = device_from_layer_timings({"conv1": (c1, 16, 50, 0.04), "conv2": (c2, 16, 100, 1.5)}, first_layer="conv1")
+    assert split_kernels_proportional(net, [dev, slow]) == [[333, 167], [750, 750]]
+
+
+def test_fit_hockney_recovers_parameters():
+    sizes = [1e3, 1e5, 1e6, 1e7, 1e8]
+    link = fit_hockney(sizes, [2e-3 + n / 8e8 for n in sizes])
+    assert link.alpha == pytest.approx(2e-3, rel=1e-6)
+    assert link.bandwidth == pytest.approx(8e8, rel=1e-6)
+
+
+def test_store_and_overhead_builders():
+    st = store_from_measurements(1.9e9, 0.8e9, 1e-3)
+    assert (st.client_bw("write"), st.client_bw("read"), st.latency) == (1.9e9, 0.8e9, 1e-3)
+    ov = overhead_from_measurements(11.5e-3)
+    assert isinstance(ov, DaskOverhead) and ov.hop == 11.5e-3 and ov.client_round_trip == 11.5e-3
+    net = marques_cifar(50, 150)
+    with_ov = predict("kernel", net, 8, [CPU] * 2, LAN, st, overhead=ov)
+    without = predict("kernel", net, 8, [CPU] * 2, LAN, st)
+    # 2 layers x 2 directions x 2 shards + dense task; 2*2+1 hops; one client round trip
+    assert with_ov.step_time - without.step_time == pytest.approx(9 * ov.task + 5 * ov.hop + ov.client_round_trip)
+
+
+# -- Krizhevsky reproduction --------------------------------------------------------
+
+@pytest.mark.parametrize("dense_batch", ["worker", "full"])
+def test_krizhevsky_hybrid_speedups_within_15_percent(dense_batch):
+    pred = krizhevsky_speedups((2, 4, 8), dense_batch=dense_batch)
+    for k, s in pred.items():
+        published = PUBLISHED_SPEEDUPS[(k, dense_batch)]
+        assert abs(s - published) / published < 0.15, (k, s, published)
+    assert pred[2] < pred[4] < pred[8] < 8
+
+
+def test_krizhevsky_single_gpu_step_plausible():
+    st = krizhevsky_k20_setup()
+    t = predict("single", st.network, 128, st.gpu).step_time
+    assert abs(t - PUBLISHED_SINGLE_STEP) / PUBLISHED_SINGLE_STEP < 0.15
+
+
+def test_krizhevsky_needs_linear_broadcast():
+    """With a tree broadcast the model would overshoot 8 GPUs: the owner's link is the bottleneck."""
+    st = krizhevsky_k20_setup()
+    tree = predict("hybrid", st.network, 1024, [st.gpu] * 8, st.link, options=st.options, broadcast="binomial")
+    lin = predict("hybrid", st.network, 1024, [st.gpu] * 8, st.link, options=st.options)
+    assert tree.step_time < lin.step_time
+
+
+def test_unknown_names_rejected():
+    net = marques_cifar(8, 16)
+    with pytest.raises(ValueError):
+        predict("pipeline", net, 8, CPU)
+    with pytest.raises(ValueError):
+        predict("hybrid", net, 8, [CPU, CPU], scheme="z")
+    with pytest.raises(TypeError):
+        predict("data", net, 8, [CPU], options=Options(), not_an_option=1)

@@ -1,0 +1,83 @@
+"""Kernel-parallel and single training equal plain single-process PyTorch.
+
+METHODS.md §1: the arithmetic is that of single-device SGD with the same batch, so
+the weights after N steps must match up to float summation order. Runs on a real
+Dask cluster of worker processes with a real Zarr workspace and checkpoints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.cluster import find_workers, register_setup
+from pipeline.train import run_training
+from storage import checkpoints
+from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
+
+TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+
+
+def _run(tmp_path, cluster, dataset, **overrides):
+    client, cluster_config = cluster
+    config = tiny_config(tmp_path, dataset, **overrides)
+    config.cluster.workers = cluster_config.workers
+    register_setup(client, config.cluster)
+    slots = find_workers(client, config.cluster)
+    result = run_training(config, client=client, slots=slots)
+    return config, result
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("strategy,workers", [("kernel", 1), ("kernel", 2), ("kernel", 3),
+                                              ("single", 3)])
+def test_weights_and_losses_equal_plain_pytorch(tmp_path, three_worker_cluster,
+                                                tiny_dataset_factory, dtype, strategy,
+                                                workers):
+    dataset = tiny_dataset_factory(dtype)
+    config, result = _run(tmp_path, three_worker_cluster, dataset, strategy=strategy,
+                          **{"network.dtype": dtype, "cluster.use_workers": workers})
+    split = result.summary.get("kernel_split")
+    expected_shards = 1 if strategy == "single" else workers
+    assert [len(layer) for layer in split] == [expected_shards] * 2
+    if expected_shards > 1:  # 10 and 12 kernels in units of 4: uneven shares
+        assert any(len(set(layer)) > 1 for layer in split), split
+    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+    expected, losses = replay_in_pytorch(config, dataset)
+    error = max_relative_error(trained, expected)
+    assert error <= TOLERANCE[dtype], f"max relative weight error {error:.3g}"
+    initial = checkpoints.read_tensors(config.checkpoint_path, 0)
+    assert max_relative_error(initial, expected) > 1e-3  # training did move the weights
+    np.testing.assert_allclose(result.record.loss.values, losses,
+                               rtol=TOLERANCE[dtype], atol=0)
+
+
+def test_calibrated_split_on_emulated_slow_worker_still_exact(tmp_path, tiny_dataset_factory):
+    """An emulated half-speed worker gets fewer kernels; the arithmetic is unchanged."""
+    from distributed import Client
+
+    from pipeline.cluster import start_embedded_cluster
+    from pipeline.config import ClusterConfig, WorkerConfig
+
+    workers = [WorkerConfig(name="fast"), WorkerConfig(name="slow", speed=0.25)]
+    cluster_config = ClusterConfig(workers=workers)
+    cluster = start_embedded_cluster(cluster_config.worker_list())
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            dataset = tiny_dataset_factory("float32")
+            config = tiny_config(tmp_path, dataset, placement="calibrated",
+                                 **{"network.conv.0.kernels": 16,
+                                    "network.conv.1.kernels": 24,
+                                    "workspace.channel_quantum": 2})
+            config.cluster = cluster_config
+            register_setup(client, cluster_config)
+            result = run_training(config, client=client)
+    finally:
+        cluster.close()
+    fast, slow = np.array(result.summary["kernel_split"]).T
+    assert (fast > slow).all(), result.summary["kernel_split"]
+    assert "slow (emulated 0.25x speed)" in result.summary["workers"]
+    assert float(result.record.emulated_time.sel(worker="slow").sum()) > 0
+    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(trained, expected) <= TOLERANCE["float32"]
