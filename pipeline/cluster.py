@@ -105,7 +105,13 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
         for worker in config.worker_list():
             threads[worker.name] = worker.threads
             speeds[worker.name] = worker.speed
-    client.register_plugin(WorkerSetup(threads, speeds))
+    try:
+        client.register_plugin(WorkerSetup(threads, speeds))
+    except Exception as error:  # noqa: BLE001 - the workers' exception arrives as text
+        hint = ""
+        if "No module named" in str(error):
+            hint = "; install this project on every worker's Python (pip install -e .)"
+        raise ClusterError(f"setting up the workers failed: {error}{hint}") from None
 
 
 def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:

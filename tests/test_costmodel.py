@@ -391,3 +391,12 @@ def test_unknown_names_rejected():
         predict("hybrid", net, 8, [CPU, CPU], scheme="z")
     with pytest.raises(TypeError):
         predict("data", net, 8, [CPU], options=Options(), not_an_option=1)
+
+
+def test_device_rates_per_kind():
+    dev = DeviceSpec.from_rates(100e9, dense_rate=300e9)
+    assert dev.rate("conv") == pytest.approx(100e9) and dev.rate("dense") == pytest.approx(300e9)
+    net = marques_cifar(50, 150)
+    faster_dense = predict("single", net, 32, dev).breakdown["master"]
+    plain = predict("single", net, 32, DeviceSpec.from_rates(100e9)).breakdown["master"]
+    assert faster_dense == pytest.approx(plain / 3)

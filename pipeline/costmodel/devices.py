@@ -104,6 +104,19 @@ class DeviceSpec:
     link: LinkSpec | None = None
     name: str = ""
 
+    @classmethod
+    def from_rates(
+        cls,
+        conv_rate: float,
+        dense_rate: float | None = None,
+        mem_bw: float = INF,
+        link: LinkSpec | None = None,
+        name: str = "",
+    ) -> "DeviceSpec":
+        """A device given its effective conv (and dense) FLOP/s directly."""
+        dense_eff = 1.0 if dense_rate is None else dense_rate / conv_rate
+        return cls(flops=conv_rate, mem_bw=mem_bw, dense_efficiency=dense_eff, link=link, name=name)
+
     def rate(self, kind: str = "conv", layer: str | None = None) -> float:
         """Effective FLOP/s for a layer kind (``"conv"`` or ``"dense"``)."""
         if layer is not None and layer in self.layer_rates:

@@ -13,7 +13,7 @@ float where a layer is split fractionally (model-parallel dense slices).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 __all__ = [

@@ -82,10 +82,11 @@ class Prediction:
     breakdown : dict
         Seconds: ``compute`` (list, per device, all its work),
         ``compute_max``, and the critical path split into
-        ``compute_critical`` (conv work), ``master`` (dense head / dense
-        phase compute), ``communication`` (link time not hidden),
-        ``storage`` (store I/O) and ``overhead`` (Dask); these five add up
-        to ``step_time``.
+        ``compute_critical`` (compute outside the dense head: the conv
+        trunk, or the whole replica for ``data``), ``master`` (dense head,
+        or the dense phase's compute for ``hybrid``), ``communication``
+        (link time not hidden), ``storage`` (store I/O) and ``overhead``
+        (Dask); these five add up to ``step_time``.
     kernel_counts : list of list of int, optional
         The split used by ``kernel``.
     details : dict

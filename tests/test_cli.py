@@ -1,0 +1,121 @@
+"""The command line as a user meets it: real processes, real exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import xarray as xr
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def train(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_args(tmp_path, dataset: str) -> list[str]:
+    return [os.path.join(ROOT, "configs", "small.yaml"), f"output={tmp_path / 'run'}",
+            f"data.path={dataset}", "data.train_samples=512", "data.test_samples=128",
+            "train.steps=3", "train.batch=16", "train.eval_samples=32", "progress=false",
+            "network.conv.0.kernels=8", "network.conv.1.kernels=8"]
+
+
+def error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+@pytest.fixture()
+def cli_cluster(tmp_path):
+    """`dask scheduler` and two `dask worker --resources CPU=1` as subprocesses."""
+    scheduler_file = tmp_path / "scheduler.json"
+    logs = open(tmp_path / "cluster.log", "w")
+    processes = [subprocess.Popen(
+        [os.path.join(BIN, "dask"), "scheduler", "--scheduler-file", str(scheduler_file),
+         "--port", "0", "--dashboard-address", ":0"], stdout=logs, stderr=logs)]
+    deadline = time.monotonic() + 60
+    while not scheduler_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for _ in range(2):
+        processes.append(subprocess.Popen(
+            [os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(scheduler_file),
+             "--nthreads", "1", "--resources", "CPU=1"], stdout=logs, stderr=logs))
+    try:
+        yield json.loads(scheduler_file.read_text())["address"]
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        logs.close()
+
+
+def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
+                                                     tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    result = train(*tiny_args(tmp_path, dataset), "--scheduler", cli_cluster)
+    assert result.returncode == 0, result.stderr
+    assert "strategy kernel" in result.stdout and "step time" in result.stdout
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert record.sizes == {"step": 3, "worker": 2}
+    assert (record.compute_time > 0).all()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [len(layer) for layer in summary["kernel_split"]] == [2, 2]
+
+
+def test_unknown_key_is_one_line_and_exit_2(tmp_path):
+    result = train(os.path.join(ROOT, "configs", "small.yaml"), "train.stepz=3")
+    assert result.returncode == 2
+    assert error_lines(result) == [error_lines(result)[0]]
+    assert "train.stepz" in result.stderr and "unknown key" in result.stderr
+
+
+def test_wrong_type_is_one_line_and_exit_2(tmp_path):
+    result = train(os.path.join(ROOT, "configs", "small.yaml"), "train.steps=many")
+    assert result.returncode == 2
+    assert len(error_lines(result)) == 1
+    assert "train.steps" in result.stderr and "integer" in result.stderr
+
+
+def test_wrong_type_in_yaml_file_is_reported(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("network:\n  conv:\n    - {kernels: lots}\n")
+    result = train(str(config))
+    assert result.returncode == 2
+    assert "network.conv.0.kernels" in result.stderr
+
+
+def test_missing_dataset_archive_is_named(tmp_path):
+    missing = tmp_path / "nowhere" / "cifar-10-python.tar.gz"
+    result = train(os.path.join(ROOT, "configs", "small.yaml"), f"data.source={missing}",
+                   f"output={tmp_path / 'run'}", f"data.path={tmp_path / 'cifar.zarr'}")
+    assert result.returncode == 2
+    assert str(missing) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    started = time.monotonic()
+    result = train(*tiny_args(tmp_path, dataset), "cluster.resource=GPU")
+    assert time.monotonic() - started < 60  # default wait is 30 s, plus start-up
+    assert result.returncode == 1
+    assert "'GPU'" in result.stderr and "Traceback" not in result.stderr
+    assert len(error_lines(result)) == 1, result.stderr
+
+
+def test_unreachable_scheduler_is_a_clear_message(tmp_path, tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    result = train(*tiny_args(tmp_path, dataset), "--scheduler", "tcp://127.0.0.1:9")
+    assert result.returncode == 1
+    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in result.stderr
+    assert "Traceback" not in result.stderr
