@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     parser.add_argument("--scheduler", help="Dask scheduler address (default: embedded "
                         "cluster, or $DASK_SCHEDULER_ADDRESS)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     overrides = list(args.overrides)
     if args.scheduler:
         overrides.append(f"cluster.scheduler={args.scheduler}")

@@ -31,24 +31,40 @@ def error_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.strip()]
 
 
+class CliCluster:
+    """Processes started the way a user starts them by hand."""
+
+    def __init__(self, tmp_path) -> None:
+        self.scheduler_file = tmp_path / "scheduler.json"
+        self.logs = open(tmp_path / "cluster.log", "w")
+        self.processes: list[subprocess.Popen] = []
+
+    def start_scheduler(self) -> str:
+        self.processes.append(subprocess.Popen(
+            [os.path.join(BIN, "dask"), "scheduler", "--scheduler-file",
+             str(self.scheduler_file), "--port", "0", "--dashboard-address", ":0"],
+            stdout=self.logs, stderr=self.logs))
+        deadline = time.monotonic() + 60
+        while not self.scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return json.loads(self.scheduler_file.read_text())["address"]
+
+    def start_worker(self, *extra: str) -> subprocess.Popen:
+        process = subprocess.Popen(
+            [os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
+             "--nthreads", "1", "--resources", "CPU=1", *extra],
+            stdout=self.logs, stderr=self.logs)
+        self.processes.append(process)
+        return process
+
+
 @pytest.fixture()
-def cli_cluster(tmp_path):
-    """`dask scheduler` and two `dask worker --resources CPU=1` as subprocesses."""
-    scheduler_file = tmp_path / "scheduler.json"
-    logs = open(tmp_path / "cluster.log", "w")
-    processes = [subprocess.Popen(
-        [os.path.join(BIN, "dask"), "scheduler", "--scheduler-file", str(scheduler_file),
-         "--port", "0", "--dashboard-address", ":0"], stdout=logs, stderr=logs)]
-    deadline = time.monotonic() + 60
-    while not scheduler_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for _ in range(2):
-        processes.append(subprocess.Popen(
-            [os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(scheduler_file),
-             "--nthreads", "1", "--resources", "CPU=1"], stdout=logs, stderr=logs))
+def cli_processes(tmp_path):
+    cluster = CliCluster(tmp_path)
     try:
-        yield json.loads(scheduler_file.read_text())["address"]
+        yield cluster
     finally:
+        processes = cluster.processes
         for process in reversed(processes):
             process.terminate()
         for process in processes:
@@ -56,7 +72,16 @@ def cli_cluster(tmp_path):
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
-        logs.close()
+        cluster.logs.close()
+
+
+@pytest.fixture()
+def cli_cluster(cli_processes):
+    """`dask scheduler` and two `dask worker --resources CPU=1` as subprocesses."""
+    address = cli_processes.start_scheduler()
+    for _ in range(2):
+        cli_processes.start_worker()
+    return address
 
 
 def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
@@ -119,3 +144,41 @@ def test_unreachable_scheduler_is_a_clear_message(tmp_path, tiny_dataset_factory
     assert result.returncode == 1
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_worker_death_fails_cleanly_then_resume_finishes(tmp_path, cli_processes,
+                                                         tiny_dataset_factory):
+    """SIGKILL a worker mid-run: the run stops with a clear message (no hang), and a
+    resumed run on a replacement worker continues from the last checkpoint."""
+    from storage import checkpoints
+
+    dataset = tiny_dataset_factory("float32")
+    address = cli_processes.start_scheduler()
+    victim = cli_processes.start_worker("--no-nanny")
+    cli_processes.start_worker("--no-nanny")
+    args = [*tiny_args(tmp_path, dataset), "--scheduler", address, "placement=even",
+            "train.checkpoint_every=4"]
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args,
+                            "train.steps=100000"], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    checkpoint_path = str(tmp_path / "run" / "checkpoints.zarr")
+    deadline = time.monotonic() + 120
+    while (checkpoints.latest_complete_step(checkpoint_path) or 0) < 4:
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline, "no checkpoint after 120 s"
+        time.sleep(0.3)
+    victim.kill()
+    killed_at = time.monotonic()
+    _out, err = run.communicate(timeout=60)
+    assert time.monotonic() - killed_at < 30
+    assert run.returncode == 1
+    assert "left the cluster" in err and "train.resume=true" in err
+    assert "Traceback" not in err
+    last = checkpoints.latest_complete_step(checkpoint_path)
+    assert last >= 4 and last % 4 == 0
+
+    cli_processes.start_worker("--no-nanny")
+    resumed = train(*args, f"train.steps={last + 3}", "train.resume=true")
+    assert resumed.returncode == 0, resumed.stderr
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert list(record.step.values) == [last, last + 1, last + 2]

@@ -1,0 +1,73 @@
+"""Training behaviour: learning on the synthetic set, resume, the reference strategy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.cluster import find_workers, register_setup
+from pipeline.config import load_run_config
+from pipeline.train import run_training
+from storage import checkpoints
+from tests.helpers import max_relative_error, tiny_config
+
+CHANCE = 0.1
+
+
+def _run(config, cluster):
+    client, cluster_config = cluster
+    config.cluster.workers = cluster_config.workers
+    register_setup(client, config.cluster)
+    return run_training(config, client=client, slots=find_workers(client, config.cluster))
+
+
+@pytest.mark.parametrize("strategy", ["kernel", "single"])
+def test_default_small_run_learns_far_above_chance(tmp_path, three_worker_cluster, strategy):
+    """The shipped small config, as is (60 steps, batch 64, synthetic data)."""
+    config = load_run_config("configs/small.yaml", [f"strategy={strategy}",
+                                                    f"output={tmp_path / 'run'}",
+                                                    "progress=false",
+                                                    "cluster.use_workers=2"])
+    result = _run(config, three_worker_cluster)
+    assert result.summary["test_accuracy"] > 3 * CHANCE, result.summary
+    losses = result.record.loss.values
+    assert losses[-5:].mean() < 0.7 * losses[:5].mean()
+
+
+def test_resume_continues_exactly(tmp_path, three_worker_cluster, tiny_dataset_factory):
+    """4 steps then resume to 7 equals 7 uninterrupted steps (weights and momentum)."""
+    dataset = tiny_dataset_factory("float32")
+    straight = tiny_config(tmp_path / "a", dataset, **{"train.steps": 7,
+                                                      "cluster.use_workers": 2})
+    _run(straight, three_worker_cluster)
+    resumed = tiny_config(tmp_path / "b", dataset, **{"train.steps": 4,
+                                                     "train.checkpoint_every": 2,
+                                                     "cluster.use_workers": 2})
+    _run(resumed, three_worker_cluster)
+    assert checkpoints.latest_complete_step(resumed.checkpoint_path) == 4
+    resumed = tiny_config(tmp_path / "b", dataset, **{"train.steps": 7,
+                                                     "train.checkpoint_every": 2,
+                                                     "train.resume": True,
+                                                     "cluster.use_workers": 2})
+    result = _run(resumed, three_worker_cluster)
+    assert list(result.record.step.values) == [4, 5, 6]
+    for kind in ("weights", "momentum"):
+        error = max_relative_error(
+            checkpoints.read_tensors(resumed.checkpoint_path, 7, kind),
+            checkpoints.read_tensors(straight.checkpoint_path, 7, kind))
+        assert error < 1e-5, (kind, error)
+    np.testing.assert_array_equal(checkpoints.read_sample_indices(resumed.checkpoint_path),
+                                  checkpoints.read_sample_indices(straight.checkpoint_path))
+
+
+def test_reference_strategy_matches_kernel(tmp_path, three_worker_cluster,
+                                           tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    kernel = tiny_config(tmp_path / "k", dataset, **{"cluster.use_workers": 2})
+    _run(kernel, three_worker_cluster)
+    reference = tiny_config(tmp_path / "r", dataset, strategy="reference")
+    result = run_training(reference)
+    assert result.record.sizes["worker"] == 1
+    assert max_relative_error(
+        checkpoints.read_tensors(reference.checkpoint_path, 5),
+        checkpoints.read_tensors(kernel.checkpoint_path, 5)) < 1e-4
