@@ -90,7 +90,10 @@ def open_client(config: ClusterConfig, dashboard: bool = False) -> Iterator[Clie
         with client:
             yield client
         return
-    cluster = start_embedded_cluster(config.worker_list(), dashboard)
+    try:
+        cluster = start_embedded_cluster(config.worker_list(), dashboard)
+    except Exception as error:  # noqa: BLE001 - distributed wraps the cause in RuntimeError
+        raise ClusterError(f"could not start the embedded cluster: {error}") from None
     try:
         with Client(cluster, set_as_default=False) as client:
             yield client

@@ -84,6 +84,7 @@ class KernelParallelEngine:
         self._previous_backward: dict[tuple[int, int], Future] = {}
         self._pending: list[Future] = []
         self.head: DenseHead | None = None
+        self.devices: dict[str, str] = {}  # worker name -> "cpu" / "cuda"
 
     # Setup --------------------------------------------------------------------------
 
@@ -152,7 +153,8 @@ class KernelParallelEngine:
         momentum = checkpoints.read_tensors(self.paths.checkpoints, from_step, "momentum")
         self.head = DenseHead(self.network, self.config.optimizer_spec(), weights, momentum,
                               from_step)
-        self._gather(futures, "loading the shards")
+        receipts = self._gather(futures, "loading the shards")
+        self.devices = {r.worker: r.extra["device"] for r in receipts}
         self._previous_backward = {}
 
     # Steps --------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class RunRecorder:
     workers: list[str]
     worker_labels: list[str]
     emulated_speeds: list[float]
+    devices: list[str] = field(default_factory=list)
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
     by_step_worker: dict[tuple[int, str], dict[str, float]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float)))
@@ -88,7 +89,8 @@ class RunRecorder:
                                         {"units": units, "description": description})
         coords = {"step": steps, "worker": self.workers,
                   "worker_label": ("worker", self.worker_labels),
-                  "emulated_speed": ("worker", self.emulated_speeds)}
+                  "emulated_speed": ("worker", self.emulated_speeds),
+                  "device": ("worker", self.devices or ["cpu"] * len(self.workers))}
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 

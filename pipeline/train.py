@@ -177,6 +177,8 @@ def run_training(config: RunConfig, client: Client | None = None,
             recorder = RunRecorder([s.name for s in slots], [s.label for s in slots],
                                    [s.emulated_speed for s in slots])
         trainer.start(from_step)
+        if isinstance(trainer, KernelParallelEngine):
+            recorder.devices = [trainer.devices.get(name, "cpu") for name in recorder.workers]
         _train_loop(config, trainer, recorder, from_step, info.train_samples)
         trainer.close()
     summary_accuracy = None

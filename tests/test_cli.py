@@ -93,6 +93,7 @@ def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert record.sizes == {"step": 3, "worker": 2}
     assert (record.compute_time > 0).all()
+    assert list(record.device.values) == ["cpu", "cpu"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [len(layer) for layer in summary["kernel_split"]] == [2, 2]
 

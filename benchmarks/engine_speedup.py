@@ -1,0 +1,95 @@
+"""Benchmark: kernel-parallel step time against plain PyTorch, and calibrated vs even.
+
+Prints figures; it is not a test (this machine is shared and noisy). Every ratio is
+measured within one invocation, the runs of each repeat interleaved, and reported as
+the median over repeats with the spread (min-max) of the per-repeat ratios.
+
+    python benchmarks/engine_speedup.py speedup --net paper --batch 32
+    python benchmarks/engine_speedup.py speedup --net small --batch 128
+    python benchmarks/engine_speedup.py emulated --net small --batch 128
+
+`speedup`: kernel on 2 single-thread workers vs `reference` with 1 and with 2 threads.
+`emulated`: 2 workers, one emulated at half speed: calibrated split vs even split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from statistics import median
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from pipeline.config import load_run_config  # noqa: E402
+from pipeline.train import run_training  # noqa: E402
+
+NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
+
+
+def measure(net: str, batch: int, steps: int, overrides: list[str], workdir: str) -> float:
+    """Median step time (warm-up step excluded) of one run."""
+    config = load_run_config(os.path.join(ROOT, NETS[net]), [
+        f"train.batch={batch}", f"train.steps={steps}", "train.warmup_steps=1",
+        "train.eval_samples=0", "progress=false", "train.checkpoint_every=0",
+        f"output={tempfile.mkdtemp(dir=workdir)}", *overrides])
+    return run_training(config).summary["step_time_median"]
+
+
+def ratio_report(name: str, baseline: list[float], candidate: list[float]) -> dict:
+    ratios = [b / c for b, c in zip(baseline, candidate)]
+    return {"ratio": name, "median": median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("case", choices=["speedup", "emulated"])
+    parser.add_argument("--net", choices=sorted(NETS), default="small")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per run, the first excluded (default: 4 paper, 12 small)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    steps = args.steps or (4 if args.net == "paper" else 12)
+    if args.case == "speedup":
+        runs = {"reference-1-thread": ["strategy=reference", "reference.threads=1"],
+                "reference-2-threads": ["strategy=reference", "reference.threads=2"],
+                "kernel-2-workers": ["strategy=kernel", "cluster.workers=2"]}
+    else:
+        pair = '[{name: fast, speed: 1.0}, {name: slow-emulated, speed: 0.5}]'
+        runs = {"even": ["strategy=kernel", "placement=even", f"cluster.workers={pair}"],
+                "calibrated": ["strategy=kernel", "placement=calibrated",
+                               f"cluster.workers={pair}"]}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with tempfile.TemporaryDirectory() as workdir:
+        for repeat in range(args.repeats):
+            for name, overrides in runs.items():
+                seconds = measure(args.net, args.batch, steps, overrides, workdir)
+                times[name].append(seconds)
+                print(f"repeat {repeat}: {name:22s} median step {seconds:.4f} s", flush=True)
+    print(f"\n{args.case}: {args.net} network, batch {args.batch}, {steps} steps per run "
+          f"(1 warm-up), {args.repeats} repeats")
+    for name, values in times.items():
+        print(f"  {name:22s} median {median(values):.4f} s  (runs: "
+              + ", ".join(f"{v:.4f}" for v in values) + ")")
+    if args.case == "speedup":
+        reports = [ratio_report("kernel vs reference 1 thread (speedup)",
+                                times["reference-1-thread"], times["kernel-2-workers"]),
+                   ratio_report("kernel vs reference 2 threads",
+                                times["reference-2-threads"], times["kernel-2-workers"])]
+    else:
+        reports = [ratio_report("calibrated / even step time", times["calibrated"],
+                                times["even"])]
+    for r in reports:
+        print(f"  {r['ratio']}: {r['median']:.3f} (spread {r['min']:.3f}-{r['max']:.3f})")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"args": vars(args), "times": times, "ratios": reports}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
