@@ -39,6 +39,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -150,10 +151,15 @@ def read_batch(path: str, split: str, indices: np.ndarray) -> tuple[np.ndarray, 
     try:
         stat = os.stat(os.path.join(root, "zarr.json"))
     except FileNotFoundError:
-        _open_root(path)  # raises the precise "missing" / "not a Zarr group" error
-        raise DatasetError(f"dataset store not found: {path!r}") from None
+        _dataset_attrs(path)  # raises the precise error: missing, not Zarr, not ours
+        raise DatasetError(f"{path!r} is not a Zarr v3 dataset store") from None
     reader = _split_reader(root, split, (stat.st_ino, stat.st_mtime_ns))
     return reader.read(indices)
+
+
+def clear_read_cache() -> None:
+    """Forget this process's open stores (closing their files), e.g. after deleting one."""
+    _split_reader.cache_clear()
 
 
 @functools.lru_cache(maxsize=16)
@@ -237,8 +243,10 @@ class _ShardRowReader:
         self.row_nbytes = int(np.prod(row_shape)) * dtype.itemsize
         self.separator = separator
         self.fill_value = fill_value
-        self._shards: dict[int, tuple[io.BufferedReader | io.FileIO, np.ndarray]] = {}
+        self._shards: dict[int, tuple[int, np.ndarray]] = {}  # shard -> (fd, index)
         self._lock = threading.Lock()
+        # raw descriptors (pread needs no file object); closed when the reader goes
+        weakref.finalize(self, _close_descriptors, self._shards)
 
     @classmethod
     def for_array(cls, array_dir: str, array: zarr.Array) -> _ShardRowReader | None:
@@ -271,7 +279,7 @@ class _ShardRowReader:
                    key_encoding.get("configuration", {}).get("separator", "/"),
                    array.metadata.fill_value)
 
-    def _shard(self, shard: int) -> tuple[io.BufferedReader | io.FileIO, np.ndarray]:
+    def _shard(self, shard: int) -> tuple[int, np.ndarray]:
         """The open file and the decoded index of one shard, cached for the process."""
         cached = self._shards.get(shard)
         if cached is not None:
@@ -283,29 +291,29 @@ class _ShardRowReader:
             key = self.separator.join(["c", str(shard)] + ["0"] * len(self.row_shape))
             file_path = os.path.join(self.array_dir, *key.split("/"))
             try:
-                handle = open(file_path, "rb", buffering=0)
+                fd = os.open(file_path, os.O_RDONLY)
             except FileNotFoundError:
                 raise DatasetError(f"dataset shard missing: {file_path!r}") from None
             index_nbytes = 16 * self.shard_rows + 4
-            size = os.fstat(handle.fileno()).st_size
-            raw = os.pread(handle.fileno(), index_nbytes, size - index_nbytes) if size >= index_nbytes else b""
+            size = os.fstat(fd).st_size
+            raw = os.pread(fd, index_nbytes, size - index_nbytes) if size >= index_nbytes else b""
             if len(raw) != index_nbytes or not _crc32c_ok(raw[:-4], raw[-4:]):
-                handle.close()
+                os.close(fd)
                 raise DatasetError(f"dataset shard {file_path!r} has a damaged index")
             index = np.frombuffer(raw[:-4], dtype="<u8").reshape(self.shard_rows, 2)
-            self._shards[shard] = (handle, index)
-            return handle, index
+            self._shards[shard] = (fd, index)
+            return fd, index
 
     def read(self, idx: np.ndarray) -> np.ndarray:
         out = np.empty((idx.size, *self.row_shape), dtype=self.dtype)
         for position, row in enumerate(idx.tolist()):
             shard, inner = divmod(row, self.shard_rows)
-            handle, index = self._shard(shard)
+            fd, index = self._shard(shard)
             offset, nbytes = int(index[inner, 0]), int(index[inner, 1])
             if offset == self.MISSING and nbytes == self.MISSING:
                 out[position] = self.fill_value  # Zarr's meaning of an absent chunk
                 continue
-            data = os.pread(handle.fileno(), nbytes, offset)
+            data = os.pread(fd, nbytes, offset)
             if nbytes != self.row_nbytes or len(data) != self.row_nbytes:
                 raise DatasetError(
                     f"dataset row {row} in {self.array_dir!r} has {len(data)} bytes, "
@@ -313,6 +321,15 @@ class _ShardRowReader:
                 )
             out[position] = np.frombuffer(data, dtype=self.dtype).reshape(self.row_shape)
         return out
+
+
+def _close_descriptors(shards: dict[int, tuple[int, np.ndarray]]) -> None:
+    for fd, _ in shards.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    shards.clear()
 
 
 def _crc32c_ok(data: bytes, stored: bytes) -> bool:
@@ -609,7 +626,8 @@ def _load_batch(raw: bytes, where: str) -> dict[bytes, Any]:
     except Exception as exc:  # pickle raises many types on damaged input
         raise DatasetError(f"{where} is not a readable CIFAR-10 pickle ({exc!r})") from exc
     if not isinstance(batch, dict):
-        raise DatasetError(f"{where} is not a CIFAR-10 batch (a {type(batch).__name__}, not a dict)")
+        raise DatasetError(
+            f"{where} is not a CIFAR-10 batch (a {type(batch).__name__}, not a dict)")
     return batch
 
 
@@ -618,10 +636,10 @@ def _parse_batch(raw: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
     batch = _load_batch(raw, where)
     data, labels = batch.get(b"data"), batch.get(b"labels")
     row = int(np.prod(CIFAR10_IMAGE_SHAPE))
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-            or data.shape[1] != row:
-        raise DatasetError(f"{where}: b'data' must be a uint8 array (n, {row}), got "
-                           f"{getattr(data, 'dtype', type(data).__name__)} {getattr(data, 'shape', '')}")
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
+            and data.shape[1] == row):
+        found = getattr(data, "dtype", type(data).__name__), getattr(data, "shape", "")
+        raise DatasetError(f"{where}: b'data' must be a uint8 array (n, {row}), got {found}")
     try:
         label_array = np.asarray(labels, dtype=np.int64)
     except (TypeError, ValueError):
@@ -784,7 +802,7 @@ def ensure_dataset(spec_source: str, path: str, **kwargs: Any) -> DatasetInfo:
             attrs = _dataset_attrs(path)
         except DatasetError:
             attrs = None
-        if False:
+        if attrs is not None and attrs.get("build") == wanted:
             return open_dataset_info(path)
         log.info("dataset store %s was built from %s, wanted %s: rebuilding", path,
                  attrs.get("build") if attrs else "something else", wanted)

@@ -35,7 +35,9 @@ TEST_SAMPLES = 4
 def small_shards(monkeypatch):
     """Several shards (and a partial last one) even in tiny stores."""
     monkeypatch.setattr(datasets, "SHARD_SAMPLES", 4)
-    datasets._split_reader.cache_clear()
+    datasets.clear_read_cache()
+    yield
+    datasets.clear_read_cache()
 
 
 def _pickle_like_cifar(obj: dict) -> bytes:
@@ -104,7 +106,8 @@ def _expected(batches: dict[str, dict]):
     def norm(x):
         return (x - mean[:, None, None]) / std[:, None, None]
 
-    return norm(train), train_labels, norm(test), np.array(batches["test_batch"][b"labels"]), mean, std
+    test_labels = np.array(batches["test_batch"][b"labels"])
+    return norm(train), train_labels, norm(test), test_labels, mean, std
 
 
 def _read_all(path: str, split: str):
@@ -156,7 +159,8 @@ def test_cifar_import_float64_and_first_n(tmp_path):
     assert (info.train_samples, info.test_samples, info.dtype) == (7, 2, "float64")
     raw = np.concatenate([batches[f"data_batch_{i}"][b"data"] for i in range(1, 6)])[:7]
     raw = raw.reshape(-1, 3, 32, 32) / 255.0
-    expected = (raw - raw.mean(axis=(0, 2, 3))[:, None, None]) / raw.std(axis=(0, 2, 3))[:, None, None]
+    mean, std = raw.mean(axis=(0, 2, 3)), raw.std(axis=(0, 2, 3))
+    expected = (raw - mean[:, None, None]) / std[:, None, None]
     images, labels = _read_all(store, "train")
     assert images.dtype == np.float64
     np.testing.assert_allclose(images, expected, rtol=1e-12, atol=1e-12)
@@ -236,10 +240,10 @@ def test_read_batch_sees_a_store_rebuilt_at_the_same_path(tmp_path):
 def test_damaged_shard_index_is_reported(tmp_path):
     store = str(tmp_path / "s.zarr")
     create_synthetic_dataset(store, train_samples=8, test_samples=2)
-    shard = os.path.join(store, "train", "images", "c", "1", "0", "0", "0")
-    raw = bytearray(open(shard, "rb").read())
+    shard = tmp_path / "s.zarr" / "train" / "images" / "c" / "1" / "0" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
     raw[-10] ^= 0xFF  # inside the shard index, covered by its crc32c
-    open(shard, "wb").write(bytes(raw))
+    shard.write_bytes(bytes(raw))
     read_batch(store, "train", np.array([0, 3]))  # shard 0 is intact
     with pytest.raises(DatasetError, match="damaged index"):
         read_batch(store, "train", np.array([5]))
@@ -292,8 +296,9 @@ def test_synthetic_float32_and_float64_hold_the_same_values(tmp_path):
     create_synthetic_dataset(str(tmp_path / "a.zarr"), train_samples=6, test_samples=2)
     create_synthetic_dataset(str(tmp_path / "b.zarr"), train_samples=6, test_samples=2,
                              dtype="float64")
-    np.testing.assert_allclose(_read_all(str(tmp_path / "a.zarr"), "train")[0],
-                               _read_all(str(tmp_path / "b.zarr"), "train")[0], rtol=1e-5, atol=1e-5)
+    single = _read_all(str(tmp_path / "a.zarr"), "train")[0]
+    double = _read_all(str(tmp_path / "b.zarr"), "train")[0]
+    np.testing.assert_allclose(single, double, rtol=1e-5, atol=1e-5)
 
 
 # --- errors --------------------------------------------------------------------------
@@ -333,6 +338,24 @@ def test_non_dataset_paths_are_rejected(tmp_path):
     with pytest.raises(DatasetError, match="refusing to overwrite"):
         ensure_dataset("synthetic", group, train_samples=2, test_samples=1)
     assert (plain / "notes.txt").read_text() == "not zarr"
+
+
+def test_failed_build_leaves_the_old_store_and_no_debris(tmp_path, monkeypatch):
+    store = str(tmp_path / "s.zarr")
+    old = create_synthetic_dataset(store, train_samples=6, test_samples=2, seed=1)
+    real_block = datasets._SyntheticGenerator.block
+
+    def failing_block(self, split, block, labels):
+        if split == "test":
+            raise RuntimeError("disk full")
+        return real_block(self, split, block, labels)
+
+    monkeypatch.setattr(datasets._SyntheticGenerator, "block", failing_block)
+    with pytest.raises(RuntimeError, match="disk full"):
+        create_synthetic_dataset(store, train_samples=6, test_samples=2, seed=2, overwrite=True)
+    assert open_dataset_info(store) == old
+    assert zarr.open_group(store, mode="r").attrs["build"]["seed"] == 1
+    assert os.listdir(tmp_path) == ["s.zarr"]
 
 
 def test_existing_store_needs_overwrite(tmp_path):
