@@ -51,9 +51,18 @@ class NetworkConfig:
 class DataConfig:
     source: str = "synthetic"  # "synthetic", or a path to CIFAR-10's python archive/folder
     path: str | None = None  # the Zarr store; default data/<source name>.zarr
-    train_samples: int = 5000
-    test_samples: int = 1000
-    seed: int = 0
+    train_samples: int | None = None  # None: 5000 synthetic, or all of CIFAR-10
+    test_samples: int | None = None  # None: 1000 synthetic, or all of CIFAR-10
+    seed: int = 0  # of the synthetic set
+
+    SYNTHETIC_DEFAULTS = (5000, 1000)
+
+    def sample_counts(self) -> tuple[int | None, int | None]:
+        """(train, test) samples to build the store with."""
+        if self.source == "synthetic":
+            train, test = self.SYNTHETIC_DEFAULTS
+            return self.train_samples or train, self.test_samples or test
+        return self.train_samples, self.test_samples
 
 
 @dataclass
@@ -158,13 +167,13 @@ class RunConfig:
     def dataset_path(self) -> str:
         if self.data.path:
             return self.data.path
+        train, test = self.data.sample_counts()
         if self.data.source == "synthetic":
             return os.path.join(
-                "data", f"synthetic-{self.data.train_samples}-{self.data.test_samples}"
-                f"-s{self.data.seed}-{self.network.dtype}.zarr"
-            )
+                "data", f"synthetic-{train}-{test}-s{self.data.seed}-{self.network.dtype}.zarr")
         base = os.path.basename(os.path.normpath(self.data.source)).split(".")[0]
-        return os.path.join("data", f"{base}-{self.network.dtype}.zarr")
+        counts = "" if train is None and test is None else f"-{train or 'all'}-{test or 'all'}"
+        return os.path.join("data", f"{base}{counts}-{self.network.dtype}.zarr")
 
     @property
     def checkpoint_path(self) -> str:

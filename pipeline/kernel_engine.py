@@ -254,7 +254,12 @@ class KernelParallelEngine:
         return [future] if future is not None else []
 
     def _gather(self, futures: list[Future], what: str) -> list[Any]:
-        """Wait for `futures`, failing fast (not hanging) if one of our workers left."""
+        """Wait for `futures`, failing fast (not hanging) if one of our workers left.
+
+        Results are fetched with a time limit too: a result held by a worker that
+        died after finishing would otherwise be waited for forever (the task is
+        pinned to that worker, so Dask cannot recompute it elsewhere).
+        """
         addresses = {slot.address: slot for slot in self.slots}
         while True:
             try:
@@ -267,7 +272,10 @@ class KernelParallelEngine:
                 error = errored[0].exception()
                 raise ClusterError(f"{what}: a task failed: {type(error).__name__}: {error}")
             if all(f.done() for f in futures):
-                return self.client.gather(futures)
+                try:
+                    return self.client.sync(self.client._gather, futures, callback_timeout=10)
+                except TimeoutError:
+                    pass  # a holder of some result is gone: the check below names it
             alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
             gone = [slot.label for address, slot in addresses.items() if address not in alive]
             if gone:

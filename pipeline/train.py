@@ -53,10 +53,10 @@ class RunResult:
 
 def prepare_dataset(config: RunConfig) -> DatasetInfo:
     """Open the run's dataset store, building it (synthetic or CIFAR-10) if missing."""
+    train_samples, test_samples = config.data.sample_counts()
     return ensure_dataset(config.data.source, config.dataset_path,
-                          train_samples=config.data.train_samples,
-                          test_samples=config.data.test_samples, seed=config.data.seed,
-                          dtype=config.network.dtype)
+                          train_samples=train_samples, test_samples=test_samples,
+                          seed=config.data.seed, dtype=config.network.dtype)
 
 
 def prepare_checkpoints(config: RunConfig, network: NetworkSpec) -> int:

@@ -183,3 +183,19 @@ def test_worker_death_fails_cleanly_then_resume_finishes(tmp_path, cli_processes
     assert resumed.returncode == 0, resumed.stderr
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert list(record.step.values) == [last, last + 1, last + 2]
+
+
+def test_trains_from_a_cifar10_archive(tmp_path):
+    """CIFAR-10's python archive format, imported on first use, then trained on."""
+    from tests.test_datasets import _cifar_batches, _write_archive
+
+    archive = _write_archive(tmp_path / "cifar-10-python.tar.gz", _cifar_batches())
+    store = tmp_path / "cifar.zarr"
+    result = train(os.path.join(ROOT, "configs", "small.yaml"), f"data.source={archive}",
+                   f"data.path={store}", f"output={tmp_path / 'run'}", "train.steps=2",
+                   "train.batch=8", "train.eval_samples=8", "progress=false",
+                   "cluster.workers=1")
+    assert result.returncode == 0, result.stderr
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert record.attrs["dataset_source"].endswith("cifar-10-python.tar.gz")
+    assert record.sizes["step"] == 2

@@ -74,11 +74,16 @@ def conv_time(
         Output channels held (all by default); zero costs zero.
     input_grad : bool
         Whether the (partial) input gradient is computed (not for layer 1).
+        A measured :class:`~.devices.LayerTable` already reflects this.
     """
     k = layer.out_channels if kernels is None else kernels
     if k <= 0 or batch <= 0:
         return LayerTime()
     name = layer.name or None
+    table = dev.layer_tables.get(name) if name is not None else None
+    if table is not None:  # measured at the real shapes, update included
+        fwd, bwd = table.times(k, batch)
+        return LayerTime(fwd, bwd, 0.0)
     conv_el = layer.conv_elements(batch, k)
     out_el = layer.output_elements(batch, k)
     # forward: product, then ReLU fused into the pool's read (read + write

@@ -13,7 +13,8 @@ from typing import Sequence
 
 from . import collectives
 from .compute import LayerTime, conv_time, dense_time
-from .devices import DeviceSpec, LinkSpec
+from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec
+from .kernel import batch_bytes, io_time
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
@@ -80,16 +81,21 @@ def allreduce_schedule(
     return max(channel, compute), compute
 
 
-def predict_single(network: Network, batch: int, device: DeviceSpec) -> Prediction:
-    """Whole network on one device: pure compute."""
+def predict_single(
+    network: Network, batch: int, device: DeviceSpec, dataset: StoreSpec | None = None
+) -> Prediction:
+    """Whole network on one device: compute, plus reading the batch from ``dataset``."""
     t = sum(layer_times(device, network, batch), LayerTime())
-    step = t.total
+    compute = t.total
     conv = sum(layer_times(device, network, batch, dense=False), LayerTime()).total
+    storage = 0.0
+    if dataset is not None and network.conv:
+        storage = io_time(device.link or IDEAL_LINK, dataset, batch_bytes(network, batch, device.bytes_per_elem), 1, "read")
     breakdown = {
-        "compute": [step], "compute_max": step, "compute_critical": conv,
-        "communication": 0.0, "storage": 0.0, "master": step - conv, "overhead": 0.0,
+        "compute": [compute], "compute_max": compute, "compute_critical": conv,
+        "communication": 0.0, "storage": storage, "master": compute - conv, "overhead": 0.0,
     }
-    return Prediction("single", step, batch, breakdown)
+    return Prediction("single", compute + storage, batch, breakdown)
 
 
 def predict_data(

@@ -5,17 +5,25 @@ Compute follows Castelló et al.'s roofline: an ``m x n x k`` product costs
 Paleo-style efficiency per layer kind (Qi et al., ICLR 2017), or a rate
 calibrated for one named layer.  Links follow Hockney: ``alpha + n beta``
 (``+ n gamma`` where bytes are reduced).
+
+Where a device's conv layers were timed at their real shapes
+(:class:`LayerTable`), the measured seconds replace the roofline: on CPUs the
+time of a shard is far from linear in its kernel count (oneDNN works in
+blocks of 8-16 output channels and pays for the input transform whatever the
+count), so a single FLOP rate mispredicts small shards.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from .network import Gemm
 
-__all__ = ["LinkSpec", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK"]
+__all__ = ["LinkSpec", "LayerTable", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK"]
 
 INF = math.inf
 
@@ -68,6 +76,71 @@ IDEAL_LINK = LinkSpec()
 
 
 @dataclass(frozen=True)
+class LayerTable:
+    """Measured seconds of one conv layer's shard at several kernel counts.
+
+    Attributes
+    ----------
+    batch : int
+        Batch of the measurement.
+    kernels : tuple of int
+        Kernel counts timed, ascending.
+    forward, backward : tuple of float
+        Seconds of the forward (conv + ReLU + pool) and of the backward
+        (gradients, input gradient where the layer has one, and the SGD
+        update) at each count.
+
+    Notes
+    -----
+    Between measured counts the time is interpolated linearly; below the
+    smallest it stays at the smallest's (a fixed per-task cost dominates
+    there); above the largest it grows with the slope of the last two
+    points (or in proportion, with one point).  Another batch scales the
+    times linearly: the products are linear in the batch.
+    """
+
+    batch: int
+    kernels: tuple[int, ...]
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.kernels or not len(self.kernels) == len(self.forward) == len(self.backward):
+            raise ValueError("a layer table needs matching, non-empty kernels/forward/backward")
+        if list(self.kernels) != sorted(set(self.kernels)) or self.kernels[0] <= 0:
+            raise ValueError("table kernel counts must be positive and strictly ascending")
+
+    @classmethod
+    def from_points(cls, batch: int, points: Sequence[tuple[int, float, float]]) -> "LayerTable":
+        """Build from ``(kernels, forward_s, backward_s)`` points (duplicates: median)."""
+        by_k: dict[int, list[tuple[float, float]]] = {}
+        for k, f, b in points:
+            by_k.setdefault(int(k), []).append((float(f), float(b)))
+        ks = sorted(by_k)
+        fwd = tuple(float(np.median([p[0] for p in by_k[k]])) for k in ks)
+        bwd = tuple(float(np.median([p[1] for p in by_k[k]])) for k in ks)
+        return cls(int(batch), tuple(ks), fwd, bwd)
+
+    def _at(self, values: tuple[float, ...], k: float) -> float:
+        ks = self.kernels
+        if k <= ks[0]:
+            return values[0]
+        if k >= ks[-1]:
+            if len(ks) == 1:
+                return values[0] * k / ks[0]
+            slope = max((values[-1] - values[-2]) / (ks[-1] - ks[-2]), 0.0)
+            return values[-1] + slope * (k - ks[-1])
+        return float(np.interp(k, ks, values))
+
+    def times(self, kernels: float, batch: float) -> tuple[float, float]:
+        """``(forward, backward)`` seconds of ``kernels`` kernels at ``batch``."""
+        if kernels <= 0 or batch <= 0:
+            return 0.0, 0.0
+        scale = batch / self.batch
+        return self._at(self.forward, kernels) * scale, self._at(self.backward, kernels) * scale
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """One compute device (a CPU process or a GPU).
 
@@ -87,6 +160,10 @@ class DeviceSpec:
     layer_rates : mapping of str to float
         Calibrated effective FLOP/s for named layers; overrides the roofline
         for those layers (the measurement already holds memory effects).
+    layer_tables : mapping of str to LayerTable
+        Measured shard times of named conv layers; where present they
+        replace rate and roofline for that layer's conv time (the rate,
+        if also given, still drives proportional splits).
     link : LinkSpec or None
         The device's own connection (to peers or to the store); ``None``:
         use the link given to ``predict``.
@@ -101,6 +178,7 @@ class DeviceSpec:
     dense_efficiency: float = 1.0
     mem_efficiency: float = 1.0
     layer_rates: Mapping[str, float] = field(default_factory=dict)
+    layer_tables: Mapping[str, LayerTable] = field(default_factory=dict)
     link: LinkSpec | None = None
     name: str = ""
 
@@ -149,9 +227,13 @@ class StoreSpec:
         Aggregate bandwidth of the store, B/s: concurrent writers (readers)
         share it, so a phase lasts at least its total bytes over this.
     latency : float
-        Per-operation cost, s (open, metadata, chunk-key lookup).
+        Per-operation cost, s (one array access: open, metadata).
     client_write_bw, client_read_bw : float or None
         What one client can reach alone; ``None``: the aggregate.
+    read_chunk, write_chunk : float
+        Cost per chunk an access touches, s (a file per chunk on a local
+        Zarr store); how many chunks an access touches comes from the
+        kernel split's quantum (one chunk per ``quantum`` channels).
     """
 
     write_bw: float
@@ -159,6 +241,12 @@ class StoreSpec:
     latency: float = 0.0
     client_write_bw: float | None = None
     client_read_bw: float | None = None
+    read_chunk: float = 0.0
+    write_chunk: float = 0.0
+
+    def chunk_cost(self, direction: str) -> float:
+        """Seconds per chunk touched, ``"read"`` or ``"write"``."""
+        return self.read_chunk if direction == "read" else self.write_chunk
 
     def client_bw(self, direction: str) -> float:
         """Single-client bandwidth for ``"read"`` or ``"write"``."""
@@ -178,13 +266,15 @@ class DaskOverhead:
     Attributes
     ----------
     task : float
-        Scheduler cost per task, s; the scheduler handles tasks one at a
-        time, so these add up.
+        Cost per task, s (submission, scheduling, fetching its small result
+        as a dependency); the scheduler handles tasks one at a time, so
+        these add up.
     hop : float
-        Latency of one dependency hop (a task waiting on another's result
-        through the scheduler), s.
+        Latency of one dependency hop (a level of tasks waiting on the
+        level before through the scheduler), s.
     client_round_trip : float
-        One round trip through the client, s (the dense head on the master).
+        One round trip through the client, s (submit, run, report back,
+        gather: the dense head on the master).
     round_trips_per_step : int
         How many client round trips a step needs.
     """

@@ -15,12 +15,23 @@ Each layer's forward and backward is a phase closed by a barrier (the next
 phase's tasks depend on all of it).  A phase lasts as long as its slowest
 active device (its I/O + compute), and no less than its total bytes over the
 store's shared bandwidth.  With no store the same bytes move over each
-device's link.  Dask adds a cost per task, per dependency hop and per client
-round trip.
+device's link.
+
+This is the data path of :mod:`pipeline.kernel_engine`, access by access:
+every read or write is one store operation (``StoreSpec.latency``) touching
+one chunk per ``quantum`` channels (``StoreSpec.read_chunk`` /
+``write_chunk``); with ``Options.dataset`` the first layer reads the batch
+from the dataset store, and so does the master (it needs the labels).
+
+Dask: the ``2 L`` levels of a step (backward top-down, then the next
+forward bottom-up) are a chain of ``2 L - 1`` dependency hops; the step
+starts with the master submitting and ends with it gathering the last
+forward (one client round trip), and every shard task costs ``task``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -29,7 +40,7 @@ from .devices import DeviceSpec, LinkSpec, StoreSpec
 from .network import Network
 from .prediction import Options, Prediction
 
-__all__ = ["KernelContext", "io_time", "device_phase", "predict_kernel", "check_counts"]
+__all__ = ["KernelContext", "io_time", "device_phase", "predict_kernel", "check_counts", "batch_bytes"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,12 @@ class KernelContext:
     devices: tuple[DeviceSpec, ...]
     link: LinkSpec
     store: StoreSpec | None
+    quantum: int = 1
+    dataset: StoreSpec | None = None
+
+    def chunks(self, channels: float) -> int:
+        """Chunks an access of ``channels`` whole-batch channels touches."""
+        return int(math.ceil(channels / max(self.quantum, 1))) if channels > 0 else 0
 
     def link_of(self, d: int) -> LinkSpec:
         """Device ``d``'s own link, else the shared one."""
@@ -51,18 +68,26 @@ class KernelContext:
         return self.devices[0].bytes_per_elem
 
 
-def io_time(link: LinkSpec, store: StoreSpec | None, n_bytes: float, ops: int, direction: str) -> float:
+def io_time(
+    link: LinkSpec,
+    store: StoreSpec | None,
+    n_bytes: float,
+    ops: int,
+    direction: str,
+    chunks: int = 0,
+) -> float:
     """One device moving ``n_bytes`` in ``ops`` operations to or from the store.
 
-    Link and store are in series: each operation pays both latencies and the
-    bytes flow at the slower of the two bandwidths.
+    Link and store are in series: each operation pays both latencies, each
+    chunk touched the store's per-chunk cost, and the bytes flow at the
+    slower of the two bandwidths.
     """
     if ops <= 0 and n_bytes <= 0:
         return 0.0
     if store is None:
         return link.time(n_bytes, ops)
     per_byte = max(link.beta, 1.0 / store.client_bw(direction))
-    return ops * (link.alpha + store.latency) + n_bytes * per_byte
+    return ops * (link.alpha + store.latency) + chunks * store.chunk_cost(direction) + n_bytes * per_byte
 
 
 @dataclass(frozen=True)
@@ -101,13 +126,18 @@ def device_phase(ctx: KernelContext, l: int, d: int, k: int, direction: str, sou
     if direction == "forward":
         rd = layer.input_elements(ctx.batch) * s
         wr = layer.output_elements(ctx.batch, k) * s
-        io = io_time(link, ctx.store, rd, 1, "read") + io_time(link, ctx.store, wr, 1, "write")
+        if l == 0 and ctx.dataset is not None:
+            io = io_time(link, ctx.dataset, rd, 1, "read")
+        else:
+            io = io_time(link, ctx.store, rd, 1, "read", ctx.chunks(layer.in_channels))
+        io += io_time(link, ctx.store, wr, 1, "write", ctx.chunks(k))
         return DevicePhase(t.forward, io, rd, wr)
     slice_el = layer.output_elements(ctx.batch, k)
     rd = sources * slice_el * s
     wr = layer.input_elements(ctx.batch) * s if l > 0 else 0.0
-    io = io_time(link, ctx.store, rd, sources, "read")
-    io += io_time(link, ctx.store, wr, 1 if wr else 0, "write")
+    io = io_time(link, ctx.store, rd, sources, "read", sources * ctx.chunks(k))
+    if wr:
+        io += io_time(link, ctx.store, wr, 1, "write", ctx.chunks(layer.in_channels))
     summing = dev.stream_time(sources * slice_el) if sources > 1 else 0.0
     return DevicePhase(t.backward + t.update + summing, io, rd, wr)
 
@@ -127,6 +157,12 @@ def _phase(ctx: KernelContext, parts: list[DevicePhase]) -> tuple[float, float, 
             c = min(p.compute for p in active)
             return floor, c, floor - c
     return worst.time, worst.compute, worst.io
+
+
+def batch_bytes(network: Network, batch: int, s: int = 4) -> float:
+    """Bytes of one batch as the dataset holds it: images and int64 labels."""
+    first = network.conv[0]
+    return batch * (first.in_channels * first.in_hw[0] * first.in_hw[1] * s + 8)
 
 
 def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> list[list[int]]:
@@ -151,7 +187,7 @@ def predict_kernel(
 ) -> Prediction:
     """Step time of kernel-parallel training with a given split."""
     devs = tuple(devices)
-    ctx = KernelContext(network, batch, devs, link, store)
+    ctx = KernelContext(network, batch, devs, link, store, options.quantum, options.dataset)
     rows = check_counts(network, counts, len(devs))
     L, s = len(network.conv), ctx.s
     per_dev = [0.0] * len(devs)
@@ -173,13 +209,17 @@ def predict_kernel(
     for l in range(L):
         run([device_phase(ctx, l, d, k, "forward") for d, k in enumerate(rows[l])], f"{network.conv[l].name}.fwd")
 
-    # dense head on the master
+    # dense head on the master: one read of the last activations, one write
+    # of their gradient, and (with a dataset store) the batch for its labels
     mdev = options.master_device or devs[options.master]
     mlink = mdev.link or link
     feat_bytes = batch * network.features * s
     head = dense_time(mdev, network.dense, batch)
-    active_last = sum(1 for k in rows[-1] if k > 0)
-    head_io = io_time(mlink, store, feat_bytes, active_last, "read") + io_time(mlink, store, feat_bytes, 1, "write")
+    last = ctx.chunks(network.conv[-1].out_channels)
+    head_io = io_time(mlink, store, feat_bytes, 1, "read", last)
+    head_io += io_time(mlink, store, feat_bytes, 1, "write", last)
+    if options.dataset is not None:
+        head_io += io_time(mlink, options.dataset, batch_bytes(network, batch, s), 1, "read")
     master = head.total + head_io
     if options.master_device is None:
         per_dev[options.master] += head.total
@@ -191,8 +231,8 @@ def predict_kernel(
 
     overhead = 0.0
     if options.overhead is not None:
-        tasks = 2 * sum(1 for r in rows for k in r if k > 0) + 1
-        overhead = options.overhead.time(tasks=tasks, hops=2 * L + 1)
+        tasks = 2 * sum(1 for r in rows for k in r if k > 0)
+        overhead = options.overhead.time(tasks=tasks, hops=2 * L - 1)
     step = total + master + overhead
     io_key = "storage" if store is not None else "communication"
     breakdown = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .devices import DaskOverhead, DeviceSpec
+from .devices import DaskOverhead, DeviceSpec, StoreSpec
 
 __all__ = ["Options", "Prediction", "split_batch"]
 
@@ -23,7 +23,16 @@ class Options:
         How ``kernel`` splits when no counts are given: ``"proportional"``
         or ``"minmax"``.
     quantum : int
-        Kernel counts are multiples of this (a Zarr chunk's channels).
+        Kernel counts are multiples of this (a Zarr chunk's channels); a
+        store access touches one chunk per ``quantum`` channels.
+    dataset : StoreSpec, optional
+        Where the batch is read from (the first conv layer's input, the
+        master's labels, a single device's step); ``None``: ``kernel``
+        reads layer 1's input from the workspace store and ``single``
+        reads nothing.
+    min_units : int
+        ``split="minmax"``: quanta every device must hold (the engine runs a
+        task per worker and layer, so it needs at least one).
     master : int
         Index of the device that runs the dense head (``kernel``).
     master_device : DeviceSpec, optional
@@ -55,6 +64,8 @@ class Options:
     kernel_counts: Sequence[Sequence[int]] | None = None
     split: str = "proportional"
     quantum: int = 1
+    dataset: StoreSpec | None = None
+    min_units: int = 0
     master: int = 0
     master_device: DeviceSpec | None = None
     overhead: DaskOverhead | None = None

@@ -22,6 +22,7 @@ is never worse.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from typing import Sequence
 
@@ -67,8 +68,13 @@ def split_kernels_proportional(
     ]
 
 
-def _greedy_layer(ctx: KernelContext, l: int, sources: int, quantum: int) -> list[int]:
-    """Min-max kernel counts of one layer, one quantum at a time."""
+def _greedy_layer(ctx: KernelContext, l: int, sources: int, quantum: int, min_units: int = 0) -> list[int]:
+    """Min-max kernel counts of one layer, one quantum at a time.
+
+    Every device first takes ``min_units`` quanta (as far as there are
+    quanta); the rest go one at a time to whoever is least loaded after
+    taking it.
+    """
     K, P = ctx.network.conv[l].out_channels, len(ctx.devices)
     if K <= 0:
         return [0] * P
@@ -81,17 +87,26 @@ def _greedy_layer(ctx: KernelContext, l: int, sources: int, quantum: int) -> lis
         )
 
     counts = [0] * P
-    # heap of (time after taking the next full quantum, device)
-    heap = [(t(d, units[0]), d) for d in range(P)]
+    start = 0
+    for _ in range(min_units):
+        for d in range(P):
+            if start < len(units) and units[start] == units[0]:
+                counts[d] += units[start]
+                start += 1
+    rest = units[start:]
+    if not rest:
+        return counts
+    # heap of (time after taking the next unit, device)
+    heap = [(t(d, counts[d] + rest[0]), d) for d in range(P)]
     heapq.heapify(heap)
-    for i, u in enumerate(units):
-        if u != units[0]:  # the short remainder: re-score everyone
+    for i, u in enumerate(rest):
+        if u != rest[0]:  # the short remainder: re-score everyone
             heap = [(t(d, counts[d] + u), d) for d in range(P)]
             heapq.heapify(heap)
         _, d = heapq.heappop(heap)
         counts[d] += u
-        if i + 1 < len(units) and units[i + 1] == units[0]:
-            heapq.heappush(heap, (t(d, counts[d] + units[0]), d))
+        if i + 1 < len(rest) and rest[i + 1] == rest[0]:
+            heapq.heappush(heap, (t(d, counts[d] + rest[0]), d))
     return counts
 
 
@@ -103,6 +118,7 @@ def split_kernels_minmax(
     store: StoreSpec | None = None,
     quantum: int = 1,
     options: Options | None = None,
+    min_units: int = 0,
 ) -> list[list[int]]:
     """Counts minimising each layer's slowest-device time, traffic included.
 
@@ -113,7 +129,12 @@ def split_kernels_minmax(
     quantum : int
         Counts are multiples of this (except one leftover below it).
     options : Options, optional
-        Used for the final comparison with the proportional split.
+        Used for the final comparison with the proportional split, and for
+        the dataset store the first layer reads from.
+    min_units : int
+        Quanta every device must hold (an engine that runs a task per device
+        and layer needs one; the proportional guard is then skipped where it
+        breaks this).
 
     Returns
     -------
@@ -121,14 +142,17 @@ def split_kernels_minmax(
         ``k[l][d]``, each row summing to the layer's kernels.
     """
     devs = tuple(devices)
-    ctx = KernelContext(network, batch, devs, link, store)
+    opts = options or Options()
+    ctx = KernelContext(network, batch, devs, link, store, quantum, opts.dataset)
     L = len(network.conv)
     rows: list[list[int]] = [[] for _ in range(L)]
     for l in reversed(range(L)):
         sources = 1 if l == L - 1 else sum(1 for k in rows[l + 1] if k > 0)
-        rows[l] = _greedy_layer(ctx, l, sources, quantum)
-    opts = options or Options()
+        rows[l] = _greedy_layer(ctx, l, sources, quantum, min_units)
     prop = split_kernels_proportional(network, devs, quantum)
+    if min_units and any(k < min_units * min(quantum, layer.out_channels) for layer, row in zip(network.conv, prop) for k in row):
+        return rows
+    opts = dataclasses.replace(opts, quantum=quantum)
     t_g = predict_kernel(network, batch, devs, link, store, opts, rows).step_time
     t_p = predict_kernel(network, batch, devs, link, store, opts, prop).step_time
     return rows if t_g <= t_p else prop

@@ -67,7 +67,7 @@ def predict(
         raise ValueError("need at least one device")
     opts = dataclasses.replace(options or Options(), **overrides)
     if strategy == "single":
-        return predict_single(network, batch, devs[0])
+        return predict_single(network, batch, devs[0], opts.dataset)
     if strategy == "data":
         return predict_data(network, batch, devs, link, opts)
     if strategy == "hybrid":
@@ -78,7 +78,7 @@ def predict(
             if opts.split == "proportional":
                 counts = split_kernels_proportional(network, devs, opts.quantum)
             elif opts.split == "minmax":
-                counts = split_kernels_minmax(network, batch, devs, link, store, opts.quantum, opts)
+                counts = split_kernels_minmax(network, batch, devs, link, store, opts.quantum, opts, opts.min_units)
             else:
                 raise ValueError(f"unknown split {opts.split!r}")
         return predict_kernel(network, batch, devs, link, store, opts, counts)
