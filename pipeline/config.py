@@ -147,7 +147,7 @@ class ReferenceConfig:
 class RunConfig:
     name: str = "run"
     strategy: Strategy = "kernel"
-    placement: Literal["calibrated", "even"] = "calibrated"
+    placement: Literal["calibrated", "even", "model"] = "calibrated"
     network: NetworkConfig = field(default_factory=NetworkConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -46,6 +46,7 @@ class Placement:
     method: str
     ranges: list[list[ShardRange]]  # [layer][worker]
     calibration: dict[str, list[float]] = field(default_factory=dict)  # worker -> s per kernel
+    model: dict[str, Any] = field(default_factory=dict)  # placement "model": its predictions
 
     def counts(self) -> list[list[int]]:
         return [[r.size for r in layer] for layer in self.ranges]
@@ -122,6 +123,12 @@ class KernelParallelEngine:
         if self.config.placement == "even" or len(self.slots) == 1:
             counts = [split_even(s.kernels, len(self.slots), self.quantum) for s in layers]
             placement = Placement("even", [shard_ranges(l, c) for l, c in enumerate(counts)])
+        elif self.config.placement == "model":
+            from pipeline.model_placement import model_placement
+
+            counts, calibration, record = model_placement(self)
+            placement = Placement("model", [shard_ranges(l, c) for l, c in enumerate(counts)],
+                                  calibration, record)
         else:
             calibration = self.calibrate()
             ranges = []

@@ -44,6 +44,7 @@ class RunRecorder:
     worker_labels: list[str]
     emulated_speeds: list[float]
     devices: list[str] = field(default_factory=list)
+    by_shard: dict[tuple[int, int, str], float] = field(default_factory=dict)
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
     by_step_worker: dict[tuple[int, str], dict[str, float]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float)))
@@ -59,6 +60,8 @@ class RunRecorder:
         for r in receipts:
             if r.phase not in ("forward", "backward", "step"):
                 continue
+            shard_key = (r.step, r.layer, r.worker)
+            self.by_shard[shard_key] = self.by_shard.get(shard_key, 0.0) + r.compute_s
             cell = self.by_step_worker[(r.step, r.worker)]
             cell["compute_time"] += r.compute_s
             cell["emulated_time"] += r.emulated_s
@@ -80,6 +83,14 @@ class RunRecorder:
                                 for w in self.workers] for s in steps], dtype=float)
             data[name] = xr.Variable(("step", "worker"), values,
                                      {"units": units, "description": description})
+        layers = sorted({layer for (_s, layer, _w) in self.by_shard if layer >= 0})
+        if layers:
+            data["shard_compute_time"] = xr.Variable(
+                ("step", "layer", "worker"),
+                np.array([[[self.by_shard.get((s, layer, w), 0.0) for w in self.workers]
+                           for layer in layers] for s in steps], dtype=float),
+                {"units": "s", "description": "forward+backward compute of each conv "
+                 "layer's shard on each worker (emulated part included)"})
         busy = (data["compute_time"].values + data["read_time"].values
                 + data["write_time"].values)
         wait = (data["step_time"].values - data["master_time"].values
@@ -88,6 +99,7 @@ class RunRecorder:
         data["wait_time"] = xr.Variable(("step",), np.maximum(wait, 0.0),
                                         {"units": units, "description": description})
         coords = {"step": steps, "worker": self.workers,
+                  **({"layer": layers} if layers else {}),
                   "worker_label": ("worker", self.worker_labels),
                   "emulated_speed": ("worker", self.emulated_speeds),
                   "device": ("worker", self.devices or ["cpu"] * len(self.workers))}

@@ -172,6 +172,8 @@ def run_training(config: RunConfig, client: Client | None = None,
             attrs.update({"placement": placement.method,
                           "kernel_split": jsonable(placement.counts()),
                           "calibration_s_per_kernel": jsonable(placement.calibration),
+                          **({"model_placement": jsonable(placement.model)}
+                             if placement.model else {}),
                           "dashboard": str(client.dashboard_link or "")})
             trainer = engine
             recorder = RunRecorder([s.name for s in slots], [s.label for s in slots],

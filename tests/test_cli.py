@@ -65,13 +65,14 @@ def cli_processes(tmp_path):
         yield cluster
     finally:
         processes = cluster.processes
-        for process in reversed(processes):
+        for process in reversed(processes):  # workers first, then the scheduler
             process.terminate()
         for process in processes:
             try:
-                process.wait(timeout=20)
+                process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
         cluster.logs.close()
 
 
@@ -91,7 +92,8 @@ def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
     assert result.returncode == 0, result.stderr
     assert "strategy kernel" in result.stdout and "step time" in result.stdout
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
-    assert record.sizes == {"step": 3, "worker": 2}
+    assert record.sizes == {"step": 3, "worker": 2, "layer": 2}
+    assert (record.shard_compute_time > 0).all()
     assert (record.compute_time > 0).all()
     assert list(record.device.values) == ["cpu", "cpu"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -1,0 +1,109 @@
+"""`placement: model`: kernel counts that minimise the model's predicted step.
+
+Proportional placement shares each layer's kernels in proportion to measured
+speed.  That ignores what every shard pays whatever its size (reading the
+whole layer input, writing a full-size partial gradient, a fixed per-task
+compute cost: a shard of 4 kernels costs nearly as much as one of 16 on a
+CPU), so a slow device ends up the slowest.  Here the probe of the cluster
+(:mod:`pipeline.probe`: shard times at the real shapes, store and Dask
+costs) feeds :func:`pipeline.costmodel.split_kernels_minmax`, which hands out
+quanta one at a time to the device whose predicted forward + backward time,
+traffic included, stays least.  The even and the calibrated splits are
+predicted too and the best of the three is taken, so the model's choice is
+never predicted worse than the alternatives; all three predictions are
+recorded with the run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pipeline.costmodel import predict, split_kernels_minmax
+from pipeline.placement import _units, split_even, split_proportional
+from pipeline.probe import ClusterProbe, costmodel_network
+
+__all__ = ["align_to_quanta", "choose_split", "predicted_step"]
+
+
+def align_to_quanta(row: list[int], quantum: int) -> list[int]:
+    """Move a layer's short unit (if any) to the last worker, keeping each one's quanta.
+
+    Shards are contiguous in worker order and must start on a chunk boundary,
+    so only the last shard may hold a partial quantum.
+    """
+    shares = [math.ceil(k / quantum) for k in row]
+    units = _units(sum(row), quantum)
+    counts, position = [], 0
+    for share in shares:
+        counts.append(sum(units[position:position + share]))
+        position += share
+    return counts
+
+
+def predicted_step(probe: ClusterProbe, counts: list[list[int]]) -> float:
+    """The model's step time on the first ``len(counts[0])`` probed workers with ``counts``."""
+    active = len(counts[0])
+    return predict("kernel", probe.costmodel_network(), probe.batch, probe.device_specs(active),
+                   store=probe.store_spec(),
+                   options=probe.kernel_options(kernel_counts=counts)).step_time
+
+
+def choose_split(probe: ClusterProbe, active: int | None = None) -> dict[str, Any]:
+    """The min-max split for the first ``active`` probed workers, and what it predicts.
+
+    Returns
+    -------
+    dict
+        ``kernel_split`` (the chosen counts), ``chosen`` (``minmax``,
+        ``calibrated`` or ``even``), ``predicted_step_time`` of the chosen and
+        ``alternatives`` (each candidate's split and predicted step time).
+    """
+    active = len(probe.workers) if active is None else active
+    spec = probe.network_spec()
+    q = probe.quantum
+    devices = probe.device_specs(active)
+    net = costmodel_network(spec)
+    options = probe.kernel_options()
+    minmax = split_kernels_minmax(net, probe.batch, devices, store=probe.store_spec(),
+                                  quantum=q, options=options, min_units=1)
+    minmax = [align_to_quanta(row, q) for row in minmax]
+    per_kernel = probe.calibration(active)
+    names = [w.name for w in probe.workers[:active]]
+    candidates = {
+        "minmax": minmax,
+        "calibrated": [split_proportional(layer.kernels, [1.0 / per_kernel[n][i] for n in names], q)
+                       for i, layer in enumerate(spec.conv)],
+        "even": [split_even(layer.kernels, active, q) for layer in spec.conv],
+    }
+    times = {name: predicted_step(probe, counts) for name, counts in candidates.items()}
+    chosen = min(times, key=lambda name: (times[name], name != "minmax"))
+    return {"kernel_split": candidates[chosen], "chosen": chosen,
+            "predicted_step_time": times[chosen],
+            "alternatives": {name: {"kernel_split": candidates[name],
+                                    "predicted_step_time": times[name]}
+                             for name in candidates},
+            "probe_key": probe.key}
+
+
+def model_placement(engine: Any) -> tuple[list[list[int]], dict[str, list[float]], dict[str, Any]]:
+    """The engine's ``placement: model``: probe (or reuse a cached probe), choose, record.
+
+    Returns the counts, the probe's seconds per kernel per worker (the
+    engine's ``calibration`` attribute) and the record for the run's attrs:
+    the choice, every candidate's predicted step time and the probe itself.
+    """
+    import os
+    from dataclasses import asdict
+
+    from pipeline.probe import cached_probe
+
+    config = engine.config
+    workspace = os.path.dirname(config.workspace.path) if config.workspace.path else None
+    dataset = engine.paths.dataset if os.path.exists(engine.paths.dataset) else None
+    probe = cached_probe(engine.client, engine.slots, engine.network, config.train.batch,
+                         engine.quantum, workspace, dataset)
+    choice = choose_split(probe)
+    for layer, row in zip(engine.network.conv, choice["kernel_split"]):
+        assert sum(row) == layer.kernels and min(row) > 0, (row, layer.kernels)
+    return choice["kernel_split"], probe.calibration(), {**choice, "probe": asdict(probe)}

@@ -1,0 +1,330 @@
+"""Sweeps as a user meets them: the CLI, the store read back with xarray, resume after
+SIGKILL, a refused concurrent sweep, failed points, and bad configs (exit 2).
+
+Points are tiny (conv 8/8, batch <= 16, 1 warm-up + 2 measured steps) so the real
+embedded clusters, not the training, set the pace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+import zarr
+
+from experiments import sweep as sweep_cli
+from experiments.results import (DONE, FAILED, ResultStore, SweepLock, build_template,
+                                 compute_speedup)
+from experiments.sweep_config import load_sweep, run_order, value_label
+from pipeline.schema import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_sweep(tmp_path, dataset: str, axes: dict, repeats: int = 1, name: str = "tiny",
+                base: dict | None = None, **extra) -> str:
+    """A sweep file over the tiny network on the test dataset."""
+    config = {
+        "name": name,
+        "base": {"strategy": "kernel", "placement": "even",
+                 "network": {"conv": [{"kernels": 8}, {"kernels": 8}]},
+                 "data": {"path": dataset, "train_samples": 512, "test_samples": 128},
+                 "train": {"batch": 16, "eval_samples": 32, "checkpoint_every": 0},
+                 "cluster": {"workers": 1},
+                 **(base or {})},
+        "measure": {"warmup_steps": 1, "steps": 2},
+        "axes": axes, "repeats": repeats, **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(path)
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.sweep", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def error_lines(result) -> list[str]:
+    text = result.stderr if hasattr(result, "stderr") else result
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def close(a: xr.DataArray, b: xr.DataArray) -> bool:
+    """Equal up to float error, matching dims by name (not by position)."""
+    a, b = xr.broadcast(a, b)
+    return bool(np.allclose(a.values, b.transpose(*a.dims).values, equal_nan=True))
+
+
+def open_clean(path) -> xr.Dataset:
+    """`xr.open_zarr` with every warning turned into an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return xr.open_zarr(path).load()
+
+
+# End to end ---------------------------------------------------------------------------
+
+
+def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    config = write_sweep(tmp_path, dataset, {"strategy": ["single", "kernel"],
+                                             "train.batch": [8, 16]},
+                         repeats=2, base={"cluster": {"workers": 2}})
+    store = tmp_path / "out" / "tiny.zarr"
+    result = run_cli(config, "--out", str(store))
+    assert result.returncode == 0, result.stderr
+    assert "dask dashboard" in result.stdout
+    assert result.stdout.count("s/step") == 8  # one line per finished point
+    assert "speedup" in result.stdout and "samples/s" in result.stdout  # the closing table
+
+    ds = open_clean(store)
+    assert dict(ds.sizes) == {"strategy": 2, "batch": 2, "repeat": 2, "step": 3}
+    assert list(ds.strategy.values) == ["single", "kernel"]
+    assert list(ds.batch.values) == [8, 16] and ds.batch.attrs["units"] == "samples"
+    assert list(ds.repeat.values) == [0, 1]
+    assert list(ds.warmup.values) == [True, False, False]
+    for name in ("step_time", "step_time_p25", "step_time_p75", "throughput", "speedup",
+                 "efficiency", "compute_time", "storage_time", "wait_time", "master_time",
+                 "bytes_moved", "loss", "accuracy", "predicted_step_time",
+                 "prediction_error", "status", "failure", "step_time_series"):
+        assert name in ds, name
+    for name, variable in ds.data_vars.items():
+        assert variable.attrs.get("units") and variable.attrs.get("description"), name
+    for key in ("config", "versions", "machine", "code_revision", "started", "finished"):
+        assert ds.attrs.get(key), key
+    assert json.loads(ds.attrs["machine"])["cores"] == os.cpu_count()
+    assert "strategy" in ds.attrs["config"] and "torch" in json.loads(ds.attrs["versions"])
+
+    assert (ds.status == DONE).all()
+    assert (ds.step_time > 0).all() and ds.accuracy.notnull().all()
+    assert close(ds.throughput, ds.batch / ds.step_time)
+    baseline = ds.step_time.sel(strategy="single").median("repeat")
+    assert close(ds.speedup, baseline / ds.step_time)
+    # the baseline against itself: its repeats' times over their median (mean of 2)
+    assert np.allclose((1 / ds.speedup.sel(strategy="single")).mean("repeat"), 1.0)
+    assert list(ds.n_workers.sel(strategy="kernel").values.ravel()) == [2.0] * 4
+    assert close(ds.efficiency.sel(strategy="kernel"), ds.speedup.sel(strategy="kernel") / 2)
+    measured = ds.step_time_series.isel(step=~ds.warmup.values)
+    assert close(measured.median("step"), ds.step_time)
+    assert ds.predicted_step_time.isnull().all()  # no model yet: NaN, never a stand-in
+
+    runs = [d for d in os.listdir(tmp_path / "out" / "tiny.runs")]
+    assert len(runs) == 8
+    assert all(not os.path.exists(tmp_path / "out" / "tiny.runs" / d / "checkpoints.zarr")
+               for d in runs)
+
+    again = run_cli(config, "--out", str(store))  # everything done: nothing reruns
+    assert again.returncode == 0, again.stderr
+    assert "8 done before, 0 to run" in again.stdout and "s/step" not in again.stdout
+    assert (open_clean(store).run_id.values == ds.run_id.values).all()
+
+
+def test_resume_after_sigkill(tmp_path, tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    config = write_sweep(tmp_path, dataset, {"train.batch": [8, 12, 16]}, repeats=2)
+    store = tmp_path / "kill.zarr"
+    process = subprocess.Popen([sys.executable, "-m", "experiments.sweep", config,
+                                "--out", str(store)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    status = None
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                status = zarr.open_group(str(store), mode="r",
+                                         use_consolidated=False)["status"][...]
+            except Exception:  # noqa: BLE001 - not created yet, or being created
+                status = None
+            if status is not None and (status == DONE).sum() >= 1:
+                break
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+    assert status is not None and 1 <= (status == DONE).sum() < status.size, status
+    before = zarr.open_group(str(store), mode="r", use_consolidated=False)
+    done_before = before["status"][...] == DONE
+    ids_before = before["run_id"][...]
+    assert os.path.exists(f"{store}.lock")  # left behind by the killed sweep
+
+    result = run_cli(config, "--out", str(store))
+    assert result.returncode == 0, result.stderr
+    ds = open_clean(store)
+    assert (ds.status == DONE).all()
+    assert (ds.run_id.values[done_before] == ids_before[done_before]).all()  # not rerun
+    assert (ds.run_id.values[~done_before] != ids_before[~done_before]).all()
+    assert f"{int(done_before.sum())} done before" in result.stdout
+    assert result.stdout.count("s/step") == int((~done_before).sum())
+    assert not os.path.exists(f"{store}.lock")
+    sessions = json.loads(ds.attrs["sessions"])
+    assert sessions[-1]["interrupted"] is False
+
+
+# Refusals and failures --------------------------------------------------------------
+
+
+def test_concurrent_sweep_is_refused(tmp_path, tiny_dataset_factory):
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"), {"train.batch": [8]})
+    store = tmp_path / "busy.zarr"
+    with SweepLock(str(store)):  # another sweep, alive: this test process
+        result = run_cli(config, "--out", str(store))
+    assert result.returncode == 3
+    lines = error_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert "another sweep" in lines[0] and f"pid {os.getpid()}" in lines[0]
+    assert not store.exists()
+
+
+def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    # lr 1e8 diverges; the kernel points ask for a resource no worker offers.
+    config = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel"],
+                                             "train.lr": [1.0e8, 0.05]},
+                         base={"cluster": {"workers": 1, "resource": "GPU",
+                                           "wait_timeout": 0.5}})
+    store = tmp_path / "fail.zarr"
+    result = run_cli(config, "--out", str(store))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.count("FAILED") == 3
+    ds = open_clean(store)
+    status = ds.status.sel(strategy="reference")
+    assert status.sel(lr=1e8).item() == FAILED and status.sel(lr=0.05).item() == DONE
+    reason = str(ds.failure.sel(strategy="reference", lr=1e8, repeat=0).values)
+    assert reason.startswith("FloatingPointError") and "diverged" in reason
+    assert (ds.status.sel(strategy="kernel") == FAILED).all()
+    reason = str(ds.failure.sel(strategy="kernel", lr=0.05, repeat=0).values)
+    assert reason.startswith("ClusterError") and "'GPU'" in reason
+    assert ds.step_time.sel(strategy="kernel").isnull().all()
+    assert ds.step_time.sel(strategy="reference", lr=0.05).notnull().all()
+    assert "3 point(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("axes, zip_groups, expected", [
+    ({"train.btch": [8, 16]}, [], ["train.btch", "unknown key", "axes.train.btch"]),
+    ({"train.batch": []}, [], ["axes.train.batch", "at least one value"]),
+    ({"train.batch": [8, "big"]}, [], ["train.batch", "expected an integer", "'big'"]),
+    ({"train.batch": 16}, [], ["axes.train.batch", "list of values"]),
+    ({"output": ["a", "b"]}, [], ["axes.output", "cannot be swept"]),
+    ({}, [{"network.conv.0.kernels": [8, 12], "network.conv.1.kernels": [8]}],
+     ["zip.0", "network.conv.1.kernels has 1"]),
+])
+def test_bad_sweep_configs_exit_2_with_one_line(tmp_path, capsys, tiny_dataset_factory, axes,
+                                                zip_groups, expected):
+    config = write_sweep(tmp_path, "unused.zarr", axes, zip=zip_groups)
+    assert sweep_cli.main([config, "--out", str(tmp_path / "bad.zarr")]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    for text in expected:
+        assert text in lines[0], lines[0]
+    assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_bad_axis_through_the_real_cli(tmp_path):
+    config = write_sweep(tmp_path, "unused.zarr", {"strategy": ["kernel", "magic"]})
+    result = run_cli(config)
+    assert result.returncode == 2
+    lines = error_lines(result)
+    assert len(lines) == 1 and "strategy" in lines[0] and "'magic'" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_store_of_another_sweep_is_not_overwritten(tmp_path, capsys):
+    first = write_sweep(tmp_path, "unused.zarr", {"train.batch": [8, 16]}, name="one")
+    store = str(tmp_path / "shared.zarr")
+    sweep = load_sweep(first, out=store)
+    ResultStore(store).create(build_template(sweep, {"fingerprint": sweep.fingerprint,
+                                                     "config": sweep.text}))
+    second = write_sweep(tmp_path, "unused.zarr", {"train.batch": [8, 32]}, name="two")
+    assert sweep_cli.main([second, "--out", store]) == 2
+    message = capsys.readouterr().err
+    assert "holds a different sweep" in message and "--fresh" in message
+    assert list(xr.open_zarr(store).batch.values) == [8, 16]
+
+
+# The config, without running --------------------------------------------------------
+
+
+def test_dry_run_lists_points_in_run_order(tmp_path, capsys):
+    config = write_sweep(tmp_path, "unused.zarr", {
+        "strategy": ["kernel", "reference"],
+        "cluster.workers": [2, [{"speed": 1.0}, {"speed": 0.5}], 2 * [{"speed": 1.0}]]})
+    assert sweep_cli.main([config, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "6 points" in out
+    lines = [line for line in out.splitlines() if line[:1].isdigit()]
+    assert "strategy=reference" in lines[0] and "strategy=reference" in lines[2]
+    assert "workers=1+0.5" in out and "workers=1+1" in out
+    assert not os.path.exists(os.path.join("results", "tiny.zarr"))
+
+
+def test_axes_zip_labels_and_cluster_blocks(tmp_path):
+    config = write_sweep(tmp_path, "unused.zarr", {
+        "strategy": ["single", "kernel", "reference"],
+        "cluster.workers": [1, [{"speed": 1.0}, {"speed": 0.5, "threads": 2}]]},
+        zip=[{"dim": "width", "fields": {"network.conv.0.kernels": [8, 12],
+                                         "network.conv.1.kernels": [8, 16]}}],
+        repeats=2)
+    sweep = load_sweep(config, ["train.lr=0.1", "repeats=2"])
+    assert sweep.dims == ["strategy", "workers", "width"]
+    assert sweep.shape == (3, 2, 2, 2)
+    assert sweep.axes[1].labels == ("1", "1+0.5(2t)")
+    assert sweep.axes[2].labels == ("8/8", "12/16")
+    assert all(p.config.train.lr == 0.1 and p.config.train.steps == 3 for p in sweep.points)
+    # reference first, then one block per worker set, each block's repeats in turn
+    keys = [p.cluster_key for p in sweep.points]
+    assert keys[:8] == [None] * 8
+    blocks = [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
+    assert len(blocks) == 3 and len(set(blocks)) == 3
+    assert [p.repeat for p in sweep.points[8:16]] == [0] * 4 + [1] * 4
+    assert run_order(list(reversed(sweep.points))) == sweep.points
+    point = next(p for p in sweep.points if p.labels == {"strategy": "kernel",
+                                                         "workers": "1+0.5(2t)",
+                                                         "width": "12/16"})
+    assert [c.kernels for c in point.config.network.conv] == [12, 16]
+    assert point.config.output.startswith(os.path.join("results", "tiny.runs"))
+    assert value_label("cluster.workers", [{"speed": 1.0, "resources": {"GPU": 1}}]) == "GPU:1"
+
+
+def test_external_scheduler_sweeps_worker_counts_with_use_workers(tmp_path):
+    config = write_sweep(tmp_path, "unused.zarr", {"cluster.workers": [1, 3]})
+    sweep = load_sweep(config, scheduler="tcp://10.0.0.1:8786")
+    assert [p.config.cluster.use_workers for p in sweep.points] == [1, 3]
+    assert {p.cluster_key for p in sweep.points} == {"external"}
+    emulated = write_sweep(tmp_path, "unused.zarr",
+                           {"cluster.workers": [[{"speed": 1.0}, {"speed": 0.5}]]})
+    with pytest.raises(ConfigError, match="cluster.use_workers"):
+        load_sweep(emulated, scheduler="tcp://10.0.0.1:8786")
+
+
+def test_contention_warning(tmp_path, monkeypatch):
+    config = write_sweep(tmp_path, "unused.zarr", {"cluster.workers": [1, 2]})
+    sweep = load_sweep(config)
+    monkeypatch.setattr(sweep_cli.os, "cpu_count", lambda: 2)
+    warning = sweep_cli.contention_warning(sweep)
+    assert warning is not None and len(warning.splitlines()) == 1
+    assert "1 of 2 points" in warning and "3 threads" in warning
+    monkeypatch.setattr(sweep_cli.os, "cpu_count", lambda: 8)
+    assert sweep_cli.contention_warning(sweep) is None
+
+
+def test_speedup_against_baseline_median_and_capacity():
+    # strategy axis [single, kernel], one other axis of 2, 2 repeats
+    step_time = np.array([[[2.0, 4.0], [1.0, 1.0]], [[1.0, 1.5], [0.5, np.nan]]])
+    capacity = np.array([[[1.0, 1.0], [1.0, 1.0]], [[2.0, 2.0], [1.5, np.nan]]])
+    speedup, efficiency = compute_speedup(step_time, capacity, 0, 0, True)
+    assert np.allclose(speedup[1, 0], [3.0, 2.0])  # median(2, 4) = 3
+    assert np.allclose(speedup[1, 1, 0], 2.0) and np.isnan(speedup[1, 1, 1])
+    assert np.allclose(efficiency[1, 0], [1.5, 1.0])
+    assert np.allclose(efficiency[1, 1, 0], 2.0 / 1.5)
+    nothing, _ = compute_speedup(step_time, capacity, None, None, False)
+    assert np.isnan(nothing).all()
