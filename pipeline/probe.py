@@ -110,6 +110,7 @@ class StoreProbe:
 class DaskProbe:
     """Dask's costs: round trip, per-level hop and per-task cost, empty engine steps.
 
+    ``hop_s`` and ``task_s`` are fitted to the empty steps (see ``fit_overhead``).
     ``level_s[i] = [P, seconds]``: a level of ``P`` tasks in a dependent
     chain; ``skeleton_step_s[i] = [P, seconds]``: an engine step of no-op tasks
     (``layers`` conv layers) driven as the engine drives it.
@@ -632,7 +633,11 @@ def probe_store(client: Any, slots: Sequence[Any], network: NetworkSpec, batch: 
 
 def probe_dask(client: Any, slots: Sequence[Any], layers: int = 2, round_trips: int = 30,
                levels: int = 12, repeats: int = 3) -> DaskProbe:
-    """Round trip, per-level cost of dependent chains for 1..n workers, empty steps."""
+    """Round trip, per-level cost of dependent chains and empty steps for 1..n workers.
+
+    The chains are recorded as measured; ``hop`` and ``task`` come from the
+    empty engine steps (:func:`fit_overhead`), which is what the model charges.
+    """
     submit = _Submitter(client, slots)
     n = len(slots)
     trips = []
@@ -652,16 +657,28 @@ def probe_dask(client: Any, slots: Sequence[Any], layers: int = 2, round_trips: 
             client.gather(previous)
             runs.append((time.perf_counter() - t0 - round_trip) / (levels - 1))
         level_s.append([active, float(np.median(runs))])
-    if n > 1:
-        ps = np.array([p for p, _ in level_s], float)
-        ts = np.array([t for _, t in level_s], float)
-        hop, task = _nonneg_fit(np.stack([np.ones_like(ps), ps], axis=1), ts)
-        hop = hop if hop > 0 else float(ts.min())
-    else:
-        hop, task = level_s[0][1], 0.0
     skeleton = [[active, skeleton_step(client, slots[:active], layers)]
-                for active in sorted({1, n})]
-    return DaskProbe(round_trip, float(hop), float(task), level_s, skeleton, layers)
+                for active in range(1, n + 1)]
+    hop, task = fit_overhead(skeleton, round_trip, layers)
+    return DaskProbe(round_trip, hop, task, level_s, skeleton, layers)
+
+
+def fit_overhead(skeleton: Sequence[Sequence[float]], round_trip: float, layers: int
+                 ) -> tuple[float, float]:
+    """``(hop, task)`` so that the model's overhead reproduces the empty engine steps.
+
+    The cost model charges a step ``round_trip + (2L - 1) hop + 2 L P task``
+    (:mod:`pipeline.costmodel.kernel`); fitted (non-negative least squares)
+    to empty steps measured with ``P = 1..n`` workers and the round trip
+    measured alone.  One worker leaves one equation: it all goes to ``hop``.
+    """
+    ps = np.array([p for p, _ in skeleton], float)
+    rest = np.array([t for _, t in skeleton], float) - round_trip
+    hops = 2 * layers - 1
+    if len(ps) < 2:
+        return max(float(rest[0]) / max(hops, 1), 0.0), 0.0
+    hop, task = _nonneg_fit(np.stack([np.full_like(ps, hops), 2 * layers * ps], axis=1), rest)
+    return float(hop), float(task)
 
 
 def skeleton_step(client: Any, slots: Sequence[Any], layers: int, steps: int = 8) -> float:

@@ -45,6 +45,7 @@ class RunRecorder:
     emulated_speeds: list[float]
     devices: list[str] = field(default_factory=list)
     by_shard: dict[tuple[int, int, str], float] = field(default_factory=dict)
+    checkpoint_s: float = 0.0  # time spent saving checkpoints, outside every step
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
     by_step_worker: dict[tuple[int, str], dict[str, float]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float)))

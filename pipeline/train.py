@@ -114,9 +114,11 @@ def _train_loop(config: RunConfig, trainer: Any, recorder: RunRecorder, from_ste
         done = step + 1
         if not np.isfinite(loss):
             raise FloatingPointError(f"training diverged at step {step}: loss is {loss}")
-        if done == steps:
+        if done == steps or done in checkpoint_steps:
             recorder.add_receipts(trainer.finish_pending())
-        if done in checkpoint_steps:
+        now = time.perf_counter()
+        recorder.add_step(step, now - previous_end, loss, master)
+        if done in checkpoint_steps:  # saving is not part of any step's time
             indices = np.stack([step_indices(config.train.seed, s, config.train.batch,
                                              train_samples)
                                 for s in range(last_checkpoint, done)])
@@ -125,8 +127,8 @@ def _train_loop(config: RunConfig, trainer: Any, recorder: RunRecorder, from_ste
                                              steps)
             checkpoints.mark_complete(config.checkpoint_path, done, {"step": done})
             last_checkpoint = done
-        now = time.perf_counter()
-        recorder.add_step(step, now - previous_end, loss, master)
+            recorder.checkpoint_s += time.perf_counter() - now
+            now = time.perf_counter()
         previous_end = now
         bar.set_postfix(loss=f"{loss:.3f}", step_s=f"{recorder.steps[step]['step_time']:.2f}")
         bar.update(1)
@@ -188,6 +190,7 @@ def run_training(config: RunConfig, client: Client | None = None,
         samples = min(config.train.eval_samples, info.test_samples)
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
         summary_accuracy = test_accuracy(network, weights, info.path, samples)
+    attrs["checkpoint_time_s"] = recorder.checkpoint_s
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "batch": config.train.batch})
