@@ -135,7 +135,14 @@ class ClusterConfig:
 @dataclass
 class WorkspaceConfig:
     path: str | None = None  # default: /dev/shm when all workers are local, else <output>
-    channel_quantum: int = 4  # shards own whole multiples of this many channels
+    # Shards own whole multiples of this many channels (one Zarr chunk each). "auto":
+    # about 1/64 of each layer's kernels, at least 4: fine enough for any split, and
+    # few enough chunks that Zarr's per-chunk cost (~0.3 ms) stays small.
+    channel_quantum: int | Literal["auto"] = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.channel_quantum, int) and self.channel_quantum < 1:
+            raise ConfigError(f"channel_quantum must be at least 1, got {self.channel_quantum}")
 
 
 @dataclass
@@ -195,6 +202,13 @@ class RunConfig:
             channels, height, width = spec.kernels, spec.out_height, spec.out_width
         return NetworkSpec(tuple(layers), tuple(self.network.hidden),
                            self.network.classes, self.network.dtype)
+
+    def channel_quanta(self, network: NetworkSpec) -> list[int]:
+        """The chunk quantum of every conv layer (see WorkspaceConfig)."""
+        quantum = self.workspace.channel_quantum
+        if quantum == "auto":
+            return [max(4, -(-layer.kernels // 64)) for layer in network.conv]
+        return [quantum] * len(network.conv)
 
     def optimizer_spec(self) -> OptimizerSpec:
         t = self.train

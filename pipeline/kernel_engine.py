@@ -80,7 +80,7 @@ class KernelParallelEngine:
         workspace = config.workspace.path or default_workspace_path(
             config.output_dir, self.run_id, all_local(slots))
         self.paths = RunPaths(config.dataset_path, workspace, config.checkpoint_path)
-        self.quantum = config.workspace.channel_quantum
+        self.quanta = config.channel_quanta(network)  # per conv layer
         self.placement: Placement | None = None
         self._previous_backward: dict[tuple[int, int], Future] = {}
         self._pending: list[Future] = []
@@ -105,7 +105,7 @@ class KernelParallelEngine:
         futures = {}
         for layer, spec in enumerate(self.network.conv):
             share = spec.kernels / len(self.slots) / 4
-            kernels = int(min(spec.kernels, max(self.quantum, round(share))))
+            kernels = int(min(spec.kernels, max(self.quanta[layer], round(share))))
             for slot in self.slots:
                 futures[(slot.name, layer)] = self._submit(
                     conv_shard.calibrate_layer, slot, spec, batch, kernels,
@@ -121,7 +121,8 @@ class KernelParallelEngine:
         """Split every layer: calibrated (proportional to speed) or even."""
         layers = self.network.conv
         if self.config.placement == "even" or len(self.slots) == 1:
-            counts = [split_even(s.kernels, len(self.slots), self.quantum) for s in layers]
+            counts = [split_even(s.kernels, len(self.slots), q)
+                      for s, q in zip(layers, self.quanta)]
             placement = Placement("even", [shard_ranges(l, c) for l, c in enumerate(counts)])
         elif self.config.placement == "model":
             from pipeline.model_placement import model_placement
@@ -135,7 +136,7 @@ class KernelParallelEngine:
             for layer, spec in enumerate(layers):
                 speeds = [1.0 / calibration[slot.name][layer] for slot in self.slots]
                 ranges.append(shard_ranges(layer, split_proportional(
-                    spec.kernels, speeds, self.quantum)))
+                    spec.kernels, speeds, self.quanta[layer])))
             placement = Placement("calibrated", ranges, calibration)
         self.placement = placement
         return placement
@@ -146,7 +147,7 @@ class KernelParallelEngine:
         layers = self.network.conv
         create_workspace(self.paths.workspace, self.config.train.batch,
                          [(s.kernels, s.out_height, s.out_width) for s in layers],
-                         [len(r) for r in placement.ranges], self.quantum,
+                         [len(r) for r in placement.ranges], self.quanta,
                          self.network.dtype)
         keys = conv_keys(self.network)
         futures = [
@@ -228,7 +229,7 @@ class KernelParallelEngine:
         receipts = self.finish_pending()
         shapes = parameter_shapes(self.network)
         checkpoints.create_checkpoint(self.paths.checkpoints, done_steps, shapes,
-                                      self.quantum, self.network.dtype)
+                                      self.row_chunks(), self.network.dtype)
         futures = [
             self._submit(conv_shard.save_shard, slot, self.run_id, layer,
                          self.paths.checkpoints, done_steps, key=f"save-{done_steps}-{layer}-{i}")
@@ -241,6 +242,18 @@ class KernelParallelEngine:
                 checkpoints.write_slice(self.paths.checkpoints, done_steps, kind, key, 0, value)
         self._gather(futures, "checkpoint")
         return receipts
+
+    def row_chunks(self) -> dict[str, int]:
+        """Checkpoint chunking: conv tensors by their layer's quantum (see checkpoints)."""
+        chunks = {}
+        for key, quantum in zip(conv_keys(self.network), self.quanta):
+            chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = quantum
+        return chunks
+
+    @property
+    def quantum(self) -> int:
+        """The smallest layer quantum (kept for callers that use one quantum)."""
+        return min(self.quanta)
 
     def close(self) -> None:
         """Free the run's shards on every worker (best effort)."""

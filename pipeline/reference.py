@@ -80,9 +80,7 @@ class ReferenceTrainer:
         assert self.model is not None and self.optimizer is not None
         path = self.config.checkpoint_path
         shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
-        checkpoints.create_checkpoint(path, done_steps, shapes,
-                                      self.config.workspace.channel_quantum,
-                                      self.network.dtype)
+        checkpoints.create_checkpoint(path, done_steps, shapes, {}, self.network.dtype)
         for key, param in self.model.named_parameters():
             checkpoints.write_slice(path, done_steps, "weights", key, 0,
                                     param.detach().numpy())

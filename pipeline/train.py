@@ -82,8 +82,12 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec) -> int:
     import zarr
 
     zarr.open_group(path, mode="w").attrs["network"] = fingerprint
-    checkpoints.create_checkpoint(path, 0, parameter_shapes(network),
-                                  config.workspace.channel_quantum, network.dtype)
+    row_chunks = {}  # conv tensors chunked by layer quantum: workers read their rows
+    for layer, quantum in enumerate(config.channel_quanta(network)):
+        key = network.conv_module_index(layer)
+        row_chunks[f"{key}.weight"] = row_chunks[f"{key}.bias"] = quantum
+    checkpoints.create_checkpoint(path, 0, parameter_shapes(network), row_chunks,
+                                  network.dtype)
     for key, value in initial_state(network, config.train.seed).items():
         checkpoints.write_slice(path, 0, "weights", key, 0, value)
         checkpoints.write_slice(path, 0, "momentum", key, 0, np.zeros_like(value))

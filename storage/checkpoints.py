@@ -10,8 +10,9 @@ Layout::
 A checkpoint counts only once the master has marked it complete (group attribute
 ``complete``), after every shard wrote its slice: a run killed while writing one
 leaves an incomplete step that `latest_complete_step` ignores.
-Conv tensors are chunked by `quantum` output channels so that each worker writes
-whole chunks of its own kernels.
+Tensors are chunked along their first axis by `row_chunks[key]` rows (conv tensors
+by their layer's channel quantum), so that each worker writes whole chunks of its
+own kernels.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ def step_group(step: int) -> str:
 
 
 def create_checkpoint(root_path: str, step: int, shapes: dict[str, tuple[int, ...]],
-                      quantum: int, dtype: str) -> None:
+                      row_chunks: dict[str, int], dtype: str) -> None:
     """Create the arrays of checkpoint `step` (overwriting an incomplete one)."""
     root = zarr.open_group(root_path, mode="a")
     group = root.require_group(step_group(step))
     group.attrs["complete"] = False
     for kind in KINDS:
         for key, shape in shapes.items():
-            chunks = (min(quantum, shape[0]),) + tuple(shape[1:])
+            rows = row_chunks.get(key, shape[0])
+            chunks = (max(1, min(rows, shape[0])),) + tuple(shape[1:])
             create_array(group, f"{kind}/{key}", tuple(shape), chunks, dtype)
 
 

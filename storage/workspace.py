@@ -6,8 +6,8 @@ Layout (all arrays shaped for the run's fixed batch size B)::
     grad_top         dLoss/d act/<L-1>, written by the master's dense head
     partial/<l>/<d>  shard d's partial input gradient of layer l >= 1: shaped like act/<l-1>
 
-Chunks span one `quantum` of channels and everything else, so a shard whose kernel
-range is aligned to the quantum owns whole chunks: writers in different processes
+Chunks span one quantum of channels (per layer) and everything else, so a shard whose
+kernel range is aligned to its layer's quantum owns whole chunks: writers in different processes
 never share a chunk (Zarr would lose writes otherwise). The master creates every
 array before any task writes.
 """
@@ -33,26 +33,27 @@ def partial_path(layer: int, shard: int) -> str:
 
 
 def create_workspace(path: str, batch: int, layer_shapes: list[tuple[int, int, int]],
-                     shards_per_layer: list[int], quantum: int, dtype: str) -> None:
+                     shards_per_layer: list[int], quanta: list[int], dtype: str) -> None:
     """Create every array of the workspace, replacing any earlier run's.
 
     `layer_shapes[l]` is conv layer l's pooled output (channels, height, width);
-    `shards_per_layer[l]` how many shards layer l is split into.
+    `shards_per_layer[l]` how many shards layer l is split into, `quanta[l]` its
+    channel quantum.
     """
     root = zarr.open_group(path, mode="w")
     forget_cached()
     for layer, (channels, height, width) in enumerate(layer_shapes):
-        chunks = (batch, min(quantum, channels), height, width)
+        chunks = (batch, min(quanta[layer], channels), height, width)
         create_array(root, act_path(layer), (batch, channels, height, width), chunks, dtype)
         if layer >= 1:
             below_channels, below_h, below_w = layer_shapes[layer - 1]
-            below_chunks = (batch, min(quantum, below_channels), below_h, below_w)
+            below_chunks = (batch, min(quanta[layer - 1], below_channels), below_h, below_w)
             for shard in range(shards_per_layer[layer]):
                 create_array(root, partial_path(layer, shard),
                              (batch, below_channels, below_h, below_w), below_chunks, dtype)
     channels, height, width = layer_shapes[-1]
     create_array(root, GRAD_TOP, (batch, channels, height, width),
-                 (batch, min(quantum, channels), height, width), dtype)
+                 (batch, min(quanta[-1], channels), height, width), dtype)
 
 
 def default_workspace_path(output_dir: str, run_id: str, all_workers_local: bool) -> str:
