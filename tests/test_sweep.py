@@ -24,10 +24,20 @@ import zarr
 from experiments import sweep as sweep_cli
 from experiments.results import (DONE, FAILED, ResultStore, SweepLock, build_template,
                                  compute_speedup)
-from experiments.sweep_config import load_sweep, run_order, value_label
+from experiments.sweep_config import load_predictor, load_sweep, run_order, value_label
 from pipeline.schema import ConfigError
+from storage.labelled import write_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def no_cluster_probes(monkeypatch, tmp_path):
+    """The performance model may measure ("probe") a cluster before predicting; that
+    costs more than these tiny points, so tests let it use only in-process probes
+    (reference points), kept in a cache of their own. Subprocesses inherit this."""
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
 
 
 def write_sweep(tmp_path, dataset: str, axes: dict, repeats: int = 1, name: str = "tiny",
@@ -116,7 +126,8 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     assert close(ds.efficiency.sel(strategy="kernel"), ds.speedup.sel(strategy="kernel") / 2)
     measured = ds.step_time_series.isel(step=~ds.warmup.values)
     assert close(measured.median("step"), ds.step_time)
-    assert ds.predicted_step_time.isnull().all()  # no model yet: NaN, never a stand-in
+    # no cluster probe here, so no prediction for single/kernel: NaN, never a stand-in
+    assert ds.predicted_step_time.isnull().all() and ds.prediction_error.isnull().all()
 
     runs = [d for d in os.listdir(tmp_path / "out" / "tiny.runs")]
     assert len(runs) == 8
@@ -205,7 +216,11 @@ def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_dataset
     reason = str(ds.failure.sel(strategy="kernel", lr=0.05, repeat=0).values)
     assert reason.startswith("ClusterError") and "'GPU'" in reason
     assert ds.step_time.sel(strategy="kernel").isnull().all()
-    assert ds.step_time.sel(strategy="reference", lr=0.05).notnull().all()
+    done = ds.sel(strategy="reference", lr=0.05)
+    assert done.step_time.notnull().all()
+    if load_predictor() is not None:  # the model's prediction and its error, per point
+        assert done.predicted_step_time.notnull().all()
+        assert close(done.prediction_error, done.predicted_step_time / done.step_time - 1)
     assert "3 point(s) failed" in result.stdout
 
 
@@ -249,6 +264,11 @@ def test_store_of_another_sweep_is_not_overwritten(tmp_path, capsys):
     message = capsys.readouterr().err
     assert "holds a different sweep" in message and "--fresh" in message
     assert list(xr.open_zarr(store).batch.values) == [8, 16]
+    other = tmp_path / "not_a_sweep.zarr"
+    write_dataset(xr.Dataset({"a": ("x", [1.0])}), str(other))
+    assert sweep_cli.main([second, "--out", str(other), "--fresh"]) == 2
+    assert "not a sweep results store" in capsys.readouterr().err
+    assert float(xr.open_zarr(other).a[0]) == 1.0  # --fresh replaces only sweep stores
 
 
 # The config, without running --------------------------------------------------------

@@ -1,0 +1,568 @@
+"""The sweep's results store: one labelled Dataset in Zarr, written point by point.
+
+Layout (``xr.open_zarr(path)`` is all a reader needs):
+
+- dims: one per axis (named as in the sweep, e.g. ``strategy``, ``workers``,
+  ``batch``), then ``repeat``; series add ``step``;
+- per point (axes + repeat): ``status`` (0 pending, 1 done, 2 failed), ``failure``
+  (the reason, text), ``run_id``, ``started``/``finished``/``wall_time``, the
+  measured figures (``step_time`` and its spread, ``throughput``, ``speedup``,
+  ``efficiency``, the compute/storage/master/wait breakdown, ``bytes_moved``,
+  ``loss``, ``accuracy``, ``n_workers``, ``capacity``), the model's
+  ``predicted_step_time`` and ``prediction_error``;
+- per point and step: ``step_time_series`` and ``loss_series`` (all steps; the
+  ``warmup`` coordinate marks those excluded from the figures).
+
+Why a template plus per-point writes: the template (all NaN, status 0) is written
+once, up front, so the store always opens cleanly and has its final shape; each
+finished point then writes its own cells, data first and ``status`` last. Zarr's
+local store replaces a chunk file atomically, and only one sweep writes at a time
+(`SweepLock`), so a process killed at any moment leaves every cell either as it
+was or complete, and a point whose status is not 1 is simply run again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import psutil
+import xarray as xr
+import zarr
+
+from experiments.sweep_config import Axis, Sweep, value_json, value_label
+from storage.labelled import write_dataset
+
+PENDING, DONE, FAILED = 0, 1, 2
+STORE_FORMAT = "hetcnn-sweep/1"
+
+#: name -> (units, description) of the per-point float variables, in table order.
+MEASURES: dict[str, tuple[str, str]] = {
+    "step_time": ("s", "median wall time of the measured steps (warm-up excluded)"),
+    "step_time_p25": ("s", "25th percentile of the measured steps' wall time"),
+    "step_time_p75": ("s", "75th percentile of the measured steps' wall time"),
+    "step_time_min": ("s", "fastest measured step"),
+    "step_time_max": ("s", "slowest measured step"),
+    "throughput": ("samples/s", "training samples per second: batch / step_time"),
+    "speedup": ("1", "baseline step_time (median over repeats, same other coordinates) "
+                "divided by this point's step_time"),
+    "efficiency": ("1", "speedup divided by the capacity relative to the baseline's "
+                   "(the worker count for equal workers, summed relative speeds else)"),
+    "compute_time": ("s", "median per step of the busiest worker's conv compute "
+                     "(emulated slow-down included)"),
+    "storage_time": ("s", "median per step of the busiest worker's Zarr read+write time"),
+    "master_time": ("s", "median per step of the master's own work (dense head + its I/O)"),
+    "wait_time": ("s", "median per step of the time neither the master nor the busiest "
+                  "worker was working (Dask hops, stragglers, idle)"),
+    "bytes_moved": ("B", "median per step of the bytes all workers read+wrote in storage"),
+    "loss": ("1", "training cross-entropy of the last step's batch"),
+    "accuracy": ("1", "test-set accuracy of the final weights"),
+    "n_workers": ("1", "workers the point's strategy used (1 for single and reference)"),
+    "capacity": ("1", "summed relative speed of the workers used (1.0 = unslowed device; "
+                 "emulated slower devices count their fraction)"),
+    "measured_steps": ("1", "steps the timing figures are taken over"),
+    "predicted_step_time": ("s", "the performance model's step time for this point "
+                            "(NaN until experiments.prediction exists)"),
+    "prediction_error": ("1", "(predicted_step_time - step_time) / step_time"),
+    "started": ("s", "when the point's run started, seconds since 1970-01-01 UTC"),
+    "finished": ("s", "when the point's run ended, seconds since 1970-01-01 UTC"),
+    "wall_time": ("s", "the point's whole run: setup, calibration, steps, evaluation"),
+}
+TEXTS: dict[str, str] = {
+    "failure": "why the point failed (empty unless status is 2)",
+    "run_id": "identifies the run that produced this point's values",
+    "kernel_split": "kernels per worker per conv layer (JSON), as placed",
+    "worker_labels": "the workers used, with emulated speeds",
+}
+SERIES: dict[str, tuple[str, str]] = {
+    "step_time_series": ("s", "wall time of every step (see the warmup coordinate)"),
+    "loss_series": ("1", "training loss of every step's batch"),
+}
+#: Known units of swept fields (coordinates).
+FIELD_UNITS = {"train.batch": "samples", "train.steps": "steps", "cluster.workers": "workers",
+               "cluster.use_workers": "workers", "train.lr": "1"}
+
+
+class StoreBusy(RuntimeError):
+    """Another sweep holds the store's lock."""
+
+
+class StoreMismatch(ValueError):
+    """The store exists but holds a different sweep (or is not a sweep store)."""
+
+
+# Provenance ---------------------------------------------------------------------------
+
+
+def code_revision() -> str:
+    """The git revision of this code, '-dirty' if tracked files have changed."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return revision + ("-dirty" if dirty.strip() else "")
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the sweep ran: the figures mean little without it."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    gpus: list[str] = []
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - a broken CUDA setup must not stop a CPU sweep
+        pass
+    return {"host": socket.gethostname(), "platform": platform.platform(),
+            "cpu": model, "cores": os.cpu_count(),
+            "physical_cores": psutil.cpu_count(logical=False),
+            "memory_bytes": psutil.virtual_memory().total, "gpus": gpus}
+
+
+def now_text(at: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(at))
+
+
+# Lock -------------------------------------------------------------------------------
+
+
+class SweepLock:
+    """``<store>.lock``: one sweep writes a store at a time.
+
+    An flock on the file, not its mere existence, is the lock: the kernel drops it
+    when the holder dies (even by SIGKILL), so a stale lock is taken over without
+    guessing whether a recorded pid is still alive. The file holds the holder's
+    pid and host for the refusal message. Where flock is unavailable (some network
+    file systems) the recorded pid is checked instead.
+    """
+
+    def __init__(self, store_path: str) -> None:
+        self.path = store_path.rstrip("/") + ".lock"
+        self._fd: int | None = None
+
+    def _holder(self) -> dict[str, Any]:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                return json.loads(handle.read() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def _busy(self, holder: dict[str, Any]) -> StoreBusy:
+        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        since = f", since {holder['started']}" if holder.get("started") else ""
+        store = self.path[: -len(".lock")]
+        return StoreBusy(f"{store} is being written by another sweep ({who}{since}); "
+                         f"wait for it to finish or stop it (lock file {self.path})")
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self._busy(self._holder()) from None
+            except OSError as error:  # no flock here: fall back on the recorded pid
+                if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    os.close(fd)
+                    raise
+                holder = self._holder()
+                if holder.get("host") == socket.gethostname() and holder.get("pid") \
+                        and psutil.pid_exists(int(holder["pid"])) \
+                        and int(holder["pid"]) != os.getpid():
+                    os.close(fd)
+                    raise self._busy(holder) from None
+            # The file may have been removed and recreated by its last holder between
+            # our open and our flock: then we locked an orphan inode; start over.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            holder = self._holder()
+            if holder.get("host") not in (None, socket.gethostname()) and holder.get("pid"):
+                os.close(fd)  # a shared file system without cross-host locks
+                error = self._busy(holder)
+                raise StoreBusy(f"{error} (on another host: delete the lock file if that "
+                                "sweep is gone)")
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "started": now_text()}).encode())
+            os.fsync(fd)
+            self._fd = fd
+            return
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "SweepLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# Template ---------------------------------------------------------------------------
+
+
+def _companion_name(wanted: str, fallback: str, taken: set[str]) -> str:
+    for name in (wanted, fallback):
+        if name not in taken:
+            return name
+    index = 2
+    while f"{fallback}_{index}" in taken:
+        index += 1
+    return f"{fallback}_{index}"
+
+
+def _axis_coords(axis: Axis, taken: set[str]) -> dict[str, tuple]:
+    """The dim coordinate and its companions: full values, per-field values, counts."""
+    fields = ", ".join(axis.fields)
+    attrs = {"description": f"swept: {fields}", "fields": json.dumps(list(axis.fields))}
+    if len(axis.fields) == 1 and axis.fields[0] in FIELD_UNITS and axis.plain:
+        attrs["units"] = FIELD_UNITS[axis.fields[0]]
+    coords: dict[str, tuple] = {axis.dim: (axis.dim, axis.coordinate(), attrs)}
+    if not axis.plain:
+        name = _companion_name(f"{axis.dim}_value", f"{axis.dim}_value", taken)
+        taken.add(name)
+        coords[name] = (axis.dim, np.array([value_json(list(v) if len(v) > 1 else v[0])
+                                            for v in axis.values], dtype=object),
+                        {"description": f"full value of {fields} (JSON)"})
+    if len(axis.fields) > 1:
+        for position, name in enumerate(axis.fields):
+            column = Axis(axis.dim, (name,), tuple((v[position],) for v in axis.values),
+                          tuple(value_label(name, v[position]) for v in axis.values),
+                          axis.where)
+            short = name.split(".")[-1]
+            key = _companion_name(short, name.replace(".", "_"), taken)
+            taken.add(key)
+            values = column.coordinate() if column.plain else np.array(
+                [value_json(v[0]) for v in column.values], dtype=object)
+            coords[key] = (axis.dim, values, {"description": f"value of {name}",
+                                              "field": name})
+    if "cluster.workers" in axis.fields and not axis.plain:
+        key = _companion_name(f"{axis.dim}_count", f"{axis.dim}_count", taken)
+        taken.add(key)
+        counts = [v if isinstance(v, int) else len(v)
+                  for v in (axis.value_of(i, "cluster.workers") for i in range(len(axis)))]
+        coords[key] = (axis.dim, np.array(counts, dtype=np.int64),
+                       {"description": "workers in the embedded cluster", "units": "workers"})
+    return coords
+
+
+def speedup_reference(sweep: Sweep) -> dict[str, Any]:
+    """Where the baseline of `speedup` lies: a position along the strategy's dim."""
+    baseline = sweep.config.speedup_baseline
+    axis = sweep.axis_with_field("strategy")
+    if axis is None:
+        base_strategy = sweep.base.get("strategy", "kernel")
+        return {"strategy": baseline, "dim": None, "index": None,
+                "available": base_strategy == baseline}
+    positions = [i for i in range(len(axis)) if axis.value_of(i, "strategy") == baseline]
+    return {"strategy": baseline, "dim": axis.dim,
+            "index": positions[0] if positions else None, "available": bool(positions)}
+
+
+def build_template(sweep: Sweep, attrs: dict[str, Any]) -> xr.Dataset:
+    """The whole store before any point has run: NaN everywhere, status 0."""
+    dims = (*sweep.dims, "repeat")
+    shape = sweep.shape
+    taken = set(dims) | set(MEASURES) | set(TEXTS) | set(SERIES) | {"status", "step", "warmup"}
+    coords: dict[str, Any] = {}
+    for axis in sweep.axes:
+        coords.update(_axis_coords(axis, taken))
+    steps = sweep.steps
+    warmup = int(sweep.base.get("train", {}).get("warmup_steps", 1))
+    coords["repeat"] = ("repeat", np.arange(sweep.config.repeats),
+                        {"description": "repetition of the same point"})
+    coords["step"] = ("step", np.arange(steps), {"description": "training step", "units": "1"})
+    coords["warmup"] = ("step", np.arange(steps) < warmup,
+                        {"description": "step excluded from the timing figures as warm-up"})
+    data: dict[str, Any] = {
+        "status": (dims, np.zeros(shape, dtype=np.int8), {
+            "units": "1", "description": "0 pending, 1 done, 2 failed (see failure)",
+            "flag_values": [PENDING, DONE, FAILED], "flag_meanings": "pending done failed"}),
+    }
+    for name, (units, description) in MEASURES.items():
+        data[name] = (dims, np.full(shape, np.nan), {"units": units, "description": description})
+    for name, description in TEXTS.items():
+        data[name] = (dims, np.full(shape, "", dtype=object),
+                      {"units": "1", "description": description})
+    for name, (units, description) in SERIES.items():
+        data[name] = ((*dims, "step"), np.full((*shape, steps), np.nan),
+                      {"units": units, "description": description})
+    ds = xr.Dataset(data, coords=coords, attrs=attrs)
+    reference = speedup_reference(sweep)
+    ds.attrs["speedup_reference"] = json.dumps(reference)
+    ds.attrs["dims"] = json.dumps(sweep.dims)
+    return ds
+
+
+# The store --------------------------------------------------------------------------
+
+
+@dataclass
+class PointResult:
+    """What one finished point writes."""
+
+    values: dict[str, float]
+    texts: dict[str, str]
+    series: dict[str, np.ndarray]
+
+
+def _quiet_consolidate(path: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(path)
+
+
+class ResultStore:
+    """Creates, checks and fills one sweep's store (the caller holds the lock)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def exists(self) -> bool:
+        return os.path.exists(self.path)
+
+    def _group(self, mode: str = "r+") -> zarr.Group:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return zarr.open_group(self.path, mode=mode, use_consolidated=False)
+
+    def create(self, template: xr.Dataset) -> None:
+        """Write the template; `complete` is set last, so a half-made store is known."""
+        if self.exists():
+            shutil.rmtree(self.path)
+        template = template.copy()
+        template.attrs["store_format"] = STORE_FORMAT
+        template.attrs["complete"] = False
+        write_dataset(template, self.path, mode="w")
+        self.set_attrs(complete=True)
+
+    def attrs(self) -> dict[str, Any]:
+        return dict(self._group("r").attrs)
+
+    def check(self, fingerprint: str, text: str) -> None:
+        """Refuse a store made for another sweep, naming the first difference."""
+        try:
+            attrs = self.attrs()
+        except Exception as error:  # noqa: BLE001 - anything unreadable is not ours
+            raise StoreMismatch(f"{self.path} is not a readable Zarr store ({error}); "
+                                "pass --fresh to replace it or --out to write elsewhere") \
+                from None
+        if attrs.get("store_format") != STORE_FORMAT:
+            raise StoreMismatch(f"{self.path} is not a sweep results store; choose another "
+                                "--out (or --fresh to replace it)")
+        if attrs.get("fingerprint") != fingerprint:
+            old = str(attrs.get("config", "")).splitlines()
+            new = text.splitlines()
+            first = next(((a, b) for a, b in zip(old + [""] * len(new), new + [""] * len(old))
+                          if a != b), ("", ""))
+            raise StoreMismatch(f"{self.path} holds a different sweep (first difference: "
+                                f"{first[0].strip()!r} there, {first[1].strip()!r} here); "
+                                "pass --fresh to start over or --out for a new store")
+
+    def is_sweep_store(self) -> bool:
+        """Whether the path holds a sweep store (possibly half-made): safe to replace."""
+        try:
+            return self.attrs().get("store_format") == STORE_FORMAT
+        except Exception:  # noqa: BLE001
+            return False
+
+    def is_complete(self) -> bool:
+        try:
+            return bool(self.attrs().get("complete"))
+        except Exception:  # noqa: BLE001
+            return False
+
+    def status(self) -> np.ndarray:
+        return self._group("r")["status"][...]
+
+    def set_attrs(self, **attrs: Any) -> None:
+        self._group().attrs.update(attrs)
+        _quiet_consolidate(self.path)
+
+    def write_point(self, region: tuple[int, ...], result: PointResult) -> None:
+        """Data first, then status 1: a kill in between leaves the point pending."""
+        group = self._group()
+        for name, value in result.values.items():
+            group[name][region] = value
+        for name, text in result.texts.items():
+            group[name][region] = text
+        for name, values in result.series.items():
+            row = np.full(group[name].shape[-1], np.nan)
+            row[: min(len(values), row.size)] = values[: row.size]
+            group[name][region] = row
+        group["status"][region] = DONE
+
+    def write_failure(self, region: tuple[int, ...], reason: str,
+                      values: dict[str, float], texts: dict[str, str]) -> None:
+        """Clear any half-written figures, record the reason, then status 2."""
+        group = self._group()
+        for name in MEASURES:
+            group[name][region] = values.get(name, np.nan)
+        for name in TEXTS:
+            group[name][region] = texts.get(name, "")
+        for name in SERIES:
+            group[name][region] = np.full(group[name].shape[-1], np.nan)
+        group["failure"][region] = reason
+        group["status"][region] = FAILED
+
+    def refresh_derived(self) -> None:
+        """Recompute speedup and efficiency over the whole grid from what is done."""
+        group = self._group()
+        reference = json.loads(group.attrs.get("speedup_reference", "{}"))
+        dims = list(json.loads(group.attrs.get("dims", "[]")))
+        status = group["status"][...]
+        step_time = np.where(status == DONE, group["step_time"][...], np.nan)
+        capacity = np.where(status == DONE, group["capacity"][...], np.nan)
+        axis = dims.index(reference["dim"]) if reference.get("dim") in dims else None
+        speedup, efficiency = compute_speedup(step_time, capacity, axis,
+                                              reference.get("index"),
+                                              bool(reference.get("available")))
+        group["speedup"][...] = speedup
+        group["efficiency"][...] = efficiency
+
+
+def compute_speedup(step_time: np.ndarray, capacity: np.ndarray, axis: int | None,
+                    index: int | None, available: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Speedup and efficiency against the baseline at the same other coordinates.
+
+    `step_time` and `capacity` have the axes then the repeat last. The baseline is
+    position `index` along `axis` (the strategy's dim), reduced to its median over
+    repeats, so each repeat of a point is compared with one stable baseline. With
+    no strategy dim the whole grid is the baseline strategy (if `available`).
+    """
+    nan = np.full(step_time.shape, np.nan)
+    if not available:
+        return nan, nan.copy()
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if axis is None:
+            base_time = np.nanmedian(step_time, axis=-1, keepdims=True)
+            base_capacity = np.nanmedian(capacity, axis=-1, keepdims=True)
+        else:
+            picked_time = np.take(step_time, [index], axis=axis)
+            picked_capacity = np.take(capacity, [index], axis=axis)
+            base_time = np.nanmedian(picked_time, axis=-1, keepdims=True)
+            base_capacity = np.nanmedian(picked_capacity, axis=-1, keepdims=True)
+        speedup = base_time / step_time
+        efficiency = speedup / (capacity / base_capacity)
+    return speedup, efficiency
+
+
+# Reading back -----------------------------------------------------------------------
+
+
+def _labels(ds: xr.Dataset, dim: str) -> list[str]:
+    return [str(v) for v in ds[dim].values]
+
+
+def summary_table(ds: xr.Dataset) -> pd.DataFrame:
+    """One row per grid point (repeats pooled): the main figures, for print and report.
+
+    Figures are medians over the done repeats; ``runs`` counts done/all repeats.
+    """
+    dims = [d for d in ds.status.dims if d != "repeat"]
+    status = ds.status.values
+    figures = {name: ds[name].values for name in (
+        "step_time", "step_time_p25", "step_time_p75", "throughput", "speedup", "efficiency",
+        "compute_time", "storage_time", "master_time", "wait_time", "bytes_moved", "loss",
+        "accuracy", "predicted_step_time", "prediction_error")}
+    failures = ds.failure.values
+    labels = {dim: _labels(ds, dim) for dim in dims}
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for position in np.ndindex(*status.shape[:-1]):
+            done = status[position] == DONE
+            row: dict[str, Any] = {dim: labels[dim][i] for dim, i in zip(dims, position)}
+            row["runs"] = f"{int(done.sum())}/{done.size}"
+            for name, values in figures.items():
+                picked = values[position][done]
+                row[name] = float(np.nanmedian(picked)) if picked.size else np.nan
+            reasons = sorted({str(r) for r, s in zip(failures[position], status[position])
+                              if s == FAILED and str(r)})
+            row["failure"] = "; ".join(reasons)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
+    """The main figures as aligned text (or a markdown table)."""
+    columns = [c for c in table.columns if c not in (
+        "step_time_p25", "step_time_p75", "predicted_step_time", "prediction_error",
+        "failure")]
+    if table["predicted_step_time"].notna().any():
+        columns += ["predicted_step_time", "prediction_error"]
+    names = {"step_time": "step s", "throughput": "samples/s", "speedup": "speedup",
+             "efficiency": "effic.", "compute_time": "compute s", "storage_time": "storage s",
+             "master_time": "master s", "wait_time": "wait s", "bytes_moved": "MB/step",
+             "loss": "loss", "accuracy": "acc.", "predicted_step_time": "predicted s",
+             "prediction_error": "pred. err"}
+    formats = {"step_time": "{:.4f}", "throughput": "{:.1f}", "speedup": "{:.2f}",
+               "efficiency": "{:.2f}", "compute_time": "{:.4f}", "storage_time": "{:.4f}",
+               "master_time": "{:.4f}", "wait_time": "{:.4f}", "loss": "{:.3f}",
+               "accuracy": "{:.3f}", "predicted_step_time": "{:.4f}",
+               "prediction_error": "{:+.0%}"}
+    header = [names.get(c, c) for c in columns]
+    body = []
+    for _, row in table.iterrows():
+        cells = []
+        for column in columns:
+            value = row[column]
+            if column == "bytes_moved":
+                cells.append("-" if pd.isna(value) else f"{value / 1e6:.2f}")
+            elif column in formats:
+                cells.append("-" if pd.isna(value) else formats[column].format(value))
+            else:
+                cells.append(str(value))
+        if row.get("failure"):
+            cells[columns.index("runs")] += " (failed)"
+        body.append(cells)
+    if markdown:
+        numeric = set(names)
+        lines = ["| " + " | ".join(header) + " |",
+                 "|" + "|".join("--:" if c in numeric else "---" for c in columns) + "|"]
+        lines += ["| " + " | ".join(cells) + " |" for cells in body]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(cells[i]) for cells in body)) if body else len(h)
+              for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(cells, widths)) for cells in body]
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""The report from a real sweep store: every figure the store's axes call for, and the
+markdown table, written next to the store."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+import xarray as xr
+
+from experiments import report
+from experiments.sweep import run_sweep
+from experiments.sweep_config import load_sweep
+from storage.labelled import write_dataset
+from tests.test_sweep import ROOT, write_sweep
+
+UNEQUAL = [{"speed": 1.0}, {"speed": 0.5}]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_dataset_factory):
+    """A real sweep: strategy x batch x network size x devices (equal and unequal
+    workers, calibrated and even placement): two embedded clusters, 24 tiny points."""
+    tmp_path = tmp_path_factory.mktemp("report")
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["single", "kernel"], "train.batch": [8, 16]},
+                         zip=[{"dim": "kernels", "fields": {"network.conv.0.kernels": [8, 12],
+                                                            "network.conv.1.kernels": [8, 16]}},
+                              {"dim": "devices", "fields": {
+                                  "cluster.workers": [2, UNEQUAL, UNEQUAL],
+                                  "placement": ["calibrated", "calibrated", "even"]}}],
+                         name="paperlike")
+    path = str(tmp_path / "paperlike.zarr")
+    sweep = load_sweep(config, out=path)
+    with pytest.MonkeyPatch.context() as patch:  # as in test_sweep: no cluster probes
+        patch.setenv("CNN_PREDICT_PROBE", "never")
+        patch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+        assert run_sweep(sweep, out=io.StringIO(), err=io.StringIO()) == 0
+    return path
+
+
+def test_report_cli_writes_figures_and_table_next_to_the_store(store):
+    result = subprocess.run([sys.executable, "-m", "experiments.report", store], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out_dir = store[: -len(".zarr")] + ".report"
+    expected = ["speedup.png", "breakdown.png", "batch.png", "placement.png",
+                "step_times.png", "report.md"]
+    assert sorted(os.listdir(out_dir)) == sorted(expected)
+    assert result.stdout.split() == [os.path.join(out_dir, name) for name in expected]
+    for name in expected[:-1]:
+        image = matplotlib.image.imread(os.path.join(out_dir, name))
+        assert image.shape[0] > 300 and image.shape[1] > 400, name
+        assert image[..., :3].std() > 0.05, name  # not blank
+
+    text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    for name in expected[:-1]:
+        assert f"]({name})" in text
+    assert "| strategy | batch | kernels | devices | runs | step s |" in text
+    assert text.count("| kernel |") == 12 and text.count("| single |") == 12
+    assert "1+0.5/even" in text and "code revision" in text and "cores" in text
+    ds = xr.open_zarr(store)
+    assert "placement" in ds.coords and list(ds.placement.values) == ["calibrated",
+                                                                      "calibrated", "even"]
+
+
+def test_report_frame_puts_unequal_workers_at_their_summed_speed(store):
+    sweep = report.StoreView(xr.open_zarr(store).load())
+    frame = sweep.points()
+    kernel = frame[frame["strategy"] == "kernel"]
+    assert sorted(kernel["relative_capacity"].round(6).unique()) == [1.5, 2.0]
+    assert set(kernel[~kernel["equal_workers"]]["devices"]) == {"1+0.5/calibrated",
+                                                                 "1+0.5/even"}
+    assert sweep.worker_dim == "devices" and sweep.network_dims == ["kernels"]
+
+
+def test_report_refuses_what_is_not_a_sweep_store(tmp_path, capsys):
+    assert report.main([str(tmp_path / "missing.zarr")]) == 2
+    write_dataset(xr.Dataset({"a": ("x", [1.0])}), str(tmp_path / "other.zarr"))
+    assert report.main([str(tmp_path / "other.zarr")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(lines) == 2 and "no such results store" in lines[0]
+    assert "not a sweep results store" in lines[1]
