@@ -195,13 +195,14 @@ def contention_warning(sweep: Sweep) -> str | None:
         elif point.cluster_key == "external":
             continue  # the workers may be elsewhere; the scheduler knows, we do not
         else:
-            threads = sum(w.threads for w in point.config.cluster.worker_list()) + 1
+            # The master mostly waits while workers compute, so it is not counted.
+            threads = sum(w.threads for w in point.config.cluster.worker_list())
         if threads > cores:
             worst, count = max(worst, threads), count + 1
     if not count:
         return None
     return (f"warning: {count} of {len(sweep.points)} points run up to {worst} threads "
-            f"(workers' threads + 1 master) on {cores} cores: their timings measure "
+            f"(workers' threads) on {cores} cores: their timings measure "
             "contention as well as the strategy")
 
 

@@ -327,7 +327,7 @@ def test_external_scheduler_sweeps_worker_counts_with_use_workers(tmp_path):
 
 
 def test_contention_warning(tmp_path, monkeypatch):
-    config = write_sweep(tmp_path, "unused.zarr", {"cluster.workers": [1, 2]})
+    config = write_sweep(tmp_path, "unused.zarr", {"cluster.workers": [2, 3]})
     sweep = load_sweep(config)
     monkeypatch.setattr(sweep_cli.os, "cpu_count", lambda: 2)
     warning = sweep_cli.contention_warning(sweep)
