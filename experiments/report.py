@@ -14,6 +14,10 @@ Writes, into ``<store>.report/`` next to the store (or ``--out DIR``):
 - ``prediction.png``: predicted against measured step time (once predicted);
 - ``report.md``: provenance, the figures, the main table and any failures.
 
+A scaling store (``mode: scaling``, predictions over hypothetical clusters) gets
+its own figures instead: which strategy wins over devices x batch and devices x
+bandwidth, and the speedup curves (:mod:`experiments.scaling_report`).
+
 Figures use medians over the done repeats, with the repeats' range as error bars.
 """
 
@@ -495,6 +499,10 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
         raise ReportError(f"{store}: not a sweep results store")
     out_dir = out_dir or default_out_dir(store)
     os.makedirs(out_dir, exist_ok=True)
+    if ds.attrs.get("mode") == "scaling":  # predicted over hypothetical clusters
+        from experiments.scaling_report import make_scaling_report
+
+        return make_scaling_report(ds, out_dir)
     sweep = StoreView(ds)
     frame = sweep.points()
     makers: list[tuple[str, Any]] = [

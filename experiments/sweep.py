@@ -3,6 +3,11 @@
     python -m experiments.sweep experiments/configs/quick.yaml
     python -m experiments.sweep marques_cpu.yaml --scheduler tcp://HOST:8786
     python -m experiments.sweep quick.yaml --dry-run axes.train.batch=[32,64]
+    python -m experiments.sweep experiments/configs/scaling.yaml   # mode: scaling
+
+A file with ``mode: scaling`` describes hypothetical clusters instead of run
+configs; the performance model predicts every point and nothing trains (see
+:mod:`experiments.scaling`).
 
 Points run one at a time (timings must not share the cluster). With no scheduler,
 an embedded cluster is started per distinct worker set and reused by the
@@ -38,6 +43,8 @@ from tqdm import tqdm
 from experiments.results import (DONE, FAILED, PointResult, ResultStore, StoreBusy,
                                  StoreMismatch, SweepLock, build_template, code_revision,
                                  format_table, machine_info, now_text, summary_table)
+from experiments.scaling import dry_run_scaling, run_scaling_sweep
+from experiments.scaling_config import is_scaling_sweep, load_scaling_sweep
 from experiments.sweep_config import Point, Sweep, load_predictor, load_sweep
 from pipeline.cluster import open_client, register_setup
 from pipeline.records import software_versions
@@ -373,6 +380,35 @@ def dry_run(sweep: Sweep, out: TextIO) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
 
 
+def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
+    """``mode: scaling``: predict a grid of hypothetical clusters (no cluster, no training).
+
+    Raises ConfigError for a bad file (the caller prints it, exit 2).
+    """
+    if args.scheduler:
+        raise ConfigError("--scheduler: a scaling sweep predicts hypothetical clusters and "
+                          "connects to none")
+    sweep = load_scaling_sweep(args.config, args.overrides, args.out)
+    if args.dry_run:
+        try:
+            dry_run_scaling(sweep, sys.stdout)
+        except BrokenPipeError:  # `... --dry-run | head`
+            sys.stdout = open(os.devnull, "w", encoding="utf-8")
+        return 0
+    try:
+        return run_scaling_sweep(sweep, args.fresh,
+                                 argv=["python -m experiments.sweep", *argv])
+    except StoreMismatch as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except StoreBusy as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("interrupted: the previous store, if any, is unchanged", file=sys.stderr)
+        return 130
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -392,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the points, run nothing")
     args = parser.parse_args(argv)
     try:
+        if is_scaling_sweep(args.config, args.overrides):
+            return scaling_main(args, argv)
         sweep = load_sweep(args.config, args.overrides, args.scheduler, args.out)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)

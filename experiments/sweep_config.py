@@ -17,7 +17,9 @@ A sweep file looks like::
       - {train.lr: [0.05, 0.1], train.momentum: [0.9, 0.8]}  # dim named after 1st field
     repeats: 2
     speedup_baseline: single         # or reference
-    mode: measure                    # 'predict' only with experiments.prediction
+    mode: measure                    # 'predict' only with experiments.prediction;
+                                     # 'scaling': hypothetical clusters, see
+                                     # experiments.scaling_config
 
 Every point is the base mapping with its axis values applied by `set_dotted` and is
 validated by `build_run_config` here, at load time, so a bad axis fails before
@@ -88,7 +90,7 @@ class SweepConfig:
     repeats: int = 1
     measure: MeasureConfig | None = None
     speedup_baseline: Literal["single", "reference"] = "single"
-    mode: Literal["measure", "predict"] = "measure"
+    mode: Literal["measure", "predict", "scaling"] = "measure"
     output: str | None = None  # the store; default results/<name>.zarr
     keep_checkpoints: bool = False  # per-point checkpoints are large (paper net: ~300 MB)
 
@@ -237,6 +239,9 @@ def value_label(field_name: str, value: Any) -> str:
         return value
     if field_name.endswith("workers") and isinstance(value, list):
         return "+".join(_worker_token(w) for w in value)
+    if field_name.endswith("devices") and isinstance(value, dict) and value and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+        return "+".join(f"{count}{kind}" for kind, count in value.items())  # 2cpu+6gpu
     if isinstance(value, list) and value and all(isinstance(v, dict) and "kernels" in v
                                                  for v in value):
         return "/".join(str(v["kernels"]) for v in value)
@@ -253,7 +258,8 @@ def value_json(value: Any) -> str:
 # Loading -----------------------------------------------------------------------------
 
 
-def _route_overrides(data: dict, overrides: list[str]) -> tuple[dict, list[str]]:
+def _route_overrides(data: dict, overrides: list[str],
+                     sweep_keys: set[str] = SWEEP_KEYS) -> tuple[dict, list[str]]:
     """Sweep keys go to the sweep (``axes.train.batch=[8,16]`` keeps its dots);
     anything else (``train.batch=32``, ``base.train.batch=32``) overrides the base."""
     data = copy.deepcopy(data)
@@ -270,7 +276,7 @@ def _route_overrides(data: dict, overrides: list[str]) -> tuple[dict, list[str]]
             axes[key.split(".", 1)[1]] = value
         elif head == "base" and "." in key:
             base_overrides.append(text.split(".", 1)[1])
-        elif head in SWEEP_KEYS and head != "base":
+        elif head in sweep_keys and head != "base":
             set_dotted(data, key, value)
         else:
             base_overrides.append(text)
@@ -314,7 +320,8 @@ def _parse_axes(config: SweepConfig) -> list[tuple[str | None, tuple[str, ...], 
             if name == fixed or name.startswith(fixed + "."):
                 raise ConfigError(f"{where}: {name} cannot be swept (the sweep sets it "
                                   "for every point)")
-        if config.measure is not None and name in ("train.steps", "train.warmup_steps"):
+        if getattr(config, "measure", None) is not None and name in ("train.steps",
+                                                                      "train.warmup_steps"):
             raise ConfigError(f"{where}: {name} cannot be swept when `measure:` sets the "
                               "step counts")
         seen[name] = where
@@ -433,6 +440,10 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
     raw.setdefault("name", os.path.splitext(os.path.basename(path))[0])
     raw, base_overrides = _route_overrides(raw, list(overrides))
     config: SweepConfig = from_dict(SweepConfig, raw)
+    if config.mode == "scaling":
+        raise ConfigError("mode: 'scaling' sweeps describe hypothetical clusters, not run "
+                          "configs: load them with experiments.scaling_config."
+                          "load_scaling_sweep (python -m experiments.sweep does)")
     base = _resolve_base(config.base, path)
     for text in base_overrides:
         key, value = parse_override(text)

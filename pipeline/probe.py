@@ -1,37 +1,41 @@
 """Measure this cluster's constants for the cost model, with real Dask tasks.
 
-The analytical model (:mod:`pipeline.costmodel`) predicts a step from device
-rates, a store and Dask's latencies.  This module measures those on the
-cluster that will run the step, the way the engine will use it:
+The analytical model (:mod:`pipeline.costmodel`) predicts a step from shard
+times, a store and Dask's latencies.  This module measures those on the
+cluster that will run the step, the way the engine uses it:
 
-- **conv shards** (per worker, per layer): forward and backward (+ SGD update)
-  of a shard at the real shapes and batch, for the kernel counts the engine
-  will run (the even shares for 1..n workers, plus small counts), with as
-  many workers measuring at once as will run at once.  A table of times, not
-  one FLOP rate, because on CPUs a shard's time is far from linear in its
-  kernel count (oneDNN blocks of 8-16 channels; 4 kernels cost as much as 16);
-- **the workspace store** (Zarr on the path the engine uses,
-  :func:`storage.workspace.default_workspace_path`): per-access latency,
-  per-chunk cost and bandwidth of reads and writes, fitted over accesses of
-  the engine's array shapes; aggregate bandwidth with every worker at once;
-  one batch read from the dataset store (``read_batch``);
-- **Dask**: a client round trip of a trivial pinned task; the cost per level
-  of a chain of dependent levels of ``P`` tasks (one per worker, each
-  depending on the whole level below, as the engine's layers do), fitted as
-  ``hop + P * task``; and, as a check, an empty step with the engine's graph;
-- **the master** (this process, ``threads`` torch threads): the dense head
-  and, for ``strategy: reference``, every conv layer whole.
+- **conv shards, workspace store, master** (with a dataset to train on):
+  calibration runs of the engine's own tasks (:mod:`pipeline.probe_runs`):
+  a few steps per plan (the even split over 1..n workers, plus small and
+  lopsided shards where a step is cheap).  Per worker and layer, forward and
+  backward (+ SGD update) seconds at each kernel count run, as a table, not
+  one FLOP rate: on CPUs a shard's time is far from linear in its kernel
+  count (oneDNN blocks of 8-16 channels; 4 kernels cost as much as 16), and a
+  synthetic loop reads 15-30 % fast (fresh pages fault expensively in this
+  VM).  The store's per-access latency, per-chunk cost and bandwidth, per
+  direction, are fitted to every workspace access of those tasks (on the
+  engine's own workspace path, :func:`storage.workspace.default_workspace_path`);
+  the master's dense head, its own accesses and its batch read come from
+  the same steps.
+- **without a dataset**: synthetic timing loops of the real shapes on every
+  worker at once, Zarr accesses of the engine's array shapes, and the dense
+  head in this process (:mod:`pipeline.probe_timing`).
+- **Dask**: a client round trip of a trivial pinned task; chains of dependent
+  levels of ``P`` tasks (as the engine's layers depend on each other); and
+  engine steps of sleeping tasks for ``P = 1..n``, to which the model's
+  per-hop and per-task costs are fitted (:func:`pipeline.probe_timing.fit_overhead`).
+- **the master for ``strategy: reference``** (:func:`probe_master`, this
+  process, ``threads`` torch threads): every conv layer's forward and backward
+  timed inside whole steps of the plain network, and the rest of the step.
 
-A probe costs seconds for the small network and about a minute for the
+A probe costs seconds for the small network and a minute or two for the
 paper's, so :func:`cached_probe` keeps them as JSON files keyed by everything
-that changes the figures: host, network shapes, batch, quantum, dtype, the
-worker set (names, threads, emulated speeds, resource tag; or the scheduler
-address), workspace location and dataset.  The cache directory is
-``$CNN_PROBE_CACHE`` or ``~/.cache/dask-cnn/probes``; delete a file (or pass
-``refresh=True``) to measure again, e.g. after the machine's load changed.
-
-Worker-side timing functions live here rather than in ``tasks`` because only
-the probe runs them; they import nothing from ``pipeline`` beyond this module.
+that changes the figures: host, torch version, network shapes, batch,
+per-layer channel quanta (the workspace's chunking), dtype, the worker set
+(names, threads, emulated speeds, resource tag), workspace location and
+dataset.  The cache directory is ``$CNN_PROBE_CACHE`` or
+``~/.cache/dask-cnn/probes``; delete a file (or pass ``refresh=True``) to
+measure again, e.g. after the machine's load changed.
 """
 
 from __future__ import annotations
@@ -52,12 +56,13 @@ import torch
 from pipeline.costmodel import (DaskOverhead, DeviceSpec, LayerTable, Network, Options,
                                 StoreSpec, sequential)
 from pipeline.placement import split_even
-from tasks.conv_shard import conv_relu_pool
+from pipeline.probe_timing import (Submitter, clock_task, estimate_s, fit_overhead, fit_store,
+                                   noop, nonneg_fit, repeats_for, skeleton_step, sleep_task,
+                                   time_dataset, time_dense, time_network, time_shard,
+                                   time_store)
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
-PROBE_VERSION = 1
-#: Rough single-thread conv rate used only to budget how long a measurement takes.
-_BUDGET_FLOPS = 40e9
+PROBE_VERSION = 3
 
 
 # -- results -------------------------------------------------------------------------
@@ -104,16 +109,18 @@ class StoreProbe:
     concurrent_read_bw: float
     concurrent_write_bw: float
     dataset_read_s: float | None = None
+    master: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class DaskProbe:
     """Dask's costs: round trip, per-level hop and per-task cost, empty engine steps.
 
-    ``hop_s`` and ``task_s`` are fitted to the empty steps (see ``fit_overhead``).
+    ``hop_s`` and ``task_s`` are fitted to the steps (see ``fit_overhead``).
     ``level_s[i] = [P, seconds]``: a level of ``P`` tasks in a dependent
-    chain; ``skeleton_step_s[i] = [P, seconds]``: an engine step of no-op tasks
-    (``layers`` conv layers) driven as the engine drives it.
+    chain; ``skeleton_step_s[i] = [P, seconds]``: the orchestration time of an
+    engine step (``layers`` conv layers, sleeping tasks) driven as the engine
+    drives it.
     """
 
     client_round_trip_s: float
@@ -146,12 +153,14 @@ class ClusterProbe:
     host: str
     network: dict[str, Any]
     batch: int
-    quantum: int
+    quanta: list[int]
     workers: list[WorkerProbe]
     store: StoreProbe
     dask: DaskProbe
     master: MasterProbe
     seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    method: str = "runs"
     version: int = PROBE_VERSION
 
     # conversion to the cost model --------------------------------------------------
@@ -177,18 +186,20 @@ class ClusterProbe:
                 for w in self.workers[:active]]
 
     def store_spec(self) -> StoreSpec:
-        """The workspace store, per access and per chunk."""
+        """The workspace store as the workers reach it, per access and per chunk."""
         s = self.store
-        return StoreSpec(
-            write_bw=s.concurrent_write_bw, read_bw=s.concurrent_read_bw,
-            latency=0.5 * (s.read_latency_s + s.write_latency_s),
-            client_write_bw=s.write_bw, client_read_bw=s.read_bw,
-            read_chunk=s.read_chunk_s, write_chunk=s.write_chunk_s,
-        )
+        return _store_spec(asdict(s), s.concurrent_read_bw, s.concurrent_write_bw)
+
+    def master_store_spec(self) -> StoreSpec | None:
+        """The workspace store as the master reaches it (``None``: not measured)."""
+        s = self.store
+        if not s.master:
+            return None
+        return _store_spec(s.master, s.concurrent_read_bw, s.concurrent_write_bw)
 
     def dataset_spec(self) -> StoreSpec | None:
         """The dataset store as one batch read costs it (latency only), if measured."""
-        return _dataset_store(self.store.dataset_read_s)
+        return dataset_store(self.store.dataset_read_s)
 
     def overhead(self) -> DaskOverhead:
         """Dask's per-task, per-hop and round-trip costs."""
@@ -197,8 +208,9 @@ class ClusterProbe:
 
     def kernel_options(self, **extra: Any) -> Options:
         """Cost-model options of the engine on this cluster (``extra``: more fields)."""
-        return Options(quantum=self.quantum, dataset=self.dataset_spec(),
-                       overhead=self.overhead(), master_device=self.master_spec(), **extra)
+        return Options(quantum=list(self.quanta), dataset=self.dataset_spec(),
+                       overhead=self.overhead(), master_device=self.master_spec(),
+                       master_store=self.master_store_spec(), **extra)
 
     def master_spec(self) -> DeviceSpec:
         """The master (dense head) as a cost-model device."""
@@ -217,8 +229,8 @@ class ClusterProbe:
         net = self.costmodel_network()
         for index, (worker, device) in enumerate(zip(self.workers, devices)):
             row = []
-            for layer, conv in zip(spec.conv, net.conv):
-                k = split_even(layer.kernels, active, self.quantum)[index]
+            for layer, conv, quantum in zip(spec.conv, net.conv, self.quanta):
+                k = split_even(layer.kernels, active, quantum)[index]
                 f, b = device.layer_tables[conv.name].times(k, self.batch)
                 row.append((f + b) / k)
             out[worker.name] = row
@@ -250,10 +262,6 @@ def costmodel_network(spec: NetworkSpec) -> Network:
                                                theirs.in_channels):
             raise ValueError(f"cost model shapes differ from the engine's at {ours.name}")
     return net
-
-
-def _bytes_per_elem(dtype: str) -> int:
-    return int(np.dtype(dtype).itemsize)
 
 
 def _device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch: int,
@@ -297,145 +305,34 @@ def master_device(master: MasterProbe, net: Network) -> DeviceSpec:
     return _device_spec("master", master.timings, net, master.batch, 1, dense_rate=rate)
 
 
-def _dataset_store(seconds: float | None) -> StoreSpec | None:
+def _store_spec(fit: dict[str, Any], concurrent_read: float, concurrent_write: float
+                ) -> StoreSpec:
+    return StoreSpec(
+        write_bw=max(concurrent_write, fit["write_bw"]), read_bw=max(concurrent_read, fit["read_bw"]),
+        latency=0.5 * (fit["read_latency_s"] + fit["write_latency_s"]),
+        client_write_bw=fit["write_bw"], client_read_bw=fit["read_bw"],
+        read_chunk=fit["read_chunk_s"], write_chunk=fit["write_chunk_s"],
+    )
+
+
+def dataset_store(seconds: float | None) -> StoreSpec | None:
+    """The dataset store as a latency per batch read (``None``: not measured)."""
     if seconds is None:
         return None
     return StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=seconds)
 
 
-# -- worker-side timing functions ----------------------------------------------------
-
-
-def time_shard(spec: ConvLayerSpec, batch: int, kernels: int, dtype: str, input_grad: bool,
-               repeats: int, warmup: bool = True, deps: Sequence[Any] = ()) -> dict:
-    """Median forward and backward seconds of a shard, as `conv_shard` computes them.
-
-    Forward: conv + ReLU + pool on an input that requires grad (layers > 0).
-    Backward: ``autograd.grad`` from a gradient array, then an SGD-with-momentum
-    step, like ``conv_backward``.  The worker's emulated slowness is added,
-    as the real tasks add it.
-    """
-    from tasks.worker_state import current_profile
-
-    profile = current_profile()
-    torch_dtype = getattr(torch, dtype)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, spec.in_channels, spec.in_height, spec.in_width,
-                    generator=generator, dtype=torch_dtype).to(profile.device)
-    weight = (0.05 * torch.randn(kernels, spec.in_channels, spec.kernel_size,
-                                 spec.kernel_size, generator=generator, dtype=torch_dtype)
-              ).to(profile.device).requires_grad_(True)
-    bias = torch.zeros(kernels, dtype=torch_dtype, device=profile.device, requires_grad=True)
-    optimizer = torch.optim.SGD([weight, bias], lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    grad = np.ones((batch, kernels, spec.out_height, spec.out_width), dtype=dtype)
-    forward, backward = [], []
-    for attempt in range(repeats + (1 if warmup else 0)):
-        sync = torch.cuda.synchronize if profile.device == "cuda" else (lambda: None)
-        t0 = time.perf_counter()
-        xi = x.detach().requires_grad_(input_grad)
-        with torch.enable_grad():
-            y = conv_relu_pool(xi, weight, bias, spec)
-        sync()
-        t1 = time.perf_counter()
-        fwd = t1 - t0
-        fwd += profile.emulate(fwd)
-        t1 = time.perf_counter()
-        g = torch.from_numpy(grad).to(profile.device)
-        grads = torch.autograd.grad(y, [weight, bias] + ([xi] if input_grad else []),
-                                    grad_outputs=g)
-        weight.grad, bias.grad = grads[0], grads[1]
-        optimizer.step()
-        sync()
-        bwd = time.perf_counter() - t1
-        bwd += profile.emulate(bwd)
-        if attempt or not warmup:
-            forward.append(fwd)
-            backward.append(bwd)
-    return {"forward_s": float(np.median(forward)), "backward_s": float(np.median(backward))}
-
-
-def time_store(path: str, arrays: Sequence[str], repeats: int, which: str = "all",
-               deps: Sequence[Any] = ()) -> list[list[float]]:
-    """Time reads and writes of Zarr arrays the master created: ``[dir, chunks, bytes, s]``.
-
-    Accesses, per array: the whole array, its first half of channel chunks,
-    one chunk (writes are chunk-aligned, as the engine's are).  ``which``:
-    ``"all"``, or ``"full"`` (whole-array accesses only: the concurrency probe).
-    ``dir`` is 0 for reads, 1 for writes.
-    """
-    from storage.arrays import open_cached
-
-    rows: list[list[float]] = []
-    for name in arrays:
-        array = open_cached(path, name)
-        shape, chunk = array.shape, array.chunks
-        n_chunks = math.ceil(shape[1] / chunk[1])
-        spans = [n_chunks] if which == "full" else sorted({n_chunks, max(1, n_chunks // 2), 1})
-        for span in spans:
-            stop = min(shape[1], span * chunk[1])
-            selection = (slice(None), slice(0, stop))
-            data = np.random.default_rng(0).standard_normal(
-                (shape[0], stop, *shape[2:])).astype(array.dtype)
-            for direction in (1, 0):
-                times = []
-                for _ in range(repeats + 1):
-                    t0 = time.perf_counter()
-                    if direction:
-                        array[selection] = data
-                    else:
-                        array[selection]
-                    times.append(time.perf_counter() - t0)
-                rows.append([direction, span, data.nbytes, float(np.median(times[1:]))])
-    return rows
-
-
-def time_dataset(path: str, batch: int, repeats: int, deps: Sequence[Any] = ()) -> float:
-    """Median seconds of one random batch through ``read_batch`` (warm cache, as in training)."""
-    from storage.datasets import open_dataset_info, read_batch
-
-    samples = open_dataset_info(path).train_samples
-    rng = np.random.default_rng(1)
-    times = []
-    for _ in range(repeats + 1):
-        indices = rng.choice(samples, size=min(batch, samples), replace=batch > samples)
-        t0 = time.perf_counter()
-        read_batch(path, "train", indices)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
-
-
-def noop(*args: Any, deps: Sequence[Any] = ()) -> int:
-    """A trivial task (its deps arrive as arguments, as the engine's receipts do)."""
-    return 0
-
-
 # -- probing the master ----------------------------------------------------------------
-
-
-def _repeats_for(seconds: float) -> tuple[int, bool]:
-    """Repeats and whether to warm up, for a measurement of about ``seconds``."""
-    if seconds < 0.05:
-        return 5, True
-    if seconds < 0.5:
-        return 3, True
-    if seconds < 3.0:
-        return 2, True
-    return 1, False
-
-
-def _estimate_s(spec: ConvLayerSpec, batch: int, kernels: int) -> float:
-    out_px = spec.conv_height * spec.conv_width
-    macs = batch * out_px * kernels * spec.in_channels * spec.kernel_size ** 2
-    return 3 * 2 * macs / _BUDGET_FLOPS
 
 
 def probe_master(network: NetworkSpec, batch: int, threads: int = 1, conv: bool = True,
                  dataset: str | None = None) -> MasterProbe:
     """Time the master's own work in this process with ``threads`` torch threads.
 
-    ``conv``: also time every conv layer whole (what ``strategy: reference``
-    runs); the dense head is always timed (forward, backward, SGD step).  The
-    process's torch thread count is restored afterwards.
+    ``conv``: time the whole network's training steps (what ``strategy:
+    reference`` runs) and split each step by layer (:func:`time_network`);
+    otherwise time the dense head alone.  The process's torch thread count is
+    restored afterwards.
     """
     from pipeline.network import dense_head
     from tasks.worker_state import configure_process
@@ -445,58 +342,18 @@ def probe_master(network: NetworkSpec, batch: int, threads: int = 1, conv: bool 
     try:
         timings = []
         if conv:
-            for index, layer in enumerate(network.conv):
-                repeats, warmup = _repeats_for(_estimate_s(layer, batch, layer.kernels) / threads)
-                r = time_shard(layer, batch, layer.kernels, network.dtype, index > 0, repeats,
-                               warmup)
-                timings.append(ShardTiming(index, layer.kernels, 1, r["forward_s"],
-                                           r["backward_s"]))
-        dense_s = _time_dense(dense_head(network)[0], network, batch)
+            forward, backward, dense_s = time_network(network, batch, dataset, threads)
+            timings = [ShardTiming(i, layer.kernels, 1, f, b)
+                       for i, (layer, f, b) in enumerate(zip(network.conv, forward, backward))]
+        else:
+            dense_s = time_dense(dense_head(network)[0], network, batch)
         read_s = time_dataset(dataset, batch, 5) if dataset else None
     finally:
         torch.set_num_threads(before)
     return MasterProbe(threads, batch, dense_s, timings, read_s, created=time.time())
 
 
-def _time_dense(head: torch.nn.Module, network: NetworkSpec, batch: int,
-                repeats: int = 7) -> float:
-    """Median seconds of the dense head's forward, backward and SGD step (DenseHead.step)."""
-    dtype = getattr(torch, network.dtype)
-    features = torch.randn(batch, network.flat_features, dtype=dtype)
-    labels = torch.randint(0, network.classes, (batch,))
-    optimizer = torch.optim.SGD(head.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        x = features.detach().clone().requires_grad_(True)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(head(x), labels)
-        loss.backward()
-        optimizer.step()
-        x.grad.numpy()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
-
-
 # -- probing the cluster ---------------------------------------------------------------
-
-
-class _Submitter:
-    """Pinned, impure submissions with unique keys (as the engine submits)."""
-
-    def __init__(self, client: Any, slots: Sequence[Any]) -> None:
-        self.client, self.slots = client, list(slots)
-        self.tag = uuid.uuid4().hex[:8]
-        self.count = 0
-
-    def __call__(self, function: Any, index: int, *args: Any, **kwargs: Any) -> Any:
-        slot = self.slots[index]
-        self.count += 1
-        return self.client.submit(function, *args, workers=[slot.address],
-                                  resources={slot.resource: 1}, allow_other_workers=False,
-                                  pure=False, key=f"probe-{function.__name__}-{self.tag}-"
-                                  f"{self.count}", **kwargs)
 
 
 def _kernel_points(layer: ConvLayerSpec, n: int, quantum: int, batch: int
@@ -515,30 +372,30 @@ def _kernel_points(layer: ConvLayerSpec, n: int, quantum: int, batch: int
     smallest = min(shares)
     k = quantum
     while k < smallest:
-        if _estimate_s(layer, batch, k) < 0.5 or k == quantum:
+        if estimate_s(layer, batch, k) < 0.5 or k == quantum:
             rounds.append((n, [k] * n))
         k *= 2
     # a point between the share of n workers and the whole layer, for uneven splits
     if n > 1:
         middle = quantum * int(round((layer.kernels / n + layer.kernels) / 2 / quantum))
         if middle not in shares and 0 < middle < layer.kernels and \
-                _estimate_s(layer, batch, middle) < 1.0:
+                estimate_s(layer, batch, middle) < 1.0:
             rounds.append((n, [middle] * n))
     return rounds
 
 
 def probe_compute(client: Any, slots: Sequence[Any], network: NetworkSpec, batch: int,
-                  quantum: int) -> list[WorkerProbe]:
+                  quanta: Sequence[int]) -> list[WorkerProbe]:
     """Shard times per worker: rounds in lockstep, each after the previous one."""
-    submit = _Submitter(client, slots)
+    submit = Submitter(client, slots)
     n = len(slots)
     previous: list[Any] = []
     jobs = []
     for index, layer in enumerate(network.conv):
-        for active, counts in _kernel_points(layer, n, quantum, batch):
+        for active, counts in _kernel_points(layer, n, quanta[index], batch):
             current = []
             for worker, k in enumerate(counts[:active]):
-                repeats, warmup = _repeats_for(_estimate_s(layer, batch, k))
+                repeats, warmup = repeats_for(estimate_s(layer, batch, k))
                 future = submit(time_shard, worker, layer, batch, k, network.dtype, index > 0,
                                 repeats, warmup, deps=previous)
                 current.append(future)
@@ -552,32 +409,9 @@ def probe_compute(client: Any, slots: Sequence[Any], network: NetworkSpec, batch
     return workers
 
 
-def _nonneg_fit(rows: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative coefficients (dropping negative ones, refitting)."""
-    keep = list(range(rows.shape[1]))
-    coef = np.zeros(rows.shape[1])
-    while keep:
-        solution, *_ = np.linalg.lstsq(rows[:, keep], t, rcond=None)
-        if (solution >= 0).all():
-            coef[keep] = solution
-            return coef
-        keep.pop(int(np.argmin(solution)))
-    return coef
-
-
-def fit_store(rows: Sequence[Sequence[float]], direction: int) -> tuple[float, float, float]:
-    """``(latency, per-chunk s, bandwidth B/s)`` from ``time_store`` rows of one direction."""
-    data = np.array([r for r in rows if int(r[0]) == direction], dtype=float)
-    design = np.stack([np.ones(len(data)), data[:, 1], data[:, 2]], axis=1)
-    latency, chunk, per_byte = _nonneg_fit(design, data[:, 3])
-    if per_byte <= 0:  # degenerate fit: charge the bytes instead of the chunks
-        per_byte = float(np.median(data[:, 3] / data[:, 2]))
-    return float(latency), float(chunk), float(1.0 / per_byte)
-
-
 def probe_store(client: Any, slots: Sequence[Any], network: NetworkSpec, batch: int,
-                quantum: int, workspace_dir: str | None = None, dataset: str | None = None,
-                repeats: int = 3) -> StoreProbe:
+                quanta: Sequence[int], workspace_dir: str | None = None,
+                dataset: str | None = None, repeats: int = 3) -> StoreProbe:
     """Store constants on the engine's workspace path, alone and with all workers at once."""
     import zarr
 
@@ -591,21 +425,25 @@ def probe_store(client: Any, slots: Sequence[Any], network: NetworkSpec, batch: 
                                    all_local(list(slots))))
     root = zarr.open_group(path, mode="w")
     names: dict[int, list[str]] = {}
-    shapes = [(layer.in_channels, layer.in_height, layer.in_width) for layer in network.conv[1:]]
-    shapes += [(layer.kernels, layer.out_height, layer.out_width) for layer in network.conv]
+    # the layers' outputs (act, grad_top, partials are shaped so), chunked per layer
+    shapes = [(layer.kernels, layer.out_height, layer.out_width, q)
+              for layer, q in zip(network.conv, quanta)]
     for worker in range(len(slots)):
         names[worker] = []
-        for i, (channels, h, w) in enumerate(shapes):
-            for kind, chunk in (("q", min(quantum, channels)), ("whole", channels)):
+        for i, (channels, h, w, q) in enumerate(shapes):
+            for kind, chunk in (("q", min(q, channels)), ("whole", channels)):
                 name = f"w{worker}/{kind}{i}"
                 create_array(root, name, (batch, channels, h, w), (batch, chunk, h, w),
                              network.dtype)
                 names[worker].append(name)
-    submit = _Submitter(client, slots)
+    submit = Submitter(client, slots)
     try:
         solo = client.gather(submit(time_store, 0, path, names[0], repeats))
         read = fit_store(solo, 0)
         write = fit_store(solo, 1)
+        mine = time_store(path, names[0], repeats)  # the master's own accesses
+        master = dict(zip(("read_latency_s", "read_chunk_s", "read_bw"), fit_store(mine, 0)))
+        master.update(zip(("write_latency_s", "write_chunk_s", "write_bw"), fit_store(mine, 1)))
         big = [n for n in names[0] if "/q" in n]
         futures = [submit(time_store, w, path, [n.replace("w0/", f"w{w}/") for n in big], 1,
                           "full") for w in range(len(slots))]
@@ -628,17 +466,23 @@ def probe_store(client: Any, slots: Sequence[Any], network: NetworkSpec, batch: 
         path=os.path.dirname(path), read_latency_s=read[0], read_chunk_s=read[1],
         read_bw=read[2], write_latency_s=write[0], write_chunk_s=write[1], write_bw=write[2],
         concurrent_read_bw=max(concurrent[0], read[2]),
-        concurrent_write_bw=max(concurrent[1], write[2]), dataset_read_s=dataset_s)
+        concurrent_write_bw=max(concurrent[1], write[2]), dataset_read_s=dataset_s,
+        master=master)
 
 
 def probe_dask(client: Any, slots: Sequence[Any], layers: int = 2, round_trips: int = 30,
                levels: int = 12, repeats: int = 3) -> DaskProbe:
-    """Round trip, per-level cost of dependent chains and empty steps for 1..n workers.
+    """Round trip, dependent chains of levels of 1..n tasks, and engine steps.
 
-    The chains are recorded as measured; ``hop`` and ``task`` come from the
-    empty engine steps (:func:`fit_overhead`), which is what the model charges.
+    A chain is submitted whole behind a gate (a short sleep task), so that
+    the scheduler has every task before the first runs; the tasks' own
+    clocks then time each level from the end of the one below (the workers
+    must share a clock: true on one host).  The chains are recorded as the
+    per-hop cost; the model's ``hop`` and ``task`` are fitted to engine
+    steps of sleeping tasks (:func:`skeleton_step`), where submissions
+    overlap running tasks as they do in training.
     """
-    submit = _Submitter(client, slots)
+    submit = Submitter(client, slots)
     n = len(slots)
     trips = []
     for i in range(round_trips + 3):
@@ -650,12 +494,14 @@ def probe_dask(client: Any, slots: Sequence[Any], layers: int = 2, round_trips: 
     for active in range(1, n + 1):
         runs = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            previous: list[Any] = []
+            gate = submit(sleep_task, 0, 0.05 + 0.002 * levels * active)
+            chain: list[list[Any]] = []
+            previous: list[Any] = [gate]
             for _level in range(levels):
-                previous = [submit(noop, w, deps=previous) for w in range(active)]
-            client.gather(previous)
-            runs.append((time.perf_counter() - t0 - round_trip) / (levels - 1))
+                previous = [submit(clock_task, w, deps=previous) for w in range(active)]
+                chain.append(previous)
+            ends = [max(end for _, end in client.gather(level)) for level in chain]
+            runs.append(float(np.median(np.diff(ends))))
         level_s.append([active, float(np.median(runs))])
     skeleton = [[active, skeleton_step(client, slots[:active], layers)]
                 for active in range(1, n + 1)]
@@ -663,67 +509,14 @@ def probe_dask(client: Any, slots: Sequence[Any], layers: int = 2, round_trips: 
     return DaskProbe(round_trip, hop, task, level_s, skeleton, layers)
 
 
-def fit_overhead(skeleton: Sequence[Sequence[float]], round_trip: float, layers: int
-                 ) -> tuple[float, float]:
-    """``(hop, task)`` so that the model's overhead reproduces the empty engine steps.
-
-    The cost model charges a step ``round_trip + (2L - 1) hop + 2 L P task``
-    (:mod:`pipeline.costmodel.kernel`); fitted (non-negative least squares)
-    to empty steps measured with ``P = 1..n`` workers and the round trip
-    measured alone.  One worker leaves one equation: it all goes to ``hop``.
-    """
-    ps = np.array([p for p, _ in skeleton], float)
-    rest = np.array([t for _, t in skeleton], float) - round_trip
-    hops = 2 * layers - 1
-    if len(ps) < 2:
-        return max(float(rest[0]) / max(hops, 1), 0.0), 0.0
-    hop, task = _nonneg_fit(np.stack([np.full_like(ps, hops), 2 * layers * ps], axis=1), rest)
-    return float(hop), float(task)
-
-
-def skeleton_step(client: Any, slots: Sequence[Any], layers: int, steps: int = 8) -> float:
-    """Median step time of the engine's task graph with no-op tasks (pure orchestration).
-
-    Mirrors ``KernelParallelEngine.step``: submit the forward levels (each
-    task on the level below and its own previous backward), gather them with
-    the pending backward, then submit the backward levels top-down and return.
-    """
-    submit = _Submitter(client, slots)
-    previous_backward: dict[tuple[int, int], Any] = {}
-    pending: list[Any] = []
-    ends = []
-    last = time.perf_counter()
-    for _ in range(steps + 1):
-        forward: list[list[Any]] = []
-        for layer in range(layers):
-            below = forward[layer - 1] if layer else []
-            forward.append([submit(noop, i, deps=below + [f for f in
-                                   [previous_backward.get((layer, i))] if f is not None])
-                            for i in range(len(slots))])
-        client.gather(pending + [f for level in forward for f in level])
-        above: list[Any] = []
-        pending = []
-        for layer in reversed(range(layers)):
-            current = [submit(noop, i, deps=above) for i in range(len(slots))]
-            for i, future in enumerate(current):
-                previous_backward[(layer, i)] = future
-            pending += current
-            above = current
-        now = time.perf_counter()
-        ends.append(now - last)
-        last = now
-    client.gather(pending)
-    return float(np.median(ends[1:]))
-
-
 # -- the whole probe and its cache --------------------------------------------------------
 
 
-def probe_key(network: NetworkSpec, batch: int, quantum: int, workers: Sequence[Any],
+def probe_key(network: NetworkSpec, batch: int, quanta: Sequence[int], workers: Sequence[Any],
               workspace: str, dataset: str | None, extra: str = "") -> str:
     """Cache key: everything that changes the probe's figures (see the module doc)."""
     identity = {"version": PROBE_VERSION, "host": socket.gethostname(),
-                "network": asdict(network), "batch": batch, "quantum": quantum,
+                "network": asdict(network), "batch": batch, "quanta": list(quanta),
                 "workers": [list(w) for w in workers], "workspace": workspace,
                 "dataset": os.path.abspath(dataset) if dataset else None, "extra": extra,
                 "torch": torch.__version__}
@@ -751,20 +544,84 @@ def slot_identity(slots: Sequence[Any]) -> list[tuple]:
 
 
 def probe_cluster(client: Any, slots: Sequence[Any], network: NetworkSpec, batch: int,
-                  quantum: int, workspace_dir: str | None = None,
+                  quanta: Sequence[int], workspace_dir: str | None = None,
                   dataset: str | None = None) -> ClusterProbe:
     """Measure everything the model needs on ``slots`` (see the module doc)."""
     from pipeline.cluster import all_local
 
-    started = time.perf_counter()
-    workers = probe_compute(client, slots, network, batch, quantum)
-    store = probe_store(client, slots, network, batch, quantum, workspace_dir, dataset)
+    clock = [time.perf_counter()]
+    seconds: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        seconds[name] = now - clock[0]
+        clock[0] = now
+
+    if dataset:  # calibration runs of the engine's own tasks (pipeline.probe_runs)
+        workers, store, master = probe_by_runs(client, slots, network, batch, quanta,
+                                               workspace_dir, dataset)
+        lap("runs")
+        method = "runs"
+    else:  # no dataset to run on: synthetic timing loops
+        workers = probe_compute(client, slots, network, batch, quanta)
+        lap("compute")
+        store = probe_store(client, slots, network, batch, quanta, workspace_dir, dataset)
+        lap("store")
+        master = probe_master(network, batch, threads=1, conv=False, dataset=dataset)
+        method = "synthetic"
     dask_probe = probe_dask(client, slots, layers=len(network.conv))
-    master = probe_master(network, batch, threads=1, conv=False, dataset=dataset)
+    lap("dask")
     where = workspace_location(all_local(list(slots)), workspace_dir)
-    key = probe_key(network, batch, quantum, slot_identity(slots), where, dataset)
-    return ClusterProbe(key, time.time(), socket.gethostname(), asdict(network), batch, quantum,
-                        workers, store, dask_probe, master, time.perf_counter() - started)
+    key = probe_key(network, batch, quanta, slot_identity(slots), where, dataset)
+    plain = json.loads(json.dumps(asdict(network)))  # as it comes back from the cache
+    return ClusterProbe(key, time.time(), socket.gethostname(), plain, batch, list(quanta),
+                        workers, store, dask_probe, master, sum(seconds.values()), seconds,
+                        method)
+
+
+def probe_by_runs(client: Any, slots: Sequence[Any], network: NetworkSpec, batch: int,
+                  quanta: Sequence[int], workspace_dir: str | None, dataset: str
+                  ) -> tuple[list[WorkerProbe], StoreProbe, MasterProbe]:
+    """Shard times, store and master figures from calibration runs of the engine.
+
+    Store: ``t = ops * latency + chunks * chunk_s + bytes / bw`` fitted (non-negative
+    least squares) per direction to every workspace access of the runs' tasks;
+    the master's accesses, of one shape only, give its per-access latency on top
+    of the workers' chunk cost and bandwidth.  The runs already include workers
+    contending for the store, so the aggregate bandwidth is not a separate floor.
+    """
+    from pipeline import probe_runs
+
+    records = probe_runs.run_plans(client, slots, network, batch, quanta, dataset,
+                                   probe_runs.plans_for(network, batch, quanta, len(slots)),
+                                   workspace_dir)
+    timings = probe_runs.shard_timings(records)
+    workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
+                           [ShardTiming(*t) for t in timings.get(s.name, [])]) for s in slots]
+    rows, dataset_reads = probe_runs.access_rows(records, network, quanta)
+    fits = {}
+    for direction, name in ((0, "read"), (1, "write")):
+        data = np.array([r[1:] for r in rows if r[0] == direction], float)
+        latency, chunk, per_byte = nonneg_fit(data[:, :3], data[:, 3])
+        bw = 1.0 / per_byte if per_byte > 0 else math.inf
+        fits[name] = (float(latency), float(chunk), float(bw))
+    mrows, dense, rest = probe_runs.master_rows(records, network, quanta)
+    master_fit: dict[str, float] = {}
+    for direction, name in ((0, "read"), (1, "write")):
+        latency, chunk, bw = fits[name]
+        residual = [t - ch * chunk - b / bw for d, _, ch, b, t in mrows if d == direction]
+        master_fit.update({f"{name}_latency_s": max(float(np.median(residual)), 0.0),
+                           f"{name}_chunk_s": chunk, f"{name}_bw": bw})
+    n = len(slots)
+    store = StoreProbe(
+        path=workspace_dir or "engine default", read_latency_s=fits["read"][0],
+        read_chunk_s=fits["read"][1], read_bw=fits["read"][2], write_latency_s=fits["write"][0],
+        write_chunk_s=fits["write"][1], write_bw=fits["write"][2],
+        concurrent_read_bw=n * fits["read"][2], concurrent_write_bw=n * fits["write"][2],
+        dataset_read_s=float(np.median(dataset_reads)), master=master_fit)
+    master = MasterProbe(1, batch, float(np.median(dense)), [],
+                         float(np.median(rest)), created=time.time())
+    return workers, store, master
 
 
 def cluster_probe_from_dict(data: dict[str, Any]) -> ClusterProbe:
@@ -794,19 +651,20 @@ def _save(path: str, data: dict[str, Any]) -> None:
 
 
 def cached_probe(client: Any, slots: Sequence[Any], network: NetworkSpec, batch: int,
-                 quantum: int, workspace_dir: str | None = None, dataset: str | None = None,
-                 refresh: bool = False, cache: bool = True) -> ClusterProbe:
+                 quanta: Sequence[int], workspace_dir: str | None = None,
+                 dataset: str | None = None, refresh: bool = False,
+                 cache: bool = True) -> ClusterProbe:
     """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe."""
     from pipeline.cluster import all_local
 
     where = workspace_location(all_local(list(slots)), workspace_dir)
-    key = probe_key(network, batch, quantum, slot_identity(slots), where, dataset)
+    key = probe_key(network, batch, quanta, slot_identity(slots), where, dataset)
     path = os.path.join(cache_dir(), f"cluster-{key}.json")
     if cache and not refresh:
         data = _load(path)
         if data is not None and data.get("version") == PROBE_VERSION:
             return cluster_probe_from_dict(data)
-    result = probe_cluster(client, slots, network, batch, quantum, workspace_dir, dataset)
+    result = probe_cluster(client, slots, network, batch, quanta, workspace_dir, dataset)
     if cache:
         _save(path, asdict(result))
     return result
@@ -822,14 +680,19 @@ def find_cached_probe(key: str) -> ClusterProbe | None:
 
 def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
                         dataset: str | None = None, refresh: bool = False,
-                        cache: bool = True) -> MasterProbe:
-    """:func:`probe_master` (conv layers included), reusing an earlier identical probe."""
-    key = probe_key(network, batch, 0, [("master", threads)], "none", dataset)
+                        cache: bool = True, measure: bool = True) -> MasterProbe | None:
+    """:func:`probe_master` (conv layers included), reusing an earlier identical probe.
+
+    ``measure=False``: only the cache (``None`` if it has no such probe).
+    """
+    key = probe_key(network, batch, [], [("master", threads)], "none", dataset)
     path = os.path.join(cache_dir(), f"master-{key}.json")
     if cache and not refresh:
         data = _load(path)
         if data is not None and data.get("key") == key:
             return MasterProbe(**{**data, "timings": [ShardTiming(**t) for t in data["timings"]]})
+    if not measure:
+        return None
     result = probe_master(network, batch, threads, conv=True, dataset=dataset)
     result.key = key
     if cache:

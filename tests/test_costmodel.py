@@ -401,3 +401,67 @@ def test_device_rates_per_kind():
     faster_dense = predict("single", net, 32, dev).breakdown["master"]
     plain = predict("single", net, 32, DeviceSpec.from_rates(100e9)).breakdown["master"]
     assert faster_dense == pytest.approx(plain / 3)
+
+
+# -- measured tables, chunked store, dataset reads (the engine's data path) -------------
+
+def test_layer_table_interpolates_and_extrapolates():
+    from pipeline.costmodel import LayerTable
+
+    table = LayerTable.from_points(64, [(4, 2.0, 3.0), (16, 2.5, 4.0), (32, 5.0, 8.0), (16, 2.7, 4.2)])
+    assert table.kernels == (4, 16, 32)
+    assert table.times(16, 64) == pytest.approx((2.6, 4.1))  # duplicates: median
+    assert table.times(2, 64) == (2.0, 3.0)  # below the first point: its fixed cost
+    assert table.times(24, 64)[0] == pytest.approx(2.6 + (5.0 - 2.6) / 2)
+    assert table.times(48, 64)[0] == pytest.approx(5.0 + (5.0 - 2.6) / 16 * 16)
+    assert table.times(32, 128) == pytest.approx((10.0, 16.0))  # linear in the batch
+    assert table.times(0, 64) == (0.0, 0.0)
+    with pytest.raises(ValueError):
+        LayerTable(64, (8, 4), (1.0, 1.0), (1.0, 1.0))
+
+
+def test_measured_table_replaces_rate_in_every_strategy():
+    from pipeline.costmodel import LayerTable
+
+    net = marques_cifar(8, 16)
+    tables = {"conv1": LayerTable(32, (8,), (0.01,), (0.02,)), "conv2": LayerTable(32, (4, 16), (0.01, 0.03), (0.02, 0.07))}
+    dev = DeviceSpec(flops=1e9, layer_tables=tables)
+    single = predict("single", net, 32, dev)
+    assert single.breakdown["compute_critical"] == pytest.approx(0.01 + 0.02 + 0.03 + 0.07)
+    split = predict("kernel", net, 32, [dev, dev], kernel_counts=[[4, 4], [8, 8]])
+    # conv2 at 8 kernels: interpolated between 4 and 16
+    assert split.details["phases"][1]["time"] == pytest.approx(0.01 + (0.03 - 0.01) * 4 / 12)
+
+
+def test_store_chunks_and_dataset_reads_follow_the_engine():
+    """Every access pays its latency and one chunk cost per quantum of channels of the
+    layer whose output the array is shaped like (per-layer quanta 4 and 8 here)."""
+    net, B = marques_cifar(8, 16), 4
+    store = StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=1.0, read_chunk=10.0, write_chunk=100.0)
+    dataset = StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=1000.0)
+    dev = DeviceSpec(flops=math.inf)
+    p = predict("kernel", net, B, [dev, dev], store=store, kernel_counts=[[4, 4], [8, 8]],
+                quantum=[4, 8], dataset=dataset)
+    phases = {ph["phase"]: ph["devices"][0] for ph in p.details["phases"]}
+    assert phases["conv1.fwd"] == pytest.approx(1000 + (1 + 100))  # batch from the dataset, 1 chunk out
+    assert phases["conv2.fwd"] == pytest.approx((1 + 2 * 10) + (1 + 1 * 100))  # act1 in (q 4), 8 out (q 8)
+    assert phases["conv2.bwd"] == pytest.approx((1 + 1 * 10) + (1 + 2 * 100))  # grad slice (q 8), partial (q 4)
+    assert phases["conv1.bwd"] == pytest.approx(2 * (1 + 1 * 10))  # a slice of each of 2 partials
+    # master: read 16 channels (2 chunks of 8), write them, read the batch for its labels
+    assert p.details["master_io"] == pytest.approx((1 + 2 * 10) + (1 + 2 * 100) + 1000)
+    mine = StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=0.0)
+    q = predict("kernel", net, B, [dev, dev], store=store, kernel_counts=[[4, 4], [8, 8]],
+                quantum=[4, 8], dataset=dataset, master_store=mine)
+    assert q.details["master_io"] == pytest.approx(1000)  # the master's own view of the store
+    single = predict("single", net, B, dev, dataset=dataset)
+    assert single.breakdown["storage"] == pytest.approx(1000) and single.step_time == pytest.approx(1000)
+
+
+def test_minmax_keeps_a_minimum_per_device():
+    net = marques_cifar(64, 128)
+    slow = DeviceSpec(flops=1e9, mem_bw=10e9)
+    fast = DeviceSpec(flops=1e12, mem_bw=10e9)
+    free = split_kernels_minmax(net, 32, [fast, slow], LAN, STORE, quantum=8)
+    kept = split_kernels_minmax(net, 32, [fast, slow], LAN, STORE, quantum=8, min_units=1)
+    assert any(row[1] == 0 for row in free)
+    assert all(row[1] == 8 for row in kept) and all(sum(r) == c.out_channels for r, c in zip(kept, net.conv))

@@ -42,6 +42,19 @@ def _inner_comm(network: Network, b: float, p: int, link: LinkSpec, s: int) -> f
     return t
 
 
+def _distinct(devices: Sequence[DeviceSpec]) -> tuple[list[DeviceSpec], list[int]]:
+    """The distinct devices, and for each device the index of its equal among them."""
+    kinds: list[DeviceSpec] = []
+    kind_of: list[int] = []
+    for dev in devices:
+        index = next((i for i, k in enumerate(kinds) if k is dev or k == dev), None)
+        if index is None:
+            kinds.append(dev)
+            index = len(kinds) - 1
+        kind_of.append(index)
+    return kinds, kind_of
+
+
 def predict_hybrid(
     network: Network, batch: int, devices: Sequence[DeviceSpec], link: LinkSpec, options: Options
 ) -> Prediction:
@@ -59,17 +72,21 @@ def predict_hybrid(
     conv_bwd_and_comm = end - fwd
     conv_update = max(sum(t.update for t in row) for row in conv)
 
-    # dense head: model parallel, fraction 1/K of neurons each
+    # dense head: model parallel, fraction 1/K of neurons each.  Equal devices
+    # do equal dense work, so it is timed once per distinct device ("kind"):
+    # scheme (b) has K rounds over K devices, and K runs to the thousands in
+    # predict-only scaling sweeps.
     frac = 1.0 / K
     per_update = options.dense_batch == "worker"
+    kinds, kind_of = _distinct(devices)
 
     def sub(b: float, update: bool) -> tuple[float, list[LayerTime]]:
-        parts = [dense_time(dev, network.dense, b, frac) for dev in devices]
+        parts = [dense_time(dev, network.dense, b, frac) for dev in kinds]
         return max(p.forward + p.backward + (p.update if update else 0.0) for p in parts), parts
 
     F = network.features * s
     dense_compute = 0.0
-    per_dev_dense = [0.0] * K
+    per_kind_dense = [0.0] * len(kinds)
     if options.scheme == "a":
         steps = [float(batch)] if not per_update else [float(b) for b in shares]
         comm = col.ring_allgather(batch * F, K, lk) + col.ring_reduce_scatter(batch * F, K, lk)
@@ -77,7 +94,7 @@ def predict_hybrid(
             t, parts = sub(b, per_update)
             dense_compute += t
             comm += _inner_comm(network, b, K, lk, s)
-            per_dev_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_dev_dense, parts)]
+            per_kind_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_kind_dense, parts)]
     elif options.scheme in ("b", "c"):
         if options.scheme == "b":
             rounds = [float(b) for b in shares]
@@ -94,15 +111,16 @@ def predict_hybrid(
             nxt = send[j + 1] if j + 1 < K else 0.0
             elapsed += (max(t, nxt) if options.overlap_dense else t + nxt)
             elapsed += _inner_comm(network, b, K, lk, s) + back[j]
-            per_dev_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_dev_dense, parts)]
+            per_kind_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_kind_dense, parts)]
         comm = elapsed - dense_compute
     else:
         raise ValueError(f"unknown hybrid scheme {options.scheme!r}")
     final_update = 0.0
     if not per_update:
-        ups = [dense_time(dev, network.dense, 1, frac).update for dev in devices]
+        ups = [dense_time(dev, network.dense, 1, frac).update for dev in kinds]
         final_update = max(ups)
-        per_dev_dense = [a + u for a, u in zip(per_dev_dense, ups)]
+        per_kind_dense = [a + u for a, u in zip(per_kind_dense, ups)]
+    per_dev_dense = [per_kind_dense[k] for k in kind_of]
     master = dense_compute + final_update
 
     step = fwd + master + comm + conv_bwd_and_comm + conv_update

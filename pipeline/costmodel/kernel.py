@@ -19,8 +19,9 @@ device's link.
 
 This is the data path of :mod:`pipeline.kernel_engine`, access by access:
 every read or write is one store operation (``StoreSpec.latency``) touching
-one chunk per ``quantum`` channels (``StoreSpec.read_chunk`` /
-``write_chunk``); with ``Options.dataset`` the first layer reads the batch
+one chunk per quantum of channels (``StoreSpec.read_chunk`` /
+``write_chunk``; an array shaped like layer ``l``'s output is chunked by
+layer ``l``'s quantum); with ``Options.dataset`` the first layer reads the batch
 from the dataset store, and so does the master (it needs the labels).
 
 Dask: the ``2 L`` levels of a step (backward top-down, then the next
@@ -38,7 +39,7 @@ from typing import Sequence
 from .compute import conv_time, dense_time
 from .devices import DeviceSpec, LinkSpec, StoreSpec
 from .network import Network
-from .prediction import Options, Prediction
+from .prediction import Options, Prediction, layer_quantum
 
 __all__ = ["KernelContext", "io_time", "device_phase", "predict_kernel", "check_counts", "batch_bytes"]
 
@@ -52,12 +53,15 @@ class KernelContext:
     devices: tuple[DeviceSpec, ...]
     link: LinkSpec
     store: StoreSpec | None
-    quantum: int = 1
+    quantum: int | Sequence[int] = 1
     dataset: StoreSpec | None = None
 
-    def chunks(self, channels: float) -> int:
-        """Chunks an access of ``channels`` whole-batch channels touches."""
-        return int(math.ceil(channels / max(self.quantum, 1))) if channels > 0 else 0
+    def chunks(self, channels: float, layer: int) -> int:
+        """Chunks touched by an access of ``channels`` channels of an array shaped like
+        conv layer ``layer``'s output (chunked by that layer's quantum)."""
+        if channels <= 0:
+            return 0
+        return int(math.ceil(channels / layer_quantum(self.quantum, layer)))
 
     def link_of(self, d: int) -> LinkSpec:
         """Device ``d``'s own link, else the shared one."""
@@ -129,15 +133,15 @@ def device_phase(ctx: KernelContext, l: int, d: int, k: int, direction: str, sou
         if l == 0 and ctx.dataset is not None:
             io = io_time(link, ctx.dataset, rd, 1, "read")
         else:
-            io = io_time(link, ctx.store, rd, 1, "read", ctx.chunks(layer.in_channels))
-        io += io_time(link, ctx.store, wr, 1, "write", ctx.chunks(k))
+            io = io_time(link, ctx.store, rd, 1, "read", ctx.chunks(layer.in_channels, max(l - 1, 0)))
+        io += io_time(link, ctx.store, wr, 1, "write", ctx.chunks(k, l))
         return DevicePhase(t.forward, io, rd, wr)
     slice_el = layer.output_elements(ctx.batch, k)
     rd = sources * slice_el * s
     wr = layer.input_elements(ctx.batch) * s if l > 0 else 0.0
-    io = io_time(link, ctx.store, rd, sources, "read", sources * ctx.chunks(k))
+    io = io_time(link, ctx.store, rd, sources, "read", sources * ctx.chunks(k, l))
     if wr:
-        io += io_time(link, ctx.store, wr, 1, "write", ctx.chunks(layer.in_channels))
+        io += io_time(link, ctx.store, wr, 1, "write", ctx.chunks(layer.in_channels, l - 1))
     summing = dev.stream_time(sources * slice_el) if sources > 1 else 0.0
     return DevicePhase(t.backward + t.update + summing, io, rd, wr)
 
@@ -215,9 +219,10 @@ def predict_kernel(
     mlink = mdev.link or link
     feat_bytes = batch * network.features * s
     head = dense_time(mdev, network.dense, batch)
-    last = ctx.chunks(network.conv[-1].out_channels)
-    head_io = io_time(mlink, store, feat_bytes, 1, "read", last)
-    head_io += io_time(mlink, store, feat_bytes, 1, "write", last)
+    last = ctx.chunks(network.conv[-1].out_channels, L - 1)
+    mstore = options.master_store or store
+    head_io = io_time(mlink, mstore, feat_bytes, 1, "read", last)
+    head_io += io_time(mlink, mstore, feat_bytes, 1, "write", last)
     if options.dataset is not None:
         head_io += io_time(mlink, options.dataset, batch_bytes(network, batch, s), 1, "read")
     master = head.total + head_io

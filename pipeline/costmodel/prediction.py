@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from .devices import DaskOverhead, DeviceSpec, StoreSpec
 
-__all__ = ["Options", "Prediction", "split_batch"]
+__all__ = ["Options", "Prediction", "split_batch", "layer_quantum"]
 
 
 @dataclass(frozen=True)
@@ -22,9 +22,10 @@ class Options:
     split : str
         How ``kernel`` splits when no counts are given: ``"proportional"``
         or ``"minmax"``.
-    quantum : int
+    quantum : int or sequence of int
         Kernel counts are multiples of this (a Zarr chunk's channels); a
-        store access touches one chunk per ``quantum`` channels.
+        store access touches one chunk per ``quantum`` channels.  One value
+        per conv layer where layers are chunked differently.
     dataset : StoreSpec, optional
         Where the batch is read from (the first conv layer's input, the
         master's labels, a single device's step); ``None``: ``kernel``
@@ -37,6 +38,9 @@ class Options:
         Index of the device that runs the dense head (``kernel``).
     master_device : DeviceSpec, optional
         A separate master instead of one of ``devices``.
+    master_store : StoreSpec, optional
+        The store as the master reaches it (its own process and client),
+        for the dense head's reads and writes; ``None``: the shared store.
     overhead : DaskOverhead, optional
         Task / hop / client costs (``kernel``); ``None``: none.
     allreduce : str
@@ -63,11 +67,12 @@ class Options:
 
     kernel_counts: Sequence[Sequence[int]] | None = None
     split: str = "proportional"
-    quantum: int = 1
+    quantum: int | Sequence[int] = 1
     dataset: StoreSpec | None = None
     min_units: int = 0
     master: int = 0
     master_device: DeviceSpec | None = None
+    master_store: StoreSpec | None = None
     overhead: DaskOverhead | None = None
     allreduce: str = "ring"
     overlap: bool = False
@@ -115,6 +120,13 @@ class Prediction:
     def throughput(self) -> float:
         """Samples per second."""
         return self.batch / self.step_time if self.step_time > 0 else float("inf")
+
+
+def layer_quantum(quantum: int | Sequence[int], layer: int) -> int:
+    """The quantum of conv layer ``layer`` from one value or a per-layer sequence."""
+    if isinstance(quantum, int):
+        return max(quantum, 1)
+    return max(int(quantum[layer]), 1)
 
 
 def split_batch(batch: int, weights: Sequence[float]) -> list[int]:

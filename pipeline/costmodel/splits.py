@@ -29,7 +29,7 @@ from typing import Sequence
 from .devices import DeviceSpec, LinkSpec, StoreSpec
 from .kernel import KernelContext, device_phase, predict_kernel
 from .network import Network
-from .prediction import Options
+from .prediction import Options, layer_quantum
 
 __all__ = ["apportion", "split_kernels_proportional", "split_kernels_minmax"]
 
@@ -55,16 +55,17 @@ def apportion(total: int, weights: Sequence[float], quantum: int = 1) -> list[in
 
 
 def split_kernels_proportional(
-    network: Network, devices: Sequence[DeviceSpec], quantum: int = 1
+    network: Network, devices: Sequence[DeviceSpec], quantum: int | Sequence[int] = 1
 ) -> list[list[int]]:
     """Kernels of each layer in proportion to each device's rate for that layer.
 
     The rate is the calibrated one for the layer's name if the device has it,
-    else its effective conv rate.
+    else its effective conv rate.  ``quantum``: one value or one per layer.
     """
     return [
-        apportion(layer.out_channels, [d.rate("conv", layer.name or None) for d in devices], quantum)
-        for layer in network.conv
+        apportion(layer.out_channels, [d.rate("conv", layer.name or None) for d in devices],
+                  layer_quantum(quantum, l))
+        for l, layer in enumerate(network.conv)
     ]
 
 
@@ -116,7 +117,7 @@ def split_kernels_minmax(
     devices: Sequence[DeviceSpec],
     link: LinkSpec = LinkSpec(),
     store: StoreSpec | None = None,
-    quantum: int = 1,
+    quantum: int | Sequence[int] = 1,
     options: Options | None = None,
     min_units: int = 0,
 ) -> list[list[int]]:
@@ -126,8 +127,9 @@ def split_kernels_minmax(
     ----------
     network, batch, devices, link, store
         As for :func:`~pipeline.costmodel.strategies.predict`.
-    quantum : int
-        Counts are multiples of this (except one leftover below it).
+    quantum : int or sequence of int
+        Counts are multiples of this (except one leftover below it); one
+        value or one per layer.
     options : Options, optional
         Used for the final comparison with the proportional split, and for
         the dataset store the first layer reads from.
@@ -148,9 +150,12 @@ def split_kernels_minmax(
     rows: list[list[int]] = [[] for _ in range(L)]
     for l in reversed(range(L)):
         sources = 1 if l == L - 1 else sum(1 for k in rows[l + 1] if k > 0)
-        rows[l] = _greedy_layer(ctx, l, sources, quantum, min_units)
+        rows[l] = _greedy_layer(ctx, l, sources, layer_quantum(quantum, l), min_units)
     prop = split_kernels_proportional(network, devs, quantum)
-    if min_units and any(k < min_units * min(quantum, layer.out_channels) for layer, row in zip(network.conv, prop) for k in row):
+    if min_units and any(
+        k < min_units * min(layer_quantum(quantum, l), layer.out_channels)
+        for l, (layer, row) in enumerate(zip(network.conv, prop)) for k in row
+    ):
         return rows
     opts = dataclasses.replace(opts, quantum=quantum)
     t_g = predict_kernel(network, batch, devs, link, store, opts, rows).step_time

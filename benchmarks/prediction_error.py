@@ -1,0 +1,200 @@
+"""Benchmark: the cost model's predicted step time against measured runs.
+
+For each point (strategy, workers, batch) it trains for a few steps, takes
+the median step time (warm-up excluded), and asks the model
+(:func:`experiments.prediction.predict_point`, calibrated by a probe of the
+same cluster made just before) for its prediction of the split the run used.
+It prints every point and the median absolute prediction error per
+strategy.  Not a test: this machine has 2 cores shared with other work, so
+figures move from one invocation to the next.
+
+    python benchmarks/prediction_error.py small             # quick-sweep-like points
+    python benchmarks/prediction_error.py paper             # the 500/1500 network, batch 32
+    python benchmarks/prediction_error.py small --repeats 3 --json out.json
+
+``small``: the 32/64 network at batch 64 and 128: ``reference`` (1 thread),
+``single`` and ``kernel`` on embedded clusters of 1 and 2 workers.
+``paper``: 500/1500 at batch 32: ``reference`` (1 thread), ``single``, and
+``kernel`` on 2 workers (about 11 s per single-thread step, so few steps).
+``placement``: the small network at batch 128 on a fast and an emulated
+slow worker (speed 0.5, ``--slow``): even, calibrated and model placement,
+measured and predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from statistics import median
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from pipeline.cluster import find_workers, open_client, register_setup  # noqa: E402
+from pipeline.config import RunConfig, load_run_config  # noqa: E402
+from pipeline.train import run_training  # noqa: E402
+from experiments.prediction import network_for, predict_point  # noqa: E402
+from pipeline.probe import cached_master_probe, cached_probe  # noqa: E402
+
+NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
+PROBE_EACH_RUN = False
+SLOW_SPEED = 0.5
+
+
+def config_for(net: str, batch: int, steps: int, warmup: int, workdir: str,
+               overrides: list[str]) -> RunConfig:
+    return load_run_config(os.path.join(ROOT, NETS[net]), [
+        f"train.batch={batch}", f"train.steps={steps}", f"train.warmup_steps={warmup}",
+        "train.eval_samples=0", "progress=false", "train.checkpoint_every=0",
+        f"output={tempfile.mkdtemp(dir=workdir)}", *overrides])
+
+
+def points(case: str) -> list[dict]:
+    """The measured points of a case: cluster workers, batch, overrides, label."""
+    if case == "small":
+        out = []
+        for batch in (64, 128):
+            out.append(dict(workers=None, batch=batch, strategy="reference",
+                            overrides=["strategy=reference", "reference.threads=1"]))
+            for workers in (1, 2):
+                out.append(dict(workers=workers, batch=batch, strategy="single",
+                                overrides=["strategy=single", f"cluster.workers={workers}"]))
+                out.append(dict(workers=workers, batch=batch, strategy="kernel",
+                                overrides=["strategy=kernel", f"cluster.workers={workers}"]))
+        return out
+    if case == "paper":
+        return [dict(workers=None, batch=32, strategy="reference",
+                     overrides=["strategy=reference", "reference.threads=1"]),
+                dict(workers=2, batch=32, strategy="single",
+                     overrides=["strategy=single", "cluster.workers=2"]),
+                dict(workers=2, batch=32, strategy="kernel",
+                     overrides=["strategy=kernel", "cluster.workers=2"])]
+    pair = f"[{{name: fast, speed: 1.0}}, {{name: slow, speed: {SLOW_SPEED}}}]"
+    return [dict(workers=pair, batch=128, strategy=f"kernel-{placement}",
+                 overrides=["strategy=kernel", f"placement={placement}",
+                            f"cluster.workers={pair}"])
+            for placement in ("even", "calibrated", "model")]
+
+
+def run_case(case: str, repeats: int, steps: int, warmup: int, workdir: str) -> list[dict]:
+    """Measure and predict every point of ``case``, clusters reused per worker set."""
+    net = "paper" if case == "paper" else "small"
+    rows = []
+    by_cluster: dict[str, list[dict]] = {}
+    for point in points(case):
+        by_cluster.setdefault(str(point["workers"]), []).append(point)
+    for key, group in by_cluster.items():
+        if key == "None":
+            for point in group:
+                rows += measure(net, point, None, None, repeats, steps, warmup, workdir)
+            continue
+        probe_config = config_for(net, group[0]["batch"], steps, warmup, workdir,
+                                  group[0]["overrides"])
+        with open_client(probe_config.cluster) as client:
+            register_setup(client, probe_config.cluster)
+            slots = find_workers(client, probe_config.cluster)
+            for point in group:
+                rows += measure(net, point, client, slots, repeats, steps, warmup, workdir)
+    return rows
+
+
+def measure(net: str, point: dict, client, slots, repeats: int, steps: int, warmup: int,
+            workdir: str) -> list[dict]:
+    rows = []
+    for repeat in range(repeats):
+        config = config_for(net, point["batch"], steps, warmup, workdir, point["overrides"])
+        result = run_training(config, client=client, slots=slots)
+        # the probe right after the run (the dataset exists now), so that both see about
+        # the same load on this shared machine; cached across repeats unless asked not to
+        spec = network_for(config)
+        fresh = PROBE_EACH_RUN and repeat > 0
+        if client is None:
+            probe = cached_master_probe(spec, config.train.batch, config.reference.threads,
+                                        config.dataset_path, refresh=fresh)
+        else:
+            probe = cached_probe(client, slots, spec, config.train.batch,
+                                 config.channel_quanta(spec), None, config.dataset_path,
+                                 refresh=fresh)
+        summary = result.summary
+        prediction = predict_point(config, summary, probe)
+        row = {"strategy": point["strategy"], "batch": point["batch"],
+               "workers": len(summary.get("kernel_split", [[0]])[0])
+               if config.strategy != "reference" else 0,
+               "repeat": repeat, "measured": summary["step_time_median"],
+               "predicted": prediction["predicted_step_time"],
+               "error": prediction["prediction_error"],
+               "split": summary.get("kernel_split"), "load": os.getloadavg()[0],
+               "breakdown": {k: v for k, v in prediction["breakdown"].items()
+                             if k != "compute"},
+               "measured_breakdown": {k: summary[k] for k in (
+                   "compute_time_median", "storage_time_median", "master_time_median",
+                   "wait_time_median")}}
+        rows.append(row)
+        print(f"{row['strategy']:18s} workers {row['workers']} batch {row['batch']:4d} "
+              f"measured {row['measured']:.4f} s  predicted {row['predicted']:.4f} s  "
+              f"error {row['error']:+6.1%}  load {row['load']:.1f}  split {row['split']}",
+              flush=True)
+    return rows
+
+
+def report(rows: list[dict]) -> dict[str, float]:
+    """Median absolute prediction error per strategy."""
+    out = {}
+    for strategy in sorted({r["strategy"] for r in rows}):
+        mine = [r for r in rows if r["strategy"] == strategy]
+        errors = [abs(r["error"]) for r in mine]
+        out[strategy] = median(errors)
+        print(f"  {strategy:18s} median |error| {median(errors):6.1%} over {len(errors)} "
+              f"runs (max {max(errors):.1%}); step time median measured "
+              f"{median(r['measured'] for r in mine):.4f} s, predicted "
+              f"{median(r['predicted'] for r in mine):.4f} s")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("case", choices=["small", "paper", "placement"])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per run (default: 10 small, 4 paper)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="warm-up steps excluded (default: 2 small, 1 paper)")
+    parser.add_argument("--slow", type=float, default=0.5,
+                        help="placement: the emulated slow worker's speed")
+    parser.add_argument("--json", help="also write every point here")
+    parser.add_argument("--probe-each-run", action="store_true",
+                        help="probe again after every run (default: once per cluster, network "
+                        "and batch)")
+    parser.add_argument("--reuse-probes", action="store_true",
+                        help="use the probe cache (default: probe afresh in a temporary cache, "
+                        "so the constants are this invocation's)")
+    args = parser.parse_args()
+    global PROBE_EACH_RUN, SLOW_SPEED
+    PROBE_EACH_RUN, SLOW_SPEED = args.probe_each_run, args.slow
+    steps = args.steps or (4 if args.case == "paper" else 10)
+    warmup = args.warmup if args.warmup is not None else (1 if args.case == "paper" else 2)
+    started = time.time()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as workdir:
+        if not args.reuse_probes:
+            os.environ["CNN_PROBE_CACHE"] = os.path.join(workdir, "probes")
+        rows = run_case(args.case, args.repeats, steps, warmup, workdir)
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    load = ", ".join(f"{a:.1f}" for a in load_before + os.getloadavg())
+    print(f"\n{command}\n{args.case}: {steps} steps per run ({warmup} warm-up), "
+          f"{args.repeats} repeat(s), {time.time() - started:.0f} s; load average "
+          f"(1/5/15 min) before, after: {load}")
+    errors = report(rows)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"command": command, "rows": rows, "median_abs_error": errors}, handle,
+                      indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""Predicted step time of a run config on this cluster (the sweep's ``predictor``).
+
+:func:`predict_config` is the model proper: a run config plus a probe of the
+cluster (:mod:`pipeline.probe`) gives a :class:`~pipeline.costmodel.Prediction`
+of the engine's step, access by access (see :mod:`pipeline.costmodel.kernel`):
+
+- ``reference``: the whole network in this process with ``reference.threads``
+  threads (each layer timed inside whole steps), plus one batch read (a
+  :class:`~pipeline.probe.MasterProbe`);
+- ``single``: one worker through the machinery: all kernels in one shard per
+  layer, its workspace reads and writes, the master's dense head and its I/O,
+  and Dask's round trip, hops and tasks;
+- ``kernel``: the same over ``P`` workers with the run's split (the split the
+  run recorded, if given; else the one its placement would choose).
+
+:func:`predict_point` is what the sweep calls after each point (and, with no
+summary, in ``mode: predict`` and dry runs).  Without a probe it takes one
+from the cache, or measures one (policy ``$CNN_PREDICT_PROBE``: ``auto``
+measures when none is cached, starting the config's embedded cluster or
+connecting to its scheduler, and timing ``reference`` in this process;
+``never`` probes no cluster (``None`` for kernel/single) but still times
+``reference`` in this process; ``cached`` measures nothing).  Dry runs of a
+sweep call it too: set ``CNN_PREDICT_PROBE=cached`` there to measure nothing.
+It returns a dict, which converts to ``float`` (the predicted seconds) for
+callers that only want the number.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeline.config import RunConfig
+from pipeline.costmodel import Prediction, predict
+from pipeline.placement import split_even
+from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
+                            costmodel_network, dataset_store, find_cached_probe, master_device,
+                            probe_key, workspace_location)
+from tasks.specs import NetworkSpec
+
+__all__ = ["PointPrediction", "predict_config", "predict_point", "network_for",
+           "probe_for_config", "split_for"]
+
+
+class PointPrediction(dict):
+    """A prediction as a dict (``predicted_step_time``, ``breakdown``, ...).
+
+    ``float(p)`` is the predicted step time, so a caller that expects a number
+    (the sweep runner) can take it as one.
+    """
+
+    def __float__(self) -> float:
+        return float(self["predicted_step_time"])
+
+
+def network_for(config: RunConfig) -> NetworkSpec:
+    """The run's network shapes (the dataset's image shape if it exists, else CIFAR's)."""
+    from storage.datasets import DatasetError, open_dataset_info
+
+    try:
+        shape = open_dataset_info(config.dataset_path).image_shape
+    except DatasetError:
+        shape = (3, 32, 32)
+    return config.network_spec(shape)
+
+
+def _dataset(config: RunConfig) -> str | None:
+    return config.dataset_path if os.path.exists(config.dataset_path) else None
+
+
+def _prepare_dataset(config: RunConfig) -> None:
+    """Build the config's dataset store if it can be (else the probe falls back)."""
+    from pipeline.train import prepare_dataset
+    from storage.datasets import DatasetError
+
+    try:
+        prepare_dataset(config)
+    except (DatasetError, OSError):
+        pass
+
+
+def workers_used(config: RunConfig, probe: ClusterProbe) -> int:
+    """How many of the probed workers the run uses (``single``: one)."""
+    if config.strategy == "single":
+        return 1
+    n = len(probe.workers)
+    return min(n, config.cluster.use_workers) if config.cluster.use_workers else n
+
+
+def split_for(config: RunConfig, probe: ClusterProbe, active: int) -> list[list[int]]:
+    """The split the engine's placement would choose on the probed workers.
+
+    ``even`` (and one worker): equal quanta; ``calibrated``: proportional to
+    the probed speed at the even share (the engine measures its own, which
+    differs by noise); ``model``: :func:`pipeline.model_placement.choose_split`.
+    """
+    spec = probe.network_spec()
+    quanta = probe.quanta
+    if config.placement == "even" or active == 1:
+        return [split_even(layer.kernels, active, q) for layer, q in zip(spec.conv, quanta)]
+    from pipeline.model_placement import calibrated_split, choose_split
+
+    if config.placement == "model":
+        return choose_split(probe, active)["kernel_split"]
+    return calibrated_split(probe, active)
+
+
+def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
+                   kernel_split: list[list[int]] | None = None) -> Prediction:
+    """The model's step for ``config`` on the probed machine.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run (strategy, network, batch, workers used, placement).
+    probe : ClusterProbe or MasterProbe
+        A cluster probe for ``single``/``kernel``; a master probe with the
+        config's thread count for ``reference``.
+    kernel_split : list of list of int, optional
+        The split actually run (``summary["kernel_split"]``); default the one
+        the config's placement would choose.
+    """
+    spec = network_for(config)
+    net = costmodel_network(spec)
+    batch = config.train.batch
+    if config.strategy == "reference":
+        if not isinstance(probe, MasterProbe):
+            raise TypeError("strategy reference needs a MasterProbe")
+        return predict("single", net, batch, master_device(probe, net),
+                       dataset=dataset_store(probe.dataset_read_s))
+    if not isinstance(probe, ClusterProbe):
+        raise TypeError(f"strategy {config.strategy} needs a ClusterProbe")
+    if probe.batch != batch or probe.network_spec() != spec:
+        raise ValueError("the probe was made for another network or batch")
+    active = workers_used(config, probe)
+    counts = kernel_split or split_for(config, probe, active)
+    return predict("kernel", net, batch, probe.device_specs(active), store=probe.store_spec(),
+                   options=probe.kernel_options(kernel_counts=counts))
+
+
+def _policy() -> str:
+    return os.environ.get("CNN_PREDICT_PROBE", "auto").lower()
+
+
+def probe_for_config(config: RunConfig, client: Any = None, slots: Any = None,
+                     policy: str | None = None) -> ClusterProbe | None:
+    """A cluster probe for ``config``'s cluster: cached, or measured per ``policy``.
+
+    The probe covers every worker offering the config's resource tag (a
+    point using fewer is predicted on the first of them).  With ``client``
+    (and optionally ``slots``) it probes that cluster; otherwise, under the
+    ``auto`` policy, it connects to the config's scheduler or starts the
+    config's embedded cluster for the probe.
+    """
+    import dataclasses
+
+    from pipeline.cluster import (ClusterError, find_workers, open_client, register_setup,
+                                  scheduler_address)
+
+    policy = policy or _policy()
+    if policy == "never":
+        return None
+    if policy == "auto" and _dataset(config) is None:
+        _prepare_dataset(config)  # the calibration runs train on it, as the run would
+    spec, batch = network_for(config), config.train.batch
+    quanta, dataset = config.channel_quanta(spec), _dataset(config)
+    cluster = dataclasses.replace(config.cluster, use_workers=None)
+    where = os.path.dirname(config.workspace.path) if config.workspace.path else None
+    if client is None and scheduler_address(cluster) is None:
+        # an embedded cluster: its worker set is known without starting it
+        tagged = sorted((w for w in cluster.worker_list() if w.resources.get(cluster.resource, 0) >= 1),
+                        key=lambda w: str(w.name))
+        identity = [(w.name, w.threads, w.speed, cluster.resource) for w in tagged]
+        location = workspace_location(True, where)
+        cached = find_cached_probe(probe_key(spec, batch, quanta, identity, location, dataset))
+        if cached is not None or policy == "cached":
+            return cached
+    elif policy == "cached" and client is None:
+        return None
+    try:
+        if client is not None:
+            slots = slots or find_workers(client, cluster)
+            return cached_probe(client, slots, spec, batch, quanta, where, dataset)
+        with open_client(cluster) as own:
+            register_setup(own, cluster)
+            return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
+                                dataset)
+    except (ClusterError, OSError, TimeoutError):
+        return None
+
+
+def predict_point(config: RunConfig, result_summary: dict | None = None,
+                  probe: ClusterProbe | MasterProbe | None = None, *, client: Any = None,
+                  slots: Any = None) -> PointPrediction | None:
+    """Predicted step of one sweep point, with its breakdown.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The point's run config.
+    result_summary : dict, optional
+        The run's summary: its ``kernel_split`` is the split predicted, and its
+        ``step_time_median`` gives ``prediction_error`` (predicted / measured - 1).
+    probe : ClusterProbe or MasterProbe, optional
+        Measured constants; default a cached or fresh probe (module doc).
+    client, slots : optional
+        A live cluster to probe if nothing is cached.
+
+    Returns
+    -------
+    PointPrediction or None
+        ``predicted_step_time``, ``breakdown`` (seconds on the critical path:
+        ``compute_critical``, ``master``, ``storage``, ``communication``,
+        ``overhead``; ``compute`` per worker), ``kernel_split``,
+        ``probe_key``, ``constants`` and, with a summary, ``measured_step_time``
+        and ``prediction_error``; ``None`` where no probe can be had.
+    """
+    summary = result_summary or {}
+    if config.strategy == "reference":
+        if not isinstance(probe, MasterProbe) or probe.threads != config.reference.threads:
+            probe = cached_master_probe(network_for(config), config.train.batch,
+                                        config.reference.threads, _dataset(config),
+                                        measure=_policy() != "cached")
+            if probe is None:
+                return None
+    elif not isinstance(probe, ClusterProbe):
+        probe = probe_for_config(config, client, slots)
+        if probe is None:
+            return None
+    split = summary.get("kernel_split") if config.strategy != "reference" else None
+    prediction = predict_config(config, probe, kernel_split=split)
+    out = PointPrediction(
+        strategy=config.strategy, predicted_step_time=prediction.step_time,
+        breakdown={k: v for k, v in prediction.breakdown.items()},
+        kernel_split=prediction.kernel_counts, probe_key=probe.key,
+        constants=constants(probe))
+    measured = summary.get("step_time_median")
+    if measured:
+        out["measured_step_time"] = float(measured)
+        out["prediction_error"] = prediction.step_time / float(measured) - 1.0
+    return out
+
+
+def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
+    """The probe's headline figures, for recording next to a prediction."""
+    if isinstance(probe, MasterProbe):
+        return {"threads": probe.threads, "dense_s": probe.dense_s,
+                "dataset_read_s": probe.dataset_read_s,
+                "conv_s": [t.forward_s + t.backward_s for t in probe.timings]}
+    s, d = probe.store, probe.dask
+    return {"store_read_bw": s.read_bw, "store_write_bw": s.write_bw,
+            "master_store": s.master,
+            "store_read_chunk_s": s.read_chunk_s, "store_write_chunk_s": s.write_chunk_s,
+            "store_latency_s": 0.5 * (s.read_latency_s + s.write_latency_s),
+            "dataset_read_s": s.dataset_read_s, "client_round_trip_s": d.client_round_trip_s,
+            "hop_s": d.hop_s, "task_s": d.task_s, "master_dense_s": probe.master.dense_s,
+            "calibration_s_per_kernel": probe.calibration()}

@@ -1,0 +1,248 @@
+"""Scaling sweeps (``mode: scaling``): the model over hypothetical clusters, as a user meets
+it: the CLI writes a store that ``xr.open_zarr`` reads like a measured sweep's, the
+figures are consistent with the model, bad hardware is refused with one line, and the
+report draws the three scaling figures.
+
+Everything here is arithmetic (no cluster, no training): one real CLI subprocess, the
+rest in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+import yaml
+
+from experiments import report
+from experiments import sweep as sweep_cli
+from experiments.results import DONE, FAILED
+from experiments.scaling import Infeasible, evaluate_point
+from experiments.scaling_config import build_point, load_scaling_sweep, network_of
+from experiments.hardware import device_spec, link_spec
+from experiments.sweep_config import value_label
+from pipeline.costmodel import predict
+from tests.test_sweep import ROOT, close, error_lines, open_clean
+
+SCALING_FIGURES = ["winner_workers_batch.png", "winner_workers_bandwidth.png",
+                   "scaling_speedup.png"]
+
+
+def write_scaling(tmp_path, axes: dict, base: dict | None = None, name: str = "tinyscale",
+                  **extra) -> str:
+    """A scaling sweep over a small network on the `cpu` preset."""
+    config = {
+        "name": name, "mode": "scaling",
+        "base": {"strategy": "kernel",
+                 "network": {"conv": [{"kernels": 16}, {"kernels": 32}]},
+                 "train": {"batch": 16},
+                 "hardware": {"devices": 1, "device": "cpu",
+                              "link": {"gbps": 10, "latency_us": 5}},
+                 **(base or {})},
+        "axes": axes, **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(path)
+
+
+TINY_AXES = {"strategy": ["single", "kernel", "data", "hybrid"],
+             "hardware.devices": [1, 2, 4],
+             "train.batch": [2, 16],
+             "hardware.link.gbps": {"dim": "link_gbps", "values": [1, 100]}}
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    """The real CLI on a 48-point grid; data/hybrid at batch 2 on 4 devices cannot run."""
+    tmp_path = tmp_path_factory.mktemp("scaling")
+    config = write_scaling(tmp_path, TINY_AXES)
+    store = str(tmp_path / "out" / "tinyscale.zarr")
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep", config, "--out", store],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return store, result
+
+
+def test_cli_writes_a_store_that_reads_like_a_measured_sweep(tiny_store):
+    store, result = tiny_store
+    assert result.returncode == 0, result.stderr  # infeasible points are not errors
+    assert "48 points" in result.stdout and "44 predicted, 4 infeasible, 0 failed" in result.stdout
+    ds = open_clean(store)
+    assert dict(ds.sizes) == {"strategy": 4, "devices": 3, "batch": 2, "link_gbps": 2,
+                              "repeat": 1}
+    assert list(ds.devices.values) == [1, 2, 4] and ds.devices.attrs["units"] == "devices"
+    assert ds.batch.attrs["units"] == "samples" and ds.link_gbps.attrs["units"] == "Gb/s"
+    for name in ("predicted_step_time", "throughput", "speedup", "efficiency", "compute_time",
+                 "communication_time", "storage_time", "master_time", "overhead_time",
+                 "baseline_step_time", "n_workers", "capacity", "status", "failure"):
+        assert name in ds, name
+        assert ds[name].attrs.get("units") and ds[name].attrs.get("description"), name
+    assert "step_time" not in ds  # nothing was measured
+    assert ds.attrs["mode"] == "scaling" and ds.attrs["store_format"] == "hetcnn-sweep/1"
+    for key in ("config", "presets", "versions", "code_revision", "command", "axes"):
+        assert ds.attrs.get(key), key
+    presets = json.loads(ds.attrs["presets"])
+    assert list(presets) == ["cpu"] and presets["cpu"][0]["flops"] == 8.4e10
+
+    infeasible = ds.sel(batch=2, devices=4, strategy=["data", "hybrid"])
+    assert (infeasible.status == FAILED).all()
+    reason = str(infeasible.failure.sel(strategy="data", link_gbps=1, repeat=0).values)
+    assert reason.startswith("Infeasible: batch 2 is smaller than the 4 devices")
+    assert infeasible.predicted_step_time.isnull().all()
+    done = ds.status == DONE
+    assert int(done.sum()) == 44 and (ds.failure.where(done, "") == "").all()
+
+    t = ds.predicted_step_time
+    assert close(ds.throughput, ds.batch / t)
+    parts = sum(ds[n] for n in ("compute_time", "communication_time", "storage_time",
+                                "master_time", "overhead_time"))
+    assert close(parts.where(done), t.where(done))
+    # speedup: single on one device, same batch (and any link), over the step time
+    single_one = t.sel(strategy="single", devices=1)
+    assert close(ds.baseline_step_time.where(done), single_one.broadcast_like(t).where(done))
+    assert close(ds.speedup, single_one / t)
+    assert close(ds.efficiency, ds.speedup / ds.n_workers)  # equal devices
+    assert (ds.n_workers.sel(strategy="single") == 1).all()
+    assert list(ds.n_workers.sel(strategy="kernel", batch=16, link_gbps=1).values.ravel()) \
+        == [1, 2, 4]
+    # single ignores the devices it is given; more bandwidth never hurts
+    assert close(t.sel(strategy="single", devices=4), single_one)
+    assert (t.sel(link_gbps=100) <= t.sel(link_gbps=1) * (1 + 1e-12)).where(done.all(
+        "link_gbps")).fillna(True).all()
+
+
+def test_report_draws_the_three_scaling_figures(tiny_store):
+    store, _ = tiny_store
+    out_dir = os.path.join(os.path.dirname(store), "report")
+    paths = report.make_report(store, out_dir)
+    assert [os.path.basename(p) for p in paths] == SCALING_FIGURES + ["report.md"]
+    for name in SCALING_FIGURES:
+        image = matplotlib.image.imread(os.path.join(out_dir, name))
+        assert image.shape[0] > 300 and image.shape[1] > 400, name
+        assert image[..., :3].std() > 0.05, name
+    text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    for name in SCALING_FIGURES:
+        assert f"]({name})" in text
+    assert "44 predicted, 4 infeasible" in text and "`cpu`" in text
+    assert "| link_gbps | batch | 1 dev. | 2 dev. | 4 dev. |" in text
+    assert "Infeasible: batch N is smaller than the N devices" in text
+
+
+def test_speedup_and_capacity_of_a_mix_follow_the_model():
+    point = build_point({"strategy": "kernel", "network": {"preset": "marques"},
+                         "train": {"batch": 64},
+                         "hardware": {"devices": {"cpu": 1, "gpu": 2},
+                                      "kinds": {"gpu": {"conv_efficiency": 0.5}},
+                                      "link": {"gbps": 100, "latency_us": 2}}})
+    values = evaluate_point(point)
+    net = network_of(point.network)
+    cpu, gpu = device_spec(point.hardware, "cpu"), device_spec(point.hardware, "gpu")
+    assert gpu.conv_efficiency == 0.5 and gpu.flops == 1.95e13
+    one = predict("single", net, 64, cpu).step_time
+    step = predict("kernel", net, 64, [cpu, gpu, gpu], link_spec(point.hardware.link)).step_time
+    assert math.isclose(values["predicted_step_time"], step)
+    assert math.isclose(values["speedup"], one / step)
+    relative = one / predict("single", net, 64, gpu).step_time
+    assert math.isclose(values["capacity"], 1 + 2 * relative)
+    assert math.isclose(values["efficiency"], one / step / (1 + 2 * relative))
+    assert value_label("hardware.devices", {"cpu": 1, "gpu": 2}) == "1cpu+2gpu"
+
+
+@pytest.mark.parametrize("strategy", ["kernel", "data", "hybrid"])
+def test_infinite_bandwidth_speedup_approaches_the_device_count(strategy):
+    """Marques' network is compute-bound: with free links every strategy nears P."""
+    for devices in (2, 4, 8, 16):
+        point = build_point({"strategy": strategy, "train": {"batch": 256},
+                             "hardware": {"devices": devices, "device": "cpu",
+                                          "link": {"gbps": math.inf, "latency_us": 0}}})
+        speedup = evaluate_point(point)["speedup"]
+        assert 0.97 * devices < speedup <= devices * (1 + 1e-9), (devices, speedup)
+
+
+def test_data_parallel_needs_a_sample_per_device():
+    point = build_point({"strategy": "data", "train": {"batch": 8},
+                         "hardware": {"devices": 16}})
+    with pytest.raises(Infeasible, match="batch 8 is smaller than the 16 devices"):
+        evaluate_point(point)
+    point.strategy = "kernel"  # kernel-parallel shares kernels, not samples
+    assert evaluate_point(point)["speedup"] > 0
+
+
+def test_mix_axis_and_dry_run(tmp_path, capsys):
+    config = write_scaling(tmp_path, {"strategy": ["single", "data"],
+                                      "hardware.devices": [1, {"cpu": 2, "gpu": 2}]},
+                           base={"train": {"batch": 2}})
+    assert sweep_cli.main([config, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 points" in out and "devices=2cpu+2gpu" in out and "infeasible" in out
+    store = tmp_path / "mix.zarr"
+    assert sweep_cli.main([config, "--out", str(store)]) == 0
+    ds = open_clean(store)
+    assert list(ds.devices.values) == ["1", "2cpu+2gpu"]
+    assert "devices_value" in ds.coords
+    assert ds.status.sel(strategy="data", devices="2cpu+2gpu").item() == FAILED
+    # a store of this sweep is simply recomputed; another sweep's is refused
+    assert sweep_cli.main([config, "--out", str(store)]) == 0
+    other = write_scaling(tmp_path, {"hardware.devices": [1, 2]}, name="other")
+    capsys.readouterr()
+    assert sweep_cli.main([other, "--out", str(store)]) == 2
+    assert "holds a different sweep" in capsys.readouterr().err
+    assert sweep_cli.main([other, "--out", str(store), "--fresh"]) == 0
+    assert list(open_clean(store).devices.values) == [1, 2]
+
+
+@pytest.mark.parametrize("axes, base, expected", [
+    ({"hardware.link.gbps": [10, -1]}, None,
+     ["hardware.link.gbps", "positive", "-1", "axes.hardware.link.gbps, value #2 of 2"]),
+    ({"hardware.devices": [4, {"cpu": 1, "tpu": 2}]}, None,
+     ["hardware.devices.tpu", "unknown device kind 'tpu'", "cpu, gpu, k20"]),
+    ({"hardware.lnk.gbps": [10]}, None, ["hardware.lnk", "unknown key"]),
+    ({}, {"hardware": {"devices": 2, "kinds": {"gpu": {"conv_efficiency": 1.5}}}},
+     ["hardware.kinds.gpu.conv_efficiency", "(0, 1]"]),
+    ({}, {"hardware": {"devices": 2, "kinds": {"fast": {"flops": 1e12}}}},
+     ["hardware.kinds.fast", "unknown preset 'fast'", "preset:"]),
+    ({"strategy": ["kernel", "magic"]}, None, ["strategy", "'magic'"]),
+    ({}, {"network": {"preset": "alexnet", "conv": [{"kernels": 4}]}},
+     ["network.conv", "either network.preset or conv layers"]),
+])
+def test_bad_scaling_configs_exit_2_with_one_line(tmp_path, capsys, axes, base, expected):
+    config = write_scaling(tmp_path, axes, base=base)
+    assert sweep_cli.main([config, "--out", str(tmp_path / "bad.zarr")]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for text in expected:
+        assert text in lines[0], lines[0]
+    assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_shipped_scaling_config_loads():
+    sweep = load_scaling_sweep(os.path.join(ROOT, "experiments", "configs", "scaling.yaml"))
+    assert sweep.dims == ["strategy", "devices", "batch", "link_gbps", "network"]
+    assert len(sweep.points) == 4 * 11 * 4 * 4 * 2
+
+
+def test_a_model_error_is_recorded_and_exits_1(tmp_path, monkeypatch, capsys):
+    import experiments.scaling as scaling
+
+    real = scaling.predict
+
+    def broken(strategy, *args, **kwargs):
+        if strategy == "hybrid":
+            raise ValueError("no model for this")
+        return real(strategy, *args, **kwargs)
+
+    monkeypatch.setattr(scaling, "predict", broken)
+    config = write_scaling(tmp_path, {"strategy": ["data", "hybrid"],
+                                      "hardware.devices": [1, 2]})
+    store = tmp_path / "broken.zarr"
+    assert sweep_cli.main([config, "--out", str(store)]) == 1
+    assert "2 point(s) failed in the model: ValueError: no model for this" in \
+        capsys.readouterr().out
+    ds = open_clean(store)
+    assert (ds.status.sel(strategy="data") == DONE).all()
+    assert (ds.failure.sel(strategy="hybrid") == "ValueError: no model for this").all()
