@@ -69,8 +69,11 @@ def start_embedded_cluster(workers: list[WorkerConfig], dashboard: bool = False)
         }}
         for worker in workers
     }
+    # Workers share the cores with the timed work: no statistical profiler (it samples
+    # every worker's stacks every 10 ms) and no GIL monitor.
     quiet = {"distributed.worker.daemon": False, "logging.distributed": "error",
-             "distributed.admin.system-monitor.gil.enabled": False}
+             "distributed.admin.system-monitor.gil.enabled": False,
+             "distributed.worker.profile.enabled": False}
     with dask.config.set(quiet):
         return SpecCluster(workers=spec, scheduler=scheduler, silence_logs=logging.ERROR)
 

@@ -46,6 +46,7 @@ class RunRecorder:
     devices: list[str] = field(default_factory=list)
     by_shard: dict[tuple[int, int, str], float] = field(default_factory=dict)
     checkpoint_s: float = 0.0  # time spent saving checkpoints, outside every step
+    final_drain_s: float = 0.0  # the last step's backward, after the last window
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
     by_step_worker: dict[tuple[int, str], dict[str, float]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float)))

@@ -112,16 +112,25 @@ def _train_loop(config: RunConfig, trainer: Any, recorder: RunRecorder, from_ste
     bar = tqdm(total=steps, initial=from_step, desc=f"{config.name} [{config.strategy}]",
                unit="step", disable=not config.progress, file=sys.stderr, leave=False)
     previous_end = time.perf_counter()
+    carried = 0.0  # a drained backward belongs to the next step's window (see below)
     for step in range(from_step, steps):
         loss, receipts, master = trainer.step(step)
         recorder.add_receipts(receipts)
         done = step + 1
         if not np.isfinite(loss):
             raise FloatingPointError(f"training diverged at step {step}: loss is {loss}")
+        # Steps are pipelined: a step's window normally holds the previous step's
+        # backward, then its own forward and dense head. Where the loop must drain its
+        # own backward early (before a checkpoint, or at the end), that drain is moved
+        # to the next step's window (or, after the last step, recorded apart), so that
+        # every window holds one step's worth of work.
+        drain_start = time.perf_counter()
         if done == steps or done in checkpoint_steps:
             recorder.add_receipts(trainer.finish_pending())
         now = time.perf_counter()
-        recorder.add_step(step, now - previous_end, loss, master)
+        drained = now - drain_start
+        recorder.add_step(step, drain_start - previous_end + carried, loss, master)
+        carried = drained
         if done in checkpoint_steps:  # saving is not part of any step's time
             indices = np.stack([step_indices(config.train.seed, s, config.train.batch,
                                              train_samples)
@@ -137,6 +146,8 @@ def _train_loop(config: RunConfig, trainer: Any, recorder: RunRecorder, from_ste
         bar.set_postfix(loss=f"{loss:.3f}", step_s=f"{recorder.steps[step]['step_time']:.2f}")
         bar.update(1)
     bar.close()
+    recorder.final_drain_s = carried
+
 
 
 def run_training(config: RunConfig, client: Client | None = None,
@@ -195,6 +206,7 @@ def run_training(config: RunConfig, client: Client | None = None,
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
         summary_accuracy = test_accuracy(network, weights, info.path, samples)
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
+    attrs["final_drain_time_s"] = recorder.final_drain_s  # the last step's own backward
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "batch": config.train.batch})
