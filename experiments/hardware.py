@@ -79,11 +79,12 @@ def _k20() -> DevicePreset:
 #: The device kinds a sweep can name without defining them.
 PRESETS: dict[str, DevicePreset] = {
     "cpu": DevicePreset(
-        8.4e10, 1.0e10, 1.0, 1.0, 1.0,
+        2.08e11, 1.0e10, 1.0, 1.0, 1.0,
         "one core of this project's 2-core AMD EPYC machine (torch 2.13, one thread): a "
-        "training step of the paper's 500/1500 network at batch 32 took about 11 s "
-        "(docs/design.md), i.e. 8.4e10 FLOP/s effective on its convolutions, used as the "
-        "rate with efficiency 1; 10 GB/s streaming per core is our assumption"),
+        "training step of the paper's 500/1500 network at batch 32 (927 GFLOP) took a "
+        "median 4.45 s with `strategy: reference` (docs/benchmarks.md), i.e. 2.08e11 "
+        "FLOP/s effective, used as the rate with efficiency 1; 10 GB/s streaming per "
+        "core is our assumption"),
     "gpu": DevicePreset(
         1.95e13, 1.555e12, 0.6, 0.8, 0.8,
         "NVIDIA A100 40GB (datasheet: 19.5 TFLOP/s FP32 without TF32, 1555 GB/s); "

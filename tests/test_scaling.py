@@ -87,7 +87,7 @@ def test_cli_writes_a_store_that_reads_like_a_measured_sweep(tiny_store):
     for key in ("config", "presets", "versions", "code_revision", "command", "axes"):
         assert ds.attrs.get(key), key
     presets = json.loads(ds.attrs["presets"])
-    assert list(presets) == ["cpu"] and presets["cpu"][0]["flops"] == 8.4e10
+    assert list(presets) == ["cpu"] and presets["cpu"][0]["flops"] == 2.08e11
 
     infeasible = ds.sel(batch=2, devices=4, strategy=["data", "hybrid"])
     assert (infeasible.status == FAILED).all()
