@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from experiments.results import (DONE, FAILED, STORE_FORMAT, format_table,  # noqa: E402
+from experiments.results import (DONE, FAILED, STORE_FORMAT, base_strategy, format_table,  # noqa: E402
                                  summary_table)
 
 PAPER_POINT = (4, 3.28)  # Marques et al. 2018: 3.28x speedup with four CPUs
@@ -113,20 +113,11 @@ class StoreView:
         for dim in self.dims:  # labels as text, in the store's order
             frame[dim] = frame[dim].astype(str)
         if "strategy" not in frame:
-            config_strategy = _base_strategy(ds)
+            config_strategy = base_strategy(ds)
             frame["strategy"] = config_strategy
         frame["relative_capacity"] = frame["speedup"] / frame["efficiency"]
         frame["equal_workers"] = np.isclose(frame["capacity"], frame["n_workers"])
         return frame
-
-
-def _base_strategy(ds: xr.Dataset) -> str:
-    import yaml
-
-    try:
-        return str(yaml.safe_load(ds.attrs.get("config", ""))["base"].get("strategy", "kernel"))
-    except (TypeError, KeyError, AttributeError, yaml.YAMLError):
-        return "kernel"
 
 
 def _base_network(ds: xr.Dataset) -> str:

@@ -566,3 +566,13 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(cells, widths)) for cells in body]
     return "\n".join(lines)
+
+
+def base_strategy(ds: xr.Dataset) -> str:
+    """The base config's strategy of a sweep store (for stores without that axis)."""
+    import yaml
+
+    try:
+        return str(yaml.safe_load(ds.attrs.get("config", ""))["base"].get("strategy", "kernel"))
+    except (TypeError, KeyError, AttributeError, yaml.YAMLError):
+        return "kernel"

@@ -39,7 +39,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.results import DONE, FAILED  # noqa: E402
+from experiments.results import DONE, FAILED, base_strategy  # noqa: E402
 
 __all__ = ["ScalingView", "make_scaling_report", "winners"]
 
@@ -235,7 +235,7 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
     row_dim, fixed, fixed_text = view.layout(shown)
     figures = view.ds[["speedup", "capacity", "n_workers"]]
     ds = figures.where(view.ds.status == DONE).isel(repeat=0).sel(fixed)
-    strategies = view.labels(sdim) if sdim else [_base_strategy(view.ds)]
+    strategies = view.labels(sdim) if sdim else [base_strategy(view.ds)]
     batches = view.labels(bdim) if bdim else [None]
     rows = view.labels(row_dim) if row_dim else [None]
     columns = view.labels(column_dim) if column_dim else [None]
@@ -313,13 +313,6 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
-
-
-def _base_strategy(ds: xr.Dataset) -> str:
-    try:
-        return str(yaml.safe_load(ds.attrs.get("config", ""))["base"].get("strategy", "kernel"))
-    except (TypeError, KeyError, AttributeError, yaml.YAMLError):
-        return "kernel"
 
 
 # The markdown report ------------------------------------------------------------------

@@ -99,6 +99,16 @@ def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [len(layer) for layer in summary["kernel_split"]] == [2, 2]
 
+    # The same cluster found through DASK_SCHEDULER_ADDRESS instead of --scheduler
+    # (an embedded cluster would have had the 1 worker asked for here, not 2).
+    env = {**os.environ, "DASK_SCHEDULER_ADDRESS": cli_cluster}
+    by_env = subprocess.run([sys.executable, "-m", "pipeline.train",
+                             *tiny_args(tmp_path / "env", dataset), "train.steps=2",
+                             "cluster.workers=1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+    assert by_env.returncode == 0, by_env.stderr
+    assert xr.open_zarr(tmp_path / "env" / "run" / "record.zarr").sizes["worker"] == 2
+
 
 def test_unknown_key_is_one_line_and_exit_2(tmp_path):
     result = train(os.path.join(ROOT, "configs", "small.yaml"), "train.stepz=3")
