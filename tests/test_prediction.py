@@ -102,7 +102,11 @@ def test_probe_measures_positive_finite_constants(probe):
     # the cost-model objects
     devices = probe.device_specs()
     assert all(set(d.layer_tables) == {"conv1", "conv2"} for d in devices)
-    assert _finite_positive(probe.store_spec().client_bw("write"))
+    store = probe.store_spec()
+    # A write costs something per access: per chunk, per byte, or both (the fit may
+    # charge every byte to the chunks, leaving the bandwidth infinite).
+    assert store.client_bw("write") > 0 and store.chunk_cost("write") >= 0
+    assert store.chunk_cost("write") > 0 or math.isfinite(store.client_bw("write"))
     assert probe.overhead().client_round_trip == d.client_round_trip_s
 
 
