@@ -214,9 +214,7 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
                bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: speedup (median over repeats, "
                  "bars: range)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -259,9 +257,7 @@ def breakdown_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     ax.set_title("where a step's time goes" + (f" ({fixed})" if fixed else ""))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), markerscale=0.4)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -291,9 +287,7 @@ def batch_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         ax.grid(alpha=0.3)
     right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle("batch size" + (f" ({fixed})" if fixed else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -325,9 +319,7 @@ def placement_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     ax.set_title("placement on unequal workers" + (f" ({fixed})" if fixed else ""))
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -376,9 +368,7 @@ def step_times_figure(sweep: StoreView, path: str, limit: int = 40) -> bool:
                  f"{shown})")
     plt.setp(ax.get_xticklabels(), rotation=60, ha="right", fontsize=7)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -397,10 +387,15 @@ def prediction_figure(frame: pd.DataFrame, path: str) -> bool:
     ax.set_title("performance model against measurement (per point)")
     ax.legend()
     ax.grid(alpha=0.3)
+    save_figure(fig, path)
+    return True
+
+
+def save_figure(fig: Any, path: str) -> None:
+    """Lay out, write and close a figure (every figure of the reports)."""
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return True
 
 
 # The markdown report ----------------------------------------------------------------

@@ -38,6 +38,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from experiments.report import save_figure  # noqa: E402
 from experiments.results import DONE, FAILED, base_strategy  # noqa: E402
 
 __all__ = ["ScalingView", "make_scaling_report", "winners"]
@@ -175,11 +176,7 @@ def winner_figure(view: ScalingView, y_dim: str | None, column_dim: str | None,
     for r, row in enumerate(rows):
         for c, column in enumerate(columns):
             ax = axes[r][c]
-            pick = {}
-            if row_dim:
-                pick[row_dim] = view.ds[row_dim].values[r]
-            if column_dim:
-                pick[column_dim] = view.ds[column_dim].values[c]
+            pick = _panel(view, row_dim, r, column_dim, c)
             t = times.sel(pick).transpose(sdim, y_dim, xdim).values
             s = speedup.sel(pick).transpose(sdim, y_dim, xdim).values
             best = winners(t)
@@ -214,9 +211,7 @@ def winner_figure(view: ScalingView, y_dim: str | None, column_dim: str | None,
     if fixed_text:
         title += f"\n({fixed_text})"
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -252,11 +247,7 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
     for r, row in enumerate(rows):
         for c, column in enumerate(columns):
             ax = axes[r][c]
-            pick = {}
-            if row_dim:
-                pick[row_dim] = view.ds[row_dim].values[r]
-            if column_dim:
-                pick[column_dim] = view.ds[column_dim].values[c]
+            pick = _panel(view, row_dim, r, column_dim, c)
             panel = ds.sel(pick)
             ax.plot([1, max(top, 2)], [1, max(top, 2)], color="0.6", linestyle="--",
                     linewidth=1)
@@ -308,10 +299,19 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
     if fixed_text:
         title += f"\n({fixed_text})"
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
     return True
+
+
+def _panel(view: Any, row_dim: str | None, row: int, column_dim: str | None,
+           column: int) -> dict[str, Any]:
+    """The coordinates that pick one panel of a rows x columns grid of plots."""
+    pick = {}
+    if row_dim:
+        pick[row_dim] = view.ds[row_dim].values[row]
+    if column_dim:
+        pick[column_dim] = view.ds[column_dim].values[column]
+    return pick
 
 
 # The markdown report ------------------------------------------------------------------

@@ -390,14 +390,24 @@ def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
                           "connects to none")
     sweep = load_scaling_sweep(args.config, args.overrides, args.out)
     if args.dry_run:
-        try:
-            dry_run_scaling(sweep, sys.stdout)
-        except BrokenPipeError:  # `... --dry-run | head`
-            sys.stdout = open(os.devnull, "w", encoding="utf-8")
-        return 0
+        return _print_dry_run(dry_run_scaling, sweep)
+    return _run_store_guarded(
+        lambda: run_scaling_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
+        "interrupted: the previous store, if any, is unchanged")
+
+
+def _print_dry_run(printer: Callable[[Any, Any], None], sweep: Any) -> int:
     try:
-        return run_scaling_sweep(sweep, args.fresh,
-                                 argv=["python -m experiments.sweep", *argv])
+        printer(sweep, sys.stdout)
+    except BrokenPipeError:  # `... --dry-run | head`
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
+    return 0
+
+
+def _run_store_guarded(run: Callable[[], int], interrupted: str) -> int:
+    """Run a sweep, turning store refusals and interruption into exit codes."""
+    try:
+        return run()
     except StoreMismatch as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -405,7 +415,7 @@ def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("interrupted: the previous store, if any, is unchanged", file=sys.stderr)
+        print(interrupted, file=sys.stderr)
         return 130
 
 
@@ -435,27 +445,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
-        try:
-            dry_run(sweep, sys.stdout)
-        except BrokenPipeError:  # `... --dry-run | head`
-            sys.stdout = open(os.devnull, "w", encoding="utf-8")
-        return 0
+        return _print_dry_run(dry_run, sweep)
     warning = contention_warning(sweep) if sweep.config.mode == "measure" else None
     if warning:
         print(warning, file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        return run_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv])
-    except StoreMismatch as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except StoreBusy as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 3
-    except KeyboardInterrupt:
-        print("interrupted: finished points are kept; run the same command again to "
-              "resume", file=sys.stderr)
-        return 130
+        return _run_store_guarded(
+            lambda: run_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
+            "interrupted: finished points are kept; run the same command again to resume")
     finally:
         signal.signal(signal.SIGTERM, previous)
 

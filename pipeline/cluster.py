@@ -59,7 +59,7 @@ def scheduler_address(config: ClusterConfig) -> str | None:
     return config.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
 
 
-def start_embedded_cluster(workers: list[WorkerConfig], dashboard: bool = False) -> SpecCluster:
+def start_embedded_cluster(workers: list[WorkerConfig]) -> SpecCluster:
     """Start a scheduler and one nanny-managed process per configured worker."""
     scheduler = {"cls": Scheduler,
                  "options": {"dashboard_address": ":0"}}
@@ -79,7 +79,7 @@ def start_embedded_cluster(workers: list[WorkerConfig], dashboard: bool = False)
 
 
 @contextlib.contextmanager
-def open_client(config: ClusterConfig, dashboard: bool = False) -> Iterator[Client]:
+def open_client(config: ClusterConfig) -> Iterator[Client]:
     """A client to the named scheduler, or to a fresh embedded cluster (closed after)."""
     address = scheduler_address(config)
     if address:
@@ -94,7 +94,7 @@ def open_client(config: ClusterConfig, dashboard: bool = False) -> Iterator[Clie
             yield client
         return
     try:
-        cluster = start_embedded_cluster(config.worker_list(), dashboard)
+        cluster = start_embedded_cluster(config.worker_list())
     except Exception as error:  # noqa: BLE001 - distributed wraps the cause in RuntimeError
         raise ClusterError(f"could not start the embedded cluster: {error}") from None
     try:
@@ -129,10 +129,8 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
     tag = config.resource
     wanted = config.use_workers or 1
     deadline = time.monotonic() + config.wait_timeout
-    emulated = {} if scheduler_address(config) else {
-        w.name: w.speed for w in config.worker_list()}
-    threads_by_name = {} if scheduler_address(config) else {
-        w.name: w.threads for w in config.worker_list()}
+    # Speeds and torch threads are known only for the workers of an embedded cluster.
+    embedded = {} if scheduler_address(config) else {w.name: w for w in config.worker_list()}
     while True:
         workers = client.scheduler_info(n_workers=-1)["workers"]
         tagged = sorted(
@@ -142,12 +140,14 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
         )
         if len(tagged) >= wanted:
             chosen = tagged[: config.use_workers] if config.use_workers else tagged
-            return [
-                WorkerSlot(info["address"], str(info.get("name")), tag,
-                           int(threads_by_name.get(str(info.get("name")), info["nthreads"])),
-                           float(emulated.get(str(info.get("name")), 1.0)))
-                for info in chosen
-            ]
+            slots = []
+            for info in chosen:
+                name = str(info.get("name"))
+                worker = embedded.get(name)
+                slots.append(WorkerSlot(info["address"], name, tag,
+                                        worker.threads if worker else int(info["nthreads"]),
+                                        worker.speed if worker else 1.0))
+            return slots
         if time.monotonic() > deadline:
             offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
             raise ClusterError(

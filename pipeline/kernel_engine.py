@@ -26,7 +26,7 @@ from distributed import Client, Future, wait
 from pipeline.cluster import ClusterError, WorkerSlot, all_local
 from pipeline.config import RunConfig
 from pipeline.dense_head import DenseHead
-from pipeline.network import conv_keys, parameter_shapes
+from pipeline.network import checkpoint_row_chunks, conv_keys, parameter_shapes
 from pipeline.placement import shard_ranges, split_even, split_proportional
 from pipeline.sampler import step_indices
 from storage import checkpoints
@@ -229,7 +229,8 @@ class KernelParallelEngine:
         receipts = self.finish_pending()
         shapes = parameter_shapes(self.network)
         checkpoints.create_checkpoint(self.paths.checkpoints, done_steps, shapes,
-                                      self.row_chunks(), self.network.dtype)
+                                      checkpoint_row_chunks(self.network, self.quanta),
+                                      self.network.dtype)
         futures = [
             self._submit(conv_shard.save_shard, slot, self.run_id, layer,
                          self.paths.checkpoints, done_steps, key=f"save-{done_steps}-{layer}-{i}")
@@ -242,18 +243,6 @@ class KernelParallelEngine:
                 checkpoints.write_slice(self.paths.checkpoints, done_steps, kind, key, 0, value)
         self._gather(futures, "checkpoint")
         return receipts
-
-    def row_chunks(self) -> dict[str, int]:
-        """Checkpoint chunking: conv tensors by their layer's quantum (see checkpoints)."""
-        chunks = {}
-        for key, quantum in zip(conv_keys(self.network), self.quanta):
-            chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = quantum
-        return chunks
-
-    @property
-    def quantum(self) -> int:
-        """The smallest layer quantum (kept for callers that use one quantum)."""
-        return min(self.quanta)
 
     def close(self) -> None:
         """Free the run's shards on every worker (best effort)."""

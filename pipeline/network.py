@@ -43,6 +43,15 @@ def conv_keys(spec: NetworkSpec) -> list[str]:
     return [str(spec.conv_module_index(layer)) for layer in range(len(spec.conv))]
 
 
+def checkpoint_row_chunks(spec: NetworkSpec, quanta: list[int]) -> dict[str, int]:
+    """Checkpoint chunking: each conv tensor by its layer's channel quantum, so that a
+    worker writes (and reads) only the chunks of its own kernels."""
+    chunks = {}
+    for key, quantum in zip(conv_keys(spec), quanta):
+        chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = quantum
+    return chunks
+
+
 def dense_head(spec: NetworkSpec) -> tuple[nn.Sequential, list[str]]:
     """The part of the network after the convs, and its modules' Sequential indices.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from pipeline.cluster import ClusterError, WorkerSlot, find_workers, open_client
 from pipeline.config import RunConfig, load_run_config
 from pipeline.evaluate import test_accuracy
 from pipeline.kernel_engine import KernelParallelEngine
-from pipeline.network import initial_state, parameter_shapes
+from pipeline.network import checkpoint_row_chunks, initial_state, parameter_shapes
 from pipeline.records import (RunRecorder, format_summary, jsonable, software_versions,
                               summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
@@ -70,24 +69,14 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec) -> int:
     if config.train.resume:
         latest = checkpoints.latest_complete_step(path)
         if latest is not None:
-            import zarr
-
-            made_for = zarr.open_group(path, mode="r").attrs.get("network")
-            if made_for != fingerprint:
+            if checkpoints.made_for(path) != fingerprint:
                 raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
                                   "different network")
             return latest
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    import zarr
-
-    zarr.open_group(path, mode="w").attrs["network"] = fingerprint
-    row_chunks = {}  # conv tensors chunked by layer quantum: workers read their rows
-    for layer, quantum in enumerate(config.channel_quanta(network)):
-        key = network.conv_module_index(layer)
-        row_chunks[f"{key}.weight"] = row_chunks[f"{key}.bias"] = quantum
-    checkpoints.create_checkpoint(path, 0, parameter_shapes(network), row_chunks,
-                                  network.dtype)
+    checkpoints.start_fresh(path, fingerprint)
+    checkpoints.create_checkpoint(
+        path, 0, parameter_shapes(network),
+        checkpoint_row_chunks(network, config.channel_quanta(network)), network.dtype)
     for key, value in initial_state(network, config.train.seed).items():
         checkpoints.write_slice(path, 0, "weights", key, 0, value)
         checkpoints.write_slice(path, 0, "momentum", key, 0, np.zeros_like(value))

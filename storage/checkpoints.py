@@ -17,12 +17,28 @@ own kernels.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import zarr
 
 from storage.arrays import create_array
 
 KINDS = ("weights", "momentum")
+
+
+def start_fresh(root_path: str, made_for: str) -> None:
+    """Replace any earlier checkpoints with an empty store for `made_for` (a text that
+    identifies the network, so that a resume can refuse checkpoints of another)."""
+    if os.path.exists(root_path):
+        shutil.rmtree(root_path)
+    zarr.open_group(root_path, mode="w").attrs["made_for"] = made_for
+
+
+def made_for(root_path: str) -> str | None:
+    """What `start_fresh` recorded the checkpoints were made for."""
+    return zarr.open_group(root_path, mode="r").attrs.get("made_for")
 
 
 def step_group(step: int) -> str:

@@ -7,7 +7,7 @@ and must pickle cheaply.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -106,11 +106,3 @@ class RunPaths:
     dataset: str
     workspace: str
     checkpoints: str
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What every worker needs to know about one step (sent with each task)."""
-
-    step: int
-    indices: tuple[int, ...] = field(repr=False)
