@@ -398,6 +398,19 @@ def save_figure(fig: Any, path: str) -> None:
     plt.close(fig)
 
 
+def write_figures(makers: list[tuple[str, Any]], out_dir: str) -> list[str]:
+    """Draw each (file name, maker) figure; a maker returns False when its figure does
+    not apply, and an earlier report's file of that name is then removed."""
+    written = []
+    for name, make in makers:
+        path = os.path.join(out_dir, name)
+        if make(path):
+            written.append(name)
+        elif os.path.exists(path):
+            os.remove(path)
+    return written
+
+
 # The markdown report ----------------------------------------------------------------
 
 
@@ -499,13 +512,7 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
         ("step_times.png", lambda p: step_times_figure(sweep, p)),
         ("prediction.png", lambda p: prediction_figure(frame, p)),
     ]
-    written = []
-    for name, make in makers:
-        path = os.path.join(out_dir, name)
-        if make(path):
-            written.append(name)
-        elif os.path.exists(path):
-            os.remove(path)  # a figure from an earlier report that no longer applies
+    written = write_figures(makers, out_dir)
     report = os.path.join(out_dir, "report.md")
     write_markdown(ds, sweep, frame, written, report)
     return [os.path.join(out_dir, name) for name in written] + [report]

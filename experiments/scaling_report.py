@@ -38,7 +38,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.report import save_figure  # noqa: E402
+from experiments.report import save_figure, write_figures  # noqa: E402
 from experiments.results import DONE, FAILED, base_strategy  # noqa: E402
 
 __all__ = ["ScalingView", "make_scaling_report", "winners"]
@@ -411,13 +411,7 @@ def make_scaling_report(ds: xr.Dataset, out_dir: str) -> list[str]:
                                  "devices x link bandwidth")),
         ("scaling_speedup.png", lambda p: speedup_figure(view, p)),
     ]
-    written = []
-    for name, make in makers:
-        path = os.path.join(out_dir, name)
-        if make(path):
-            written.append(name)
-        elif os.path.exists(path):
-            os.remove(path)
+    written = write_figures(makers, out_dir)
     report = os.path.join(out_dir, "report.md")
     write_markdown(view, written, report)
     return [os.path.join(out_dir, name) for name in written] + [report]
