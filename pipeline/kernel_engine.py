@@ -15,6 +15,7 @@ Per step (see DESIGN.md, "Data flow of one kernel-parallel step"):
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,6 +39,22 @@ from tasks import conv_shard
 from tasks.receipts import Receipt
 from tasks.specs import NetworkSpec, RunPaths, ShardRange
 
+
+
+class _DropAbandonedGather(logging.Filter):
+    """Hide the noise of a result fetch `_gather` gave up on.
+
+    When a worker dies holding a finished result, `_gather`'s time limit cancels
+    Dask's fetch, and asyncio later logs the fetch's internal `AllExit` with a
+    traceback. The run reports the lost worker itself, in one line.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exception = record.exc_info[1] if record.exc_info else None
+        return type(exception).__name__ != "AllExit"
+
+
+logging.getLogger("asyncio").addFilter(_DropAbandonedGather())
 
 @dataclass
 class Placement:

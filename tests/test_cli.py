@@ -186,7 +186,7 @@ def test_worker_death_fails_cleanly_then_resume_finishes(tmp_path, cli_processes
     assert time.monotonic() - killed_at < 30
     assert run.returncode == 1
     assert "left the cluster" in err and "train.resume=true" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err, err
     last = checkpoints.latest_complete_step(checkpoint_path)
     assert last >= 4 and last % 4 == 0
 
