@@ -120,6 +120,16 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
         raise ClusterError(f"setting up the workers failed: {error}{hint}") from None
 
 
+def _slot(config: ClusterConfig, address: str, info: dict, tag: str) -> WorkerSlot:
+    """A worker as the run sees it; speeds and torch threads are known only for the
+    workers of an embedded cluster (external workers count as real, full speed)."""
+    name = str(info.get("name"))
+    embedded = {} if scheduler_address(config) else {w.name: w for w in config.worker_list()}
+    worker = embedded.get(name)
+    return WorkerSlot(address, name, tag, worker.threads if worker else int(info["nthreads"]),
+                      worker.speed if worker else 1.0)
+
+
 def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
     """Wait (at most `wait_timeout` s) for workers offering the config's tag.
 
@@ -129,8 +139,6 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
     tag = config.resource
     wanted = config.use_workers or 1
     deadline = time.monotonic() + config.wait_timeout
-    # Speeds and torch threads are known only for the workers of an embedded cluster.
-    embedded = {} if scheduler_address(config) else {w.name: w for w in config.worker_list()}
     while True:
         workers = client.scheduler_info(n_workers=-1)["workers"]
         tagged = sorted(
@@ -140,14 +148,7 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
         )
         if len(tagged) >= wanted:
             chosen = tagged[: config.use_workers] if config.use_workers else tagged
-            slots = []
-            for info in chosen:
-                name = str(info.get("name"))
-                worker = embedded.get(name)
-                slots.append(WorkerSlot(info["address"], name, tag,
-                                        worker.threads if worker else int(info["nthreads"]),
-                                        worker.speed if worker else 1.0))
-            return slots
+            return [_slot(config, info["address"], info, tag) for info in chosen]
         if time.monotonic() > deadline:
             offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
             raise ClusterError(
@@ -156,3 +157,30 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
                 f"{len(workers)} worker(s) connected, offering: {', '.join(offered) or 'none'})"
             )
         time.sleep(0.2)
+
+
+def add_master(client: Client, config: ClusterConfig, slots: list[WorkerSlot]
+               ) -> tuple[list[WorkerSlot], int]:
+    """The run's workers and the index of its master (the worker with the dense head).
+
+    `cluster.master` names a worker or a resource tag; unset, the master is the first
+    worker of the run (every CPU worker is alike; the head is a small part of a step).
+    A master outside `slots` (another tag, or beyond `use_workers`) joins the run as
+    a worker that holds no kernels.
+    """
+    wanted = config.master
+    if wanted is None:
+        return slots, 0
+    for index, slot in enumerate(slots):
+        if slot.name == wanted or slot.resource == wanted:
+            return slots, index
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    for address, info in sorted(workers.items(), key=lambda item: str(item[1].get("name"))):
+        name, tags = str(info.get("name")), info.get("resources", {})
+        if name == wanted or tags.get(wanted, 0) >= 1:
+            tag = wanted if wanted in tags else (config.resource if config.resource in tags
+                                                 else next(iter(tags), config.resource))
+            return slots + [_slot(config, address, info, tag)], len(slots)
+    names = ", ".join(sorted(str(info.get("name")) for info in workers.values()))
+    raise ClusterError(f"cluster.master: no worker is named or tagged '{wanted}' "
+                       f"(workers: {names or 'none'})")

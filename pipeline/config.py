@@ -78,10 +78,15 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only step 0 and the last step
     eval_samples: int = 1000  # test images scored at the end (0: skip)
     resume: bool = False
+    # Steps submitted ahead of the one being collected: the workers find their next
+    # step queued when they finish one (1: submit each step when the last is done).
+    inflight: int = 2
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"steps must be at least 1, got {self.steps}")
+        if self.inflight < 1:
+            raise ConfigError(f"inflight must be at least 1, got {self.inflight}")
         if self.batch < 1:
             raise ConfigError(f"batch must be at least 1, got {self.batch}")
         if self.checkpoint_every < 0 or self.warmup_steps < 0 or self.eval_samples < 0:
@@ -111,6 +116,9 @@ class ClusterConfig:
     resource: str = "CPU"  # the tag whose workers run the conv tasks
     use_workers: int | None = None  # how many tagged workers to use (None: all)
     wait_timeout: float = 30.0  # seconds to wait for workers offering the tag
+    # The worker that runs the dense head (the seed papers' master): a worker name or
+    # a resource tag (its first worker by name). None: the first worker of the run.
+    master: str | None = None
 
     def worker_list(self) -> list[WorkerConfig]:
         """The embedded cluster's workers, with names filled in."""
@@ -140,10 +148,17 @@ class WorkspaceConfig:
     # follows speeds to within ~2 %, and few enough chunks that Zarr's per-chunk cost
     # (~0.3 ms on /dev/shm) stays small.
     channel_quantum: int | Literal["auto"] = "auto"
+    # How a task waits for another worker's data: "markers" (one task per worker and
+    # step; the reader polls the writer's ready marker in the workspace) or
+    # "scheduler" (a Dask dependency, one task per stretch between exchanges).
+    sync: Literal["markers", "scheduler"] = "markers"
+    wait_timeout: float = 600.0  # seconds a task waits for a peer's data before failing
 
     def __post_init__(self) -> None:
         if isinstance(self.channel_quantum, int) and self.channel_quantum < 1:
             raise ConfigError(f"channel_quantum must be at least 1, got {self.channel_quantum}")
+        if self.wait_timeout <= 0:
+            raise ConfigError(f"wait_timeout must be positive, got {self.wait_timeout}")
 
 
 @dataclass

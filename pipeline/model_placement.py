@@ -24,11 +24,16 @@ per-shard costs do not scale with speed (``tests/test_prediction.py``).
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import asdict
 from typing import Any
 
+from pipeline.cluster import WorkerSlot
+from pipeline.config import RunConfig
 from pipeline.costmodel import predict, split_kernels_minmax
 from pipeline.placement import _units, split_even, split_proportional
-from pipeline.probe import ClusterProbe, costmodel_network
+from pipeline.probe import ClusterProbe, cached_probe, costmodel_network
+from tasks.specs import NetworkSpec
 
 __all__ = ["align_to_quanta", "calibrated_split", "choose_split", "model_placement",
            "predicted_step"]
@@ -99,24 +104,19 @@ def choose_split(probe: ClusterProbe, active: int | None = None) -> dict[str, An
             "probe_key": probe.key}
 
 
-def model_placement(engine: Any) -> tuple[list[list[int]], dict[str, list[float]], dict[str, Any]]:
-    """The engine's ``placement: model``: probe (or reuse a cached probe), choose, record.
+def model_placement(client: Any, config: RunConfig, network: NetworkSpec,
+                    workers: list[WorkerSlot]
+                    ) -> tuple[list[list[int]], dict[str, list[float]], dict[str, Any]]:
+    """``placement: model``: probe the workers (or reuse a cached probe), choose, record.
 
-    Returns the counts, the probe's seconds per kernel per worker (the
-    engine's ``calibration`` attribute) and the record for the run's attrs:
-    the choice, every candidate's predicted step time and the probe itself.
+    Returns the counts, the probe's seconds per kernel per worker and the record
+    for the run's attrs: the choice, every candidate's predicted step time and the
+    probe itself.
     """
-    import os
-    from dataclasses import asdict
-
-    from pipeline.probe import cached_probe
-
-    config = engine.config
-    workspace = os.path.dirname(config.workspace.path) if config.workspace.path else None
-    dataset = engine.paths.dataset if os.path.exists(engine.paths.dataset) else None
-    probe = cached_probe(engine.client, engine.slots, engine.network, config.train.batch,
-                         engine.quanta, workspace, dataset)
+    dataset = config.dataset_path if os.path.exists(config.dataset_path) else None
+    probe = cached_probe(client, workers, network, config.train.batch,
+                         config.channel_quanta(network), config.workspace.path, dataset)
     choice = choose_split(probe)
-    for layer, row in zip(engine.network.conv, choice["kernel_split"]):
+    for layer, row in zip(network.conv, choice["kernel_split"]):
         assert sum(row) == layer.kernels and min(row) > 0, (row, layer.kernels)
     return choice["kernel_split"], probe.calibration(), {**choice, "probe": asdict(probe)}

@@ -11,24 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from tasks.network import build_sequential, dense_head  # noqa: F401 (re-exported)
 from tasks.specs import NetworkSpec
-
-
-def build_sequential(spec: NetworkSpec) -> nn.Sequential:
-    """conv -> ReLU -> max-pool per conv layer, flatten, dense (+ReLU) layers."""
-    modules: list[nn.Module] = []
-    for layer in spec.conv:
-        modules += [nn.Conv2d(layer.in_channels, layer.kernels, layer.kernel_size,
-                              padding=layer.padding), nn.ReLU()]
-        if layer.pool > 1:
-            modules.append(nn.MaxPool2d(layer.pool))
-    modules.append(nn.Flatten())
-    features = spec.flat_features
-    for width in spec.hidden:
-        modules += [nn.Linear(features, width), nn.ReLU()]
-        features = width
-    modules.append(nn.Linear(features, spec.classes))
-    return nn.Sequential(*modules).to(getattr(torch, spec.dtype))
 
 
 def initial_state(spec: NetworkSpec, seed: int) -> dict[str, np.ndarray]:
@@ -50,19 +34,6 @@ def checkpoint_row_chunks(spec: NetworkSpec, quanta: list[int]) -> dict[str, int
     for key, quantum in zip(conv_keys(spec), quanta):
         chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = quantum
     return chunks
-
-
-def dense_head(spec: NetworkSpec) -> tuple[nn.Sequential, list[str]]:
-    """The part of the network after the convs, and its modules' Sequential indices.
-
-    The head's own state_dict keys are renumbered from 0; the second value maps its
-    positions back to the full network's keys.
-    """
-    full = build_sequential(spec)
-    first = spec.conv_module_index(len(spec.conv))  # the Flatten
-    head = nn.Sequential(*list(full.children())[first:])
-    full_indices = [str(first + i) for i in range(len(head))]
-    return head, full_indices
 
 
 def load_sequential(spec: NetworkSpec, state: dict[str, np.ndarray]) -> nn.Sequential:

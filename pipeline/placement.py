@@ -9,8 +9,20 @@ largest remainder so the counts add up exactly.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any
 
 from tasks.specs import ShardRange
+
+
+@dataclass
+class Placement:
+    """How many kernels of each layer each worker holds, and how that was chosen."""
+
+    method: str  # "even", "calibrated", "model" or "single"
+    counts: list[list[int]]  # [layer][worker]
+    calibration: dict[str, list[float]] = field(default_factory=dict)  # worker -> s per kernel
+    model: dict[str, Any] = field(default_factory=dict)  # placement "model": its predictions
 
 
 class PlacementError(ValueError):

@@ -1,9 +1,12 @@
 """What a run measured, as an xarray Dataset and a printed summary.
 
-Per step: wall time, loss, the master's time; per step and worker: compute (with the
-emulated part apart), storage read/write time and bytes. `wait_time` is the part of
-a step's wall time that neither the master nor the busiest worker spent working:
-Dask hops, stragglers and idle time.
+A trainer hands the loop one `StepResult` per step (its loss and the receipts of
+its tasks); the loop adds the step's wall time. From the receipts' phases
+(tasks/receipts.py) the record derives, per step and worker: compute (emulated
+part apart), workspace reads and writes (time and bytes), time blocked waiting for
+a peer's data, dataset reads; per step: wall time, loss, the dense head's compute,
+and `wait_time`, the part of the step the busiest worker did not spend on its own
+work (waiting for peers, Dask dispatch).
 """
 
 from __future__ import annotations
@@ -13,79 +16,101 @@ import platform
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import dask
+import distributed
 import numpy as np
+import torch
 import xarray as xr
+import zarr
 
+from tasks.layout import DENSE_HEAD
 from tasks.receipts import Receipt
 
+
+@dataclass
+class StepResult:
+    """One finished step: its training loss and the receipts of its tasks."""
+
+    step: int
+    loss: float
+    receipts: list[Receipt]
+
+
 PER_WORKER = {
-    "compute_time": ("s", "conv compute per worker (forward+backward+update), emulated part included"),
+    "compute_time": ("s", "compute per worker (conv forward+backward+update, the dense "
+                     "head on the master), emulated part included"),
     "emulated_time": ("s", "sleep added to emulate a slower device (0 on real devices)"),
-    "read_time": ("s", "storage read time per worker"),
-    "write_time": ("s", "storage write time per worker"),
-    "read_bytes": ("B", "bytes read from storage per worker"),
-    "write_bytes": ("B", "bytes written to storage per worker"),
+    "read_time": ("s", "workspace read time per worker"),
+    "write_time": ("s", "workspace write time per worker"),
+    "read_bytes": ("B", "bytes read from the workspace per worker"),
+    "write_bytes": ("B", "bytes written to the workspace per worker"),
+    "workspace_bytes": ("B", "workspace bytes read + written per worker (dataset apart)"),
+    "exchange_wait_time": ("s", "time blocked until a peer's data was ready"),
+    "dataset_time": ("s", "time reading the batch (or labels) from the dataset store"),
+    "dataset_bytes": ("B", "bytes read from the dataset store"),
 }
 PER_STEP = {
-    "step_time": ("s", "wall time of the step as seen by the master"),
+    "step_time": ("s", "wall time of the step as seen by the client (completion to "
+                  "completion; steps are submitted ahead)"),
     "loss": ("1", "training cross-entropy loss of the step's batch"),
-    "master_time": ("s", "master's own work: dense head plus its storage I/O"),
-    "master_compute_time": ("s", "master's dense-head compute"),
-    "master_storage_time": ("s", "master's storage read+write time"),
-    "wait_time": ("s", "wall time not covered by the master or the busiest worker"),
+    "master_time": ("s", "the dense head's compute on the master worker"),
+    "wait_time": ("s", "step time the busiest worker spent not working on its own "
+                  "compute, workspace I/O or dataset reads (waiting for peers, dispatch)"),
 }
+_PHASES = {"compute_time": ("compute", "emulated"), "emulated_time": ("emulated",),
+           "read_time": ("read",), "write_time": ("write",),
+           "exchange_wait_time": ("wait",), "dataset_time": ("dataset",)}
+_BYTES = {"read_bytes": ("read",), "write_bytes": ("write",),
+          "workspace_bytes": ("read", "write"), "dataset_bytes": ("dataset",)}
 
 
 @dataclass
 class RunRecorder:
-    """Collects step timings and receipts during a run."""
+    """Collects step results (and every receipt, for the trace) during a run."""
 
     workers: list[str]
     worker_labels: list[str]
     emulated_speeds: list[float]
     devices: list[str] = field(default_factory=list)
-    by_shard: dict[tuple[int, int, str], float] = field(default_factory=dict)
     checkpoint_s: float = 0.0  # time spent saving checkpoints, outside every step
-    final_drain_s: float = 0.0  # the last step's backward, after the last window
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
-    by_step_worker: dict[tuple[int, str], dict[str, float]] = field(
+    cells: dict[tuple[int, str], dict[str, float]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    by_shard: dict[tuple[int, int, str], float] = field(default_factory=dict)
+    receipts: list[Receipt] = field(default_factory=list)
 
-    def add_step(self, step: int, wall_s: float, loss: float, master: dict[str, float]) -> None:
-        self.steps[step] = {"step_time": wall_s, "loss": loss,
-                            "master_time": master["master_s"],
-                            "master_compute_time": master["master_compute_s"],
-                            "master_storage_time": master["master_read_s"]
-                            + master["master_write_s"]}
-
-    def add_receipts(self, receipts: list[Receipt]) -> None:
-        for r in receipts:
-            if r.phase not in ("forward", "backward", "step"):
-                continue
-            shard_key = (r.step, r.layer, r.worker)
-            self.by_shard[shard_key] = self.by_shard.get(shard_key, 0.0) + r.compute_s
-            cell = self.by_step_worker[(r.step, r.worker)]
-            cell["compute_time"] += r.compute_s
-            cell["emulated_time"] += r.emulated_s
-            cell["read_time"] += r.read_s
-            cell["write_time"] += r.write_s
-            cell["read_bytes"] += r.read_bytes
-            cell["write_bytes"] += r.write_bytes
+    def add_step(self, result: StepResult, wall_s: float) -> None:
+        dense = 0.0
+        for receipt in result.receipts:
+            self.receipts.append(receipt)
+            cell = self.cells[(result.step, receipt.worker)]
+            for name, kinds in _PHASES.items():
+                cell[name] += sum(receipt.seconds(kind) for kind in kinds)
+            for name, kinds in _BYTES.items():
+                cell[name] += sum(receipt.nbytes(kind) for kind in kinds)
+            for event in receipt.events:
+                busy = sum(p.seconds for p in event.phases if p.kind in ("compute", "emulated"))
+                if event.name == DENSE_HEAD:
+                    dense += busy
+                elif event.layer >= 0:
+                    key = (result.step, event.layer, receipt.worker)
+                    self.by_shard[key] = self.by_shard.get(key, 0.0) + busy
+        self.steps[result.step] = {"step_time": wall_s, "loss": result.loss,
+                                   "master_time": dense}
 
     def to_dataset(self, attrs: dict) -> xr.Dataset:
         steps = sorted(self.steps)
         data = {}
         for name, (units, description) in PER_STEP.items():
-            if name == "wait_time":
-                continue
-            data[name] = xr.Variable(("step",), [self.steps[s][name] for s in steps],
-                                     {"units": units, "description": description})
+            if name != "wait_time":
+                data[name] = xr.Variable(("step",), [self.steps[s][name] for s in steps],
+                                         {"units": units, "description": description})
         for name, (units, description) in PER_WORKER.items():
-            values = np.array([[self.by_step_worker.get((s, w), {}).get(name, 0.0)
-                                for w in self.workers] for s in steps], dtype=float)
+            values = np.array([[self.cells.get((s, w), {}).get(name, 0.0) for w in self.workers]
+                               for s in steps], dtype=float)
             data[name] = xr.Variable(("step", "worker"), values,
                                      {"units": units, "description": description})
-        layers = sorted({layer for (_s, layer, _w) in self.by_shard if layer >= 0})
+        layers = sorted({layer for (_s, layer, _w) in self.by_shard})
         if layers:
             data["shard_compute_time"] = xr.Variable(
                 ("step", "layer", "worker"),
@@ -93,10 +118,9 @@ class RunRecorder:
                            for layer in layers] for s in steps], dtype=float),
                 {"units": "s", "description": "forward+backward compute of each conv "
                  "layer's shard on each worker (emulated part included)"})
-        busy = (data["compute_time"].values + data["read_time"].values
-                + data["write_time"].values)
-        wait = (data["step_time"].values - data["master_time"].values
-                - (busy.max(axis=1) if busy.size else 0.0))
+        busy = sum(data[name].values for name in ("compute_time", "read_time", "write_time",
+                                                  "dataset_time"))
+        wait = data["step_time"].values - (busy.max(axis=1) if busy.size else 0.0)
         units, description = PER_STEP["wait_time"]
         data["wait_time"] = xr.Variable(("step",), np.maximum(wait, 0.0),
                                         {"units": units, "description": description})
@@ -110,29 +134,26 @@ class RunRecorder:
 
 def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
     """Median step time and spread over the measured (post-warm-up) steps."""
-    measured = ds.step_time.values[warmup_steps:] if ds.sizes["step"] > warmup_steps \
-        else ds.step_time.values
-    times = np.asarray(measured, dtype=float)
+    tail = ds.isel(step=slice(warmup_steps, None)) if ds.sizes["step"] > warmup_steps else ds
+    times = np.asarray(tail.step_time.values, dtype=float)
     median = float(np.median(times)) if times.size else float("nan")
-    summary = {
+
+    def percentile(q: float) -> float:
+        return float(np.percentile(times, q)) if times.size else float("nan")
+
+    return {
         "measured_steps": int(times.size),
         "step_time_median": median,
-        "step_time_p25": float(np.percentile(times, 25)) if times.size else float("nan"),
-        "step_time_p75": float(np.percentile(times, 75)) if times.size else float("nan"),
-        "step_time_min": float(times.min()) if times.size else float("nan"),
-        "step_time_max": float(times.max()) if times.size else float("nan"),
+        "step_time_p25": percentile(25), "step_time_p75": percentile(75),
+        "step_time_min": percentile(0), "step_time_max": percentile(100),
         "throughput": batch / median if times.size and median > 0 else float("nan"),
         "final_loss": float(ds.loss.values[-1]) if ds.sizes["step"] else float("nan"),
+        "compute_time_median": float(tail.compute_time.max("worker").median()),
+        "storage_time_median": float((tail.read_time + tail.write_time).max("worker").median()),
+        "wait_time_median": float(tail.wait_time.median()),
+        "master_time_median": float(tail.master_time.median()),
+        "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
     }
-    tail = ds.isel(step=slice(warmup_steps, None)) if ds.sizes["step"] > warmup_steps else ds
-    summary["compute_time_median"] = float(tail.compute_time.max("worker").median())
-    summary["storage_time_median"] = float((tail.read_time + tail.write_time)
-                                           .max("worker").median())
-    summary["wait_time_median"] = float(tail.wait_time.median())
-    summary["master_time_median"] = float(tail.master_time.median())
-    summary["bytes_per_step"] = float((tail.read_bytes + tail.write_bytes).sum("worker")
-                                      .median())
-    return summary
 
 
 def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) -> str:
@@ -144,9 +165,10 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"  step time   median {summary['step_time_median']:.3f} s over "
         f"{summary['measured_steps']} measured steps ({spread})",
         f"  throughput  {summary['throughput']:.1f} samples/s",
-        f"  breakdown   compute {summary['compute_time_median']:.3f} s, storage "
-        f"{summary['storage_time_median']:.3f} s, master {summary['master_time_median']:.3f} s,"
-        f" wait {summary['wait_time_median']:.3f} s (medians per step)",
+        f"  breakdown   compute {summary['compute_time_median']:.3f} s, workspace "
+        f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
+        f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
+        f"  workspace   {summary['bytes_per_step'] / 1e6:.2f} MB per step",
         f"  loss        {summary['final_loss']:.4f} (last step)",
     ]
     if summary.get("test_accuracy") is not None:
@@ -156,11 +178,6 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
 
 
 def software_versions() -> dict[str, str]:
-    import dask
-    import distributed
-    import torch
-    import zarr
-
     return {"python": platform.python_version(), "torch": torch.__version__,
             "dask": dask.__version__, "distributed": distributed.__version__,
             "zarr": zarr.__version__, "xarray": xr.__version__, "numpy": np.__version__}

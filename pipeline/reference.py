@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
 from pipeline.config import RunConfig
 from pipeline.network import load_sequential
+from pipeline.records import StepResult
 from pipeline.sampler import step_indices
 from storage import checkpoints
 from storage.datasets import read_batch
-from tasks.receipts import Receipt
+from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
+from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
 
@@ -27,7 +28,7 @@ REFERENCE_WORKER = "reference"
 
 
 class ReferenceTrainer:
-    """Same interface as KernelParallelEngine, for the train loop."""
+    """The training loop's trainer interface, run synchronously in this process."""
 
     def __init__(self, config: RunConfig, network: NetworkSpec, train_samples: int) -> None:
         self.config = config
@@ -36,59 +37,51 @@ class ReferenceTrainer:
         self.model: nn.Sequential | None = None
         self.optimizer: torch.optim.SGD | None = None
         self.loss_fn = nn.CrossEntropyLoss()
+        self.devices = ["cpu"]
 
     def start(self, from_step: int) -> None:
         configure_process(self.config.reference.threads)
         path = self.config.checkpoint_path
         self.model = load_sequential(self.network,
                                      checkpoints.read_tensors(path, from_step, "weights"))
-        opt = self.config.optimizer_spec()
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=opt.lr,
-                                         momentum=opt.momentum,
-                                         weight_decay=opt.weight_decay, nesterov=opt.nesterov)
-        if opt.momentum and from_step > 0:
-            momentum = checkpoints.read_tensors(path, from_step, "momentum")
-            for key, param in self.model.named_parameters():
-                self.optimizer.state[param]["momentum_buffer"] = torch.from_numpy(
-                    momentum[key].copy())
+        self.optimizer = make_sgd(self.model.parameters(), self.config.optimizer_spec())
+        restore_momentum(self.optimizer, dict(self.model.named_parameters()),
+                         checkpoints.read_tensors(path, from_step, "momentum"))
 
-    def step(self, step: int) -> tuple[float, list[Receipt], dict[str, float]]:
+    def submit(self, step: int) -> None:
+        """Nothing to queue: `collect` runs the step."""
+
+    def collect(self, step: int) -> StepResult:
         assert self.model is not None and self.optimizer is not None
         indices = step_indices(self.config.train.seed, step, self.config.train.batch,
                                self.train_samples)
-        started = time.time()
-        t0 = time.perf_counter()
-        images, labels = read_batch(self.config.dataset_path, "train", indices)
-        read_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(torch.from_numpy(images)), torch.from_numpy(labels))
-        loss.backward()
-        self.optimizer.step()
-        compute_s = time.perf_counter() - t0
-        receipt = Receipt("step", -1, 0, step, REFERENCE_WORKER, compute_s=compute_s,
-                          read_s=read_s, read_bytes=images.nbytes + labels.nbytes,
-                          start=started, end=time.time())
-        return float(loss.detach()), [receipt], {
-            "master_s": 0.0, "master_compute_s": 0.0, "master_read_s": 0.0,
-            "master_write_s": 0.0, "master_bytes": 0}
+        receipt = Receipt(f"step-{step}", REFERENCE_WORKER, step, time.time())
+        clock = TaskClock(receipt)
+        with clock.op("training-step"):
+            with clock.phase("dataset") as phase:
+                images, labels = read_batch(self.config.dataset_path, "train", indices)
+                phase.nbytes = images.nbytes + labels.nbytes
+            with clock.phase("compute"):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = self.loss_fn(self.model(torch.from_numpy(images)),
+                                    torch.from_numpy(labels))
+                loss.backward()
+                self.optimizer.step()
+        receipt.end = time.time()
+        receipt.loss = float(loss.detach())
+        return StepResult(step, receipt.loss, [receipt])
 
-    def finish_pending(self) -> list[Receipt]:
-        return []
-
-    def checkpoint(self, done_steps: int, indices: np.ndarray) -> list[Receipt]:
+    def checkpoint(self, done_steps: int) -> None:
         assert self.model is not None and self.optimizer is not None
         path = self.config.checkpoint_path
-        shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
-        checkpoints.create_checkpoint(path, done_steps, shapes, {}, self.network.dtype)
-        for key, param in self.model.named_parameters():
-            checkpoints.write_slice(path, done_steps, "weights", key, 0,
-                                    param.detach().numpy())
-            buffer = self.optimizer.state.get(param, {}).get("momentum_buffer")
-            buffer = torch.zeros_like(param) if buffer is None else buffer
-            checkpoints.write_slice(path, done_steps, "momentum", key, 0,
-                                    buffer.detach().numpy())
-        return []
+        named = dict(self.model.named_parameters())
+        checkpoints.create_checkpoint(path, done_steps,
+                                      {k: tuple(v.shape) for k, v in named.items()}, {},
+                                      self.network.dtype)
+        for kind, tensors in (("weights", weights_of(named)),
+                              ("momentum", momentum_of(self.optimizer, named))):
+            for key, value in tensors.items():
+                checkpoints.write_slice(path, done_steps, kind, key, 0, value)
 
     def close(self) -> None:
         self.model = None

@@ -3,20 +3,22 @@
 Loads and validates the config, makes sure the dataset store exists, writes (or
 resumes from) the checkpoint that every strategy starts from, trains with the chosen
 strategy, scores the final weights on the test set, and writes the run's record
-(`record.zarr`, `summary.json`, `config.yaml`) to its output directory.
+(`record.zarr`, `summary.json`, `trace.json`, `config.yaml`) to its output directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 import xarray as xr
@@ -24,21 +26,37 @@ import yaml
 from distributed import Client
 from tqdm import tqdm
 
-from pipeline.cluster import ClusterError, WorkerSlot, find_workers, open_client, register_setup
+from pipeline.calibrate import choose_placement
+from pipeline.checkpointing import prepare_checkpoints, save_checkpoint
+from pipeline.cluster import (ClusterError, WorkerSlot, add_master, find_workers, open_client,
+                              register_setup)
 from pipeline.config import RunConfig, load_run_config
+from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
-from pipeline.kernel_engine import KernelParallelEngine
-from pipeline.network import checkpoint_row_chunks, initial_state, parameter_shapes
-from pipeline.records import (RunRecorder, format_summary, jsonable, software_versions,
-                              summarize)
+from pipeline.placement import Placement
+from pipeline.records import (RunRecorder, StepResult, format_summary, jsonable,
+                              software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
-from pipeline.sampler import step_indices
 from pipeline.schema import ConfigError, to_dict
+from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
-from storage.labelled import write_dataset
 from storage.datasets import DatasetError, DatasetInfo, ensure_dataset
+from storage.labelled import write_dataset
+from tasks.layout import layout_from_counts
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
+
+
+class Trainer(Protocol):
+    """What the training loop drives: the distributed engine or the reference."""
+
+    devices: list[str]
+
+    def start(self, from_step: int) -> None: ...
+    def submit(self, step: int) -> None: ...
+    def collect(self, step: int) -> StepResult: ...
+    def checkpoint(self, done_steps: int) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -58,32 +76,6 @@ def prepare_dataset(config: RunConfig) -> DatasetInfo:
                           seed=config.data.seed, dtype=config.network.dtype)
 
 
-def prepare_checkpoints(config: RunConfig, network: NetworkSpec) -> int:
-    """The step to start from: the last complete checkpoint if resuming, else 0.
-
-    A fresh run replaces any old checkpoints and writes step 0 from the seeded
-    PyTorch initialisation, which every strategy then loads.
-    """
-    path = config.checkpoint_path
-    fingerprint = json.dumps(asdict(network), sort_keys=True)
-    if config.train.resume:
-        latest = checkpoints.latest_complete_step(path)
-        if latest is not None:
-            if checkpoints.made_for(path) != fingerprint:
-                raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
-                                  "different network")
-            return latest
-    checkpoints.start_fresh(path, fingerprint)
-    checkpoints.create_checkpoint(
-        path, 0, parameter_shapes(network),
-        checkpoint_row_chunks(network, config.channel_quanta(network)), network.dtype)
-    for key, value in initial_state(network, config.train.seed).items():
-        checkpoints.write_slice(path, 0, "weights", key, 0, value)
-        checkpoints.write_slice(path, 0, "momentum", key, 0, np.zeros_like(value))
-    checkpoints.mark_complete(path, 0, {"step": 0})
-    return 0
-
-
 def code_revision() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -93,50 +85,70 @@ def code_revision() -> str:
         return "unknown"
 
 
-def _train_loop(config: RunConfig, trainer: Any, recorder: RunRecorder, from_step: int,
-                train_samples: int) -> None:
-    steps = config.train.steps
-    checkpoint_steps = config.checkpoint_steps()
-    last_checkpoint = from_step
+def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
+               client_events: list[ClientEvent], from_step: int, train_samples: int) -> None:
+    """Submit steps ahead (`train.inflight`), collect each as it finishes, checkpoint.
+
+    A step's time runs from the previous step's completion to its own. No step is
+    submitted past the next checkpoint: a checkpoint holds the state after exactly
+    its step, and saving it is timed apart from every step.
+    """
+    steps, ahead = config.train.steps, config.train.inflight
+    saves = sorted(s for s in config.checkpoint_steps() if s > from_step)
     bar = tqdm(total=steps, initial=from_step, desc=f"{config.name} [{config.strategy}]",
                unit="step", disable=not config.progress, file=sys.stderr, leave=False)
-    previous_end = time.perf_counter()
-    carried = 0.0  # a drained backward belongs to the next step's window (see below)
+    submitted, last_save, last_end = from_step, from_step, time.perf_counter()
     for step in range(from_step, steps):
-        loss, receipts, master = trainer.step(step)
-        recorder.add_receipts(receipts)
-        done = step + 1
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"training diverged at step {step}: loss is {loss}")
-        # Steps are pipelined: a step's window normally holds the previous step's
-        # backward, then its own forward and dense head. Where the loop must drain its
-        # own backward early (before a checkpoint, or at the end), that drain is moved
-        # to the next step's window (or, after the last step, recorded apart), so that
-        # every window holds one step's worth of work.
-        drain_start = time.perf_counter()
-        if done == steps or done in checkpoint_steps:
-            recorder.add_receipts(trainer.finish_pending())
+        next_save = next(s for s in saves if s > step)
+        while submitted < min(step + ahead, next_save):
+            with _client_event(client_events, f"submit step {submitted}"):
+                trainer.submit(submitted)
+            submitted += 1
+        with _client_event(client_events, f"collect step {step}"):
+            result = trainer.collect(step)
         now = time.perf_counter()
-        drained = now - drain_start
-        recorder.add_step(step, drain_start - previous_end + carried, loss, master)
-        carried = drained
-        if done in checkpoint_steps:  # saving is not part of any step's time
-            indices = np.stack([step_indices(config.train.seed, s, config.train.batch,
-                                             train_samples)
-                                for s in range(last_checkpoint, done)])
-            recorder.add_receipts(trainer.checkpoint(done, indices))
-            checkpoints.write_sample_indices(config.checkpoint_path, last_checkpoint, indices,
-                                             steps)
-            checkpoints.mark_complete(config.checkpoint_path, done, {"step": done})
-            last_checkpoint = done
+        recorder.add_step(result, now - last_end)
+        last_end = now
+        if not np.isfinite(result.loss):
+            raise FloatingPointError(f"training diverged at step {step}: loss is {result.loss}")
+        if step + 1 == next_save:
+            with _client_event(client_events, f"checkpoint {step + 1}"):
+                save_checkpoint(config, trainer, last_save, step + 1, train_samples)
+            last_save = step + 1
             recorder.checkpoint_s += time.perf_counter() - now
-            now = time.perf_counter()
-        previous_end = now
-        bar.set_postfix(loss=f"{loss:.3f}", step_s=f"{recorder.steps[step]['step_time']:.2f}")
+            last_end = time.perf_counter()
+        bar.set_postfix(loss=f"{result.loss:.3f}", step_s=f"{recorder.steps[step]['step_time']:.3f}")
         bar.update(1)
     bar.close()
-    recorder.final_drain_s = carried
 
+
+@contextlib.contextmanager
+def _client_event(events: list[ClientEvent], name: str) -> Iterator[None]:
+    """Time a stretch of the client's work for the trace's client lane."""
+    start = time.time()
+    try:
+        yield
+    finally:
+        events.append(ClientEvent(name, start, time.time()))
+
+
+def distributed_trainer(client: Client, config: RunConfig, network: NetworkSpec,
+                        slots: list[WorkerSlot], train_samples: int
+                        ) -> tuple[StepEngine, Placement, list[WorkerSlot]]:
+    """The engine for `kernel` or `single`: workers, master, split, layout.
+
+    `single` runs on the master alone. A master outside the kernel workers (see
+    `cluster.add_master`) holds no kernels.
+    """
+    workers, master = add_master(client, config.cluster, slots)
+    if config.strategy == "single":
+        workers, master = [workers[master]], 0
+    conv_workers = workers[:len(slots)] if config.strategy != "single" else workers
+    placement = choose_placement(client, config, network, conv_workers, uuid.uuid4().hex[:8])
+    counts = [row + [0] * (len(workers) - len(conv_workers)) for row in placement.counts]
+    layout = layout_from_counts([w.name for w in workers], counts, master)
+    engine = StepEngine(client, config, network, workers, layout, train_samples)
+    return engine, placement, workers
 
 
 def run_training(config: RunConfig, client: Client | None = None,
@@ -158,36 +170,41 @@ def run_training(config: RunConfig, client: Client | None = None,
                              "dataset": info.path, "dataset_source": info.source,
                              "versions": jsonable(software_versions()),
                              "code_revision": code_revision(), "resumed_from_step": from_step}
+    client_events: list[ClientEvent] = []
     with ExitStack() as stack:
+        trainer: Trainer
         if config.strategy == "reference":
-            trainer: Any = ReferenceTrainer(config, network, info.train_samples)
+            trainer = ReferenceTrainer(config, network, info.train_samples)
             recorder = RunRecorder([REFERENCE_WORKER],
                                    [f"in-process, {config.reference.threads} thread(s)"], [1.0])
         else:
-            configure_process(1)  # the master's dense head must not fight the workers
+            configure_process(1)  # the client must not fight the workers for cores
             if client is None:
                 client = stack.enter_context(open_client(config.cluster))
                 register_setup(client, config.cluster)
             if slots is None:
                 slots = find_workers(client, config.cluster)
-            if config.strategy == "single":
-                slots = slots[:1]
-            engine = KernelParallelEngine(client, config, network, slots, info.train_samples)
+            engine, placement, workers = distributed_trainer(client, config, network, slots,
+                                                             info.train_samples)
             stack.callback(engine.close)
-            placement = engine.place()
             attrs.update({"placement": placement.method,
-                          "kernel_split": jsonable(placement.counts()),
+                          "kernel_split": jsonable(engine.layout.counts()),
+                          "master": workers[engine.layout.master].name,
+                          "workspace_sync": config.workspace.sync,
                           "calibration_s_per_kernel": jsonable(placement.calibration),
                           **({"model_placement": jsonable(placement.model)}
                              if placement.model else {}),
                           "dashboard": str(client.dashboard_link or "")})
             trainer = engine
-            recorder = RunRecorder([s.name for s in slots], [s.label for s in slots],
-                                   [s.emulated_speed for s in slots])
+            recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
+                                   [w.emulated_speed for w in workers])
         trainer.start(from_step)
-        if isinstance(trainer, KernelParallelEngine):
-            recorder.devices = [trainer.devices.get(name, "cpu") for name in recorder.workers]
-        _train_loop(config, trainer, recorder, from_step, info.train_samples)
+        recorder.devices = list(trainer.devices)
+        try:
+            train_loop(config, trainer, recorder, client_events, from_step, info.train_samples)
+        finally:
+            write_trace(os.path.join(config.output_dir, "trace.json"), recorder.receipts,
+                        client_events, recorder.workers, started)
         trainer.close()
     summary_accuracy = None
     if config.train.eval_samples:
@@ -195,10 +212,9 @@ def run_training(config: RunConfig, client: Client | None = None,
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
         summary_accuracy = test_accuracy(network, weights, info.path, samples)
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
-    attrs["final_drain_time_s"] = recorder.final_drain_s  # the last step's own backward
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  "batch": config.train.batch})
+                  "batch": config.train.batch, "inflight": config.train.inflight})
     record = recorder.to_dataset(attrs)
     summary = summarize(record, config.train.warmup_steps, config.train.batch)
     summary.update({"test_accuracy": summary_accuracy,
@@ -206,6 +222,7 @@ def run_training(config: RunConfig, client: Client | None = None,
                     "strategy": config.strategy, "workers": list(record.worker_label.values)})
     if "kernel_split" in attrs:
         summary["kernel_split"] = json.loads(attrs["kernel_split"])
+        summary["master"] = attrs["master"]
     record.attrs["test_accuracy"] = -1.0 if summary_accuracy is None else summary_accuracy
     write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
     with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:

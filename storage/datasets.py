@@ -145,6 +145,10 @@ def read_batch(path: str, split: str, indices: np.ndarray) -> tuple[np.ndarray, 
     small) are cached per process; the cache key includes the identity of the
     store's metadata file, so a store rebuilt at the same path is reopened.
     """
+    return _reader(path, split).read(indices)
+
+
+def _reader(path: str, split: str) -> _SplitReader:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     root = os.path.abspath(path)
@@ -153,8 +157,13 @@ def read_batch(path: str, split: str, indices: np.ndarray) -> tuple[np.ndarray, 
     except FileNotFoundError:
         _dataset_attrs(path)  # raises the precise error: missing, not Zarr, not ours
         raise DatasetError(f"{path!r} is not a Zarr v3 dataset store") from None
-    reader = _split_reader(root, split, (stat.st_ino, stat.st_mtime_ns))
-    return reader.read(indices)
+    return _split_reader(root, split, (stat.st_ino, stat.st_mtime_ns))
+
+
+def read_labels(path: str, split: str, indices: np.ndarray) -> np.ndarray:
+    """Only the int64 labels of `indices` (held in memory once read): what the dense
+    head needs, without the images."""
+    return _reader(path, split).read_labels(indices)
 
 
 def clear_read_cache() -> None:
@@ -191,6 +200,16 @@ class _SplitReader:
         self.split = split
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = self._checked(indices)
+        labels = self.labels[idx]
+        if self.fast is not None:
+            return self.fast.read(idx), labels
+        return self.read_with_zarr(idx), labels
+
+    def read_labels(self, indices: np.ndarray) -> np.ndarray:
+        return self.labels[self._checked(indices)]
+
+    def _checked(self, indices: np.ndarray) -> np.ndarray:
         idx = np.asarray(indices)
         if idx.ndim != 1:
             raise ValueError(f"indices must be 1-D, got shape {idx.shape}")
@@ -203,10 +222,7 @@ class _SplitReader:
                 f"{self.split} indices must lie in [0, {self.rows}); got min {idx.min()}, "
                 f"max {idx.max()}"
             )
-        labels = self.labels[idx]
-        if self.fast is not None:
-            return self.fast.read(idx), labels
-        return self.read_with_zarr(idx), labels
+        return idx
 
     def read_with_zarr(self, idx: np.ndarray) -> np.ndarray:
         """Portable path: Zarr's orthogonal selection on sorted unique rows, reordered."""

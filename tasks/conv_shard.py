@@ -1,195 +1,112 @@
-"""Worker-side tasks of kernel-parallel training: one conv layer's shard.
+"""One worker's shard of one conv layer: its kernels, their SGD state, its compute.
 
-A shard is the kernels [start, stop) of one conv layer. Its weights, bias and SGD
-momentum live on the worker (see `worker_state`); activations and gradients travel
-through the run's Zarr workspace. Every task returns only a `Receipt`.
-
-Forward keeps what backward needs (the autograd graph from the layer input to the
-pooled output) in the worker's memory until that step's backward runs.
+A shard is the kernels [start, stop) of a conv layer. Its weights, bias and
+momentum live on the worker's device for the whole run (weights never travel in
+kernel-parallel training, METHODS.md §1). Forward keeps the autograd graph from the
+layer input to the pooled output until that step's backward. Moving tensors in and
+out is the step's business (tasks/step_task.py); this module only computes.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from storage import checkpoints
-from storage.arrays import IOMeter, open_cached
-from storage.datasets import read_batch
-from storage.workspace import GRAD_TOP, act_path, partial_path
-from tasks.receipts import Receipt
-from tasks.specs import ConvLayerSpec, OptimizerSpec, RunPaths, ShardRange
-from tasks.worker_state import WorkerProfile, current_profile, drop_run, get_shard, put_shard
-
-
-@dataclass
-class ShardState:
-    """Everything a worker keeps about its shard of one conv layer."""
-
-    spec: ConvLayerSpec
-    shard: ShardRange
-    index: int  # position of this shard among the layer's shards
-    key: str  # module index in the equivalent nn.Sequential, e.g. "0"
-    weight: torch.Tensor
-    bias: torch.Tensor
-    optimizer: torch.optim.SGD
-    saved: tuple[torch.Tensor | None, torch.Tensor] | None = None  # (input, output)
+from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
+from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
+from tasks.worker_state import current_profile
 
 
 def conv_relu_pool(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                    spec: ConvLayerSpec) -> torch.Tensor:
     """The per-shard computation: conv, ReLU, then max-pool on the device."""
-    y = F.relu(F.conv2d(x, weight, bias, padding=spec.padding))
-    if spec.pool > 1:
-        y = F.max_pool2d(y, spec.pool)
-    return y
+    return relu_pool(F.conv2d(x, weight, bias, padding=spec.padding), spec)
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+def relu_pool(z: torch.Tensor, spec: ConvLayerSpec) -> torch.Tensor:
+    y = F.relu(z)
+    return F.max_pool2d(y, spec.pool) if spec.pool > 1 else y
 
 
-def _receipt(phase: str, state_layer: int, shard_index: int, step: int,
-             profile: WorkerProfile, io: IOMeter, compute_s: float, emulated_s: float,
-             start: float) -> Receipt:
-    return Receipt(
-        phase=phase, layer=state_layer, shard=shard_index, step=step, worker=profile.name,
-        compute_s=compute_s + emulated_s, emulated_s=emulated_s, read_s=io.read_s,
-        write_s=io.write_s, read_bytes=io.read_bytes, write_bytes=io.write_bytes,
-        start=start, end=time.time(),
-    )
+def conv_backward(grad_z: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                  spec: ConvLayerSpec, want: tuple[bool, bool, bool]
+                  ) -> tuple[torch.Tensor | None, ...]:
+    """Input, weight and bias gradients of the conv (those `want` asks for)."""
+    padding = [spec.padding, spec.padding]
+    return torch.ops.aten.convolution_backward(
+        grad_z, x, weight, [weight.shape[0]], [1, 1], padding, [1, 1], False, [0, 0], 1, want)
 
 
-def init_shard(run_id: str, spec: ConvLayerSpec, shard: ShardRange, shard_index: int,
-               key: str, optimizer: OptimizerSpec, checkpoint_path: str,
-               step: int) -> Receipt:
-    """Load a shard's weights and momentum from checkpoint `step` onto this worker."""
-    start = time.time()
-    profile = current_profile()
-    weight, bias = (
-        torch.from_numpy(checkpoints.read_slice(checkpoint_path, step, "weights",
-                                                f"{key}.{name}", shard.start, shard.stop))
-        .to(profile.device).requires_grad_(True)
-        for name in ("weight", "bias")
-    )
-    sgd = torch.optim.SGD([weight, bias], lr=optimizer.lr, momentum=optimizer.momentum,
-                          weight_decay=optimizer.weight_decay, nesterov=optimizer.nesterov)
-    if optimizer.momentum and step > 0:
-        for param, name in ((weight, "weight"), (bias, "bias")):
-            buffer = checkpoints.read_slice(checkpoint_path, step, "momentum",
-                                            f"{key}.{name}", shard.start, shard.stop)
-            sgd.state[param]["momentum_buffer"] = torch.from_numpy(buffer).to(profile.device)
-    put_shard(run_id, shard.layer, ShardState(spec, shard, shard_index, key, weight, bias, sgd))
-    return Receipt("init", shard.layer, shard_index, step, profile.name, start=start,
-                   end=time.time(), extra={"device": profile.device,
-                                           "threads": profile.threads,
-                                           "speed": profile.speed})
+@dataclass
+class _Saved:
+    """What a forward keeps for its backward."""
+
+    x: torch.Tensor  # layer input
+    z: torch.Tensor  # conv output (the leaf of the ReLU + pool graph)
+    y: torch.Tensor  # pooled output
+    input_grad: bool  # whether the layer below needs the input gradient
+    grad_z: torch.Tensor | None = None
 
 
-def conv_forward(run_id: str, layer: int, step: int, paths: RunPaths,
-                 indices: np.ndarray | None, deps: list[Any] = ()) -> Receipt:
-    """Forward of this worker's shard of `layer`; writes its channels of act/<layer>.
+class ConvShard:
+    """Kernels [start, stop) of one conv layer, with their optimizer."""
 
-    Layer 0 reads the batch's images from the dataset store by sample index; later
-    layers read the whole previous activation from the workspace.
-    """
-    start = time.time()
-    profile = current_profile()
-    state: ShardState = get_shard(run_id, layer)
-    io = IOMeter()
-    if layer == 0:
-        t0 = time.perf_counter()
-        images, _labels = read_batch(paths.dataset, "train", indices)
-        io.read_s += time.perf_counter() - t0
-        io.read_bytes += images.nbytes
-        x = torch.from_numpy(images).to(profile.device)
-    else:
-        x = torch.from_numpy(io.read(open_cached(paths.workspace, act_path(layer - 1)))
-                             ).to(profile.device).requires_grad_(True)
-    t0 = time.perf_counter()
-    with torch.enable_grad():
-        y = conv_relu_pool(x, state.weight, state.bias, state.spec)
-    _sync(profile.device)
-    compute_s = time.perf_counter() - t0
-    emulated_s = profile.emulate(compute_s)
-    state.saved = (x if layer > 0 else None, y)
-    output = y.detach().to("cpu").numpy()
-    io.write(open_cached(paths.workspace, act_path(layer)),
-             (slice(None), slice(state.shard.start, state.shard.stop)), output)
-    return _receipt("forward", layer, state.index, step, profile, io, compute_s,
-                    emulated_s, start)
+    def __init__(self, spec: ConvLayerSpec, shard: ShardRange, key: str,
+                 weights: dict[str, np.ndarray], momentum: dict[str, np.ndarray],
+                 optimizer: OptimizerSpec, device: str) -> None:
+        self.spec, self.shard, self.key = spec, shard, key
+        self.weight = torch.from_numpy(weights["weight"]).to(device).requires_grad_(True)
+        self.bias = torch.from_numpy(weights["bias"]).to(device).requires_grad_(True)
+        self.optimizer = make_sgd([self.weight, self.bias], optimizer)
+        restore_momentum(self.optimizer, self.named(), momentum)
+        self._saved: _Saved | None = None
 
+    def named(self) -> dict[str, torch.Tensor]:
+        return {"weight": self.weight, "bias": self.bias}
 
-def conv_backward(run_id: str, layer: int, step: int, paths: RunPaths, top: bool,
-                  upper_shards: int, deps: list[Any] = ()) -> Receipt:
-    """Backward and SGD update of this worker's shard of `layer`.
+    def forward(self, x: torch.Tensor, input_grad: bool) -> torch.Tensor:
+        """Conv + ReLU + pool of this shard's kernels; keeps what backward needs."""
+        with torch.no_grad():
+            z = F.conv2d(x, self.weight, self.bias, padding=self.spec.padding)
+        z.requires_grad_(True)
+        with torch.enable_grad():
+            y = relu_pool(z, self.spec)
+        self._saved = _Saved(x, z, y, input_grad)
+        return y.detach()
 
-    The output gradient slice is read from grad_top (the last conv layer) or summed
-    from the channel slices of every upper shard's partial input gradient: that sum
-    is the reduce-scatter, done by the readers. Layers above 0 then write their own
-    partial input gradient for the layer below.
-    """
-    start = time.time()
-    profile = current_profile()
-    state: ShardState = get_shard(run_id, layer)
-    if state.saved is None:
-        raise RuntimeError(f"run {run_id}: backward of layer {layer} before its forward")
-    io = IOMeter()
-    channels = (slice(None), slice(state.shard.start, state.shard.stop))
-    if top:
-        grad = io.read(open_cached(paths.workspace, GRAD_TOP), channels)
-    else:
-        grad = None
-        for upper in range(upper_shards):
-            part = io.read(open_cached(paths.workspace, partial_path(layer + 1, upper)),
-                           channels)
-            grad = part if grad is None else np.add(grad, part, out=grad)
-    x, y = state.saved
-    state.saved = None
-    t0 = time.perf_counter()
-    g = torch.from_numpy(grad).to(profile.device)
-    inputs = [state.weight, state.bias] + ([x] if x is not None else [])
-    grads = torch.autograd.grad(y, inputs, grad_outputs=g)
-    state.weight.grad, state.bias.grad = grads[0], grads[1]
-    state.optimizer.step()
-    _sync(profile.device)
-    compute_s = time.perf_counter() - t0
-    emulated_s = profile.emulate(compute_s)
-    if x is not None:
-        io.write(open_cached(paths.workspace, partial_path(layer, state.index)), ...,
-                 grads[2].to("cpu").numpy())
-    return _receipt("backward", layer, state.index, step, profile, io, compute_s,
-                    emulated_s, start)
+    def input_gradient(self, grad_y: torch.Tensor) -> torch.Tensor | None:
+        """Backward through pool and ReLU; the input gradient if the layer has one.
 
+        Split from `update` so that a step can hand the input gradient on to the
+        layer below (other workers wait for it) before computing its own weights'.
+        """
+        saved = self._saved
+        if saved is None:
+            raise RuntimeError(f"backward of layer {self.shard.layer} before its forward")
+        (saved.grad_z,) = torch.autograd.grad(saved.y, [saved.z], grad_outputs=grad_y)
+        if not saved.input_grad:
+            return None
+        return conv_backward(saved.grad_z, saved.x, self.weight, self.spec,
+                             (True, False, False))[0]
 
-def save_shard(run_id: str, layer: int, checkpoint_path: str, step: int,
-               deps: list[Any] = ()) -> Receipt:
-    """Write this shard's weights and momentum into checkpoint `step`."""
-    start = time.time()
-    profile = current_profile()
-    state: ShardState = get_shard(run_id, layer)
-    for param, name in ((state.weight, "weight"), (state.bias, "bias")):
-        key = f"{state.key}.{name}"
-        checkpoints.write_slice(checkpoint_path, step, "weights", key, state.shard.start,
-                                param.detach().to("cpu").numpy())
-        buffer = state.optimizer.state.get(param, {}).get("momentum_buffer")
-        if buffer is None:
-            buffer = torch.zeros_like(param)
-        checkpoints.write_slice(checkpoint_path, step, "momentum", key, state.shard.start,
-                                buffer.detach().to("cpu").numpy())
-    return Receipt("checkpoint", layer, state.index, step, profile.name, start=start,
-                   end=time.time())
+    def update(self) -> None:
+        """Kernel gradients and the SGD update (after `input_gradient`)."""
+        saved = self._saved
+        if saved is None or saved.grad_z is None:
+            raise RuntimeError(f"update of layer {self.shard.layer} before input_gradient")
+        self._saved = None
+        _, self.weight.grad, self.bias.grad = conv_backward(
+            saved.grad_z, saved.x, self.weight, self.spec, (False, True, True))
+        self.optimizer.step()
 
-
-def release_run(run_id: str) -> int:
-    """Free a finished run's shards on this worker."""
-    return drop_run(run_id)
+    def state(self) -> dict[str, dict[str, np.ndarray]]:
+        """Weights and momentum by parameter name ("weight", "bias"), as numpy."""
+        return {"weights": weights_of(self.named()),
+                "momentum": momentum_of(self.optimizer, self.named())}
 
 
 def calibrate_layer(spec: ConvLayerSpec, batch: int, kernels: int, dtype: str,
@@ -215,7 +132,7 @@ def calibrate_layer(spec: ConvLayerSpec, batch: int, kernels: int, dtype: str,
         y = conv_relu_pool(x, weight, bias, spec)
         inputs = [weight, bias] + ([x] if needs_input_grad else [])
         torch.autograd.grad(y, inputs, grad_outputs=torch.ones_like(y))
-        _sync(profile.device)
+        profile.synchronize()
         elapsed = time.perf_counter() - t0
         elapsed += profile.emulate(elapsed)
         if attempt:

@@ -1,9 +1,10 @@
-"""Per-process state on a Dask worker: its settings and the shards it owns.
+"""Per-process state on a Dask worker: its settings and the runs it takes part in.
 
-Shard weights and optimizer state must stay on the worker that owns them across
-steps (weights never travel in kernel-parallel training). Dask keeps no such state
-for us, so it lives here, keyed by the worker's address (several workers may share
-one process in tests) and the run id. `WorkerSetup`, registered by the master with
+Shard weights, optimizer state, the dense head and the tensors a worker keeps
+between the ops of a step must stay on that worker across steps (weights never
+travel in kernel-parallel training). Dask keeps no such state for us, so it lives
+here, keyed by the worker's address (several workers may share one process in
+tests) and the run id. `WorkerSetup`, registered by the client with
 `Client.register_plugin`, prepares every worker, including ones that join later.
 """
 
@@ -33,6 +34,11 @@ class WorkerProfile:
     def emulated(self) -> bool:
         return self.speed < 1.0
 
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (a no-op on CPUs)."""
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     def emulate(self, compute_s: float) -> float:
         """Sleep so the device appears `speed` times as fast; return the added time."""
         if not self.emulated:
@@ -43,7 +49,7 @@ class WorkerProfile:
 
 
 _PROFILES: dict[str, WorkerProfile] = {}
-_SHARDS: dict[tuple[str, str, int], Any] = {}
+_RUNS: dict[tuple[str, str], Any] = {}
 
 
 def tune_allocator() -> None:
@@ -107,31 +113,27 @@ def current_profile() -> WorkerProfile:
     return profile
 
 
-def _key(run_id: str, layer: int) -> tuple[str, str, int]:
+def _address() -> str:
     try:
-        address = get_worker().address
+        return get_worker().address
     except ValueError:
-        address = "local"
-    return (address, run_id, layer)
+        return "local"
 
 
-def put_shard(run_id: str, layer: int, state: Any) -> None:
-    _SHARDS[_key(run_id, layer)] = state
+def put_run(run_id: str, state: Any) -> None:
+    """Keep a run's worker-side state (tasks/step_task.RunState) on this worker."""
+    _RUNS[(_address(), run_id)] = state
 
 
-def get_shard(run_id: str, layer: int) -> Any:
+def get_run(run_id: str) -> Any:
     try:
-        return _SHARDS[_key(run_id, layer)]
+        return _RUNS[(_address(), run_id)]
     except KeyError:
         raise RuntimeError(
-            f"run {run_id}: this worker holds no shard of layer {layer} "
-            "(was the worker restarted?)"
+            f"run {run_id}: this worker holds none of its state (was the worker restarted?)"
         ) from None
 
 
-def drop_run(run_id: str) -> int:
-    """Forget every shard of a run on this worker; returns how many were held."""
-    keys = [k for k in _SHARDS if k[1] == run_id and k[0] == _key(run_id, 0)[0]]
-    for key in keys:
-        del _SHARDS[key]
-    return len(keys)
+def drop_run(run_id: str) -> bool:
+    """Forget a run's state on this worker; whether it held any."""
+    return _RUNS.pop((_address(), run_id), None) is not None

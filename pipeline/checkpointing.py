@@ -1,0 +1,59 @@
+"""The client's side of checkpoints: the step-0 weights every strategy starts from,
+and closing a checkpoint once every worker has written its part."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.config import RunConfig
+from pipeline.network import checkpoint_row_chunks, initial_state, parameter_shapes
+from pipeline.sampler import step_indices
+from pipeline.schema import ConfigError
+from storage import checkpoints
+from tasks.specs import NetworkSpec
+
+
+class SavesCheckpoints(Protocol):
+    def checkpoint(self, done_steps: int) -> None: ...
+
+
+def prepare_checkpoints(config: RunConfig, network: NetworkSpec) -> int:
+    """The step to start from: the last complete checkpoint if resuming, else 0.
+
+    A fresh run replaces any old checkpoints and writes step 0 from the seeded
+    PyTorch initialisation, which every strategy then loads.
+    """
+    path = config.checkpoint_path
+    fingerprint = json.dumps(asdict(network), sort_keys=True)
+    if config.train.resume:
+        latest = checkpoints.latest_complete_step(path)
+        if latest is not None:
+            if checkpoints.made_for(path) != fingerprint:
+                raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
+                                  "different network")
+            return latest
+    checkpoints.start_fresh(path, fingerprint)
+    checkpoints.create_checkpoint(
+        path, 0, parameter_shapes(network),
+        checkpoint_row_chunks(network, config.channel_quanta(network)), network.dtype)
+    for key, value in initial_state(network, config.train.seed).items():
+        checkpoints.write_slice(path, 0, "weights", key, 0, value)
+        checkpoints.write_slice(path, 0, "momentum", key, 0, np.zeros_like(value))
+    checkpoints.mark_complete(path, 0, {"step": 0})
+    return 0
+
+
+def save_checkpoint(config: RunConfig, trainer: SavesCheckpoints, since: int, done: int,
+                    train_samples: int) -> None:
+    """Checkpoint `done`: the trainer's weights, the sample indices of steps since the
+    last checkpoint, then the mark that makes it count."""
+    trainer.checkpoint(done)
+    train = config.train
+    indices = np.stack([step_indices(train.seed, s, train.batch, train_samples)
+                        for s in range(since, done)])
+    checkpoints.write_sample_indices(config.checkpoint_path, since, indices, train.steps)
+    checkpoints.mark_complete(config.checkpoint_path, done, {"step": done})

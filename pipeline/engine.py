@@ -1,0 +1,133 @@
+"""Distributed training steps (`kernel`, and `single` as its one-worker case).
+
+The client plans, the workers compute. For each step the engine builds the step's
+task graph (pipeline/step_graph.py) from the layout (who holds which kernels, who
+runs the dense head) and submits it whole; the training loop keeps a few steps in
+flight and collects their receipts as they finish. No activation or gradient ever
+reaches the client: tensors a worker needs again stay in its memory, tensors
+another worker needs go through the run's exchange workspace (storage/exchange.py).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from distributed import Client, Future, wait
+
+from pipeline.cluster import WorkerSlot, all_local
+from pipeline.config import RunConfig
+from pipeline.network import checkpoint_row_chunks, conv_keys, parameter_shapes
+from pipeline.records import StepResult
+from pipeline.runner import TaskRunner
+from pipeline.sampler import step_indices
+from pipeline.step_graph import step_tasks
+from storage import checkpoints
+from storage.exchange import Exchange, SlotSpec, create_exchange, remove_exchange
+from tasks import step_task
+from tasks.layout import Layout, exchange_slots
+from tasks.receipts import Receipt
+from tasks.specs import NetworkSpec, RunPaths
+
+
+def workspace_path(config: RunConfig, run_id: str, workers: list[WorkerSlot]) -> str:
+    """Where this run's exchange workspace goes (always a fresh, run-named directory).
+
+    `workspace.path` if set (it must be shared by every worker's host); else, when
+    every worker shares the client's host, /dev/shm (a chunk write there cost 0.3 ms
+    against 2 ms on disk); else the output directory.
+    """
+    if config.workspace.path:
+        return f"{config.workspace.path.rstrip('/')}/{run_id}.zarr"
+    shm = "/dev/shm"
+    if all_local(workers) and os.path.isdir(shm) and os.access(shm, os.W_OK):
+        return os.path.join(shm, f"dask-cnn-{os.getuid()}", f"{run_id}.zarr")
+    return os.path.join(config.output_dir, f"workspace-{run_id}.zarr")
+
+
+class StepEngine:
+    """Runs the steps of one layout on Dask workers."""
+
+    def __init__(self, client: Client, config: RunConfig, network: NetworkSpec,
+                 workers: list[WorkerSlot], layout: Layout, train_samples: int) -> None:
+        self.config = config
+        self.network = network
+        self.workers = workers
+        self.layout = layout
+        self.train_samples = train_samples
+        self.run_id = f"{config.name}-{uuid.uuid4().hex[:8]}"
+        self.paths = RunPaths(config.dataset_path, workspace_path(config, self.run_id, workers),
+                              config.checkpoint_path)
+        self.exchange = Exchange(self.paths.workspace)
+        self.slots = exchange_slots(layout, network, config.train.batch)
+        self.runner = TaskRunner(client, workers, self.run_id, on_failure=self.exchange.abort)
+        self.devices: list[str] = ["cpu"] * len(workers)
+        self.first_step = 0
+        self._submitted: dict[int, list[Future]] = {}
+        self._by_name: dict[str, Future] = {}
+
+    def start(self, from_step: int) -> None:
+        """Create the workspace and load every worker's part from checkpoint `from_step`."""
+        create_exchange(self.paths.workspace,
+                        [SlotSpec(s.name, s.shape, self.network.dtype) for s in self.slots])
+        keys = conv_keys(self.network)
+        futures = [
+            self.runner.submit(step_task.init_run, worker, self.run_id, self.layout, worker,
+                               self.network, self.config.train.batch, self.paths,
+                               self.config.optimizer_spec(), from_step, keys,
+                               self.config.workspace.wait_timeout, name=f"init-w{worker}")
+            for worker in range(len(self.workers))
+        ]
+        receipts = self.runner.gather(futures, "loading the shards")
+        self.devices = [r.extra["device"] for r in receipts]
+        self.first_step = from_step
+
+    def submit(self, step: int) -> None:
+        """Submit step `step`'s whole graph; returns at once."""
+        train = self.config.train
+        indices = step_indices(train.seed, step, train.batch, self.train_samples)
+        futures = []
+        for task in step_tasks(self.layout, self.slots, step, self.config.workspace.sync,
+                               self.first_step):
+            deps = [self._by_name[name] for name in task.deps]
+            future = self.runner.submit(step_task.run_ops, task.worker, self.run_id, step,
+                                        task.ops, indices, task.name, deps=deps,
+                                        name=task.name, priority=task.priority)
+            self._by_name[task.name] = future
+            futures.append(future)
+        self._submitted[step] = futures
+
+    def collect(self, step: int) -> StepResult:
+        """Wait for step `step`'s tasks; its loss and receipts."""
+        receipts: list[Receipt] = self.runner.gather(self._submitted.pop(step), f"step {step}")
+        # a step's tasks may be the next step's dependencies; older ones are done with
+        self._by_name = {name: f for name, f in self._by_name.items()
+                         if not name.startswith(f"step-{step - 1}-")}
+        losses = [r.loss for r in receipts if r.loss is not None]
+        return StepResult(step, losses[0], receipts)
+
+    def checkpoint(self, done_steps: int) -> None:
+        """Save every worker's part as checkpoint `done_steps` (no step may be in flight)."""
+        assert not self._submitted, "checkpoint with steps in flight"
+        path = self.paths.checkpoints
+        checkpoints.create_checkpoint(path, done_steps, parameter_shapes(self.network),
+                                      checkpoint_row_chunks(self.network,
+                                                            self.config.channel_quanta(self.network)),
+                                      self.network.dtype)
+        futures = [self.runner.submit(step_task.save_run, worker, self.run_id, path, done_steps,
+                                      name=f"save-{done_steps}-w{worker}")
+                   for worker in range(len(self.workers))]
+        self.runner.gather(futures, "checkpoint")
+
+    def close(self) -> None:
+        """Stop any waiting task, free the run's state on every worker, drop the workspace."""
+        self.exchange.abort("the run is closing")
+        try:
+            futures = [self.runner.submit(step_task.release_run, worker, self.run_id,
+                                          name=f"release-w{worker}")
+                       for worker in range(len(self.workers))]
+            with self.runner.client.as_current():
+                wait(futures, timeout=10)
+        except Exception:  # noqa: BLE001 - the cluster may already be gone
+            pass
+        remove_exchange(self.paths.workspace)

@@ -1,0 +1,260 @@
+"""The per-run exchange workspace: the arrays one worker writes for another.
+
+Only data that crosses workers goes through it; a worker keeps its own tensors in
+memory. Every *slot* is one single-chunk Zarr array written by one worker per step
+and read by one or more others, so each access is one chunk, one file. Beside the
+data, a slot has a *ready marker*: a tiny file holding the last step written. A
+writer writes the array, then the marker; a reader waits until the marker reaches
+its step, then reads. That is how the tasks of a step wait for each other without
+a round trip through the Dask scheduler (about 0.5 ms against 20-30 ms per hop,
+measured in docs/benchmarks.md).
+
+Layout::
+
+    <workspace>/data/<slot>       the slot's array, e.g. data/act/0/1
+    <workspace>/ready/<slot>      its marker, e.g. ready/act.0.1 holding "12"
+    <workspace>/ready/ABORT       written by the client to stop waiting readers
+
+A slot is rewritten every step. The step graph guarantees that its readers of step
+s have read before its writer writes step s+1 (tests/test_step_graph.py); a reader
+that finds the marker past its step reports the broken order instead of reading.
+Local paths (including /dev/shm) use plain files; other fsspec URLs go through
+fsspec (slower to poll, but shared between hosts).
+
+On a local store a slot's one chunk is read and written as the file Zarr itself
+would write (tmp file, then rename), without Zarr's array machinery: here that took
+a 2 MB write from 5.6 to 1.9 ms and a read from 1.9 to 0.25 ms. The layout is
+checked first (one chunk, no compression, little-endian); anything else goes
+through Zarr. Either way the arrays stay plain Zarr arrays any reader can open.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec
+
+from storage.arrays import create_array, open_cached
+
+ABORT = "ABORT"
+
+
+class ExchangeError(RuntimeError):
+    """A wait could not complete: aborted, timed out, or the step order was broken."""
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """The array of one slot: its name (``act/0/1``), shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def create_exchange(path: str, slots: list[SlotSpec]) -> None:
+    """Create every slot's array (one chunk each) and an empty marker directory."""
+    root = zarr.open_group(f"{path.rstrip('/')}/data", mode="w")
+    for slot in slots:
+        create_array(root, slot.name, slot.shape, slot.shape, slot.dtype)
+    if _is_local(path):
+        os.makedirs(os.path.join(_local(path), "ready"), exist_ok=True)
+
+
+def remove_exchange(path: str) -> None:
+    """Delete a local workspace (it holds only the last step's scratch data)."""
+    if _is_local(path):
+        shutil.rmtree(_local(path), ignore_errors=True)
+    else:
+        import fsspec  # a remote store: only then is fsspec needed
+
+        fs, root = fsspec.core.url_to_fs(path)
+        try:
+            fs.rm(root, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
+def _marker_file(slot: str) -> str:
+    return slot.replace("/", ".")
+
+
+class Markers:
+    """Ready markers of one workspace: write a step, read the last step written."""
+
+    def __init__(self, path: str) -> None:
+        self.local = _is_local(path)
+        if self.local:
+            self.root = os.path.join(_local(path), "ready")
+        else:
+            import fsspec
+
+            self.fs, root = fsspec.core.url_to_fs(path)
+            self.root = f"{root.rstrip('/')}/ready"
+
+    def set(self, slot: str, step: int) -> None:
+        target = f"{self.root}/{_marker_file(slot)}"
+        if self.local:  # write then rename: a reader never sees a half-written number
+            temporary = f"{target}.{uuid.uuid4().hex[:8]}"
+            with open(temporary, "w", encoding="ascii") as handle:
+                handle.write(str(step))
+            os.replace(temporary, target)
+        else:
+            self.fs.pipe_file(target, str(step).encode())
+
+    def get(self, slot: str) -> int | None:
+        target = f"{self.root}/{_marker_file(slot)}"
+        try:
+            if self.local:
+                with open(target, encoding="ascii") as handle:
+                    text = handle.read()
+            else:
+                text = self.fs.cat_file(target).decode()
+            return int(text)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def aborted(self) -> str | None:
+        """The client's reason for stopping the run, if it wrote one."""
+        target = f"{self.root}/{ABORT}"
+        try:
+            if self.local:
+                with open(target, encoding="utf-8") as handle:
+                    return handle.read() or "aborted"
+            return self.fs.cat_file(target).decode() or "aborted"
+        except FileNotFoundError:
+            return None
+
+    def abort(self, reason: str) -> None:
+        target = f"{self.root}/{ABORT}"
+        if self.local:
+            os.makedirs(self.root, exist_ok=True)
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write(reason)
+        else:
+            self.fs.pipe_file(target, reason.encode())
+
+
+class _ChunkFile:
+    """The one chunk file of a local, single-chunk, uncompressed little-endian array."""
+
+    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.path, self.shape, self.dtype = path, shape, dtype
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+
+    @classmethod
+    def of(cls, data_root: str, slot: str) -> _ChunkFile | None:
+        """The fast path for `slot`, or None where Zarr must do the work."""
+        if not _is_local(data_root) or sys.byteorder != "little":
+            return None
+        meta = open_cached(data_root, slot).metadata
+        chunks = getattr(meta.chunk_grid, "chunk_shape", None)
+        codecs = getattr(meta, "codecs", ())
+        if (tuple(chunks or ()) != tuple(meta.shape) or len(codecs) != 1
+                or not isinstance(codecs[0], BytesCodec)
+                or getattr(codecs[0].endian, "value", "little") != "little"):
+            return None
+        key = meta.encode_chunk_key((0,) * len(meta.shape))
+        dtype = np.dtype(meta.data_type.to_native_dtype()).newbyteorder("<")
+        return cls(os.path.join(_local(data_root), slot, key), tuple(meta.shape), dtype)
+
+    def write(self, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data, dtype=self.dtype)
+        if data.shape != self.shape:
+            raise ValueError(f"{self.path}: shape {data.shape}, expected {self.shape}")
+        temporary = f"{self.path}.{uuid.uuid4().hex[:8]}.partial"
+        with open(temporary, "wb") as handle:
+            handle.write(memoryview(data).cast("B"))
+        os.replace(temporary, self.path)
+
+    def read(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype)
+        with open(self.path, "rb", buffering=0) as handle:
+            got = handle.readinto(memoryview(out).cast("B"))
+        if got != out.nbytes:
+            raise OSError(f"{self.path}: read {got} of {out.nbytes} bytes")
+        return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunk_file(data_root: str, slot: str) -> _ChunkFile | None:
+    return _ChunkFile.of(data_root, slot)
+
+
+class Exchange:
+    """One process's handle on a run's exchange workspace."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path.rstrip("/")
+        self.data = f"{self.path}/data"
+        self.markers = Markers(self.path)
+
+    def write(self, slot: str, step: int, data: np.ndarray) -> None:
+        """Write a slot's array for `step`, then mark it ready."""
+        fast = _chunk_file(self.data, slot)
+        if fast is not None:
+            fast.write(data)
+        else:
+            open_cached(self.data, slot)[...] = data
+        self.markers.set(slot, step)
+
+    def read(self, slot: str) -> np.ndarray:
+        """The slot's array (call `wait` first)."""
+        fast = _chunk_file(self.data, slot)
+        return fast.read() if fast is not None else open_cached(self.data, slot)[...]
+
+    def wait(self, slot: str, step: int, timeout: float,
+             cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Block until `slot` holds step `step`.
+
+        Polls the marker (sub-millisecond at first, backing off to 2 ms), and every
+        quarter second checks the client's abort marker and `cancelled` (the Dask
+        task was released, e.g. the client went away), so that a reader never
+        outlives the run it waits in.
+        """
+        started = time.monotonic()
+        pause = 0.0001
+        next_check = started + 0.25
+        while True:
+            current = self.markers.get(slot)
+            if current is not None and current >= step:
+                if current > step:
+                    raise ExchangeError(
+                        f"{slot}: the writer is already at step {current} while this reader "
+                        f"wants step {step}: the step graph's order was broken")
+                return
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 0.25
+                reason = self.markers.aborted()
+                if reason:
+                    raise ExchangeError(f"waiting for {slot} of step {step}: {reason}")
+                if cancelled():
+                    raise ExchangeError(f"waiting for {slot} of step {step}: task cancelled")
+                if now - started > timeout:
+                    raise ExchangeError(
+                        f"waited {timeout:g} s for {slot} of step {step} "
+                        "(workspace.wait_timeout): is its writer alive?")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
+
+    def abort(self, reason: str) -> None:
+        """Make every reader waiting in this workspace give up with `reason`."""
+        self.markers.abort(reason)

@@ -1,0 +1,172 @@
+"""The step graph and the exchange slots, as pure functions (no cluster)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from pipeline.step_graph import op_graph, step_tasks
+from tasks.layout import (CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, StepOp, exchange_slots,
+                          layout_from_counts, worker_ops, workspace_bytes)
+from tasks.specs import ConvLayerSpec, NetworkSpec
+
+F, D, B = CONV_FORWARD, DENSE_HEAD, CONV_BACKWARD
+
+
+def network(widths=(10, 12, 8)) -> NetworkSpec:
+    layers, channels, size = [], 3, 32
+    for width in widths:
+        layers.append(ConvLayerSpec(channels, width, in_height=size, in_width=size))
+        channels, size = width, size // 2
+    return NetworkSpec(tuple(layers))
+
+
+LAYOUTS = {
+    "single": ([[10], [12], [8]], 0),
+    "two": ([[4, 6], [8, 4], [4, 4]], 0),
+    "two, master second": ([[4, 6], [8, 4], [4, 4]], 1),
+    "three uneven": ([[4, 4, 2], [4, 4, 4], [4, 2, 2]], 2),
+    "zero kernels in a layer": ([[6, 4, 0], [0, 8, 4], [4, 4, 0]], 0),
+    "master holds no kernels": ([[6, 4, 0], [4, 8, 0], [4, 4, 0]], 2),
+}
+
+
+def make(case: str):
+    counts, master = LAYOUTS[case]
+    layout = layout_from_counts([f"w{i}" for i in range(len(counts[0]))], counts, master)
+    return layout, exchange_slots(layout, network(), batch=16)
+
+
+def reachable(edges, start):
+    after = defaultdict(list)
+    for edge in edges:
+        after[edge.source].append(edge.target)
+    seen, stack = set(), [start]
+    while stack:
+        node = stack.pop()
+        for nxt in after[node]:
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def test_worker_ops_run_forward_up_head_then_backward_down():
+    layout, _ = make("two, master second")
+    assert worker_ops(layout, 0) == [StepOp(F, 0), StepOp(F, 1), StepOp(F, 2),
+                                     StepOp(B, 2), StepOp(B, 1), StepOp(B, 0)]
+    assert worker_ops(layout, 1) == [StepOp(F, 0), StepOp(F, 1), StepOp(F, 2), StepOp(D),
+                                     StepOp(B, 2), StepOp(B, 1), StepOp(B, 0)]
+    layout, _ = make("zero kernels in a layer")
+    assert worker_ops(layout, 2) == [StepOp(F, 1), StepOp(B, 1)]
+    layout, _ = make("master holds no kernels")
+    assert worker_ops(layout, 2) == [StepOp(D)]
+
+
+def test_single_worker_exchanges_nothing():
+    layout, slots = make("single")
+    assert slots == []
+    assert workspace_bytes(layout, network(), 16, 4) == [(0, 0)]
+
+
+def test_slots_of_two_workers():
+    layout, slots = make("two")
+    names = {s.name: s for s in slots}
+    assert sorted(names) == sorted([
+        "act/0/0", "act/0/1", "act/1/0", "act/1/1", "act/2/1",  # master 0 keeps its act/2
+        "grad/1",
+        "partial/1/0/1", "partial/1/1/0", "partial/2/0/1", "partial/2/1/0"])
+    assert names["act/0/1"].shape == (16, 6, 16, 16)
+    assert names["act/0/1"].readers == (0,) and names["act/0/1"].read_op == StepOp(F, 1)
+    assert names["act/2/1"].readers == (0,) and names["act/2/1"].read_op == StepOp(D)
+    assert names["grad/1"].writer == 0 and names["grad/1"].shape == (16, 4, 4, 4)
+    # worker 0's partial of layer 2 carries worker 1's channels of layer 1 (4 of 12)
+    assert names["partial/2/0/1"].shape == (16, 4, 8, 8)
+    assert names["partial/2/0/1"].read_op == StepOp(B, 1)
+
+
+def test_workspace_bytes_formula_by_hand():
+    """Two workers, batch 16, float32, split [[4, 6], [8, 4], [4, 4]], master 0."""
+    layout, _ = make("two")
+    per_sample = {0: 16 * 16, 1: 8 * 8, 2: 4 * 4}  # pooled h*w of layer l's output
+    size = lambda layer, channels: 16 * channels * per_sample[layer] * 4  # noqa: E731
+    w0_writes = size(0, 4) + size(1, 8) + size(2, 4) + size(0, 6) + size(1, 4)
+    #           act/0/0     act/1/0     grad/1       partial/1/0/1 partial/2/0/1
+    w1_writes = size(0, 6) + size(1, 4) + size(2, 4) + size(0, 4) + size(1, 8)
+    #           act/0/1     act/1/1     act/2/1      partial/1/1/0 partial/2/1/0
+    assert workspace_bytes(layout, network(), 16, 4) == [(w1_writes, w0_writes),
+                                                         (w0_writes, w1_writes)]
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_every_slot_is_written_before_read_and_read_before_rewritten(case):
+    """The race-freedom of the exchange, from order and data edges alone."""
+    layout, slots = make(case)
+    _nodes, edges = op_graph(layout, slots, range(3))
+    needed = [e for e in edges if e.kind == "reuse"]
+    kept = [e for e in edges if e.kind != "reuse"]
+    assert len(needed) == sum(len(s.readers) for s in slots) * 2
+    for edge in needed:
+        assert edge.target in reachable(kept, edge.source), edge
+    for edge in (e for e in kept if e.kind == "data"):
+        assert edge.source.step == edge.target.step
+        assert edge.source.worker != edge.target.worker
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_graph_is_acyclic_and_every_op_runs_once_per_step(case):
+    layout, slots = make(case)
+    nodes, edges = op_graph(layout, slots, range(2))
+    assert len(nodes) == len(set(nodes)) == 2 * sum(
+        len(worker_ops(layout, w)) for w in range(len(layout.workers)))
+    for node in nodes:
+        assert node not in reachable(edges, node), f"cycle through {node}"
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_markers_sync_is_one_task_per_worker_without_dask_dependencies(case):
+    layout, slots = make(case)
+    tasks = step_tasks(layout, slots, 5, "markers")
+    busy = [w for w in range(len(layout.workers)) if worker_ops(layout, w)]
+    assert [t.worker for t in tasks] == busy
+    for task in tasks:
+        assert list(task.ops) == worker_ops(layout, task.worker)
+        assert task.deps == ()
+    later = step_tasks(layout, slots, 6, "markers")
+    assert all(a.priority > b.priority for a, b in zip(tasks, later))  # step 5 first
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_scheduler_sync_tasks_carry_every_edge_as_a_dependency(case):
+    layout, slots = make(case)
+    steps = [step_tasks(layout, slots, s, "scheduler", first_step=3) for s in (3, 4)]
+    task_of = {(t.step, t.worker, op): t for tasks in steps for t in tasks for op in t.ops}
+    names = {t.name: t for tasks in steps for t in tasks}
+    assert all(dep in names for t in names.values() for dep in t.deps)
+
+    def task_after(first, second) -> bool:  # second waits for first through Dask
+        todo, seen = [second], set()
+        while todo:
+            task = todo.pop()
+            if task.name == first.name:
+                return True
+            for dep in task.deps:
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(names[dep])
+        return False
+
+    _nodes, edges = op_graph(layout, slots, range(3, 5))
+    for edge in edges:
+        a = task_of[(edge.source.step, edge.source.worker, edge.source.op)]
+        b = task_of[(edge.target.step, edge.target.worker, edge.target.op)]
+        if a is not b:
+            assert task_after(a, b), edge
+    # a task is cut only where its first op reads another worker's slot
+    readers = {(r, s.read_op) for s in slots for r in s.readers}
+    for task in names.values():
+        assert all((task.worker, op) not in readers for op in task.ops[1:])
+    for task in steps[0]:  # the run's first step waits for no earlier step
+        if task.name.endswith("-0") and (task.worker, task.ops[0]) not in readers:
+            assert task.deps == ()
