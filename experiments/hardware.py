@@ -20,7 +20,7 @@ In a sweep file::
       link: {gbps: 10, latency_us: 10}          # every device's link (Hockney)
       store: null                 # kernel: null = direct transfers over the links,
                                   # or {gbps: 40, latency_us: 100} for a shared store
-      dask: null                  # kernel: {task_ms, hop_ms, round_trip_ms} per step
+      dask: null                  # kernel: {task_ms, sync_ms, hop_ms} (see DaskOverhead)
 
 Why presets carry their sources: a predicted speedup is only as good as the rates
 behind it, and a reader of a results store must be able to tell what "gpu" meant
@@ -131,9 +131,9 @@ class StoreConfig:
 class DaskConfig:
     """Orchestration costs of a kernel-parallel step (see ``pipeline.costmodel.DaskOverhead``)."""
 
-    task_ms: float = 0.0
-    hop_ms: float = 0.0
-    round_trip_ms: float = 0.0
+    task_ms: float = 0.0  # gap between a worker's queued tasks
+    sync_ms: float = 0.0  # a ready marker to its reader (sync: markers)
+    hop_ms: float = 0.0  # a Dask dependency (sync: scheduler)
 
 
 @dataclass
@@ -210,7 +210,7 @@ def check_hardware(hw: HardwareConfig, where: str = "hardware") -> None:
         _positive(f"{where}.store.client_gbps", hw.store.client_gbps, allow_inf=True)
         _not_negative(f"{where}.store.latency_us", hw.store.latency_us)
     if hw.dask is not None:
-        for attr in ("task_ms", "hop_ms", "round_trip_ms"):
+        for attr in ("task_ms", "sync_ms", "hop_ms"):
             _not_negative(f"{where}.dask.{attr}", getattr(hw.dask, attr))
 
 
@@ -279,5 +279,5 @@ def overhead_spec(dask: DaskConfig | None) -> DaskOverhead | None:
     """Per-step Dask costs, or None for none."""
     if dask is None:
         return None
-    return DaskOverhead(task=dask.task_ms * 1e-3, hop=dask.hop_ms * 1e-3,
-                        client_round_trip=dask.round_trip_ms * 1e-3)
+    return DaskOverhead(task=dask.task_ms * 1e-3, sync=dask.sync_ms * 1e-3,
+                        hop=dask.hop_ms * 1e-3)

@@ -7,11 +7,11 @@ of the engine's step, access by access (see :mod:`pipeline.costmodel.kernel`):
 - ``reference``: the whole network in this process with ``reference.threads``
   threads (each layer timed inside whole steps), plus one batch read (a
   :class:`~pipeline.probe.MasterProbe`);
-- ``single``: one worker through the machinery: all kernels in one shard per
-  layer, its workspace reads and writes, the master's dense head and its I/O,
-  and Dask's round trip, hops and tasks;
-- ``kernel``: the same over ``P`` workers with the run's split (the split the
-  run recorded, if given; else the one its placement would choose).
+- ``single``: one worker running the whole step as one task: every layer, the
+  dense head, the batch read, and the gap between its queued step tasks;
+- ``kernel``: ``P`` workers with the run's split (the split the run recorded, if
+  given; else the one its placement would choose) and master, exchanging
+  through the workspace as the engine does (see :mod:`pipeline.costmodel.kernel`).
 
 :func:`predict_point` is what the sweep calls after each point (and, with no
 summary, in ``mode: predict`` and dry runs).  Without a probe it takes one
@@ -27,15 +27,21 @@ callers that only want the number.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
+from pipeline.cluster import (ClusterError, find_workers, open_client, register_setup,
+                              scheduler_address)
 from pipeline.config import RunConfig
 from pipeline.costmodel import Prediction, predict
+from pipeline.model_placement import calibrated_split, choose_split
 from pipeline.placement import split_even
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
                             costmodel_network, dataset_store, find_cached_probe, master_device,
                             probe_key, workspace_location)
+from pipeline.train import prepare_dataset
+from storage.datasets import DatasetError, open_dataset_info
 from tasks.specs import NetworkSpec
 
 __all__ = ["PointPrediction", "predict_config", "predict_point", "network_for",
@@ -55,8 +61,6 @@ class PointPrediction(dict):
 
 def network_for(config: RunConfig) -> NetworkSpec:
     """The run's network shapes (the dataset's image shape if it exists, else CIFAR's)."""
-    from storage.datasets import DatasetError, open_dataset_info
-
     try:
         shape = open_dataset_info(config.dataset_path).image_shape
     except DatasetError:
@@ -70,9 +74,6 @@ def _dataset(config: RunConfig) -> str | None:
 
 def _prepare_dataset(config: RunConfig) -> None:
     """Build the config's dataset store if it can be (else the probe falls back)."""
-    from pipeline.train import prepare_dataset
-    from storage.datasets import DatasetError
-
     try:
         prepare_dataset(config)
     except (DatasetError, OSError):
@@ -98,8 +99,6 @@ def split_for(config: RunConfig, probe: ClusterProbe, active: int) -> list[list[
     quanta = probe.quanta
     if config.placement == "even" or active == 1:
         return [split_even(layer.kernels, active, q) for layer, q in zip(spec.conv, quanta)]
-    from pipeline.model_placement import calibrated_split, choose_split
-
     if config.placement == "model":
         return choose_split(probe, active)["kernel_split"]
     return calibrated_split(probe, active)
@@ -134,8 +133,11 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
         raise ValueError("the probe was made for another network or batch")
     active = workers_used(config, probe)
     counts = kernel_split or split_for(config, probe, active)
+    names = [w.name for w in probe.workers[:active]]
+    master = names.index(config.cluster.master) if config.cluster.master in names else 0
     return predict("kernel", net, batch, probe.device_specs(active), store=probe.store_spec(),
-                   options=probe.kernel_options(kernel_counts=counts))
+                   options=probe.kernel_options(kernel_counts=counts, master=master,
+                                                sync=config.workspace.sync))
 
 
 def _policy() -> str:
@@ -152,11 +154,6 @@ def probe_for_config(config: RunConfig, client: Any = None, slots: Any = None,
     ``auto`` policy, it connects to the config's scheduler or starts the
     config's embedded cluster for the probe.
     """
-    import dataclasses
-
-    from pipeline.cluster import (ClusterError, find_workers, open_client, register_setup,
-                                  scheduler_address)
-
     policy = policy or _policy()
     if policy == "never":
         return None
@@ -249,9 +246,8 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
                 "conv_s": [t.forward_s + t.backward_s for t in probe.timings]}
     s, d = probe.store, probe.dask
     return {"store_read_bw": s.read_bw, "store_write_bw": s.write_bw,
-            "master_store": s.master,
-            "store_read_chunk_s": s.read_chunk_s, "store_write_chunk_s": s.write_chunk_s,
-            "store_latency_s": 0.5 * (s.read_latency_s + s.write_latency_s),
-            "dataset_read_s": s.dataset_read_s, "client_round_trip_s": d.client_round_trip_s,
-            "hop_s": d.hop_s, "task_s": d.task_s, "master_dense_s": probe.master.dense_s,
+            "store_read_latency_s": s.read_latency_s, "store_write_latency_s": s.write_latency_s,
+            "dataset_read_s": s.dataset_read_s, "task_gap_s": d.task_s, "sync_s": d.sync_s,
+            "hop_s": d.hop_s, "client_round_trip_s": d.round_trip_s,
+            "master_dense_s": probe.master.dense_s,
             "calibration_s_per_kernel": probe.calibration()}

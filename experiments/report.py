@@ -37,9 +37,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
+import yaml  # noqa: E402
 
+from experiments.figures import save_figure, write_figures  # noqa: E402
 from experiments.results import (DONE, FAILED, STORE_FORMAT, base_strategy, format_table,  # noqa: E402
                                  summary_table)
+from experiments.scaling_report import make_scaling_report  # noqa: E402
+from experiments.sweep_config import value_label  # noqa: E402
 
 PAPER_POINT = (4, 3.28)  # Marques et al. 2018: 3.28x speedup with four CPUs
 PAPER_LABEL = "Marques et al. 2018: 3.28x on 4 CPUs"
@@ -122,8 +126,6 @@ class StoreView:
 
 def _base_network(ds: xr.Dataset) -> str:
     """The conv widths every point shares, e.g. '32/64' (when the network is not swept)."""
-    import yaml
-
     try:
         conv = yaml.safe_load(ds.attrs.get("config", ""))["base"]["network"]["conv"]
         return "/".join(str(layer["kernels"]) for layer in conv)
@@ -325,8 +327,6 @@ def placement_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
 
 def _worker_sets(sweep: StoreView, data: pd.DataFrame) -> list[str]:
     """Each row's worker set as speeds ('1+0.5'), apart from what is zipped with it."""
-    from experiments.sweep_config import value_label
-
     wdim = sweep.worker_dim
     if wdim is not None and sweep.axes.get(wdim) == ["cluster.workers"]:
         return [str(v) for v in data[wdim]]
@@ -389,26 +389,6 @@ def prediction_figure(frame: pd.DataFrame, path: str) -> bool:
     ax.grid(alpha=0.3)
     save_figure(fig, path)
     return True
-
-
-def save_figure(fig: Any, path: str) -> None:
-    """Lay out, write and close a figure (every figure of the reports)."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
-def write_figures(makers: list[tuple[str, Any]], out_dir: str) -> list[str]:
-    """Draw each (file name, maker) figure; a maker returns False when its figure does
-    not apply, and an earlier report's file of that name is then removed."""
-    written = []
-    for name, make in makers:
-        path = os.path.join(out_dir, name)
-        if make(path):
-            written.append(name)
-        elif os.path.exists(path):
-            os.remove(path)
-    return written
 
 
 # The markdown report ----------------------------------------------------------------
@@ -499,8 +479,6 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
     out_dir = out_dir or default_out_dir(store)
     os.makedirs(out_dir, exist_ok=True)
     if ds.attrs.get("mode") == "scaling":  # predicted over hypothetical clusters
-        from experiments.scaling_report import make_scaling_report
-
         return make_scaling_report(ds, out_dir)
     sweep = StoreView(ds)
     frame = sweep.points()

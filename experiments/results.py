@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 import psutil
 import xarray as xr
+import yaml
 import zarr
 
 from experiments.sweep_config import Axis, Sweep, value_json, value_label
@@ -570,8 +571,6 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
 
 def base_strategy(ds: xr.Dataset) -> str:
     """The base config's strategy of a sweep store (for stores without that axis)."""
-    import yaml
-
     try:
         return str(yaml.safe_load(ds.attrs.get("config", ""))["base"].get("strategy", "kernel"))
     except (TypeError, KeyError, AttributeError, yaml.YAMLError):

@@ -38,7 +38,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.report import save_figure, write_figures  # noqa: E402
+from experiments.figures import save_figure, write_figures  # noqa: E402
 from experiments.results import DONE, FAILED, base_strategy  # noqa: E402
 
 __all__ = ["ScalingView", "make_scaling_report", "winners"]

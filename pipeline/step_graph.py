@@ -129,4 +129,20 @@ def step_tasks(layout: Layout, slots: list[Slot], step: int, sync: Sync,
                          if worker in slot.readers and slot.read_op in piece]
             tasks.append(TaskSpec(f"step-{step}-w{worker}-{index}", step, worker, tuple(piece),
                                   tuple(dict.fromkeys(deps)), -(step * PRIORITY_STRIDE + index)))
-    return tasks
+    return _in_dependency_order(tasks)
+
+
+def _in_dependency_order(tasks: list[TaskSpec]) -> list[TaskSpec]:
+    """The tasks reordered so that each comes after the tasks of its step it waits for
+    (a Dask dependency must exist before it is named); otherwise in worker order."""
+    names = {task.name for task in tasks}
+    placed: set[str] = set()
+    ordered: list[TaskSpec] = []
+    while len(ordered) < len(tasks):
+        ready = [t for t in tasks if t.name not in placed
+                 and all(d in placed or d not in names for d in t.deps)]
+        if not ready:
+            raise ValueError("the step's tasks wait for each other in a cycle")
+        ordered.append(ready[0])
+        placed.add(ready[0].name)
+    return ordered

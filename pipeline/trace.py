@@ -61,8 +61,10 @@ def trace_events(receipts: list[Receipt], client: list[ClientEvent], workers: li
             events.append(_complete(name, lane, op.start, op.end, origin, "op",
                                     {"step": receipt.step, "layer": op.layer}))
             for phase in op.phases:
+                args = {key: value for key, value in (("bytes", phase.nbytes),
+                                                      ("slot", phase.slot)) if value}
                 events.append(_complete(phase.kind, lane, phase.start, phase.end, origin,
-                                        "phase", {"bytes": phase.nbytes} if phase.nbytes else {}))
+                                        "phase", args))
     return events
 
 

@@ -39,6 +39,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec
@@ -83,8 +84,6 @@ def remove_exchange(path: str) -> None:
     if _is_local(path):
         shutil.rmtree(_local(path), ignore_errors=True)
     else:
-        import fsspec  # a remote store: only then is fsspec needed
-
         fs, root = fsspec.core.url_to_fs(path)
         try:
             fs.rm(root, recursive=True)
@@ -104,8 +103,6 @@ class Markers:
         if self.local:
             self.root = os.path.join(_local(path), "ready")
         else:
-            import fsspec
-
             self.fs, root = fsspec.core.url_to_fs(path)
             self.root = f"{root.rstrip('/')}/ready"
 

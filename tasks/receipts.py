@@ -29,6 +29,7 @@ class Phase:
     start: float
     end: float
     nbytes: int = 0
+    slot: str = ""  # the workspace slot a read, write or wait touched
 
     @property
     def seconds(self) -> float:
@@ -94,9 +95,9 @@ class TaskClock:
             self.current = None
 
     @contextlib.contextmanager
-    def phase(self, kind: str, nbytes: int = 0) -> Iterator[Phase]:
+    def phase(self, kind: str, nbytes: int = 0, slot: str = "") -> Iterator[Phase]:
         assert self.current is not None, "a phase belongs to an op"
-        phase = Phase(kind, time.time(), 0.0, nbytes)
+        phase = Phase(kind, time.time(), 0.0, nbytes, slot)
         try:
             yield phase
         finally:

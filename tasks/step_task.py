@@ -40,7 +40,8 @@ from tasks.layout import (CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, Layout, Slot,
                           exchange_slots, worker_ops)
 from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec, OptimizerSpec, RunPaths
-from tasks.worker_state import WorkerProfile, current_profile, drop_run, get_run, put_run
+from tasks.worker_state import (WorkerProfile, current_profile, drop_run, get_run,
+                                prepare_thread, put_run)
 
 
 @dataclass
@@ -102,6 +103,7 @@ def init_run(run_id: str, layout: Layout, me: int, network: NetworkSpec, batch: 
 def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray,
             task: str = "", deps: tuple = ()) -> Receipt:
     """Run `ops` of `step` on this worker; `deps` only orders the task (Dask waits)."""
+    prepare_thread()
     run: RunState = get_run(run_id)
     _check_order(run, step, ops)
     receipt = Receipt(task, run.profile.name, step, _now())
@@ -227,9 +229,9 @@ def _gather(run: RunState, layer: int, step: int, clock: TaskClock) -> torch.Ten
 
 
 def _read(run: RunState, slot: str, step: int, clock: TaskClock) -> torch.Tensor:
-    with clock.phase("wait"):
+    with clock.phase("wait", slot=slot):
         run.exchange.wait(slot, step, run.wait_timeout, _task_cancelled)
-    with clock.phase("read") as phase:
+    with clock.phase("read", slot=slot) as phase:
         data = run.exchange.read(slot)
         phase.nbytes = data.nbytes
         tensor = torch.from_numpy(data).to(run.profile.device)
@@ -240,7 +242,7 @@ def _write(run: RunState, slot: str, step: int, tensor: torch.Tensor, clock: Tas
     """Write `tensor` to `slot` if the layout has that slot (another worker reads it)."""
     if slot not in run.slots:
         return
-    with clock.phase("write") as phase:
+    with clock.phase("write", slot=slot) as phase:
         data = _to_host(run, slot, tensor)
         phase.nbytes = data.nbytes
         run.exchange.write(slot, step, data)

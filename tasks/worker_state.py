@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,21 @@ def configure_process(threads: int) -> None:
     tune_allocator()
 
 
+_THREAD = threading.local()
+
+
+def prepare_thread() -> None:
+    """Flush denormals in the calling thread, once.
+
+    The CPU's flush-to-zero flags are per thread, and Dask runs tasks in an
+    executor thread, not the one `WorkerSetup.setup` runs in: every task that
+    computes calls this first.
+    """
+    if not getattr(_THREAD, "ready", False):
+        torch.set_flush_denormal(True)
+        _THREAD.ready = True
+
+
 class WorkerSetup(WorkerPlugin):
     """Configures each worker: torch threads, emulated speed, the compute device."""
 
@@ -102,7 +118,11 @@ class WorkerSetup(WorkerPlugin):
 
 
 def current_profile() -> WorkerProfile:
-    """The profile of the worker running this task (plain defaults outside Dask)."""
+    """The profile of the worker running this task (plain defaults outside Dask).
+
+    Also readies the calling thread (`prepare_thread`): every task asks for it.
+    """
+    prepare_thread()
     try:
         address = get_worker().address
     except ValueError:

@@ -32,6 +32,7 @@ from pipeline.costmodel import (
 )
 from pipeline.costmodel import collectives as col
 from pipeline.costmodel.compute import conv_time
+from pipeline.costmodel.kernel import workspace_bytes
 from pipeline.costmodel.krizhevsky import PUBLISHED_SINGLE_STEP, PUBLISHED_SPEEDUPS
 
 CPU = DeviceSpec(flops=90e9, mem_bw=10e9, name="cpu")
@@ -266,7 +267,7 @@ def test_proportional_split_follows_rates():
 
 def _slow_link_case():
     fast = LinkSpec.from_bandwidth(10e9, 1e-4)
-    slow = LinkSpec.from_bandwidth(50e6, 5e-3)
+    slow = LinkSpec.from_bandwidth(10e6, 5e-3)
     a = DeviceSpec(flops=90e9, mem_bw=10e9, link=fast)
     b = DeviceSpec(flops=270e9, mem_bw=10e9, link=slow)  # fast device, slow link
     return marques_cifar(), [a, b], StoreSpec(write_bw=2e9, read_bw=2e9, latency=1e-3)
@@ -306,16 +307,34 @@ def test_minmax_never_worse_than_proportional():
             assert sum(1 for k in row if k % q) <= 1
 
 
-def test_kernel_bytes_match_methods_traffic():
-    """METHODS §1: full input to every device, outputs once, P partials summed."""
-    net, B, P = marques_cifar(), 8, 3
-    p = predict("kernel", net, B, [CPU] * P, LAN, STORE)
+@pytest.mark.parametrize("counts,master", [([[4, 4], [8, 8]], 0), ([[4, 4], [8, 8]], 1),
+                                          ([[2, 4, 2], [8, 0, 8]], 2), ([[8, 0], [16, 0]], 1)])
+def test_kernel_bytes_equal_the_engines_slots(counts, master):
+    """The model's traffic, derived on its own, equals the engine's formula
+    (tasks.layout.workspace_bytes, which the run's measured bytes must meet)."""
+    from tasks.layout import layout_from_counts, workspace_bytes as engine_bytes
+    from tasks.specs import ConvLayerSpec, NetworkSpec
+
+    net, B = marques_cifar(8, 16), 4
+    spec = NetworkSpec((ConvLayerSpec(3, 8), ConvLayerSpec(8, 16, in_height=16, in_width=16)))
+    layout = layout_from_counts([f"w{i}" for i in range(len(counts[0]))], counts, master)
+    expected = sum(r + w for r, w in engine_bytes(layout, spec, B, 4))
+    assert workspace_bytes(net, B, counts, master) == expected
+    p = predict("kernel", net, B, [CPU] * len(counts[0]), LAN, STORE, kernel_counts=counts,
+                master=master)
+    assert p.details["bytes_moved"] == expected
+
+
+def test_kernel_bytes_by_hand():
+    """METHODS §1 with own slices kept in memory: two equal halves, master 0."""
+    net, B = marques_cifar(8, 16), 4
     c1, c2 = net.conv
-    fwd = P * c1.input_elements(B) + c1.output_elements(B) + P * c2.input_elements(B) + c2.output_elements(B)
-    head = 2 * B * net.features
-    bwd = 1 * c2.output_elements(B) + P * c2.input_elements(B)  # layer 2: slices from the master, partials out
-    bwd += P * c1.output_elements(B)  # layer 1: its slice of each of the P partials, no input grad
-    assert p.details["bytes_moved"] == 4 * (fwd + head + bwd)
+    half1, half2 = c1.output_elements(B, 4), c2.output_elements(B, 8)
+    # act1 both ways, act2 of worker 1 to the master, its gradient back,
+    # the partial of layer 2 both ways (each the other's half of act1's channels)
+    elements = 2 * half1 + half2 + half2 + 2 * half1
+    assert workspace_bytes(net, B, [[4, 4], [8, 8]], 0) == 2 * 4 * elements  # read + written
+    assert workspace_bytes(net, B, [[8], [16]], 0) == 0  # one device: nothing moves
 
 
 def test_bad_kernel_counts_rejected():
@@ -349,14 +368,21 @@ def test_fit_hockney_recovers_parameters():
 def test_store_and_overhead_builders():
     st = store_from_measurements(1.9e9, 0.8e9, 1e-3)
     assert (st.client_bw("write"), st.client_bw("read"), st.latency) == (1.9e9, 0.8e9, 1e-3)
-    ov = overhead_from_measurements(11.5e-3)
-    assert isinstance(ov, DaskOverhead) and ov.hop == 11.5e-3 and ov.client_round_trip == 11.5e-3
+    ov = overhead_from_measurements(2e-3, sync=5e-4)
+    assert isinstance(ov, DaskOverhead) and (ov.task, ov.sync, ov.hop) == (2e-3, 5e-4, 2e-2)
     net = marques_cifar(50, 150)
-    with_ov = predict("kernel", net, 8, [CPU] * 2, LAN, st, overhead=ov)
     without = predict("kernel", net, 8, [CPU] * 2, LAN, st)
-    # the engine's step: 2 layers x 2 directions x 2 shard tasks; a chain of 2*2 levels
-    # (backward top-down, then forward) has 3 hops; the master submits and gathers once
-    assert with_ov.step_time - without.step_time == pytest.approx(8 * ov.task + 3 * ov.hop + ov.client_round_trip)
+    # equal devices: a step starts a task gap later on each, and two of its four
+    # exchanges (act1 to the master, act2 back as gradients) wait on the critical path
+    with_task = predict("kernel", net, 8, [CPU] * 2, LAN, st, overhead=DaskOverhead(task=0.01))
+    assert with_task.step_time - without.step_time == pytest.approx(0.01)
+    with_sync = predict("kernel", net, 8, [CPU] * 2, LAN, st, overhead=DaskOverhead(sync=1e-3))
+    assert with_sync.step_time - without.step_time == pytest.approx(2e-3)
+    # through the scheduler every one of the 2 L exchanges is a hop on the critical path
+    hops = predict("kernel", net, 8, [CPU] * 2, LAN, st, overhead=DaskOverhead(hop=0.02),
+                   sync="scheduler")
+    assert hops.step_time - without.step_time == pytest.approx(4 * 0.02)
+    assert hops.breakdown["overhead"] == pytest.approx(4 * 0.02)
 
 
 # -- Krizhevsky reproduction --------------------------------------------------------
@@ -429,32 +455,34 @@ def test_measured_table_replaces_rate_in_every_strategy():
     single = predict("single", net, 32, dev)
     assert single.breakdown["compute_critical"] == pytest.approx(0.01 + 0.02 + 0.03 + 0.07)
     split = predict("kernel", net, 32, [dev, dev], kernel_counts=[[4, 4], [8, 8]])
-    # conv2 at 8 kernels: interpolated between 4 and 16
-    assert split.details["phases"][1]["time"] == pytest.approx(0.01 + (0.03 - 0.01) * 4 / 12)
+    # equal devices in lockstep: one device's convs are the critical compute;
+    # conv1 at 4 kernels costs its smallest point's, conv2 at 8 is interpolated
+    conv2 = (0.01 + (0.03 - 0.01) * 4 / 12) + (0.02 + (0.07 - 0.02) * 4 / 12)
+    assert split.breakdown["compute_critical"] == pytest.approx(0.01 + 0.02 + conv2)
 
 
-def test_store_chunks_and_dataset_reads_follow_the_engine():
-    """Every access pays its latency and one chunk cost per quantum of channels of the
-    layer whose output the array is shaped like (per-layer quanta 4 and 8 here)."""
+def test_every_access_is_one_operation_and_own_slices_are_free():
+    """Each read or write of a slot pays the store's latency and one chunk; a device's
+    own slices cost nothing; layer 1 and nothing else reads the dataset."""
     net, B = marques_cifar(8, 16), 4
-    store = StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=1.0, read_chunk=10.0, write_chunk=100.0)
+    store = StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=1.0, read_chunk=10.0,
+                      write_chunk=100.0)
     dataset = StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=1000.0)
     dev = DeviceSpec(flops=math.inf)
     p = predict("kernel", net, B, [dev, dev], store=store, kernel_counts=[[4, 4], [8, 8]],
-                quantum=[4, 8], dataset=dataset)
-    phases = {ph["phase"]: ph["devices"][0] for ph in p.details["phases"]}
-    assert phases["conv1.fwd"] == pytest.approx(1000 + (1 + 100))  # batch from the dataset, 1 chunk out
-    assert phases["conv2.fwd"] == pytest.approx((1 + 2 * 10) + (1 + 1 * 100))  # act1 in (q 4), 8 out (q 8)
-    assert phases["conv2.bwd"] == pytest.approx((1 + 1 * 10) + (1 + 2 * 100))  # grad slice (q 8), partial (q 4)
-    assert phases["conv1.bwd"] == pytest.approx(2 * (1 + 1 * 10))  # a slice of each of 2 partials
-    # master: read 16 channels (2 chunks of 8), write them, read the batch for its labels
-    assert p.details["master_io"] == pytest.approx((1 + 2 * 10) + (1 + 2 * 100) + 1000)
-    mine = StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=0.0)
-    q = predict("kernel", net, B, [dev, dev], store=store, kernel_counts=[[4, 4], [8, 8]],
-                quantum=[4, 8], dataset=dataset, master_store=mine)
-    assert q.details["master_io"] == pytest.approx(1000)  # the master's own view of the store
-    single = predict("single", net, B, dev, dataset=dataset)
-    assert single.breakdown["storage"] == pytest.approx(1000) and single.step_time == pytest.approx(1000)
+                dataset=dataset)
+    io = [sum(end - start for start, end, kind in lane if kind == "io")
+          for lane in p.details["timeline"]]
+    # worker 1: the batch, act1 out and the master's in, act2 out, grad in, partial out/in
+    # master 0: the batch, act1 out and in, act2 in, grad out, partial out/in
+    assert io == [pytest.approx(1000 + 3 * 101 + 3 * 11)] * 2
+    single = predict("kernel", net, B, [dev], store=store, kernel_counts=[[8], [16]],
+                     dataset=dataset)
+    assert single.step_time == pytest.approx(1000) and single.breakdown["storage"] == \
+        pytest.approx(1000)
+    alone = predict("single", net, B, dev, dataset=dataset)
+    assert alone.breakdown["storage"] == pytest.approx(1000) and alone.step_time == \
+        pytest.approx(1000)
 
 
 def test_minmax_keeps_a_minimum_per_device():

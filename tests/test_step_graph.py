@@ -144,6 +144,11 @@ def test_scheduler_sync_tasks_carry_every_edge_as_a_dependency(case):
     task_of = {(t.step, t.worker, op): t for tasks in steps for t in tasks for op in t.ops}
     names = {t.name: t for tasks in steps for t in tasks}
     assert all(dep in names for t in names.values() for dep in t.deps)
+    for tasks in steps:  # submittable in list order: a task's dependencies come first
+        seen: set[str] = set()
+        for task in tasks:
+            assert all(d in seen or names[d].step < task.step for d in task.deps), task
+            seen.add(task.name)
 
     def task_after(first, second) -> bool:  # second waits for first through Dask
         todo, seen = [second], set()

@@ -133,21 +133,10 @@ def store_from_measurements(
 
 
 def overhead_from_measurements(
-    task_round_trip: float,
+    task_gap: float,
+    sync: float = 0.0,
     hop: float | None = None,
-    client_round_trip: float | None = None,
-    task_fraction: float = 0.1,
 ) -> DaskOverhead:
-    """Dask costs from a measured trivial-task round trip (s).
-
-    A round trip through the client covers submit, schedule, run and
-    report.  Without separate measurements, a dependency hop between tasks
-    (worker -> scheduler -> worker) is taken as the whole round trip and
-    the scheduler's serial cost per task as ``task_fraction`` of it.
-    """
-    return DaskOverhead(
-        task=task_fraction * task_round_trip,
-        hop=task_round_trip if hop is None else hop,
-        client_round_trip=task_round_trip if client_round_trip is None else client_round_trip,
-    )
-
+    """Dask costs from measured seconds: the gap between a worker's queued tasks,
+    the marker latency, and (default: ten task gaps) a scheduler hop."""
+    return DaskOverhead(task=task_gap, sync=sync, hop=10 * task_gap if hop is None else hop)

@@ -34,11 +34,16 @@ class LayerTime:
         Backward products and element-wise work (no update).
     update : float
         SGD update of the parameters held.
+    backward_input : float
+        The part of ``backward`` that comes first and yields the input gradient
+        (pool/ReLU backward and the input-gradient product): the engine hands
+        it on to the layer below before computing the weight gradient.
     """
 
     forward: float = 0.0
     backward: float = 0.0
     update: float = 0.0
+    backward_input: float = 0.0
 
     @property
     def total(self) -> float:
@@ -50,6 +55,7 @@ class LayerTime:
             self.forward + other.forward,
             self.backward + other.backward,
             self.update + other.update,
+            self.backward_input + other.backward_input,
         )
 
 
@@ -83,7 +89,7 @@ def conv_time(
     table = dev.layer_tables.get(name) if name is not None else None
     if table is not None:  # measured at the real shapes, update included
         fwd, bwd = table.times(k, batch)
-        return LayerTime(fwd, bwd, 0.0)
+        return LayerTime(fwd, bwd, 0.0, table.input_time(k, batch) if input_grad else 0.0)
     conv_el = layer.conv_elements(batch, k)
     out_el = layer.output_elements(batch, k)
     # forward: product, then ReLU fused into the pool's read (read + write
@@ -91,13 +97,13 @@ def conv_time(
     fwd = dev.gemm_time(layer.forward(batch, k), "conv", name) + dev.stream_time(2 * conv_el + out_el)
     # backward: pool/ReLU backward (read pooled grad, write + mask the
     # pre-pool grad), kernel grads, and the col2im input grad.
-    bwd = dev.gemm_time(layer.backward_weight(batch, k), "conv", name)
-    bwd += dev.stream_time(out_el + 2 * conv_el)
+    first = dev.stream_time(out_el + 2 * conv_el)
     if input_grad:
-        bwd += dev.gemm_time(layer.backward_input(batch, k), "conv", name)
-        bwd += dev.stream_time(layer.input_elements(batch))
+        first += dev.gemm_time(layer.backward_input(batch, k), "conv", name)
+        first += dev.stream_time(layer.input_elements(batch))
+    bwd = first + dev.gemm_time(layer.backward_weight(batch, k), "conv", name)
     upd = dev.stream_time(UPDATE_ACCESSES * layer.params(int(round(k))))
-    return LayerTime(fwd, bwd, upd)
+    return LayerTime(fwd, bwd, upd, first if input_grad else 0.0)
 
 
 def dense_time(

@@ -89,6 +89,10 @@ class LayerTable:
         Seconds of the forward (conv + ReLU + pool) and of the backward
         (gradients, input gradient where the layer has one, and the SGD
         update) at each count.
+    input_grad : tuple of float, optional
+        The first part of each backward: pool/ReLU backward and the input
+        gradient (what the engine hands on before the weight gradient).
+        Empty: half of the backward (the two conv products have equal work).
 
     Notes
     -----
@@ -103,23 +107,30 @@ class LayerTable:
     kernels: tuple[int, ...]
     forward: tuple[float, ...]
     backward: tuple[float, ...]
+    input_grad: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.kernels or not len(self.kernels) == len(self.forward) == len(self.backward):
             raise ValueError("a layer table needs matching, non-empty kernels/forward/backward")
+        if self.input_grad and len(self.input_grad) != len(self.kernels):
+            raise ValueError("a layer table's input_grad needs one value per kernel count")
         if list(self.kernels) != sorted(set(self.kernels)) or self.kernels[0] <= 0:
             raise ValueError("table kernel counts must be positive and strictly ascending")
 
     @classmethod
-    def from_points(cls, batch: int, points: Sequence[tuple[int, float, float]]) -> "LayerTable":
-        """Build from ``(kernels, forward_s, backward_s)`` points (duplicates: median)."""
-        by_k: dict[int, list[tuple[float, float]]] = {}
-        for k, f, b in points:
-            by_k.setdefault(int(k), []).append((float(f), float(b)))
+    def from_points(cls, batch: int, points: Sequence[tuple[float, ...]]) -> "LayerTable":
+        """Build from ``(kernels, forward_s, backward_s[, input_grad_s])`` points
+        (duplicates: median)."""
+        by_k: dict[int, list[tuple[float, ...]]] = {}
+        for k, *times in points:
+            by_k.setdefault(int(k), []).append(tuple(float(t) for t in times))
         ks = sorted(by_k)
-        fwd = tuple(float(np.median([p[0] for p in by_k[k]])) for k in ks)
-        bwd = tuple(float(np.median([p[1] for p in by_k[k]])) for k in ks)
-        return cls(int(batch), tuple(ks), fwd, bwd)
+
+        def column(i: int) -> tuple[float, ...]:
+            return tuple(float(np.median([p[i] for p in by_k[k]])) for k in ks)
+
+        with_input = all(len(p) > 2 for rows in by_k.values() for p in rows)
+        return cls(int(batch), tuple(ks), column(0), column(1), column(2) if with_input else ())
 
     def _at(self, values: tuple[float, ...], k: float) -> float:
         ks = self.kernels
@@ -131,6 +142,14 @@ class LayerTable:
             slope = max((values[-1] - values[-2]) / (ks[-1] - ks[-2]), 0.0)
             return values[-1] + slope * (k - ks[-1])
         return float(np.interp(k, ks, values))
+
+    def input_time(self, kernels: float, batch: float) -> float:
+        """Seconds of the input-gradient part of the backward (see ``input_grad``)."""
+        if kernels <= 0 or batch <= 0:
+            return 0.0
+        if not self.input_grad:
+            return 0.5 * self.times(kernels, batch)[1]
+        return self._at(self.input_grad, kernels) * batch / self.batch
 
     def times(self, kernels: float, batch: float) -> tuple[float, float]:
         """``(forward, backward)`` seconds of ``kernels`` kernels at ``batch``."""
@@ -261,29 +280,21 @@ class StoreSpec:
 
 @dataclass(frozen=True)
 class DaskOverhead:
-    """Per-step orchestration costs of running the step as Dask tasks.
+    """What running a step as Dask tasks adds to it (the engine's orchestration).
 
     Attributes
     ----------
     task : float
-        Cost per task, s (submission, scheduling, fetching its small result
-        as a dependency); the scheduler handles tasks one at a time, so
-        these add up.
+        Gap between the end of one of a worker's tasks and the start of its next
+        one, already queued (dispatch and receipt), s.
+    sync : float
+        Latency from a slot's ready marker to its waiting reader noticing it
+        (``sync: markers``; the reader polls), s.
     hop : float
-        Latency of one dependency hop (a level of tasks waiting on the
-        level before through the scheduler), s.
-    client_round_trip : float
-        One round trip through the client, s (submit, run, report back,
-        gather: the dense head on the master).
-    round_trips_per_step : int
-        How many client round trips a step needs.
+        Latency of a Dask dependency: from one task's end to a dependent task's
+        start through the scheduler (``sync: scheduler``), s.
     """
 
     task: float = 0.0
+    sync: float = 0.0
     hop: float = 0.0
-    client_round_trip: float = 0.0
-    round_trips_per_step: int = 1
-
-    def time(self, tasks: int, hops: int) -> float:
-        """Orchestration seconds of a step with ``tasks`` tasks and ``hops`` levels."""
-        return tasks * self.task + hops * self.hop + self.round_trips_per_step * self.client_round_trip

@@ -1,67 +1,62 @@
-"""Kernel-parallel step (Marques et al.) with activations through a shared store.
+"""Kernel-parallel step (Marques et al.) as the engine runs it: a timeline per device.
 
-Per conv layer ``l`` and device ``d`` holding ``k[l][d]`` kernels:
+Device ``d`` holds ``k[l][d]`` kernels of conv layer ``l`` (possibly none);
+device ``master`` also runs the dense head. Per step each device runs its ops
+in order (tasks/layout.py, tasks/step_task.py):
 
-- forward: read the whole layer input (``B C(l-1) H W``), conv + ReLU + pool,
-  write the pooled output slice;
-- dense head on the master: read the last activations, forward, backward,
-  update, write their gradient;
-- backward: read the device's channel slice of every partial written by the
-  layer above (one source for the last conv layer: the master), sum them,
-  pool/ReLU backward, kernel grads + local update, and for ``l > 1`` write
-  a full-size partial input gradient.
+- forward of each layer it holds: the layer input is the batch (layer 1, read
+  from the dataset) or every shard's output of the layer below; its own shard
+  comes from memory, each other shard is one read of that shard's slot. Then
+  conv + ReLU + pool, then one write of its output if another device reads it;
+- the dense head (master): a read per other shard of the last layer, forward,
+  backward, update, then one write per other shard of its gradient slice;
+- backward of each layer it holds, top down: a read per other source (the
+  master's gradient slice, or every other upper shard's partial slice), the sum,
+  pool/ReLU backward and the input gradient, one write per other shard of the
+  layer below (its channels of the partial), then the weight gradient + update.
 
-Each layer's forward and backward is a phase closed by a barrier (the next
-phase's tasks depend on all of it).  A phase lasts as long as its slowest
-active device (its I/O + compute), and no less than its total bytes over the
-store's shared bandwidth.  With no store the same bytes move over each
-device's link.
-
-This is the data path of :mod:`pipeline.kernel_engine`, access by access:
-every read or write is one store operation (``StoreSpec.latency``) touching
-one chunk per quantum of channels (``StoreSpec.read_chunk`` /
-``write_chunk``; an array shaped like layer ``l``'s output is chunked by
-layer ``l``'s quantum); with ``Options.dataset`` the first layer reads the batch
-from the dataset store, and so does the master (it needs the labels).
-
-Dask: the ``2 L`` levels of a step (backward top-down, then the next
-forward bottom-up) are a chain of ``2 L - 1`` dependency hops; the step
-starts with the master submitting and ends with it gathering the last
-forward (one client round trip), and every shard task costs ``task``.
+A device starts an op when it is free and, for each read, once the slot is
+written and its reader has noticed (``DaskOverhead.sync`` with ready markers,
+``hop`` through the scheduler). With no store, the same bytes cross the links.
+Every access is one operation on a single-chunk slot. Simulating a few steps
+gives the steady step time (devices pipeline across steps: a device starts its
+next step when it is free and its task is queued, ``DaskOverhead.task`` later),
+and walking back along the critical path splits it into compute, dense head,
+storage (or communication) and overhead, which add up to the step time.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
-from .compute import conv_time, dense_time
-from .devices import DeviceSpec, LinkSpec, StoreSpec
+from .compute import LayerTime, conv_time, dense_time
+from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
 from .network import Network
-from .prediction import Options, Prediction, layer_quantum
+from .prediction import Options, Prediction
 
-__all__ = ["KernelContext", "io_time", "device_phase", "predict_kernel", "check_counts", "batch_bytes"]
+__all__ = ["KernelContext", "io_time", "predict_kernel", "check_counts", "batch_bytes",
+           "layer_cost", "workspace_bytes"]
+
+#: Steps simulated; the step time is the mean period of the last two.
+SIMULATED_STEPS = 4
 
 
 @dataclass(frozen=True)
 class KernelContext:
-    """Everything a kernel-parallel phase needs."""
+    """Everything the simulation of a kernel-parallel step needs."""
 
     network: Network
     batch: int
     devices: tuple[DeviceSpec, ...]
     link: LinkSpec
     store: StoreSpec | None
-    quantum: int | Sequence[int] = 1
+    counts: tuple[tuple[int, ...], ...]
+    master: int = 0
     dataset: StoreSpec | None = None
-
-    def chunks(self, channels: float, layer: int) -> int:
-        """Chunks touched by an access of ``channels`` channels of an array shaped like
-        conv layer ``layer``'s output (chunked by that layer's quantum)."""
-        if channels <= 0:
-            return 0
-        return int(math.ceil(channels / layer_quantum(self.quantum, layer)))
+    overhead: DaskOverhead = DaskOverhead()
+    sync: str = "markers"
 
     def link_of(self, d: int) -> LinkSpec:
         """Device ``d``'s own link, else the shared one."""
@@ -71,96 +66,30 @@ class KernelContext:
     def s(self) -> int:
         return self.devices[0].bytes_per_elem
 
+    def holders(self, l: int) -> list[int]:
+        return [d for d, k in enumerate(self.counts[l]) if k > 0]
 
-def io_time(
-    link: LinkSpec,
-    store: StoreSpec | None,
-    n_bytes: float,
-    ops: int,
-    direction: str,
-    chunks: int = 0,
-) -> float:
+    def slice_bytes(self, l: int, d: int) -> float:
+        """Bytes of device ``d``'s share of conv layer ``l``'s pooled output."""
+        return self.network.conv[l].output_elements(self.batch, self.counts[l][d]) * self.s
+
+
+def io_time(link: LinkSpec, store: StoreSpec | None, n_bytes: float, ops: int, direction: str,
+            chunks: int = 0, sharing: int = 1) -> float:
     """One device moving ``n_bytes`` in ``ops`` operations to or from the store.
 
-    Link and store are in series: each operation pays both latencies, each
-    chunk touched the store's per-chunk cost, and the bytes flow at the
-    slower of the two bandwidths.
+    Link and store are in series: each operation pays both latencies, each chunk
+    the store's per-chunk cost, and the bytes flow at the slowest of the link,
+    the store's one-client bandwidth and its aggregate over ``sharing`` devices
+    accessing it at once.
     """
     if ops <= 0 and n_bytes <= 0:
         return 0.0
     if store is None:
         return link.time(n_bytes, ops)
-    per_byte = max(link.beta, 1.0 / store.client_bw(direction))
+    bandwidth = min(store.client_bw(direction), store.aggregate_bw(direction) / max(sharing, 1))
+    per_byte = max(link.beta, 1.0 / bandwidth)
     return ops * (link.alpha + store.latency) + chunks * store.chunk_cost(direction) + n_bytes * per_byte
-
-
-@dataclass(frozen=True)
-class DevicePhase:
-    """One device's part of a phase: compute and I/O seconds, bytes moved."""
-
-    compute: float = 0.0
-    io: float = 0.0
-    read: float = 0.0
-    written: float = 0.0
-
-    @property
-    def time(self) -> float:
-        return self.compute + self.io
-
-
-def device_phase(ctx: KernelContext, l: int, d: int, k: int, direction: str, sources: int = 1) -> DevicePhase:
-    """Device ``d`` running ``k`` kernels of layer ``l`` forward or backward.
-
-    Parameters
-    ----------
-    ctx : KernelContext
-        Network, batch, devices, link, store.
-    l, d, k : int
-        Layer index, device index, kernels held (zero: idle, costs zero).
-    direction : str
-        ``"forward"`` or ``"backward"``.
-    sources : int
-        Backward only: partials to read and sum (devices active in layer
-        ``l + 1``; one for the last layer, whose gradient the master wrote).
-    """
-    if k <= 0:
-        return DevicePhase()
-    layer, dev, link, s = ctx.network.conv[l], ctx.devices[d], ctx.link_of(d), ctx.s
-    t = conv_time(dev, layer, ctx.batch, k, input_grad=l > 0)
-    if direction == "forward":
-        rd = layer.input_elements(ctx.batch) * s
-        wr = layer.output_elements(ctx.batch, k) * s
-        if l == 0 and ctx.dataset is not None:
-            io = io_time(link, ctx.dataset, rd, 1, "read")
-        else:
-            io = io_time(link, ctx.store, rd, 1, "read", ctx.chunks(layer.in_channels, max(l - 1, 0)))
-        io += io_time(link, ctx.store, wr, 1, "write", ctx.chunks(k, l))
-        return DevicePhase(t.forward, io, rd, wr)
-    slice_el = layer.output_elements(ctx.batch, k)
-    rd = sources * slice_el * s
-    wr = layer.input_elements(ctx.batch) * s if l > 0 else 0.0
-    io = io_time(link, ctx.store, rd, sources, "read", sources * ctx.chunks(k, l))
-    if wr:
-        io += io_time(link, ctx.store, wr, 1, "write", ctx.chunks(layer.in_channels, l - 1))
-    summing = dev.stream_time(sources * slice_el) if sources > 1 else 0.0
-    return DevicePhase(t.backward + t.update + summing, io, rd, wr)
-
-
-def _phase(ctx: KernelContext, parts: list[DevicePhase]) -> tuple[float, float, float]:
-    """(time, critical compute, critical I/O) of a barrier-closed phase."""
-    active = [p for p in parts if p.time > 0 or p.read > 0]
-    if not active:
-        return 0.0, 0.0, 0.0
-    worst = max(active, key=lambda p: p.time)
-    if ctx.store is not None:
-        shared = sum(p.read for p in active) / ctx.store.read_bw
-        shared += sum(p.written for p in active) / ctx.store.write_bw
-        shared += ctx.store.latency
-        floor = min(p.compute for p in active) + shared
-        if floor > worst.time:
-            c = min(p.compute for p in active)
-            return floor, c, floor - c
-    return worst.time, worst.compute, worst.io
 
 
 def batch_bytes(network: Network, batch: int, s: int = 4) -> float:
@@ -180,6 +109,138 @@ def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> l
     return rows
 
 
+# -- the timeline ------------------------------------------------------------------------
+
+
+@dataclass
+class _Segment:
+    """A stretch of one device's time: what it did, and what it waited for."""
+
+    start: float
+    end: float
+    kind: str  # "compute", "master", "io", "overhead", "wait"
+    waited_for: tuple[int, float] | None = None  # (writer, ready time) of a wait
+
+
+@dataclass
+class _Timeline:
+    ctx: KernelContext
+    clock: list[float]
+    segments: list[list[_Segment]]
+    ready: dict[str, tuple[int, float]] = field(default_factory=dict)  # slot -> (writer, t)
+    moved: float = 0.0
+
+    def run(self, d: int, kind: str, seconds: float) -> None:
+        if seconds > 0:
+            self.segments[d].append(_Segment(self.clock[d], self.clock[d] + seconds, kind))
+            self.clock[d] += seconds
+
+    def wait(self, d: int, writer: int, ready: float, latency: float) -> None:
+        """Device `d` idles until `ready + latency` (data written by `writer` at `ready`)."""
+        if ready + latency > self.clock[d]:
+            self.segments[d].append(_Segment(self.clock[d], ready + latency, "wait",
+                                             (writer, ready)))
+            self.clock[d] = ready + latency
+
+    def read(self, d: int, sources: list[tuple[str, float]], sharing: int) -> None:
+        """Read each ``(slot, bytes)`` in turn, as soon as it is ready.
+
+        With ready markers each read waits for its own slot; through the scheduler
+        the task holding the reads starts a hop after all its dependencies (its
+        own previous task included) have finished.
+        """
+        if not sources:
+            return
+        if self.ctx.sync == "scheduler":
+            writer, ready = max((self.ready[slot] for slot, _ in sources), key=lambda r: r[1])
+            if self.clock[d] >= ready:
+                writer, ready = d, self.clock[d]
+            self.wait(d, writer, ready, self.ctx.overhead.hop)
+        for slot, n_bytes in sources:
+            if self.ctx.sync != "scheduler":
+                self.wait(d, *self.ready[slot], self.ctx.overhead.sync)
+            self.run(d, "io", io_time(self.ctx.link_of(d), self.ctx.store, n_bytes, 1, "read",
+                                      1, sharing))
+            self.moved += n_bytes
+
+    def write(self, d: int, slot: str, n_bytes: float, sharing: int) -> None:
+        self.run(d, "io", io_time(self.ctx.link_of(d), self.ctx.store, n_bytes, 1, "write", 1,
+                                  sharing))
+        self.ready[slot] = (d, self.clock[d])
+        self.moved += n_bytes
+
+
+def _conv(ctx: KernelContext, l: int, d: int) -> LayerTime:
+    return conv_time(ctx.devices[d], ctx.network.conv[l], ctx.batch, ctx.counts[l][d],
+                     input_grad=l > 0)
+
+
+def _simulate_step(tl: _Timeline) -> None:
+    """One step of every device, op by op in the engine's order."""
+    ctx = tl.ctx
+    L, m = len(ctx.network.conv), ctx.master
+    for d in range(len(ctx.devices)):
+        if any(ctx.counts[l][d] for l in range(L)) or d == m:
+            tl.run(d, "overhead", ctx.overhead.task)
+    for l in range(L):
+        holders = ctx.holders(l)
+        for d in holders:
+            if l == 0:
+                if ctx.dataset is not None:
+                    tl.run(d, "io", io_time(ctx.link_of(d), ctx.dataset,
+                                            batch_bytes(ctx.network, ctx.batch, ctx.s), 1, "read"))
+            else:
+                tl.read(d, [(f"act/{l - 1}/{e}", ctx.slice_bytes(l - 1, e))
+                            for e in ctx.holders(l - 1) if e != d], len(holders))
+            tl.run(d, "compute", _conv(ctx, l, d).forward)
+            readers = ([e for e in ctx.holders(l + 1) if e != d] if l < L - 1
+                       else ([m] if d != m else []))
+            if readers:
+                tl.write(d, f"act/{l}/{d}", ctx.slice_bytes(l, d), len(holders))
+    last = ctx.holders(L - 1)
+    tl.read(m, [(f"act/{L - 1}/{e}", ctx.slice_bytes(L - 1, e)) for e in last if e != m], 1)
+    tl.run(m, "master", dense_time(ctx.devices[m], ctx.network.dense, ctx.batch).total)
+    for e in last:
+        if e != m:
+            tl.write(m, f"grad/{e}", ctx.slice_bytes(L - 1, e), 1)
+    for l in reversed(range(L)):
+        holders = ctx.holders(l)
+        for d in holders:
+            sources = ([] if d == m else [f"grad/{d}"]) if l == L - 1 else \
+                [f"partial/{l + 1}/{e}/{d}" for e in ctx.holders(l + 1) if e != d]
+            tl.read(d, [(slot, ctx.slice_bytes(l, d)) for slot in sources], len(holders))
+            t = _conv(ctx, l, d)
+            parts = 1 if l == L - 1 else len(ctx.holders(l + 1))
+            summing = ctx.devices[d].stream_time(parts * ctx.network.conv[l].output_elements(
+                ctx.batch, ctx.counts[l][d])) if parts > 1 else 0.0
+            tl.run(d, "compute", summing + t.backward_input)
+            if l > 0:
+                for e in ctx.holders(l - 1):
+                    if e != d:
+                        tl.write(d, f"partial/{l}/{d}/{e}", ctx.slice_bytes(l - 1, e), len(holders))
+            tl.run(d, "compute", t.backward - t.backward_input + t.update)
+
+
+def _critical_path(tl: _Timeline, start: float, end: float) -> dict[str, float]:
+    """Seconds per kind on the critical path between `start` and `end`."""
+    totals = {"compute": 0.0, "master": 0.0, "io": 0.0, "overhead": 0.0}
+    d = max(range(len(tl.clock)), key=lambda i: tl.clock[i])
+    t = end
+    while t > start + 1e-15:
+        before = [s for s in tl.segments[d] if s.start < t - 1e-15]
+        if not before:
+            break
+        segment = before[-1]
+        if segment.kind == "wait":
+            writer, ready = segment.waited_for or (d, segment.start)
+            totals["overhead"] += max(min(segment.end, t) - max(ready, start), 0.0)
+            d, t = writer, ready
+            continue
+        totals[segment.kind] += min(segment.end, t) - max(segment.start, start)
+        t = segment.start
+    return totals
+
+
 def predict_kernel(
     network: Network,
     batch: int,
@@ -189,68 +250,64 @@ def predict_kernel(
     options: Options,
     counts: Sequence[Sequence[int]],
 ) -> Prediction:
-    """Step time of kernel-parallel training with a given split."""
+    """Step time of kernel-parallel training with a given split (see the module doc)."""
     devs = tuple(devices)
-    ctx = KernelContext(network, batch, devs, link, store, options.quantum, options.dataset)
     rows = check_counts(network, counts, len(devs))
-    L, s = len(network.conv), ctx.s
-    per_dev = [0.0] * len(devs)
-    crit_c = crit_io = total = 0.0
-    phases: list[dict] = []
-    moved = 0.0
-
-    def run(parts: list[DevicePhase], label: str) -> None:
-        nonlocal crit_c, crit_io, total, moved
-        t, c, io = _phase(ctx, parts)
-        total += t
-        crit_c += c
-        crit_io += io
-        moved += sum(p.read + p.written for p in parts)
-        for i, p in enumerate(parts):
-            per_dev[i] += p.compute
-        phases.append({"phase": label, "time": t, "devices": [p.time for p in parts]})
-
-    for l in range(L):
-        run([device_phase(ctx, l, d, k, "forward") for d, k in enumerate(rows[l])], f"{network.conv[l].name}.fwd")
-
-    # dense head on the master: one read of the last activations, one write
-    # of their gradient, and (with a dataset store) the batch for its labels
-    mdev = options.master_device or devs[options.master]
-    mlink = mdev.link or link
-    feat_bytes = batch * network.features * s
-    head = dense_time(mdev, network.dense, batch)
-    last = ctx.chunks(network.conv[-1].out_channels, L - 1)
-    mstore = options.master_store or store
-    head_io = io_time(mlink, mstore, feat_bytes, 1, "read", last)
-    head_io += io_time(mlink, mstore, feat_bytes, 1, "write", last)
-    if options.dataset is not None:
-        head_io += io_time(mlink, options.dataset, batch_bytes(network, batch, s), 1, "read")
-    master = head.total + head_io
-    if options.master_device is None:
-        per_dev[options.master] += head.total
-    moved += 2 * feat_bytes
-
-    for l in reversed(range(L)):
-        sources = 1 if l == L - 1 else sum(1 for k in rows[l + 1] if k > 0)
-        run([device_phase(ctx, l, d, k, "backward", sources) for d, k in enumerate(rows[l])], f"{network.conv[l].name}.bwd")
-
-    overhead = 0.0
-    if options.overhead is not None:
-        tasks = 2 * sum(1 for r in rows for k in r if k > 0)
-        overhead = options.overhead.time(tasks=tasks, hops=2 * L - 1)
-    step = total + master + overhead
-    io_key = "storage" if store is not None else "communication"
-    breakdown = {
-        "compute": per_dev,
-        "compute_max": max(per_dev),
-        "compute_critical": crit_c,
-        "communication": 0.0,
-        "storage": 0.0,
-        "master": master,
-        "overhead": overhead,
-    }
-    breakdown[io_key] = crit_io
+    ctx = KernelContext(network, batch, devs, link, store, tuple(map(tuple, rows)),
+                        options.master, options.dataset, options.overhead or DaskOverhead(),
+                        options.sync)
+    tl = _Timeline(ctx, [0.0] * len(devs), [[] for _ in devs])
+    ends = []
+    for _ in range(SIMULATED_STEPS):
+        tl.moved = 0.0
+        _simulate_step(tl)
+        ends.append(max(tl.clock))
+    window = 2
+    step = (ends[-1] - ends[-1 - window]) / window
+    path = {k: v / window for k, v in _critical_path(tl, ends[-1 - window], ends[-1]).items()}
+    per_dev = [sum(t.total for t in (_conv(ctx, l, d) for l in range(len(network.conv))))
+               for d in range(len(devs))]
+    head = dense_time(devs[ctx.master], network.dense, batch).total
+    per_dev[ctx.master] += head
+    io_key = "storage" if store is not None or len(devs) == 1 else "communication"
+    breakdown = {"compute": per_dev, "compute_max": max(per_dev),
+                 "compute_critical": path["compute"], "master": path["master"],
+                 "communication": 0.0, "storage": 0.0, "overhead": path["overhead"]}
+    breakdown[io_key] = path["io"]
+    # rounding of the walk: put what is left (idle gaps, float error) in overhead
+    breakdown["overhead"] += step - sum(path.values())
+    last = [[(s.start, s.end, s.kind) for s in segs if s.start >= ends[-2]] for segs in tl.segments]
     return Prediction(
         "kernel", step, batch, breakdown, kernel_counts=rows,
-        details={"phases": phases, "bytes_moved": moved, "master_io": head_io},
-    )
+        details={"timeline": last, "bytes_moved": tl.moved, "master": ctx.master})
+
+
+def workspace_bytes(network: Network, batch: int, counts: Sequence[Sequence[int]],
+                    master: int = 0, s: int = 4) -> float:
+    """Bytes every device reads + writes through the workspace per step."""
+    ctx = KernelContext(network, batch, tuple(DeviceSpec(flops=math.inf, bytes_per_elem=s)
+                                             for _ in counts[0]), LinkSpec(), None,
+                        tuple(map(tuple, counts)), master)
+    tl = _Timeline(ctx, [0.0] * len(counts[0]), [[] for _ in counts[0]])
+    _simulate_step(tl)
+    return tl.moved
+
+
+def layer_cost(ctx: KernelContext, l: int, d: int, k: int, sources: int) -> float:
+    """A device's seconds for ``k`` kernels of layer ``l`` (compute and its traffic),
+    with the layer's other shards held elsewhere and ``sources`` devices active in
+    the layer above: what min-max placement balances (``splits.py``)."""
+    if k <= 0:
+        return 0.0
+    layer, dev, link, s = ctx.network.conv[l], ctx.devices[d], ctx.link_of(d), ctx.s
+    t = conv_time(dev, layer, ctx.batch, k, input_grad=l > 0)
+    P = len(ctx.devices)
+    others_in = layer.input_elements(ctx.batch) * s * (1 - 1 / P) if l > 0 else 0.0
+    out = layer.output_elements(ctx.batch, k) * s
+    io = io_time(link, ctx.store, others_in, P - 1 if l > 0 else 0, "read", P - 1, P)
+    io += io_time(link, ctx.store, out, 1, "write", 1, P) if P > 1 else 0.0
+    io += io_time(link, ctx.store, out * max(sources - 1, 0), max(sources - 1, 0), "read",
+                  max(sources - 1, 0), P)
+    if l > 0 and P > 1:
+        io += io_time(link, ctx.store, others_in, P - 1, "write", P - 1, P)
+    return t.total + io

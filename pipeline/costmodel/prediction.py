@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .devices import DaskOverhead, DeviceSpec, StoreSpec
+from .devices import DaskOverhead, StoreSpec
 
 __all__ = ["Options", "Prediction", "split_batch", "layer_quantum"]
 
@@ -36,13 +36,11 @@ class Options:
         task per worker and layer, so it needs at least one).
     master : int
         Index of the device that runs the dense head (``kernel``).
-    master_device : DeviceSpec, optional
-        A separate master instead of one of ``devices``.
-    master_store : StoreSpec, optional
-        The store as the master reaches it (its own process and client),
-        for the dense head's reads and writes; ``None``: the shared store.
     overhead : DaskOverhead, optional
-        Task / hop / client costs (``kernel``); ``None``: none.
+        Task, marker and hop latencies of the engine (``kernel``); ``None``: none.
+    sync : str
+        ``kernel``: how a reader waits for a writer, ``"markers"`` (polling the
+        workspace; ``overhead.sync``) or ``"scheduler"`` (``overhead.hop``).
     allreduce : str
         ``"ring"`` or ``"rhd"`` for weight-gradient allreduce.
     overlap : bool
@@ -71,9 +69,8 @@ class Options:
     dataset: StoreSpec | None = None
     min_units: int = 0
     master: int = 0
-    master_device: DeviceSpec | None = None
-    master_store: StoreSpec | None = None
     overhead: DaskOverhead | None = None
+    sync: str = "markers"
     allreduce: str = "ring"
     overlap: bool = False
     batch_split: str = "equal"

@@ -2,8 +2,9 @@
 
 ``split_kernels_proportional`` follows Marques et al.: kernels in proportion
 to each device's speed for that layer.  It ignores that every active device
-pays for reading the whole layer input and for writing a full-size partial
-gradient, so a fast device behind a slow link gets too much.
+pays for reading the other shards' part of the layer input and for writing
+their part of its partial gradient, so a fast device behind a slow link gets
+too much.
 
 ``split_kernels_minmax`` minimises the slowest device's predicted time of each
 layer, traffic included.  Per layer, device ``d``'s forward + backward time
@@ -27,7 +28,7 @@ import heapq
 from typing import Sequence
 
 from .devices import DeviceSpec, LinkSpec, StoreSpec
-from .kernel import KernelContext, device_phase, predict_kernel
+from .kernel import KernelContext, layer_cost, predict_kernel
 from .network import Network
 from .prediction import Options, layer_quantum
 
@@ -82,10 +83,7 @@ def _greedy_layer(ctx: KernelContext, l: int, sources: int, quantum: int, min_un
     units = [quantum] * (K // quantum) + ([K % quantum] if K % quantum else [])
 
     def t(d: int, k: int) -> float:
-        return (
-            device_phase(ctx, l, d, k, "forward").time
-            + device_phase(ctx, l, d, k, "backward", sources).time
-        )
+        return layer_cost(ctx, l, d, k, sources)
 
     counts = [0] * P
     start = 0
@@ -145,7 +143,7 @@ def split_kernels_minmax(
     """
     devs = tuple(devices)
     opts = options or Options()
-    ctx = KernelContext(network, batch, devs, link, store, quantum, opts.dataset)
+    ctx = KernelContext(network, batch, devs, link, store, (), opts.master, opts.dataset)
     L = len(network.conv)
     rows: list[list[int]] = [[] for _ in range(L)]
     for l in reversed(range(L)):

@@ -1,0 +1,80 @@
+"""The training loop: submit steps ahead, collect each as it finishes, checkpoint.
+
+The same loop drives every strategy (the distributed engine and the in-process
+reference) and the model's calibration runs (pipeline/probe/runs.py), so what the
+probe measures is what training does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Iterator, Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.checkpointing import save_checkpoint
+from pipeline.config import RunConfig
+from pipeline.records import RunRecorder, StepResult
+from pipeline.trace import ClientEvent
+
+
+class Trainer(Protocol):
+    """What the training loop drives: the distributed engine or the reference."""
+
+    devices: list[str]
+
+    def start(self, from_step: int) -> None: ...
+    def submit(self, step: int) -> None: ...
+    def collect(self, step: int) -> StepResult: ...
+    def checkpoint(self, done_steps: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
+               client_events: list[ClientEvent], from_step: int, train_samples: int) -> None:
+    """Submit steps ahead (`train.inflight`), collect each as it finishes, checkpoint.
+
+    A step's time runs from the previous step's completion to its own. No step is
+    submitted past the next checkpoint: a checkpoint holds the state after exactly
+    its step, and saving it is timed apart from every step.
+    """
+    steps, ahead = config.train.steps, config.train.inflight
+    saves = sorted(s for s in config.checkpoint_steps() if s > from_step)
+    bar = tqdm(total=steps, initial=from_step, desc=f"{config.name} [{config.strategy}]",
+               unit="step", disable=not config.progress, file=sys.stderr, leave=False)
+    submitted, last_save, last_end = from_step, from_step, time.perf_counter()
+    for step in range(from_step, steps):
+        next_save = next(s for s in saves if s > step)
+        while submitted < min(step + ahead, next_save):
+            with _client_event(client_events, f"submit step {submitted}"):
+                trainer.submit(submitted)
+            submitted += 1
+        with _client_event(client_events, f"collect step {step}"):
+            result = trainer.collect(step)
+        now = time.perf_counter()
+        recorder.add_step(result, now - last_end)
+        last_end = now
+        if not np.isfinite(result.loss):
+            raise FloatingPointError(f"training diverged at step {step}: loss is {result.loss}")
+        if step + 1 == next_save:
+            with _client_event(client_events, f"checkpoint {step + 1}"):
+                save_checkpoint(config, trainer, last_save, step + 1, train_samples)
+            last_save = step + 1
+            recorder.checkpoint_s += time.perf_counter() - now
+            last_end = time.perf_counter()
+        bar.set_postfix(loss=f"{result.loss:.3f}", step_s=f"{recorder.steps[step]['step_time']:.3f}")
+        bar.update(1)
+    bar.close()
+
+
+@contextlib.contextmanager
+def _client_event(events: list[ClientEvent], name: str) -> Iterator[None]:
+    """Time a stretch of the client's work for the trace's client lane."""
+    start = time.time()
+    try:
+        yield
+    finally:
+        events.append(ClientEvent(name, start, time.time()))

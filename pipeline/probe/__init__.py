@@ -1,0 +1,28 @@
+"""Measure this cluster's constants for the cost model, on the engine itself.
+
+The analytical model (:mod:`pipeline.costmodel`) predicts a step from shard times,
+the workspace's per-access cost and bandwidth, and the engine's orchestration
+latencies. A probe measures them where the step will run:
+
+- `runs`: calibration runs of the engine's own steps through the training loop,
+  at chosen splits, read from their receipts;
+- `hops`: Dask's client round trip and dependency hop (for ``sync: scheduler``);
+- `reference`: plain PyTorch in this process, for ``strategy: reference``;
+- `results`: what a probe holds and how it becomes cost-model objects;
+- `cache`: probing a cluster and keeping the result as JSON.
+"""
+
+from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
+                                  find_cached_probe, probe_cluster, probe_key, slot_identity,
+                                  workspace_location)
+from pipeline.probe.reference import probe_master
+from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
+                                    ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict,
+                                    costmodel_network, dataset_store, dense_flops, master_device,
+                                    network_spec_from_dict)
+
+__all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTiming",
+           "StoreProbe", "WorkerProbe", "cache_dir", "cached_master_probe", "cached_probe",
+           "cluster_probe_from_dict", "costmodel_network", "dataset_store", "dense_flops",
+           "find_cached_probe", "master_device", "network_spec_from_dict", "probe_cluster",
+           "probe_key", "probe_master", "slot_identity", "workspace_location"]

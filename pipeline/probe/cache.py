@@ -1,0 +1,177 @@
+"""Probing a cluster for the cost model, and keeping probes as JSON files.
+
+A probe costs seconds for the small network and a minute or two for the paper's,
+so `cached_probe` keeps them keyed by everything that changes the figures: host,
+torch version, network shapes, batch, per-layer channel quanta, dtype, the worker
+set (names, threads, emulated speeds, resource tag), workspace location and
+dataset. The cache directory is ``$CNN_PROBE_CACHE`` or ``~/.cache/dask-cnn/probes``;
+delete a file (or pass ``refresh=True``) to measure again, e.g. after the
+machine's load changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from pipeline.cluster import WorkerSlot, all_local
+from pipeline.probe.hops import probe_hops
+from pipeline.probe.reference import probe_master
+from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
+                                    ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
+from pipeline.probe.runs import (dataset_read_s, dense_s, plans_for, run_plans, shard_timings,
+                                 store_fit, sync_s, task_gap_s)
+from storage.datasets import create_synthetic_dataset
+from tasks.specs import NetworkSpec
+
+
+def probe_key(network: NetworkSpec, batch: int, quanta: Sequence[int], workers: Sequence[Any],
+              workspace: str, dataset: str | None, extra: str = "") -> str:
+    """Cache key: everything that changes the probe's figures (see the module doc)."""
+    identity = {"version": PROBE_VERSION, "host": socket.gethostname(),
+                "network": asdict(network), "batch": batch, "quanta": list(quanta),
+                "workers": [list(w) for w in workers], "workspace": workspace,
+                "dataset": os.path.abspath(dataset) if dataset else None, "extra": extra,
+                "torch": torch.__version__}
+    text = json.dumps(identity, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def cache_dir() -> str:
+    """Where probes are kept: ``$CNN_PROBE_CACHE`` or ``~/.cache/dask-cnn/probes``."""
+    return os.environ.get("CNN_PROBE_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "dask-cnn", "probes")
+
+
+def workspace_location(all_workers_local: bool, workspace_dir: str | None = None) -> str:
+    """The kind of place the engine's workspace goes (a cache-key part)."""
+    if workspace_dir:
+        return os.path.abspath(workspace_dir)
+    shm = all_workers_local and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
+    return "shm" if shm else "output"
+
+
+def slot_identity(slots: Sequence[WorkerSlot]) -> list[tuple]:
+    """What identifies a worker set for the cache."""
+    return [(s.name, s.threads, s.emulated_speed, s.resource) for s in slots]
+
+
+@contextlib.contextmanager
+def _dataset_for(network: NetworkSpec, batch: int, dataset: str | None) -> Iterator[str]:
+    """The dataset to calibrate on: the run's, or a small synthetic one of its shape."""
+    if dataset:
+        yield dataset
+        return
+    first = network.conv[0]
+    folder = tempfile.mkdtemp(prefix="probe-data-")
+    try:
+        path = os.path.join(folder, "synthetic.zarr")
+        create_synthetic_dataset(path, train_samples=max(4 * batch, 256), test_samples=16,
+                                 image_shape=(first.in_channels, first.in_height, first.in_width),
+                                 classes=network.classes, dtype=network.dtype)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def probe_cluster(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, batch: int,
+                  quanta: Sequence[int], workspace_dir: str | None = None,
+                  dataset: str | None = None) -> ClusterProbe:
+    """Calibration runs of the engine on ``slots`` (pipeline/probe/runs.py), and hops."""
+    started = time.perf_counter()
+    with _dataset_for(network, batch, dataset) as path:
+        runs = run_plans(client, slots, network, batch, path,
+                         plans_for(network, batch, quanta, len(slots)), workspace_dir)
+    ran = time.perf_counter()
+    round_trip, hop = probe_hops(client, slots)
+    timings = shard_timings(runs)
+    workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
+                           [ShardTiming(*t) for t in timings.get(s.name, [])]) for s in slots]
+    read_latency, read_bw = store_fit(runs, "read")
+    write_latency, write_bw = store_fit(runs, "write")
+    store = StoreProbe(workspace_dir or "engine default", read_latency, read_bw, write_latency,
+                       write_bw, dataset_read_s(runs))
+    dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip)
+    master = MasterProbe(1, batch, dense_s(runs), created=time.time())
+    where = workspace_location(all_local(list(slots)), workspace_dir)
+    key = probe_key(network, batch, quanta, slot_identity(slots), where, dataset)
+    plain = json.loads(json.dumps(asdict(network)))  # as it comes back from the cache
+    done = time.perf_counter()
+    return ClusterProbe(key, time.time(), socket.gethostname(), plain, batch, list(quanta),
+                        workers, store, dask, master, done - started,
+                        {"runs": ran - started, "hops": done - ran})
+
+
+def _load(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _save(path: str, data: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.{uuid.uuid4().hex[:6]}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+    os.replace(temporary, path)
+
+
+def cached_probe(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, batch: int,
+                 quanta: Sequence[int], workspace_dir: str | None = None,
+                 dataset: str | None = None, refresh: bool = False,
+                 cache: bool = True) -> ClusterProbe:
+    """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe."""
+    where = workspace_location(all_local(list(slots)), workspace_dir)
+    key = probe_key(network, batch, quanta, slot_identity(slots), where, dataset)
+    path = os.path.join(cache_dir(), f"cluster-{key}.json")
+    if cache and not refresh:
+        data = _load(path)
+        if data is not None and data.get("version") == PROBE_VERSION:
+            return cluster_probe_from_dict(data)
+    result = probe_cluster(client, slots, network, batch, quanta, workspace_dir, dataset)
+    if cache:
+        _save(path, asdict(result))
+    return result
+
+
+def find_cached_probe(key: str) -> ClusterProbe | None:
+    """A cached cluster probe by key, or None."""
+    data = _load(os.path.join(cache_dir(), f"cluster-{key}.json"))
+    if data is None or data.get("version") != PROBE_VERSION:
+        return None
+    return cluster_probe_from_dict(data)
+
+
+def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
+                        dataset: str | None = None, refresh: bool = False,
+                        cache: bool = True, measure: bool = True) -> MasterProbe | None:
+    """:func:`probe_master` for ``strategy: reference``, reusing an earlier identical probe.
+
+    ``measure=False``: only the cache (``None`` if it has no such probe).
+    """
+    key = probe_key(network, batch, [], [("master", threads)], "none", dataset)
+    path = os.path.join(cache_dir(), f"master-{key}.json")
+    if cache and not refresh:
+        data = _load(path)
+        if data is not None and data.get("key") == key:
+            return MasterProbe(**{**data, "timings": [ShardTiming(**t) for t in data["timings"]]})
+    if not measure:
+        return None
+    result = probe_master(network, batch, threads, dataset=dataset)
+    result.key = key
+    if cache:
+        _save(path, asdict(result))
+    return result

@@ -1,0 +1,255 @@
+"""What a probe measured, and how it becomes the cost model's devices, store and overheads.
+
+Plain dataclasses (JSON through `dataclasses.asdict` and `cluster_probe_from_dict`),
+so that a probe can be cached and recorded next to the predictions made from it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from pipeline.costmodel import (DaskOverhead, DeviceSpec, LayerTable, Network, Options,
+                                StoreSpec, sequential)
+from pipeline.placement import split_even
+from tasks.specs import ConvLayerSpec, NetworkSpec
+
+PROBE_VERSION = 4
+
+
+@dataclass
+class ShardTiming:
+    """One measured shard: ``kernels`` of ``layer`` while ``active`` workers ran at once.
+
+    ``input_grad_s`` is the first part of ``backward_s``: pool/ReLU backward and the
+    input gradient, which the engine hands on before the weight gradient.
+    """
+
+    layer: int
+    kernels: int
+    active: int
+    forward_s: float
+    backward_s: float
+    input_grad_s: float = 0.0
+
+
+@dataclass
+class WorkerProbe:
+    """One worker's measured shard times."""
+
+    name: str
+    address: str
+    threads: int
+    emulated_speed: float
+    timings: list[ShardTiming] = field(default_factory=list)
+
+
+@dataclass
+class StoreProbe:
+    """The workspace as tasks reach it: ``t = latency + bytes / bw`` per access.
+
+    Every access is one single-chunk slot. ``dataset_read_s``: one batch through
+    ``read_batch`` on a worker.
+    """
+
+    path: str
+    read_latency_s: float
+    read_bw: float
+    write_latency_s: float
+    write_bw: float
+    dataset_read_s: float | None = None
+
+
+@dataclass
+class DaskProbe:
+    """The engine's orchestration costs (see `pipeline.costmodel.DaskOverhead`).
+
+    ``task_s``: gap between a worker's consecutive (queued) step tasks; ``sync_s``:
+    a ready marker to its waiting reader; both from the calibration runs.
+    ``hop_s``: a dependency between trivial tasks through the scheduler, and
+    ``round_trip_s``: a client round trip of a trivial task.
+    """
+
+    task_s: float
+    sync_s: float
+    hop_s: float
+    round_trip_s: float
+
+
+@dataclass
+class MasterProbe:
+    """One process with ``threads`` torch threads: the dense head, whole conv layers.
+
+    For a cluster probe, the dense head as the master worker runs it; for
+    ``strategy: reference``, this process training the whole network.
+    """
+
+    threads: int
+    batch: int
+    dense_s: float
+    timings: list[ShardTiming] = field(default_factory=list)
+    dataset_read_s: float | None = None
+    key: str = ""
+    created: float = 0.0
+
+
+@dataclass
+class ClusterProbe:
+    """Everything measured on one cluster for one network and batch."""
+
+    key: str
+    created: float
+    host: str
+    network: dict[str, Any]
+    batch: int
+    quanta: list[int]
+    workers: list[WorkerProbe]
+    store: StoreProbe
+    dask: DaskProbe
+    master: MasterProbe  # the dense head on the first worker
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    method: str = "runs"
+    version: int = PROBE_VERSION
+
+    def network_spec(self) -> NetworkSpec:
+        return network_spec_from_dict(self.network)
+
+    def costmodel_network(self) -> Network:
+        return costmodel_network(self.network_spec())
+
+    def device_specs(self, active: int | None = None) -> list[DeviceSpec]:
+        """Cost-model devices of the first ``active`` workers (default all).
+
+        Each conv layer gets a :class:`LayerTable` from the points measured with
+        ``active`` workers running at once, completed by points measured with
+        other counts. The dense head was timed on the first worker; another
+        worker's is scaled by its emulated speed.
+        """
+        active = len(self.workers) if active is None else active
+        net = self.costmodel_network()
+        first = self.workers[0].emulated_speed
+        dense = dense_flops(net, self.batch)
+        return [_device_spec(w.name, w.timings, net, self.batch, active,
+                             dense / (self.master.dense_s * first / w.emulated_speed))
+                for w in self.workers[:active]]
+
+    def store_spec(self) -> StoreSpec:
+        """The workspace: per-access costs as one chunk each, bandwidth per client."""
+        s = self.store
+        n = len(self.workers)
+        return StoreSpec(write_bw=n * s.write_bw, read_bw=n * s.read_bw, latency=0.0,
+                         client_write_bw=s.write_bw, client_read_bw=s.read_bw,
+                         read_chunk=s.read_latency_s, write_chunk=s.write_latency_s)
+
+    def dataset_spec(self) -> StoreSpec | None:
+        return dataset_store(self.store.dataset_read_s)
+
+    def overhead(self) -> DaskOverhead:
+        d = self.dask
+        return DaskOverhead(task=d.task_s, sync=d.sync_s, hop=d.hop_s)
+
+    def kernel_options(self, **extra: Any) -> Options:
+        """Cost-model options of the engine on this cluster (``extra``: more fields)."""
+        return Options(quantum=list(self.quanta), dataset=self.dataset_spec(),
+                       overhead=self.overhead(), **extra)
+
+    def calibration(self, active: int | None = None) -> dict[str, list[float]]:
+        """Seconds per kernel per layer and worker at the even share, like calibration."""
+        active = len(self.workers) if active is None else active
+        spec = self.network_spec()
+        net = self.costmodel_network()
+        out: dict[str, list[float]] = {}
+        for index, (worker, device) in enumerate(zip(self.workers, self.device_specs(active))):
+            row = []
+            for layer, conv, quantum in zip(spec.conv, net.conv, self.quanta):
+                k = split_even(layer.kernels, active, quantum)[index]
+                f, b = device.layer_tables[conv.name].times(k, self.batch)
+                row.append((f + b) / k)
+            out[worker.name] = row
+        return out
+
+
+def network_spec_from_dict(data: dict[str, Any]) -> NetworkSpec:
+    """Rebuild a :class:`NetworkSpec` from ``asdict`` output (JSON lists included)."""
+    conv = tuple(ConvLayerSpec(**layer) for layer in data["conv"])
+    return NetworkSpec(conv, tuple(data.get("hidden", ())), int(data["classes"]),
+                       str(data["dtype"]))
+
+
+def costmodel_network(spec: NetworkSpec) -> Network:
+    """The engine's network (conv + ReLU + pool per layer, dense head) for the cost model.
+
+    Layers are named ``conv1``, ``conv2``, ... as the probe's tables are.
+    """
+    first = spec.conv[0]
+    convs = [dict(out_channels=c.kernels, kernel=c.kernel_size, padding=c.padding, pool=c.pool)
+             for c in spec.conv]
+    net = sequential(first.in_channels, (first.in_height, first.in_width), convs,
+                     [*spec.hidden, spec.classes], name="engine")
+    for ours, theirs in zip(net.conv, spec.conv):
+        if (ours.out_hw, ours.in_channels) != ((theirs.out_height, theirs.out_width),
+                                               theirs.in_channels):
+            raise ValueError(f"cost model shapes differ from the engine's at {ours.name}")
+    return net
+
+
+def _device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch: int,
+                 active: int, dense_rate: float | None = None) -> DeviceSpec:
+    tables, rates = {}, {}
+    for index, conv in enumerate(net.conv):
+        mine = [t for t in timings if t.layer == index]
+        if not mine:
+            continue
+        exact = {t.kernels for t in mine if t.active == active}
+        # prefer the measurements made with the same number of workers running
+        points = [(t.kernels, t.forward_s, t.backward_s, t.input_grad_s) for t in mine
+                  if t.active == active or t.kernels not in exact]
+        table = LayerTable.from_points(batch, points)
+        tables[conv.name] = table
+        k = table.kernels[-1]
+        seconds = table.forward[-1] + table.backward[-1]
+        flops = conv.forward(batch, k).flops + conv.backward_weight(batch, k).flops
+        if index > 0:
+            flops += conv.backward_input(batch, k).flops
+        rates[conv.name] = flops / seconds
+    mean = float(np.mean(list(rates.values()))) if rates else 1e9
+    dense_eff = 1.0 if dense_rate is None else dense_rate / mean
+    return DeviceSpec(flops=mean, dense_efficiency=dense_eff, layer_rates=rates,
+                      layer_tables=tables, name=name)
+
+
+def dense_flops(net: Network, batch: int) -> float:
+    """FLOPs of the dense head's forward and both backward products (as the model counts)."""
+    total = 0.0
+    for i, layer in enumerate(net.dense):
+        total += layer.forward(batch).flops + layer.backward_weight(batch).flops
+        if i > 0 or net.conv:
+            total += layer.backward_input(batch).flops
+    return total
+
+
+def master_device(master: MasterProbe, net: Network) -> DeviceSpec:
+    """A master probe as a device: conv tables (if measured) and its measured dense rate."""
+    rate = dense_flops(net, master.batch) / master.dense_s
+    return _device_spec("master", master.timings, net, master.batch, 1, dense_rate=rate)
+
+
+def dataset_store(seconds: float | None) -> StoreSpec | None:
+    """The dataset store as a latency per batch read (``None``: not measured)."""
+    if seconds is None:
+        return None
+    return StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=seconds)
+
+
+def cluster_probe_from_dict(data: dict[str, Any]) -> ClusterProbe:
+    """Inverse of ``asdict`` (for the JSON cache)."""
+    workers = [WorkerProbe(**{**w, "timings": [ShardTiming(**t) for t in w["timings"]]})
+               for w in data["workers"]]
+    master = data["master"]
+    master = MasterProbe(**{**master, "timings": [ShardTiming(**t) for t in master["timings"]]})
+    return ClusterProbe(**{**data, "workers": workers, "store": StoreProbe(**data["store"]),
+                           "dask": DaskProbe(**data["dask"]), "master": master})

@@ -1,0 +1,85 @@
+"""The exchange workspace: single-chunk slots, ready markers, abort (no cluster)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+from storage.exchange import (Exchange, ExchangeError, SlotSpec, _chunk_file, create_exchange,
+                              remove_exchange)
+
+
+@pytest.fixture()
+def workspace(tmp_path):
+    path = str(tmp_path / "run.zarr")
+    create_exchange(path, [SlotSpec("act/0/1", (4, 3, 2, 2), "float32"),
+                           SlotSpec("grad/1", (2, 5), "float64")])
+    return path
+
+
+def test_written_slot_reads_back_and_is_a_plain_zarr_array(workspace):
+    exchange = Exchange(workspace)
+    data = np.random.default_rng(0).standard_normal((4, 3, 2, 2)).astype("float32")
+    exchange.write("act/0/1", 7, data)
+    exchange.wait("act/0/1", 7, timeout=1)
+    np.testing.assert_array_equal(exchange.read("act/0/1"), data)
+    # the fast path wrote the chunk Zarr itself reads
+    assert _chunk_file(exchange.data, "act/0/1") is not None
+    np.testing.assert_array_equal(zarr.open_array(exchange.data, path="act/0/1")[...], data)
+    grad = np.arange(10, dtype="float64").reshape(2, 5)
+    exchange.write("grad/1", 7, grad)
+    np.testing.assert_array_equal(zarr.open_array(exchange.data, path="grad/1")[...], grad)
+
+
+def test_fast_path_refuses_a_shape_it_was_not_made_for(workspace):
+    with pytest.raises(ValueError, match="shape"):
+        Exchange(workspace).write("act/0/1", 0, np.zeros((4, 3, 2, 3), "float32"))
+
+
+def test_reader_waits_for_the_writer(workspace):
+    exchange = Exchange(workspace)
+    data = np.ones((2, 5))
+    writer = threading.Timer(0.2, lambda: Exchange(workspace).write("grad/1", 3, data))
+    writer.start()
+    started = time.monotonic()
+    exchange.wait("grad/1", 3, timeout=5)
+    waited = time.monotonic() - started
+    writer.join()
+    assert 0.15 < waited < 2.0
+    np.testing.assert_array_equal(exchange.read("grad/1"), data)
+
+
+def test_a_reader_behind_its_writer_reports_the_broken_order(workspace):
+    exchange = Exchange(workspace)
+    exchange.write("grad/1", 5, np.zeros((2, 5)))
+    with pytest.raises(ExchangeError, match="already at step 5"):
+        exchange.wait("grad/1", 4, timeout=1)
+
+
+def test_abort_ends_a_wait_with_the_clients_reason(workspace):
+    exchange = Exchange(workspace)
+    threading.Timer(0.1, lambda: Exchange(workspace).abort("worker w1 left")).start()
+    with pytest.raises(ExchangeError, match="worker w1 left"):
+        exchange.wait("act/0/1", 0, timeout=30)
+
+
+def test_wait_times_out_naming_the_slot(tmp_path):
+    path = str(tmp_path / "lonely.zarr")
+    create_exchange(path, [SlotSpec("act/0/1", (1,), "float32")])
+    with pytest.raises(ExchangeError, match="act/0/1 of step 2.*wait_timeout"):
+        Exchange(path).wait("act/0/1", 2, timeout=0.3)
+
+
+def test_cancelled_task_stops_waiting(workspace):
+    with pytest.raises(ExchangeError, match="cancelled"):
+        Exchange(workspace).wait("act/0/1", 0, timeout=30, cancelled=lambda: True)
+
+
+def test_remove_exchange(workspace):
+    remove_exchange(workspace)
+    assert not os.path.exists(workspace)
