@@ -1,14 +1,17 @@
-"""Benchmark: kernel-parallel step time against plain PyTorch, and calibrated vs even.
+"""Benchmark: the engine's step time against plain PyTorch, and calibrated vs even.
 
 Prints figures; it is not a test (this machine is shared and noisy). Every ratio is
 measured within one invocation, the runs of each repeat interleaved, and reported as
 the median over repeats with the spread (min-max) of the per-repeat ratios.
 
-    python benchmarks/engine_speedup.py speedup --net paper --batch 32
     python benchmarks/engine_speedup.py speedup --net small --batch 128
+    python benchmarks/engine_speedup.py speedup --net paper --batch 32 --no-single
     python benchmarks/engine_speedup.py emulated --net small --batch 128
 
-`speedup`: kernel on 2 single-thread workers vs `reference` with 1 and with 2 threads.
+`speedup`: `reference` (plain PyTorch in one process) with 1 and 2 threads, `single`
+on one single-thread worker, `kernel` on 2 single-thread workers (tasks waiting for
+each other through ready markers, the default), and the same through Dask
+dependencies (`workspace.sync=scheduler`, unless `--no-scheduler`).
 `emulated`: 2 workers, one emulated at half speed: calibrated split vs even split.
 """
 
@@ -53,12 +56,22 @@ def main() -> None:
                         help="steps per run, the first excluded (default: 4 paper, 12 small)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--no-single", action="store_true", help="leave out `single`")
+    parser.add_argument("--no-scheduler", action="store_true",
+                        help="leave out `kernel` through the scheduler")
     args = parser.parse_args()
     steps = args.steps or (4 if args.net == "paper" else 12)
     if args.case == "speedup":
         runs = {"reference-1-thread": ["strategy=reference", "reference.threads=1"],
                 "reference-2-threads": ["strategy=reference", "reference.threads=2"],
-                "kernel-2-workers": ["strategy=kernel", "cluster.workers=2"]}
+                "single-1-worker": ["strategy=single", "cluster.workers=1"],
+                "kernel-2-workers": ["strategy=kernel", "cluster.workers=2"],
+                "kernel-2-scheduler": ["strategy=kernel", "cluster.workers=2",
+                                       "workspace.sync=scheduler"]}
+        if args.no_single:
+            del runs["single-1-worker"]
+        if args.no_scheduler:
+            del runs["kernel-2-scheduler"]
     else:
         pair = '[{name: fast, speed: 1.0}, {name: slow-emulated, speed: 0.5}]'
         runs = {"even": ["strategy=kernel", "placement=even", f"cluster.workers={pair}"],
@@ -77,10 +90,16 @@ def main() -> None:
         print(f"  {name:22s} median {median(values):.4f} s  (runs: "
               + ", ".join(f"{v:.4f}" for v in values) + ")")
     if args.case == "speedup":
-        reports = [ratio_report("kernel vs reference 1 thread (speedup)",
-                                times["reference-1-thread"], times["kernel-2-workers"]),
-                   ratio_report("kernel vs reference 2 threads",
-                                times["reference-2-threads"], times["kernel-2-workers"])]
+        one, two = times["reference-1-thread"], times["reference-2-threads"]
+        reports = [ratio_report("kernel vs reference 1 thread (speedup)", one,
+                                times["kernel-2-workers"]),
+                   ratio_report("kernel vs reference 2 threads", two, times["kernel-2-workers"])]
+        if "single-1-worker" in times:
+            reports.append(ratio_report("single step time / reference 1 thread",
+                                        times["single-1-worker"], one))
+        if "kernel-2-scheduler" in times:
+            reports.append(ratio_report("kernel through the scheduler / with ready markers",
+                                        times["kernel-2-scheduler"], times["kernel-2-workers"]))
     else:
         reports = [ratio_report("calibrated / even step time", times["calibrated"],
                                 times["even"])]

@@ -3,7 +3,7 @@
 The split is chosen here, before the engine exists, and handed to it as a
 `Placement`. `calibrated` times every layer's forward+backward on every worker (all
 at once, as they will run) and shares each layer's kernels in proportion to the
-measured speed; `model` asks the performance model for the split that minimises the
+measured speed where that clearly beats the even split (`split_calibrated`); `model` asks the performance model for the split that minimises the
 predicted step (pipeline/model_placement.py).
 """
 
@@ -14,7 +14,8 @@ from distributed import Client
 from pipeline.cluster import WorkerSlot
 from pipeline.config import RunConfig
 from pipeline.model_placement import model_placement
-from pipeline.placement import Placement, split_even, split_proportional
+from pipeline.placement import (Placement, calibration_kernels, rough_seconds,
+                                split_calibrated, split_even)
 from pipeline.runner import TaskRunner
 from tasks.conv_shard import calibrate_layer
 from tasks.specs import NetworkSpec
@@ -22,20 +23,22 @@ from tasks.specs import NetworkSpec
 
 def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int, quanta: list[int]
               ) -> dict[str, list[float]]:
-    """Seconds per kernel of every layer's forward+backward, per worker name.
+    """Seconds per kernel of every layer's forward, backward and update, per worker name.
 
-    All workers measure at once, as they will run during training, on about a
-    quarter of an even share of kernels at the real batch size and shapes.
+    All workers measure at once, as they will run during training, at the share a
+    worker gets of an even split (halved while a round would take over half a
+    second), after a warm-up; the median of several rounds.
     """
     futures = {}
     workers = runner.workers
     for layer, spec in enumerate(network.conv):
-        share = spec.kernels / len(workers) / 4
-        kernels = int(min(spec.kernels, max(quanta[layer], round(share))))
+        kernels = calibration_kernels(spec, batch, len(workers), quanta[layer])
+        estimate = rough_seconds(spec, batch, kernels)
+        repeats = 5 if estimate < 0.05 else 3 if estimate < 0.5 else 2
         for index, slot in enumerate(workers):
             futures[(slot.name, layer)] = runner.submit(
-                calibrate_layer, index, spec, batch, kernels, network.dtype,
-                needs_input_grad=layer > 0, name=f"calibrate-{layer}-{slot.name}")
+                calibrate_layer, index, spec, batch, kernels, network.dtype, layer > 0,
+                repeats, name=f"calibrate-{layer}-{slot.name}")
     results = runner.gather(list(futures.values()), "calibration")
     per_kernel: dict[str, list[float]] = {slot.name: [] for slot in workers}
     for (name, _layer), result in zip(futures, results):
@@ -56,7 +59,7 @@ def choose_placement(client: Client, config: RunConfig, network: NetworkSpec,
         return Placement("model", counts, calibration, record)
     calibration = calibrate(TaskRunner(client, workers, run_id), network, config.train.batch,
                             quanta)
-    counts = [split_proportional(spec.kernels, [1.0 / calibration[w.name][layer]
-                                                for w in workers], quanta[layer])
+    counts = [split_calibrated(spec.kernels, [calibration[w.name][layer] for w in workers],
+                               quanta[layer])
               for layer, spec in enumerate(layers)]
     return Placement("calibrated", counts, calibration)

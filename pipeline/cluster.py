@@ -25,6 +25,9 @@ from pipeline.config import ClusterConfig, WorkerConfig
 from tasks.worker_state import WorkerSetup
 
 
+LOOPBACK = "127.0.0.1"
+
+
 class ClusterError(RuntimeError):
     """The cluster cannot serve this run (unreachable, missing tag, worker lost)."""
 
@@ -60,12 +63,18 @@ def scheduler_address(config: ClusterConfig) -> str | None:
 
 
 def start_embedded_cluster(workers: list[WorkerConfig]) -> SpecCluster:
-    """Start a scheduler and one nanny-managed process per configured worker."""
+    """Start a scheduler and one nanny-managed process per configured worker.
+
+    Everything listens on the loopback interface only (scheduler, workers, nannies,
+    dashboard): an embedded cluster serves this process, and a Dask worker runs
+    whatever a client that reaches it submits.
+    """
     scheduler = {"cls": Scheduler,
-                 "options": {"dashboard_address": ":0"}}
+                 "options": {"host": LOOPBACK, "dashboard_address": f"{LOOPBACK}:0"}}
     spec = {
         worker.name: {"cls": Nanny, "options": {
-            "nthreads": 1, "silence_logs": logging.ERROR, "resources": dict(worker.resources), "memory_limit": 0,
+            "host": LOOPBACK, "nthreads": 1, "silence_logs": logging.ERROR,
+            "resources": dict(worker.resources), "memory_limit": 0,
         }}
         for worker in workers
     }
@@ -84,6 +93,7 @@ def open_client(config: ClusterConfig) -> Iterator[Client]:
     address = scheduler_address(config)
     if address:
         try:
+            _refused_at_once(address)
             client = Client(address, timeout="10s", set_as_default=False)
         except (OSError, TimeoutError) as error:
             raise ClusterError(
@@ -102,6 +112,24 @@ def open_client(config: ClusterConfig) -> Iterator[Client]:
             yield client
     finally:
         cluster.close()
+
+
+def _refused_at_once(address: str) -> None:
+    """Raise at once if nothing listens at a tcp:// address (Dask would retry for its
+    whole timeout); other protocols and any other outcome are left to Dask."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # not a number: Dask's own message names the address
+        return
+    if parts.scheme != "tcp" or not host or not port:
+        return
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except ConnectionRefusedError:
+        raise
+    except OSError:
+        pass
 
 
 def register_setup(client: Client, config: ClusterConfig) -> None:

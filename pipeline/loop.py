@@ -65,7 +65,8 @@ def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
             last_save = step + 1
             recorder.checkpoint_s += time.perf_counter() - now
             last_end = time.perf_counter()
-        bar.set_postfix(loss=f"{result.loss:.3f}", step_s=f"{recorder.steps[step]['step_time']:.3f}")
+        bar.set_postfix(loss=f"{result.loss:.3f}",
+                        step_s=f"{recorder.steps[step]['step_time']:.3f}")
         bar.update(1)
     bar.close()
 

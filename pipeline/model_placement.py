@@ -31,7 +31,7 @@ from typing import Any
 from pipeline.cluster import WorkerSlot
 from pipeline.config import RunConfig
 from pipeline.costmodel import predict, split_kernels_minmax
-from pipeline.placement import _units, split_even, split_proportional
+from pipeline.placement import _units, split_calibrated, split_even
 from pipeline.probe import ClusterProbe, cached_probe, costmodel_network
 from tasks.specs import NetworkSpec
 
@@ -66,7 +66,7 @@ def calibrated_split(probe: ClusterProbe, active: int) -> list[list[int]]:
     """What ``placement: calibrated`` chooses, from the probe's speeds at the even share."""
     per_kernel = probe.calibration(active)
     names = [w.name for w in probe.workers[:active]]
-    return [split_proportional(layer.kernels, [1.0 / per_kernel[n][i] for n in names], q)
+    return [split_calibrated(layer.kernels, [per_kernel[n][i] for n in names], q)
             for i, (layer, q) in enumerate(zip(probe.network_spec().conv, probe.quanta))]
 
 

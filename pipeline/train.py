@@ -9,7 +9,6 @@ strategy, scores the final weights on the test set, and writes the run's record
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -18,13 +17,11 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Any
 
-import numpy as np
 import xarray as xr
 import yaml
 from distributed import Client
-from tqdm import tqdm
 
 from pipeline.calibrate import choose_placement
 from pipeline.checkpointing import prepare_checkpoints
@@ -35,7 +32,7 @@ from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
 from pipeline.loop import Trainer, train_loop
 from pipeline.placement import Placement
-from pipeline.records import (RunRecorder, StepResult, format_summary, jsonable,
+from pipeline.records import (RunRecorder, format_summary, jsonable,
                               software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict

@@ -22,10 +22,15 @@ Local paths (including /dev/shm) use plain files; other fsspec URLs go through
 fsspec (slower to poll, but shared between hosts).
 
 On a local store a slot's one chunk is read and written as the file Zarr itself
-would write (tmp file, then rename), without Zarr's array machinery: here that took
-a 2 MB write from 5.6 to 1.9 ms and a read from 1.9 to 0.25 ms. The layout is
-checked first (one chunk, no compression, little-endian); anything else goes
-through Zarr. Either way the arrays stay plain Zarr arrays any reader can open.
+would write, without Zarr's array machinery: a slot's first write creates the file
+(temp file, then rename), later writes overwrite it in place, which the marker
+protocol makes safe (no reader reads a slot while its writer rewrites it) and
+which reuses the file's pages instead of allocating new ones. Here a 2 MB write
+went from 5.6 ms through Zarr to 2.1 ms by rename and 0.3 ms in place, and a read
+from 1.9 to 0.25 ms. The layout is checked first (one chunk, no compression,
+little-endian); anything else goes through Zarr. Either way the arrays stay plain
+Zarr arrays any reader can open (a run killed mid-write may leave one torn chunk
+in its scratch workspace).
 """
 
 from __future__ import annotations
@@ -176,10 +181,21 @@ class _ChunkFile:
         data = np.ascontiguousarray(data, dtype=self.dtype)
         if data.shape != self.shape:
             raise ValueError(f"{self.path}: shape {data.shape}, expected {self.shape}")
-        temporary = f"{self.path}.{uuid.uuid4().hex[:8]}.partial"
-        with open(temporary, "wb") as handle:
-            handle.write(memoryview(data).cast("B"))
-        os.replace(temporary, self.path)
+        payload = memoryview(data).cast("B")
+        try:
+            descriptor = os.open(self.path, os.O_WRONLY)
+        except FileNotFoundError:  # the slot's first write: create the file whole
+            temporary = f"{self.path}.{uuid.uuid4().hex[:8]}.partial"
+            with open(temporary, "wb") as handle:
+                handle.write(payload)
+            os.replace(temporary, self.path)
+            return
+        try:
+            written = os.pwrite(descriptor, payload, 0)
+        finally:
+            os.close(descriptor)
+        if written != len(payload):
+            raise OSError(f"{self.path}: wrote {written} of {len(payload)} bytes")
 
     def read(self) -> np.ndarray:
         out = np.empty(self.shape, dtype=self.dtype)

@@ -110,32 +110,38 @@ class ConvShard:
 
 
 def calibrate_layer(spec: ConvLayerSpec, batch: int, kernels: int, dtype: str,
-                    repeats: int = 2, needs_input_grad: bool = True) -> dict:
-    """Time forward+backward of `kernels` kernels of a layer at its real shapes.
+                    input_grad: bool, repeats: int = 3) -> dict:
+    """Seconds of `kernels` kernels of a layer's forward, backward and update, as
+    training runs them (a `ConvShard` on this worker's device, its real shapes).
 
-    The master shares out each layer's kernels in proportion to the measured speed.
-    Returns the median seconds (emulation included) and what it measured.
+    One warm-up, then `repeats` timed rounds, each synchronised before the clock
+    is read; emulated slowness included. Returns every round's seconds and their
+    median.
     """
     profile = current_profile()
-    torch_dtype = getattr(torch, dtype)
     generator = torch.Generator().manual_seed(0)
+    torch_dtype = getattr(torch, dtype)
     x = torch.randn(batch, spec.in_channels, spec.in_height, spec.in_width,
                     generator=generator, dtype=torch_dtype).to(profile.device)
-    x.requires_grad_(needs_input_grad)
-    weight = (0.05 * torch.randn(kernels, spec.in_channels, spec.kernel_size,
-                                 spec.kernel_size, generator=generator, dtype=torch_dtype)
-              ).to(profile.device).requires_grad_(True)
-    bias = torch.zeros(kernels, dtype=torch_dtype, device=profile.device, requires_grad=True)
+    weights = {"weight": (0.05 * torch.randn(kernels, spec.in_channels, spec.kernel_size,
+                                            spec.kernel_size, generator=generator,
+                                            dtype=torch_dtype)).numpy(),
+               "bias": np.zeros(kernels, dtype=dtype)}
+    momentum = {name: np.zeros_like(value) for name, value in weights.items()}
+    shard = ConvShard(spec, ShardRange(0, 0, kernels), "calibration", weights, momentum,
+                      OptimizerSpec(lr=1e-6), profile.device)
+    grad = torch.ones(batch, kernels, spec.out_height, spec.out_width, dtype=torch_dtype,
+                      device=profile.device)
     times = []
     for attempt in range(repeats + 1):  # the first is a warm-up
         t0 = time.perf_counter()
-        y = conv_relu_pool(x, weight, bias, spec)
-        inputs = [weight, bias] + ([x] if needs_input_grad else [])
-        torch.autograd.grad(y, inputs, grad_outputs=torch.ones_like(y))
+        shard.forward(x, input_grad=input_grad)
+        shard.input_gradient(grad)
+        shard.update()
         profile.synchronize()
         elapsed = time.perf_counter() - t0
         elapsed += profile.emulate(elapsed)
         if attempt:
             times.append(elapsed)
-    return {"worker": profile.name, "seconds": float(np.median(times)), "kernels": kernels,
-            "speed": profile.speed, "device": profile.device}
+    return {"worker": profile.name, "seconds": float(np.median(times)), "rounds": times,
+            "kernels": kernels, "speed": profile.speed, "device": profile.device}

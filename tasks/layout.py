@@ -59,7 +59,8 @@ class Layout:
             raise ValueError(f"master {self.master} is not one of {len(self.workers)} workers")
         for layer, row in enumerate(self.shards):
             if len(row) != len(self.workers):
-                raise ValueError(f"layer {layer}: {len(row)} shards for {len(self.workers)} workers")
+                raise ValueError(f"layer {layer}: {len(row)} shards for "
+                                 f"{len(self.workers)} workers")
             if not self.holders(layer):
                 raise ValueError(f"layer {layer}: no worker holds any kernel")
 

@@ -38,6 +38,11 @@ class ConvLayerSpec:
     def out_width(self) -> int:
         return self.conv_width // self.pool
 
+    def macs(self, batch: int, kernels: int) -> int:
+        """Multiply-accumulates of the forward convolution of `kernels` kernels."""
+        return (batch * self.conv_height * self.conv_width * kernels * self.in_channels
+                * self.kernel_size ** 2)
+
 
 @dataclass(frozen=True)
 class NetworkSpec:

@@ -144,8 +144,9 @@ def test_missing_dataset_archive_is_named(tmp_path):
 def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_factory):
     dataset = tiny_dataset_factory("float32")
     started = time.monotonic()
-    result = train(*tiny_args(tmp_path, dataset), "cluster.resource=GPU")
-    assert time.monotonic() - started < 60  # default wait is 30 s, plus start-up
+    result = train(*tiny_args(tmp_path, dataset), "cluster.resource=GPU",
+                   "cluster.wait_timeout=5")
+    assert time.monotonic() - started < 35  # the 5 s wait, plus start-up
     assert result.returncode == 1
     assert "'GPU'" in result.stderr and "Traceback" not in result.stderr
     assert len(error_lines(result)) == 1, result.stderr

@@ -89,7 +89,8 @@ def io_time(link: LinkSpec, store: StoreSpec | None, n_bytes: float, ops: int, d
         return link.time(n_bytes, ops)
     bandwidth = min(store.client_bw(direction), store.aggregate_bw(direction) / max(sharing, 1))
     per_byte = max(link.beta, 1.0 / bandwidth)
-    return ops * (link.alpha + store.latency) + chunks * store.chunk_cost(direction) + n_bytes * per_byte
+    return (ops * (link.alpha + store.latency) + chunks * store.chunk_cost(direction)
+            + n_bytes * per_byte)
 
 
 def batch_bytes(network: Network, batch: int, s: int = 4) -> float:
@@ -105,7 +106,8 @@ def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> l
         raise ValueError(f"need {len(network.conv)} rows of kernel counts, got {len(rows)}")
     for layer, row in zip(network.conv, rows):
         if len(row) != p or min(row) < 0 or sum(row) != layer.out_channels:
-            raise ValueError(f"counts {row} do not split {layer.out_channels} kernels over {p} devices")
+            raise ValueError(f"counts {row} do not split {layer.out_channels} kernels "
+                             f"over {p} devices")
     return rows
 
 

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.network import build_sequential
 from pipeline.probe.results import MasterProbe, ShardTiming
-from pipeline.probe.runs import estimate_s
+from pipeline.placement import rough_seconds
 from storage.datasets import open_dataset_info, read_batch
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
@@ -112,7 +112,7 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
             if output.requires_grad:
                 output.register_hook(stamp(f"g{i}"))  # the gradient reached block i's output
         handles.append(last_module.register_forward_hook(keep))
-    seconds = estimate_s(network.conv[-1], batch, network.conv[-1].kernels) / threads
+    seconds = rough_seconds(network.conv[-1], batch, network.conv[-1].kernels) / threads
     repeats, warmup = repeats_for(seconds)
     rows = []
     try:

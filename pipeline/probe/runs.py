@@ -37,17 +37,13 @@ from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConf
                              WorkspaceConfig)
 from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
-from pipeline.placement import split_even
+from pipeline.placement import rough_seconds, split_even
 from pipeline.records import RunRecorder
 from storage.datasets import open_dataset_info
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, layout_from_counts
 from tasks.receipts import OpEvent, Receipt
-from tasks.specs import ConvLayerSpec, NetworkSpec
+from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
-
-#: Rough single-thread conv rate, only to budget which plans are cheap enough.
-BUDGET_FLOPS = 100e9
-
 
 @dataclasses.dataclass
 class Plan:
@@ -69,16 +65,10 @@ class PlanRun:
     receipts: list[Receipt]
 
 
-def estimate_s(layer: ConvLayerSpec, batch: int, kernels: int) -> float:
-    """Rough seconds of a shard's forward + backward (3 products)."""
-    macs = batch * layer.conv_height * layer.conv_width * kernels * layer.in_channels \
-        * layer.kernel_size ** 2
-    return 6 * macs / BUDGET_FLOPS
-
-
 def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
     """Rough seconds of one step of ``plan`` (its slowest worker)."""
-    return max(sum(estimate_s(layer, batch, row[w]) for layer, row in zip(network.conv, plan.counts))
+    return max(sum(rough_seconds(layer, batch, row[w])
+                   for layer, row in zip(network.conv, plan.counts))
                for w in range(plan.workers))
 
 

@@ -1,0 +1,57 @@
+"""The embedded cluster and the choice of workers: loopback only, the master by name or tag."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+from distributed import Client
+
+from pipeline.cluster import (ClusterError, add_master, find_workers, register_setup,
+                              start_embedded_cluster)
+from pipeline.config import ClusterConfig, WorkerConfig
+
+
+@pytest.fixture(scope="module")
+def mixed_cluster():
+    """Two CPU workers and one tagged GPU (its torch device is the CPU here)."""
+    workers = [WorkerConfig(name="cpu-0"), WorkerConfig(name="cpu-1"),
+               WorkerConfig(name="gpu-0", resources={"GPU": 1})]
+    cluster = start_embedded_cluster(workers)
+    client = Client(cluster, set_as_default=False)
+    config = ClusterConfig(workers=workers)
+    register_setup(client, config)
+    try:
+        yield client, config
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_embedded_cluster_listens_on_loopback_only(mixed_cluster):
+    client, _ = mixed_cluster
+    processes = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+    listening = {c.laddr.ip for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in processes}
+    assert listening == {"127.0.0.1"}
+    info = client.scheduler_info(n_workers=-1)
+    assert info["address"].startswith("tcp://127.0.0.1:")
+    assert all(address.startswith("tcp://127.0.0.1:") for address in info["workers"])
+
+
+def test_master_by_default_name_tag_or_outside_the_kernel_workers(mixed_cluster):
+    client, config = mixed_cluster
+    slots = find_workers(client, config)  # the CPU-tagged workers
+    assert [s.name for s in slots] == ["cpu-0", "cpu-1"]
+    assert add_master(client, config, slots) == (slots, 0)
+    config.master = "cpu-1"
+    assert add_master(client, config, slots) == (slots, 1)
+    config.master = "GPU"  # a tag: its first worker, which joins holding no kernels
+    workers, master = add_master(client, config, slots)
+    assert [w.name for w in workers] == ["cpu-0", "cpu-1", "gpu-0"] and master == 2
+    assert workers[2].resource == "GPU"
+    config.master = "tpu-7"
+    with pytest.raises(ClusterError, match="no worker is named or tagged 'tpu-7'.*gpu-0"):
+        add_master(client, config, slots)
+    config.master = None
