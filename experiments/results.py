@@ -61,13 +61,14 @@ MEASURES: dict[str, tuple[str, str]] = {
                 "divided by this point's step_time"),
     "efficiency": ("1", "speedup divided by the capacity relative to the baseline's "
                    "(the worker count for equal workers, summed relative speeds else)"),
-    "compute_time": ("s", "median per step of the busiest worker's conv compute "
-                     "(emulated slow-down included)"),
-    "storage_time": ("s", "median per step of the busiest worker's Zarr read+write time"),
-    "master_time": ("s", "median per step of the master's own work (dense head + its I/O)"),
-    "wait_time": ("s", "median per step of the time neither the master nor the busiest "
-                  "worker was working (Dask hops, stragglers, idle)"),
-    "bytes_moved": ("B", "median per step of the bytes all workers read+wrote in storage"),
+    "compute_time": ("s", "median per step of the busiest worker's compute (conv shards, "
+                     "and the dense head on the master; emulated slow-down included)"),
+    "storage_time": ("s", "median per step of the busiest worker's workspace read+write time"),
+    "master_time": ("s", "median per step of the dense head's compute on the master worker"),
+    "wait_time": ("s", "median per step of the time the busiest worker spent neither "
+                  "computing nor reading/writing (waiting for peers, task dispatch)"),
+    "bytes_moved": ("B", "median per step of the workspace bytes all workers read+wrote "
+                    "(dataset reads apart; 0 for single and reference)"),
     "loss": ("1", "training cross-entropy of the last step's batch"),
     "accuracy": ("1", "test-set accuracy of the final weights"),
     "n_workers": ("1", "workers the point's strategy used (1 for single and reference)"),

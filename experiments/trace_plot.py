@@ -69,10 +69,9 @@ def draw(path: str, steps: list[int], output: str, title: str = "") -> None:
     axes.set_xlabel("ms")
     axes.set_title(title or f"{path}: step{'s' if len(steps) > 1 else ''} "
                    f"{', '.join(map(str, steps))}", fontsize=10)
-    axes.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()],
-                loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(COLOURS), fontsize=8,
-                frameon=False)
-    figure.tight_layout()
+    figure.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()],
+                  loc="lower center", ncol=len(COLOURS), fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.35 / figure.get_figheight(), 1, 1))
     figure.savefig(output, dpi=110)
     plt.close(figure)
 

@@ -56,9 +56,18 @@ class Plan:
         return len(self.counts[0])
 
 
+def plan_steps(seconds: float) -> tuple[int, int]:
+    """Steps to run a plan for and how many of them are warm-up: the first steps of a
+    run are slower (allocations settle), so cheap plans get two warm-ups and three
+    measured steps; a plan of seconds per step, one warm-up and one or two."""
+    if seconds < 1.0:
+        return 5, 2
+    return (3, 1) if seconds < 6.0 else (2, 1)
+
+
 @dataclasses.dataclass
 class PlanRun:
-    """One plan's receipts (warm-up step excluded) and the workers it ran on."""
+    """One plan's receipts (warm-up steps excluded) and the workers it ran on."""
 
     plan: Plan
     workers: list[str]
@@ -130,7 +139,7 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
 def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, batch: int,
               dataset: str, plans: Sequence[Plan], workspace_dir: str | None = None
               ) -> list[PlanRun]:
-    """Train every plan for a few steps (the first a warm-up) through the training loop."""
+    """Train every plan for a few steps (the first warm-up) through the training loop."""
     base = tempfile.mkdtemp(prefix="probe-", dir=_output_root(slots))
     samples = open_dataset_info(dataset).train_samples
     threads = torch.get_num_threads()
@@ -139,7 +148,7 @@ def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, ba
     runs = []
     try:
         for plan in plans:
-            steps = 3 if plan_seconds(network, batch, plan) < 6.0 else 2
+            steps, warmup = plan_steps(plan_seconds(network, batch, plan))
             config = probe_config(network, batch, dataset, base, steps, workspace_dir, quantum)
             prepare_checkpoints(config, network)
             workers = list(slots[:plan.workers])
@@ -153,7 +162,7 @@ def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, ba
             finally:
                 engine.close()
             runs.append(PlanRun(plan, [w.name for w in workers],
-                                [r for r in recorder.receipts if r.step >= 1]))
+                                [r for r in recorder.receipts if r.step >= warmup]))
     finally:
         torch.set_num_threads(threads)
         shutil.rmtree(base, ignore_errors=True)

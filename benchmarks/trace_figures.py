@@ -1,0 +1,44 @@
+"""The timeline pictures of docs/benchmarks.md: one step of `single` and of `kernel`.
+
+Trains the small network (batch 128) with each strategy on an embedded cluster and
+draws two steps of each run's trace.json (python -m experiments.trace_plot):
+
+    python benchmarks/trace_figures.py docs/figures
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from experiments.trace_plot import draw  # noqa: E402
+from pipeline.config import load_run_config  # noqa: E402
+from pipeline.train import run_training  # noqa: E402
+
+RUNS = {"single": ["strategy=single", "cluster.workers=1"],
+        "kernel": ["strategy=kernel", "cluster.workers=2", "placement=even"]}
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else "docs/figures"
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as workdir:
+        for name, overrides in RUNS.items():
+            config = load_run_config(os.path.join(ROOT, "configs", "small.yaml"), [
+                "train.batch=128", "train.steps=10", "train.eval_samples=0",
+                "train.checkpoint_every=0", "progress=false", f"output={workdir}/{name}",
+                *overrides])
+            summary = run_training(config).summary
+            picture = os.path.join(out, f"trace_{name}.png")
+            draw(os.path.join(workdir, name, "trace.json"), [6, 7], picture,
+                 f"small network, batch 128, `{name}`: steps 6 and 7 "
+                 f"(median step {summary['step_time_median'] * 1e3:.0f} ms)")
+            print(picture)
+
+
+if __name__ == "__main__":
+    main()
