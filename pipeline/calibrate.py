@@ -14,10 +14,12 @@ from distributed import Client
 from pipeline.cluster import WorkerSlot
 from pipeline.config import RunConfig
 from pipeline.model_placement import model_placement
-from pipeline.placement import (Placement, calibration_kernels, rough_seconds,
+from pipeline.placement import (Placement, PlacementError, calibration_kernels, rough_seconds,
                                 split_calibrated, split_even)
 from pipeline.runner import TaskRunner
+from pipeline.schema import ConfigError
 from tasks.conv_shard import calibrate_layer
+from tasks.replica_ops import calibrate_replica
 from tasks.specs import NetworkSpec
 
 
@@ -63,3 +65,41 @@ def choose_placement(client: Client, config: RunConfig, network: NetworkSpec,
                                quanta[layer])
               for layer, spec in enumerate(layers)]
     return Placement("calibrated", counts, calibration)
+
+
+def replica_rows(network: NetworkSpec, batch: int, workers: int, budget_s: float = 0.5) -> int:
+    """Samples a worker times a replica on: its even share, halved until a round of the
+    conv layers fits the budget."""
+    rows = max(1, -(-batch // workers))
+    while rows > 1 and sum(rough_seconds(layer, rows, layer.kernels)
+                           for layer in network.conv) > budget_s:
+        rows = max(1, rows // 2)
+    return rows
+
+
+def calibrate_replicas(runner: TaskRunner, network: NetworkSpec, batch: int
+                       ) -> dict[str, list[float]]:
+    """Seconds per sample of a whole replica's step, per worker name (all at once)."""
+    rows = replica_rows(network, batch, len(runner.workers))
+    futures = [runner.submit(calibrate_replica, index, network, rows,
+                             name=f"calibrate-replica-{slot.name}")
+               for index, slot in enumerate(runner.workers)]
+    results = runner.gather(futures, "calibration")
+    return {slot.name: [result["seconds"] / result["rows"]]
+            for slot, result in zip(runner.workers, results)}
+
+
+def choose_batch_shares(client: Client, config: RunConfig, network: NetworkSpec,
+                        workers: list[WorkerSlot], run_id: str) -> Placement:
+    """Samples of each step's batch per worker (`data`, `hybrid`): even or calibrated."""
+    batch = config.train.batch
+    try:
+        if config.placement == "even" or len(workers) == 1:
+            return Placement("even" if len(workers) > 1 else "single",
+                             [split_even(batch, len(workers), 1)])
+        calibration = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
+        shares = split_calibrated(batch, [calibration[w.name][0] for w in workers], 1)
+    except PlacementError:
+        raise ConfigError(f"train.batch: {batch} samples cannot feed {len(workers)} workers"
+                          ) from None
+    return Placement("calibrated", [shares], calibration)

@@ -8,6 +8,7 @@ dotted ``key=value`` overrides from the command line first. Sweeps (in
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,7 +16,7 @@ from typing import Any, Literal
 from pipeline.schema import ConfigError, from_dict, load_yaml, parse_override, set_dotted
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
 
-Strategy = Literal["kernel", "single", "reference"]
+Strategy = Literal["kernel", "single", "reference", "data", "hybrid"]
 
 
 @dataclass
@@ -81,6 +82,9 @@ class TrainConfig:
     # Steps submitted ahead of the one being collected: the workers find their next
     # step queued when they finish one (1: submit each step when the last is done).
     inflight: int = 2
+    # data/hybrid: every replica reports a fingerprint of its weights each step, and
+    # the run stops if two differ (costs a hash of the weights per step).
+    check_replicas: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -167,6 +171,20 @@ class ReferenceConfig:
 
 
 @dataclass
+class HybridConfig:
+    """Krizhevsky's hybrid: conv layers data-parallel, dense layers split by neurons."""
+
+    # How the dense layers get the conv features: "a" all at once (all-gather), "b"
+    # one worker's share at a time, "c" the k-th fraction of every share at a time.
+    scheme: Literal["a", "b", "c"] = "a"
+    # "full": the dense layers step once a step (single-process SGD arithmetic);
+    # "worker": after each part, on its mean loss (Krizhevsky's variable batch size).
+    dense_batch: Literal["full", "worker"] = "full"
+    # The conv layers' learning rate times 1, the workers, or their square root.
+    conv_lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     strategy: Strategy = "kernel"
@@ -177,8 +195,14 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     workspace: WorkspaceConfig = field(default_factory=WorkspaceConfig)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
     output: str | None = None  # default: runs/<name>
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.placement == "model" and self.strategy in ("data", "hybrid"):
+            raise ConfigError(f"placement: 'model' chooses kernel splits; strategy "
+                              f"{self.strategy!r} takes 'calibrated' or 'even'")
 
     # Derived values -------------------------------------------------------------
 
@@ -229,6 +253,12 @@ class RunConfig:
     def optimizer_spec(self) -> OptimizerSpec:
         t = self.train
         return OptimizerSpec(t.lr, t.momentum, t.weight_decay, t.nesterov)
+
+    def conv_lr_scale(self, workers: int) -> float:
+        """The hybrid conv layers' learning-rate factor over `workers` (1 elsewhere)."""
+        if self.strategy != "hybrid" or self.hybrid.conv_lr_scaling == "none":
+            return 1.0
+        return float(workers) if self.hybrid.conv_lr_scaling == "linear" else math.sqrt(workers)
 
     def checkpoint_steps(self) -> set[int]:
         """Steps after which a checkpoint is written (0 = the initial weights)."""

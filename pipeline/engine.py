@@ -10,14 +10,15 @@ another worker needs go through the run's exchange workspace (storage/exchange.p
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster import WorkerSlot, all_local
+from pipeline.cluster import ClusterError, WorkerSlot, all_local
 from pipeline.config import RunConfig
-from pipeline.network import checkpoint_row_chunks, conv_keys, parameter_shapes
+from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.records import StepResult
 from pipeline.runner import TaskRunner
 from pipeline.sampler import step_indices
@@ -27,7 +28,8 @@ from storage.exchange import Exchange, SlotSpec, create_exchange, remove_exchang
 from tasks import step_task
 from tasks.layout import Layout, exchange_slots
 from tasks.receipts import Receipt
-from tasks.specs import NetworkSpec, RunPaths
+from tasks.replica_layout import HybridLayout
+from tasks.specs import Arithmetic, NetworkSpec, RunPaths
 
 
 def workspace_path(config: RunConfig, run_id: str, workers: list[WorkerSlot]) -> str:
@@ -70,12 +72,14 @@ class StepEngine:
         """Create the workspace and load every worker's part from checkpoint `from_step`."""
         create_exchange(self.paths.workspace,
                         [SlotSpec(s.name, s.shape, self.network.dtype) for s in self.slots])
-        keys = conv_keys(self.network)
+        arithmetic = Arithmetic(self.config.optimizer_spec(),
+                                self.config.conv_lr_scale(len(self.workers)),
+                                self.config.train.check_replicas)
         futures = [
             self.runner.submit(step_task.init_run, worker, self.run_id, self.layout, worker,
-                               self.network, self.config.train.batch, self.paths,
-                               self.config.optimizer_spec(), from_step, keys,
-                               self.config.workspace.wait_timeout, name=f"init-w{worker}")
+                               self.network, self.config.train.batch, self.paths, arithmetic,
+                               from_step, self.config.workspace.wait_timeout,
+                               name=f"init-w{worker}")
             for worker in range(len(self.workers))
         ]
         receipts = self.runner.gather(futures, "loading the shards")
@@ -103,16 +107,21 @@ class StepEngine:
         # a step's tasks may be the next step's dependencies; older ones are done with
         self._by_name = {name: f for name, f in self._by_name.items()
                          if not name.startswith(f"step-{step - 1}-")}
-        losses = [r.loss for r in receipts if r.loss is not None]
-        return StepResult(step, losses[0], receipts)
+        digests = {r.extra["replica_digest"] for r in receipts if "replica_digest" in r.extra}
+        if len(digests) > 1:
+            raise ClusterError(f"step {step}: the replicas' weights differ")
+        # the master's loss, or each replica's part of the batch's loss
+        return StepResult(step, sum(r.loss for r in receipts if r.loss is not None), receipts)
 
     def checkpoint(self, done_steps: int) -> None:
         """Save every worker's part as checkpoint `done_steps` (no step may be in flight)."""
         assert not self._submitted, "checkpoint with steps in flight"
         path = self.paths.checkpoints
-        checkpoints.create_checkpoint(path, done_steps, parameter_shapes(self.network),
-                                      checkpoint_row_chunks(self.network,
-                                                            self.config.channel_quanta(self.network)),
+        chunks = checkpoint_row_chunks(self.network, self.config.channel_quanta(self.network))
+        if isinstance(self.layout, HybridLayout):  # each worker writes its dense rows
+            for key, row in zip(self.network.dense_module_indices(), self.layout.neurons):
+                chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = math.gcd(*row)
+        checkpoints.create_checkpoint(path, done_steps, parameter_shapes(self.network), chunks,
                                       self.network.dtype)
         futures = [self.runner.submit(step_task.save_run, worker, self.run_id, path, done_steps,
                                       name=f"save-{done_steps}-w{worker}")

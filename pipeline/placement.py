@@ -20,8 +20,8 @@ class Placement:
     """How many kernels of each layer each worker holds, and how that was chosen."""
 
     method: str  # "even", "calibrated", "model" or "single"
-    counts: list[list[int]]  # [layer][worker]
-    calibration: dict[str, list[float]] = field(default_factory=dict)  # worker -> s per kernel
+    counts: list[list[int]]  # kernel: [layer][worker]; data, hybrid: [[samples per worker]]
+    calibration: dict[str, list[float]] = field(default_factory=dict)  # worker -> s per unit
     model: dict[str, Any] = field(default_factory=dict)  # placement "model": its predictions
 
 

@@ -23,7 +23,7 @@ import xarray as xr
 import yaml
 from distributed import Client
 
-from pipeline.calibrate import choose_placement
+from pipeline.calibrate import choose_batch_shares, choose_placement
 from pipeline.checkpointing import prepare_checkpoints
 from pipeline.cluster import (ClusterError, WorkerSlot, add_master, find_workers, open_client,
                               register_setup)
@@ -40,7 +40,8 @@ from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
 from storage.datasets import DatasetError, DatasetInfo, ensure_dataset
 from storage.labelled import write_dataset
-from tasks.layout import layout_from_counts
+from tasks.layout import Layout, layout_from_counts
+from tasks.replica_layout import DataLayout, HybridLayout, dense_widths, split_counts
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
 
@@ -74,20 +75,42 @@ def code_revision() -> str:
 def distributed_trainer(client: Client, config: RunConfig, network: NetworkSpec,
                         slots: list[WorkerSlot], train_samples: int
                         ) -> tuple[StepEngine, Placement, list[WorkerSlot]]:
-    """The engine for `kernel` or `single`: workers, master, split, layout.
+    """The engine of a distributed strategy: its workers, its split, its layout.
 
-    `single` runs on the master alone. A master outside the kernel workers (see
-    `cluster.add_master`) holds no kernels.
+    `single` runs on the master alone; `kernel` adds a master outside the kernel
+    workers (see `cluster.add_master`) holding no kernels; `data` and `hybrid` use
+    every worker, each with a share of the batch (the first reports the loss).
     """
+    run_id = uuid.uuid4().hex[:8]
+    if config.strategy in ("data", "hybrid"):
+        workers = list(slots)
+        placement = choose_batch_shares(client, config, network, workers, run_id)
+        layout = replica_layout(config, network, [w.name for w in workers], placement.counts[0])
+        return StepEngine(client, config, network, workers, layout, train_samples), \
+            placement, workers
     workers, master = add_master(client, config.cluster, slots)
     if config.strategy == "single":
         workers, master = [workers[master]], 0
     conv_workers = workers[:len(slots)] if config.strategy != "single" else workers
-    placement = choose_placement(client, config, network, conv_workers, uuid.uuid4().hex[:8])
+    placement = choose_placement(client, config, network, conv_workers, run_id)
     counts = [row + [0] * (len(workers) - len(conv_workers)) for row in placement.counts]
     layout = layout_from_counts([w.name for w in workers], counts, master)
     engine = StepEngine(client, config, network, workers, layout, train_samples)
     return engine, placement, workers
+
+
+def replica_layout(config: RunConfig, network: NetworkSpec, workers: list[str],
+                   shares: list[int]) -> Layout:
+    """The `data` or `hybrid` layout over `workers` with these batch shares."""
+    if config.strategy == "data":
+        return DataLayout(tuple(workers), tuple(shares))
+    widths = [out for _in, out in dense_widths(network)]
+    if min(widths) < len(workers):
+        raise ConfigError(f"strategy: hybrid splits every dense layer's neurons over the "
+                          f"{len(workers)} workers, but a layer has only {min(widths)}")
+    neurons = tuple(tuple(split_counts(width, len(workers))) for width in widths)
+    return HybridLayout(tuple(workers), tuple(shares), neurons, config.hybrid.scheme,
+                        config.hybrid.dense_batch)
 
 
 def run_training(config: RunConfig, client: Client | None = None,
@@ -126,8 +149,12 @@ def run_training(config: RunConfig, client: Client | None = None,
             engine, placement, workers = distributed_trainer(client, config, network, slots,
                                                              info.train_samples)
             stack.callback(engine.close)
-            attrs.update({"placement": placement.method,
-                          "kernel_split": jsonable(engine.layout.counts()),
+            split = ({"kernel_split": jsonable(engine.layout.counts())}
+                     if config.strategy in ("kernel", "single")
+                     else {"batch_split": jsonable(placement.counts[0])})
+            if isinstance(engine.layout, HybridLayout):
+                split["dense_split"] = jsonable([list(r) for r in engine.layout.neurons])
+            attrs.update({"placement": placement.method, **split,
                           "master": workers[engine.layout.master].name,
                           "workspace_sync": config.workspace.sync,
                           "calibration_s_per_kernel": jsonable(placement.calibration),
@@ -159,8 +186,10 @@ def run_training(config: RunConfig, client: Client | None = None,
     summary.update({"test_accuracy": summary_accuracy,
                     "test_samples": min(config.train.eval_samples, info.test_samples),
                     "strategy": config.strategy, "workers": list(record.worker_label.values)})
-    if "kernel_split" in attrs:
-        summary["kernel_split"] = json.loads(attrs["kernel_split"])
+    for key in ("kernel_split", "batch_split", "dense_split"):
+        if key in attrs:
+            summary[key] = json.loads(attrs[key])
+    if "master" in attrs:
         summary["master"] = attrs["master"]
     record.attrs["test_accuracy"] = -1.0 if summary_accuracy is None else summary_accuracy
     write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")

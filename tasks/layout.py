@@ -1,15 +1,19 @@
 """Who computes what in a run, and which tensors cross workers: pure value logic.
 
-A `Layout` says which kernels of every conv layer each worker holds (possibly none)
-and which worker runs the dense head (the *master*). From it, `worker_ops` gives the
-ops each worker runs in one step, and `exchange_slots` every tensor one worker
-writes for another, with the op that writes it and the op that reads it. The
-workers execute exactly these (tasks/step_task.py); the client builds the step
-graph's dependencies from the same slots (pipeline/step_graph.py) and creates their
-arrays; docs/design.md gives the bytes they add up to. One source, three users.
+A layout (one kind per strategy) says what each worker holds and does in a step.
+Every layout answers two questions: `ops(worker)`, the ops that worker runs in one
+step, in order; and `slots(network, batch)`, every tensor one worker writes for
+another, with the op that writes it and the op that reads it. The workers execute
+exactly these (tasks/step_task.py); the client builds the step graph's
+dependencies from the same slots (pipeline/step_graph.py) and creates their arrays;
+docs/design.md gives the bytes they add up to. One source, three users.
+
+`KernelLayout` (here) is kernel-parallel training; `DataLayout` and `HybridLayout`
+(tasks/replica_layout.py) are the data-parallel and hybrid strategies.
 
 Per step of kernel-parallel training (METHODS.md §1), with ``H(l)`` the workers
-holding kernels of conv layer ``l`` and ``m`` the master:
+holding kernels of conv layer ``l`` and ``m`` the master (the worker with the dense
+head):
 
 - ``act/<l>/<d>``: shard d's pooled output of layer l, read by the other holders
   of layer l+1 (the last layer's by the master);
@@ -23,6 +27,7 @@ A worker's own slices never enter the workspace.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from tasks.specs import NetworkSpec, ShardRange
 
@@ -33,17 +38,40 @@ CONV_BACKWARD = "conv-backward"
 
 @dataclass(frozen=True)
 class StepOp:
-    """One op of a step on one worker: a conv layer's forward or backward, or the head."""
+    """One op of a step on one worker: e.g. a conv layer's forward, the dense head.
+
+    `layer` and `part` say which layer and which part of the batch, where the op
+    is about one (-1: not).
+    """
 
     kind: str
     layer: int = -1
+    part: int = -1
 
     def __str__(self) -> str:
-        return self.kind if self.layer < 0 else f"{self.kind}-{self.layer}"
+        return "-".join([self.kind] + [str(n) for n in (self.layer, self.part) if n >= 0])
 
 
 @dataclass(frozen=True)
-class Layout:
+class Slot:
+    """One tensor that crosses workers each step."""
+
+    name: str
+    shape: tuple[int, ...]
+    writer: int
+    write_op: StepOp
+    readers: tuple[int, ...]
+    read_op: StepOp
+
+    def nbytes(self, itemsize: int) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * itemsize
+
+
+@dataclass(frozen=True)
+class KernelLayout:
     """The kernel split of every conv layer over the run's workers, and the master.
 
     ``shards[l][d]`` is the kernel range worker ``d`` holds of layer ``l``; an empty
@@ -76,8 +104,22 @@ class Layout:
         """Kernels per layer (rows) and worker (columns)."""
         return [[shard.size for shard in row] for row in self.shards]
 
+    def ops(self, worker: int) -> list[StepOp]:
+        """The ops `worker` runs in one step, in order: forward up, head, backward down."""
+        layers = range(self.layers)
+        ops = [StepOp(CONV_FORWARD, l) for l in layers if worker in self.holders(l)]
+        if worker == self.master:
+            ops.append(StepOp(DENSE_HEAD))
+        ops += [StepOp(CONV_BACKWARD, l) for l in reversed(layers) if worker in self.holders(l)]
+        return ops
 
-def layout_from_counts(workers: list[str], counts: list[list[int]], master: int) -> Layout:
+    def slots(self, network: NetworkSpec, batch: int) -> list[Slot]:
+        """Every tensor a worker writes for others in one step (see the module doc)."""
+        return _kernel_slots(self, network, batch)
+
+
+def layout_from_counts(workers: list[str], counts: list[list[int]], master: int
+                       ) -> KernelLayout:
     """Contiguous kernel ranges in worker order from per-layer counts."""
     rows = []
     for layer, row in enumerate(counts):
@@ -86,51 +128,42 @@ def layout_from_counts(workers: list[str], counts: list[list[int]], master: int)
             ranges.append(ShardRange(layer, start, start + count))
             start += count
         rows.append(tuple(ranges))
-    return Layout(tuple(workers), tuple(rows), master)
+    return KernelLayout(tuple(workers), tuple(rows), master)
+
+
+class Layout(Protocol):
+    """What every strategy's layout answers."""
+
+    workers: tuple[str, ...]
+    master: int
+
+    def ops(self, worker: int) -> list[StepOp]: ...
+    def slots(self, network: NetworkSpec, batch: int) -> list[Slot]: ...
 
 
 def worker_ops(layout: Layout, worker: int) -> list[StepOp]:
-    """The ops `worker` runs in one step, in order: forward up, head, backward down."""
-    layers = range(layout.layers)
-    ops = [StepOp(CONV_FORWARD, l) for l in layers if worker in layout.holders(l)]
-    if worker == layout.master:
-        ops.append(StepOp(DENSE_HEAD))
-    ops += [StepOp(CONV_BACKWARD, l) for l in reversed(layers) if worker in layout.holders(l)]
-    return ops
+    """The ops `worker` runs in one step, in order."""
+    return layout.ops(worker)
 
 
-@dataclass(frozen=True)
-class Slot:
-    """One tensor that crosses workers each step."""
-
-    name: str
-    shape: tuple[int, ...]
-    writer: int
-    write_op: StepOp
-    readers: tuple[int, ...]
-    read_op: StepOp
-
-    def nbytes(self, itemsize: int) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * itemsize
+def exchange_slots(layout: Layout, network: NetworkSpec, batch: int) -> list[Slot]:
+    """Every tensor a worker writes for another in one step."""
+    return layout.slots(network, batch)
 
 
-def _activation_shape(network: NetworkSpec, layer: int, batch: int, channels: int
+def activation_shape(network: NetworkSpec, layer: int, batch: int, channels: int
                       ) -> tuple[int, ...]:
     spec = network.conv[layer]
     return (batch, channels, spec.out_height, spec.out_width)
 
 
-def exchange_slots(layout: Layout, network: NetworkSpec, batch: int) -> list[Slot]:
-    """Every tensor a worker writes for others in one step (see the module doc)."""
+def _kernel_slots(layout: KernelLayout, network: NetworkSpec, batch: int) -> list[Slot]:
     last = layout.layers - 1
     slots: list[Slot] = []
     for layer in range(layout.layers):
         for d in layout.holders(layer):
             k = layout.shards[layer][d].size
-            shape = _activation_shape(network, layer, batch, k)
+            shape = activation_shape(network, layer, batch, k)
             if layer < last:
                 readers = tuple(e for e in layout.holders(layer + 1) if e != d)
                 read_op = StepOp(CONV_FORWARD, layer + 1)
@@ -143,7 +176,7 @@ def exchange_slots(layout: Layout, network: NetworkSpec, batch: int) -> list[Slo
     for d in layout.holders(last):
         if d != layout.master:
             k = layout.shards[last][d].size
-            slots.append(Slot(f"grad/{d}", _activation_shape(network, last, batch, k),
+            slots.append(Slot(f"grad/{d}", activation_shape(network, last, batch, k),
                               layout.master, StepOp(DENSE_HEAD), (d,),
                               StepOp(CONV_BACKWARD, last)))
     for layer in range(1, layout.layers):
@@ -152,7 +185,7 @@ def exchange_slots(layout: Layout, network: NetworkSpec, batch: int) -> list[Slo
                 if e != d:
                     k = layout.shards[layer - 1][e].size
                     slots.append(Slot(
-                        f"partial/{layer}/{d}/{e}", _activation_shape(network, layer - 1, batch, k),
+                        f"partial/{layer}/{d}/{e}", activation_shape(network, layer - 1, batch, k),
                         d, StepOp(CONV_BACKWARD, layer), (e,), StepOp(CONV_BACKWARD, layer - 1)))
     return slots
 

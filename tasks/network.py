@@ -40,3 +40,11 @@ def dense_head(spec: NetworkSpec) -> tuple[nn.Sequential, list[str]]:
     head = nn.Sequential(*list(full.children())[first:])
     full_indices = [str(first + i) for i in range(len(head))]
     return head, full_indices
+
+
+def conv_trunk(spec: NetworkSpec) -> nn.Sequential:
+    """The conv layers and the Flatten: the equivalent nn.Sequential's modules up to the
+    dense layers, with the same state_dict keys."""
+    full = build_sequential(spec)
+    first = spec.conv_module_index(len(spec.conv))  # the Flatten
+    return nn.Sequential(*list(full.children())[:first + 1])

@@ -105,6 +105,21 @@ class OptimizerSpec:
 
 
 @dataclass(frozen=True)
+class Arithmetic:
+    """How a worker's part of a step computes: SGD for every parameter, the conv
+    layers' learning rate scaled by `conv_lr_scale` (hybrid), and whether replicas
+    report a fingerprint of their weights every step (to check they stay identical)."""
+
+    optimizer: OptimizerSpec
+    conv_lr_scale: float = 1.0
+    check_replicas: bool = False
+
+    def conv_optimizer(self) -> OptimizerSpec:
+        o = self.optimizer
+        return OptimizerSpec(o.lr * self.conv_lr_scale, o.momentum, o.weight_decay, o.nesterov)
+
+
+@dataclass(frozen=True)
 class RunPaths:
     """Where one run's bytes live: dataset, activation workspace, checkpoints."""
 

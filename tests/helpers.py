@@ -27,15 +27,29 @@ def tiny_config(tmp_path, dataset: str, **overrides) -> RunConfig:
 
 
 def plain_pytorch_sequential(conv_widths: list[int], classes: int, dtype: torch.dtype,
-                             image_hw: int = 32) -> nn.Sequential:
+                             image_hw: int = 32, hidden: tuple[int, ...] = ()) -> nn.Sequential:
     """The network written out by hand, as a user of plain PyTorch would."""
     modules: list[nn.Module] = []
     channels, size = 3, image_hw
     for width in conv_widths:
         modules += [nn.Conv2d(channels, width, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2)]
         channels, size = width, size // 2
-    modules += [nn.Flatten(), nn.Linear(channels * size * size, classes)]
+    modules.append(nn.Flatten())
+    features = channels * size * size
+    for width in hidden:
+        modules += [nn.Linear(features, width), nn.ReLU()]
+        features = width
+    modules.append(nn.Linear(features, classes))
     return nn.Sequential(*modules).to(dtype)
+
+
+def _plain_model(config: RunConfig) -> nn.Sequential:
+    model = plain_pytorch_sequential([c.kernels for c in config.network.conv],
+                                     config.network.classes, getattr(torch, config.network.dtype),
+                                     hidden=tuple(config.network.hidden))
+    initial = checkpoints.read_tensors(config.checkpoint_path, 0)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in initial.items()})
+    return model
 
 
 def replay_in_pytorch(config: RunConfig, dataset: str) -> tuple[dict, list[float]]:
@@ -44,11 +58,7 @@ def replay_in_pytorch(config: RunConfig, dataset: str) -> tuple[dict, list[float
     Uses the checkpoint's recorded sample indices, so the batches are the same.
     Returns the final state_dict (numpy) and the per-step losses.
     """
-    dtype = getattr(torch, config.network.dtype)
-    model = plain_pytorch_sequential([c.kernels for c in config.network.conv],
-                                     config.network.classes, dtype)
-    initial = checkpoints.read_tensors(config.checkpoint_path, 0)
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in initial.items()})
+    model = _plain_model(config)
     t = config.train
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
                                 weight_decay=t.weight_decay)
@@ -62,6 +72,51 @@ def replay_in_pytorch(config: RunConfig, dataset: str) -> tuple[dict, list[float
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}, losses
+
+
+def replay_hybrid_in_pytorch(config: RunConfig, dataset: str, parts: list[list[int]],
+                            conv_lr_scale: float = 1.0) -> tuple[dict, list[float]]:
+    """Plain single-process PyTorch of the hybrid schedule with per-part dense updates.
+
+    Per step: the conv layers forward on the whole batch; for each part (rows of the
+    batch, in order) the dense layers forward on its rows, its mean loss backward and
+    a dense SGD step; then the conv layers step once on the sum over parts of each
+    part's feature gradient weighted by its share of the batch, at `conv_lr_scale`
+    times the learning rate. Returns the final state_dict and per-step losses (the
+    batch's mean loss, each part at the dense weights it met).
+    """
+    model = _plain_model(config)
+    first_dense = next(i for i, m in enumerate(model) if isinstance(m, nn.Flatten)) + 1
+    trunk, head = model[:first_dense], model[first_dense:]
+    t = config.train
+
+    def sgd(params, lr):
+        return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+    conv_opt = sgd(trunk.parameters(), t.lr * conv_lr_scale)
+    dense_opt = sgd(head.parameters(), t.lr)
+    indices = checkpoints.read_sample_indices(config.checkpoint_path)
+    losses = []
+    for step in range(t.steps):
+        images, labels = read_batch(dataset, "train", indices[step])
+        x, y = torch.from_numpy(images), torch.from_numpy(labels)
+        conv_opt.zero_grad()
+        features = trunk(x)
+        grad_features = torch.zeros_like(features)
+        total = 0.0
+        for rows in parts:
+            part = features.detach()[rows].requires_grad_(True)
+            dense_opt.zero_grad()
+            logits = head(part)
+            summed = nn.functional.cross_entropy(logits.detach(), y[rows], reduction="sum")
+            total += float(summed) / len(y)
+            nn.functional.cross_entropy(logits, y[rows]).backward()
+            dense_opt.step()
+            grad_features[rows] = part.grad * (len(rows) / len(y))
+        features.backward(grad_features)
+        conv_opt.step()
+        losses.append(total)
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}, losses
 
 

@@ -9,17 +9,18 @@ import pytest
 from pipeline.step_graph import op_graph, step_tasks
 from tasks.layout import (CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, StepOp, exchange_slots,
                           layout_from_counts, worker_ops, workspace_bytes)
+from tasks.replica_layout import DataLayout, HybridLayout
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
 F, D, B = CONV_FORWARD, DENSE_HEAD, CONV_BACKWARD
 
 
-def network(widths=(10, 12, 8)) -> NetworkSpec:
+def network(widths=(10, 12, 8), hidden=(16,)) -> NetworkSpec:
     layers, channels, size = [], 3, 32
     for width in widths:
         layers.append(ConvLayerSpec(channels, width, in_height=size, in_width=size))
         channels, size = width, size // 2
-    return NetworkSpec(tuple(layers))
+    return NetworkSpec(tuple(layers), hidden=hidden)
 
 
 LAYOUTS = {
@@ -32,9 +33,25 @@ LAYOUTS = {
 }
 
 
+NAMES = ("w0", "w1", "w2")
+REPLICAS = {
+    "data, one worker": DataLayout(NAMES[:1], (16,)),
+    "data, uneven": DataLayout(NAMES, (7, 5, 4)),
+    "data, a worker without samples": DataLayout(NAMES, (10, 6, 0)),
+    **{f"hybrid {scheme}, {batch}": HybridLayout(NAMES, (7, 5, 4), ((6, 5, 5), (4, 3, 3)),
+                                                 scheme, batch)
+       for scheme in ("a", "b", "c") for batch in ("full", "worker")},
+    "hybrid b, two workers": HybridLayout(NAMES[:2], (9, 7), ((8, 8), (5, 5)), "b"),
+}
+ALL = sorted(LAYOUTS) + sorted(REPLICAS)
+
+
 def make(case: str):
-    counts, master = LAYOUTS[case]
-    layout = layout_from_counts([f"w{i}" for i in range(len(counts[0]))], counts, master)
+    if case in REPLICAS:
+        layout = REPLICAS[case]
+    else:
+        counts, master = LAYOUTS[case]
+        layout = layout_from_counts([f"w{i}" for i in range(len(counts[0]))], counts, master)
     return layout, exchange_slots(layout, network(), batch=16)
 
 
@@ -99,7 +116,7 @@ def test_workspace_bytes_formula_by_hand():
                                                          (w0_writes, w1_writes)]
 
 
-@pytest.mark.parametrize("case", sorted(LAYOUTS))
+@pytest.mark.parametrize("case", ALL)
 def test_every_slot_is_written_before_read_and_read_before_rewritten(case):
     """The race-freedom of the exchange, from order and data edges alone."""
     layout, slots = make(case)
@@ -114,7 +131,7 @@ def test_every_slot_is_written_before_read_and_read_before_rewritten(case):
         assert edge.source.worker != edge.target.worker
 
 
-@pytest.mark.parametrize("case", sorted(LAYOUTS))
+@pytest.mark.parametrize("case", ALL)
 def test_graph_is_acyclic_and_every_op_runs_once_per_step(case):
     layout, slots = make(case)
     nodes, edges = op_graph(layout, slots, range(2))
@@ -124,7 +141,7 @@ def test_graph_is_acyclic_and_every_op_runs_once_per_step(case):
         assert node not in reachable(edges, node), f"cycle through {node}"
 
 
-@pytest.mark.parametrize("case", sorted(LAYOUTS))
+@pytest.mark.parametrize("case", ALL)
 def test_markers_sync_is_one_task_per_worker_without_dask_dependencies(case):
     layout, slots = make(case)
     tasks = step_tasks(layout, slots, 5, "markers")
@@ -137,7 +154,7 @@ def test_markers_sync_is_one_task_per_worker_without_dask_dependencies(case):
     assert all(a.priority > b.priority for a, b in zip(tasks, later))  # step 5 first
 
 
-@pytest.mark.parametrize("case", sorted(LAYOUTS))
+@pytest.mark.parametrize("case", ALL)
 def test_scheduler_sync_tasks_carry_every_edge_as_a_dependency(case):
     layout, slots = make(case)
     steps = [step_tasks(layout, slots, s, "scheduler", first_step=3) for s in (3, 4)]

@@ -1,0 +1,461 @@
+"""Data-parallel and hybrid training on a worker: replicas, dense slices, and their ops.
+
+`data` (tasks/replica_layout.py, `DataLayout`): every worker holds the whole network
+as a plain `nn.Sequential`. ``replica-step`` trains it on the worker's rows of the
+batch with the loss summed over them and divided by the whole batch, so that the
+workers' gradients add up to the whole batch's; ``grad-reduce`` sums the range of
+the flat gradient this worker owns (its own and every other worker's, in worker
+order) and ``grad-update`` gathers every summed range and steps SGD. Every replica
+applies the very same summed gradient, so the replicas stay identical.
+
+`hybrid` (`HybridLayout`): the conv layers as a replica (``trunk-forward`` /
+``trunk-backward``), each dense layer's output neurons as a slice per worker. Per
+part of the batch, ``dense-forward j`` computes this worker's output neurons of
+layer j from the whole input (its own rows or slice from memory, the rest read)
+and ``dense-backward j`` its weight gradient and its partial gradient of the
+layer's input, handed to whoever owns that input. The conv gradients are then
+reduced like `data`'s. With ``dense_batch: full`` the dense slices step once with
+the summed gradient of every part; with ``worker`` after each part, on the part's
+mean loss, and the conv trunk then gets each part's input gradient weighted by its
+share of the batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from storage import checkpoints
+from storage.datasets import read_batch, read_labels
+from tasks.layout import StepOp
+from tasks.network import build_sequential, conv_trunk
+from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
+from tasks.receipts import TaskClock
+from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_REDUCE, GRAD_UPDATE,
+                                  REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD, DataLayout,
+                                  HybridLayout)
+from tasks.run_state import RunState
+from tasks.specs import NetworkSpec, OptimizerSpec
+from tasks.worker_state import current_profile
+
+
+@dataclass
+class Gradients:
+    """The flat gradient a step reduces: this worker's, then its owned range's sum."""
+
+    params: list[tuple[str, torch.Tensor]]  # the parameters it covers, in order
+    local: torch.Tensor | None = None
+    own_sum: torch.Tensor | None = None
+
+    def flatten(self) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for _, p in self.params])
+
+    def assign(self, flat: torch.Tensor) -> None:
+        """Set every parameter's .grad from a flat gradient."""
+        offset = 0
+        for _, param in self.params:
+            count = param.numel()
+            param.grad = flat[offset:offset + count].view_as(param)
+            offset += count
+
+    def digest(self) -> str:
+        """A fingerprint of the parameters' values (replicas must agree on it)."""
+        sha = hashlib.sha1()
+        for _, param in self.params:
+            sha.update(param.detach().to("cpu").numpy().tobytes())
+        return sha.hexdigest()
+
+
+@dataclass
+class DataWork:
+    """A full replica and its optimizer."""
+
+    model: nn.Sequential
+    optimizer: torch.optim.SGD
+    grads: Gradients
+    check_replicas: bool
+
+
+@dataclass
+class DenseSlice:
+    """One dense layer's output neurons [start, stop) on this worker."""
+
+    key: str  # e.g. "5": the layer's module index in the equivalent nn.Sequential
+    start: int
+    stop: int
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+
+@dataclass
+class HybridWork:
+    """The conv trunk (a replica), this worker's dense slices, and a step's tensors."""
+
+    trunk: nn.Sequential
+    conv_optimizer: torch.optim.SGD
+    dense: list[DenseSlice]
+    dense_optimizer: torch.optim.SGD
+    grads: Gradients
+    check_replicas: bool
+    features: torch.Tensor | None = None  # own rows' conv output, with its graph
+    kept: dict[tuple, torch.Tensor] = field(default_factory=dict)
+
+
+# Loading and saving ----------------------------------------------------------------------
+
+
+def load_data(network: NetworkSpec, checkpoint_path: str, step: int,
+              optimizer: OptimizerSpec, device: str, check_replicas: bool) -> DataWork:
+    model = build_sequential(network)
+    model.load_state_dict(_tensors(checkpoint_path, step, "weights"))
+    model.to(device)
+    sgd = make_sgd(model.parameters(), optimizer)
+    named = dict(model.named_parameters())
+    restore_momentum(sgd, named, checkpoints.read_tensors(checkpoint_path, step, "momentum"))
+    return DataWork(model, sgd, Gradients(list(named.items())), check_replicas)
+
+
+def load_hybrid(layout: HybridLayout, me: int, network: NetworkSpec, checkpoint_path: str,
+                step: int, conv_optimizer: OptimizerSpec, dense_optimizer: OptimizerSpec,
+                device: str, check_replicas: bool) -> HybridWork:
+    trunk = conv_trunk(network)
+    weights = _tensors(checkpoint_path, step, "weights")
+    trunk.load_state_dict({k: v for k, v in weights.items() if k in trunk.state_dict()})
+    trunk.to(device)
+    conv_sgd = make_sgd(trunk.parameters(), conv_optimizer)
+    named = dict(trunk.named_parameters())
+    momentum = checkpoints.read_tensors(checkpoint_path, step, "momentum")
+    restore_momentum(conv_sgd, named, momentum)
+    slices = []
+    for j, key in enumerate(network.dense_module_indices()):
+        start, stop = layout.neuron_ranges(j)[me]
+        rows = {name: torch.from_numpy(checkpoints.read_slice(checkpoint_path, step, "weights",
+                                                              f"{key}.{name}", start, stop))
+                .to(device).requires_grad_(True) for name in ("weight", "bias")}
+        slices.append(DenseSlice(str(key), start, stop, rows["weight"], rows["bias"]))
+    dense_sgd = make_sgd([t for s in slices for t in (s.weight, s.bias)], dense_optimizer)
+    restore_momentum(dense_sgd, _dense_named(slices),
+                     {f"{s.key}.{name}": momentum[f"{s.key}.{name}"][s.start:s.stop]
+                      for s in slices for name in ("weight", "bias")})
+    return HybridWork(trunk, conv_sgd, slices, dense_sgd, Gradients(list(named.items())),
+                      check_replicas)
+
+
+def save_data(work: DataWork, me: int, checkpoint_path: str, step: int) -> None:
+    """Replicas are identical: the first worker writes the whole network."""
+    if me == 0:
+        named = dict(work.model.named_parameters())
+        _write(checkpoint_path, step, weights_of(named), momentum_of(work.optimizer, named), 0)
+
+
+def save_hybrid(work: HybridWork, me: int, checkpoint_path: str, step: int) -> None:
+    """The first worker writes the conv layers; each worker its dense rows."""
+    if me == 0:
+        named = dict(work.trunk.named_parameters())
+        _write(checkpoint_path, step, weights_of(named), momentum_of(work.conv_optimizer, named),
+               0)
+    for piece in work.dense:
+        named = {f"{piece.key}.weight": piece.weight, f"{piece.key}.bias": piece.bias}
+        _write(checkpoint_path, step, weights_of(named), momentum_of(work.dense_optimizer, named),
+               piece.start)
+
+
+def _tensors(path: str, step: int, kind: str) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v) for k, v in checkpoints.read_tensors(path, step, kind).items()}
+
+
+def _dense_named(slices: list[DenseSlice]) -> dict[str, torch.Tensor]:
+    return {f"{s.key}.{name}": getattr(s, name) for s in slices for name in ("weight", "bias")}
+
+
+def _write(path: str, step: int, weights: dict[str, np.ndarray],
+           momentum: dict[str, np.ndarray], start: int) -> None:
+    for kind, tensors in (("weights", weights), ("momentum", momentum)):
+        for key, value in tensors.items():
+            checkpoints.write_slice(path, step, kind, key, start, value)
+
+
+# Calibration -----------------------------------------------------------------------------
+
+
+def calibrate_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
+    """Seconds of a replica's forward, backward and SGD step on `rows` samples, as
+    `replica-step` runs it, on this worker's device: one warm-up, then the median of
+    `repeats` synchronised rounds (emulated slowness included)."""
+    profile = current_profile()
+    generator = torch.Generator().manual_seed(0)
+    first = network.conv[0]
+    dtype = getattr(torch, network.dtype)
+    model = build_sequential(network).to(profile.device)
+    sgd = make_sgd(model.parameters(), OptimizerSpec(lr=1e-6))
+    x = torch.randn(rows, first.in_channels, first.in_height, first.in_width,
+                    generator=generator, dtype=dtype).to(profile.device)
+    y = torch.randint(0, network.classes, (rows,), generator=generator).to(profile.device)
+    times = []
+    for attempt in range(repeats + 1):
+        start = time.perf_counter()
+        sgd.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y, reduction="sum").backward()
+        sgd.step()
+        profile.synchronize()
+        elapsed = time.perf_counter() - start
+        elapsed += profile.emulate(elapsed)
+        if attempt:
+            times.append(elapsed)
+    return {"worker": profile.name, "seconds": float(np.median(times)), "rows": rows}
+
+
+# Data parallel ---------------------------------------------------------------------------
+
+
+def replica_step(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                 clock: TaskClock) -> None:
+    work: DataWork = run.work
+    layout: DataLayout = run.layout
+    start, stop = layout.rows()[run.me]
+    with clock.op(REPLICA_STEP):
+        work.optimizer.zero_grad(set_to_none=True)
+        if stop > start:
+            x, y = _batch_rows(run, indices[start:stop], clock)
+            with clock.phase("compute") as phase:
+                loss = F.cross_entropy(work.model(x), y, reduction="sum") / run.batch
+                loss.backward()
+                clock.receipt.loss = float(loss.detach())  # its part of the batch's loss
+            run.emulate(clock, phase.seconds)
+        with clock.phase("compute"):
+            work.grads.local = work.grads.flatten()
+        _hand_on_ranges(run, work.grads, step, clock)
+
+
+def grad_reduce(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                clock: TaskClock) -> None:
+    """Sum the range this worker owns over every worker (in worker order); hand it on."""
+    grads: Gradients = run.work.grads
+    assert grads.local is not None
+    a, b = run.layout.owned(len(grads.local))[run.me]
+    with clock.op(GRAD_REDUCE):
+        parts = [grads.local[a:b] if d == run.me
+                 else run.mover.read(f"grads/{d}/{run.me}", step, clock)
+                 for d in range(len(run.layout.workers))]
+        with clock.phase("compute"):
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+        grads.own_sum = total
+        run.mover.write(f"reduced/{run.me}", step, total, clock)
+
+
+def grad_update(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                clock: TaskClock) -> None:
+    """Gather every summed range, then the SGD step (every replica the same)."""
+    work = run.work
+    grads: Gradients = work.grads
+    with clock.op(GRAD_UPDATE):
+        pieces = [grads.own_sum if e == run.me else run.mover.read(f"reduced/{e}", step, clock)
+                  for e in range(len(run.layout.workers))]
+        with clock.phase("compute") as phase:
+            grads.assign(torch.cat(pieces))
+            if isinstance(work, DataWork):
+                work.optimizer.step()
+            else:
+                work.conv_optimizer.step()
+                if run.layout.dense_batch == "full":
+                    work.dense_optimizer.step()
+                    work.dense_optimizer.zero_grad(set_to_none=True)
+            grads.local = grads.own_sum = None
+        run.emulate(clock, phase.seconds)
+        if work.check_replicas:
+            clock.receipt.extra["replica_digest"] = grads.digest()
+
+
+def _hand_on_ranges(run: RunState, grads: Gradients, step: int, clock: TaskClock) -> None:
+    """Write every other worker's owned range of this worker's gradient."""
+    assert grads.local is not None
+    for e, (a, b) in enumerate(run.layout.owned(len(grads.local))):
+        if e != run.me:
+            run.mover.write(f"grads/{run.me}/{e}", step, grads.local[a:b], clock)
+
+
+def _batch_rows(run: RunState, rows: np.ndarray, clock: TaskClock
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    with clock.phase("dataset") as phase:
+        images, labels = read_batch(run.paths.dataset, "train", rows)
+        phase.nbytes = images.nbytes + labels.nbytes
+    device = run.profile.device
+    return torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device)
+
+
+# Hybrid ----------------------------------------------------------------------------------
+
+
+def trunk_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                  clock: TaskClock) -> None:
+    work: HybridWork = run.work
+    layout: HybridLayout = run.layout
+    start, stop = layout.rows()[run.me]
+    with clock.op(TRUNK_FORWARD):
+        work.conv_optimizer.zero_grad(set_to_none=True)
+        work.features = None
+        if stop == start:
+            return
+        with clock.phase("dataset") as phase:
+            images = read_batch(run.paths.dataset, "train", indices[start:stop])[0]
+            phase.nbytes = images.nbytes
+        with clock.phase("compute") as phase:
+            work.features = work.trunk(torch.from_numpy(images).to(run.profile.device))
+        run.emulate(clock, phase.seconds)
+        mine = work.features.detach()
+        for k, part in enumerate(layout.parts()):
+            for e, a, b in part:
+                if e == run.me:
+                    work.kept[("features", k)] = mine[a - start:b - start]
+                    run.mover.write(f"feat/{k}/{e}", step, mine[a - start:b - start], clock)
+
+
+def dense_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                  clock: TaskClock) -> None:
+    work: HybridWork = run.work
+    layout: HybridLayout = run.layout
+    j, k = op.layer, op.part
+    last = len(layout.neurons) - 1
+    with clock.op(DENSE_FORWARD, j):
+        if j == 0:
+            inputs = torch.cat([work.kept.pop(("features", k)) if e == run.me
+                                else run.mover.read(f"feat/{k}/{e}", step, clock)
+                                for e, _a, _b in layout.parts()[k]])
+        else:
+            inputs = torch.cat([work.kept[("out", k, j - 1)] if d == run.me
+                                else run.mover.read(f"out/{k}/{j - 1}/{d}", step, clock)
+                                for d in range(len(layout.workers))], dim=1)
+        piece = work.dense[j]
+        with clock.phase("compute") as phase:
+            pre = F.linear(inputs, piece.weight.detach(), piece.bias.detach())
+            out = F.relu(pre) if j < last else pre
+        run.emulate(clock, phase.seconds)
+        work.kept[("in", k, j)] = inputs
+        work.kept[("out", k, j)] = out
+        run.mover.write(f"out/{k}/{j}/{run.me}", step, out, clock)
+
+
+def dense_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                   clock: TaskClock) -> None:
+    work: HybridWork = run.work
+    layout: HybridLayout = run.layout
+    j, k = op.layer, op.part
+    last = len(layout.neurons) - 1
+    part = layout.parts()[k]
+    workers = range(len(layout.workers))
+    piece = work.dense[j]
+    with clock.op(DENSE_BACKWARD, j):
+        if j == last:
+            logits = torch.cat([work.kept[("out", k, last)] if d == run.me
+                                else run.mover.read(f"out/{k}/{last}/{d}", step, clock)
+                                for d in workers], dim=1)
+            with clock.phase("dataset"):
+                rows = np.concatenate([indices[a:b] for _e, a, b in part])
+                labels = torch.from_numpy(read_labels(run.paths.dataset, "train", rows))
+            with clock.phase("compute") as phase:
+                grad_out = _logit_gradient(run, logits, labels.to(logits.device), clock)
+                grad_pre = grad_out[:, piece.start:piece.stop]
+        else:
+            parts = [work.kept.pop(("din", k, j + 1)) if d == run.me
+                     else run.mover.read(f"din/{k}/{j + 1}/{d}/{run.me}", step, clock)
+                     for d in workers]
+            with clock.phase("compute") as phase:
+                grad_out = parts[0]
+                for extra in parts[1:]:
+                    grad_out = grad_out + extra
+                activated = work.kept[("out", k, j)]  # after ReLU: its backward passes
+                grad_pre = torch.where(activated > 0, grad_out, torch.zeros_like(grad_out))
+        inputs = work.kept.pop(("in", k, j))
+        with clock.phase("compute") as more:
+            grad_in = grad_pre @ piece.weight.detach()  # before any update of this layer
+            grad_weight, grad_bias = grad_pre.t() @ inputs, grad_pre.sum(dim=0)
+            _add_or_step(work, piece, grad_weight, grad_bias, layout.dense_batch)
+        run.emulate(clock, phase.seconds + more.seconds)
+        work.kept.pop(("out", k, j), None)
+        if j == 0:
+            offset = 0
+            for e, a, b in part:
+                rows_of_e = grad_in[offset:offset + b - a]
+                offset += b - a
+                if e == run.me:
+                    work.kept[("din", k, 0)] = rows_of_e
+                else:
+                    run.mover.write(f"din/{k}/0/{run.me}/{e}", step, rows_of_e, clock)
+        else:
+            for e, (a, b) in enumerate(layout.neuron_ranges(j - 1)):
+                columns = grad_in[:, a:b]
+                if e == run.me:
+                    work.kept[("din", k, j)] = columns
+                else:
+                    run.mover.write(f"din/{k}/{j}/{run.me}/{e}", step, columns, clock)
+
+
+def _logit_gradient(run: RunState, logits: torch.Tensor, labels: torch.Tensor,
+                    clock: TaskClock) -> torch.Tensor:
+    """dLoss/dlogits of a part: its mean loss (dense_batch worker) or its share of the
+    batch's (full). The master reports the part's share of the batch's loss."""
+    leaf = logits.detach().requires_grad_(True)
+    summed = F.cross_entropy(leaf, labels, reduction="sum")
+    if run.me == run.layout.master:
+        clock.receipt.loss = (clock.receipt.loss or 0.0) + float(summed.detach()) / run.batch
+    loss = summed / len(labels) if run.layout.dense_batch == "worker" else summed / run.batch
+    (grad,) = torch.autograd.grad(loss, leaf)
+    return grad
+
+
+def _add_or_step(work: HybridWork, piece: DenseSlice, grad_weight: torch.Tensor,
+                 grad_bias: torch.Tensor, dense_batch: str) -> None:
+    """Full batch: add to the slice's gradient (one step after every part); per part:
+    step this slice now."""
+    if dense_batch == "full":
+        for param, grad in ((piece.weight, grad_weight), (piece.bias, grad_bias)):
+            param.grad = grad if param.grad is None else param.grad + grad
+        return
+    piece.weight.grad, piece.bias.grad = grad_weight, grad_bias
+    work.dense_optimizer.step()
+    piece.weight.grad = piece.bias.grad = None
+
+
+def trunk_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                   clock: TaskClock) -> None:
+    work: HybridWork = run.work
+    layout: HybridLayout = run.layout
+    start, stop = layout.rows()[run.me]
+    workers = range(len(layout.workers))
+    with clock.op(TRUNK_BACKWARD):
+        if work.features is not None:
+            grad = torch.zeros_like(work.features)
+            for k, part in enumerate(layout.parts()):
+                for e, a, b in part:
+                    if e != run.me:
+                        continue
+                    pieces = [work.kept.pop(("din", k, 0)) if d == run.me
+                              else run.mover.read(f"din/{k}/0/{d}/{run.me}", step, clock)
+                              for d in workers]
+                    total = pieces[0]
+                    for extra in pieces[1:]:
+                        total = total + extra
+                    if layout.dense_batch == "worker":  # the part's mean loss, as its share
+                        total = total * (sum(q - p for _e, p, q in part) / run.batch)
+                    grad[a - start:b - start] = total
+            with clock.phase("compute") as phase:
+                work.features.backward(grad)
+                work.features = None
+            run.emulate(clock, phase.seconds)
+        with clock.phase("compute"):
+            work.grads.local = work.grads.flatten()
+        _hand_on_ranges(run, work.grads, step, clock)
+
+
+OPS = {REPLICA_STEP: replica_step, GRAD_REDUCE: grad_reduce, GRAD_UPDATE: grad_update,
+       TRUNK_FORWARD: trunk_forward, DENSE_FORWARD: dense_forward,
+       DENSE_BACKWARD: dense_backward, TRUNK_BACKWARD: trunk_backward}
