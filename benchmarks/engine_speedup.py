@@ -13,6 +13,9 @@ on one single-thread worker, `kernel` on 2 single-thread workers (tasks waiting 
 each other through ready markers, the default), and the same through Dask
 dependencies (`workspace.sync=scheduler`, unless `--no-scheduler`).
 `emulated`: 2 workers, one emulated at half speed: calibrated split vs even split.
+`strategies`: every strategy side by side on 2 workers (`reference` with 1 and 2
+threads, `single`, `kernel`, `data`, `hybrid`) and the peer users compare against,
+PyTorch DDP over gloo with 2 processes (benchmarks/ddp_peer.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from statistics import median
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.ddp_peer import measure_ddp  # noqa: E402
 from pipeline.config import load_run_config  # noqa: E402
 from pipeline.train import run_training  # noqa: E402
 
@@ -49,7 +53,7 @@ def ratio_report(name: str, baseline: list[float], candidate: list[float]) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("case", choices=["speedup", "emulated"])
+    parser.add_argument("case", choices=["speedup", "emulated", "strategies"])
     parser.add_argument("--net", choices=sorted(NETS), default="small")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=None,
@@ -72,6 +76,15 @@ def main() -> None:
             del runs["single-1-worker"]
         if args.no_scheduler:
             del runs["kernel-2-scheduler"]
+    elif args.case == "strategies":
+        runs = {"reference-1-thread": ["strategy=reference", "reference.threads=1"],
+                "reference-2-threads": ["strategy=reference", "reference.threads=2"],
+                "single": ["strategy=single", "cluster.workers=1"],
+                **{name: [f"strategy={name}", "cluster.workers=2"]
+                   for name in ("kernel", "data", "hybrid")},
+                "ddp-gloo-2": None}
+        if args.no_single:
+            del runs["single"]
     else:
         pair = '[{name: fast, speed: 1.0}, {name: slow-emulated, speed: 0.5}]'
         runs = {"even": ["strategy=kernel", "placement=even", f"cluster.workers={pair}"],
@@ -81,7 +94,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
             for name, overrides in runs.items():
-                seconds = measure(args.net, args.batch, steps, overrides, workdir)
+                seconds = (measure_ddp(args.net, args.batch, steps) if overrides is None
+                           else measure(args.net, args.batch, steps, overrides, workdir))
                 times[name].append(seconds)
                 print(f"repeat {repeat}: {name:22s} median step {seconds:.4f} s", flush=True)
     print(f"\n{args.case}: {args.net} network, batch {args.batch}, {steps} steps per run "
@@ -100,6 +114,12 @@ def main() -> None:
         if "kernel-2-scheduler" in times:
             reports.append(ratio_report("kernel through the scheduler / with ready markers",
                                         times["kernel-2-scheduler"], times["kernel-2-workers"]))
+    elif args.case == "strategies":
+        one, ddp = times["reference-1-thread"], times["ddp-gloo-2"]
+        reports = [ratio_report(f"{name} speedup over reference 1 thread", one, times[name])
+                   for name in runs if name != "reference-1-thread"]
+        reports += [ratio_report(f"{name} step time / DDP-gloo's", times[name], ddp)
+                    for name in ("data", "hybrid", "kernel")]
     else:
         reports = [ratio_report("calibrated / even step time", times["calibrated"],
                                 times["even"])]

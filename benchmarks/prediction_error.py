@@ -13,7 +13,8 @@ figures move from one invocation to the next.
     python benchmarks/prediction_error.py small --repeats 3 --json out.json
 
 ``small``: the 32/64 network at batch 64 and 128: ``reference`` (1 thread),
-``single`` and ``kernel`` on embedded clusters of 1 and 2 workers.
+``single`` and ``kernel`` on embedded clusters of 1 and 2 workers, ``data`` and
+``hybrid`` on 2.
 ``paper``: 500/1500 at batch 32: ``reference`` (1 thread), ``single``, and
 ``kernel`` on 2 workers (about 11 s per single-thread step, so few steps).
 ``placement``: the small network at batch 128 on a fast and an emulated
@@ -66,6 +67,9 @@ def points(case: str) -> list[dict]:
                                 overrides=["strategy=single", f"cluster.workers={workers}"]))
                 out.append(dict(workers=workers, batch=batch, strategy="kernel",
                                 overrides=["strategy=kernel", f"cluster.workers={workers}"]))
+            for strategy in ("data", "hybrid"):
+                out.append(dict(workers=2, batch=batch, strategy=strategy,
+                                overrides=[f"strategy={strategy}", "cluster.workers=2"]))
         return out
     if case == "paper":
         return [dict(workers=None, batch=32, strategy="reference",

@@ -105,7 +105,8 @@ def split_for(config: RunConfig, probe: ClusterProbe, active: int) -> list[list[
 
 
 def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
-                   kernel_split: list[list[int]] | None = None) -> Prediction:
+                   kernel_split: list[list[int]] | None = None,
+                   batch_split: list[int] | None = None) -> Prediction:
     """The model's step for ``config`` on the probed machine.
 
     Parameters
@@ -113,11 +114,14 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
     config : RunConfig
         The run (strategy, network, batch, workers used, placement).
     probe : ClusterProbe or MasterProbe
-        A cluster probe for ``single``/``kernel``; a master probe with the
+        A cluster probe for the distributed strategies; a master probe with the
         config's thread count for ``reference``.
     kernel_split : list of list of int, optional
-        The split actually run (``summary["kernel_split"]``); default the one
-        the config's placement would choose.
+        ``kernel``/``single``: the split actually run (``summary["kernel_split"]``);
+        default the one the config's placement would choose.
+    batch_split : list of int, optional
+        ``data``/``hybrid``: the samples each worker got (``summary["batch_split"]``);
+        default an even split.
     """
     spec = network_for(config)
     net = costmodel_network(spec)
@@ -132,6 +136,13 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
     if probe.batch != batch or probe.network_spec() != spec:
         raise ValueError("the probe was made for another network or batch")
     active = workers_used(config, probe)
+    if config.strategy in ("data", "hybrid"):
+        shares = batch_split or split_even(batch, active, 1)
+        options = probe.kernel_options(batch_shares=shares, scheme=config.hybrid.scheme,
+                                       dense_batch=config.hybrid.dense_batch,
+                                       sync=config.workspace.sync)
+        return predict(config.strategy, net, batch, probe.device_specs(active),
+                       store=probe.store_spec(), options=options)
     counts = kernel_split or split_for(config, probe, active)
     names = [w.name for w in probe.workers[:active]]
     master = names.index(config.cluster.master) if config.cluster.master in names else 0
@@ -225,11 +236,13 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         if probe is None:
             return None
     split = summary.get("kernel_split") if config.strategy != "reference" else None
-    prediction = predict_config(config, probe, kernel_split=split)
+    prediction = predict_config(config, probe, kernel_split=split,
+                                batch_split=summary.get("batch_split"))
     out = PointPrediction(
         strategy=config.strategy, predicted_step_time=prediction.step_time,
         breakdown={k: v for k, v in prediction.breakdown.items()},
-        kernel_split=prediction.kernel_counts, probe_key=probe.key,
+        kernel_split=prediction.kernel_counts,
+        bytes_moved=prediction.details.get("bytes_moved"), probe_key=probe.key,
         constants=constants(probe))
     measured = summary.get("step_time_median")
     if measured:

@@ -40,8 +40,8 @@ import xarray as xr  # noqa: E402
 import yaml  # noqa: E402
 
 from experiments.figures import save_figure, write_figures  # noqa: E402
-from experiments.results import (DONE, FAILED, STORE_FORMAT, base_strategy, format_table,  # noqa: E402
-                                 summary_table)
+from experiments.results import (DONE, FAILED, SKIPPED, STORE_FORMAT, base_strategy,  # noqa: E402
+                                 format_table, summary_table)
 from experiments.scaling_report import make_scaling_report  # noqa: E402
 from experiments.sweep_config import value_label  # noqa: E402
 
@@ -193,7 +193,7 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
             keys = key if isinstance(key, tuple) else (key,)
             lines = lines.sort_values("relative_capacity")
             color = palette[keys]
-            if (lines["n_workers"] <= 1).all():  # one process whatever the cluster:
+            if lines["relative_capacity"].nunique() <= 1:  # one measured setting:
                 ax.axhline(float(lines["speedup"].median()), linestyle=":", linewidth=1.5,
                            color=color, label=f"{_label(keys, group)} (one process)")
                 continue
@@ -233,6 +233,49 @@ def _slice_of_others(sweep: StoreView, frame: pd.DataFrame,
         frame = frame[frame[dim] == value]
         chosen.append(f"{dim} {value}")
     return frame, ", ".join(chosen)
+
+
+def strategies_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
+    """Every strategy side by side: step time (measured bars, predicted dots), speedup and
+    workspace bytes per step, one group of bars per batch size, at the most workers
+    (each strategy at the largest worker count it ran at; other dims at their last)."""
+    if "strategy" not in sweep.dims or frame["strategy"].nunique() < 3:
+        return False
+    batch = sweep.batch_dim
+    keep = ["strategy"] + [d for d in (batch, sweep.worker_dim) if d is not None]
+    data, fixed = _slice_of_others(sweep, frame, keep)
+    data = data[data["step_time"].notna()]
+    if sweep.worker_dim is not None:  # per strategy, its most distributed point
+        data = data.sort_values("relative_capacity").groupby(
+            ["strategy"] + ([batch] if batch else []), sort=False).tail(1)
+    if data.empty:
+        return False
+    strategies = [s for s in _order(frame, "strategy", sweep.ds) if s in set(data["strategy"])]
+    batches = _order(data, batch, sweep.ds) if batch else [None]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    width = 0.8 / len(batches)
+    for b, value in enumerate(batches):
+        rows = data if value is None else data[data[batch] == value]
+        rows = rows.set_index("strategy").reindex(strategies)
+        x = np.arange(len(strategies)) + (b - (len(batches) - 1) / 2) * width
+        label = f"batch {value}" if value is not None else "measured"
+        color = COLORS[b % len(COLORS)]
+        axes[0].bar(x, rows["step_time"], width, color=color, label=label)
+        axes[0].plot(x, rows["predicted_step_time"], "o", color="black", markersize=4,
+                     label="predicted" if b == 0 else None)
+        axes[1].bar(x, rows["speedup"], width, color=color, label=label)
+        axes[2].bar(x, rows["bytes_moved"] / 1e6, width, color=color, label=label)
+    for ax, title in zip(axes, ("step time (s)", f"speedup over '{sweep.baseline}'",
+                                "workspace MB per step")):
+        ax.set_xticks(np.arange(len(strategies)), strategies)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    workers = (f", {sweep.worker_dim}: each at its largest" if sweep.worker_dim else "")
+    fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: strategies side by side "
+                 f"(medians over repeats{workers}{', ' + fixed if fixed else ''})")
+    save_figure(fig, path)
+    return True
 
 
 def breakdown_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
@@ -401,7 +444,8 @@ def _provenance(ds: xr.Dataset) -> list[str]:
     memory = machine.get("memory_bytes")
     lines = [
         f"- points: {int((status == DONE).sum())} done, {int((status == FAILED).sum())} "
-        f"failed, {int((status == 0).sum())} pending, of {status.size}",
+        f"failed, {int((status == 0).sum())} pending, {int((status == SKIPPED).sum())} not "
+        f"applicable (they would repeat another point), of {status.size}",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"
         + (f", {memory / 2**30:.0f} GiB" if memory else "")
         + (f", GPUs: {', '.join(machine['gpus'])}" if machine.get("gpus") else ", no GPU")
@@ -483,6 +527,7 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
     sweep = StoreView(ds)
     frame = sweep.points()
     makers: list[tuple[str, Any]] = [
+        ("strategies.png", lambda p: strategies_figure(sweep, frame, p)),
         ("speedup.png", lambda p: speedup_figure(sweep, frame, p)),
         ("breakdown.png", lambda p: breakdown_figure(sweep, frame, p)),
         ("batch.png", lambda p: batch_figure(sweep, frame, p)),

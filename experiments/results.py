@@ -4,8 +4,9 @@ Layout (``xr.open_zarr(path)`` is all a reader needs):
 
 - dims: one per axis (named as in the sweep, e.g. ``strategy``, ``workers``,
   ``batch``), then ``repeat``; series add ``step``;
-- per point (axes + repeat): ``status`` (0 pending, 1 done, 2 failed), ``failure``
-  (the reason, text), ``run_id``, ``started``/``finished``/``wall_time``, the
+- per point (axes + repeat): ``status`` (0 pending, 1 done, 2 failed, 3 not
+  applicable: the point would repeat another, e.g. `single` at two workers),
+  ``failure`` (the reason, text), ``run_id``, ``started``/``finished``/``wall_time``, the
   measured figures (``step_time`` and its spread, ``throughput``, ``speedup``,
   ``efficiency``, the compute/storage/master/wait breakdown, ``bytes_moved``,
   ``loss``, ``accuracy``, ``n_workers``, ``capacity``), the model's
@@ -43,11 +44,11 @@ import xarray as xr
 import yaml
 import zarr
 
-from experiments.sweep_config import Axis, Sweep, value_json, value_label
+from experiments.sweep_config import Axis, Sweep, value_json, value_label, worker_count
 from storage.labelled import write_dataset
 
-PENDING, DONE, FAILED = 0, 1, 2
-STORE_FORMAT = "hetcnn-sweep/1"
+PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
+STORE_FORMAT = "hetcnn-sweep/2"  # 2: status 3 (not applicable), batch_split
 
 #: name -> (units, description) of the per-point float variables, in table order.
 MEASURES: dict[str, tuple[str, str]] = {
@@ -57,10 +58,12 @@ MEASURES: dict[str, tuple[str, str]] = {
     "step_time_min": ("s", "fastest measured step"),
     "step_time_max": ("s", "slowest measured step"),
     "throughput": ("samples/s", "training samples per second: batch / step_time"),
-    "speedup": ("1", "baseline step_time (median over repeats, same other coordinates) "
-                "divided by this point's step_time"),
+    "speedup": ("1", "the baseline's step_time (the sweep's speedup_baseline strategy on "
+                "the fewest workers, median over repeats, same other coordinates) divided "
+                "by this point's step_time"),
     "efficiency": ("1", "speedup divided by the capacity relative to the baseline's "
-                   "(the worker count for equal workers, summed relative speeds else)"),
+                   "(workers, or reference threads, for equal devices; summed relative "
+                   "speeds else)"),
     "compute_time": ("s", "median per step of the busiest worker's compute (conv shards, "
                      "and the dense head on the master; emulated slow-down included)"),
     "storage_time": ("s", "median per step of the busiest worker's workspace read+write time"),
@@ -72,7 +75,8 @@ MEASURES: dict[str, tuple[str, str]] = {
     "loss": ("1", "training cross-entropy of the last step's batch"),
     "accuracy": ("1", "test-set accuracy of the final weights"),
     "n_workers": ("1", "workers the point's strategy used (1 for single and reference)"),
-    "capacity": ("1", "summed relative speed of the workers used (1.0 = unslowed device; "
+    "capacity": ("1", "summed relative speed of the workers (reference: threads) used "
+                 "(1.0 = one unslowed device; "
                  "emulated slower devices count their fraction)"),
     "measured_steps": ("1", "steps the timing figures are taken over"),
     "predicted_step_time": ("s", "the performance model's step time for this point "
@@ -83,9 +87,10 @@ MEASURES: dict[str, tuple[str, str]] = {
     "wall_time": ("s", "the point's whole run: setup, calibration, steps, evaluation"),
 }
 TEXTS: dict[str, str] = {
-    "failure": "why the point failed (empty unless status is 2)",
+    "failure": "why the point failed (status 2) or is not run (status 3)",
     "run_id": "identifies the run that produced this point's values",
-    "kernel_split": "kernels per worker per conv layer (JSON), as placed",
+    "kernel_split": "kernels per worker per conv layer (JSON), as placed (kernel, single)",
+    "batch_split": "samples of each step's batch per worker (JSON; data, hybrid)",
     "worker_labels": "the workers used, with emulated speeds",
 }
 SERIES: dict[str, tuple[str, str]] = {
@@ -279,24 +284,31 @@ def _axis_coords(axis: Axis, taken: set[str]) -> dict[str, tuple]:
     if "cluster.workers" in axis.fields and not axis.plain:
         key = _companion_name(f"{axis.dim}_count", f"{axis.dim}_count", taken)
         taken.add(key)
-        counts = [v if isinstance(v, int) else len(v)
-                  for v in (axis.value_of(i, "cluster.workers") for i in range(len(axis)))]
+        counts = [worker_count(axis.value_of(i, "cluster.workers")) for i in range(len(axis))]
         coords[key] = (axis.dim, np.array(counts, dtype=np.int64),
                        {"description": "workers in the embedded cluster", "units": "workers"})
     return coords
 
 
 def speedup_reference(sweep: Sweep) -> dict[str, Any]:
-    """Where the baseline of `speedup` lies: a position along the strategy's dim."""
+    """Where the baseline of `speedup` lies: the baseline strategy's position along the
+    strategy dim, and the fewest workers' position along the workers dim (if any)."""
     baseline = sweep.config.speedup_baseline
     axis = sweep.axis_with_field("strategy")
+    workers = sweep.axis_with_field("cluster.workers")
+    fewest: dict[str, Any] = {"workers_dim": None, "workers_index": None}
+    if workers is not None:
+        counts = [worker_count(workers.value_of(i, "cluster.workers"))
+                  for i in range(len(workers))]
+        fewest = {"workers_dim": workers.dim, "workers_index": counts.index(min(counts))}
     if axis is None:
         base_strategy = sweep.base.get("strategy", "kernel")
         return {"strategy": baseline, "dim": None, "index": None,
-                "available": base_strategy == baseline}
+                "available": base_strategy == baseline, **fewest}
     positions = [i for i in range(len(axis)) if axis.value_of(i, "strategy") == baseline]
     return {"strategy": baseline, "dim": axis.dim,
-            "index": positions[0] if positions else None, "available": bool(positions)}
+            "index": positions[0] if positions else None, "available": bool(positions),
+            **fewest}
 
 
 def build_template(sweep: Sweep, attrs: dict[str, Any]) -> xr.Dataset:
@@ -316,8 +328,9 @@ def build_template(sweep: Sweep, attrs: dict[str, Any]) -> xr.Dataset:
                         {"description": "step excluded from the timing figures as warm-up"})
     data: dict[str, Any] = {
         "status": (dims, np.zeros(shape, dtype=np.int8), {
-            "units": "1", "description": "0 pending, 1 done, 2 failed (see failure)",
-            "flag_values": [PENDING, DONE, FAILED], "flag_meanings": "pending done failed"}),
+            "units": "1", "description": "0 pending, 1 done, 2 failed, 3 not applicable "
+            "(see failure)", "flag_values": [PENDING, DONE, FAILED, SKIPPED],
+            "flag_meanings": "pending done failed not_applicable"}),
     }
     for name, (units, description) in MEASURES.items():
         data[name] = (dims, np.full(shape, np.nan), {"units": units, "description": description})
@@ -387,7 +400,12 @@ class ResultStore:
             raise StoreMismatch(f"{self.path} is not a readable Zarr store ({error}); "
                                 "pass --fresh to replace it or --out to write elsewhere") \
                 from None
-        if attrs.get("store_format") != STORE_FORMAT:
+        found = str(attrs.get("store_format", ""))
+        if found.startswith("hetcnn-sweep/") and found != STORE_FORMAT:
+            raise StoreMismatch(f"{self.path} was written by another version of this project "
+                                f"(store format {found}, this one writes {STORE_FORMAT}); "
+                                "pass --fresh to start it over or --out to write elsewhere")
+        if found != STORE_FORMAT:
             raise StoreMismatch(f"{self.path} is not a sweep results store; choose another "
                                 "--out (or --fresh to replace it)")
         if attrs.get("fingerprint") != fingerprint:
@@ -432,6 +450,12 @@ class ResultStore:
             group[name][region] = row
         group["status"][region] = DONE
 
+    def write_skipped(self, region: tuple[int, ...], reason: str) -> None:
+        """A point not run (it would repeat another): its reason, status 3."""
+        group = self._group()
+        group["failure"][region] = reason
+        group["status"][region] = SKIPPED
+
     def write_failure(self, region: tuple[int, ...], reason: str,
                       values: dict[str, float], texts: dict[str, str]) -> None:
         """Clear any half-written figures, record the reason, then status 2."""
@@ -454,35 +478,39 @@ class ResultStore:
         step_time = np.where(status == DONE, group["step_time"][...], np.nan)
         capacity = np.where(status == DONE, group["capacity"][...], np.nan)
         axis = dims.index(reference["dim"]) if reference.get("dim") in dims else None
+        workers = (dims.index(reference["workers_dim"])
+                   if reference.get("workers_dim") in dims else None)
         speedup, efficiency = compute_speedup(step_time, capacity, axis,
                                               reference.get("index"),
-                                              bool(reference.get("available")))
+                                              bool(reference.get("available")), workers,
+                                              reference.get("workers_index"))
         group["speedup"][...] = speedup
         group["efficiency"][...] = efficiency
 
 
 def compute_speedup(step_time: np.ndarray, capacity: np.ndarray, axis: int | None,
-                    index: int | None, available: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Speedup and efficiency against the baseline at the same other coordinates.
+                    index: int | None, available: bool, workers_axis: int | None = None,
+                    workers_index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Speedup and efficiency against one baseline per grid, at the same other coordinates.
 
     `step_time` and `capacity` have the axes then the repeat last. The baseline is
-    position `index` along `axis` (the strategy's dim), reduced to its median over
-    repeats, so each repeat of a point is compared with one stable baseline. With
-    no strategy dim the whole grid is the baseline strategy (if `available`).
+    position `index` along `axis` (the strategy's dim) and position `workers_index`
+    along `workers_axis` (the fewest workers), reduced to its median over repeats, so
+    each repeat of a point is compared with one stable baseline. With no strategy dim
+    the whole grid is the baseline strategy (if `available`).
     """
     nan = np.full(step_time.shape, np.nan)
     if not available:
         return nan, nan.copy()
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        if axis is None:
-            base_time = np.nanmedian(step_time, axis=-1, keepdims=True)
-            base_capacity = np.nanmedian(capacity, axis=-1, keepdims=True)
-        else:
-            picked_time = np.take(step_time, [index], axis=axis)
-            picked_capacity = np.take(capacity, [index], axis=axis)
-            base_time = np.nanmedian(picked_time, axis=-1, keepdims=True)
-            base_capacity = np.nanmedian(picked_capacity, axis=-1, keepdims=True)
+        picked_time, picked_capacity = step_time, capacity
+        for along, position in ((axis, index), (workers_axis, workers_index)):
+            if along is not None and position is not None:
+                picked_time = np.take(picked_time, [position], axis=along)
+                picked_capacity = np.take(picked_capacity, [position], axis=along)
+        base_time = np.nanmedian(picked_time, axis=-1, keepdims=True)
+        base_capacity = np.nanmedian(picked_capacity, axis=-1, keepdims=True)
         speedup = base_time / step_time
         efficiency = speedup / (capacity / base_capacity)
     return speedup, efficiency
@@ -512,6 +540,8 @@ def summary_table(ds: xr.Dataset) -> pd.DataFrame:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for position in np.ndindex(*status.shape[:-1]):
+            if (status[position] == SKIPPED).all():  # not applicable: no row
+                continue
             done = status[position] == DONE
             row: dict[str, Any] = {dim: labels[dim][i] for dim, i in zip(dims, position)}
             row["runs"] = f"{int(done.sum())}/{done.size}"

@@ -40,7 +40,7 @@ import numpy as np
 import xarray as xr
 from tqdm import tqdm
 
-from experiments.results import (DONE, FAILED, PointResult, ResultStore, StoreBusy,
+from experiments.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore, StoreBusy,
                                  StoreMismatch, SweepLock, build_template, code_revision,
                                  format_table, machine_info, now_text, summary_table)
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
@@ -162,7 +162,9 @@ def measure_point(point: Point, client: Any, predictor: Predictor | None,
         "loss": summary["final_loss"],
         "accuracy": float("nan") if accuracy is None else float(accuracy),
         "n_workers": float(record.sizes["worker"]),
-        "capacity": float(record.emulated_speed.sum()),
+        # reference: its threads are its devices; else the workers' summed speeds
+        "capacity": float(point.config.reference.threads if point.config.strategy == "reference"
+                          else record.emulated_speed.sum()),
         "measured_steps": float(summary["measured_steps"]),
         "predicted_step_time": predicted,
         "prediction_error": (predicted - step_time) / step_time if step_time else np.nan,
@@ -170,6 +172,7 @@ def measure_point(point: Point, client: Any, predictor: Predictor | None,
     }
     texts = {"failure": "", "run_id": uuid.uuid4().hex,
              "kernel_split": json.dumps(summary.get("kernel_split", [])),
+             "batch_split": json.dumps(summary.get("batch_split", [])),
              "worker_labels": ", ".join(str(w) for w in summary.get("workers", []))}
     series = {"step_time_series": np.asarray(record.step_time.values, dtype=float),
               "loss_series": np.asarray(record.loss.values, dtype=float)}
@@ -277,12 +280,16 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
     with SweepLock(sweep.store_path):
         _prepare_store(sweep, store, fresh, argv or sys.argv)
         status = store.status()
-        todo = [p for p in sweep.points if status[p.region] != DONE]
+        for point in sweep.points:
+            if point.skip and status[point.region] != SKIPPED:
+                store.write_skipped(point.region, point.skip)
+        todo = [p for p in sweep.points if not p.skip and status[p.region] != DONE]
         session = {"started": now_text(), "pid": os.getpid(), "host": os.uname().nodename,
                    "code_revision": code_revision(), "points_run": 0, "interrupted": True}
+        skipped = sum(1 for p in sweep.points if p.skip)
         echo(f"sweep {sweep.config.name}: {len(sweep.points)} points, "
-             f"{len(sweep.points) - len(todo)} done before, {len(todo)} to run -> "
-             f"{sweep.store_path}")
+             f"{len(sweep.points) - len(todo) - skipped} done before, {len(todo)} to run"
+             + (f", {skipped} not applicable" if skipped else "") + f" -> {sweep.store_path}")
         pool = ClusterPool(echo)
         failed = 0
         begun = time.perf_counter()

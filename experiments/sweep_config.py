@@ -59,7 +59,7 @@ RESERVED_NAMES = {
     "wall_time", "step_time", "step_time_p25", "step_time_p75", "step_time_min",
     "step_time_max", "throughput", "speedup", "efficiency", "compute_time", "storage_time",
     "master_time", "wait_time", "bytes_moved", "loss", "accuracy", "n_workers", "capacity",
-    "measured_steps", "predicted_step_time", "prediction_error", "kernel_split",
+    "measured_steps", "predicted_step_time", "prediction_error", "kernel_split", "batch_split",
     "worker_labels", "step_time_series", "loss_series",
 }
 _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -149,6 +149,7 @@ class Point:
     config: RunConfig
     order: int  # position in grid order (for stable directory names)
     cluster_key: str | None  # the worker set it needs; None: no cluster (reference)
+    skip: str = ""  # why the point is not run (it would repeat another point), if so
 
     @property
     def region(self) -> tuple[int, ...]:
@@ -392,6 +393,38 @@ def _point_data(base: dict, axes: list[Axis], position: tuple[int, ...]) -> dict
     return data
 
 
+def worker_count(value: Any) -> int:
+    """Workers a `cluster.workers` value stands for (a count, or a list of workers)."""
+    return value if isinstance(value, int) else len(value)
+
+
+def fit_point_to_strategy(data: dict, axes: list[Axis], position: tuple[int, ...]) -> str:
+    """Make a point of the grid mean what its strategy can do on its workers.
+
+    Along a workers axis, `reference` (plain PyTorch in one process) runs with as many
+    threads as the point has workers, unless `reference.threads` is swept itself;
+    `single` uses one worker whatever the cluster, so it is run at the axis's
+    smallest worker count only. Returns why the point is skipped ("" to run it).
+    """
+    axis = next((a for a in axes if "cluster.workers" in a.fields), None)
+    if axis is None:
+        return ""
+    index = position[axes.index(axis)]
+    count = worker_count(axis.value_of(index, "cluster.workers"))
+    strategy = data.get("strategy", "kernel")
+    if strategy == "reference" and not any("reference.threads" in a.fields for a in axes):
+        set_dotted(data, "reference.threads", count)
+    if strategy == "single":
+        smallest = min(worker_count(axis.value_of(i, "cluster.workers"))
+                       for i in range(len(axis)))
+        first = next(i for i in range(len(axis))
+                     if worker_count(axis.value_of(i, "cluster.workers")) == smallest)
+        if index != first:
+            return (f"single runs on one worker: measured at {axis.dim}="
+                    f"{axis.labels[first]}")
+    return ""
+
+
 def _cluster_key(config: RunConfig) -> str | None:
     if config.strategy == "reference":
         return None
@@ -479,13 +512,14 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
     for order, position in enumerate(itertools.product(grid, range(config.repeats))):
         position, repeat = position
         data = _point_data(base, axes, position)
+        skip = fit_point_to_strategy(data, axes, position)
         if external:
             for axis, index in zip(axes, position):
                 if "cluster.workers" in axis.fields:  # a count: use that many of the cluster
                     set_dotted(data, "cluster.use_workers",
                                axis.value_of(index, "cluster.workers"))
         labels = {axis.dim: axis.labels[i] for axis, i in zip(axes, position)}
-        point = Point(position, repeat, labels, RunConfig(), order, None)
+        point = Point(position, repeat, labels, RunConfig(), order, None, skip)
         data.update({"name": f"{config.name}-{order:04d}", "progress": False,
                      "output": os.path.join(runs_dir, point.id)})
         try:

@@ -154,6 +154,10 @@ def run_training(config: RunConfig, client: Client | None = None,
                      else {"batch_split": jsonable(placement.counts[0])})
             if isinstance(engine.layout, HybridLayout):
                 split["dense_split"] = jsonable([list(r) for r in engine.layout.neurons])
+                split["hybrid"] = jsonable(to_dict(config.hybrid))
+            if config.strategy in ("data", "hybrid"):
+                split["gradient_reduction"] = ("workspace: reduce-scatter by range ownership, "
+                                               "then all-gather")
             attrs.update({"placement": placement.method, **split,
                           "master": workers[engine.layout.master].name,
                           "workspace_sync": config.workspace.sync,

@@ -493,3 +493,45 @@ def test_minmax_keeps_a_minimum_per_device():
     kept = split_kernels_minmax(net, 32, [fast, slow], LAN, STORE, quantum=8, min_units=1)
     assert any(row[1] == 0 for row in free)
     assert all(row[1] == 8 for row in kept) and all(sum(r) == c.out_channels for r, c in zip(kept, net.conv))
+
+
+# -- data and hybrid through the store, as the engine runs them --------------------------
+
+@pytest.mark.parametrize("strategy,shares,scheme", [
+    ("data", [6, 5, 5], "a"), ("data", [16], "a"),
+    ("hybrid", [7, 5, 4], "a"), ("hybrid", [7, 5, 4], "b"), ("hybrid", [9, 7, 0], "c")])
+def test_replica_strategies_move_the_engines_bytes(strategy, shares, scheme):
+    """The model's traffic through the store, derived on its own, equals the engine's
+    slots (tasks.layout.workspace_bytes), and its parts are the engine's parts."""
+    from pipeline.costmodel.replicas import hybrid_parts
+    from tasks.layout import workspace_bytes as engine_bytes
+    from tasks.replica_layout import DataLayout, HybridLayout
+    from tasks.specs import ConvLayerSpec, NetworkSpec
+
+    net = marques_cifar(8, 16)  # conv 8 and 16, one dense layer to 10 classes
+    spec = NetworkSpec((ConvLayerSpec(3, 8), ConvLayerSpec(8, 16, in_height=16, in_width=16)))
+    names = tuple(f"w{i}" for i in range(len(shares)))
+    split = [[4, 3, 3]] if len(shares) == 3 else [[10]]
+    if strategy == "data":
+        layout = DataLayout(names, tuple(shares))
+    else:
+        layout = HybridLayout(names, tuple(shares), tuple(map(tuple, split)), scheme)
+        assert hybrid_parts(shares, scheme) == [[(e, b - a) for e, a, b in part]
+                                                for part in layout.parts()]
+    expected = sum(r + w for r, w in engine_bytes(layout, spec, sum(shares), 4))
+    p = predict(strategy, net, sum(shares), [CPU] * len(shares), LAN, STORE,
+                batch_shares=shares, dense_split=split, scheme=scheme)
+    assert p.details["bytes_moved"] == expected
+    parts = ("compute_critical", "master", "communication", "storage", "overhead")
+    assert sum(p.breakdown[k] for k in parts) == pytest.approx(p.step_time)
+    assert p.breakdown["storage"] > 0 or len(shares) == 1
+
+
+def test_one_replica_through_the_store_is_single_plus_its_update():
+    net = marques_cifar(50, 150)
+    one = predict("data", net, 16, [CPU], LAN, STORE)
+    alone = predict("single", net, 16, CPU)
+    assert one.details["bytes_moved"] == 0
+    assert one.step_time == pytest.approx(alone.step_time, rel=0.02)
+    two = predict("data", net, 16, [CPU, CPU], LAN, STORE)
+    assert two.step_time < one.step_time  # half the batch each, a small gradient to sum

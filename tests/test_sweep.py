@@ -7,6 +7,7 @@ embedded clusters, not the training, set the pace.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -22,8 +23,9 @@ import yaml
 import zarr
 
 from experiments import sweep as sweep_cli
-from experiments.results import (DONE, FAILED, ResultStore, SweepLock, build_template,
-                                 compute_speedup)
+from experiments.results import (DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template,
+                                 compute_speedup, summary_table)
+from experiments.sweep import run_sweep
 from experiments.sweep_config import load_predictor, load_sweep, run_order, value_label
 from pipeline.schema import ConfigError
 from storage.labelled import write_dataset
@@ -348,3 +350,53 @@ def test_speedup_against_baseline_median_and_capacity():
     assert np.allclose(efficiency[1, 1, 0], 2.0 / 1.5)
     nothing, _ = compute_speedup(step_time, capacity, None, None, False)
     assert np.isnan(nothing).all()
+
+
+def test_the_grid_fits_each_strategy(tmp_path, tiny_dataset_factory):
+    """Along a workers axis, `reference` takes that many threads and `single` is run
+    once, at the fewest workers; the other strategies use the workers."""
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["reference", "single", "kernel"],
+                          "cluster.workers": [1, 2, [{"speed": 1.0}, {"speed": 0.5}]]})
+    sweep = load_sweep(config, out=str(tmp_path / "grid.zarr"))
+    points = {(p.labels["strategy"], p.labels["workers"]): p for p in sweep.points}
+    assert [points[("reference", w)].config.reference.threads for w in ("1", "2", "1+0.5")] \
+        == [1, 2, 2]
+    assert points[("single", "1")].skip == ""
+    assert points[("single", "2")].skip.startswith("single runs on one worker: measured at "
+                                                   "workers=1")
+    assert points[("single", "1+0.5")].skip and not points[("kernel", "2")].skip
+    explicit = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                           {"strategy": ["reference"], "cluster.workers": [1, 2],
+                            "reference.threads": [1]}, name="explicit")
+    assert {p.config.reference.threads for p in load_sweep(explicit).points} == {1}
+
+
+def test_speedup_baseline_is_the_baseline_strategy_on_the_fewest_workers():
+    # axes: strategy [reference, kernel] x workers [1, 2]; one repeat
+    step_time = np.array([[[4.0], [2.2]], [[3.0], [2.0]]])
+    capacity = np.array([[[1.0], [2.0]], [[1.0], [2.0]]])
+    speedup, efficiency = compute_speedup(step_time, capacity, 0, 0, True, 1, 0)
+    assert np.allclose(speedup[:, :, 0], [[1.0, 4 / 2.2], [4 / 3.0, 2.0]])
+    assert np.allclose(efficiency[1, 1, 0], 1.0)  # 2x on 2 workers
+
+
+def test_points_that_would_repeat_another_are_recorded_not_run(tmp_path, tiny_dataset_factory):
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["reference", "single"], "cluster.workers": [1, 2]},
+                         speedup_baseline="reference")
+    store = str(tmp_path / "skip.zarr")
+    sweep = load_sweep(config, out=store)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CNN_PREDICT_PROBE", "never")
+        output = io.StringIO()
+        assert run_sweep(sweep, out=output, err=io.StringIO()) == 0
+    assert "3 to run, 1 not applicable" in output.getvalue()
+    ds = open_clean(store)
+    assert (ds.status.sel(strategy="single", workers=2) == SKIPPED).all()
+    assert "measured at workers=1" in str(ds.failure.sel(strategy="single", workers=2).values.ravel()[0])
+    assert ds.step_time.sel(strategy="single", workers=2).isnull().all()
+    assert (ds.capacity.sel(strategy="reference", workers=2) == 2.0).all()  # two threads
+    assert np.allclose(ds.speedup.sel(strategy="reference", workers=1), 1.0)
+    table = summary_table(ds)
+    assert len(table) == 3 and not ((table.strategy == "single") & (table.workers == "2")).any()

@@ -28,19 +28,17 @@ storage (or communication) and overhead, which add up to the step time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from .compute import LayerTime, conv_time, dense_time
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
 from .network import Network
 from .prediction import Options, Prediction
+from .timeline import Timeline, io_time, steady
 
 __all__ = ["KernelContext", "io_time", "predict_kernel", "check_counts", "batch_bytes",
            "layer_cost", "workspace_bytes"]
-
-#: Steps simulated; the step time is the mean period of the last two.
-SIMULATED_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -74,25 +72,6 @@ class KernelContext:
         return self.network.conv[l].output_elements(self.batch, self.counts[l][d]) * self.s
 
 
-def io_time(link: LinkSpec, store: StoreSpec | None, n_bytes: float, ops: int, direction: str,
-            chunks: int = 0, sharing: int = 1) -> float:
-    """One device moving ``n_bytes`` in ``ops`` operations to or from the store.
-
-    Link and store are in series: each operation pays both latencies, each chunk
-    the store's per-chunk cost, and the bytes flow at the slowest of the link,
-    the store's one-client bandwidth and its aggregate over ``sharing`` devices
-    accessing it at once.
-    """
-    if ops <= 0 and n_bytes <= 0:
-        return 0.0
-    if store is None:
-        return link.time(n_bytes, ops)
-    bandwidth = min(store.client_bw(direction), store.aggregate_bw(direction) / max(sharing, 1))
-    per_byte = max(link.beta, 1.0 / bandwidth)
-    return (ops * (link.alpha + store.latency) + chunks * store.chunk_cost(direction)
-            + n_bytes * per_byte)
-
-
 def batch_bytes(network: Network, batch: int, s: int = 4) -> float:
     """Bytes of one batch as the dataset holds it: images and int64 labels."""
     first = network.conv[0]
@@ -111,65 +90,7 @@ def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> l
     return rows
 
 
-# -- the timeline ------------------------------------------------------------------------
-
-
-@dataclass
-class _Segment:
-    """A stretch of one device's time: what it did, and what it waited for."""
-
-    start: float
-    end: float
-    kind: str  # "compute", "master", "io", "overhead", "wait"
-    waited_for: tuple[int, float] | None = None  # (writer, ready time) of a wait
-
-
-@dataclass
-class _Timeline:
-    ctx: KernelContext
-    clock: list[float]
-    segments: list[list[_Segment]]
-    ready: dict[str, tuple[int, float]] = field(default_factory=dict)  # slot -> (writer, t)
-    moved: float = 0.0
-
-    def run(self, d: int, kind: str, seconds: float) -> None:
-        if seconds > 0:
-            self.segments[d].append(_Segment(self.clock[d], self.clock[d] + seconds, kind))
-            self.clock[d] += seconds
-
-    def wait(self, d: int, writer: int, ready: float, latency: float) -> None:
-        """Device `d` idles until `ready + latency` (data written by `writer` at `ready`)."""
-        if ready + latency > self.clock[d]:
-            self.segments[d].append(_Segment(self.clock[d], ready + latency, "wait",
-                                             (writer, ready)))
-            self.clock[d] = ready + latency
-
-    def read(self, d: int, sources: list[tuple[str, float]], sharing: int) -> None:
-        """Read each ``(slot, bytes)`` in turn, as soon as it is ready.
-
-        With ready markers each read waits for its own slot; through the scheduler
-        the task holding the reads starts a hop after all its dependencies (its
-        own previous task included) have finished.
-        """
-        if not sources:
-            return
-        if self.ctx.sync == "scheduler":
-            writer, ready = max((self.ready[slot] for slot, _ in sources), key=lambda r: r[1])
-            if self.clock[d] >= ready:
-                writer, ready = d, self.clock[d]
-            self.wait(d, writer, ready, self.ctx.overhead.hop)
-        for slot, n_bytes in sources:
-            if self.ctx.sync != "scheduler":
-                self.wait(d, *self.ready[slot], self.ctx.overhead.sync)
-            self.run(d, "io", io_time(self.ctx.link_of(d), self.ctx.store, n_bytes, 1, "read",
-                                      1, sharing))
-            self.moved += n_bytes
-
-    def write(self, d: int, slot: str, n_bytes: float, sharing: int) -> None:
-        self.run(d, "io", io_time(self.ctx.link_of(d), self.ctx.store, n_bytes, 1, "write", 1,
-                                  sharing))
-        self.ready[slot] = (d, self.clock[d])
-        self.moved += n_bytes
+# -- the step -------------------------------------------------------------------------
 
 
 def _conv(ctx: KernelContext, l: int, d: int) -> LayerTime:
@@ -177,9 +98,13 @@ def _conv(ctx: KernelContext, l: int, d: int) -> LayerTime:
                      input_grad=l > 0)
 
 
-def _simulate_step(tl: _Timeline) -> None:
+def _timeline(ctx: KernelContext) -> Timeline:
+    return Timeline([ctx.link_of(d) for d in range(len(ctx.devices))], ctx.store, ctx.overhead,
+                    ctx.sync)
+
+
+def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
     """One step of every device, op by op in the engine's order."""
-    ctx = tl.ctx
     L, m = len(ctx.network.conv), ctx.master
     for d in range(len(ctx.devices)):
         if any(ctx.counts[l][d] for l in range(L)) or d == m:
@@ -223,26 +148,6 @@ def _simulate_step(tl: _Timeline) -> None:
             tl.run(d, "compute", t.backward - t.backward_input + t.update)
 
 
-def _critical_path(tl: _Timeline, start: float, end: float) -> dict[str, float]:
-    """Seconds per kind on the critical path between `start` and `end`."""
-    totals = {"compute": 0.0, "master": 0.0, "io": 0.0, "overhead": 0.0}
-    d = max(range(len(tl.clock)), key=lambda i: tl.clock[i])
-    t = end
-    while t > start + 1e-15:
-        before = [s for s in tl.segments[d] if s.start < t - 1e-15]
-        if not before:
-            break
-        segment = before[-1]
-        if segment.kind == "wait":
-            writer, ready = segment.waited_for or (d, segment.start)
-            totals["overhead"] += max(min(segment.end, t) - max(ready, start), 0.0)
-            d, t = writer, ready
-            continue
-        totals[segment.kind] += min(segment.end, t) - max(segment.start, start)
-        t = segment.start
-    return totals
-
-
 def predict_kernel(
     network: Network,
     batch: int,
@@ -258,15 +163,8 @@ def predict_kernel(
     ctx = KernelContext(network, batch, devs, link, store, tuple(map(tuple, rows)),
                         options.master, options.dataset, options.overhead or DaskOverhead(),
                         options.sync)
-    tl = _Timeline(ctx, [0.0] * len(devs), [[] for _ in devs])
-    ends = []
-    for _ in range(SIMULATED_STEPS):
-        tl.moved = 0.0
-        _simulate_step(tl)
-        ends.append(max(tl.clock))
-    window = 2
-    step = (ends[-1] - ends[-1 - window]) / window
-    path = {k: v / window for k, v in _critical_path(tl, ends[-1 - window], ends[-1]).items()}
+    result = steady(_timeline(ctx), lambda tl: _simulate_step(ctx, tl))
+    step, path = result.step, result.path
     per_dev = [sum(t.total for t in (_conv(ctx, l, d) for l in range(len(network.conv))))
                for d in range(len(devs))]
     head = dense_time(devs[ctx.master], network.dense, batch).total
@@ -276,12 +174,11 @@ def predict_kernel(
                  "compute_critical": path["compute"], "master": path["master"],
                  "communication": 0.0, "storage": 0.0, "overhead": path["overhead"]}
     breakdown[io_key] = path["io"]
-    # rounding of the walk: put what is left (idle gaps, float error) in overhead
-    breakdown["overhead"] += step - sum(path.values())
-    last = [[(s.start, s.end, s.kind) for s in segs if s.start >= ends[-2]] for segs in tl.segments]
+    last = [[(s.start, s.end, s.kind) for s in segs if s.start >= result.last_start]
+            for segs in result.timeline.segments]
     return Prediction(
         "kernel", step, batch, breakdown, kernel_counts=rows,
-        details={"timeline": last, "bytes_moved": tl.moved, "master": ctx.master})
+        details={"timeline": last, "bytes_moved": result.moved, "master": ctx.master})
 
 
 def workspace_bytes(network: Network, batch: int, counts: Sequence[Sequence[int]],
@@ -290,8 +187,8 @@ def workspace_bytes(network: Network, batch: int, counts: Sequence[Sequence[int]
     ctx = KernelContext(network, batch, tuple(DeviceSpec(flops=math.inf, bytes_per_elem=s)
                                              for _ in counts[0]), LinkSpec(), None,
                         tuple(map(tuple, counts)), master)
-    tl = _Timeline(ctx, [0.0] * len(counts[0]), [[] for _ in counts[0]])
-    _simulate_step(tl)
+    tl = _timeline(ctx)
+    _simulate_step(ctx, tl)
     return tl.moved
 
 

@@ -48,6 +48,12 @@ class Options:
     batch_split : str
         ``"equal"`` (``B/p`` each) or ``"proportional"`` to conv rate, for
         ``data`` and the conv part of ``hybrid``.
+    batch_shares : sequence of int, optional
+        ``data`` / ``hybrid``: the samples each device gets (overrides
+        ``batch_split``; a run's recorded split).
+    dense_split : sequence of sequence of int, optional
+        ``hybrid`` with a store: output neurons of dense layer ``j`` per
+        device; default as even as can be.
     scheme : str
         ``hybrid`` feeding of the dense layers: ``"a"`` all-gather, ``"b"``
         broadcast in turn, ``"c"`` all-to-all.
@@ -74,6 +80,8 @@ class Options:
     allreduce: str = "ring"
     overlap: bool = False
     batch_split: str = "equal"
+    batch_shares: Sequence[int] | None = None
+    dense_split: Sequence[Sequence[int]] | None = None
     scheme: str = "b"
     dense_batch: str = "worker"
     broadcast: str = "binomial"

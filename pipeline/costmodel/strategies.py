@@ -5,9 +5,10 @@ Four strategies, after METHODS.md:
 - ``single``: the whole network on ``devices[0]``;
 - ``kernel``: Marques et al.'s kernel-parallel conv layers through the
   shared store, dense head on a master (:mod:`.kernel`);
-- ``data``: data parallel with gradient allreduce (:mod:`.data`);
+- ``data``: data parallel with gradient allreduce over links (:mod:`.data`), or
+  through a shared store as the engine runs it (:mod:`.replicas`);
 - ``hybrid``: Krizhevsky's data-parallel conv + model-parallel dense
-  (:mod:`.hybrid`).
+  (:mod:`.hybrid` over links, :mod:`.replicas` through a store).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .hybrid import predict_hybrid
 from .kernel import predict_kernel
 from .network import Network
 from .prediction import Options, Prediction
+from .replicas import predict_data_store, predict_hybrid_store
 from .splits import split_kernels_minmax, split_kernels_proportional
 
 __all__ = ["STRATEGIES", "predict", "speedup"]
@@ -69,8 +71,12 @@ def predict(
     if strategy == "single":
         return predict_single(network, batch, devs[0], opts.dataset)
     if strategy == "data":
+        if store is not None:
+            return predict_data_store(network, batch, devs, link, store, opts)
         return predict_data(network, batch, devs, link, opts)
     if strategy == "hybrid":
+        if store is not None:
+            return predict_hybrid_store(network, batch, devs, link, store, opts)
         return predict_hybrid(network, batch, devs, link, opts)
     if strategy == "kernel":
         counts = opts.kernel_counts

@@ -1,0 +1,107 @@
+"""The peer: PyTorch DistributedDataParallel (gloo on localhost), as users run it.
+
+Not part of the product: a row in the benchmarks that every strategy of ours is held
+to. The same network (configs/*.yaml), global batch, data store, sample indices
+and SGD as `strategy: data`: one process per worker, one torch thread each, each
+rank training on its share of the batch (the loss a mean over its share: DDP
+averages the ranks' gradients, which with equal shares is the whole batch's
+gradient). A step's time is rank 0's, dataset read included, as a run's is.
+
+    python benchmarks/ddp_peer.py --net small --batch 128 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from statistics import median
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from pipeline.config import load_run_config  # noqa: E402
+from pipeline.network import initial_state  # noqa: E402
+from pipeline.sampler import step_indices  # noqa: E402
+from pipeline.train import prepare_dataset  # noqa: E402
+from tasks.network import build_sequential  # noqa: E402
+from tasks.optim import make_sgd  # noqa: E402
+from tasks.replica_layout import ranges, split_counts  # noqa: E402
+from tasks.worker_state import configure_process  # noqa: E402
+from storage.datasets import read_batch  # noqa: E402
+
+NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
+
+
+def _rank(rank: int, world: int, port: int, config_path: str, overrides: list[str],
+          steps: int, queue: mp.Queue) -> None:
+    configure_process(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    config = load_run_config(config_path, overrides)
+    info = prepare_dataset(config) if rank == 0 else None
+    dist.barrier()
+    info = info or prepare_dataset(config)
+    network = config.network_spec(info.image_shape)
+    model = build_sequential(network)
+    model.load_state_dict({k: torch.from_numpy(v)
+                           for k, v in initial_state(network, config.train.seed).items()})
+    ddp = DistributedDataParallel(model)
+    optimizer = make_sgd(ddp.parameters(), config.optimizer_spec())
+    batch = config.train.batch
+    start, stop = ranges(split_counts(batch, world))[rank]
+    times = []
+    for step in range(steps):
+        indices = step_indices(config.train.seed, step, batch, info.train_samples)
+        t0 = time.perf_counter()
+        images, labels = read_batch(info.path, "train", indices[start:stop])
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(ddp(torch.from_numpy(images)), torch.from_numpy(labels)).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - t0)
+    queue.put((rank, times))
+    dist.destroy_process_group()
+
+
+def measure_ddp(net: str, batch: int, steps: int, workers: int = 2, warmup: int = 1) -> float:
+    """Median step time of DDP over `workers` processes (warm-up steps excluded)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    overrides = [f"train.batch={batch}", "progress=false"]
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=_rank, args=(r, workers, port,
+                                                     os.path.join(ROOT, NETS[net]), overrides,
+                                                     steps, queue))
+                 for r in range(workers)]
+    for process in processes:
+        process.start()
+    results = dict(queue.get(timeout=3600) for _ in processes)
+    for process in processes:
+        process.join()
+    return median(results[0][warmup:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--net", choices=sorted(NETS), default="small")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    seconds = measure_ddp(args.net, args.batch, args.steps, args.workers)
+    print(f"DDP-gloo, {args.workers} processes, {args.net} network, batch {args.batch}: "
+          f"median step {seconds:.4f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Data-parallel and hybrid steps as the engine runs them, through a shared store.
+
+The link-based models (data.py, hybrid.py) price MPI-style collectives over links;
+this one follows the engine's own ops and slots (tasks/replica_layout.py) on a
+timeline per device (timeline.py), when a store is given:
+
+- ``data``: each device trains its replica on its share of the batch (dataset read,
+  forward, backward), writes every other device's range of its flat gradient, reads
+  and sums its own range from every other device, writes that sum, reads every other
+  sum, and updates the whole replica;
+- ``hybrid``: each device runs the conv layers on its share and writes its rows of
+  the last conv features for every part they belong to; per part (scheme a, b, c)
+  and dense layer, its neurons' forward from the gathered input, then the backward
+  from the gathered logits or the reduced gradient of its outputs, handing its
+  partial input gradient on to the rows' or neurons' owners; then the conv layers'
+  backward and the conv gradients' reduce-scatter and all-gather as ``data``.
+
+The breakdown: ``compute_critical`` (conv and replica compute), ``master`` (the dense
+layers' compute, hybrid), ``storage`` (workspace and dataset I/O), ``overhead``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from .compute import UPDATE_ACCESSES, LayerTime, conv_time
+from .data import layer_times
+from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
+from .kernel import batch_bytes
+from .network import Network
+from .prediction import Options, Prediction, split_batch
+from .timeline import Timeline, io_time, steady
+
+__all__ = ["predict_data_store", "predict_hybrid_store", "hybrid_parts", "even_counts"]
+
+
+def even_counts(total: int, parts: int) -> list[int]:
+    """`total` into `parts` counts as equal as can be, the larger ones first."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _ranges(counts: Sequence[int]) -> list[tuple[int, int]]:
+    out, start = [], 0
+    for count in counts:
+        out.append((start, start + count))
+        start += count
+    return out
+
+
+def hybrid_parts(shares: Sequence[int], scheme: str) -> list[list[tuple[int, int]]]:
+    """The parts the dense layers run on: ``(device, rows)`` pieces, in device order
+    (as tasks.replica_layout.HybridLayout.parts, without the row offsets)."""
+    owners = [d for d, b in enumerate(shares) if b > 0]
+    if scheme == "a":
+        return [[(d, shares[d]) for d in owners]]
+    if scheme == "b":
+        return [[(d, shares[d])] for d in owners]
+    p = len(shares)
+    parts = []
+    for k in range(p):
+        piece = [(d, math.floor((k + 1) * shares[d] / p) - math.floor(k * shares[d] / p))
+                 for d in owners]
+        piece = [(d, n) for d, n in piece if n > 0]
+        if piece:
+            parts.append(piece)
+    return parts
+
+
+def _shares(batch: int, devices: Sequence[DeviceSpec], options: Options) -> list[int]:
+    if options.batch_shares is not None:
+        shares = [int(b) for b in options.batch_shares]
+        if len(shares) != len(devices) or sum(shares) != batch or min(shares) < 0:
+            raise ValueError(f"batch shares {shares} do not split {batch} over {len(devices)}")
+        return shares
+    weights = ([1.0] * len(devices) if options.batch_split == "equal"
+               else [d.rate("conv") for d in devices])
+    return split_batch(batch, weights)
+
+
+def _reduce(tl: Timeline, devices: int, length: float, s: int, update: dict[int, float],
+            stream: dict[int, float], tag: str) -> None:
+    """The reduce-scatter by range ownership and the all-gather of a flat gradient of
+    `length` values, each device having written its ranges before (see `_hand_on`)."""
+    owned = [n * s for n in even_counts(int(length), devices)]
+    for e in range(devices):
+        tl.read(e, [(f"{tag}/{d}/{e}", owned[e]) for d in range(devices) if d != e])
+        tl.run(e, "compute", stream[e] * devices * owned[e] / s)
+        if devices > 1:
+            tl.write(e, f"{tag}-sum/{e}", owned[e])
+    for d in range(devices):
+        tl.read(d, [(f"{tag}-sum/{e}", owned[e]) for e in range(devices) if e != d])
+        tl.run(d, "compute", update[d])
+
+
+def _hand_on(tl: Timeline, d: int, devices: int, length: float, s: int, tag: str) -> None:
+    owned = [n * s for n in even_counts(int(length), devices)]
+    for e in range(devices):
+        if e != d:
+            tl.write(d, f"{tag}/{d}/{e}", owned[e])
+
+
+def _finish(strategy: str, batch: int, result, per_device: list[float], store: StoreSpec | None,
+            details: dict) -> Prediction:
+    path = result.path
+    breakdown = {"compute": per_device, "compute_max": max(per_device),
+                 "compute_critical": path["compute"], "master": path["master"],
+                 "communication": 0.0 if store is not None else path["io"],
+                 "storage": path["io"] if store is not None else 0.0,
+                 "overhead": path["overhead"]}
+    return Prediction(strategy, result.step, batch, breakdown,
+                      details={**details, "bytes_moved": result.moved})
+
+
+def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
+                       link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
+    """``data`` through the store, as the engine runs it (see the module doc)."""
+    p, s = len(devices), devices[0].bytes_per_elem
+    shares = _shares(batch, devices, options)
+    params = sum(c.params() for c in network.conv) + sum(d.params() for d in network.dense)
+    times = [layer_times(dev, network, b) for dev, b in zip(devices, shares)]
+    update = {d: dev.stream_time(UPDATE_ACCESSES * params) for d, dev in enumerate(devices)}
+    stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
+    overhead = options.overhead
+    tl = Timeline([dev.link or link for dev in devices], store, overhead or DaskOverhead(),
+                  options.sync)
+
+    def one_step(tl: Timeline) -> None:
+        for d, (dev, b) in enumerate(zip(devices, shares)):
+            tl.run(d, "overhead", tl.overhead.task)
+            if options.dataset is not None and b:
+                tl.run(d, "io", io_time(tl.links[d], options.dataset,
+                                        batch_bytes(network, b, s), 1, "read"))
+            tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
+                   + dev.stream_time(params))
+            _hand_on(tl, d, p, params, s, "grads")
+        _reduce(tl, p, params, s, update, stream, "grads")
+
+    result = steady(tl, one_step)
+    per_device = [sum(t.total for t in row) for row in times]
+    return _finish("data", batch, result, per_device, store, {"batch_shares": shares})
+
+
+def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
+                         link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
+    """``hybrid`` through the store, as the engine runs it (see the module doc)."""
+    p, s = len(devices), devices[0].bytes_per_elem
+    shares = _shares(batch, devices, options)
+    split = options.dense_split or [even_counts(layer.out_features, p)
+                                    for layer in network.dense]
+    parts = hybrid_parts(shares, options.scheme)
+    features = network.features
+    conv_params = sum(c.params() for c in network.conv)
+    last = len(network.dense) - 1
+    trunk: list[LayerTime] = []
+    for dev, b in zip(devices, shares):
+        trunk.append(sum((conv_time(dev, c, b, input_grad=i > 0)
+                          for i, c in enumerate(network.conv)), LayerTime()))
+    update = {d: dev.stream_time(UPDATE_ACCESSES * conv_params) for d, dev in enumerate(devices)}
+    if options.dense_batch == "full":  # the dense slices step once, at the end
+        for d, dev in enumerate(devices):
+            update[d] += sum(dev.stream_time(UPDATE_ACCESSES * layer.params(
+                split[j][d] / layer.out_features)) for j, layer in enumerate(network.dense))
+    stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
+    overhead = options.overhead
+    tl = Timeline([dev.link or link for dev in devices], store, overhead or DaskOverhead(),
+                  options.sync)
+
+    def dense_seconds(d: int, j: int, rows: int, kind: str) -> float:
+        layer, dev = network.dense[j], devices[d]
+        fraction = split[j][d] / layer.out_features
+        if kind == "forward":
+            return dev.gemm_time(layer.forward(rows, fraction), "dense", layer.name or None)
+        seconds = dev.gemm_time(layer.backward_weight(rows, fraction), "dense", layer.name or None)
+        seconds += dev.gemm_time(layer.backward_input(rows, fraction), "dense", layer.name or None)
+        if options.dense_batch == "worker":
+            seconds += dev.stream_time(UPDATE_ACCESSES * layer.params(fraction))
+        return seconds
+
+    def one_step(tl: Timeline) -> None:
+        for d, b in enumerate(shares):
+            tl.run(d, "overhead", tl.overhead.task)
+            if b:
+                if options.dataset is not None:
+                    tl.run(d, "io", io_time(tl.links[d], options.dataset,
+                                            batch_bytes(network, b, s), 1, "read"))
+                tl.run(d, "compute", trunk[d].forward)
+            for k, part in enumerate(parts):
+                for e, rows in part:
+                    if e == d and p > 1:
+                        tl.write(d, f"feat/{k}/{d}", rows * features * s)
+        for k, part in enumerate(parts):
+            n = sum(rows for _, rows in part)
+            for j, layer in enumerate(network.dense):
+                for d in range(p):
+                    if j == 0:
+                        tl.read(d, [(f"feat/{k}/{e}", rows * features * s)
+                                    for e, rows in part if e != d])
+                    else:
+                        tl.read(d, [(f"out/{k}/{j - 1}/{e}", n * split[j - 1][e] * s)
+                                    for e in range(p) if e != d])
+                    tl.run(d, "master", dense_seconds(d, j, n, "forward"))
+                    if p > 1:
+                        tl.write(d, f"out/{k}/{j}/{d}", n * split[j][d] * s)
+            for j in reversed(range(len(network.dense))):
+                for d in range(p):
+                    if j == last:
+                        tl.read(d, [(f"out/{k}/{last}/{e}", n * split[last][e] * s)
+                                    for e in range(p) if e != d])
+                    else:
+                        tl.read(d, [(f"din/{k}/{j + 1}/{e}/{d}", n * split[j][d] * s)
+                                    for e in range(p) if e != d])
+                    tl.run(d, "master", dense_seconds(d, j, n, "backward"))
+                    if j == 0:
+                        for e, rows in part:
+                            if e != d:
+                                tl.write(d, f"din/{k}/0/{d}/{e}", rows * features * s)
+                    else:
+                        for e in range(p):
+                            if e != d:
+                                tl.write(d, f"din/{k}/{j}/{d}/{e}", n * split[j - 1][e] * s)
+        for d, b in enumerate(shares):
+            sources = [(f"din/{k}/0/{e}/{d}", rows * features * s)
+                       for k, part in enumerate(parts) for owner, rows in part if owner == d
+                       for e in range(p) if e != d]
+            tl.read(d, sources)
+            tl.run(d, "compute", trunk[d].backward + devices[d].stream_time(conv_params))
+            _hand_on(tl, d, p, conv_params, s, "grads")
+        _reduce(tl, p, conv_params, s, update, stream, "grads")
+
+    result = steady(tl, one_step)
+    per_device = [trunk[d].total + sum(dense_seconds(d, j, batch, kind)
+                                       for j in range(len(network.dense))
+                                       for kind in ("forward", "backward"))
+                  for d in range(p)]
+    return _finish("hybrid", batch, result, per_device, store,
+                   {"batch_shares": shares, "dense_split": [list(r) for r in split],
+                    "parts": len(parts)})

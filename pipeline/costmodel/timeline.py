@@ -1,0 +1,151 @@
+"""A timeline per device: how the engine's ops of a step follow each other.
+
+The engine runs each device's ops in order; a read waits until its slot is
+written and the reader has noticed (``DaskOverhead.sync`` with ready markers; through
+the scheduler, a task starts a ``hop`` after all its dependencies). A strategy's
+model (kernel.py, and data.py / hybrid.py with a store) drives a `Timeline` op by op
+for a few steps; `steady` returns the steady step time and walks back along the
+critical path to split it into compute, dense head, I/O and overhead, which add up
+to the step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .devices import DaskOverhead, LinkSpec, StoreSpec
+
+__all__ = ["Timeline", "io_time", "steady", "SIMULATED_STEPS"]
+
+#: Steps simulated; the step time is the mean period of the last two.
+SIMULATED_STEPS = 4
+
+
+def io_time(link: LinkSpec, store: StoreSpec | None, n_bytes: float, ops: int, direction: str,
+            chunks: int = 0, sharing: int = 1) -> float:
+    """One device moving ``n_bytes`` in ``ops`` operations to or from the store.
+
+    Link and store are in series: each operation pays both latencies, each chunk
+    the store's per-chunk cost, and the bytes flow at the slowest of the link,
+    the store's one-client bandwidth and its aggregate over ``sharing`` devices
+    accessing it at once.
+    """
+    if ops <= 0 and n_bytes <= 0:
+        return 0.0
+    if store is None:
+        return link.time(n_bytes, ops)
+    bandwidth = min(store.client_bw(direction), store.aggregate_bw(direction) / max(sharing, 1))
+    per_byte = max(link.beta, 1.0 / bandwidth)
+    return (ops * (link.alpha + store.latency) + chunks * store.chunk_cost(direction)
+            + n_bytes * per_byte)
+
+
+@dataclass
+class _Segment:
+    """A stretch of one device's time: what it did, and what it waited for."""
+
+    start: float
+    end: float
+    kind: str  # "compute", "master", "io", "overhead", "wait"
+    waited_for: tuple[int, float] | None = None  # (writer, ready time) of a wait
+
+
+@dataclass
+class Timeline:
+    """Devices' clocks and what filled them; slots' write times."""
+
+    links: Sequence[LinkSpec]
+    store: StoreSpec | None
+    overhead: DaskOverhead = DaskOverhead()
+    sync: str = "markers"
+    clock: list[float] = field(default_factory=list)
+    segments: list[list[_Segment]] = field(default_factory=list)
+    ready: dict[str, tuple[int, float]] = field(default_factory=dict)  # slot -> (writer, t)
+    moved: float = 0.0  # bytes read + written in the current step
+
+    def __post_init__(self) -> None:
+        self.clock = [0.0] * len(self.links)
+        self.segments = [[] for _ in self.links]
+
+    def run(self, d: int, kind: str, seconds: float) -> None:
+        if seconds > 0:
+            self.segments[d].append(_Segment(self.clock[d], self.clock[d] + seconds, kind))
+            self.clock[d] += seconds
+
+    def wait(self, d: int, writer: int, ready: float, latency: float) -> None:
+        """Device `d` idles until `ready + latency` (data written by `writer` at `ready`)."""
+        if ready + latency > self.clock[d]:
+            self.segments[d].append(_Segment(self.clock[d], ready + latency, "wait",
+                                             (writer, ready)))
+            self.clock[d] = ready + latency
+
+    def read(self, d: int, sources: list[tuple[str, float]], sharing: int = 1) -> None:
+        """Read each ``(slot, bytes)`` in turn, as soon as it is ready.
+
+        With ready markers each read waits for its own slot; through the scheduler
+        the task holding the reads starts a hop after all its dependencies (its
+        own previous task included) have finished.
+        """
+        if not sources:
+            return
+        if self.sync == "scheduler":
+            writer, ready = max((self.ready[slot] for slot, _ in sources), key=lambda r: r[1])
+            if self.clock[d] >= ready:
+                writer, ready = d, self.clock[d]
+            self.wait(d, writer, ready, self.overhead.hop)
+        for slot, n_bytes in sources:
+            if self.sync != "scheduler":
+                self.wait(d, *self.ready[slot], self.overhead.sync)
+            self.run(d, "io", io_time(self.links[d], self.store, n_bytes, 1, "read", 1, sharing))
+            self.moved += n_bytes
+
+    def write(self, d: int, slot: str, n_bytes: float, sharing: int = 1) -> None:
+        self.run(d, "io", io_time(self.links[d], self.store, n_bytes, 1, "write", 1, sharing))
+        self.ready[slot] = (d, self.clock[d])
+        self.moved += n_bytes
+
+    def critical_path(self, start: float, end: float) -> dict[str, float]:
+        """Seconds per kind on the critical path between `start` and `end`."""
+        totals = {"compute": 0.0, "master": 0.0, "io": 0.0, "overhead": 0.0}
+        d = max(range(len(self.clock)), key=lambda i: self.clock[i])
+        t = end
+        while t > start + 1e-15:
+            before = [s for s in self.segments[d] if s.start < t - 1e-15]
+            if not before:
+                break
+            segment = before[-1]
+            if segment.kind == "wait":
+                writer, ready = segment.waited_for or (d, segment.start)
+                totals["overhead"] += max(min(segment.end, t) - max(ready, start), 0.0)
+                d, t = writer, ready
+                continue
+            totals[segment.kind] += min(segment.end, t) - max(segment.start, start)
+            t = segment.start
+        return totals
+
+
+@dataclass
+class Steady:
+    """What `steady` found: the step time, its critical path, bytes per step."""
+
+    step: float
+    path: dict[str, float]
+    moved: float
+    timeline: Timeline
+    last_start: float
+
+
+def steady(timeline: Timeline, one_step: Callable[[Timeline], None]) -> Steady:
+    """Simulate `one_step` a few times; the mean period of the last two steps."""
+    ends = []
+    for _ in range(SIMULATED_STEPS):
+        timeline.moved = 0.0
+        one_step(timeline)
+        ends.append(max(timeline.clock))
+    window = 2
+    step = (ends[-1] - ends[-1 - window]) / window
+    path = {k: v / window
+            for k, v in timeline.critical_path(ends[-1 - window], ends[-1]).items()}
+    path["overhead"] += step - sum(path.values())  # idle gaps, float error
+    return Steady(step, path, timeline.moved, timeline, ends[-2])
