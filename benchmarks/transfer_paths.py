@@ -2,6 +2,8 @@
 
 - workspace: the writer's task writes a slot and its ready marker, the reader's task
   (already running, as in a step) waits for the marker and reads (storage/exchange.py);
+  the slot is written in place, as from a run's second step on (the first write,
+  which creates the chunk file, is the warm-up);
 - Dask: the writer's task returns the array, the reader's task takes it as an
   argument (a dependency: the scheduler hops, the array travels worker to worker).
 
@@ -15,6 +17,7 @@ network's gradient is 0.4 MB, the paper network's 79 MB).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -62,13 +65,14 @@ def main() -> None:
     register_setup(client, config)
     runner = TaskRunner(client, find_workers(client, config), "transfer")
     print(f"{'MB':>6}  {'workspace ms':>13}  {'Dask transfer ms':>17}")
+    workdir = tempfile.mkdtemp(prefix="transfer-")
     try:
         for megabytes in (1, 10, 80):
             values = megabytes * 250_000
             workspace, dask = [], []
+            path = os.path.join(workdir, f"x-{megabytes}.zarr")  # written in place, as in runs
+            create_exchange(path, [SlotSpec("x", (values,), "float32")])
             for repeat in range(6):
-                path = os.path.join(tempfile.gettempdir(), f"transfer-{os.getpid()}.zarr")
-                create_exchange(path, [SlotSpec("x", (values,), "float32")])
                 reader = runner.submit(read_slot, 1, path, repeat, name=f"read-{megabytes}-{repeat}")
                 writer = runner.submit(write_slot, 0, path, values, repeat,
                                        name=f"write-{megabytes}-{repeat}")
@@ -82,6 +86,7 @@ def main() -> None:
             print(f"{megabytes:6d}  {median(workspace) * 1e3:13.1f}  {median(dask) * 1e3:17.1f}",
                   flush=True)
     finally:
+        shutil.rmtree(workdir, ignore_errors=True)
         client.close()
         cluster.close()
 
