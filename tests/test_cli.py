@@ -110,6 +110,23 @@ def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
     assert xr.open_zarr(tmp_path / "env" / "run" / "record.zarr").sizes["worker"] == 2
 
 
+def test_data_and_hybrid_train_on_cli_started_workers(tmp_path, cli_cluster,
+                                                     tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    for strategy in ("data", "hybrid"):
+        out = tmp_path / strategy
+        result = train(*tiny_args(out, dataset), f"strategy={strategy}",
+                       "--scheduler", cli_cluster)
+        assert result.returncode == 0, result.stderr
+        assert f"strategy {strategy}" in result.stdout
+        summary = json.loads((out / "run" / "summary.json").read_text())
+        assert sum(summary["batch_split"]) == 16 and len(summary["batch_split"]) == 2
+        record = xr.open_zarr(out / "run" / "record.zarr")
+        assert record.sizes["worker"] == 2
+        assert (record.workspace_bytes > 0).all()  # the gradients were exchanged
+        assert record.attrs["gradient_reduction"].startswith("workspace")
+
+
 def test_unknown_key_is_one_line_and_exit_2(tmp_path):
     result = train(os.path.join(ROOT, "configs", "small.yaml"), "train.stepz=3")
     assert result.returncode == 2
