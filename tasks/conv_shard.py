@@ -9,7 +9,6 @@ out is the step's business (tasks/step_task.py); this module only computes.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,16 +131,12 @@ def calibrate_layer(spec: ConvLayerSpec, batch: int, kernels: int, dtype: str,
                       OptimizerSpec(lr=1e-6), profile.device)
     grad = torch.ones(batch, kernels, spec.out_height, spec.out_width, dtype=torch_dtype,
                       device=profile.device)
-    times = []
-    for attempt in range(repeats + 1):  # the first is a warm-up
-        t0 = time.perf_counter()
+
+    def one_round() -> None:
         shard.forward(x, input_grad=input_grad)
         shard.input_gradient(grad)
         shard.update()
-        profile.synchronize()
-        elapsed = time.perf_counter() - t0
-        elapsed += profile.emulate(elapsed)
-        if attempt:
-            times.append(elapsed)
+
+    times = profile.time_rounds(one_round, repeats)
     return {"worker": profile.name, "seconds": float(np.median(times)), "rounds": times,
             "kernels": kernels, "speed": profile.speed, "device": profile.device}

@@ -23,7 +23,6 @@ share of the batch.
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,17 +197,13 @@ def calibrate_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict
     x = torch.randn(rows, first.in_channels, first.in_height, first.in_width,
                     generator=generator, dtype=dtype).to(profile.device)
     y = torch.randint(0, network.classes, (rows,), generator=generator).to(profile.device)
-    times = []
-    for attempt in range(repeats + 1):
-        start = time.perf_counter()
+
+    def one_round() -> None:
         sgd.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y, reduction="sum").backward()
         sgd.step()
-        profile.synchronize()
-        elapsed = time.perf_counter() - start
-        elapsed += profile.emulate(elapsed)
-        if attempt:
-            times.append(elapsed)
+
+    times = profile.time_rounds(one_round, repeats)
     return {"worker": profile.name, "seconds": float(np.median(times)), "rows": rows}
 
 

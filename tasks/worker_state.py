@@ -15,7 +15,7 @@ import ctypes.util
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from distributed import get_worker
@@ -47,6 +47,21 @@ class WorkerProfile:
         extra = compute_s * (1.0 / self.speed - 1.0)
         time.sleep(extra)
         return extra
+
+    def time_rounds(self, one_round: Callable[[], object], repeats: int) -> list[float]:
+        """Seconds of `repeats` rounds of `one_round` after one warm-up, each
+        synchronised before the clock is read, emulated slowness included: how
+        calibration times what training will do."""
+        times = []
+        for attempt in range(repeats + 1):
+            start = time.perf_counter()
+            one_round()
+            self.synchronize()
+            elapsed = time.perf_counter() - start
+            elapsed += self.emulate(elapsed)
+            if attempt:
+                times.append(elapsed)
+        return times
 
 
 _PROFILES: dict[str, WorkerProfile] = {}

@@ -16,11 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from distributed import Client  # noqa: E402
 
-from pipeline.cluster import start_embedded_cluster  # noqa: E402
-from pipeline.config import ClusterConfig, WorkerConfig  # noqa: E402
+from pipeline.config import WorkerConfig  # noqa: E402
 from storage.datasets import create_synthetic_dataset  # noqa: E402
+from tests.helpers import embedded_client  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -42,11 +41,5 @@ def tiny_dataset_factory(tmp_path_factory):
 @pytest.fixture(scope="module")
 def three_worker_cluster():
     """A real scheduler + 3 worker processes (CPU=1 each); yields (client, config)."""
-    workers = [WorkerConfig(name=f"cpu-{i}") for i in range(3)]
-    cluster = start_embedded_cluster(workers)
-    client = Client(cluster, set_as_default=False)
-    try:
-        yield client, ClusterConfig(workers=workers)
-    finally:
-        client.close()
-        cluster.close()
+    with embedded_client([WorkerConfig(name=f"cpu-{i}") for i in range(3)]) as made:
+        yield made

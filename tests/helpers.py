@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import numpy as np
 import torch
+from distributed import Client
 from torch import nn
 
-from pipeline.config import RunConfig, build_run_config
+from pipeline.cluster import register_setup, start_embedded_cluster
+from pipeline.config import ClusterConfig, RunConfig, WorkerConfig, build_run_config
 from storage import checkpoints
 from storage.datasets import read_batch
+
+
+@contextmanager
+def embedded_client(workers: list[WorkerConfig]) -> Iterator[tuple[Client, ClusterConfig]]:
+    """A real scheduler and one process per worker (loopback), set up as a run sets
+    its workers up; closed on exit. Yields the client and the cluster config."""
+    config = ClusterConfig(workers=workers)
+    cluster = start_embedded_cluster(config.worker_list())
+    client = Client(cluster, set_as_default=False)
+    try:
+        register_setup(client, config)
+        yield client, config
+    finally:
+        client.close()
+        cluster.close()
 
 
 def tiny_config(tmp_path, dataset: str, **overrides) -> RunConfig:

@@ -6,11 +6,10 @@ import os
 
 import psutil
 import pytest
-from distributed import Client
 
-from pipeline.cluster import (ClusterError, add_master, find_workers, register_setup,
-                              start_embedded_cluster)
-from pipeline.config import ClusterConfig, WorkerConfig
+from pipeline.cluster import (ClusterError, add_master, find_workers)
+from pipeline.config import WorkerConfig
+from tests.helpers import embedded_client
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +17,8 @@ def mixed_cluster():
     """Two CPU workers and one tagged GPU (its torch device is the CPU here)."""
     workers = [WorkerConfig(name="cpu-0"), WorkerConfig(name="cpu-1"),
                WorkerConfig(name="gpu-0", resources={"GPU": 1})]
-    cluster = start_embedded_cluster(workers)
-    client = Client(cluster, set_as_default=False)
-    config = ClusterConfig(workers=workers)
-    register_setup(client, config)
-    try:
-        yield client, config
-    finally:
-        client.close()
-        cluster.close()
+    with embedded_client(workers) as made:
+        yield made
 
 
 def test_embedded_cluster_listens_on_loopback_only(mixed_cluster):

@@ -11,6 +11,8 @@ from pipeline.costmodel import (
     IDEAL_LINK,
     DaskOverhead,
     DeviceSpec,
+    Gemm,
+    LayerTable,
     LinkSpec,
     Options,
     StoreSpec,
@@ -34,6 +36,11 @@ from pipeline.costmodel import collectives as col
 from pipeline.costmodel.compute import conv_time
 from pipeline.costmodel.kernel import workspace_bytes
 from pipeline.costmodel.krizhevsky import PUBLISHED_SINGLE_STEP, PUBLISHED_SPEEDUPS
+from pipeline.costmodel.replicas import hybrid_parts
+from tasks.layout import layout_from_counts
+from tasks.layout import workspace_bytes as engine_bytes
+from tasks.replica_layout import DataLayout, HybridLayout
+from tasks.specs import ConvLayerSpec, NetworkSpec
 
 CPU = DeviceSpec(flops=90e9, mem_bw=10e9, name="cpu")
 STORE = StoreSpec(write_bw=1.9e9, read_bw=0.8e9, latency=1e-3)
@@ -90,7 +97,6 @@ def test_generic_constructor_chains_shapes():
 # -- devices and collectives ---------------------------------------------------
 
 def test_roofline_takes_the_slower_side():
-    from pipeline.costmodel import Gemm
 
     dev = DeviceSpec(flops=1e12, mem_bw=1e11)
     big = Gemm(4096, 4096, 4096)
@@ -312,8 +318,6 @@ def test_minmax_never_worse_than_proportional():
 def test_kernel_bytes_equal_the_engines_slots(counts, master):
     """The model's traffic, derived on its own, equals the engine's formula
     (tasks.layout.workspace_bytes, which the run's measured bytes must meet)."""
-    from tasks.layout import layout_from_counts, workspace_bytes as engine_bytes
-    from tasks.specs import ConvLayerSpec, NetworkSpec
 
     net, B = marques_cifar(8, 16), 4
     spec = NetworkSpec((ConvLayerSpec(3, 8), ConvLayerSpec(8, 16, in_height=16, in_width=16)))
@@ -432,8 +436,6 @@ def test_device_rates_per_kind():
 # -- measured tables, chunked store, dataset reads (the engine's data path) -------------
 
 def test_layer_table_interpolates_and_extrapolates():
-    from pipeline.costmodel import LayerTable
-
     table = LayerTable.from_points(64, [(4, 2.0, 3.0), (16, 2.5, 4.0), (32, 5.0, 8.0), (16, 2.7, 4.2)])
     assert table.kernels == (4, 16, 32)
     assert table.times(16, 64) == pytest.approx((2.6, 4.1))  # duplicates: median
@@ -447,8 +449,6 @@ def test_layer_table_interpolates_and_extrapolates():
 
 
 def test_measured_table_replaces_rate_in_every_strategy():
-    from pipeline.costmodel import LayerTable
-
     net = marques_cifar(8, 16)
     tables = {"conv1": LayerTable(32, (8,), (0.01,), (0.02,)), "conv2": LayerTable(32, (4, 16), (0.01, 0.03), (0.02, 0.07))}
     dev = DeviceSpec(flops=1e9, layer_tables=tables)
@@ -503,10 +503,6 @@ def test_minmax_keeps_a_minimum_per_device():
 def test_replica_strategies_move_the_engines_bytes(strategy, shares, scheme):
     """The model's traffic through the store, derived on its own, equals the engine's
     slots (tasks.layout.workspace_bytes), and its parts are the engine's parts."""
-    from pipeline.costmodel.replicas import hybrid_parts
-    from tasks.layout import workspace_bytes as engine_bytes
-    from tasks.replica_layout import DataLayout, HybridLayout
-    from tasks.specs import ConvLayerSpec, NetworkSpec
 
     net = marques_cifar(8, 16)  # conv 8 and 16, one dense layer to 10 classes
     spec = NetworkSpec((ConvLayerSpec(3, 8), ConvLayerSpec(8, 16, in_height=16, in_width=16)))

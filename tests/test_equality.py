@@ -13,7 +13,8 @@ import pytest
 from pipeline.cluster import find_workers, register_setup
 from pipeline.train import run_training
 from storage import checkpoints
-from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
+from pipeline.config import WorkerConfig
+from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 
@@ -54,26 +55,15 @@ def test_weights_and_losses_equal_plain_pytorch(tmp_path, three_worker_cluster,
 
 def test_calibrated_split_on_emulated_slow_worker_still_exact(tmp_path, tiny_dataset_factory):
     """An emulated half-speed worker gets fewer kernels; the arithmetic is unchanged."""
-    from distributed import Client
-
-    from pipeline.cluster import start_embedded_cluster
-    from pipeline.config import ClusterConfig, WorkerConfig
-
     workers = [WorkerConfig(name="fast"), WorkerConfig(name="slow", speed=0.25)]
-    cluster_config = ClusterConfig(workers=workers)
-    cluster = start_embedded_cluster(cluster_config.worker_list())
-    try:
-        with Client(cluster, set_as_default=False) as client:
-            dataset = tiny_dataset_factory("float32")
-            config = tiny_config(tmp_path, dataset, placement="calibrated",
-                                 **{"network.conv.0.kernels": 16,
-                                    "network.conv.1.kernels": 24,
-                                    "workspace.channel_quantum": 2})
-            config.cluster = cluster_config
-            register_setup(client, cluster_config)
-            result = run_training(config, client=client)
-    finally:
-        cluster.close()
+    with embedded_client(workers) as (client, cluster_config):
+        dataset = tiny_dataset_factory("float32")
+        config = tiny_config(tmp_path, dataset, placement="calibrated",
+                             **{"network.conv.0.kernels": 16,
+                                "network.conv.1.kernels": 24,
+                                "workspace.channel_quantum": 2})
+        config.cluster = cluster_config
+        result = run_training(config, client=client)
     fast, slow = np.array(result.summary["kernel_split"]).T
     assert (fast > slow).all(), result.summary["kernel_split"]
     assert "slow (emulated 0.25x speed)" in result.summary["workers"]

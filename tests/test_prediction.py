@@ -16,18 +16,17 @@ import os
 
 import numpy as np
 import pytest
-from distributed import Client
 
 from experiments.prediction import PointPrediction, network_for, predict_config, predict_point
-from pipeline.cluster import find_workers, register_setup, start_embedded_cluster
-from pipeline.config import ClusterConfig, WorkerConfig
+from pipeline.cluster import find_workers
+from pipeline.config import WorkerConfig
 from pipeline.model_placement import align_to_quanta, choose_split
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe)
 from pipeline.train import run_training
 from storage import checkpoints
-from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
+from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +43,8 @@ def probe_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_workers():
-    workers = [WorkerConfig(name="cpu-0"), WorkerConfig(name="cpu-1")]
-    config = ClusterConfig(workers=workers)
-    cluster = start_embedded_cluster(config.worker_list())
-    client = Client(cluster, set_as_default=False)
-    register_setup(client, config)
-    try:
-        yield client, config
-    finally:
-        client.close()
-        cluster.close()
+    with embedded_client([WorkerConfig(name="cpu-0"), WorkerConfig(name="cpu-1")]) as made:
+        yield made
 
 
 def _config(tmp_path, dataset, cluster, **overrides):

@@ -36,17 +36,11 @@ __all__ = ["predict_data_store", "predict_hybrid_store", "hybrid_parts", "even_c
 
 
 def even_counts(total: int, parts: int) -> list[int]:
-    """`total` into `parts` counts as equal as can be, the larger ones first."""
+    """`total` into `parts` counts as equal as can be, the larger ones first (as
+    tasks.replica_layout.split_counts: the cost model imports nothing of the engine;
+    tests/test_costmodel.py checks the two agree through the bytes they move)."""
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
-def _ranges(counts: Sequence[int]) -> list[tuple[int, int]]:
-    out, start = [], 0
-    for count in counts:
-        out.append((start, start + count))
-        start += count
-    return out
 
 
 def hybrid_parts(shares: Sequence[int], scheme: str) -> list[list[tuple[int, int]]]:
