@@ -44,7 +44,8 @@ import xarray as xr
 import yaml
 import zarr
 
-from experiments.sweep_config import Axis, Sweep, value_json, value_label, worker_count
+from experiments.sweep_config import (Axis, Sweep, fewest_workers, value_json, value_label,
+                                      worker_count)
 from storage.labelled import write_dataset
 
 PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
@@ -298,9 +299,7 @@ def speedup_reference(sweep: Sweep) -> dict[str, Any]:
     workers = sweep.axis_with_field("cluster.workers")
     fewest: dict[str, Any] = {"workers_dim": None, "workers_index": None}
     if workers is not None:
-        counts = [worker_count(workers.value_of(i, "cluster.workers"))
-                  for i in range(len(workers))]
-        fewest = {"workers_dim": workers.dim, "workers_index": counts.index(min(counts))}
+        fewest = {"workers_dim": workers.dim, "workers_index": fewest_workers(workers)}
     if axis is None:
         base_strategy = sweep.base.get("strategy", "kernel")
         return {"strategy": baseline, "dim": None, "index": None,

@@ -398,6 +398,13 @@ def worker_count(value: Any) -> int:
     return value if isinstance(value, int) else len(value)
 
 
+def fewest_workers(axis: Axis) -> int:
+    """Position along a `cluster.workers` axis of its smallest worker count (the first
+    such)."""
+    counts = [worker_count(axis.value_of(i, "cluster.workers")) for i in range(len(axis))]
+    return counts.index(min(counts))
+
+
 def fit_point_to_strategy(data: dict, axes: list[Axis], position: tuple[int, ...]) -> str:
     """Make a point of the grid mean what its strategy can do on its workers.
 
@@ -415,10 +422,7 @@ def fit_point_to_strategy(data: dict, axes: list[Axis], position: tuple[int, ...
     if strategy == "reference" and not any("reference.threads" in a.fields for a in axes):
         set_dotted(data, "reference.threads", count)
     if strategy == "single":
-        smallest = min(worker_count(axis.value_of(i, "cluster.workers"))
-                       for i in range(len(axis)))
-        first = next(i for i in range(len(axis))
-                     if worker_count(axis.value_of(i, "cluster.workers")) == smallest)
+        first = fewest_workers(axis)
         if index != first:
             return (f"single runs on one worker: measured at {axis.dim}="
                     f"{axis.labels[first]}")
