@@ -49,7 +49,8 @@ from experiments.sweep_config import (Axis, Sweep, fewest_workers, value_json, v
 from storage.labelled import write_dataset
 
 PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
-STORE_FORMAT = "hetcnn-sweep/2"  # 2: status 3 (not applicable), batch_split
+#: 2: status 3 (not applicable), batch_split; 3: worker_devices
+STORE_FORMAT = "hetcnn-sweep/3"
 
 #: name -> (units, description) of the per-point float variables, in table order.
 MEASURES: dict[str, tuple[str, str]] = {
@@ -93,6 +94,7 @@ TEXTS: dict[str, str] = {
     "kernel_split": "kernels per worker per conv layer (JSON), as placed (kernel, single)",
     "batch_split": "samples of each step's batch per worker (JSON; data, hybrid)",
     "worker_labels": "the workers used, with emulated speeds",
+    "worker_devices": "the workers used, in split order: JSON [[name, resource tag, device]]",
 }
 SERIES: dict[str, tuple[str, str]] = {
     "step_time_series": ("s", "wall time of every step (see the warmup coordinate)"),

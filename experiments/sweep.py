@@ -173,7 +173,9 @@ def measure_point(point: Point, client: Any, predictor: Predictor | None,
     texts = {"failure": "", "run_id": uuid.uuid4().hex,
              "kernel_split": json.dumps(summary.get("kernel_split", [])),
              "batch_split": json.dumps(summary.get("batch_split", [])),
-             "worker_labels": ", ".join(str(w) for w in summary.get("workers", []))}
+             "worker_labels": ", ".join(str(w) for w in summary.get("workers", [])),
+             "worker_devices": json.dumps([[w["name"], w["tag"], w["device"]]
+                                           for w in summary.get("worker_devices", [])])}
     series = {"step_time_series": np.asarray(record.step_time.values, dtype=float),
               "loss_series": np.asarray(record.loss.values, dtype=float)}
     return PointResult(values, texts, series)

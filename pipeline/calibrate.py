@@ -1,51 +1,139 @@
-"""Choosing the kernel split of a run: even, calibrated on the workers, or by the model.
+"""Choosing the split of a run: even, calibrated on the workers, by the model, or recorded.
 
 The split is chosen here, before the engine exists, and handed to it as a
 `Placement`. `calibrated` times every layer's forward+backward on every worker (all
-at once, as they will run) and shares each layer's kernels in proportion to the
-measured speed where that clearly beats the even split (`split_calibrated`); `model` asks the performance model for the split that minimises the
-predicted step (pipeline/model_placement.py).
+at once, as they will run) at two shard sizes, fits each shard's fixed cost and cost
+per kernel, and takes the fastest predicted of the even, proportional, min-max and
+single-device splits (`pipeline.placement.choose_calibrated`); workers measured far
+from the share they get are measured again at that share. `model` asks the
+performance model (pipeline/model_placement.py); `recorded` reuses a split given in
+the config or kept by an earlier run, so a run can be repeated exactly. Workers
+left with no kernels (or no samples) in every layer leave the run.
 """
 
 from __future__ import annotations
+
+import json
+import os
+from typing import Any
 
 from distributed import Client
 
 from pipeline.cluster import WorkerSlot
 from pipeline.config import RunConfig
 from pipeline.model_placement import model_placement
-from pipeline.placement import (Placement, PlacementError, calibration_kernels, rough_seconds,
-                                split_calibrated, split_even)
+from pipeline.placement import (Placement, ShardCost, calibration_kernels,
+                                choose_calibrated, fit_shard_cost, rough_seconds, split_even)
 from pipeline.runner import TaskRunner
 from pipeline.schema import ConfigError
 from tasks.conv_shard import calibrate_layer
 from tasks.replica_ops import calibrate_replica
 from tasks.specs import NetworkSpec
 
+#: A worker whose chosen share is this many times off the sizes it was timed at is
+#: timed again at its share (small shards run far below a device's rate).
+REMEASURE_FACTOR = 2.0
 
-def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int, quanta: list[int]
-              ) -> dict[str, list[float]]:
-    """Seconds per kernel of every layer's forward, backward and update, per worker name.
+Points = dict[str, list[list[list[float]]]]  # worker -> layer -> [[kernels, seconds], ...]
 
-    All workers measure at once, as they will run during training, at the share a
-    worker gets of an even split (halved while a round would take over half a
-    second), after a warm-up; the median of several rounds.
-    """
+
+def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int,
+              sizes: dict[tuple[str, int], list[int]]) -> Points:
+    """Median seconds of each layer's forward, backward and update per worker, at
+    the shard sizes asked for (``sizes[(worker name, layer)]``); all workers
+    measure at once, as they will run during training."""
     futures = {}
-    workers = runner.workers
     for layer, spec in enumerate(network.conv):
-        kernels = calibration_kernels(spec, batch, len(workers), quanta[layer])
-        estimate = rough_seconds(spec, batch, kernels)
-        repeats = 5 if estimate < 0.05 else 3 if estimate < 0.5 else 2
-        for index, slot in enumerate(workers):
+        rounds = 5 if rough_seconds(spec, batch, max(sizes[(w.name, layer)][-1]
+                                                     for w in runner.workers)) < 0.05 else 3
+        for index, slot in enumerate(runner.workers):
             futures[(slot.name, layer)] = runner.submit(
-                calibrate_layer, index, spec, batch, kernels, network.dtype, layer > 0,
-                repeats, name=f"calibrate-{layer}-{slot.name}")
+                calibrate_layer, index, spec, batch, sizes[(slot.name, layer)], network.dtype,
+                layer > 0, rounds, name=f"calibrate-{layer}-{slot.name}")
     results = runner.gather(list(futures.values()), "calibration")
-    per_kernel: dict[str, list[float]] = {slot.name: [] for slot in workers}
-    for (name, _layer), result in zip(futures, results):
-        per_kernel[name].append(result["seconds"] / result["kernels"])
-    return per_kernel
+    points: Points = {slot.name: [[] for _ in network.conv] for slot in runner.workers}
+    for (name, layer), result in zip(futures, results):
+        points[name][layer] = result["points"]
+    return points
+
+
+def first_sizes(network: NetworkSpec, batch: int, workers: int, quanta: list[int]
+                ) -> list[list[int]]:
+    """Per layer, the shard sizes every worker is timed at first: one quantum and its
+    share of an even split (halved while a round would take over half a second)."""
+    return [sorted({min(q, spec.kernels), calibration_kernels(spec, batch, workers, q)})
+            for spec, q in zip(network.conv, quanta)]
+
+
+def shard_costs(points: Points, names: list[str], layers: int) -> list[list[ShardCost]]:
+    """``costs[layer][worker]`` fitted to the measured points."""
+    return [[fit_shard_cost([(int(k), t) for k, t in points[name][layer]]) for name in names]
+            for layer in range(layers)]
+
+
+def calibrated_placement(runner: TaskRunner, network: NetworkSpec, batch: int,
+                         quanta: list[int]) -> Placement:
+    """`placement: calibrated` (see the module doc)."""
+    names = [w.name for w in runner.workers]
+    kernels = [spec.kernels for spec in network.conv]
+    sizes = first_sizes(network, batch, len(names), quanta)
+    points = calibrate(runner, network, batch,
+                       {(n, layer): s for n in names for layer, s in enumerate(sizes)})
+    choice = choose_calibrated(kernels, shard_costs(points, names, len(kernels)), quanta, names)
+    again = {}
+    for layer, row in enumerate(choice.counts):
+        for name, count in zip(names, row):
+            measured = [int(k) for k, _ in points[name][layer]]
+            if count and not any(k / REMEASURE_FACTOR <= count <= k * REMEASURE_FACTOR
+                                 for k in measured):
+                again[(name, layer)] = [count]
+    if again:
+        extra = calibrate(runner, network, batch,
+                          {(n, layer): again.get((n, layer), [sizes[layer][-1]])
+                           for n in names for layer in range(len(kernels))})
+        for (name, layer) in again:
+            points[name][layer] += extra[name][layer]
+        choice = choose_calibrated(kernels, shard_costs(points, names, len(kernels)), quanta,
+                                   names)
+    costs = shard_costs(points, names, len(kernels))
+    per_kernel = {name: [row[d].per_kernel for row in costs] for d, name in enumerate(names)}
+    return Placement("calibrated", choice.counts, per_kernel,
+                     {**choice.record(names), "calibration_points": points})
+
+
+def recorded_counts(config: RunConfig) -> list[list[int]]:
+    """The split `placement: recorded` reuses: `split_from`'s counts, or those in the
+    summary.json of the run directory it names."""
+    source = config.split_from
+    if not isinstance(source, str):
+        return [list(row) for row in source or []]
+    path = os.path.join(source, "summary.json") if os.path.isdir(source) else source
+    try:
+        with open(path, encoding="utf-8") as handle:
+            summary = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"split_from: cannot read a run summary at {path} "
+                          f"({type(error).__name__})") from None
+    key = "kernel_split" if config.strategy in ("kernel", "single") else "batch_split"
+    if key not in summary:
+        raise ConfigError(f"split_from: {path} records no {key} (a {summary.get('strategy')} "
+                          "run)")
+    counts = summary[key]
+    return [counts] if key == "batch_split" else counts
+
+
+def check_recorded(counts: list[list[int]], totals: list[int], workers: int, what: str
+                   ) -> list[list[int]]:
+    """The recorded split, if it fits this run: one row per layer (or the batch),
+    one count per worker, each row adding up."""
+    if len(counts) != len(totals):
+        raise ConfigError(f"split_from: {len(counts)} rows, but this run has {len(totals)} "
+                          f"{what}")
+    for row, total in zip(counts, totals):
+        if len(row) != workers or sum(row) != total or min(row) < 0:
+            raise ConfigError(f"split_from: {row} does not split {total} {what} over this "
+                              f"run's {workers} worker(s)")
+    return counts
 
 
 def choose_placement(client: Client, config: RunConfig, network: NetworkSpec,
@@ -53,18 +141,18 @@ def choose_placement(client: Client, config: RunConfig, network: NetworkSpec,
     """The kernel split over `workers` that `config.placement` asks for."""
     quanta = config.channel_quanta(network)
     layers = network.conv
+    if config.placement == "recorded":
+        counts = check_recorded(recorded_counts(config), [s.kernels for s in layers],
+                                len(workers), "kernel counts for its conv layers")
+        return Placement("recorded", counts)
     if config.placement == "even" or len(workers) == 1:
         counts = [split_even(s.kernels, len(workers), q) for s, q in zip(layers, quanta)]
         return Placement("even" if len(workers) > 1 else "single", counts)
     if config.placement == "model":
         counts, calibration, record = model_placement(client, config, network, workers)
         return Placement("model", counts, calibration, record)
-    calibration = calibrate(TaskRunner(client, workers, run_id), network, config.train.batch,
-                            quanta)
-    counts = [split_calibrated(spec.kernels, [calibration[w.name][layer] for w in workers],
-                               quanta[layer])
-              for layer, spec in enumerate(layers)]
-    return Placement("calibrated", counts, calibration)
+    return calibrated_placement(TaskRunner(client, workers, run_id), network,
+                                config.train.batch, quanta)
 
 
 def replica_rows(network: NetworkSpec, batch: int, workers: int, budget_s: float = 0.5) -> int:
@@ -77,29 +165,37 @@ def replica_rows(network: NetworkSpec, batch: int, workers: int, budget_s: float
     return rows
 
 
-def calibrate_replicas(runner: TaskRunner, network: NetworkSpec, batch: int
-                       ) -> dict[str, list[float]]:
-    """Seconds per sample of a whole replica's step, per worker name (all at once)."""
+def calibrate_replicas(runner: TaskRunner, network: NetworkSpec, batch: int) -> Points:
+    """Seconds of a whole replica's step at two batch shares, per worker name (all at
+    once): ``{name: [[[rows, seconds], [rows, seconds]]]}``."""
     rows = replica_rows(network, batch, len(runner.workers))
-    futures = [runner.submit(calibrate_replica, index, network, rows,
-                             name=f"calibrate-replica-{slot.name}")
-               for index, slot in enumerate(runner.workers)]
-    results = runner.gather(futures, "calibration")
-    return {slot.name: [result["seconds"] / result["rows"]]
-            for slot, result in zip(runner.workers, results)}
+    sizes = sorted({max(1, rows // 4), rows})
+    points: Points = {slot.name: [[]] for slot in runner.workers}
+    for size in sizes:
+        futures = [runner.submit(calibrate_replica, index, network, size,
+                                 name=f"calibrate-replica-{slot.name}-{size}")
+                   for index, slot in enumerate(runner.workers)]
+        for slot, result in zip(runner.workers, runner.gather(futures, "calibration")):
+            points[slot.name][0].append([result["rows"], result["seconds"]])
+    return points
 
 
 def choose_batch_shares(client: Client, config: RunConfig, network: NetworkSpec,
                         workers: list[WorkerSlot], run_id: str) -> Placement:
-    """Samples of each step's batch per worker (`data`, `hybrid`): even or calibrated."""
+    """Samples of each step's batch per worker (`data`, `hybrid`): even, calibrated
+    (the same choice as kernels, a sample for a kernel) or recorded."""
     batch = config.train.batch
-    try:
-        if config.placement == "even" or len(workers) == 1:
-            return Placement("even" if len(workers) > 1 else "single",
-                             [split_even(batch, len(workers), 1)])
-        calibration = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
-        shares = split_calibrated(batch, [calibration[w.name][0] for w in workers], 1)
-    except PlacementError:
-        raise ConfigError(f"train.batch: {batch} samples cannot feed {len(workers)} workers"
-                          ) from None
-    return Placement("calibrated", [shares], calibration)
+    names = [w.name for w in workers]
+    if config.placement == "recorded":
+        counts = check_recorded(recorded_counts(config), [batch], len(workers),
+                                "batch (samples)")
+        return Placement("recorded", counts)
+    if config.placement == "even" or len(workers) == 1:
+        return Placement("even" if len(workers) > 1 else "single",
+                         [split_even(batch, len(workers), 1)])
+    points = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
+    choice = choose_calibrated([batch], shard_costs(points, names, 1), [1], names)
+    per_sample = {name: [fit_shard_cost([(int(k), t) for k, t in points[name][0]]).per_kernel]
+                  for name in names}
+    record: dict[str, Any] = {**choice.record(names), "calibration_points": points}
+    return Placement("calibrated", choice.counts, per_sample, record)

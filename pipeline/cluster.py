@@ -17,6 +17,7 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 import psutil
+import torch
 
 import dask
 from distributed import Client, Nanny, Scheduler, SpecCluster
@@ -38,9 +39,10 @@ class WorkerSlot:
 
     address: str
     name: str
-    resource: str
+    resource: str  # the tag it serves this run under (its tasks ask for one of it)
     threads: int
     emulated_speed: float  # 1.0 unless the worker emulates a slower device
+    device: str = ""  # "cpu", "cuda:N" where the config says; "" (external) until set up
 
     @property
     def label(self) -> str:
@@ -103,6 +105,7 @@ def open_client(config: ClusterConfig) -> Iterator[Client]:
         with client:
             yield client
         return
+    check_devices(config.worker_list())
     try:
         cluster = start_embedded_cluster(config.worker_list())
     except Exception as error:  # noqa: BLE001 - distributed wraps the cause in RuntimeError
@@ -112,6 +115,17 @@ def open_client(config: ClusterConfig) -> Iterator[Client]:
             yield client
     finally:
         cluster.close()
+
+
+def check_devices(workers: list[WorkerConfig]) -> None:
+    """Refuse, before anything starts, an embedded CUDA worker this machine cannot host."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for worker in workers:
+        if worker.device.startswith("cuda"):
+            index = int(worker.device.partition(":")[2] or 0)
+            if index >= gpus:
+                raise ClusterError(f"cluster: worker {worker.name} wants {worker.device}, but "
+                                   f"this machine has {gpus} CUDA device(s)")
 
 
 def _refused_at_once(address: str) -> None:
@@ -133,14 +147,16 @@ def _refused_at_once(address: str) -> None:
 
 
 def register_setup(client: Client, config: ClusterConfig) -> None:
-    """Install `WorkerSetup` on every worker (threads and emulated speeds by name)."""
-    threads, speeds = {}, {}
+    """Install `WorkerSetup` on every worker (threads, emulated speeds and devices by
+    name, for the embedded cluster's workers)."""
+    threads, speeds, devices = {}, {}, {}
     if scheduler_address(config) is None:
         for worker in config.worker_list():
             threads[worker.name] = worker.threads
             speeds[worker.name] = worker.speed
+            devices[worker.name] = worker.device
     try:
-        client.register_plugin(WorkerSetup(threads, speeds))
+        client.register_plugin(WorkerSetup(threads, speeds, devices))
     except Exception as error:  # noqa: BLE001 - the workers' exception arrives as text
         hint = ""
         if "No module named" in str(error):
@@ -155,30 +171,41 @@ def _slot(config: ClusterConfig, address: str, info: dict, tag: str) -> WorkerSl
     embedded = {} if scheduler_address(config) else {w.name: w for w in config.worker_list()}
     worker = embedded.get(name)
     return WorkerSlot(address, name, tag, worker.threads if worker else int(info["nthreads"]),
-                      worker.speed if worker else 1.0)
+                      worker.speed if worker else 1.0, worker.device if worker else "")
+
+
+def tagged_workers(workers: dict[str, dict], tags: list[str]) -> list[tuple[str, dict, str]]:
+    """``(address, info, tag)`` of every worker offering one of `tags`, ordered by the
+    first tag it offers (in the order listed), then by name: a pure function of the
+    scheduler's worker table."""
+    found = []
+    for address, info in workers.items():
+        offered = info.get("resources", {})
+        tag = next((t for t in tags if offered.get(t, 0) >= 1), None)
+        if tag is not None:
+            found.append((address, info, tag))
+    return sorted(found, key=lambda item: (tags.index(item[2]), str(item[1].get("name"))))
 
 
 def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
-    """Wait (at most `wait_timeout` s) for workers offering the config's tag.
+    """Wait (at most `wait_timeout` s) for workers offering the config's tags.
 
-    Returns `use_workers` of them (all, if unset), ordered by name. Raises a
-    ClusterError naming the tag if too few appear in time: never waits silently.
+    Returns `use_workers` of them (all, if unset), ordered by tag, then by name.
+    Raises a ClusterError naming the tags if too few appear in time: never waits
+    silently.
     """
-    tag = config.resource
+    tags = config.tags()
     wanted = config.use_workers or 1
     deadline = time.monotonic() + config.wait_timeout
     while True:
         workers = client.scheduler_info(n_workers=-1)["workers"]
-        tagged = sorted(
-            ({**info, "address": address} for address, info in workers.items()
-             if info.get("resources", {}).get(tag, 0) >= 1),
-            key=lambda info: str(info.get("name")),
-        )
+        tagged = tagged_workers(workers, tags)
         if len(tagged) >= wanted:
             chosen = tagged[: config.use_workers] if config.use_workers else tagged
-            return [_slot(config, info["address"], info, tag) for info in chosen]
+            return [_slot(config, address, info, tag) for address, info, tag in chosen]
         if time.monotonic() > deadline:
             offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
+            tag = "' or '".join(tags)
             raise ClusterError(
                 f"no worker offers resource '{tag}' "
                 f"({len(tagged)} of {wanted} needed after {config.wait_timeout:g} s; "
@@ -206,8 +233,8 @@ def add_master(client: Client, config: ClusterConfig, slots: list[WorkerSlot]
     for address, info in sorted(workers.items(), key=lambda item: str(item[1].get("name"))):
         name, tags = str(info.get("name")), info.get("resources", {})
         if name == wanted or tags.get(wanted, 0) >= 1:
-            tag = wanted if wanted in tags else (config.resource if config.resource in tags
-                                                 else next(iter(tags), config.resource))
+            tag = wanted if wanted in tags else next(
+                (t for t in config.tags() if t in tags), next(iter(tags), config.resource))
             return slots + [_slot(config, address, info, tag)], len(slots)
     names = ", ".join(sorted(str(info.get("name")) for info in workers.values()))
     raise ClusterError(f"cluster.master: no worker is named or tagged '{wanted}' "

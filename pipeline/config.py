@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -97,49 +98,98 @@ class TrainConfig:
             raise ConfigError("checkpoint_every, warmup_steps and eval_samples must be >= 0")
 
 
+#: A worker's device as configs write it.
+DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?")
+
+
 @dataclass
 class WorkerConfig:
     """One worker of the embedded cluster."""
 
     name: str | None = None
-    resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    # Dask resource tags; default {GPU: 1} for a CUDA device, else {CPU: 1}.
+    resources: dict[str, float] | None = None
     threads: int = 1
     speed: float = 1.0  # < 1 emulates a slower device (labelled "emulated" everywhere)
+    device: str = "cpu"  # "cpu" or "cuda:N": where the worker's tensors live
 
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ConfigError(f"threads must be at least 1, got {self.threads}")
         if not 0 < self.speed <= 1:
             raise ConfigError(f"speed must be in (0, 1], got {self.speed}")
+        if not DEVICE_NAME.fullmatch(self.device):
+            raise ConfigError(f"device: expected 'cpu' or 'cuda:N', got {self.device!r}")
+        if self.resources is None:
+            self.resources = {"GPU": 1.0} if self.device.startswith("cuda") else {"CPU": 1.0}
 
 
 @dataclass
 class ClusterConfig:
     scheduler: str | None = None  # None: DASK_SCHEDULER_ADDRESS, else an embedded cluster
-    workers: int | list[WorkerConfig] = 2  # embedded cluster: a count of CPU workers or a list
+    # The embedded cluster: a count of CPU workers, or a list of workers.
+    workers: int | list[WorkerConfig] = 2
+    # ...or one worker per device, e.g. [cuda:0, cpu, cpu] (GPU ones tagged GPU, CPU
+    # ones CPU), each CPU worker with `threads` torch threads. Replaces `workers`.
+    devices: list[str] | None = None
+    threads: int = 1  # torch threads of each CPU worker that `workers: N` or `devices` makes
     resource: str = "CPU"  # the tag whose workers run the conv tasks
+    # Several tags: every worker offering any of them, ordered by tag then name (so
+    # [GPU, CPU] puts the GPU workers first, and the first is the default master).
+    resources: list[str] | None = None
     use_workers: int | None = None  # how many tagged workers to use (None: all)
     wait_timeout: float = 30.0  # seconds to wait for workers offering the tag
     # The worker that runs the dense head (the seed papers' master): a worker name or
     # a resource tag (its first worker by name). None: the first worker of the run.
     master: str | None = None
 
+    def tags(self) -> list[str]:
+        """The resource tags whose workers this run uses, in order of preference.
+
+        `resources` if set; else, with `devices` and the default `resource`, every
+        device listed (GPU workers first); else `resource`.
+        """
+        if self.resources:
+            return list(self.resources)
+        if self.devices is not None and self.resource == "CPU":
+            return [t for t in ("GPU", "CPU")
+                    if any(t in (w.resources or {}) for w in self.worker_list())]
+        return [self.resource]
+
     def worker_list(self) -> list[WorkerConfig]:
         """The embedded cluster's workers, with names filled in."""
-        if isinstance(self.workers, int):
-            workers = [WorkerConfig() for _ in range(self.workers)]
+        if self.devices is not None:
+            workers = [WorkerConfig(device=device,
+                                    threads=1 if device.startswith("cuda") else self.threads)
+                       for device in self.devices]
+        elif isinstance(self.workers, int):
+            workers = [WorkerConfig(threads=self.threads) for _ in range(self.workers)]
         else:
             workers = [copy.copy(w) for w in self.workers]
         for index, worker in enumerate(workers):
             if worker.name is None:
-                tag = "-".join(sorted(worker.resources)).lower() or "worker"
+                tag = "-".join(sorted(worker.resources or {})).lower() or "worker"
                 worker.name = f"{tag}-{index}"
         return workers
 
     def __post_init__(self) -> None:
-        count = self.workers if isinstance(self.workers, int) else len(self.workers)
+        if self.devices is not None:
+            if not isinstance(self.workers, int) or self.workers != 2:
+                raise ConfigError("devices: set either cluster.devices or cluster.workers")
+            for index, device in enumerate(self.devices):
+                if not DEVICE_NAME.fullmatch(device):
+                    raise ConfigError(f"devices.{index}: expected 'cpu' or 'cuda:N', "
+                                      f"got {device!r}")
+        count = len(self.worker_list())
         if count < 1:
             raise ConfigError("workers: at least one worker is needed")
+        if self.threads < 1:
+            raise ConfigError(f"threads must be at least 1, got {self.threads}")
+        if self.resources is not None:
+            if not self.resources:
+                raise ConfigError("resources: list at least one tag")
+            if self.resource != "CPU":
+                raise ConfigError("resources: set either cluster.resource or cluster.resources")
         if self.use_workers is not None and self.use_workers < 1:
             raise ConfigError(f"use_workers must be at least 1, got {self.use_workers}")
 
@@ -188,7 +238,10 @@ class HybridConfig:
 class RunConfig:
     name: str = "run"
     strategy: Strategy = "kernel"
-    placement: Literal["calibrated", "even", "model"] = "calibrated"
+    placement: Literal["calibrated", "even", "model", "recorded"] = "calibrated"
+    # placement "recorded": the split to reuse, as a run's summary.json holds it
+    # (kernel_split, or batch_split for data/hybrid), or an earlier run's directory
+    split_from: str | list[list[int]] | None = None
     network: NetworkConfig = field(default_factory=NetworkConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -200,6 +253,10 @@ class RunConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if (self.placement == "recorded") != (self.split_from is not None):
+            raise ConfigError("split_from: placement 'recorded' takes a split_from (a run "
+                              "directory or a split), and split_from needs placement "
+                              "'recorded'")
         if self.placement == "model" and self.strategy in ("data", "hybrid"):
             raise ConfigError(f"placement: 'model' chooses kernel splits; strategy "
                               f"{self.strategy!r} takes 'calibrated' or 'even'")

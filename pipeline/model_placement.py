@@ -9,10 +9,10 @@ where those matter a slow device ends up the slowest.  Here the probe of the clu
 (:mod:`pipeline.probe`: shard times at the real shapes, store and Dask
 costs) feeds :func:`pipeline.costmodel.split_kernels_minmax`, which hands out
 quanta one at a time to the device whose predicted forward + backward time,
-traffic included, stays least.  The even and the calibrated splits are
-predicted too and the best of the three is taken, so the model's choice is
-never predicted worse than the alternatives; all three predictions are
-recorded with the run.
+traffic included, stays least, and may leave a device out.  The even and the
+calibrated splits and every device alone are predicted too and the fastest is
+taken, so the model's choice is never predicted worse than the alternatives nor
+than the best single device; every prediction is recorded with the run.
 
 On this machine's CPU workers (one store, equal I/O per worker, slowness
 emulated on compute only) proportional is already close to the optimum:
@@ -23,7 +23,6 @@ per-shard costs do not scale with speed (``tests/test_prediction.py``).
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict
 from typing import Any
@@ -31,27 +30,13 @@ from typing import Any
 from pipeline.cluster import WorkerSlot
 from pipeline.config import RunConfig
 from pipeline.costmodel import predict, split_kernels_minmax
-from pipeline.placement import _units, split_calibrated, split_even
+from pipeline.placement import (ShardCost, align_to_quanta, choose_calibrated, pick_fastest,
+                                single_device_splits, split_even)
 from pipeline.probe import ClusterProbe, cached_probe, costmodel_network
 from tasks.specs import NetworkSpec
 
-__all__ = ["align_to_quanta", "calibrated_split", "choose_split", "model_placement",
+__all__ = ["calibrated_split", "choose_split", "model_placement",
            "predicted_step"]
-
-
-def align_to_quanta(row: list[int], quantum: int) -> list[int]:
-    """Move a layer's short unit (if any) to the last worker, keeping each one's quanta.
-
-    Shards are contiguous in worker order and must start on a chunk boundary,
-    so only the last shard may hold a partial quantum.
-    """
-    shares = [math.ceil(k / quantum) for k in row]
-    units = _units(sum(row), quantum)
-    counts, position = [], 0
-    for share in shares:
-        counts.append(sum(units[position:position + share]))
-        position += share
-    return counts
 
 
 def predicted_step(probe: ClusterProbe, counts: list[list[int]]) -> float:
@@ -63,45 +48,46 @@ def predicted_step(probe: ClusterProbe, counts: list[list[int]]) -> float:
 
 
 def calibrated_split(probe: ClusterProbe, active: int) -> list[list[int]]:
-    """What ``placement: calibrated`` chooses, from the probe's speeds at the even share."""
+    """What ``placement: calibrated`` would choose from the probe's speeds."""
     per_kernel = probe.calibration(active)
     names = [w.name for w in probe.workers[:active]]
-    return [split_calibrated(layer.kernels, [per_kernel[n][i] for n in names], q)
-            for i, (layer, q) in enumerate(zip(probe.network_spec().conv, probe.quanta))]
+    spec = probe.network_spec()
+    costs = [[ShardCost(0.0, per_kernel[n][i]) for n in names] for i in range(len(spec.conv))]
+    return choose_calibrated([layer.kernels for layer in spec.conv], costs, probe.quanta,
+                             names).counts
 
 
 def choose_split(probe: ClusterProbe, active: int | None = None) -> dict[str, Any]:
-    """The min-max split for the first ``active`` probed workers, and what it predicts.
+    """The split of the first ``active`` probed workers the model predicts fastest.
+
+    Candidates: the min-max split (workers may get nothing), the calibrated and the
+    even split, and every worker alone; so the chosen split is never predicted
+    slower than the best single device.
 
     Returns
     -------
     dict
-        ``kernel_split`` (the chosen counts), ``chosen`` (``minmax``,
-        ``calibrated`` or ``even``), ``predicted_step_time`` of the chosen and
-        ``alternatives`` (each candidate's split and predicted step time).
+        ``kernel_split`` (the chosen counts), ``chosen`` (the candidate's name),
+        ``predicted_step_time`` of the chosen, the best single device and its
+        prediction, and ``alternatives`` (each candidate's split and prediction).
     """
     active = len(probe.workers) if active is None else active
     spec = probe.network_spec()
     quanta = probe.quanta
-    devices = probe.device_specs(active)
-    net = costmodel_network(spec)
-    options = probe.kernel_options()
-    minmax = split_kernels_minmax(net, probe.batch, devices, store=probe.store_spec(),
-                                  quantum=quanta, options=options, min_units=1)
-    minmax = [align_to_quanta(row, q) for row, q in zip(minmax, quanta)]
+    names = [w.name for w in probe.workers[:active]]
+    minmax = split_kernels_minmax(costmodel_network(spec), probe.batch,
+                                  probe.device_specs(active), store=probe.store_spec(),
+                                  quantum=quanta, options=probe.kernel_options(), min_units=0)
+    kernels = [layer.kernels for layer in spec.conv]
     candidates = {
-        "minmax": minmax,
+        "minmax": [align_to_quanta(row, q) for row, q in zip(minmax, quanta)],
         "calibrated": calibrated_split(probe, active),
-        "even": [split_even(layer.kernels, active, q) for layer, q in zip(spec.conv, quanta)],
+        "even": [split_even(k, active, q) for k, q in zip(kernels, quanta)],
+        **single_device_splits(kernels, names),
     }
     times = {name: predicted_step(probe, counts) for name, counts in candidates.items()}
-    chosen = min(times, key=lambda name: (times[name], name != "minmax"))
-    return {"kernel_split": candidates[chosen], "chosen": chosen,
-            "predicted_step_time": times[chosen],
-            "alternatives": {name: {"kernel_split": candidates[name],
-                                    "predicted_step_time": times[name]}
-                             for name in candidates},
-            "probe_key": probe.key}
+    choice = pick_fastest(candidates, times, tolerance=0.0)
+    return {"kernel_split": choice.counts, **choice.record(names), "probe_key": probe.key}
 
 
 def model_placement(client: Any, config: RunConfig, network: NetworkSpec,
@@ -118,5 +104,5 @@ def model_placement(client: Any, config: RunConfig, network: NetworkSpec,
                          config.channel_quanta(network), config.workspace.path, dataset)
     choice = choose_split(probe)
     for layer, row in zip(network.conv, choice["kernel_split"]):
-        assert sum(row) == layer.kernels and min(row) > 0, (row, layer.kernels)
+        assert sum(row) == layer.kernels and min(row) >= 0, (row, layer.kernels)
     return choice["kernel_split"], probe.calibration(), {**choice, "probe": asdict(probe)}

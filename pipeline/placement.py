@@ -1,9 +1,14 @@
-"""Share each conv layer's kernels out among workers.
+"""Share each conv layer's kernels out among workers: pure functions, no cluster.
 
 Kernels are allotted in units of the workspace's channel quantum so that every shard
 owns whole Zarr chunks; only the last unit of a layer may be short. `even` gives each
 worker the same number of units; `proportional` follows measured speeds, rounding by
-largest remainder so the counts add up exactly.
+largest remainder so the counts add up exactly; `minmax` hands units out one at a
+time to the worker that would finish its share of the layer first, where a shard
+costs a fixed time plus a time per kernel (`ShardCost`), so a worker whose first
+unit alone would outlast the others gets none. `choose_calibrated` predicts each
+candidate split's step, every worker alone included, and takes the fastest: a set
+of devices is never predicted slower than its best single device.
 """
 
 from __future__ import annotations
@@ -19,10 +24,18 @@ from tasks.specs import ConvLayerSpec, ShardRange
 class Placement:
     """How many kernels of each layer each worker holds, and how that was chosen."""
 
-    method: str  # "even", "calibrated", "model" or "single"
+    method: str  # "even", "calibrated", "model", "recorded" or "single"
     counts: list[list[int]]  # kernel: [layer][worker]; data, hybrid: [[samples per worker]]
     calibration: dict[str, list[float]] = field(default_factory=dict)  # worker -> s per unit
-    model: dict[str, Any] = field(default_factory=dict)  # placement "model": its predictions
+    # calibrated and model: the candidates' splits and predicted step times, the best
+    # single device's, and the measurements behind them (SplitChoice.record)
+    choice: dict[str, Any] = field(default_factory=dict)
+
+    def left_out(self, names: list[str], keep: int | None = None) -> list[str]:
+        """Workers given nothing in every row (but `keep`, the master): they leave
+        the run."""
+        return [name for d, name in enumerate(names)
+                if d != keep and all(row[d] == 0 for row in self.counts)]
 
 
 #: A rough single-thread conv rate (FLOP/s), only to budget how long a measurement
@@ -74,24 +87,156 @@ def split_proportional(kernels: int, speeds: list[float], quantum: int) -> list[
 
 
 def split_even(kernels: int, workers: int, quantum: int) -> list[int]:
+    """The same number of units each; with more workers than units, the first
+    workers hold one unit each and the rest none."""
+    units = len(_units(kernels, quantum))
+    if units < workers:
+        return [min(kernels, quantum * (d + 1)) - min(kernels, quantum * d)
+                for d in range(workers)]
     return split_proportional(kernels, [1.0] * workers, quantum)
 
 
-def split_calibrated(kernels: int, seconds_per_kernel: list[float], quantum: int,
-                     tolerance: float = CALIBRATION_TOLERANCE) -> list[int]:
-    """Kernels in proportion to measured speed, unless that is not clearly better.
+@dataclass(frozen=True)
+class ShardCost:
+    """A worker's seconds for a shard of one layer: `fixed` + kernels x `per_kernel`
+    (nothing for no kernels). The fixed part is what a shard costs whatever its
+    size (launches, a small GEMM's poor efficiency): on a GPU most of a small shard."""
 
-    The slowest worker's predicted time (kernels x seconds per kernel) of the
-    proportional split must beat the even split's by `tolerance`; otherwise the
-    difference is within calibration noise and the even split stands.
+    fixed: float
+    per_kernel: float
+
+    def seconds(self, kernels: int) -> float:
+        return 0.0 if kernels <= 0 else self.fixed + kernels * self.per_kernel
+
+
+def fit_shard_cost(points: list[tuple[int, float]]) -> ShardCost:
+    """The line through measured ``(kernels, seconds)`` points (least squares), with
+    a fixed part >= 0 and a positive slope; one size measured: no fixed part."""
+    sizes = sorted({k for k, _ in points})
+    if len(sizes) < 2:
+        return ShardCost(0.0, sum(t for _, t in points) / sum(k for k, _ in points))
+    n = len(points)
+    mean_k = sum(k for k, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    slope = (sum((k - mean_k) * (t - mean_t) for k, t in points)
+             / sum((k - mean_k) ** 2 for k, _ in points))
+    largest = max(points)
+    if slope <= 0:  # noise swamped the size: no fixed part can be told apart
+        return ShardCost(0.0, largest[1] / largest[0])
+    fixed = mean_t - slope * mean_k
+    if fixed < 0:
+        return ShardCost(0.0, largest[1] / largest[0])
+    return ShardCost(fixed, slope)
+
+
+def layer_seconds(costs: list[ShardCost], counts: list[int]) -> float:
+    """The layer's predicted time under a split: its slowest shard."""
+    return max(cost.seconds(k) for cost, k in zip(costs, counts))
+
+
+def split_minmax(kernels: int, costs: list[ShardCost], quantum: int) -> list[int]:
+    """Counts minimising the slowest shard's predicted time; workers may get none.
+
+    Greedy (each unit to the worker that would finish it first) over the fastest
+    1, 2, ... workers, keeping the best: a worker is left out where its first unit
+    would cost more than it saves. The short unit, if any, goes to the last holder.
     """
-    even = split_even(kernels, len(seconds_per_kernel), quantum)
-    proportional = split_proportional(kernels, [1.0 / t for t in seconds_per_kernel], quantum)
+    units = _units(kernels, quantum)
+    fastest = sorted(range(len(costs)), key=lambda d: (costs[d].seconds(kernels), d))
+    best: list[int] | None = None
+    for active in range(1, len(costs) + 1):
+        counts = [0] * len(costs)
+        for unit in units:
+            d = min(fastest[:active], key=lambda d: (costs[d].seconds(counts[d] + unit), d))
+            counts[d] += unit
+        counts = align_to_quanta(counts, quantum)
+        if best is None or layer_seconds(costs, counts) < layer_seconds(costs, best):
+            best = counts
+    assert best is not None
+    return best
 
-    def slowest(counts: list[int]) -> float:
-        return max(k * t for k, t in zip(counts, seconds_per_kernel))
 
-    return proportional if slowest(proportional) < (1 - tolerance) * slowest(even) else even
+def align_to_quanta(row: list[int], quantum: int) -> list[int]:
+    """Keep each worker's number of units, moving a layer's short unit (if any) to
+    the last holder: shards are contiguous in worker order and must start on a
+    chunk boundary, so only the last may hold a partial quantum."""
+    shares = [math.ceil(k / quantum) for k in row]
+    units = _units(sum(row), quantum)
+    counts, position = [], 0
+    for share in shares:
+        counts.append(sum(units[position:position + share]))
+        position += share
+    return counts
+
+
+def predict_split(costs: list[list[ShardCost]], counts: list[list[int]]) -> float:
+    """A step's conv time under a split, as calibration sees it: the layers one after
+    another, each as slow as its slowest shard (traffic apart: the model placement,
+    pipeline/model_placement.py, counts that too)."""
+    return sum(layer_seconds(row, counts_row) for row, counts_row in zip(costs, counts))
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """The chosen split, its name, and every candidate's split and predicted time."""
+
+    chosen: str
+    counts: list[list[int]]
+    candidates: dict[str, list[list[int]]]
+    predicted: dict[str, float]
+
+    def record(self, names: list[str]) -> dict[str, Any]:
+        """What the run keeps of the choice (attrs, summary)."""
+        single = {name: t for name, t in self.predicted.items() if name.startswith("single:")}
+        best_single = min(single, key=single.__getitem__)
+        return {"chosen": self.chosen, "workers": names,
+                "predicted_step_time": self.predicted[self.chosen],
+                "best_single_device": best_single.partition(":")[2],
+                "predicted_best_single": single[best_single],
+                "alternatives": {name: {"kernel_split": self.candidates[name],
+                                        "predicted_step_time": self.predicted[name]}
+                                 for name in self.candidates}}
+
+
+def pick_fastest(candidates: dict[str, list[list[int]]], predicted: dict[str, float],
+                 tolerance: float = CALIBRATION_TOLERANCE) -> SplitChoice:
+    """The fastest predicted candidate; the even split where it is within `tolerance`
+    of that and not predicted slower than any single device (noise between alike
+    workers must not move kernels). `candidates` holds ``single:<name>`` splits."""
+    fastest = min(candidates, key=lambda name: (predicted[name], name))
+    best_single = min(t for name, t in predicted.items() if name.startswith("single:"))
+    even = predicted.get("even")
+    if (even is not None and predicted[fastest] >= (1 - tolerance) * even
+            and even <= best_single):
+        fastest = "even"
+    return SplitChoice(fastest, candidates[fastest], candidates, predicted)
+
+
+def single_device_splits(kernels: list[int], names: list[str]) -> dict[str, list[list[int]]]:
+    """Every layer whole on one worker, for each worker: ``single:<name>``."""
+    return {f"single:{name}": [[k if d == index else 0 for d in range(len(names))]
+                               for k in kernels]
+            for index, name in enumerate(names)}
+
+
+def choose_calibrated(kernels: list[int], costs: list[list[ShardCost]], quanta: list[int],
+                      names: list[str], tolerance: float = CALIBRATION_TOLERANCE
+                      ) -> SplitChoice:
+    """`placement: calibrated`: the even, proportional (seed papers: every worker at
+    least one unit, shares by speed), min-max and single-device splits of every layer
+    (``costs[layer][worker]``), predicted by `predict_split`; see `pick_fastest`."""
+    workers = len(names)
+    candidates = {
+        "even": [split_even(k, workers, q) for k, q in zip(kernels, quanta)],
+        "minmax": [split_minmax(k, row, q) for k, row, q in zip(kernels, costs, quanta)],
+        **single_device_splits(kernels, names),
+    }
+    if all(len(_units(k, q)) >= workers for k, q in zip(kernels, quanta)):
+        candidates["proportional"] = [
+            split_proportional(k, [1.0 / c.seconds(k) for c in row], q)
+            for k, row, q in zip(kernels, costs, quanta)]
+    predicted = {name: predict_split(costs, counts) for name, counts in candidates.items()}
+    return pick_fastest(candidates, predicted, tolerance)
 
 
 def calibration_kernels(layer: ConvLayerSpec, batch: int, workers: int, quantum: int,

@@ -72,6 +72,7 @@ class RunRecorder:
     worker_labels: list[str]
     emulated_speeds: list[float]
     devices: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # the resource tag each worker served
     checkpoint_s: float = 0.0  # time spent saving checkpoints, outside every step
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
     cells: dict[tuple[int, str], dict[str, float]] = field(
@@ -128,7 +129,8 @@ class RunRecorder:
                   **({"layer": layers} if layers else {}),
                   "worker_label": ("worker", self.worker_labels),
                   "emulated_speed": ("worker", self.emulated_speeds),
-                  "device": ("worker", self.devices or ["cpu"] * len(self.workers))}
+                  "device": ("worker", self.devices or ["cpu"] * len(self.workers)),
+                  "resource_tag": ("worker", self.tags or [""] * len(self.workers))}
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 

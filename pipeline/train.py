@@ -72,6 +72,11 @@ def code_revision() -> str:
         return "unknown"
 
 
+def without(names: list[str], gone: list[str], row: list[int]) -> list[int]:
+    """`row` (one count per worker of `names`) without the workers in `gone`."""
+    return [count for name, count in zip(names, row) if name not in gone]
+
+
 def distributed_trainer(client: Client, config: RunConfig, network: NetworkSpec,
                         slots: list[WorkerSlot], train_samples: int
                         ) -> tuple[StepEngine, Placement, list[WorkerSlot]]:
@@ -80,12 +85,17 @@ def distributed_trainer(client: Client, config: RunConfig, network: NetworkSpec,
     `single` runs on the master alone; `kernel` adds a master outside the kernel
     workers (see `cluster.add_master`) holding no kernels; `data` and `hybrid` use
     every worker, each with a share of the batch (the first reports the loss).
+    Workers the placement gives nothing (no kernels of any layer, no samples) leave
+    the run; the master stays.
     """
     run_id = uuid.uuid4().hex[:8]
     if config.strategy in ("data", "hybrid"):
-        workers = list(slots)
-        placement = choose_batch_shares(client, config, network, workers, run_id)
-        layout = replica_layout(config, network, [w.name for w in workers], placement.counts[0])
+        placement = choose_batch_shares(client, config, network, list(slots), run_id)
+        names = [w.name for w in slots]
+        gone = placement.left_out(names)
+        workers = [w for w in slots if w.name not in gone]
+        layout = replica_layout(config, network, [w.name for w in workers],
+                                without(names, gone, placement.counts[0]))
         return StepEngine(client, config, network, workers, layout, train_samples), \
             placement, workers
     workers, master = add_master(client, config.cluster, slots)
@@ -93,8 +103,14 @@ def distributed_trainer(client: Client, config: RunConfig, network: NetworkSpec,
         workers, master = [workers[master]], 0
     conv_workers = workers[:len(slots)] if config.strategy != "single" else workers
     placement = choose_placement(client, config, network, conv_workers, run_id)
-    counts = [row + [0] * (len(workers) - len(conv_workers)) for row in placement.counts]
-    layout = layout_from_counts([w.name for w in workers], counts, master)
+    names = [w.name for w in workers]
+    gone = placement.left_out([w.name for w in conv_workers], master)
+    counts = [without(names, gone, row + [0] * (len(workers) - len(conv_workers)))
+              for row in placement.counts]
+    master_name = names[master]
+    workers = [w for w in workers if w.name not in gone]
+    names = [w.name for w in workers]
+    layout = layout_from_counts(names, counts, names.index(master_name))
     engine = StepEngine(client, config, network, workers, layout, train_samples)
     return engine, placement, workers
 
@@ -162,12 +178,16 @@ def run_training(config: RunConfig, client: Client | None = None,
                           "master": workers[engine.layout.master].name,
                           "workspace_sync": config.workspace.sync,
                           "calibration_s_per_kernel": jsonable(placement.calibration),
-                          **({"model_placement": jsonable(placement.model)}
-                             if placement.model else {}),
+                          **({"placement_choice": jsonable(placement.choice)}
+                             if placement.choice else {}),
+                          # workers the placement gave nothing to do
+                          "left_out": jsonable(sorted({s.name for s in slots}
+                                                      - {w.name for w in workers})),
                           "dashboard": str(client.dashboard_link or "")})
             trainer = engine
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
-                                   [w.emulated_speed for w in workers])
+                                   [w.emulated_speed for w in workers],
+                                   tags=[w.resource for w in workers])
         trainer.start(from_step)
         recorder.devices = list(trainer.devices)
         try:
@@ -189,7 +209,12 @@ def run_training(config: RunConfig, client: Client | None = None,
     summary = summarize(record, config.train.warmup_steps, config.train.batch)
     summary.update({"test_accuracy": summary_accuracy,
                     "test_samples": min(config.train.eval_samples, info.test_samples),
-                    "strategy": config.strategy, "workers": list(record.worker_label.values)})
+                    "strategy": config.strategy, "workers": list(record.worker_label.values),
+                    "worker_devices": [
+                        {"name": str(name), "tag": str(tag), "device": str(device)}
+                        for name, tag, device in zip(record.worker.values,
+                                                     record.resource_tag.values,
+                                                     record.device.values)]})
     for key in ("kernel_split", "batch_split", "dense_split"):
         if key in attrs:
             summary[key] = json.loads(attrs[key])

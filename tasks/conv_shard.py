@@ -108,35 +108,41 @@ class ConvShard:
                 "momentum": momentum_of(self.optimizer, self.named())}
 
 
-def calibrate_layer(spec: ConvLayerSpec, batch: int, kernels: int, dtype: str,
+def calibrate_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
                     input_grad: bool, repeats: int = 3) -> dict:
-    """Seconds of `kernels` kernels of a layer's forward, backward and update, as
-    training runs them (a `ConvShard` on this worker's device, its real shapes).
+    """Seconds of a layer's forward, backward and update for shards of each of
+    `sizes` kernels, as training runs them (a `ConvShard` on this worker's device,
+    its real shapes).
 
-    One warm-up, then `repeats` timed rounds, each synchronised before the clock
-    is read; emulated slowness included. Returns every round's seconds and their
-    median.
+    Per size: one warm-up, then rounds until stable (`WorkerProfile.time_rounds`),
+    each synchronised before the clock is read; emulated slowness included. Two
+    sizes give a shard's fixed cost apart from its cost per kernel. Returns
+    ``points``: ``[kernels, median seconds]`` per size, and every round.
     """
     profile = current_profile()
     generator = torch.Generator().manual_seed(0)
     torch_dtype = getattr(torch, dtype)
     x = torch.randn(batch, spec.in_channels, spec.in_height, spec.in_width,
                     generator=generator, dtype=torch_dtype).to(profile.device)
-    weights = {"weight": (0.05 * torch.randn(kernels, spec.in_channels, spec.kernel_size,
-                                            spec.kernel_size, generator=generator,
-                                            dtype=torch_dtype)).numpy(),
-               "bias": np.zeros(kernels, dtype=dtype)}
-    momentum = {name: np.zeros_like(value) for name, value in weights.items()}
-    shard = ConvShard(spec, ShardRange(0, 0, kernels), "calibration", weights, momentum,
-                      OptimizerSpec(lr=1e-6), profile.device)
-    grad = torch.ones(batch, kernels, spec.out_height, spec.out_width, dtype=torch_dtype,
-                      device=profile.device)
+    points, rounds = [], []
+    for kernels in sizes:
+        weights = {"weight": (0.05 * torch.randn(kernels, spec.in_channels, spec.kernel_size,
+                                                spec.kernel_size, generator=generator,
+                                                dtype=torch_dtype)).numpy(),
+                   "bias": np.zeros(kernels, dtype=dtype)}
+        momentum = {name: np.zeros_like(value) for name, value in weights.items()}
+        shard = ConvShard(spec, ShardRange(0, 0, kernels), "calibration", weights, momentum,
+                          OptimizerSpec(lr=1e-6), profile.device)
+        grad = torch.ones(batch, kernels, spec.out_height, spec.out_width, dtype=torch_dtype,
+                          device=profile.device)
 
-    def one_round() -> None:
-        shard.forward(x, input_grad=input_grad)
-        shard.input_gradient(grad)
-        shard.update()
+        def one_round() -> None:
+            shard.forward(x, input_grad=input_grad)
+            shard.input_gradient(grad)
+            shard.update()
 
-    times = profile.time_rounds(one_round, repeats)
-    return {"worker": profile.name, "seconds": float(np.median(times)), "rounds": times,
-            "kernels": kernels, "speed": profile.speed, "device": profile.device}
+        times = profile.time_rounds(one_round, repeats)
+        points.append([kernels, float(np.median(times))])
+        rounds.append(times)
+    return {"worker": profile.name, "points": points, "rounds": rounds,
+            "speed": profile.speed, "device": profile.device}

@@ -29,7 +29,7 @@ class WorkerProfile:
     name: str
     threads: int
     speed: float  # 1.0 = real speed; < 1 = emulated slower device
-    device: str  # "cpu" or "cuda"
+    device: str  # "cpu" or "cuda:N"
 
     @property
     def emulated(self) -> bool:
@@ -48,12 +48,18 @@ class WorkerProfile:
         time.sleep(extra)
         return extra
 
-    def time_rounds(self, one_round: Callable[[], object], repeats: int) -> list[float]:
-        """Seconds of `repeats` rounds of `one_round` after one warm-up, each
-        synchronised before the clock is read, emulated slowness included: how
-        calibration times what training will do."""
-        times = []
-        for attempt in range(repeats + 1):
+    def time_rounds(self, one_round: Callable[[], object], repeats: int,
+                    spread: float = 0.10) -> list[float]:
+        """Seconds of `repeats` stable rounds of `one_round`: how calibration times
+        what training will do.
+
+        One warm-up round first (allocator, cuDNN's autotuning), each round
+        synchronised before the clock is read, emulated slowness included; rounds go
+        on (up to 3x `repeats`) until the last `repeats` lie within `spread` of their
+        median, and those are returned.
+        """
+        times: list[float] = []
+        for attempt in range(3 * repeats + 1):
             start = time.perf_counter()
             one_round()
             self.synchronize()
@@ -61,7 +67,10 @@ class WorkerProfile:
             elapsed += self.emulate(elapsed)
             if attempt:
                 times.append(elapsed)
-        return times
+            last = sorted(times[-repeats:])
+            if len(last) == repeats and last[-1] - last[0] <= spread * last[len(last) // 2]:
+                break
+        return times[-repeats:]
 
 
 _PROFILES: dict[str, WorkerProfile] = {}
@@ -110,22 +119,35 @@ def prepare_thread() -> None:
         _THREAD.ready = True
 
 
+def worker_device(resources: dict[str, float]) -> str:
+    """The device of a worker the config does not describe (one started by `dask
+    worker`): its first CUDA device if it is tagged GPU and has one, else the CPU."""
+    return "cuda:0" if "GPU" in resources and torch.cuda.is_available() else "cpu"
+
+
 class WorkerSetup(WorkerPlugin):
     """Configures each worker: torch threads, emulated speed, the compute device."""
 
     name = "cnn-worker-setup"
 
     def __init__(self, threads_by_name: dict[str, int] | None = None,
-                 speed_by_name: dict[str, float] | None = None) -> None:
+                 speed_by_name: dict[str, float] | None = None,
+                 device_by_name: dict[str, str] | None = None) -> None:
         self.threads_by_name = threads_by_name or {}
         self.speed_by_name = speed_by_name or {}
+        self.device_by_name = device_by_name or {}
 
     def setup(self, worker: Any) -> None:
         name = str(worker.name)
         threads = int(self.threads_by_name.get(name, worker.state.nthreads))
         configure_process(threads)
-        gpu = "GPU" in (worker.state.total_resources or {})
-        device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+        device = self.device_by_name.get(name) or worker_device(
+            worker.state.total_resources or {})
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+            # Shard shapes are fixed for a run: let cuDNN pick its fastest algorithms
+            # (the calibration's warm-up round pays for the search).
+            torch.backends.cudnn.benchmark = True
         _PROFILES[worker.address] = WorkerProfile(
             name=name, threads=threads, speed=float(self.speed_by_name.get(name, 1.0)),
             device=device,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from pipeline.placement import (PlacementError, calibration_kernels, rough_seconds,
-                                shard_ranges, split_calibrated, split_even, split_proportional)
+from pipeline.placement import (Placement, PlacementError, ShardCost, calibration_kernels,
+                                choose_calibrated, fit_shard_cost, layer_seconds,
+                                predict_split, rough_seconds, shard_ranges, split_even,
+                                split_minmax, split_proportional)
 from tasks.specs import ConvLayerSpec, ShardRange
 
 
@@ -20,25 +24,91 @@ def test_proportional_split_sums_and_keeps_whole_quanta():
         split_proportional(8, [1.0, 1.0, 1.0], 4)  # two units for three workers
 
 
+def calibrated(kernels: int, per_kernel: list[float], quantum: int) -> list[int]:
+    """The calibrated choice for one layer whose shards cost `per_kernel` s a kernel."""
+    names = [f"w{d}" for d in range(len(per_kernel))]
+    return choose_calibrated([kernels], [[ShardCost(0.0, t) for t in per_kernel]], [quantum],
+                             names).counts[0]
+
+
 def test_calibration_noise_keeps_the_even_split():
     """Equal workers measured 13.6 % apart (seen here between two alike CPU workers):
     proportional moves a unit for a slowest shard only 1 % faster, within the
     tolerance, so the even split stands."""
     assert split_proportional(64, [1.0, 1 / 1.136], 4) == [36, 28]
-    assert split_calibrated(64, [1.0, 1.136], 4) == [32, 32]
-    assert split_calibrated(64, [1.136, 1.0], 4) == [32, 32]
+    assert calibrated(64, [1.0, 1.136], 4) == [32, 32]
+    assert calibrated(64, [1.136, 1.0], 4) == [32, 32]
 
 
 def test_transient_differences_within_the_tolerance_keep_it_too():
     """Seen here: alike workers 31 % apart for a whole calibration (80 vs 105 ms)."""
     assert split_proportional(64, [1 / 80, 1 / 105], 4) == [36, 28]
-    assert split_calibrated(64, [80 / 32, 105 / 32], 4) == [32, 32]
+    assert calibrated(64, [80 / 32, 105 / 32], 4) == [32, 32]
 
 
 def test_truly_unequal_workers_get_a_proportional_split():
-    assert split_calibrated(64, [1.0, 2.0], 4) == [44, 20]  # half speed: a third, rounded
-    assert split_calibrated(1500, [1.0, 1.0, 3.0], 50) == split_proportional(
+    assert calibrated(64, [1.0, 2.0], 4) == [44, 20]  # half speed: a third, rounded
+    assert calibrated(1500, [1.0, 1.0, 3.0], 50) == split_proportional(
         1500, [1.0, 1.0, 1 / 3], 50)
+
+
+def test_a_twenty_times_slower_worker_gets_nothing():
+    """Its first unit alone (4 x 20) would outlast the fast worker doing all 64."""
+    assert split_minmax(64, [ShardCost(0.0, 1.0), ShardCost(0.0, 20.0)], 4) == [64, 0]
+    assert calibrated(64, [1.0, 20.0], 4) == [64, 0]
+    assert calibrated(64, [20.0, 1.0], 4) == [0, 64]
+
+
+def test_a_fixed_shard_cost_keeps_small_shares_off_a_fast_device():
+    """A GPU-like worker (10 s per shard whatever its size, then 0.01 s a kernel)
+    and a CPU-like one (1 s a kernel): the CPU takes only what it finishes within
+    the GPU's time; proportional (by per-kernel speed) would give it one unit and the
+    same slowest shard, and a 4-unit CPU share would be slower than the GPU alone."""
+    gpu, cpu = ShardCost(10.0, 0.01), ShardCost(0.0, 1.0)
+    counts = split_minmax(64, [gpu, cpu], 4)
+    assert counts == [56, 8]
+    assert layer_seconds([gpu, cpu], counts) < gpu.seconds(64)
+    assert split_minmax(64, [ShardCost(10.0, 0.01), ShardCost(0.0, 3.0)], 4) == [64, 0]
+
+
+def test_fit_shard_cost_separates_the_fixed_part():
+    cost = fit_shard_cost([(4, 1.0), (16, 2.5)])
+    assert cost.fixed == pytest.approx(0.5) and cost.per_kernel == pytest.approx(0.125)
+    assert fit_shard_cost([(8, 2.0)]) == ShardCost(0.0, 0.25)  # one size: no fixed part
+    assert fit_shard_cost([(4, 2.0), (16, 1.0)]).fixed == 0.0  # noise: slope < 0
+    assert cost.seconds(0) == 0.0
+
+
+def test_calibrated_choice_is_never_predicted_slower_than_the_best_single_device():
+    rng = random.Random(7)
+    for _ in range(300):
+        workers = rng.randint(1, 5)
+        layers = rng.randint(1, 3)
+        kernels = [rng.choice([8, 10, 32, 64, 100]) for _ in range(layers)]
+        quanta = [rng.choice([1, 4, 8]) for _ in range(layers)]
+        costs = [[ShardCost(rng.uniform(0, 2) * rng.random() ** 3,
+                            rng.uniform(0.01, 1) * rng.choice([1, 20]))
+                  for _ in range(workers)] for _ in range(layers)]
+        names = [f"w{d}" for d in range(workers)]
+        choice = choose_calibrated(kernels, costs, quanta, names)
+        best_single = min(t for name, t in choice.predicted.items() if name.startswith("single:"))
+        assert choice.predicted[choice.chosen] <= best_single + 1e-12
+        assert predict_split(costs, choice.counts) == choice.predicted[choice.chosen]
+        for row, k, q in zip(choice.counts, kernels, quanta):
+            assert sum(row) == k and min(row) >= 0
+            holders = [c for c in row if c]
+            assert all(c % q == 0 for c in holders[:-1])  # only the last shard short
+        record = choice.record(names)
+        assert record["predicted_best_single"] == best_single
+        assert record["best_single_device"] in names
+
+
+def test_more_workers_than_units_leaves_the_last_ones_out():
+    assert split_even(8, 3, 4) == [4, 4, 0]
+    assert split_even(10, 4, 4) == [4, 4, 2, 0]
+    placement = Placement("even", [[4, 4, 0], [8, 0, 0]])
+    assert placement.left_out(["a", "b", "c"]) == ["c"]
+    assert placement.left_out(["a", "b", "c"], keep=2) == []
 
 
 def test_calibration_measures_the_even_share_within_a_time_budget():

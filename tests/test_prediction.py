@@ -20,7 +20,8 @@ import pytest
 from experiments.prediction import PointPrediction, network_for, predict_config, predict_point
 from pipeline.cluster import find_workers
 from pipeline.config import WorkerConfig
-from pipeline.model_placement import align_to_quanta, choose_split
+from pipeline.model_placement import choose_split
+from pipeline.placement import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe)
@@ -164,13 +165,19 @@ def test_model_placement_runs_and_stays_exact(probe, two_workers, tiny_dataset_f
                      **{"network.conv.0.kernels": 16, "network.conv.1.kernels": 24})
     result = run_training(config, client=client, slots=find_workers(client, config.cluster))
     split = result.summary["kernel_split"]
-    assert [sum(row) for row in split] == [16, 24] and min(min(row) for row in split) >= 4
+    assert [sum(row) for row in split] == [16, 24]
     assert all(k % 4 == 0 for row in split for k in row)
-    record = json.loads(result.record.attrs["model_placement"])
-    assert record["kernel_split"] == split and record["chosen"] in ("minmax", "calibrated",
-                                                                     "even")
+    record = json.loads(result.record.attrs["placement_choice"])
+    alternatives = record["alternatives"]
+    assert record["chosen"] in alternatives and {"minmax", "calibrated", "even",
+                                                 "single:cpu-0", "single:cpu-1"} <= set(alternatives)
+    assert record["kernel_split"] == alternatives[record["chosen"]]["kernel_split"]
     chosen = record["predicted_step_time"]
-    assert chosen == min(a["predicted_step_time"] for a in record["alternatives"].values())
+    assert chosen == min(a["predicted_step_time"] for a in alternatives.values())
+    assert chosen <= record["predicted_best_single"]
+    idle = [name for d, name in enumerate(record["workers"])
+            if d > 0 and not any(row[d] for row in record["kernel_split"])]
+    assert json.loads(result.record.attrs["left_out"]) == idle  # cpu-0 is the master
     assert record["probe"]["workers"][0]["timings"]  # the calibration is in the record
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)
