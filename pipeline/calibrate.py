@@ -38,10 +38,11 @@ Points = dict[str, list[list[list[float]]]]  # worker -> layer -> [[kernels, sec
 
 
 def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int,
-              sizes: dict[tuple[str, int], list[int]]) -> Points:
+              sizes: dict[tuple[str, int], list[int]], round_name: str = "") -> Points:
     """Median seconds of each layer's forward, backward and update per worker, at
     the shard sizes asked for (``sizes[(worker name, layer)]``); all workers
-    measure at once, as they will run during training."""
+    measure at once, as they will run during training. `round_name` keeps the
+    task keys of a second round apart from the first's."""
     futures = {}
     for layer, spec in enumerate(network.conv):
         rounds = 5 if rough_seconds(spec, batch, max(sizes[(w.name, layer)][-1]
@@ -49,7 +50,7 @@ def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int,
         for index, slot in enumerate(runner.workers):
             futures[(slot.name, layer)] = runner.submit(
                 calibrate_layer, index, spec, batch, sizes[(slot.name, layer)], network.dtype,
-                layer > 0, rounds, name=f"calibrate-{layer}-{slot.name}")
+                layer > 0, rounds, name=f"calibrate{round_name}-{layer}-{slot.name}")
     results = runner.gather(list(futures.values()), "calibration")
     points: Points = {slot.name: [[] for _ in network.conv] for slot in runner.workers}
     for (name, layer), result in zip(futures, results):
@@ -90,7 +91,8 @@ def calibrated_placement(runner: TaskRunner, network: NetworkSpec, batch: int,
     if again:
         extra = calibrate(runner, network, batch,
                           {(n, layer): again.get((n, layer), [sizes[layer][-1]])
-                           for n in names for layer in range(len(kernels))})
+                           for n in names for layer in range(len(kernels))},
+                          round_name="-again")
         for (name, layer) in again:
             points[name][layer] += extra[name][layer]
         choice = choose_calibrated(kernels, shard_costs(points, names, len(kernels)), quanta,
@@ -101,9 +103,11 @@ def calibrated_placement(runner: TaskRunner, network: NetworkSpec, batch: int,
                      {**choice.record(names), "calibration_points": points})
 
 
-def recorded_counts(config: RunConfig) -> list[list[int]]:
-    """The split `placement: recorded` reuses: `split_from`'s counts, or those in the
-    summary.json of the run directory it names."""
+def recorded_counts(config: RunConfig, names: list[str]) -> list[list[int]]:
+    """The split `placement: recorded` reuses over the workers `names`: `split_from`'s
+    counts as given (one per worker, in order), or those in the summary.json of the
+    run directory it names, matched to this run's workers by name (a worker the
+    earlier run left out, or never had, gets nothing)."""
     source = config.split_from
     if not isinstance(source, str):
         return [list(row) for row in source or []]
@@ -115,24 +119,35 @@ def recorded_counts(config: RunConfig) -> list[list[int]]:
         raise ConfigError(f"split_from: cannot read a run summary at {path} "
                           f"({type(error).__name__})") from None
     key = "kernel_split" if config.strategy in ("kernel", "single") else "batch_split"
-    if key not in summary:
-        raise ConfigError(f"split_from: {path} records no {key} (a {summary.get('strategy')} "
-                          "run)")
-    counts = summary[key]
-    return [counts] if key == "batch_split" else counts
+    if key not in summary or "split_workers" not in summary:
+        raise ConfigError(f"split_from: {path} records no {key} with its workers "
+                          f"(a {summary.get('strategy')} run, or an older one)")
+    rows = summary[key] if key == "kernel_split" else [summary[key]]
+    recorded = summary["split_workers"]
+    missing = [n for n, count in zip(recorded, zip(*rows)) if any(count) and n not in names]
+    if missing:
+        raise ConfigError(f"split_from: {path} gave work to {', '.join(missing)}, which "
+                          f"this run does not have (its workers: {', '.join(names)})")
+    return [[row[recorded.index(n)] if n in recorded else 0 for n in names] for row in rows]
 
 
-def check_recorded(counts: list[list[int]], totals: list[int], workers: int, what: str
-                   ) -> list[list[int]]:
+def check_recorded(counts: list[list[int]], totals: list[int], workers: int, what: str,
+                   quanta: list[int] | None = None) -> list[list[int]]:
     """The recorded split, if it fits this run: one row per layer (or the batch),
-    one count per worker, each row adding up."""
+    one count per worker, each row adding up, and every shard but the last holder's
+    whole channel quanta (shards own whole chunks of the workspace and checkpoints:
+    two shards in one chunk would overwrite each other's part of it)."""
     if len(counts) != len(totals):
         raise ConfigError(f"split_from: {len(counts)} rows, but this run has {len(totals)} "
                           f"{what}")
-    for row, total in zip(counts, totals):
+    for layer, (row, total) in enumerate(zip(counts, totals)):
         if len(row) != workers or sum(row) != total or min(row) < 0:
             raise ConfigError(f"split_from: {row} does not split {total} {what} over this "
                               f"run's {workers} worker(s)")
+        held = [k for k in row if k]
+        if quanta and any(k % quanta[layer] for k in held[:-1]):
+            raise ConfigError(f"split_from: {row}: every shard but the last must hold whole "
+                              f"channel quanta of {quanta[layer]} (workspace.channel_quantum)")
     return counts
 
 
@@ -142,8 +157,9 @@ def choose_placement(client: Client, config: RunConfig, network: NetworkSpec,
     quanta = config.channel_quanta(network)
     layers = network.conv
     if config.placement == "recorded":
-        counts = check_recorded(recorded_counts(config), [s.kernels for s in layers],
-                                len(workers), "kernel counts for its conv layers")
+        counts = check_recorded(recorded_counts(config, [w.name for w in workers]),
+                                [s.kernels for s in layers],
+                                len(workers), "kernel counts for its conv layers", quanta)
         return Placement("recorded", counts)
     if config.placement == "even" or len(workers) == 1:
         counts = [split_even(s.kernels, len(workers), q) for s, q in zip(layers, quanta)]
@@ -187,7 +203,7 @@ def choose_batch_shares(client: Client, config: RunConfig, network: NetworkSpec,
     batch = config.train.batch
     names = [w.name for w in workers]
     if config.placement == "recorded":
-        counts = check_recorded(recorded_counts(config), [batch], len(workers),
+        counts = check_recorded(recorded_counts(config, names), [batch], len(workers),
                                 "batch (samples)")
         return Placement("recorded", counts)
     if config.placement == "even" or len(workers) == 1:

@@ -193,7 +193,8 @@ class SplitChoice:
                 "predicted_step_time": self.predicted[self.chosen],
                 "best_single_device": best_single.partition(":")[2],
                 "predicted_best_single": single[best_single],
-                "alternatives": {name: {"kernel_split": self.candidates[name],
+                "split": self.counts,
+                "alternatives": {name: {"split": self.candidates[name],
                                         "predicted_step_time": self.predicted[name]}
                                  for name in self.candidates}}
 

@@ -220,6 +220,7 @@ def run_training(config: RunConfig, client: Client | None = None,
             summary[key] = json.loads(attrs[key])
     if "master" in attrs:
         summary["master"] = attrs["master"]
+        summary["split_workers"] = [str(w) for w in record.worker.values]  # split columns
     record.attrs["test_accuracy"] = -1.0 if summary_accuracy is None else summary_accuracy
     write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
     with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:

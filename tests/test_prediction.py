@@ -171,7 +171,7 @@ def test_model_placement_runs_and_stays_exact(probe, two_workers, tiny_dataset_f
     alternatives = record["alternatives"]
     assert record["chosen"] in alternatives and {"minmax", "calibrated", "even",
                                                  "single:cpu-0", "single:cpu-1"} <= set(alternatives)
-    assert record["kernel_split"] == alternatives[record["chosen"]]["kernel_split"]
+    assert record["kernel_split"] == alternatives[record["chosen"]]["split"]
     chosen = record["predicted_step_time"]
     assert chosen == min(a["predicted_step_time"] for a in alternatives.values())
     assert chosen <= record["predicted_best_single"]
@@ -223,12 +223,12 @@ def test_model_split_beats_proportional_where_shards_have_fixed_costs():
     calibrated = alternatives["calibrated"]["predicted_step_time"]
     assert choice["predicted_step_time"] < 0.9 * calibrated
     for model_row, calibrated_row in zip(choice["kernel_split"],
-                                         alternatives["calibrated"]["kernel_split"]):
+                                         alternatives["calibrated"]["split"]):
         assert model_row[1] < calibrated_row[1]  # the slow worker gets less
     # with no fixed cost the two agree (to a quantum)
     linear = choose_split(_synthetic_probe(fixed_s=0.0, per_kernel_s=0.0005, slow=3.0))
-    for a, b in zip(linear["alternatives"]["minmax"]["kernel_split"],
-                    linear["alternatives"]["calibrated"]["kernel_split"]):
+    for a, b in zip(linear["alternatives"]["minmax"]["split"],
+                    linear["alternatives"]["calibrated"]["split"]):
         assert np.abs(np.subtract(a, b)).max() <= 4
 
 

@@ -1,0 +1,166 @@
+"""Several device kinds in one run: resource tags, per-worker devices, workers left out.
+
+CI has no GPU, so the mixes here are CPU workers under different tags, one of them
+emulating a device 20x slower (speed 0.05): what a CPU beside a GPU looks like to
+the placement. The runs are checked against single-process PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline.cluster import ClusterError, check_devices, tagged_workers
+from pipeline.config import ClusterConfig, WorkerConfig, build_run_config
+from pipeline.schema import ConfigError
+from pipeline.train import run_training
+from storage import checkpoints
+from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
+
+WORKERS = [WorkerConfig(name="fast", resources={"FAST": 1}),
+           WorkerConfig(name="mid", resources={"MID": 1}),
+           WorkerConfig(name="slow", resources={"SLOW": 1}, speed=0.05)]
+
+
+@pytest.fixture(scope="module")
+def mixed_cluster():
+    with embedded_client(WORKERS) as made:
+        yield made
+
+
+def run(tmp_path, dataset, client, cluster: ClusterConfig, tags: list[str], name: str,
+        **overrides):
+    config = tiny_config(tmp_path / name, dataset, **overrides)
+    config.cluster = ClusterConfig(workers=cluster.workers, resources=tags)
+    return config, run_training(config, client=client)
+
+
+def test_workers_are_ordered_by_tag_then_name():
+    table = {"tcp://a": {"name": "cpu-1", "resources": {"CPU": 1}},
+             "tcp://b": {"name": "gpu-0", "resources": {"GPU": 1}},
+             "tcp://c": {"name": "cpu-0", "resources": {"CPU": 1}},
+             "tcp://d": {"name": "both", "resources": {"CPU": 1, "GPU": 1}},
+             "tcp://e": {"name": "other", "resources": {"TPU": 1}}}
+    found = tagged_workers(table, ["GPU", "CPU"])
+    assert [(info["name"], tag) for _a, info, tag in found] == [
+        ("both", "GPU"), ("gpu-0", "GPU"), ("cpu-0", "CPU"), ("cpu-1", "CPU")]
+    assert [info["name"] for _a, info, _t in tagged_workers(table, ["CPU"])] == [
+        "both", "cpu-0", "cpu-1"]
+
+
+def test_devices_make_tagged_workers_and_the_run_uses_them_all():
+    cluster = build_run_config({"cluster": {"devices": ["cuda:0", "cpu", "cpu"],
+                                            "threads": 4}}).cluster
+    workers = cluster.worker_list()
+    assert [(w.name, w.device, w.resources, w.threads) for w in workers] == [
+        ("gpu-0", "cuda:0", {"GPU": 1.0}, 1), ("cpu-1", "cpu", {"CPU": 1.0}, 4),
+        ("cpu-2", "cpu", {"CPU": 1.0}, 4)]
+    assert cluster.tags() == ["GPU", "CPU"]
+    assert build_run_config({"cluster": {"devices": ["cpu"]}}).cluster.tags() == ["CPU"]
+    assert build_run_config({"cluster": {"resources": ["B", "A"]}}).cluster.tags() == ["B", "A"]
+    for bad, field in [({"devices": ["tpu"]}, "devices.0"),
+                       ({"devices": ["cpu"], "workers": 3}, "devices"),
+                       ({"resources": ["GPU"], "resource": "GPU"}, "resources"),
+                       ({"workers": [{"device": "gpu"}]}, "device")]:
+        with pytest.raises(ConfigError, match=field):
+            build_run_config({"cluster": bad})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_cuda_worker_is_refused_before_anything_starts():
+    with pytest.raises(ClusterError, match="wants cuda:0, but this machine has 0 CUDA"):
+        check_devices(ClusterConfig(devices=["cuda:0", "cpu"]).worker_list())
+
+
+def test_recorded_placement_needs_its_split():
+    with pytest.raises(ConfigError, match="split_from"):
+        build_run_config({"placement": "recorded"})
+    with pytest.raises(ConfigError, match="split_from"):
+        build_run_config({"split_from": [[4, 4]]})
+
+
+def test_three_tags_with_zero_kernel_shards_train_exactly(mixed_cluster, tmp_path,
+                                                          tiny_dataset_factory):
+    """`mid` holds nothing of layer 1 and `slow` nothing of layer 0: float64 weights
+    equal single-process PyTorch's; every worker's tag and device are recorded. A
+    second run reusing the first's split from its directory repeats it bit for bit."""
+    client, cluster = mixed_cluster
+    dataset = tiny_dataset_factory("float64")
+    split = [[8, 2, 0], [4, 0, 8]]
+    config, result = run(tmp_path, dataset, client, cluster, ["FAST", "MID", "SLOW"], "first",
+                         placement="recorded", split_from=json.dumps(split),
+                         **{"network.dtype": "float64"})
+    assert result.summary["kernel_split"] == split
+    assert result.summary["worker_devices"] == [
+        {"name": "fast", "tag": "FAST", "device": "cpu"},
+        {"name": "mid", "tag": "MID", "device": "cpu"},
+        {"name": "slow", "tag": "SLOW", "device": "cpu"}]
+    assert list(result.record.resource_tag.values) == ["FAST", "MID", "SLOW"]
+    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(trained, expected) <= 1e-10
+    assert max_relative_error(trained, checkpoints.read_tensors(config.checkpoint_path, 0)) > 1e-3
+
+    again, repeat = run(tmp_path, dataset, client, cluster, ["FAST", "MID", "SLOW"], "again",
+                        placement="recorded", split_from=config.output_dir,
+                        **{"network.dtype": "float64"})
+    assert repeat.summary["kernel_split"] == split and repeat.record.attrs["placement"] == "recorded"
+    repeated = checkpoints.read_tensors(again.checkpoint_path, again.train.steps)
+    bitwise = all((repeated[key] == trained[key]).all() for key in trained)
+    assert bitwise, max_relative_error(repeated, trained)
+
+
+def test_a_recorded_split_that_does_not_fit_is_one_config_error(mixed_cluster, tmp_path,
+                                                                tiny_dataset_factory):
+    client, cluster = mixed_cluster
+    dataset = tiny_dataset_factory("float32")
+    with pytest.raises(ConfigError, match=r"split_from: \[6, 4\] does not split 11 kernel"):
+        run(tmp_path, dataset, client, cluster, ["FAST", "SLOW"], "bad",
+            placement="recorded", split_from="[[6, 4], [12, 0]]",
+            **{"network.conv.0.kernels": 11})
+    with pytest.raises(ConfigError, match=r"split_from: \[6, 4\]: every shard but the last"):
+        run(tmp_path, dataset, client, cluster, ["FAST", "SLOW"], "unaligned",
+            placement="recorded", split_from="[[6, 4], [12, 0]]")
+
+
+def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
+                                                   tiny_dataset_factory):
+    """Calibrated placement over `fast` and a 20x slower `slow` leaves `slow` out: the
+    run is `fast` alone, predicted no slower than the best single device."""
+    client, cluster = mixed_cluster
+    dataset = tiny_dataset_factory("float32")
+    config, result = run(tmp_path, dataset, client, cluster, ["FAST", "SLOW"], "calibrated",
+                         placement="calibrated",
+                         **{"network.conv.0.kernels": 16, "network.conv.1.kernels": 24})
+    choice = json.loads(result.record.attrs["placement_choice"])
+    assert choice["workers"] == ["fast", "slow"]
+    assert [row[1] for row in choice["split"]] == [0, 0]
+    assert choice["predicted_step_time"] <= choice["predicted_best_single"]
+    assert choice["best_single_device"] == "fast"
+    assert set(choice["alternatives"]) >= {"even", "minmax", "proportional", "single:fast",
+                                           "single:slow"}
+    points = choice["calibration_points"]["slow"]
+    assert all(len(layer) >= 2 for layer in points)  # two shard sizes per layer
+    assert json.loads(result.record.attrs["left_out"]) == ["slow"]
+    assert result.summary["workers"] == ["fast"] and result.summary["kernel_split"] == [[16],
+                                                                                        [24]]
+    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(trained, expected) <= 1e-4
+
+
+def test_data_parallel_leaves_the_slow_worker_out_too(mixed_cluster, tmp_path,
+                                                      tiny_dataset_factory):
+    client, cluster = mixed_cluster
+    dataset = tiny_dataset_factory("float32")
+    config, result = run(tmp_path, dataset, client, cluster, ["FAST", "MID", "SLOW"], "data",
+                         strategy="data", placement="calibrated")
+    choice = json.loads(result.record.attrs["placement_choice"])
+    assert choice["workers"] == ["fast", "mid", "slow"] and choice["split"][0][2] == 0
+    assert json.loads(result.record.attrs["left_out"]) == ["slow"]
+    assert sum(result.summary["batch_split"]) == config.train.batch
+    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(trained, expected) <= 1e-4
