@@ -477,6 +477,52 @@ def _paper_comparison(sweep: StoreView, frame: pd.DataFrame) -> str | None:
             f"reports {PAPER_POINT[1]}x ({PAPER_POINT[1] / PAPER_POINT[0]:.0%}).")
 
 
+def device_shares(kernel_split: str, batch_split: str, worker_devices: str
+                  ) -> list[tuple[str, str, float]]:
+    """``(worker, "device, tag", share)`` of a run's work: its kernels over all conv
+    layers (kernel, single) or its samples (data, hybrid), as the store keeps them."""
+    workers = json.loads(worker_devices or "[]")
+    kernels = json.loads(kernel_split or "[]")
+    rows = [list(r) for r in zip(*kernels)] if kernels else [[k] for k in json.loads(
+        batch_split or "[]")]
+    total = sum(sum(r) for r in rows)
+    if not workers or len(rows) != len(workers) or not total:
+        return []
+    return [(name, f"{device}, {tag}", sum(row) / total)
+            for (name, tag, device), row in zip(workers, rows)]
+
+
+def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
+    """report.md's table of step time and each device's share, point by point (first
+    done repeat), where the sweep mixes devices: a `cluster.devices` or resources axis,
+    or runs whose workers differ in device or tag."""
+    if "worker_devices" not in ds:
+        return []
+    status, texts = ds.status.values, {n: ds[n].values for n in (
+        "kernel_split", "batch_split", "worker_devices")}
+    labels = {dim: [str(v) for v in ds[dim].values] for dim in sweep.dims}
+    rows, kinds = [], set()
+    for position in np.ndindex(*status.shape[:-1]):
+        done = np.flatnonzero(status[position] == DONE)
+        if not done.size:
+            continue
+        cell = position + (int(done[0]),)
+        shares = device_shares(*(str(texts[n][cell]) for n in texts))
+        kinds.update(kind for _n, kind, _s in shares)
+        where = ", ".join(f"{d} {labels[d][i]}" for d, i in zip(sweep.dims, position))
+        step = float(np.nanmedian(ds.step_time.values[position][done]))
+        rows.append(f"| {where or 'the point'} | {step * 1e3:.1f} | " + ", ".join(
+            f"{name} ({kind}) {share:.0%}" for name, kind, share in shares) + " |")
+    mixed = sweep.dim_with("cluster.devices", "cluster.resources") or len(kinds) > 1
+    if not rows or not mixed:
+        return []
+    return ["## Device mixes", "",
+            "Step time (median over done repeats) and each worker's share of the work "
+            "(kernels over all conv layers, or samples), from the first done repeat. "
+            "Workers of a mix that are not listed were given nothing (left out by the "
+            "placement).", "", "| point | step (ms) | shares |", "|---|---:|---|", *rows, ""]
+
+
 def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figures: list[str],
                    path: str) -> None:
     table = summary_table(ds)
@@ -498,6 +544,7 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
     for name in figures:
         lines += [f"![{captions.get(name, name)}]({name})", ""]
     lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
+    lines += mixes_section(ds, sweep)
     failures = table[table["failure"] != ""]
     if not failures.empty:
         lines += ["## Failed points", ""]

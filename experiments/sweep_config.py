@@ -240,6 +240,9 @@ def value_label(field_name: str, value: Any) -> str:
         return value
     if field_name.endswith("workers") and isinstance(value, list):
         return "+".join(_worker_token(w) for w in value)
+    if field_name.endswith("devices") and isinstance(value, list) and value and all(
+            isinstance(v, str) for v in value):
+        return device_mix_label(value)
     if field_name.endswith("devices") and isinstance(value, dict) and value and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
         return "+".join(f"{count}{kind}" for kind, count in value.items())  # 2cpu+6gpu
@@ -249,6 +252,13 @@ def value_label(field_name: str, value: Any) -> str:
     if isinstance(value, list) and all(isinstance(v, (int, float, str)) for v in value):
         return "/".join(value_label(field_name, v) for v in value)
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def device_mix_label(devices: list[str]) -> str:
+    """'gpu+2cpu' for [cuda:0, cpu, cpu]: how many of each kind, in first-seen order."""
+    kinds = ["gpu" if d.startswith("cuda") else d for d in devices]
+    order = list(dict.fromkeys(kinds))
+    return "+".join(f"{kinds.count(k)}{k}" if kinds.count(k) > 1 else k for k in order)
 
 
 def value_json(value: Any) -> str:

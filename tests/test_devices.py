@@ -11,7 +11,12 @@ import json
 
 import pytest
 import torch
+import xarray as xr
+import yaml
 
+from experiments.report import device_shares, make_report
+from experiments.sweep import main as sweep_main
+from experiments.sweep_config import value_label
 from pipeline.cluster import ClusterError, check_devices, tagged_workers
 from pipeline.config import ClusterConfig, WorkerConfig, build_run_config
 from pipeline.schema import ConfigError
@@ -164,3 +169,41 @@ def test_data_parallel_leaves_the_slow_worker_out_too(mixed_cluster, tmp_path,
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)
     assert max_relative_error(trained, expected) <= 1e-4
+
+
+def test_a_device_axis_is_labelled_by_mix_and_the_report_shows_shares():
+    assert value_label("cluster.devices", ["cuda:0"]) == "gpu"
+    assert value_label("cluster.devices", ["cuda:0", "cpu", "cpu"]) == "gpu+2cpu"
+    assert value_label("cluster.devices", ["cpu"] * 4) == "4cpu"
+    devices = json.dumps([["gpu-0", "GPU", "cuda:0"], ["cpu-1", "CPU", "cpu"]])
+    shares = device_shares(json.dumps([[30, 2], [60, 8]]), "[]", devices)
+    assert shares == [("gpu-0", "cuda:0, GPU", 0.9), ("cpu-1", "cpu, CPU", 0.1)]
+    assert device_shares("[]", json.dumps([96, 32]), devices)[1][2] == 0.25
+    assert device_shares("[]", "[]", devices) == []
+
+
+def test_a_sweep_over_device_mixes_reports_each_devices_share(tmp_path, tiny_dataset_factory):
+    """A `cluster.devices` axis: an embedded cluster per mix, and report.md's table of
+    step time and share per device. Emulated speed cannot be set per device here, so
+    the mixes are CPU-only ('cpu', '2cpu'); a GPU machine runs experiments/configs/mixes.yaml."""
+    sweep = {"name": "mixes",
+             "base": {"strategy": "kernel", "placement": "even", "progress": False,
+                      "network": {"conv": [{"kernels": 8}, {"kernels": 8}]},
+                      "data": {"path": tiny_dataset_factory("float32"), "train_samples": 512,
+                               "test_samples": 128},
+                      "train": {"batch": 16, "eval_samples": 0},
+                      "workspace": {"channel_quantum": 4}},
+             "measure": {"warmup_steps": 1, "steps": 2},
+             "axes": {"cluster.devices": {"dim": "mix", "values": [["cpu"], ["cpu", "cpu"]]}}}
+    path = tmp_path / "mixes.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    store = tmp_path / "mixes.zarr"
+    assert sweep_main([str(path), "--out", str(store)]) == 0
+    ds = xr.open_zarr(store)
+    assert list(ds.mix.values) == ["cpu", "2cpu"]
+    assert json.loads(str(ds.worker_devices.sel(mix="2cpu").values.item())) == [
+        ["cpu-0", "CPU", "cpu"], ["cpu-1", "CPU", "cpu"]]
+    report = open(next(p for p in make_report(str(store)) if p.endswith(".md"))).read()
+    section = report.split("## Device mixes")[1]
+    assert "| mix cpu |" in section and "cpu-0 (cpu, CPU) 100%" in section
+    assert "| mix 2cpu |" in section and "cpu-1 (cpu, CPU) 50%" in section
