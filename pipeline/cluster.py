@@ -32,6 +32,23 @@ class ClusterError(RuntimeError):
     """The cluster cannot serve this run (unreachable, missing tag, worker lost)."""
 
 
+class WorkerLost(ClusterError):
+    """Workers of the run left the cluster: their state (shards, replicas) is gone.
+
+    Carries the lost workers' addresses, so that a recovery can re-place their
+    share on the survivors (pipeline/recovery.py).
+    """
+
+    def __init__(self, message: str, addresses: list[str], labels: list[str]) -> None:
+        super().__init__(message)
+        self.addresses = addresses
+        self.labels = labels
+
+
+class SchedulerLost(ClusterError):
+    """The client lost its Dask scheduler: every task and worker of the run is gone."""
+
+
 @dataclass(frozen=True)
 class WorkerSlot:
     """A worker chosen to run conv shards."""
