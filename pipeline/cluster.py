@@ -66,6 +66,27 @@ class WorkerSlot:
         return self.name
 
 
+def live_workers(client: Client, patience: float = 10.0) -> dict[str, dict]:
+    """The scheduler's workers now, by address; SchedulerLost if it cannot say.
+
+    Asks the scheduler itself: `Client.scheduler_info` answers from a cache when
+    the scheduler is slow to respond, and that cache may list no workers at all,
+    which would read as every worker lost. A busy scheduler is asked again for
+    `patience` seconds.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        if client.status != "running":
+            raise SchedulerLost(f"lost the Dask scheduler ({client.status})")
+        try:
+            return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+        except (OSError, TimeoutError) as error:
+            if time.monotonic() > deadline:
+                raise SchedulerLost(f"lost the Dask scheduler ({type(error).__name__})"
+                                    ) from None
+            time.sleep(0.5)
+
+
 def all_local(slots: list[WorkerSlot]) -> bool:
     """Whether every worker runs on this host (so /dev/shm is shared with them)."""
     local = {"127.0.0.1", "::1", "localhost", socket.gethostname()}
@@ -185,7 +206,7 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
     wanted = config.use_workers or 1
     deadline = time.monotonic() + config.wait_timeout
     while True:
-        workers = client.scheduler_info(n_workers=-1)["workers"]
+        workers = live_workers(client)
         tagged = sorted(
             ({**info, "address": address} for address, info in workers.items()
              if info.get("resources", {}).get(tag, 0) >= 1),
@@ -219,7 +240,7 @@ def add_master(client: Client, config: ClusterConfig, slots: list[WorkerSlot]
     for index, slot in enumerate(slots):
         if slot.name == wanted or slot.resource == wanted:
             return slots, index
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = live_workers(client)
     for address, info in sorted(workers.items(), key=lambda item: str(item[1].get("name"))):
         name, tags = str(info.get("name")), info.get("resources", {})
         if name == wanted or tags.get(wanted, 0) >= 1:

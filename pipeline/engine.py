@@ -16,7 +16,7 @@ import uuid
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster import ClusterError, WorkerSlot, all_local
+from pipeline.cluster import ClusterError, WorkerSlot, all_local, live_workers
 from pipeline.config import RunConfig
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.records import StepResult
@@ -142,7 +142,7 @@ class StepEngine:
             client = self.runner.client
             if pending:
                 client.cancel(pending)
-            alive = set(client.scheduler_info(n_workers=-1)["workers"])
+            alive = live_workers(client, patience=2.0)
             futures = [self.runner.submit(step_task.release_run, worker, self.run_id,
                                           name=f"release-w{worker}")
                        for worker, slot in enumerate(self.workers) if slot.address in alive]

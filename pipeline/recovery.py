@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from distributed import Client
 
-from pipeline.cluster import ClusterError, WorkerLost, WorkerSlot
+from pipeline.cluster import ClusterError, WorkerLost, WorkerSlot, live_workers
 from pipeline.config import RunConfig
 from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
@@ -58,7 +58,7 @@ def split_of(strategy: str, engine: StepEngine, placement: Placement) -> dict[st
 
 def survivors(client: Client, slots: list[WorkerSlot], lost: WorkerLost) -> list[WorkerSlot]:
     """The run's workers still in the cluster (a loss may not come alone)."""
-    alive = set(client.scheduler_info(n_workers=-1)["workers"])
+    alive = live_workers(client)
     return [s for s in slots if s.address in alive and s.address not in lost.addresses]
 
 

@@ -9,13 +9,14 @@ be waiting for the lost one's data, to give up).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from concurrent.futures import CancelledError
 from typing import Any, Callable, Sequence
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost, WorkerSlot
+from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost, WorkerSlot, live_workers
 
 
 class _DropAbandonedGather(logging.Filter):
@@ -32,6 +33,19 @@ class _DropAbandonedGather(logging.Filter):
 
 
 logging.getLogger("asyncio").addFilter(_DropAbandonedGather())
+
+
+class _DropCancelledReconnect(logging.Filter):
+    """Hide the traceback Dask's client logs when it stops trying to reach a lost
+    scheduler (its reconnect task is cancelled as the client closes): the run says
+    it lost the scheduler itself, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exception = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exception, asyncio.CancelledError)
+
+
+logging.getLogger("distributed.client").addFilter(_DropCancelledReconnect())
 
 
 class TaskRunner:
@@ -90,11 +104,9 @@ class TaskRunner:
 
     def lost_workers(self) -> list[WorkerSlot]:
         """The run's workers the scheduler no longer knows."""
-        if self.client.status != "running":
-            self._scheduler_lost("asking for the workers")
         try:
-            alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
-        except (OSError, TimeoutError, CancelledError):
+            alive = live_workers(self.client)
+        except SchedulerLost:
             self._scheduler_lost("asking for the workers")
         return [slot for slot in self.workers if slot.address not in alive]
 

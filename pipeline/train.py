@@ -26,8 +26,8 @@ from distributed import Client
 
 from pipeline.calibrate import choose_batch_shares, choose_placement
 from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import (ClusterError, WorkerLost, WorkerSlot, add_master, find_workers, open_client,
-                              register_setup)
+from pipeline.cluster import (ClusterError, SchedulerLost, WorkerLost, WorkerSlot, add_master,
+                              find_workers, open_client, register_setup)
 from pipeline.config import RunConfig, load_run_config
 from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except WorkerLost as error:
+    except (WorkerLost, SchedulerLost) as error:
         print(f"error: {error}; start the run again with train.resume=true to continue from "
               "the last checkpoint", file=sys.stderr)
         return 1

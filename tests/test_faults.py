@@ -12,30 +12,33 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
+import random
 import subprocess
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import xarray as xr
-import yaml
-import zarr
+from distributed import Client
 
 from experiments.results import DONE
+from experiments.sweep import one_line
+from pipeline.cluster import SchedulerLost, WorkerLost
 from storage import checkpoints
 from tests.helpers import max_relative_error
-from tests.test_cli import ROOT, cli_processes, error_lines, tiny_args  # noqa: F401 - fixture
+from pipeline.config import load_run_config
+from pipeline.train import run_training
+from tests.test_cli import ROOT, CliCluster, tiny_args
+from tests.test_sweep import write_sweep
 
 #: fault -> what must come of it: "survived" (the run finished with the right
 #: result), or "clean" (one clear line, exit 1, nothing recorded lost).
 FAULTS = {
     "worker SIGKILLed mid-run, kernel, float64": "survived",
     "worker SIGKILLed mid-run, data, float64": "survived",
-    "worker SIGKILLed mid-run, kernel, float32": "survived",
     "scheduler SIGKILLed mid-run": "clean",
     "sweep process SIGKILLed, seed 1": "survived",
     "sweep process SIGKILLed, seed 2": "survived",
@@ -44,10 +47,49 @@ FAULTS = {
 PAGE = os.path.join(ROOT, "docs", "reliability.md")
 
 
-@pytest.fixture(autouse=True)
-def this_code_everywhere(monkeypatch):
+@pytest.fixture(scope="module")
+def this_code_everywhere():
     """CLI workers, runs and sweeps started here import this tree's code."""
-    monkeypatch.setenv("PYTHONPATH", ROOT)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", ROOT)
+        yield
+
+
+@pytest.fixture(scope="module")
+def three_cli_workers(tmp_path_factory, this_code_everywhere):
+    """`dask scheduler` and three `dask worker --no-nanny --name wN` processes, shared by
+    the module; a test that kills a worker starts its replacement (`replace`)."""
+    cluster = CliCluster(tmp_path_factory.mktemp("cli"))
+    address = cluster.start_scheduler()
+    workers = {f"w{i}": cluster.start_worker("--no-nanny", "--name", f"w{i}") for i in range(3)}
+    client = Client(address, set_as_default=False, timeout="30s")
+    try:
+        client.wait_for_workers(3, timeout=120)
+        yield CliWorkers(cluster, address, workers, client)
+    finally:
+        client.close()
+        for process in reversed(cluster.processes):
+            process.kill()
+        for process in cluster.processes:
+            process.wait()
+        cluster.logs.close()
+
+
+@dataclass
+class CliWorkers:
+    cluster: CliCluster
+    address: str
+    workers: dict[str, subprocess.Popen]
+    client: Client
+
+    def kill(self, name: str) -> None:
+        self.workers[name].kill()
+        self.workers[name].wait()
+
+    def replace(self, name: str) -> None:
+        """Start a worker under a killed one's name; return once the cluster has three."""
+        self.workers[name] = self.cluster.start_worker("--no-nanny", "--name", name)
+        self.client.wait_for_workers(3, timeout=120)
 
 
 def train_process(*args: str) -> subprocess.Popen:
@@ -69,58 +111,141 @@ def wait_for_checkpoint(path: str, step: int, run: subprocess.Popen,
 
 
 @pytest.mark.parametrize("strategy, dtype, victim, tolerance", [
-    ("kernel", "float64", 1, 1e-10),
-    ("data", "float64", 0, 1e-10),
-    ("kernel", "float32", 2, 1e-4),
+    ("kernel", "float64", "w1", 1e-10),
+    ("data", "float64", "w0", 1e-10),
 ])
-def test_worker_killed_mid_run_is_survived(tmp_path, cli_processes, tiny_dataset_factory,
+def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dataset_factory,
                                            strategy, dtype, victim, tolerance):
     """Three CLI workers, one SIGKILLed after checkpoint 4: the run re-places its share on
     the two survivors, replays from the last checkpoint, finishes by itself, records
     the recovery, and ends with the weights of an uninterrupted run on the survivors."""
     assert FAULTS[f"worker SIGKILLed mid-run, {strategy}, {dtype}"] == "survived"
+    cluster = three_cli_workers
     dataset = tiny_dataset_factory(dtype)
-    address = cli_processes.start_scheduler()
-    workers = [cli_processes.start_worker("--no-nanny", "--name", f"w{i}") for i in range(3)]
-    steps = 40
-    extra = ["--scheduler", address, f"strategy={strategy}", "placement=even",
-             f"network.dtype={dtype}", "train.checkpoint_every=4", f"train.steps={steps}",
-             "train.eval_samples=0", "network.conv.0.kernels=12", "network.conv.1.kernels=12"]
-    run = train_process(*tiny_args(tmp_path / "recovered", dataset), *extra)
+    steps = 16
+    args = tiny_args(tmp_path / "recovered", dataset) + [
+        f"strategy={strategy}", "placement=even", f"network.dtype={dtype}",
+        "train.checkpoint_every=4", f"train.steps={steps}", "train.eval_samples=0",
+        "network.conv.0.kernels=12", "network.conv.1.kernels=12"]
+    run = train_process(*args, "--scheduler", cluster.address)
     path = str(tmp_path / "recovered" / "run" / "checkpoints.zarr")
-    wait_for_checkpoint(path, 4, run)
-    workers[victim].kill()
-    killed = time.monotonic()
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 0, err
-    assert time.monotonic() - killed < 60
-    summary = json.loads((tmp_path / "recovered" / "run" / "summary.json").read_text())
-    (recovery,) = summary["recoveries"]
-    assert recovery["lost_workers"] == [f"w{victim}"]
-    assert set(recovery["workers"]) == {"w0", "w1", "w2"} - {f"w{victim}"}
-    restored = recovery["restored_step"]
-    assert restored >= 4 and restored % 4 == 0
-    assert restored <= recovery["lost_at_step"] < steps
-    assert recovery["replayed_steps"] == recovery["lost_at_step"] - restored
-    split = recovery["split"]
-    if strategy == "kernel":
-        assert [sum(layer) for layer in split["kernel_split"]] == [12, 12]
-        assert all(len(layer) == 2 for layer in split["kernel_split"])
-    else:
-        assert split["batch_split"] == [8, 8]
-    record = xr.open_zarr(tmp_path / "recovered" / "run" / "record.zarr")
-    assert list(record.step.values) == list(range(steps))  # each step once
-    assert json.loads(record.attrs["recoveries"]) == summary["recoveries"]
-    assert np.isfinite(record.loss.values).all()
+    try:
+        wait_for_checkpoint(path, 4, run)
+        cluster.kill(victim)
+        killed = time.monotonic()
+        _out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        assert time.monotonic() - killed < 60
+        summary = json.loads((tmp_path / "recovered" / "run" / "summary.json").read_text())
+        (recovery,) = summary["recoveries"]
+        assert recovery["lost_workers"] == [victim]
+        assert set(recovery["workers"]) == {"w0", "w1", "w2"} - {victim}
+        restored = recovery["restored_step"]
+        assert restored >= 4 and restored % 4 == 0
+        assert restored <= recovery["lost_at_step"] < steps
+        assert recovery["replayed_steps"] == recovery["lost_at_step"] - restored
+        split = recovery["split"]
+        if strategy == "kernel":
+            assert [sum(layer) for layer in split["kernel_split"]] == [12, 12]
+            assert all(len(layer) == 2 for layer in split["kernel_split"])
+        else:
+            assert split["batch_split"] == [8, 8]
+        record = xr.open_zarr(tmp_path / "recovered" / "run" / "record.zarr")
+        assert list(record.step.values) == list(range(steps))  # each step once
+        assert json.loads(record.attrs["recoveries"]) == summary["recoveries"]
+        assert np.isfinite(record.loss.values).all()
 
-    # The same training uninterrupted on the two survivors (the surviving split).
-    again = subprocess.run([sys.executable, "-m", "pipeline.train",
-                            *tiny_args(tmp_path / "plain", dataset), *extra],
-                           cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert again.returncode == 0, again.stderr
-    plain = json.loads((tmp_path / "plain" / "run" / "summary.json").read_text())
-    assert plain["recoveries"] == []
-    got = checkpoints.read_tensors(path, steps)
-    expected = checkpoints.read_tensors(str(tmp_path / "plain" / "run" / "checkpoints.zarr"),
-                                        steps)
-    assert max_relative_error(got, expected) <= tolerance
+        # The same training uninterrupted on the two survivors (the surviving split).
+        plain = load_run_config(args[0], [*args[1:], f"output={tmp_path / 'plain'}"])
+        result = run_training(plain, client=cluster.client)
+        assert result.summary["recoveries"] == []
+        got = checkpoints.read_tensors(path, steps)
+        expected = checkpoints.read_tensors(plain.checkpoint_path, steps)
+        assert max_relative_error(got, expected) <= tolerance
+    finally:
+        if run.poll() is None:
+            run.kill()
+        cluster.replace(victim)
+
+
+def error_lines_of(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, this_code_everywhere,
+                                                          tiny_dataset_factory):
+    assert FAULTS["scheduler SIGKILLed mid-run"] == "clean"
+    cluster = CliCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_worker("--no-nanny")
+        run = train_process(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
+                            "--scheduler", address, "train.checkpoint_every=4",
+                            "train.steps=100000", "train.eval_samples=0")
+        path = str(tmp_path / "run" / "checkpoints.zarr")
+        wait_for_checkpoint(path, 4, run)
+        cluster.processes[0].kill()  # the scheduler
+        killed = time.monotonic()
+        _out, err = run.communicate(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        for process in cluster.processes:
+            process.kill()
+            process.wait()
+        cluster.logs.close()
+    assert run.returncode == 1
+    assert len(error_lines_of(err)) == 1, err
+    assert "lost the Dask scheduler" in err and "train.resume=true" in err
+    assert checkpoints.latest_complete_step(path) >= 4  # what was saved is kept
+
+
+def test_sweep_killed_at_random_moments_keeps_finished_points(tmp_path, this_code_everywhere,
+                                                              tiny_dataset_factory, monkeypatch):
+    """SIGKILL the sweep process at moments drawn from fixed seeds, restarting it after
+    each: the store always opens, points finished before a kill keep their figures
+    and are never rerun, and the last restart completes the sweep."""
+    seeds = [int(k.rsplit(" ", 1)[1]) for k in FAULTS if k.startswith("sweep process")]
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")  # no model probes: points stay short
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"), {"train.batch": [8, 12, 16]},
+                         repeats=2, base={"strategy": "reference"})
+    store = tmp_path / "kills.zarr"
+    command = [sys.executable, "-m", "experiments.sweep", config, "--out", str(store)]
+    finished: dict[int, tuple] = {}  # flat point index -> (run_id, step_time) once done
+    for seed in seeds:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        time.sleep(random.Random(seed).uniform(1.0, 10.0))
+        process.kill()
+        process.wait()
+        if not store.exists():
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ds = xr.open_zarr(store).load()  # opens cleanly, whatever the moment
+        status = ds.status.values.ravel()
+        run_ids, times = ds.run_id.values.ravel(), ds.step_time.values.ravel()
+        for index, (run_id, step_time) in finished.items():
+            assert status[index] == DONE and (run_ids[index], times[index]) == (run_id,
+                                                                                step_time)
+        finished.update({i: (run_ids[i], times[i]) for i in np.flatnonzero(status == DONE)})
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert f"{len(finished)} done before, {6 - len(finished)} to run" in result.stdout
+    ds = xr.open_zarr(store).load()
+    assert (ds.status == DONE).all()
+    for index, point in finished.items():
+        assert (ds.run_id.values.ravel()[index], ds.step_time.values.ravel()[index]) == point
+    assert (ds.recoveries == 0).all()  # reference runs keep no state on workers
+
+
+@pytest.mark.parametrize("error", [
+    SchedulerLost("step 3: lost the Dask scheduler at tcp://127.0.0.1:8786"),
+    WorkerLost("step 3: worker w1 left the cluster", ["tcp://127.0.0.1:1"], ["w1"]),
+])
+def test_sweep_failure_reason_for_a_lost_cluster_says_how_to_retry(error):
+    """A sweep records such a point as failed with advice that applies to sweeps (it
+    reruns failed points), not the single run's `train.resume=true`."""
+    reason = one_line(error)
+    assert reason.startswith(type(error).__name__) and str(error) in reason
+    assert "run the same sweep command again" in reason and "train.resume" not in reason
