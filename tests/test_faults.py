@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -249,3 +250,18 @@ def test_sweep_failure_reason_for_a_lost_cluster_says_how_to_retry(error):
     reason = one_line(error)
     assert reason.startswith(type(error).__name__) and str(error) in reason
     assert "run the same sweep command again" in reason and "train.resume" not in reason
+
+
+def test_reliability_page_matches_the_faults_tested():
+    """docs/reliability.md's `## Faults` table and figures are this module's FAULTS."""
+    with open(PAGE, encoding="utf-8") as handle:
+        page = handle.read()
+    section = page.split("## Faults", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| ([^|]+?) \| (survived|clean) \|$", section, re.M))
+    assert rows == FAULTS
+    figures = re.search(r"Faults injected: (\d+) · survived: (\d+) · stopped cleanly: "
+                        r"(\d+) · results lost: (\d+)", section)
+    assert figures, "the figures line is missing"
+    outcomes = list(FAULTS.values())
+    assert tuple(map(int, figures.groups())) == (
+        len(FAULTS), outcomes.count("survived"), outcomes.count("clean"), 0)
