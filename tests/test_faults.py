@@ -25,8 +25,10 @@ import pytest
 import xarray as xr
 from distributed import Client
 
-from experiments.results import DONE
+from experiments.results import (ADDED_LATER, DONE, FAILED, PointResult, ResultStore,
+                                 build_template)
 from experiments.sweep import one_line
+from experiments.sweep_config import load_sweep
 from pipeline.cluster import SchedulerLost, WorkerLost
 from storage import checkpoints
 from tests.helpers import max_relative_error
@@ -265,3 +267,19 @@ def test_reliability_page_matches_the_faults_tested():
     outcomes = list(FAULTS.values())
     assert tuple(map(int, figures.groups())) == (
         len(FAULTS), outcomes.count("survived"), outcomes.count("clean"), 0)
+
+
+def test_store_without_the_recovery_variables_still_takes_points(tmp_path):
+    """Stores of format 2 written before `recoveries`/`recovery_log` existed resume: a
+    point is written without them, and they stay absent."""
+    sweep = load_sweep(write_sweep(tmp_path, "unused.zarr", {"train.batch": [8, 16]}))
+    old = build_template(sweep, {"fingerprint": sweep.fingerprint}).drop_vars(ADDED_LATER)
+    store = ResultStore(str(tmp_path / "old.zarr"))
+    store.create(old)
+    store.write_point((0, 0), PointResult({"step_time": 0.5, "recoveries": 1.0},
+                                          {"recovery_log": "[{}]", "failure": ""}, {}))
+    store.write_failure((1, 0), "ClusterError: gone", {}, {})
+    ds = xr.open_zarr(store.path).load()
+    assert list(ds.status.values.ravel()) == [DONE, FAILED]
+    assert float(ds.step_time[0, 0]) == 0.5
+    assert not set(ADDED_LATER) & set(ds.variables)
