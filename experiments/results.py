@@ -49,8 +49,7 @@ from experiments.sweep_config import (Axis, Sweep, fewest_workers, value_json, v
 from storage.labelled import write_dataset
 
 PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
-#: 2: status 3 (not applicable), batch_split; 3: worker_devices
-STORE_FORMAT = "hetcnn-sweep/3"
+STORE_FORMAT = "hetcnn-sweep/2"  # 2: status 3 (not applicable), batch_split
 
 #: name -> (units, description) of the per-point float variables, in table order.
 MEASURES: dict[str, tuple[str, str]] = {
@@ -84,6 +83,9 @@ MEASURES: dict[str, tuple[str, str]] = {
     "predicted_step_time": ("s", "the performance model's step time for this point "
                             "(NaN until experiments.prediction exists)"),
     "prediction_error": ("1", "(predicted_step_time - step_time) / step_time"),
+    "recoveries": ("1", "worker losses the point's run survived (each: back to its last "
+                   "checkpoint, re-placed on the surviving workers, replayed; see "
+                   "recovery_log). Stores written before it have no such variable"),
     "started": ("s", "when the point's run started, seconds since 1970-01-01 UTC"),
     "finished": ("s", "when the point's run ended, seconds since 1970-01-01 UTC"),
     "wall_time": ("s", "the point's whole run: setup, calibration, steps, evaluation"),
@@ -95,7 +97,12 @@ TEXTS: dict[str, str] = {
     "batch_split": "samples of each step's batch per worker (JSON; data, hybrid)",
     "worker_labels": "the workers used, with emulated speeds",
     "worker_devices": "the workers used, in split order: JSON [[name, resource tag, device]]",
+    "recovery_log": "the run's recoveries (JSON list: lost_at_step, restored_step, "
+                    "lost_workers, workers, split, replayed_steps, seconds)",
 }
+#: Variables added to format 2 after it was first written: older stores lack them,
+#: and a resumed sweep writes them only where they exist.
+ADDED_LATER = ("recoveries", "recovery_log", "worker_devices")
 SERIES: dict[str, tuple[str, str]] = {
     "step_time_series": ("s", "wall time of every step (see the warmup coordinate)"),
     "loss_series": ("1", "training loss of every step's batch"),
@@ -441,10 +448,9 @@ class ResultStore:
     def write_point(self, region: tuple[int, ...], result: PointResult) -> None:
         """Data first, then status 1: a kill in between leaves the point pending."""
         group = self._group()
-        for name, value in result.values.items():
-            group[name][region] = value
-        for name, text in result.texts.items():
-            group[name][region] = text
+        for name, value in {**result.values, **result.texts}.items():
+            if name in group or name not in ADDED_LATER:
+                group[name][region] = value
         for name, values in result.series.items():
             row = np.full(group[name].shape[-1], np.nan)
             row[: min(len(values), row.size)] = values[: row.size]
@@ -461,10 +467,10 @@ class ResultStore:
                       values: dict[str, float], texts: dict[str, str]) -> None:
         """Clear any half-written figures, record the reason, then status 2."""
         group = self._group()
-        for name in MEASURES:
-            group[name][region] = values.get(name, np.nan)
-        for name in TEXTS:
-            group[name][region] = texts.get(name, "")
+        for name in (*MEASURES, *TEXTS):
+            if name in group or name not in ADDED_LATER:
+                group[name][region] = values.get(name, np.nan) if name in MEASURES \
+                    else texts.get(name, "")
         for name in SERIES:
             group[name][region] = np.full(group[name].shape[-1], np.nan)
         group["failure"][region] = reason

@@ -46,7 +46,7 @@ from experiments.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
 from experiments.scaling_config import is_scaling_sweep, load_scaling_sweep
 from experiments.sweep_config import Point, Sweep, load_predictor, load_sweep
-from pipeline.cluster import open_client, register_setup
+from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup
 from pipeline.records import software_versions
 from pipeline.schema import ConfigError
 from pipeline.train import run_training
@@ -55,8 +55,15 @@ Predictor = Callable[[Any, "dict | None"], "float | None"]
 
 
 def one_line(error: BaseException) -> str:
-    """A failure reason that fits one line of the store and of the log."""
+    """A failure reason that fits one line of the store and of the log.
+
+    A point that lost its workers or scheduler can simply run again: the reason
+    says so (a sweep reruns failed points), not how to resume a single run.
+    """
     text = " ".join(str(error).split()) or repr(error)
+    if isinstance(error, (WorkerLost, SchedulerLost)):
+        text = text[:400] + "; run the same sweep command again (once the cluster is back) " \
+            "to rerun this point"
     return f"{type(error).__name__}: {text}"[:500]
 
 
@@ -169,13 +176,15 @@ def measure_point(point: Point, client: Any, predictor: Predictor | None,
         "predicted_step_time": predicted,
         "prediction_error": (predicted - step_time) / step_time if step_time else np.nan,
         "started": started, "finished": finished, "wall_time": finished - started,
+        "recoveries": float(len(summary.get("recoveries", []))),
     }
     texts = {"failure": "", "run_id": uuid.uuid4().hex,
              "kernel_split": json.dumps(summary.get("kernel_split", [])),
              "batch_split": json.dumps(summary.get("batch_split", [])),
              "worker_labels": ", ".join(str(w) for w in summary.get("workers", [])),
              "worker_devices": json.dumps([[w["name"], w["tag"], w["device"]]
-                                           for w in summary.get("worker_devices", [])])}
+                                           for w in summary.get("worker_devices", [])]),
+             "recovery_log": json.dumps(summary.get("recoveries", []))}
     series = {"step_time_series": np.asarray(record.step_time.values, dtype=float),
               "loss_series": np.asarray(record.loss.values, dtype=float)}
     return PointResult(values, texts, series)
@@ -293,7 +302,7 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
              f"{len(sweep.points) - len(todo) - skipped} done before, {len(todo)} to run"
              + (f", {skipped} not applicable" if skipped else "") + f" -> {sweep.store_path}")
         pool = ClusterPool(echo)
-        failed = 0
+        failed, stopped = 0, 0
         begun = time.perf_counter()
         bar = tqdm(total=len(todo), unit="point", desc=sweep.config.name, file=err,
                    disable=None, leave=False, dynamic_ncols=True)
@@ -323,6 +332,8 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                     failed += 1
                     if point.cluster_key is not None:
                         pool.discard()
+                    if isinstance(error, SchedulerLost) and point.cluster_key == "external":
+                        stopped = len(todo) - done
                 else:
                     store.write_point(point.region, result)
                     store.refresh_derived()
@@ -330,6 +341,10 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                 bar.update(1)
                 echo(_point_line(done, len(todo), time.perf_counter() - begun, point,
                                  result, reason, time.perf_counter() - t0))
+                if stopped:
+                    echo(f"the Dask scheduler is gone: {stopped} point(s) left pending; run "
+                         "the same command again once it is back")
+                    break
             session["interrupted"] = False
         finally:
             bar.close()

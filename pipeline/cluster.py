@@ -33,6 +33,23 @@ class ClusterError(RuntimeError):
     """The cluster cannot serve this run (unreachable, missing tag, worker lost)."""
 
 
+class WorkerLost(ClusterError):
+    """Workers of the run left the cluster: their state (shards, replicas) is gone.
+
+    Carries the lost workers' addresses, so that a recovery can re-place their
+    share on the survivors (pipeline/recovery.py).
+    """
+
+    def __init__(self, message: str, addresses: list[str], labels: list[str]) -> None:
+        super().__init__(message)
+        self.addresses = addresses
+        self.labels = labels
+
+
+class SchedulerLost(ClusterError):
+    """The client lost its Dask scheduler: every task and worker of the run is gone."""
+
+
 @dataclass(frozen=True)
 class WorkerSlot:
     """A worker chosen to run conv shards."""
@@ -49,6 +66,27 @@ class WorkerSlot:
         if self.emulated_speed < 1.0:
             return f"{self.name} (emulated {self.emulated_speed:g}x speed)"
         return self.name
+
+
+def live_workers(client: Client, patience: float = 10.0) -> dict[str, dict]:
+    """The scheduler's workers now, by address; SchedulerLost if it cannot say.
+
+    Asks the scheduler itself: `Client.scheduler_info` answers from a cache when
+    the scheduler is slow to respond, and that cache may list no workers at all,
+    which would read as every worker lost. A busy scheduler is asked again for
+    `patience` seconds.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        if client.status != "running":
+            raise SchedulerLost(f"lost the Dask scheduler ({client.status})")
+        try:
+            return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+        except (OSError, TimeoutError) as error:
+            if time.monotonic() > deadline:
+                raise SchedulerLost(f"lost the Dask scheduler ({type(error).__name__})"
+                                    ) from None
+            time.sleep(0.5)
 
 
 def all_local(slots: list[WorkerSlot]) -> bool:
@@ -198,7 +236,7 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
     wanted = config.use_workers or 1
     deadline = time.monotonic() + config.wait_timeout
     while True:
-        workers = client.scheduler_info(n_workers=-1)["workers"]
+        workers = live_workers(client)
         tagged = tagged_workers(workers, tags)
         if len(tagged) >= wanted:
             chosen = tagged[: config.use_workers] if config.use_workers else tagged
@@ -229,7 +267,7 @@ def add_master(client: Client, config: ClusterConfig, slots: list[WorkerSlot]
     for index, slot in enumerate(slots):
         if slot.name == wanted or slot.resource == wanted:
             return slots, index
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = live_workers(client)
     for address, info in sorted(workers.items(), key=lambda item: str(item[1].get("name"))):
         name, tags = str(info.get("name")), info.get("resources", {})
         if name == wanted or tags.get(wanted, 0) >= 1:

@@ -86,8 +86,13 @@ class TrainConfig:
     # data/hybrid: every replica reports a fingerprint of its weights each step, and
     # the run stops if two differ (costs a hash of the weights per step).
     check_replicas: bool = False
+    # A lost worker: restore the last complete checkpoint, re-place its share on the
+    # survivors and replay, at most this many times a run (0: stop at the first loss).
+    max_recoveries: int = 3
 
     def __post_init__(self) -> None:
+        if self.max_recoveries < 0:
+            raise ConfigError(f"max_recoveries must be >= 0, got {self.max_recoveries}")
         if self.steps < 1:
             raise ConfigError(f"steps must be at least 1, got {self.steps}")
         if self.inflight < 1:

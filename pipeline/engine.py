@@ -16,7 +16,7 @@ import uuid
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster import ClusterError, WorkerSlot, all_local
+from pipeline.cluster import ClusterError, WorkerSlot, all_local, live_workers
 from pipeline.config import RunConfig
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.records import StepResult
@@ -129,13 +129,24 @@ class StepEngine:
         self.runner.gather(futures, "checkpoint")
 
     def close(self) -> None:
-        """Stop any waiting task, free the run's state on every worker, drop the workspace."""
+        """Stop any waiting task, free the run's state on every worker, drop the workspace.
+
+        Also after a failure: the steps still queued are cancelled, and only workers
+        still in the cluster are asked to free the run (a lost one would make the
+        release wait out its time limit).
+        """
         self.exchange.abort("the run is closing")
+        pending = [f for futures in self._submitted.values() for f in futures]
+        self._submitted, self._by_name = {}, {}
         try:
+            client = self.runner.client
+            if pending:
+                client.cancel(pending)
+            alive = live_workers(client, patience=2.0)
             futures = [self.runner.submit(step_task.release_run, worker, self.run_id,
                                           name=f"release-w{worker}")
-                       for worker in range(len(self.workers))]
-            with self.runner.client.as_current():
+                       for worker, slot in enumerate(self.workers) if slot.address in alive]
+            with client.as_current():
                 wait(futures, timeout=10)
         except Exception:  # noqa: BLE001 - the cluster may already be gone
             pass

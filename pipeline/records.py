@@ -99,6 +99,29 @@ class RunRecorder:
         self.steps[result.step] = {"step_time": wall_s, "loss": result.loss,
                                    "master_time": dense}
 
+    def forget_from(self, step: int) -> None:
+        """Drop the figures of steps `step`.. (lost with a worker; they will be replayed
+        and recorded once). Their receipts stay, for the trace's timeline."""
+        self.steps = {s: v for s, v in self.steps.items() if s < step}
+        for key in [k for k in self.cells if k[0] >= step]:
+            del self.cells[key]
+        self.by_shard = {k: v for k, v in self.by_shard.items() if k[0] < step}
+
+    def ensure_workers(self, workers: list, devices: list[str]) -> None:
+        """Note the devices of an engine's workers (`WorkerSlot`s, as it reports them),
+        adding a column for any worker a re-placed run uses that the record lacks."""
+        self.devices += ["cpu"] * (len(self.workers) - len(self.devices))
+        self.tags += [""] * (len(self.workers) - len(self.tags))
+        for slot, device in zip(workers, devices):
+            if slot.name in self.workers:
+                self.devices[self.workers.index(slot.name)] = device
+                continue
+            self.workers.append(slot.name)
+            self.worker_labels.append(slot.label)
+            self.emulated_speeds.append(slot.emulated_speed)
+            self.devices.append(device)
+            self.tags.append(slot.resource)
+
     def to_dataset(self, attrs: dict) -> xr.Dataset:
         steps = sorted(self.steps)
         data = {}

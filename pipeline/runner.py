@@ -9,12 +9,14 @@ be waiting for the lost one's data, to give up).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import CancelledError
 from typing import Any, Callable, Sequence
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster import ClusterError, WorkerSlot
+from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost, WorkerSlot, live_workers
 
 
 class _DropAbandonedGather(logging.Filter):
@@ -31,6 +33,19 @@ class _DropAbandonedGather(logging.Filter):
 
 
 logging.getLogger("asyncio").addFilter(_DropAbandonedGather())
+
+
+class _DropCancelledReconnect(logging.Filter):
+    """Hide the traceback Dask's client logs when it stops trying to reach a lost
+    scheduler (its reconnect task is cancelled as the client closes): the run says
+    it lost the scheduler itself, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exception = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exception, asyncio.CancelledError)
+
+
+logging.getLogger("distributed.client").addFilter(_DropCancelledReconnect())
 
 
 class TaskRunner:
@@ -55,9 +70,12 @@ class TaskRunner:
     def gather(self, futures: list[Future], what: str) -> list[Any]:
         """Wait for `futures`; a failed task or a lost worker raises ClusterError.
 
-        Results are fetched with a time limit too: a result held by a worker that
-        died after finishing would otherwise be waited for forever (the task is
-        pinned to that worker, so Dask cannot recompute it elsewhere).
+        A lost worker raises `WorkerLost` (which a run can recover from), also when
+        a peer's task failed first because of it; a lost scheduler `SchedulerLost`
+        (Dask then cancels every future). Results are fetched with a time limit
+        too: a result held by a worker that died after finishing would otherwise be
+        waited for forever (the task is pinned to that worker, so Dask cannot
+        recompute it elsewhere).
         """
         while True:
             try:
@@ -65,31 +83,49 @@ class TaskRunner:
                     wait(futures, timeout=2.0)
             except TimeoutError:
                 pass
+            except CancelledError:
+                self._scheduler_lost(what)
             errored = [f for f in futures if f.status == "error"]
             if errored:
+                self._check_workers(what)
                 error = errored[0].exception()
-                self._fail(f"{what}: a task failed: {type(error).__name__}: {error}")
+                self._fail(ClusterError(f"{what}: a task failed: {type(error).__name__}: "
+                                        f"{error}"))
+            if any(f.cancelled() for f in futures):
+                self._scheduler_lost(what)
             if all(f.done() for f in futures):
                 try:
                     return self.client.sync(self.client._gather, futures, callback_timeout=10)
                 except TimeoutError:
                     pass  # a holder of some result is gone: the check below names it
-            gone = self.lost_workers()
-            if gone:
-                self._fail(f"{what}: worker {', '.join(gone)} left the cluster; its shards are "
-                           "lost. Start the run again with train.resume=true to continue from "
-                           "the last checkpoint")
+                except CancelledError:
+                    self._scheduler_lost(what)
+            self._check_workers(what)
 
-    def lost_workers(self) -> list[str]:
-        """Labels of the run's workers the scheduler no longer knows."""
+    def lost_workers(self) -> list[WorkerSlot]:
+        """The run's workers the scheduler no longer knows."""
         try:
-            alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
-        except (OSError, TimeoutError) as error:
-            self._fail(f"lost the Dask scheduler ({type(error).__name__})")
-        return [slot.label for slot in self.workers if slot.address not in alive]
+            alive = live_workers(self.client)
+        except SchedulerLost:
+            self._scheduler_lost("asking for the workers")
+        return [slot for slot in self.workers if slot.address not in alive]
 
-    def _fail(self, reason: str) -> None:
+    def _check_workers(self, what: str) -> None:
+        gone = self.lost_workers()
+        if gone:
+            labels = [slot.label for slot in gone]
+            self._fail(WorkerLost(f"{what}: worker {', '.join(labels)} left the cluster; "
+                                  "its part of the run is lost",
+                                  [slot.address for slot in gone], labels))
+
+    def _scheduler_lost(self, what: str) -> None:
+        address = getattr(self.client.scheduler, "address", None) or "?"
+        self._fail(SchedulerLost(f"{what}: lost the Dask scheduler at {address}; the run "
+                                 "stopped (its checkpoints are kept)"))
+
+    def _fail(self, error: ClusterError) -> None:
         try:
-            self.on_failure(reason)
-        finally:
-            raise ClusterError(reason)
+            self.on_failure(str(error))
+        except Exception:  # noqa: BLE001 - the workspace may be unreachable too
+            pass
+        raise error

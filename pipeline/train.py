@@ -9,6 +9,7 @@ strategy, scores the final weights on the test set, and writes the run's record
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -25,13 +26,14 @@ from distributed import Client
 
 from pipeline.calibrate import choose_batch_shares, choose_placement
 from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import (ClusterError, WorkerSlot, add_master, find_workers, open_client,
-                              register_setup)
+from pipeline.cluster import (ClusterError, SchedulerLost, WorkerLost, WorkerSlot, add_master,
+                              find_workers, open_client, register_setup)
 from pipeline.config import RunConfig, load_run_config
 from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
 from pipeline.loop import Trainer, train_loop
 from pipeline.placement import Placement
+from pipeline.recovery import Recovery, recoveries_json, split_of, train_with_recovery
 from pipeline.records import (RunRecorder, format_summary, jsonable,
                               software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
@@ -149,6 +151,7 @@ def run_training(config: RunConfig, client: Client | None = None,
                              "versions": jsonable(software_versions()),
                              "code_revision": code_revision(), "resumed_from_step": from_step}
     client_events: list[ClientEvent] = []
+    recoveries: list[Recovery] = []
     with ExitStack() as stack:
         trainer: Trainer
         if config.strategy == "reference":
@@ -164,12 +167,9 @@ def run_training(config: RunConfig, client: Client | None = None,
                 slots = find_workers(client, config.cluster)
             engine, placement, workers = distributed_trainer(client, config, network, slots,
                                                              info.train_samples)
-            stack.callback(engine.close)
-            split = ({"kernel_split": jsonable(engine.layout.counts())}
-                     if config.strategy in ("kernel", "single")
-                     else {"batch_split": jsonable(placement.counts[0])})
+            split = {key: jsonable(value)
+                     for key, value in split_of(config.strategy, engine, placement).items()}
             if isinstance(engine.layout, HybridLayout):
-                split["dense_split"] = jsonable([list(r) for r in engine.layout.neurons])
                 split["hybrid"] = jsonable(to_dict(config.hybrid))
             if config.strategy in ("data", "hybrid"):
                 split["gradient_reduction"] = ("workspace: reduce-scatter by range ownership, "
@@ -184,24 +184,33 @@ def run_training(config: RunConfig, client: Client | None = None,
                           "left_out": jsonable(sorted({s.name for s in slots}
                                                       - {w.name for w in workers})),
                           "dashboard": str(client.dashboard_link or "")})
-            trainer = engine
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                                    [w.emulated_speed for w in workers],
                                    tags=[w.resource for w in workers])
-        trainer.start(from_step)
-        recorder.devices = list(trainer.devices)
+            attrs["split_workers"] = jsonable([w.name for w in workers])  # split columns
         try:
-            train_loop(config, trainer, recorder, client_events, from_step, info.train_samples)
+            if config.strategy == "reference":
+                trainer.start(from_step)
+                recorder.devices = list(trainer.devices)
+                train_loop(config, trainer, recorder, client_events, from_step,
+                           info.train_samples)
+                trainer.close()
+            else:
+                build = functools.partial(distributed_trainer, client, config, network,
+                                          train_samples=info.train_samples)
+                recoveries = train_with_recovery(config, client, engine, placement, slots,
+                                                 build, recorder, client_events, from_step,
+                                                 info.train_samples)
         finally:
             write_trace(os.path.join(config.output_dir, "trace.json"), recorder.receipts,
                         client_events, recorder.workers, started)
-        trainer.close()
     summary_accuracy = None
     if config.train.eval_samples:
         samples = min(config.train.eval_samples, info.test_samples)
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
         summary_accuracy = test_accuracy(network, weights, info.path, samples)
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
+    attrs["recoveries"] = jsonable(recoveries_json(recoveries))
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "batch": config.train.batch, "inflight": config.train.inflight})
@@ -220,7 +229,8 @@ def run_training(config: RunConfig, client: Client | None = None,
             summary[key] = json.loads(attrs[key])
     if "master" in attrs:
         summary["master"] = attrs["master"]
-        summary["split_workers"] = [str(w) for w in record.worker.values]  # split columns
+        summary["split_workers"] = json.loads(attrs["split_workers"])
+    summary["recoveries"] = recoveries_json(recoveries)
     record.attrs["test_accuracy"] = -1.0 if summary_accuracy is None else summary_accuracy
     write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
     with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
@@ -247,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except (WorkerLost, SchedulerLost) as error:
+        print(f"error: {error}; start the run again with train.resume=true to continue from "
+              "the last checkpoint", file=sys.stderr)
+        return 1
     except (ClusterError, FloatingPointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -179,8 +179,9 @@ def test_unreachable_scheduler_is_a_clear_message(tmp_path, tiny_dataset_factory
 
 def test_worker_death_fails_cleanly_then_resume_finishes(tmp_path, cli_processes,
                                                          tiny_dataset_factory):
-    """SIGKILL a worker mid-run: the run stops with a clear message (no hang), and a
-    resumed run on a replacement worker continues from the last checkpoint."""
+    """SIGKILL a worker mid-run with recovery off: the run stops with a clear message
+    (no hang), and a resumed run on a replacement worker continues from the last
+    checkpoint. (With recovery on, tests/test_faults.py.)"""
     from storage import checkpoints
 
     dataset = tiny_dataset_factory("float32")
@@ -188,7 +189,7 @@ def test_worker_death_fails_cleanly_then_resume_finishes(tmp_path, cli_processes
     victim = cli_processes.start_worker("--no-nanny")
     cli_processes.start_worker("--no-nanny")
     args = [*tiny_args(tmp_path, dataset), "--scheduler", address, "placement=even",
-            "train.checkpoint_every=4"]
+            "train.checkpoint_every=4", "train.max_recoveries=0"]
     run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args,
                             "train.steps=100000"], cwd=ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)

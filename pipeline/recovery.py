@@ -1,0 +1,126 @@
+"""Surviving the loss of a worker: restore the last checkpoint, re-place, replay.
+
+A distributed run keeps its state (shards, replicas, dense slices) in its workers'
+memory, so a worker that dies takes its part with it. The only state that outlives
+it is the last complete checkpoint, and batches are a pure function of (seed,
+step): so the run closes the broken engine, asks the same placement as at the
+start for a split over the surviving workers (the `build` callable, which is
+`pipeline.train.distributed_trainer`), loads that checkpoint into a new engine and
+replays the steps since. Replayed steps replace the lost ones in the record; every
+recovery is kept as a `Recovery`. A run gives up (one `WorkerLost`) after
+`train.max_recoveries`, so a crash loop ends.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from distributed import Client
+
+from pipeline.cluster import ClusterError, WorkerLost, WorkerSlot, live_workers
+from pipeline.config import RunConfig
+from pipeline.engine import StepEngine
+from pipeline.loop import train_loop
+from pipeline.placement import Placement
+from pipeline.records import RunRecorder
+from pipeline.trace import ClientEvent
+from storage import checkpoints
+from tasks.replica_layout import HybridLayout
+
+Build = Callable[[list[WorkerSlot]], tuple[StepEngine, Placement, list[WorkerSlot]]]
+
+
+@dataclass
+class Recovery:
+    """One worker loss the run survived."""
+
+    lost_at_step: int  # the first step whose result was lost
+    restored_step: int  # the checkpoint the run went back to
+    lost_workers: list[str]
+    workers: list[str]  # the run's workers from then on
+    split: dict[str, Any]  # the new split (as `split_of` gives it)
+    replayed_steps: int  # steps done twice: restored_step .. lost_at_step - 1
+    seconds: float  # from noticing the loss to the new engine's first step
+
+
+def split_of(strategy: str, engine: StepEngine, placement: Placement) -> dict[str, Any]:
+    """How an engine divides the work: kernels per worker and layer (`kernel`,
+    `single`), or samples per worker (`data`, `hybrid`) and dense neurons (`hybrid`)."""
+    if strategy in ("kernel", "single"):
+        return {"kernel_split": engine.layout.counts()}
+    split: dict[str, Any] = {"batch_split": list(placement.counts[0])}
+    if isinstance(engine.layout, HybridLayout):
+        split["dense_split"] = [list(row) for row in engine.layout.neurons]
+    return split
+
+
+def survivors(client: Client, slots: list[WorkerSlot], lost: WorkerLost) -> list[WorkerSlot]:
+    """The run's workers still in the cluster (a loss may not come alone)."""
+    alive = live_workers(client)
+    return [s for s in slots if s.address in alive and s.address not in lost.addresses]
+
+
+def train_with_recovery(config: RunConfig, client: Client, engine: StepEngine,
+                        placement: Placement, slots: list[WorkerSlot], build: Build,
+                        recorder: RunRecorder,
+                        client_events: list[ClientEvent], from_step: int,
+                        train_samples: int) -> list[Recovery]:
+    """Train from `from_step` to the end with `engine`, recovering from lost workers.
+
+    `slots` are the workers the run was placed over (a master that `build` adds
+    is found again by it). Closes every engine it used. Returns the recoveries.
+    """
+    recoveries: list[Recovery] = []
+    current: StepEngine | None = engine
+    pending: dict[str, Any] | None = None  # a recovery until its engine has started
+    pending_since = 0.0
+    try:
+        while True:
+            try:
+                if current is None:
+                    current, placement, _workers = build(slots)
+                current.start(from_step)
+                recorder.ensure_workers(current.workers, current.devices)
+                if pending is not None:
+                    recoveries.append(Recovery(
+                        **pending, workers=[w.name for w in current.workers],
+                        split=split_of(config.strategy, current, placement),
+                        seconds=time.perf_counter() - pending_since))
+                    pending = None
+                train_loop(config, current, recorder, client_events, from_step, train_samples)
+                return recoveries
+            except WorkerLost as lost:
+                noticed = time.perf_counter()
+                lost_at = max(recorder.steps, default=from_step - 1) + 1
+                if current is not None:
+                    current.close()
+                    current = None
+                if len(recoveries) >= config.train.max_recoveries:
+                    raise WorkerLost(f"{lost} (recovered {len(recoveries)} time(s) already; "
+                                     f"train.max_recoveries={config.train.max_recoveries})"
+                                     if recoveries else str(lost),
+                                     lost.addresses, lost.labels) from None
+                slots = survivors(client, slots, lost)
+                if not slots:
+                    raise ClusterError(f"{lost}, and no worker of the run is left to "
+                                       "continue on") from None
+                restored = checkpoints.latest_complete_step(config.checkpoint_path)
+                assert restored is not None, "a run always has checkpoint 0"
+                recorder.forget_from(restored)
+                client_events.append(ClientEvent(
+                    f"recovery: lost {', '.join(lost.labels)}, back to step {restored}",
+                    time.time(), time.time()))
+                pending = {"lost_at_step": lost_at, "restored_step": restored,
+                           "lost_workers": list(lost.labels),
+                           "replayed_steps": max(lost_at - restored, 0)}
+                pending_since, from_step = noticed, restored
+    finally:
+        if current is not None:
+            current.close()
+
+
+def recoveries_json(recoveries: list[Recovery]) -> list[dict[str, Any]]:
+    """The recoveries as plain data (record attrs, summary.json, sweep store)."""
+    return [asdict(r) for r in recoveries]

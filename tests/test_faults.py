@@ -1,0 +1,285 @@
+"""Faults injected into real processes: a worker SIGKILLed mid-run (the run recovers
+by itself and ends where an uninterrupted run on the survivors ends), the scheduler
+killed mid-run (one line, exit 1), the sweep process killed at random moments (the
+store stays whole and finished points are never rerun).
+
+`FAULTS` lists every fault these tests inject, with what must come of it; the
+`## Faults` section of docs/reliability.md shows the same list and figures, and
+`test_reliability_page_matches_the_faults_tested` keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import xarray as xr
+from distributed import Client
+
+from experiments.results import (ADDED_LATER, DONE, FAILED, PointResult, ResultStore,
+                                 build_template)
+from experiments.sweep import one_line
+from experiments.sweep_config import load_sweep
+from pipeline.cluster import SchedulerLost, WorkerLost
+from storage import checkpoints
+from tests.helpers import max_relative_error
+from pipeline.config import load_run_config
+from pipeline.train import run_training
+from tests.test_cli import ROOT, CliCluster, tiny_args
+from tests.test_sweep import write_sweep
+
+#: fault -> what must come of it: "survived" (the run finished with the right
+#: result), or "clean" (one clear line, exit 1, nothing recorded lost).
+FAULTS = {
+    "worker SIGKILLed mid-run, kernel, float64": "survived",
+    "worker SIGKILLed mid-run, data, float64": "survived",
+    "scheduler SIGKILLed mid-run": "clean",
+    "sweep process SIGKILLed, seed 1": "survived",
+    "sweep process SIGKILLed, seed 2": "survived",
+    "sweep process SIGKILLed, seed 3": "survived",
+}
+PAGE = os.path.join(ROOT, "docs", "reliability.md")
+
+
+@pytest.fixture(scope="module")
+def this_code_everywhere():
+    """CLI workers, runs and sweeps started here import this tree's code."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", ROOT)
+        yield
+
+
+@pytest.fixture(scope="module")
+def three_cli_workers(tmp_path_factory, this_code_everywhere):
+    """`dask scheduler` and three `dask worker --no-nanny --name wN` processes, shared by
+    the module; a test that kills a worker starts its replacement (`replace`)."""
+    cluster = CliCluster(tmp_path_factory.mktemp("cli"))
+    address = cluster.start_scheduler()
+    workers = {f"w{i}": cluster.start_worker("--no-nanny", "--name", f"w{i}") for i in range(3)}
+    client = Client(address, set_as_default=False, timeout="30s")
+    try:
+        client.wait_for_workers(3, timeout=120)
+        yield CliWorkers(cluster, address, workers, client)
+    finally:
+        client.close()
+        for process in reversed(cluster.processes):
+            process.kill()
+        for process in cluster.processes:
+            process.wait()
+        cluster.logs.close()
+
+
+@dataclass
+class CliWorkers:
+    cluster: CliCluster
+    address: str
+    workers: dict[str, subprocess.Popen]
+    client: Client
+
+    def kill(self, name: str) -> None:
+        self.workers[name].kill()
+        self.workers[name].wait()
+
+    def replace(self, name: str) -> None:
+        """Start a worker under a killed one's name; return once the cluster has three."""
+        self.workers[name] = self.cluster.start_worker("--no-nanny", "--name", name)
+        self.client.wait_for_workers(3, timeout=120)
+
+
+def train_process(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(path: str, step: int, run: subprocess.Popen,
+                        timeout: float = 120) -> int:
+    """Poll the checkpoint store until checkpoint `step` (or a later one) is complete."""
+    deadline = time.monotonic() + timeout
+    while True:
+        latest = checkpoints.latest_complete_step(path) or 0
+        if latest >= step:
+            return latest
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline, f"no checkpoint {step} after {timeout} s"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("strategy, dtype, victim, tolerance", [
+    ("kernel", "float64", "w1", 1e-10),
+    ("data", "float64", "w0", 1e-10),
+])
+def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dataset_factory,
+                                           strategy, dtype, victim, tolerance):
+    """Three CLI workers, one SIGKILLed after checkpoint 4: the run re-places its share on
+    the two survivors, replays from the last checkpoint, finishes by itself, records
+    the recovery, and ends with the weights of an uninterrupted run on the survivors."""
+    assert FAULTS[f"worker SIGKILLed mid-run, {strategy}, {dtype}"] == "survived"
+    cluster = three_cli_workers
+    dataset = tiny_dataset_factory(dtype)
+    steps = 16
+    args = tiny_args(tmp_path / "recovered", dataset) + [
+        f"strategy={strategy}", "placement=even", f"network.dtype={dtype}",
+        "train.checkpoint_every=4", f"train.steps={steps}", "train.eval_samples=0",
+        "network.conv.0.kernels=12", "network.conv.1.kernels=12"]
+    run = train_process(*args, "--scheduler", cluster.address)
+    path = str(tmp_path / "recovered" / "run" / "checkpoints.zarr")
+    try:
+        wait_for_checkpoint(path, 4, run)
+        cluster.kill(victim)
+        killed = time.monotonic()
+        _out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        assert time.monotonic() - killed < 60
+        summary = json.loads((tmp_path / "recovered" / "run" / "summary.json").read_text())
+        (recovery,) = summary["recoveries"]
+        assert recovery["lost_workers"] == [victim]
+        assert set(recovery["workers"]) == {"w0", "w1", "w2"} - {victim}
+        restored = recovery["restored_step"]
+        assert restored >= 4 and restored % 4 == 0
+        assert restored <= recovery["lost_at_step"] < steps
+        assert recovery["replayed_steps"] == recovery["lost_at_step"] - restored
+        split = recovery["split"]
+        if strategy == "kernel":
+            assert [sum(layer) for layer in split["kernel_split"]] == [12, 12]
+            assert all(len(layer) == 2 for layer in split["kernel_split"])
+        else:
+            assert split["batch_split"] == [8, 8]
+        record = xr.open_zarr(tmp_path / "recovered" / "run" / "record.zarr")
+        assert list(record.step.values) == list(range(steps))  # each step once
+        assert json.loads(record.attrs["recoveries"]) == summary["recoveries"]
+        assert np.isfinite(record.loss.values).all()
+
+        # The same training uninterrupted on the two survivors (the surviving split).
+        plain = load_run_config(args[0], [*args[1:], f"output={tmp_path / 'plain'}"])
+        result = run_training(plain, client=cluster.client)
+        assert result.summary["recoveries"] == []
+        got = checkpoints.read_tensors(path, steps)
+        expected = checkpoints.read_tensors(plain.checkpoint_path, steps)
+        assert max_relative_error(got, expected) <= tolerance
+    finally:
+        if run.poll() is None:
+            run.kill()
+        cluster.replace(victim)
+
+
+def error_lines_of(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, this_code_everywhere,
+                                                          tiny_dataset_factory):
+    assert FAULTS["scheduler SIGKILLed mid-run"] == "clean"
+    cluster = CliCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_worker("--no-nanny")
+        run = train_process(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
+                            "--scheduler", address, "train.checkpoint_every=4",
+                            "train.steps=100000", "train.eval_samples=0")
+        path = str(tmp_path / "run" / "checkpoints.zarr")
+        wait_for_checkpoint(path, 4, run)
+        cluster.processes[0].kill()  # the scheduler
+        killed = time.monotonic()
+        _out, err = run.communicate(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        for process in cluster.processes:
+            process.kill()
+            process.wait()
+        cluster.logs.close()
+    assert run.returncode == 1
+    assert len(error_lines_of(err)) == 1, err
+    assert "lost the Dask scheduler" in err and "train.resume=true" in err
+    assert checkpoints.latest_complete_step(path) >= 4  # what was saved is kept
+
+
+def test_sweep_killed_at_random_moments_keeps_finished_points(tmp_path, this_code_everywhere,
+                                                              tiny_dataset_factory, monkeypatch):
+    """SIGKILL the sweep process at moments drawn from fixed seeds, restarting it after
+    each: the store always opens, points finished before a kill keep their figures
+    and are never rerun, and the last restart completes the sweep."""
+    seeds = [int(k.rsplit(" ", 1)[1]) for k in FAULTS if k.startswith("sweep process")]
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")  # no model probes: points stay short
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"), {"train.batch": [8, 12, 16]},
+                         repeats=2, base={"strategy": "reference"})
+    store = tmp_path / "kills.zarr"
+    command = [sys.executable, "-m", "experiments.sweep", config, "--out", str(store)]
+    finished: dict[int, tuple] = {}  # flat point index -> (run_id, step_time) once done
+    for seed in seeds:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        time.sleep(random.Random(seed).uniform(1.0, 10.0))
+        process.kill()
+        process.wait()
+        if not store.exists():
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ds = xr.open_zarr(store).load()  # opens cleanly, whatever the moment
+        status = ds.status.values.ravel()
+        run_ids, times = ds.run_id.values.ravel(), ds.step_time.values.ravel()
+        for index, (run_id, step_time) in finished.items():
+            assert status[index] == DONE and (run_ids[index], times[index]) == (run_id,
+                                                                                step_time)
+        finished.update({i: (run_ids[i], times[i]) for i in np.flatnonzero(status == DONE)})
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert f"{len(finished)} done before, {6 - len(finished)} to run" in result.stdout
+    ds = xr.open_zarr(store).load()
+    assert (ds.status == DONE).all()
+    for index, point in finished.items():
+        assert (ds.run_id.values.ravel()[index], ds.step_time.values.ravel()[index]) == point
+    assert (ds.recoveries == 0).all()  # reference runs keep no state on workers
+
+
+@pytest.mark.parametrize("error", [
+    SchedulerLost("step 3: lost the Dask scheduler at tcp://127.0.0.1:8786"),
+    WorkerLost("step 3: worker w1 left the cluster", ["tcp://127.0.0.1:1"], ["w1"]),
+])
+def test_sweep_failure_reason_for_a_lost_cluster_says_how_to_retry(error):
+    """A sweep records such a point as failed with advice that applies to sweeps (it
+    reruns failed points), not the single run's `train.resume=true`."""
+    reason = one_line(error)
+    assert reason.startswith(type(error).__name__) and str(error) in reason
+    assert "run the same sweep command again" in reason and "train.resume" not in reason
+
+
+def test_reliability_page_matches_the_faults_tested():
+    """docs/reliability.md's `## Faults` table and figures are this module's FAULTS."""
+    with open(PAGE, encoding="utf-8") as handle:
+        page = handle.read()
+    section = page.split("## Faults", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| ([^|]+?) \| (survived|clean) \|$", section, re.M))
+    assert rows == FAULTS
+    figures = re.search(r"Faults injected: (\d+) · survived: (\d+) · stopped cleanly: "
+                        r"(\d+) · results lost: (\d+)", section)
+    assert figures, "the figures line is missing"
+    outcomes = list(FAULTS.values())
+    assert tuple(map(int, figures.groups())) == (
+        len(FAULTS), outcomes.count("survived"), outcomes.count("clean"), 0)
+
+
+def test_store_without_the_recovery_variables_still_takes_points(tmp_path):
+    """Stores of format 2 written before `recoveries`/`recovery_log` existed resume: a
+    point is written without them, and they stay absent."""
+    sweep = load_sweep(write_sweep(tmp_path, "unused.zarr", {"train.batch": [8, 16]}))
+    old = build_template(sweep, {"fingerprint": sweep.fingerprint}).drop_vars(ADDED_LATER)
+    store = ResultStore(str(tmp_path / "old.zarr"))
+    store.create(old)
+    store.write_point((0, 0), PointResult({"step_time": 0.5, "recoveries": 1.0},
+                                          {"recovery_log": "[{}]", "failure": ""}, {}))
+    store.write_failure((1, 0), "ClusterError: gone", {}, {})
+    ds = xr.open_zarr(store.path).load()
+    assert list(ds.status.values.ravel()) == [DONE, FAILED]
+    assert float(ds.step_time[0, 0]) == 0.5
+    assert not set(ADDED_LATER) & set(ds.variables)
