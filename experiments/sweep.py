@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import inspect
 import json
@@ -140,8 +141,10 @@ def _predict(predictor: Predictor | None, point: Point, summary: dict | None,
 def measure_point(point: Point, client: Any, predictor: Predictor | None,
                   keep_checkpoints: bool) -> PointResult:
     """Train the point's config and turn its summary into the store's figures."""
-    config = point.config
-    shutil.rmtree(config.output_dir, ignore_errors=True)  # a run interrupted earlier
+    # The point's own directory: what an earlier, failed or interrupted attempt left
+    # there is replaced, under the run's lock (the sweep never resumes a point).
+    config = dataclasses.replace(
+        point.config, train=dataclasses.replace(point.config.train, fresh=True, resume=False))
     started = time.time()
     result = run_training(config, client=client)
     finished = time.time()
