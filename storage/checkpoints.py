@@ -116,14 +116,15 @@ def latest_valid_step(root_path: str) -> tuple[int | None, list[tuple[int, str]]
 
 
 def complete_steps(root_path: str) -> list[int]:
-    """The checkpoints every writer finished (not checked for damage)."""
+    """The checkpoints every writer finished, oldest first (not checked for damage)."""
     try:
         root = zarr.open_group(root_path, mode="r")
     except FileNotFoundError:
         return []
     if "step" not in root:
         return []
-    return [int(name) for name, group in root["step"].groups() if group.attrs.get("complete")]
+    return sorted(int(name) for name, group in root["step"].groups()
+                  if group.attrs.get("complete"))
 
 
 def latest_complete_step(root_path: str) -> int | None:
