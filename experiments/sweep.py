@@ -280,7 +280,9 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
     echo = lambda line: tqdm.write(line, file=out)  # noqa: E731 - keeps the bar intact
     store = ResultStore(sweep.store_path)
     predictor = load_predictor()
-    with SweepLock(sweep.store_path):
+    with SweepLock(sweep.store_path) as lock:
+        if lock.stale_note():
+            print(lock.stale_note(), file=err)
         _prepare_store(sweep, store, fresh, argv or sys.argv)
         status = store.status()
         for point in sweep.points:
