@@ -24,15 +24,12 @@ was or complete, and a point whose status is not 1 is simply run again.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import platform
 import shutil
 import socket
 import subprocess
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +44,8 @@ import zarr
 from experiments.sweep_config import (Axis, Sweep, fewest_workers, value_json, value_label,
                                       worker_count)
 from storage.labelled import write_dataset
+from storage.locks import LockBusy, OwnerLock
+from storage.locks import now_text as now_text  # re-exported: sweeps stamp sessions
 
 PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
 STORE_FORMAT = "hetcnn-sweep/2"  # 2: status 3 (not applicable), batch_split
@@ -112,7 +111,7 @@ FIELD_UNITS = {"train.batch": "samples", "train.steps": "steps", "cluster.worker
                "cluster.use_workers": "workers", "train.lr": "1"}
 
 
-class StoreBusy(RuntimeError):
+class StoreBusy(LockBusy):
     """Another sweep holds the store's lock."""
 
 
@@ -159,98 +158,17 @@ def machine_info() -> dict[str, Any]:
             "memory_bytes": psutil.virtual_memory().total, "gpus": gpus}
 
 
-def now_text(at: float | None = None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(at))
-
-
 # Lock -------------------------------------------------------------------------------
 
 
-class SweepLock:
-    """``<store>.lock``: one sweep writes a store at a time.
+class SweepLock(OwnerLock):
+    """``<store>.lock``: one sweep writes a store at a time (see `storage.locks`)."""
 
-    An flock on the file, not its mere existence, is the lock: the kernel drops it
-    when the holder dies (even by SIGKILL), so a stale lock is taken over without
-    guessing whether a recorded pid is still alive. The file holds the holder's
-    pid and host for the refusal message. Where flock is unavailable (some network
-    file systems) the recorded pid is checked instead.
-    """
+    busy_error = StoreBusy
 
     def __init__(self, store_path: str) -> None:
-        self.path = store_path.rstrip("/") + ".lock"
-        self._fd: int | None = None
-
-    def _holder(self) -> dict[str, Any]:
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                return json.loads(handle.read() or "{}")
-        except (OSError, ValueError):
-            return {}
-
-    def _busy(self, holder: dict[str, Any]) -> StoreBusy:
-        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-        since = f", since {holder['started']}" if holder.get("started") else ""
-        store = self.path[: -len(".lock")]
-        return StoreBusy(f"{store} is being written by another sweep ({who}{since}); "
-                         f"wait for it to finish or stop it (lock file {self.path})")
-
-    def acquire(self) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise self._busy(self._holder()) from None
-            except OSError as error:  # no flock here: fall back on the recorded pid
-                if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    os.close(fd)
-                    raise
-                holder = self._holder()
-                if holder.get("host") == socket.gethostname() and holder.get("pid") \
-                        and psutil.pid_exists(int(holder["pid"])) \
-                        and int(holder["pid"]) != os.getpid():
-                    os.close(fd)
-                    raise self._busy(holder) from None
-            # The file may have been removed and recreated by its last holder between
-            # our open and our flock: then we locked an orphan inode; start over.
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:
-                os.close(fd)
-                continue
-            holder = self._holder()
-            if holder.get("host") not in (None, socket.gethostname()) and holder.get("pid"):
-                os.close(fd)  # a shared file system without cross-host locks
-                error = self._busy(holder)
-                raise StoreBusy(f"{error} (on another host: delete the lock file if that "
-                                "sweep is gone)")
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                     "started": now_text()}).encode())
-            os.fsync(fd)
-            self._fd = fd
-            return
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        os.close(self._fd)
-        self._fd = None
-
-    def __enter__(self) -> "SweepLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+        store = store_path.rstrip("/")
+        super().__init__(store + ".lock", store, "another sweep")
 
 
 # Template ---------------------------------------------------------------------------

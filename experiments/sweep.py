@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import inspect
 import json
@@ -147,8 +148,10 @@ def _predict(predictor: Predictor | None, point: Point, summary: dict | None,
 def measure_point(point: Point, client: Any, predictor: Predictor | None,
                   keep_checkpoints: bool) -> PointResult:
     """Train the point's config and turn its summary into the store's figures."""
-    config = point.config
-    shutil.rmtree(config.output_dir, ignore_errors=True)  # a run interrupted earlier
+    # The point's own directory: what an earlier, failed or interrupted attempt left
+    # there is replaced, under the run's lock (the sweep never resumes a point).
+    config = dataclasses.replace(
+        point.config, train=dataclasses.replace(point.config.train, fresh=True, resume=False))
     started = time.time()
     result = run_training(config, client=client)
     finished = time.time()
@@ -288,7 +291,9 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
     echo = lambda line: tqdm.write(line, file=out)  # noqa: E731 - keeps the bar intact
     store = ResultStore(sweep.store_path)
     predictor = load_predictor()
-    with SweepLock(sweep.store_path):
+    with SweepLock(sweep.store_path) as lock:
+        if lock.stale_note():
+            print(lock.stale_note(), file=err)
         _prepare_store(sweep, store, fresh, argv or sys.argv)
         status = store.status()
         for point in sweep.points:

@@ -4,8 +4,9 @@ and closing a checkpoint once every worker has written its part."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -21,21 +22,39 @@ class SavesCheckpoints(Protocol):
     def checkpoint(self, done_steps: int) -> None: ...
 
 
-def prepare_checkpoints(config: RunConfig, network: NetworkSpec) -> int:
-    """The step to start from: the last complete checkpoint if resuming, else 0.
+class CheckpointError(RuntimeError):
+    """No checkpoint to resume from can be trusted."""
 
-    A fresh run replaces any old checkpoints and writes step 0 from the seeded
-    PyTorch initialisation, which every strategy then loads.
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
+                        say: Callable[[str], None] = _to_stderr) -> int:
+    """The step to start from: the newest valid checkpoint if resuming, else 0.
+
+    A resume passes over complete checkpoints that fail their checksums (a torn or
+    flipped chunk), saying so in one line through `say`; if every one is damaged it
+    raises CheckpointError rather than start over on its own. A fresh run replaces
+    any old checkpoints and writes step 0 from the seeded PyTorch initialisation,
+    which every strategy then loads.
     """
     path = config.checkpoint_path
     fingerprint = json.dumps(asdict(network), sort_keys=True)
-    if config.train.resume:
-        latest = checkpoints.latest_complete_step(path)
-        if latest is not None:
-            if checkpoints.made_for(path) != fingerprint:
-                raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
-                                  "different network")
-            return latest
+    if config.train.resume and checkpoints.complete_steps(path):
+        if checkpoints.made_for(path) != fingerprint:
+            raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
+                              "different network")
+        latest, passed = checkpoints.latest_valid_step(path)
+        damaged = "; ".join(f"step {step}: {problem}" for step, problem in passed)
+        if latest is None:
+            raise CheckpointError(f"train.resume: no checkpoint in {path} is valid "
+                                  f"({damaged}); start over with train.fresh=true")
+        if passed:
+            say(f"warning: train.resume: passed over damaged checkpoint(s) in {path} "
+                f"({damaged}); resuming from step {latest}, the newest valid one")
+        return latest
     checkpoints.start_fresh(path, fingerprint)
     checkpoints.create_checkpoint(
         path, 0, parameter_shapes(network),

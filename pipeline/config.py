@@ -80,6 +80,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only step 0 and the last step
     eval_samples: int = 1000  # test images scored at the end (0: skip)
     resume: bool = False
+    # Replace the results of an earlier run in the output directory (checkpoints,
+    # record, summary); without it (or resume) a run refuses a directory that has them.
+    fresh: bool = False
     # Steps submitted ahead of the one being collected: the workers find their next
     # step queued when they finish one (1: submit each step when the last is done).
     inflight: int = 2
@@ -101,6 +104,9 @@ class TrainConfig:
             raise ConfigError(f"batch must be at least 1, got {self.batch}")
         if self.checkpoint_every < 0 or self.warmup_steps < 0 or self.eval_samples < 0:
             raise ConfigError("checkpoint_every, warmup_steps and eval_samples must be >= 0")
+        if self.fresh and self.resume:
+            raise ConfigError("train.fresh: true discards the results that train.resume: true "
+                              "continues from; set one of them")
 
 
 #: A worker's device as configs write it.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import uuid
 
 from distributed import Client, Future, wait
@@ -24,7 +25,8 @@ from pipeline.runner import TaskRunner
 from pipeline.sampler import step_indices
 from pipeline.step_graph import step_tasks
 from storage import checkpoints
-from storage.exchange import Exchange, SlotSpec, create_exchange, remove_exchange
+from storage.exchange import (Exchange, SlotSpec, create_exchange, remove_exchange,
+                              remove_stale_exchanges)
 from tasks import step_task
 from tasks.layout import Layout, exchange_slots
 from tasks.receipts import Receipt
@@ -69,7 +71,12 @@ class StepEngine:
         self._by_name: dict[str, Future] = {}
 
     def start(self, from_step: int) -> None:
-        """Create the workspace and load every worker's part from checkpoint `from_step`."""
+        """Create the workspace and load every worker's part from checkpoint `from_step`.
+
+        Workspaces that killed runs left beside it go first (`remove_stale_exchanges`).
+        """
+        for line in remove_stale_exchanges(os.path.dirname(self.paths.workspace)):
+            print(line, file=sys.stderr)
         create_exchange(self.paths.workspace,
                         [SlotSpec(s.name, s.shape, self.network.dtype) for s in self.slots])
         arithmetic = Arithmetic(self.config.optimizer_spec(),

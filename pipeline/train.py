@@ -1,4 +1,4 @@
-"""One training run: ``python -m pipeline.train CONFIG [--scheduler ADDR] [key=value ...]``.
+"""One training run: ``python -m pipeline.train CONFIG [--scheduler ADDR] [--fresh] [k=v ...]``.
 
 Loads and validates the config, makes sure the dataset store exists, writes (or
 resumes from) the checkpoint that every strategy starts from, trains with the chosen
@@ -18,20 +18,21 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import xarray as xr
 import yaml
 from distributed import Client
 
 from pipeline.calibrate import choose_batch_shares, choose_placement
-from pipeline.checkpointing import prepare_checkpoints
+from pipeline.checkpointing import CheckpointError, prepare_checkpoints
 from pipeline.cluster import (ClusterError, SchedulerLost, WorkerLost, WorkerSlot, add_master,
                               find_workers, open_client, register_setup)
 from pipeline.config import RunConfig, load_run_config
 from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
 from pipeline.loop import Trainer, train_loop
+from pipeline.outputs import OutputBusy, owned_output
 from pipeline.placement import Placement
 from pipeline.recovery import Recovery, recoveries_json, split_of, train_with_recovery
 from pipeline.records import (RunRecorder, format_summary, jsonable,
@@ -40,7 +41,7 @@ from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
-from storage.datasets import DatasetError, DatasetInfo, ensure_dataset
+from storage.datasets import DatasetDamaged, DatasetError, DatasetInfo, ensure_dataset
 from storage.labelled import write_dataset
 from tasks.layout import Layout, layout_from_counts
 from tasks.replica_layout import DataLayout, HybridLayout, dense_widths, split_counts
@@ -133,7 +134,24 @@ def replica_layout(config: RunConfig, network: NetworkSpec, workers: list[str],
 
 def run_training(config: RunConfig, client: Client | None = None,
                  slots: list[WorkerSlot] | None = None) -> RunResult:
-    """Run one training as the config says; a client may be passed in (sweeps reuse one)."""
+    """Run one training as the config says; a client may be passed in (sweeps reuse one).
+
+    The run holds its output directory throughout (`pipeline.outputs`). What it
+    notices on the way (a stale lock taken over, damaged checkpoints passed over)
+    goes to stderr, one line each, and into the record's ``notes`` attribute.
+    """
+    notes: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+        notes.append(line)
+
+    with owned_output(config, say):
+        return _train(config, client, slots, say, notes)
+
+
+def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | None,
+           say: Callable[[str], None], notes: list[str]) -> RunResult:
     started = time.time()
     os.makedirs(config.output_dir, exist_ok=True)
     info = prepare_dataset(config)
@@ -144,7 +162,7 @@ def run_training(config: RunConfig, client: Client | None = None,
     if config.train.batch > info.train_samples:
         raise ConfigError(f"train.batch: {config.train.batch} is larger than the "
                           f"{info.train_samples} training samples")
-    from_step = prepare_checkpoints(config, network)
+    from_step = prepare_checkpoints(config, network, say)
     attrs: dict[str, Any] = {"name": config.name, "strategy": config.strategy,
                              "config": yaml.safe_dump(to_dict(config), sort_keys=False),
                              "dataset": info.path, "dataset_source": info.source,
@@ -211,6 +229,7 @@ def run_training(config: RunConfig, client: Client | None = None,
         summary_accuracy = test_accuracy(network, weights, info.path, samples)
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
     attrs["recoveries"] = jsonable(recoveries_json(recoveries))
+    attrs["notes"] = json.dumps(notes)
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "batch": config.train.batch, "inflight": config.train.inflight})
@@ -247,23 +266,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     parser.add_argument("--scheduler", help="Dask scheduler address (default: embedded "
                         "cluster, or $DASK_SCHEDULER_ADDRESS)")
+    parser.add_argument("--fresh", action="store_true", help="replace the results of an "
+                        "earlier run in the output directory (train.fresh=true)")
     args = parser.parse_intermixed_args(argv)
     overrides = list(args.overrides)
+    if args.fresh:
+        overrides.append("train.fresh=true")
     if args.scheduler:
         overrides.append(f"cluster.scheduler={args.scheduler}")
     try:
         config = load_run_config(args.config, overrides)
         result = run_training(config)
-    except (ConfigError, DatasetError) as error:
+    except OutputBusy as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return 3
     except (WorkerLost, SchedulerLost) as error:
         print(f"error: {error}; start the run again with train.resume=true to continue from "
               "the last checkpoint", file=sys.stderr)
         return 1
-    except (ClusterError, FloatingPointError) as error:
+    except (ClusterError, FloatingPointError, DatasetDamaged, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except (ConfigError, DatasetError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

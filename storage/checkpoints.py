@@ -9,7 +9,10 @@ Layout::
 
 A checkpoint counts only once the master has marked it complete (group attribute
 ``complete``), after every shard wrote its slice: a run killed while writing one
-leaves an incomplete step that `latest_complete_step` ignores.
+leaves an incomplete step that `latest_complete_step` ignores. Marking it complete
+also records a CRC-32C of every tensor (attribute ``checksums``), so that a resume
+can tell a complete checkpoint damaged later (a truncated or bit-flipped chunk)
+from a good one and fall back to the newest valid one (`latest_valid_step`).
 Tensors are chunked along their first axis by `row_chunks[key]` rows (conv tensors
 by their layer's channel quantum), so that each worker writes whole chunks of its
 own kernels.
@@ -24,6 +27,7 @@ import numpy as np
 import zarr
 
 from storage.arrays import create_array
+from storage.checksums import ALGORITHM, crc32c
 
 KINDS = ("weights", "momentum")
 
@@ -66,20 +70,66 @@ def write_slice(root_path: str, step: int, kind: str, key: str, start: int,
 
 
 def mark_complete(root_path: str, step: int, meta: dict) -> None:
+    """Make checkpoint `step` count, recording its tensors' checksums (the client
+    calls this once every worker has written its rows)."""
     group = zarr.open_group(root_path, mode="r+", path=step_group(step))
-    group.attrs.update({**meta, "complete": True})
+    sums = {name: crc32c(array[...]) for name, array in _tensors(group)}
+    group.attrs.update({**meta, "checksums": {"algorithm": ALGORITHM, "tensors": sums},
+                        "complete": True})
+
+
+def _tensors(group: zarr.Group) -> list[tuple[str, zarr.Array]]:
+    """(kind/key, array) of every tensor of a checkpoint group."""
+    return [(f"{kind}/{name}", array) for kind in KINDS if kind in group
+            for name, array in group[kind].arrays()]
+
+
+def damage(root_path: str, step: int) -> str | None:
+    """Why complete checkpoint `step` cannot be trusted (a tensor unreadable or not
+    matching its checksum), or None if it is whole. Reads every tensor."""
+    try:
+        group = zarr.open_group(root_path, mode="r", path=step_group(step))
+        recorded = group.attrs.get("checksums")
+        if not isinstance(recorded, dict) or recorded.get("algorithm") != ALGORITHM:
+            return "it records no checksums"
+        expected = dict(recorded.get("tensors", {}))
+        for name, array in _tensors(group):
+            if expected.pop(name, None) != crc32c(array[...]):
+                return f"tensor {name} does not match its checksum"
+        if expected:
+            return f"tensor {sorted(expected)[0]} is missing"
+    except Exception as error:  # noqa: BLE001 - a torn chunk fails in many ways in Zarr
+        return f"it cannot be read ({type(error).__name__}: {' '.join(str(error).split())})"
+    return None
+
+
+def latest_valid_step(root_path: str) -> tuple[int | None, list[tuple[int, str]]]:
+    """The newest complete checkpoint whose tensors match their checksums, and the
+    newer complete ones passed over, each with its damage (newest first)."""
+    passed: list[tuple[int, str]] = []
+    for step in sorted(complete_steps(root_path), reverse=True):
+        problem = damage(root_path, step)
+        if problem is None:
+            return step, passed
+        passed.append((step, problem))
+    return None, passed
+
+
+def complete_steps(root_path: str) -> list[int]:
+    """The checkpoints every writer finished, oldest first (not checked for damage)."""
+    try:
+        root = zarr.open_group(root_path, mode="r")
+    except FileNotFoundError:
+        return []
+    if "step" not in root:
+        return []
+    return sorted(int(name) for name, group in root["step"].groups()
+                  if group.attrs.get("complete"))
 
 
 def latest_complete_step(root_path: str) -> int | None:
     """The newest checkpoint every writer finished, or None."""
-    try:
-        root = zarr.open_group(root_path, mode="r")
-    except FileNotFoundError:
-        return None
-    if "step" not in root:
-        return None
-    steps = [int(name) for name, group in root["step"].groups()
-             if group.attrs.get("complete")]
+    steps = complete_steps(root_path)
     return max(steps) if steps else None
 
 

@@ -14,6 +14,13 @@ Layout::
     <workspace>/data/<slot>       the slot's array, e.g. data/act/0/1
     <workspace>/ready/<slot>      its marker, e.g. ready/act.0.1 holding "12"
     <workspace>/ready/ABORT       written by the client to stop waiting readers
+    <workspace>/owner.json        the run's process (pid, host, process start time)
+
+The run removes its workspace at its end; a run killed before that leaves it
+behind, so a new run first removes the workspaces beside its own whose owner
+process is gone (`remove_stale_exchanges`). Only local workspaces whose owner
+record names this host and a process no longer alive are removed: a live run's
+workspace (or one being created, before its owner record exists) is never touched.
 
 A slot is rewritten every step. The step graph guarantees that its readers of step
 s have read before its writer writes step s+1 (tests/test_step_graph.py); a reader
@@ -36,7 +43,9 @@ in its scratch workspace).
 from __future__ import annotations
 
 import functools
+import json
 import os
+import socket
 import shutil
 import sys
 import time
@@ -46,12 +55,14 @@ from typing import Callable
 
 import fsspec
 import numpy as np
+import psutil
 import zarr
 from zarr.codecs import BytesCodec
 
 from storage.arrays import create_array, open_cached
 
 ABORT = "ABORT"
+OWNER = "owner.json"
 
 
 class ExchangeError(RuntimeError):
@@ -76,12 +87,62 @@ def _local(path: str) -> str:
 
 
 def create_exchange(path: str, slots: list[SlotSpec]) -> None:
-    """Create every slot's array (one chunk each) and an empty marker directory."""
+    """Create every slot's array (one chunk each) and an empty marker directory,
+    after the owner record (this process) that tells a later run whether the
+    workspace is stale."""
+    if _is_local(path):
+        _write_owner(_local(path))
     root = zarr.open_group(f"{path.rstrip('/')}/data", mode="w")
     for slot in slots:
         create_array(root, slot.name, slot.shape, slot.shape, slot.dtype)
     if _is_local(path):
         os.makedirs(os.path.join(_local(path), "ready"), exist_ok=True)
+
+
+def _write_owner(folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    me = psutil.Process()
+    record = {"kind": "hetcnn-workspace", "pid": me.pid, "host": socket.gethostname(),
+              "process_started": me.create_time()}
+    temporary = os.path.join(folder, f"{OWNER}.{uuid.uuid4().hex[:8]}")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    os.replace(temporary, os.path.join(folder, OWNER))  # readers never see half a record
+
+
+def _owner_gone(record: dict) -> bool:
+    """True if the record names a process of this host that no longer runs (a pid
+    reused by another process counts as gone: its start time differs)."""
+    if record.get("kind") != "hetcnn-workspace" or record.get("host") != socket.gethostname():
+        return False
+    try:
+        started = psutil.Process(int(record["pid"])).create_time()
+    except psutil.NoSuchProcess:
+        return True
+    except (KeyError, TypeError, ValueError, psutil.Error):
+        return False
+    return abs(started - float(record.get("process_started", started))) > 1.0
+
+
+def remove_stale_exchanges(parent: str) -> list[str]:
+    """Remove the workspaces in local folder `parent` left by dead runs of this host;
+    one line per workspace removed, saying whose it was."""
+    if not _is_local(parent) or not os.path.isdir(_local(parent)):
+        return []
+    removed = []
+    for entry in sorted(os.scandir(_local(parent)), key=lambda e: e.name):
+        if not (entry.name.endswith(".zarr") and entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            with open(os.path.join(entry.path, OWNER), encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue  # no owner record: not ours, older, or being created
+        if isinstance(record, dict) and _owner_gone(record):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(f"note: removed the stale workspace {entry.path} of a dead run "
+                           f"(pid {record.get('pid')} on {record.get('host')})")
+    return removed
 
 
 def remove_exchange(path: str) -> None:
