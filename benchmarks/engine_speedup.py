@@ -13,6 +13,9 @@ on one single-thread worker, `kernel` on 2 single-thread workers (tasks waiting 
 each other through ready markers, the default), and the same through Dask
 dependencies (`workspace.sync=scheduler`, unless `--no-scheduler`).
 `emulated`: 2 workers, one emulated at half speed: calibrated split vs even split.
+`mixed`: a fast worker alone against it beside a worker emulated 20x slower (what a
+CPU beside a GPU looks like to the placement), calibrated and even: the mix must
+not be slower than its best single device (issue "CPUs and GPUs in one run").
 `strategies`: every strategy side by side on 2 workers (`reference` with 1 and 2
 threads, `single`, `kernel`, `data`, `hybrid`) and the peer users compare against,
 PyTorch DDP over gloo with 2 processes (benchmarks/ddp_peer.py).
@@ -53,7 +56,7 @@ def ratio_report(name: str, baseline: list[float], candidate: list[float]) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("case", choices=["speedup", "emulated", "strategies"])
+    parser.add_argument("case", choices=["speedup", "emulated", "strategies", "mixed"])
     parser.add_argument("--net", choices=sorted(NETS), default="small")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=None,
@@ -85,6 +88,12 @@ def main() -> None:
                 "ddp-gloo-2": None}
         if args.no_single:
             del runs["single"]
+    elif args.case == "mixed":
+        pair = '[{name: fast, speed: 1.0}, {name: slow-emulated, speed: 0.05}]'
+        runs = {"fast-alone": ["strategy=kernel", "cluster.workers=[{name: fast}]"],
+                "mix-calibrated": ["strategy=kernel", "placement=calibrated",
+                                   f"cluster.workers={pair}"],
+                "mix-even": ["strategy=kernel", "placement=even", f"cluster.workers={pair}"]}
     else:
         pair = '[{name: fast, speed: 1.0}, {name: slow-emulated, speed: 0.5}]'
         runs = {"even": ["strategy=kernel", "placement=even", f"cluster.workers={pair}"],
@@ -120,6 +129,11 @@ def main() -> None:
                    for name in runs if name != "reference-1-thread"]
         reports += [ratio_report(f"{name} step time / DDP-gloo's", times[name], ddp)
                     for name in ("data", "hybrid", "kernel")]
+    elif args.case == "mixed":
+        reports = [ratio_report("mix, calibrated / fast alone step time",
+                                times["mix-calibrated"], times["fast-alone"]),
+                   ratio_report("mix, even / fast alone step time", times["mix-even"],
+                                times["fast-alone"])]
     else:
         reports = [ratio_report("calibrated / even step time", times["calibrated"],
                                 times["even"])]

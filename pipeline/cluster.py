@@ -225,6 +225,17 @@ def tagged_workers(workers: dict[str, dict], tags: list[str]) -> list[tuple[str,
     return sorted(found, key=lambda item: (tags.index(item[2]), str(item[1].get("name"))))
 
 
+def slots_of(config: ClusterConfig, tagged: list[tuple[str, dict, str]]) -> list[WorkerSlot]:
+    """The run's workers among `tagged_workers`: the first `use_workers` (all if unset)."""
+    chosen = tagged[: config.use_workers] if config.use_workers else tagged
+    return [_slot(config, address, info, tag) for address, info, tag in chosen]
+
+
+def current_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
+    """The workers a run of this config would take now (no waiting)."""
+    return slots_of(config, tagged_workers(live_workers(client), config.tags()))
+
+
 def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
     """Wait (at most `wait_timeout` s) for workers offering the config's tags.
 
@@ -239,8 +250,7 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
         workers = live_workers(client)
         tagged = tagged_workers(workers, tags)
         if len(tagged) >= wanted:
-            chosen = tagged[: config.use_workers] if config.use_workers else tagged
-            return [_slot(config, address, info, tag) for address, info, tag in chosen]
+            return slots_of(config, tagged)
         if time.monotonic() > deadline:
             offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
             tag = "' or '".join(tags)

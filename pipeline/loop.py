@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -34,12 +34,15 @@ class Trainer(Protocol):
 
 
 def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
-               client_events: list[ClientEvent], from_step: int, train_samples: int) -> None:
+               client_events: list[ClientEvent], from_step: int, train_samples: int,
+               stop_at_checkpoint: Callable[[int], bool] = lambda step: False) -> int:
     """Submit steps ahead (`train.inflight`), collect each as it finishes, checkpoint.
 
     A step's time runs from the previous step's completion to its own. No step is
     submitted past the next checkpoint: a checkpoint holds the state after exactly
-    its step, and saving it is timed apart from every step.
+    its step, and saving it is timed apart from every step. After each checkpoint
+    before the last, `stop_at_checkpoint(step)` may end the loop there (nothing is
+    in flight then). Returns the step reached.
     """
     steps, ahead = config.train.steps, config.train.inflight
     saves = sorted(s for s in config.checkpoint_steps() if s > from_step)
@@ -65,10 +68,14 @@ def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
             last_save = step + 1
             recorder.checkpoint_s += time.perf_counter() - now
             last_end = time.perf_counter()
+            if step + 1 < steps and stop_at_checkpoint(step + 1):
+                bar.close()
+                return step + 1
         bar.set_postfix(loss=f"{result.loss:.3f}",
                         step_s=f"{recorder.steps[step]['step_time']:.3f}")
         bar.update(1)
     bar.close()
+    return steps
 
 
 @contextlib.contextmanager

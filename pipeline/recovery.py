@@ -1,4 +1,5 @@
-"""Surviving the loss of a worker: restore the last checkpoint, re-place, replay.
+"""Surviving the loss of a worker (restore the last checkpoint, re-place, replay),
+and using a worker that joins mid-run (re-place at the next checkpoint).
 
 A distributed run keeps its state (shards, replicas, dense slices) in its workers'
 memory, so a worker that dies takes its part with it. The only state that outlives
@@ -8,18 +9,23 @@ start for a split over the surviving workers (the `build` callable, which is
 `pipeline.train.distributed_trainer`), loads that checkpoint into a new engine and
 replays the steps since. Replayed steps replace the lost ones in the record; every
 recovery is kept as a `Recovery`. A run gives up (one `WorkerLost`) after
-`train.max_recoveries`, so a crash loop ends.
+`train.max_recoveries`, so a crash loop ends. On a cluster the run did not start
+itself, a worker offering the run's tags that joins is noticed at the next
+checkpoint: the run stops there (nothing is in flight), places its work over the
+larger set the same way and goes on from that checkpoint, replaying nothing (a
+`Join`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from distributed import Client
 
-from pipeline.cluster import ClusterError, WorkerLost, WorkerSlot, live_workers
+from pipeline.cluster import (ClusterError, WorkerLost, WorkerSlot, current_workers, live_workers,
+                              scheduler_address)
 from pipeline.config import RunConfig
 from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
@@ -45,6 +51,39 @@ class Recovery:
     seconds: float  # from noticing the loss to the new engine's first step
 
 
+@dataclass
+class Join:
+    """Workers that joined mid-run, used from checkpoint `at_step` on."""
+
+    at_step: int
+    joined_workers: list[str]
+    workers: list[str]  # the run's workers from then on
+    split: dict[str, Any]
+    seconds: float  # from the checkpoint to the new engine's first step
+
+
+@dataclass
+class History:
+    """What happened to a run's workers: losses survived and workers joined."""
+
+    recoveries: list[Recovery] = field(default_factory=list)
+    joins: list[Join] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, list[dict[str, Any]]]:
+        return {"recoveries": [asdict(r) for r in self.recoveries],
+                "joins": [asdict(j) for j in self.joins]}
+
+
+def joined(client: Client, config: RunConfig, slots: list[WorkerSlot]) -> list[WorkerSlot]:
+    """The run's workers if some joined since it was placed over `slots`, else []:
+    only a cluster the run did not start can grow."""
+    if scheduler_address(config.cluster) is None:
+        return []
+    now = current_workers(client, config.cluster)
+    known = {s.address for s in slots}
+    return now if any(s.address not in known for s in now) else []
+
+
 def split_of(strategy: str, engine: StepEngine, placement: Placement) -> dict[str, Any]:
     """How an engine divides the work: kernels per worker and layer (`kernel`,
     `single`), or samples per worker (`data`, `hybrid`) and dense neurons (`hybrid`)."""
@@ -66,13 +105,21 @@ def train_with_recovery(config: RunConfig, client: Client, engine: StepEngine,
                         placement: Placement, slots: list[WorkerSlot], build: Build,
                         recorder: RunRecorder,
                         client_events: list[ClientEvent], from_step: int,
-                        train_samples: int) -> list[Recovery]:
-    """Train from `from_step` to the end with `engine`, recovering from lost workers.
+                        train_samples: int) -> History:
+    """Train from `from_step` to the end with `engine`, recovering from lost workers
+    and taking in joined ones.
 
     `slots` are the workers the run was placed over (a master that `build` adds
-    is found again by it). Closes every engine it used. Returns the recoveries.
+    is found again by it). Closes every engine it used. Returns what happened.
     """
-    recoveries: list[Recovery] = []
+    history = History()
+    recoveries = history.recoveries
+    grown: list[WorkerSlot] = []
+
+    def stop_for_joined(step: int) -> bool:
+        grown[:] = joined(client, config, slots)
+        return bool(grown)
+
     current: StepEngine | None = engine
     pending: dict[str, Any] | None = None  # a recovery until its engine has started
     pending_since = 0.0
@@ -89,8 +136,23 @@ def train_with_recovery(config: RunConfig, client: Client, engine: StepEngine,
                         split=split_of(config.strategy, current, placement),
                         seconds=time.perf_counter() - pending_since))
                     pending = None
-                train_loop(config, current, recorder, client_events, from_step, train_samples)
-                return recoveries
+                reached = train_loop(config, current, recorder, client_events, from_step,
+                                     train_samples, stop_for_joined)
+                if reached >= config.train.steps:
+                    return history
+                since = time.perf_counter()
+                current.close()
+                current = None
+                new = [s.name for s in grown if s.address not in {x.address for x in slots}]
+                slots, from_step = list(grown), reached
+                client_events.append(ClientEvent(f"joined: {', '.join(new)} at step {reached}",
+                                                 time.time(), time.time()))
+                current, placement, _workers = build(slots)
+                current.start(from_step)
+                recorder.ensure_workers(current.workers, current.devices)
+                history.joins.append(Join(reached, new, [w.name for w in current.workers],
+                                          split_of(config.strategy, current, placement),
+                                          time.perf_counter() - since))
             except WorkerLost as lost:
                 noticed = time.perf_counter()
                 lost_at = max(recorder.steps, default=from_step - 1) + 1
@@ -120,7 +182,3 @@ def train_with_recovery(config: RunConfig, client: Client, engine: StepEngine,
         if current is not None:
             current.close()
 
-
-def recoveries_json(recoveries: list[Recovery]) -> list[dict[str, Any]]:
-    """The recoveries as plain data (record attrs, summary.json, sweep store)."""
-    return [asdict(r) for r in recoveries]

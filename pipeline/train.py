@@ -34,7 +34,7 @@ from pipeline.evaluate import test_accuracy
 from pipeline.loop import Trainer, train_loop
 from pipeline.outputs import OutputBusy, owned_output
 from pipeline.placement import Placement
-from pipeline.recovery import Recovery, recoveries_json, split_of, train_with_recovery
+from pipeline.recovery import History, split_of, train_with_recovery
 from pipeline.records import (RunRecorder, format_summary, jsonable,
                               software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
@@ -169,7 +169,7 @@ def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | N
                              "versions": jsonable(software_versions()),
                              "code_revision": code_revision(), "resumed_from_step": from_step}
     client_events: list[ClientEvent] = []
-    recoveries: list[Recovery] = []
+    history = History()
     with ExitStack() as stack:
         trainer: Trainer
         if config.strategy == "reference":
@@ -216,7 +216,7 @@ def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | N
             else:
                 build = functools.partial(distributed_trainer, client, config, network,
                                           train_samples=info.train_samples)
-                recoveries = train_with_recovery(config, client, engine, placement, slots,
+                history = train_with_recovery(config, client, engine, placement, slots,
                                                  build, recorder, client_events, from_step,
                                                  info.train_samples)
         finally:
@@ -228,7 +228,8 @@ def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | N
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
         summary_accuracy = test_accuracy(network, weights, info.path, samples)
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
-    attrs["recoveries"] = jsonable(recoveries_json(recoveries))
+    attrs["recoveries"] = jsonable(history.as_json()["recoveries"])
+    attrs["joins"] = jsonable(history.as_json()["joins"])
     attrs["notes"] = json.dumps(notes)
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -249,7 +250,7 @@ def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | N
     if "master" in attrs:
         summary["master"] = attrs["master"]
         summary["split_workers"] = json.loads(attrs["split_workers"])
-    summary["recoveries"] = recoveries_json(recoveries)
+    summary.update(history.as_json())  # recoveries, joins
     record.attrs["test_accuracy"] = -1.0 if summary_accuracy is None else summary_accuracy
     write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
     with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:

@@ -31,7 +31,7 @@ from experiments.sweep import one_line
 from experiments.sweep_config import load_sweep
 from pipeline.cluster import SchedulerLost, WorkerLost
 from storage import checkpoints
-from tests.helpers import max_relative_error
+from tests.helpers import max_relative_error, replay_in_pytorch
 from pipeline.config import load_run_config
 from pipeline.train import run_training
 from tests.test_cli import ROOT, CliCluster, tiny_args
@@ -43,6 +43,7 @@ FAULTS = {
     "worker SIGKILLed mid-run, kernel, float64": "survived",
     "worker SIGKILLed mid-run, data, float64": "survived",
     "scheduler SIGKILLed mid-run": "clean",
+    "worker joins mid-run, kernel, float64": "survived",
     "sweep process SIGKILLed, seed 1": "survived",
     "sweep process SIGKILLed, seed 2": "survived",
     "sweep process SIGKILLed, seed 3": "survived",
@@ -169,6 +170,45 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
         if run.poll() is None:
             run.kill()
         cluster.replace(victim)
+
+
+def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
+        tmp_path, three_cli_workers, tiny_dataset_factory):
+    """Two CLI workers train; a third joins after checkpoint 4: at a later checkpoint
+    the run re-places over all three and goes on without restarting or replaying,
+    and its float64 weights still equal plain single-process PyTorch's."""
+    assert FAULTS["worker joins mid-run, kernel, float64"] == "survived"
+    cluster = three_cli_workers
+    cluster.kill("w2")
+    dataset = tiny_dataset_factory("float64")
+    steps = 400  # long enough (about 20 s) for the new worker to start and join
+    args = tiny_args(tmp_path, dataset) + [
+        "placement=even", "network.dtype=float64", "train.checkpoint_every=4",
+        f"train.steps={steps}", "train.eval_samples=0",
+        "network.conv.0.kernels=12", "network.conv.1.kernels=12"]
+    run = train_process(*args, "--scheduler", cluster.address)
+    path = str(tmp_path / "run" / "checkpoints.zarr")
+    try:
+        wait_for_checkpoint(path, 4, run)
+        cluster.replace("w2")
+        _out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+    finally:
+        if run.poll() is None:
+            run.kill()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (join,) = summary["joins"]
+    assert summary["recoveries"] == [] and join["joined_workers"] == ["w2"]
+    assert join["workers"] == ["w0", "w1", "w2"] and 4 <= join["at_step"] < steps
+    assert join["at_step"] % 4 == 0 and join["split"]["kernel_split"] == [[4, 4, 4]] * 2
+    assert summary["kernel_split"] == [[8, 4], [8, 4]]  # as placed at the start
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert list(record.step.values) == list(range(steps))  # nothing replayed
+    after = record.compute_time.sel(worker="w2").isel(step=slice(join["at_step"], None))
+    assert (after > 0).all()  # w2 computed every step after it joined
+    config = load_run_config(args[0], args[1:])
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(checkpoints.read_tensors(path, steps), expected) <= 1e-10
 
 
 def error_lines_of(text: str) -> list[str]:
