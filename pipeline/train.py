@@ -8,7 +8,6 @@ strategy, scores the final weights on the test set, and writes the run's record
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -24,6 +23,7 @@ import yaml
 from distributed import Client
 
 from pipeline.calibrate import choose_batch_shares, choose_placement
+from pipeline.cli import CONFIG_ERROR, RUNTIME_ERROR, OneLineParser, UsageError, fail
 from pipeline.checkpointing import prepare_checkpoints
 from pipeline.cluster import (ClusterError, WorkerSlot, add_master, find_workers, open_client,
                               register_setup)
@@ -31,7 +31,8 @@ from pipeline.config import RunConfig, load_run_config
 from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
 from pipeline.loop import Trainer, train_loop
-from pipeline.placement import Placement
+from pipeline.placement import Placement, PlacementError
+from pipeline.preflight import check_run
 from pipeline.records import (RunRecorder, format_summary, jsonable,
                               software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
@@ -204,26 +205,38 @@ def run_training(config: RunConfig, client: Client | None = None,
     return RunResult(summary, record, config.output_dir)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.train",
-                                     description="Train a CNN with one strategy.")
+def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
+    """Parse the command line, load the config and check its paths: everything a run
+    can find wrong before it starts. Returns the config and whether only to check."""
+    parser = OneLineParser(prog="python -m pipeline.train",
+                           description="Train a CNN with one strategy.")
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     parser.add_argument("--scheduler", help="Dask scheduler address (default: embedded "
                         "cluster, or $DASK_SCHEDULER_ADDRESS)")
+    parser.add_argument("--check", action="store_true", help="check the config, its paths "
+                        "and the scheduler address, then exit without training")
     args = parser.parse_intermixed_args(argv)
     overrides = list(args.overrides)
     if args.scheduler:
         overrides.append(f"cluster.scheduler={args.scheduler}")
+    config = load_run_config(args.config, overrides)
+    check_run(config)
+    return config, args.check
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        config = load_run_config(args.config, overrides)
+        config, check_only = load_checked(argv)
+        if check_only:
+            print(f"{config.name}: config and paths are fine ({config.strategy}, "
+                  f"output {config.output_dir})")
+            return 0
         result = run_training(config)
-    except (ConfigError, DatasetError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except (ClusterError, FloatingPointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except (UsageError, ConfigError, DatasetError, PlacementError) as error:
+        return fail(error, CONFIG_ERROR)
+    except (ClusterError, FloatingPointError, OSError) as error:
+        return fail(error, RUNTIME_ERROR)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
