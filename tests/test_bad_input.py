@@ -23,6 +23,8 @@ from pipeline import train as train_cli
 from pipeline.config import load_run_config
 from pipeline.placement import PlacementError
 from pipeline.schema import ConfigError, yaml_load
+from tests.helpers import assert_one_error_line, run_main
+from tests.test_bad_input_properties import BUDGETS
 from tests.test_scaling import write_scaling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,49 +176,38 @@ def workdir(tmp_path, monkeypatch, tiny_dataset_factory):
     return tmp_path, tiny_dataset_factory("float32")
 
 
-def run_main(cli: str, args: list[str], capsys) -> tuple[int, list[str], str]:
-    """(exit status, non-empty stderr lines, stdout) of `main(args)` in-process."""
-    main = train_cli.main if cli == "train" else sweep_cli.main
-    status = main(args)
-    captured = capsys.readouterr()
-    return status, [line for line in captured.err.splitlines() if line.strip()], captured.out
-
-
 def assert_one_line(status: int, lines: list[str], case: Case) -> None:
-    assert status == case.status, (status, lines)
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("error: ") and "Traceback" not in lines[0], lines
-    assert case.names in lines[0], (case.names, lines[0])
+    assert_one_error_line(status, lines, case.status, case.names)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
-def test_bad_input_is_one_line(case, workdir, capsys, monkeypatch):
+def test_bad_input_is_one_line(case, workdir, monkeypatch):
     tmp, dataset = workdir
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
     args = [a.replace("{tmp}", str(tmp)).replace("{dataset}", dataset) for a in case.args]
-    status, lines, _out = run_main(case.cli, args, capsys)
+    status, lines, _out = run_main(case.cli, args)
     assert_one_line(status, lines, case)
     if not case.after_start:
         assert not (tmp / "run").exists()  # refused before anything was written
 
 
-def test_placement_error_reaching_the_cli_is_one_line(workdir, capsys, monkeypatch):
+def test_placement_error_reaching_the_cli_is_one_line(workdir, monkeypatch):
     """More workers than kernels is refused by the placement once the cluster is up
     (being redesigned); whatever raises it, the CLI shows one line and exit 2."""
     def refuse(config):
         raise PlacementError("4 kernels in units of 4 cannot feed 3 workers:\n"
                              "lower workspace.channel_quantum or use fewer workers")
     monkeypatch.setattr(train_cli, "run_training", refuse)
-    status, lines, _out = run_main("train", [SMALL, f"output={workdir[0]}/run"], capsys)
+    status, lines, _out = run_main("train", [SMALL, f"output={workdir[0]}/run"])
     assert_one_line(status, lines, Case("train", (), 2, "cannot feed 3 workers"))
 
 
-def test_a_disk_failure_during_a_run_is_one_line_exit_1(workdir, capsys, monkeypatch):
+def test_a_disk_failure_during_a_run_is_one_line_exit_1(workdir, monkeypatch):
     def disk_full(config):
         raise OSError(28, "No space left on device", f"{config.output_dir}/record.zarr")
     monkeypatch.setattr(train_cli, "run_training", disk_full)
-    status, lines, _out = run_main("train", [SMALL, f"output={workdir[0]}/run"], capsys)
+    status, lines, _out = run_main("train", [SMALL, f"output={workdir[0]}/run"])
     assert_one_line(status, lines, Case("train", (), 1, "No space left on device"))
 
 
@@ -332,3 +323,7 @@ def test_reliability_page_counts_these_cases():
     processes = re.search(r"(\d+) more as real processes", section)
     assert table and int(table.group(1)) == len(CASES) + 2, section  # + the two raise tests
     assert processes and int(processes.group(1)) == len(SUBPROCESS_CASES), section
+    properties = re.search(r"(\d+) properties\s+on at most (\d+) generated inputs", section)
+    assert properties, section
+    assert int(properties.group(1)) == len(BUDGETS), section
+    assert int(properties.group(2)) == sum(BUDGETS.values()), section
