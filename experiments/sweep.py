@@ -45,9 +45,11 @@ from experiments.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore
                                  StoreMismatch, SweepLock, build_template, code_revision,
                                  format_table, machine_info, now_text, summary_table)
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
-from experiments.scaling_config import is_scaling_sweep, load_scaling_sweep
+from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
 from experiments.sweep_config import Point, Sweep, load_predictor, load_sweep
+from pipeline.cli import CONFIG_ERROR, RUNTIME_ERROR, OneLineParser, UsageError, fail
 from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup
+from pipeline.preflight import check_run, check_writable_dir
 from pipeline.records import software_versions
 from pipeline.schema import ConfigError
 from pipeline.train import run_training
@@ -409,6 +411,24 @@ def dry_run(sweep: Sweep, out: TextIO) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
 
 
+def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
+    """Before anything runs (dry runs too): the store and the points' run directories
+    can be written, and each distinct dataset and workspace can be had, so a bad path
+    is one line now rather than a traceback, or a failure recorded at every point.
+    `field` is what named the store (``--out`` or ``output``)."""
+    check_writable_dir(sweep.store_path, field)
+    if isinstance(sweep, ScalingSweep):
+        return
+    checked: set[tuple] = set()
+    for point in sweep.points:
+        config = point.config
+        key = (config.dataset_path, config.data.source, config.workspace.path,
+               config.strategy == "reference")
+        if key not in checked:
+            checked.add(key)
+            check_run(config, output_field=field)
+
+
 def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
     """``mode: scaling``: predict a grid of hypothetical clusters (no cluster, no training).
 
@@ -418,6 +438,7 @@ def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
         raise ConfigError("--scheduler: a scaling sweep predicts hypothetical clusters and "
                           "connects to none")
     sweep = load_scaling_sweep(args.config, args.overrides, args.out)
+    check_sweep_paths(sweep, "--out" if args.out else "output")
     if args.dry_run:
         return _print_dry_run(dry_run_scaling, sweep)
     return _run_store_guarded(
@@ -438,11 +459,11 @@ def _run_store_guarded(run: Callable[[], int], interrupted: str) -> int:
     try:
         return run()
     except StoreMismatch as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return fail(error, CONFIG_ERROR)
     except StoreBusy as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 3
+        return fail(error, 3)
+    except OSError as error:  # the disk, not the input: the store keeps what it has
+        return fail(error, RUNTIME_ERROR)
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)
         return 130
@@ -454,7 +475,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.sweep",
         description="Run a grid of trainings and collect the results in one Zarr store.")
     parser.add_argument("config", help="sweep config (YAML)")
@@ -465,14 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="results store (default results/<name>.zarr)")
     parser.add_argument("--fresh", action="store_true", help="discard earlier results")
     parser.add_argument("--dry-run", action="store_true", help="print the points, run nothing")
-    args = parser.parse_args(argv)
     try:
+        # Options and key=value overrides in any order (`cfg --dry-run repeats=2`).
+        args = parser.parse_intermixed_args(argv)
         if is_scaling_sweep(args.config, args.overrides):
             return scaling_main(args, argv)
         sweep = load_sweep(args.config, args.overrides, args.scheduler, args.out)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        check_sweep_paths(sweep, "--out" if args.out else "output")
+    except (UsageError, ConfigError) as error:
+        return fail(error, CONFIG_ERROR)
     if args.dry_run:
         return _print_dry_run(dry_run, sweep)
     warning = contention_warning(sweep) if sweep.config.mode == "measure" else None

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pipeline.schema import ConfigError, from_dict, load_yaml, parse_override, set_dotted
+from pipeline.addresses import address_problem
+from pipeline.schema import (ConfigError, FieldError, check_range, from_dict, load_yaml,
+                             parse_override, set_dotted)
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
 
 Strategy = Literal["kernel", "single", "reference", "data", "hybrid"]
@@ -29,10 +31,8 @@ class ConvLayerConfig:
 
     def __post_init__(self) -> None:
         for name in ("kernels", "size", "pool"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.padding < 0:
-            raise ConfigError(f"padding must be >= 0, got {self.padding}")
+            check_range(self, name, low=1)
+        check_range(self, "padding", low=0)
 
 
 @dataclass
@@ -46,7 +46,11 @@ class NetworkConfig:
 
     def __post_init__(self) -> None:
         if not self.conv:
-            raise ConfigError("conv: at least one conv layer is needed")
+            raise FieldError("conv", "at least one conv layer is needed")
+        for index, width in enumerate(self.hidden):
+            if width < 1:
+                raise FieldError(f"hidden.{index}", f"expected an integer >= 1, got {width}")
+        check_range(self, "classes", low=1)
 
 
 @dataclass
@@ -58,6 +62,13 @@ class DataConfig:
     seed: int = 0  # of the synthetic set
 
     SYNTHETIC_DEFAULTS = (5000, 1000)
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise FieldError("source", "expected 'synthetic' or a path to CIFAR-10, got ''")
+        check_range(self, "train_samples", low=1)
+        check_range(self, "test_samples", low=1)
+        check_range(self, "seed", low=0)
 
     def sample_counts(self) -> tuple[int | None, int | None]:
         """(train, test) samples to build the store with."""
@@ -94,19 +105,18 @@ class TrainConfig:
     max_recoveries: int = 3
 
     def __post_init__(self) -> None:
-        if self.max_recoveries < 0:
-            raise ConfigError(f"max_recoveries must be >= 0, got {self.max_recoveries}")
-        if self.steps < 1:
-            raise ConfigError(f"steps must be at least 1, got {self.steps}")
-        if self.inflight < 1:
-            raise ConfigError(f"inflight must be at least 1, got {self.inflight}")
-        if self.batch < 1:
-            raise ConfigError(f"batch must be at least 1, got {self.batch}")
-        if self.checkpoint_every < 0 or self.warmup_steps < 0 or self.eval_samples < 0:
-            raise ConfigError("checkpoint_every, warmup_steps and eval_samples must be >= 0")
+        for name in ("steps", "batch", "inflight"):
+            check_range(self, name, low=1)
+        for name in ("checkpoint_every", "warmup_steps", "eval_samples", "weight_decay", "seed",
+                     "max_recoveries"):
+            check_range(self, name, low=0)
+        check_range(self, "lr", low=0, low_open=True)
+        check_range(self, "momentum", low=0, high=1, high_open=True)
+        if self.nesterov and self.momentum == 0:
+            raise FieldError("nesterov", "Nesterov momentum needs train.momentum > 0")
         if self.fresh and self.resume:
-            raise ConfigError("train.fresh: true discards the results that train.resume: true "
-                              "continues from; set one of them")
+            raise FieldError("fresh", "train.fresh: true discards the results that "
+                             "train.resume: true continues from; set one of them")
 
 
 #: A worker's device as configs write it.
@@ -125,14 +135,16 @@ class WorkerConfig:
     device: str = "cpu"  # "cpu" or "cuda:N": where the worker's tensors live
 
     def __post_init__(self) -> None:
-        if self.threads < 1:
-            raise ConfigError(f"threads must be at least 1, got {self.threads}")
-        if not 0 < self.speed <= 1:
-            raise ConfigError(f"speed must be in (0, 1], got {self.speed}")
+        check_range(self, "threads", low=1)
+        check_range(self, "speed", low=0, high=1, low_open=True)
         if not DEVICE_NAME.fullmatch(self.device):
-            raise ConfigError(f"device: expected 'cpu' or 'cuda:N', got {self.device!r}")
+            raise FieldError("device", f"expected 'cpu' or 'cuda:N', got {self.device!r}")
         if self.resources is None:
             self.resources = {"GPU": 1.0} if self.device.startswith("cuda") else {"CPU": 1.0}
+        for tag, amount in self.resources.items():
+            if not tag or not math.isfinite(amount) or amount < 0:
+                raise FieldError(f"resources.{tag}",
+                                 f"expected a tag and a number >= 0, got {amount!r}")
 
 
 @dataclass
@@ -186,23 +198,28 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.devices is not None:
             if not isinstance(self.workers, int) or self.workers != 2:
-                raise ConfigError("devices: set either cluster.devices or cluster.workers")
+                raise FieldError("devices", "set either cluster.devices or cluster.workers")
             for index, device in enumerate(self.devices):
                 if not DEVICE_NAME.fullmatch(device):
-                    raise ConfigError(f"devices.{index}: expected 'cpu' or 'cuda:N', "
-                                      f"got {device!r}")
+                    raise FieldError(f"devices.{index}",
+                                     f"expected 'cpu' or 'cuda:N', got {device!r}")
         count = len(self.worker_list())
         if count < 1:
-            raise ConfigError("workers: at least one worker is needed")
-        if self.threads < 1:
-            raise ConfigError(f"threads must be at least 1, got {self.threads}")
+            raise FieldError("workers", "at least one worker is needed")
+        check_range(self, "threads", low=1)
+        check_range(self, "use_workers", low=1)
+        check_range(self, "wait_timeout", low=0, low_open=True)
+        if not self.resource:
+            raise FieldError("resource", "expected a resource tag such as 'CPU', got ''")
         if self.resources is not None:
-            if not self.resources:
-                raise ConfigError("resources: list at least one tag")
+            if not self.resources or not all(self.resources):
+                raise FieldError("resources", "list at least one tag, none empty")
             if self.resource != "CPU":
-                raise ConfigError("resources: set either cluster.resource or cluster.resources")
-        if self.use_workers is not None and self.use_workers < 1:
-            raise ConfigError(f"use_workers must be at least 1, got {self.use_workers}")
+                raise FieldError("resources", "set either cluster.resource or "
+                                 "cluster.resources")
+        problem = address_problem(self.scheduler) if self.scheduler else None
+        if problem:
+            raise FieldError("scheduler", problem)
 
 
 @dataclass
@@ -220,15 +237,17 @@ class WorkspaceConfig:
     wait_timeout: float = 600.0  # seconds a task waits for a peer's data before failing
 
     def __post_init__(self) -> None:
-        if isinstance(self.channel_quantum, int) and self.channel_quantum < 1:
-            raise ConfigError(f"channel_quantum must be at least 1, got {self.channel_quantum}")
-        if self.wait_timeout <= 0:
-            raise ConfigError(f"wait_timeout must be positive, got {self.wait_timeout}")
+        if isinstance(self.channel_quantum, int):
+            check_range(self, "channel_quantum", low=1)
+        check_range(self, "wait_timeout", low=0, low_open=True)
 
 
 @dataclass
 class ReferenceConfig:
     threads: int = 1  # torch threads of the in-process reference run
+
+    def __post_init__(self) -> None:
+        check_range(self, "threads", low=1)
 
 
 @dataclass
@@ -264,10 +283,12 @@ class RunConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if not self.name:
+            raise FieldError("name", "a run needs a name (it names runs/<name>)")
         if (self.placement == "recorded") != (self.split_from is not None):
-            raise ConfigError("split_from: placement 'recorded' takes a split_from (a run "
-                              "directory or a split), and split_from needs placement "
-                              "'recorded'")
+            raise FieldError("split_from", "placement 'recorded' takes a split_from (a run "
+                             "directory or a split), and split_from needs placement "
+                             "'recorded'")
         if self.placement == "model" and self.strategy in ("data", "hybrid"):
             raise ConfigError(f"placement: 'model' chooses kernel splits; strategy "
                               f"{self.strategy!r} takes 'calibrated' or 'even'")

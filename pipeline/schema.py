@@ -8,6 +8,8 @@ dotted path (``train.steps: expected an integer, got 'three'``).
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from typing import Any, Literal, Union
@@ -17,6 +19,88 @@ import yaml
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the field."""
+
+
+class FieldError(ConfigError):
+    """A value out of range, raised by a config dataclass's ``__post_init__``.
+
+    The dataclass knows only its own field names; `from_dict` prefixes the dotted
+    path of the mapping it was read from, so the message names the whole path
+    (``train.lr: ...``) however deep the dataclass sits.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
+
+
+def check_range(obj: Any, name: str, low: float | None = None, high: float | None = None,
+                low_open: bool = False, high_open: bool = False) -> None:
+    """Raise FieldError unless ``obj.name`` is a finite number in the given interval.
+
+    None stands for "no value" and is left alone; NaN and infinities are rejected
+    because every comparison with them is false and they would slip through.
+    """
+    value = getattr(obj, name)
+    if value is None:
+        return
+    inside = math.isfinite(value)
+    if inside and low is not None:
+        inside = value > low if low_open else value >= low
+    if inside and high is not None:
+        inside = value < high if high_open else value <= high
+    if not inside:
+        kind = "an integer" if isinstance(value, int) else "a number"
+        raise FieldError(name, f"expected {kind} {_interval(low, high, low_open, high_open)}, "
+                               f"got {_describe(value)}")
+
+
+def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+# YAML -------------------------------------------------------------------------------
+
+# YAML 1.2 floats that PyYAML (YAML 1.1) reads as strings: an exponent without a
+# dot in the mantissa (``1e-3``) or without a sign (``1.5e3``). Ints keep their
+# own resolver, which comes first, so ``10`` stays an int.
+_FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading numbers as YAML 1.2 does and refusing
+    duplicate keys (YAML forbids them; PyYAML would silently keep the last, so a
+    second ``train:`` block would quietly undo the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12,
+                                   list("-+0123456789."))
+
+
+def yaml_load(text: Any) -> Any:
+    """Parse YAML text or a stream: the one reader of configs and overrides."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _describe(value: Any) -> str:
@@ -130,6 +214,8 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
             raise ConfigError(f"{prefix}{name}: required key is missing")
     try:
         return cls(**values)
+    except FieldError as error:
+        raise FieldError(f"{prefix}{error.field}", error.problem) from None
     except ConfigError:
         raise
     except (TypeError, ValueError) as error:
@@ -156,7 +242,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"{text}: an override needs a key before '='")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -199,13 +285,22 @@ def load_yaml(path: str) -> dict:
     """Read a YAML mapping, turning file and syntax problems into ConfigError."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+            data = yaml_load(handle)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (not UTF-8), so not a config") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the config ({error.strerror})") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        line = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{line}") from None
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or ""
+        detail = ": ".join(part for part in (where, problem) if part)
+        raise ConfigError(f"{path}: not valid YAML" + (f" ({detail})" if detail else "")
+                          ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -8,7 +8,6 @@ strategy, scores the final weights on the test set, and writes the run's record
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -26,6 +25,7 @@ from distributed import Client
 
 from pipeline.calibrate import choose_batch_shares, choose_placement
 from pipeline.checkpointing import CheckpointError, prepare_checkpoints
+from pipeline.cli import CONFIG_ERROR, IN_USE, RUNTIME_ERROR, OneLineParser, UsageError, fail
 from pipeline.cluster import (ClusterError, SchedulerLost, WorkerLost, WorkerSlot, add_master,
                               find_workers, open_client, register_setup)
 from pipeline.config import RunConfig, load_run_config
@@ -33,7 +33,8 @@ from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
 from pipeline.loop import Trainer, train_loop
 from pipeline.outputs import OutputBusy, owned_output
-from pipeline.placement import Placement
+from pipeline.placement import Placement, PlacementError
+from pipeline.preflight import check_run
 from pipeline.recovery import History, split_of, train_with_recovery
 from pipeline.records import (RunRecorder, format_summary, jsonable,
                               software_versions, summarize)
@@ -260,37 +261,48 @@ def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | N
     return RunResult(summary, record, config.output_dir)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.train",
-                                     description="Train a CNN with one strategy.")
+def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
+    """Parse the command line, load the config and check its paths: everything a run
+    can find wrong before it starts. Returns the config and whether only to check."""
+    parser = OneLineParser(prog="python -m pipeline.train",
+                           description="Train a CNN with one strategy.")
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     parser.add_argument("--scheduler", help="Dask scheduler address (default: embedded "
                         "cluster, or $DASK_SCHEDULER_ADDRESS)")
     parser.add_argument("--fresh", action="store_true", help="replace the results of an "
                         "earlier run in the output directory (train.fresh=true)")
+    parser.add_argument("--check", action="store_true", help="check the config, its paths "
+                        "and the scheduler address, then exit without training")
     args = parser.parse_intermixed_args(argv)
     overrides = list(args.overrides)
     if args.fresh:
         overrides.append("train.fresh=true")
     if args.scheduler:
         overrides.append(f"cluster.scheduler={args.scheduler}")
+    config = load_run_config(args.config, overrides)
+    check_run(config)
+    return config, args.check
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        config = load_run_config(args.config, overrides)
+        config, check_only = load_checked(argv)
+        if check_only:
+            print(f"{config.name}: config and paths are fine ({config.strategy}, "
+                  f"output {config.output_dir})")
+            return 0
         result = run_training(config)
     except OutputBusy as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 3
+        return fail(error, IN_USE)
     except (WorkerLost, SchedulerLost) as error:
-        print(f"error: {error}; start the run again with train.resume=true to continue from "
-              "the last checkpoint", file=sys.stderr)
-        return 1
-    except (ClusterError, FloatingPointError, DatasetDamaged, CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except (ConfigError, DatasetError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return fail(f"{error}; start the run again with train.resume=true to continue from "
+                    "the last checkpoint", RUNTIME_ERROR)
+    except (ClusterError, FloatingPointError, DatasetDamaged, CheckpointError,
+            OSError) as error:
+        return fail(error, RUNTIME_ERROR)
+    except (UsageError, ConfigError, DatasetError, PlacementError) as error:
+        return fail(error, CONFIG_ERROR)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

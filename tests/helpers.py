@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -10,6 +12,8 @@ import torch
 from distributed import Client
 from torch import nn
 
+from experiments import sweep as sweep_cli
+from pipeline import train as train_cli
 from pipeline.cluster import register_setup, start_embedded_cluster
 from pipeline.config import ClusterConfig, RunConfig, WorkerConfig, build_run_config
 from storage import checkpoints
@@ -145,3 +149,21 @@ def max_relative_error(state: dict[str, np.ndarray], expected: dict[str, np.ndar
     assert set(state) == set(expected), (sorted(state), sorted(expected))
     return max(float(np.linalg.norm(state[k] - expected[k]) / np.linalg.norm(expected[k]))
                for k in expected)
+
+
+def run_main(cli: str, argv: list[str]) -> tuple[int, list[str], str]:
+    """(exit status, non-empty stderr lines, stdout) of ``python -m pipeline.train``
+    (`cli` "train") or ``python -m experiments.sweep`` ("sweep") run in this process."""
+    main = train_cli.main if cli == "train" else sweep_cli.main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    return status, [line for line in err.getvalue().splitlines() if line.strip()], out.getvalue()
+
+
+def assert_one_error_line(status: int, lines: list[str], expected: int, names: str) -> None:
+    """The CLI's promise for bad input: exit `expected`, one ``error:`` line naming it."""
+    assert status == expected, (status, lines)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and "Traceback" not in lines[0], lines
+    assert names in lines[0], (names, lines[0])

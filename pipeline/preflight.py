@@ -1,0 +1,78 @@
+"""Checks of a run's paths and addresses before anything starts.
+
+A cluster takes seconds to start and a dataset minutes to build; a typo in an
+output path or a scheduler address should not wait for either, and should not
+surface as a traceback from deep inside `os.makedirs` or the Dask client. These
+checks read the file system only (a directory to be created is probed with a
+temporary directory, removed at once), so `--check` and `--dry-run` can run them
+without side effects.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from pipeline.addresses import address_problem
+from pipeline.config import RunConfig
+from pipeline.schema import ConfigError
+
+SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
+
+
+def check_writable_dir(path: str, field: str) -> None:
+    """Raise ConfigError naming `field` unless `path` is, or can be made, a directory
+    this process can write in.
+
+    The nearest existing ancestor must be a directory, and a directory must be
+    creatable in it: `os.access` would not do, because it says yes to root even on
+    read-only mounts and on /proc.
+    """
+    target = os.path.abspath(path)
+    existing = target
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is not a directory" if existing == target else f"is inside {existing}, a file"
+        raise ConfigError(f"{field}: {path} {what}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hetcnn-check-", dir=existing))
+    except OSError as error:
+        place = "" if existing == target else f" (in {existing})"
+        raise ConfigError(f"{field}: cannot write to {path}{place}: "
+                          f"{error.strerror or error}") from None
+
+
+def check_dataset(config: RunConfig) -> None:
+    """The dataset store opens, or can be built where the config says from a source
+    that exists (the store may outlive the archive it was imported from)."""
+    path = config.dataset_path
+    field = "data.path"
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise ConfigError(f"{field}: {path} is a file, not a dataset store")
+        return  # a store of other arguments is rebuilt; what is not ours is refused then
+    source = config.data.source
+    if source != "synthetic" and not os.path.exists(source):
+        raise ConfigError(f"data.source: {source} does not exist (expected 'synthetic' or "
+                          "CIFAR-10's cifar-10-python.tar.gz or its extracted folder)")
+    check_writable_dir(path, field)
+
+
+def check_scheduler_variable() -> None:
+    """$DASK_SCHEDULER_ADDRESS, when it is what names the scheduler, has an address's form."""
+    address = os.environ.get(SCHEDULER_VARIABLE)
+    problem = address_problem(address) if address else None
+    if problem:
+        raise ConfigError(f"{SCHEDULER_VARIABLE}: {problem}")
+
+
+def check_run(config: RunConfig, output_field: str = "output") -> None:
+    """Everything about one run that can be checked without starting it."""
+    check_writable_dir(config.output_dir, output_field)
+    check_dataset(config)
+    workspace = config.workspace.path
+    if workspace and "://" not in workspace:
+        check_writable_dir(workspace, "workspace.path")
+    if config.strategy != "reference" and not config.cluster.scheduler:
+        check_scheduler_variable()

@@ -1,0 +1,329 @@
+"""Every bad input to the two command lines: one line on stderr naming it, exit 2 or 1.
+
+The table runs each case through `main(argv)` in-process, exactly as the command
+line would (no `--check`: a case that slipped past the pre-flight checks would go
+on to train, and fail this test by its output or its time); a few more run as real
+subprocesses. docs/reliability.md quotes the count of cases, and
+`test_reliability_page_counts_these_cases` keeps it current.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+
+import pytest
+import yaml
+
+from experiments import sweep as sweep_cli
+from pipeline import train as train_cli
+from pipeline.config import load_run_config
+from pipeline.placement import PlacementError
+from pipeline.schema import ConfigError, yaml_load
+from tests.helpers import assert_one_error_line, run_main
+from tests.test_bad_input_properties import BUDGETS
+from tests.test_scaling import write_scaling
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = os.path.join(ROOT, "configs", "small.yaml")
+QUICK = os.path.join(ROOT, "experiments", "configs", "quick.yaml")
+SCALING = os.path.join(ROOT, "experiments", "configs", "scaling.yaml")
+PAGE = os.path.join(ROOT, "docs", "reliability.md")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad command line: which CLI, its arguments, the exit status and what the
+    one line must name. ``{tmp}`` in an argument is the test's temporary folder,
+    ``{dataset}`` the tiny dataset store."""
+
+    cli: str  # "train" or "sweep"
+    args: tuple[str, ...]
+    status: int
+    names: str
+    env: dict[str, str] = field(default_factory=dict)
+    # Found only once the run has begun (its output directory exists by then): the
+    # archive is read whole when the dataset is built, too costly to read twice.
+    after_start: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.cli}:{' '.join(self.args)}"[:80]
+
+
+def train_case(*args: str, names: str, status: int = 2, **env: str) -> Case:
+    """A `pipeline.train` case on the small config, writing under the temporary folder."""
+    return Case("train", (SMALL, "output={tmp}/run", *args), status, names, env)
+
+
+def sweep_case(*args: str, names: str, config: str = QUICK, status: int = 2) -> Case:
+    return Case("sweep", (config, *args), status, names)
+
+
+CASES: list[Case] = [
+    # Output directories: unwritable, under a file, a file.
+    train_case("output=/proc/x", names="output"),
+    train_case("output=/dev/null/x", names="output"),
+    train_case("output={tmp}/a-file", names="output"),
+    train_case("workspace.path=/proc/x", names="workspace.path"),
+    # Numbers out of range (validated in pipeline/config.py __post_init__s).
+    train_case("train.lr=-1", names="train.lr"),
+    train_case("train.lr=0", names="train.lr"),
+    train_case("train.lr=.inf", names="train.lr"),
+    train_case("train.momentum=1", names="train.momentum"),
+    train_case("train.momentum=-0.5", names="train.momentum"),
+    train_case("train.weight_decay=-1e-4", names="train.weight_decay"),
+    train_case("train.weight_decay=.nan", names="train.weight_decay"),
+    train_case("train.steps=0", names="train.steps"),
+    train_case("train.batch=-8", names="train.batch"),
+    train_case("train.inflight=0", names="train.inflight"),
+    train_case("train.seed=-1", names="train.seed"),
+    train_case("train.eval_samples=-1", names="train.eval_samples"),
+    train_case("train.nesterov=true", "train.momentum=0", names="train.nesterov"),
+    train_case("network.conv.0.kernels=0", names="network.conv.0.kernels"),
+    train_case("network.conv.1.padding=-1", names="network.conv.1.padding"),
+    train_case("network.hidden=[64, 0]", names="network.hidden.1"),
+    train_case("network.classes=0", names="network.classes"),
+    train_case("network.conv=[]", names="network.conv"),
+    train_case("cluster.workers=0", names="cluster.workers"),
+    train_case("cluster.workers=[{speed: 0}]", names="cluster.workers.0.speed"),
+    train_case("cluster.workers=[{threads: 0}]", names="cluster.workers.0.threads"),
+    train_case("cluster.workers=[{resources: {CPU: -1}}]", names="cluster.workers.0.resources"),
+    train_case("cluster.use_workers=0", names="cluster.use_workers"),
+    train_case("cluster.wait_timeout=-1", names="cluster.wait_timeout"),
+    train_case("workspace.wait_timeout=0", names="workspace.wait_timeout"),
+    train_case("workspace.channel_quantum=0", names="workspace.channel_quantum"),
+    train_case("reference.threads=0", names="reference.threads"),
+    train_case("data.train_samples=0", names="data.train_samples"),
+    # Wrong keys, types and values.
+    train_case("train.stepz=3", names="train.stepz"),
+    train_case("train.steps=many", names="train.steps"),
+    train_case("train.steps=2.5", names="train.steps"),
+    train_case("network.dtype=float16", names="network.dtype"),
+    train_case("strategy=magic", names="strategy"),
+    train_case("placement=model", "strategy=data", names="placement"),
+    train_case("name=", names="name"),
+    train_case("train.lr", names="train.lr"),  # no '='
+    train_case("network.conv.5.kernels=8", names="network.conv.5"),
+    # Scheduler addresses.
+    train_case("--scheduler", "notaurl", names="cluster.scheduler"),
+    train_case("--scheduler", "foo://host:8786", names="cluster.scheduler"),
+    train_case("--scheduler", "tcp://host:99999", names="cluster.scheduler"),
+    train_case(names="DASK_SCHEDULER_ADDRESS", DASK_SCHEDULER_ADDRESS="not a url"),
+    # The command line itself.
+    train_case("--bogus", names="--bogus"),
+    train_case("--scheduler", names="--scheduler"),
+    Case("train", (), 2, "config"),
+    # Config files: a folder, missing, binary, not YAML, duplicate keys, not a mapping.
+    Case("train", (os.path.join(ROOT, "configs"),), 2, "configs"),
+    Case("train", ("{tmp}/missing.yaml",), 2, "missing.yaml"),
+    Case("train", ("{tmp}/binary.yaml",), 2, "binary.yaml"),
+    Case("train", ("{tmp}/broken.yaml",), 2, "broken.yaml"),
+    Case("train", ("{tmp}/twice.yaml",), 2, "duplicate key 'train'"),
+    Case("train", ("{tmp}/list.yaml",), 2, "list.yaml"),
+    # Datasets: a store path under a file or that is a file, a missing or damaged source.
+    train_case("data.path=/dev/null/x.zarr", names="data.path"),
+    train_case("data.path={tmp}/a-file", names="data.path"),
+    train_case("data.source={tmp}/nowhere/cifar-10-python.tar.gz",
+               "data.path={tmp}/cifar.zarr", names="data.source"),
+    replace(train_case("data.source={tmp}/junk.tar.gz", "data.path={tmp}/cifar.zarr",
+                       names="junk.tar.gz"), after_start=True),
+    # Runtime (exit 1): nothing listens at the scheduler's address.
+    replace(train_case("data.path={dataset}", "data.train_samples=512",
+                       "data.test_samples=128", "data.seed=3", "--scheduler",
+                       "tcp://127.0.0.1:9", names="tcp://127.0.0.1:9", status=1),
+            after_start=True),
+    # The sweep: its store, its options, its keys and its base.
+    sweep_case("--out", "/proc/x", names="--out"),
+    sweep_case("--out", "/dev/null/x", names="--out"),
+    sweep_case("--out", "{tmp}/a-file", names="--out"),
+    sweep_case("output=/dev/null/q.zarr", names="output"),
+    sweep_case("--out", "{tmp}/q.zarr", "--scheduler", "notaurl", names="cluster.scheduler"),
+    sweep_case("--out", "{tmp}/q.zarr", "repeats=0", names="repeats"),
+    sweep_case("--out", "{tmp}/q.zarr", "measure.steps=0", names="measure.steps"),
+    sweep_case("--out", "{tmp}/q.zarr", "train.lr=-1", names="train.lr"),
+    sweep_case("--out", "{tmp}/q.zarr", "axes.train.lr=[0.1, -1]", names="axes.train.lr"),
+    sweep_case("--out", "{tmp}/q.zarr", "axes.train.momentum=1", names="axes.train.momentum"),
+    sweep_case("--out", "{tmp}/q.zarr", "data.path=/dev/null/x.zarr", names="data.path"),
+    sweep_case("--out", "{tmp}/q.zarr", "--fresh", "--bogus", names="--bogus"),
+    Case("sweep", ("{tmp}/nobase.yaml", "--dry-run"), 2, "missing.yaml"),
+    Case("sweep", (os.path.join(ROOT, "experiments", "configs"),), 2, "configs"),
+    Case("sweep", ("{tmp}/twice.yaml", "--dry-run"), 2, "duplicate key"),
+    sweep_case("--out", "/proc/x", names="--out", config=SCALING),
+    sweep_case("--scheduler", "tcp://h:8786", names="--scheduler", config=SCALING),
+]
+
+
+@pytest.fixture()
+def workdir(tmp_path, monkeypatch, tiny_dataset_factory):
+    """A temporary working folder holding the files the cases name; the cases run
+    from it, so nothing they might write lands in the repository."""
+    (tmp_path / "a-file").write_text("not a folder\n")
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    (tmp_path / "broken.yaml").write_text("train: {steps: [1, 2\n")
+    (tmp_path / "twice.yaml").write_text("train: {steps: 3}\nstrategy: single\n"
+                                         "train: {batch: 8}\n")
+    (tmp_path / "list.yaml").write_text("- train\n- steps\n")
+    (tmp_path / "nobase.yaml").write_text("base: missing.yaml\naxes: {strategy: [kernel]}\n")
+    (tmp_path / "junk.tar.gz").write_bytes(b"\x1f\x8b not really gzip\n" * 4)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    return tmp_path, tiny_dataset_factory("float32")
+
+
+def assert_one_line(status: int, lines: list[str], case: Case) -> None:
+    assert_one_error_line(status, lines, case.status, case.names)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_bad_input_is_one_line(case, workdir, monkeypatch):
+    tmp, dataset = workdir
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value)
+    args = [a.replace("{tmp}", str(tmp)).replace("{dataset}", dataset) for a in case.args]
+    status, lines, _out = run_main(case.cli, args)
+    assert_one_line(status, lines, case)
+    if not case.after_start:
+        assert not (tmp / "run").exists()  # refused before anything was written
+
+
+def test_placement_error_reaching_the_cli_is_one_line(workdir, monkeypatch):
+    """More workers than kernels is refused by the placement once the cluster is up
+    (being redesigned); whatever raises it, the CLI shows one line and exit 2."""
+    def refuse(config):
+        raise PlacementError("4 kernels in units of 4 cannot feed 3 workers:\n"
+                             "lower workspace.channel_quantum or use fewer workers")
+    monkeypatch.setattr(train_cli, "run_training", refuse)
+    status, lines, _out = run_main("train", [SMALL, f"output={workdir[0]}/run"])
+    assert_one_line(status, lines, Case("train", (), 2, "cannot feed 3 workers"))
+
+
+def test_a_disk_failure_during_a_run_is_one_line_exit_1(workdir, monkeypatch):
+    def disk_full(config):
+        raise OSError(28, "No space left on device", f"{config.output_dir}/record.zarr")
+    monkeypatch.setattr(train_cli, "run_training", disk_full)
+    status, lines, _out = run_main("train", [SMALL, f"output={workdir[0]}/run"])
+    assert_one_line(status, lines, Case("train", (), 1, "No space left on device"))
+
+
+# Real processes: what a user sees, from the interpreter's start to its exit.
+
+SUBPROCESS_CASES = [
+    Case("train", (SMALL, "train.lr=1e-3", "--scheduler", "notaurl", "output=/proc/x"), 2,
+         "cluster.scheduler"),
+    Case("sweep", (QUICK, "--dry-run", "--out", "/dev/null/x", "axes.train.batch=[32,64]"),
+         2, "--out"),
+]
+
+
+@pytest.mark.parametrize("case", SUBPROCESS_CASES, ids=lambda case: case.id)
+def test_bad_input_through_the_real_command(case, tmp_path):
+    module = "pipeline.train" if case.cli == "train" else "experiments.sweep"
+    env = {**os.environ, "PYTHONPATH": ROOT, "CNN_PREDICT_PROBE": "never"}
+    env.pop("DASK_SCHEDULER_ADDRESS", None)
+    result = subprocess.run([sys.executable, "-m", module, *case.args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert_one_line(result.returncode, lines, case)
+
+
+# YAML numbers as YAML 1.2 reads them, in files and in overrides.
+
+def test_yaml_12_floats_in_config_files_and_overrides(tmp_path):
+    config = tmp_path / "exp.yaml"
+    config.write_text("train: {lr: 5e-2, weight_decay: 1E-4, momentum: 9.0e-1, steps: 1e1}\n")
+    with pytest.raises(ConfigError, match="train.steps: expected an integer, got 10.0"):
+        load_run_config(str(config))  # 1e1 is a float: steps wants an integer
+    config.write_text("train: {lr: 5e-2, weight_decay: 1E-4, momentum: 9.0e-1}\n")
+    loaded = load_run_config(str(config), ["train.lr=1e-3"])
+    assert loaded.train.lr == 1e-3 and isinstance(loaded.train.lr, float)
+    assert loaded.train.weight_decay == 1e-4 and loaded.train.momentum == 0.9
+    assert load_run_config(str(config)).train.lr == 0.05
+    # Ints stay ints, text stays text, YAML 1.1 floats still read.
+    assert yaml_load("[10, 1_000, 2.5, .5, -3e+2, e5, 1e, 1.5e3x]") == \
+        [10, 1000, 2.5, 0.5, -300.0, "e5", "1e", "1.5e3x"]
+    # safe_load, as PyYAML has it, still reads 1e-3 as text: the loader is what fixes it.
+    assert yaml.safe_load("1e-3") == "1e-3"
+
+
+def test_yaml_12_floats_on_a_sweep_axis(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    monkeypatch.chdir(tmp_path)
+    status = sweep_cli.main([QUICK, "--dry-run", "--out", str(tmp_path / "q.zarr"),
+                             "axes.train.lr=[1e-3, 5e-2]", "axes.strategy=[kernel]",
+                             "axes.cluster.workers=[2]"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "lr=0.001" in out and "lr=0.05" in out
+
+
+# Options and overrides in any order.
+
+TRAIN_ORDERS = [
+    [SMALL, "--scheduler", "tcp://127.0.0.1:8786", "train.lr=1e-3", "--check"],
+    ["--check", SMALL, "train.lr=1e-3", "--scheduler", "tcp://127.0.0.1:8786"],
+    ["--check", "--scheduler", "tcp://127.0.0.1:8786", SMALL, "train.lr=1e-3"],
+    [SMALL, "train.lr=1e-3", "--scheduler=tcp://127.0.0.1:8786", "--check"],
+]
+
+
+@pytest.mark.parametrize("argv", TRAIN_ORDERS, ids=range(len(TRAIN_ORDERS)))
+def test_train_options_and_overrides_in_any_order(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config, check_only = train_cli.load_checked(argv)
+    assert check_only and config.train.lr == 1e-3
+    assert config.cluster.scheduler == "tcp://127.0.0.1:8786"
+
+
+SWEEP_ORDERS = [
+    [QUICK, "--dry-run", "axes.train.batch=[32,64]"],  # the README's example
+    ["--dry-run", QUICK, "axes.train.batch=[32,64]"],
+    [QUICK, "axes.train.batch=[32,64]", "--dry-run"],
+    [QUICK, "axes.train.batch=[32,64]", "--dry-run", "repeats=2", "--fresh"],
+]
+
+
+@pytest.mark.parametrize("argv", SWEEP_ORDERS, ids=range(len(SWEEP_ORDERS)))
+def test_sweep_options_and_overrides_in_any_order(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    monkeypatch.chdir(tmp_path)
+    status = sweep_cli.main([*argv, "--out", str(tmp_path / "q.zarr")])
+    out = capsys.readouterr().out
+    repeats = 2 if "repeats=2" in argv else 1
+    assert status == 0
+    # quick.yaml: 5 strategies x 2 worker counts, now x 2 batch sizes.
+    assert (f"{20 * repeats} points (5 strategy x 2 workers x 2 batch x {repeats} repeat(s))"
+            in out)
+    assert not (tmp_path / "q.zarr").exists()  # a dry run writes nothing
+
+
+def test_scaling_sweep_options_and_overrides_in_any_order(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_scaling(tmp_path, {"strategy": ["single", "kernel"]})
+    store = str(tmp_path / "s.zarr")
+    for argv in ([config, "--dry-run", "axes.hardware.devices=[1,2]", "--out", store],
+                 ["--dry-run", config, "--out", store, "axes.hardware.devices=[1,2]"],
+                 ["--out", store, config, "axes.hardware.devices=[1,2]", "--dry-run"]):
+        assert sweep_cli.main(argv) == 0, capsys.readouterr().err
+        assert "4 points (2 strategy x 2 devices)" in capsys.readouterr().out
+    assert not os.path.exists(store)
+
+
+# The reliability page states how many bad inputs these tests try.
+
+def test_reliability_page_counts_these_cases():
+    text = open(PAGE, encoding="utf-8").read()
+    section = text.split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    table = re.search(r"(\d+) bad inputs? in a table", section)
+    processes = re.search(r"(\d+) more as real processes", section)
+    assert table and int(table.group(1)) == len(CASES) + 2, section  # + the two raise tests
+    assert processes and int(processes.group(1)) == len(SUBPROCESS_CASES), section
+    properties = re.search(r"(\d+) properties\s+on at most (\d+) generated inputs", section)
+    assert properties, section
+    assert int(properties.group(1)) == len(BUDGETS), section
+    assert int(properties.group(2)) == sum(BUDGETS.values()), section
