@@ -75,9 +75,9 @@ MEASURES: dict[str, tuple[str, str]] = {
     "loss": ("1", "training cross-entropy of the last step's batch"),
     "accuracy": ("1", "test-set accuracy of the final weights"),
     "n_workers": ("1", "workers the point's strategy used (1 for single and reference)"),
-    "capacity": ("1", "summed relative speed of the workers (reference: threads) used "
-                 "(1.0 = one unslowed device; "
-                 "emulated slower devices count their fraction)"),
+    "capacity": ("1", "summed relative speed of the workers (reference: threads) the "
+                 "point was given, those its placement left idle included (1.0 = one "
+                 "unslowed device; emulated slower devices count their fraction)"),
     "measured_steps": ("1", "steps the timing figures are taken over"),
     "predicted_step_time": ("s", "the performance model's step time for this point "
                             "(NaN until experiments.prediction exists)"),

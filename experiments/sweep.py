@@ -147,6 +147,17 @@ def _predict(predictor: Predictor | None, point: Point, summary: dict | None,
         return float("nan")
 
 
+def capacity(point: Point, record: xr.Dataset) -> float:
+    """What the point was given to run on: `reference`'s threads, else the summed
+    relative speed of its workers, those the placement left out included (a device
+    left idle still counts against the point's efficiency)."""
+    if point.config.strategy == "reference":
+        return float(point.config.reference.threads)
+    speeds = {w.name: w.speed for w in point.config.cluster.worker_list()}
+    idle = json.loads(record.attrs.get("left_out", "[]"))
+    return float(record.emulated_speed.sum()) + sum(speeds.get(name, 1.0) for name in idle)
+
+
 def measure_point(point: Point, client: Any, predictor: Predictor | None,
                   keep_checkpoints: bool) -> PointResult:
     """Train the point's config and turn its summary into the store's figures."""
@@ -174,9 +185,7 @@ def measure_point(point: Point, client: Any, predictor: Predictor | None,
         "loss": summary["final_loss"],
         "accuracy": float("nan") if accuracy is None else float(accuracy),
         "n_workers": float(record.sizes["worker"]),
-        # reference: its threads are its devices; else the workers' summed speeds
-        "capacity": float(point.config.reference.threads if point.config.strategy == "reference"
-                          else record.emulated_speed.sum()),
+        "capacity": capacity(point, record),
         "measured_steps": float(summary["measured_steps"]),
         "predicted_step_time": predicted,
         "prediction_error": (predicted - step_time) / step_time if step_time else np.nan,

@@ -36,13 +36,16 @@ logging.getLogger("asyncio").addFilter(_DropAbandonedGather())
 
 
 class _DropCancelledReconnect(logging.Filter):
-    """Hide the traceback Dask's client logs when it stops trying to reach a lost
-    scheduler (its reconnect task is cancelled as the client closes): the run says
-    it lost the scheduler itself, in one line."""
+    """Hide what Dask's client logs when it gives up on a lost scheduler (the
+    traceback of its cancelled reconnect task, or "Failed to reconnect to scheduler
+    after 10 seconds" when the wait runs out first): the run says it lost the
+    scheduler itself, in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exception = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exception, asyncio.CancelledError)
+        if isinstance(exception, asyncio.CancelledError):
+            return False
+        return not record.getMessage().startswith("Failed to reconnect to scheduler")
 
 
 logging.getLogger("distributed.client").addFilter(_DropCancelledReconnect())

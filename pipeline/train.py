@@ -200,8 +200,8 @@ def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | N
                           **({"placement_choice": jsonable(placement.choice)}
                              if placement.choice else {}),
                           # workers the placement gave nothing to do
-                          "left_out": jsonable(sorted({s.name for s in slots}
-                                                      - {w.name for w in workers})),
+                          "left_out": jsonable([] if config.strategy == "single" else sorted(
+                              {s.name for s in slots} - {w.name for w in workers})),
                           "dashboard": str(client.dashboard_link or "")})
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                                    [w.emulated_speed for w in workers],

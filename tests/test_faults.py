@@ -174,22 +174,25 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
 
 def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
         tmp_path, three_cli_workers, tiny_dataset_factory):
-    """Two CLI workers train; a third joins after checkpoint 4: at a later checkpoint
-    the run re-places over all three and goes on without restarting or replaying,
-    and its float64 weights still equal plain single-process PyTorch's."""
+    """Two CLI workers train; a third starts once the run has placed its work: at a
+    later checkpoint the run re-places over all three and goes on without restarting
+    or replaying, and its float64 weights still equal plain single-process PyTorch's."""
     assert FAULTS["worker joins mid-run, kernel, float64"] == "survived"
     cluster = three_cli_workers
     cluster.kill("w2")
     dataset = tiny_dataset_factory("float64")
-    steps = 400  # long enough (about 20 s) for the new worker to start and join
+    steps, every = 100, 10  # long enough for a worker to start (2-3 s here)
     args = tiny_args(tmp_path, dataset) + [
-        "placement=even", "network.dtype=float64", "train.checkpoint_every=4",
+        "placement=even", "network.dtype=float64", f"train.checkpoint_every={every}",
         f"train.steps={steps}", "train.eval_samples=0",
         "network.conv.0.kernels=12", "network.conv.1.kernels=12"]
     run = train_process(*args, "--scheduler", cluster.address)
-    path = str(tmp_path / "run" / "checkpoints.zarr")
     try:
-        wait_for_checkpoint(path, 4, run)
+        deadline = time.monotonic() + 120
+        while not cluster.client.run_on_scheduler(lambda dask_scheduler: len(
+                dask_scheduler.tasks)):  # the run has placed its work and started
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.05)
         cluster.replace("w2")
         _out, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
@@ -199,8 +202,8 @@ def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     (join,) = summary["joins"]
     assert summary["recoveries"] == [] and join["joined_workers"] == ["w2"]
-    assert join["workers"] == ["w0", "w1", "w2"] and 4 <= join["at_step"] < steps
-    assert join["at_step"] % 4 == 0 and join["split"]["kernel_split"] == [[4, 4, 4]] * 2
+    assert join["workers"] == ["w0", "w1", "w2"] and 0 < join["at_step"] < steps
+    assert join["at_step"] % every == 0 and join["split"]["kernel_split"] == [[4, 4, 4]] * 2
     assert summary["kernel_split"] == [[8, 4], [8, 4]]  # as placed at the start
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert list(record.step.values) == list(range(steps))  # nothing replayed
@@ -208,6 +211,7 @@ def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
     assert (after > 0).all()  # w2 computed every step after it joined
     config = load_run_config(args[0], args[1:])
     expected, _ = replay_in_pytorch(config, dataset)
+    path = str(tmp_path / "run" / "checkpoints.zarr")
     assert max_relative_error(checkpoints.read_tensors(path, steps), expected) <= 1e-10
 
 
