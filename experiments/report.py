@@ -494,8 +494,8 @@ def device_shares(kernel_split: str, batch_split: str, worker_devices: str
 
 def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
     """report.md's table of step time and each device's share, point by point (first
-    done repeat), where the sweep mixes devices: a `cluster.devices` or resources axis,
-    or runs whose workers differ in device or tag."""
+    done repeat), where the sweep varies its devices (a `cluster.devices`, `resources`
+    or `workers` axis) or runs whose workers differ in device or tag."""
     if "worker_devices" not in ds:
         return []
     status, texts = ds.status.values, {n: ds[n].values for n in (
@@ -513,7 +513,8 @@ def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
         step = float(np.nanmedian(ds.step_time.values[position][done]))
         rows.append(f"| {where or 'the point'} | {step * 1e3:.1f} | " + ", ".join(
             f"{name} ({kind}) {share:.0%}" for name, kind, share in shares) + " |")
-    mixed = sweep.dim_with("cluster.devices", "cluster.resources") or len(kinds) > 1
+    mixed = sweep.dim_with("cluster.devices", "cluster.resources", "cluster.workers") \
+        or len(kinds) > 1
     if not rows or not mixed:
         return []
     return ["## Device mixes", "",

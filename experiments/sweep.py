@@ -47,7 +47,8 @@ from experiments.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
 from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
 from experiments.sweep_config import Point, Sweep, load_predictor, load_sweep
-from pipeline.cli import CONFIG_ERROR, RUNTIME_ERROR, OneLineParser, UsageError, fail
+from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, OneLineParser, UsageError, fail,
+                          quiet_dask)
 from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup
 from pipeline.preflight import check_run, check_writable_dir
 from pipeline.records import software_versions
@@ -483,6 +484,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_dask()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = OneLineParser(
         prog="python -m experiments.sweep",

@@ -8,6 +8,7 @@ block or a traceback. argparse's own complaints go the same way.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import NoReturn
 
@@ -27,6 +28,13 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def quiet_dask() -> None:
+    """Keep only Dask's errors on stderr: its client logs its own view of a failure
+    (closed comms, reconnect attempts, at INFO and WARNING), and the run reports every
+    failure itself, in one line."""
+    logging.getLogger("distributed").setLevel(logging.ERROR)
 
 
 def error_line(error: BaseException | str) -> str:

@@ -76,3 +76,26 @@ def check_run(config: RunConfig, output_field: str = "output") -> None:
         check_writable_dir(workspace, "workspace.path")
     if config.strategy != "reference" and not config.cluster.scheduler:
         check_scheduler_variable()
+
+
+def check_embedded_tags(config: RunConfig) -> None:
+    """A run on its own embedded cluster knows every worker's tags: one that asks for
+    a tag none of them offers (or more of them than there are) is a config mistake,
+    named at once rather than after `cluster.wait_timeout`."""
+    cluster = config.cluster
+    if (config.strategy == "reference" or cluster.scheduler
+            or os.environ.get("DASK_SCHEDULER_ADDRESS")):
+        return
+    workers = cluster.worker_list()
+    tags = cluster.tags()
+    offering = [w for w in workers if any((w.resources or {}).get(t, 0) >= 1 for t in tags)]
+    field = "cluster.resources" if cluster.resources else "cluster.resource"
+    if not offering:
+        offered = ", ".join(sorted({t for w in workers for t in (w.resources or {})}))
+        wanted = "' or '".join(tags)
+        raise ConfigError(f"{field}: no worker of the embedded cluster offers '{wanted}' "
+                          f"(they offer: {offered})")
+    if cluster.use_workers and cluster.use_workers > len(offering):
+        raise ConfigError(f"cluster.use_workers: {cluster.use_workers}, but only "
+                          f"{len(offering)} worker(s) of the embedded cluster offer "
+                          f"{' or '.join(tags)}")

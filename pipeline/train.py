@@ -25,7 +25,8 @@ from distributed import Client
 
 from pipeline.calibrate import choose_batch_shares, choose_placement
 from pipeline.checkpointing import CheckpointError, prepare_checkpoints
-from pipeline.cli import CONFIG_ERROR, IN_USE, RUNTIME_ERROR, OneLineParser, UsageError, fail
+from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, OneLineParser, UsageError,
+                          fail, quiet_dask)
 from pipeline.cluster import (ClusterError, SchedulerLost, WorkerLost, WorkerSlot, add_master,
                               find_workers, open_client, register_setup)
 from pipeline.config import RunConfig, load_run_config
@@ -34,7 +35,7 @@ from pipeline.evaluate import test_accuracy
 from pipeline.loop import Trainer, train_loop
 from pipeline.outputs import OutputBusy, owned_output
 from pipeline.placement import Placement, PlacementError
-from pipeline.preflight import check_run
+from pipeline.preflight import check_embedded_tags, check_run
 from pipeline.recovery import History, split_of, train_with_recovery
 from pipeline.records import (RunRecorder, format_summary, jsonable,
                               software_versions, summarize)
@@ -282,10 +283,12 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
         overrides.append(f"cluster.scheduler={args.scheduler}")
     config = load_run_config(args.config, overrides)
     check_run(config)
+    check_embedded_tags(config)
     return config, args.check
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_dask()
     try:
         config, check_only = load_checked(argv)
         if check_only:

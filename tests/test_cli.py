@@ -161,12 +161,13 @@ def test_missing_dataset_archive_is_named(tmp_path):
 def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_factory):
     dataset = tiny_dataset_factory("float32")
     started = time.monotonic()
-    result = train(*tiny_args(tmp_path, dataset), "cluster.resource=GPU",
-                   "cluster.wait_timeout=5")
-    assert time.monotonic() - started < 35  # the 5 s wait, plus start-up
-    assert result.returncode == 1
-    assert "'GPU'" in result.stderr and "Traceback" not in result.stderr
+    result = train(*tiny_args(tmp_path, dataset), "cluster.resource=GPU")
+    assert time.monotonic() - started < 15  # named before any cluster starts
+    assert result.returncode == 2
+    assert "cluster.resource: no worker of the embedded cluster offers 'GPU' (they " \
+        "offer: CPU)" in result.stderr and "Traceback" not in result.stderr
     assert len(error_lines(result)) == 1, result.stderr
+    assert not (tmp_path / "run").exists()  # nothing written
 
 
 def test_unreachable_scheduler_is_a_clear_message(tmp_path, tiny_dataset_factory):
@@ -175,45 +176,6 @@ def test_unreachable_scheduler_is_a_clear_message(tmp_path, tiny_dataset_factory
     assert result.returncode == 1
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_worker_death_fails_cleanly_then_resume_finishes(tmp_path, cli_processes,
-                                                         tiny_dataset_factory):
-    """SIGKILL a worker mid-run with recovery off: the run stops with a clear message
-    (no hang), and a resumed run on a replacement worker continues from the last
-    checkpoint. (With recovery on, tests/test_faults.py.)"""
-    from storage import checkpoints
-
-    dataset = tiny_dataset_factory("float32")
-    address = cli_processes.start_scheduler()
-    victim = cli_processes.start_worker("--no-nanny")
-    cli_processes.start_worker("--no-nanny")
-    args = [*tiny_args(tmp_path, dataset), "--scheduler", address, "placement=even",
-            "train.checkpoint_every=4", "train.max_recoveries=0"]
-    run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args,
-                            "train.steps=100000"], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    checkpoint_path = str(tmp_path / "run" / "checkpoints.zarr")
-    deadline = time.monotonic() + 120
-    while (checkpoints.latest_complete_step(checkpoint_path) or 0) < 4:
-        assert run.poll() is None, run.communicate()
-        assert time.monotonic() < deadline, "no checkpoint after 120 s"
-        time.sleep(0.3)
-    victim.kill()
-    killed_at = time.monotonic()
-    _out, err = run.communicate(timeout=60)
-    assert time.monotonic() - killed_at < 30
-    assert run.returncode == 1
-    assert "left the cluster" in err and "train.resume=true" in err
-    assert "Traceback" not in err, err
-    last = checkpoints.latest_complete_step(checkpoint_path)
-    assert last >= 4 and last % 4 == 0
-
-    cli_processes.start_worker("--no-nanny")
-    resumed = train(*args, f"train.steps={last + 3}", "train.resume=true")
-    assert resumed.returncode == 0, resumed.stderr
-    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
-    assert list(record.step.values) == [last, last + 1, last + 2]
 
 
 def test_trains_from_a_cifar10_archive(tmp_path):

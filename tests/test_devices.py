@@ -8,20 +8,21 @@ the placement. The runs are checked against single-process PyTorch.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
-import xarray as xr
-import yaml
 
-from experiments.report import device_shares, make_report
+from experiments.report import device_shares
 from experiments.sweep import main as sweep_main
+from experiments.sweep_config import load_sweep
 from experiments.sweep_config import value_label
 from pipeline.cluster import ClusterError, check_devices, tagged_workers
 from pipeline.config import ClusterConfig, WorkerConfig, build_run_config
 from pipeline.schema import ConfigError
 from pipeline.train import run_training
 from storage import checkpoints
+from tests.conftest import ROOT
 from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
 
 WORKERS = [WorkerConfig(name="fast", resources={"FAST": 1}),
@@ -182,28 +183,18 @@ def test_a_device_axis_is_labelled_by_mix_and_the_report_shows_shares():
     assert device_shares("[]", "[]", devices) == []
 
 
-def test_a_sweep_over_device_mixes_reports_each_devices_share(tmp_path, tiny_dataset_factory):
-    """A `cluster.devices` axis: an embedded cluster per mix, and report.md's table of
-    step time and share per device. Emulated speed cannot be set per device here, so
-    the mixes are CPU-only ('cpu', '2cpu'); a GPU machine runs experiments/configs/mixes.yaml."""
-    sweep = {"name": "mixes",
-             "base": {"strategy": "kernel", "placement": "even", "progress": False,
-                      "network": {"conv": [{"kernels": 8}, {"kernels": 8}]},
-                      "data": {"path": tiny_dataset_factory("float32"), "train_samples": 512,
-                               "test_samples": 128},
-                      "train": {"batch": 16, "eval_samples": 0},
-                      "workspace": {"channel_quantum": 4}},
-             "measure": {"warmup_steps": 1, "steps": 2},
-             "axes": {"cluster.devices": {"dim": "mix", "values": [["cpu"], ["cpu", "cpu"]]}}}
-    path = tmp_path / "mixes.yaml"
-    path.write_text(yaml.safe_dump(sweep))
-    store = tmp_path / "mixes.zarr"
-    assert sweep_main([str(path), "--out", str(store)]) == 0
-    ds = xr.open_zarr(store)
-    assert list(ds.mix.values) == ["cpu", "2cpu"]
-    assert json.loads(str(ds.worker_devices.sel(mix="2cpu").values.item())) == [
-        ["cpu-0", "CPU", "cpu"], ["cpu-1", "CPU", "cpu"]]
-    report = open(next(p for p in make_report(str(store)) if p.endswith(".md"))).read()
-    section = report.split("## Device mixes")[1]
-    assert "| mix cpu |" in section and "cpu-0 (cpu, CPU) 100%" in section
-    assert "| mix 2cpu |" in section and "cpu-1 (cpu, CPU) 50%" in section
+def test_the_device_mix_sweep_expands_to_one_cluster_per_mix(capsys):
+    """experiments/configs/mixes.yaml (for a GPU machine) expands here too: a dry run
+    starts nothing. Its points run on an embedded cluster per mix, labelled by mix;
+    the report's device-mix table is checked on a real sweep in tests/test_report.py."""
+    config = os.path.join(ROOT, "experiments", "configs", "mixes.yaml")
+    sweep = load_sweep(config)
+    assert [str(v) for v in sweep.axes[0].labels] == ["gpu", "gpu+2cpu", "gpu+4cpu"]
+    keys = {p.cluster_key for p in sweep.points}
+    assert len(keys) == 3  # one embedded cluster per mix
+    workers = [p.config.cluster.worker_list() for p in sweep.points]
+    assert {len(w) for w in workers} == {1, 3, 5}
+    assert all(w[0].device == "cuda:0" and w[-1].threads in (1, 4) for w in workers)
+    assert sweep_main([config, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("mix=gpu+4cpu") == 8 and "5 worker(s)" in out

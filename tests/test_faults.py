@@ -42,6 +42,7 @@ from tests.test_sweep import write_sweep
 FAULTS = {
     "worker SIGKILLed mid-run, kernel, float64": "survived",
     "worker SIGKILLed mid-run, data, float64": "survived",
+    "worker SIGKILLed mid-run, recovery off, then resumed": "clean",
     "scheduler SIGKILLed mid-run": "clean",
     "worker joins mid-run, kernel, float64": "survived",
     "sweep process SIGKILLed, seed 1": "survived",
@@ -172,6 +173,39 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
         cluster.replace(victim)
 
 
+def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(
+        tmp_path, three_cli_workers, tiny_dataset_factory):
+    """`train.max_recoveries=0`: a SIGKILLed worker stops the run with one line (no
+    hang), its checkpoints kept, and a resumed run continues from the last one."""
+    assert FAULTS["worker SIGKILLed mid-run, recovery off, then resumed"] == "clean"
+    cluster = three_cli_workers
+    args = [*tiny_args(tmp_path, tiny_dataset_factory("float32")), "--scheduler",
+            cluster.address, "placement=even", "train.checkpoint_every=4",
+            "train.max_recoveries=0"]
+    run = train_process(*args, "train.steps=100000")
+    path = str(tmp_path / "run" / "checkpoints.zarr")
+    try:
+        wait_for_checkpoint(path, 4, run)
+        cluster.kill("w1")
+        killed = time.monotonic()
+        _out, err = run.communicate(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        if run.poll() is None:
+            run.kill()
+        cluster.replace("w1")
+    assert run.returncode == 1 and len(error_lines_of(err)) == 1, err
+    assert "left the cluster" in err and "train.resume=true" in err
+    last = checkpoints.latest_complete_step(path)
+    assert last >= 4 and last % 4 == 0
+    resumed = subprocess.run([sys.executable, "-m", "pipeline.train", *args,
+                              f"train.steps={last + 3}", "train.resume=true"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert list(record.step.values) == [last, last + 1, last + 2]
+
+
 def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
         tmp_path, three_cli_workers, tiny_dataset_factory):
     """Two CLI workers train; a third starts once the run has placed its work: at a
@@ -279,8 +313,11 @@ def test_sweep_killed_at_random_moments_keeps_finished_points(tmp_path, this_cod
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
     assert f"{len(finished)} done before, {6 - len(finished)} to run" in result.stdout
+    assert result.stdout.count("s/step") == 6 - len(finished)  # only those ran
+    assert not os.path.exists(f"{store}.lock")  # the killed sweeps' lock was taken over
     ds = xr.open_zarr(store).load()
     assert (ds.status == DONE).all()
+    assert json.loads(ds.attrs["sessions"])[-1]["interrupted"] is False
     for index, point in finished.items():
         assert (ds.run_id.values.ravel()[index], ds.step_time.values.ravel()[index]) == point
     assert (ds.recoveries == 0).all()  # reference runs keep no state on workers

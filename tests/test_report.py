@@ -51,6 +51,9 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store):
     expected = ["speedup.png", "breakdown.png", "batch.png", "placement.png",
                 "step_times.png", "report.md"]
     assert sorted(os.listdir(out_dir)) == sorted(expected)
+    mixes = open(os.path.join(out_dir, "report.md")).read().split("## Device mixes")[1]
+    assert "kernels 12/16, devices 1+0.5/even | " in mixes  # one row per point
+    assert "cpu-0 (cpu, CPU) 57%, cpu-1 (cpu, CPU) 43% |" in mixes  # 16/28, 12/28 kernels
     assert result.stdout.split() == [os.path.join(out_dir, name) for name in expected]
     for name in expected[:-1]:
         image = matplotlib.image.imread(os.path.join(out_dir, name))
