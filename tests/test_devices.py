@@ -183,7 +183,7 @@ def test_a_device_axis_is_labelled_by_mix_and_the_report_shows_shares():
     assert device_shares("[]", "[]", devices) == []
 
 
-def test_the_device_mix_sweep_expands_to_one_cluster_per_mix(capsys):
+def test_the_device_mix_sweep_expands_to_one_cluster_per_mix(capsys, monkeypatch):
     """experiments/configs/mixes.yaml (for a GPU machine) expands here too: a dry run
     starts nothing. Its points run on an embedded cluster per mix, labelled by mix;
     the report's device-mix table is checked on a real sweep in tests/test_report.py."""
@@ -195,6 +195,7 @@ def test_the_device_mix_sweep_expands_to_one_cluster_per_mix(capsys):
     workers = [p.config.cluster.worker_list() for p in sweep.points]
     assert {len(w) for w in workers} == {1, 3, 5}
     assert all(w[0].device == "cuda:0" and w[-1].threads in (1, 4) for w in workers)
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "cached")  # what a dry run sets; undone after
     assert sweep_main([config, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count("mix=gpu+4cpu") == 8 and "5 worker(s)" in out
