@@ -34,6 +34,10 @@ from tasks.specs import NetworkSpec
 #: timed again at its share (small shards run far below a device's rate).
 REMEASURE_FACTOR = 2.0
 
+#: Rounds per shard size that must agree (within 10 %) after the warm-up; more are
+#: timed, up to three times as many, until they do (`WorkerProfile.time_rounds`).
+STABLE_ROUNDS = 3
+
 Points = dict[str, list[list[list[float]]]]  # worker -> layer -> [[kernels, seconds], ...]
 
 
@@ -45,12 +49,10 @@ def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int,
     task keys of a second round apart from the first's."""
     futures = {}
     for layer, spec in enumerate(network.conv):
-        rounds = 5 if rough_seconds(spec, batch, max(sizes[(w.name, layer)][-1]
-                                                     for w in runner.workers)) < 0.05 else 3
         for index, slot in enumerate(runner.workers):
             futures[(slot.name, layer)] = runner.submit(
                 calibrate_layer, index, spec, batch, sizes[(slot.name, layer)], network.dtype,
-                layer > 0, rounds, name=f"calibrate{round_name}-{layer}-{slot.name}")
+                layer > 0, STABLE_ROUNDS, name=f"calibrate{round_name}-{layer}-{slot.name}")
     results = runner.gather(list(futures.values()), "calibration")
     points: Points = {slot.name: [[] for _ in network.conv] for slot in runner.workers}
     for (name, layer), result in zip(futures, results):

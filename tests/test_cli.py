@@ -49,6 +49,18 @@ class CliCluster:
             time.sleep(0.2)
         return json.loads(self.scheduler_file.read_text())["address"]
 
+    def stop(self) -> None:
+        """Workers first, then the scheduler; killed if they do not stop in 5 s."""
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.logs.close()
+
     def start_worker(self, *extra: str) -> subprocess.Popen:
         process = subprocess.Popen(
             [os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
@@ -58,31 +70,18 @@ class CliCluster:
         return process
 
 
-@pytest.fixture()
-def cli_processes(tmp_path):
-    cluster = CliCluster(tmp_path)
+@pytest.fixture(scope="module")
+def cli_cluster(tmp_path_factory):
+    """`dask scheduler` and two `dask worker --resources CPU=1` as subprocesses, shared
+    by the module's tests that only train on them."""
+    cluster = CliCluster(tmp_path_factory.mktemp("cli"))
     try:
-        yield cluster
+        address = cluster.start_scheduler()
+        for _ in range(2):
+            cluster.start_worker()
+        yield address
     finally:
-        processes = cluster.processes
-        for process in reversed(processes):  # workers first, then the scheduler
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        cluster.logs.close()
-
-
-@pytest.fixture()
-def cli_cluster(cli_processes):
-    """`dask scheduler` and two `dask worker --resources CPU=1` as subprocesses."""
-    address = cli_processes.start_scheduler()
-    for _ in range(2):
-        cli_processes.start_worker()
-    return address
+        cluster.stop()
 
 
 def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
