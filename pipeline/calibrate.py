@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 from distributed import Client
 
@@ -74,6 +73,12 @@ def shard_costs(points: Points, names: list[str], layers: int) -> list[list[Shar
             for layer in range(layers)]
 
 
+def per_unit(costs: list[list[ShardCost]], names: list[str]) -> dict[str, list[float]]:
+    """Seconds per kernel (or sample) of every layer, per worker name: what the run
+    records as its calibration."""
+    return {name: [row[d].per_kernel for row in costs] for d, name in enumerate(names)}
+
+
 def calibrated_placement(runner: TaskRunner, network: NetworkSpec, batch: int,
                          quanta: list[int]) -> Placement:
     """`placement: calibrated` (see the module doc)."""
@@ -82,7 +87,8 @@ def calibrated_placement(runner: TaskRunner, network: NetworkSpec, batch: int,
     sizes = first_sizes(network, batch, len(names), quanta)
     points = calibrate(runner, network, batch,
                        {(n, layer): s for n in names for layer, s in enumerate(sizes)})
-    choice = choose_calibrated(kernels, shard_costs(points, names, len(kernels)), quanta, names)
+    costs = shard_costs(points, names, len(kernels))
+    choice = choose_calibrated(kernels, costs, quanta, names)
     again = {}
     for layer, row in enumerate(choice.counts):
         for name, count in zip(names, row):
@@ -97,11 +103,9 @@ def calibrated_placement(runner: TaskRunner, network: NetworkSpec, batch: int,
                           round_name="-again")
         for (name, layer) in again:
             points[name][layer] += extra[name][layer]
-        choice = choose_calibrated(kernels, shard_costs(points, names, len(kernels)), quanta,
-                                   names)
-    costs = shard_costs(points, names, len(kernels))
-    per_kernel = {name: [row[d].per_kernel for row in costs] for d, name in enumerate(names)}
-    return Placement("calibrated", choice.counts, per_kernel,
+        costs = shard_costs(points, names, len(kernels))
+        choice = choose_calibrated(kernels, costs, quanta, names)
+    return Placement("calibrated", choice.counts, per_unit(costs, names),
                      {**choice.record(names), "calibration_points": points})
 
 
@@ -212,8 +216,7 @@ def choose_batch_shares(client: Client, config: RunConfig, network: NetworkSpec,
         return Placement("even" if len(workers) > 1 else "single",
                          [split_even(batch, len(workers), 1)])
     points = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
-    choice = choose_calibrated([batch], shard_costs(points, names, 1), [1], names)
-    per_sample = {name: [fit_shard_cost([(int(k), t) for k, t in points[name][0]]).per_kernel]
-                  for name in names}
-    record: dict[str, Any] = {**choice.record(names), "calibration_points": points}
-    return Placement("calibrated", choice.counts, per_sample, record)
+    costs = shard_costs(points, names, 1)
+    choice = choose_calibrated([batch], costs, [1], names)
+    return Placement("calibrated", choice.counts, per_unit(costs, names),
+                     {**choice.record(names), "calibration_points": points})

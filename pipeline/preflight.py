@@ -14,6 +14,7 @@ import os
 import tempfile
 
 from pipeline.addresses import address_problem
+from pipeline.cluster import tagged_workers
 from pipeline.config import RunConfig
 from pipeline.schema import ConfigError
 
@@ -88,7 +89,8 @@ def check_embedded_tags(config: RunConfig) -> None:
         return
     workers = cluster.worker_list()
     tags = cluster.tags()
-    offering = [w for w in workers if any((w.resources or {}).get(t, 0) >= 1 for t in tags)]
+    offering = tagged_workers({w.name: {"name": w.name, "resources": w.resources}
+                               for w in workers}, tags)
     field = "cluster.resources" if cluster.resources else "cluster.resource"
     if not offering:
         offered = ", ".join(sorted({t for w in workers for t in (w.resources or {})}))

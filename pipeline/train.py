@@ -230,8 +230,8 @@ def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | N
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
         summary_accuracy = test_accuracy(network, weights, info.path, samples)
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
-    attrs["recoveries"] = jsonable(history.as_json()["recoveries"])
-    attrs["joins"] = jsonable(history.as_json()["joins"])
+    changes = history.as_json()  # recoveries, joins
+    attrs.update({key: jsonable(value) for key, value in changes.items()})
     attrs["notes"] = json.dumps(notes)
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -252,7 +252,7 @@ def _train(config: RunConfig, client: Client | None, slots: list[WorkerSlot] | N
     if "master" in attrs:
         summary["master"] = attrs["master"]
         summary["split_workers"] = json.loads(attrs["split_workers"])
-    summary.update(history.as_json())  # recoveries, joins
+    summary.update(changes)
     record.attrs["test_accuracy"] = -1.0 if summary_accuracy is None else summary_accuracy
     write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
     with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
