@@ -40,7 +40,7 @@ from pipeline.placement import split_even
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
                             costmodel_network, dataset_store, find_cached_probe, master_device,
                             probe_key, workspace_location)
-from pipeline.train import prepare_dataset
+from pipeline.run import prepare_dataset
 from storage.datasets import DatasetError, open_dataset_info
 from tasks.specs import NetworkSpec
 

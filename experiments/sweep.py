@@ -53,7 +53,7 @@ from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_se
 from pipeline.preflight import check_run, check_writable_dir
 from pipeline.records import software_versions
 from pipeline.schema import ConfigError
-from pipeline.train import run_training
+from pipeline.run import run_training
 
 Predictor = Callable[[Any, "dict | None"], "float | None"]
 

@@ -99,8 +99,9 @@ class TaskRunner:
             if all(f.done() for f in futures):
                 try:
                     return self.client.sync(self.client._gather, futures, callback_timeout=10)
-                except TimeoutError:
-                    pass  # a holder of some result is gone: the check below names it
+                except OSError:  # TimeoutError, or CommClosedError ("Stream is closed"):
+                    pass  # the holder of a result, or the scheduler, is gone: the check
+                    # below names which (a lost scheduler was once a bare comm error here)
                 except CancelledError:
                     self._scheduler_lost(what)
             self._check_workers(what)

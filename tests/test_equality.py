@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.cluster import find_workers, register_setup
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from pipeline.config import WorkerConfig
 from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config

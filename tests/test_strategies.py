@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.cluster import find_workers, register_setup
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from tasks.layout import workspace_bytes
 from tasks.replica_layout import DataLayout, HybridLayout

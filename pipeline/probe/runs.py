@@ -37,12 +37,14 @@ from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConf
                              WorkspaceConfig)
 from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
-from pipeline.placement import rough_seconds, split_even
+from pipeline.placement import Placement, rough_seconds, split_even
 from pipeline.records import RunRecorder
+from pipeline.strategies.base import RunPlan
 from storage.datasets import open_dataset_info
+from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, layout_from_counts
 from tasks.receipts import OpEvent, Receipt
-from tasks.specs import NetworkSpec
+from tasks.specs import Arithmetic, NetworkSpec
 from tasks.worker_state import configure_process
 
 @dataclasses.dataclass
@@ -153,7 +155,9 @@ def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, ba
             prepare_checkpoints(config, network)
             workers = list(slots[:plan.workers])
             layout = layout_from_counts([w.name for w in workers], plan.counts, master=0)
-            engine = StepEngine(client, config, network, workers, layout, samples)
+            run_plan = RunPlan(workers, layout, Placement("even", plan.counts), KERNEL_SIDE,
+                               Arithmetic(config.optimizer_spec()))
+            engine = StepEngine(client, config, network, run_plan, samples)
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                                    [w.emulated_speed for w in workers])
             try:
