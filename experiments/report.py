@@ -43,7 +43,7 @@ from experiments.figures import save_figure, write_figures  # noqa: E402
 from experiments.results import (DONE, FAILED, SKIPPED, STORE_FORMAT, base_strategy,  # noqa: E402
                                  format_table, summary_table)
 from experiments.scaling_report import make_scaling_report  # noqa: E402
-from experiments.sweep_config import value_label  # noqa: E402
+from experiments.sweep_axes import value_label  # noqa: E402
 
 PAPER_POINT = (4, 3.28)  # Marques et al. 2018: 3.28x speedup with four CPUs
 PAPER_LABEL = "Marques et al. 2018: 3.28x on 4 CPUs"

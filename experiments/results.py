@@ -41,8 +41,9 @@ import xarray as xr
 import yaml
 import zarr
 
-from experiments.sweep_config import (Axis, Sweep, fewest_workers, value_json, value_label,
-                                      worker_count)
+from experiments.sweep_axes import Axis, value_json, value_label
+from experiments.sweep_config import Sweep
+from experiments.sweep_points import fewest_workers, worker_count
 from storage.labelled import write_dataset
 from storage.locks import LockBusy, OwnerLock
 from storage.locks import now_text as now_text  # re-exported: sweeps stamp sessions

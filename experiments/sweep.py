@@ -46,7 +46,8 @@ from experiments.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore
                                  format_table, machine_info, now_text, summary_table)
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
 from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
-from experiments.sweep_config import Point, Sweep, load_predictor, load_sweep
+from experiments.sweep_config import Sweep, load_predictor, load_sweep
+from experiments.sweep_points import Point
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, OneLineParser, UsageError, fail,
                           quiet_dask)
 from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup

@@ -23,7 +23,9 @@ from experiments import sweep as sweep_cli
 from experiments.results import (DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template,
                                  compute_speedup, summary_table)
 from experiments.sweep import run_sweep
-from experiments.sweep_config import load_predictor, load_sweep, run_order, value_label
+from experiments.sweep_axes import value_label
+from experiments.sweep_config import load_predictor, load_sweep
+from experiments.sweep_points import run_order
 from pipeline.schema import ConfigError
 from storage.labelled import write_dataset
 
