@@ -40,9 +40,9 @@ import xarray as xr  # noqa: E402
 import yaml  # noqa: E402
 
 from experiments.figures import save_figure, write_figures  # noqa: E402
-from experiments.results import (DONE, FAILED, SKIPPED, STORE_FORMAT, base_strategy,  # noqa: E402
-                                 format_table, summary_table)
+from experiments.results import DONE, FAILED, SKIPPED, STORE_FORMAT  # noqa: E402
 from experiments.scaling_report import make_scaling_report  # noqa: E402
+from experiments.summary import base_strategy, format_table, summary_table  # noqa: E402
 from experiments.sweep_axes import value_label  # noqa: E402
 
 PAPER_POINT = (4, 3.28)  # Marques et al. 2018: 3.28x speedup with four CPUs

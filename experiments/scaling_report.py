@@ -39,7 +39,8 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.figures import save_figure, write_figures  # noqa: E402
-from experiments.results import DONE, FAILED, base_strategy  # noqa: E402
+from experiments.results import DONE, FAILED  # noqa: E402
+from experiments.summary import base_strategy  # noqa: E402
 
 __all__ = ["ScalingView", "make_scaling_report", "winners"]
 

@@ -41,11 +41,12 @@ import numpy as np
 import xarray as xr
 from tqdm import tqdm
 
+from experiments.provenance import code_revision, machine_info
 from experiments.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore, StoreBusy,
-                                 StoreMismatch, SweepLock, build_template, code_revision,
-                                 format_table, machine_info, now_text, summary_table)
+                                 StoreMismatch, SweepLock, build_template)
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
 from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
+from experiments.summary import format_table, summary_table
 from experiments.sweep_config import Sweep, load_predictor, load_sweep
 from experiments.sweep_points import Point
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, OneLineParser, UsageError, fail,
@@ -55,6 +56,7 @@ from pipeline.preflight import check_run, check_writable_dir
 from pipeline.records import software_versions
 from pipeline.schema import ConfigError
 from pipeline.train import run_training
+from storage.locks import now_text
 
 Predictor = Callable[[Any, "dict | None"], "float | None"]
 

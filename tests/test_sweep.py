@@ -20,8 +20,9 @@ import xarray as xr
 import yaml
 
 from experiments import sweep as sweep_cli
-from experiments.results import (DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template,
-                                 compute_speedup, summary_table)
+from experiments.results import DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template
+from experiments.speedup import compute_speedup
+from experiments.summary import summary_table
 from experiments.sweep import run_sweep
 from experiments.sweep_axes import value_label
 from experiments.sweep_config import load_predictor, load_sweep
