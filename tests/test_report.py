@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 
 from experiments import report
-from experiments.sweep import run_sweep
+from experiments.sweep_run import run_sweep
 from experiments.sweep_config import load_sweep
 from storage.labelled import write_dataset
 from tests.test_sweep import ROOT, write_sweep
