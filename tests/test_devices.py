@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from experiments.report import device_shares
+from experiments.report_markdown import device_shares
 from experiments.sweep import main as sweep_main
 from experiments.sweep_axes import value_label
 from experiments.sweep_config import load_sweep
