@@ -30,7 +30,7 @@ import yaml
 import zarr
 
 from experiments.results import DONE, ResultStore
-from experiments.sweep import run_sweep
+from experiments.sweep_run import run_sweep
 from experiments.sweep_config import load_sweep
 from pipeline import train
 from pipeline.config import WorkerConfig
