@@ -20,32 +20,31 @@ finished point then writes its own cells, data first and ``status`` last. Zarr's
 local store replaces a chunk file atomically, and only one sweep writes at a time
 (`SweepLock`), so a process killed at any moment leaves every cell either as it
 was or complete, and a point whose status is not 1 is simply run again.
+
+This module owns that layout (the variables, their units and meanings, the
+template) and the writes; reading a store back as a table is
+:mod:`experiments.summary`, and the speedup baseline :mod:`experiments.speedup`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import socket
-import subprocess
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
-import psutil
 import xarray as xr
-import yaml
 import zarr
 
-from experiments.sweep_config import (Axis, Sweep, fewest_workers, value_json, value_label,
-                                      worker_count)
+from experiments.speedup import compute_speedup, speedup_reference
+from experiments.sweep_axes import Axis, value_json, value_label
+from experiments.sweep_config import Sweep
+from experiments.sweep_points import worker_count
 from storage.labelled import write_dataset
 from storage.locks import LockBusy, OwnerLock
-from storage.locks import now_text as now_text  # re-exported: sweeps stamp sessions
 
 PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
 STORE_FORMAT = "hetcnn-sweep/2"  # 2: status 3 (not applicable), batch_split
@@ -119,45 +118,6 @@ class StoreMismatch(ValueError):
     """The store exists but holds a different sweep (or is not a sweep store)."""
 
 
-# Provenance ---------------------------------------------------------------------------
-
-
-def code_revision() -> str:
-    """The git revision of this code, '-dirty' if tracked files have changed."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
-                                  capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=here, capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return revision + ("-dirty" if dirty.strip() else "")
-
-
-def machine_info() -> dict[str, Any]:
-    """Where the sweep ran: the figures mean little without it."""
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle
-                          if line.startswith("model name")), model)
-    except OSError:
-        pass
-    gpus: list[str] = []
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001 - a broken CUDA setup must not stop a CPU sweep
-        pass
-    return {"host": socket.gethostname(), "platform": platform.platform(),
-            "cpu": model, "cores": os.cpu_count(),
-            "physical_cores": psutil.cpu_count(logical=False),
-            "memory_bytes": psutil.virtual_memory().total, "gpus": gpus}
-
-
 # Lock -------------------------------------------------------------------------------
 
 
@@ -216,25 +176,6 @@ def _axis_coords(axis: Axis, taken: set[str]) -> dict[str, tuple]:
         coords[key] = (axis.dim, np.array(counts, dtype=np.int64),
                        {"description": "workers in the embedded cluster", "units": "workers"})
     return coords
-
-
-def speedup_reference(sweep: Sweep) -> dict[str, Any]:
-    """Where the baseline of `speedup` lies: the baseline strategy's position along the
-    strategy dim, and the fewest workers' position along the workers dim (if any)."""
-    baseline = sweep.config.speedup_baseline
-    axis = sweep.axis_with_field("strategy")
-    workers = sweep.axis_with_field("cluster.workers")
-    fewest: dict[str, Any] = {"workers_dim": None, "workers_index": None}
-    if workers is not None:
-        fewest = {"workers_dim": workers.dim, "workers_index": fewest_workers(workers)}
-    if axis is None:
-        base_strategy = sweep.base.get("strategy", "kernel")
-        return {"strategy": baseline, "dim": None, "index": None,
-                "available": base_strategy == baseline, **fewest}
-    positions = [i for i in range(len(axis)) if axis.value_of(i, "strategy") == baseline]
-    return {"strategy": baseline, "dim": axis.dim,
-            "index": positions[0] if positions else None, "available": bool(positions),
-            **fewest}
 
 
 def build_template(sweep: Sweep, attrs: dict[str, Any]) -> xr.Dataset:
@@ -411,123 +352,3 @@ class ResultStore:
                                               reference.get("workers_index"))
         group["speedup"][...] = speedup
         group["efficiency"][...] = efficiency
-
-
-def compute_speedup(step_time: np.ndarray, capacity: np.ndarray, axis: int | None,
-                    index: int | None, available: bool, workers_axis: int | None = None,
-                    workers_index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Speedup and efficiency against one baseline per grid, at the same other coordinates.
-
-    `step_time` and `capacity` have the axes then the repeat last. The baseline is
-    position `index` along `axis` (the strategy's dim) and position `workers_index`
-    along `workers_axis` (the fewest workers), reduced to its median over repeats, so
-    each repeat of a point is compared with one stable baseline. With no strategy dim
-    the whole grid is the baseline strategy (if `available`).
-    """
-    nan = np.full(step_time.shape, np.nan)
-    if not available:
-        return nan, nan.copy()
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)
-        picked_time, picked_capacity = step_time, capacity
-        for along, position in ((axis, index), (workers_axis, workers_index)):
-            if along is not None and position is not None:
-                picked_time = np.take(picked_time, [position], axis=along)
-                picked_capacity = np.take(picked_capacity, [position], axis=along)
-        base_time = np.nanmedian(picked_time, axis=-1, keepdims=True)
-        base_capacity = np.nanmedian(picked_capacity, axis=-1, keepdims=True)
-        speedup = base_time / step_time
-        efficiency = speedup / (capacity / base_capacity)
-    return speedup, efficiency
-
-
-# Reading back -----------------------------------------------------------------------
-
-
-def _labels(ds: xr.Dataset, dim: str) -> list[str]:
-    return [str(v) for v in ds[dim].values]
-
-
-def summary_table(ds: xr.Dataset) -> pd.DataFrame:
-    """One row per grid point (repeats pooled): the main figures, for print and report.
-
-    Figures are medians over the done repeats; ``runs`` counts done/all repeats.
-    """
-    dims = [d for d in ds.status.dims if d != "repeat"]
-    status = ds.status.values
-    figures = {name: ds[name].values for name in (
-        "step_time", "step_time_p25", "step_time_p75", "throughput", "speedup", "efficiency",
-        "compute_time", "storage_time", "master_time", "wait_time", "bytes_moved", "loss",
-        "accuracy", "predicted_step_time", "prediction_error")}
-    failures = ds.failure.values
-    labels = {dim: _labels(ds, dim) for dim in dims}
-    rows = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for position in np.ndindex(*status.shape[:-1]):
-            if (status[position] == SKIPPED).all():  # not applicable: no row
-                continue
-            done = status[position] == DONE
-            row: dict[str, Any] = {dim: labels[dim][i] for dim, i in zip(dims, position)}
-            row["runs"] = f"{int(done.sum())}/{done.size}"
-            for name, values in figures.items():
-                picked = values[position][done]
-                row[name] = float(np.nanmedian(picked)) if picked.size else np.nan
-            reasons = sorted({str(r) for r, s in zip(failures[position], status[position])
-                              if s == FAILED and str(r)})
-            row["failure"] = "; ".join(reasons)
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
-    """The main figures as aligned text (or a markdown table)."""
-    columns = [c for c in table.columns if c not in (
-        "step_time_p25", "step_time_p75", "predicted_step_time", "prediction_error",
-        "failure")]
-    if table["predicted_step_time"].notna().any():
-        columns += ["predicted_step_time", "prediction_error"]
-    names = {"step_time": "step s", "throughput": "samples/s", "speedup": "speedup",
-             "efficiency": "effic.", "compute_time": "compute s", "storage_time": "storage s",
-             "master_time": "master s", "wait_time": "wait s", "bytes_moved": "MB/step",
-             "loss": "loss", "accuracy": "acc.", "predicted_step_time": "predicted s",
-             "prediction_error": "pred. err"}
-    formats = {"step_time": "{:.4f}", "throughput": "{:.1f}", "speedup": "{:.2f}",
-               "efficiency": "{:.2f}", "compute_time": "{:.4f}", "storage_time": "{:.4f}",
-               "master_time": "{:.4f}", "wait_time": "{:.4f}", "loss": "{:.3f}",
-               "accuracy": "{:.3f}", "predicted_step_time": "{:.4f}",
-               "prediction_error": "{:+.0%}"}
-    header = [names.get(c, c) for c in columns]
-    body = []
-    for _, row in table.iterrows():
-        cells = []
-        for column in columns:
-            value = row[column]
-            if column == "bytes_moved":
-                cells.append("-" if pd.isna(value) else f"{value / 1e6:.2f}")
-            elif column in formats:
-                cells.append("-" if pd.isna(value) else formats[column].format(value))
-            else:
-                cells.append(str(value))
-        if row.get("failure"):
-            cells[columns.index("runs")] += " (failed)"
-        body.append(cells)
-    if markdown:
-        numeric = set(names)
-        lines = ["| " + " | ".join(header) + " |",
-                 "|" + "|".join("--:" if c in numeric else "---" for c in columns) + "|"]
-        lines += ["| " + " | ".join(cells) + " |" for cells in body]
-        return "\n".join(lines)
-    widths = [max(len(h), *(len(cells[i]) for cells in body)) if body else len(h)
-              for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(cells, widths)) for cells in body]
-    return "\n".join(lines)
-
-
-def base_strategy(ds: xr.Dataset) -> str:
-    """The base config's strategy of a sweep store (for stores without that axis)."""
-    try:
-        return str(yaml.safe_load(ds.attrs.get("config", ""))["base"].get("strategy", "kernel"))
-    except (TypeError, KeyError, AttributeError, yaml.YAMLError):
-        return "kernel"

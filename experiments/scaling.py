@@ -39,13 +39,14 @@ import numpy as np
 import xarray as xr
 
 from experiments import hardware as hw
+from experiments.provenance import code_revision, machine_info
 from experiments.results import (DONE, FAILED, STORE_FORMAT, ResultStore, SweepLock,
-                                 StoreMismatch, _axis_coords, code_revision, machine_info,
-                                 now_text)
+                                 StoreMismatch, _axis_coords)
 from experiments.scaling_config import ScalingPoint, ScalingSweep, network_of, options_of
 from pipeline.costmodel import predict
 from pipeline.records import software_versions
 from storage.labelled import write_dataset
+from storage.locks import now_text
 
 __all__ = ["Infeasible", "evaluate_point", "SCALING_MEASURES", "build_dataset",
            "run_scaling_sweep", "dry_run_scaling"]

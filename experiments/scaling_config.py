@@ -24,7 +24,7 @@ it. The file::
       hardware.link.gbps: {dim: link_gbps, values: [1, 10, 100]}
     zip: []                        # fields moving together, as in measured sweeps
 
-Axes and zip groups work exactly as in :mod:`experiments.sweep_config` (same
+Axes and zip groups work exactly as in measured sweeps (:mod:`experiments.sweep_axes`: same
 parser, same labels). There are no repeats (the model is deterministic) and no
 ``measure:``.
 """
@@ -42,8 +42,8 @@ from typing import Any, Literal
 import yaml
 
 from experiments import hardware as hw
-from experiments.sweep_config import (Axis, _build_axes, _point_data, _resolve_base,
-                                      _route_overrides)
+from experiments.sweep_axes import Axis, build_axes, point_data
+from experiments.sweep_config import _resolve_base, _route_overrides
 from pipeline.costmodel import Network, Options, alexnet, conv_net, sequential
 from pipeline.schema import ConfigError, from_dict, load_yaml, parse_override, set_dotted, to_dict
 
@@ -291,13 +291,13 @@ def load_scaling_sweep(path: str, overrides: list[str] = (), out: str | None = N
         key, value = parse_override(text)
         set_dotted(base, key, value)
     build_point(copy.deepcopy(base))  # a bad base fails here, before the axes
-    axes = _build_axes(config)
+    axes = build_axes(config)
     for axis in axes:
         if axis.dim in SCALING_VARIABLES:
             raise ConfigError(f"{axis.where}.dim: the name {axis.dim!r} is already taken")
         for index in range(len(axis)):
             try:
-                build_point(_point_data(base, [axis], (index,)))
+                build_point(point_data(base, [axis], (index,)))
             except ConfigError as error:
                 raise ConfigError(f"{error} (in {axis.where}, value #{index + 1} of "
                                   f"{len(axis)})") from None
@@ -307,7 +307,7 @@ def load_scaling_sweep(path: str, overrides: list[str] = (), out: str | None = N
         labels = {axis.dim: axis.labels[i] for axis, i in zip(axes, position)}
         run = ScalingPointRun(position, labels, ScalingPoint())
         try:
-            run.point = build_point(_point_data(base, axes, position))
+            run.point = build_point(point_data(base, axes, position))
         except ConfigError as error:
             raise ConfigError(f"{error} (at point {run.describe()})") from None
         points.append(run)

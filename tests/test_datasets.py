@@ -16,16 +16,17 @@ import numpy as np
 import pytest
 import zarr
 
-from storage import datasets
 from storage.datasets import (
     DatasetError,
     DatasetInfo,
+    clear_read_cache,
     create_synthetic_dataset,
     ensure_dataset,
     import_cifar10,
     open_dataset_info,
     read_batch,
 )
+from storage.datasets import reader, synthetic, writer
 
 TRAIN_PER_BATCH = 3  # 5 batches -> 15 train samples
 TEST_SAMPLES = 4
@@ -34,10 +35,10 @@ TEST_SAMPLES = 4
 @pytest.fixture(autouse=True)
 def small_shards(monkeypatch):
     """Several shards (and a partial last one) even in tiny stores."""
-    monkeypatch.setattr(datasets, "SHARD_SAMPLES", 4)
-    datasets.clear_read_cache()
+    monkeypatch.setattr(writer, "SHARD_SAMPLES", 4)
+    clear_read_cache()
     yield
-    datasets.clear_read_cache()
+    clear_read_cache()
 
 
 def _pickle_like_cifar(obj: dict) -> bytes:
@@ -175,9 +176,9 @@ def test_normalised_train_split_has_zero_mean_unit_std(tmp_path):
     source = _write_archive(tmp_path / "cifar-10-python.tar.gz", _cifar_batches())
     cifar = str(tmp_path / "c.zarr")
     import_cifar10(source, cifar, dtype="float64")
-    synthetic = str(tmp_path / "s.zarr")
-    create_synthetic_dataset(synthetic, train_samples=30, test_samples=10, dtype="float64")
-    for store in (cifar, synthetic):
+    synthetic_store = str(tmp_path / "s.zarr")
+    create_synthetic_dataset(synthetic_store, train_samples=30, test_samples=10, dtype="float64")
+    for store in (cifar, synthetic_store):
         images, _ = _read_all(store, "train")
         np.testing.assert_allclose(images.mean(axis=(0, 2, 3)), 0.0, atol=1e-9)
         np.testing.assert_allclose(images.std(axis=(0, 2, 3)), 1.0, atol=1e-9)
@@ -204,10 +205,11 @@ def test_fast_reader_is_used_and_matches_zarr_path(tmp_path):
     store = str(tmp_path / "s.zarr")
     create_synthetic_dataset(store, train_samples=10, test_samples=2, dtype="float64")
     read_batch(store, "train", np.array([0]))
-    (reader,) = [datasets._split_reader(*key) for key in _cached_keys(store, "train")]
-    assert reader.fast is not None, "the shard reader should accept the layout we write"
+    (split_reader,) = [reader._split_reader(*key) for key in _cached_keys(store, "train")]
+    assert split_reader.fast is not None, "the shard reader should accept the layout we write"
     indices = np.array([7, 1, 8, 1, 4])
-    np.testing.assert_array_equal(reader.read(indices)[0], reader.read_with_zarr(indices))
+    np.testing.assert_array_equal(split_reader.read(indices)[0],
+                                  split_reader.read_with_zarr(indices))
 
 
 def _cached_keys(store: str, split: str):
@@ -343,14 +345,14 @@ def test_non_dataset_paths_are_rejected(tmp_path):
 def test_failed_build_leaves_the_old_store_and_no_debris(tmp_path, monkeypatch):
     store = str(tmp_path / "s.zarr")
     old = create_synthetic_dataset(store, train_samples=6, test_samples=2, seed=1)
-    real_block = datasets._SyntheticGenerator.block
+    real_block = synthetic._SyntheticGenerator.block
 
     def failing_block(self, split, block, labels):
         if split == "test":
             raise RuntimeError("disk full")
         return real_block(self, split, block, labels)
 
-    monkeypatch.setattr(datasets._SyntheticGenerator, "block", failing_block)
+    monkeypatch.setattr(synthetic._SyntheticGenerator, "block", failing_block)
     with pytest.raises(RuntimeError, match="disk full"):
         create_synthetic_dataset(store, train_samples=6, test_samples=2, seed=2, overwrite=True)
     assert open_dataset_info(store) == old

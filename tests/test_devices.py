@@ -13,10 +13,10 @@ import os
 import pytest
 import torch
 
-from experiments.report import device_shares
+from experiments.report_markdown import device_shares
 from experiments.sweep import main as sweep_main
+from experiments.sweep_axes import value_label
 from experiments.sweep_config import load_sweep
-from experiments.sweep_config import value_label
 from pipeline.cluster import ClusterError, check_devices, tagged_workers
 from pipeline.config import ClusterConfig, WorkerConfig, build_run_config
 from pipeline.schema import ConfigError

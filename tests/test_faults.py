@@ -27,7 +27,7 @@ from distributed import Client
 
 from experiments.results import (ADDED_LATER, DONE, FAILED, PointResult, ResultStore,
                                  build_template)
-from experiments.sweep import one_line
+from experiments.sweep_run import one_line
 from experiments.sweep_config import load_sweep
 from pipeline.cluster import SchedulerLost, WorkerLost
 from storage import checkpoints

@@ -30,7 +30,7 @@ import yaml
 import zarr
 
 from experiments.results import DONE, ResultStore
-from experiments.sweep import run_sweep
+from experiments.sweep_run import run_sweep
 from experiments.sweep_config import load_sweep
 from pipeline import train
 from pipeline.config import WorkerConfig
@@ -39,8 +39,9 @@ from pipeline.schema import ConfigError, to_dict
 from pipeline.run import run_training
 from storage import checkpoints
 from storage.checksums import file_crc32c
-from storage.datasets import (DatasetDamaged, DatasetError, _write_store, ensure_dataset,
-                              read_batch, verify_dataset)
+from storage.datasets import (DatasetDamaged, DatasetError, ensure_dataset, read_batch,
+                              verify_dataset)
+from storage.datasets.writer import write_store
 from storage.exchange import SlotSpec, create_exchange, remove_stale_exchanges
 from tests.helpers import embedded_client, max_relative_error, tiny_config
 
@@ -281,8 +282,8 @@ def test_out_of_range_labels_are_refused(tmp_path, tiny_dataset_factory, capsys)
     def blocks():
         yield 0, np.zeros((4, 1, 2, 2)), np.array([0, 1, -1, 1])
     with pytest.raises(DatasetDamaged, match="train/labels holds labels from -1"):
-        _write_store(str(tmp_path / "bad.zarr"), False, {"classes": 2}, (1, 2, 2), "float32",
-                     {"train": (4, blocks)})
+        write_store(str(tmp_path / "bad.zarr"), False, {"classes": 2}, (1, 2, 2), "float32",
+                    {"train": (4, blocks)})
     assert not os.path.exists(tmp_path / "bad.zarr")
 
 

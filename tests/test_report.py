@@ -13,7 +13,8 @@ import pytest
 import xarray as xr
 
 from experiments import report
-from experiments.sweep import run_sweep
+from experiments.report_view import StoreView
+from experiments.sweep_run import run_sweep
 from experiments.sweep_config import load_sweep
 from storage.labelled import write_dataset
 from tests.test_sweep import ROOT, write_sweep
@@ -75,7 +76,7 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store):
 
 
 def test_report_frame_puts_unequal_workers_at_their_summed_speed(store):
-    sweep = report.StoreView(xr.open_zarr(store).load())
+    sweep = StoreView(xr.open_zarr(store).load())
     frame = sweep.points()
     kernel = frame[frame["strategy"] == "kernel"]
     assert sorted(kernel["relative_capacity"].round(6).unique()) == [1.5, 2.0]

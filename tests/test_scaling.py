@@ -25,7 +25,7 @@ from experiments.results import DONE, FAILED
 from experiments.scaling import Infeasible, evaluate_point
 from experiments.scaling_config import build_point, load_scaling_sweep, network_of
 from experiments.hardware import device_spec, link_spec
-from experiments.sweep_config import value_label
+from experiments.sweep_axes import value_label
 from pipeline.costmodel import predict
 from tests.test_sweep import ROOT, close, error_lines, open_clean
 

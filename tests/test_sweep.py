@@ -20,10 +20,13 @@ import xarray as xr
 import yaml
 
 from experiments import sweep as sweep_cli
-from experiments.results import (DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template,
-                                 compute_speedup, summary_table)
-from experiments.sweep import run_sweep
-from experiments.sweep_config import load_predictor, load_sweep, run_order, value_label
+from experiments.results import DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template
+from experiments.speedup import compute_speedup
+from experiments.summary import summary_table
+from experiments.sweep_axes import value_label
+from experiments.sweep_config import load_predictor, load_sweep
+from experiments.sweep_points import run_order
+from experiments.sweep_run import run_sweep
 from pipeline.schema import ConfigError
 from storage.labelled import write_dataset
 

@@ -1,0 +1,123 @@
+"""One point of a measured sweep: train it (or only predict it) into the store's figures.
+
+`measure_point` trains the point's run config on the client it is given and turns
+the run's summary and record into a `PointResult`: the timing figures, the time
+breakdown, the point's `capacity`, the model's prediction, the splits and the
+per-step series. `predict_only` is `mode: predict` (the model alone), and
+`predicted_step_time` asks the model (the sweep's predictor) for a point.
+
+Why here and not in the run loop (:mod:`experiments.sweep_run`): what a point's
+figures mean is decided once, in this mapping from a run's summary to the store's
+variables (:mod:`experiments.results` describes them), whatever runs the points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import shutil
+import time
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+import xarray as xr
+
+from experiments.results import PointResult
+from experiments.sweep_points import Point
+from pipeline.run import run_training
+
+Predictor = Callable[[Any, "dict | None"], "float | None"]
+
+
+def predicted_step_time(predictor: Predictor | None, point: Point, summary: dict | None,
+                        client: Any = None) -> float:
+    """The model's step time for the point (NaN where it has none).
+
+    A live client is handed on when the model takes one, so that a model which
+    probes the cluster uses the one already running instead of starting another.
+    """
+    if predictor is None:
+        return float("nan")
+    kwargs = {}
+    if client is not None and "client" in inspect.signature(predictor).parameters:
+        kwargs["client"] = client
+    try:
+        value = predictor(point.config, summary, **kwargs)
+    except Exception:  # noqa: BLE001 - a model's gap must not fail a measured point
+        return float("nan")
+    try:
+        return float("nan") if value is None else float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def capacity(point: Point, record: xr.Dataset) -> float:
+    """What the point was given to run on: `reference`'s threads, else the summed
+    relative speed of its workers, those the placement left out included (a device
+    left idle still counts against the point's efficiency)."""
+    if point.config.strategy == "reference":
+        return float(point.config.reference.threads)
+    speeds = {w.name: w.speed for w in point.config.cluster.worker_list()}
+    idle = json.loads(record.attrs.get("left_out", "[]"))
+    return float(record.emulated_speed.sum()) + sum(speeds.get(name, 1.0) for name in idle)
+
+
+def measure_point(point: Point, client: Any, predictor: Predictor | None,
+                  keep_checkpoints: bool) -> PointResult:
+    """Train the point's config and turn its summary into the store's figures."""
+    # The point's own directory: what an earlier, failed or interrupted attempt left
+    # there is replaced, under the run's lock (the sweep never resumes a point).
+    config = dataclasses.replace(
+        point.config, train=dataclasses.replace(point.config.train, fresh=True, resume=False))
+    started = time.time()
+    result = run_training(config, client=client)
+    finished = time.time()
+    summary, record = result.summary, result.record
+    if not keep_checkpoints:
+        shutil.rmtree(config.checkpoint_path, ignore_errors=True)
+    step_time = summary["step_time_median"]
+    predicted = predicted_step_time(predictor, point, summary, client)
+    accuracy = summary.get("test_accuracy")
+    values = {
+        "step_time": step_time, "step_time_p25": summary["step_time_p25"],
+        "step_time_p75": summary["step_time_p75"], "step_time_min": summary["step_time_min"],
+        "step_time_max": summary["step_time_max"], "throughput": summary["throughput"],
+        "compute_time": summary["compute_time_median"],
+        "storage_time": summary["storage_time_median"],
+        "master_time": summary["master_time_median"],
+        "wait_time": summary["wait_time_median"], "bytes_moved": summary["bytes_per_step"],
+        "loss": summary["final_loss"],
+        "accuracy": float("nan") if accuracy is None else float(accuracy),
+        "n_workers": float(record.sizes["worker"]),
+        "capacity": capacity(point, record),
+        "measured_steps": float(summary["measured_steps"]),
+        "predicted_step_time": predicted,
+        "prediction_error": (predicted - step_time) / step_time if step_time else np.nan,
+        "started": started, "finished": finished, "wall_time": finished - started,
+        "recoveries": float(len(summary.get("recoveries", []))),
+    }
+    texts = {"failure": "", "run_id": uuid.uuid4().hex,
+             "kernel_split": json.dumps(summary.get("kernel_split", [])),
+             "batch_split": json.dumps(summary.get("batch_split", [])),
+             "worker_labels": ", ".join(str(w) for w in summary.get("workers", [])),
+             "worker_devices": json.dumps([[w["name"], w["tag"], w["device"]]
+                                           for w in summary.get("worker_devices", [])]),
+             "recovery_log": json.dumps(summary.get("recoveries", []))}
+    series = {"step_time_series": np.asarray(record.step_time.values, dtype=float),
+              "loss_series": np.asarray(record.loss.values, dtype=float)}
+    return PointResult(values, texts, series)
+
+
+def predict_only(point: Point, predictor: Predictor) -> PointResult:
+    """`mode: predict`: the model's step time, no training."""
+    started = time.time()
+    predicted = predicted_step_time(predictor, point, None)
+    finished = time.time()
+    if np.isnan(predicted):
+        raise RuntimeError("the performance model gave no prediction for this point "
+                           "(no probe of its cluster: see CNN_PREDICT_PROBE)")
+    return PointResult({"predicted_step_time": predicted, "started": started,
+                        "finished": finished, "wall_time": finished - started},
+                       {"failure": "", "run_id": uuid.uuid4().hex}, {})

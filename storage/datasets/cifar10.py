@@ -1,0 +1,201 @@
+"""The CIFAR-10 importer: CIFAR-10's python release into a normalised dataset store.
+
+The release is a tar.gz of pickled dicts. Unpickling runs whatever globals a pickle
+names, so a tampered archive could run code: `_NumpyOnlyUnpickler` resolves only the
+few numpy globals the real batches use. The archive is read in place, in one
+streaming pass, and never extracted to disk.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import tarfile
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from storage.datasets.store import DatasetError, DatasetInfo
+from storage.datasets.writer import (BlockSource, base_attrs, check_counts, check_dtype,
+                                     check_target, safe_std, shard_rows, write_store)
+
+CIFAR10_IMAGE_SHAPE = (3, 32, 32)
+CIFAR10_CLASSES = 10
+CIFAR10_FOLDER = "cifar-10-batches-py"
+CIFAR10_ARCHIVE = "cifar-10-python.tar.gz"
+CIFAR10_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR10_TEST_BATCH = "test_batch"
+CIFAR10_META = "batches.meta"
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickles CIFAR-10 batches without running arbitrary code from the archive.
+
+    The batches reference only numpy's array reconstruction (as ``numpy.core`` when
+    written by old numpy) and, for Python 3 protocol-2 pickles, ``_codecs.encode``.
+    """
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"forbidden global {module}.{name} in a CIFAR-10 batch")
+        if module == "numpy.core.multiarray":
+            module = "numpy._core.multiarray"  # numpy 2 name; avoids the deprecation shim
+        return super().find_class(module, name)
+
+
+def _load_batch(raw: bytes, where: str) -> dict[bytes, Any]:
+    """One pickled batch as a dict, through the safe unpickler; DatasetError if damaged."""
+    try:
+        batch = _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except Exception as exc:  # pickle raises many types on damaged input
+        raise DatasetError(f"{where} is not a readable CIFAR-10 pickle ({exc!r})") from exc
+    if not isinstance(batch, dict):
+        raise DatasetError(
+            f"{where} is not a CIFAR-10 batch (a {type(batch).__name__}, not a dict)")
+    return batch
+
+
+def _parse_batch(raw: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 images (n, 3, 32, 32) and int64 labels (n,) from one pickled batch."""
+    batch = _load_batch(raw, where)
+    data, labels = batch.get(b"data"), batch.get(b"labels")
+    row = int(np.prod(CIFAR10_IMAGE_SHAPE))
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
+            and data.shape[1] == row):
+        found = getattr(data, "dtype", type(data).__name__), getattr(data, "shape", "")
+        raise DatasetError(f"{where}: b'data' must be a uint8 array (n, {row}), got {found}")
+    try:
+        label_array = np.asarray(labels, dtype=np.int64)
+    except (TypeError, ValueError):
+        label_array = np.empty(0)
+    if label_array.shape != (data.shape[0],) or (
+            label_array.size and (label_array.min() < 0 or label_array.max() >= CIFAR10_CLASSES)):
+        raise DatasetError(f"{where}: b'labels' must be {data.shape[0]} ints in "
+                           f"[0, {CIFAR10_CLASSES})")
+    return data.reshape(-1, *CIFAR10_IMAGE_SHAPE), label_array
+
+
+def _read_cifar_members(source: str) -> tuple[str, dict[str, bytes]]:
+    """Locate CIFAR-10 and return (its resolved path, {member name: pickled bytes})."""
+    wanted = (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH, CIFAR10_META)
+    hint = f"expected {CIFAR10_ARCHIVE} or the extracted {CIFAR10_FOLDER} folder (or its parent)"
+    if os.path.isdir(source):
+        for folder in (source, os.path.join(source, CIFAR10_FOLDER)):
+            if os.path.isfile(os.path.join(folder, CIFAR10_TRAIN_BATCHES[0])):
+                members = {}
+                for name in wanted:
+                    member_path = os.path.join(folder, name)
+                    if os.path.isfile(member_path):
+                        with open(member_path, "rb") as handle:
+                            members[name] = handle.read()
+                return os.path.abspath(folder), members
+        archive = os.path.join(source, CIFAR10_ARCHIVE)
+        if not os.path.isfile(archive):
+            raise DatasetError(f"no CIFAR-10 data in folder {source!r}: {hint}")
+        source = archive
+    if not os.path.isfile(source):
+        raise DatasetError(f"CIFAR-10 source not found: {source!r} ({hint})")
+    members = {}
+    try:
+        # Stream through the archive once: random access into a .gz re-decompresses.
+        with tarfile.open(source, mode="r:*") as archive_file:
+            for member in archive_file:
+                name = os.path.basename(member.name)
+                if member.isfile() and name in wanted and name not in members:
+                    handle = archive_file.extractfile(member)
+                    assert handle is not None
+                    members[name] = handle.read()
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise DatasetError(f"cannot read CIFAR-10 archive {source!r}: damaged or not a "
+                           f"tar archive ({exc})") from exc
+    return os.path.abspath(source), members
+
+
+def _class_names(raw: bytes | None, where: str) -> list[str] | None:
+    """The label names from batches.meta, if present and well formed (informational)."""
+    if raw is None:
+        return None
+    names = _load_batch(raw, where).get(b"label_names")
+    if not isinstance(names, list) or len(names) != CIFAR10_CLASSES:
+        return None
+    return [n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n) for n in names]
+
+
+def cifar10_build(train_samples: int | None, test_samples: int | None,
+                  dtype: str) -> dict[str, Any]:
+    """The 'build' attribute of a CIFAR-10 store: what `ensure_dataset` compares to
+    decide whether a store at a path was made from the same request."""
+    return {"kind": "cifar10", "train_samples": train_samples, "test_samples": test_samples,
+            "dtype": dtype}
+
+
+def import_cifar10(source: str, path: str, dtype: str = "float32", overwrite: bool = False,
+                   train_samples: int | None = None,
+                   test_samples: int | None = None) -> DatasetInfo:
+    """Convert CIFAR-10's python release into a normalised dataset store at `path`.
+
+    `source` is ``cifar-10-python.tar.gz``, the extracted ``cifar-10-batches-py``
+    folder or its parent; the archive is read in place, never extracted to disk.
+    `train_samples` / `test_samples` keep the first N samples of each split (in the
+    batches' order) when given. Stored values are ``(pixel / 255 - mean[c]) / std[c]``
+    with the statistics of the kept train samples.
+    """
+    dtype = check_dtype(dtype)
+    check_target(os.path.abspath(path), overwrite)
+    resolved, members = _read_cifar_members(source)
+    missing = [n for n in (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH) if n not in members]
+    if missing:
+        raise DatasetError(f"CIFAR-10 source {resolved!r} lacks {', '.join(missing)}")
+
+    def split_arrays(names: tuple[str, ...], keep: int | None,
+                     split: str) -> tuple[np.ndarray, np.ndarray]:
+        parts = [_parse_batch(members.pop(name), f"{resolved}:{name}") for name in names]
+        images = np.concatenate([p[0] for p in parts])
+        labels = np.concatenate([p[1] for p in parts])
+        if keep is not None:
+            if not 0 <= keep <= len(images):
+                raise DatasetError(f"{split}_samples={keep}, but {resolved!r} holds "
+                                   f"{len(images)} {split} samples")
+            images, labels = images[:keep], labels[:keep]
+        return images, labels
+
+    train = split_arrays(CIFAR10_TRAIN_BATCHES, train_samples, "train")
+    test = split_arrays((CIFAR10_TEST_BATCH,), test_samples, "test")
+    check_counts(len(train[0]), len(test[0]))
+
+    # Exact per-channel statistics from integer sums (Python ints: no overflow).
+    pixels = train[0].shape[0] * train[0].shape[2] * train[0].shape[3]
+    sums = [int(train[0][:, c].sum(dtype=np.int64)) for c in range(CIFAR10_IMAGE_SHAPE[0])]
+    squares = [int(np.square(train[0][:, c], dtype=np.int64).sum())
+               for c in range(CIFAR10_IMAGE_SHAPE[0])]
+    mean = np.array([s / pixels / 255.0 for s in sums])
+    variance = np.array([(pixels * q - s * s) / (pixels * pixels) / 255.0**2
+                         for s, q in zip(sums, squares)])
+    std = safe_std(variance)
+
+    def blocks_of(images: np.ndarray, labels: np.ndarray) -> BlockSource:
+        def blocks() -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+            shard = shard_rows(len(images))
+            for start in range(0, len(images), shard):
+                block = images[start:start + shard].astype(np.float64) / 255.0
+                yield (start, (block - mean[:, None, None]) / std[:, None, None],
+                       labels[start:start + shard])
+        return blocks
+
+    attrs = base_attrs("cifar10", resolved, CIFAR10_CLASSES, CIFAR10_IMAGE_SHAPE,
+                       len(train[0]), len(test[0]), dtype, mean, std, 1.0 / 255.0,
+                       cifar10_build(train_samples, test_samples, dtype))
+    names = _class_names(members.get(CIFAR10_META), f"{resolved}:{CIFAR10_META}")
+    if names is not None:
+        attrs["class_names"] = names
+    return write_store(path, overwrite, attrs, CIFAR10_IMAGE_SHAPE, dtype,
+                       {"train": (len(train[0]), blocks_of(*train)),
+                        "test": (len(test[0]), blocks_of(*test))})
