@@ -13,24 +13,26 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from dataclasses import dataclass
 
 from distributed import Client, Future, wait
 
 from pipeline.cluster import ClusterError, WorkerSlot, all_local, live_workers
 from pipeline.config import RunConfig
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
+from pipeline.placement import Placement
 from pipeline.records import StepResult
 from pipeline.runner import TaskRunner
 from pipeline.sampler import step_indices
 from pipeline.step_graph import step_tasks
-from pipeline.strategies.base import RunPlan
 from storage import checkpoints
 from storage.exchange import (Exchange, SlotSpec, create_exchange, remove_exchange,
                               remove_stale_exchanges)
 from tasks import step_task
-from tasks.layout import exchange_slots
+from tasks.layout import Layout, exchange_slots
 from tasks.receipts import Receipt
-from tasks.specs import NetworkSpec, RunPaths
+from tasks.run_state import WorkerSide
+from tasks.specs import Arithmetic, NetworkSpec, RunPaths
 
 
 def workspace_path(config: RunConfig, run_id: str, workers: list[WorkerSlot]) -> str:
@@ -46,6 +48,19 @@ def workspace_path(config: RunConfig, run_id: str, workers: list[WorkerSlot]) ->
     if all_local(workers) and os.path.isdir(shm) and os.access(shm, os.W_OK):
         return os.path.join(shm, f"dask-cnn-{os.getuid()}", f"{run_id}.zarr")
     return os.path.join(config.output_dir, f"workspace-{run_id}.zarr")
+
+
+@dataclass
+class RunPlan:
+    """Everything the engine needs to run a strategy's steps: its workers (in layout
+    order), its layout (who computes what, which slices cross workers), how the split
+    was chosen, the code its workers run, and how they compute."""
+
+    workers: list[WorkerSlot]
+    layout: Layout
+    placement: Placement
+    side: WorkerSide
+    arithmetic: Arithmetic
 
 
 class StepEngine:

@@ -35,11 +35,10 @@ from pipeline.checkpointing import prepare_checkpoints
 from pipeline.cluster import WorkerSlot, all_local
 from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConfig, TrainConfig,
                              WorkspaceConfig)
-from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
 from pipeline.placement import Placement, rough_seconds, split_even
 from pipeline.records import RunRecorder
-from pipeline.strategies.base import RunPlan
+from pipeline.engine import RunPlan, StepEngine
 from storage.datasets import open_dataset_info
 from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, layout_from_counts

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pipeline.config import RunConfig
 from pipeline.schema import ConfigError
-from pipeline.strategies.base import PLACEMENTS, RunPlan, Strategy
+from pipeline.engine import RunPlan
+from pipeline.strategies.base import PLACEMENTS, Strategy
 from pipeline.strategies.kernel import KernelStrategy, SingleStrategy
 from pipeline.strategies.reference import ReferenceStrategy
 from pipeline.strategies.replicas import DataStrategy, HybridStrategy

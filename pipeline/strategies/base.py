@@ -21,13 +21,13 @@ file alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from distributed import Client
 
 from pipeline.cluster import WorkerSlot
 from pipeline.config import RunConfig
+from pipeline.engine import RunPlan
 from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
 from pipeline.placement import Placement
 from pipeline.schema import ConfigError
@@ -37,19 +37,6 @@ from tasks.specs import Arithmetic, NetworkSpec
 
 #: Every placement a run config can name (pipeline/calibrate.py).
 PLACEMENTS = ("calibrated", "even", "model", "recorded")
-
-
-@dataclass
-class RunPlan:
-    """Everything the engine needs to run a strategy's steps: its workers (in layout
-    order), its layout (who computes what, which slices cross workers), how the split
-    was chosen, the code its workers run, and how they compute."""
-
-    workers: list[WorkerSlot]
-    layout: Layout
-    placement: Placement
-    side: WorkerSide
-    arithmetic: Arithmetic
 
 
 class Strategy:

@@ -19,7 +19,8 @@ from pipeline.config import RunConfig
 from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
 from pipeline.costmodel.strategies import MODELS
 from pipeline.placement import Placement
-from pipeline.strategies.base import RunPlan, Strategy
+from pipeline.engine import RunPlan
+from pipeline.strategies.base import Strategy
 from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import KernelLayout, Layout, layout_from_counts
 from tasks.specs import NetworkSpec

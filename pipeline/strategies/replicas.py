@@ -23,7 +23,8 @@ from pipeline.costmodel.strategies import MODELS
 from pipeline.placement import Placement
 from pipeline.records import jsonable
 from pipeline.schema import ConfigError, to_dict
-from pipeline.strategies.base import PLACEMENTS, RunPlan, Strategy
+from pipeline.engine import RunPlan
+from pipeline.strategies.base import PLACEMENTS, Strategy
 from tasks.data_ops import DATA_SIDE
 from tasks.hybrid_ops import HYBRID_SIDE
 from tasks.layout import Layout
