@@ -10,8 +10,9 @@ A strategy says:
   workers), and what its worker side is (`worker_side`, tasks/run_state.py);
 - what it records of its split (`split_of`, `record_attrs`);
 - (its layout says how checkpoints are chunked, `Layout.checkpoint_chunks`);
-- its entry in the performance model (`model`) and where the model says it
-  cannot run (`infeasible`);
+- its entry in the performance model (`model`, on described hardware), its
+  prediction of a run on a probed cluster (`predict_run`), and where the model
+  says it cannot run (`infeasible`);
 - how a sweep treats it (`one_worker`, `uses_cluster`).
 
 A new strategy subclasses `Strategy`, fills these in, and registers an instance
@@ -30,6 +31,7 @@ from pipeline.config import RunConfig
 from pipeline.engine import RunPlan
 from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
 from pipeline.placement import Placement
+from pipeline.probe import ClusterProbe, MasterProbe
 from pipeline.schema import ConfigError
 from tasks.layout import Layout
 from tasks.run_state import WorkerSide
@@ -92,6 +94,27 @@ class Strategy:
               link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
         """The performance model's step for this strategy (pipeline/costmodel)."""
         raise NotImplementedError(f"strategy {self.name!r} has no performance model")
+
+    def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
+                    network: Network, split: dict[str, Any]) -> Prediction:
+        """The model's step of a run of `config` on the probed cluster, as the engine
+        would run it; `split` holds the run's recorded split (``kernel_split``,
+        ``batch_split``: None for the one its placement would choose)."""
+        raise NotImplementedError(f"strategy {self.name!r} has no run prediction")
+
+    def workers_used(self, config: RunConfig, probe: ClusterProbe) -> int:
+        """How many of the probed workers a run of `config` uses."""
+        offered = len(probe.workers)
+        if config.cluster.use_workers:
+            offered = min(offered, config.cluster.use_workers)
+        return self.devices_used(offered)
+
+    @staticmethod
+    def cluster_probe(probe: ClusterProbe | MasterProbe) -> ClusterProbe:
+        """`probe`, which must be a cluster probe (distributed strategies)."""
+        if not isinstance(probe, ClusterProbe):
+            raise TypeError("a distributed strategy is predicted from a ClusterProbe")
+        return probe
 
     def infeasible(self, batch: int, devices: int) -> str:
         """Why the model cannot place this strategy's step on `devices` ("" if it can)."""

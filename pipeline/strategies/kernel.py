@@ -16,9 +16,12 @@ from distributed import Client
 from pipeline.calibrate import choose_placement
 from pipeline.cluster import WorkerSlot, add_master
 from pipeline.config import RunConfig
-from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
+from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
+                                StoreSpec)
 from pipeline.costmodel.strategies import MODELS
-from pipeline.placement import Placement
+from pipeline.model_placement import calibrated_split, choose_split
+from pipeline.placement import Placement, split_even
+from pipeline.probe import ClusterProbe, MasterProbe
 from pipeline.engine import RunPlan
 from pipeline.strategies.base import Strategy
 from tasks.kernel_ops import KERNEL_SIDE
@@ -58,6 +61,37 @@ class KernelStrategy(Strategy):
     def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
               link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
         return MODELS["kernel"](network, batch, list(devices), link, store, options)
+
+
+    def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
+                    network: Network, split: dict[str, Any]) -> Prediction:
+        """The engine's kernel step on the probed workers (`single`: on one), with the
+        recorded split or the one the config's placement would choose."""
+        probe = self.cluster_probe(probe)
+        active = self.workers_used(config, probe)
+        counts = split.get("kernel_split") or placement_split(config, probe, active)
+        names = [w.name for w in probe.workers[:active]]
+        master = names.index(config.cluster.master) if config.cluster.master in names else 0
+        options = probe.kernel_options(kernel_counts=counts, master=master,
+                                       sync=config.workspace.sync)
+        return MODELS["kernel"](network, config.train.batch, probe.device_specs(active),
+                                IDEAL_LINK, probe.store_spec(), options)
+
+
+def placement_split(config: RunConfig, probe: ClusterProbe, active: int) -> list[list[int]]:
+    """The split the engine's placement would choose on the probed workers.
+
+    ``even`` (and one worker): equal quanta; ``calibrated``: proportional to
+    the probed speed at the even share (the engine measures its own, which
+    differs by noise); ``model``: :func:`pipeline.model_placement.choose_split`.
+    """
+    spec = probe.network_spec()
+    quanta = probe.quanta
+    if config.placement == "even" or active == 1:
+        return [split_even(layer.kernels, active, q) for layer, q in zip(spec.conv, quanta)]
+    if config.placement == "model":
+        return choose_split(probe, active)["kernel_split"]
+    return calibrated_split(probe, active)
 
 
 class SingleStrategy(KernelStrategy):

@@ -6,10 +6,12 @@ strategy must reproduce. Its model is one device's step (`single`'s).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
-from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
+from pipeline.config import RunConfig
+from pipeline.costmodel import IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
 from pipeline.costmodel.strategies import MODELS
+from pipeline.probe import ClusterProbe, MasterProbe, dataset_store, master_device
 from pipeline.strategies.base import Strategy
 
 
@@ -23,3 +25,12 @@ class ReferenceStrategy(Strategy):
     def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
               link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
         return MODELS["single"](network, batch, list(devices), link, store, options)
+
+    def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
+                    network: Network, split: dict[str, Any]) -> Prediction:
+        """The whole step in this process, from a probe of it at the run's threads."""
+        if not isinstance(probe, MasterProbe):
+            raise TypeError("strategy reference is predicted from a MasterProbe")
+        return MODELS["single"](network, config.train.batch, [master_device(probe, network)],
+                                IDEAL_LINK, None,
+                                Options(dataset=dataset_store(probe.dataset_read_s)))

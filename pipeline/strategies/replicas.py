@@ -18,9 +18,11 @@ from distributed import Client
 from pipeline.calibrate import choose_batch_shares
 from pipeline.cluster import WorkerSlot
 from pipeline.config import RunConfig
-from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
+from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
+                                StoreSpec)
 from pipeline.costmodel.strategies import MODELS
-from pipeline.placement import Placement
+from pipeline.placement import Placement, split_even
+from pipeline.probe import ClusterProbe, MasterProbe
 from pipeline.records import jsonable
 from pipeline.schema import ConfigError, to_dict
 from pipeline.engine import RunPlan
@@ -64,6 +66,19 @@ class DataStrategy(Strategy):
     def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
               link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
         return MODELS[self.name](network, batch, list(devices), link, store, options)
+
+    def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
+                    network: Network, split: dict[str, Any]) -> Prediction:
+        """The engine's replicas on the probed workers, with the recorded batch shares
+        (an even split if none)."""
+        probe = self.cluster_probe(probe)
+        active = self.workers_used(config, probe)
+        shares = split.get("batch_split") or split_even(config.train.batch, active, 1)
+        options = probe.kernel_options(batch_shares=shares, scheme=config.hybrid.scheme,
+                                       dense_batch=config.hybrid.dense_batch,
+                                       sync=config.workspace.sync)
+        return self.model(network, config.train.batch, probe.device_specs(active), IDEAL_LINK,
+                          probe.store_spec(), options)
 
     def infeasible(self, batch: int, devices: int) -> str:
         if batch < devices:
