@@ -33,11 +33,12 @@ from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
 from pipeline.loop import train_loop
 from pipeline.outputs import owned_output
+from pipeline.preflight import check_run
 from pipeline.recovery import History, train_with_recovery
 from pipeline.records import RunRecorder, jsonable, software_versions, summarize
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
-from pipeline.strategies import Strategy, strategy_of
+from pipeline.strategies import Strategy
 from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
 from storage.datasets import DatasetInfo, ensure_dataset
@@ -103,11 +104,13 @@ def run_training(config: RunConfig, client: Client | None = None,
                  slots: list[WorkerSlot] | None = None) -> RunResult:
     """Run one training as the config says; a client may be passed in (sweeps reuse one).
 
-    The run holds its output directory throughout (`pipeline.outputs`). What it
-    notices on the way (a stale lock taken over, damaged checkpoints passed over)
-    goes to stderr, one line each, and into the record's ``notes`` attribute.
+    Everything that can be checked before it starts is checked first
+    (`pipeline.preflight.check_run`, which also finds the strategy). The run holds its
+    output directory throughout (`pipeline.outputs`). What it notices on the way (a
+    stale lock taken over, damaged checkpoints passed over) goes to stderr, one line
+    each, and into the record's ``notes`` attribute.
     """
-    strategy = strategy_of(config)
+    strategy = check_run(config)
     notes: list[str] = []
 
     def say(line: str) -> None:
