@@ -88,7 +88,7 @@ class StepEngine:
         self._by_name: dict[str, Future] = {}
 
     def start(self, from_step: int) -> None:
-        """Create the workspace and load every worker's part from checkpoint `from_step`.
+        """Create the workspace and load every worker's work from checkpoint `from_step`.
 
         Workspaces that killed runs left beside it go first (`remove_stale_exchanges`).
         """
@@ -136,7 +136,7 @@ class StepEngine:
         return StepResult(step, sum(r.loss for r in receipts if r.loss is not None), receipts)
 
     def checkpoint(self, done_steps: int) -> None:
-        """Save every worker's part as checkpoint `done_steps` (no step may be in flight)."""
+        """Save every worker's work as checkpoint `done_steps` (no step may be in flight)."""
         assert not self._submitted, "checkpoint with steps in flight"
         path = self.paths.checkpoints
         chunks = self.layout.checkpoint_chunks(

@@ -2,7 +2,7 @@
 and using a worker that joins mid-run (re-place at the next checkpoint).
 
 A distributed run keeps its state (shards, replicas, dense slices) in its workers'
-memory, so a worker that dies takes its part with it. The only state that outlives
+memory, so a worker that dies takes its work with it. The only state that outlives
 it is the last complete checkpoint, and batches are a pure function of (seed,
 step): so the run closes the broken engine, asks the same placement as at the
 start for a split over the surviving workers (the `build` callable, which is

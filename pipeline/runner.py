@@ -119,7 +119,7 @@ class TaskRunner:
         if gone:
             labels = [slot.label for slot in gone]
             self._fail(WorkerLost(f"{what}: worker {', '.join(labels)} left the cluster; "
-                                  "its part of the run is lost",
+                                  "its work in the run is lost",
                                   [slot.address for slot in gone], labels))
 
     def _scheduler_lost(self, what: str) -> None:

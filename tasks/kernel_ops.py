@@ -34,7 +34,7 @@ from tasks.specs import Arithmetic, NetworkSpec
 
 @dataclass
 class KernelWork:
-    """A worker's part of a kernel-parallel run."""
+    """A worker's work in a kernel-parallel run: its shards and, on the master, the head."""
 
     shards: dict[int, ConvShard]  # by layer, the layers it holds kernels of
     head: DenseHead | None  # on the master

@@ -11,7 +11,7 @@ docs/design.md gives the bytes they add up to. One source, three users.
 `KernelLayout` (here) is kernel-parallel training; `DataLayout` and `HybridLayout`
 (tasks/replica_layout.py) are the data-parallel and hybrid strategies.
 
-Per step of kernel-parallel training (METHODS.md §1), with ``H(l)`` the workers
+Per step of kernel-parallel training (docs/methods.md §1), with ``H(l)`` the workers
 holding kernels of conv layer ``l`` and ``m`` the master (the worker with the dense
 head):
 

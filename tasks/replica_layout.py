@@ -1,5 +1,5 @@
 """Data-parallel and hybrid layouts: every worker a replica of the conv layers, with a
-share of the batch (METHODS.md §2 and §3). Pure value logic, like tasks/layout.py.
+share of the batch (docs/methods.md §2 and §3). Pure value logic, like tasks/layout.py.
 
 `DataLayout` (``strategy: data``): each worker trains a full replica on its share of
 the batch; the gradients are summed by a reduce-scatter through the workspace (each

@@ -1,9 +1,9 @@
-"""The tasks a run submits to a worker: load its part, run ops of a step, save, release.
+"""The tasks a run submits to a worker: load its work, run ops of a step, save, release.
 
-`init_run` loads this worker's part of the run from a checkpoint onto its device
+`init_run` loads this worker's work from a checkpoint onto its device
 (kernel shards and the head, a replica, or a replica's conv layers and dense
 slices) and keeps it on the worker; `run_ops` runs ops of one step, in the order
-the step graph gave them; `save_run` writes the worker's part of a checkpoint;
+the step graph gave them; `save_run` writes the worker's work into a checkpoint;
 `release_run` forgets the run. What each of these means for a strategy is in the
 `WorkerSide` the client hands over with the layout (tasks/run_state.py; the
 project's own are in tasks/kernel_ops.py, data_ops.py and hybrid_ops.py). A task
@@ -28,7 +28,7 @@ from tasks.worker_state import current_profile, drop_run, get_run, prepare_threa
 def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: NetworkSpec,
              batch: int, paths: RunPaths, arithmetic: Arithmetic, from_step: int,
              wait_timeout: float) -> Receipt:
-    """Load this worker's part of the run from checkpoint `from_step` onto its device."""
+    """Load this worker's work from checkpoint `from_step` onto its device."""
     profile = current_profile()
     receipt = Receipt("init", profile.name, from_step, time.time())
     device = profile.device
@@ -57,7 +57,7 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
 
 
 def save_run(run_id: str, checkpoint_path: str, step: int) -> Receipt:
-    """Write this worker's part of the run into checkpoint `step`."""
+    """Write this worker's work into checkpoint `step`."""
     run: RunState = get_run(run_id)
     receipt = Receipt("checkpoint", run.profile.name, step, time.time())
     run.side.save(run.work, run.me, checkpoint_path, step)

@@ -1,6 +1,6 @@
 """Kernel-parallel and single training equal plain single-process PyTorch.
 
-METHODS.md §1: the arithmetic is that of single-device SGD with the same batch, so
+docs/methods.md §1: the arithmetic is that of single-device SGD with the same batch, so
 the weights after N steps must match up to float summation order. Runs on a real
 Dask cluster of worker processes with a real Zarr workspace and checkpoints.
 """

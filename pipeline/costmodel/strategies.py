@@ -1,6 +1,6 @@
 """Entry point: predicted step time of a strategy on given devices.
 
-Four strategies, after METHODS.md:
+Four strategies, after docs/methods.md:
 
 - ``single``: the whole network on ``devices[0]``;
 - ``kernel``: Marques et al.'s kernel-parallel conv layers through the

@@ -47,7 +47,7 @@ from tasks.specs import Arithmetic, NetworkSpec
 from tasks.worker_state import configure_process
 
 @dataclasses.dataclass
-class Plan:
+class ProbePlan:
     """Kernels per layer (rows) and worker (columns) of one calibration run."""
 
     counts: list[list[int]]
@@ -70,12 +70,12 @@ def plan_steps(seconds: float) -> tuple[int, int]:
 class PlanRun:
     """One plan's receipts (warm-up steps excluded) and the workers it ran on."""
 
-    plan: Plan
+    plan: ProbePlan
     workers: list[str]
     receipts: list[Receipt]
 
 
-def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
+def plan_seconds(network: NetworkSpec, batch: int, plan: ProbePlan) -> float:
     """Rough seconds of one step of ``plan`` (its slowest worker)."""
     return max(sum(rough_seconds(layer, batch, row[w])
                    for layer, row in zip(network.conv, plan.counts))
@@ -83,18 +83,18 @@ def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
 
 
 def plans_for(network: NetworkSpec, batch: int, quanta: Sequence[int], n: int,
-              budget_s: float = 1.0) -> list[Plan]:
+              budget_s: float = 1.0) -> list[ProbePlan]:
     """Even splits over 1..n workers, then tilted splits if a step is cheap."""
     plans = []
     for p in range(1, n + 1):
         if all(math.ceil(layer.kernels / q) >= p for layer, q in zip(network.conv, quanta)):
-            plans.append(Plan([split_even(layer.kernels, p, q)
+            plans.append(ProbePlan([split_even(layer.kernels, p, q)
                                for layer, q in zip(network.conv, quanta)]))
     if n >= 2:  # one worker holds most of each layer: where uneven splits land
         for fraction in (0.75, 1.0):
             tilted = _tilted(network, quanta, n, fraction)
             for rotation in range(min(n, 2)) if tilted else ():
-                plan = Plan([row[-rotation:] + row[:-rotation] if rotation else row
+                plan = ProbePlan([row[-rotation:] + row[:-rotation] if rotation else row
                              for row in tilted])
                 if plan_seconds(network, batch, plan) < budget_s and plan not in plans:
                     plans.append(plan)
@@ -138,7 +138,7 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
 
 
 def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, batch: int,
-              dataset: str, plans: Sequence[Plan], workspace_dir: str | None = None
+              dataset: str, plans: Sequence[ProbePlan], workspace_dir: str | None = None
               ) -> list[PlanRun]:
     """Train every plan for a few steps (the first warm-up) through the training loop."""
     base = tempfile.mkdtemp(prefix="probe-", dir=_output_root(slots))

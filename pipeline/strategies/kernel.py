@@ -30,7 +30,7 @@ from tasks.specs import NetworkSpec
 
 
 class KernelStrategy(Strategy):
-    """Kernel-parallel conv layers, dense head on a master (METHODS.md §1)."""
+    """Kernel-parallel conv layers, dense head on a master (docs/methods.md §1)."""
 
     name = "kernel"
     worker_side = KERNEL_SIDE

@@ -88,7 +88,7 @@ class DataStrategy(Strategy):
 
 
 class HybridStrategy(DataStrategy):
-    """Conv layers data-parallel, dense layers split by neurons (METHODS.md §2)."""
+    """Conv layers data-parallel, dense layers split by neurons (docs/methods.md §2)."""
 
     name = "hybrid"
     worker_side = HYBRID_SIDE
