@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.ddp_peer import measure_ddp  # noqa: E402
 from pipeline.config import load_run_config  # noqa: E402
-from pipeline.train import run_training  # noqa: E402
+from pipeline.run import run_training  # noqa: E402
 
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 

@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 
 from pipeline.cluster import find_workers, open_client, register_setup  # noqa: E402
 from pipeline.config import RunConfig, load_run_config  # noqa: E402
-from pipeline.train import run_training  # noqa: E402
+from pipeline.run import run_training  # noqa: E402
 from experiments.prediction import network_for, predict_point  # noqa: E402
 from pipeline.probe import cached_master_probe, cached_probe  # noqa: E402
 

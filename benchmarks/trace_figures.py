@@ -17,7 +17,7 @@ sys.path.insert(0, ROOT)
 
 from experiments.trace_plot import draw  # noqa: E402
 from pipeline.config import load_run_config  # noqa: E402
-from pipeline.train import run_training  # noqa: E402
+from pipeline.run import run_training  # noqa: E402
 
 RUNS = {"single": ["strategy=single", "cluster.workers=1"],
         "kernel": ["strategy=kernel", "cluster.workers=2", "placement=even"]}

@@ -26,7 +26,7 @@ import xarray as xr
 
 from experiments.results import PointResult
 from experiments.sweep_points import Point
-from pipeline.train import run_training
+from pipeline.run import run_training
 
 Predictor = Callable[[Any, "dict | None"], "float | None"]
 
@@ -54,10 +54,11 @@ def predicted_step_time(predictor: Predictor | None, point: Point, summary: dict
 
 
 def capacity(point: Point, record: xr.Dataset) -> float:
-    """What the point was given to run on: `reference`'s threads, else the summed
-    relative speed of its workers, those the placement left out included (a device
-    left idle still counts against the point's efficiency)."""
-    if point.config.strategy == "reference":
+    """What the point was given to run on: the threads of a strategy that trains in
+    this process (`reference`), else the summed relative speed of its workers, those
+    the placement left out included (a device left idle still counts against the
+    point's efficiency)."""
+    if not point.strategy.uses_cluster:
         return float(point.config.reference.threads)
     speeds = {w.name: w.speed for w in point.config.cluster.worker_list()}
     idle = json.loads(record.attrs.get("left_out", "[]"))

@@ -34,18 +34,17 @@ from typing import Any
 from pipeline.cluster import (ClusterError, find_workers, open_client, register_setup,
                               scheduler_address)
 from pipeline.config import RunConfig
-from pipeline.costmodel import Prediction, predict
-from pipeline.model_placement import calibrated_split, choose_split
-from pipeline.placement import split_even
+from pipeline.costmodel import Prediction
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
-                            costmodel_network, dataset_store, find_cached_probe, master_device,
-                            probe_key, workspace_location)
-from pipeline.train import prepare_dataset
+                            costmodel_network, find_cached_probe, probe_key,
+                            workspace_location)
+from pipeline.run import prepare_dataset
+from pipeline.strategies import strategy_named
 from storage.datasets import DatasetError, open_dataset_info
 from tasks.specs import NetworkSpec
 
 __all__ = ["PointPrediction", "predict_config", "predict_point", "network_for",
-           "probe_for_config", "split_for"]
+           "probe_for_config"]
 
 
 class PointPrediction(dict):
@@ -80,34 +79,11 @@ def _prepare_dataset(config: RunConfig) -> None:
         pass
 
 
-def workers_used(config: RunConfig, probe: ClusterProbe) -> int:
-    """How many of the probed workers the run uses (``single``: one)."""
-    if config.strategy == "single":
-        return 1
-    n = len(probe.workers)
-    return min(n, config.cluster.use_workers) if config.cluster.use_workers else n
-
-
-def split_for(config: RunConfig, probe: ClusterProbe, active: int) -> list[list[int]]:
-    """The split the engine's placement would choose on the probed workers.
-
-    ``even`` (and one worker): equal quanta; ``calibrated``: proportional to
-    the probed speed at the even share (the engine measures its own, which
-    differs by noise); ``model``: :func:`pipeline.model_placement.choose_split`.
-    """
-    spec = probe.network_spec()
-    quanta = probe.quanta
-    if config.placement == "even" or active == 1:
-        return [split_even(layer.kernels, active, q) for layer, q in zip(spec.conv, quanta)]
-    if config.placement == "model":
-        return choose_split(probe, active)["kernel_split"]
-    return calibrated_split(probe, active)
-
-
 def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
                    kernel_split: list[list[int]] | None = None,
                    batch_split: list[int] | None = None) -> Prediction:
-    """The model's step for ``config`` on the probed machine.
+    """The model's step for ``config`` on the probed machine (its strategy's
+    `predict_run`).
 
     Parameters
     ----------
@@ -124,31 +100,12 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
         default an even split.
     """
     spec = network_for(config)
-    net = costmodel_network(spec)
-    batch = config.train.batch
-    if config.strategy == "reference":
-        if not isinstance(probe, MasterProbe):
-            raise TypeError("strategy reference needs a MasterProbe")
-        return predict("single", net, batch, master_device(probe, net),
-                       dataset=dataset_store(probe.dataset_read_s))
-    if not isinstance(probe, ClusterProbe):
-        raise TypeError(f"strategy {config.strategy} needs a ClusterProbe")
-    if probe.batch != batch or probe.network_spec() != spec:
+    if isinstance(probe, ClusterProbe) and (probe.batch != config.train.batch
+                                            or probe.network_spec() != spec):
         raise ValueError("the probe was made for another network or batch")
-    active = workers_used(config, probe)
-    if config.strategy in ("data", "hybrid"):
-        shares = batch_split or split_even(batch, active, 1)
-        options = probe.kernel_options(batch_shares=shares, scheme=config.hybrid.scheme,
-                                       dense_batch=config.hybrid.dense_batch,
-                                       sync=config.workspace.sync)
-        return predict(config.strategy, net, batch, probe.device_specs(active),
-                       store=probe.store_spec(), options=options)
-    counts = kernel_split or split_for(config, probe, active)
-    names = [w.name for w in probe.workers[:active]]
-    master = names.index(config.cluster.master) if config.cluster.master in names else 0
-    return predict("kernel", net, batch, probe.device_specs(active), store=probe.store_spec(),
-                   options=probe.kernel_options(kernel_counts=counts, master=master,
-                                                sync=config.workspace.sync))
+    return strategy_named(config.strategy).predict_run(
+        config, probe, costmodel_network(spec),
+        {"kernel_split": kernel_split, "batch_split": batch_split})
 
 
 def _policy() -> str:
@@ -224,7 +181,7 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         and ``prediction_error``; ``None`` where no probe can be had.
     """
     summary = result_summary or {}
-    if config.strategy == "reference":
+    if not strategy_named(config.strategy).uses_cluster:  # timed in this process
         if not isinstance(probe, MasterProbe) or probe.threads != config.reference.threads:
             probe = cached_master_probe(network_for(config), config.train.batch,
                                         config.reference.threads, _dataset(config),
@@ -235,8 +192,7 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         probe = probe_for_config(config, client, slots)
         if probe is None:
             return None
-    split = summary.get("kernel_split") if config.strategy != "reference" else None
-    prediction = predict_config(config, probe, kernel_split=split,
+    prediction = predict_config(config, probe, kernel_split=summary.get("kernel_split"),
                                 batch_split=summary.get("batch_split"))
     out = PointPrediction(
         strategy=config.strategy, predicted_step_time=prediction.step_time,

@@ -42,7 +42,9 @@ from experiments import hardware as hw
 from experiments.provenance import code_revision, machine_info
 from experiments.results import (DONE, FAILED, STORE_FORMAT, ResultStore, SweepLock,
                                  StoreMismatch, _axis_coords)
-from experiments.scaling_config import ScalingPoint, ScalingSweep, network_of, options_of
+from experiments.scaling_config import (ScalingPoint, ScalingSweep, network_of, options_of,
+                                        point_strategy)
+from experiments.scaling_view import one_device_only
 from pipeline.costmodel import predict
 from pipeline.records import software_versions
 from storage.labelled import write_dataset
@@ -114,18 +116,18 @@ def evaluate_point(point: ScalingPoint) -> dict[str, float]:
         ``data``/``hybrid`` with fewer samples than devices: a data-parallel
         replica needs at least one sample.
     """
+    strategy = point_strategy(point)
     devices, kinds = hw.device_list(point.hardware)
     batch = point.train.batch
-    if point.strategy in ("data", "hybrid") and batch < len(devices):
-        raise Infeasible(f"batch {batch} is smaller than the {len(devices)} devices: every "
-                         f"{point.strategy}-parallel replica needs at least one sample")
+    why = strategy.infeasible(batch, len(devices))
+    if why:
+        raise Infeasible(why)
     network = network_of(point.network)
     link = hw.link_spec(point.hardware.link)
     store = hw.store_spec(point.hardware.store)
-    prediction = predict(point.strategy, network, batch, devices, link, store,
-                         options_of(point))
+    prediction = strategy.model(network, batch, devices, link, store, options_of(point))
     baseline = _single_time(point, kinds[0])
-    used = kinds[:1] if point.strategy == "single" else kinds
+    used = kinds[:strategy.devices_used(len(kinds))]
     relative = {kind: baseline / _single_time(point, kind) for kind in set(used)}
     capacity = float(sum(relative[kind] for kind in used))
     step = prediction.step_time
@@ -272,7 +274,7 @@ def _summary(ds: xr.Dataset) -> list[str]:
     lines = []
     for strategy in ds.strategy.values:
         speedup = ds.speedup.sel(strategy=strategy)
-        if not np.isfinite(speedup.values).any() or strategy == "single":
+        if not np.isfinite(speedup.values).any() or one_device_only(ds.sel(strategy=strategy)):
             continue
         best = speedup.where(np.isfinite(speedup), -np.inf).argmax(...)
         at = {dim: ds[dim].values[int(index)] for dim, index in best.items()

@@ -46,6 +46,7 @@ from experiments.sweep_axes import Axis, build_axes, point_data
 from experiments.sweep_config import _resolve_base, _route_overrides
 from pipeline.costmodel import Network, Options, alexnet, conv_net, sequential
 from pipeline.schema import ConfigError, from_dict, load_yaml, parse_override, set_dotted, to_dict
+from pipeline.strategies import Strategy, strategy_named
 
 __all__ = ["ScalingPoint", "ScalingSweepConfig", "ScalingSweep", "ScalingPointRun",
            "NetworkDesc", "ConvDesc", "OptionsDesc", "is_scaling_sweep", "load_scaling_sweep",
@@ -111,7 +112,7 @@ class OptionsDesc:
 class ScalingPoint:
     """One point of a scaling sweep: what is trained, how, on which hypothetical cluster."""
 
-    strategy: Literal["single", "kernel", "data", "hybrid"] = "kernel"
+    strategy: str = "kernel"  # a strategy with a cluster (`point_strategy` checks it)
     network: NetworkDesc = field(default_factory=NetworkDesc)
     train: TrainDesc = field(default_factory=TrainDesc)
     hardware: hw.HardwareConfig = field(default_factory=hw.HardwareConfig)
@@ -242,9 +243,19 @@ def options_of(point: ScalingPoint) -> Options:
                    overhead=hw.overhead_spec(point.hardware.dask))
 
 
+def point_strategy(point: ScalingPoint) -> Strategy:
+    """The point's strategy: one that runs on a cluster, which the model can scale."""
+    strategy = strategy_named(point.strategy)
+    if not strategy.uses_cluster:
+        raise ConfigError(f"strategy: {point.strategy!r} trains in one process; a scaling "
+                          "sweep predicts strategies that run on devices")
+    return strategy
+
+
 def build_point(data: dict) -> ScalingPoint:
     """Validate one point's mapping; raises ConfigError naming the field."""
     point: ScalingPoint = from_dict(ScalingPoint, data)
+    point_strategy(point)
     if point.train.batch < 1:
         raise ConfigError(f"train.batch: expected at least 1, got {point.train.batch}")
     if point.options.quantum < 1:

@@ -41,7 +41,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.figures import save_figure, write_figures  # noqa: E402
 from experiments.results import DONE, FAILED  # noqa: E402
-from experiments.scaling_view import ScalingView, winners  # noqa: E402
+from experiments.scaling_view import ScalingView, one_device_only, winners  # noqa: E402
 from experiments.summary import base_strategy  # noqa: E402
 
 __all__ = ["make_scaling_report"]
@@ -168,7 +168,7 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
                     linewidth=1)
             for si, strategy in enumerate(strategies):
                 lines = panel.isel({sdim: si}) if sdim else panel
-                if strategy == "single":
+                if one_device_only(lines):  # the baseline (`single`): speedup 1
                     ax.axhline(1.0, color=colors[strategy], linestyle=":", linewidth=1.2)
                     continue
                 for bi in range(len(batches)):

@@ -111,3 +111,10 @@ def winners(times: np.ndarray) -> np.ndarray:
     close = filled <= best * (1 + TIE)
     index = np.argmax(close, axis=0)
     return np.where(np.isfinite(best), index, -1)
+
+
+def one_device_only(ds: xr.Dataset) -> bool:
+    """Whether every point of `ds` used one device (a strategy such as `single`, the
+    speedup's baseline: it does not scale, so summaries and plots set it apart)."""
+    used = ds.n_workers.values[np.isfinite(ds.n_workers.values)]
+    return bool(used.size) and bool((used <= 1).all())

@@ -117,7 +117,7 @@ def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
     for point in sweep.points:
         config = point.config
         key = (config.dataset_path, config.data.source, config.workspace.path,
-               config.strategy == "reference")
+               point.strategy.uses_cluster)
         if key not in checked:
             checked.add(key)
             check_run(config, output_field=field)

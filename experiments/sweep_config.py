@@ -54,6 +54,7 @@ from experiments.sweep_points import Point, cluster_key, fit_point_to_strategy, 
 from pipeline.cluster import scheduler_address
 from pipeline.config import RunConfig, build_run_config
 from pipeline.schema import ConfigError, from_dict, load_yaml, parse_override, set_dotted, to_dict
+from pipeline.strategies import Strategy, strategy_of
 
 
 @dataclass
@@ -193,6 +194,12 @@ def _fingerprint(data: dict) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def checked_config(data: dict) -> tuple[RunConfig, Strategy]:
+    """A point's (or the base's) run config, and its strategy, which has checked it."""
+    config = build_run_config(data)
+    return config, strategy_of(config)
+
+
 def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = None,
                out: str | None = None) -> Sweep:
     """Load, override, expand and validate a sweep file; raises ConfigError."""
@@ -213,7 +220,7 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
         set_dotted(base, "train.steps", config.measure.warmup_steps + config.measure.steps)
     if scheduler:
         set_dotted(base, "cluster.scheduler", scheduler)
-    base_config = build_run_config(base)  # a bad base fails here, before the axes
+    base_config, _ = checked_config(base)  # a bad base fails here, before the axes
     axes = build_axes(config)
     external = scheduler_address(base_config.cluster) is not None
 
@@ -221,7 +228,7 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
     for axis in axes:
         for index in range(len(axis)):
             try:
-                build_run_config(point_data(base, [axis], (index,)))
+                checked_config(point_data(base, [axis], (index,)))
             except ConfigError as error:
                 raise ConfigError(f"{error} (in {axis.where}, value #{index + 1} of "
                                   f"{len(axis)})") from None
@@ -239,21 +246,26 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
     for order, position in enumerate(itertools.product(grid, range(config.repeats))):
         position, repeat = position
         data = point_data(base, axes, position)
-        skip = fit_point_to_strategy(data, axes, position)
+        labels = {axis.dim: axis.labels[i] for axis, i in zip(axes, position)}
+        try:
+            strategy = checked_config(data)[1]
+        except ConfigError as error:
+            where = " ".join(f"{dim}={label}" for dim, label in labels.items())
+            raise ConfigError(f"{error} (at point {where})") from None
+        skip = fit_point_to_strategy(data, axes, position, strategy)
         if external:
             for axis, index in zip(axes, position):
                 if "cluster.workers" in axis.fields:  # a count: use that many of the cluster
                     set_dotted(data, "cluster.use_workers",
                                axis.value_of(index, "cluster.workers"))
-        labels = {axis.dim: axis.labels[i] for axis, i in zip(axes, position)}
-        point = Point(position, repeat, labels, RunConfig(), order, None, skip)
+        point = Point(position, repeat, labels, RunConfig(), strategy, order, None, skip)
         data.update({"name": f"{config.name}-{order:04d}", "progress": False,
                      "output": os.path.join(runs_dir, point.id)})
         try:
             point.config = build_run_config(data)
         except ConfigError as error:
             raise ConfigError(f"{error} (at point {point.describe()})") from None
-        point.cluster_key = cluster_key(point.config)
+        point.cluster_key = cluster_key(point.config, strategy)
         points.append(point)
 
     if config.mode == "predict" and load_predictor() is None:

@@ -2,9 +2,9 @@
 
 A `Point` is one run: a position along every axis (:mod:`experiments.sweep_axes`)
 and a repeat number, with its validated run config. The rules here make the
-grid mean what the strategies can do: `fit_point_to_strategy` gives `reference`
-as many threads as the point has workers and skips the `single` points that
-would repeat one another; `cluster_key` names the worker set a point needs; and
+grid mean what the strategies can do: `fit_point_to_strategy` gives an in-process
+strategy (`reference`) as many threads as the point has workers and skips the
+points of a one-worker strategy (`single`) that would repeat one another; `cluster_key` names the worker set a point needs; and
 `run_order` orders the points so that one embedded cluster serves a whole block.
 
 Why apart from the sweep file's schema: these are the grid's rules, which the
@@ -23,6 +23,8 @@ from experiments.sweep_axes import Axis
 from pipeline.cluster import scheduler_address
 from pipeline.config import RunConfig
 from pipeline.schema import set_dotted, to_dict
+from pipeline.strategies import Strategy
+
 
 @dataclass
 class Point:
@@ -32,6 +34,7 @@ class Point:
     repeat: int
     labels: dict[str, str]
     config: RunConfig
+    strategy: Strategy  # the config's strategy
     order: int  # position in grid order (for stable directory names)
     cluster_key: str | None  # the worker set it needs; None: no cluster (reference)
     skip: str = ""  # why the point is not run (it would repeat another point), if so
@@ -64,33 +67,35 @@ def fewest_workers(axis: Axis) -> int:
     return counts.index(min(counts))
 
 
-def fit_point_to_strategy(data: dict, axes: list[Axis], position: tuple[int, ...]) -> str:
+def fit_point_to_strategy(data: dict, axes: list[Axis], position: tuple[int, ...],
+                          strategy: Strategy) -> str:
     """Make a point of the grid mean what its strategy can do on its workers.
 
-    Along a workers axis, `reference` (plain PyTorch in one process) runs with as many
-    threads as the point has workers, unless `reference.threads` is swept itself;
-    `single` uses one worker whatever the cluster, so it is run at the axis's
-    smallest worker count only. Returns why the point is skipped ("" to run it).
+    Along a workers axis, a strategy that trains in this process (`reference`, plain
+    PyTorch) runs with as many threads as the point has workers, unless
+    `reference.threads` is swept itself; one that uses one worker whatever the
+    cluster (`single`) is run at the axis's smallest worker count only. Returns why
+    the point is skipped ("" to run it).
     """
     axis = next((a for a in axes if "cluster.workers" in a.fields), None)
     if axis is None:
         return ""
     index = position[axes.index(axis)]
     count = worker_count(axis.value_of(index, "cluster.workers"))
-    strategy = data.get("strategy", "kernel")
-    if strategy == "reference" and not any("reference.threads" in a.fields for a in axes):
-        set_dotted(data, "reference.threads", count)
-    if strategy == "single":
+    if not strategy.uses_cluster:
+        if not any("reference.threads" in a.fields for a in axes):
+            set_dotted(data, "reference.threads", count)
+    elif strategy.one_worker:
         first = fewest_workers(axis)
         if index != first:
-            return (f"single runs on one worker: measured at {axis.dim}="
+            return (f"{strategy.name} runs on one worker: measured at {axis.dim}="
                     f"{axis.labels[first]}")
     return ""
 
 
-def cluster_key(config: RunConfig) -> str | None:
+def cluster_key(config: RunConfig, strategy: Strategy) -> str | None:
     """The worker set a point's run needs (`Point.cluster_key`), see `run_order`."""
-    if config.strategy == "reference":
+    if not strategy.uses_cluster:
         return None
     if scheduler_address(config.cluster):
         return "external"
@@ -98,8 +103,8 @@ def cluster_key(config: RunConfig) -> str | None:
 
 
 def run_order(points: list[Point]) -> list[Point]:
-    """Reference points first (no cluster, and before any nanny has touched this
-    process's environment), then one block per worker set in order of first
+    """Points that need no cluster first (`reference`, before any nanny has touched
+    this process's environment), then one block per worker set in order of first
     appearance, so one embedded cluster serves a whole block; within a block all
     points of repeat 0, then of repeat 1, ... so repeats are spread in time."""
     blocks: dict[str | None, list[Point]] = {None: []}

@@ -26,7 +26,7 @@ from pipeline.placement import (Placement, ShardCost, calibration_kernels,
 from pipeline.runner import TaskRunner
 from pipeline.schema import ConfigError
 from tasks.conv_shard import calibrate_layer
-from tasks.replica_ops import calibrate_replica
+from tasks.data_ops import calibrate_replica
 from tasks.specs import NetworkSpec
 
 #: A worker whose chosen share is this many times off the sizes it was timed at is
@@ -109,11 +109,12 @@ def calibrated_placement(runner: TaskRunner, network: NetworkSpec, batch: int,
                      {**choice.record(names), "calibration_points": points})
 
 
-def recorded_counts(config: RunConfig, names: list[str]) -> list[list[int]]:
+def recorded_counts(config: RunConfig, names: list[str], key: str) -> list[list[int]]:
     """The split `placement: recorded` reuses over the workers `names`: `split_from`'s
     counts as given (one per worker, in order), or those in the summary.json of the
     run directory it names, matched to this run's workers by name (a worker the
-    earlier run left out, or never had, gets nothing)."""
+    earlier run left out, or never had, gets nothing). `key` is the summary's
+    split: ``kernel_split`` (one row per layer) or ``batch_split`` (one row)."""
     source = config.split_from
     if not isinstance(source, str):
         return [list(row) for row in source or []]
@@ -124,7 +125,6 @@ def recorded_counts(config: RunConfig, names: list[str]) -> list[list[int]]:
     except (OSError, ValueError) as error:
         raise ConfigError(f"split_from: cannot read a run summary at {path} "
                           f"({type(error).__name__})") from None
-    key = "kernel_split" if config.strategy in ("kernel", "single") else "batch_split"
     if key not in summary or "split_workers" not in summary:
         raise ConfigError(f"split_from: {path} records no {key} with its workers "
                           f"(a {summary.get('strategy')} run, or an older one)")
@@ -163,7 +163,8 @@ def choose_placement(client: Client, config: RunConfig, network: NetworkSpec,
     quanta = config.channel_quanta(network)
     layers = network.conv
     if config.placement == "recorded":
-        counts = check_recorded(recorded_counts(config, [w.name for w in workers]),
+        names = [w.name for w in workers]
+        counts = check_recorded(recorded_counts(config, names, "kernel_split"),
                                 [s.kernels for s in layers],
                                 len(workers), "kernel counts for its conv layers", quanta)
         return Placement("recorded", counts)
@@ -209,8 +210,8 @@ def choose_batch_shares(client: Client, config: RunConfig, network: NetworkSpec,
     batch = config.train.batch
     names = [w.name for w in workers]
     if config.placement == "recorded":
-        counts = check_recorded(recorded_counts(config, names), [batch], len(workers),
-                                "batch (samples)")
+        counts = check_recorded(recorded_counts(config, names, "batch_split"), [batch],
+                                len(workers), "batch (samples)")
         return Placement("recorded", counts)
     if config.placement == "even" or len(workers) == 1:
         return Placement("even" if len(workers) > 1 else "single",

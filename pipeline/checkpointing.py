@@ -1,5 +1,5 @@
 """The client's side of checkpoints: the step-0 weights every strategy starts from,
-and closing a checkpoint once every worker has written its part."""
+and closing a checkpoint once every worker has written its work."""
 
 from __future__ import annotations
 

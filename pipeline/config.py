@@ -19,8 +19,6 @@ from pipeline.schema import (ConfigError, FieldError, check_range, from_dict, lo
                              parse_override, set_dotted)
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
 
-Strategy = Literal["kernel", "single", "reference", "data", "hybrid"]
-
 
 @dataclass
 class ConvLayerConfig:
@@ -267,7 +265,7 @@ class HybridConfig:
 @dataclass
 class RunConfig:
     name: str = "run"
-    strategy: Strategy = "kernel"
+    strategy: str = "kernel"  # a name in pipeline.strategies.STRATEGIES (checked there)
     placement: Literal["calibrated", "even", "model", "recorded"] = "calibrated"
     # placement "recorded": the split to reuse, as a run's summary.json holds it
     # (kernel_split, or batch_split for data/hybrid), or an earlier run's directory
@@ -289,9 +287,6 @@ class RunConfig:
             raise FieldError("split_from", "placement 'recorded' takes a split_from (a run "
                              "directory or a split), and split_from needs placement "
                              "'recorded'")
-        if self.placement == "model" and self.strategy in ("data", "hybrid"):
-            raise ConfigError(f"placement: 'model' chooses kernel splits; strategy "
-                              f"{self.strategy!r} takes 'calibrated' or 'even'")
 
     # Derived values -------------------------------------------------------------
 
@@ -342,12 +337,6 @@ class RunConfig:
     def optimizer_spec(self) -> OptimizerSpec:
         t = self.train
         return OptimizerSpec(t.lr, t.momentum, t.weight_decay, t.nesterov)
-
-    def conv_lr_scale(self, workers: int) -> float:
-        """The hybrid conv layers' learning-rate factor over `workers` (1 elsewhere)."""
-        if self.strategy != "hybrid" or self.hybrid.conv_lr_scaling == "none":
-            return 1.0
-        return float(workers) if self.hybrid.conv_lr_scaling == "linear" else math.sqrt(workers)
 
     def checkpoint_steps(self) -> set[int]:
         """Steps after which a checkpoint is written (0 = the initial weights)."""

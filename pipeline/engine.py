@@ -1,25 +1,26 @@
-"""Distributed training steps (`kernel`, and `single` as its one-worker case).
+"""Distributed training steps, for every strategy that runs on a cluster.
 
 The client plans, the workers compute. For each step the engine builds the step's
-task graph (pipeline/step_graph.py) from the layout (who holds which kernels, who
-runs the dense head) and submits it whole; the training loop keeps a few steps in
-flight and collects their receipts as they finish. No activation or gradient ever
+task graph (pipeline/step_graph.py) from the layout (who computes what, which slices
+cross workers: the strategy's `RunPlan`) and submits it whole; the training loop
+keeps a few steps in flight and collects their receipts as they finish. No activation or gradient ever
 reaches the client: tensors a worker needs again stay in its memory, tensors
 another worker needs go through the run's exchange workspace (storage/exchange.py).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import uuid
+from dataclasses import dataclass
 
 from distributed import Client, Future, wait
 
 from pipeline.cluster import ClusterError, WorkerSlot, all_local, live_workers
 from pipeline.config import RunConfig
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
+from pipeline.placement import Placement
 from pipeline.records import StepResult
 from pipeline.runner import TaskRunner
 from pipeline.sampler import step_indices
@@ -30,7 +31,7 @@ from storage.exchange import (Exchange, SlotSpec, create_exchange, remove_exchan
 from tasks import step_task
 from tasks.layout import Layout, exchange_slots
 from tasks.receipts import Receipt
-from tasks.replica_layout import HybridLayout
+from tasks.run_state import WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, RunPaths
 
 
@@ -49,29 +50,45 @@ def workspace_path(config: RunConfig, run_id: str, workers: list[WorkerSlot]) ->
     return os.path.join(config.output_dir, f"workspace-{run_id}.zarr")
 
 
-class StepEngine:
-    """Runs the steps of one layout on Dask workers."""
+@dataclass
+class RunPlan:
+    """Everything the engine needs to run a strategy's steps: its workers (in layout
+    order), its layout (who computes what, which slices cross workers), how the split
+    was chosen, the code its workers run, and how they compute."""
 
-    def __init__(self, client: Client, config: RunConfig, network: NetworkSpec,
-                 workers: list[WorkerSlot], layout: Layout, train_samples: int) -> None:
+    workers: list[WorkerSlot]
+    layout: Layout
+    placement: Placement
+    side: WorkerSide
+    arithmetic: Arithmetic
+
+
+class StepEngine:
+    """Runs the steps of one strategy's plan on Dask workers."""
+
+    def __init__(self, client: Client, config: RunConfig, network: NetworkSpec, plan: RunPlan,
+                 train_samples: int) -> None:
         self.config = config
         self.network = network
-        self.workers = workers
-        self.layout = layout
+        self.plan = plan
+        self.workers: list[WorkerSlot] = plan.workers
+        self.layout = plan.layout
         self.train_samples = train_samples
         self.run_id = f"{config.name}-{uuid.uuid4().hex[:8]}"
-        self.paths = RunPaths(config.dataset_path, workspace_path(config, self.run_id, workers),
+        self.paths = RunPaths(config.dataset_path,
+                              workspace_path(config, self.run_id, self.workers),
                               config.checkpoint_path)
         self.exchange = Exchange(self.paths.workspace)
-        self.slots = exchange_slots(layout, network, config.train.batch)
-        self.runner = TaskRunner(client, workers, self.run_id, on_failure=self.exchange.abort)
-        self.devices: list[str] = ["cpu"] * len(workers)
+        self.slots = exchange_slots(self.layout, network, config.train.batch)
+        self.runner = TaskRunner(client, self.workers, self.run_id,
+                                 on_failure=self.exchange.abort)
+        self.devices: list[str] = ["cpu"] * len(self.workers)
         self.first_step = 0
         self._submitted: dict[int, list[Future]] = {}
         self._by_name: dict[str, Future] = {}
 
     def start(self, from_step: int) -> None:
-        """Create the workspace and load every worker's part from checkpoint `from_step`.
+        """Create the workspace and load every worker's work from checkpoint `from_step`.
 
         Workspaces that killed runs left beside it go first (`remove_stale_exchanges`).
         """
@@ -79,12 +96,10 @@ class StepEngine:
             print(line, file=sys.stderr)
         create_exchange(self.paths.workspace,
                         [SlotSpec(s.name, s.shape, self.network.dtype) for s in self.slots])
-        arithmetic = Arithmetic(self.config.optimizer_spec(),
-                                self.config.conv_lr_scale(len(self.workers)),
-                                self.config.train.check_replicas)
         futures = [
-            self.runner.submit(step_task.init_run, worker, self.run_id, self.layout, worker,
-                               self.network, self.config.train.batch, self.paths, arithmetic,
+            self.runner.submit(step_task.init_run, worker, self.run_id, self.layout,
+                               self.plan.side, worker, self.network,
+                               self.config.train.batch, self.paths, self.plan.arithmetic,
                                from_step, self.config.workspace.wait_timeout,
                                name=f"init-w{worker}")
             for worker in range(len(self.workers))
@@ -121,13 +136,12 @@ class StepEngine:
         return StepResult(step, sum(r.loss for r in receipts if r.loss is not None), receipts)
 
     def checkpoint(self, done_steps: int) -> None:
-        """Save every worker's part as checkpoint `done_steps` (no step may be in flight)."""
+        """Save every worker's work as checkpoint `done_steps` (no step may be in flight)."""
         assert not self._submitted, "checkpoint with steps in flight"
         path = self.paths.checkpoints
-        chunks = checkpoint_row_chunks(self.network, self.config.channel_quanta(self.network))
-        if isinstance(self.layout, HybridLayout):  # each worker writes its dense rows
-            for key, row in zip(self.network.dense_module_indices(), self.layout.neurons):
-                chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = math.gcd(*row)
+        chunks = self.layout.checkpoint_chunks(
+            self.network,
+            checkpoint_row_chunks(self.network, self.config.channel_quanta(self.network)))
         checkpoints.create_checkpoint(path, done_steps, parameter_shapes(self.network), chunks,
                                       self.network.dtype)
         futures = [self.runner.submit(step_task.save_run, worker, self.run_id, path, done_steps,

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.network import build_sequential, dense_head  # noqa: F401 (re-exported)
+from tasks.network import build_sequential  # noqa: F401 (re-exported)
 from tasks.specs import NetworkSpec
 
 

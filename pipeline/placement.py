@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.specs import ConvLayerSpec, ShardRange
+from tasks.specs import ConvLayerSpec
 
 
 @dataclass
@@ -248,12 +248,3 @@ def calibration_kernels(layer: ConvLayerSpec, batch: int, workers: int, quantum:
     while k > quantum and rough_seconds(layer, batch, k) > budget_s:
         k = max(quantum, k // 2)
     return k
-
-
-def shard_ranges(layer: int, counts: list[int]) -> list[ShardRange]:
-    """Contiguous kernel ranges, in worker order."""
-    ranges, start = [], 0
-    for count in counts:
-        ranges.append(ShardRange(layer, start, start + count))
-        start += count
-    return ranges

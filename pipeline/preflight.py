@@ -17,6 +17,7 @@ from pipeline.addresses import address_problem
 from pipeline.cluster import tagged_workers
 from pipeline.config import RunConfig
 from pipeline.schema import ConfigError
+from pipeline.strategies import Strategy, strategy_of
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
 
@@ -68,15 +69,18 @@ def check_scheduler_variable() -> None:
         raise ConfigError(f"{SCHEDULER_VARIABLE}: {problem}")
 
 
-def check_run(config: RunConfig, output_field: str = "output") -> None:
-    """Everything about one run that can be checked without starting it."""
+def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
+    """Everything about one run that can be checked without starting it: its strategy
+    takes the config (returned), and every path and address it names can be had."""
+    strategy = strategy_of(config)
     check_writable_dir(config.output_dir, output_field)
     check_dataset(config)
     workspace = config.workspace.path
     if workspace and "://" not in workspace:
         check_writable_dir(workspace, "workspace.path")
-    if config.strategy != "reference" and not config.cluster.scheduler:
+    if strategy.uses_cluster and not config.cluster.scheduler:
         check_scheduler_variable()
+    return strategy
 
 
 def check_embedded_tags(config: RunConfig) -> None:
@@ -84,8 +88,7 @@ def check_embedded_tags(config: RunConfig) -> None:
     a tag none of them offers (or more of them than there are) is a config mistake,
     named at once rather than after `cluster.wait_timeout`."""
     cluster = config.cluster
-    if (config.strategy == "reference" or cluster.scheduler
-            or os.environ.get("DASK_SCHEDULER_ADDRESS")):
+    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS"):
         return
     workers = cluster.worker_list()
     tags = cluster.tags()

@@ -2,11 +2,11 @@
 and using a worker that joins mid-run (re-place at the next checkpoint).
 
 A distributed run keeps its state (shards, replicas, dense slices) in its workers'
-memory, so a worker that dies takes its part with it. The only state that outlives
+memory, so a worker that dies takes its work with it. The only state that outlives
 it is the last complete checkpoint, and batches are a pure function of (seed,
 step): so the run closes the broken engine, asks the same placement as at the
 start for a split over the surviving workers (the `build` callable, which is
-`pipeline.train.distributed_trainer`), loads that checkpoint into a new engine and
+`pipeline.run.build_engine`), loads that checkpoint into a new engine and
 replays the steps since. Replayed steps replace the lost ones in the record; every
 recovery is kept as a `Recovery`. A run gives up (one `WorkerLost`) after
 `train.max_recoveries`, so a crash loop ends. On a cluster the run did not start
@@ -29,13 +29,13 @@ from pipeline.cluster import (ClusterError, WorkerLost, WorkerSlot, current_work
 from pipeline.config import RunConfig
 from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
-from pipeline.placement import Placement
 from pipeline.records import RunRecorder
+from pipeline.strategies import Strategy
 from pipeline.trace import ClientEvent
 from storage import checkpoints
-from tasks.replica_layout import HybridLayout
 
-Build = Callable[[list[WorkerSlot]], tuple[StepEngine, Placement, list[WorkerSlot]]]
+#: A new engine placed over the given workers (`pipeline.run.build_engine`).
+Build = Callable[[list[WorkerSlot]], StepEngine]
 
 
 @dataclass
@@ -84,15 +84,9 @@ def joined(client: Client, config: RunConfig, slots: list[WorkerSlot]) -> list[W
     return now if any(s.address not in known for s in now) else []
 
 
-def split_of(strategy: str, engine: StepEngine, placement: Placement) -> dict[str, Any]:
-    """How an engine divides the work: kernels per worker and layer (`kernel`,
-    `single`), or samples per worker (`data`, `hybrid`) and dense neurons (`hybrid`)."""
-    if strategy in ("kernel", "single"):
-        return {"kernel_split": engine.layout.counts()}
-    split: dict[str, Any] = {"batch_split": list(placement.counts[0])}
-    if isinstance(engine.layout, HybridLayout):
-        split["dense_split"] = [list(row) for row in engine.layout.neurons]
-    return split
+def split_of(strategy: Strategy, engine: StepEngine) -> dict[str, Any]:
+    """How an engine divides the work, as its strategy records it."""
+    return strategy.split_of(engine.layout, engine.plan.placement)
 
 
 def survivors(client: Client, slots: list[WorkerSlot], lost: WorkerLost) -> list[WorkerSlot]:
@@ -101,8 +95,8 @@ def survivors(client: Client, slots: list[WorkerSlot], lost: WorkerLost) -> list
     return [s for s in slots if s.address in alive and s.address not in lost.addresses]
 
 
-def train_with_recovery(config: RunConfig, client: Client, engine: StepEngine,
-                        placement: Placement, slots: list[WorkerSlot], build: Build,
+def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
+                        engine: StepEngine, slots: list[WorkerSlot], build: Build,
                         recorder: RunRecorder,
                         client_events: list[ClientEvent], from_step: int,
                         train_samples: int) -> History:
@@ -127,13 +121,13 @@ def train_with_recovery(config: RunConfig, client: Client, engine: StepEngine,
         while True:
             try:
                 if current is None:
-                    current, placement, _workers = build(slots)
+                    current = build(slots)
                 current.start(from_step)
                 recorder.ensure_workers(current.workers, current.devices)
                 if pending is not None:
                     recoveries.append(Recovery(
                         **pending, workers=[w.name for w in current.workers],
-                        split=split_of(config.strategy, current, placement),
+                        split=split_of(strategy, current),
                         seconds=time.perf_counter() - pending_since))
                     pending = None
                 reached = train_loop(config, current, recorder, client_events, from_step,
@@ -147,11 +141,11 @@ def train_with_recovery(config: RunConfig, client: Client, engine: StepEngine,
                 slots, from_step = list(grown), reached
                 client_events.append(ClientEvent(f"joined: {', '.join(new)} at step {reached}",
                                                  time.time(), time.time()))
-                current, placement, _workers = build(slots)
+                current = build(slots)
                 current.start(from_step)
                 recorder.ensure_workers(current.workers, current.devices)
                 history.joins.append(Join(reached, new, [w.name for w in current.workers],
-                                          split_of(config.strategy, current, placement),
+                                          split_of(strategy, current),
                                           time.perf_counter() - since))
             except WorkerLost as lost:
                 noticed = time.perf_counter()

@@ -99,8 +99,9 @@ class TaskRunner:
             if all(f.done() for f in futures):
                 try:
                     return self.client.sync(self.client._gather, futures, callback_timeout=10)
-                except TimeoutError:
-                    pass  # a holder of some result is gone: the check below names it
+                except OSError:  # TimeoutError, or CommClosedError ("Stream is closed"):
+                    pass  # the holder of a result, or the scheduler, is gone: the check
+                    # below names which (a lost scheduler was once a bare comm error here)
                 except CancelledError:
                     self._scheduler_lost(what)
             self._check_workers(what)
@@ -118,7 +119,7 @@ class TaskRunner:
         if gone:
             labels = [slot.label for slot in gone]
             self._fail(WorkerLost(f"{what}: worker {', '.join(labels)} left the cluster; "
-                                  "its part of the run is lost",
+                                  "its work in the run is lost",
                                   [slot.address for slot in gone], labels))
 
     def _scheduler_lost(self, what: str) -> None:

@@ -2,16 +2,13 @@
 
 Arrays are created uncompressed with ``write_empty_chunks=True``: on this machine
 Zarr's empty-chunk scan and the default Zstd compressor cost far more time than the
-bytes they save on activations (see DESIGN.md, performance facts).
+bytes they save on activations (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import functools
-import time
-from typing import Any
 
-import numpy as np
 import zarr
 
 FAST_ARRAY_CONFIG = {"write_empty_chunks": True}
@@ -34,31 +31,3 @@ def open_cached(store: str, path: str) -> zarr.Array:
     master recreates a workspace before a run starts, which uses fresh paths).
     """
     return zarr.open_array(store, path=path, mode="r+", config=FAST_ARRAY_CONFIG)
-
-
-def forget_cached() -> None:
-    """Drop cached handles (after a workspace is recreated in this process)."""
-    open_cached.cache_clear()
-
-
-class IOMeter:
-    """Accumulates storage time and bytes for one task's receipt."""
-
-    def __init__(self) -> None:
-        self.read_s = 0.0
-        self.write_s = 0.0
-        self.read_bytes = 0
-        self.write_bytes = 0
-
-    def read(self, array: zarr.Array, selection: Any = ...) -> np.ndarray:
-        start = time.perf_counter()
-        data = array[selection]
-        self.read_s += time.perf_counter() - start
-        self.read_bytes += data.nbytes
-        return data
-
-    def write(self, array: zarr.Array, selection: Any, data: np.ndarray) -> None:
-        start = time.perf_counter()
-        array[selection] = data
-        self.write_s += time.perf_counter() - start
-        self.write_bytes += data.nbytes

@@ -10,7 +10,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import numpy as np
 import xarray as xr
 
 
@@ -28,8 +27,3 @@ def write_dataset(ds: xr.Dataset, path: str, **to_zarr: Any) -> None:
         warnings.filterwarnings("ignore", message=".*[Cc]onsolidated metadata.*")
         warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
         ds.to_zarr(path, consolidated=True, **to_zarr)
-
-
-def strings(values: list[str]) -> np.ndarray:
-    """A text coordinate in the form `write_dataset` stores cleanly."""
-    return np.array(values, dtype=object)

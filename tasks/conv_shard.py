@@ -2,7 +2,7 @@
 
 A shard is the kernels [start, stop) of a conv layer. Its weights, bias and
 momentum live on the worker's device for the whole run (weights never travel in
-kernel-parallel training, METHODS.md §1). Forward keeps the autograd graph from the
+kernel-parallel training, docs/methods.md §1). Forward keeps the autograd graph from the
 layer input to the pooled output until that step's backward. Moving tensors in and
 out is the step's business (tasks/step_task.py); this module only computes.
 """
@@ -18,12 +18,6 @@ import torch.nn.functional as F
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 from tasks.worker_state import current_profile
-
-
-def conv_relu_pool(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                   spec: ConvLayerSpec) -> torch.Tensor:
-    """The per-shard computation: conv, ReLU, then max-pool on the device."""
-    return relu_pool(F.conv2d(x, weight, bias, padding=spec.padding), spec)
 
 
 def relu_pool(z: torch.Tensor, spec: ConvLayerSpec) -> torch.Tensor:

@@ -28,13 +28,13 @@ from tasks.conv_shard import ConvShard
 from tasks.dense_head import DenseHead
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, KernelLayout, StepOp
 from tasks.receipts import TaskClock
-from tasks.run_state import RunState
-from tasks.specs import NetworkSpec, OptimizerSpec
+from tasks.run_state import RunState, WorkerSide
+from tasks.specs import Arithmetic, NetworkSpec
 
 
 @dataclass
 class KernelWork:
-    """A worker's part of a kernel-parallel run."""
+    """A worker's work in a kernel-parallel run: its shards and, on the master, the head."""
 
     shards: dict[int, ConvShard]  # by layer, the layers it holds kernels of
     head: DenseHead | None  # on the master
@@ -43,8 +43,10 @@ class KernelWork:
 
 
 def load(layout: KernelLayout, me: int, network: NetworkSpec, checkpoint_path: str, step: int,
-         optimizer: OptimizerSpec, keys: list[str], device: str) -> KernelWork:
+         arithmetic: Arithmetic, device: str) -> KernelWork:
     """This worker's shards (and the head, on the master) from checkpoint `step`."""
+    optimizer = arithmetic.optimizer
+    keys = [str(network.conv_module_index(l)) for l in range(len(network.conv))]
     shards = {}
     for layer, row in enumerate(layout.shards):
         shard = row[me]
@@ -64,7 +66,7 @@ def load(layout: KernelLayout, me: int, network: NetworkSpec, checkpoint_path: s
     return KernelWork(shards, head, keys)
 
 
-def save(work: KernelWork, checkpoint_path: str, step: int) -> None:
+def save(work: KernelWork, me: int, checkpoint_path: str, step: int) -> None:
     """Write this worker's shards (and the head) into checkpoint `step`."""
     for shard in work.shards.values():
         for kind, tensors in shard.state().items():
@@ -164,4 +166,6 @@ def _gather(run: RunState, layer: int, step: int, clock: TaskClock) -> torch.Ten
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-OPS = {CONV_FORWARD: conv_forward, DENSE_HEAD: dense_head, CONV_BACKWARD: conv_backward}
+#: What `kernel` (and `single`, its one-worker case) runs on a worker.
+KERNEL_SIDE = WorkerSide(load, save, {CONV_FORWARD: conv_forward, DENSE_HEAD: dense_head,
+                                      CONV_BACKWARD: conv_backward})

@@ -11,7 +11,7 @@ docs/design.md gives the bytes they add up to. One source, three users.
 `KernelLayout` (here) is kernel-parallel training; `DataLayout` and `HybridLayout`
 (tasks/replica_layout.py) are the data-parallel and hybrid strategies.
 
-Per step of kernel-parallel training (METHODS.md §1), with ``H(l)`` the workers
+Per step of kernel-parallel training (docs/methods.md §1), with ``H(l)`` the workers
 holding kernels of conv layer ``l`` and ``m`` the master (the worker with the dense
 head):
 
@@ -117,6 +117,11 @@ class KernelLayout:
         """Every tensor a worker writes for others in one step (see the module doc)."""
         return _kernel_slots(self, network, batch)
 
+    def checkpoint_chunks(self, network: NetworkSpec, chunks: dict[str, int]
+                          ) -> dict[str, int]:
+        """Checkpoint rows per chunk: shards own whole channel quanta already."""
+        return chunks
+
 
 def layout_from_counts(workers: list[str], counts: list[list[int]], master: int
                        ) -> KernelLayout:
@@ -132,13 +137,18 @@ def layout_from_counts(workers: list[str], counts: list[list[int]], master: int
 
 
 class Layout(Protocol):
-    """What every strategy's layout answers."""
+    """What every strategy's layout answers: the ops of each worker in a step, the
+    slots that cross workers, and how to chunk checkpoints so that no two workers
+    ever write one chunk (`chunks` maps a tensor to rows per chunk; adjust or keep).
+    `master` is the worker that reports the step's loss."""
 
     workers: tuple[str, ...]
     master: int
 
     def ops(self, worker: int) -> list[StepOp]: ...
     def slots(self, network: NetworkSpec, batch: int) -> list[Slot]: ...
+    def checkpoint_chunks(self, network: NetworkSpec, chunks: dict[str, int]
+                          ) -> dict[str, int]: ...
 
 
 def worker_ops(layout: Layout, worker: int) -> list[StepOp]:

@@ -33,9 +33,6 @@ class Mover:
         self.wait_timeout = wait_timeout
         self.staging: dict[str, torch.Tensor] = {}  # pinned host buffers, per slot
 
-    def has(self, slot: str) -> bool:
-        return slot in self.slots
-
     def read(self, slot: str, step: int, clock: TaskClock) -> torch.Tensor:
         """Wait for `slot` of `step`, read it onto the device."""
         with clock.phase("wait", slot=slot):

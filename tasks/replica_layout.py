@@ -1,5 +1,5 @@
 """Data-parallel and hybrid layouts: every worker a replica of the conv layers, with a
-share of the batch (METHODS.md §2 and §3). Pure value logic, like tasks/layout.py.
+share of the batch (docs/methods.md §2 and §3). Pure value logic, like tasks/layout.py.
 
 `DataLayout` (``strategy: data``): each worker trains a full replica on its share of
 the batch; the gradients are summed by a reduce-scatter through the workspace (each
@@ -126,6 +126,11 @@ class DataLayout:
         length = conv_parameter_count(network) + dense_parameter_count(network)
         return _gradient_slots(len(self.workers), length, StepOp(REPLICA_STEP))
 
+    def checkpoint_chunks(self, network: NetworkSpec, chunks: dict[str, int]
+                          ) -> dict[str, int]:
+        """The first replica writes the whole network: any chunking will do."""
+        return chunks
+
 
 @dataclass(frozen=True)
 class HybridLayout:
@@ -222,3 +227,11 @@ class HybridLayout:
                                               StepOp(DENSE_BACKWARD, j, k), (e,), op))
         return slots + _gradient_slots(len(self.workers), conv_parameter_count(network),
                                        StepOp(TRUNK_BACKWARD))
+
+    def checkpoint_chunks(self, network: NetworkSpec, chunks: dict[str, int]
+                          ) -> dict[str, int]:
+        """Each worker writes its own rows of every dense layer."""
+        chunks = dict(chunks)
+        for key, row in zip(network.dense_module_indices(), self.neurons):
+            chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = math.gcd(*row)
+        return chunks

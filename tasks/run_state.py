@@ -1,16 +1,47 @@
-"""What one run keeps on one worker between tasks, for every strategy."""
+"""What one run keeps on one worker between tasks, and what a strategy runs there.
+
+Every strategy has one `WorkerSide`, a module-level value next to its ops (for
+example `tasks.kernel_ops.KERNEL_SIDE`): how to load its work (its share of a run), its ops by
+kind, and how to save its work. The client hands it to the worker with the layout
+when a run starts (`tasks.step_task.init_run`); from then on the worker's tasks ask
+it, never which strategy they serve. A strategy defined outside the project brings
+its own `WorkerSide` the same way.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping
+
+import numpy as np
 
 from tasks.layout import Layout, StepOp
 from tasks.moves import Mover
 from tasks.receipts import TaskClock
-from tasks.specs import NetworkSpec, RunPaths
+from tasks.specs import Arithmetic, NetworkSpec, RunPaths
 from tasks.worker_state import WorkerProfile
+
+
+#: ``load(layout, me, network, checkpoint_path, step, arithmetic, device) -> work``:
+#: this worker's work (its shards, replica, dense slices), from a checkpoint.
+LoadFunction = Callable[[Layout, int, NetworkSpec, str, int, Arithmetic, str], Any]
+
+#: ``save(work, me, checkpoint_path, step)``: write this worker's work into a checkpoint.
+SaveFunction = Callable[[Any, int, str, int], None]
+
+
+@dataclass(frozen=True)
+class WorkerSide:
+    """A strategy's worker code: `load` and `save` its work, and its ops by kind.
+
+    An op is ``op(run, op, step, sample_indices, clock)``: it reads its inputs (own
+    tensors from ``run.work``, others' through ``run.mover``) and writes its outputs.
+    """
+
+    load: LoadFunction
+    save: SaveFunction
+    ops: Mapping[str, Callable[["RunState", StepOp, int, np.ndarray, TaskClock], None]]
 
 
 @dataclass
@@ -26,6 +57,7 @@ class RunState:
     paths: RunPaths
     profile: WorkerProfile
     mover: Mover
+    side: WorkerSide
     work: Any
     ops: list[StepOp]  # this worker's ops of every step, in order
     next_op: tuple[int, int] | None = None  # (step, index into ops) expected next

@@ -106,7 +106,7 @@ class OptimizerSpec:
 
 @dataclass(frozen=True)
 class Arithmetic:
-    """How a worker's part of a step computes: SGD for every parameter, the conv
+    """How a worker computes: SGD for every parameter, the conv
     layers' learning rate scaled by `conv_lr_scale` (hybrid), and whether replicas
     report a fingerprint of their weights every step (to check they stay identical)."""
 

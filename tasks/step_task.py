@@ -1,12 +1,13 @@
-"""The tasks a run submits to a worker: load its part, run ops of a step, save, release.
+"""The tasks a run submits to a worker: load its work, run ops of a step, save, release.
 
-`init_run` loads this worker's part of the run from a checkpoint onto its device
+`init_run` loads this worker's work from a checkpoint onto its device
 (kernel shards and the head, a replica, or a replica's conv layers and dense
 slices) and keeps it on the worker; `run_ops` runs ops of one step, in the order
-the step graph gave them; `save_run` writes the worker's part of a checkpoint;
-`release_run` forgets the run. The ops themselves are in tasks/kernel_ops.py and
-tasks/replica_ops.py. A task returns only a `Receipt`; tensors never pass through
-Dask.
+the step graph gave them; `save_run` writes the worker's work into a checkpoint;
+`release_run` forgets the run. What each of these means for a strategy is in the
+`WorkerSide` the client hands over with the layout (tasks/run_state.py; the
+project's own are in tasks/kernel_ops.py, data_ops.py and hybrid_ops.py). A task
+returns only a `Receipt`; tensors never pass through Dask.
 """
 
 from __future__ import annotations
@@ -16,42 +17,26 @@ import time
 import numpy as np
 
 from storage.exchange import Exchange
-from tasks import kernel_ops, replica_ops
-from tasks.layout import KernelLayout, Layout, StepOp, exchange_slots
+from tasks.layout import Layout, StepOp, exchange_slots
 from tasks.moves import Mover
 from tasks.receipts import Receipt, TaskClock
-from tasks.replica_layout import DataLayout, HybridLayout
-from tasks.run_state import RunState
+from tasks.run_state import RunState, WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, RunPaths
 from tasks.worker_state import current_profile, drop_run, get_run, prepare_thread, put_run
 
-OPS = {**kernel_ops.OPS, **replica_ops.OPS}
 
-
-def init_run(run_id: str, layout: Layout, me: int, network: NetworkSpec, batch: int,
-             paths: RunPaths, arithmetic: Arithmetic, from_step: int,
+def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: NetworkSpec,
+             batch: int, paths: RunPaths, arithmetic: Arithmetic, from_step: int,
              wait_timeout: float) -> Receipt:
-    """Load this worker's part of the run from checkpoint `from_step` onto its device."""
+    """Load this worker's work from checkpoint `from_step` onto its device."""
     profile = current_profile()
     receipt = Receipt("init", profile.name, from_step, time.time())
-    device, where = profile.device, paths.checkpoints
-    if isinstance(layout, KernelLayout):
-        keys = [str(network.conv_module_index(l)) for l in range(len(network.conv))]
-        work = kernel_ops.load(layout, me, network, where, from_step, arithmetic.optimizer,
-                               keys, device)
-    elif isinstance(layout, DataLayout):
-        work = replica_ops.load_data(network, where, from_step, arithmetic.optimizer, device,
-                                     arithmetic.check_replicas)
-    elif isinstance(layout, HybridLayout):
-        work = replica_ops.load_hybrid(layout, me, network, where, from_step,
-                                       arithmetic.conv_optimizer(), arithmetic.optimizer,
-                                       device, arithmetic.check_replicas)
-    else:
-        raise TypeError(f"no worker side for a {type(layout).__name__}")
+    device = profile.device
+    work = side.load(layout, me, network, paths.checkpoints, from_step, arithmetic, device)
     slots = {slot.name: slot for slot in exchange_slots(layout, network, batch)}
     mover = Mover(Exchange(paths.workspace), slots, device, profile.synchronize, wait_timeout)
-    put_run(run_id, RunState(run_id, layout, me, network, batch, paths, profile, mover, work,
-                             layout.ops(me)))
+    put_run(run_id, RunState(run_id, layout, me, network, batch, paths, profile, mover, side,
+                             work, layout.ops(me)))
     receipt.end = time.time()
     receipt.extra = {"device": device, "threads": profile.threads, "speed": profile.speed}
     return receipt
@@ -66,21 +51,16 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
     receipt = Receipt(task, run.profile.name, step, time.time())
     clock = TaskClock(receipt, run.profile.synchronize)
     for op in ops:
-        OPS[op.kind](run, op, step, indices, clock)
+        run.side.ops[op.kind](run, op, step, indices, clock)
     receipt.end = time.time()
     return receipt
 
 
 def save_run(run_id: str, checkpoint_path: str, step: int) -> Receipt:
-    """Write this worker's part of the run into checkpoint `step`."""
+    """Write this worker's work into checkpoint `step`."""
     run: RunState = get_run(run_id)
     receipt = Receipt("checkpoint", run.profile.name, step, time.time())
-    if isinstance(run.work, kernel_ops.KernelWork):
-        kernel_ops.save(run.work, checkpoint_path, step)
-    elif isinstance(run.work, replica_ops.DataWork):
-        replica_ops.save_data(run.work, run.me, checkpoint_path, step)
-    else:
-        replica_ops.save_hybrid(run.work, run.me, checkpoint_path, step)
+    run.side.save(run.work, run.me, checkpoint_path, step)
     receipt.end = time.time()
     return receipt
 

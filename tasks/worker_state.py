@@ -81,7 +81,7 @@ def tune_allocator() -> None:
     """Undo the Dask nanny's MALLOC_TRIM_THRESHOLD_=65536.
 
     With that setting glibc returns freed memory at once, so every large tensor is
-    built on fresh pages: torch ran 1.6x slower inside a worker (DESIGN.md). Raising
+    built on fresh pages: torch ran 1.6x slower inside a worker (docs/benchmarks.md). Raising
     the trim and mmap thresholds restores the heap reuse an ordinary process gets.
     """
     name = ctypes.util.find_library("c")
@@ -99,7 +99,7 @@ def tune_allocator() -> None:
 def configure_process(threads: int) -> None:
     """Thread count, denormal flushing and allocator, as every compute process needs."""
     torch.set_num_threads(threads)
-    # Small initial weights make denormal floats, which ran 3x slower (DESIGN.md).
+    # Small initial weights make denormal floats, which ran 3x slower (docs/benchmarks.md).
     torch.set_flush_denormal(True)
     tune_allocator()
 

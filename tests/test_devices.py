@@ -20,7 +20,7 @@ from experiments.sweep_config import load_sweep
 from pipeline.cluster import ClusterError, check_devices, tagged_workers
 from pipeline.config import ClusterConfig, WorkerConfig, build_run_config
 from pipeline.schema import ConfigError
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from tests.conftest import ROOT
 from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config

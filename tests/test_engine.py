@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from pipeline.cluster import find_workers, register_setup
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from tasks.layout import layout_from_counts, workspace_bytes
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config

@@ -1,6 +1,6 @@
 """Kernel-parallel and single training equal plain single-process PyTorch.
 
-METHODS.md §1: the arithmetic is that of single-device SGD with the same batch, so
+docs/methods.md §1: the arithmetic is that of single-device SGD with the same batch, so
 the weights after N steps must match up to float summation order. Runs on a real
 Dask cluster of worker processes with a real Zarr workspace and checkpoints.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.cluster import find_workers, register_setup
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from pipeline.config import WorkerConfig
 from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config

@@ -33,7 +33,7 @@ from pipeline.cluster import SchedulerLost, WorkerLost
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch
 from pipeline.config import load_run_config
-from pipeline.train import run_training
+from pipeline.run import run_training
 from tests.test_cli import ROOT, CliCluster, tiny_args
 from tests.test_sweep import write_sweep
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
 

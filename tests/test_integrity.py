@@ -36,7 +36,7 @@ from pipeline import train
 from pipeline.config import WorkerConfig
 from pipeline.outputs import LOCK_NAME, OutputBusy, OutputLock
 from pipeline.schema import ConfigError, to_dict
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from storage.checksums import file_crc32c
 from storage.datasets import (DatasetDamaged, DatasetError, ensure_dataset, read_batch,

@@ -8,9 +8,9 @@ import pytest
 
 from pipeline.placement import (Placement, PlacementError, ShardCost, calibration_kernels,
                                 choose_calibrated, fit_shard_cost, layer_seconds,
-                                predict_split, rough_seconds, shard_ranges, split_even,
+                                predict_split, rough_seconds, split_even,
                                 split_minmax, split_proportional)
-from tasks.specs import ConvLayerSpec, ShardRange
+from tasks.specs import ConvLayerSpec
 
 
 def test_proportional_split_sums_and_keeps_whole_quanta():
@@ -119,8 +119,3 @@ def test_calibration_measures_the_even_share_within_a_time_budget():
     assert 47 <= k < 750 and rough_seconds(paper, 32, k) <= 0.5
     assert rough_seconds(paper, 32, 2 * k) > 0.5  # halved no further than needed
     assert calibration_kernels(paper, 32, 2, 750) == 750  # never below a quantum
-
-
-def test_shard_ranges_are_contiguous_in_worker_order():
-    assert shard_ranges(1, [4, 0, 6]) == [ShardRange(1, 0, 4), ShardRange(1, 4, 4),
-                                          ShardRange(1, 4, 10)]

@@ -25,7 +25,7 @@ from pipeline.placement import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe)
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
 

@@ -27,6 +27,7 @@ from experiments.scaling_config import build_point, load_scaling_sweep, network_
 from experiments.hardware import device_spec, link_spec
 from experiments.sweep_axes import value_label
 from pipeline.costmodel import predict
+from pipeline.strategies import STRATEGIES
 from tests.test_sweep import ROOT, close, error_lines, open_clean
 
 SCALING_FIGURES = ["winner_workers_batch.png", "winner_workers_bandwidth.png",
@@ -230,16 +231,10 @@ def test_shipped_scaling_config_loads():
 
 
 def test_a_model_error_is_recorded_and_exits_1(tmp_path, monkeypatch, capsys):
-    import experiments.scaling as scaling
+    def broken(*args, **kwargs):
+        raise ValueError("no model for this")
 
-    real = scaling.predict
-
-    def broken(strategy, *args, **kwargs):
-        if strategy == "hybrid":
-            raise ValueError("no model for this")
-        return real(strategy, *args, **kwargs)
-
-    monkeypatch.setattr(scaling, "predict", broken)
+    monkeypatch.setattr(STRATEGIES["hybrid"], "model", broken)
     config = write_scaling(tmp_path, {"strategy": ["data", "hybrid"],
                                       "hardware.devices": [1, 2]})
     store = tmp_path / "broken.zarr"

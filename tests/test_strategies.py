@@ -1,6 +1,6 @@
 """`data` and `hybrid` on a real cluster equal plain single-process PyTorch.
 
-METHODS.md §2 and §3: data parallelism sums the replicas' gradients so the update is
+docs/methods.md §2 and §3: data parallelism sums the replicas' gradients so the update is
 SGD on the whole batch; the hybrid with one dense update a step is the same
 arithmetic, and with a dense update after each part it equals that schedule written
 out in plain PyTorch (tests/helpers.replay_hybrid_in_pytorch). Real worker
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.cluster import find_workers, register_setup
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from tasks.layout import workspace_bytes
 from tasks.replica_layout import DataLayout, HybridLayout

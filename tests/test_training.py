@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.cluster import find_workers, register_setup
 from pipeline.config import load_run_config
-from pipeline.train import run_training
+from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import max_relative_error, tiny_config
 

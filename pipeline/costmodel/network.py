@@ -250,21 +250,6 @@ class Network:
         """Forward MACs per sample."""
         return self.conv_macs() + self.dense_macs()
 
-    def training_flops(self, batch: int) -> float:
-        """FLOPs of one training step (forward and both backward products).
-
-        The first conv layer needs no input gradient, so it counts twice its
-        forward work instead of three times.
-        """
-        total = 0.0
-        for i, c in enumerate(self.conv):
-            total += c.forward(batch).flops + c.backward_weight(batch).flops
-            if i > 0:
-                total += c.backward_input(batch).flops
-        for d in self.dense:
-            total += 3 * d.forward(batch).flops
-        return total
-
 
 def sequential(
     in_channels: int,

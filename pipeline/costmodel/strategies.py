@@ -1,6 +1,6 @@
 """Entry point: predicted step time of a strategy on given devices.
 
-Four strategies, after METHODS.md:
+Four strategies, after docs/methods.md:
 
 - ``single``: the whole network on ``devices[0]``;
 - ``kernel``: Marques et al.'s kernel-parallel conv layers through the
@@ -14,7 +14,7 @@ Four strategies, after METHODS.md:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .data import predict_data, predict_single
 from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec
@@ -25,7 +25,7 @@ from .prediction import Options, Prediction
 from .replicas import predict_data_store, predict_hybrid_store
 from .splits import split_kernels_minmax, split_kernels_proportional
 
-__all__ = ["STRATEGIES", "predict", "speedup"]
+__all__ = ["MODELS", "STRATEGIES", "predict", "speedup"]
 
 STRATEGIES = ("single", "kernel", "data", "hybrid")
 
@@ -68,27 +68,47 @@ def predict(
     if not devs:
         raise ValueError("need at least one device")
     opts = dataclasses.replace(options or Options(), **overrides)
-    if strategy == "single":
-        return predict_single(network, batch, devs[0], opts.dataset)
-    if strategy == "data":
-        if store is not None:
-            return predict_data_store(network, batch, devs, link, store, opts)
-        return predict_data(network, batch, devs, link, opts)
-    if strategy == "hybrid":
-        if store is not None:
-            return predict_hybrid_store(network, batch, devs, link, store, opts)
-        return predict_hybrid(network, batch, devs, link, opts)
-    if strategy == "kernel":
-        counts = opts.kernel_counts
-        if counts is None:
-            if opts.split == "proportional":
-                counts = split_kernels_proportional(network, devs, opts.quantum)
-            elif opts.split == "minmax":
-                counts = split_kernels_minmax(network, batch, devs, link, store, opts.quantum, opts, opts.min_units)
-            else:
-                raise ValueError(f"unknown split {opts.split!r}")
-        return predict_kernel(network, batch, devs, link, store, opts, counts)
-    raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    if strategy not in MODELS:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    return MODELS[strategy](network, batch, devs, link, store, opts)
+
+
+def _single(network: Network, batch: int, devices: list[DeviceSpec], link: LinkSpec,
+            store: StoreSpec | None, opts: Options) -> Prediction:
+    return predict_single(network, batch, devices[0], opts.dataset)
+
+
+def _data(network: Network, batch: int, devices: list[DeviceSpec], link: LinkSpec,
+          store: StoreSpec | None, opts: Options) -> Prediction:
+    if store is not None:
+        return predict_data_store(network, batch, devices, link, store, opts)
+    return predict_data(network, batch, devices, link, opts)
+
+
+def _hybrid(network: Network, batch: int, devices: list[DeviceSpec], link: LinkSpec,
+            store: StoreSpec | None, opts: Options) -> Prediction:
+    if store is not None:
+        return predict_hybrid_store(network, batch, devices, link, store, opts)
+    return predict_hybrid(network, batch, devices, link, opts)
+
+
+def _kernel(network: Network, batch: int, devices: list[DeviceSpec], link: LinkSpec,
+            store: StoreSpec | None, opts: Options) -> Prediction:
+    counts = opts.kernel_counts
+    if counts is None:
+        if opts.split == "proportional":
+            counts = split_kernels_proportional(network, devices, opts.quantum)
+        elif opts.split == "minmax":
+            counts = split_kernels_minmax(network, batch, devices, link, store, opts.quantum,
+                                          opts, opts.min_units)
+        else:
+            raise ValueError(f"unknown split {opts.split!r}")
+    return predict_kernel(network, batch, devices, link, store, opts, counts)
+
+
+#: The model of each strategy: ``model(network, batch, devices, link, store, options)``.
+MODELS: dict[str, Callable[..., Prediction]] = {
+    "single": _single, "kernel": _kernel, "data": _data, "hybrid": _hybrid}
 
 
 def speedup(

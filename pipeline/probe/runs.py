@@ -35,18 +35,19 @@ from pipeline.checkpointing import prepare_checkpoints
 from pipeline.cluster import WorkerSlot, all_local
 from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConfig, TrainConfig,
                              WorkspaceConfig)
-from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
-from pipeline.placement import rough_seconds, split_even
+from pipeline.placement import Placement, rough_seconds, split_even
 from pipeline.records import RunRecorder
+from pipeline.engine import RunPlan, StepEngine
 from storage.datasets import open_dataset_info
+from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, layout_from_counts
 from tasks.receipts import OpEvent, Receipt
-from tasks.specs import NetworkSpec
+from tasks.specs import Arithmetic, NetworkSpec
 from tasks.worker_state import configure_process
 
 @dataclasses.dataclass
-class Plan:
+class ProbePlan:
     """Kernels per layer (rows) and worker (columns) of one calibration run."""
 
     counts: list[list[int]]
@@ -69,12 +70,12 @@ def plan_steps(seconds: float) -> tuple[int, int]:
 class PlanRun:
     """One plan's receipts (warm-up steps excluded) and the workers it ran on."""
 
-    plan: Plan
+    plan: ProbePlan
     workers: list[str]
     receipts: list[Receipt]
 
 
-def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
+def plan_seconds(network: NetworkSpec, batch: int, plan: ProbePlan) -> float:
     """Rough seconds of one step of ``plan`` (its slowest worker)."""
     return max(sum(rough_seconds(layer, batch, row[w])
                    for layer, row in zip(network.conv, plan.counts))
@@ -82,18 +83,18 @@ def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
 
 
 def plans_for(network: NetworkSpec, batch: int, quanta: Sequence[int], n: int,
-              budget_s: float = 1.0) -> list[Plan]:
+              budget_s: float = 1.0) -> list[ProbePlan]:
     """Even splits over 1..n workers, then tilted splits if a step is cheap."""
     plans = []
     for p in range(1, n + 1):
         if all(math.ceil(layer.kernels / q) >= p for layer, q in zip(network.conv, quanta)):
-            plans.append(Plan([split_even(layer.kernels, p, q)
+            plans.append(ProbePlan([split_even(layer.kernels, p, q)
                                for layer, q in zip(network.conv, quanta)]))
     if n >= 2:  # one worker holds most of each layer: where uneven splits land
         for fraction in (0.75, 1.0):
             tilted = _tilted(network, quanta, n, fraction)
             for rotation in range(min(n, 2)) if tilted else ():
-                plan = Plan([row[-rotation:] + row[:-rotation] if rotation else row
+                plan = ProbePlan([row[-rotation:] + row[:-rotation] if rotation else row
                              for row in tilted])
                 if plan_seconds(network, batch, plan) < budget_s and plan not in plans:
                     plans.append(plan)
@@ -137,7 +138,7 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
 
 
 def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, batch: int,
-              dataset: str, plans: Sequence[Plan], workspace_dir: str | None = None
+              dataset: str, plans: Sequence[ProbePlan], workspace_dir: str | None = None
               ) -> list[PlanRun]:
     """Train every plan for a few steps (the first warm-up) through the training loop."""
     base = tempfile.mkdtemp(prefix="probe-", dir=_output_root(slots))
@@ -153,7 +154,9 @@ def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, ba
             prepare_checkpoints(config, network)
             workers = list(slots[:plan.workers])
             layout = layout_from_counts([w.name for w in workers], plan.counts, master=0)
-            engine = StepEngine(client, config, network, workers, layout, samples)
+            run_plan = RunPlan(workers, layout, Placement("even", plan.counts), KERNEL_SIDE,
+                               Arithmetic(config.optimizer_spec()))
+            engine = StepEngine(client, config, network, run_plan, samples)
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                                    [w.emulated_speed for w in workers])
             try:

@@ -1,7 +1,7 @@
 """The batch reader: the rows of a split by sample index, as workers read them each step.
 
 The master of a run only sends sample indices; every worker opens the store itself
-and reads the rows it needs (DESIGN.md, "Data flow"). Workers call `read_batch` or
+and reads the rows it needs (docs/design.md, "One step"). Workers call `read_batch` or
 `read_labels` every step, so the opened arrays (and the labels, which are small) are
 cached per process, and the images come through `ShardRowReader` where the layout
 allows it: Zarr's own reading costs ~40 ms a batch in overhead alone.

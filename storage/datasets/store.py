@@ -5,7 +5,7 @@ down once, here, with the checks that tell a store of this format from anything
 else at a path (a missing path, a plain Zarr group, a store of an older version).
 
 The master of a run only sends sample indices; every worker opens the dataset store
-itself and reads the rows it needs (DESIGN.md, "Data flow"). That puts two demands on
+itself and reads the rows it needs (docs/design.md, "One step"). That puts two demands on
 the layout:
 
 * Random rows must be cheap. Images are stored with one sample per inner chunk,

@@ -28,7 +28,7 @@ from storage.datasets.store import (FORMAT_NAME, FORMAT_VERSION, DatasetError, D
 
 SHARD_SAMPLES = 1000  # ~12 MB of float32 CIFAR images per shard file
 # Skip Zarr's scan for all-fill-value chunks on write (it dominates the write time,
-# DESIGN.md) and keep every chunk physically present, which the fast reader relies on.
+# docs/benchmarks.md) and keep every chunk physically present, which the fast reader relies on.
 ARRAY_CONFIG = {"write_empty_chunks": True}
 
 # A split is written from blocks: (start row, normalised images, labels), in order.

@@ -1,28 +1,20 @@
-"""Data-parallel and hybrid training on a worker: replicas, dense slices, and their ops.
+"""Hybrid training on a worker (Krizhevsky's "one weird trick"): a conv replica and
+slices of every dense layer.
 
-`data` (tasks/replica_layout.py, `DataLayout`): every worker holds the whole network
-as a plain `nn.Sequential`. ``replica-step`` trains it on the worker's rows of the
-batch with the loss summed over them and divided by the whole batch, so that the
-workers' gradients add up to the whole batch's; ``grad-reduce`` sums the range of
-the flat gradient this worker owns (its own and every other worker's, in worker
-order) and ``grad-update`` gathers every summed range and steps SGD. Every replica
-applies the very same summed gradient, so the replicas stay identical.
-
-`hybrid` (`HybridLayout`): the conv layers as a replica (``trunk-forward`` /
-``trunk-backward``), each dense layer's output neurons as a slice per worker. Per
-part of the batch, ``dense-forward j`` computes this worker's output neurons of
-layer j from the whole input (its own rows or slice from memory, the rest read)
-and ``dense-backward j`` its weight gradient and its partial gradient of the
-layer's input, handed to whoever owns that input. The conv gradients are then
-reduced like `data`'s. With ``dense_batch: full`` the dense slices step once with
-the summed gradient of every part; with ``worker`` after each part, on the part's
-mean loss, and the conv trunk then gets each part's input gradient weighted by its
-share of the batch.
+`hybrid` (tasks/replica_layout.py, `HybridLayout`): the conv layers as a replica
+(``trunk-forward`` / ``trunk-backward``), each dense layer's output neurons as a
+slice per worker. Per part of the batch, ``dense-forward j`` computes this worker's
+output neurons of layer j from the whole input (its own rows or slice from memory,
+the rest read) and ``dense-backward j`` its weight gradient and its partial gradient
+of the layer's input, handed to whoever owns that input. The conv gradients are then
+reduced like `data`'s (tasks/data_ops.py). With ``dense_batch: full`` the dense slices
+step once with the summed gradient of every part; with ``worker`` after each part, on
+the part's mean loss, and the conv trunk then gets each part's input gradient
+weighted by its share of the batch.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,54 +24,16 @@ from torch import nn
 
 from storage import checkpoints
 from storage.datasets import read_batch, read_labels
+from tasks.data_ops import (Gradients, grad_reduce, grad_update, hand_on_ranges, read_tensors,
+                            write_tensors)
 from tasks.layout import StepOp
-from tasks.network import build_sequential, conv_trunk
+from tasks.network import conv_trunk
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.receipts import TaskClock
 from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_REDUCE, GRAD_UPDATE,
-                                  REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD, DataLayout,
-                                  HybridLayout)
-from tasks.run_state import RunState
-from tasks.specs import NetworkSpec, OptimizerSpec
-from tasks.worker_state import current_profile
-
-
-@dataclass
-class Gradients:
-    """The flat gradient a step reduces: this worker's, then its owned range's sum."""
-
-    params: list[tuple[str, torch.Tensor]]  # the parameters it covers, in order
-    local: torch.Tensor | None = None
-    own_sum: torch.Tensor | None = None
-
-    def flatten(self) -> torch.Tensor:
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for _, p in self.params])
-
-    def assign(self, flat: torch.Tensor) -> None:
-        """Set every parameter's .grad from a flat gradient."""
-        offset = 0
-        for _, param in self.params:
-            count = param.numel()
-            param.grad = flat[offset:offset + count].view_as(param)
-            offset += count
-
-    def digest(self) -> str:
-        """A fingerprint of the parameters' values (replicas must agree on it)."""
-        sha = hashlib.sha1()
-        for _, param in self.params:
-            sha.update(param.detach().to("cpu").numpy().tobytes())
-        return sha.hexdigest()
-
-
-@dataclass
-class DataWork:
-    """A full replica and its optimizer."""
-
-    model: nn.Sequential
-    optimizer: torch.optim.SGD
-    grads: Gradients
-    check_replicas: bool
+                                  TRUNK_BACKWARD, TRUNK_FORWARD, HybridLayout)
+from tasks.run_state import RunState, WorkerSide
+from tasks.specs import Arithmetic, NetworkSpec
 
 
 @dataclass
@@ -106,29 +60,27 @@ class HybridWork:
     features: torch.Tensor | None = None  # own rows' conv output, with its graph
     kept: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
+    def apply_reduced(self, layout: HybridLayout) -> None:
+        """The conv step once the summed conv gradient is in place; the dense slices'
+        too with ``dense_batch: full`` (with ``worker`` they stepped after each part)."""
+        self.conv_optimizer.step()
+        if layout.dense_batch == "full":
+            self.dense_optimizer.step()
+            self.dense_optimizer.zero_grad(set_to_none=True)
+
 
 # Loading and saving ----------------------------------------------------------------------
 
 
-def load_data(network: NetworkSpec, checkpoint_path: str, step: int,
-              optimizer: OptimizerSpec, device: str, check_replicas: bool) -> DataWork:
-    model = build_sequential(network)
-    model.load_state_dict(_tensors(checkpoint_path, step, "weights"))
-    model.to(device)
-    sgd = make_sgd(model.parameters(), optimizer)
-    named = dict(model.named_parameters())
-    restore_momentum(sgd, named, checkpoints.read_tensors(checkpoint_path, step, "momentum"))
-    return DataWork(model, sgd, Gradients(list(named.items())), check_replicas)
-
-
 def load_hybrid(layout: HybridLayout, me: int, network: NetworkSpec, checkpoint_path: str,
-                step: int, conv_optimizer: OptimizerSpec, dense_optimizer: OptimizerSpec,
-                device: str, check_replicas: bool) -> HybridWork:
+                step: int, arithmetic: Arithmetic, device: str) -> HybridWork:
+    """The conv trunk and this worker's neurons of every dense layer from checkpoint
+    `step`; the conv layers' learning rate scaled as the arithmetic says."""
     trunk = conv_trunk(network)
-    weights = _tensors(checkpoint_path, step, "weights")
+    weights = read_tensors(checkpoint_path, step, "weights")
     trunk.load_state_dict({k: v for k, v in weights.items() if k in trunk.state_dict()})
     trunk.to(device)
-    conv_sgd = make_sgd(trunk.parameters(), conv_optimizer)
+    conv_sgd = make_sgd(trunk.parameters(), arithmetic.conv_optimizer())
     named = dict(trunk.named_parameters())
     momentum = checkpoints.read_tensors(checkpoint_path, step, "momentum")
     restore_momentum(conv_sgd, named, momentum)
@@ -139,155 +91,31 @@ def load_hybrid(layout: HybridLayout, me: int, network: NetworkSpec, checkpoint_
                                                               f"{key}.{name}", start, stop))
                 .to(device).requires_grad_(True) for name in ("weight", "bias")}
         slices.append(DenseSlice(str(key), start, stop, rows["weight"], rows["bias"]))
-    dense_sgd = make_sgd([t for s in slices for t in (s.weight, s.bias)], dense_optimizer)
+    dense_sgd = make_sgd([t for s in slices for t in (s.weight, s.bias)], arithmetic.optimizer)
     restore_momentum(dense_sgd, _dense_named(slices),
                      {f"{s.key}.{name}": momentum[f"{s.key}.{name}"][s.start:s.stop]
                       for s in slices for name in ("weight", "bias")})
     return HybridWork(trunk, conv_sgd, slices, dense_sgd, Gradients(list(named.items())),
-                      check_replicas)
-
-
-def save_data(work: DataWork, me: int, checkpoint_path: str, step: int) -> None:
-    """Replicas are identical: the first worker writes the whole network."""
-    if me == 0:
-        named = dict(work.model.named_parameters())
-        _write(checkpoint_path, step, weights_of(named), momentum_of(work.optimizer, named), 0)
+                      arithmetic.check_replicas)
 
 
 def save_hybrid(work: HybridWork, me: int, checkpoint_path: str, step: int) -> None:
     """The first worker writes the conv layers; each worker its dense rows."""
     if me == 0:
         named = dict(work.trunk.named_parameters())
-        _write(checkpoint_path, step, weights_of(named), momentum_of(work.conv_optimizer, named),
-               0)
+        write_tensors(checkpoint_path, step, weights_of(named),
+                      momentum_of(work.conv_optimizer, named), 0)
     for piece in work.dense:
         named = {f"{piece.key}.weight": piece.weight, f"{piece.key}.bias": piece.bias}
-        _write(checkpoint_path, step, weights_of(named), momentum_of(work.dense_optimizer, named),
-               piece.start)
-
-
-def _tensors(path: str, step: int, kind: str) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(v) for k, v in checkpoints.read_tensors(path, step, kind).items()}
+        write_tensors(checkpoint_path, step, weights_of(named),
+                      momentum_of(work.dense_optimizer, named), piece.start)
 
 
 def _dense_named(slices: list[DenseSlice]) -> dict[str, torch.Tensor]:
     return {f"{s.key}.{name}": getattr(s, name) for s in slices for name in ("weight", "bias")}
 
 
-def _write(path: str, step: int, weights: dict[str, np.ndarray],
-           momentum: dict[str, np.ndarray], start: int) -> None:
-    for kind, tensors in (("weights", weights), ("momentum", momentum)):
-        for key, value in tensors.items():
-            checkpoints.write_slice(path, step, kind, key, start, value)
-
-
-# Calibration -----------------------------------------------------------------------------
-
-
-def calibrate_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
-    """Seconds of a replica's forward, backward and SGD step on `rows` samples, as
-    `replica-step` runs it, on this worker's device: one warm-up, then the median of
-    `repeats` synchronised rounds (emulated slowness included)."""
-    profile = current_profile()
-    generator = torch.Generator().manual_seed(0)
-    first = network.conv[0]
-    dtype = getattr(torch, network.dtype)
-    model = build_sequential(network).to(profile.device)
-    sgd = make_sgd(model.parameters(), OptimizerSpec(lr=1e-6))
-    x = torch.randn(rows, first.in_channels, first.in_height, first.in_width,
-                    generator=generator, dtype=dtype).to(profile.device)
-    y = torch.randint(0, network.classes, (rows,), generator=generator).to(profile.device)
-
-    def one_round() -> None:
-        sgd.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y, reduction="sum").backward()
-        sgd.step()
-
-    times = profile.time_rounds(one_round, repeats)
-    return {"worker": profile.name, "seconds": float(np.median(times)), "rows": rows}
-
-
-# Data parallel ---------------------------------------------------------------------------
-
-
-def replica_step(run: RunState, op: StepOp, step: int, indices: np.ndarray,
-                 clock: TaskClock) -> None:
-    work: DataWork = run.work
-    layout: DataLayout = run.layout
-    start, stop = layout.rows()[run.me]
-    with clock.op(REPLICA_STEP):
-        work.optimizer.zero_grad(set_to_none=True)
-        if stop > start:
-            x, y = _batch_rows(run, indices[start:stop], clock)
-            with clock.phase("compute") as phase:
-                loss = F.cross_entropy(work.model(x), y, reduction="sum") / run.batch
-                loss.backward()
-                clock.receipt.loss = float(loss.detach())  # its part of the batch's loss
-            run.emulate(clock, phase.seconds)
-        with clock.phase("compute"):
-            work.grads.local = work.grads.flatten()
-        _hand_on_ranges(run, work.grads, step, clock)
-
-
-def grad_reduce(run: RunState, op: StepOp, step: int, indices: np.ndarray,
-                clock: TaskClock) -> None:
-    """Sum the range this worker owns over every worker (in worker order); hand it on."""
-    grads: Gradients = run.work.grads
-    assert grads.local is not None
-    a, b = run.layout.owned(len(grads.local))[run.me]
-    with clock.op(GRAD_REDUCE):
-        parts = [grads.local[a:b] if d == run.me
-                 else run.mover.read(f"grads/{d}/{run.me}", step, clock)
-                 for d in range(len(run.layout.workers))]
-        with clock.phase("compute"):
-            total = parts[0]
-            for part in parts[1:]:
-                total = total + part
-        grads.own_sum = total
-        run.mover.write(f"reduced/{run.me}", step, total, clock)
-
-
-def grad_update(run: RunState, op: StepOp, step: int, indices: np.ndarray,
-                clock: TaskClock) -> None:
-    """Gather every summed range, then the SGD step (every replica the same)."""
-    work = run.work
-    grads: Gradients = work.grads
-    with clock.op(GRAD_UPDATE):
-        pieces = [grads.own_sum if e == run.me else run.mover.read(f"reduced/{e}", step, clock)
-                  for e in range(len(run.layout.workers))]
-        with clock.phase("compute") as phase:
-            grads.assign(torch.cat(pieces))
-            if isinstance(work, DataWork):
-                work.optimizer.step()
-            else:
-                work.conv_optimizer.step()
-                if run.layout.dense_batch == "full":
-                    work.dense_optimizer.step()
-                    work.dense_optimizer.zero_grad(set_to_none=True)
-            grads.local = grads.own_sum = None
-        run.emulate(clock, phase.seconds)
-        if work.check_replicas:
-            clock.receipt.extra["replica_digest"] = grads.digest()
-
-
-def _hand_on_ranges(run: RunState, grads: Gradients, step: int, clock: TaskClock) -> None:
-    """Write every other worker's owned range of this worker's gradient."""
-    assert grads.local is not None
-    for e, (a, b) in enumerate(run.layout.owned(len(grads.local))):
-        if e != run.me:
-            run.mover.write(f"grads/{run.me}/{e}", step, grads.local[a:b], clock)
-
-
-def _batch_rows(run: RunState, rows: np.ndarray, clock: TaskClock
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    with clock.phase("dataset") as phase:
-        images, labels = read_batch(run.paths.dataset, "train", rows)
-        phase.nbytes = images.nbytes + labels.nbytes
-    device = run.profile.device
-    return torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device)
-
-
-# Hybrid ----------------------------------------------------------------------------------
+# Steps -----------------------------------------------------------------------------------
 
 
 def trunk_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
@@ -448,9 +276,11 @@ def trunk_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             run.emulate(clock, phase.seconds)
         with clock.phase("compute"):
             work.grads.local = work.grads.flatten()
-        _hand_on_ranges(run, work.grads, step, clock)
+        hand_on_ranges(run, work.grads, step, clock)
 
 
-OPS = {REPLICA_STEP: replica_step, GRAD_REDUCE: grad_reduce, GRAD_UPDATE: grad_update,
-       TRUNK_FORWARD: trunk_forward, DENSE_FORWARD: dense_forward,
-       DENSE_BACKWARD: dense_backward, TRUNK_BACKWARD: trunk_backward}
+#: What `hybrid` runs on a worker.
+HYBRID_SIDE = WorkerSide(load_hybrid, save_hybrid, {
+    TRUNK_FORWARD: trunk_forward, DENSE_FORWARD: dense_forward,
+    DENSE_BACKWARD: dense_backward, TRUNK_BACKWARD: trunk_backward,
+    GRAD_REDUCE: grad_reduce, GRAD_UPDATE: grad_update})

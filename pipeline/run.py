@@ -1,0 +1,223 @@
+"""One training run as a library call: ``run_training(config) -> RunResult``.
+
+Loads the dataset (building its store if missing), writes (or resumes from) the
+checkpoint every strategy starts from, trains with the config's strategy, scores the
+final weights on the test set, and writes the run's record (`record.zarr`,
+`summary.json`, `trace.json`, `config.yaml`) to its output directory. The CLI
+(`python -m pipeline.train`), the sweep, the tests and a notebook all call it the same
+way. What is specific to a strategy, it asks the strategy object
+(pipeline/strategies).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import xarray as xr
+import yaml
+from distributed import Client
+
+from pipeline.checkpointing import prepare_checkpoints
+from pipeline.cluster import WorkerSlot, find_workers, open_client, register_setup
+from pipeline.config import RunConfig
+from pipeline.engine import StepEngine
+from pipeline.evaluate import test_accuracy
+from pipeline.loop import train_loop
+from pipeline.outputs import owned_output
+from pipeline.preflight import check_run
+from pipeline.recovery import History, train_with_recovery
+from pipeline.records import RunRecorder, jsonable, software_versions, summarize
+from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
+from pipeline.schema import ConfigError, to_dict
+from pipeline.strategies import Strategy
+from pipeline.trace import ClientEvent, write_trace
+from storage import checkpoints
+from storage.datasets import DatasetInfo, ensure_dataset
+from storage.labelled import write_dataset
+from tasks.specs import NetworkSpec
+from tasks.worker_state import configure_process
+
+
+@dataclass
+class RunResult:
+    """What a finished run hands back (the same is on disk in its output directory)."""
+
+    summary: dict[str, Any]
+    record: xr.Dataset
+    output_dir: str
+
+
+def prepare_dataset(config: RunConfig) -> DatasetInfo:
+    """Open the run's dataset store, building it (synthetic or CIFAR-10) if missing."""
+    train_samples, test_samples = config.data.sample_counts()
+    return ensure_dataset(config.data.source, config.dataset_path,
+                          train_samples=train_samples, test_samples=test_samples,
+                          seed=config.data.seed, dtype=config.network.dtype)
+
+
+def code_revision() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, cwd=os.path.dirname(__file__)
+                              ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def build_engine(client: Client, config: RunConfig, strategy: Strategy, network: NetworkSpec,
+                 train_samples: int, slots: list[WorkerSlot]) -> StepEngine:
+    """The engine of `strategy` placed on `slots` (at the start, and again after a
+    recovery or a join: pipeline/recovery.py)."""
+    plan = strategy.plan(client, config, network, slots, uuid.uuid4().hex[:8])
+    return StepEngine(client, config, network, plan, train_samples)
+
+
+def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
+               slots: list[WorkerSlot], client: Client) -> dict[str, Any]:
+    """What the record keeps of how a distributed run was placed."""
+    placement, workers = engine.plan.placement, engine.workers
+    split = strategy.split_of(engine.layout, placement)
+    return {"placement": placement.method,
+            **{key: jsonable(value) for key, value in split.items()},
+            **strategy.record_attrs(config),
+            "master": workers[engine.layout.master].name,
+            "workspace_sync": config.workspace.sync,
+            "calibration_s_per_kernel": jsonable(placement.calibration),
+            **({"placement_choice": jsonable(placement.choice)} if placement.choice else {}),
+            # workers the placement gave nothing to do
+            "left_out": jsonable([] if strategy.one_worker else sorted(
+                {s.name for s in slots} - {w.name for w in workers})),
+            "dashboard": str(client.dashboard_link or ""),
+            "split_workers": jsonable([w.name for w in workers])}  # the split's columns
+
+
+def run_training(config: RunConfig, client: Client | None = None,
+                 slots: list[WorkerSlot] | None = None) -> RunResult:
+    """Run one training as the config says; a client may be passed in (sweeps reuse one).
+
+    Everything that can be checked before it starts is checked first
+    (`pipeline.preflight.check_run`, which also finds the strategy). The run holds its
+    output directory throughout (`pipeline.outputs`). What it notices on the way (a
+    stale lock taken over, damaged checkpoints passed over) goes to stderr, one line
+    each, and into the record's ``notes`` attribute.
+    """
+    strategy = check_run(config)
+    notes: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+        notes.append(line)
+
+    with owned_output(config, say):
+        return _train(config, strategy, client, slots, say, notes)
+
+
+def _train(config: RunConfig, strategy: Strategy, client: Client | None,
+           slots: list[WorkerSlot] | None, say: Callable[[str], None],
+           notes: list[str]) -> RunResult:
+    started = time.time()
+    os.makedirs(config.output_dir, exist_ok=True)
+    info = prepare_dataset(config)
+    network = config.network_spec(info.image_shape)
+    if config.network.classes != info.classes:
+        raise ConfigError(f"network.classes: {config.network.classes}, but the dataset has "
+                          f"{info.classes} classes")
+    if config.train.batch > info.train_samples:
+        raise ConfigError(f"train.batch: {config.train.batch} is larger than the "
+                          f"{info.train_samples} training samples")
+    from_step = prepare_checkpoints(config, network, say)
+    attrs: dict[str, Any] = {"name": config.name, "strategy": config.strategy,
+                             "config": yaml.safe_dump(to_dict(config), sort_keys=False),
+                             "dataset": info.path, "dataset_source": info.source,
+                             "versions": jsonable(software_versions()),
+                             "code_revision": code_revision(), "resumed_from_step": from_step}
+    client_events: list[ClientEvent] = []
+    history = History()
+    split_keys: list[str] = []  # the summary keys of the split (kernel_split, ...)
+    with ExitStack() as stack:
+        if strategy.uses_cluster:
+            configure_process(1)  # the client must not fight the workers for cores
+            if client is None:
+                client = stack.enter_context(open_client(config.cluster))
+                register_setup(client, config.cluster)
+            if slots is None:
+                slots = find_workers(client, config.cluster)
+            build = functools.partial(build_engine, client, config, strategy, network,
+                                      info.train_samples)
+            engine = build(slots)
+            attrs.update(plan_attrs(config, strategy, engine, slots, client))
+            split_keys = list(strategy.split_of(engine.layout, engine.plan.placement))
+            workers = engine.workers
+            recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
+                                   [w.emulated_speed for w in workers],
+                                   tags=[w.resource for w in workers])
+        else:
+            trainer = ReferenceTrainer(config, network, info.train_samples)
+            recorder = RunRecorder([REFERENCE_WORKER],
+                                   [f"in-process, {config.reference.threads} thread(s)"], [1.0])
+        try:
+            if strategy.uses_cluster:
+                history = train_with_recovery(config, client, strategy, engine, slots, build,
+                                              recorder, client_events, from_step,
+                                              info.train_samples)
+            else:
+                trainer.start(from_step)
+                recorder.devices = list(trainer.devices)
+                train_loop(config, trainer, recorder, client_events, from_step,
+                           info.train_samples)
+                trainer.close()
+        finally:
+            write_trace(os.path.join(config.output_dir, "trace.json"), recorder.receipts,
+                        client_events, recorder.workers, started)
+    accuracy = None
+    if config.train.eval_samples:
+        samples = min(config.train.eval_samples, info.test_samples)
+        weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+        accuracy = test_accuracy(network, weights, info.path, samples)
+    return _write_results(config, info, attrs, split_keys, recorder, history, notes, started,
+                          accuracy)
+
+
+def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
+                   split_keys: list[str], recorder: RunRecorder, history: History,
+                   notes: list[str], started: float, accuracy: float | None) -> RunResult:
+    """The record, the summary and the config, written to the output directory."""
+    attrs["checkpoint_time_s"] = recorder.checkpoint_s
+    changes = history.as_json()  # recoveries, joins
+    attrs.update({key: jsonable(value) for key, value in changes.items()})
+    attrs["notes"] = json.dumps(notes)
+    attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                  "batch": config.train.batch, "inflight": config.train.inflight})
+    record = recorder.to_dataset(attrs)
+    summary = summarize(record, config.train.warmup_steps, config.train.batch)
+    summary.update({"test_accuracy": accuracy,
+                    "test_samples": min(config.train.eval_samples, info.test_samples),
+                    "strategy": config.strategy, "workers": list(record.worker_label.values),
+                    "worker_devices": [
+                        {"name": str(name), "tag": str(tag), "device": str(device)}
+                        for name, tag, device in zip(record.worker.values,
+                                                     record.resource_tag.values,
+                                                     record.device.values)]})
+    for key in split_keys:
+        summary[key] = json.loads(attrs[key])
+    if "master" in attrs:
+        summary["master"] = attrs["master"]
+        summary["split_workers"] = json.loads(attrs["split_workers"])
+    summary.update(changes)
+    record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
+    write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
+    with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, default=str)
+    with open(os.path.join(config.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump(to_dict(config), f, sort_keys=False)
+    return RunResult(summary, record, config.output_dir)

@@ -1,0 +1,52 @@
+"""Training strategies, found by name: `STRATEGIES`, `register`, `strategy_of`.
+
+Each strategy is one `Strategy` object (pipeline/strategies/base.py says what it
+answers); the project's own are `reference`, `single`, `kernel`, `data` and
+`hybrid`. Everything else asks the object: no other module branches on a
+strategy's name.
+"""
+
+from __future__ import annotations
+
+from pipeline.config import RunConfig
+from pipeline.schema import ConfigError
+from pipeline.engine import RunPlan
+from pipeline.strategies.base import PLACEMENTS, Strategy
+from pipeline.strategies.kernel import KernelStrategy, SingleStrategy
+from pipeline.strategies.reference import ReferenceStrategy
+from pipeline.strategies.replicas import DataStrategy, HybridStrategy
+
+__all__ = ["PLACEMENTS", "RunPlan", "STRATEGIES", "Strategy", "register", "strategy_named",
+           "strategy_of"]
+
+#: Every strategy a config may name, by name.
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register(strategy: Strategy) -> Strategy:
+    """Make `strategy` available to configs by its name (a later one replaces it)."""
+    if not strategy.name:
+        raise ValueError("a strategy needs a name")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+def strategy_named(name: str) -> Strategy:
+    """The strategy called `name`; a ConfigError naming the field if there is none."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(f"strategy: {name!r} is not a strategy; expected one of "
+                          f"{', '.join(repr(n) for n in STRATEGIES)}") from None
+
+
+def strategy_of(config: RunConfig) -> Strategy:
+    """The run's strategy, after it has checked the config."""
+    strategy = strategy_named(config.strategy)
+    strategy.check(config)
+    return strategy
+
+
+for _builtin in (KernelStrategy(), SingleStrategy(), ReferenceStrategy(), DataStrategy(),
+                 HybridStrategy()):
+    register(_builtin)

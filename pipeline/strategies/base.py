@@ -1,0 +1,125 @@
+"""What a training strategy is: one object that says everything specific to it.
+
+The run, the engine, recovery, the sweep and the model never ask which strategy they
+hold; they ask the strategy object (found by name in `pipeline.strategies.STRATEGIES`).
+A strategy says:
+
+- which configs it takes (`check`), and which placements;
+- how it places its work on the run's workers (`plan`: the workers it uses, the
+  split, and the `Layout` that says who computes what and which slices cross
+  workers), and what its worker side is (`worker_side`, tasks/run_state.py);
+- what it records of its split (`split_of`, `record_attrs`);
+- (its layout says how checkpoints are chunked, `Layout.checkpoint_chunks`);
+- its entry in the performance model (`model`, on described hardware), its
+  prediction of a run on a probed cluster (`predict_run`), and where the model
+  says it cannot run (`infeasible`);
+- how a sweep treats it (`one_worker`, `uses_cluster`).
+
+A new strategy subclasses `Strategy`, fills these in, and registers an instance
+(`pipeline.strategies.register`); tests/test_toy_strategy.py does so from a test
+file alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from distributed import Client
+
+from pipeline.cluster import WorkerSlot
+from pipeline.config import RunConfig
+from pipeline.engine import RunPlan
+from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
+from pipeline.placement import Placement
+from pipeline.probe import ClusterProbe, MasterProbe
+from pipeline.schema import ConfigError
+from tasks.layout import Layout
+from tasks.run_state import WorkerSide
+from tasks.specs import Arithmetic, NetworkSpec
+
+#: Every placement a run config can name (pipeline/calibrate.py).
+PLACEMENTS = ("calibrated", "even", "model", "recorded")
+
+
+class Strategy:
+    """A training strategy: subclass it and fill in what differs (module doc)."""
+
+    #: The name a config's ``strategy:`` gives.
+    name: str = ""
+    #: False for a strategy that trains in the client's process (``reference``).
+    uses_cluster: bool = True
+    #: True for a strategy that uses one worker whatever the cluster offers (``single``):
+    #: a sweep measures it at the fewest workers only.
+    one_worker: bool = False
+    #: The placements it takes.
+    placements: tuple[str, ...] = PLACEMENTS
+    #: The summary key of its split (``placement: recorded`` reads it back).
+    split_key: str = "kernel_split"
+    #: What its tasks run on a worker.
+    worker_side: WorkerSide | None = None
+
+    def check(self, config: RunConfig) -> None:
+        """Refuse, naming the field, a config this strategy cannot run."""
+        if config.placement not in self.placements:
+            raise ConfigError(f"placement: {config.placement!r} is not for strategy "
+                              f"{self.name!r}, which takes "
+                              f"{', '.join(repr(p) for p in self.placements)}")
+
+    def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
+             slots: list[WorkerSlot], run_id: str) -> RunPlan:
+        """Place the run's work on `slots` (the workers offering the run's tags)."""
+        raise NotImplementedError(f"strategy {self.name!r} runs on no cluster")
+
+    def make_plan(self, config: RunConfig, workers: list[WorkerSlot], layout: Layout,
+                  placement: Placement) -> RunPlan:
+        """The plan of `layout` on `workers`, with this strategy's worker side."""
+        if self.worker_side is None:
+            raise NotImplementedError(f"strategy {self.name!r} has no worker side")
+        return RunPlan(workers, layout, placement, self.worker_side,
+                    self.arithmetic(config, len(workers)))
+
+    def arithmetic(self, config: RunConfig, workers: int) -> Arithmetic:
+        """How its workers compute (SGD settings, the conv learning-rate factor)."""
+        return Arithmetic(config.optimizer_spec(), 1.0, config.train.check_replicas)
+
+    def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
+        """Its split as the record and summary keep it, e.g. ``{"kernel_split": ...}``."""
+        return {self.split_key: placement.counts}
+
+    def record_attrs(self, config: RunConfig) -> dict[str, Any]:
+        """Extra attributes of the run's record (settings only it has), as strings."""
+        return {}
+
+    def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
+              link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
+        """The performance model's step for this strategy (pipeline/costmodel)."""
+        raise NotImplementedError(f"strategy {self.name!r} has no performance model")
+
+    def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
+                    network: Network, split: dict[str, Any]) -> Prediction:
+        """The model's step of a run of `config` on the probed cluster, as the engine
+        would run it; `split` holds the run's recorded split (``kernel_split``,
+        ``batch_split``: None for the one its placement would choose)."""
+        raise NotImplementedError(f"strategy {self.name!r} has no run prediction")
+
+    def workers_used(self, config: RunConfig, probe: ClusterProbe) -> int:
+        """How many of the probed workers a run of `config` uses."""
+        offered = len(probe.workers)
+        if config.cluster.use_workers:
+            offered = min(offered, config.cluster.use_workers)
+        return self.devices_used(offered)
+
+    @staticmethod
+    def cluster_probe(probe: ClusterProbe | MasterProbe) -> ClusterProbe:
+        """`probe`, which must be a cluster probe (distributed strategies)."""
+        if not isinstance(probe, ClusterProbe):
+            raise TypeError("a distributed strategy is predicted from a ClusterProbe")
+        return probe
+
+    def infeasible(self, batch: int, devices: int) -> str:
+        """Why the model cannot place this strategy's step on `devices` ("" if it can)."""
+        return ""
+
+    def devices_used(self, devices: int) -> int:
+        """How many of `devices` a step of this strategy uses."""
+        return 1 if self.one_worker else devices

@@ -1,0 +1,105 @@
+"""`kernel` (Marques et al.): every worker holds a share of every conv layer's
+kernels; the master worker runs the dense head. `single` is its one-worker case.
+
+The split comes from `pipeline.calibrate.choose_placement` (even, calibrated, by the
+model, or recorded); workers it gives no kernel of any layer leave the run, the
+master stays (a master outside the kernel workers holds none: `cluster.add_master`).
+Worker side: tasks/kernel_ops.py; layout and exchanged slices: tasks/layout.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from distributed import Client
+
+from pipeline.calibrate import choose_placement
+from pipeline.cluster import WorkerSlot, add_master
+from pipeline.config import RunConfig
+from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
+                                StoreSpec)
+from pipeline.costmodel.strategies import MODELS
+from pipeline.model_placement import calibrated_split, choose_split
+from pipeline.placement import Placement, split_even
+from pipeline.probe import ClusterProbe, MasterProbe
+from pipeline.engine import RunPlan
+from pipeline.strategies.base import Strategy
+from tasks.kernel_ops import KERNEL_SIDE
+from tasks.layout import KernelLayout, Layout, layout_from_counts
+from tasks.specs import NetworkSpec
+
+
+class KernelStrategy(Strategy):
+    """Kernel-parallel conv layers, dense head on a master (docs/methods.md §1)."""
+
+    name = "kernel"
+    worker_side = KERNEL_SIDE
+
+    def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
+             slots: list[WorkerSlot], run_id: str) -> RunPlan:
+        workers, master = add_master(client, config.cluster, slots)
+        if self.one_worker:  # the master alone
+            workers, master = [workers[master]], 0
+        conv_workers = workers[:len(slots)]  # a master added beyond them holds no kernels
+        placement = choose_placement(client, config, network, conv_workers, run_id)
+        names = [w.name for w in workers]
+        gone = placement.left_out([w.name for w in conv_workers], master)
+        padding = [0] * (len(workers) - len(conv_workers))  # a master holding no kernels
+        counts = [[count for name, count in zip(names, row + padding) if name not in gone]
+                  for row in placement.counts]
+        master_name = names[master]
+        workers = [w for w in workers if w.name not in gone]
+        names = [w.name for w in workers]
+        layout = layout_from_counts(names, counts, names.index(master_name))
+        return self.make_plan(config, workers, layout, placement)
+
+    def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
+        """Kernels per layer and worker of the run (a master holding none included)."""
+        assert isinstance(layout, KernelLayout)
+        return {"kernel_split": layout.counts()}
+
+    def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
+              link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
+        return MODELS["kernel"](network, batch, list(devices), link, store, options)
+
+
+    def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
+                    network: Network, split: dict[str, Any]) -> Prediction:
+        """The engine's kernel step on the probed workers (`single`: on one), with the
+        recorded split or the one the config's placement would choose."""
+        probe = self.cluster_probe(probe)
+        active = self.workers_used(config, probe)
+        counts = split.get("kernel_split") or placement_split(config, probe, active)
+        names = [w.name for w in probe.workers[:active]]
+        master = names.index(config.cluster.master) if config.cluster.master in names else 0
+        options = probe.kernel_options(kernel_counts=counts, master=master,
+                                       sync=config.workspace.sync)
+        return MODELS["kernel"](network, config.train.batch, probe.device_specs(active),
+                                IDEAL_LINK, probe.store_spec(), options)
+
+
+def placement_split(config: RunConfig, probe: ClusterProbe, active: int) -> list[list[int]]:
+    """The split the engine's placement would choose on the probed workers.
+
+    ``even`` (and one worker): equal quanta; ``calibrated``: proportional to
+    the probed speed at the even share (the engine measures its own, which
+    differs by noise); ``model``: :func:`pipeline.model_placement.choose_split`.
+    """
+    spec = probe.network_spec()
+    quanta = probe.quanta
+    if config.placement == "even" or active == 1:
+        return [split_even(layer.kernels, active, q) for layer, q in zip(spec.conv, quanta)]
+    if config.placement == "model":
+        return choose_split(probe, active)["kernel_split"]
+    return calibrated_split(probe, active)
+
+
+class SingleStrategy(KernelStrategy):
+    """The whole network on one worker (the master), through the same machinery."""
+
+    name = "single"
+    one_worker = True
+
+    def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
+              link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
+        return MODELS["single"](network, batch, list(devices), link, store, options)

@@ -1,0 +1,118 @@
+"""`data` and `hybrid`: every worker a replica of the conv layers with a share of the
+batch; `hybrid` (Krizhevsky's "one weird trick") also splits every dense layer's
+neurons over the workers.
+
+The batch shares come from `pipeline.calibrate.choose_batch_shares` (even,
+calibrated or recorded; the model places kernels only); workers given no sample
+leave the run. Worker side: tasks/data_ops.py and tasks/hybrid_ops.py; layouts and
+exchanged slices: tasks/replica_layout.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from distributed import Client
+
+from pipeline.calibrate import choose_batch_shares
+from pipeline.cluster import WorkerSlot
+from pipeline.config import RunConfig
+from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
+                                StoreSpec)
+from pipeline.costmodel.strategies import MODELS
+from pipeline.placement import Placement, split_even
+from pipeline.probe import ClusterProbe, MasterProbe
+from pipeline.records import jsonable
+from pipeline.schema import ConfigError, to_dict
+from pipeline.engine import RunPlan
+from pipeline.strategies.base import PLACEMENTS, Strategy
+from tasks.data_ops import DATA_SIDE
+from tasks.hybrid_ops import HYBRID_SIDE
+from tasks.layout import Layout
+from tasks.replica_layout import DataLayout, HybridLayout, dense_widths, split_counts
+from tasks.specs import Arithmetic, NetworkSpec
+
+
+class DataStrategy(Strategy):
+    """Data parallel: a full replica per worker, gradients summed through the workspace."""
+
+    name = "data"
+    placements = tuple(p for p in PLACEMENTS if p != "model")
+    split_key = "batch_split"
+    worker_side = DATA_SIDE
+
+    def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
+             slots: list[WorkerSlot], run_id: str) -> RunPlan:
+        placement = choose_batch_shares(client, config, network, list(slots), run_id)
+        gone = placement.left_out([w.name for w in slots])
+        workers = [w for w in slots if w.name not in gone]
+        shares = [count for w, count in zip(slots, placement.counts[0]) if w.name not in gone]
+        layout = self.layout(config, network, [w.name for w in workers], shares)
+        return self.make_plan(config, workers, layout, placement)
+
+    def layout(self, config: RunConfig, network: NetworkSpec, workers: list[str],
+               shares: list[int]) -> Layout:
+        """Its layout over `workers` with these batch shares."""
+        return DataLayout(tuple(workers), tuple(shares))
+
+    def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
+        return {"batch_split": list(placement.counts[0])}
+
+    def record_attrs(self, config: RunConfig) -> dict[str, Any]:
+        return {"gradient_reduction": "workspace: reduce-scatter by range ownership, "
+                                      "then all-gather"}
+
+    def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
+              link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
+        return MODELS[self.name](network, batch, list(devices), link, store, options)
+
+    def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
+                    network: Network, split: dict[str, Any]) -> Prediction:
+        """The engine's replicas on the probed workers, with the recorded batch shares
+        (an even split if none)."""
+        probe = self.cluster_probe(probe)
+        active = self.workers_used(config, probe)
+        shares = split.get("batch_split") or split_even(config.train.batch, active, 1)
+        options = probe.kernel_options(batch_shares=shares, scheme=config.hybrid.scheme,
+                                       dense_batch=config.hybrid.dense_batch,
+                                       sync=config.workspace.sync)
+        return self.model(network, config.train.batch, probe.device_specs(active), IDEAL_LINK,
+                          probe.store_spec(), options)
+
+    def infeasible(self, batch: int, devices: int) -> str:
+        if batch < devices:
+            return (f"batch {batch} is smaller than the {devices} devices: every "
+                    f"{self.name}-parallel replica needs at least one sample")
+        return ""
+
+
+class HybridStrategy(DataStrategy):
+    """Conv layers data-parallel, dense layers split by neurons (docs/methods.md §2)."""
+
+    name = "hybrid"
+    worker_side = HYBRID_SIDE
+
+    def layout(self, config: RunConfig, network: NetworkSpec, workers: list[str],
+               shares: list[int]) -> Layout:
+        widths = [out for _in, out in dense_widths(network)]
+        if min(widths) < len(workers):
+            raise ConfigError(f"strategy: hybrid splits every dense layer's neurons over the "
+                              f"{len(workers)} workers, but a layer has only {min(widths)}")
+        neurons = tuple(tuple(split_counts(width, len(workers))) for width in widths)
+        return HybridLayout(tuple(workers), tuple(shares), neurons, config.hybrid.scheme,
+                            config.hybrid.dense_batch)
+
+    def arithmetic(self, config: RunConfig, workers: int) -> Arithmetic:
+        """Krizhevsky scaled the conv layers' learning rate with the workers."""
+        scaling = config.hybrid.conv_lr_scaling
+        scale = {"none": 1.0, "linear": float(workers), "sqrt": math.sqrt(workers)}[scaling]
+        return Arithmetic(config.optimizer_spec(), scale, config.train.check_replicas)
+
+    def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
+        assert isinstance(layout, HybridLayout)
+        return {**super().split_of(layout, placement),
+                "dense_split": [list(row) for row in layout.neurons]}
+
+    def record_attrs(self, config: RunConfig) -> dict[str, Any]:
+        return {**super().record_attrs(config), "hybrid": jsonable(to_dict(config.hybrid))}

@@ -1,0 +1,216 @@
+"""Data-parallel training on a worker: a full replica, and the gradient reduction.
+
+`data` (tasks/replica_layout.py, `DataLayout`): every worker holds the whole network
+as a plain `nn.Sequential`. ``replica-step`` trains it on the worker's rows of the
+batch with the loss summed over them and divided by the whole batch, so that the
+workers' gradients add up to the whole batch's; ``grad-reduce`` sums the range of
+the flat gradient this worker owns (its own and every other worker's, in worker
+order) and ``grad-update`` gathers every summed range and steps SGD. Every replica
+applies the very same summed gradient, so the replicas stay identical. `hybrid`
+(tasks/hybrid_ops.py) reduces its conv gradients with the same two ops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from storage import checkpoints
+from storage.datasets import read_batch
+from tasks.layout import StepOp
+from tasks.network import build_sequential
+from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
+from tasks.receipts import TaskClock
+from tasks.replica_layout import GRAD_REDUCE, GRAD_UPDATE, REPLICA_STEP, DataLayout
+from tasks.run_state import RunState, WorkerSide
+from tasks.specs import Arithmetic, NetworkSpec, OptimizerSpec
+from tasks.worker_state import current_profile
+
+
+@dataclass
+class Gradients:
+    """The flat gradient a step reduces: this worker's, then its owned range's sum."""
+
+    params: list[tuple[str, torch.Tensor]]  # the parameters it covers, in order
+    local: torch.Tensor | None = None
+    own_sum: torch.Tensor | None = None
+
+    def flatten(self) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for _, p in self.params])
+
+    def assign(self, flat: torch.Tensor) -> None:
+        """Set every parameter's .grad from a flat gradient."""
+        offset = 0
+        for _, param in self.params:
+            count = param.numel()
+            param.grad = flat[offset:offset + count].view_as(param)
+            offset += count
+
+    def digest(self) -> str:
+        """A fingerprint of the parameters' values (replicas must agree on it)."""
+        sha = hashlib.sha1()
+        for _, param in self.params:
+            sha.update(param.detach().to("cpu").numpy().tobytes())
+        return sha.hexdigest()
+
+
+@dataclass
+class DataWork:
+    """A full replica and its optimizer."""
+
+    model: nn.Sequential
+    optimizer: torch.optim.SGD
+    grads: Gradients
+    check_replicas: bool
+
+    def apply_reduced(self, layout: DataLayout) -> None:
+        """The SGD step, once the summed gradient is in every parameter's .grad."""
+        self.optimizer.step()
+
+
+# Loading and saving ----------------------------------------------------------------------
+
+
+def load_data(layout: DataLayout, me: int, network: NetworkSpec, checkpoint_path: str,
+              step: int, arithmetic: Arithmetic, device: str) -> DataWork:
+    """The whole network and its momentum from checkpoint `step` (every replica alike)."""
+    model = build_sequential(network)
+    model.load_state_dict(read_tensors(checkpoint_path, step, "weights"))
+    model.to(device)
+    sgd = make_sgd(model.parameters(), arithmetic.optimizer)
+    named = dict(model.named_parameters())
+    restore_momentum(sgd, named, checkpoints.read_tensors(checkpoint_path, step, "momentum"))
+    return DataWork(model, sgd, Gradients(list(named.items())), arithmetic.check_replicas)
+
+
+def save_data(work: DataWork, me: int, checkpoint_path: str, step: int) -> None:
+    """Replicas are identical: the first worker writes the whole network."""
+    if me == 0:
+        named = dict(work.model.named_parameters())
+        write_tensors(checkpoint_path, step, weights_of(named),
+                      momentum_of(work.optimizer, named), 0)
+
+
+def read_tensors(path: str, step: int, kind: str) -> dict[str, torch.Tensor]:
+    """Every tensor of one kind ("weights", "momentum") of checkpoint `step`, as torch."""
+    return {k: torch.from_numpy(v) for k, v in checkpoints.read_tensors(path, step, kind).items()}
+
+
+def write_tensors(path: str, step: int, weights: dict[str, np.ndarray],
+                  momentum: dict[str, np.ndarray], start: int) -> None:
+    """Write weights and momentum into checkpoint `step`, rows from `start` on."""
+    for kind, tensors in (("weights", weights), ("momentum", momentum)):
+        for key, value in tensors.items():
+            checkpoints.write_slice(path, step, kind, key, start, value)
+
+
+# Calibration -----------------------------------------------------------------------------
+
+
+def calibrate_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
+    """Seconds of a replica's forward, backward and SGD step on `rows` samples, as
+    `replica-step` runs it, on this worker's device: one warm-up, then the median of
+    `repeats` synchronised rounds (emulated slowness included)."""
+    profile = current_profile()
+    generator = torch.Generator().manual_seed(0)
+    first = network.conv[0]
+    dtype = getattr(torch, network.dtype)
+    model = build_sequential(network).to(profile.device)
+    sgd = make_sgd(model.parameters(), OptimizerSpec(lr=1e-6))
+    x = torch.randn(rows, first.in_channels, first.in_height, first.in_width,
+                    generator=generator, dtype=dtype).to(profile.device)
+    y = torch.randint(0, network.classes, (rows,), generator=generator).to(profile.device)
+
+    def one_round() -> None:
+        sgd.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y, reduction="sum").backward()
+        sgd.step()
+
+    times = profile.time_rounds(one_round, repeats)
+    return {"worker": profile.name, "seconds": float(np.median(times)), "rows": rows}
+
+
+# Data parallel ---------------------------------------------------------------------------
+
+
+def replica_step(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                 clock: TaskClock) -> None:
+    work: DataWork = run.work
+    layout: DataLayout = run.layout
+    start, stop = layout.rows()[run.me]
+    with clock.op(REPLICA_STEP):
+        work.optimizer.zero_grad(set_to_none=True)
+        if stop > start:
+            x, y = _batch_rows(run, indices[start:stop], clock)
+            with clock.phase("compute") as phase:
+                loss = F.cross_entropy(work.model(x), y, reduction="sum") / run.batch
+                loss.backward()
+                clock.receipt.loss = float(loss.detach())  # its part of the batch's loss
+            run.emulate(clock, phase.seconds)
+        with clock.phase("compute"):
+            work.grads.local = work.grads.flatten()
+        hand_on_ranges(run, work.grads, step, clock)
+
+
+def grad_reduce(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                clock: TaskClock) -> None:
+    """Sum the range this worker owns over every worker (in worker order); hand it on."""
+    grads: Gradients = run.work.grads
+    assert grads.local is not None
+    a, b = run.layout.owned(len(grads.local))[run.me]
+    with clock.op(GRAD_REDUCE):
+        parts = [grads.local[a:b] if d == run.me
+                 else run.mover.read(f"grads/{d}/{run.me}", step, clock)
+                 for d in range(len(run.layout.workers))]
+        with clock.phase("compute"):
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+        grads.own_sum = total
+        run.mover.write(f"reduced/{run.me}", step, total, clock)
+
+
+def grad_update(run: RunState, op: StepOp, step: int, indices: np.ndarray,
+                clock: TaskClock) -> None:
+    """Gather every summed range, then the SGD step (every replica the same)."""
+    work = run.work
+    grads: Gradients = work.grads
+    with clock.op(GRAD_UPDATE):
+        pieces = [grads.own_sum if e == run.me else run.mover.read(f"reduced/{e}", step, clock)
+                  for e in range(len(run.layout.workers))]
+        with clock.phase("compute") as phase:
+            grads.assign(torch.cat(pieces))
+            work.apply_reduced(run.layout)
+            grads.local = grads.own_sum = None
+        run.emulate(clock, phase.seconds)
+        if work.check_replicas:
+            clock.receipt.extra["replica_digest"] = grads.digest()
+
+
+def hand_on_ranges(run: RunState, grads: Gradients, step: int, clock: TaskClock) -> None:
+    """Write every other worker's owned range of this worker's gradient."""
+    assert grads.local is not None
+    for e, (a, b) in enumerate(run.layout.owned(len(grads.local))):
+        if e != run.me:
+            run.mover.write(f"grads/{run.me}/{e}", step, grads.local[a:b], clock)
+
+
+def _batch_rows(run: RunState, rows: np.ndarray, clock: TaskClock
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    with clock.phase("dataset") as phase:
+        images, labels = read_batch(run.paths.dataset, "train", rows)
+        phase.nbytes = images.nbytes + labels.nbytes
+    device = run.profile.device
+    return torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device)
+
+
+#: What `data` runs on a worker.
+DATA_SIDE = WorkerSide(load_data, save_data, {REPLICA_STEP: replica_step,
+                                              GRAD_REDUCE: grad_reduce,
+                                              GRAD_UPDATE: grad_update})
