@@ -37,7 +37,7 @@ from tasks.layout import Layout
 from tasks.run_state import WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec
 
-#: Every placement a run config can name (pipeline/calibrate.py).
+#: Every placement a run config can name (pipeline/split_choice.py).
 PLACEMENTS = ("calibrated", "even", "model", "recorded")
 
 

@@ -1,7 +1,7 @@
 """`kernel` (Marques et al.): every worker holds a share of every conv layer's
 kernels; the master worker runs the dense head. `single` is its one-worker case.
 
-The split comes from `pipeline.calibrate.choose_placement` (even, calibrated, by the
+The split comes from `pipeline.split_choice.choose_kernel_split` (even, calibrated, by the
 model, or recorded); workers it gives no kernel of any layer leave the run, the
 master stays (a master outside the kernel workers holds none: `cluster.add_master`).
 Worker side: tasks/kernel_ops.py; layout and exchanged slices: tasks/layout.py.
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from distributed import Client
 
-from pipeline.calibrate import choose_placement
+from pipeline.split_choice import choose_kernel_split
 from pipeline.cluster import WorkerSlot, add_master
 from pipeline.config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
@@ -41,7 +41,7 @@ class KernelStrategy(Strategy):
         if self.one_worker:  # the master alone
             workers, master = [workers[master]], 0
         conv_workers = workers[:len(slots)]  # a master added beyond them holds no kernels
-        placement = choose_placement(client, config, network, conv_workers, run_id)
+        placement = choose_kernel_split(client, config, network, conv_workers, run_id)
         names = [w.name for w in workers]
         gone = placement.left_out([w.name for w in conv_workers], master)
         padding = [0] * (len(workers) - len(conv_workers))  # a master holding no kernels

@@ -2,7 +2,7 @@
 batch; `hybrid` (Krizhevsky's "one weird trick") also splits every dense layer's
 neurons over the workers.
 
-The batch shares come from `pipeline.calibrate.choose_batch_shares` (even,
+The batch shares come from `pipeline.split_choice.choose_batch_split` (even,
 calibrated or recorded; the model places kernels only); workers given no sample
 leave the run. Worker side: tasks/data_ops.py and tasks/hybrid_ops.py; layouts and
 exchanged slices: tasks/replica_layout.py.
@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from distributed import Client
 
-from pipeline.calibrate import choose_batch_shares
+from pipeline.split_choice import choose_batch_split
 from pipeline.cluster import WorkerSlot
 from pipeline.config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
@@ -44,7 +44,7 @@ class DataStrategy(Strategy):
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
              slots: list[WorkerSlot], run_id: str) -> RunPlan:
-        placement = choose_batch_shares(client, config, network, list(slots), run_id)
+        placement = choose_batch_split(client, config, network, list(slots), run_id)
         gone = placement.left_out([w.name for w in slots])
         workers = [w for w in slots if w.name not in gone]
         shares = [count for w, count in zip(slots, placement.counts[0]) if w.name not in gone]
