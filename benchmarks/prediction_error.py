@@ -101,18 +101,18 @@ def run_case(case: str, repeats: int, steps: int, warmup: int, workdir: str) -> 
                                   group[0]["overrides"])
         with open_client(probe_config.cluster) as client:
             register_setup(client, probe_config.cluster)
-            slots = find_workers(client, probe_config.cluster)
+            offered = find_workers(client, probe_config.cluster)
             for point in group:
-                rows += measure(net, point, client, slots, repeats, steps, warmup, workdir)
+                rows += measure(net, point, client, offered, repeats, steps, warmup, workdir)
     return rows
 
 
-def measure(net: str, point: dict, client, slots, repeats: int, steps: int, warmup: int,
+def measure(net: str, point: dict, client, offered, repeats: int, steps: int, warmup: int,
             workdir: str) -> list[dict]:
     rows = []
     for repeat in range(repeats):
         config = config_for(net, point["batch"], steps, warmup, workdir, point["overrides"])
-        result = run_training(config, client=client, slots=slots)
+        result = run_training(config, client=client, offered=offered)
         # the probe right after the run (the dataset exists now), so that both see about
         # the same load on this shared machine; cached across repeats unless asked not to
         spec = network_for(config)
@@ -121,7 +121,7 @@ def measure(net: str, point: dict, client, slots, repeats: int, steps: int, warm
             probe = cached_master_probe(spec, config.train.batch, config.reference.threads,
                                         config.dataset_path, refresh=fresh)
         else:
-            probe = cached_probe(client, slots, spec, config.train.batch,
+            probe = cached_probe(client, offered, spec, config.train.batch,
                                  config.channel_quanta(spec), None, config.dataset_path,
                                  refresh=fresh)
         summary = result.summary

@@ -112,13 +112,13 @@ def _policy() -> str:
     return os.environ.get("CNN_PREDICT_PROBE", "auto").lower()
 
 
-def probe_for_config(config: RunConfig, client: Any = None, slots: Any = None,
+def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
                      policy: str | None = None) -> ClusterProbe | None:
     """A cluster probe for ``config``'s cluster: cached, or measured per ``policy``.
 
     The probe covers every worker offering the config's resource tag (a
     point using fewer is predicted on the first of them).  With ``client``
-    (and optionally ``slots``) it probes that cluster; otherwise, under the
+    (and optionally ``offered``) it probes that cluster; otherwise, under the
     ``auto`` policy, it connects to the config's scheduler or starts the
     config's embedded cluster for the probe.
     """
@@ -144,8 +144,8 @@ def probe_for_config(config: RunConfig, client: Any = None, slots: Any = None,
         return None
     try:
         if client is not None:
-            slots = slots or find_workers(client, cluster)
-            return cached_probe(client, slots, spec, batch, quanta, where, dataset)
+            offered = offered or find_workers(client, cluster)
+            return cached_probe(client, offered, spec, batch, quanta, where, dataset)
         with open_client(cluster) as own:
             register_setup(own, cluster)
             return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
@@ -156,7 +156,7 @@ def probe_for_config(config: RunConfig, client: Any = None, slots: Any = None,
 
 def predict_point(config: RunConfig, result_summary: dict | None = None,
                   probe: ClusterProbe | MasterProbe | None = None, *, client: Any = None,
-                  slots: Any = None) -> PointPrediction | None:
+                  offered: Any = None) -> PointPrediction | None:
     """Predicted step of one sweep point, with its breakdown.
 
     Parameters
@@ -168,7 +168,7 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         ``step_time_median`` gives ``prediction_error`` (predicted / measured - 1).
     probe : ClusterProbe or MasterProbe, optional
         Measured constants; default a cached or fresh probe (module doc).
-    client, slots : optional
+    client, offered : optional
         A live cluster to probe if nothing is cached.
 
     Returns
@@ -189,7 +189,7 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
             if probe is None:
                 return None
     elif not isinstance(probe, ClusterProbe):
-        probe = probe_for_config(config, client, slots)
+        probe = probe_for_config(config, client, offered)
         if probe is None:
             return None
     prediction = predict_config(config, probe, kernel_split=summary.get("kernel_split"),

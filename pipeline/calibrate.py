@@ -29,12 +29,12 @@ def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int,
     task keys of a second round apart from the first's."""
     futures = {}
     for layer, spec in enumerate(network.conv):
-        for index, slot in enumerate(runner.workers):
-            futures[(slot.name, layer)] = runner.submit(
-                calibrate_layer, index, spec, batch, sizes[(slot.name, layer)], network.dtype,
-                layer > 0, STABLE_ROUNDS, name=f"calibrate{round_name}-{layer}-{slot.name}")
+        for index, worker in enumerate(runner.workers):
+            futures[(worker.name, layer)] = runner.submit(
+                calibrate_layer, index, spec, batch, sizes[(worker.name, layer)], network.dtype,
+                layer > 0, STABLE_ROUNDS, name=f"calibrate{round_name}-{layer}-{worker.name}")
     results = runner.gather(list(futures.values()), "calibration")
-    points: Points = {slot.name: [[] for _ in network.conv] for slot in runner.workers}
+    points: Points = {worker.name: [[] for _ in network.conv] for worker in runner.workers}
     for (name, layer), result in zip(futures, results):
         points[name][layer] = result["points"]
     return points
@@ -75,11 +75,11 @@ def calibrate_replicas(runner: TaskRunner, network: NetworkSpec, batch: int) -> 
     once): ``{name: [[[rows, seconds], [rows, seconds]]]}``."""
     rows = replica_rows(network, batch, len(runner.workers))
     sizes = sorted({max(1, rows // 4), rows})
-    points: Points = {slot.name: [[]] for slot in runner.workers}
+    points: Points = {worker.name: [[]] for worker in runner.workers}
     for size in sizes:
         futures = [runner.submit(calibrate_replica, index, network, size,
-                                 name=f"calibrate-replica-{slot.name}-{size}")
-                   for index, slot in enumerate(runner.workers)]
-        for slot, result in zip(runner.workers, runner.gather(futures, "calibration")):
-            points[slot.name][0].append([result["rows"], result["seconds"]])
+                                 name=f"calibrate-replica-{worker.name}-{size}")
+                   for index, worker in enumerate(runner.workers)]
+        for worker, result in zip(runner.workers, runner.gather(futures, "calibration")):
+            points[worker.name][0].append([result["rows"], result["seconds"]])
     return points

@@ -51,8 +51,9 @@ class SchedulerLost(ClusterError):
 
 
 @dataclass(frozen=True)
-class WorkerSlot:
-    """A worker chosen to run conv shards."""
+class ClusterWorker:
+    """A worker of the cluster as a run sees it: where it is, the tag it serves under,
+    its torch threads and (embedded clusters) its emulated speed and device."""
 
     address: str
     name: str
@@ -89,12 +90,12 @@ def live_workers(client: Client, patience: float = 10.0) -> dict[str, dict]:
             time.sleep(0.5)
 
 
-def all_local(slots: list[WorkerSlot]) -> bool:
+def all_local(offered: list[ClusterWorker]) -> bool:
     """Whether every worker runs on this host (so /dev/shm is shared with them)."""
     local = {"127.0.0.1", "::1", "localhost", socket.gethostname()}
     for addresses in psutil.net_if_addrs().values():
         local.update(a.address.split("%")[0] for a in addresses)
-    return all(urlsplit(slot.address).hostname in local for slot in slots)
+    return all(urlsplit(worker.address).hostname in local for worker in offered)
 
 
 def scheduler_address(config: ClusterConfig) -> str | None:
@@ -202,14 +203,15 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
         raise ClusterError(f"setting up the workers failed: {error}{hint}") from None
 
 
-def _slot(config: ClusterConfig, address: str, info: dict, tag: str) -> WorkerSlot:
+def _cluster_worker(config: ClusterConfig, address: str, info: dict, tag: str) -> ClusterWorker:
     """A worker as the run sees it; speeds and torch threads are known only for the
     workers of an embedded cluster (external workers count as real, full speed)."""
     name = str(info.get("name"))
     embedded = {} if scheduler_address(config) else {w.name: w for w in config.worker_list()}
     worker = embedded.get(name)
-    return WorkerSlot(address, name, tag, worker.threads if worker else int(info["nthreads"]),
-                      worker.speed if worker else 1.0, worker.device if worker else "")
+    return ClusterWorker(address, name, tag,
+                         worker.threads if worker else int(info["nthreads"]),
+                         worker.speed if worker else 1.0, worker.device if worker else "")
 
 
 def tagged_workers(workers: dict[str, dict], tags: list[str]) -> list[tuple[str, dict, str]]:
@@ -225,18 +227,19 @@ def tagged_workers(workers: dict[str, dict], tags: list[str]) -> list[tuple[str,
     return sorted(found, key=lambda item: (tags.index(item[2]), str(item[1].get("name"))))
 
 
-def slots_of(config: ClusterConfig, tagged: list[tuple[str, dict, str]]) -> list[WorkerSlot]:
+def workers_of(config: ClusterConfig, tagged: list[tuple[str, dict, str]]
+               ) -> list[ClusterWorker]:
     """The run's workers among `tagged_workers`: the first `use_workers` (all if unset)."""
     chosen = tagged[: config.use_workers] if config.use_workers else tagged
-    return [_slot(config, address, info, tag) for address, info, tag in chosen]
+    return [_cluster_worker(config, address, info, tag) for address, info, tag in chosen]
 
 
-def current_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
+def current_workers(client: Client, config: ClusterConfig) -> list[ClusterWorker]:
     """The workers a run of this config would take now (no waiting)."""
-    return slots_of(config, tagged_workers(live_workers(client), config.tags()))
+    return workers_of(config, tagged_workers(live_workers(client), config.tags()))
 
 
-def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
+def find_workers(client: Client, config: ClusterConfig) -> list[ClusterWorker]:
     """Wait (at most `wait_timeout` s) for workers offering the config's tags.
 
     Returns `use_workers` of them (all, if unset), ordered by tag, then by name.
@@ -250,7 +253,7 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
         workers = live_workers(client)
         tagged = tagged_workers(workers, tags)
         if len(tagged) >= wanted:
-            return slots_of(config, tagged)
+            return workers_of(config, tagged)
         if time.monotonic() > deadline:
             offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
             tag = "' or '".join(tags)
@@ -262,28 +265,28 @@ def find_workers(client: Client, config: ClusterConfig) -> list[WorkerSlot]:
         time.sleep(0.2)
 
 
-def add_master(client: Client, config: ClusterConfig, slots: list[WorkerSlot]
-               ) -> tuple[list[WorkerSlot], int]:
+def add_master(client: Client, config: ClusterConfig, offered: list[ClusterWorker]
+               ) -> tuple[list[ClusterWorker], int]:
     """The run's workers and the index of its master (the worker with the dense head).
 
     `cluster.master` names a worker or a resource tag; unset, the master is the first
     worker of the run (every CPU worker is alike; the head is a small part of a step).
-    A master outside `slots` (another tag, or beyond `use_workers`) joins the run as
+    A master outside `offered` (another tag, or beyond `use_workers`) joins the run as
     a worker that holds no kernels.
     """
     wanted = config.master
     if wanted is None:
-        return slots, 0
-    for index, slot in enumerate(slots):
-        if slot.name == wanted or slot.resource == wanted:
-            return slots, index
+        return offered, 0
+    for index, worker in enumerate(offered):
+        if worker.name == wanted or worker.resource == wanted:
+            return offered, index
     workers = live_workers(client)
     for address, info in sorted(workers.items(), key=lambda item: str(item[1].get("name"))):
         name, tags = str(info.get("name")), info.get("resources", {})
         if name == wanted or tags.get(wanted, 0) >= 1:
             tag = wanted if wanted in tags else next(
                 (t for t in config.tags() if t in tags), next(iter(tags), config.resource))
-            return slots + [_slot(config, address, info, tag)], len(slots)
+            return offered + [_cluster_worker(config, address, info, tag)], len(offered)
     names = ", ".join(sorted(str(info.get("name")) for info in workers.values()))
     raise ClusterError(f"cluster.master: no worker is named or tagged '{wanted}' "
                        f"(workers: {names or 'none'})")

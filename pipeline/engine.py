@@ -3,9 +3,10 @@
 The client plans, the workers compute. For each step the engine builds the step's
 task graph (pipeline/step_graph.py) from the layout (who computes what, which slices
 cross workers: the strategy's `RunPlan`) and submits it whole; the training loop
-keeps a few steps in flight and collects their receipts as they finish. No activation or gradient ever
-reaches the client: tensors a worker needs again stay in its memory, tensors
-another worker needs go through the run's exchange workspace (storage/exchange.py).
+keeps a few steps in flight and collects their receipts as they finish. No activation
+or gradient ever reaches the client: tensors a worker needs again stay in its memory,
+tensors another worker needs go through the run's exchange workspace
+(storage/exchange.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster import ClusterError, WorkerSlot, all_local, live_workers
+from pipeline.cluster import ClusterError, ClusterWorker, all_local, live_workers
 from pipeline.config import RunConfig
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.placement import Placement
@@ -35,7 +36,7 @@ from tasks.run_state import WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, RunPaths
 
 
-def workspace_path(config: RunConfig, run_id: str, workers: list[WorkerSlot]) -> str:
+def workspace_path(config: RunConfig, run_id: str, workers: list[ClusterWorker]) -> str:
     """Where this run's exchange workspace goes (always a fresh, run-named directory).
 
     `workspace.path` if set (it must be shared by every worker's host); else, when
@@ -56,7 +57,7 @@ class RunPlan:
     order), its layout (who computes what, which slices cross workers), how the split
     was chosen, the code its workers run, and how they compute."""
 
-    workers: list[WorkerSlot]
+    workers: list[ClusterWorker]
     layout: Layout
     placement: Placement
     side: WorkerSide
@@ -71,7 +72,7 @@ class StepEngine:
         self.config = config
         self.network = network
         self.plan = plan
-        self.workers: list[WorkerSlot] = plan.workers
+        self.workers: list[ClusterWorker] = plan.workers
         self.layout = plan.layout
         self.train_samples = train_samples
         self.run_id = f"{config.name}-{uuid.uuid4().hex[:8]}"
@@ -166,7 +167,7 @@ class StepEngine:
             alive = live_workers(client, patience=2.0)
             futures = [self.runner.submit(step_task.release_run, worker, self.run_id,
                                           name=f"release-w{worker}")
-                       for worker, slot in enumerate(self.workers) if slot.address in alive]
+                       for worker, member in enumerate(self.workers) if member.address in alive]
             with client.as_current():
                 wait(futures, timeout=10)
         except Exception:  # noqa: BLE001 - the cluster may already be gone

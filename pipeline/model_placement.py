@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from pipeline.cluster import WorkerSlot
+from pipeline.cluster import ClusterWorker
 from pipeline.config import RunConfig
 from pipeline.costmodel import predict, split_kernels_minmax
 from pipeline.placement import (ShardCost, align_to_quanta, choose_calibrated, pick_fastest,
@@ -91,7 +91,7 @@ def choose_split(probe: ClusterProbe, active: int | None = None) -> dict[str, An
 
 
 def model_placement(client: Any, config: RunConfig, network: NetworkSpec,
-                    workers: list[WorkerSlot]
+                    workers: list[ClusterWorker]
                     ) -> tuple[list[list[int]], dict[str, list[float]], dict[str, Any]]:
     """``placement: model``: probe the workers (or reuse a cached probe), choose, record.
 

@@ -108,19 +108,19 @@ class RunRecorder:
         self.by_shard = {k: v for k, v in self.by_shard.items() if k[0] < step}
 
     def ensure_workers(self, workers: list, devices: list[str]) -> None:
-        """Note the devices of an engine's workers (`WorkerSlot`s, as it reports them),
+        """Note the devices of an engine's workers (`ClusterWorker`s, as it reports them),
         adding a column for any worker a re-placed run uses that the record lacks."""
         self.devices += ["cpu"] * (len(self.workers) - len(self.devices))
         self.tags += [""] * (len(self.workers) - len(self.tags))
-        for slot, device in zip(workers, devices):
-            if slot.name in self.workers:
-                self.devices[self.workers.index(slot.name)] = device
+        for worker, device in zip(workers, devices):
+            if worker.name in self.workers:
+                self.devices[self.workers.index(worker.name)] = device
                 continue
-            self.workers.append(slot.name)
-            self.worker_labels.append(slot.label)
-            self.emulated_speeds.append(slot.emulated_speed)
+            self.workers.append(worker.name)
+            self.worker_labels.append(worker.label)
+            self.emulated_speeds.append(worker.emulated_speed)
             self.devices.append(device)
-            self.tags.append(slot.resource)
+            self.tags.append(worker.resource)
 
     def to_dataset(self, attrs: dict) -> xr.Dataset:
         steps = sorted(self.steps)

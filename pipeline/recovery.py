@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from distributed import Client
 
-from pipeline.cluster import (ClusterError, WorkerLost, WorkerSlot, current_workers, live_workers,
-                              scheduler_address)
+from pipeline.cluster import (ClusterError, ClusterWorker, WorkerLost, current_workers,
+                              live_workers, scheduler_address)
 from pipeline.config import RunConfig
 from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
@@ -35,7 +35,7 @@ from pipeline.trace import ClientEvent
 from storage import checkpoints
 
 #: A new engine placed over the given workers (`pipeline.run.build_engine`).
-Build = Callable[[list[WorkerSlot]], StepEngine]
+Build = Callable[[list[ClusterWorker]], StepEngine]
 
 
 @dataclass
@@ -74,13 +74,14 @@ class History:
                 "joins": [asdict(j) for j in self.joins]}
 
 
-def joined(client: Client, config: RunConfig, slots: list[WorkerSlot]) -> list[WorkerSlot]:
-    """The run's workers if some joined since it was placed over `slots`, else []:
+def joined(client: Client, config: RunConfig, offered: list[ClusterWorker]
+           ) -> list[ClusterWorker]:
+    """The run's workers if some joined since it was placed over `offered`, else []:
     only a cluster the run did not start can grow."""
     if scheduler_address(config.cluster) is None:
         return []
     now = current_workers(client, config.cluster)
-    known = {s.address for s in slots}
+    known = {s.address for s in offered}
     return now if any(s.address not in known for s in now) else []
 
 
@@ -89,29 +90,30 @@ def split_of(strategy: Strategy, engine: StepEngine) -> dict[str, Any]:
     return strategy.split_of(engine.layout, engine.plan.placement)
 
 
-def survivors(client: Client, slots: list[WorkerSlot], lost: WorkerLost) -> list[WorkerSlot]:
+def survivors(client: Client, offered: list[ClusterWorker], lost: WorkerLost
+              ) -> list[ClusterWorker]:
     """The run's workers still in the cluster (a loss may not come alone)."""
     alive = live_workers(client)
-    return [s for s in slots if s.address in alive and s.address not in lost.addresses]
+    return [s for s in offered if s.address in alive and s.address not in lost.addresses]
 
 
 def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
-                        engine: StepEngine, slots: list[WorkerSlot], build: Build,
+                        engine: StepEngine, offered: list[ClusterWorker], build: Build,
                         recorder: RunRecorder,
                         client_events: list[ClientEvent], from_step: int,
                         train_samples: int) -> History:
     """Train from `from_step` to the end with `engine`, recovering from lost workers
     and taking in joined ones.
 
-    `slots` are the workers the run was placed over (a master that `build` adds
+    `offered` are the workers the run was placed over (a master that `build` adds
     is found again by it). Closes every engine it used. Returns what happened.
     """
     history = History()
     recoveries = history.recoveries
-    grown: list[WorkerSlot] = []
+    grown: list[ClusterWorker] = []
 
     def stop_for_joined(step: int) -> bool:
-        grown[:] = joined(client, config, slots)
+        grown[:] = joined(client, config, offered)
         return bool(grown)
 
     current: StepEngine | None = engine
@@ -121,7 +123,7 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
         while True:
             try:
                 if current is None:
-                    current = build(slots)
+                    current = build(offered)
                 current.start(from_step)
                 recorder.ensure_workers(current.workers, current.devices)
                 if pending is not None:
@@ -137,11 +139,11 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                 since = time.perf_counter()
                 current.close()
                 current = None
-                new = [s.name for s in grown if s.address not in {x.address for x in slots}]
-                slots, from_step = list(grown), reached
+                new = [s.name for s in grown if s.address not in {x.address for x in offered}]
+                offered, from_step = list(grown), reached
                 client_events.append(ClientEvent(f"joined: {', '.join(new)} at step {reached}",
                                                  time.time(), time.time()))
-                current = build(slots)
+                current = build(offered)
                 current.start(from_step)
                 recorder.ensure_workers(current.workers, current.devices)
                 history.joins.append(Join(reached, new, [w.name for w in current.workers],
@@ -158,8 +160,8 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                                      f"train.max_recoveries={config.train.max_recoveries})"
                                      if recoveries else str(lost),
                                      lost.addresses, lost.labels) from None
-                slots = survivors(client, slots, lost)
-                if not slots:
+                offered = survivors(client, offered, lost)
+                if not offered:
                     raise ClusterError(f"{lost}, and no worker of the run is left to "
                                        "continue on") from None
                 restored = checkpoints.latest_complete_step(config.checkpoint_path)

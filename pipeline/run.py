@@ -27,7 +27,7 @@ import yaml
 from distributed import Client
 
 from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import WorkerSlot, find_workers, open_client, register_setup
+from pipeline.cluster import ClusterWorker, find_workers, open_client, register_setup
 from pipeline.config import RunConfig
 from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
@@ -74,15 +74,15 @@ def code_revision() -> str:
 
 
 def build_engine(client: Client, config: RunConfig, strategy: Strategy, network: NetworkSpec,
-                 train_samples: int, slots: list[WorkerSlot]) -> StepEngine:
-    """The engine of `strategy` placed on `slots` (at the start, and again after a
+                 train_samples: int, offered: list[ClusterWorker]) -> StepEngine:
+    """The engine of `strategy` placed on `offered` (at the start, and again after a
     recovery or a join: pipeline/recovery.py)."""
-    plan = strategy.plan(client, config, network, slots, uuid.uuid4().hex[:8])
+    plan = strategy.plan(client, config, network, offered, uuid.uuid4().hex[:8])
     return StepEngine(client, config, network, plan, train_samples)
 
 
 def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
-               slots: list[WorkerSlot], client: Client) -> dict[str, Any]:
+               offered: list[ClusterWorker], client: Client) -> dict[str, Any]:
     """What the record keeps of how a distributed run was placed."""
     placement, workers = engine.plan.placement, engine.workers
     split = strategy.split_of(engine.layout, placement)
@@ -95,13 +95,13 @@ def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
             **({"placement_choice": jsonable(placement.choice)} if placement.choice else {}),
             # workers the placement gave nothing to do
             "left_out": jsonable([] if strategy.one_worker else sorted(
-                {s.name for s in slots} - {w.name for w in workers})),
+                {s.name for s in offered} - {w.name for w in workers})),
             "dashboard": str(client.dashboard_link or ""),
             "split_workers": jsonable([w.name for w in workers])}  # the split's columns
 
 
 def run_training(config: RunConfig, client: Client | None = None,
-                 slots: list[WorkerSlot] | None = None) -> RunResult:
+                 offered: list[ClusterWorker] | None = None) -> RunResult:
     """Run one training as the config says; a client may be passed in (sweeps reuse one).
 
     Everything that can be checked before it starts is checked first
@@ -118,11 +118,11 @@ def run_training(config: RunConfig, client: Client | None = None,
         notes.append(line)
 
     with owned_output(config, say):
-        return _train(config, strategy, client, slots, say, notes)
+        return _train(config, strategy, client, offered, say, notes)
 
 
 def _train(config: RunConfig, strategy: Strategy, client: Client | None,
-           slots: list[WorkerSlot] | None, say: Callable[[str], None],
+           offered: list[ClusterWorker] | None, say: Callable[[str], None],
            notes: list[str]) -> RunResult:
     started = time.time()
     os.makedirs(config.output_dir, exist_ok=True)
@@ -149,12 +149,12 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             if client is None:
                 client = stack.enter_context(open_client(config.cluster))
                 register_setup(client, config.cluster)
-            if slots is None:
-                slots = find_workers(client, config.cluster)
+            if offered is None:
+                offered = find_workers(client, config.cluster)
             build = functools.partial(build_engine, client, config, strategy, network,
                                       info.train_samples)
-            engine = build(slots)
-            attrs.update(plan_attrs(config, strategy, engine, slots, client))
+            engine = build(offered)
+            attrs.update(plan_attrs(config, strategy, engine, offered, client))
             split_keys = list(strategy.split_of(engine.layout, engine.plan.placement))
             workers = engine.workers
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
@@ -166,7 +166,7 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                                    [f"in-process, {config.reference.threads} thread(s)"], [1.0])
         try:
             if strategy.uses_cluster:
-                history = train_with_recovery(config, client, strategy, engine, slots, build,
+                history = train_with_recovery(config, client, strategy, engine, offered, build,
                                               recorder, client_events, from_step,
                                               info.train_samples)
             else:

@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost, WorkerSlot, live_workers
+from pipeline.cluster import (ClusterError, ClusterWorker, SchedulerLost, WorkerLost,
+                              live_workers)
 
 
 class _DropAbandonedGather(logging.Filter):
@@ -54,7 +55,7 @@ logging.getLogger("distributed.client").addFilter(_DropCancelledReconnect())
 class TaskRunner:
     """Submits pinned tasks for one run and gathers them, failing fast."""
 
-    def __init__(self, client: Client, workers: Sequence[WorkerSlot], run_id: str,
+    def __init__(self, client: Client, workers: Sequence[ClusterWorker], run_id: str,
                  on_failure: Callable[[str], None] = lambda reason: None) -> None:
         self.client = client
         self.workers = list(workers)
@@ -64,9 +65,9 @@ class TaskRunner:
     def submit(self, function: Callable[..., Any], worker: int, *args: Any, name: str,
                priority: int = 0, **kwargs: Any) -> Future:
         """Run `function(*args, **kwargs)` on worker number `worker` of the run."""
-        slot = self.workers[worker]
-        return self.client.submit(function, *args, workers=[slot.address],
-                                  resources={slot.resource: 1}, allow_other_workers=False,
+        member = self.workers[worker]
+        return self.client.submit(function, *args, workers=[member.address],
+                                  resources={member.resource: 1}, allow_other_workers=False,
                                   pure=False, key=f"{name}-{self.run_id}", priority=priority,
                                   **kwargs)
 
@@ -106,21 +107,21 @@ class TaskRunner:
                     self._scheduler_lost(what)
             self._check_workers(what)
 
-    def lost_workers(self) -> list[WorkerSlot]:
+    def lost_workers(self) -> list[ClusterWorker]:
         """The run's workers the scheduler no longer knows."""
         try:
             alive = live_workers(self.client)
         except SchedulerLost:
             self._scheduler_lost("asking for the workers")
-        return [slot for slot in self.workers if slot.address not in alive]
+        return [worker for worker in self.workers if worker.address not in alive]
 
     def _check_workers(self, what: str) -> None:
         gone = self.lost_workers()
         if gone:
-            labels = [slot.label for slot in gone]
+            labels = [worker.label for worker in gone]
             self._fail(WorkerLost(f"{what}: worker {', '.join(labels)} left the cluster; "
                                   "its work in the run is lost",
-                                  [slot.address for slot in gone], labels))
+                                  [worker.address for worker in gone], labels))
 
     def _scheduler_lost(self, what: str) -> None:
         address = getattr(self.client.scheduler, "address", None) or "?"

@@ -24,7 +24,7 @@ from distributed import Client
 
 from pipeline.calibrate import (Points, calibrate, calibrate_replicas, first_sizes, per_unit,
                                 shard_costs)
-from pipeline.cluster import WorkerSlot
+from pipeline.cluster import ClusterWorker
 from pipeline.config import RunConfig
 from pipeline.model_placement import model_placement
 from pipeline.placement import Placement, choose_calibrated, split_even
@@ -38,7 +38,7 @@ REMEASURE_FACTOR = 2.0
 
 
 def choose_kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
-                     workers: list[WorkerSlot], run_id: str) -> Placement:
+                     workers: list[ClusterWorker], run_id: str) -> Placement:
     """The kernel split over `workers` that `config.placement` asks for."""
     quanta = config.channel_quanta(network)
     layers = network.conv
@@ -59,7 +59,7 @@ def choose_kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
 
 
 def choose_batch_split(client: Client, config: RunConfig, network: NetworkSpec,
-                        workers: list[WorkerSlot], run_id: str) -> Placement:
+                        workers: list[ClusterWorker], run_id: str) -> Placement:
     """Samples of each step's batch per worker (`data`, `hybrid`): even, calibrated
     (the same choice as kernels, a sample for a kernel) or recorded."""
     batch = config.train.batch

@@ -34,16 +34,16 @@ def test_embedded_cluster_listens_on_loopback_only(mixed_cluster):
 
 def test_master_by_default_name_tag_or_outside_the_kernel_workers(mixed_cluster):
     client, config = mixed_cluster
-    slots = find_workers(client, config)  # the CPU-tagged workers
-    assert [s.name for s in slots] == ["cpu-0", "cpu-1"]
-    assert add_master(client, config, slots) == (slots, 0)
+    offered = find_workers(client, config)  # the CPU-tagged workers
+    assert [s.name for s in offered] == ["cpu-0", "cpu-1"]
+    assert add_master(client, config, offered) == (offered, 0)
     config.master = "cpu-1"
-    assert add_master(client, config, slots) == (slots, 1)
+    assert add_master(client, config, offered) == (offered, 1)
     config.master = "GPU"  # a tag: its first worker, which joins holding no kernels
-    workers, master = add_master(client, config, slots)
+    workers, master = add_master(client, config, offered)
     assert [w.name for w in workers] == ["cpu-0", "cpu-1", "gpu-0"] and master == 2
     assert workers[2].resource == "GPU"
     config.master = "tpu-7"
     with pytest.raises(ClusterError, match="no worker is named or tagged 'tpu-7'.*gpu-0"):
-        add_master(client, config, slots)
+        add_master(client, config, offered)
     config.master = None

@@ -26,8 +26,8 @@ def _run(tmp_path, cluster, dataset, **overrides):
     config = tiny_config(tmp_path, dataset, **overrides)
     config.cluster.workers = cluster_config.workers
     register_setup(client, config.cluster)
-    slots = find_workers(client, config.cluster)
-    result = run_training(config, client=client, slots=slots)
+    offered = find_workers(client, config.cluster)
+    result = run_training(config, client=client, offered=offered)
     return config, result
 
 

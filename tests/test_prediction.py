@@ -59,9 +59,9 @@ def probe(two_workers, probe_cache, tiny_dataset_factory, tmp_path_factory) -> C
     client, cluster = two_workers
     dataset = tiny_dataset_factory("float32")
     config = _config(tmp_path_factory.mktemp("probe"), dataset, cluster)
-    slots = find_workers(client, config.cluster)
+    offered = find_workers(client, config.cluster)
     spec = network_for(config)
-    return cached_probe(client, slots, spec, config.train.batch, config.channel_quanta(spec),
+    return cached_probe(client, offered, spec, config.train.batch, config.channel_quanta(spec),
                         None, dataset)
 
 
@@ -147,7 +147,7 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
     client, cluster = two_workers
     config = _config(tmp_path, tiny_dataset_factory("float32"), cluster, placement="even",
                      **{"train.steps": 6})
-    result = run_training(config, client=client, slots=find_workers(client, config.cluster))
+    result = run_training(config, client=client, offered=find_workers(client, config.cluster))
     prediction = predict_point(config, result.summary, probe)
     measured = result.summary["step_time_median"]
     assert prediction["measured_step_time"] == measured
@@ -163,7 +163,7 @@ def test_model_placement_runs_and_stays_exact(probe, two_workers, tiny_dataset_f
     dataset = tiny_dataset_factory("float32")
     config = _config(tmp_path, dataset, cluster, placement="model",
                      **{"network.conv.0.kernels": 16, "network.conv.1.kernels": 24})
-    result = run_training(config, client=client, slots=find_workers(client, config.cluster))
+    result = run_training(config, client=client, offered=find_workers(client, config.cluster))
     split = result.summary["kernel_split"]
     assert [sum(row) for row in split] == [16, 24]
     assert all(k % 4 == 0 for row in split for k in row)

@@ -28,7 +28,7 @@ def _run(tmp_path, cluster, dataset, **overrides):
     config = tiny_config(tmp_path, dataset, **{"train.check_replicas": True, **overrides})
     config.cluster.workers = cluster_config.workers
     register_setup(client, config.cluster)
-    result = run_training(config, client=client, slots=find_workers(client, config.cluster))
+    result = run_training(config, client=client, offered=find_workers(client, config.cluster))
     return config, result
 
 

@@ -18,7 +18,7 @@ def _run(config, cluster):
     client, cluster_config = cluster
     config.cluster.workers = cluster_config.workers
     register_setup(client, config.cluster)
-    return run_training(config, client=client, slots=find_workers(client, config.cluster))
+    return run_training(config, client=client, offered=find_workers(client, config.cluster))
 
 
 @pytest.mark.parametrize("strategy", ["kernel", "single"])

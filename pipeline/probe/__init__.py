@@ -13,7 +13,7 @@ latencies. A probe measures them where the step will run:
 """
 
 from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
-                                  find_cached_probe, probe_cluster, probe_key, slot_identity,
+                                  find_cached_probe, probe_cluster, probe_key, worker_identity,
                                   workspace_location)
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
@@ -25,4 +25,4 @@ __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTi
            "StoreProbe", "WorkerProbe", "cache_dir", "cached_master_probe", "cached_probe",
            "cluster_probe_from_dict", "costmodel_network", "dataset_store", "dense_flops",
            "find_cached_probe", "master_device", "network_spec_from_dict", "probe_cluster",
-           "probe_key", "probe_master", "slot_identity", "workspace_location"]
+           "probe_key", "probe_master", "worker_identity", "workspace_location"]

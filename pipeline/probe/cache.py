@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from pipeline.cluster import WorkerSlot, all_local
+from pipeline.cluster import ClusterWorker, all_local
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
@@ -62,9 +62,9 @@ def workspace_location(all_workers_local: bool, workspace_dir: str | None = None
     return "shm" if shm else "output"
 
 
-def slot_identity(slots: Sequence[WorkerSlot]) -> list[tuple]:
+def worker_identity(offered: Sequence[ClusterWorker]) -> list[tuple]:
     """What identifies a worker set for the cache."""
-    return [(s.name, s.threads, s.emulated_speed, s.resource) for s in slots]
+    return [(s.name, s.threads, s.emulated_speed, s.resource) for s in offered]
 
 
 @contextlib.contextmanager
@@ -85,27 +85,27 @@ def _dataset_for(network: NetworkSpec, batch: int, dataset: str | None) -> Itera
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def probe_cluster(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, batch: int,
+def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
                   quanta: Sequence[int], workspace_dir: str | None = None,
                   dataset: str | None = None) -> ClusterProbe:
-    """Calibration runs of the engine on ``slots`` (pipeline/probe/runs.py), and hops."""
+    """Calibration runs of the engine on ``offered`` (pipeline/probe/runs.py), and hops."""
     started = time.perf_counter()
     with _dataset_for(network, batch, dataset) as path:
-        runs = run_plans(client, slots, network, batch, path,
-                         plans_for(network, batch, quanta, len(slots)), workspace_dir)
+        runs = run_plans(client, offered, network, batch, path,
+                         plans_for(network, batch, quanta, len(offered)), workspace_dir)
     ran = time.perf_counter()
-    round_trip, hop = probe_hops(client, slots)
+    round_trip, hop = probe_hops(client, offered)
     timings = shard_timings(runs)
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
-                           [ShardTiming(*t) for t in timings.get(s.name, [])]) for s in slots]
+                           [ShardTiming(*t) for t in timings.get(s.name, [])]) for s in offered]
     read_latency, read_bw = store_fit(runs, "read")
     write_latency, write_bw = store_fit(runs, "write")
     store = StoreProbe(workspace_dir or "engine default", read_latency, read_bw, write_latency,
                        write_bw, dataset_read_s(runs))
     dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip)
     master = MasterProbe(1, batch, dense_s(runs), created=time.time())
-    where = workspace_location(all_local(list(slots)), workspace_dir)
-    key = probe_key(network, batch, quanta, slot_identity(slots), where, dataset)
+    where = workspace_location(all_local(list(offered)), workspace_dir)
+    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset)
     plain = json.loads(json.dumps(asdict(network)))  # as it comes back from the cache
     done = time.perf_counter()
     return ClusterProbe(key, time.time(), socket.gethostname(), plain, batch, list(quanta),
@@ -129,19 +129,19 @@ def _save(path: str, data: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def cached_probe(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, batch: int,
+def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
                  quanta: Sequence[int], workspace_dir: str | None = None,
                  dataset: str | None = None, refresh: bool = False,
                  cache: bool = True) -> ClusterProbe:
     """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe."""
-    where = workspace_location(all_local(list(slots)), workspace_dir)
-    key = probe_key(network, batch, quanta, slot_identity(slots), where, dataset)
+    where = workspace_location(all_local(list(offered)), workspace_dir)
+    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset)
     path = os.path.join(cache_dir(), f"cluster-{key}.json")
     if cache and not refresh:
         data = _load(path)
         if data is not None and data.get("version") == PROBE_VERSION:
             return cluster_probe_from_dict(data)
-    result = probe_cluster(client, slots, network, batch, quanta, workspace_dir, dataset)
+    result = probe_cluster(client, offered, network, batch, quanta, workspace_dir, dataset)
     if cache:
         _save(path, asdict(result))
     return result

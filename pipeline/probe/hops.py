@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.cluster import WorkerSlot
+from pipeline.cluster import ClusterWorker
 from pipeline.runner import TaskRunner
 
 
@@ -31,11 +31,11 @@ def sleep_task(seconds: float) -> float:
     return seconds
 
 
-def probe_hops(client: Any, slots: Sequence[WorkerSlot], round_trips: int = 20,
+def probe_hops(client: Any, offered: Sequence[ClusterWorker], round_trips: int = 20,
                links: int = 12) -> tuple[float, float]:
     """``(client round trip, hop)`` medians in seconds."""
-    runner = TaskRunner(client, slots, f"hops-{uuid.uuid4().hex[:8]}")
-    n = len(slots)
+    runner = TaskRunner(client, offered, f"hops-{uuid.uuid4().hex[:8]}")
+    n = len(offered)
     trips = []
     for i in range(round_trips + 3):
         t0 = time.perf_counter()

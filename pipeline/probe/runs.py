@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import WorkerSlot, all_local
+from pipeline.cluster import ClusterWorker, all_local
 from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConfig, TrainConfig,
                              WorkspaceConfig)
 from pipeline.loop import train_loop
@@ -137,11 +137,11 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
         progress=False)
 
 
-def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, batch: int,
+def run_plans(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
               dataset: str, plans: Sequence[ProbePlan], workspace_dir: str | None = None
               ) -> list[PlanRun]:
     """Train every plan for a few steps (the first warm-up) through the training loop."""
-    base = tempfile.mkdtemp(prefix="probe-", dir=_output_root(slots))
+    base = tempfile.mkdtemp(prefix="probe-", dir=_output_root(offered))
     samples = open_dataset_info(dataset).train_samples
     threads = torch.get_num_threads()
     configure_process(1)  # as run_training: the client must not fight the workers
@@ -152,7 +152,7 @@ def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, ba
             steps, warmup = plan_steps(plan_seconds(network, batch, plan))
             config = probe_config(network, batch, dataset, base, steps, workspace_dir, quantum)
             prepare_checkpoints(config, network)
-            workers = list(slots[:plan.workers])
+            workers = list(offered[:plan.workers])
             layout = layout_from_counts([w.name for w in workers], plan.counts, master=0)
             run_plan = RunPlan(workers, layout, Placement("even", plan.counts), KERNEL_SIDE,
                                Arithmetic(config.optimizer_spec()))
@@ -172,9 +172,9 @@ def run_plans(client: Any, slots: Sequence[WorkerSlot], network: NetworkSpec, ba
     return runs
 
 
-def _output_root(slots: Sequence[WorkerSlot]) -> str | None:
+def _output_root(offered: Sequence[ClusterWorker]) -> str | None:
     """Where the probe's checkpoint goes: a temporary directory if every worker is local."""
-    if all_local(list(slots)):
+    if all_local(list(offered)):
         return None
     root = os.path.join(os.getcwd(), "runs")
     os.makedirs(root, exist_ok=True)

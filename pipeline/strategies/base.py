@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from distributed import Client
 
-from pipeline.cluster import WorkerSlot
+from pipeline.cluster import ClusterWorker
 from pipeline.config import RunConfig
 from pipeline.engine import RunPlan
 from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
@@ -66,11 +66,11 @@ class Strategy:
                               f"{', '.join(repr(p) for p in self.placements)}")
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
-             slots: list[WorkerSlot], run_id: str) -> RunPlan:
-        """Place the run's work on `slots` (the workers offering the run's tags)."""
+             offered: list[ClusterWorker], run_id: str) -> RunPlan:
+        """Place the run's work on `offered` (the workers offering the run's tags)."""
         raise NotImplementedError(f"strategy {self.name!r} runs on no cluster")
 
-    def make_plan(self, config: RunConfig, workers: list[WorkerSlot], layout: Layout,
+    def make_plan(self, config: RunConfig, workers: list[ClusterWorker], layout: Layout,
                   placement: Placement) -> RunPlan:
         """The plan of `layout` on `workers`, with this strategy's worker side."""
         if self.worker_side is None:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from distributed import Client
 
 from pipeline.split_choice import choose_kernel_split
-from pipeline.cluster import WorkerSlot, add_master
+from pipeline.cluster import ClusterWorker, add_master
 from pipeline.config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
@@ -36,11 +36,11 @@ class KernelStrategy(Strategy):
     worker_side = KERNEL_SIDE
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
-             slots: list[WorkerSlot], run_id: str) -> RunPlan:
-        workers, master = add_master(client, config.cluster, slots)
+             offered: list[ClusterWorker], run_id: str) -> RunPlan:
+        workers, master = add_master(client, config.cluster, offered)
         if self.one_worker:  # the master alone
             workers, master = [workers[master]], 0
-        conv_workers = workers[:len(slots)]  # a master added beyond them holds no kernels
+        conv_workers = workers[:len(offered)]  # a master added beyond them holds no kernels
         placement = choose_kernel_split(client, config, network, conv_workers, run_id)
         names = [w.name for w in workers]
         gone = placement.left_out([w.name for w in conv_workers], master)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from distributed import Client
 
 from pipeline.split_choice import choose_batch_split
-from pipeline.cluster import WorkerSlot
+from pipeline.cluster import ClusterWorker
 from pipeline.config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
@@ -43,11 +43,11 @@ class DataStrategy(Strategy):
     worker_side = DATA_SIDE
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
-             slots: list[WorkerSlot], run_id: str) -> RunPlan:
-        placement = choose_batch_split(client, config, network, list(slots), run_id)
-        gone = placement.left_out([w.name for w in slots])
-        workers = [w for w in slots if w.name not in gone]
-        shares = [count for w, count in zip(slots, placement.counts[0]) if w.name not in gone]
+             offered: list[ClusterWorker], run_id: str) -> RunPlan:
+        placement = choose_batch_split(client, config, network, list(offered), run_id)
+        gone = placement.left_out([w.name for w in offered])
+        workers = [w for w in offered if w.name not in gone]
+        shares = [count for w, count in zip(offered, placement.counts[0]) if w.name not in gone]
         layout = self.layout(config, network, [w.name for w in workers], shares)
         return self.make_plan(config, workers, layout, placement)
 
