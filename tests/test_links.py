@@ -1,0 +1,127 @@
+"""Hosts behind real, shaped links (pipeline/links.py): namespaces, veths, tbf,
+a per-run sshd and sshfs mounts, and the sweep of a killed run's leftovers.
+
+The pure helpers are checked everywhere; what builds namespaces needs root and
+`ip`, `tc`, `sshd`, `sshfs`, and is skipped (with the reason) without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from pipeline import links
+from pipeline.links import LinkedHosts
+from tests.conftest import ROOT
+
+PROBLEM = links.link_problem()
+needs_links = pytest.mark.skipif(PROBLEM is not None, reason=f"cluster.link {PROBLEM}")
+
+
+# Pure helpers (no root) -------------------------------------------------------------
+
+
+def test_rates_read_as_tc_reads_them():
+    assert links.rate_bits("100mbit") == 100e6
+    assert links.rate_bits("1gbit") == 1e9
+    assert links.rate_bits("12.5mbps") == 100e6
+    assert links.rate_bits("2mibit") == 2 * 2**20
+    assert links.rate_bits("800") == 800
+    for bad in ("fast", "10 mbit", "-5mbit", "0mbit", "10mbitz", ""):
+        with pytest.raises(ValueError, match="tc rate"):
+            links.rate_bits(bad)
+    assert links.burst_bytes("10mbit") == 32 * 1024
+    assert links.burst_bytes("1gbit") == 625_000
+
+
+def test_names_fit_in_an_interface_name():
+    run_id = links.new_run_id()
+    interfaces = [links.bridge_name(run_id), *links.veth_names(run_id, 99)]
+    names = interfaces + [links.namespace_name(run_id, 99)]
+    assert all(len(name) <= 15 and run_id in name for name in names), names
+    assert len(set(interfaces)) == len(interfaces)
+
+
+def test_the_subnet_avoids_every_address_in_use():
+    chosen = links.choose_subnet("abc123", [])
+    assert links.choose_subnet("abc123", [f"{chosen.network_address + 5}/24"]) != chosen
+    assert links.choose_subnet("abc123", ["fd00::2/64", "127.0.0.1/8"]) == chosen
+    with pytest.raises(links.LinkError):
+        links.choose_subnet("abc123", ["10.0.0.1/8"])
+    assert links.host_address(chosen, 0) == str(chosen.network_address + 2)
+
+
+def test_directories_are_mounted_once_outermost_first():
+    assert links.outermost(["/a/b", "/a", "/ab", "/a/b/c", "/ab/"]) == ["/a", "/ab"]
+
+
+def test_a_worker_starts_after_its_mounts_in_its_namespace():
+    mount = links.sshfs_command("10.1.2.1", 2222, "/k/key", "/data it's")
+    command = links.in_namespace("hcabc-0", [mount], ["python", "-m", "x"])
+    assert command[:4] == ["ip", "netns", "exec", "hcabc-0"]
+    assert command[7:] == ["sh", "python", "-m", "x"]
+    done = subprocess.run(["sh", "-c", command[6].replace("'sshfs'", "'echo'"), "sh", "true"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0
+    assert "root@10.1.2.1:/data it's /data it's" in done.stdout
+
+
+def test_the_sshd_listens_on_the_bridge_only():
+    text = links.sshd_config("/tmp/x", "10.1.2.1", 2222)
+    assert "ListenAddress 10.1.2.1\n" in text and "Subsystem sftp internal-sftp" in text
+    assert "AuthorizedKeysFile /tmp/x/client_key.pub" in text
+
+
+# Real links (root) ----------------------------------------------------------------
+
+
+def _leftovers(run_id: str) -> list[str]:
+    """What of run `run_id` is still on this machine: namespaces, interfaces, processes."""
+    found = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                       text=True).stdout.split() if run_id in n]
+    found += [n for n in os.listdir("/sys/class/net") if run_id in n]
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if f"hc{run_id}" in line and process.pid != os.getpid():
+            found.append(line[:80])
+    return found
+
+
+KILLED_OWNER = """
+import sys, time
+from pipeline.links import LinkedHosts
+hosts = LinkedHosts.start({"a": "100mbit"})
+hosts.spawn(hosts.command(hosts.hosts[0], [sys.argv[1]], ["sleep", "600"]))
+print(hosts.run_id, flush=True)
+time.sleep(600)
+"""
+
+
+@needs_links
+def test_a_killed_runs_leftovers_go_at_the_next_start(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", KILLED_OWNER, str(tmp_path)], cwd=ROOT,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": ROOT})
+    run_id = owner.stdout.readline().strip()
+    deadline = time.monotonic() + 10
+    while not any("sshfs" in line for line in _leftovers(run_id)):
+        assert time.monotonic() < deadline, "the mount never came up"
+        time.sleep(0.1)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert _leftovers(run_id)  # a SIGKILLed owner cleans nothing up itself
+    record = os.path.join(links.RECORDS, f"{run_id}.json")
+    assert json.load(open(record))["namespaces"] == [links.namespace_name(run_id, 0)]
+    hosts = LinkedHosts.start({"b": "100mbit"})
+    try:
+        assert _leftovers(run_id) == [] and not os.path.exists(record)
+    finally:
+        hosts.close()
+    assert _leftovers(hosts.run_id) == []
