@@ -1,5 +1,6 @@
-"""Hosts behind real, shaped links (pipeline/links.py): namespaces, veths, tbf,
-a per-run sshd and sshfs mounts, and the sweep of a killed run's leftovers.
+"""Workers behind real, shaped links (pipeline/links.py): a tiny kernel run whose
+workers each sit in a network namespace of their own, every byte to the store and
+between workers crossing a tbf-shaped veth, at two rates.
 
 The pure helpers are checked everywhere; what builds namespaces needs root and
 `ip`, `tc`, `sshd`, `sshfs`, and is skipped (with the reason) without them.
@@ -14,15 +15,25 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
+import xarray as xr
 
 from pipeline import links
+from pipeline.cluster import open_linked_cluster, register_setup
+from pipeline.config import build_run_config
 from pipeline.links import LinkedHosts
+from pipeline.preflight import check_run
+from pipeline.run import run_training
+from pipeline.schema import ConfigError
+from storage import checkpoints
 from tests.conftest import ROOT
+from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
 
 PROBLEM = links.link_problem()
 needs_links = pytest.mark.skipif(PROBLEM is not None, reason=f"cluster.link {PROBLEM}")
+FAST, SLOW = "1gbit", "10mbit"
 
 
 # Pure helpers (no root) -------------------------------------------------------------
@@ -79,6 +90,25 @@ def test_the_sshd_listens_on_the_bridge_only():
     assert "AuthorizedKeysFile /tmp/x/client_key.pub" in text
 
 
+def test_link_config_errors_name_the_field(monkeypatch):
+    with pytest.raises(ConfigError, match="cluster.link.rate: expected a tc rate"):
+        build_run_config({"cluster": {"link": {"rate": "fast"}}})
+    with pytest.raises(ConfigError, match="cluster.workers.1.link: worker b has no link"):
+        build_run_config({"cluster": {"workers": [{"name": "a", "link": "1gbit"},
+                                                  {"name": "b"}]}})
+    with pytest.raises(ConfigError, match="cluster.link: links shape the embedded"):
+        build_run_config({"cluster": {"scheduler": "tcp://h:1", "link": {}}})
+    config = build_run_config({"cluster": {"link": {"rate": "1gbit"}, "workers": [
+        {"name": "a", "link": "100mbit"}, {"name": "b"}]}})
+    assert config.cluster.link_rates() == {"a": "100mbit", "b": "1gbit"}
+    assert build_run_config({}).cluster.link_rates() is None
+    with pytest.raises(ConfigError, match="placement: placement 'model' probes"):
+        build_run_config({"placement": "model", "cluster": {"link": {}}})
+    monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="cluster.link: needs root"):
+        check_run(config)
+
+
 # Real links (root) ----------------------------------------------------------------
 
 
@@ -92,6 +122,54 @@ def _leftovers(run_id: str) -> list[str]:
         if f"hc{run_id}" in line and process.pid != os.getpid():
             found.append(line[:80])
     return found
+
+
+def _linked_run(tmp_path, dataset: str, rate: str) -> tuple[dict, dict, xr.Dataset]:
+    """A tiny kernel run behind `rate` links, checked against plain PyTorch: its final
+    weights, the bytes each link carried during the run (to, from the worker), its
+    record; nothing of its links is left after."""
+    config = tiny_config(tmp_path / rate, dataset, **{"cluster.link.rate": rate,
+                                                      "train.eval_samples": 0})
+    with open_linked_cluster(config.cluster, config.shared_directories()) as (client, hosts):
+        register_setup(client, config.cluster)
+        before = hosts.counters()
+        result = run_training(config, client=client)
+        after = hosts.counters()
+        run_id = hosts.run_id
+    assert _leftovers(run_id) == []
+    crossed = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in after}
+    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(trained, expected) <= 1e-5
+    return trained, crossed, result.record
+
+
+@needs_links
+def test_a_slower_link_costs_what_its_bytes_predict(tmp_path, tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    fast, fast_crossed, fast_record = _linked_run(tmp_path, dataset, FAST)
+    slow, slow_crossed, slow_record = _linked_run(tmp_path, dataset, SLOW)
+    assert all(np.array_equal(fast[k], slow[k]) for k in fast)  # the link changes no bit
+    for crossed, record in ((fast_crossed, fast_record), (slow_crossed, slow_record)):
+        for name, (received, sent) in crossed.items():
+            worker = record.sel(worker=name)
+            assert received >= int(worker["read_bytes"].sum()) + int(worker["dataset_bytes"].sum())
+            assert sent >= int(worker["write_bytes"].sum())
+    # Per step (warm-up excluded), the busiest worker's bytes over each rate: its
+    # workspace bytes (written up its link, read down it) and its dataset batch. Up and
+    # down are separate links, but on the step's critical path a slice crosses the
+    # writer's uplink, then the reader's downlink: both count.
+    carried = slow_record["workspace_bytes"] + slow_record["dataset_bytes"]
+    per_step = float(carried[1:].max("worker").mean())
+    predicted = per_step * 8 * (1 / links.rate_bits(SLOW) - 1 / links.rate_bits(FAST))
+    measured = float(np.median(slow_record["step_time"][1:]) -
+                     np.median(fast_record["step_time"][1:]))
+    print(f"\nstep time {FAST}: {np.median(fast_record['step_time'][1:]):.3f} s, "
+          f"{SLOW}: {np.median(slow_record['step_time'][1:]):.3f} s; workspace+dataset "
+          f"{per_step / 1e3:.0f} kB/step per worker: +{predicted:.3f} s predicted, "
+          f"+{measured:.3f} s measured; link bytes (to, from) {FAST} {fast_crossed}, "
+          f"{SLOW} {slow_crossed}")
+    assert predicted / 2 <= measured <= predicted * 2
 
 
 KILLED_OWNER = """
