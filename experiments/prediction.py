@@ -123,8 +123,8 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     config's embedded cluster for the probe.
     """
     policy = policy or _policy()
-    if policy == "never":
-        return None
+    if policy == "never" or config.cluster.link_rates() is not None:
+        return None  # links are not probed: the probe cache does not key on link rates
     if policy == "auto" and _dataset(config) is None:
         _prepare_dataset(config)  # the calibration runs train on it, as the run would
     spec, batch = network_for(config), config.train.batch

@@ -11,9 +11,11 @@ import contextlib
 import logging
 import os
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 from urllib.parse import urlsplit
 
 import psutil
@@ -23,10 +25,16 @@ import dask
 from distributed import Client, Nanny, Scheduler, SpecCluster
 
 from pipeline.config import ClusterConfig, WorkerConfig
+from pipeline.links import Host, LinkError, LinkedHosts
 from tasks.worker_state import WorkerSetup
 
 
 LOOPBACK = "127.0.0.1"
+# Workers share the cores with the timed work: no statistical profiler (it samples
+# every worker's stacks every 10 ms) and no GIL monitor.
+QUIET = {"distributed.worker.daemon": False, "logging.distributed": "error",
+         "distributed.admin.system-monitor.gil.enabled": False,
+         "distributed.worker.profile.enabled": False}
 
 
 class ClusterError(RuntimeError):
@@ -99,7 +107,11 @@ def all_local(offered: list[ClusterWorker]) -> bool:
 
 
 def scheduler_address(config: ClusterConfig) -> str | None:
-    """The scheduler to use: the config's, else $DASK_SCHEDULER_ADDRESS, else None."""
+    """The scheduler to use: the config's, else $DASK_SCHEDULER_ADDRESS, else None.
+
+    None with `cluster.link`: links shape only the embedded cluster a run starts."""
+    if config.link_rates() is not None:
+        return None
     return config.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
 
 
@@ -119,18 +131,104 @@ def start_embedded_cluster(workers: list[WorkerConfig]) -> SpecCluster:
         }}
         for worker in workers
     }
-    # Workers share the cores with the timed work: no statistical profiler (it samples
-    # every worker's stacks every 10 ms) and no GIL monitor.
-    quiet = {"distributed.worker.daemon": False, "logging.distributed": "error",
-             "distributed.admin.system-monitor.gil.enabled": False,
-             "distributed.worker.profile.enabled": False}
-    with dask.config.set(quiet):
+    with dask.config.set(QUIET):
         return SpecCluster(workers=spec, scheduler=scheduler, silence_logs=logging.ERROR)
 
 
+def worker_command(scheduler: str, host: Host, worker: WorkerConfig) -> list[str]:
+    """A `dask worker` process as the embedded cluster's: one Dask thread, the
+    worker's name and tags, no memory limit, listening on its host's address only."""
+    tags = ",".join(f"{tag}={amount:g}" for tag, amount in (worker.resources or {}).items())
+    return [sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
+            "--host", host.address, "--name", str(worker.name), "--nthreads", "1",
+            "--resources", tags, "--memory-limit", "0", "--no-nanny", "--no-dashboard"]
+
+
+def _quiet_environment() -> dict[str, str]:
+    """This process's environment (PYTHONPATH included) with `QUIET` as Dask variables."""
+    env = dict(os.environ)
+    for key, value in QUIET.items():
+        env["DASK_" + key.upper().replace(".", "__").replace("-", "_")] = str(value)
+    return env
+
+
+def start_linked_cluster(config: ClusterConfig, directories: Sequence[str]
+                         ) -> tuple[SpecCluster, LinkedHosts]:
+    """A scheduler on the links' bridge address (the bridge has no uplink) and one
+    `dask worker` per configured worker, each on its own host behind its link, the
+    run's `directories` mounted there; returns once every worker has joined."""
+    links = LinkedHosts.start(config.link_rates() or {})
+    try:
+        host = links.bridge_address
+        scheduler = {"cls": Scheduler,
+                     "options": {"host": host, "dashboard_address": f"{host}:0"}}
+        with dask.config.set(QUIET):
+            cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR)
+        try:
+            _start_linked_workers(cluster, links, config, list(directories))
+        except BaseException:
+            cluster.close()
+            raise
+    except BaseException:
+        links.close()
+        raise
+    return cluster, links
+
+
+def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: ClusterConfig,
+                          directories: list[str]) -> None:
+    """Start the workers on their hosts and wait (`wait_timeout`) for all to join; a
+    worker that exits first fails the start with the end of its log."""
+    workers = config.worker_list()
+    env, logs = _quiet_environment(), []
+    for worker, host in zip(workers, links.hosts):
+        command = links.command(host, directories,
+                                worker_command(cluster.scheduler_address, host, worker))
+        logs.append(os.path.join(links.directory, f"worker-{host.namespace}.log"))
+        with open(logs[-1], "w", encoding="utf-8") as log:
+            links.spawn(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + config.wait_timeout
+    while len(cluster.scheduler_info.get("workers", {})) < len(workers):
+        for process, log in zip(links.processes[1:], logs):
+            if process.poll() is not None:
+                with open(log, encoding="utf-8") as f:
+                    tail = " | ".join(f.read().strip().splitlines()[-3:])
+                raise LinkError(f"a linked worker exited ({process.returncode}): {tail}")
+        if time.monotonic() > deadline:
+            raise LinkError(f"the linked workers did not join in {config.wait_timeout:g} s")
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
-def open_client(config: ClusterConfig) -> Iterator[Client]:
-    """A client to the named scheduler, or to a fresh embedded cluster (closed after)."""
+def open_linked_cluster(config: ClusterConfig, directories: Sequence[str]
+                        ) -> Iterator[tuple[Client, LinkedHosts]]:
+    """A client to a fresh linked cluster (`start_linked_cluster`) and its links, whose
+    byte counters stay readable until the block ends; everything is removed after."""
+    try:
+        cluster, links = start_linked_cluster(config, directories)
+    except (LinkError, OSError) as error:
+        raise ClusterError(f"could not start the linked cluster: {error}") from None
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            yield client, links
+    finally:
+        cluster.close()  # the scheduler closes its workers, then their hosts go
+        links.close()
+
+
+@contextlib.contextmanager
+def open_client(config: ClusterConfig, directories: Sequence[str] = ()) -> Iterator[Client]:
+    """A client to the named scheduler, or to a fresh embedded cluster (closed after).
+
+    With `cluster.link`, the embedded workers sit behind shaped links and reach the
+    client's files only through `directories` (the run's `shared_directories`),
+    mounted over the link.
+    """
+    if config.link_rates() is not None:
+        check_devices(config.worker_list())
+        with open_linked_cluster(config, directories) as (client, _links):
+            yield client
+        return
     address = scheduler_address(config)
     if address:
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipeline.addresses import address_problem
+from pipeline.links import rate_bits
 from pipeline.schema import (ConfigError, FieldError, check_range, from_dict, load_yaml,
                              parse_override, set_dotted)
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
@@ -131,9 +132,11 @@ class WorkerConfig:
     threads: int = 1
     speed: float = 1.0  # < 1 emulates a slower device (labelled "emulated" everywhere)
     device: str = "cpu"  # "cpu" or "cuda:N": where the worker's tensors live
+    link: str | None = None  # its host's link rate in tc units ("1gbit"); see cluster.link
 
     def __post_init__(self) -> None:
         check_range(self, "threads", low=1)
+        _check_rate(self.link, "link")
         check_range(self, "speed", low=0, high=1, low_open=True)
         if not DEVICE_NAME.fullmatch(self.device):
             raise FieldError("device", f"expected 'cpu' or 'cuda:N', got {self.device!r}")
@@ -143,6 +146,25 @@ class WorkerConfig:
             if not tag or not math.isfinite(amount) or amount < 0:
                 raise FieldError(f"resources.{tag}",
                                  f"expected a tag and a number >= 0, got {amount!r}")
+
+
+def _check_rate(rate: str | None, name: str) -> None:
+    if rate is not None:
+        try:
+            rate_bits(rate)
+        except ValueError as error:
+            raise FieldError(name, str(error)) from None
+
+
+@dataclass
+class LinkConfig:
+    """Every embedded worker on a host of its own behind a link shaped at `rate`
+    (pipeline/links.py); a worker's own `link` overrides the rate."""
+
+    rate: str = "1gbit"  # tc units: kbit, mbit, gbit (bits/s), mbps (bytes/s), ...
+
+    def __post_init__(self) -> None:
+        _check_rate(self.rate, "rate")
 
 
 @dataclass
@@ -163,6 +185,17 @@ class ClusterConfig:
     # The worker that runs the dense head (the seed papers' master): a worker name or
     # a resource tag (its first worker by name). None: the first worker of the run.
     master: str | None = None
+    # Workers behind shaped links, each in a network namespace of its own, the run's
+    # directories reached over sftp (pipeline/links.py). None: all on one host.
+    link: LinkConfig | None = None
+
+    def link_rates(self) -> dict[str, str] | None:
+        """Each embedded worker's link rate by name; None when no link is configured."""
+        workers = self.worker_list()
+        if self.link is None and all(w.link is None for w in workers):
+            return None
+        default = self.link.rate if self.link else None
+        return {w.name: w.link or default for w in workers}
 
     def tags(self) -> list[str]:
         """The resource tags whose workers this run uses, in order of preference.
@@ -218,6 +251,20 @@ class ClusterConfig:
         problem = address_problem(self.scheduler) if self.scheduler else None
         if problem:
             raise FieldError("scheduler", problem)
+        self._check_links()
+
+    def _check_links(self) -> None:
+        """Links shape an embedded cluster only, and every worker needs a rate."""
+        rates = self.link_rates()
+        if rates is None:
+            return
+        if self.scheduler:
+            raise FieldError("link", "links shape the embedded cluster a run starts; "
+                             "unset cluster.scheduler or the links")
+        for index, (name, rate) in enumerate(rates.items()):
+            if rate is None:
+                raise FieldError(f"workers.{index}.link", f"worker {name} has no link rate; "
+                                 "give it one, or set cluster.link.rate for all")
 
 
 @dataclass
@@ -287,6 +334,10 @@ class RunConfig:
             raise FieldError("split_from", "placement 'recorded' takes a split_from (a run "
                              "directory or a split), and split_from needs placement "
                              "'recorded'")
+        if self.placement == "model" and self.cluster.link_rates() is not None:
+            raise FieldError("placement", "placement 'model' probes the cluster, and probes "
+                             "of linked workers are not supported yet (cluster.link): use "
+                             "'calibrated' or 'even'")
 
     # Derived values -------------------------------------------------------------
 
@@ -305,6 +356,14 @@ class RunConfig:
         base = os.path.basename(os.path.normpath(self.data.source)).split(".")[0]
         counts = "" if train is None and test is None else f"-{train or 'all'}-{test or 'all'}"
         return os.path.join("data", f"{base}{counts}-{self.network.dtype}.zarr")
+
+    def shared_directories(self) -> list[str]:
+        """The absolute directories a run's workers read and write (exchange workspace
+        root, dataset store's folder, output directory): what linked hosts mount."""
+        workspace = self.workspace.path or shm_workspace_root()
+        return [os.path.abspath(workspace),
+                os.path.dirname(os.path.abspath(self.dataset_path)),
+                os.path.abspath(self.output_dir)]
 
     @property
     def checkpoint_path(self) -> str:
@@ -344,6 +403,11 @@ class RunConfig:
         if self.train.checkpoint_every:
             steps.update(range(0, self.train.steps, self.train.checkpoint_every))
         return steps
+
+
+def shm_workspace_root() -> str:
+    """Where exchange workspaces go on this host by default (shared memory)."""
+    return os.path.join("/dev/shm", f"dask-cnn-{os.getuid()}")
 
 
 def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConfig:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from distributed import Client, Future, wait
 
 from pipeline.cluster import ClusterError, ClusterWorker, all_local, live_workers
-from pipeline.config import RunConfig
+from pipeline.config import RunConfig, shm_workspace_root
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.placement import Placement
 from pipeline.records import StepResult
@@ -41,13 +41,16 @@ def workspace_path(config: RunConfig, run_id: str, workers: list[ClusterWorker])
 
     `workspace.path` if set (it must be shared by every worker's host); else, when
     every worker shares the client's host, /dev/shm (a chunk write there cost 0.3 ms
-    against 2 ms on disk); else the output directory.
+    against 2 ms on disk); else the output directory. Workers behind `cluster.link`
+    reach the client's /dev/shm folder only through their links (mounted over sftp),
+    never directly.
     """
     if config.workspace.path:
         return f"{config.workspace.path.rstrip('/')}/{run_id}.zarr"
     shm = "/dev/shm"
-    if all_local(workers) and os.path.isdir(shm) and os.access(shm, os.W_OK):
-        return os.path.join(shm, f"dask-cnn-{os.getuid()}", f"{run_id}.zarr")
+    linked = config.cluster.link_rates() is not None
+    if (linked or all_local(workers)) and os.path.isdir(shm) and os.access(shm, os.W_OK):
+        return os.path.join(shm_workspace_root(), f"{run_id}.zarr")
     return os.path.join(config.output_dir, f"workspace-{run_id}.zarr")
 
 

@@ -16,6 +16,7 @@ import tempfile
 from pipeline.addresses import address_problem
 from pipeline.cluster import tagged_workers
 from pipeline.config import RunConfig
+from pipeline.links import link_problem
 from pipeline.schema import ConfigError
 from pipeline.strategies import Strategy, strategy_of
 
@@ -80,6 +81,9 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
         check_writable_dir(workspace, "workspace.path")
     if strategy.uses_cluster and not config.cluster.scheduler:
         check_scheduler_variable()
+    problem = link_problem() if config.cluster.link_rates() is not None else None
+    if strategy.uses_cluster and problem:
+        raise ConfigError(f"cluster.link: {problem}")
     return strategy
 
 

@@ -147,7 +147,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         if strategy.uses_cluster:
             configure_process(1)  # the client must not fight the workers for cores
             if client is None:
-                client = stack.enter_context(open_client(config.cluster))
+                client = stack.enter_context(open_client(config.cluster,
+                                                         config.shared_directories()))
                 register_setup(client, config.cluster)
             if offered is None:
                 offered = find_workers(client, config.cluster)

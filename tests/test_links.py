@@ -1,0 +1,205 @@
+"""Workers behind real, shaped links (pipeline/links.py): a tiny kernel run whose
+workers each sit in a network namespace of their own, every byte to the store and
+between workers crossing a tbf-shaped veth, at two rates.
+
+The pure helpers are checked everywhere; what builds namespaces needs root and
+`ip`, `tc`, `sshd`, `sshfs`, and is skipped (with the reason) without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+import xarray as xr
+
+from pipeline import links
+from pipeline.cluster import open_linked_cluster, register_setup
+from pipeline.config import build_run_config
+from pipeline.links import LinkedHosts
+from pipeline.preflight import check_run
+from pipeline.run import run_training
+from pipeline.schema import ConfigError
+from storage import checkpoints
+from tests.conftest import ROOT
+from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
+
+PROBLEM = links.link_problem()
+needs_links = pytest.mark.skipif(PROBLEM is not None, reason=f"cluster.link {PROBLEM}")
+FAST, SLOW = "1gbit", "10mbit"
+
+
+# Pure helpers (no root) -------------------------------------------------------------
+
+
+def test_rates_read_as_tc_reads_them():
+    assert links.rate_bits("100mbit") == 100e6
+    assert links.rate_bits("1gbit") == 1e9
+    assert links.rate_bits("12.5mbps") == 100e6
+    assert links.rate_bits("2mibit") == 2 * 2**20
+    assert links.rate_bits("800") == 800
+    for bad in ("fast", "10 mbit", "-5mbit", "0mbit", "10mbitz", ""):
+        with pytest.raises(ValueError, match="tc rate"):
+            links.rate_bits(bad)
+    assert links.burst_bytes("10mbit") == 32 * 1024
+    assert links.burst_bytes("1gbit") == 625_000
+
+
+def test_names_fit_in_an_interface_name():
+    run_id = links.new_run_id()
+    interfaces = [links.bridge_name(run_id), *links.veth_names(run_id, 99)]
+    names = interfaces + [links.namespace_name(run_id, 99)]
+    assert all(len(name) <= 15 and run_id in name for name in names), names
+    assert len(set(interfaces)) == len(interfaces)
+
+
+def test_the_subnet_avoids_every_address_in_use():
+    chosen = links.choose_subnet("abc123", [])
+    assert links.choose_subnet("abc123", [f"{chosen.network_address + 5}/24"]) != chosen
+    assert links.choose_subnet("abc123", ["fd00::2/64", "127.0.0.1/8"]) == chosen
+    with pytest.raises(links.LinkError):
+        links.choose_subnet("abc123", ["10.0.0.1/8"])
+    assert links.host_address(chosen, 0) == str(chosen.network_address + 2)
+
+
+def test_directories_are_mounted_once_outermost_first():
+    assert links.outermost(["/a/b", "/a", "/ab", "/a/b/c", "/ab/"]) == ["/a", "/ab"]
+
+
+def test_a_worker_starts_after_its_mounts_in_its_namespace():
+    mount = links.sshfs_command("10.1.2.1", 2222, "/k/key", "/data it's")
+    command = links.in_namespace("hcabc-0", [mount], ["python", "-m", "x"])
+    assert command[:4] == ["ip", "netns", "exec", "hcabc-0"]
+    assert command[7:] == ["sh", "python", "-m", "x"]
+    done = subprocess.run(["sh", "-c", command[6].replace("'sshfs'", "'echo'"), "sh", "true"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0
+    assert "root@10.1.2.1:/data it's /data it's" in done.stdout
+
+
+def test_the_sshd_listens_on_the_bridge_only():
+    text = links.sshd_config("/tmp/x", "10.1.2.1", 2222)
+    assert "ListenAddress 10.1.2.1\n" in text and "Subsystem sftp internal-sftp" in text
+    assert "AuthorizedKeysFile /tmp/x/client_key.pub" in text
+
+
+def test_link_config_errors_name_the_field(monkeypatch):
+    with pytest.raises(ConfigError, match="cluster.link.rate: expected a tc rate"):
+        build_run_config({"cluster": {"link": {"rate": "fast"}}})
+    with pytest.raises(ConfigError, match="cluster.workers.1.link: worker b has no link"):
+        build_run_config({"cluster": {"workers": [{"name": "a", "link": "1gbit"},
+                                                  {"name": "b"}]}})
+    with pytest.raises(ConfigError, match="cluster.link: links shape the embedded"):
+        build_run_config({"cluster": {"scheduler": "tcp://h:1", "link": {}}})
+    config = build_run_config({"cluster": {"link": {"rate": "1gbit"}, "workers": [
+        {"name": "a", "link": "100mbit"}, {"name": "b"}]}})
+    assert config.cluster.link_rates() == {"a": "100mbit", "b": "1gbit"}
+    assert build_run_config({}).cluster.link_rates() is None
+    with pytest.raises(ConfigError, match="placement: placement 'model' probes"):
+        build_run_config({"placement": "model", "cluster": {"link": {}}})
+    monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="cluster.link: needs root"):
+        check_run(config)
+
+
+# Real links (root) ----------------------------------------------------------------
+
+
+def _leftovers(run_id: str) -> list[str]:
+    """What of run `run_id` is still on this machine: namespaces, interfaces, processes."""
+    found = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                       text=True).stdout.split() if run_id in n]
+    found += [n for n in os.listdir("/sys/class/net") if run_id in n]
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if f"hc{run_id}" in line and process.pid != os.getpid():
+            found.append(line[:80])
+    return found
+
+
+def _linked_run(tmp_path, dataset: str, rate: str) -> tuple[dict, dict, xr.Dataset]:
+    """A tiny kernel run behind `rate` links, checked against plain PyTorch: its final
+    weights, the bytes each link carried during the run (to, from the worker), its
+    record; nothing of its links is left after."""
+    config = tiny_config(tmp_path / rate, dataset, **{"cluster.link.rate": rate,
+                                                      "train.eval_samples": 0})
+    with open_linked_cluster(config.cluster, config.shared_directories()) as (client, hosts):
+        register_setup(client, config.cluster)
+        before = hosts.counters()
+        result = run_training(config, client=client)
+        after = hosts.counters()
+        run_id = hosts.run_id
+    assert _leftovers(run_id) == []
+    crossed = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in after}
+    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(trained, expected) <= 1e-5
+    return trained, crossed, result.record
+
+
+@needs_links
+def test_a_slower_link_costs_what_its_bytes_predict(tmp_path, tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    fast, fast_crossed, fast_record = _linked_run(tmp_path, dataset, FAST)
+    slow, slow_crossed, slow_record = _linked_run(tmp_path, dataset, SLOW)
+    assert all(np.array_equal(fast[k], slow[k]) for k in fast)  # the link changes no bit
+    for crossed, record in ((fast_crossed, fast_record), (slow_crossed, slow_record)):
+        for name, (received, sent) in crossed.items():
+            worker = record.sel(worker=name)
+            assert received >= int(worker["read_bytes"].sum()) + int(worker["dataset_bytes"].sum())
+            assert sent >= int(worker["write_bytes"].sum())
+    # Per step (warm-up excluded), the busiest worker's bytes over each rate: its
+    # workspace bytes (written up its link, read down it) and its dataset batch. Up and
+    # down are separate links, but on the step's critical path a slice crosses the
+    # writer's uplink, then the reader's downlink: both count.
+    carried = slow_record["workspace_bytes"] + slow_record["dataset_bytes"]
+    per_step = float(carried[1:].max("worker").mean())
+    predicted = per_step * 8 * (1 / links.rate_bits(SLOW) - 1 / links.rate_bits(FAST))
+    measured = float(np.median(slow_record["step_time"][1:]) -
+                     np.median(fast_record["step_time"][1:]))
+    print(f"\nstep time {FAST}: {np.median(fast_record['step_time'][1:]):.3f} s, "
+          f"{SLOW}: {np.median(slow_record['step_time'][1:]):.3f} s; workspace+dataset "
+          f"{per_step / 1e3:.0f} kB/step per worker: +{predicted:.3f} s predicted, "
+          f"+{measured:.3f} s measured; link bytes (to, from) {FAST} {fast_crossed}, "
+          f"{SLOW} {slow_crossed}")
+    assert predicted / 2 <= measured <= predicted * 2
+
+
+KILLED_OWNER = """
+import sys, time
+from pipeline.links import LinkedHosts
+hosts = LinkedHosts.start({"a": "100mbit"})
+hosts.spawn(hosts.command(hosts.hosts[0], [sys.argv[1]], ["sleep", "600"]))
+print(hosts.run_id, flush=True)
+time.sleep(600)
+"""
+
+
+@needs_links
+def test_a_killed_runs_leftovers_go_at_the_next_start(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", KILLED_OWNER, str(tmp_path)], cwd=ROOT,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": ROOT})
+    run_id = owner.stdout.readline().strip()
+    deadline = time.monotonic() + 10
+    while not any("sshfs" in line for line in _leftovers(run_id)):
+        assert time.monotonic() < deadline, "the mount never came up"
+        time.sleep(0.1)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert _leftovers(run_id)  # a SIGKILLed owner cleans nothing up itself
+    record = os.path.join(links.RECORDS, f"{run_id}.json")
+    assert json.load(open(record))["namespaces"] == [links.namespace_name(run_id, 0)]
+    hosts = LinkedHosts.start({"b": "100mbit"})
+    try:
+        assert _leftovers(run_id) == [] and not os.path.exists(record)
+    finally:
+        hosts.close()
+    assert _leftovers(hosts.run_id) == []
