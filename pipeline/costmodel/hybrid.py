@@ -25,7 +25,7 @@ from typing import Sequence
 from . import collectives as col
 from .compute import LayerTime, dense_time
 from .data import allreduce_schedule, comm_link, layer_times
-from .devices import DeviceSpec, LinkSpec
+from .devices import DeviceSpec, LinkSpec, distinct
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
@@ -40,19 +40,6 @@ def _inner_comm(network: Network, b: float, p: int, link: LinkSpec, s: int) -> f
         t += col.ring_allgather(n, p, link) + col.ring_reduce_scatter(n, p, link)
     t += col.ring_allgather(b * network.dense[-1].out_features * s, p, link)
     return t
-
-
-def _distinct(devices: Sequence[DeviceSpec]) -> tuple[list[DeviceSpec], list[int]]:
-    """The distinct devices, and for each device the index of its equal among them."""
-    kinds: list[DeviceSpec] = []
-    kind_of: list[int] = []
-    for dev in devices:
-        index = next((i for i, k in enumerate(kinds) if k is dev or k == dev), None)
-        if index is None:
-            kinds.append(dev)
-            index = len(kinds) - 1
-        kind_of.append(index)
-    return kinds, kind_of
 
 
 def predict_hybrid(
@@ -78,7 +65,7 @@ def predict_hybrid(
     # predict-only scaling sweeps.
     frac = 1.0 / K
     per_update = options.dense_batch == "worker"
-    kinds, kind_of = _distinct(devices)
+    kinds, kind_of = distinct(devices)
 
     def sub(b: float, update: bool) -> tuple[float, list[LayerTime]]:
         parts = [dense_time(dev, network.dense, b, frac) for dev in kinds]
