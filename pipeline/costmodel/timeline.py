@@ -11,6 +11,7 @@ to the step time.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -122,13 +123,14 @@ class Timeline:
     def critical_path(self, start: float, end: float) -> dict[str, float]:
         """Seconds per kind on the critical path between `start` and `end`."""
         totals = {"compute": 0.0, "master": 0.0, "io": 0.0, "overhead": 0.0}
+        starts = [[s.start for s in segs] for segs in self.segments]  # ascending per device
         d = max(range(len(self.clock)), key=lambda i: self.clock[i])
         t = end
         while t > start + 1e-15:
-            before = [s for s in self.segments[d] if s.start < t - 1e-15]
-            if not before:
+            at = bisect_left(starts[d], t - 1e-15) - 1  # the last segment starting before t
+            if at < 0:
                 break
-            segment = before[-1]
+            segment = self.segments[d][at]
             if segment.kind == "wait":
                 writer, ready = segment.waited_for or (d, segment.start)
                 totals["overhead"] += max(min(segment.end, t) - max(ready, start), 0.0)
