@@ -19,7 +19,7 @@ import numpy as np
 from .compute import LayerTime, conv_time, dense_time
 from .devices import distinct
 from .timeline import Steady, steady
-from .timeline_fast import FastTimeline, Sources
+from .timeline_fast import FastTimeline, InTurn, Sources
 
 if TYPE_CHECKING:
     from .kernel import KernelContext
@@ -94,7 +94,7 @@ class _Plan:
     active: np.ndarray
     head: float
     act_ready: list[np.ndarray]  # per layer, per device: when its output slot is written
-    partial_start: list[np.ndarray]  # per layer: when each device starts its partial writes
+    partials: dict[int, InTurn]  # per layer: the partial gradients its holders handed down
     grad_ready: np.ndarray  # per device: when the master wrote its gradient slice
 
 
@@ -107,7 +107,7 @@ def _plan(ctx: KernelContext, dataset_seconds: float) -> _Plan:
     head = dense_time(ctx.devices[ctx.master], ctx.network.dense, ctx.batch).total
     return _Plan(ctx, compute_tables(ctx), dataset_seconds,
                  [np.flatnonzero(row > 0) for row in counts], slice_bytes, active, head,
-                 [np.zeros(P) for _ in counts], [np.zeros(P) for _ in counts], np.zeros(P))
+                 [np.zeros(P) for _ in counts], {}, np.zeros(P))
 
 
 def _forward(plan: _Plan, tl: FastTimeline, l: int) -> None:
@@ -156,13 +156,7 @@ def _backward_reads(plan: _Plan, tl: FastTimeline, l: int) -> None:
         readers = H[H != m]
         tl.read_own(readers, m, plan.grad_ready[readers], plan.slice_bytes[l][readers], len(H))
         return
-    above = plan.holders[l + 1]
-    writes = tl.io("write", plan.slice_bytes[l][H], len(above))
-    at = np.searchsorted(H, above)
-    held = (at < len(H)) & (H[np.minimum(at, len(H) - 1)] == above)
-    lower = np.where(held, writes[np.minimum(at, len(H) - 1)], 0.0)
-    src = Sources(above, plan.partial_start[l + 1][above], np.zeros(len(above)), lower)
-    tl.read(H, src, len(H), plan.slice_bytes[l][H], np.cumsum(writes))
+    tl.read_in_turn(H, plan.partials[l + 1], plan.slice_bytes[l][H], len(H))
 
 
 def _backward(plan: _Plan, tl: FastTimeline, l: int) -> None:
@@ -173,15 +167,7 @@ def _backward(plan: _Plan, tl: FastTimeline, l: int) -> None:
     tl.run(H, "compute", plan.tables.backward_first[l][H])
     if l > 0:
         below = plan.holders[l - 1]
-        n_bytes = plan.slice_bytes[l - 1][below]
-        writes = tl.io("write", n_bytes, len(H))
-        at = np.searchsorted(below, H)
-        own = (at < len(below)) & (below[np.minimum(at, len(below) - 1)] == H)
-        at = np.minimum(at, len(below) - 1)
-        seconds = np.where(own, writes.sum() - writes[at], writes.sum())
-        plan.partial_start[l][H] = tl.clock[H]
-        tl.run(H, "io", seconds)
-        tl.moved += float((np.where(own, n_bytes.sum() - n_bytes[at], n_bytes.sum())).sum())
+        plan.partials[l] = tl.write_in_turn(H, below, plan.slice_bytes[l - 1][below], len(H))
     tl.run(H, "compute", plan.tables.backward_rest[l][H])
 
 

@@ -24,13 +24,16 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
+
 from .compute import UPDATE_ACCESSES, LayerTime, conv_time
-from .data import layer_times
+from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
 from .kernel import batch_bytes
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 from .timeline import Timeline, io_time, steady
+from .timeline_fast import FastTimeline, Sources
 
 __all__ = ["predict_data_store", "predict_hybrid_store", "hybrid_parts", "even_counts"]
 
@@ -113,27 +116,58 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     p, s = len(devices), devices[0].bytes_per_elem
     shares = _shares(batch, devices, options)
     params = sum(c.params() for c in network.conv) + sum(d.params() for d in network.dense)
-    times = [layer_times(dev, network, b) for dev, b in zip(devices, shares)]
+    times = replica_times(devices, network, shares)
     update = {d: dev.stream_time(UPDATE_ACCESSES * params) for d, dev in enumerate(devices)}
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
-    overhead = options.overhead
-    tl = Timeline([dev.link or link for dev in devices], store, overhead or DaskOverhead(),
-                  options.sync)
+    overhead = options.overhead or DaskOverhead()
+    links = [dev.link or link for dev in devices]
+    if options.timeline != "reference" and len(set(links)) == 1:
+        result = steady(FastTimeline(links[0], p, store, overhead, options.sync),
+                        lambda tl: _data_step_fast(tl, network, devices, shares, times, params,
+                                                   update, stream, options.dataset))
+    else:
+        tl = Timeline(links, store, overhead, options.sync)
 
-    def one_step(tl: Timeline) -> None:
-        for d, (dev, b) in enumerate(zip(devices, shares)):
-            tl.run(d, "overhead", tl.overhead.task)
-            if options.dataset is not None and b:
-                tl.run(d, "io", io_time(tl.links[d], options.dataset,
-                                        batch_bytes(network, b, s), 1, "read"))
-            tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
-                   + dev.stream_time(params))
-            _hand_on(tl, d, p, params, s, "grads")
-        _reduce(tl, p, params, s, update, stream, "grads")
+        def one_step(tl: Timeline) -> None:
+            for d, (dev, b) in enumerate(zip(devices, shares)):
+                tl.run(d, "overhead", tl.overhead.task)
+                if options.dataset is not None and b:
+                    tl.run(d, "io", io_time(tl.links[d], options.dataset,
+                                            batch_bytes(network, b, s), 1, "read"))
+                tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
+                       + dev.stream_time(params))
+                _hand_on(tl, d, p, params, s, "grads")
+            _reduce(tl, p, params, s, update, stream, "grads")
 
-    result = steady(tl, one_step)
-    per_device = [sum(t.total for t in row) for row in times]
+        result = steady(tl, one_step)
+    per_device = per_device_totals(times)
     return _finish("data", batch, result, per_device, store, {"batch_shares": shares})
+
+
+def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[DeviceSpec],
+                    shares: list[int], times: list[list[LayerTime]], params: int,
+                    update: dict[int, float], stream: dict[int, float],
+                    dataset: StoreSpec | None) -> None:
+    """`predict_data_store`'s step for all devices at once (timeline_fast.py): the
+    replicas, the hand-on of every range in turn, the reduce-scatter and all-gather."""
+    p, s = len(devices), devices[0].bytes_per_elem
+    everyone = np.arange(p)
+    tl.run(everyone, "overhead", tl.overhead.task)
+    if dataset is not None:
+        reading = np.array([d for d, b in enumerate(shares) if b])
+        tl.run(reading, "io", np.array([io_time(tl.link, dataset, batch_bytes(network, b, s),
+                                                1, "read") for b in shares if b]))
+    tl.run(everyone, "compute", np.array([sum(t.forward + t.backward for t in times[d])
+                                          + dev.stream_time(params)
+                                          for d, dev in enumerate(devices)]))
+    owned = np.array(even_counts(int(params), p), dtype=float) * s
+    grads = tl.write_in_turn(everyone, everyone, owned, 1)
+    tl.read_in_turn(everyone, grads, owned, 1)
+    tl.run(everyone, "compute", np.array([stream[e] for e in range(p)]) * p * owned / s)
+    if p > 1:
+        sums = tl.write_each(everyone, owned, 1)
+        tl.read(everyone, Sources(everyone, sums, owned), 1, np.zeros(p), np.zeros(p))
+    tl.run(everyone, "compute", np.array([update[d] for d in range(p)]))
 
 
 def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceSpec],

@@ -33,7 +33,7 @@ import numpy as np
 from .devices import DaskOverhead, LinkSpec, StoreSpec
 from .timeline import io_rates
 
-__all__ = ["FastTimeline", "KINDS", "TIE"]
+__all__ = ["FastTimeline", "InTurn", "KINDS", "Sources", "TIE"]
 
 #: Segment kinds, by their code in `FastTimeline`'s columns.
 KINDS = ("compute", "master", "io", "overhead", "wait")
@@ -87,6 +87,24 @@ class Sources:
     def __post_init__(self) -> None:
         if self.lower is None:
             self.lower = np.zeros(len(self.devices))
+
+
+@dataclass(frozen=True)
+class InTurn:
+    """Slots each writer wrote in turn, one per target (`FastTimeline.write_in_turn`)."""
+
+    writers: np.ndarray
+    start: np.ndarray  # when each writer began writing
+    targets: np.ndarray
+    seconds: np.ndarray  # a write of each target's slot
+
+
+def _found(sorted_values: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Whether each of `values` sits at its insertion point `at` in `sorted_values`."""
+    if len(sorted_values) == 0:
+        return np.zeros(len(values), dtype=bool)
+    return (at < len(sorted_values)) & (sorted_values[np.minimum(at, len(sorted_values) - 1)]
+                                        == values)
 
 
 @dataclass
@@ -165,8 +183,7 @@ class FastTimeline:
     @staticmethod
     def _holds_own(readers: np.ndarray, src: Sources) -> np.ndarray:
         """Whether each reader is among the sources (it skips its own slot)."""
-        pos = np.minimum(np.searchsorted(src.devices, readers), len(src.devices) - 1)
-        return src.devices[pos] == readers
+        return _found(src.devices, readers, np.searchsorted(src.devices, readers))
 
     def _marked_reads(self, readers: np.ndarray, src: Sources, pos: np.ndarray,
                       own: np.ndarray, shift: np.ndarray, start: np.ndarray,
@@ -250,6 +267,18 @@ class FastTimeline:
         self.read(readers, Sources(np.array([writer]), np.zeros(1), np.zeros(1)), sharing,
                   n_bytes, ready)
 
+    def read_in_turn(self, readers: np.ndarray, written: InTurn, n_bytes: np.ndarray,
+                     sharing: int) -> None:
+        """Each reader (one of `written`'s targets) reads the slot every other writer
+        wrote it; a slot holds `n_bytes` of its reader."""
+        seconds = written.seconds
+        at = np.searchsorted(written.targets, written.writers)
+        held = _found(written.targets, written.writers, at)
+        lower = np.where(held, seconds[np.minimum(at, len(seconds) - 1)], 0.0)
+        shift = np.cumsum(seconds)[np.searchsorted(written.targets, readers)]
+        self.read(readers, Sources(written.writers, written.start, np.zeros(len(lower)), lower),
+                  sharing, n_bytes, shift)
+
     # -- writes ----------------------------------------------------------------------
 
     def write_each(self, writers: np.ndarray, n_bytes: np.ndarray, sharing: int) -> np.ndarray:
@@ -257,6 +286,19 @@ class FastTimeline:
         self.run(writers, "io", self.io("write", n_bytes, sharing))
         self.moved += float(n_bytes.sum())
         return self.clock[writers].copy()
+
+    def write_in_turn(self, writers: np.ndarray, targets: np.ndarray, n_bytes: np.ndarray,
+                      sharing: int) -> InTurn:
+        """Each writer writes a slot for every target but itself, in target order; the
+        slot for a target holds `n_bytes` of that target."""
+        seconds = self.io("write", n_bytes, sharing)
+        at = np.searchsorted(targets, writers)
+        own = _found(targets, writers, at)
+        at = np.minimum(at, len(targets) - 1)
+        start = self.clock[writers].copy()
+        self.run(writers, "io", np.where(own, seconds.sum() - seconds[at], seconds.sum()))
+        self.moved += float(np.where(own, n_bytes.sum() - n_bytes[at], n_bytes.sum()).sum())
+        return InTurn(writers, start, targets, seconds)
 
     # -- the step's split ---------------------------------------------------------------
 
