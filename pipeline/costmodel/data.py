@@ -18,7 +18,8 @@ from .kernel import batch_bytes, io_time
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
-__all__ = ["layer_times", "replica_times", "unique_rows", "per_device_totals", "allreduce_schedule", "predict_single", "predict_data", "comm_link"]
+__all__ = ["layer_times", "replica_times", "unique_rows", "per_device_totals",
+           "allreduce_schedule", "predict_single", "predict_data", "comm_link"]
 
 
 def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = True) -> list[LayerTime]:

@@ -23,6 +23,10 @@ gives the steady step time (devices pipeline across steps: a device starts its
 next step when it is free and its task is queued, ``DaskOverhead.task`` later),
 and walking back along the critical path splits it into compute, dense head,
 storage (or communication) and overhead, which add up to the step time.
+
+Simulated op by op this costs ``P^2`` Python steps per layer; where every device has
+the same link, kernel_fast.py computes the same timeline a phase of all devices at a
+time (``Options(timeline="reference")`` keeps the op-by-op one).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .compute import LayerTime, conv_time, dense_time
-from .kernel_fast import fast_applies, steady_fast
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
+from .kernel_fast import fast_applies, steady_fast
 from .network import Network
 from .prediction import Options, Prediction
 from .timeline import Timeline, io_time, steady

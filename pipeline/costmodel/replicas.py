@@ -7,7 +7,8 @@ timeline per device (timeline.py), when a store is given:
 - ``data``: each device trains its replica on its share of the batch (dataset read,
   forward, backward), writes every other device's range of its flat gradient, reads
   and sums its own range from every other device, writes that sum, reads every other
-  sum, and updates the whole replica;
+  sum, and updates the whole replica (on one link for all, computed for all devices
+  at once: timeline_fast.py);
 - ``hybrid``: each device runs the conv layers on its share and writes its rows of
   the last conv features for every part they belong to; per part (scheme a, b, c)
   and dense layer, its neurons' forward from the gathered input, then the backward
@@ -121,27 +122,31 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     overhead = options.overhead or DaskOverhead()
     links = [dev.link or link for dev in devices]
-    if options.timeline != "reference" and len(set(links)) == 1:
-        result = steady(FastTimeline(links[0], p, store, overhead, options.sync),
-                        lambda tl: _data_step_fast(tl, network, devices, shares, times, params,
-                                                   update, stream, options.dataset))
-    else:
-        tl = Timeline(links, store, overhead, options.sync)
-
-        def one_step(tl: Timeline) -> None:
-            for d, (dev, b) in enumerate(zip(devices, shares)):
-                tl.run(d, "overhead", tl.overhead.task)
-                if options.dataset is not None and b:
-                    tl.run(d, "io", io_time(tl.links[d], options.dataset,
-                                            batch_bytes(network, b, s), 1, "read"))
-                tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
-                       + dev.stream_time(params))
-                _hand_on(tl, d, p, params, s, "grads")
-            _reduce(tl, p, params, s, update, stream, "grads")
-
-        result = steady(tl, one_step)
+    step = (_data_step_fast if options.timeline != "reference" and len(set(links)) == 1
+            else _data_step)
+    timeline = (FastTimeline(links[0], p, store, overhead, options.sync) if step is _data_step_fast
+                else Timeline(links, store, overhead, options.sync))
+    result = steady(timeline, lambda tl: step(tl, network, devices, shares, times, params,
+                                              update, stream, options.dataset))
     per_device = per_device_totals(times)
     return _finish("data", batch, result, per_device, store, {"batch_shares": shares})
+
+
+def _data_step(tl: Timeline, network: Network, devices: Sequence[DeviceSpec],
+               shares: list[int], times: list[list[LayerTime]], params: int,
+               update: dict[int, float], stream: dict[int, float],
+               dataset: StoreSpec | None) -> None:
+    """`predict_data_store`'s step op by op: each device's replica and hand-on of its
+    ranges, then the reduce-scatter and all-gather (the reference of `_data_step_fast`)."""
+    p, s = len(devices), devices[0].bytes_per_elem
+    for d, (dev, b) in enumerate(zip(devices, shares)):
+        tl.run(d, "overhead", tl.overhead.task)
+        if dataset is not None and b:
+            tl.run(d, "io", io_time(tl.links[d], dataset, batch_bytes(network, b, s), 1, "read"))
+        tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
+               + dev.stream_time(params))
+        _hand_on(tl, d, p, params, s, "grads")
+    _reduce(tl, p, params, s, update, stream, "grads")
 
 
 def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[DeviceSpec],
