@@ -170,3 +170,14 @@ def test_equal_replicas_through_the_store(p: int, mix: str, strategy: str, optio
     reference = predict(strategy, SMALL, 32, _one_by_one(devices), LINK, STORE,
                         timeline="reference", **kw)
     _same(fast, reference)
+
+
+def test_a_step_that_takes_no_time() -> None:
+    """Infinitely fast devices on free links: no segment at all, a zero step."""
+    free = DeviceSpec(flops=float("inf"))
+    counts = [[4, 4], [8, 8]]
+    fast = predict("kernel", marques_cifar(8, 16), 4, [free] * 2, kernel_counts=counts)
+    reference = predict("kernel", marques_cifar(8, 16), 4, [free] * 2, kernel_counts=counts,
+                        timeline="reference")
+    assert fast.step_time == reference.step_time == 0.0
+    assert fast.breakdown == reference.breakdown

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .compute import LayerTime, conv_time, dense_time
-from .devices import distinct
+from .devices import DeviceSpec, distinct
 from .timeline import Steady, steady
 from .timeline_fast import FastTimeline, InTurn, Sources
 
@@ -38,7 +38,7 @@ class ComputeTables:
 
 
 def _layer_times(ctx: KernelContext, l: int, kind_of: list[int],
-                 kinds: list) -> list[LayerTime]:
+                 kinds: list[DeviceSpec]) -> list[LayerTime]:
     """`conv_time` of every device's shard of layer `l`, once per (device kind, count)."""
     cache: dict[tuple[int, int], LayerTime] = {}
     out = []
@@ -51,7 +51,8 @@ def _layer_times(ctx: KernelContext, l: int, kind_of: list[int],
     return out
 
 
-def _summing(ctx: KernelContext, l: int, parts: int, kind_of: list[int], kinds: list) -> np.ndarray:
+def _summing(ctx: KernelContext, l: int, parts: int, kind_of: list[int],
+             kinds: list[DeviceSpec]) -> np.ndarray:
     """Seconds each device spends summing the partial gradients it read for layer `l`."""
     if parts <= 1:
         return np.zeros(len(ctx.devices))

@@ -76,7 +76,8 @@ class Sources:
     Reader ``d`` reads every source but itself. The slot of source ``e`` is ready at
     ``base[e] + shift[d]``, less ``lower[e]`` where ``e`` comes before ``d`` (a writer's
     writes in turn: later readers' slots are ready later, and a writer skips itself),
-    and holds ``own_bytes[d] + bytes[e]`` bytes.
+    and holds ``own_bytes[d] + bytes[e]`` bytes (``own_bytes``: the reader's part,
+    given to `FastTimeline.read`).
     """
 
     devices: np.ndarray
@@ -326,6 +327,9 @@ class FastTimeline:
 
     def _sorted(self) -> tuple[np.ndarray, ...]:
         """The columns, each device's segments together and in time order."""
+        if not self._columns:  # nothing took any time
+            empty = np.zeros(0)
+            return (empty.astype(int), empty, empty, empty.astype(int), empty.astype(int), empty)
         columns = [np.concatenate(c) for c in zip(*self._columns)]
         order = np.argsort(columns[0], kind="stable")
         return tuple(c[order] for c in columns)
