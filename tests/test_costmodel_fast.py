@@ -7,7 +7,8 @@
 - ``single``, ``data``, ``hybrid``: equal devices timed once against the same devices
   made distinct by name (so every device is timed on its own, as before), over
   allreduce algorithms, overlap, schemes a/b/c, dense batch full/worker, with and
-  without a store.
+  without a store (through the store also the fast timeline against the op-by-op
+  one).
 
 Every prediction is compared on its step time, critical-path parts, per-device
 compute and bytes moved, to a relative 1e-9 of the step. 1 to 16 devices, equal and
