@@ -145,6 +145,7 @@ REPLICA_OPTIONS = [
     {"scheme": "b", "dense_batch": "full", "overlap_dense": False},
     {"scheme": "c", "dense_batch": "worker", "batch_split": "proportional"},
     {"scheme": "c", "dense_batch": "full", "overhead": DASK, "sync": "scheduler"},
+    {"scheme": "b", "dense_batch": "worker", "sync": "scheduler", "dataset": STORE},
 ]
 
 
