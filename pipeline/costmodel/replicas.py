@@ -118,7 +118,7 @@ def _finish(strategy: str, batch: int, result, per_device: list[float], store: S
 def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
                        link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
     """``data`` through the store, as the engine runs it (see the module doc)."""
-    p, s = len(devices), devices[0].bytes_per_elem
+    p = len(devices)
     shares = _shares(batch, devices, options)
     params = sum(c.params() for c in network.conv) + sum(d.params() for d in network.dense)
     times = replica_times(devices, network, shares)
