@@ -13,12 +13,13 @@ from typing import Sequence
 
 from . import collectives
 from .compute import LayerTime, conv_time, dense_time
-from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec
+from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec, distinct
 from .kernel import batch_bytes, io_time
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
-__all__ = ["layer_times", "allreduce_schedule", "predict_single", "predict_data", "comm_link"]
+__all__ = ["layer_times", "replica_times", "unique_rows", "per_device_totals",
+           "allreduce_schedule", "predict_single", "predict_data", "comm_link"]
 
 
 def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = True) -> list[LayerTime]:
@@ -26,6 +27,21 @@ def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = T
     out = [conv_time(dev, c, batch, input_grad=i > 0) for i, c in enumerate(network.conv)]
     if dense:
         out += [dense_time(dev, [d], batch, input_grad=bool(network.conv) or i > 0) for i, d in enumerate(network.dense)]
+    return out
+
+
+def replica_times(devices: Sequence[DeviceSpec], network: Network, shares: Sequence[float],
+                  dense: bool = True) -> list[list[LayerTime]]:
+    """`layer_times` of every device at its share, timed once per distinct device and
+    share: equal devices get the very same list, which `allreduce_schedule` and a
+    thousand-device sweep then count once."""
+    kinds, kind_of = distinct(devices)
+    cache: dict[tuple[int, float], list[LayerTime]] = {}
+    out = []
+    for kind, share in zip(kind_of, shares):
+        if (kind, share) not in cache:
+            cache[kind, share] = layer_times(kinds[kind], network, share, dense)
+        out.append(cache[kind, share])
     return out
 
 
@@ -65,6 +81,7 @@ def allreduce_schedule(
         forward + backward.
     """
     p = len(times)
+    times = unique_rows(times)
     compute = max(sum(t.forward + t.backward for t in row) for row in times)
     if not overlap:
         return compute + collectives.allreduce(sum(grad_bytes), p, link, algorithm), compute
@@ -79,6 +96,21 @@ def allreduce_schedule(
     for i in reversed(range(n)):
         channel = max(channel, ready[i]) + collectives.allreduce(grad_bytes[i], p, link, algorithm)
     return max(channel, compute), compute
+
+
+def unique_rows(times: list[list[LayerTime]]) -> list[list[LayerTime]]:
+    """The distinct replicas' rows (`replica_times` gives equal replicas one list):
+    maxima over replicas need each once."""
+    return list({id(row): row for row in times}.values())
+
+
+def per_device_totals(times: list[list[LayerTime]]) -> list[float]:
+    """Each replica's forward + backward + update, summed once per distinct row."""
+    totals: dict[int, float] = {}
+    for row in times:
+        if id(row) not in totals:
+            totals[id(row)] = sum(t.total for t in row)
+    return [totals[id(row)] for row in times]
 
 
 def predict_single(
@@ -104,13 +136,13 @@ def predict_data(
     """Data parallel: per-device batch, allreduce of every weight gradient."""
     weights = [1.0] * len(devices) if options.batch_split == "equal" else [d.rate("conv") for d in devices]
     shares = split_batch(batch, weights)
-    times = [layer_times(dev, network, b) for dev, b in zip(devices, shares)]
+    times = replica_times(devices, network, shares)
     s = devices[0].bytes_per_elem
     grads = [c.params() * s for c in network.conv] + [d.params() * s for d in network.dense]
     lk = comm_link(devices, link)
     end, compute = allreduce_schedule(times, grads, lk, options.allreduce, options.overlap)
-    update = max(sum(t.update for t in row) for row in times)
-    per_dev = [sum(t.total for t in row) for row in times]
+    update = max(sum(t.update for t in row) for row in unique_rows(times))
+    per_dev = per_device_totals(times)
     breakdown = {
         "compute": per_dev, "compute_max": max(per_dev), "compute_critical": compute + update,
         "communication": end - compute, "storage": 0.0, "master": 0.0, "overhead": 0.0,

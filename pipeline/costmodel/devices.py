@@ -23,7 +23,8 @@ import numpy as np
 
 from .network import Gemm
 
-__all__ = ["LinkSpec", "LayerTable", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK"]
+__all__ = ["LinkSpec", "LayerTable", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK",
+           "distinct"]
 
 INF = math.inf
 
@@ -298,3 +299,21 @@ class DaskOverhead:
     task: float = 0.0
     sync: float = 0.0
     hop: float = 0.0
+
+
+def distinct(devices: Sequence[DeviceSpec]) -> tuple[list[DeviceSpec], list[int]]:
+    """The distinct devices, and for each device the index of its equal among them.
+
+    Models time equal devices' work once: scaling sweeps pass thousands of equal
+    devices (often one object), and a device spec is not hashable (its tables are
+    mappings), so equals are found by identity first, then by comparison.
+    """
+    kinds: list[DeviceSpec] = []
+    kind_of: list[int] = []
+    for dev in devices:
+        index = next((i for i, k in enumerate(kinds) if k is dev or k == dev), None)
+        if index is None:
+            kinds.append(dev)
+            index = len(kinds) - 1
+        kind_of.append(index)
+    return kinds, kind_of

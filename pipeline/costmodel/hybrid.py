@@ -24,8 +24,8 @@ from typing import Sequence
 
 from . import collectives as col
 from .compute import LayerTime, dense_time
-from .data import allreduce_schedule, comm_link, layer_times
-from .devices import DeviceSpec, LinkSpec
+from .data import allreduce_schedule, comm_link, per_device_totals, replica_times, unique_rows
+from .devices import DeviceSpec, LinkSpec, distinct
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
@@ -42,19 +42,6 @@ def _inner_comm(network: Network, b: float, p: int, link: LinkSpec, s: int) -> f
     return t
 
 
-def _distinct(devices: Sequence[DeviceSpec]) -> tuple[list[DeviceSpec], list[int]]:
-    """The distinct devices, and for each device the index of its equal among them."""
-    kinds: list[DeviceSpec] = []
-    kind_of: list[int] = []
-    for dev in devices:
-        index = next((i for i, k in enumerate(kinds) if k is dev or k == dev), None)
-        if index is None:
-            kinds.append(dev)
-            index = len(kinds) - 1
-        kind_of.append(index)
-    return kinds, kind_of
-
-
 def predict_hybrid(
     network: Network, batch: int, devices: Sequence[DeviceSpec], link: LinkSpec, options: Options
 ) -> Prediction:
@@ -65,12 +52,12 @@ def predict_hybrid(
     lk = comm_link(devices, link)
 
     # conv trunk: data parallel
-    conv = [layer_times(dev, network, b, dense=False) for dev, b in zip(devices, shares)]
+    conv = replica_times(devices, network, shares, dense=False)
     grads = [c.params() * s for c in network.conv]
-    fwd = max(sum(t.forward for t in row) for row in conv)
+    fwd = max(sum(t.forward for t in row) for row in unique_rows(conv))
     end, conv_compute = allreduce_schedule(conv, grads, lk, options.allreduce, options.overlap)
     conv_bwd_and_comm = end - fwd
-    conv_update = max(sum(t.update for t in row) for row in conv)
+    conv_update = max(sum(t.update for t in row) for row in unique_rows(conv))
 
     # dense head: model parallel, fraction 1/K of neurons each.  Equal devices
     # do equal dense work, so it is timed once per distinct device ("kind"):
@@ -78,11 +65,24 @@ def predict_hybrid(
     # predict-only scaling sweeps.
     frac = 1.0 / K
     per_update = options.dense_batch == "worker"
-    kinds, kind_of = _distinct(devices)
+    kinds, kind_of = distinct(devices)
+
+    subs: dict[tuple[float, bool], tuple[float, list[LayerTime]]] = {}
+    inner: dict[float, float] = {}
 
     def sub(b: float, update: bool) -> tuple[float, list[LayerTime]]:
-        parts = [dense_time(dev, network.dense, b, frac) for dev in kinds]
-        return max(p.forward + p.backward + (p.update if update else 0.0) for p in parts), parts
+        """One dense sub-step of `b` samples: the slowest kind's time, each kind's
+        (once per distinct `b`: the K rounds of schemes b/c take one or two)."""
+        if (b, update) not in subs:
+            parts = [dense_time(dev, network.dense, b, frac) for dev in kinds]
+            subs[b, update] = (max(p.forward + p.backward + (p.update if update else 0.0)
+                                   for p in parts), parts)
+        return subs[b, update]
+
+    def inner_comm(b: float) -> float:
+        if b not in inner:
+            inner[b] = _inner_comm(network, b, K, lk, s)
+        return inner[b]
 
     F = network.features * s
     dense_compute = 0.0
@@ -93,7 +93,7 @@ def predict_hybrid(
         for b in steps:
             t, parts = sub(b, per_update)
             dense_compute += t
-            comm += _inner_comm(network, b, K, lk, s)
+            comm += inner_comm(b)
             per_kind_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_kind_dense, parts)]
     elif options.scheme in ("b", "c"):
         if options.scheme == "b":
@@ -110,7 +110,7 @@ def predict_hybrid(
             dense_compute += t
             nxt = send[j + 1] if j + 1 < K else 0.0
             elapsed += (max(t, nxt) if options.overlap_dense else t + nxt)
-            elapsed += _inner_comm(network, b, K, lk, s) + back[j]
+            elapsed += inner_comm(b) + back[j]
             per_kind_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_kind_dense, parts)]
         comm = elapsed - dense_compute
     else:
@@ -125,7 +125,7 @@ def predict_hybrid(
 
     step = fwd + master + comm + conv_bwd_and_comm + conv_update
     conv_comm = end - conv_compute
-    per_dev = [sum(t.total for t in row) + dd for row, dd in zip(conv, per_dev_dense)]
+    per_dev = [t + dd for t, dd in zip(per_device_totals(conv), per_dev_dense)]
     breakdown = {
         "compute": per_dev, "compute_max": max(per_dev),
         "compute_critical": conv_compute + conv_update,

@@ -23,6 +23,10 @@ gives the steady step time (devices pipeline across steps: a device starts its
 next step when it is free and its task is queued, ``DaskOverhead.task`` later),
 and walking back along the critical path splits it into compute, dense head,
 storage (or communication) and overhead, which add up to the step time.
+
+Simulated op by op this costs ``P^2`` Python steps per layer; where every device has
+the same link, kernel_fast.py computes the same timeline a phase of all devices at a
+time (``Options(timeline="reference")`` keeps the op-by-op one).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Sequence
 
 from .compute import LayerTime, conv_time, dense_time
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
+from .kernel_fast import fast_applies, steady_fast
 from .network import Network
 from .prediction import Options, Prediction
 from .timeline import Timeline, io_time, steady
@@ -98,6 +103,14 @@ def _conv(ctx: KernelContext, l: int, d: int) -> LayerTime:
                      input_grad=l > 0)
 
 
+def _dataset_seconds(ctx: KernelContext, d: int = 0) -> float:
+    """Device `d` reading the batch from the dataset (layer 1's input)."""
+    if ctx.dataset is None:
+        return 0.0
+    return io_time(ctx.link_of(d), ctx.dataset, batch_bytes(ctx.network, ctx.batch, ctx.s), 1,
+                   "read")
+
+
 def _timeline(ctx: KernelContext) -> Timeline:
     return Timeline([ctx.link_of(d) for d in range(len(ctx.devices))], ctx.store, ctx.overhead,
                     ctx.sync)
@@ -114,8 +127,7 @@ def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
         for d in holders:
             if l == 0:
                 if ctx.dataset is not None:
-                    tl.run(d, "io", io_time(ctx.link_of(d), ctx.dataset,
-                                            batch_bytes(ctx.network, ctx.batch, ctx.s), 1, "read"))
+                    tl.run(d, "io", _dataset_seconds(ctx, d))
             else:
                 tl.read(d, [(f"act/{l - 1}/{e}", ctx.slice_bytes(l - 1, e))
                             for e in ctx.holders(l - 1) if e != d], len(holders))
@@ -163,10 +175,14 @@ def predict_kernel(
     ctx = KernelContext(network, batch, devs, link, store, tuple(map(tuple, rows)),
                         options.master, options.dataset, options.overhead or DaskOverhead(),
                         options.sync)
-    result = steady(_timeline(ctx), lambda tl: _simulate_step(ctx, tl))
+    if options.timeline == "reference" or not fast_applies(ctx):
+        result = steady(_timeline(ctx), lambda tl: _simulate_step(ctx, tl))
+        per_dev = [sum(t.total for t in (_conv(ctx, l, d) for l in range(len(network.conv))))
+                   for d in range(len(devs))]
+    else:
+        result, tables = steady_fast(ctx, _dataset_seconds(ctx))
+        per_dev = tables.per_device.tolist()
     step, path = result.step, result.path
-    per_dev = [sum(t.total for t in (_conv(ctx, l, d) for l in range(len(network.conv))))
-               for d in range(len(devs))]
     head = dense_time(devs[ctx.master], network.dense, batch).total
     per_dev[ctx.master] += head
     io_key = "storage" if store is not None or len(devs) == 1 else "communication"
@@ -174,8 +190,7 @@ def predict_kernel(
                  "compute_critical": path["compute"], "master": path["master"],
                  "communication": 0.0, "storage": 0.0, "overhead": path["overhead"]}
     breakdown[io_key] = path["io"]
-    last = [[(s.start, s.end, s.kind) for s in segs if s.start >= result.last_start]
-            for segs in result.timeline.segments]
+    last = result.timeline.lanes_since(result.last_start)
     return Prediction(
         "kernel", step, batch, breakdown, kernel_counts=rows,
         details={"timeline": last, "bytes_moved": result.moved, "master": ctx.master})

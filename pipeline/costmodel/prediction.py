@@ -67,6 +67,11 @@ class Options:
     overlap_dense : bool
         ``hybrid`` schemes (b)/(c): send the next part while the dense
         layers work on the current one.
+    timeline : str
+        ``kernel``, and ``data`` and ``hybrid`` through a store: ``"auto"``
+        computes the step's timeline a phase of all devices at a time where that is
+        exact (every device on one link; timeline_fast.py), ``"reference"`` always
+        simulates it op by op (timeline.py), as tests and benchmarks compare.
     """
 
     kernel_counts: Sequence[Sequence[int]] | None = None
@@ -86,6 +91,7 @@ class Options:
     dense_batch: str = "worker"
     broadcast: str = "binomial"
     overlap_dense: bool = True
+    timeline: str = "auto"
 
 
 @dataclass

@@ -7,13 +7,17 @@ timeline per device (timeline.py), when a store is given:
 - ``data``: each device trains its replica on its share of the batch (dataset read,
   forward, backward), writes every other device's range of its flat gradient, reads
   and sums its own range from every other device, writes that sum, reads every other
-  sum, and updates the whole replica;
+  sum, and updates the whole replica (on one link for all, computed for all devices
+  at once: timeline_fast.py);
 - ``hybrid``: each device runs the conv layers on its share and writes its rows of
   the last conv features for every part they belong to; per part (scheme a, b, c)
   and dense layer, its neurons' forward from the gathered input, then the backward
   from the gathered logits or the reduced gradient of its outputs, handing its
   partial input gradient on to the rows' or neurons' owners; then the conv layers'
-  backward and the conv gradients' reduce-scatter and all-gather as ``data``.
+  backward and the conv gradients' reduce-scatter and all-gather as ``data``
+  (a phase of all devices at a time where timeline_fast.py applies; through the
+  scheduler, scheme c keeps the op-by-op simulation: a device's final reads from
+  several parts wait for one hop in all).
 
 The breakdown: ``compute_critical`` (conv and replica compute), ``master`` (the dense
 layers' compute, hybrid), ``storage`` (workspace and dataset I/O), ``overhead``.
@@ -22,15 +26,19 @@ layers' compute, hybrid), ``storage`` (workspace and dataset I/O), ``overhead``.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
 
 from .compute import UPDATE_ACCESSES, LayerTime, conv_time
-from .data import layer_times
+from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
 from .kernel import batch_bytes
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 from .timeline import Timeline, io_time, steady
+from .timeline_fast import FastTimeline, InTurn, Sources
 
 __all__ = ["predict_data_store", "predict_hybrid_store", "hybrid_parts", "even_counts"]
 
@@ -110,30 +118,74 @@ def _finish(strategy: str, batch: int, result, per_device: list[float], store: S
 def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
                        link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
     """``data`` through the store, as the engine runs it (see the module doc)."""
-    p, s = len(devices), devices[0].bytes_per_elem
+    p = len(devices)
     shares = _shares(batch, devices, options)
     params = sum(c.params() for c in network.conv) + sum(d.params() for d in network.dense)
-    times = [layer_times(dev, network, b) for dev, b in zip(devices, shares)]
+    times = replica_times(devices, network, shares)
     update = {d: dev.stream_time(UPDATE_ACCESSES * params) for d, dev in enumerate(devices)}
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
-    overhead = options.overhead
-    tl = Timeline([dev.link or link for dev in devices], store, overhead or DaskOverhead(),
-                  options.sync)
-
-    def one_step(tl: Timeline) -> None:
-        for d, (dev, b) in enumerate(zip(devices, shares)):
-            tl.run(d, "overhead", tl.overhead.task)
-            if options.dataset is not None and b:
-                tl.run(d, "io", io_time(tl.links[d], options.dataset,
-                                        batch_bytes(network, b, s), 1, "read"))
-            tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
-                   + dev.stream_time(params))
-            _hand_on(tl, d, p, params, s, "grads")
-        _reduce(tl, p, params, s, update, stream, "grads")
-
-    result = steady(tl, one_step)
-    per_device = [sum(t.total for t in row) for row in times]
+    overhead = options.overhead or DaskOverhead()
+    links = [dev.link or link for dev in devices]
+    step = (_data_step_fast if options.timeline != "reference" and len(set(links)) == 1
+            else _data_step)
+    timeline = (FastTimeline(links[0], p, store, overhead, options.sync) if step is _data_step_fast
+                else Timeline(links, store, overhead, options.sync))
+    result = steady(timeline, lambda tl: step(tl, network, devices, shares, times, params,
+                                              update, stream, options.dataset))
+    per_device = per_device_totals(times)
     return _finish("data", batch, result, per_device, store, {"batch_shares": shares})
+
+
+def _data_step(tl: Timeline, network: Network, devices: Sequence[DeviceSpec],
+               shares: list[int], times: list[list[LayerTime]], params: int,
+               update: dict[int, float], stream: dict[int, float],
+               dataset: StoreSpec | None) -> None:
+    """`predict_data_store`'s step op by op: each device's replica and hand-on of its
+    ranges, then the reduce-scatter and all-gather (the reference of `_data_step_fast`)."""
+    p, s = len(devices), devices[0].bytes_per_elem
+    for d, (dev, b) in enumerate(zip(devices, shares)):
+        tl.run(d, "overhead", tl.overhead.task)
+        if dataset is not None and b:
+            tl.run(d, "io", io_time(tl.links[d], dataset, batch_bytes(network, b, s), 1, "read"))
+        tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
+               + dev.stream_time(params))
+        _hand_on(tl, d, p, params, s, "grads")
+    _reduce(tl, p, params, s, update, stream, "grads")
+
+
+def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[DeviceSpec],
+                    shares: list[int], times: list[list[LayerTime]], params: int,
+                    update: dict[int, float], stream: dict[int, float],
+                    dataset: StoreSpec | None) -> None:
+    """`predict_data_store`'s step for all devices at once (timeline_fast.py): the
+    replicas, the hand-on of every range in turn, the reduce-scatter and all-gather."""
+    p, s = len(devices), devices[0].bytes_per_elem
+    everyone = np.arange(p)
+    tl.run(everyone, "overhead", tl.overhead.task)
+    if dataset is not None:
+        reading = np.array([d for d, b in enumerate(shares) if b])
+        tl.run(reading, "io", np.array([io_time(tl.link, dataset, batch_bytes(network, b, s),
+                                                1, "read") for b in shares if b]))
+    tl.run(everyone, "compute", np.array([sum(t.forward + t.backward for t in times[d])
+                                          + dev.stream_time(params)
+                                          for d, dev in enumerate(devices)]))
+    _reduce_fast(tl, params, s, update, stream)
+
+
+def _reduce_fast(tl: FastTimeline, length: float, s: int, update: dict[int, float],
+                 stream: dict[int, float]) -> None:
+    """`_hand_on` and `_reduce` for all devices at once: every device writes the others'
+    ranges in turn, reads and sums its own, writes the sum, reads the others' sums."""
+    p = tl.devices
+    everyone = np.arange(p)
+    owned = np.array(even_counts(int(length), p), dtype=float) * s
+    grads = tl.write_in_turn(everyone, everyone, owned, 1)
+    tl.read_in_turn(everyone, grads, owned, 1)
+    tl.run(everyone, "compute", np.array([stream[e] for e in range(p)]) * p * owned / s)
+    if p > 1:
+        sums = tl.write_each(everyone, owned, 1)
+        tl.read(everyone, Sources(everyone, sums, owned), 1, np.zeros(p), np.zeros(p))
+    tl.run(everyone, "compute", np.array([update[d] for d in range(p)]))
 
 
 def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
@@ -157,9 +209,9 @@ def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceS
             update[d] += sum(dev.stream_time(UPDATE_ACCESSES * layer.params(
                 split[j][d] / layer.out_features)) for j, layer in enumerate(network.dense))
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
-    overhead = options.overhead
-    tl = Timeline([dev.link or link for dev in devices], store, overhead or DaskOverhead(),
-                  options.sync)
+    overhead = options.overhead or DaskOverhead()
+    links = [dev.link or link for dev in devices]
+    tl = Timeline(links, store, overhead, options.sync)
 
     def dense_seconds(d: int, j: int, rows: int, kind: str) -> float:
         layer, dev = network.dense[j], devices[d]
@@ -223,7 +275,13 @@ def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceS
             _hand_on(tl, d, p, conv_params, s, "grads")
         _reduce(tl, p, conv_params, s, update, stream, "grads")
 
-    result = steady(tl, one_step)
+    if _hybrid_fast_applies(links, parts, options):
+        fast = _HybridFast(network, devices, shares, parts, s, conv_params, trunk, update,
+                           stream, options.dataset, dense_seconds, split)
+        result = steady(FastTimeline(links[0], p, store, overhead, options.sync),
+                        lambda tl: _hybrid_step_fast(tl, fast))
+    else:
+        result = steady(tl, one_step)
     per_device = [trunk[d].total + sum(dense_seconds(d, j, batch, kind)
                                        for j in range(len(network.dense))
                                        for kind in ("forward", "backward"))
@@ -231,3 +289,97 @@ def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceS
     return _finish("hybrid", batch, result, per_device, store,
                    {"batch_shares": shares, "dense_split": [list(r) for r in split],
                     "parts": len(parts)})
+
+
+def _hybrid_fast_applies(links: list[LinkSpec], parts: list[list[tuple[int, int]]],
+                         options: Options) -> bool:
+    """Whether `_hybrid_step_fast` gives `predict_hybrid_store`'s step: one link for all,
+    and through the scheduler (one hop before a device's final reads, whatever parts
+    they come from) each device in one part at most."""
+    if options.timeline == "reference" or len(set(links)) != 1:
+        return False
+    members = [e for part in parts for e, _ in part]
+    return options.sync != "scheduler" or len(members) == len(set(members))
+
+
+@dataclass
+class _HybridFast:
+    """`predict_hybrid_store`'s setup, as `_hybrid_step_fast` uses it."""
+
+    network: Network
+    devices: Sequence[DeviceSpec]
+    shares: list[int]
+    parts: list[list[tuple[int, int]]]
+    s: int
+    conv_params: int
+    trunk: list[LayerTime]
+    update: dict[int, float]
+    stream: dict[int, float]
+    dataset: StoreSpec | None
+    dense_seconds: Callable[[int, int, int, str], float]
+    split: Sequence[Sequence[int]]
+    _dense: dict[tuple[int, int, str], np.ndarray] = field(default_factory=dict)
+
+    def dense(self, j: int, rows: int, kind: str) -> np.ndarray:
+        """Every device's seconds of dense layer `j` on `rows` samples (once per part size)."""
+        if (j, rows, kind) not in self._dense:
+            self._dense[j, rows, kind] = np.array([self.dense_seconds(d, j, rows, kind)
+                                                   for d in range(len(self.devices))])
+        return self._dense[j, rows, kind]
+
+    def out_bytes(self, j: int, rows: int) -> np.ndarray:
+        """Bytes of each device's outputs of dense layer `j` on `rows` samples."""
+        return rows * np.array(self.split[j], dtype=float) * self.s
+
+
+def _hybrid_step_fast(tl: FastTimeline, h: _HybridFast) -> None:
+    """`predict_hybrid_store`'s step a phase of all devices at a time (timeline_fast.py)."""
+    p = tl.devices
+    everyone = np.arange(p)
+    tl.run(everyone, "overhead", tl.overhead.task)
+    if h.dataset is not None:
+        busy = np.array([d for d, b in enumerate(h.shares) if b])
+        tl.run(busy, "io", np.array([io_time(tl.link, h.dataset, batch_bytes(h.network, b, h.s),
+                                             1, "read") for b in h.shares if b]))
+    tl.run(everyone, "compute", np.array([t.forward for t in h.trunk]))
+    row_bytes = h.network.features * h.s
+    pieces = [(np.array([e for e, _ in part]), np.array([r for _, r in part], dtype=float))
+              for part in h.parts]
+    feats = [tl.write_each(members, rows * row_bytes, 1) if p > 1 else np.zeros(len(members))
+             for members, rows in pieces]
+    firsts = [_dense_part(tl, h, members, rows, ready) for (members, rows), ready
+              in zip(pieces, feats)]
+    for (members, rows), first in zip(pieces, firsts):
+        tl.read_in_turn(members, first, rows * row_bytes, 1)
+    tl.run(everyone, "compute", np.array([t.backward + dev.stream_time(h.conv_params)
+                                          for t, dev in zip(h.trunk, h.devices)]))
+    _reduce_fast(tl, h.conv_params, h.s, h.update, h.stream)
+
+
+def _dense_part(tl: FastTimeline, h: _HybridFast, members: np.ndarray, rows: np.ndarray,
+                feat_ready: np.ndarray) -> InTurn:
+    """One part (`rows` samples of each of its `members`) through the dense layers on
+    every device, forward then backward; returns the input gradients handed back to
+    the members."""
+    p, last = tl.devices, len(h.network.dense) - 1
+    everyone, none = np.arange(p), np.zeros(p)
+    n = int(rows.sum())
+    feat_bytes = rows * (h.network.features * h.s)
+    out: list[np.ndarray] = []
+    handed: InTurn | None = None
+    for j in range(last + 1):
+        src = (Sources(members, feat_ready, feat_bytes) if j == 0
+               else Sources(everyone, out[j - 1], h.out_bytes(j - 1, n)))
+        tl.read(everyone, src, 1, none, none)
+        tl.run(everyone, "master", h.dense(j, n, "forward"))
+        out.append(tl.write_each(everyone, h.out_bytes(j, n), 1) if p > 1 else none)
+    for j in reversed(range(last + 1)):
+        if j == last:
+            tl.read(everyone, Sources(everyone, out[last], h.out_bytes(last, n)), 1, none, none)
+        elif handed is not None:
+            tl.read_in_turn(everyone, handed, h.out_bytes(j, n), 1)
+        tl.run(everyone, "master", h.dense(j, n, "backward"))
+        handed = (tl.write_in_turn(everyone, members, feat_bytes, 1) if j == 0
+                  else tl.write_in_turn(everyone, everyone, h.out_bytes(j - 1, n), 1))
+    assert handed is not None  # a network has a dense layer
+    return handed

@@ -11,12 +11,13 @@ to the step time.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from .devices import DaskOverhead, LinkSpec, StoreSpec
 
-__all__ = ["Timeline", "io_time", "steady", "SIMULATED_STEPS"]
+__all__ = ["Timeline", "io_rates", "io_time", "steady", "SIMULATED_STEPS"]
 
 #: Steps simulated; the step time is the mean period of the last two.
 SIMULATED_STEPS = 4
@@ -35,10 +36,19 @@ def io_time(link: LinkSpec, store: StoreSpec | None, n_bytes: float, ops: int, d
         return 0.0
     if store is None:
         return link.time(n_bytes, ops)
+    per_op, per_chunk, per_byte = io_rates(link, store, direction, sharing)
+    return ops * per_op + chunks * per_chunk + n_bytes * per_byte
+
+
+def io_rates(link: LinkSpec, store: StoreSpec | None, direction: str,
+             sharing: int = 1) -> tuple[float, float, float]:
+    """Seconds per operation, per chunk and per byte of `io_time`: the fast timeline
+    (timeline_fast.py) prices thousands of accesses at once from these three numbers."""
+    if store is None:
+        return link.alpha, 0.0, link.beta
     bandwidth = min(store.client_bw(direction), store.aggregate_bw(direction) / max(sharing, 1))
-    per_byte = max(link.beta, 1.0 / bandwidth)
-    return (ops * (link.alpha + store.latency) + chunks * store.chunk_cost(direction)
-            + n_bytes * per_byte)
+    return (link.alpha + store.latency, store.chunk_cost(direction),
+            max(link.beta, 1.0 / bandwidth))
 
 
 @dataclass
@@ -105,16 +115,22 @@ class Timeline:
         self.ready[slot] = (d, self.clock[d])
         self.moved += n_bytes
 
+    def lanes_since(self, t: float) -> list[list[tuple[float, float, str]]]:
+        """Each device's segments starting at or after `t`: ``(start, end, kind)``."""
+        return [[(s.start, s.end, s.kind) for s in segs if s.start >= t]
+                for segs in self.segments]
+
     def critical_path(self, start: float, end: float) -> dict[str, float]:
         """Seconds per kind on the critical path between `start` and `end`."""
         totals = {"compute": 0.0, "master": 0.0, "io": 0.0, "overhead": 0.0}
+        starts = [[s.start for s in segs] for segs in self.segments]  # ascending per device
         d = max(range(len(self.clock)), key=lambda i: self.clock[i])
         t = end
         while t > start + 1e-15:
-            before = [s for s in self.segments[d] if s.start < t - 1e-15]
-            if not before:
+            at = bisect_left(starts[d], t - 1e-15) - 1  # the last segment starting before t
+            if at < 0:
                 break
-            segment = before[-1]
+            segment = self.segments[d][at]
             if segment.kind == "wait":
                 writer, ready = segment.waited_for or (d, segment.start)
                 totals["overhead"] += max(min(segment.end, t) - max(ready, start), 0.0)
@@ -125,6 +141,17 @@ class Timeline:
         return totals
 
 
+class Clocked(Protocol):
+    """What `steady` needs of a timeline: `Timeline`, or timeline_fast's `FastTimeline`."""
+
+    clock: Sequence[float]
+    moved: float
+
+    def critical_path(self, start: float, end: float) -> dict[str, float]: ...
+
+    def lanes_since(self, t: float) -> list[list[tuple[float, float, str]]]: ...
+
+
 @dataclass
 class Steady:
     """What `steady` found: the step time, its critical path, bytes per step."""
@@ -132,17 +159,17 @@ class Steady:
     step: float
     path: dict[str, float]
     moved: float
-    timeline: Timeline
+    timeline: Clocked
     last_start: float
 
 
-def steady(timeline: Timeline, one_step: Callable[[Timeline], None]) -> Steady:
+def steady(timeline: Clocked, one_step: Callable[[Any], None]) -> Steady:
     """Simulate `one_step` a few times; the mean period of the last two steps."""
     ends = []
     for _ in range(SIMULATED_STEPS):
         timeline.moved = 0.0
         one_step(timeline)
-        ends.append(max(timeline.clock))
+        ends.append(float(max(timeline.clock)))
     window = 2
     step = (ends[-1] - ends[-1 - window]) / window
     path = {k: v / window

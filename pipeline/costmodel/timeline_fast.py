@@ -1,0 +1,344 @@
+"""The per-device timeline of timeline.py, one phase of all devices at a time.
+
+`Timeline` follows every read and write of every device one by one: a phase where
+each of ``P`` devices reads the other ``P - 1`` shards costs ``P^2`` Python steps, and
+scaling sweeps go to thousands of devices. `FastTimeline` computes the same clocks
+with numpy, a whole phase at once, from two facts:
+
+- a device's reads in turn are a max-plus fold: reading ``(ready_i, seconds_i)`` one
+  after the other from clock ``c`` ends at ``max(c + sum_i t_i, max_i (ready_i + sync
+  + sum_{j >= i} t_j))``, and the last wait is at the first maximiser (none if the
+  first term is the maximum);
+- the ready times and read seconds the engine's ops give are sums of a part per
+  reader and a part per source (one link for every device; a writer's writes in
+  turn add up along the reader order), so the maximum over sources is a prefix
+  maximum of the sources before the reader and a suffix maximum of those after it.
+
+Segments are kept as columns (device, start, end, kind, writer, ready); a device's
+reads in turn become at most three: the I/O before its last wait, that wait (which
+the critical path follows back to its writer), the I/O after it. The critical path
+only ever enters a run of reads from its end, so it takes the same way as through
+`Timeline`'s segments; a lane of ``details["timeline"]`` shows the reads before the
+last wait as one I/O stretch. Clocks agree with `Timeline` up to rounding; ties
+(equal devices finishing at the same instant) are decided within `TIE` as
+`Timeline` decides exact ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .devices import DaskOverhead, LinkSpec, StoreSpec
+from .timeline import io_rates
+
+__all__ = ["FastTimeline", "InTurn", "KINDS", "Sources", "TIE"]
+
+#: Segment kinds, by their code in `FastTimeline`'s columns.
+KINDS = ("compute", "master", "io", "overhead", "wait")
+_CODE = {kind: code for code, kind in enumerate(KINDS)}
+_WAIT = _CODE["wait"]
+
+#: Relative difference under which two instants count as the same (a tie).
+TIE = 1e-10
+
+
+def _first_prefix_max(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """Running maximum of `values` and, at each index, the first index reaching it."""
+    running = np.maximum.accumulate(values)
+    before = np.concatenate(([-np.inf], running[:-1]))
+    index = np.arange(len(values))
+    record = values > before + tol
+    return running, np.maximum.accumulate(np.where(record, index, 0))
+
+
+def _first_suffix_max(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """Maximum of `values` from each index on, and the first index reaching it."""
+    running = np.maximum.accumulate(values[::-1])[::-1]
+    after = np.concatenate((running[1:], [-np.inf]))
+    index = np.arange(len(values))
+    record = values >= after - tol
+    first = np.minimum.accumulate(np.where(record, index, len(values))[::-1])[::-1]
+    return running, first
+
+
+def _tolerance(*arrays: np.ndarray) -> float:
+    """`TIE` relative to the largest finite instant among `arrays`."""
+    finite = [np.abs(a[np.isfinite(a)]).max() for a in arrays if np.isfinite(a).any()]
+    return TIE * max(finite + [1e-300])
+
+
+@dataclass
+class Sources:
+    """The slots a phase's readers read, one per source device, in device order.
+
+    Reader ``d`` reads every source but itself. The slot of source ``e`` is ready at
+    ``base[e] + shift[d]``, less ``lower[e]`` where ``e`` comes before ``d`` (a writer's
+    writes in turn: later readers' slots are ready later, and a writer skips itself),
+    and holds ``own_bytes[d] + bytes[e]`` bytes (``own_bytes``: the reader's part,
+    given to `FastTimeline.read`).
+    """
+
+    devices: np.ndarray
+    base: np.ndarray
+    bytes: np.ndarray
+    lower: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.lower is None:
+            self.lower = np.zeros(len(self.devices))
+
+
+@dataclass(frozen=True)
+class InTurn:
+    """Slots each writer wrote in turn, one per target (`FastTimeline.write_in_turn`)."""
+
+    writers: np.ndarray
+    start: np.ndarray  # when each writer began writing
+    targets: np.ndarray
+    seconds: np.ndarray  # a write of each target's slot
+
+
+def _found(sorted_values: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Whether each of `values` sits at its insertion point `at` in `sorted_values`."""
+    if len(sorted_values) == 0:
+        return np.zeros(len(values), dtype=bool)
+    return (at < len(sorted_values)) & (sorted_values[np.minimum(at, len(sorted_values) - 1)]
+                                        == values)
+
+
+@dataclass
+class FastTimeline:
+    """Devices' clocks as an array, segments as columns (see the module doc)."""
+
+    link: LinkSpec
+    devices: int
+    store: StoreSpec | None
+    overhead: DaskOverhead = DaskOverhead()
+    sync: str = "markers"
+    clock: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    moved: float = 0.0
+    _columns: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.clock = np.zeros(self.devices)
+
+    # -- segments ---------------------------------------------------------------------
+
+    def _add(self, devs: np.ndarray, start: np.ndarray, end: np.ndarray, kind: int,
+             writer: np.ndarray | None = None, ready: np.ndarray | None = None) -> None:
+        keep = end > start
+        if not keep.any():
+            return
+        n = int(keep.sum())
+        self._columns.append((
+            devs[keep], start[keep], end[keep], np.full(n, kind),
+            (np.full(n, -1) if writer is None else writer[keep]),
+            (np.full(n, np.nan) if ready is None else ready[keep])))
+
+    def run(self, devs: np.ndarray, kind: str, seconds: np.ndarray | float) -> None:
+        """Each of `devs` spends `seconds` (its own, or the same) on `kind`."""
+        start = self.clock[devs]
+        end = start + np.broadcast_to(np.asarray(seconds, dtype=float), start.shape)
+        self._add(devs, start, end, _CODE[kind])
+        self.clock[devs] = end
+
+    def io(self, direction: str, n_bytes: np.ndarray, sharing: int) -> np.ndarray:
+        """Seconds of single-chunk accesses of `n_bytes` each (`io_time`)."""
+        per_op, per_chunk, per_byte = io_rates(self.link, self.store, direction, sharing)
+        if self.store is None:
+            return per_op + n_bytes * per_byte
+        return per_op + per_chunk + n_bytes * per_byte
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def read(self, readers: np.ndarray, src: Sources, sharing: int, own_bytes: np.ndarray,
+             shift: np.ndarray) -> None:
+        """Each reader reads every source's slot but its own, in device order."""
+        n = len(src.devices)
+        if n == 0 or len(readers) == 0:
+            return
+        per_op, per_chunk, per_byte = io_rates(self.link, self.store, "read", sharing)
+        fixed = per_op + (per_chunk if self.store is not None else 0.0)
+        own = self._holds_own(readers, src)
+        if n == 1:  # a reader whose only source is itself reads nothing (`Timeline.read`)
+            keep = ~own
+            readers, own_bytes, shift, own = readers[keep], own_bytes[keep], shift[keep], own[keep]
+            if len(readers) == 0:
+                return
+        pos = np.searchsorted(src.devices, readers)
+        count = n - own
+        q = src.bytes * per_byte  # seconds per source, the reader's part apart
+        p = fixed + own_bytes * per_byte  # seconds per read, the source's part apart
+        q_own = np.where(own, q[np.minimum(pos, n - 1)], 0.0)
+        total = p * count + (q.sum() - q_own)
+        self.moved += float(own_bytes @ count + src.bytes.sum() * len(readers)
+                            - np.where(own, src.bytes[np.minimum(pos, n - 1)], 0.0).sum())
+        start = self.clock[readers]
+        if self.sync == "scheduler":
+            self._scheduled_reads(readers, src, pos, own, shift, start, total)
+        else:
+            self._marked_reads(readers, src, pos, own, shift, start, total, p, q, q_own)
+
+    @staticmethod
+    def _holds_own(readers: np.ndarray, src: Sources) -> np.ndarray:
+        """Whether each reader is among the sources (it skips its own slot)."""
+        return _found(src.devices, readers, np.searchsorted(src.devices, readers))
+
+    def _marked_reads(self, readers: np.ndarray, src: Sources, pos: np.ndarray,
+                      own: np.ndarray, shift: np.ndarray, start: np.ndarray,
+                      total: np.ndarray, p: np.ndarray, q: np.ndarray,
+                      q_own: np.ndarray) -> None:
+        """Ready markers: each read waits for its own slot (`overhead.sync`)."""
+        n, sync = len(src.devices), self.overhead.sync
+        suffix_q = np.cumsum(q[::-1])[::-1]
+        left_of = np.arange(n, 0, -1)  # sources from each index on
+        end = np.empty(len(readers))
+        binding = np.full(len(readers), -1)
+        for value in np.unique(p):  # readers reading equal bytes share the maxima
+            group = np.flatnonzero(p == value)
+            after = src.base + sync + suffix_q + value * left_of
+            before = after - src.lower
+            tol = _tolerance(after, start[group] - shift[group])
+            pre, pre_first = _first_prefix_max(before, tol)
+            suf, suf_first = _first_suffix_max(after, tol)
+            g_pos, g_own = pos[group], own[group]
+            left = np.where(g_pos > 0, pre[np.maximum(g_pos - 1, 0)]
+                            - g_own * (value + q_own[group]), -np.inf)
+            right_at = g_pos + g_own
+            right = np.where(right_at < n, suf[np.minimum(right_at, n - 1)], -np.inf)
+            free = start[group] + total[group] - shift[group]
+            best = np.maximum(free, np.maximum(left, right))
+            end[group] = best + shift[group]
+            waits = free < best - tol
+            binding[group] = np.where(
+                ~waits, -1, np.where(left >= best - tol, pre_first[np.maximum(g_pos - 1, 0)],
+                                     suf_first[np.minimum(right_at, n - 1)]))
+        self._reads_done(readers, src, pos, own, shift, start, end, binding, p, q, q_own,
+                         sync)
+
+    def _scheduled_reads(self, readers: np.ndarray, src: Sources, pos: np.ndarray,
+                         own: np.ndarray, shift: np.ndarray, start: np.ndarray,
+                         total: np.ndarray) -> None:
+        """Through the scheduler: one wait (`overhead.hop`) for the latest slot, then
+        the reads back to back."""
+        n, hop = len(src.devices), self.overhead.hop
+        tol = _tolerance(src.base, start - shift)
+        pre, pre_first = _first_prefix_max(src.base - src.lower, tol)
+        suf, suf_first = _first_suffix_max(src.base, tol)
+        left = np.where(pos > 0, pre[np.maximum(pos - 1, 0)], -np.inf)
+        right_at = pos + own
+        right = np.where(right_at < n, suf[np.minimum(right_at, n - 1)], -np.inf)
+        latest = np.maximum(left, right)
+        writer = src.devices[np.where(left >= latest - tol, pre_first[np.maximum(pos - 1, 0)],
+                                      suf_first[np.minimum(right_at, n - 1)])]
+        ready = latest + shift
+        mine = start >= ready - tol
+        writer, ready = np.where(mine, readers, writer), np.where(mine, start, ready)
+        waits = ready + hop > start + tol
+        begin = np.where(waits, ready + hop, start)
+        self._add(readers[waits], start[waits], begin[waits], _WAIT, writer[waits], ready[waits])
+        self._add(readers, begin, begin + total, _CODE["io"])
+        self.clock[readers] = begin + total
+
+    def _reads_done(self, readers: np.ndarray, src: Sources, pos: np.ndarray, own: np.ndarray,
+                    shift: np.ndarray, start: np.ndarray, end: np.ndarray, binding: np.ndarray,
+                    p: np.ndarray, q: np.ndarray, q_own: np.ndarray, sync: float) -> None:
+        """Segments of marked reads: I/O before the last wait, the wait, I/O after."""
+        waits = binding >= 0
+        i = np.maximum(binding, 0)
+        prefix_q = np.concatenate(([0.0], np.cumsum(q)))
+        skipped = own & (i > pos)  # the reader's own slot lies before the waited one
+        io_before = p * (i - skipped) + prefix_q[i] - np.where(skipped, q_own, 0.0)
+        ready = src.base[i] + shift - np.where(i < pos, src.lower[i], 0.0)
+        resume = ready + sync
+        io_end = np.where(waits, start + io_before, start)
+        self._add(readers, start, io_end, _CODE["io"])
+        self._add(readers[waits], io_end[waits], resume[waits], _WAIT, src.devices[i][waits],
+                  ready[waits])
+        self._add(readers, np.where(waits, resume, start), end, _CODE["io"])
+        self.clock[readers] = end
+
+    def read_own(self, readers: np.ndarray, writer: int, ready: np.ndarray,
+                 n_bytes: np.ndarray, sharing: int) -> None:
+        """Each reader reads one slot of its own (``grad/d``), written by `writer`."""
+        if len(readers) == 0:
+            return
+        self.read(readers, Sources(np.array([writer]), np.zeros(1), np.zeros(1)), sharing,
+                  n_bytes, ready)
+
+    def read_in_turn(self, readers: np.ndarray, written: InTurn, n_bytes: np.ndarray,
+                     sharing: int) -> None:
+        """Each reader (one of `written`'s targets) reads the slot every other writer
+        wrote it; a slot holds `n_bytes` of its reader."""
+        seconds = written.seconds
+        at = np.searchsorted(written.targets, written.writers)
+        held = _found(written.targets, written.writers, at)
+        lower = np.where(held, seconds[np.minimum(at, len(seconds) - 1)], 0.0)
+        shift = np.cumsum(seconds)[np.searchsorted(written.targets, readers)]
+        self.read(readers, Sources(written.writers, written.start, np.zeros(len(lower)), lower),
+                  sharing, n_bytes, shift)
+
+    # -- writes ----------------------------------------------------------------------
+
+    def write_each(self, writers: np.ndarray, n_bytes: np.ndarray, sharing: int) -> np.ndarray:
+        """Each writer writes one slot; returns the instants they are ready."""
+        self.run(writers, "io", self.io("write", n_bytes, sharing))
+        self.moved += float(n_bytes.sum())
+        return self.clock[writers].copy()
+
+    def write_in_turn(self, writers: np.ndarray, targets: np.ndarray, n_bytes: np.ndarray,
+                      sharing: int) -> InTurn:
+        """Each writer writes a slot for every target but itself, in target order; the
+        slot for a target holds `n_bytes` of that target."""
+        seconds = self.io("write", n_bytes, sharing)
+        at = np.searchsorted(targets, writers)
+        own = _found(targets, writers, at)
+        at = np.minimum(at, len(targets) - 1)
+        start = self.clock[writers].copy()
+        self.run(writers, "io", np.where(own, seconds.sum() - seconds[at], seconds.sum()))
+        self.moved += float(np.where(own, n_bytes.sum() - n_bytes[at], n_bytes.sum()).sum())
+        return InTurn(writers, start, targets, seconds)
+
+    # -- the step's split ---------------------------------------------------------------
+
+    def critical_path(self, start: float, end: float) -> dict[str, float]:
+        """Seconds per kind on the critical path between `start` and `end`, walked as
+        `Timeline.critical_path` walks it."""
+        devs, begin, stop, kind, writer, ready = self._sorted()
+        offsets = np.searchsorted(devs, np.arange(self.devices + 1))
+        totals = {"compute": 0.0, "master": 0.0, "io": 0.0, "overhead": 0.0}
+        top = self.clock.max()
+        d = int(np.flatnonzero(self.clock >= top - TIE * abs(top))[0])
+        t = end
+        while t > start + 1e-15:
+            lo, hi = offsets[d], offsets[d + 1]
+            at = lo + int(np.searchsorted(begin[lo:hi], t - 1e-15, side="left")) - 1
+            if at < lo:
+                break
+            if kind[at] == _WAIT:
+                totals["overhead"] += max(min(stop[at], t) - max(ready[at], start), 0.0)
+                d, t = int(writer[at]), float(ready[at])
+                continue
+            totals[KINDS[kind[at]]] += min(stop[at], t) - max(begin[at], start)
+            t = float(begin[at])
+        return totals
+
+    def _sorted(self) -> tuple[np.ndarray, ...]:
+        """The columns, each device's segments together and in time order."""
+        if not self._columns:  # nothing took any time
+            empty = np.zeros(0)
+            return (empty.astype(int), empty, empty, empty.astype(int), empty.astype(int), empty)
+        columns = [np.concatenate(c) for c in zip(*self._columns)]
+        order = np.argsort(columns[0], kind="stable")
+        return tuple(c[order] for c in columns)
+
+    def lanes_since(self, t: float) -> list[list[tuple[float, float, str]]]:
+        """Each device's segments starting at or after `t`: ``(start, end, kind)``."""
+        devs, begin, stop, kind, _, _ = self._sorted()
+        lanes: list[list[tuple[float, float, str]]] = [[] for _ in range(self.devices)]
+        for d, s, e, k in zip(devs.tolist(), begin.tolist(), stop.tolist(), kind.tolist()):
+            if s >= t:
+                lanes[d].append((s, e, KINDS[k]))
+        return lanes

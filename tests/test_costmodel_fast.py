@@ -1,0 +1,185 @@
+"""The model's fast paths give the reference's predictions (issue 20).
+
+- ``kernel``: the timeline computed a phase of all devices at a time
+  (costmodel/timeline_fast.py) against the op-by-op simulation
+  (``Options(timeline="reference")``), with and without a store, Dask overheads,
+  both sync modes, a dataset, another master, min-max splits, idle devices;
+- ``single``, ``data``, ``hybrid``: equal devices timed once against the same devices
+  made distinct by name (so every device is timed on its own, as before), over
+  allreduce algorithms, overlap, schemes a/b/c, dense batch full/worker, with and
+  without a store (through the store also the fast timeline against the op-by-op
+  one).
+
+Every prediction is compared on its step time, critical-path parts, per-device
+compute and bytes moved, to a relative 1e-9 of the step. 1 to 16 devices, equal and
+unequal (two kinds; one device with a link of its own sends ``kernel`` to the
+reference path, which must then agree with itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline.costmodel import (DaskOverhead, DeviceSpec, LinkSpec, Options, Prediction,
+                                StoreSpec, alexnet, marques_cifar, predict)
+from pipeline.costmodel.network import conv_net
+
+GPU = DeviceSpec(flops=1.95e13, mem_bw=1.555e12, conv_efficiency=0.6, dense_efficiency=0.8,
+                 mem_efficiency=0.8, name="gpu")
+SLOW = DeviceSpec(flops=2e12, mem_bw=3e11, conv_efficiency=0.5, name="slow")
+LINK = LinkSpec.from_bandwidth(1.25e9, latency=5e-6)
+STORE = StoreSpec(write_bw=5e9, read_bw=8e9, latency=1e-4, client_read_bw=2e9,
+                  read_chunk=1e-5, write_chunk=2e-5)
+DASK = DaskOverhead(task=1e-3, sync=2e-3, hop=3e-3)
+SMALL = conv_net([8, 24], image=16, hidden=[32], name="small")
+PARTS = ("compute_critical", "master", "communication", "storage", "overhead", "compute_max")
+
+
+def _same(fast: Prediction, reference: Prediction) -> None:
+    """Equal to a relative 1e-9 of the step: the step, its parts, compute, bytes."""
+    scale = 1e-9 * reference.step_time
+    assert fast.step_time == pytest.approx(reference.step_time, rel=1e-9, abs=0)
+    for part in PARTS:
+        assert fast.breakdown[part] == pytest.approx(reference.breakdown[part], abs=scale), part
+    assert fast.breakdown["compute"] == pytest.approx(reference.breakdown["compute"], rel=1e-12)
+    moved = reference.details.get("bytes_moved")
+    if moved is not None:
+        assert fast.details["bytes_moved"] == pytest.approx(moved, rel=1e-12)
+
+
+def _devices(p: int, mix: str) -> list[DeviceSpec]:
+    """`p` equal devices, or a mix of two kinds (every third one slow)."""
+    if mix == "equal":
+        return [GPU] * p
+    return [SLOW if d % 3 == 1 else GPU for d in range(p)]
+
+
+def _one_by_one(devices: list[DeviceSpec]) -> list[DeviceSpec]:
+    """The same devices, each unequal to every other: timed one by one."""
+    return [dataclasses.replace(dev, name=f"{dev.name}#{d}") for d, dev in enumerate(devices)]
+
+
+KERNEL_OPTIONS = [
+    {},
+    {"overhead": DASK},
+    {"overhead": DASK, "sync": "scheduler"},
+    {"dataset": STORE, "overhead": DASK},
+    {"split": "minmax", "quantum": 4},
+    {"master": -1},
+    {"idle": True},
+]
+
+
+def _kernel_options(option: dict, p: int, network) -> dict:
+    """`option` for `p` devices: the last device as master, or a split leaving the
+    upper half idle in every layer."""
+    option = dict(option)
+    if option.pop("master", 0) == -1:
+        option["master"] = p - 1
+    if option.pop("idle", False):
+        busy = max(1, (p + 1) // 2)
+        option["kernel_counts"] = [
+            [layer.out_channels // busy + (1 if d < layer.out_channels % busy else 0)
+             if d < busy else 0 for d in range(p)] for layer in network.conv]
+    return option
+
+
+@pytest.mark.parametrize("p", [1, 2, 5, 16])
+@pytest.mark.parametrize("mix", ["equal", "unequal"])
+@pytest.mark.parametrize("store", [None, STORE], ids=["links", "store"])
+@pytest.mark.parametrize("option", KERNEL_OPTIONS, ids=lambda o: "-".join(o) or "plain")
+def test_kernel_fast_timeline_is_the_simulation(p: int, mix: str, store, option: dict) -> None:
+    network = marques_cifar(48, 96)
+    devices = _devices(p, mix)
+    kw = _kernel_options(option, p, network)
+    for batch in (1, 64):
+        fast = predict("kernel", network, batch, devices, LINK, store, **kw)
+        reference = predict("kernel", network, batch, devices, LINK, store,
+                            timeline="reference", **kw)
+        _same(fast, reference)
+
+
+def test_kernel_fast_timeline_on_a_deep_network_at_odd_sizes() -> None:
+    """AlexNet's five conv layers: kernels not dividing evenly over 7 and 10 devices."""
+    for p in (7, 10):
+        for store in (None, STORE):
+            fast = predict("kernel", alexnet(), 32, [GPU] * p, LINK, store, overhead=DASK)
+            reference = predict("kernel", alexnet(), 32, [GPU] * p, LINK, store,
+                                overhead=DASK, timeline="reference")
+            _same(fast, reference)
+
+
+def test_kernel_devices_on_their_own_links_take_the_reference_path() -> None:
+    """Different links make read seconds depend on reader and source: no fast path."""
+    devices = [GPU, dataclasses.replace(GPU, link=LinkSpec.from_bandwidth(1e8, 1e-4)), GPU]
+    fast = predict("kernel", marques_cifar(48, 96), 16, devices, LINK, STORE, overhead=DASK)
+    reference = predict("kernel", marques_cifar(48, 96), 16, devices, LINK, STORE,
+                        overhead=DASK, timeline="reference")
+    assert fast.details["timeline"] == reference.details["timeline"]
+    _same(fast, reference)
+
+
+def test_kernel_fast_timeline_keeps_each_lanes_io_and_waits() -> None:
+    """A lane of ``details["timeline"]`` holds the same I/O and waiting seconds."""
+    kw = {"overhead": DASK, "dataset": STORE}
+    fast = predict("kernel", marques_cifar(48, 96), 64, [GPU] * 5, LINK, STORE, **kw)
+    reference = predict("kernel", marques_cifar(48, 96), 64, [GPU] * 5, LINK, STORE,
+                        timeline="reference", **kw)
+
+    def seconds(p: Prediction, kind: str) -> list[float]:
+        return [sum(end - start for start, end, k in lane if k == kind)
+                for lane in p.details["timeline"]]
+
+    for kind in ("io", "wait", "compute"):
+        assert seconds(fast, kind) == pytest.approx(seconds(reference, kind), rel=1e-9)
+
+
+REPLICA_OPTIONS = [
+    {"allreduce": "ring", "overlap": False},
+    {"allreduce": "rhd", "overlap": True},
+    {"scheme": "a", "dense_batch": "full"},
+    {"scheme": "a", "dense_batch": "worker"},
+    {"scheme": "b", "dense_batch": "worker", "broadcast": "linear"},
+    {"scheme": "b", "dense_batch": "full", "overlap_dense": False},
+    {"scheme": "c", "dense_batch": "worker", "batch_split": "proportional"},
+    {"scheme": "c", "dense_batch": "full", "overhead": DASK, "sync": "scheduler"},
+    {"scheme": "b", "dense_batch": "worker", "sync": "scheduler", "dataset": STORE},
+]
+
+
+@pytest.mark.parametrize("p", [1, 2, 5, 16])
+@pytest.mark.parametrize("mix", ["equal", "unequal"])
+@pytest.mark.parametrize("strategy", ["single", "data", "hybrid"])
+@pytest.mark.parametrize("option", REPLICA_OPTIONS, ids=lambda o: "-".join(map(str, o.values())))
+def test_equal_replicas_timed_once_over_links(p: int, mix: str, strategy: str,
+                                              option: dict) -> None:
+    devices = _devices(p, mix)
+    fast = predict(strategy, SMALL, 64, devices, LINK, None, Options(**option))
+    reference = predict(strategy, SMALL, 64, _one_by_one(devices), LINK, None, Options(**option))
+    _same(fast, reference)
+
+
+@pytest.mark.parametrize("p", [1, 3, 8])
+@pytest.mark.parametrize("mix", ["equal", "unequal"])
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+@pytest.mark.parametrize("option", REPLICA_OPTIONS[2:], ids=lambda o: "-".join(map(str, o.values())))
+def test_equal_replicas_through_the_store(p: int, mix: str, strategy: str, option: dict) -> None:
+    devices = _devices(p, mix)
+    kw = {"overhead": DASK, **option}
+    fast = predict(strategy, SMALL, 32, devices, LINK, STORE, **kw)
+    reference = predict(strategy, SMALL, 32, _one_by_one(devices), LINK, STORE,
+                        timeline="reference", **kw)
+    _same(fast, reference)
+
+
+def test_a_step_that_takes_no_time() -> None:
+    """Infinitely fast devices on free links: no segment at all, a zero step."""
+    free = DeviceSpec(flops=float("inf"))
+    counts = [[4, 4], [8, 8]]
+    fast = predict("kernel", marques_cifar(8, 16), 4, [free] * 2, kernel_counts=counts)
+    reference = predict("kernel", marques_cifar(8, 16), 4, [free] * 2, kernel_counts=counts,
+                        timeline="reference")
+    assert fast.step_time == reference.step_time == 0.0
+    assert fast.breakdown == reference.breakdown
