@@ -163,6 +163,11 @@ class ClusterConfig:
     # The worker that runs the dense head (the seed papers' master): a worker name or
     # a resource tag (its first worker by name). None: the first worker of the run.
     master: str | None = None
+    # Seconds a worker may hold an unfinished task of the run while the run makes no
+    # progress before it is probed and, if it does not answer, declared lost (a
+    # SIGSTOPped or frozen process). "auto": max(30 s, 10x the median step), 120 s
+    # before any step is measured; None: never.
+    stall_timeout: float | None | Literal["auto"] = "auto"
 
     def tags(self) -> list[str]:
         """The resource tags whose workers this run uses, in order of preference.
@@ -207,6 +212,8 @@ class ClusterConfig:
         check_range(self, "threads", low=1)
         check_range(self, "use_workers", low=1)
         check_range(self, "wait_timeout", low=0, low_open=True)
+        if self.stall_timeout != "auto":
+            check_range(self, "stall_timeout", low=0, low_open=True)
         if not self.resource:
             raise FieldError("resource", "expected a resource tag such as 'CPU', got ''")
         if self.resources is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -125,6 +126,17 @@ def worker_device(resources: dict[str, float]) -> str:
     return "cuda:0" if "GPU" in resources and torch.cuda.is_available() else "cpu"
 
 
+class _DropStopQueueError(logging.Filter):
+    """Hide the traceback a nanny-started worker logs when it is closed after being
+    stopped (SIGSTOP) and removed from the cluster ("Worker process died
+    unexpectedly": its stop queue's pipe read fails): the run reports the worker
+    itself, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and
+                    record.getMessage().startswith("Worker process died unexpectedly"))
+
+
 class WorkerSetup(WorkerPlugin):
     """Configures each worker: torch threads, emulated speed, the compute device."""
 
@@ -138,6 +150,9 @@ class WorkerSetup(WorkerPlugin):
         self.device_by_name = device_by_name or {}
 
     def setup(self, worker: Any) -> None:
+        nanny_log = logging.getLogger("distributed.nanny")
+        if not any(isinstance(f, _DropStopQueueError) for f in nanny_log.filters):
+            nanny_log.addFilter(_DropStopQueueError())
         name = str(worker.name)
         threads = int(self.threads_by_name.get(name, worker.state.nthreads))
         configure_process(threads)
