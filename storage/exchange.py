@@ -339,6 +339,12 @@ class Exchange:
         reason, or a local workspace gone (the client removes it when it closes the
         run). A worker that was frozen and woke up learns here that its run ended."""
         reason = self.markers.aborted()
-        if reason is None and _is_local(self.path) and not os.path.isdir(_local(self.path)):
+        if reason is None and not self._exists():
             reason = "the run's workspace is gone"
         return reason
+
+    def _exists(self) -> bool:
+        if _is_local(self.path):
+            return os.path.isdir(_local(self.path))
+        fs, root = fsspec.core.url_to_fs(self.path)
+        return bool(fs.exists(root))

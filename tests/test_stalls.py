@@ -22,6 +22,7 @@ import pytest
 
 from pipeline.config import WorkerConfig
 from pipeline.run import run_training
+from pipeline.runner import StallWatch
 from storage import checkpoints
 from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
 from tests.test_faults import FAULTS
@@ -119,3 +120,17 @@ def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factor
     got = checkpoints.read_tensors(config.checkpoint_path, steps)
     assert max_relative_error(got, expected) <= 1e-10
     assert not [name for name in workspaces() - before if ours(name)]
+
+
+def test_stall_limit_follows_the_median_step():
+    """`auto`: 120 s before any step, then max(30 s, 10x the median step); a number
+    is used as is; None never declares a stall."""
+    watch = StallWatch("auto")
+    assert watch.limit() == 120.0
+    for seconds in [0.05] * 50 + [9.0]:  # one slow step does not move the median
+        watch.step_took(seconds)
+    assert watch.limit() == 30.0
+    for _ in range(60):
+        watch.step_took(5.0)
+    assert watch.limit() == 50.0
+    assert StallWatch(4.0).limit() == 4.0 and StallWatch(None).limit() is None
