@@ -199,7 +199,10 @@ class TaskRunner:
         silent = unresponsive(self.client, list(holding), patience)
         if not silent:
             return  # busy, or waiting for data (workspace.wait_timeout ends that)
-        fence_workers(self.client, silent)
+        try:
+            fence_workers(self.client, silent)
+        except (OSError, CancelledError):  # the scheduler went too
+            self._scheduler_lost(what)
         labels = [w.label for w in self.workers if w.address in silent]
         tasks = "; ".join(", ".join(holding[address]) for address in silent)
         self._fail(WorkerLost(
