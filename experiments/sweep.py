@@ -17,7 +17,9 @@ time, so running the same command again resumes; ``--fresh`` starts over.
 
 Exit status: 0 all points done, 1 some point failed (each is recorded with its
 reason, and the sweep went on), 2 bad config or a store of another sweep, 3 the
-store is in use by another sweep, 130 interrupted.
+store is in use by another sweep, 128 + the signal's number when stopped by Ctrl-C
+(130), SIGHUP (129) or SIGTERM (143); the point being run stays pending, so the
+same command resumes (a second signal stops at once).
 
 This module is the command line: arguments, the checks made before anything
 runs, ``--dry-run``, and exit codes. The run loop is :mod:`experiments.sweep_run`,
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from typing import Any, Callable, TextIO
 
@@ -40,8 +41,8 @@ from experiments.scaling import dry_run_scaling, run_scaling_sweep
 from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
 from experiments.sweep_config import Sweep, load_predictor, load_sweep
 from experiments.sweep_run import run_sweep
-from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, OneLineParser, UsageError, fail,
-                          quiet_dask)
+from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
+                          UsageError, fail, quiet_dask, stops_on_signals)
 from pipeline.preflight import check_run, check_writable_dir
 from pipeline.schema import ConfigError
 
@@ -149,22 +150,24 @@ def _print_dry_run(printer: Callable[[Any, Any], None], sweep: Any) -> int:
 
 
 def _run_store_guarded(run: Callable[[], int], interrupted: str) -> int:
-    """Run a sweep, turning store refusals and interruption into exit codes."""
+    """Run a sweep, turning store refusals and interruption (Ctrl-C, SIGTERM, SIGHUP:
+    `stops_on_signals`) into exit codes."""
     try:
-        return run()
+        with stops_on_signals():
+            return run()
     except StoreMismatch as error:
         return fail(error, CONFIG_ERROR)
     except StoreBusy as error:
         return fail(error, 3)
     except OSError as error:  # the disk, not the input: the store keeps what it has
         return fail(error, RUNTIME_ERROR)
-    except KeyboardInterrupt:
+    except Interrupted as stop:
+        print(interrupted.replace("interrupted", f"interrupted ({stop.name})", 1),
+              file=sys.stderr)
+        return stop.status
+    except KeyboardInterrupt:  # raised by hand, or with the signals left to Python
         print(interrupted, file=sys.stderr)
         return 130
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,13 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     warning = contention_warning(sweep) if sweep.config.mode == "measure" else None
     if warning:
         print(warning, file=sys.stderr)
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return _run_store_guarded(
-            lambda: run_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
-            "interrupted: finished points are kept; run the same command again to resume")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _run_store_guarded(
+        lambda: run_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
+        "interrupted: finished points are kept; run the same command again to resume")
 
 
 if __name__ == "__main__":

@@ -2,15 +2,23 @@
 
 A user who mistypes an option, a field or a path gets one line naming it and an
 exit status that says whose fault it was (2: the input, 1: the run), never a usage
-block or a traceback. argparse's own complaints go the same way.
+block or a traceback. argparse's own complaints go the same way. Ctrl-C, SIGTERM
+and SIGHUP stop either entry point the same way (`stops_on_signals`): cleanup, one
+line, exit 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import signal
 import sys
-from typing import NoReturn
+import threading
+from typing import Iterator, NoReturn
+
+import psutil
 
 CONFIG_ERROR = 2  # the input is wrong: config, option, path
 RUNTIME_ERROR = 1  # the input was fine, the run failed (cluster, worker, disk)
@@ -47,3 +55,60 @@ def fail(error: BaseException | str, status: int) -> int:
     """Print the one line for `error` and hand back the exit status."""
     print(error_line(error), file=sys.stderr)
     return status
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop asked for by a signal (Ctrl-C, SIGTERM, SIGHUP): the work unwinds as
+    from Ctrl-C (the embedded cluster and the workspace are removed on the way out)
+    and the entry point exits 128 + the signal's number, as a shell reports it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stops_on_signals() -> Iterator[None]:
+    """While the body runs, SIGINT, SIGTERM and SIGHUP raise `Interrupted`, so a
+    batch system's stop or a closed terminal ends a run as cleanly as Ctrl-C; a
+    second one, while the first unwinds, stops at once (`stop_now`). Only the main
+    thread can take signals: elsewhere (a run started from a thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    first: list[int] = []
+
+    def handle(signum: int, frame: object) -> None:
+        if first:
+            stop_now(signum)
+        first.append(signum)
+        raise Interrupted(signum)
+
+    previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def stop_now(signum: int) -> NoReturn:
+    """Kill this process's children (an embedded cluster's workers) and exit
+    128 + `signum` without unwinding: what a second signal asks for."""
+    print(f"stopped at once by a second signal ({signal.Signals(signum).name})",
+          file=sys.stderr)
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    os._exit(128 + signum)

@@ -7,6 +7,7 @@ its tasks one at a time, and its torch thread count comes from the config.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import psutil
@@ -48,10 +49,12 @@ class WorkerLost(ClusterError):
     share on the survivors (pipeline/recovery.py).
     """
 
-    def __init__(self, message: str, addresses: list[str], labels: list[str]) -> None:
+    def __init__(self, message: str, addresses: list[str], labels: list[str],
+                 stalled: bool = False) -> None:
         super().__init__(message)
         self.addresses = addresses
         self.labels = labels
+        self.stalled = stalled  # still in the cluster but frozen: fenced off, not dead
 
 
 class SchedulerLost(ClusterError):
@@ -96,6 +99,41 @@ def live_workers(client: Client, patience: float = 10.0) -> dict[str, dict]:
                 raise SchedulerLost(f"lost the Dask scheduler ({type(error).__name__})"
                                     ) from None
             time.sleep(0.5)
+
+
+def unresponsive(client: Client, addresses: list[str], timeout: float = 5.0) -> list[str]:
+    """Those of `addresses` whose worker does not answer a direct `identity` call
+    within `timeout` seconds (a stopped or frozen process: its kernel still accepts
+    the connection, but nothing replies). A busy worker answers: its event loop runs
+    beside its task thread."""
+
+    async def answers(address: str) -> bool:
+        try:
+            await asyncio.wait_for(client.rpc(address).identity(), timeout)
+            return True
+        except (asyncio.TimeoutError, OSError):
+            return False
+
+    async def probe() -> list[bool]:
+        return await asyncio.gather(*(answers(a) for a in addresses))
+
+    replies = client.sync(probe)
+    return [address for address, answered in zip(addresses, replies) if not answered]
+
+
+def fence_workers(client: Client, addresses: list[str]) -> None:
+    """Remove workers from the cluster, so that a frozen one that wakes up gets no task
+    of the run again: the scheduler forgets it (its queued tasks are released, and it
+    is told to close, which it does once it runs), and `live_workers` no longer lists
+    it. Nested so that cloudpickle sends it by value: the scheduler's Python need not
+    have this project."""
+
+    async def remove(dask_scheduler: Any) -> None:
+        for address in addresses:
+            await dask_scheduler.remove_worker(address, stimulus_id="run-fenced-stalled-worker",
+                                               close=True)
+
+    client.run_on_scheduler(remove)
 
 
 def all_local(offered: list[ClusterWorker]) -> bool:

@@ -188,6 +188,11 @@ class ClusterConfig:
     # Workers behind shaped links, each in a network namespace of its own, the run's
     # directories reached over sftp (pipeline/links.py). None: all on one host.
     link: LinkConfig | None = None
+    # Seconds a worker may hold an unfinished task of the run while the run makes no
+    # progress before it is probed and, if it does not answer, declared lost (a
+    # SIGSTOPped or frozen process). "auto": max(30 s, 10x the median step), 120 s
+    # before any step is measured; None: never.
+    stall_timeout: float | None | Literal["auto"] = "auto"
 
     def link_rates(self) -> dict[str, str] | None:
         """Each embedded worker's link rate by name; None when no link is configured."""
@@ -240,6 +245,8 @@ class ClusterConfig:
         check_range(self, "threads", low=1)
         check_range(self, "use_workers", low=1)
         check_range(self, "wait_timeout", low=0, low_open=True)
+        if self.stall_timeout != "auto":
+            check_range(self, "stall_timeout", low=0, low_open=True)
         if not self.resource:
             raise FieldError("resource", "expected a resource tag such as 'CPU', got ''")
         if self.resources is not None:

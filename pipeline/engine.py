@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from pipeline.config import RunConfig, shm_workspace_root
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.placement import Placement
 from pipeline.records import StepResult
-from pipeline.runner import TaskRunner
+from pipeline.runner import StallWatch, TaskRunner
 from pipeline.sampler import step_indices
 from pipeline.step_graph import step_tasks
 from storage import checkpoints
@@ -84,12 +85,14 @@ class StepEngine:
                               config.checkpoint_path)
         self.exchange = Exchange(self.paths.workspace)
         self.slots = exchange_slots(self.layout, network, config.train.batch)
+        self.watch = StallWatch(config.cluster.stall_timeout)
         self.runner = TaskRunner(client, self.workers, self.run_id,
-                                 on_failure=self.exchange.abort)
+                                 on_failure=self.exchange.abort, watch=self.watch)
         self.devices: list[str] = ["cpu"] * len(self.workers)
         self.first_step = 0
         self._submitted: dict[int, list[Future]] = {}
         self._by_name: dict[str, Future] = {}
+        self._last_collect = time.perf_counter()  # a step's time, for the stall watch
 
     def start(self, from_step: int) -> None:
         """Create the workspace and load every worker's work from checkpoint `from_step`.
@@ -111,6 +114,7 @@ class StepEngine:
         receipts = self.runner.gather(futures, "loading the shards")
         self.devices = [r.extra["device"] for r in receipts]
         self.first_step = from_step
+        self._last_collect = time.perf_counter()
 
     def submit(self, step: int) -> None:
         """Submit step `step`'s whole graph; returns at once."""
@@ -122,7 +126,8 @@ class StepEngine:
             deps = [self._by_name[name] for name in task.deps]
             future = self.runner.submit(step_task.run_ops, task.worker, self.run_id, step,
                                         task.ops, indices, task.name, deps=deps,
-                                        name=task.name, priority=task.priority)
+                                        name=task.name, priority=task.priority,
+                                        doing=f"step {step} ({' '.join(map(str, task.ops))})")
             self._by_name[task.name] = future
             futures.append(future)
         self._submitted[step] = futures
@@ -130,6 +135,9 @@ class StepEngine:
     def collect(self, step: int) -> StepResult:
         """Wait for step `step`'s tasks; its loss and receipts."""
         receipts: list[Receipt] = self.runner.gather(self._submitted.pop(step), f"step {step}")
+        now = time.perf_counter()
+        self.watch.step_took(now - self._last_collect)
+        self._last_collect = now
         # a step's tasks may be the next step's dependencies; older ones are done with
         self._by_name = {name: f for name, f in self._by_name.items()
                          if not name.startswith(f"step-{step - 1}-")}
@@ -152,6 +160,7 @@ class StepEngine:
                                       name=f"save-{done_steps}-w{worker}")
                    for worker in range(len(self.workers))]
         self.runner.gather(futures, "checkpoint")
+        self._last_collect = time.perf_counter()  # the save is no step's time
 
     def close(self) -> None:
         """Stop any waiting task, free the run's state on every worker, drop the workspace.

@@ -13,11 +13,14 @@ recovery is kept as a `Recovery`. A run gives up (one `WorkerLost`) after
 itself, a worker offering the run's tags that joins is noticed at the next
 checkpoint: the run stops there (nothing is in flight), places its work over the
 larger set the same way and goes on from that checkpoint, replaying nothing (a
-`Join`).
+`Join`). A worker that stalled (stopped answering while holding the run's
+tasks: pipeline/runner.py) is removed from the cluster before it is reported, and
+is then recovered from like a dead one; its recovery says `cause: stalled`.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -49,6 +52,7 @@ class Recovery:
     split: dict[str, Any]  # the new split (as `split_of` gives it)
     replayed_steps: int  # steps done twice: restored_step .. lost_at_step - 1
     seconds: float  # from noticing the loss to the new engine's first step
+    cause: str = "lost"  # "lost": left the cluster (died); "stalled": stopped answering
 
 
 @dataclass
@@ -160,6 +164,8 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                                      f"train.max_recoveries={config.train.max_recoveries})"
                                      if recoveries else str(lost),
                                      lost.addresses, lost.labels) from None
+                if lost.stalled:
+                    print(f"warning: {lost}; recovering", file=sys.stderr)
                 offered = survivors(client, offered, lost)
                 if not offered:
                     raise ClusterError(f"{lost}, and no worker of the run is left to "
@@ -172,6 +178,7 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                     time.time(), time.time()))
                 pending = {"lost_at_step": lost_at, "restored_step": restored,
                            "lost_workers": list(lost.labels),
+                           "cause": "stalled" if lost.stalled else "lost",
                            "replayed_steps": max(lost_at - restored, 0)}
                 pending_since, from_step = noticed, restored
     finally:

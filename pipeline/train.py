@@ -3,17 +3,20 @@
 
 Parses the command line, checks the config and its paths, runs
 `pipeline.run.run_training` and prints the closing summary; every failure is one
-line and an exit status (pipeline/cli.py).
+line and an exit status (pipeline/cli.py). Ctrl-C, SIGTERM and SIGHUP end the run
+cleanly with one line naming the last complete checkpoint and the command that
+continues from it, and exit 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from pipeline.checkpointing import CheckpointError
-from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, OneLineParser, UsageError,
-                          fail, quiet_dask)
+from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
+                          UsageError, fail, quiet_dask, stops_on_signals)
 from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost
 from pipeline.config import RunConfig, load_run_config
 from pipeline.outputs import OutputBusy
@@ -22,6 +25,7 @@ from pipeline.preflight import check_embedded_tags, check_run
 from pipeline.records import format_summary
 from pipeline.run import run_training
 from pipeline.schema import ConfigError
+from storage import checkpoints
 from storage.datasets import DatasetDamaged, DatasetError
 
 
@@ -50,10 +54,49 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
     return config, args.check
 
 
+def resume_command(argv: list[str]) -> str:
+    """The command that continues this run: the same command line without `--fresh`
+    (or a train.fresh/train.resume override: fresh and resume together are refused),
+    plus `train.resume=true`."""
+    kept = [arg for arg in argv
+            if not (arg.startswith("--f") and "--fresh".startswith(arg))
+            and not arg.startswith(("train.fresh=", "train.resume="))]
+    return shlex.join([sys.executable, "-m", "pipeline.train", *kept, "train.resume=true"])
+
+
+def interrupted_line(stop: Interrupted, config: RunConfig | None, argv: list[str]) -> str:
+    """What a stopped run says: the signal, its last complete checkpoint and the
+    command that continues from there (steps since are done again)."""
+    if config is None:
+        return f"interrupted ({stop.name})"
+    step = checkpoints.latest_complete_step(config.checkpoint_path)
+    if step is None:
+        return (f"interrupted ({stop.name}) before the first checkpoint; run the same "
+                "command again to start over")
+    return (f"interrupted ({stop.name}): the last complete checkpoint is step {step} "
+            f"({config.checkpoint_path}); continue from it with: {resume_command(argv)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_dask()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    loaded: list[RunConfig] = []
+    try:
+        with stops_on_signals():
+            return _main(argv, loaded)
+    except Interrupted as stop:
+        print(interrupted_line(stop, loaded[0] if loaded else None, argv), file=sys.stderr)
+        return stop.status
+    except KeyboardInterrupt:  # raised by hand, or with the signals left to Python
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str], loaded: list[RunConfig]) -> int:
+    """Check, train and report; `loaded` receives the config once it is read."""
     try:
         config, check_only = load_checked(argv)
+        loaded.append(config)
         if check_only:
             print(f"{config.name}: config and paths are fine ({config.strategy}, "
                   f"output {config.output_dir})")
@@ -69,9 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         return fail(error, RUNTIME_ERROR)
     except (UsageError, ConfigError, DatasetError, PlacementError) as error:
         return fail(error, CONFIG_ERROR)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     print(format_summary(config.name, config.strategy, result.summary,
                          result.summary["workers"]))
     print(f"  record      {os.path.join(result.output_dir, 'record.zarr')}")

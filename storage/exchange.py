@@ -333,3 +333,18 @@ class Exchange:
     def abort(self, reason: str) -> None:
         """Make every reader waiting in this workspace give up with `reason`."""
         self.markers.abort(reason)
+
+    def closed(self) -> str | None:
+        """Why the run of this workspace is over, if it is: the client's abort
+        reason, or a local workspace gone (the client removes it when it closes the
+        run). A worker that was frozen and woke up learns here that its run ended."""
+        reason = self.markers.aborted()
+        if reason is None and not self._exists():
+            reason = "the run's workspace is gone"
+        return reason
+
+    def _exists(self) -> bool:
+        if _is_local(self.path):
+            return os.path.isdir(_local(self.path))
+        fs, root = fsspec.core.url_to_fs(self.path)
+        return bool(fs.exists(root))

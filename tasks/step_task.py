@@ -56,9 +56,18 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
     return receipt
 
 
+class RunEnded(RuntimeError):
+    """A task of a run the client has ended (aborted or removed its workspace)."""
+
+
 def save_run(run_id: str, checkpoint_path: str, step: int) -> Receipt:
-    """Write this worker's work into checkpoint `step`."""
+    """Write this worker's work into checkpoint `step`, unless the run has ended: a
+    worker removed from the cluster while frozen may wake with this task queued, and
+    must not write into a checkpoint that a recovered run writes again."""
     run: RunState = get_run(run_id)
+    ended = run.mover.exchange.closed()
+    if ended:
+        raise RunEnded(f"run {run_id}: not saving checkpoint {step}: {ended}")
     receipt = Receipt("checkpoint", run.profile.name, step, time.time())
     run.side.save(run.work, run.me, checkpoint_path, step)
     receipt.end = time.time()

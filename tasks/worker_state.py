@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -125,6 +126,41 @@ def worker_device(resources: dict[str, float]) -> str:
     return "cuda:0" if "GPU" in resources and torch.cuda.is_available() else "cpu"
 
 
+class _DropStopQueueError(logging.Filter):
+    """Hide the traceback a nanny-started worker logs when it is closed after being
+    stopped (SIGSTOP) and removed from the cluster ("Worker process died
+    unexpectedly": its stop queue's pipe read fails): the run reports the worker
+    itself, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and
+                    record.getMessage().startswith("Worker process died unexpectedly"))
+
+
+class _DropEndedRunFailures(logging.Filter):
+    """Hide Dask's "Compute Failed" log of a task that failed because the client
+    ended its run: a wait aborted by the client (`ExchangeError`, other than a
+    timeout or a broken step order, which are the run's own faults) or a save
+    refused by a woken worker (`RunEnded`). The client reports why the run ended,
+    in one line; these would add a dozen lines per worker to the run's stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Compute Failed") or len(record.args or ()) < 4:
+            return True
+        text = str(record.args[3])
+        if text.startswith("RunEnded("):
+            return False
+        return not (text.startswith("ExchangeError(") and "wait_timeout" not in text
+                    and "order was broken" not in text)
+
+
+def _add_filter(logger: str, kind: type[logging.Filter]) -> None:
+    """Add a filter of `kind` to `logger` once (setup runs again for each run)."""
+    log = logging.getLogger(logger)
+    if not any(isinstance(f, kind) for f in log.filters):
+        log.addFilter(kind())
+
+
 class WorkerSetup(WorkerPlugin):
     """Configures each worker: torch threads, emulated speed, the compute device."""
 
@@ -138,6 +174,8 @@ class WorkerSetup(WorkerPlugin):
         self.device_by_name = device_by_name or {}
 
     def setup(self, worker: Any) -> None:
+        _add_filter("distributed.nanny", _DropStopQueueError)
+        _add_filter("distributed.worker", _DropEndedRunFailures)
         name = str(worker.name)
         threads = int(self.threads_by_name.get(name, worker.state.nthreads))
         configure_process(threads)

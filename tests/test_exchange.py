@@ -83,3 +83,17 @@ def test_cancelled_task_stops_waiting(workspace):
 def test_remove_exchange(workspace):
     remove_exchange(workspace)
     assert not os.path.exists(workspace)
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_closed_says_when_the_client_ended_the_run(tmp_path, where):
+    """A worker woken after its run ended learns it from the workspace: aborted, or
+    gone (the client removes it when it closes the run)."""
+    path = str(tmp_path / "ws.zarr") if where == "local" else f"memory://{tmp_path.name}/ws.zarr"
+    create_exchange(path, [SlotSpec("a", (2,), "float32")])
+    exchange = Exchange(path)
+    assert exchange.closed() is None
+    exchange.abort("the run is closing")
+    assert exchange.closed() == "the run is closing"
+    remove_exchange(path)
+    assert exchange.closed() == "the run's workspace is gone"

@@ -45,6 +45,11 @@ FAULTS = {
     "worker SIGKILLed mid-run, recovery off, then resumed": "clean",
     "scheduler SIGKILLed mid-run": "clean",
     "worker joins mid-run, kernel, float64": "survived",
+    # tests/test_stalls.py
+    "worker SIGSTOPped mid-run, woken later, kernel, float64": "survived",
+    "worker SIGSTOPped mid-run, woken later, data, float64": "survived",
+    # tests/test_signals.py
+    "run SIGTERMed mid-run, then resumed": "clean",
     "sweep process SIGKILLed, seed 1": "survived",
     "sweep process SIGKILLed, seed 2": "survived",
     "sweep process SIGKILLed, seed 3": "survived",

@@ -1,0 +1,111 @@
+"""SIGTERM to a real `python -m pipeline.train` on its embedded cluster: it stops as
+from Ctrl-C, says where to continue from and how, leaves no process or workspace,
+exits 143; the printed command continues the run to its end.
+
+A row of tests/test_faults.py's `FAULTS` (and so of docs/reliability.md's table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import xarray as xr
+
+from storage import checkpoints
+from tests.test_cli import ROOT, tiny_args
+from tests.test_faults import FAULTS, train_process, wait_for_checkpoint
+
+SHM = f"/dev/shm/dask-cnn-{os.getuid()}"
+
+
+def workspaces_of(pid: int) -> list[str]:
+    """The workspaces in /dev/shm whose owner record names process `pid`."""
+    found = []
+    for name in os.listdir(SHM) if os.path.isdir(SHM) else []:
+        try:
+            with open(os.path.join(SHM, name, "owner.json"), encoding="utf-8") as handle:
+                if json.load(handle).get("pid") == pid:
+                    found.append(name)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_dataset_factory,
+                                                               monkeypatch):
+    assert FAULTS["run SIGTERMed mid-run, then resumed"] == "clean"
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    steps = 100
+    args = [*tiny_args(tmp_path, tiny_dataset_factory("float32")), "--fresh",
+            f"train.steps={steps}", "train.checkpoint_every=5", "train.eval_samples=0"]
+    run = train_process(*args)
+    path = str(tmp_path / "run" / "checkpoints.zarr")
+    try:
+        wait_for_checkpoint(path, 5, run)
+        process = psutil.Process(run.pid)
+        children = process.children(recursive=True)
+        assert workspaces_of(run.pid)  # the check below would notice its removal
+        run.send_signal(signal.SIGTERM)
+        _out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err  # and so no "leaked semaphore" warning either
+    last = checkpoints.latest_complete_step(path)
+    assert lines[0].startswith(f"interrupted (SIGTERM): the last complete checkpoint is "
+                               f"step {last} ") and last >= 5, lines
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert children and not alive, alive
+    assert not workspaces_of(run.pid)
+    command = shlex.split(lines[0].split("continue from it with: ", 1)[1])
+    assert command[-1] == "train.resume=true" and "--fresh" not in command
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert list(record.step.values) == list(range(last, steps))  # a resumed run's record
+    assert checkpoints.latest_complete_step(path) == steps
+
+
+SLOW_CLEANUP = """
+import time
+from pipeline.cli import Interrupted, stops_on_signals
+try:
+    with stops_on_signals():
+        try:
+            print("ready", flush=True)
+            time.sleep(60)
+        finally:  # a run's cleanup (closing the cluster) that hangs
+            print("unwinding", flush=True)
+            time.sleep(60)
+except Interrupted:
+    pass
+"""
+
+
+def test_a_second_signal_stops_at_once(monkeypatch):
+    """SIGHUP starts the unwinding; a SIGTERM during it ends the process at once,
+    exit 143, without waiting for the cleanup."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    process = subprocess.Popen([sys.executable, "-c", SLOW_CLEANUP], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        process.send_signal(signal.SIGHUP)
+        assert process.stdout.readline().strip() == "unwinding"
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 128 + signal.SIGTERM
+        assert time.monotonic() - started < 5
+        assert "stopped at once by a second signal (SIGTERM)" in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -1,0 +1,136 @@
+"""A stalled worker (SIGSTOP) in real processes: the run notices it within the
+stall limit, fences it off (removes it from the cluster), recovers on the survivors
+and finishes with plain PyTorch's weights; the worker, woken (SIGCONT) while the run
+goes on, changes nothing and goes away.
+
+These faults are rows of tests/test_faults.py's `FAULTS` (and so of
+docs/reliability.md's table). One embedded cluster serves the module: each test
+stops one of its workers for good, so the second runs on the first's survivors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+
+import psutil
+import pytest
+
+from pipeline.config import WorkerConfig
+from pipeline.run import run_training
+from pipeline.runner import StallWatch
+from storage import checkpoints
+from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
+from tests.test_faults import FAULTS
+
+SHM = f"/dev/shm/dask-cnn-{os.getuid()}"
+LIMIT = 2.0  # cluster.stall_timeout, seconds
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with embedded_client([WorkerConfig(name=f"cpu-{i}") for i in range(3)]) as made:
+        yield made
+
+
+def workspaces() -> set[str]:
+    return set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
+
+
+def ours(name: str) -> bool:
+    """A workspace this process made, or one without an owner record (a woken worker
+    writing into its removed run's workspace would make one)."""
+    try:
+        with open(os.path.join(SHM, name, "owner.json"), encoding="utf-8") as handle:
+            return json.load(handle).get("pid") == os.getpid()
+    except FileNotFoundError:
+        return True
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} after {timeout} s"
+        time.sleep(0.02)
+
+
+def worker_names(client) -> dict[str, str]:
+    return {info["name"]: address for address, info in client.scheduler_info()["workers"].items()}
+
+
+@pytest.mark.parametrize("strategy, victim", [("kernel", "cpu-1"), ("data", "cpu-0")])
+def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factory, cluster,
+                                                    strategy, victim):
+    """One worker SIGSTOPped just after checkpoint 4 (a non-master for `kernel`, the
+    first for `data`): the run reports it, removes it and recovers on the others;
+    the worker is woken while the run goes on. The float64 weights equal plain
+    PyTorch's (1e-10), the recovery says `stalled`, the woken worker exits and no
+    workspace is left."""
+    assert FAULTS[f"worker SIGSTOPped mid-run, woken later, {strategy}, float64"] == "survived"
+    client, cluster_config = cluster
+    dataset = tiny_dataset_factory("float64")
+    steps = 16
+    before = workspaces()
+    config = tiny_config(tmp_path, dataset, strategy=strategy, **{
+        "network.dtype": "float64", "train.steps": steps, "train.checkpoint_every": 4,
+        "train.eval_samples": 0, "network.conv.0.kernels": 12, "network.conv.1.kernels": 12})
+    config.cluster = replace(cluster_config, stall_timeout=LIMIT)
+    names = worker_names(client)
+    pid = client.run(os.getpid, workers=[names[victim]])[names[victim]]
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["result"] = run_training(config, client=client)
+        except BaseException as error:  # noqa: BLE001 - reported by the asserts below
+            outcome["error"] = error
+
+    runner = threading.Thread(target=train, daemon=True)
+    runner.start()
+    wait_until(lambda: (checkpoints.latest_complete_step(config.checkpoint_path) or 0) >= 4
+               or not runner.is_alive(), 120, "no checkpoint 4")
+    time.sleep(0.1)  # a step or two past the checkpoint: they are replayed
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        wait_until(lambda: victim not in worker_names(client) or not runner.is_alive(), 60,
+                   "not fenced off")
+        noticed = time.monotonic() - stopped
+        assert runner.is_alive(), outcome  # woken while the run goes on
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    runner.join(120)
+    assert "result" in outcome, outcome
+    wait_until(lambda: not psutil.pid_exists(pid), 30, "the woken worker is still there")
+    # the limit, a 2 s poll, a fetch and a probe (each at most the limit), a busy machine
+    assert noticed < LIMIT + 2 + LIMIT + LIMIT + 4
+    summary = outcome["result"].summary
+    (recovery,) = summary["recoveries"]
+    assert recovery["cause"] == "stalled" and recovery["lost_workers"] == [victim]
+    assert set(recovery["workers"]) == set(names) - {victim}
+    assert recovery["restored_step"] >= 4
+    assert recovery["replayed_steps"] == recovery["lost_at_step"] - recovery["restored_step"]
+    assert json.loads(outcome["result"].record.attrs["recoveries"]) == summary["recoveries"]
+    assert list(outcome["result"].record.step.values) == list(range(steps))
+    expected, _ = replay_in_pytorch(config, dataset)
+    got = checkpoints.read_tensors(config.checkpoint_path, steps)
+    assert max_relative_error(got, expected) <= 1e-10
+    assert not [name for name in workspaces() - before if ours(name)]
+
+
+def test_stall_limit_follows_the_median_step():
+    """`auto`: 120 s before any step, then max(30 s, 10x the median step); a number
+    is used as is; None never declares a stall."""
+    watch = StallWatch("auto")
+    assert watch.limit() == 120.0
+    for seconds in [0.05] * 50 + [9.0]:  # one slow step does not move the median
+        watch.step_took(seconds)
+    assert watch.limit() == 30.0
+    for _ in range(60):
+        watch.step_took(5.0)
+    assert watch.limit() == 50.0
+    assert StallWatch(4.0).limit() == 4.0 and StallWatch(None).limit() is None
