@@ -207,7 +207,7 @@ def test_run_removes_stale_workspaces_only(tmp_path, tiny_dataset_factory,
         config = tiny_config(tmp_path, tiny_dataset_factory("float32"), strategy="single",
                              **{"workspace.path": str(shared), "train.steps": 1,
                                 "train.warmup_steps": 0, "train.eval_samples": 0})
-        client, cluster = three_worker_cluster  # one of the shared workers
+        client, cluster = three_worker_cluster  # `single`: the first shared CPU worker
         config.cluster.workers = cluster.workers
         register_setup(client, config.cluster)
         run_training(config, client=client)

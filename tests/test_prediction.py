@@ -1,10 +1,10 @@
 """The cost model calibrated on a real cluster: probe, predictions, `placement: model`.
 
 A real scheduler with two worker processes (two of the shared cluster's), a real
-Zarr workspace on the engine's path and the tiny network of the other tests. Timings on this shared machine are
-noisy, so the checks are on sanity (positive, finite, consistent, within a broad
-factor of a measured run), not on accuracy: benchmarks/prediction_error.py
-measures that.
+Zarr workspace on the engine's path and the tiny network of the other tests. Timings
+on this shared machine are noisy, so the checks are on sanity (positive, finite,
+consistent, within a broad factor of a measured run), not on accuracy:
+benchmarks/prediction_error.py measures that.
 """
 
 from __future__ import annotations
