@@ -1,8 +1,19 @@
 """Shared fixtures: a small synthetic dataset and a real Dask cluster.
 
-The cluster is a real scheduler with three nanny-managed worker processes tagged
-CPU=1 (the same SpecCluster the runs start), shared by a test module to keep the
-suite fast.
+The cluster is a real scheduler with four nanny-managed worker processes (the same
+SpecCluster the runs start), started once and shared by every test module that asks
+for it: starting, warming up and closing a cluster costs several seconds, more than
+most of the runs on it. Each run registers its own worker setup (`register_setup`:
+torch threads, emulated speeds) and keeps its worker-side state under its own run
+id, so a run meets the workers as a fresh cluster gives them; a module that sets
+the workers up otherwise (an emulated slow worker) sets them back when it is done.
+
+Its workers, by name and resource tags (a run uses the workers offering its tags):
+
+* cpu-0, cpu-1, cpu-2: CPU=1, the workers of most runs (`three_worker_cluster`);
+  also tagged FAST, MID, SLOW one each (tests/test_devices.py's device mix) and,
+  cpu-0 and cpu-1, PROBE (the pair tests/test_prediction.py probes and predicts);
+* gpu-0: GPU=1 and no CUDA device here (tests/test_cluster.py's master by tag).
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ if ROOT not in sys.path:
 
 from pipeline.config import WorkerConfig  # noqa: E402
 from storage.datasets import create_synthetic_dataset  # noqa: E402
-from tests.helpers import embedded_client  # noqa: E402
+from tests.helpers import embedded_client, shared_workers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +49,22 @@ def tiny_dataset_factory(tmp_path_factory):
     return make
 
 
-@pytest.fixture(scope="module")
-def three_worker_cluster():
-    """A real scheduler + 3 worker processes (CPU=1 each); yields (client, config)."""
-    with embedded_client([WorkerConfig(name=f"cpu-{i}") for i in range(3)]) as made:
+SHARED_WORKERS = [
+    WorkerConfig(name="cpu-0", resources={"CPU": 1, "FAST": 1, "PROBE": 1}),
+    WorkerConfig(name="cpu-1", resources={"CPU": 1, "MID": 1, "PROBE": 1}),
+    WorkerConfig(name="cpu-2", resources={"CPU": 1, "SLOW": 1}),
+    WorkerConfig(name="gpu-0", resources={"GPU": 1}),
+]
+
+
+@pytest.fixture(scope="session")
+def shared_cluster():
+    """The session's cluster (module doc); yields (client, config of its four workers)."""
+    with embedded_client(SHARED_WORKERS) as made:
         yield made
+
+
+@pytest.fixture
+def three_worker_cluster(shared_cluster):
+    """The shared cluster's three CPU workers (cpu-0, cpu-1, cpu-2); yields (client, config)."""
+    return shared_workers(shared_cluster, "CPU")

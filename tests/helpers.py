@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from contextlib import contextmanager
 from typing import Iterator
@@ -33,6 +34,18 @@ def embedded_client(workers: list[WorkerConfig]) -> Iterator[tuple[Client, Clust
     finally:
         client.close()
         cluster.close()
+
+
+def shared_workers(shared: tuple[Client, ClusterConfig], tag: str,
+                   changes: dict[str, dict] | None = None) -> tuple[Client, ClusterConfig]:
+    """(client, config) of the workers of the shared cluster (tests/conftest.py) that
+    offer `tag`, with `tag` as the config's resource. `changes` sets WorkerConfig
+    fields by worker name ({"cpu-2": {"speed": 0.05}}); the caller registers them
+    (`register_setup`) and sets the workers back when done."""
+    client, config = shared
+    workers = [dataclasses.replace(w, **(changes or {}).get(w.name, {}))
+               for w in config.workers if tag in w.resources]
+    return client, ClusterConfig(workers=workers, resource=tag)
 
 
 def tiny_config(tmp_path, dataset: str, **overrides) -> RunConfig:

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import psutil
 import pytest
 
 from pipeline.cluster import (ClusterError, add_master, find_workers)
-from pipeline.config import WorkerConfig
-from tests.helpers import embedded_client
 
 
-@pytest.fixture(scope="module")
-def mixed_cluster():
-    """Two CPU workers and one tagged GPU (its torch device is the CPU here)."""
-    workers = [WorkerConfig(name="cpu-0"), WorkerConfig(name="cpu-1"),
-               WorkerConfig(name="gpu-0", resources={"GPU": 1})]
-    with embedded_client(workers) as made:
-        yield made
+@pytest.fixture
+def mixed_cluster(shared_cluster):
+    """The shared cluster (tests/conftest.py): three CPU workers and one tagged GPU (its
+    torch device is the CPU here), with a config of its own to change."""
+    client, config = shared_cluster
+    return client, dataclasses.replace(config)
 
 
 def test_embedded_cluster_listens_on_loopback_only(mixed_cluster):
@@ -35,14 +33,14 @@ def test_embedded_cluster_listens_on_loopback_only(mixed_cluster):
 def test_master_by_default_name_tag_or_outside_the_kernel_workers(mixed_cluster):
     client, config = mixed_cluster
     offered = find_workers(client, config)  # the CPU-tagged workers
-    assert [s.name for s in offered] == ["cpu-0", "cpu-1"]
+    assert [s.name for s in offered] == ["cpu-0", "cpu-1", "cpu-2"]
     assert add_master(client, config, offered) == (offered, 0)
     config.master = "cpu-1"
     assert add_master(client, config, offered) == (offered, 1)
     config.master = "GPU"  # a tag: its first worker, which joins holding no kernels
     workers, master = add_master(client, config, offered)
-    assert [w.name for w in workers] == ["cpu-0", "cpu-1", "gpu-0"] and master == 2
-    assert workers[2].resource == "GPU"
+    assert [w.name for w in workers] == ["cpu-0", "cpu-1", "cpu-2", "gpu-0"] and master == 3
+    assert workers[3].resource == "GPU"
     config.master = "tpu-7"
     with pytest.raises(ClusterError, match="no worker is named or tagged 'tpu-7'.*gpu-0"):
         add_master(client, config, offered)

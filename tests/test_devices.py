@@ -17,23 +17,28 @@ from experiments.report_markdown import device_shares
 from experiments.sweep import main as sweep_main
 from experiments.sweep_axes import value_label
 from experiments.sweep_config import load_sweep
-from pipeline.cluster import ClusterError, check_devices, tagged_workers
-from pipeline.config import ClusterConfig, WorkerConfig, build_run_config
+from pipeline.cluster import ClusterError, check_devices, register_setup, tagged_workers
+from pipeline.config import ClusterConfig, build_run_config
 from pipeline.schema import ConfigError
 from pipeline.run import run_training
 from storage import checkpoints
 from tests.conftest import ROOT
-from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
+from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 
-WORKERS = [WorkerConfig(name="fast", resources={"FAST": 1}),
-           WorkerConfig(name="mid", resources={"MID": 1}),
-           WorkerConfig(name="slow", resources={"SLOW": 1}, speed=0.05)]
+#: The device mix: the shared cluster's workers (tests/conftest.py) by their tags here.
+FAST, MID, SLOW = "cpu-0", "cpu-1", "cpu-2"
 
 
 @pytest.fixture(scope="module")
-def mixed_cluster():
-    with embedded_client(WORKERS) as made:
-        yield made
+def mixed_cluster(shared_cluster):
+    """`fast`, `mid` and `slow` (tagged FAST, MID, SLOW), `slow` set up at 0.05x speed
+    for this module, and back at full speed after it."""
+    client, cluster = shared_workers(shared_cluster, "CPU", {SLOW: {"speed": 0.05}})
+    register_setup(client, cluster)
+    try:
+        yield client, cluster
+    finally:
+        register_setup(client, shared_cluster[1])
 
 
 def run(tmp_path, dataset, client, cluster: ClusterConfig, tags: list[str], name: str,
@@ -100,9 +105,9 @@ def test_three_tags_with_zero_kernel_shards_train_exactly(mixed_cluster, tmp_pat
                          **{"network.dtype": "float64"})
     assert result.summary["kernel_split"] == split
     assert result.summary["worker_devices"] == [
-        {"name": "fast", "tag": "FAST", "device": "cpu"},
-        {"name": "mid", "tag": "MID", "device": "cpu"},
-        {"name": "slow", "tag": "SLOW", "device": "cpu"}]
+        {"name": FAST, "tag": "FAST", "device": "cpu"},
+        {"name": MID, "tag": "MID", "device": "cpu"},
+        {"name": SLOW, "tag": "SLOW", "device": "cpu"}]
     assert list(result.record.resource_tag.values) == ["FAST", "MID", "SLOW"]
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)
@@ -141,17 +146,17 @@ def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
                          placement="calibrated",
                          **{"network.conv.0.kernels": 16, "network.conv.1.kernels": 24})
     choice = json.loads(result.record.attrs["placement_choice"])
-    assert choice["workers"] == ["fast", "slow"]
+    assert choice["workers"] == [FAST, SLOW]
     assert [row[1] for row in choice["split"]] == [0, 0]
     assert choice["predicted_step_time"] <= choice["predicted_best_single"]
-    assert choice["best_single_device"] == "fast"
-    assert set(choice["alternatives"]) >= {"even", "minmax", "proportional", "single:fast",
-                                           "single:slow"}
-    points = choice["calibration_points"]["slow"]
+    assert choice["best_single_device"] == FAST
+    assert set(choice["alternatives"]) >= {"even", "minmax", "proportional", f"single:{FAST}",
+                                           f"single:{SLOW}"}
+    points = choice["calibration_points"][SLOW]
     assert all(len(layer) >= 2 for layer in points)  # two shard sizes per layer
-    assert json.loads(result.record.attrs["left_out"]) == ["slow"]
-    assert result.summary["workers"] == ["fast"] and result.summary["kernel_split"] == [[16],
-                                                                                        [24]]
+    assert json.loads(result.record.attrs["left_out"]) == [SLOW]
+    assert result.summary["workers"] == [FAST] and result.summary["kernel_split"] == [[16],
+                                                                                      [24]]
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)
     assert max_relative_error(trained, expected) <= 1e-4
@@ -164,8 +169,8 @@ def test_data_parallel_leaves_the_slow_worker_out_too(mixed_cluster, tmp_path,
     config, result = run(tmp_path, dataset, client, cluster, ["FAST", "MID", "SLOW"], "data",
                          strategy="data", placement="calibrated")
     choice = json.loads(result.record.attrs["placement_choice"])
-    assert choice["workers"] == ["fast", "mid", "slow"] and choice["split"][0][2] == 0
-    assert json.loads(result.record.attrs["left_out"]) == ["slow"]
+    assert choice["workers"] == [FAST, MID, SLOW] and choice["split"][0][2] == 0
+    assert json.loads(result.record.attrs["left_out"]) == [SLOW]
     assert sum(result.summary["batch_split"]) == config.train.batch
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)

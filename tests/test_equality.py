@@ -15,8 +15,7 @@ import pytest
 from pipeline.cluster import find_workers, register_setup
 from pipeline.run import run_training
 from storage import checkpoints
-from pipeline.config import WorkerConfig
-from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
+from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 
@@ -55,29 +54,33 @@ def test_weights_and_losses_equal_plain_pytorch(tmp_path, three_worker_cluster,
                                rtol=TOLERANCE[dtype], atol=0)
 
 
-def test_calibrated_split_on_emulated_slow_worker_still_exact(tmp_path, tiny_dataset_factory):
+def test_calibrated_split_on_emulated_slow_worker_still_exact(tmp_path, shared_cluster,
+                                                              tiny_dataset_factory):
     """An emulated quarter-speed worker gets fewer kernels of every layer (none, if
     its shards' fixed cost outweighs them: then it leaves the run); the arithmetic
-    is unchanged."""
-    workers = [WorkerConfig(name="fast"), WorkerConfig(name="slow", speed=0.25)]
-    with embedded_client(workers) as (client, cluster_config):
-        dataset = tiny_dataset_factory("float32")
-        config = tiny_config(tmp_path, dataset, placement="calibrated",
-                             **{"network.conv.0.kernels": 16,
-                                "network.conv.1.kernels": 24,
-                                "workspace.channel_quantum": 2})
-        config.cluster = cluster_config
+    is unchanged. The shared cluster's cpu-0 and cpu-1, cpu-1 set up at 0.25x speed."""
+    client, cluster = shared_workers(shared_cluster, "PROBE", {"cpu-1": {"speed": 0.25}})
+    dataset = tiny_dataset_factory("float32")
+    config = tiny_config(tmp_path, dataset, placement="calibrated",
+                         **{"network.conv.0.kernels": 16,
+                            "network.conv.1.kernels": 24,
+                            "workspace.channel_quantum": 2})
+    config.cluster = cluster
+    register_setup(client, cluster)
+    try:
         result = run_training(config, client=client)
+    finally:  # the shared workers back at full speed
+        register_setup(client, shared_cluster[1])
     choice = json.loads(result.record.attrs["placement_choice"])
-    assert choice["workers"] == ["fast", "slow"]
+    assert choice["workers"] == ["cpu-0", "cpu-1"]
     fast, slow = np.array(choice["split"]).T
     assert (fast > slow).all(), choice["split"]
     if slow.any():
-        assert "slow (emulated 0.25x speed)" in result.summary["workers"]
-        assert float(result.record.emulated_time.sel(worker="slow").sum()) > 0
+        assert "cpu-1 (emulated 0.25x speed)" in result.summary["workers"]
+        assert float(result.record.emulated_time.sel(worker="cpu-1").sum()) > 0
     else:
-        assert json.loads(result.record.attrs["left_out"]) == ["slow"]
-        assert result.summary["workers"] == ["fast"]
+        assert json.loads(result.record.attrs["left_out"]) == ["cpu-1"]
+        assert result.summary["workers"] == ["cpu-0"]
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)
     assert max_relative_error(trained, expected) <= TOLERANCE["float32"]

@@ -301,9 +301,11 @@ def test_sweep_killed_at_random_moments_keeps_finished_points(tmp_path, this_cod
     for seed in seeds:
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
-        time.sleep(random.Random(seed).uniform(1.0, 10.0))
-        process.kill()
-        process.wait()
+        try:  # killed at that moment, unless it has finished by then (no need to wait on)
+            process.wait(timeout=random.Random(seed).uniform(1.0, 10.0))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         if not store.exists():
             continue
         with warnings.catch_warnings():

@@ -33,7 +33,7 @@ from experiments.results import DONE, ResultStore
 from experiments.sweep_run import run_sweep
 from experiments.sweep_config import load_sweep
 from pipeline import train
-from pipeline.config import WorkerConfig
+from pipeline.cluster import register_setup
 from pipeline.outputs import LOCK_NAME, OutputBusy, OutputLock
 from pipeline.schema import ConfigError, to_dict
 from pipeline.run import run_training
@@ -43,7 +43,7 @@ from storage.datasets import (DatasetDamaged, DatasetError, ensure_dataset, read
                               verify_dataset)
 from storage.datasets.writer import write_store
 from storage.exchange import SlotSpec, create_exchange, remove_stale_exchanges
-from tests.helpers import embedded_client, max_relative_error, tiny_config
+from tests.helpers import max_relative_error, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "reliability.md")
@@ -193,7 +193,8 @@ def test_sweep_reruns_a_point_over_its_old_results(tmp_path, tiny_dataset_factor
 # Stale workspaces ---------------------------------------------------------------------
 
 
-def test_run_removes_stale_workspaces_only(tmp_path, tiny_dataset_factory):
+def test_run_removes_stale_workspaces_only(tmp_path, tiny_dataset_factory,
+                                           three_worker_cluster):
     shared = tmp_path / "workspaces"
     make = ("from storage.exchange import SlotSpec, create_exchange\n"
             "create_exchange({!r}, [SlotSpec('x', (4,), 'float32')])")
@@ -206,9 +207,10 @@ def test_run_removes_stale_workspaces_only(tmp_path, tiny_dataset_factory):
         config = tiny_config(tmp_path, tiny_dataset_factory("float32"), strategy="single",
                              **{"workspace.path": str(shared), "train.steps": 1,
                                 "train.warmup_steps": 0, "train.eval_samples": 0})
-        with embedded_client([WorkerConfig(name="cpu-0")]) as (client, cluster):
-            config.cluster = cluster
-            run_training(config, client=client)
+        client, cluster = three_worker_cluster  # `single`: the first shared CPU worker
+        config.cluster.workers = cluster.workers
+        register_setup(client, config.cluster)
+        run_training(config, client=client)
         left = sorted(os.listdir(shared))
         assert left == ["live.zarr", "mine.zarr", "unowned.zarr"], left  # run's own: removed
         assert remove_stale_exchanges(str(shared)) == []

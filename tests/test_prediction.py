@@ -1,10 +1,10 @@
 """The cost model calibrated on a real cluster: probe, predictions, `placement: model`.
 
-A real scheduler with two worker processes, a real Zarr workspace on the engine's
-path and the tiny network of the other tests. Timings on this shared machine are
-noisy, so the checks are on sanity (positive, finite, consistent, within a broad
-factor of a measured run), not on accuracy: benchmarks/prediction_error.py
-measures that.
+A real scheduler with two worker processes (two of the shared cluster's), a real
+Zarr workspace on the engine's path and the tiny network of the other tests. Timings
+on this shared machine are noisy, so the checks are on sanity (positive, finite,
+consistent, within a broad factor of a measured run), not on accuracy:
+benchmarks/prediction_error.py measures that.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from experiments.prediction import PointPrediction, network_for, predict_config, predict_point
-from pipeline.cluster import find_workers
-from pipeline.config import WorkerConfig
+from pipeline.cluster import find_workers, register_setup
 from pipeline.model_placement import choose_split
 from pipeline.placement import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
@@ -27,7 +26,7 @@ from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, S
                             find_cached_probe)
 from pipeline.run import run_training
 from storage import checkpoints
-from tests.helpers import embedded_client, max_relative_error, replay_in_pytorch, tiny_config
+from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +42,11 @@ def probe_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_workers():
-    with embedded_client([WorkerConfig(name="cpu-0"), WorkerConfig(name="cpu-1")]) as made:
-        yield made
+def two_workers(shared_cluster):
+    """cpu-0 and cpu-1 of the shared cluster (tests/conftest.py), by their tag PROBE."""
+    client, cluster = shared_workers(shared_cluster, "PROBE")
+    register_setup(client, cluster)
+    return client, cluster
 
 
 def _config(tmp_path, dataset, cluster, **overrides):

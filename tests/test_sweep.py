@@ -29,6 +29,7 @@ from experiments.sweep_points import run_order
 from experiments.sweep_run import run_sweep
 from pipeline.schema import ConfigError
 from storage.labelled import write_dataset
+from tests.helpers import run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -136,9 +137,11 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     assert all(not os.path.exists(tmp_path / "out" / "tiny.runs" / d / "checkpoints.zarr")
                for d in runs)
 
-    again = run_cli(config, "--out", str(store))  # everything done: nothing reruns
-    assert again.returncode == 0, again.stderr
-    assert "8 done before, 0 to run" in again.stdout and "s/step" not in again.stdout
+    # Everything done: nothing reruns. The same command's `main`, in this process (the
+    # real process was met above; a second would add only its start-up).
+    status, errors, again = run_main("sweep", [config, "--out", str(store)])
+    assert status == 0, errors
+    assert "8 done before, 0 to run" in again and "s/step" not in again
     assert (open_clean(store).run_id.values == ds.run_id.values).all()
 
 
