@@ -247,13 +247,18 @@ class ResultStore:
             return zarr.open_group(self.path, mode=mode, use_consolidated=False)
 
     def create(self, template: xr.Dataset) -> None:
-        """Write the template; `complete` is set last, so a half-made store is known."""
-        if self.exists():
-            shutil.rmtree(self.path)
+        """Write the template beside the store's path and rename it into place: a
+        sweep killed meanwhile leaves no store (or the old one's leftovers) rather
+        than one without its consolidated metadata; `complete` is set last."""
+        staging = f"{self.path}.creating"
+        for path in (staging, self.path):
+            if os.path.exists(path):
+                shutil.rmtree(path)
         template = template.copy()
         template.attrs["store_format"] = STORE_FORMAT
         template.attrs["complete"] = False
-        write_dataset(template, self.path, mode="w")
+        write_dataset(template, staging, mode="w")
+        os.rename(staging, self.path)
         self.set_attrs(complete=True)
 
     def attrs(self) -> dict[str, Any]:
@@ -301,7 +306,14 @@ class ResultStore:
         return self._group("r")["status"][...]
 
     def set_attrs(self, **attrs: Any) -> None:
-        self._group().attrs.update(attrs)
+        """Update root attributes. The group is opened with its consolidated metadata,
+        so the one (atomic) write of the root's metadata keeps it: opened without, the
+        write drops it until the consolidation after, and a sweep killed in between
+        left a store that opened only with a warning."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            group = zarr.open_group(self.path, mode="r+")
+        group.attrs.update(attrs)
         _quiet_consolidate(self.path)
 
     def write_point(self, region: tuple[int, ...], result: PointResult) -> None:

@@ -41,8 +41,15 @@ class OneLineParser(argparse.ArgumentParser):
 def quiet_dask() -> None:
     """Keep only Dask's errors on stderr: its client logs its own view of a failure
     (closed comms, reconnect attempts, at INFO and WARNING), and the run reports every
-    failure itself, in one line."""
-    logging.getLogger("distributed").setLevel(logging.ERROR)
+    failure itself, in one line. Dask's config gives some of its loggers a level of
+    their own (`distributed.client`: WARNING, whose "Couldn't gather keys" once broke
+    a lost worker's one-line message), so each of them is raised too."""
+    names = ["distributed"] + [name for name in logging.root.manager.loggerDict
+                               if name.startswith("distributed.")]
+    for name in names:
+        logger = logging.getLogger(name)
+        if logger.level < logging.ERROR:
+            logger.setLevel(logging.ERROR)
 
 
 def error_line(error: BaseException | str) -> str:
