@@ -100,6 +100,10 @@ def stops_on_signals() -> Iterator[None]:
         if first:
             stop_now(signum)
         first.append(signum)
+        # Interrupting Dask's `sync` mid-call makes its cancel callback fail on the
+        # event loop (distributed 2026.8: "cannot access free variable 'future'"),
+        # which tornado logs as a traceback: noise once the user has asked to stop.
+        logging.getLogger("tornado.application").setLevel(logging.CRITICAL)
         raise Interrupted(signum)
 
     previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
