@@ -127,8 +127,7 @@ def measure(net: str, point: dict, client, offered, repeats: int, steps: int, wa
         summary = result.summary
         prediction = predict_point(config, summary, probe)
         row = {"strategy": point["strategy"], "batch": point["batch"],
-               "workers": len(summary.get("kernel_split", [[0]])[0])
-               if config.strategy != "reference" else 0,
+               "workers": len(summary.get("split_workers", [])),  # 0: in this process
                "repeat": repeat, "measured": summary["step_time_median"],
                "predicted": prediction["predicted_step_time"],
                "error": prediction["prediction_error"],
