@@ -15,6 +15,7 @@ import json
 import platform
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import dask
 import distributed
@@ -199,7 +200,35 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
     if summary.get("test_accuracy") is not None:
         lines.append(f"  accuracy    {summary['test_accuracy']:.3f} on "
                      f"{summary['test_samples']} test images")
+    if summary.get("left_out"):
+        lines.append(f"  left out    {summary['left_out']}")
+    for r in summary.get("recoveries", []):
+        lines.append(f"  recovered   {', '.join(r['lost_workers'])} {r.get('cause', 'lost')} "
+                     f"at step {r['lost_at_step']}: back to checkpoint {r['restored_step']}, "
+                     f"{r['replayed_steps']} step(s) replayed on {', '.join(r['workers'])} "
+                     f"({r['seconds']:.1f} s)")
+    for j in summary.get("joins", []):
+        lines.append(f"  joined      {', '.join(j['joined_workers'])} at step {j['at_step']}: "
+                     f"from then on {', '.join(j['workers'])}")
     return "\n".join(lines)
+
+
+def left_out_reason(placement: str, left_out: list[str], choice: dict[str, Any],
+                    seconds_per_unit: dict[str, list[float]]) -> str:
+    """One line on why a placement gave workers nothing: their measured speed against
+    the others', and what the chosen split is predicted to gain over the even one."""
+    if not left_out:
+        return ""
+    speeds = ", ".join(f"{name} {sum(row):.3g}" for name, row in seconds_per_unit.items())
+    line = f"{', '.join(left_out)}: {placement} placement gave no work"
+    chosen = choice.get("predicted_step_time")
+    even = choice.get("alternatives", {}).get("even", {}).get("predicted_step_time")
+    if chosen is not None and even is not None:
+        line += (f" (its split '{choice.get('chosen')}' is predicted {chosen:.3g} s per "
+                 f"step, the even split over every worker {even:.3g} s)")
+    if speeds:
+        line += f"; measured seconds per kernel or sample, summed over layers: {speeds}"
+    return line
 
 
 def software_versions() -> dict[str, str]:

@@ -35,7 +35,8 @@ from pipeline.loop import train_loop
 from pipeline.outputs import owned_output
 from pipeline.preflight import check_run
 from pipeline.recovery import History, train_with_recovery
-from pipeline.records import RunRecorder, jsonable, software_versions, summarize
+from pipeline.records import (RunRecorder, jsonable, left_out_reason, software_versions,
+                              summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.strategies import Strategy
@@ -214,6 +215,10 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     if "master" in attrs:
         summary["master"] = attrs["master"]
         summary["split_workers"] = json.loads(attrs["split_workers"])
+        summary["left_out"] = left_out_reason(
+            attrs["placement"], json.loads(attrs["left_out"]),
+            json.loads(attrs.get("placement_choice", "{}")),
+            json.loads(attrs["calibration_s_per_kernel"]))
     summary.update(changes)
     record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
     write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")

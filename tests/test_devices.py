@@ -19,6 +19,7 @@ from experiments.sweep_axes import value_label
 from experiments.sweep_config import load_sweep
 from pipeline.cluster import ClusterError, check_devices, register_setup, tagged_workers
 from pipeline.config import ClusterConfig, build_run_config
+from pipeline.records import format_summary
 from pipeline.schema import ConfigError
 from pipeline.run import run_training
 from storage import checkpoints
@@ -155,6 +156,9 @@ def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
     points = choice["calibration_points"][SLOW]
     assert all(len(layer) >= 2 for layer in points)  # two shard sizes per layer
     assert json.loads(result.record.attrs["left_out"]) == [SLOW]
+    said = result.summary["left_out"]  # one line on why, in the summary and on the console
+    assert said.startswith(f"{SLOW}: calibrated placement gave no work") and FAST in said
+    assert f"left out    {said}" in format_summary("r", "kernel", result.summary, [FAST])
     assert result.summary["workers"] == [FAST] and result.summary["kernel_split"] == [[16],
                                                                                       [24]]
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)

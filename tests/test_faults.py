@@ -143,12 +143,13 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
         wait_for_checkpoint(path, 4, run)
         cluster.kill(victim)
         killed = time.monotonic()
-        _out, err = run.communicate(timeout=120)
+        out, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
         assert time.monotonic() - killed < 60
         summary = json.loads((tmp_path / "recovered" / "run" / "summary.json").read_text())
         (recovery,) = summary["recoveries"]
         assert recovery["lost_workers"] == [victim]
+        assert f"recovered   {victim} lost at step {recovery['lost_at_step']}" in out  # said
         assert set(recovery["workers"]) == {"w0", "w1", "w2"} - {victim}
         restored = recovery["restored_step"]
         assert restored >= 4 and restored % 4 == 0
