@@ -34,7 +34,7 @@ from pipeline.evaluate import test_accuracy
 from pipeline.loop import train_loop
 from pipeline.outputs import owned_output
 from pipeline.preflight import check_run
-from pipeline.recovery import History, train_with_recovery
+from pipeline.recovery import History, split_of, train_with_recovery
 from pipeline.records import (RunRecorder, jsonable, left_out_reason, software_versions,
                               summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
@@ -83,10 +83,11 @@ def build_engine(client: Client, config: RunConfig, strategy: Strategy, network:
 
 
 def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
-               offered: list[ClusterWorker], client: Client) -> dict[str, Any]:
-    """What the record keeps of how a distributed run was placed."""
+               offered: list[ClusterWorker], client: Client,
+               split: dict[str, Any]) -> dict[str, Any]:
+    """What the record keeps of how a distributed run was placed (`split`: its split
+    as the strategy records it)."""
     placement, workers = engine.plan.placement, engine.workers
-    split = strategy.split_of(engine.layout, placement)
     return {"placement": placement.method,
             **{key: jsonable(value) for key, value in split.items()},
             **strategy.record_attrs(config),
@@ -156,8 +157,9 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             build = functools.partial(build_engine, client, config, strategy, network,
                                       info.train_samples)
             engine = build(offered)
-            attrs.update(plan_attrs(config, strategy, engine, offered, client))
-            split_keys = list(strategy.split_of(engine.layout, engine.plan.placement))
+            split = split_of(strategy, engine)
+            attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
+            split_keys = list(split)
             workers = engine.workers
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                                    [w.emulated_speed for w in workers],
