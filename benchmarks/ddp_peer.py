@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from pipeline.config import load_run_config  # noqa: E402
 from pipeline.network import initial_state  # noqa: E402
 from pipeline.sampler import step_indices  # noqa: E402
-from pipeline.run import prepare_dataset  # noqa: E402
+from pipeline.dataset import prepare_dataset  # noqa: E402
 from tasks.network import build_sequential  # noqa: E402
 from tasks.optim import make_sgd  # noqa: E402
 from tasks.replica_layout import ranges, split_counts  # noqa: E402

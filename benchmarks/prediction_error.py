@@ -2,7 +2,7 @@
 
 For each point (strategy, workers, batch) it trains for a few steps, takes
 the median step time (warm-up excluded), and asks the model
-(:func:`experiments.prediction.predict_point`, calibrated by a probe of the
+(:func:`pipeline.prediction.predict_point`, calibrated by a probe of the
 same cluster made just before) for its prediction of the split the run used.
 It prints every point and the median absolute prediction error per
 strategy.  Not a test: this machine has 2 cores shared with other work, so
@@ -39,7 +39,7 @@ sys.path.insert(0, ROOT)
 from pipeline.cluster import find_workers, open_client, register_setup  # noqa: E402
 from pipeline.config import RunConfig, load_run_config  # noqa: E402
 from pipeline.run import run_training  # noqa: E402
-from experiments.prediction import network_for, predict_point  # noqa: E402
+from pipeline.prediction import network_for, predict_point  # noqa: E402
 from pipeline.probe import cached_master_probe, cached_probe  # noqa: E402
 
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}

@@ -17,7 +17,6 @@
   figures (`report_figures`, `report_strategies`, over `report_view`) and
   report.md (`report_markdown`); scaling stores go to `experiments.scaling_report`
   (over `scaling_view`);
-- `experiments.prediction`: the performance model's prediction for a point;
 - `experiments.scaling_config`, `experiments.scaling`, `experiments.hardware`:
   predict-only sweeps over hypothetical clusters (``mode: scaling``).
 """

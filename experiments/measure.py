@@ -26,6 +26,7 @@ import xarray as xr
 
 from experiments.results import PointResult
 from experiments.sweep_points import Point
+from pipeline.prediction import probe_policy
 from pipeline.run import run_training
 
 Predictor = Callable[[Any, "dict | None"], "float | None"]
@@ -53,6 +54,16 @@ def predicted_step_time(predictor: Predictor | None, point: Point, summary: dict
         return float("nan")
 
 
+def run_prediction_policy(point: Point) -> str:
+    """The sweep's probe policy (``$CNN_PREDICT_PROBE``) as the point's run's
+    `prediction`: ``never`` probes no cluster, but a run in this process
+    (`reference`) still times itself, as it always has in sweeps."""
+    policy = probe_policy()
+    if policy == "never":
+        return "cached" if point.strategy.uses_cluster else "auto"
+    return policy
+
+
 def capacity(point: Point, record: xr.Dataset) -> float:
     """What the point was given to run on: the threads of a strategy that trains in
     this process (`reference`), else the summed relative speed of its workers, those
@@ -65,13 +76,14 @@ def capacity(point: Point, record: xr.Dataset) -> float:
     return float(record.emulated_speed.sum()) + sum(speeds.get(name, 1.0) for name in idle)
 
 
-def measure_point(point: Point, client: Any, predictor: Predictor | None,
-                  keep_checkpoints: bool) -> PointResult:
-    """Train the point's config and turn its summary into the store's figures."""
+def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointResult:
+    """Train the point's config and turn its summary into the store's figures; the
+    run records the model's prediction for itself, under the sweep's probe policy."""
     # The point's own directory: what an earlier, failed or interrupted attempt left
     # there is replaced, under the run's lock (the sweep never resumes a point).
     config = dataclasses.replace(
-        point.config, train=dataclasses.replace(point.config.train, fresh=True, resume=False))
+        point.config, train=dataclasses.replace(point.config.train, fresh=True, resume=False),
+        prediction=run_prediction_policy(point))
     started = time.time()
     result = run_training(config, client=client)
     finished = time.time()
@@ -79,7 +91,8 @@ def measure_point(point: Point, client: Any, predictor: Predictor | None,
     if not keep_checkpoints:
         shutil.rmtree(config.checkpoint_path, ignore_errors=True)
     step_time = summary["step_time_median"]
-    predicted = predicted_step_time(predictor, point, summary, client)
+    predicted = summary.get("predicted_step_time")
+    predicted = float("nan") if predicted is None else float(predicted)
     accuracy = summary.get("test_accuracy")
     values = {
         "step_time": step_time, "step_time_p25": summary["step_time_p25"],

@@ -40,6 +40,7 @@ import xarray as xr
 from experiments.figures import write_figures
 from experiments.report_figures import (batch_figure, breakdown_figure, placement_figure,
                                         prediction_figure, speedup_figure, step_times_figure)
+from experiments.report_links import link_figure
 from experiments.report_markdown import write_markdown
 from experiments.report_strategies import strategies_figure
 from experiments.report_view import StoreView
@@ -80,6 +81,7 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
         ("placement.png", lambda p: placement_figure(sweep, frame, p)),
         ("step_times.png", lambda p: step_times_figure(sweep, p)),
         ("prediction.png", lambda p: prediction_figure(frame, p)),
+        ("links.png", lambda p: link_figure(sweep, frame, p)),
     ]
     written = write_figures(makers, out_dir)
     report = os.path.join(out_dir, "report.md")

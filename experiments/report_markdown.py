@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from experiments.report_links import links_section
 from experiments.report_view import PAPER_POINT, StoreView
 from experiments.results import DONE, FAILED, SKIPPED
 from experiments.summary import format_table, summary_table
@@ -127,11 +128,13 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
     captions = {"speedup.png": "Speedup against workers", "breakdown.png": "Time breakdown",
                 "batch.png": "Batch size", "placement.png": "Placement on unequal workers",
                 "step_times.png": "Spread of measured steps",
-                "prediction.png": "Predicted against measured"}
+                "prediction.png": "Predicted against measured",
+                "links.png": "Step time against link rate"}
     for name in figures:
         lines += [f"![{captions.get(name, name)}]({name})", ""]
     lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
     lines += mixes_section(ds, sweep)
+    lines += links_section(sweep, frame)
     failures = table[table["failure"] != ""]
     if not failures.empty:
         lines += ["## Failed points", ""]

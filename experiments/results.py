@@ -79,7 +79,7 @@ MEASURES: dict[str, tuple[str, str]] = {
                  "unslowed device; emulated slower devices count their fraction)"),
     "measured_steps": ("1", "steps the timing figures are taken over"),
     "predicted_step_time": ("s", "the performance model's step time for this point "
-                            "(NaN until experiments.prediction exists)"),
+                            "(NaN where the model has no probe of its cluster)"),
     "prediction_error": ("1", "(predicted_step_time - step_time) / step_time"),
     "recoveries": ("1", "worker losses the point's run survived (each: back to its last "
                    "checkpoint, re-placed on the surviving workers, replayed; see "

@@ -17,7 +17,7 @@ A sweep file looks like::
       - {train.lr: [0.05, 0.1], train.momentum: [0.9, 0.8]}  # dim named after 1st field
     repeats: 2
     speedup_baseline: single         # or reference
-    mode: measure                    # 'predict' only with experiments.prediction;
+    mode: measure                    # 'predict': the model alone (pipeline.prediction);
                                      # 'scaling': hypothetical clusters, see
                                      # experiments.scaling_config
 
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import itertools
 import json
 import os
@@ -53,6 +52,7 @@ from experiments.sweep_axes import Axis, build_axes, point_data
 from experiments.sweep_points import Point, cluster_key, fit_point_to_strategy, run_order
 from pipeline.cluster import scheduler_address
 from pipeline.config import RunConfig, build_run_config
+from pipeline.prediction import predict_point
 from pipeline.schema import ConfigError, from_dict, load_yaml, parse_override, set_dotted, to_dict
 from pipeline.strategies import Strategy, strategy_of
 
@@ -175,19 +175,9 @@ def _resolve_base(base: dict | str, source: str) -> dict:
 
 
 
-def load_predictor() -> Callable[[RunConfig, dict | None], float | None] | None:
-    """`experiments.prediction.predict_point` if that module exists, else None.
-
-    The analytical model lands in its own module later; until then predictions stay
-    NaN in the store rather than come from a stand-in model.
-    """
-    try:
-        module = importlib.import_module("experiments.prediction")
-    except ModuleNotFoundError as error:
-        if error.name in ("experiments.prediction", "experiments"):
-            return None
-        raise
-    return getattr(module, "predict_point", None)
+def load_predictor() -> Callable[..., Any]:
+    """The model's prediction of a point (`pipeline.prediction.predict_point`)."""
+    return predict_point
 
 
 def _fingerprint(data: dict) -> str:
@@ -267,11 +257,6 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
             raise ConfigError(f"{error} (at point {point.describe()})") from None
         point.cluster_key = cluster_key(point.config, strategy)
         points.append(point)
-
-    if config.mode == "predict" and load_predictor() is None:
-        raise ConfigError("mode: 'predict' needs the performance model "
-                          "(experiments.prediction.predict_point), which this checkout "
-                          "does not have yet")
 
     resolved = to_dict(config)
     resolved["base"] = base

@@ -99,7 +99,8 @@ def cluster_key(config: RunConfig, strategy: Strategy) -> str | None:
         return None
     if scheduler_address(config.cluster):
         return "external"
-    return json.dumps(to_dict(config.cluster.worker_list()), sort_keys=True)
+    return json.dumps({"workers": to_dict(config.cluster.worker_list()),
+                       "links": config.cluster.link_rates()}, sort_keys=True)
 
 
 def run_order(points: list[Point]) -> list[Point]:

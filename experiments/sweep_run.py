@@ -37,6 +37,7 @@ from experiments.summary import format_table, summary_table
 from experiments.sweep_config import Sweep, load_predictor
 from experiments.sweep_points import Point
 from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup
+from pipeline.config import RunConfig
 from pipeline.records import software_versions
 from storage.locks import now_text
 
@@ -54,6 +55,14 @@ def one_line(error: BaseException) -> str:
 
 
 # Cluster ----------------------------------------------------------------------------
+
+
+def sweep_directories(config: RunConfig) -> list[str]:
+    """What the workers of a point's cluster read and write, for every point it serves:
+    the workspace root, the dataset's folder and the folder of the points' output
+    directories (mounted over the link where the workers sit behind `cluster.link`)."""
+    workspace, dataset, output = config.shared_directories()
+    return [workspace, dataset, os.path.dirname(output)]
 
 
 class ClusterPool:
@@ -74,7 +83,8 @@ class ClusterPool:
         self.close()
         stack = ExitStack()
         try:
-            client = stack.enter_context(open_client(point.config.cluster))
+            client = stack.enter_context(open_client(point.config.cluster,
+                                                     sweep_directories(point.config)))
             register_setup(client, point.config.cluster)
         except BaseException:
             stack.close()
@@ -201,8 +211,7 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                         result = predict_only(point, predictor)
                     else:
                         client = pool.client_for(point)
-                        result = measure_point(point, client, predictor,
-                                               sweep.config.keep_checkpoints)
+                        result = measure_point(point, client, sweep.config.keep_checkpoints)
                 except KeyboardInterrupt:
                     raise
                 except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001

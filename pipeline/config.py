@@ -333,6 +333,11 @@ class RunConfig:
     hybrid: HybridConfig = field(default_factory=HybridConfig)
     output: str | None = None  # default: runs/<name>
     progress: bool = True
+    # The model's step time for this run, recorded next to the measured one
+    # (pipeline/prediction.py): "cached" predicts from a probe of this cluster made
+    # earlier (a sweep or `auto` makes one), "auto" probes the cluster after the run
+    # if none is cached (seconds to a minute, once per cluster), "never" skips it.
+    prediction: Literal["auto", "cached", "never"] = "cached"
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -341,10 +346,6 @@ class RunConfig:
             raise FieldError("split_from", "placement 'recorded' takes a split_from (a run "
                              "directory or a split), and split_from needs placement "
                              "'recorded'")
-        if self.placement == "model" and self.cluster.link_rates() is not None:
-            raise FieldError("placement", "placement 'model' probes the cluster, and probes "
-                             "of linked workers are not supported yet (cluster.link): use "
-                             "'calibrated' or 'even'")
 
     # Derived values -------------------------------------------------------------
 

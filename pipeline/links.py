@@ -412,6 +412,9 @@ def sweep_leftovers() -> list[str]:
             continue  # being written (temporary files) or not ours
         if name.endswith(".json") and _owner_gone(record):
             remove_leftovers(record)
-            os.remove(path)
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                continue  # another run starting at the same time swept it first
             removed.append(name[:-len(".json")])
     return removed

@@ -32,7 +32,7 @@ from pipeline.config import RunConfig
 from pipeline.costmodel import predict, split_kernels_minmax
 from pipeline.placement import (ShardCost, align_to_quanta, choose_calibrated, pick_fastest,
                                 single_device_splits, split_even)
-from pipeline.probe import ClusterProbe, cached_probe, costmodel_network
+from pipeline.probe import ClusterProbe, cached_probe, costmodel_network, links_key
 from tasks.specs import NetworkSpec
 
 __all__ = ["calibrated_split", "choose_split", "model_placement",
@@ -100,8 +100,10 @@ def model_placement(client: Any, config: RunConfig, network: NetworkSpec,
     probe itself.
     """
     dataset = config.dataset_path if os.path.exists(config.dataset_path) else None
+    links = links_key(config.cluster.link_rates())  # over links: probed across them
     probe = cached_probe(client, workers, network, config.train.batch,
-                         config.channel_quanta(network), config.workspace.path, dataset)
+                         config.channel_quanta(network), config.workspace.path, dataset,
+                         links=links, output_root=config.output_dir if links else None)
     choice = choose_split(probe)
     for layer, row in zip(network.conv, choice["kernel_split"]):
         assert sum(row) == layer.kernels and min(row) >= 0, (row, layer.kernels)

@@ -29,10 +29,12 @@ from distributed import Client
 from pipeline.checkpointing import prepare_checkpoints
 from pipeline.cluster import ClusterWorker, find_workers, open_client, register_setup
 from pipeline.config import RunConfig
+from pipeline.dataset import prepare_dataset
 from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
 from pipeline.loop import train_loop
 from pipeline.outputs import owned_output
+from pipeline.prediction import predict_point
 from pipeline.preflight import check_run
 from pipeline.recovery import History, split_of, train_with_recovery
 from pipeline.records import (RunRecorder, jsonable, left_out_reason, software_versions,
@@ -42,7 +44,7 @@ from pipeline.schema import ConfigError, to_dict
 from pipeline.strategies import Strategy
 from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
-from storage.datasets import DatasetInfo, ensure_dataset
+from storage.datasets import DatasetInfo
 from storage.labelled import write_dataset
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
@@ -55,14 +57,6 @@ class RunResult:
     summary: dict[str, Any]
     record: xr.Dataset
     output_dir: str
-
-
-def prepare_dataset(config: RunConfig) -> DatasetInfo:
-    """Open the run's dataset store, building it (synthetic or CIFAR-10) if missing."""
-    train_samples, test_samples = config.data.sample_counts()
-    return ensure_dataset(config.data.source, config.dataset_path,
-                          train_samples=train_samples, test_samples=test_samples,
-                          seed=config.data.seed, dtype=config.network.dtype)
 
 
 def code_revision() -> str:
@@ -144,7 +138,7 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                              "code_revision": code_revision(), "resumed_from_step": from_step}
     client_events: list[ClientEvent] = []
     history = History()
-    split_keys: list[str] = []  # the summary keys of the split (kernel_split, ...)
+    split: dict[str, Any] = {}  # the split as the strategy records it (kernel_split, ...)
     with ExitStack() as stack:
         if strategy.uses_cluster:
             configure_process(1)  # the client must not fight the workers for cores
@@ -159,7 +153,6 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             engine = build(offered)
             split = split_of(strategy, engine)
             attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
-            split_keys = list(split)
             workers = engine.workers
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                                    [w.emulated_speed for w in workers],
@@ -182,18 +175,46 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         finally:
             write_trace(os.path.join(config.output_dir, "trace.json"), recorder.receipts,
                         client_events, recorder.workers, started)
+        # a cluster that lost or gained a worker is not probed afresh (cached only)
+        changed = bool(history.recoveries or history.joins)
+        prediction = predict_run(config, split, client, offered, changed)
     accuracy = None
     if config.train.eval_samples:
         samples = min(config.train.eval_samples, info.test_samples)
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
         accuracy = test_accuracy(network, weights, info.path, samples)
-    return _write_results(config, info, attrs, split_keys, recorder, history, notes, started,
-                          accuracy)
+    return _write_results(config, info, attrs, list(split), recorder, history, notes, started,
+                          accuracy, prediction)
+
+
+def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
+                offered: list[ClusterWorker] | None, changed: bool = False
+                ) -> dict[str, Any]:
+    """The model's step time for this run on its own cluster and links, as
+    `config.prediction` allows (pipeline/prediction.py): ``predicted_step_time``
+    (None where the model has no probe, with ``prediction_note`` saying why) and the
+    probe it came from. A gap in the model never fails a finished run."""
+    if config.prediction == "never":
+        return {"predicted_step_time": None, "prediction_note": "prediction: never"}
+    try:
+        predicted = predict_point(config, split, client=client, offered=offered,
+                                  policy="cached" if changed else config.prediction)
+    except Exception as error:  # noqa: BLE001 - reported in the summary, not raised
+        return {"predicted_step_time": None,
+                "prediction_note": f"the model failed: {type(error).__name__}: {error}"}
+    if predicted is None:
+        return {"predicted_step_time": None,
+                "prediction_note": "no probe of this cluster is cached: set prediction: auto "
+                                   "to probe it once, or predict it in a sweep"}
+    return {"predicted_step_time": predicted["predicted_step_time"],
+            "prediction_probe": predicted["probe_key"],
+            "predicted_breakdown": predicted["breakdown"]}
 
 
 def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
                    split_keys: list[str], recorder: RunRecorder, history: History,
-                   notes: list[str], started: float, accuracy: float | None) -> RunResult:
+                   notes: list[str], started: float, accuracy: float | None,
+                   prediction: dict[str, Any]) -> RunResult:
     """The record, the summary and the config, written to the output directory."""
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
     changes = history.as_json()  # recoveries, joins
@@ -222,7 +243,14 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
             json.loads(attrs.get("placement_choice", "{}")),
             json.loads(attrs["calibration_s_per_kernel"]))
     summary.update(changes)
+    predicted, measured = prediction["predicted_step_time"], summary.get("step_time_median")
+    if predicted is not None and measured:
+        prediction["prediction_error"] = predicted / measured - 1.0
+    summary.update(prediction)
     record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
+    record.attrs["prediction"] = json.dumps(jsonable(prediction))
+    if predicted is not None:
+        record.attrs["predicted_step_time"] = float(predicted)
     write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
     with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, default=str)

@@ -25,6 +25,7 @@ from pipeline.cluster import open_linked_cluster, register_setup
 from pipeline.config import build_run_config
 from pipeline.links import LinkedHosts
 from pipeline.preflight import check_run
+from pipeline.probe import links_key
 from pipeline.run import run_training
 from pipeline.schema import ConfigError
 from storage import checkpoints
@@ -102,8 +103,10 @@ def test_link_config_errors_name_the_field(monkeypatch):
         {"name": "a", "link": "100mbit"}, {"name": "b"}]}})
     assert config.cluster.link_rates() == {"a": "100mbit", "b": "1gbit"}
     assert build_run_config({}).cluster.link_rates() is None
-    with pytest.raises(ConfigError, match="placement: placement 'model' probes"):
-        build_run_config({"placement": "model", "cluster": {"link": {}}})
+    # `placement: model` probes linked workers across their links, cached per link set
+    linked = build_run_config({"placement": "model", "cluster": {"link": {"rate": "1gbit"}}})
+    assert links_key(None) == "" and links_key(linked.cluster.link_rates()) != links_key(
+        {name: "100mbit" for name in linked.cluster.link_rates()})
     monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
     with pytest.raises(ConfigError, match="cluster.link: needs root"):
         check_run(config)

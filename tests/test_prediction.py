@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments.prediction import PointPrediction, network_for, predict_config, predict_point
+from pipeline.prediction import PointPrediction, network_for, predict_config, predict_point
 from pipeline.cluster import find_workers, register_setup
 from pipeline.model_placement import choose_split
 from pipeline.placement import align_to_quanta
@@ -156,6 +156,28 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
         prediction["predicted_step_time"] / measured - 1)
     # a sanity bound: this shared machine's load moves single runs by tens of percent
     assert 1 / 3 < prediction["predicted_step_time"] / measured < 3
+    # the run recorded the same prediction for itself (`prediction: cached` found the
+    # module's probe of this cluster), in its summary and its record
+    summary = result.summary
+    assert summary["predicted_step_time"] == prediction["predicted_step_time"]
+    assert summary["prediction_probe"] == probe.key
+    assert summary["prediction_error"] == pytest.approx(prediction["prediction_error"])
+    assert result.record.attrs["predicted_step_time"] == summary["predicted_step_time"]
+    on_disk = json.loads(open(os.path.join(result.output_dir, "summary.json")).read())
+    assert on_disk["predicted_step_time"] == summary["predicted_step_time"]
+
+
+def test_a_run_says_why_it_has_no_prediction(probe_cache, tiny_dataset_factory, tmp_path):
+    """No cached probe of `reference` with 3 threads here, and `cached` measures none."""
+    config = tiny_config(tmp_path, tiny_dataset_factory("float32"), strategy="reference",
+                         **{"train.steps": 2, "reference.threads": 3})
+    summary = run_training(config).summary
+    assert summary["predicted_step_time"] is None and "prediction_error" not in summary
+    assert "no probe of this cluster is cached" in summary["prediction_note"]
+    config.prediction, config.output = "never", str(tmp_path / "never")
+    result = run_training(config)
+    assert result.summary["prediction_note"] == "prediction: never"
+    assert "predicted_step_time" not in result.record.attrs
 
 
 def test_model_placement_runs_and_stays_exact(probe, two_workers, tiny_dataset_factory,

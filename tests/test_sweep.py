@@ -24,7 +24,7 @@ from experiments.results import DONE, FAILED, SKIPPED, ResultStore, SweepLock, b
 from experiments.speedup import compute_speedup
 from experiments.summary import summary_table
 from experiments.sweep_axes import value_label
-from experiments.sweep_config import load_predictor, load_sweep
+from experiments.sweep_config import load_sweep
 from experiments.sweep_points import run_order
 from experiments.sweep_run import run_sweep
 from pipeline.schema import ConfigError
@@ -182,9 +182,9 @@ def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_dataset
     assert ds.step_time.sel(strategy="kernel").isnull().all()
     done = ds.sel(strategy="reference", lr=0.05)
     assert done.step_time.notnull().all()
-    if load_predictor() is not None:  # the model's prediction and its error, per point
-        assert done.predicted_step_time.notnull().all()
-        assert close(done.prediction_error, done.predicted_step_time / done.step_time - 1)
+    # the model's prediction and its error, per point
+    assert done.predicted_step_time.notnull().all()
+    assert close(done.prediction_error, done.predicted_step_time / done.step_time - 1)
     assert "3 point(s) failed" in result.stdout
 
 

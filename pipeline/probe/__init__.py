@@ -13,8 +13,8 @@ latencies. A probe measures them where the step will run:
 """
 
 from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
-                                  find_cached_probe, probe_cluster, probe_key, worker_identity,
-                                  workspace_location)
+                                  find_cached_probe, links_key, probe_cluster, probe_key,
+                                  worker_identity, workspace_location)
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict,
@@ -25,4 +25,4 @@ __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTi
            "StoreProbe", "WorkerProbe", "cache_dir", "cached_master_probe", "cached_probe",
            "cluster_probe_from_dict", "costmodel_network", "dataset_store", "dense_flops",
            "find_cached_probe", "master_device", "network_spec_from_dict", "probe_cluster",
-           "probe_key", "probe_master", "worker_identity", "workspace_location"]
+           "links_key", "probe_key", "probe_master", "worker_identity", "workspace_location"]

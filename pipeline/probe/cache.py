@@ -48,6 +48,12 @@ def probe_key(network: NetworkSpec, batch: int, quanta: Sequence[int], workers: 
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+def links_key(rates: dict[str, str] | None) -> str:
+    """The shaped links of the workers (``cluster.link_rates()``) as a cache-key part,
+    "" for none: a probe measured across links holds for those links only."""
+    return "" if rates is None else json.dumps({"link_rates": rates}, sort_keys=True)
+
+
 def cache_dir() -> str:
     """Where probes are kept: ``$CNN_PROBE_CACHE`` or ``~/.cache/dask-cnn/probes``."""
     return os.environ.get("CNN_PROBE_CACHE") or os.path.join(
@@ -87,12 +93,19 @@ def _dataset_for(network: NetworkSpec, batch: int, dataset: str | None) -> Itera
 
 def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
                   quanta: Sequence[int], workspace_dir: str | None = None,
-                  dataset: str | None = None) -> ClusterProbe:
-    """Calibration runs of the engine on ``offered`` (pipeline/probe/runs.py), and hops."""
+                  dataset: str | None = None, links: str = "",
+                  output_root: str | None = None) -> ClusterProbe:
+    """Calibration runs of the engine on ``offered`` (pipeline/probe/runs.py), and hops.
+
+    ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
+    part: the store's figures are measured across them), ``output_root`` where the
+    calibration runs' checkpoints go (a directory the workers reach: over a link, one
+    that is mounted on their side)."""
     started = time.perf_counter()
     with _dataset_for(network, batch, dataset) as path:
         runs = run_plans(client, offered, network, batch, path,
-                         plans_for(network, batch, quanta, len(offered)), workspace_dir)
+                         plans_for(network, batch, quanta, len(offered)), workspace_dir,
+                         output_root)
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
     timings = shard_timings(runs)
@@ -105,7 +118,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip)
     master = MasterProbe(1, batch, dense_s(runs), created=time.time())
     where = workspace_location(all_local(list(offered)), workspace_dir)
-    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset)
+    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
     plain = json.loads(json.dumps(asdict(network)))  # as it comes back from the cache
     done = time.perf_counter()
     return ClusterProbe(key, time.time(), socket.gethostname(), plain, batch, list(quanta),
@@ -132,16 +145,18 @@ def _save(path: str, data: dict[str, Any]) -> None:
 def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
                  quanta: Sequence[int], workspace_dir: str | None = None,
                  dataset: str | None = None, refresh: bool = False,
-                 cache: bool = True) -> ClusterProbe:
+                 cache: bool = True, links: str = "",
+                 output_root: str | None = None) -> ClusterProbe:
     """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe."""
     where = workspace_location(all_local(list(offered)), workspace_dir)
-    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset)
+    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
     path = os.path.join(cache_dir(), f"cluster-{key}.json")
     if cache and not refresh:
         data = _load(path)
         if data is not None and data.get("version") == PROBE_VERSION:
             return cluster_probe_from_dict(data)
-    result = probe_cluster(client, offered, network, batch, quanta, workspace_dir, dataset)
+    result = probe_cluster(client, offered, network, batch, quanta, workspace_dir, dataset,
+                           links, output_root)
     if cache:
         _save(path, asdict(result))
     return result

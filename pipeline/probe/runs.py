@@ -138,10 +138,11 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
 
 
 def run_plans(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
-              dataset: str, plans: Sequence[ProbePlan], workspace_dir: str | None = None
-              ) -> list[PlanRun]:
-    """Train every plan for a few steps (the first warm-up) through the training loop."""
-    base = tempfile.mkdtemp(prefix="probe-", dir=_output_root(offered))
+              dataset: str, plans: Sequence[ProbePlan], workspace_dir: str | None = None,
+              output_root: str | None = None) -> list[PlanRun]:
+    """Train every plan for a few steps (the first warm-up) through the training loop;
+    their checkpoints go under `output_root` (default: see `_output_root`)."""
+    base = tempfile.mkdtemp(prefix="probe-", dir=output_root or _output_root(offered))
     samples = open_dataset_info(dataset).train_samples
     threads = torch.get_num_threads()
     configure_process(1)  # as run_training: the client must not fight the workers

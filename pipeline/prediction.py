@@ -31,20 +31,20 @@ import dataclasses
 import os
 from typing import Any
 
-from pipeline.cluster import (ClusterError, find_workers, open_client, register_setup,
+from pipeline.cluster import (ClusterError, all_local, find_workers, open_client, register_setup,
                               scheduler_address)
 from pipeline.config import RunConfig
 from pipeline.costmodel import Prediction
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
-                            costmodel_network, find_cached_probe, probe_key,
-                            workspace_location)
-from pipeline.run import prepare_dataset
+                            costmodel_network, find_cached_probe, links_key, probe_key,
+                            worker_identity, workspace_location)
+from pipeline.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
 from storage.datasets import DatasetError, open_dataset_info
 from tasks.specs import NetworkSpec
 
 __all__ = ["PointPrediction", "predict_config", "predict_point", "network_for",
-           "probe_for_config"]
+           "probe_for_config", "probe_policy"]
 
 
 class PointPrediction(dict):
@@ -108,7 +108,8 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
         {"kernel_split": kernel_split, "batch_split": batch_split})
 
 
-def _policy() -> str:
+def probe_policy() -> str:
+    """The sweeps' probe policy: ``$CNN_PREDICT_PROBE`` (module doc), default ``auto``."""
     return os.environ.get("CNN_PREDICT_PROBE", "auto").lower()
 
 
@@ -120,43 +121,58 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     point using fewer is predicted on the first of them).  With ``client``
     (and optionally ``offered``) it probes that cluster; otherwise, under the
     ``auto`` policy, it connects to the config's scheduler or starts the
-    config's embedded cluster for the probe.
+    config's embedded cluster for the probe.  Workers behind shaped links
+    (``cluster.link``) are probed across them: the store's figures then hold the
+    link's rate and the transport's per-access cost, and the probe is cached for
+    those links only.
     """
-    policy = policy or _policy()
-    if policy == "never" or config.cluster.link_rates() is not None:
-        return None  # links are not probed: the probe cache does not key on link rates
+    policy = policy or probe_policy()
+    if policy == "never":
+        return None
     if policy == "auto" and _dataset(config) is None:
         _prepare_dataset(config)  # the calibration runs train on it, as the run would
     spec, batch = network_for(config), config.train.batch
     quanta, dataset = config.channel_quanta(spec), _dataset(config)
     cluster = dataclasses.replace(config.cluster, use_workers=None)
     where = os.path.dirname(config.workspace.path) if config.workspace.path else None
+    links = links_key(config.cluster.link_rates())
+    # over a link, the calibration runs' checkpoints go where the workers reach
+    output_root = config.output_dir if links else None
     if client is None and scheduler_address(cluster) is None:
         # an embedded cluster: its worker set is known without starting it
         tagged = sorted((w for w in cluster.worker_list() if w.resources.get(cluster.resource, 0) >= 1),
                         key=lambda w: str(w.name))
         identity = [(w.name, w.threads, w.speed, cluster.resource) for w in tagged]
-        location = workspace_location(True, where)
-        cached = find_cached_probe(probe_key(spec, batch, quanta, identity, location, dataset))
+        location = workspace_location(not links, where)  # linked workers: other hosts
+        cached = find_cached_probe(probe_key(spec, batch, quanta, identity, location, dataset,
+                                             links))
         if cached is not None or policy == "cached":
             return cached
-    elif policy == "cached" and client is None:
-        return None
+    elif policy == "cached":
+        if client is None:
+            return None
+        offered = offered or find_workers(client, cluster)
+        location = workspace_location(all_local(list(offered)), where)
+        return find_cached_probe(probe_key(spec, batch, quanta, worker_identity(offered),
+                                           location, dataset, links))
     try:
         if client is not None:
             offered = offered or find_workers(client, cluster)
-            return cached_probe(client, offered, spec, batch, quanta, where, dataset)
-        with open_client(cluster) as own:
+            return cached_probe(client, offered, spec, batch, quanta, where, dataset,
+                                links=links, output_root=output_root)
+        if output_root:
+            os.makedirs(output_root, exist_ok=True)
+        with open_client(cluster, config.shared_directories()) as own:
             register_setup(own, cluster)
             return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
-                                dataset)
+                                dataset, links=links, output_root=output_root)
     except (ClusterError, OSError, TimeoutError):
         return None
 
 
 def predict_point(config: RunConfig, result_summary: dict | None = None,
                   probe: ClusterProbe | MasterProbe | None = None, *, client: Any = None,
-                  offered: Any = None) -> PointPrediction | None:
+                  offered: Any = None, policy: str | None = None) -> PointPrediction | None:
     """Predicted step of one sweep point, with its breakdown.
 
     Parameters
@@ -170,6 +186,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         Measured constants; default a cached or fresh probe (module doc).
     client, offered : optional
         A live cluster to probe if nothing is cached.
+    policy : str, optional
+        ``auto``, ``cached`` or ``never`` (module doc); default ``$CNN_PREDICT_PROBE``.
 
     Returns
     -------
@@ -181,15 +199,16 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         and ``prediction_error``; ``None`` where no probe can be had.
     """
     summary = result_summary or {}
+    policy = policy or probe_policy()
     if not strategy_named(config.strategy).uses_cluster:  # timed in this process
         if not isinstance(probe, MasterProbe) or probe.threads != config.reference.threads:
             probe = cached_master_probe(network_for(config), config.train.batch,
                                         config.reference.threads, _dataset(config),
-                                        measure=_policy() != "cached")
+                                        measure=policy != "cached")
             if probe is None:
                 return None
     elif not isinstance(probe, ClusterProbe):
-        probe = probe_for_config(config, client, offered)
+        probe = probe_for_config(config, client, offered, policy)
         if probe is None:
             return None
     prediction = predict_config(config, probe, kernel_split=summary.get("kernel_split"),
