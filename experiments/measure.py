@@ -118,7 +118,9 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
              "worker_labels": ", ".join(str(w) for w in summary.get("workers", [])),
              "worker_devices": json.dumps([[w["name"], w["tag"], w["device"]]
                                            for w in summary.get("worker_devices", [])]),
-             "recovery_log": json.dumps(summary.get("recoveries", []))}
+             "recovery_log": json.dumps(summary.get("recoveries", [])),
+             "strategy_choice": json.dumps(summary["strategy_choice"])
+             if summary.get("strategy_choice") else ""}
     series = {"step_time_series": np.asarray(record.step_time.values, dtype=float),
               "loss_series": np.asarray(record.loss.values, dtype=float)}
     return PointResult(values, texts, series)

@@ -97,10 +97,12 @@ TEXTS: dict[str, str] = {
     "worker_devices": "the workers used, in split order: JSON [[name, resource tag, device]]",
     "recovery_log": "the run's recoveries (JSON list: lost_at_step, restored_step, "
                     "lost_workers, workers, split, replayed_steps, seconds)",
+    "strategy_choice": "strategy auto: what the model chose (JSON: chosen, master, placement, "
+                       "predicted_step_time, runner_up, alternatives); empty otherwise",
 }
 #: Variables added to format 2 after it was first written: older stores lack them,
 #: and a resumed sweep writes them only where they exist.
-ADDED_LATER = ("recoveries", "recovery_log", "worker_devices")
+ADDED_LATER = ("recoveries", "recovery_log", "worker_devices", "strategy_choice")
 SERIES: dict[str, tuple[str, str]] = {
     "step_time_series": ("s", "wall time of every step (see the warmup coordinate)"),
     "loss_series": ("1", "training loss of every step's batch"),

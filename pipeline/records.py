@@ -200,6 +200,18 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
     if summary.get("test_accuracy") is not None:
         lines.append(f"  accuracy    {summary['test_accuracy']:.3f} on "
                      f"{summary['test_samples']} test images")
+    choice = summary.get("strategy_choice")
+    if choice:
+        runner = choice.get("runner_up")
+        lines.append(f"  auto        chose {choice['chosen']} (master {choice['master']}, "
+                     f"placement {choice['placement']}): predicted "
+                     f"{choice['predicted_step_time']:.4f} s/step"
+                     + (f"; runner-up {runner['strategy']} {runner['predicted_step_time']:.4f}"
+                        " s/step" if runner else ""))
+    if summary.get("predicted_step_time") is not None and summary.get("prediction_error") \
+            is not None:
+        lines.append(f"  predicted   {summary['predicted_step_time']:.4f} s/step by the model "
+                     f"({summary['prediction_error']:+.0%} against the median)")
     if summary.get("left_out"):
         lines.append(f"  left out    {summary['left_out']}")
     for r in summary.get("recoveries", []):

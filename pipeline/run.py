@@ -42,6 +42,7 @@ from pipeline.records import (RunRecorder, jsonable, left_out_reason, software_v
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.strategies import Strategy
+from pipeline.strategy_choice import choose_strategy
 from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
 from storage.datasets import DatasetInfo
@@ -148,6 +149,12 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                 register_setup(client, config.cluster)
             if offered is None:
                 offered = find_workers(client, config.cluster)
+            if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
+                config, strategy, choice = choose_strategy(config, strategy, client, offered)
+                attrs.update(strategy=config.strategy, strategy_choice=json.dumps(choice),
+                             config=yaml.safe_dump(to_dict(config), sort_keys=False))
+                say(f"strategy auto: the model picks {choice['chosen']} (master "
+                    f"{choice['master']}), predicted {choice['predicted_step_time']:.4f} s/step")
             build = functools.partial(build_engine, client, config, strategy, network,
                                       info.train_samples)
             engine = build(offered)
@@ -235,6 +242,8 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
                                                      record.device.values)]})
     for key in split_keys:
         summary[key] = json.loads(attrs[key])
+    if "strategy_choice" in attrs:
+        summary["strategy_choice"] = json.loads(attrs["strategy_choice"])
     if "master" in attrs:
         summary["master"] = attrs["master"]
         summary["split_workers"] = json.loads(attrs["split_workers"])

@@ -112,7 +112,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         return fail(error, RUNTIME_ERROR)
     except (UsageError, ConfigError, DatasetError, PlacementError) as error:
         return fail(error, CONFIG_ERROR)
-    print(format_summary(config.name, config.strategy, result.summary,
+    print(format_summary(config.name, result.summary["strategy"], result.summary,
                          result.summary["workers"]))
     print(f"  record      {os.path.join(result.output_dir, 'record.zarr')}")
     return 0

@@ -24,7 +24,10 @@ from pipeline.placement import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe)
+from pipeline.records import format_summary
 from pipeline.run import run_training
+from pipeline.strategies import strategy_named
+from pipeline.strategy_choice import pick
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 
@@ -259,3 +262,43 @@ def test_reference_needs_a_master_probe(probe, tiny_dataset_factory, tmp_path):
     config = tiny_config(tmp_path, tiny_dataset_factory("float32"), strategy="reference")
     with pytest.raises(TypeError):
         predict_config(config, probe)
+
+
+def test_pick_takes_the_fastest_and_a_runner_up_of_another_strategy():
+    times = {("kernel", "cpu-0"): 0.30, ("kernel", "cpu-1"): 0.20, ("data", "cpu-0"): 0.25,
+             ("single", "cpu-0"): 0.20}
+    assert pick(times) == (("kernel", "cpu-1"), ("single", "cpu-0"))  # a tie: first listed
+    assert pick({("data", "cpu-0"): 1.0}) == (("data", "cpu-0"), None)
+
+
+def test_auto_candidates_let_the_model_split_where_a_strategy_allows_it(tmp_path,
+                                                                       tiny_dataset_factory):
+    config = tiny_config(tmp_path, tiny_dataset_factory("float32"), strategy="auto",
+                         placement="even")
+    candidates = strategy_named("auto").candidates(config)
+    assert {"kernel", "single", "data", "hybrid"} <= set(candidates)
+    assert "reference" not in candidates and "auto" not in candidates
+    assert candidates["kernel"].placement == "model" and candidates["kernel"].strategy == "kernel"
+    assert candidates["data"].placement == "even"  # data takes no `model` placement
+
+
+def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(
+        probe, two_workers, tiny_dataset_factory, tmp_path, capsys):
+    client, cluster = two_workers
+    dataset = tiny_dataset_factory("float32")
+    config = _config(tmp_path, dataset, cluster, strategy="auto", **{"train.steps": 3})
+    result = run_training(config, client=client, offered=find_workers(client, config.cluster))
+    choice = result.summary["strategy_choice"]
+    alternatives = choice["alternatives"]
+    assert {key.split("@")[0] for key in alternatives} >= {"kernel", "single", "data"}
+    assert choice["predicted_step_time"] == min(alternatives.values())
+    assert alternatives[f"{choice['chosen']}@{choice['master']}"] == choice["predicted_step_time"]
+    runner = choice["runner_up"]
+    assert runner["strategy"] != choice["chosen"]
+    assert runner["predicted_step_time"] == min(
+        t for key, t in alternatives.items() if not key.startswith(choice["chosen"] + "@"))
+    # the run is the chosen strategy's, recorded as such, and predicted by the same probe
+    assert result.summary["strategy"] == choice["chosen"] == result.record.attrs["strategy"]
+    assert choice["probe_key"] == probe.key == result.summary["prediction_probe"]
+    assert f"strategy auto: the model picks {choice['chosen']}" in capsys.readouterr().err
+    assert "auto        chose" in format_summary("r", choice["chosen"], result.summary, ["w"])

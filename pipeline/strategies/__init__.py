@@ -1,8 +1,9 @@
 """Training strategies, found by name: `STRATEGIES`, `register`, `strategy_of`.
 
 Each strategy is one `Strategy` object (pipeline/strategies/base.py says what it
-answers); the project's own are `reference`, `single`, `kernel`, `data` and
-`hybrid`. Everything else asks the object: no other module branches on a
+answers); the project's own are `reference`, `single`, `kernel`, `data`,
+`hybrid` and `auto` (the model's choice among the others, made when a run
+starts). Everything else asks the object: no other module branches on a
 strategy's name.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pipeline.config import RunConfig
 from pipeline.schema import ConfigError
 from pipeline.engine import RunPlan
+from pipeline.strategies.auto import AutoStrategy
 from pipeline.strategies.base import PLACEMENTS, Strategy
 from pipeline.strategies.kernel import KernelStrategy, SingleStrategy
 from pipeline.strategies.reference import ReferenceStrategy
@@ -48,5 +50,5 @@ def strategy_of(config: RunConfig) -> Strategy:
 
 
 for _builtin in (KernelStrategy(), SingleStrategy(), ReferenceStrategy(), DataStrategy(),
-                 HybridStrategy()):
+                 HybridStrategy(), AutoStrategy(STRATEGIES)):
     register(_builtin)

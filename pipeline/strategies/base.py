@@ -13,7 +13,8 @@ A strategy says:
 - its entry in the performance model (`model`, on described hardware), its
   prediction of a run on a probed cluster (`predict_run`), and where the model
   says it cannot run (`infeasible`);
-- how a sweep treats it (`one_worker`, `uses_cluster`).
+- how a sweep treats it (`one_worker`, `uses_cluster`), and whether the run
+  replaces it by the model's choice (`chosen_by_model`, ``auto``).
 
 A new strategy subclasses `Strategy`, fills these in, and registers an instance
 (`pipeline.strategies.register`); tests/test_toy_strategy.py does so from a test
@@ -57,6 +58,9 @@ class Strategy:
     split_key: str = "kernel_split"
     #: What its tasks run on a worker.
     worker_side: WorkerSide | None = None
+    #: True for ``auto``: the run replaces it, once its cluster is up, by the strategy
+    #: the performance model predicts fastest (pipeline/strategy_choice.py).
+    chosen_by_model: bool = False
 
     def check(self, config: RunConfig) -> None:
         """Refuse, naming the field, a config this strategy cannot run."""
