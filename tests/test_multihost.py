@@ -211,7 +211,7 @@ def test_trains_over_tls_with_scheduler_and_workers_on_hosts_of_their_own(tls_ho
                for a, info in h.workers.items())
     config = tiny_config(h.root / "kernel", h.dataset,
                          **{"cluster.scheduler": h.cluster.address, "network.dtype": "float64",
-                            "train.eval_samples": 0}, **client_tls(h.certs))
+                            "train.eval_samples": 0, "train.steps": 3}, **client_tls(h.certs))
     before = h.cluster.links.counters()
     result = run_training(config)
     after = h.cluster.links.counters()
