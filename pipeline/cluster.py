@@ -27,6 +27,7 @@ from distributed import Client, Nanny, Scheduler, SpecCluster
 
 from pipeline.config import ClusterConfig, WorkerConfig
 from pipeline.links import Host, LinkError, LinkedHosts
+from pipeline.security import client_security, connection_problem, tls_problem
 from tasks.worker_state import WorkerSetup
 
 
@@ -175,11 +176,13 @@ def start_embedded_cluster(workers: list[WorkerConfig]) -> SpecCluster:
 
 def worker_command(scheduler: str, host: Host, worker: WorkerConfig) -> list[str]:
     """A `dask worker` process as the embedded cluster's: one Dask thread, the
-    worker's name and tags, no memory limit, listening on its host's address only."""
+    worker's name and tags, no memory limit, listening on its host's address only
+    (`--no-dashboard` still serves HTTP, on every interface unless placed: loopback)."""
     tags = ",".join(f"{tag}={amount:g}" for tag, amount in (worker.resources or {}).items())
     return [sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
             "--host", host.address, "--name", str(worker.name), "--nthreads", "1",
-            "--resources", tags, "--memory-limit", "0", "--no-nanny", "--no-dashboard"]
+            "--resources", tags, "--memory-limit", "0", "--no-nanny", "--no-dashboard",
+            "--dashboard-address", "127.0.0.1:0"]
 
 
 def _quiet_environment() -> dict[str, str]:
@@ -268,15 +271,16 @@ def open_client(config: ClusterConfig, directories: Sequence[str] = ()) -> Itera
             yield client
         return
     address = scheduler_address(config)
+    problem = tls_problem(address, config.tls)
+    if problem:
+        raise ClusterError(problem)
     if address:
         try:
             _refused_at_once(address)
-            client = Client(address, timeout="10s", set_as_default=False)
+            client = Client(address, timeout="10s", set_as_default=False,
+                            security=client_security(config.tls))
         except (OSError, TimeoutError) as error:
-            raise ClusterError(
-                f"cannot reach the Dask scheduler at {address} ({type(error).__name__}); "
-                "is `dask scheduler` running there?"
-            ) from None
+            raise ClusterError(connection_problem(address, error)) from None
         with client:
             yield client
         return

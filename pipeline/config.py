@@ -18,6 +18,7 @@ from pipeline.addresses import address_problem
 from pipeline.links import rate_bits
 from pipeline.schema import (ConfigError, FieldError, check_range, from_dict, load_yaml,
                              parse_override, set_dotted)
+from pipeline.security import TlsConfig
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
 
 
@@ -193,6 +194,9 @@ class ClusterConfig:
     # SIGSTOPped or frozen process). "auto": max(30 s, 10x the median step), 120 s
     # before any step is measured; None: never.
     stall_timeout: float | None | Literal["auto"] = "auto"
+    # The client's certificates for a tls:// scheduler ({ca_file, cert, key}: PEM files;
+    # docs/multihost.md). None: Dask's own TLS config, if any.
+    tls: TlsConfig | None = None
 
     def link_rates(self) -> dict[str, str] | None:
         """Each embedded worker's link rate by name; None when no link is configured."""
@@ -258,6 +262,9 @@ class ClusterConfig:
         problem = address_problem(self.scheduler) if self.scheduler else None
         if problem:
             raise FieldError("scheduler", problem)
+        if self.tls and self.scheduler and not self.scheduler.startswith("tls://"):
+            raise FieldError("tls", f"certificates are for a tls:// scheduler, not "
+                             f"{self.scheduler}")
         self._check_links()
 
     def _check_links(self) -> None:
@@ -268,6 +275,9 @@ class ClusterConfig:
         if self.scheduler:
             raise FieldError("link", "links shape the embedded cluster a run starts; "
                              "unset cluster.scheduler or the links")
+        if self.tls:
+            raise FieldError("tls", "certificates are for an external tls:// scheduler; the "
+                             "linked cluster a run starts talks tcp on its private bridge")
         for index, (name, rate) in enumerate(rates.items()):
             if rate is None:
                 raise FieldError(f"workers.{index}.link", f"worker {name} has no link rate; "

@@ -14,10 +14,11 @@ import os
 import tempfile
 
 from pipeline.addresses import address_problem
-from pipeline.cluster import tagged_workers
+from pipeline.cluster import scheduler_address, tagged_workers
 from pipeline.config import RunConfig
 from pipeline.links import link_problem
 from pipeline.schema import ConfigError
+from pipeline.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
@@ -81,6 +82,9 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
         check_writable_dir(workspace, "workspace.path")
     if strategy.uses_cluster and not config.cluster.scheduler:
         check_scheduler_variable()
+    problem = tls_problem(scheduler_address(config.cluster), config.cluster.tls)
+    if strategy.uses_cluster and problem:
+        raise ConfigError(problem)
     problem = link_problem() if config.cluster.link_rates() is not None else None
     if strategy.uses_cluster and problem:
         raise ConfigError(f"cluster.link: {problem}")
