@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from experiments.report_auto import auto_section
 from experiments.report_links import links_section
 from experiments.report_view import PAPER_POINT, StoreView
 from experiments.results import DONE, FAILED, SKIPPED
@@ -135,6 +136,7 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
     lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
     lines += mixes_section(ds, sweep)
     lines += links_section(sweep, frame)
+    lines += auto_section(ds, frame, sweep.dims)
     failures = table[table["failure"] != ""]
     if not failures.empty:
         lines += ["## Failed points", ""]

@@ -296,8 +296,8 @@ def test_sweep_options_and_overrides_in_any_order(argv, tmp_path, capsys, monkey
     out = capsys.readouterr().out
     repeats = 2 if "repeats=2" in argv else 1
     assert status == 0
-    # quick.yaml: 5 strategies x 2 worker counts, now x 2 batch sizes.
-    assert (f"{20 * repeats} points (5 strategy x 2 workers x 2 batch x {repeats} repeat(s))"
+    # quick.yaml: 6 strategies x 2 worker counts, now x 2 batch sizes.
+    assert (f"{24 * repeats} points (6 strategy x 2 workers x 2 batch x {repeats} repeat(s))"
             in out)
     assert not (tmp_path / "q.zarr").exists()  # a dry run writes nothing
 
