@@ -88,9 +88,10 @@ def start_server(links: LinkedHosts, timeout: float = 30.0) -> dict[str, str]:
         probe.bind((links.bridge_address, 0))
         port = probe.getsockname()[1]
     log_path = os.path.join(links.directory, "s3-server.log")
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = links.spawn(server_command(links.bridge_address, port),
-                              stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "w", encoding="utf-8") as log:  # a session of its own: a Ctrl-C
+        # at the terminal must leave it to serve the client's clean-up (links.close ends it)
+        process = links.spawn(server_command(links.bridge_address, port), stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
     while True:
         try:

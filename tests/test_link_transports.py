@@ -148,4 +148,9 @@ def test_a_linked_run_through_s3_trains_as_pytorch_and_its_bytes_cross_the_links
     crossed = sum(received.values()) + sum(sent.values())
     print(f"\nlinks carried {crossed / 1e6:.2f} MB, the record counts {counted / 1e6:.2f} MB "
           f"of workspace and dataset bytes ({crossed / counted:.2f}x): {summary}")
-    assert crossed <= 4 * counted + 2e6
+    # At most 1.5x plus 3 MB: measured here 1.35-1.74x (3 to 10 steps), of which about
+    # 1.6 MB a run is fixed (checkpoint slices loaded and saved over sftp, the first
+    # step's metadata reads) and 20-26 % a step is headers, requests, marker polls and
+    # Dask's messages. A transfer that crossed twice, or a whole file where a slice was
+    # due, would exceed it.
+    assert crossed <= 1.5 * counted + 3e6
