@@ -28,6 +28,7 @@ from distributed import Client, Nanny, Scheduler, SpecCluster
 from pipeline.config import ClusterConfig, WorkerConfig
 from pipeline.links import Host, LinkError, LinkedHosts
 from pipeline.security import client_security, connection_problem, tls_problem
+from pipeline.object_store import client_options, start_server, worker_environment
 from tasks.worker_state import WorkerSetup
 
 
@@ -197,9 +198,12 @@ def start_linked_cluster(config: ClusterConfig, directories: Sequence[str]
                          ) -> tuple[SpecCluster, LinkedHosts]:
     """A scheduler on the links' bridge address (the bridge has no uplink) and one
     `dask worker` per configured worker, each on its own host behind its link, the
-    run's `directories` mounted there; returns once every worker has joined."""
+    run's `directories` mounted there; returns once every worker has joined. With
+    `cluster.link.workspace: s3`, an S3 server on the bridge address first."""
     links = LinkedHosts.start(config.link_rates() or {})
     try:
+        if config.workspace_transport() == "s3":
+            links.storage_options = start_server(links)
         host = links.bridge_address
         scheduler = {"cls": Scheduler,
                      "options": {"host": host, "dashboard_address": f"{host}:0"}}
@@ -222,6 +226,8 @@ def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: Clus
     worker that exits first fails the start with the end of its log."""
     workers = config.worker_list()
     env, logs = _quiet_environment(), []
+    if links.storage_options:
+        env.update(worker_environment(links.storage_options))
     for worker, host in zip(workers, links.hosts):
         command = links.command(host, directories,
                                 worker_command(cluster.scheduler_address, host, worker))
@@ -230,7 +236,7 @@ def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: Clus
             links.spawn(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + config.wait_timeout
     while len(cluster.scheduler_info.get("workers", {})) < len(workers):
-        for process, log in zip(links.processes[1:], logs):
+        for process, log in zip(links.processes[-len(workers):], logs):
             if process.poll() is not None:
                 with open(log, encoding="utf-8") as f:
                     tail = " | ".join(f.read().strip().splitlines()[-3:])
@@ -244,14 +250,16 @@ def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: Clus
 def open_linked_cluster(config: ClusterConfig, directories: Sequence[str]
                         ) -> Iterator[tuple[Client, LinkedHosts]]:
     """A client to a fresh linked cluster (`start_linked_cluster`) and its links, whose
-    byte counters stay readable until the block ends; everything is removed after."""
+    byte counters stay readable until the block ends (and this process's fsspec set
+    up for the run's S3 server, if it has one); everything is removed after."""
     try:
         cluster, links = start_linked_cluster(config, directories)
     except (LinkError, OSError) as error:
         raise ClusterError(f"could not start the linked cluster: {error}") from None
     try:
         with Client(cluster, set_as_default=False) as client:
-            yield client, links
+            with client_options(links.storage_options):
+                yield client, links
     finally:
         cluster.close()  # the scheduler closes its workers, then their hosts go
         links.close()
@@ -259,7 +267,15 @@ def open_linked_cluster(config: ClusterConfig, directories: Sequence[str]
 
 @contextlib.contextmanager
 def open_client(config: ClusterConfig, directories: Sequence[str] = ()) -> Iterator[Client]:
-    """A client to the named scheduler, or to a fresh embedded cluster (closed after).
+    """A client to the named scheduler, or to a fresh embedded cluster (closed after)."""
+    with open_run_client(config, directories) as (client, _links):
+        yield client
+
+
+@contextlib.contextmanager
+def open_run_client(config: ClusterConfig, directories: Sequence[str] = ()
+                    ) -> Iterator[tuple[Client, LinkedHosts | None]]:
+    """`open_client`, with the links of a linked cluster (None otherwise).
 
     With `cluster.link`, the embedded workers sit behind shaped links and reach the
     client's files only through `directories` (the run's `shared_directories`),
@@ -267,8 +283,8 @@ def open_client(config: ClusterConfig, directories: Sequence[str] = ()) -> Itera
     """
     if config.link_rates() is not None:
         check_devices(config.worker_list())
-        with open_linked_cluster(config, directories) as (client, _links):
-            yield client
+        with open_linked_cluster(config, directories) as opened:
+            yield opened
         return
     address = scheduler_address(config)
     problem = tls_problem(address, config.tls)
@@ -282,7 +298,7 @@ def open_client(config: ClusterConfig, directories: Sequence[str] = ()) -> Itera
         except (OSError, TimeoutError) as error:
             raise ClusterError(connection_problem(address, error)) from None
         with client:
-            yield client
+            yield client, None
         return
     check_devices(config.worker_list())
     try:
@@ -291,7 +307,7 @@ def open_client(config: ClusterConfig, directories: Sequence[str] = ()) -> Itera
         raise ClusterError(f"could not start the embedded cluster: {error}") from None
     try:
         with Client(cluster, set_as_default=False) as client:
-            yield client
+            yield client, None
     finally:
         cluster.close()
 

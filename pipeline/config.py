@@ -163,6 +163,10 @@ class LinkConfig:
     (pipeline/links.py); a worker's own `link` overrides the rate."""
 
     rate: str = "1gbit"  # tc units: kbit, mbit, gbit (bits/s), mbps (bytes/s), ...
+    # Where the exchange workspace lives: "sftp", a folder of the client's mounted over
+    # sshfs in each worker's namespace; "s3", a bucket of an S3 server the run starts
+    # on its bridge (pipeline/object_store.py). Dataset and checkpoints stay on sftp.
+    workspace: Literal["sftp", "s3"] = "sftp"
 
     def __post_init__(self) -> None:
         _check_rate(self.rate, "rate")
@@ -205,6 +209,13 @@ class ClusterConfig:
             return None
         default = self.link.rate if self.link else None
         return {w.name: w.link or default for w in workers}
+
+    def workspace_transport(self) -> str | None:
+        """How linked workers reach the exchange workspace ("sftp", "s3"); None when
+        no link is configured (workers share the client's host)."""
+        if self.link_rates() is None:
+            return None
+        return self.link.workspace if self.link else LinkConfig.workspace
 
     def tags(self) -> list[str]:
         """The resource tags whose workers this run uses, in order of preference.
@@ -356,6 +367,14 @@ class RunConfig:
             raise FieldError("split_from", "placement 'recorded' takes a split_from (a run "
                              "directory or a split), and split_from needs placement "
                              "'recorded'")
+        if self.placement == "model" and self.cluster.workspace_transport() == "s3":
+            raise FieldError("placement", "placement 'model' probes the cluster, and the "
+                             "probe exchanges over sftp, not the s3 workspace: use "
+                             "'calibrated' or 'even'")
+        if self.workspace.path and self.cluster.workspace_transport() == "s3":
+            raise FieldError("cluster.link.workspace", "s3 puts the exchange workspace in "
+                             "the run's own object store: unset workspace.path, or use "
+                             "cluster.link.workspace: sftp")
 
     # Derived values -------------------------------------------------------------
 
@@ -377,11 +396,13 @@ class RunConfig:
 
     def shared_directories(self) -> list[str]:
         """The absolute directories a run's workers read and write (exchange workspace
-        root, dataset store's folder, output directory): what linked hosts mount."""
-        workspace = self.workspace.path or shm_workspace_root()
-        return [os.path.abspath(workspace),
-                os.path.dirname(os.path.abspath(self.dataset_path)),
-                os.path.abspath(self.output_dir)]
+        root, unless it is in an object store; dataset store's folder; output
+        directory): what linked hosts mount."""
+        directories = [os.path.dirname(os.path.abspath(self.dataset_path)),
+                       os.path.abspath(self.output_dir)]
+        if self.cluster.workspace_transport() == "s3":
+            return directories
+        return [os.path.abspath(self.workspace.path or shm_workspace_root()), *directories]
 
     @property
     def checkpoint_path(self) -> str:

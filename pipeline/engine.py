@@ -22,6 +22,7 @@ from distributed import Client, Future, wait
 from pipeline.cluster import ClusterError, ClusterWorker, all_local, live_workers
 from pipeline.config import RunConfig, shm_workspace_root
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
+from pipeline.object_store import workspace_url
 from pipeline.placement import Placement
 from pipeline.records import StepResult
 from pipeline.runner import StallWatch, TaskRunner
@@ -44,8 +45,10 @@ def workspace_path(config: RunConfig, run_id: str, workers: list[ClusterWorker])
     every worker shares the client's host, /dev/shm (a chunk write there cost 0.3 ms
     against 2 ms on disk); else the output directory. Workers behind `cluster.link`
     reach the client's /dev/shm folder only through their links (mounted over sftp),
-    never directly.
+    never directly, or with `cluster.link.workspace: s3` the run's object store.
     """
+    if config.cluster.workspace_transport() == "s3":
+        return workspace_url(run_id)
     if config.workspace.path:
         return f"{config.workspace.path.rstrip('/')}/{run_id}.zarr"
     shm = "/dev/shm"

@@ -243,6 +243,8 @@ class LinkedHosts:
     directory: str  # private: keys, sshd config and log
     port: int = 0
     processes: list[subprocess.Popen] = field(default_factory=list)
+    # fsspec options of the run's S3 server, if it has one (pipeline/object_store.py)
+    storage_options: dict[str, str] = field(default_factory=dict)
 
     @property
     def bridge(self) -> str:

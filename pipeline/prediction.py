@@ -127,8 +127,8 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     those links only.
     """
     policy = policy or probe_policy()
-    if policy == "never":
-        return None
+    if policy == "never" or config.cluster.workspace_transport() == "s3":
+        return None  # the probe's calibration runs exchange over sftp: not s3's costs
     if policy == "auto" and _dataset(config) is None:
         _prepare_dataset(config)  # the calibration runs train on it, as the run would
     spec, batch = network_for(config), config.train.batch

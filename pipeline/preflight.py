@@ -17,6 +17,7 @@ from pipeline.addresses import address_problem
 from pipeline.cluster import scheduler_address, tagged_workers
 from pipeline.config import RunConfig
 from pipeline.links import link_problem
+from pipeline.object_store import object_store_problem
 from pipeline.schema import ConfigError
 from pipeline.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of
@@ -88,6 +89,9 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     problem = link_problem() if config.cluster.link_rates() is not None else None
     if strategy.uses_cluster and problem:
         raise ConfigError(f"cluster.link: {problem}")
+    problem = object_store_problem() if config.cluster.workspace_transport() == "s3" else None
+    if strategy.uses_cluster and problem:
+        raise ConfigError(f"cluster.link.workspace: {problem}")
     return strategy
 
 

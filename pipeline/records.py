@@ -158,6 +158,18 @@ class RunRecorder:
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
+def link_attrs(transport: str, before: dict[str, tuple[int, int]],
+               after: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """The record's attributes of the bytes that crossed each worker's link between two
+    readings of its counters ((to the worker, from it) by name, as
+    `LinkedHosts.counters` gives them): what each worker received and sent, all
+    traffic (workspace, dataset, checkpoints, Dask's messages, protocol overhead)."""
+    names = [name for name in after if name in before]
+    return {"workspace_transport": transport,
+            "link_bytes_received": jsonable({n: after[n][0] - before[n][0] for n in names}),
+            "link_bytes_sent": jsonable({n: after[n][1] - before[n][1] for n in names})}
+
+
 def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
     """Median step time and spread over the measured (post-warm-up) steps."""
     tail = ds.isel(step=slice(warmup_steps, None)) if ds.sizes["step"] > warmup_steps else ds
@@ -212,6 +224,11 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
             is not None:
         lines.append(f"  predicted   {summary['predicted_step_time']:.4f} s/step by the model "
                      f"({summary['prediction_error']:+.0%} against the median)")
+    if summary.get("link_bytes_sent"):
+        lines.append(
+            f"  links       {sum(summary['link_bytes_received'].values()) / 1e6:.2f} MB to "
+            f"the workers, {sum(summary['link_bytes_sent'].values()) / 1e6:.2f} MB from them "
+            f"({summary['workspace_transport']} workspace)")
     if summary.get("left_out"):
         lines.append(f"  left out    {summary['left_out']}")
     for r in summary.get("recoveries", []):

@@ -27,18 +27,19 @@ import yaml
 from distributed import Client
 
 from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import ClusterWorker, find_workers, open_client, register_setup
+from pipeline.cluster import ClusterWorker, find_workers, open_run_client, register_setup
 from pipeline.config import RunConfig
 from pipeline.dataset import prepare_dataset
 from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
+from pipeline.links import LinkedHosts
 from pipeline.loop import train_loop
 from pipeline.outputs import owned_output
 from pipeline.prediction import predict_point
 from pipeline.preflight import check_run
 from pipeline.recovery import History, split_of, train_with_recovery
-from pipeline.records import (RunRecorder, jsonable, left_out_reason, software_versions,
-                              summarize)
+from pipeline.records import (RunRecorder, jsonable, left_out_reason, link_attrs,
+                              software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.strategies import Strategy
@@ -98,8 +99,10 @@ def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
 
 
 def run_training(config: RunConfig, client: Client | None = None,
-                 offered: list[ClusterWorker] | None = None) -> RunResult:
-    """Run one training as the config says; a client may be passed in (sweeps reuse one).
+                 offered: list[ClusterWorker] | None = None,
+                 links: LinkedHosts | None = None) -> RunResult:
+    """Run one training as the config says; a client may be passed in (sweeps reuse one),
+    with the links its workers sit behind, if any (their byte counters are recorded).
 
     Everything that can be checked before it starts is checked first
     (`pipeline.preflight.check_run`, which also finds the strategy). The run holds its
@@ -115,12 +118,12 @@ def run_training(config: RunConfig, client: Client | None = None,
         notes.append(line)
 
     with owned_output(config, say):
-        return _train(config, strategy, client, offered, say, notes)
+        return _train(config, strategy, client, offered, links, say, notes)
 
 
 def _train(config: RunConfig, strategy: Strategy, client: Client | None,
-           offered: list[ClusterWorker] | None, say: Callable[[str], None],
-           notes: list[str]) -> RunResult:
+           offered: list[ClusterWorker] | None, links: LinkedHosts | None,
+           say: Callable[[str], None], notes: list[str]) -> RunResult:
     started = time.time()
     os.makedirs(config.output_dir, exist_ok=True)
     info = prepare_dataset(config)
@@ -144,9 +147,10 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         if strategy.uses_cluster:
             configure_process(1)  # the client must not fight the workers for cores
             if client is None:
-                client = stack.enter_context(open_client(config.cluster,
-                                                         config.shared_directories()))
+                client, links = stack.enter_context(open_run_client(
+                    config.cluster, config.shared_directories()))
                 register_setup(client, config.cluster)
+            counted = links.counters() if links is not None else {}
             if offered is None:
                 offered = find_workers(client, config.cluster)
             if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
@@ -182,6 +186,9 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         finally:
             write_trace(os.path.join(config.output_dir, "trace.json"), recorder.receipts,
                         client_events, recorder.workers, started)
+        if strategy.uses_cluster and links is not None:  # before the links go
+            attrs.update(link_attrs(config.cluster.workspace_transport() or "sftp", counted,
+                                    links.counters()))
         # a cluster that lost or gained a worker is not probed afresh (cached only)
         changed = bool(history.recoveries or history.joins)
         prediction = predict_run(config, split, client, offered, changed)
@@ -244,6 +251,10 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
         summary[key] = json.loads(attrs[key])
     if "strategy_choice" in attrs:
         summary["strategy_choice"] = json.loads(attrs["strategy_choice"])
+    if "link_bytes_sent" in attrs:  # a linked cluster's (run_training's `links`)
+        summary["workspace_transport"] = attrs["workspace_transport"]
+        for key in ("link_bytes_received", "link_bytes_sent"):
+            summary[key] = json.loads(attrs[key])
     if "master" in attrs:
         summary["master"] = attrs["master"]
         summary["split_workers"] = json.loads(attrs["split_workers"])
