@@ -12,7 +12,8 @@ the run stops with one message naming the stores and the checkpoint kept.
 One linked cluster of three workers serves the module: the store test first (all
 three wait on the store), then one run that loses w1 (link cut) and then w2
 (SIGSTOP). These faults are rows of tests/test_faults.py's `FAULTS`. The probe
-helpers (`stall_verdict`, `silent_stores`) are checked without root.
+helpers (`stall_verdict`, `silent_stores`) and what a woken worker does in its
+ended run's workspace are checked without root.
 """
 
 from __future__ import annotations
@@ -136,8 +137,9 @@ def linked(tmp_path_factory, tiny_dataset_factory):
 def _config(linked, name: str, steps: int):
     client, hosts, cluster, dataset, base = linked
     config = tiny_config(base / name, dataset, **{
-        "name": NAME, "network.dtype": "float64", "train.steps": steps, "train.checkpoint_every": 2,
-        "train.eval_samples": 0, "network.conv.0.kernels": 12, "network.conv.1.kernels": 12})
+        "name": NAME, "network.dtype": "float64", "train.steps": steps,
+        "train.checkpoint_every": 2, "train.eval_samples": 0,
+        "network.conv.0.kernels": 12, "network.conv.1.kernels": 12})
     config.cluster = cluster
     return config
 
@@ -192,10 +194,14 @@ def _workspaces() -> set[str]:
 
 
 def _new_workspaces(before: set[str]) -> list[str]:
-    """Workspaces made since `before`, each with what it holds (for the message)."""
-    root = shm_workspace_root()
-    return [f"{name}: {sorted(os.path.relpath(os.path.join(d, f), os.path.join(root, name)) for d, _, fs in os.walk(os.path.join(root, name)) for f in fs)[:5]}"
-            for name in sorted(_workspaces() - before)]
+    """Workspaces made since `before`, each with some of its files (for the message)."""
+    found = []
+    for name in sorted(_workspaces() - before):
+        folder = os.path.join(shm_workspace_root(), name)
+        files = [os.path.relpath(os.path.join(d, f), folder)
+                 for d, _, names in os.walk(folder) for f in names]
+        found.append(f"{name}: {sorted(files)[:5]}")
+    return found
 
 
 @needs_links
