@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ from tasks.layout import Layout, exchange_slots
 from tasks.receipts import Receipt
 from tasks.run_state import WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, RunPaths
+
+
+#: Seconds `StepEngine.close` gives the workspace's abort and removal after the stores
+#: stopped answering (on a store this process cannot reach either, they would hang).
+CLOSE_STALLED_S = 2.0
 
 
 def workspace_path(config: RunConfig, run_id: str, workers: list[ClusterWorker]) -> str:
@@ -90,7 +96,9 @@ class StepEngine:
         self.slots = exchange_slots(self.layout, network, config.train.batch)
         self.watch = StallWatch(config.cluster.stall_timeout)
         self.runner = TaskRunner(client, self.workers, self.run_id,
-                                 on_failure=self.exchange.abort, watch=self.watch)
+                                 on_failure=self.exchange.abort, watch=self.watch,
+                                 stores=[self.paths.workspace, self.paths.checkpoints,
+                                         self.paths.dataset])
         self.devices: list[str] = ["cpu"] * len(self.workers)
         self.first_step = 0
         self._submitted: dict[int, list[Future]] = {}
@@ -170,16 +178,20 @@ class StepEngine:
 
         Also after a failure: the steps still queued are cancelled, and only workers
         still in the cluster are asked to free the run (a lost one would make the
-        release wait out its time limit).
+        release wait out its time limit). After the stores stopped answering, no
+        worker is asked (their task threads wait on the store) and this process
+        touches the workspace only from a thread it does not wait for long.
         """
-        self.exchange.abort("the run is closing")
+        stalled = bool(self.runner.stalled_stores)
+        if not stalled:
+            self.exchange.abort("the run is closing")
         pending = [f for futures in self._submitted.values() for f in futures]
         self._submitted, self._by_name = {}, {}
         try:
             client = self.runner.client
             if pending:
                 client.cancel(pending)
-            alive = live_workers(client, patience=2.0)
+            alive = {} if stalled else live_workers(client, patience=2.0)
             futures = [self.runner.submit(step_task.release_run, worker, self.run_id,
                                           name=f"release-w{worker}")
                        for worker, member in enumerate(self.workers) if member.address in alive]
@@ -187,4 +199,17 @@ class StepEngine:
                 wait(futures, timeout=10)
         except Exception:  # noqa: BLE001 - the cluster may already be gone
             pass
-        remove_exchange(self.paths.workspace)
+        if not stalled:
+            remove_exchange(self.paths.workspace)
+            return
+
+        def abort_and_remove() -> None:  # in this order: an abort makes the folder again
+            try:
+                self.exchange.abort("the run is closing")
+                remove_exchange(self.paths.workspace)
+            except Exception:  # noqa: BLE001 - best effort on a store that failed
+                pass
+
+        thread = threading.Thread(target=abort_and_remove, daemon=True, name="close-workspace")
+        thread.start()
+        thread.join(CLOSE_STALLED_S)

@@ -364,22 +364,49 @@ class LinkedHosts:
     def close(self) -> None:
         """Stop every process started, unmount, delete namespaces, veths and bridge.
 
-        The last started stops first: workers while sshd still serves their mounts
-        (a worker whose mount hangs would take long to stop).
+        Workers stop first (5 s for all), while sshd still serves their mounts, then
+        sshd. No wait is unbounded: a process whose mount's server stopped answering
+        cannot finish exiting, even killed, until the leftovers go (the namespaces'
+        sshfs processes end, failing every request waiting on their mounts).
         """
-        for process in reversed(self.processes):
-            process.send_signal(signal.SIGTERM)
+        children = _descendants(self.processes[:1])  # sshd's sessions, one per mount
+        _stop(self.processes[1:])
+        _stop(self.processes[:1])
+        with open(self.record, encoding="utf-8") as f:
+            remove_leftovers(json.load(f))
+        _kill(children)
+        for process in self.processes:  # reap them (freed once the mounts went)
             try:
                 process.wait(5)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        with open(self.record, encoding="utf-8") as f:
-            remove_leftovers(json.load(f))
+                pass
         try:
             os.remove(self.record)
         except FileNotFoundError:
             pass
+
+
+def _stop(processes: list[subprocess.Popen], patience: float = 5.0) -> None:
+    """SIGTERM (and SIGCONT, should one be stopped) each, wait `patience` s for them
+    together, SIGKILL those left; no wait after that (see `LinkedHosts.close`)."""
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + patience
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _descendants(processes: list[subprocess.Popen]) -> list[tuple[int, float | None]]:
+    """(pid, start time) of every descendant of `processes`, for `_kill`."""
+    try:
+        return [(child.pid, child.create_time()) for process in processes
+                for child in psutil.Process(process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def remove_leftovers(record: dict) -> None:

@@ -15,7 +15,9 @@ checkpoint: the run stops there (nothing is in flight), places its work over the
 larger set the same way and goes on from that checkpoint, replaying nothing (a
 `Join`). A worker that stalled (stopped answering while holding the run's
 tasks: pipeline/runner.py) is removed from the cluster before it is reported, and
-is then recovered from like a dead one; its recovery says `cause: stalled`.
+is then recovered from like a dead one; its recovery says `cause: stalled`. Stores
+that stopped answering every worker (`StoreStalled`) end the run instead: the
+message says which checkpoint is kept and how to go on once they answer.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from pipeline.config import RunConfig
 from pipeline.engine import StepEngine
 from pipeline.loop import train_loop
 from pipeline.records import RunRecorder
+from pipeline.runner import StoreStalled
 from pipeline.strategies import Strategy
 from pipeline.trace import ClientEvent
 from storage import checkpoints
+from storage.liveness import answers
 
 #: A new engine placed over the given workers (`pipeline.run.build_engine`).
 Build = Callable[[list[ClusterWorker]], StepEngine]
@@ -92,6 +96,19 @@ def joined(client: Client, config: RunConfig, offered: list[ClusterWorker]
 def split_of(strategy: Strategy, engine: StepEngine) -> dict[str, Any]:
     """How an engine divides the work, as its strategy records it."""
     return strategy.split_of(engine.layout, engine.plan.placement)
+
+
+def kept_checkpoints(config: RunConfig) -> str:
+    """What a run its stores stopped keeps, and how to go on: the last complete
+    checkpoint (not looked up when this process cannot list their store)."""
+    path = config.checkpoint_path
+    if not answers(path, 2.0):  # this process's own view (the workers' may be a mount)
+        kept = f"the complete checkpoints in {path} are kept as they were"
+    else:
+        step = checkpoints.latest_complete_step(path)
+        kept = (f"the last complete checkpoint, step {step}, is kept ({path})"
+                if step is not None else f"no checkpoint is complete in {path}")
+    return f"{kept}; once the store answers, start the run again with train.resume=true"
 
 
 def survivors(client: Client, offered: list[ClusterWorker], lost: WorkerLost
@@ -153,6 +170,9 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                 history.joins.append(Join(reached, new, [w.name for w in current.workers],
                                           split_of(strategy, current),
                                           time.perf_counter() - since))
+            except StoreStalled as stalled:
+                raise StoreStalled(f"{stalled}; {kept_checkpoints(config)}",
+                                   stalled.paths) from None
             except WorkerLost as lost:
                 noticed = time.perf_counter()
                 lost_at = max(recorder.steps, default=from_step - 1) + 1

@@ -8,7 +8,12 @@ be waiting for the lost one's data, to give up). A worker that stops answering
 while the run waits on it (SIGSTOP, a frozen host) is a stall: after the run made no
 progress for the `StallWatch`'s limit, the workers holding its unfinished tasks are
 probed, and one that does not answer is fenced off (removed from the cluster) and
-reported as lost, so the run recovers as from a dead worker.
+reported as lost, so the run recovers as from a dead worker. A worker whose link is
+cut is the same case: its Dask process cannot answer across the link. When every
+worker answers, each is asked to list the run's stores (storage/liveness.py): a
+store that none of them can list stopped answering (a frozen file server), which
+no recovery gets past (the survivors would wait on it too), so the run stops with
+`StoreStalled`; a store only some workers cannot reach makes those workers stalled.
 """
 
 from __future__ import annotations
@@ -19,20 +24,88 @@ import statistics
 import time
 from collections import deque
 from concurrent.futures import CancelledError
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
 from distributed import Client, Future, wait
 
 from pipeline.cluster import (ClusterError, ClusterWorker, SchedulerLost, WorkerLost,
                               fence_workers, live_workers, unresponsive)
+from storage.liveness import silent_stores
 
 #: `cluster.stall_timeout: auto`: the limit is this many median steps, at least
 #: STALL_FLOOR_S; before any step is measured (loading the shards, the first step),
 #: FIRST_STALL_S.
 STALL_STEPS, STALL_FLOOR_S, FIRST_STALL_S = 10.0, 30.0, 120.0
 #: Seconds a probed worker has to answer before it counts as stalled (at most the
-#: limit itself).
+#: limit itself), and to list the run's stores.
 PROBE_S = 5.0
+
+
+class StoreStalled(ClusterError):
+    """The run's stores stopped answering every worker: the run cannot go on."""
+
+    def __init__(self, message: str, paths: list[str]) -> None:
+        super().__init__(message)
+        self.paths = paths  # the stores (directories or URLs) that did not answer
+
+
+@dataclass
+class Verdict:
+    """What a stall probe found: workers to fence off, or stores that stopped answering
+    (neither: the run is busy, or waits for data, which workspace.wait_timeout ends)."""
+
+    workers: list[str] = field(default_factory=list)  # addresses
+    stores: list[str] = field(default_factory=list)  # paths; with workers: what they missed
+
+
+def stall_verdict(silent: list[str], holders: list[str], store_silence: dict[str, list[str]],
+                  before: dict[str, list[str]]) -> Verdict:
+    """Judge a stall probe: `silent`, the holders of unfinished tasks that did not
+    answer a call; `store_silence`, for every worker that answered the store probe,
+    the stores it could not list (`before`: the same from the previous probe of this
+    stall, {} if none). Workers that do not answer are stalled (the store is not
+    asked). A store no replying worker could list has stopped (the stores every one
+    of them missed; their union if none is common). Holders that could not reach a
+    store on two probes in a row are stalled (their own mount or link fails them; one
+    slow listing on a loaded host is not enough)."""
+    if silent:
+        return Verdict(workers=list(silent))
+    if store_silence and all(store_silence.values()):
+        common = set.intersection(*(set(paths) for paths in store_silence.values()))
+        missed = common or set().union(*store_silence.values())
+        order = [p for paths in store_silence.values() for p in paths]
+        return Verdict(stores=sorted(missed, key=order.index))
+    cut_off = [a for a in holders if store_silence.get(a) and before.get(a)]
+    if cut_off:
+        missed = {p for a in cut_off for p in store_silence[a]}
+        return Verdict(workers=cut_off, stores=sorted(missed))
+    return Verdict()
+
+
+def stores_silent_on(client: Client, addresses: list[str], paths: list[str],
+                     timeout: float) -> dict[str, list[str]]:
+    """Each worker's stores (of `paths`) it could not list within `timeout` seconds,
+    for the workers that replied (a worker that did not is left out: no evidence)."""
+
+    async def ask(address: str) -> Any:
+        try:
+            replies = await asyncio.wait_for(
+                client._run(silent_stores, paths, timeout, workers=[address], on_error="return"),
+                timeout + PROBE_S)
+        except (asyncio.TimeoutError, OSError):
+            return None
+        return replies.get(address)
+
+    async def probe() -> list[Any]:
+        return await asyncio.gather(*(ask(a) for a in addresses))
+
+    replies = client.sync(probe)
+    return {a: list(r) for a, r in zip(addresses, replies) if isinstance(r, list)}
+
+
+def _stores(paths: list[str]) -> str:
+    return f"the store {paths[0]}" if len(paths) == 1 else f"the stores {', '.join(paths)}"
 
 
 class _DropAbandonedGather(logging.Filter):
@@ -95,12 +168,15 @@ class TaskRunner:
 
     def __init__(self, client: Client, workers: Sequence[ClusterWorker], run_id: str,
                  on_failure: Callable[[str], None] = lambda reason: None,
-                 watch: StallWatch | None = None) -> None:
+                 watch: StallWatch | None = None, stores: Sequence[str] = ()) -> None:
         self.client = client
         self.workers = list(workers)
         self.run_id = run_id
         self.on_failure = on_failure
         self.watch = watch or StallWatch(None)
+        self.stores = list(stores)  # what a stall probe asks the workers to list
+        self.stalled_stores: list[str] = []  # set when the run stopped on StoreStalled
+        self._store_silence: dict[str, list[str]] = {}  # this stall's last store probe
         self._doing: dict[str, tuple[int, str]] = {}  # key -> (worker, what it does)
 
     def submit(self, function: Callable[..., Any], worker: int, *args: Any, name: str,
@@ -185,9 +261,11 @@ class TaskRunner:
     def _check_stall(self, futures: list[Future], what: str, quiet_s: float) -> None:
         """After `quiet_s` seconds without a task finishing, past the watch's limit:
         probe the workers holding unfinished tasks; those that do not answer are
-        fenced off and raised as lost (`WorkerLost`, `stalled`)."""
+        fenced off and raised as lost (`WorkerLost`, `stalled`). If all answer, every
+        worker of the run lists the stores (`stall_verdict` judges)."""
         limit = self.watch.limit()
         if limit is None or quiet_s < limit:
+            self._store_silence = {}
             return
         holding: dict[str, list[str]] = {}
         # unfinished tasks, or, when all finished, the holders of results not fetched
@@ -197,28 +275,47 @@ class TaskRunner:
                 holding.setdefault(self.workers[worker].address, []).append(doing)
         patience = min(PROBE_S, limit)
         silent = unresponsive(self.client, list(holding), patience)
-        if not silent:
+        store_silence = {} if silent or not self.stores else stores_silent_on(
+            self.client, [w.address for w in self.workers], self.stores, PROBE_S)
+        verdict = stall_verdict(silent, list(holding), store_silence, self._store_silence)
+        self._store_silence = store_silence
+        quiet = (f"no task of the run finished for {quiet_s:.0f} s (cluster.stall_timeout: "
+                 f"{limit:g} s)")
+        if verdict.stores and not verdict.workers:
+            self.stalled_stores = verdict.stores
+            labels = [w.label for w in self.workers if w.address in store_silence]
+            self._fail(StoreStalled(
+                f"{what}: {_stores(verdict.stores)} stopped answering: {quiet}, and none of "
+                f"the run's workers ({', '.join(labels)}) could list "
+                f"{'it' if len(verdict.stores) == 1 else 'them'} within {PROBE_S:g} s; the "
+                "run stopped (a recovery would wait on the same store)",
+                verdict.stores), abort=False)
+        if not verdict.workers:
             return  # busy, or waiting for data (workspace.wait_timeout ends that)
         try:
-            fence_workers(self.client, silent)
+            fence_workers(self.client, verdict.workers)
         except (OSError, CancelledError):  # the scheduler went too
             self._scheduler_lost(what)
-        labels = [w.label for w in self.workers if w.address in silent]
-        tasks = "; ".join(", ".join(holding[address]) for address in silent)
+        labels = [w.label for w in self.workers if w.address in verdict.workers]
+        tasks = "; ".join(", ".join(holding[address]) for address in verdict.workers)
+        why = (f"it did not answer for {patience:g} s" if silent else
+               f"it could not list {', '.join(verdict.stores)} within {PROBE_S:g} s twice")
         self._fail(WorkerLost(
-            f"{what}: worker {', '.join(labels)} stalled: no task of the run finished for "
-            f"{quiet_s:.0f} s (cluster.stall_timeout: {limit:g} s) while it held {tasks}, and "
-            f"it did not answer for {patience:g} s; removed from the cluster and treated as "
-            "lost", silent, labels, stalled=True))
+            f"{what}: worker {', '.join(labels)} stalled: {quiet} while it held {tasks}, and "
+            f"{why}; removed from the cluster and treated as lost",
+            verdict.workers, labels, stalled=True))
 
     def _scheduler_lost(self, what: str) -> None:
         address = getattr(self.client.scheduler, "address", None) or "?"
         self._fail(SchedulerLost(f"{what}: lost the Dask scheduler at {address}; the run "
                                  "stopped (its checkpoints are kept)"))
 
-    def _fail(self, error: ClusterError) -> None:
-        try:
-            self.on_failure(str(error))
-        except Exception:  # noqa: BLE001 - the workspace may be unreachable too
-            pass
+    def _fail(self, error: ClusterError, abort: bool = True) -> None:
+        """Tell the workers (`on_failure`: the workspace's abort marker; not when the
+        stores stopped answering, where the write could hang this process) and raise."""
+        if abort:
+            try:
+                self.on_failure(str(error))
+            except Exception:  # noqa: BLE001 - the workspace may be unreachable too
+                pass
         raise error

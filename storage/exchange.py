@@ -218,9 +218,20 @@ class Markers:
 class _ChunkFile:
     """The one chunk file of a local, single-chunk, uncompressed little-endian array."""
 
-    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype,
+                 slot_folder: str) -> None:
         self.path, self.shape, self.dtype = path, shape, dtype
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # the chunk's folders below the slot's own, which the client made: a worker
+        # woken after its run's workspace was removed fails here instead of making
+        # a workspace folder again (one without an owner record stays for good)
+        folder = slot_folder
+        for part in os.path.relpath(os.path.dirname(path), slot_folder).split(os.sep):
+            if part not in ("", "."):
+                folder = os.path.join(folder, part)
+                try:
+                    os.mkdir(folder)
+                except FileExistsError:
+                    pass
 
     @classmethod
     def of(cls, data_root: str, slot: str) -> _ChunkFile | None:
@@ -236,7 +247,8 @@ class _ChunkFile:
             return None
         key = meta.encode_chunk_key((0,) * len(meta.shape))
         dtype = np.dtype(meta.data_type.to_native_dtype()).newbyteorder("<")
-        return cls(os.path.join(_local(data_root), slot, key), tuple(meta.shape), dtype)
+        folder = os.path.join(_local(data_root), slot)
+        return cls(os.path.join(folder, key), tuple(meta.shape), dtype, folder)
 
     def write(self, data: np.ndarray) -> None:
         data = np.ascontiguousarray(data, dtype=self.dtype)
@@ -300,9 +312,10 @@ class Exchange:
 
         Polls the marker (every 0.1 ms at first, backing off to 0.5 ms: a poll costs
         about 25 us, and a waiting worker's core has nothing else to do), and every
-        quarter second checks the client's abort marker and `cancelled` (the Dask
-        task was released, e.g. the client went away), so that a reader never
-        outlives the run it waits in.
+        quarter second checks whether the run ended (the client's abort marker, or
+        the workspace removed: what a worker frozen past the run's end finds) and
+        `cancelled` (the Dask task was released, e.g. the client went away), so that
+        a reader never outlives the run it waits in.
         """
         started = time.monotonic()
         pause = 0.0001
@@ -318,7 +331,7 @@ class Exchange:
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + 0.25
-                reason = self.markers.aborted()
+                reason = self.closed()  # aborted, or removed while this worker was frozen
                 if reason:
                     raise ExchangeError(f"waiting for {slot} of step {step}: {reason}")
                 if cancelled():
