@@ -11,6 +11,7 @@ way. What is specific to a strategy, it asks the strategy object
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -43,7 +44,8 @@ from pipeline.strategies import Strategy
 from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
 from storage.datasets import DatasetInfo, ensure_dataset
-from storage.labelled import write_dataset
+from storage.labelled import write_dataset_aside
+from storage.space import replace_file, writing
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
 
@@ -60,9 +62,10 @@ class RunResult:
 def prepare_dataset(config: RunConfig) -> DatasetInfo:
     """Open the run's dataset store, building it (synthetic or CIFAR-10) if missing."""
     train_samples, test_samples = config.data.sample_counts()
-    return ensure_dataset(config.data.source, config.dataset_path,
-                          train_samples=train_samples, test_samples=test_samples,
-                          seed=config.data.seed, dtype=config.network.dtype)
+    with writing("dataset store", config.dataset_path):
+        return ensure_dataset(config.data.source, config.dataset_path,
+                              train_samples=train_samples, test_samples=test_samples,
+                              seed=config.data.seed, dtype=config.network.dtype)
 
 
 def code_revision() -> str:
@@ -168,6 +171,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             trainer = ReferenceTrainer(config, network, info.train_samples)
             recorder = RunRecorder([REFERENCE_WORKER],
                                    [f"in-process, {config.reference.threads} thread(s)"], [1.0])
+        trace = functools.partial(write_trace, os.path.join(config.output_dir, "trace.json"),
+                                  recorder.receipts, client_events, recorder.workers, started)
         try:
             if strategy.uses_cluster:
                 history = train_with_recovery(config, client, strategy, engine, offered, build,
@@ -179,9 +184,12 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                 train_loop(config, trainer, recorder, client_events, from_step,
                            info.train_samples)
                 trainer.close()
-        finally:
-            write_trace(os.path.join(config.output_dir, "trace.json"), recorder.receipts,
-                        client_events, recorder.workers, started)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the trace so far, if there is room; the
+                trace()  # error that stopped the run is the one to report
+            raise
+        with writing("output directory", config.output_dir):
+            trace()
     accuracy = None
     if config.train.eval_samples:
         samples = min(config.train.eval_samples, info.test_samples)
@@ -223,9 +231,11 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
             json.loads(attrs["calibration_s_per_kernel"]))
     summary.update(changes)
     record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
-    write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
-    with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, default=str)
-    with open(os.path.join(config.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
-        yaml.safe_dump(to_dict(config), f, sort_keys=False)
+    with writing("output directory", config.output_dir):
+        write_dataset_aside(record, os.path.join(config.output_dir, "record.zarr"))
+        replace_file(os.path.join(config.output_dir, "summary.json"),
+                     json.dumps(summary, indent=2, default=str))
+        replace_file(os.path.join(config.output_dir, "config.yaml"),
+                     yaml.safe_dump(to_dict(config), sort_keys=False))
     return RunResult(summary, record, config.output_dir)
+

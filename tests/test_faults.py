@@ -50,6 +50,9 @@ FAULTS = {
     "worker SIGSTOPped mid-run, woken later, data, float64": "survived",
     # tests/test_signals.py
     "run SIGTERMed mid-run, then resumed": "clean",
+    # tests/test_full_disk.py
+    "disk full mid-run (checkpoints on a small tmpfs)": "clean",
+    "disk full mid-sweep, then run again with room": "clean",
     "sweep process SIGKILLed, seed 1": "survived",
     "sweep process SIGKILLed, seed 2": "survived",
     "sweep process SIGKILLed, seed 3": "survived",
