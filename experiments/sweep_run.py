@@ -38,6 +38,7 @@ from experiments.sweep_config import Sweep, load_predictor
 from experiments.sweep_points import Point
 from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup
 from pipeline.records import software_versions
+from pipeline.startup import start_batch, usable_cores
 from storage.locks import now_text
 from storage.space import NoSpace, writing
 
@@ -78,8 +79,12 @@ class ClusterPool:
             return self.client
         self.close()
         stack = ExitStack()
+        workers = point.config.cluster.worker_list()
+        if point.cluster_key != "external":  # minutes, for many workers on few cores
+            self.echo(f"starting an embedded cluster of {len(workers)} worker(s) ...")
         try:
-            client = stack.enter_context(open_client(point.config.cluster))
+            client = stack.enter_context(open_client(
+                point.config.cluster, batch=start_batch(len(workers), usable_cores())))
             register_setup(client, point.config.cluster)
         except BaseException:
             stack.close()

@@ -21,14 +21,15 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import xarray as xr
 import yaml
 from distributed import Client
 
 from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import ClusterWorker, find_workers, open_client, register_setup
+from pipeline.cluster import (ClusterWorker, find_workers, open_client, register_setup,
+                              scheduler_address)
 from pipeline.config import RunConfig
 from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
@@ -40,6 +41,7 @@ from pipeline.records import (RunRecorder, jsonable, left_out_reason, software_v
                               summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
+from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
 from pipeline.strategies import Strategy
 from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
@@ -148,18 +150,19 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
     client_events: list[ClientEvent] = []
     history = History()
     split_keys: list[str] = []  # the summary keys of the split (kernel_split, ...)
+    startup = Startup(config.name, config.progress)
     with ExitStack() as stack:
         if strategy.uses_cluster:
             configure_process(1)  # the client must not fight the workers for cores
             if client is None:
-                client = stack.enter_context(open_client(config.cluster,
-                                                         config.shared_directories()))
-                register_setup(client, config.cluster)
+                client = stack.enter_context(start_cluster(config, startup, say))
             if offered is None:
                 offered = find_workers(client, config.cluster)
             build = functools.partial(build_engine, client, config, strategy, network,
                                       info.train_samples)
-            engine = build(offered)
+            with startup.phase(f"placing the work on {len(offered)} worker(s) (placement: "
+                               f"{config.placement})", "placed"):
+                engine = build(offered)
             split = split_of(strategy, engine)
             attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
             split_keys = list(split)
@@ -239,3 +242,28 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
                      yaml.safe_dump(to_dict(config), sort_keys=False))
     return RunResult(summary, record, config.output_dir)
 
+
+@contextlib.contextmanager
+def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None]
+                  ) -> Iterator[Client]:
+    """A client to the run's own cluster (the embedded one, or `cluster.scheduler`'s),
+    its workers set up. Before starting embedded workers, warns when they outnumber
+    the cores (`contention_warning`); while they start, tells `startup` how many are up."""
+    with contextlib.ExitStack() as stack:
+        if scheduler_address(config.cluster) is not None:
+            client = stack.enter_context(open_client(config.cluster,
+                                                     config.shared_directories()))
+            register_setup(client, config.cluster)
+            yield client
+            return
+        workers = config.cluster.worker_list()
+        warning = contention_warning(workers, usable_cores())
+        if warning:
+            say(warning)
+        with startup.phase(f"starting {len(workers)} worker(s) on this machine",
+                           f"{len(workers)} worker(s) up") as phase:
+            client = stack.enter_context(open_client(
+                config.cluster, config.shared_directories(), phase.update,
+                start_batch(len(workers), usable_cores())))
+            register_setup(client, config.cluster)
+        yield client

@@ -155,6 +155,18 @@ class _DropEndedRunFailures(logging.Filter):
                     and "order was broken" not in text)
 
 
+class _DropClosingHeartbeats(logging.Filter):
+    """Hide "Failed to communicate with scheduler during heartbeat" (with its
+    traceback) in an embedded cluster's worker: its scheduler lives in the run's
+    process and is gone only once the run closes the cluster, while the last of
+    many workers on few cores are still being closed (64 workers on 2 cores logged
+    a dozen at the end of a run that went well)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to communicate with scheduler during "
+                                              "heartbeat")
+
+
 def _add_filter(logger: str, kind: type[logging.Filter]) -> None:
     """Add a filter of `kind` to `logger` once (setup runs again for each run)."""
     log = logging.getLogger(logger)
@@ -169,14 +181,17 @@ class WorkerSetup(WorkerPlugin):
 
     def __init__(self, threads_by_name: dict[str, int] | None = None,
                  speed_by_name: dict[str, float] | None = None,
-                 device_by_name: dict[str, str] | None = None) -> None:
+                 device_by_name: dict[str, str] | None = None, embedded: bool = False) -> None:
         self.threads_by_name = threads_by_name or {}
         self.speed_by_name = speed_by_name or {}
         self.device_by_name = device_by_name or {}
+        self.embedded = embedded  # workers of the run's own cluster (not `dask worker`s)
 
     def setup(self, worker: Any) -> None:
         _add_filter("distributed.nanny", _DropStopQueueError)
         _add_filter("distributed.worker", _DropEndedRunFailures)
+        if self.embedded:
+            _add_filter("distributed.worker", _DropClosingHeartbeats)
         name = str(worker.name)
         threads = int(self.threads_by_name.get(name, worker.state.nthreads))
         configure_process(threads)
