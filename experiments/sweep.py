@@ -36,15 +36,16 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from experiments.measure import predicted_step_time
-from experiments.results import ResultStore, StoreBusy, StoreMismatch
+from experiments.results import DONE, SKIPPED, ResultStore, StoreBusy, StoreMismatch
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
 from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
 from experiments.sweep_config import Sweep, load_predictor, load_sweep
-from experiments.sweep_run import run_sweep
+from experiments.sweep_run import STORE, run_sweep
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, fail, quiet_dask, stops_on_signals)
 from pipeline.preflight import check_run, check_writable_dir
 from pipeline.schema import ConfigError
+from storage.space import NoSpace, is_full
 
 
 def contention_warning(sweep: Sweep) -> str | None:
@@ -138,7 +139,7 @@ def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
         return _print_dry_run(dry_run_scaling, sweep)
     return _run_store_guarded(
         lambda: run_scaling_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
-        "interrupted: the previous store, if any, is unchanged")
+        "interrupted: the previous store, if any, is unchanged", sweep.store_path)
 
 
 def _print_dry_run(printer: Callable[[Any, Any], None], sweep: Any) -> int:
@@ -149,9 +150,9 @@ def _print_dry_run(printer: Callable[[Any, Any], None], sweep: Any) -> int:
     return 0
 
 
-def _run_store_guarded(run: Callable[[], int], interrupted: str) -> int:
-    """Run a sweep, turning store refusals and interruption (Ctrl-C, SIGTERM, SIGHUP:
-    `stops_on_signals`) into exit codes."""
+def _run_store_guarded(run: Callable[[], int], interrupted: str, store_path: str) -> int:
+    """Run a sweep, turning store refusals, a full disk and interruption (Ctrl-C,
+    SIGTERM, SIGHUP: `stops_on_signals`) into exit codes."""
     try:
         with stops_on_signals():
             return run()
@@ -160,6 +161,9 @@ def _run_store_guarded(run: Callable[[], int], interrupted: str) -> int:
     except StoreBusy as error:
         return fail(error, 3)
     except OSError as error:  # the disk, not the input: the store keeps what it has
+        if is_full(error):
+            full = error if isinstance(error, NoSpace) else NoSpace(STORE, store_path)
+            return fail(no_space_line(full, store_path), RUNTIME_ERROR)
         return fail(error, RUNTIME_ERROR)
     except Interrupted as stop:
         print(interrupted.replace("interrupted", f"interrupted ({stop.name})", 1),
@@ -168,6 +172,19 @@ def _run_store_guarded(run: Callable[[], int], interrupted: str) -> int:
     except KeyboardInterrupt:  # raised by hand, or with the signals left to Python
         print(interrupted, file=sys.stderr)
         return 130
+
+
+def no_space_line(error: NoSpace, store_path: str) -> str:
+    """What a sweep stopped by a full disk says: which store's disk (and its path),
+    the points kept, and that the same command runs the rest once there is room."""
+    try:
+        status = ResultStore(store_path).status()
+        kept = (f"{int((status == DONE).sum())} of {int((status != SKIPPED).sum())} "
+                f"point(s) finished, in {store_path}")
+    except Exception:  # noqa: BLE001 - no store yet, or one the full disk left unmade
+        kept = "no finished point"
+    return (f"{error}; kept: {kept}; the point being run stays pending: free some space, "
+            "then run the same command again to run the rest")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         print(warning, file=sys.stderr)
     return _run_store_guarded(
         lambda: run_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
-        "interrupted: finished points are kept; run the same command again to resume")
+        "interrupted: finished points are kept; run the same command again to resume",
+        sweep.store_path)
 
 
 if __name__ == "__main__":

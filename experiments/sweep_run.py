@@ -39,7 +39,13 @@ from experiments.sweep_points import Point
 from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup
 from pipeline.config import RunConfig
 from pipeline.records import software_versions
+from pipeline.startup import start_batch, usable_cores
 from storage.locks import now_text
+from storage.space import NoSpace, writing
+
+#: How a full disk's message names the sweep's own store.
+STORE = "sweep results store"
+
 
 def one_line(error: BaseException) -> str:
     """A failure reason that fits one line of the store and of the log.
@@ -82,9 +88,13 @@ class ClusterPool:
             return self.client
         self.close()
         stack = ExitStack()
+        workers = point.config.cluster.worker_list()
+        if point.cluster_key != "external":  # minutes, for many workers on few cores
+            self.echo(f"starting an embedded cluster of {len(workers)} worker(s) ...")
         try:
-            client = stack.enter_context(open_client(point.config.cluster,
-                                                     sweep_directories(point.config)))
+            client = stack.enter_context(open_client(
+                point.config.cluster, sweep_directories(point.config),
+                batch=start_batch(len(workers), usable_cores())))
             register_setup(client, point.config.cluster)
         except BaseException:
             stack.close()
@@ -182,11 +192,12 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
     with SweepLock(sweep.store_path) as lock:
         if lock.stale_note():
             print(lock.stale_note(), file=err)
-        _prepare_store(sweep, store, fresh, argv or sys.argv)
-        status = store.status()
-        for point in sweep.points:
-            if point.skip and status[point.region] != SKIPPED:
-                store.write_skipped(point.region, point.skip)
+        with writing(STORE, store.path):
+            _prepare_store(sweep, store, fresh, argv or sys.argv)
+            status = store.status()
+            for point in sweep.points:
+                if point.skip and status[point.region] != SKIPPED:
+                    store.write_skipped(point.region, point.skip)
         todo = [p for p in sweep.points if not p.skip and status[p.region] != DONE]
         session = {"started": now_text(), "pid": os.getpid(), "host": os.uname().nodename,
                    "code_revision": code_revision(), "points_run": 0, "interrupted": True}
@@ -212,23 +223,25 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                     else:
                         client = pool.client_for(point)
                         result = measure_point(point, client, sweep.config.keep_checkpoints)
-                except KeyboardInterrupt:
-                    raise
+                except (KeyboardInterrupt, NoSpace):  # a full disk is no fault of the
+                    raise  # point: it stays pending, and the sweep stops (one line)
                 except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001
                     reason = one_line(error)
                     finished = time.time()
-                    store.write_failure(point.region, reason,
-                                        {"started": started, "finished": finished,
-                                         "wall_time": finished - started},
-                                        {"run_id": uuid.uuid4().hex})
+                    with writing(STORE, store.path):
+                        store.write_failure(point.region, reason,
+                                            {"started": started, "finished": finished,
+                                             "wall_time": finished - started},
+                                            {"run_id": uuid.uuid4().hex})
                     failed += 1
                     if point.cluster_key is not None:
                         pool.discard()
                     if isinstance(error, SchedulerLost) and point.cluster_key == "external":
                         stopped = len(todo) - done
                 else:
-                    store.write_point(point.region, result)
-                    store.refresh_derived()
+                    with writing(STORE, store.path):
+                        store.write_point(point.region, result)
+                        store.refresh_derived()
                 session["points_run"] = done
                 bar.update(1)
                 echo(_point_line(done, len(todo), time.perf_counter() - begun, point,
@@ -242,9 +255,14 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
             bar.close()
             pool.close()
             session["finished"] = now_text()
-            sessions = json.loads(store.attrs().get("sessions", "[]")) + [session]
-            store.refresh_derived()
-            store.set_attrs(finished=session["finished"], sessions=json.dumps(sessions))
+            try:
+                with writing(STORE, store.path):
+                    sessions = json.loads(store.attrs().get("sessions", "[]")) + [session]
+                    store.refresh_derived()
+                    store.set_attrs(finished=session["finished"], sessions=json.dumps(sessions))
+            except NoSpace:
+                if session["interrupted"] is False:
+                    raise  # else the error that stopped the sweep is the one to report
     with xr.open_zarr(sweep.store_path) as ds:
         failed_total = int((ds.status == FAILED).sum())
         echo("")

@@ -15,6 +15,7 @@ from pipeline.network import checkpoint_row_chunks, initial_state, parameter_sha
 from pipeline.sampler import step_indices
 from pipeline.schema import ConfigError
 from storage import checkpoints
+from storage.space import writing
 from tasks.specs import NetworkSpec
 
 
@@ -55,14 +56,15 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
             say(f"warning: train.resume: passed over damaged checkpoint(s) in {path} "
                 f"({damaged}); resuming from step {latest}, the newest valid one")
         return latest
-    checkpoints.start_fresh(path, fingerprint)
-    checkpoints.create_checkpoint(
-        path, 0, parameter_shapes(network),
-        checkpoint_row_chunks(network, config.channel_quanta(network)), network.dtype)
-    for key, value in initial_state(network, config.train.seed).items():
-        checkpoints.write_slice(path, 0, "weights", key, 0, value)
-        checkpoints.write_slice(path, 0, "momentum", key, 0, np.zeros_like(value))
-    checkpoints.mark_complete(path, 0, {"step": 0})
+    with writing("checkpoint store", path):
+        checkpoints.start_fresh(path, fingerprint)
+        checkpoints.create_checkpoint(
+            path, 0, parameter_shapes(network),
+            checkpoint_row_chunks(network, config.channel_quanta(network)), network.dtype)
+        for key, value in initial_state(network, config.train.seed).items():
+            checkpoints.write_slice(path, 0, "weights", key, 0, value)
+            checkpoints.write_slice(path, 0, "momentum", key, 0, np.zeros_like(value))
+        checkpoints.mark_complete(path, 0, {"step": 0})
     return 0
 
 
@@ -70,9 +72,11 @@ def save_checkpoint(config: RunConfig, trainer: SavesCheckpoints, since: int, do
                     train_samples: int) -> None:
     """Checkpoint `done`: the trainer's weights, the sample indices of steps since the
     last checkpoint, then the mark that makes it count."""
-    trainer.checkpoint(done)
-    train = config.train
-    indices = np.stack([step_indices(train.seed, s, train.batch, train_samples)
-                        for s in range(since, done)])
-    checkpoints.write_sample_indices(config.checkpoint_path, since, indices, train.steps)
-    checkpoints.mark_complete(config.checkpoint_path, done, {"step": done})
+    path = config.checkpoint_path
+    with writing("checkpoint store", path):  # the workers' writes raise NoSpace themselves
+        trainer.checkpoint(done)
+        train = config.train
+        indices = np.stack([step_indices(train.seed, s, train.batch, train_samples)
+                            for s in range(since, done)])
+        checkpoints.write_sample_indices(path, since, indices, train.steps)
+        checkpoints.mark_complete(path, done, {"step": done})

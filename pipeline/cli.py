@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import multiprocessing.synchronize
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -38,18 +40,20 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def quiet_dask() -> None:
+def quiet_dask(level: int = logging.ERROR) -> None:
     """Keep only Dask's errors on stderr: its client logs its own view of a failure
     (closed comms, reconnect attempts, at INFO and WARNING), and the run reports every
     failure itself, in one line. Dask's config gives some of its loggers a level of
     their own (`distributed.client`: WARNING, whose "Couldn't gather keys" once broke
-    a lost worker's one-line message), so each of them is raised too."""
+    a lost worker's one-line message), so each of them is raised too. A stop signal
+    raises them past CRITICAL: the in-process scheduler's "Closed comm" (CRITICAL)
+    when the client closes before the workers' last results is then noise."""
     names = ["distributed"] + [name for name in logging.root.manager.loggerDict
                                if name.startswith("distributed.")]
     for name in names:
         logger = logging.getLogger(name)
-        if logger.level < logging.ERROR:
-            logger.setLevel(logging.ERROR)
+        if logger.level < level:
+            logger.setLevel(level)
 
 
 def error_line(error: BaseException | str) -> str:
@@ -104,6 +108,7 @@ def stops_on_signals() -> Iterator[None]:
         # event loop (distributed 2026.8: "cannot access free variable 'future'"),
         # which tornado logs as a traceback: noise once the user has asked to stop.
         logging.getLogger("tornado.application").setLevel(logging.CRITICAL)
+        quiet_dask(logging.CRITICAL + 1)  # the run's own cleanup, said in its one line
         raise Interrupted(signum)
 
     previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
@@ -116,10 +121,29 @@ def stops_on_signals() -> Iterator[None]:
 
 def stop_now(signum: int) -> NoReturn:
     """Kill this process's children (an embedded cluster's workers) and exit
-    128 + `signum` without unwinding: what a second signal asks for."""
+    128 + `signum` without unwinding: what a second signal asks for. The semaphores
+    of the workers' queues are unlinked first (`unlink_semaphores`)."""
     print(f"stopped at once by a second signal ({signal.Signals(signum).name})",
           file=sys.stderr)
+    unlink_semaphores()
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             child.kill()
     os._exit(128 + signum)
+
+
+def unlink_semaphores() -> None:
+    """Unlink this process's multiprocessing semaphores now, as its exit would.
+
+    Every worker of an embedded cluster talks to its nanny (in this process) through
+    queues whose named semaphores live in /dev/shm until unlinked; an exit without
+    unwinding (`os._exit`) skips that. Left to the resource tracker, they are unlinked
+    with a warning ("There appear to be 384 leaked semaphore objects": 6 a worker);
+    with the tracker killed too, they stayed in /dev/shm. Uses multiprocessing's own
+    finalizers (a private registry: nothing happens where it is missing)."""
+    registry = getattr(multiprocessing.util, "_finalizer_registry", {})
+    cleanup = getattr(multiprocessing.synchronize.SemLock, "_cleanup", None)
+    for finalizer in list(registry.values()):
+        if cleanup is not None and getattr(finalizer, "_callback", None) is cleanup:
+            with contextlib.suppress(Exception):
+                finalizer()

@@ -1,8 +1,9 @@
 """Connect to a Dask cluster, or start the embedded one a config describes.
 
-The embedded cluster is a `SpecCluster` (a LocalCluster gives every worker the same
-resource tags) of nanny-managed worker processes, one Dask thread each: a worker runs
-its tasks one at a time, and its torch thread count comes from the config.
+The embedded cluster (started by pipeline/embedded.py) is a `SpecCluster` (a
+LocalCluster gives every worker the same resource tags) of nanny-managed worker
+processes, one Dask thread each: a worker runs its tasks one at a time, and its torch
+thread count comes from the config.
 """
 
 from __future__ import annotations
@@ -23,21 +24,15 @@ import psutil
 import torch
 
 import dask
-from distributed import Client, Nanny, Scheduler, SpecCluster
+from distributed import Client, Scheduler, SpecCluster
 
 from pipeline.config import ClusterConfig, WorkerConfig
+from pipeline.embedded import QUIET, Progress, start_embedded_cluster
 from pipeline.links import Host, LinkError, LinkedHosts
 from pipeline.security import client_security, connection_problem, tls_problem
 from pipeline.object_store import client_options, start_server, worker_environment
 from tasks.worker_state import WorkerSetup
 
-
-LOOPBACK = "127.0.0.1"
-# Workers share the cores with the timed work: no statistical profiler (it samples
-# every worker's stacks every 10 ms) and no GIL monitor.
-QUIET = {"distributed.worker.daemon": False, "logging.distributed": "error",
-         "distributed.admin.system-monitor.gil.enabled": False,
-         "distributed.worker.profile.enabled": False}
 
 
 class ClusterError(RuntimeError):
@@ -155,26 +150,6 @@ def scheduler_address(config: ClusterConfig) -> str | None:
     return config.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
 
 
-def start_embedded_cluster(workers: list[WorkerConfig]) -> SpecCluster:
-    """Start a scheduler and one nanny-managed process per configured worker.
-
-    Everything listens on the loopback interface only (scheduler, workers, nannies,
-    dashboard): an embedded cluster serves this process, and a Dask worker runs
-    whatever a client that reaches it submits.
-    """
-    scheduler = {"cls": Scheduler,
-                 "options": {"host": LOOPBACK, "dashboard_address": f"{LOOPBACK}:0"}}
-    spec = {
-        worker.name: {"cls": Nanny, "options": {
-            "host": LOOPBACK, "nthreads": 1, "silence_logs": logging.ERROR,
-            "resources": dict(worker.resources), "memory_limit": 0,
-        }}
-        for worker in workers
-    }
-    with dask.config.set(QUIET):
-        return SpecCluster(workers=spec, scheduler=scheduler, silence_logs=logging.ERROR)
-
-
 def worker_command(scheduler: str, host: Host, worker: WorkerConfig) -> list[str]:
     """A `dask worker` process as the embedded cluster's: one Dask thread, the
     worker's name and tags, no memory limit, listening on its host's address only
@@ -266,14 +241,17 @@ def open_linked_cluster(config: ClusterConfig, directories: Sequence[str]
 
 
 @contextlib.contextmanager
-def open_client(config: ClusterConfig, directories: Sequence[str] = ()) -> Iterator[Client]:
-    """A client to the named scheduler, or to a fresh embedded cluster (closed after)."""
-    with open_run_client(config, directories) as (client, _links):
+def open_client(config: ClusterConfig, directories: Sequence[str] = (),
+                progress: Progress | None = None, batch: int = 0) -> Iterator[Client]:
+    """A client to the named scheduler, or to a fresh embedded cluster (closed after,
+    started `batch` workers at a time and told to `progress`: `start_embedded_cluster`)."""
+    with open_run_client(config, directories, progress, batch) as (client, _links):
         yield client
 
 
 @contextlib.contextmanager
-def open_run_client(config: ClusterConfig, directories: Sequence[str] = ()
+def open_run_client(config: ClusterConfig, directories: Sequence[str] = (),
+                    progress: Progress | None = None, batch: int = 0
                     ) -> Iterator[tuple[Client, LinkedHosts | None]]:
     """`open_client`, with the links of a linked cluster (None otherwise).
 
@@ -302,7 +280,7 @@ def open_run_client(config: ClusterConfig, directories: Sequence[str] = ()
         return
     check_devices(config.worker_list())
     try:
-        cluster = start_embedded_cluster(config.worker_list())
+        cluster = start_embedded_cluster(config.worker_list(), progress, batch)
     except Exception as error:  # noqa: BLE001 - distributed wraps the cause in RuntimeError
         raise ClusterError(f"could not start the embedded cluster: {error}") from None
     try:
@@ -345,13 +323,14 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
     """Install `WorkerSetup` on every worker (threads, emulated speeds and devices by
     name, for the embedded cluster's workers)."""
     threads, speeds, devices = {}, {}, {}
-    if scheduler_address(config) is None:
+    embedded = scheduler_address(config) is None
+    if embedded:
         for worker in config.worker_list():
             threads[worker.name] = worker.threads
             speeds[worker.name] = worker.speed
             devices[worker.name] = worker.device
     try:
-        client.register_plugin(WorkerSetup(threads, speeds, devices))
+        client.register_plugin(WorkerSetup(threads, speeds, devices, embedded))
     except Exception as error:  # noqa: BLE001 - the workers' exception arrives as text
         hint = ""
         if "No module named" in str(error):

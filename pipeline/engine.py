@@ -32,6 +32,7 @@ from pipeline.step_graph import step_tasks
 from storage import checkpoints
 from storage.exchange import (Exchange, SlotSpec, create_exchange, remove_exchange,
                               remove_stale_exchanges)
+from storage.space import writing
 from tasks import step_task
 from tasks.layout import Layout, exchange_slots
 from tasks.receipts import Receipt
@@ -112,8 +113,9 @@ class StepEngine:
         """
         for line in remove_stale_exchanges(os.path.dirname(self.paths.workspace)):
             print(line, file=sys.stderr)
-        create_exchange(self.paths.workspace,
-                        [SlotSpec(s.name, s.shape, self.network.dtype) for s in self.slots])
+        with writing("workspace", self.paths.workspace):
+            create_exchange(self.paths.workspace,
+                            [SlotSpec(s.name, s.shape, self.network.dtype) for s in self.slots])
         futures = [
             self.runner.submit(step_task.init_run, worker, self.run_id, self.layout,
                                self.plan.side, worker, self.network,
@@ -184,7 +186,10 @@ class StepEngine:
         """
         stalled = bool(self.runner.stalled_stores)
         if not stalled:
-            self.exchange.abort("the run is closing")
+            try:
+                self.exchange.abort("the run is closing")
+            except OSError:  # a full disk: the workspace's removal below tells its readers
+                pass
         pending = [f for futures in self._submitted.values() for f in futures]
         self._submitted, self._by_name = {}, {}
         try:

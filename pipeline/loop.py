@@ -44,10 +44,20 @@ def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
     before the last, `stop_at_checkpoint(step)` may end the loop there (nothing is
     in flight then). Returns the step reached.
     """
+    bar = tqdm(total=config.train.steps, initial=from_step, unit="step",
+               desc=f"{config.name} [{config.strategy}]", disable=not config.progress,
+               file=sys.stderr, leave=False)
+    with bar:  # closed (its line cleared) on every way out, so an error's line stands alone
+        return _steps(config, trainer, recorder, client_events, from_step, train_samples,
+                      stop_at_checkpoint, bar)
+
+
+def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
+           client_events: list[ClientEvent], from_step: int, train_samples: int,
+           stop_at_checkpoint: Callable[[int], bool], bar: tqdm) -> int:
+    """`train_loop`'s steps, reporting to `bar`."""
     steps, ahead = config.train.steps, config.train.inflight
     saves = sorted(s for s in config.checkpoint_steps() if s > from_step)
-    bar = tqdm(total=steps, initial=from_step, desc=f"{config.name} [{config.strategy}]",
-               unit="step", disable=not config.progress, file=sys.stderr, leave=False)
     submitted, last_save, last_end = from_step, from_step, time.perf_counter()
     for step in range(from_step, steps):
         next_save = next(s for s in saves if s > step)
@@ -69,12 +79,10 @@ def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
             recorder.checkpoint_s += time.perf_counter() - now
             last_end = time.perf_counter()
             if step + 1 < steps and stop_at_checkpoint(step + 1):
-                bar.close()
                 return step + 1
         bar.set_postfix(loss=f"{result.loss:.3f}",
                         step_s=f"{recorder.steps[step]['step_time']:.3f}")
         bar.update(1)
-    bar.close()
     return steps
 
 

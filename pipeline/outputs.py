@@ -20,12 +20,13 @@ from typing import Callable, Iterator
 from pipeline.config import RunConfig
 from pipeline.schema import ConfigError
 from storage.locks import LockBusy, OwnerLock
+from storage.space import writing
 
 LOCK_NAME = "run.lock"
 #: What makes a directory hold an earlier run's results.
 RESULTS = ("checkpoints.zarr", "record.zarr", "summary.json")
 #: What a fresh run removes: the results and the rest of a run's files.
-OUTPUTS = RESULTS + ("trace.json", "config.yaml")
+OUTPUTS = RESULTS + ("trace.json", "config.yaml", "record.zarr.partial", "record.zarr.old")
 
 
 class OutputBusy(LockBusy):
@@ -62,8 +63,11 @@ def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
     """Hold the run's output directory, refused (OutputBusy) if another run does and
     (ConfigError) if it holds results the config neither resumes nor replaces."""
     output_dir = config.output_dir
-    os.makedirs(output_dir, exist_ok=True)
-    with OutputLock(output_dir) as lock:
+    lock = OutputLock(output_dir)
+    with writing("output directory", output_dir):
+        os.makedirs(output_dir, exist_ok=True)
+        lock.acquire()
+    try:
         note = lock.stale_note()
         if note:
             say(note)
@@ -76,3 +80,5 @@ def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
                               "replace them, train.resume=true to continue that run, or "
                               "choose another output")
         yield
+    finally:
+        lock.release()

@@ -11,6 +11,7 @@ way. What is specific to a strategy, it asks the strategy object
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -20,14 +21,15 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import xarray as xr
 import yaml
 from distributed import Client
 
 from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import ClusterWorker, find_workers, open_run_client, register_setup
+from pipeline.cluster import (ClusterWorker, find_workers, open_run_client, register_setup,
+                              scheduler_address)
 from pipeline.config import RunConfig
 from pipeline.dataset import prepare_dataset
 from pipeline.engine import StepEngine
@@ -42,12 +44,14 @@ from pipeline.records import (RunRecorder, jsonable, left_out_reason, link_attrs
                               software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
+from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
 from pipeline.strategies import Strategy
 from pipeline.strategy_choice import choose_strategy
 from pipeline.trace import ClientEvent, write_trace
 from storage import checkpoints
 from storage.datasets import DatasetInfo
-from storage.labelled import write_dataset
+from storage.labelled import write_dataset_aside
+from storage.space import replace_file, writing
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
 
@@ -143,13 +147,12 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
     client_events: list[ClientEvent] = []
     history = History()
     split: dict[str, Any] = {}  # the split as the strategy records it (kernel_split, ...)
+    startup = Startup(config.name, config.progress)
     with ExitStack() as stack:
         if strategy.uses_cluster:
             configure_process(1)  # the client must not fight the workers for cores
             if client is None:
-                client, links = stack.enter_context(open_run_client(
-                    config.cluster, config.shared_directories()))
-                register_setup(client, config.cluster)
+                client, links = stack.enter_context(start_cluster(config, startup, say))
             counted = links.counters() if links is not None else {}
             if offered is None:
                 offered = find_workers(client, config.cluster)
@@ -161,7 +164,9 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                     f"{choice['master']}), predicted {choice['predicted_step_time']:.4f} s/step")
             build = functools.partial(build_engine, client, config, strategy, network,
                                       info.train_samples)
-            engine = build(offered)
+            with startup.phase(f"placing the work on {len(offered)} worker(s) (placement: "
+                               f"{config.placement})", "placed"):
+                engine = build(offered)
             split = split_of(strategy, engine)
             attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
             workers = engine.workers
@@ -172,6 +177,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             trainer = ReferenceTrainer(config, network, info.train_samples)
             recorder = RunRecorder([REFERENCE_WORKER],
                                    [f"in-process, {config.reference.threads} thread(s)"], [1.0])
+        trace = functools.partial(write_trace, os.path.join(config.output_dir, "trace.json"),
+                                  recorder.receipts, client_events, recorder.workers, started)
         try:
             if strategy.uses_cluster:
                 history = train_with_recovery(config, client, strategy, engine, offered, build,
@@ -183,9 +190,12 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                 train_loop(config, trainer, recorder, client_events, from_step,
                            info.train_samples)
                 trainer.close()
-        finally:
-            write_trace(os.path.join(config.output_dir, "trace.json"), recorder.receipts,
-                        client_events, recorder.workers, started)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the trace so far, if there is room; the
+                trace()  # error that stopped the run is the one to report
+            raise
+        with writing("output directory", config.output_dir):
+            trace()
         if strategy.uses_cluster and links is not None:  # before the links go
             attrs.update(link_attrs(config.cluster.workspace_transport() or "sftp", counted,
                                     links.counters()))
@@ -271,9 +281,37 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     record.attrs["prediction"] = json.dumps(jsonable(prediction))
     if predicted is not None:
         record.attrs["predicted_step_time"] = float(predicted)
-    write_dataset(record, os.path.join(config.output_dir, "record.zarr"), mode="w")
-    with open(os.path.join(config.output_dir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, default=str)
-    with open(os.path.join(config.output_dir, "config.yaml"), "w", encoding="utf-8") as f:
-        yaml.safe_dump(to_dict(config), f, sort_keys=False)
+    with writing("output directory", config.output_dir):
+        write_dataset_aside(record, os.path.join(config.output_dir, "record.zarr"))
+        replace_file(os.path.join(config.output_dir, "summary.json"),
+                     json.dumps(summary, indent=2, default=str))
+        replace_file(os.path.join(config.output_dir, "config.yaml"),
+                     yaml.safe_dump(to_dict(config), sort_keys=False))
     return RunResult(summary, record, config.output_dir)
+
+
+@contextlib.contextmanager
+def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None]
+                  ) -> Iterator[tuple[Client, LinkedHosts | None]]:
+    """A client to the run's own cluster (the embedded one, or `cluster.scheduler`'s),
+    its workers set up, and the links they sit behind (None without `cluster.link`).
+    Before starting embedded workers, warns when they outnumber the cores
+    (`contention_warning`); while they start, tells `startup` how many are up."""
+    with contextlib.ExitStack() as stack:
+        if scheduler_address(config.cluster) is not None:
+            client, links = stack.enter_context(open_run_client(
+                config.cluster, config.shared_directories()))
+            register_setup(client, config.cluster)
+            yield client, links
+            return
+        workers = config.cluster.worker_list()
+        warning = contention_warning(workers, usable_cores())
+        if warning:
+            say(warning)
+        with startup.phase(f"starting {len(workers)} worker(s) on this machine",
+                           f"{len(workers)} worker(s) up") as phase:
+            client, links = stack.enter_context(open_run_client(
+                config.cluster, config.shared_directories(), phase.update,
+                start_batch(len(workers), usable_cores())))
+            register_setup(client, config.cluster)
+        yield client, links

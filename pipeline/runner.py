@@ -25,13 +25,14 @@ import time
 from collections import deque
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, NoReturn, Sequence
 
 from distributed import Client, Future, wait
 
 from pipeline.cluster import (ClusterError, ClusterWorker, SchedulerLost, WorkerLost,
                               fence_workers, live_workers, unresponsive)
 from storage.liveness import silent_stores
+from storage.space import NoSpace
 
 #: `cluster.stall_timeout: auto`: the limit is this many median steps, at least
 #: STALL_FLOOR_S; before any step is measured (loading the shards, the first step),
@@ -216,6 +217,8 @@ class TaskRunner:
             if errored:
                 self._check_workers(what)
                 error = errored[0].exception()
+                if isinstance(error, NoSpace):  # the disk, not the cluster: said as it is
+                    self._fail(error)
                 self._fail(ClusterError(f"{what}: a task failed: {type(error).__name__}: "
                                         f"{error}"))
             if any(f.cancelled() for f in futures):
@@ -310,7 +313,7 @@ class TaskRunner:
         self._fail(SchedulerLost(f"{what}: lost the Dask scheduler at {address}; the run "
                                  "stopped (its checkpoints are kept)"))
 
-    def _fail(self, error: ClusterError, abort: bool = True) -> None:
+    def _fail(self, error: ClusterError | NoSpace, abort: bool = True) -> NoReturn:
         """Tell the workers (`on_failure`: the workspace's abort marker; not when the
         stores stopped answering, where the write could hang this process) and raise."""
         if abort:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from storage.space import replace_file
 from tasks.receipts import Receipt
 
 CLIENT_LANE = "client"
@@ -71,6 +72,5 @@ def trace_events(receipts: list[Receipt], client: list[ClientEvent], workers: li
 def write_trace(path: str, receipts: list[Receipt], client: list[ClientEvent],
                 workers: list[str], origin: float) -> None:
     """Write `trace.json` (Chrome trace format, JSON object form)."""
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump({"traceEvents": trace_events(receipts, client, workers, origin),
-                   "displayTimeUnit": "ms"}, handle)
+    replace_file(path, json.dumps({"traceEvents": trace_events(receipts, client, workers, origin),
+                                   "displayTimeUnit": "ms"}))

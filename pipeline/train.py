@@ -3,7 +3,8 @@
 
 Parses the command line, checks the config and its paths, runs
 `pipeline.run.run_training` and prints the closing summary; every failure is one
-line and an exit status (pipeline/cli.py). Ctrl-C, SIGTERM and SIGHUP end the run
+line and an exit status (pipeline/cli.py); a full disk's line says which store's
+disk, what was kept and how to go on. Ctrl-C, SIGTERM and SIGHUP end the run
 cleanly with one line naming the last complete checkpoint and the command that
 continues from it, and exit 128 + the signal's number.
 """
@@ -27,6 +28,7 @@ from pipeline.run import run_training
 from pipeline.schema import ConfigError
 from storage import checkpoints
 from storage.datasets import DatasetDamaged, DatasetError
+from storage.space import NoSpace
 
 
 def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
@@ -77,6 +79,33 @@ def interrupted_line(stop: Interrupted, config: RunConfig | None, argv: list[str
             f"({config.checkpoint_path}); continue from it with: {resume_command(argv)}")
 
 
+#: The setting that moves a store of scratch or input data elsewhere (checkpoints stay
+#: where the run can resume them: there, only freeing space helps).
+STORE_SETTING = {"workspace": "workspace.path", "dataset store": "data.path"}
+
+
+def no_space_line(error: NoSpace, config: RunConfig | None, argv: list[str]) -> str:
+    """What a run stopped by a full disk says: which store's disk (and its path, which
+    `NoSpace` says), what was kept, and how to go on once there is room."""
+    setting = STORE_SETTING.get(error.store)
+    room = f"free some space there (or set {setting} to a disk with more room)" if setting \
+        else "free some space there"
+    step = None if config is None else _complete_step(config.checkpoint_path)
+    if step is None:
+        return f"{error}; no checkpoint was kept; {room}, then run the same command again"
+    return (f"{error}; kept: every complete checkpoint, the last at step {step} "
+            f"({config.checkpoint_path}); {room}, then continue from step {step} with: "
+            f"{resume_command(argv)}")
+
+
+def _complete_step(path: str) -> int | None:
+    """The last complete checkpoint, or None (also when the store cannot be read)."""
+    try:
+        return checkpoints.latest_complete_step(path)
+    except Exception:  # noqa: BLE001 - a store the full disk left half-made
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_dask()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -104,6 +133,8 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         result = run_training(config)
     except OutputBusy as error:
         return fail(error, IN_USE)
+    except NoSpace as error:
+        return fail(no_space_line(error, loaded[0] if loaded else None, argv), RUNTIME_ERROR)
     except (WorkerLost, SchedulerLost) as error:
         return fail(f"{error}; start the run again with train.resume=true to continue from "
                     "the last checkpoint", RUNTIME_ERROR)

@@ -7,6 +7,8 @@ warn), and metadata is consolidated (without it, open_zarr warns and probes).
 
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
 from typing import Any
 
@@ -27,3 +29,21 @@ def write_dataset(ds: xr.Dataset, path: str, **to_zarr: Any) -> None:
         warnings.filterwarnings("ignore", message=".*[Cc]onsolidated metadata.*")
         warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
         ds.to_zarr(path, consolidated=True, **to_zarr)
+
+
+def write_dataset_aside(ds: xr.Dataset, path: str) -> None:
+    """Replace the store at `path` with `ds`, written beside it first (``PATH.partial``)
+    and renamed into place: a write that fails (a full disk) leaves the old store
+    whole, and removes its own half."""
+    staging, old = f"{path}.partial", f"{path}.old"
+    for leftover in (staging, old):  # from a run killed here before
+        shutil.rmtree(leftover, ignore_errors=True)
+    try:
+        write_dataset(ds, staging, mode="w")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if os.path.exists(path):
+        os.rename(path, old)
+    os.rename(staging, path)
+    shutil.rmtree(old, ignore_errors=True)

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from storage.exchange import Exchange
+from storage.space import writing
 from tasks.layout import Layout, StepOp, exchange_slots
 from tasks.moves import Mover
 from tasks.receipts import Receipt, TaskClock
@@ -34,7 +35,9 @@ def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: Ne
     device = profile.device
     work = side.load(layout, me, network, paths.checkpoints, from_step, arithmetic, device)
     slots = {slot.name: slot for slot in exchange_slots(layout, network, batch)}
-    mover = Mover(Exchange(paths.workspace), slots, device, profile.synchronize, wait_timeout)
+    with writing("workspace", paths.workspace):
+        mover = Mover(Exchange(paths.workspace), slots, device, profile.synchronize,
+                      wait_timeout)
     put_run(run_id, RunState(run_id, layout, me, network, batch, paths, profile, mover, side,
                              work, layout.ops(me)))
     receipt.end = time.time()
@@ -50,8 +53,9 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
     run.check_order(step, ops)
     receipt = Receipt(task, run.profile.name, step, time.time())
     clock = TaskClock(receipt, run.profile.synchronize)
-    for op in ops:
-        run.side.ops[op.kind](run, op, step, indices, clock)
+    with writing("workspace", run.paths.workspace):  # the ops' only writes
+        for op in ops:
+            run.side.ops[op.kind](run, op, step, indices, clock)
     receipt.end = time.time()
     return receipt
 
@@ -69,7 +73,8 @@ def save_run(run_id: str, checkpoint_path: str, step: int) -> Receipt:
     if ended:
         raise RunEnded(f"run {run_id}: not saving checkpoint {step}: {ended}")
     receipt = Receipt("checkpoint", run.profile.name, step, time.time())
-    run.side.save(run.work, run.me, checkpoint_path, step)
+    with writing("checkpoint store", checkpoint_path):
+        run.side.save(run.work, run.me, checkpoint_path, step)
     receipt.end = time.time()
     return receipt
 

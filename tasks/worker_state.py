@@ -141,17 +141,30 @@ class _DropEndedRunFailures(logging.Filter):
     """Hide Dask's "Compute Failed" log of a task that failed because the client
     ended its run: a wait aborted by the client (`ExchangeError`, other than a
     timeout or a broken step order, which are the run's own faults) or a save
-    refused by a woken worker (`RunEnded`). The client reports why the run ended,
-    in one line; these would add a dozen lines per worker to the run's stderr."""
+    refused by a woken worker (`RunEnded`); and of a write refused for a full disk
+    (`NoSpace`, which reaches the client whole). The client reports why the run
+    ended, in one line; these would add a dozen lines per worker to its stderr."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith("Compute Failed") or len(record.args or ()) < 4:
             return True
         text = str(record.args[3])
-        if text.startswith("RunEnded("):
+        if text.startswith(("RunEnded(", "NoSpace(")):
             return False
         return not (text.startswith("ExchangeError(") and "wait_timeout" not in text
                     and "order was broken" not in text)
+
+
+class _DropClosingHeartbeats(logging.Filter):
+    """Hide "Failed to communicate with scheduler during heartbeat" (with its
+    traceback) in an embedded cluster's worker: its scheduler lives in the run's
+    process and is gone only once the run closes the cluster, while the last of
+    many workers on few cores are still being closed (64 workers on 2 cores logged
+    a dozen at the end of a run that went well)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to communicate with scheduler during "
+                                              "heartbeat")
 
 
 def _add_filter(logger: str, kind: type[logging.Filter]) -> None:
@@ -168,14 +181,17 @@ class WorkerSetup(WorkerPlugin):
 
     def __init__(self, threads_by_name: dict[str, int] | None = None,
                  speed_by_name: dict[str, float] | None = None,
-                 device_by_name: dict[str, str] | None = None) -> None:
+                 device_by_name: dict[str, str] | None = None, embedded: bool = False) -> None:
         self.threads_by_name = threads_by_name or {}
         self.speed_by_name = speed_by_name or {}
         self.device_by_name = device_by_name or {}
+        self.embedded = embedded  # workers of the run's own cluster (not `dask worker`s)
 
     def setup(self, worker: Any) -> None:
         _add_filter("distributed.nanny", _DropStopQueueError)
         _add_filter("distributed.worker", _DropEndedRunFailures)
+        if self.embedded:
+            _add_filter("distributed.worker", _DropClosingHeartbeats)
         name = str(worker.name)
         threads = int(self.threads_by_name.get(name, worker.state.nthreads))
         configure_process(threads)

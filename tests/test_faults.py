@@ -54,6 +54,11 @@ FAULTS = {
     "worker SIGSTOPped in its namespace mid-run, kernel, float64": "survived",
     # tests/test_signals.py
     "run SIGTERMed mid-run, then resumed": "clean",
+    # tests/test_full_disk.py
+    "disk full mid-run (checkpoints on a small tmpfs)": "clean",
+    "disk full mid-sweep, then run again with room": "clean",
+    # tests/test_many_workers.py
+    "Ctrl-C to the run's process group while its workers start": "clean",
     "sweep process SIGKILLed, seed 1": "survived",
     "sweep process SIGKILLed, seed 2": "survived",
     "sweep process SIGKILLed, seed 3": "survived",

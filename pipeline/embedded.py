@@ -1,0 +1,115 @@
+"""Starting the embedded cluster: a scheduler and one nanny-managed worker process
+per configured worker, on the loopback interface, a few workers at a time.
+
+Every worker process imports torch (about 2.5 s of CPU), so 64 workers on 2 cores
+take minutes to start. Started in batches (`batch`, from
+`pipeline.startup.start_batch`), they come up steadily and a caller can say how many
+are up (`progress`); a start that fails or is interrupted (Ctrl-C) kills the
+workers still starting instead of waiting for them, and the workers never see a
+terminal's Ctrl-C themselves (`_block_ctrl_c`): the run stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from multiprocessing import resource_tracker
+from typing import Callable
+
+import dask
+import psutil
+from distributed import Nanny, Scheduler, SpecCluster
+
+from pipeline.config import WorkerConfig
+
+LOOPBACK = "127.0.0.1"
+# Workers share the cores with the timed work: no statistical profiler (it samples
+# every worker's stacks every 10 ms) and no GIL monitor.
+QUIET = {"distributed.worker.daemon": False, "logging.distributed": "error",
+         "distributed.admin.system-monitor.gil.enabled": False,
+         "distributed.worker.profile.enabled": False}
+
+#: (workers up, workers asked for), while an embedded cluster starts.
+Progress = Callable[[int, int], None]
+
+
+def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | None = None,
+                           batch: int = 0) -> SpecCluster:
+    """Start a scheduler and one nanny-managed process per configured worker, `batch`
+    at a time (0: all at once); `progress` hears how many are up meanwhile.
+
+    Everything listens on the loopback interface only (scheduler, workers, nannies,
+    dashboard): an embedded cluster serves this process, and a Dask worker runs
+    whatever a client that reaches it submits. Started in batches, the workers come
+    up a few at a time rather than (nearly) all at the end.
+    """
+    scheduler = {"cls": Scheduler,
+                 "options": {"host": LOOPBACK, "dashboard_address": f"{LOOPBACK}:0"}}
+    spec = {
+        worker.name: {"cls": Nanny, "options": {
+            "host": LOOPBACK, "nthreads": 1, "silence_logs": logging.ERROR,
+            "resources": dict(worker.resources), "memory_limit": 0,
+        }}
+        for worker in workers
+    }
+    names, step = list(spec), batch or len(spec) or 1
+    before = {child.pid for child in psutil.Process().children()}
+    with dask.config.set(QUIET):
+        cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR)
+        try:
+            cluster.sync(_block_ctrl_c)
+            for first in range(0, len(names), step):
+                cluster.worker_spec.update({n: spec[n] for n in names[first:first + step]})
+                _start_counted(cluster, len(names), progress or (lambda up, total: None))
+        except BaseException:
+            _kill_new_workers(before)  # else closing waits for every start under way
+            cluster.close()
+            raise
+        return cluster
+
+
+async def _block_ctrl_c() -> None:
+    """Block SIGINT in the event loop's thread, which starts the worker processes
+    (through threads it creates, which inherit its signal mask, as a process does
+    across exec). A terminal's Ctrl-C reaches every process of the run; the run
+    stops its workers itself, and each worker that took it printed a
+    KeyboardInterrupt traceback. Python runs signal handlers in the main thread
+    only, so this thread blocking one changes nothing for this process. The
+    resource tracker is started first: starting it unblocks SIGINT in its caller."""
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _kill_new_workers(before: set[int]) -> None:
+    """Kill the worker processes this process spawned since its children were
+    `before` (multiprocessing's, not its resource tracker)."""
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.pid not in before and "spawn_main" in " ".join(child.cmdline()):
+                child.kill()
+
+
+def _start_counted(cluster: SpecCluster, total: int, progress: Progress) -> None:
+    """Start the workers added to `cluster.worker_spec` as SpecCluster's own start
+    does (`_correct_state`, whose failure is raised here), telling `progress` how
+    many of `total` are up meanwhile. The wait is in this thread, so that Ctrl-C
+    ends it at once."""
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            cluster.sync(cluster._correct_state)
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=start, name="start-embedded-workers", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        progress(len(cluster.scheduler_info.get("workers", {})), total)
+        thread.join(0.2)
+    if outcome and outcome[0] is not None:
+        raise outcome[0]
+    progress(len(cluster.scheduler_info.get("workers", {})), total)
