@@ -34,24 +34,34 @@ Predictor = Callable[[Any, "dict | None"], "float | None"]
 
 def predicted_step_time(predictor: Predictor | None, point: Point, summary: dict | None,
                         client: Any = None) -> float:
-    """The model's step time for the point (NaN where it has none).
+    """The model's step time for the point (NaN where it has none)."""
+    return prediction_band(predictor, point, summary, client)[0]
+
+
+def prediction_band(predictor: Predictor | None, point: Point, summary: dict | None,
+                    client: Any = None) -> tuple[float, float, float]:
+    """The model's step time for the point and its band ``(step, low, high)``: NaN
+    where it has none (the band too where the predictor gives a bare number).
 
     A live client is handed on when the model takes one, so that a model which
     probes the cluster uses the one already running instead of starting another.
     """
+    nan = float("nan")
     if predictor is None:
-        return float("nan")
+        return nan, nan, nan
     kwargs = {}
     if client is not None and "client" in inspect.signature(predictor).parameters:
         kwargs["client"] = client
     try:
         value = predictor(point.config, summary, **kwargs)
     except Exception:  # noqa: BLE001 - a model's gap must not fail a measured point
-        return float("nan")
+        return nan, nan, nan
     try:
-        return float("nan") if value is None else float(value)
+        step = nan if value is None else float(value)
     except (TypeError, ValueError):
-        return float("nan")
+        return nan, nan, nan
+    band = value if isinstance(value, dict) else {}
+    return step, float(band.get("predicted_low", nan)), float(band.get("predicted_high", nan))
 
 
 def run_prediction_policy(point: Point) -> str:
@@ -91,8 +101,9 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
     if not keep_checkpoints:
         shutil.rmtree(config.checkpoint_path, ignore_errors=True)
     step_time = summary["step_time_median"]
-    predicted = summary.get("predicted_step_time")
-    predicted = float("nan") if predicted is None else float(predicted)
+    predicted, low, high = (float("nan") if summary.get(key) is None else float(summary[key])
+                            for key in ("predicted_step_time", "predicted_low",
+                                        "predicted_high"))
     accuracy = summary.get("test_accuracy")
     values = {
         "step_time": step_time, "step_time_p25": summary["step_time_p25"],
@@ -109,6 +120,7 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
         "measured_steps": float(summary["measured_steps"]),
         "predicted_step_time": predicted,
         "prediction_error": (predicted - step_time) / step_time if step_time else np.nan,
+        "predicted_low": low, "predicted_high": high,
         "started": started, "finished": finished, "wall_time": finished - started,
         "recoveries": float(len(summary.get("recoveries", []))),
     }
@@ -129,11 +141,12 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
 def predict_only(point: Point, predictor: Predictor) -> PointResult:
     """`mode: predict`: the model's step time, no training."""
     started = time.time()
-    predicted = predicted_step_time(predictor, point, None)
+    predicted, low, high = prediction_band(predictor, point, None)
     finished = time.time()
     if np.isnan(predicted):
         raise RuntimeError("the performance model gave no prediction for this point "
                            "(no probe of its cluster: see CNN_PREDICT_PROBE)")
-    return PointResult({"predicted_step_time": predicted, "started": started,
+    return PointResult({"predicted_step_time": predicted, "predicted_low": low,
+                        "predicted_high": high, "started": started,
                         "finished": finished, "wall_time": finished - started},
                        {"failure": "", "run_id": uuid.uuid4().hex}, {})

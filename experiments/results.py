@@ -81,6 +81,10 @@ MEASURES: dict[str, tuple[str, str]] = {
     "predicted_step_time": ("s", "the performance model's step time for this point "
                             "(NaN where the model has no probe of its cluster)"),
     "prediction_error": ("1", "(predicted_step_time - step_time) / step_time"),
+    "predicted_low": ("s", "the model's step time with every probed shard and the dense "
+                      "head at the lower quartile of the probe's steps (how sure the "
+                      "prediction is: docs/model.md). Stores written before it have none"),
+    "predicted_high": ("s", "the same at the upper quartile"),
     "recoveries": ("1", "worker losses the point's run survived (each: back to its last "
                    "checkpoint, re-placed on the surviving workers, replayed; see "
                    "recovery_log). Stores written before it have no such variable"),
@@ -102,7 +106,8 @@ TEXTS: dict[str, str] = {
 }
 #: Variables added to format 2 after it was first written: older stores lack them,
 #: and a resumed sweep writes them only where they exist.
-ADDED_LATER = ("recoveries", "recovery_log", "worker_devices", "strategy_choice")
+ADDED_LATER = ("recoveries", "recovery_log", "worker_devices", "strategy_choice",
+               "predicted_low", "predicted_high")
 SERIES: dict[str, tuple[str, str]] = {
     "step_time_series": ("s", "wall time of every step (see the warmup coordinate)"),
     "loss_series": ("1", "training loss of every step's batch"),

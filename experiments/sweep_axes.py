@@ -33,7 +33,8 @@ RESERVED_NAMES = {
     "wall_time", "step_time", "step_time_p25", "step_time_p75", "step_time_min",
     "step_time_max", "throughput", "speedup", "efficiency", "compute_time", "storage_time",
     "master_time", "wait_time", "bytes_moved", "loss", "accuracy", "n_workers", "capacity",
-    "measured_steps", "predicted_step_time", "prediction_error", "kernel_split", "batch_split",
+    "measured_steps", "predicted_step_time", "prediction_error", "predicted_low",
+    "predicted_high", "kernel_split", "batch_split",
     "worker_labels", "worker_devices", "step_time_series", "loss_series",
 }
 _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -169,8 +169,11 @@ def _point_line(done: int, total: int, elapsed: float, point: Point, result: Poi
     if not np.isnan(values["accuracy"]):
         text += f"  acc {values['accuracy']:.3f}"
     if not np.isnan(values["predicted_step_time"]):
-        text += (f"  predicted {values['predicted_step_time']:.4f} "
-                 f"({values['prediction_error']:+.0%})")
+        text += f"  predicted {values['predicted_step_time']:.4f} "
+        low, high = values.get("predicted_low", np.nan), values.get("predicted_high", np.nan)
+        if not (np.isnan(low) or np.isnan(high)):
+            text += f"[{low:.4f}-{high:.4f}] "
+        text += f"({values['prediction_error']:+.0%})"
     return text + f"  [{seconds:.1f} s]"
 
 

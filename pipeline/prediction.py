@@ -43,7 +43,7 @@ from pipeline.strategies import strategy_named
 from storage.datasets import DatasetError, open_dataset_info
 from tasks.specs import NetworkSpec
 
-__all__ = ["PointPrediction", "predict_config", "predict_point", "network_for",
+__all__ = ["PointPrediction", "band", "predict_config", "predict_point", "network_for",
            "probe_for_config", "probe_policy"]
 
 
@@ -192,7 +192,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
     Returns
     -------
     PointPrediction or None
-        ``predicted_step_time``, ``breakdown`` (seconds on the critical path:
+        ``predicted_step_time`` and its band ``predicted_low``..``predicted_high``
+        (:func:`band`), ``breakdown`` (seconds on the critical path:
         ``compute_critical``, ``master``, ``storage``, ``communication``,
         ``overhead``; ``compute`` per worker), ``kernel_split``,
         ``probe_key``, ``constants`` and, with a summary, ``measured_step_time``
@@ -213,8 +214,10 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
             return None
     prediction = predict_config(config, probe, kernel_split=summary.get("kernel_split"),
                                 batch_split=summary.get("batch_split"))
+    low, high = band(config, probe, prediction, summary)
     out = PointPrediction(
         strategy=config.strategy, predicted_step_time=prediction.step_time,
+        predicted_low=low, predicted_high=high,
         breakdown={k: v for k, v in prediction.breakdown.items()},
         kernel_split=prediction.kernel_counts,
         bytes_moved=prediction.details.get("bytes_moved"), probe_key=probe.key,
@@ -224,6 +227,20 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         out["measured_step_time"] = float(measured)
         out["prediction_error"] = prediction.step_time / float(measured) - 1.0
     return out
+
+
+def band(config: RunConfig, probe: ClusterProbe | MasterProbe, prediction: Prediction,
+         summary: dict) -> tuple[float, float]:
+    """How sure the prediction is: its step with every shard and the dense head at the
+    lower, then the upper quartile of the steps the probe timed (``probe.at``), the
+    split held at the one predicted. The spread of the probe's timings, not the
+    model's own error (docs/model.md)."""
+    kernel_split = summary.get("kernel_split") or prediction.kernel_counts
+    batch_split = summary.get("batch_split") or prediction.details.get("batch_shares")
+    low, high = (predict_config(config, probe.at(bound), kernel_split=kernel_split,
+                                batch_split=batch_split).step_time
+                 for bound in ("low", "high"))
+    return min(low, prediction.step_time), max(high, prediction.step_time)
 
 
 def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:

@@ -231,6 +231,8 @@ def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
                 "prediction_note": "no probe of this cluster is cached: set prediction: auto "
                                    "to probe it once, or predict it in a sweep"}
     return {"predicted_step_time": predicted["predicted_step_time"],
+            "predicted_low": predicted.get("predicted_low"),
+            "predicted_high": predicted.get("predicted_high"),
             "prediction_probe": predicted["probe_key"],
             "predicted_breakdown": predicted["breakdown"]}
 

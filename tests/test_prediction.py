@@ -96,6 +96,12 @@ def test_probe_measures_positive_finite_constants(probe):
     assert _finite_positive(probe.master.dense_s)
     for worker in probe.workers:  # the backward's first part is part of it
         assert all(0 < t.input_grad_s <= t.backward_s for t in worker.timings if t.layer > 0)
+    for worker in probe.workers:  # every size timed in rounds, its spread kept
+        for t in worker.timings:
+            assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
+            assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
+    assert probe.version == 5 and probe.phase_seconds["timed_again"] >= 0
+    assert 0 < probe.master.dense_low_s <= probe.master.dense_s <= probe.master.dense_high_s
     # the cost-model objects
     devices = probe.device_specs()
     assert all(set(d.layer_tables) == {"conv1", "conv2"} for d in devices)
@@ -135,6 +141,8 @@ def test_predict_point_per_strategy_is_sane(probe, two_workers, tiny_dataset_fac
     assert isinstance(prediction, PointPrediction)
     seconds = prediction["predicted_step_time"]
     assert 1e-4 < seconds < 5.0 and float(prediction) == seconds
+    # how sure: the step with the probe's timings at their quartiles, around the figure
+    assert prediction["predicted_low"] < seconds < prediction["predicted_high"]
     b = prediction["breakdown"]
     parts = ("compute_critical", "master", "storage", "communication", "overhead")
     assert sum(b[k] for k in parts) == pytest.approx(seconds)

@@ -185,6 +185,8 @@ def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_dataset
     # the model's prediction and its error, per point
     assert done.predicted_step_time.notnull().all()
     assert close(done.prediction_error, done.predicted_step_time / done.step_time - 1)
+    assert (done.predicted_low <= done.predicted_step_time).all()  # the band around it
+    assert (done.predicted_step_time <= done.predicted_high).all()
     assert "3 point(s) failed" in result.stdout
 
 

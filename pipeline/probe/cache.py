@@ -30,7 +30,7 @@ from pipeline.probe.hops import probe_hops
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.runs import (dataset_read_s, dense_s, plans_for, run_plans, shard_timings,
+from pipeline.probe.runs import (calibrate, dataset_read_s, dense_s, plans_for, shard_timings,
                                  store_fit, sync_s, task_gap_s)
 from storage.datasets import create_synthetic_dataset
 from tasks.specs import NetworkSpec
@@ -95,7 +95,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
                   quanta: Sequence[int], workspace_dir: str | None = None,
                   dataset: str | None = None, links: str = "",
                   output_root: str | None = None) -> ClusterProbe:
-    """Calibration runs of the engine on ``offered`` (pipeline/probe/runs.py), and hops.
+    """Calibration runs of the engine on ``offered`` in rounds, sizes timed again
+    where the rounds disagree (pipeline/probe/runs.py, robust.py), and hops.
 
     ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
     part: the store's figures are measured across them), ``output_root`` where the
@@ -103,27 +104,29 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     that is mounted on their side)."""
     started = time.perf_counter()
     with _dataset_for(network, batch, dataset) as path:
-        runs = run_plans(client, offered, network, batch, path,
-                         plans_for(network, batch, quanta, len(offered)), workspace_dir,
-                         output_root)
+        runs, again = calibrate(client, offered, network, batch, path,
+                                plans_for(network, batch, quanta, len(offered)), workspace_dir,
+                                output_root)
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
     timings = shard_timings(runs)
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
-                           [ShardTiming(*t) for t in timings.get(s.name, [])]) for s in offered]
+                           timings.get(s.name, [])) for s in offered]
     read_latency, read_bw = store_fit(runs, "read")
     write_latency, write_bw = store_fit(runs, "write")
     store = StoreProbe(workspace_dir or "engine default", read_latency, read_bw, write_latency,
                        write_bw, dataset_read_s(runs))
     dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip)
-    master = MasterProbe(1, batch, dense_s(runs), created=time.time())
+    dense = dense_s(runs)
+    master = MasterProbe(1, batch, dense.value, created=time.time(), dense_low_s=dense.low,
+                         dense_high_s=dense.high)
     where = workspace_location(all_local(list(offered)), workspace_dir)
     key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
     plain = json.loads(json.dumps(asdict(network)))  # as it comes back from the cache
     done = time.perf_counter()
     return ClusterProbe(key, time.time(), socket.gethostname(), plain, batch, list(quanta),
                         workers, store, dask, master, done - started,
-                        {"runs": ran - started, "hops": done - ran})
+                        {"runs": ran - started, "hops": done - ran, "timed_again": again})
 
 
 def _load(path: str) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ import torch
 
 from pipeline.network import build_sequential
 from pipeline.probe.results import MasterProbe, ShardTiming
+from pipeline.probe.robust import estimate
 from pipeline.placement import rough_seconds
 from storage.datasets import open_dataset_info, read_batch
 from tasks.specs import NetworkSpec
@@ -31,13 +32,21 @@ def probe_master(network: NetworkSpec, batch: int, threads: int = 1,
     before = torch.get_num_threads()
     configure_process(threads)
     try:
-        forward, backward, dense_s = time_network(network, batch, dataset, threads)
-        timings = [ShardTiming(i, layer.kernels, 1, f, b)
-                   for i, (layer, f, b) in enumerate(zip(network.conv, forward, backward))]
+        rows = time_network(network, batch, dataset, threads)
+        timings = []
+        for i, layer in enumerate(network.conv):
+            f, b = (estimate([[row[n][i] for row in rows]]) for n in (0, 1))
+            total = estimate([[row[0][i] + row[1][i] for row in rows]])
+            both = f.value + b.value
+            timings.append(ShardTiming(i, layer.kernels, 1, f.value, b.value, 0.0, 1,
+                                       total.samples, min(total.low, both),
+                                       max(total.high, both)))
+        rest = estimate([[row[2] for row in rows]])
         read_s = time_dataset(dataset, batch, 5) if dataset else None
     finally:
         torch.set_num_threads(before)
-    return MasterProbe(threads, batch, dense_s, timings, read_s, created=time.time())
+    return MasterProbe(threads, batch, rest.value, timings, read_s, created=time.time(),
+                       dense_low_s=rest.low, dense_high_s=rest.high)
 
 
 def time_dataset(path: str, batch: int, repeats: int) -> float:
@@ -65,8 +74,8 @@ def repeats_for(seconds: float) -> tuple[int, bool]:
 
 
 def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
-                 threads: int = 1) -> tuple[list[float], list[float], float]:
-    """Per-layer forward and backward seconds inside whole training steps, and the rest.
+                 threads: int = 1) -> list[tuple[list[float], list[float], float]]:
+    """Per step timed: per-layer forward and backward seconds inside it, and the rest.
 
     Timed per conv layer within real steps of the plain ``nn.Sequential``
     (as ``strategy: reference`` trains it), so that each layer meets the
@@ -74,7 +83,7 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
     10-15 % fast).  Hooks stamp the clock where each conv block's forward
     starts and ends and where the gradient reaches each block's output and
     input.  The rest (dense head, loss, both passes, and the SGD step over all
-    parameters) is the third value.  Medians over steps after a warm-up.
+    parameters) is the third value.  One row per step after a warm-up.
     """
     torch.manual_seed(0)
     model = build_sequential(network)
@@ -140,6 +149,4 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
     finally:
         for handle in handles:
             handle.remove()
-    forward = [float(np.median([r[0][i] for r in rows])) for i in range(len(blocks))]
-    backward = [float(np.median([r[1][i] for r in rows])) for i in range(len(blocks))]
-    return forward, backward, float(np.median([r[2] for r in rows]))
+    return [(fwd, bwd, rest) for fwd, bwd, rest, _ in rows]

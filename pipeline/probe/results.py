@@ -7,7 +7,7 @@ so that a probe can be cached and recorded next to the predictions made from it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -15,9 +15,10 @@ import numpy as np
 from pipeline.costmodel import (DaskOverhead, DeviceSpec, LayerTable, Network, Options,
                                 StoreSpec, sequential)
 from pipeline.placement import split_even
+from pipeline.probe.robust import inconsistent
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
-PROBE_VERSION = 4
+PROBE_VERSION = 5  # 5: rounds, robust figures, spread, outliers
 
 
 @dataclass
@@ -25,7 +26,14 @@ class ShardTiming:
     """One measured shard: ``kernels`` of ``layer`` while ``active`` workers ran at once.
 
     ``input_grad_s`` is the first part of ``backward_s``: pool/ReLU backward and the
-    input gradient, which the engine hands on before the weight gradient.
+    input gradient, which the engine hands on before the weight gradient. Each is the
+    median of the rounds' step medians (`pipeline.probe.robust`); ``low_s`` and
+    ``high_s`` are the quartiles of forward + backward over every step timed (0: not
+    kept, as in a reference probe), ``rounds`` and ``steps`` what they come from.
+    ``settled``: two rounds agreed with the figure (or one round was all there was);
+    ``outlier``: it breaks "time grows with kernels, at most in proportion" against the
+    worker's other sizes even after being timed again, so the model's tables leave it
+    out.
     """
 
     layer: int
@@ -34,6 +42,23 @@ class ShardTiming:
     forward_s: float
     backward_s: float
     input_grad_s: float = 0.0
+    rounds: int = 1
+    steps: int = 1
+    low_s: float = 0.0
+    high_s: float = 0.0
+    settled: bool = True
+    outlier: bool = False
+
+    def scaled(self, bound: str) -> "ShardTiming":
+        """This timing at the lower (``"low"``) or upper (``"high"``) quartile of its
+        steps: every pass scaled alike; itself where no spread was kept."""
+        total = self.forward_s + self.backward_s
+        edge = self.low_s if bound == "low" else self.high_s
+        if bound == "mid" or edge <= 0 or total <= 0:
+            return self
+        f = min(edge / total, 1.0) if bound == "low" else max(edge / total, 1.0)
+        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
+                       input_grad_s=self.input_grad_s * f)
 
 
 @dataclass
@@ -85,6 +110,7 @@ class MasterProbe:
 
     For a cluster probe, the dense head as the master worker runs it; for
     ``strategy: reference``, this process training the whole network.
+    ``dense_low_s``, ``dense_high_s``: quartiles of the dense head's steps (0: not kept).
     """
 
     threads: int
@@ -94,6 +120,17 @@ class MasterProbe:
     dataset_read_s: float | None = None
     key: str = ""
     created: float = 0.0
+    dense_low_s: float = 0.0
+    dense_high_s: float = 0.0
+
+    def at(self, bound: str) -> "MasterProbe":
+        """This probe with every timing at its lower or upper quartile (`bound`
+        ``"low"``, ``"high"``; ``"mid"``: itself): what the prediction's band uses."""
+        if bound == "mid":
+            return self
+        edge = self.dense_low_s if bound == "low" else self.dense_high_s
+        return replace(self, dense_s=edge if edge > 0 else self.dense_s,
+                       timings=[t.scaled(bound) for t in self.timings])
 
 
 @dataclass
@@ -117,6 +154,17 @@ class ClusterProbe:
 
     def network_spec(self) -> NetworkSpec:
         return network_spec_from_dict(self.network)
+
+    def at(self, bound: str) -> "ClusterProbe":
+        """This probe with every shard and the dense head at the lower or upper
+        quartile of their steps (`bound` ``"low"``, ``"high"``; ``"mid"``: itself).
+        The store's and Dask's constants stay: they are fits and medians over every
+        access of every run, not single sizes."""
+        if bound == "mid":
+            return self
+        workers = [replace(w, timings=[t.scaled(bound) for t in w.timings])
+                   for w in self.workers]
+        return replace(self, workers=workers, master=self.master.at(bound))
 
     def costmodel_network(self) -> Network:
         return costmodel_network(self.network_spec())
@@ -197,18 +245,48 @@ def costmodel_network(spec: NetworkSpec) -> Network:
     return net
 
 
+def _view(timings: Sequence[ShardTiming], layer: int, active: int) -> list[ShardTiming]:
+    """The timings of ``layer`` the model uses with ``active`` workers running: those
+    measured so, and other counts' at the kernel counts those lack."""
+    mine = [t for t in timings if t.layer == layer]
+    exact = {t.kernels for t in mine if t.active == active}
+    return [t for t in mine if t.active == active or t.kernels not in exact]
+
+
+def table_points(timings: Sequence[ShardTiming], layer: int, active: int
+                 ) -> dict[int, tuple[float, float, float]]:
+    """``kernels -> (forward, backward, input_grad)`` of one layer as the model sees it
+    with ``active`` workers running (`_view`; several at one count: their median),
+    less the points that break "time grows with kernels" (`robust.inconsistent`)."""
+    by_k: dict[int, list[ShardTiming]] = {}
+    for t in _view(timings, layer, active):
+        by_k.setdefault(t.kernels, []).append(t)
+    points = {k: (float(np.median([t.forward_s for t in ts])),
+                  float(np.median([t.backward_s for t in ts])),
+                  float(np.median([t.input_grad_s for t in ts]))) for k, ts in by_k.items()}
+    dropped = inconsistent({k: v[:2] for k, v in points.items()})
+    return {k: v for k, v in sorted(points.items()) if k not in dropped}
+
+
+def mark_outliers(timings: list[ShardTiming]) -> list[ShardTiming]:
+    """``timings`` with ``outlier`` set on each one some table of the model leaves out
+    (`table_points`, for every count of workers running that was measured)."""
+    left_out: set[tuple[int, int, int]] = set()
+    for layer, active in {(t.layer, t.active) for t in timings}:
+        kept = table_points(timings, layer, active)
+        left_out |= {(t.layer, t.kernels, t.active) for t in _view(timings, layer, active)
+                     if t.kernels not in kept}
+    return [replace(t, outlier=(t.layer, t.kernels, t.active) in left_out) for t in timings]
+
+
 def _device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch: int,
                  active: int, dense_rate: float | None = None) -> DeviceSpec:
     tables, rates = {}, {}
     for index, conv in enumerate(net.conv):
-        mine = [t for t in timings if t.layer == index]
-        if not mine:
+        points = table_points(timings, index, active)
+        if not points:
             continue
-        exact = {t.kernels for t in mine if t.active == active}
-        # prefer the measurements made with the same number of workers running
-        points = [(t.kernels, t.forward_s, t.backward_s, t.input_grad_s) for t in mine
-                  if t.active == active or t.kernels not in exact]
-        table = LayerTable.from_points(batch, points)
+        table = LayerTable.from_points(batch, [(k, *v) for k, v in points.items()])
         tables[conv.name] = table
         k = table.kernels[-1]
         seconds = table.forward[-1] + table.backward[-1]

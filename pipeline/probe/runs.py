@@ -2,8 +2,9 @@
 
 A synthetic timing loop underestimates what a shard costs inside training (fresh
 allocations, other workers' traffic, the denormals of real data), so the probe
-runs the engine itself, through the training loop, for a few steps per *plan*
-(how many kernels of each layer each worker holds, worker 0 the master) and reads
+runs the engine itself, steps submitted ahead as the training loop does, for a few
+steps per *plan* (how many kernels of each layer each worker holds, worker 0 the
+master) and reads
 every constant the model needs from the receipts: per worker and layer the
 forward, backward and input-gradient seconds at each kernel count; per workspace
 access its seconds and bytes; the dense head; the dataset read; the gap between a
@@ -15,17 +16,22 @@ Plans: the even split over the first ``P`` workers for ``P = 1..n`` (what
 worker holds three quarters or all but one quantum of each layer (and the same
 turned round), so that the shard tables span the counts another split may use.
 Every plan covers each layer: a layer's input is every shard's output.
+
+Rounds: every plan runs a few steps, then every plan again (`ROUNDS`), each plan's
+engine kept between its rounds, so that each size is timed at moments seconds
+apart; plans holding a size the rounds did not settle, or one that breaks "time
+grows with kernels", run further rounds (`RETIMES`; pipeline/probe/robust.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import shutil
 import tempfile
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,10 +41,10 @@ from pipeline.checkpointing import prepare_checkpoints
 from pipeline.cluster import ClusterWorker, all_local
 from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConfig, TrainConfig,
                              WorkspaceConfig)
-from pipeline.loop import train_loop
 from pipeline.placement import Placement, rough_seconds, split_even
-from pipeline.records import RunRecorder
 from pipeline.engine import RunPlan, StepEngine
+from pipeline.probe.results import ShardTiming, mark_outliers
+from pipeline.probe.robust import Estimate, estimate
 from storage.datasets import open_dataset_info
 from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, layout_from_counts
@@ -46,7 +52,7 @@ from tasks.receipts import OpEvent, Receipt
 from tasks.specs import Arithmetic, NetworkSpec
 from tasks.worker_state import configure_process
 
-@dataclasses.dataclass
+@dataclass
 class ProbePlan:
     """Kernels per layer (rows) and worker (columns) of one calibration run."""
 
@@ -66,13 +72,31 @@ def plan_steps(seconds: float) -> tuple[int, int]:
     return (3, 1) if seconds < 6.0 else (2, 1)
 
 
-@dataclasses.dataclass
+#: Rounds of every plan (timed one round after the other; pipeline/probe/robust.py),
+#: for plans of less than `ROUNDS_BELOW_S` seconds a step; longer plans run once
+#: (a hiccup of tens of milliseconds is lost in a step of seconds).
+ROUNDS = 2
+ROUNDS_BELOW_S = 6.0
+#: Passes that time again the plans holding an unsettled or inconsistent size.
+RETIMES = 2
+#: The calibration runs' step budget (their config's ``train.steps``; never reached).
+PROBE_STEPS = 1000
+
+
+def plan_rounds(seconds: float) -> int:
+    """Rounds a plan of about ``seconds`` a step gets before any timing again."""
+    return ROUNDS if seconds < ROUNDS_BELOW_S else 1
+
+
+@dataclass
 class PlanRun:
-    """One plan's receipts (warm-up steps excluded) and the workers it ran on."""
+    """One plan's receipts (warm-up steps excluded), the workers it ran on, and the
+    round it was timed in."""
 
     plan: ProbePlan
     workers: list[str]
     receipts: list[Receipt]
+    round: int = 0
 
 
 def plan_seconds(network: NetworkSpec, batch: int, plan: ProbePlan) -> float:
@@ -137,40 +161,74 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
         progress=False)
 
 
-def run_plans(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
-              dataset: str, plans: Sequence[ProbePlan], workspace_dir: str | None = None,
-              output_root: str | None = None) -> list[PlanRun]:
-    """Train every plan for a few steps (the first warm-up) through the training loop;
-    their checkpoints go under `output_root` (default: see `_output_root`)."""
-    base = tempfile.mkdtemp(prefix="probe-", dir=output_root or _output_root(offered))
-    samples = open_dataset_info(dataset).train_samples
-    threads = torch.get_num_threads()
-    configure_process(1)  # as run_training: the client must not fight the workers
-    quantum = math.gcd(*(k for plan in plans for row in plan.counts for k in row))
-    runs = []
-    try:
-        for plan in plans:
-            steps, warmup = plan_steps(plan_seconds(network, batch, plan))
-            config = probe_config(network, batch, dataset, base, steps, workspace_dir, quantum)
-            prepare_checkpoints(config, network)
-            workers = list(offered[:plan.workers])
+class PlanEngines:
+    """The calibration runs' engines: one per plan, started at its first round and kept
+    until the probe ends, so that a later round of a plan is a few more steps of the
+    same run (one warm-up step, no new setup or checkpoint) a few seconds after the
+    last. Steps go ahead ``train.inflight`` at a time, as in the training loop."""
+
+    def __init__(self, client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec,
+                 batch: int, dataset: str, plans: Sequence[ProbePlan],
+                 workspace_dir: str | None = None, output_root: str | None = None) -> None:
+        self.client, self.offered, self.network, self.batch = client, list(offered), network, batch
+        self.dataset, self.workspace_dir = dataset, workspace_dir
+        self.output_root = output_root  # where checkpoints go (None: `_output_root`)
+        self.samples = open_dataset_info(dataset).train_samples
+        self.quantum = math.gcd(*(k for plan in plans for row in plan.counts for k in row))
+        self.engines: dict[int, tuple[StepEngine, list[str], int]] = {}  # id(plan) -> ..., next step
+        self.base = ""
+        self.threads = 0
+
+    def __enter__(self) -> "PlanEngines":
+        self.base = tempfile.mkdtemp(prefix="probe-",
+                                     dir=self.output_root or _output_root(self.offered))
+        self.threads = torch.get_num_threads()
+        configure_process(1)  # as run_training: the client must not fight the workers
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            for engine, _, _ in self.engines.values():
+                engine.close()
+        finally:
+            self.engines = {}
+            torch.set_num_threads(self.threads)
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def _engine(self, plan: ProbePlan) -> tuple[StepEngine, list[str], int]:
+        if id(plan) not in self.engines:
+            config = probe_config(self.network, self.batch, self.dataset, self.base, PROBE_STEPS,
+                                  self.workspace_dir, self.quantum)
+            prepare_checkpoints(config, self.network)
+            workers = self.offered[:plan.workers]
             layout = layout_from_counts([w.name for w in workers], plan.counts, master=0)
             run_plan = RunPlan(workers, layout, Placement("even", plan.counts), KERNEL_SIDE,
                                Arithmetic(config.optimizer_spec()))
-            engine = StepEngine(client, config, network, run_plan, samples)
-            recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
-                                   [w.emulated_speed for w in workers])
-            try:
-                engine.start(0)
-                train_loop(config, engine, recorder, [], 0, samples)
-            finally:
-                engine.close()
-            runs.append(PlanRun(plan, [w.name for w in workers],
-                                [r for r in recorder.receipts if r.step >= warmup]))
-    finally:
-        torch.set_num_threads(threads)
-        shutil.rmtree(base, ignore_errors=True)
-    return runs
+            engine = StepEngine(self.client, config, self.network, run_plan, self.samples)
+            self.engines[id(plan)] = (engine, [w.name for w in workers], 0)
+            engine.start(0)
+        return self.engines[id(plan)]
+
+    def run(self, plan: ProbePlan, round_index: int) -> PlanRun:
+        """One round of ``plan``: its warm-up steps (`plan_steps`; one after the first
+        round), then its measured steps."""
+        engine, names, first = self._engine(plan)
+        steps, warmup = plan_steps(plan_seconds(self.network, self.batch, plan))
+        if first:
+            steps, warmup = steps - warmup + 1, 1
+        ahead = engine.config.train.inflight
+        submitted, receipts = first, []
+        for step in range(first, first + steps):
+            while submitted < min(step + ahead, first + steps):
+                engine.submit(submitted)
+                submitted += 1
+            result = engine.collect(step)
+            if not np.isfinite(result.loss):
+                raise FloatingPointError(f"a calibration run diverged at step {step}")
+            if step >= first + warmup:
+                receipts += result.receipts
+        self.engines[id(plan)] = (engine, names, first + steps)
+        return PlanRun(plan, names, receipts, round_index)
 
 
 def _output_root(offered: Sequence[ClusterWorker]) -> str | None:
@@ -196,29 +254,89 @@ def _first_part(event: OpEvent) -> float:
     return sum(p.seconds for p in event.phases[:cut] if p.kind in ("compute", "emulated"))
 
 
-def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[tuple[int, int, int, float, float,
-                                                                   float]]]:
-    """Per worker: ``(layer, kernels, active, forward_s, backward_s, input_grad_s)`` medians."""
-    cells: dict[tuple[str, int, int, int], dict[str, list[float]]] = defaultdict(
+Cell = tuple[str, int, int, int]  # worker, layer, kernels, workers running
+
+
+def shard_samples(runs: Sequence[PlanRun]) -> dict[Cell, dict[int, list[tuple[float, float,
+                                                                              float]]]]:
+    """Per cell and round, every measured step's ``(forward, backward, input_grad)``
+    seconds of that worker's shard of that layer."""
+    cells: dict[Cell, dict[int, list[tuple[float, float, float]]]] = defaultdict(
         lambda: defaultdict(list))
     for run in runs:
         for receipt in run.receipts:
             column = run.workers.index(receipt.worker)
+            events: dict[int, dict[str, OpEvent]] = defaultdict(dict)
             for event in receipt.events:
-                if event.name not in (CONV_FORWARD, CONV_BACKWARD):
-                    continue
-                k = run.plan.counts[event.layer][column]
-                cell = cells[(receipt.worker, event.layer, k, len(run.workers))]
-                cell[event.name].append(_busy(event))
-                if event.name == CONV_BACKWARD:
-                    cell["input"].append(_first_part(event))
-    out: dict[str, list[tuple[int, int, int, float, float, float]]] = {}
-    for (worker, layer, k, active), cell in sorted(cells.items()):
-        if cell[CONV_FORWARD] and cell[CONV_BACKWARD]:
-            out.setdefault(worker, []).append((
-                layer, k, active, float(np.median(cell[CONV_FORWARD])),
-                float(np.median(cell[CONV_BACKWARD])), float(np.median(cell["input"]))))
+                if event.name in (CONV_FORWARD, CONV_BACKWARD):
+                    events[event.layer][event.name] = event
+            for layer, ops in events.items():
+                k = run.plan.counts[layer][column]
+                if k and CONV_FORWARD in ops and CONV_BACKWARD in ops:
+                    backward = ops[CONV_BACKWARD]
+                    cells[(receipt.worker, layer, k, len(run.workers))][run.round].append(
+                        (_busy(ops[CONV_FORWARD]), _busy(backward), _first_part(backward)))
+    return cells
+
+
+def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[ShardTiming]]:
+    """Per worker, one robust figure per (layer, kernels, workers running): each pass
+    the median of its rounds' medians, the spread of forward + backward, whether the
+    rounds settled it, and whether it breaks "time grows with kernels"
+    (pipeline/probe/robust.py)."""
+    out: dict[str, list[ShardTiming]] = {}
+    for (worker, layer, k, active), by_round in sorted(shard_samples(runs).items()):
+        rounds = [by_round[r] for r in sorted(by_round)]
+        f, b, i = (estimate([[step[n] for step in r] for r in rounds]) for n in range(3))
+        total = estimate([[step[0] + step[1] for step in r] for r in rounds])
+        both = f.value + b.value
+        out.setdefault(worker, []).append(ShardTiming(
+            layer, k, active, f.value, b.value, i.value, total.rounds, total.samples,
+            min(total.low, both), max(total.high, both), total.settled))
+    return {worker: mark_outliers(timings) for worker, timings in out.items()}
+
+
+def suspects(timings: dict[str, list[ShardTiming]]) -> set[Cell]:
+    """The cells to time again: not settled by their rounds, or inconsistent."""
+    return {(worker, t.layer, t.kernels, t.active) for worker, mine in timings.items()
+            for t in mine if not t.settled or t.outlier}
+
+
+def plans_holding(plans: Sequence[ProbePlan], cells: set[Cell], names: Sequence[str]
+                  ) -> list[ProbePlan]:
+    """The plans that time any of ``cells`` (``names``: the offered workers in order)."""
+    out = []
+    for plan in plans:
+        for worker, layer, k, active in cells:
+            column = names.index(worker) if worker in names else plan.workers
+            if active == plan.workers and column < plan.workers \
+                    and plan.counts[layer][column] == k:
+                out.append(plan)
+                break
     return out
+
+
+def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
+              dataset: str, plans: Sequence[ProbePlan], workspace_dir: str | None = None,
+              output_root: str | None = None) -> tuple[list[PlanRun], int]:
+    """Every plan in rounds (`plan_rounds`, one round after the other), then up to
+    `RETIMES` more rounds of the plans holding an unsettled or inconsistent size.
+    Returns the runs and how many plan rounds were timing again."""
+    names = [w.name for w in offered]
+    rounds = [plan_rounds(plan_seconds(network, batch, plan)) for plan in plans]
+    runs: list[PlanRun] = []
+    again_runs = 0
+    with PlanEngines(client, offered, network, batch, dataset, plans, workspace_dir,
+                     output_root) as engines:
+        for r in range(max(rounds, default=0)):
+            runs += [engines.run(plan, r) for plan, n in zip(plans, rounds) if n > r]
+        for extra in range(RETIMES):
+            again = plans_holding(plans, suspects(shard_timings(runs)), names)
+            if not again:
+                break
+            runs += [engines.run(plan, max(rounds) + extra) for plan in again]
+            again_runs += len(again)
+    return runs, again_runs
 
 
 def store_fit(runs: Sequence[PlanRun], kind: str) -> tuple[float, float]:
@@ -255,10 +373,13 @@ def dataset_read_s(runs: Sequence[PlanRun]) -> float | None:
     return float(np.median(times)) if times else None
 
 
-def dense_s(runs: Sequence[PlanRun]) -> float:
-    """Median seconds of the dense head's compute on the master (worker 0)."""
-    return float(np.median([_busy(e) for run in runs for r in run.receipts for e in r.events
-                            if e.name == DENSE_HEAD]))
+def dense_s(runs: Sequence[PlanRun]) -> Estimate:
+    """The dense head's compute on the master (worker 0): its figure over the rounds."""
+    by_round: dict[int, list[float]] = defaultdict(list)
+    for run in runs:
+        by_round[run.round] += [_busy(e) for r in run.receipts for e in r.events
+                                if e.name == DENSE_HEAD]
+    return estimate([by_round[r] for r in sorted(by_round)])
 
 
 def task_gap_s(runs: Sequence[PlanRun]) -> float:
