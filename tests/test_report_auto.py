@@ -23,7 +23,7 @@ def _store() -> tuple[xr.Dataset, pd.DataFrame]:
                             "repeat": [0]})
     times = {("single", "1"): 0.10, ("kernel", "1"): 0.11, ("auto", "1"): 0.102,
              ("single", "2"): 0.10, ("kernel", "2"): 0.08, ("auto", "2"): 0.081,
-             ("data", "2"): 0.06}
+             ("data", "2"): 0.06, ("reference", "1"): 0.05}  # no candidate of auto
     frame = pd.DataFrame([{"strategy": s, "workers": w, "step_time": t}
                           for (s, w), t in times.items()])
     return ds, frame
