@@ -5,7 +5,7 @@ no path (Zarr writes a temporary file and renames it), and on a worker it reache
 the user as Dask's "Compute Failed" block. So every place that writes a store
 wraps its writes in `writing(store, path)`, which turns that error into a
 `NoSpace` naming the store (the workspace, the checkpoint store, the output
-directory, a sweep's results store) and its path; a `NoSpace` raised on a worker
+directory, the dataset store, a sweep's results store) and its path; a `NoSpace` raised on a worker
 reaches the client whole (it pickles), and the entry points print it in one line
 with what was kept. Zarr's local store replaces a file only once it is written
 whole, so a write refused for space leaves what was there before.

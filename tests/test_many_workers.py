@@ -12,6 +12,7 @@ take minutes (docs/reliability.md has that run, measured by hand).
 from __future__ import annotations
 
 import io
+import logging
 import os
 import queue
 import signal
@@ -24,6 +25,7 @@ import psutil
 
 from pipeline.config import WorkerConfig
 from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
+from tasks.worker_state import _DropClosingHeartbeats
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS
 
@@ -134,3 +136,16 @@ def test_a_stop_without_unwinding_leaves_no_semaphore():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False"], done.stdout + done.stderr
     assert "leaked" not in done.stderr, done.stderr
+
+
+def test_embedded_workers_do_not_log_heartbeats_failing_while_the_run_closes_them():
+    """64 workers on 2 cores logged a dozen "Failed to communicate with scheduler
+    during heartbeat" tracebacks at the end of a run that went well: an embedded
+    worker's scheduler is gone only once its run closes the cluster."""
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message,
+                                 (), None)
+
+    drop = _DropClosingHeartbeats()
+    assert not drop.filter(record("Failed to communicate with scheduler during heartbeat."))
+    assert drop.filter(record("Compute Failed\nKey: %s"))
