@@ -366,5 +366,5 @@ def test_sweep_options_and_overrides_in_any_order(units):
     for unit in units:
         argv.extend(unit if isinstance(unit, tuple) else [unit])
     out = assert_accepted("sweep", argv)
-    assert "40 points (5 strategy x 2 workers x 2 batch x 2 repeat(s))" in out
+    assert "48 points (6 strategy x 2 workers x 2 batch x 2 repeat(s))" in out
     assert not os.path.exists(SWEEP_OUT[1])
