@@ -25,6 +25,7 @@ measured and predicted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -126,12 +127,22 @@ def measure(net: str, point: dict, client, offered, repeats: int, steps: int, wa
                                  refresh=fresh)
         summary = result.summary
         prediction = predict_point(config, summary, probe)
+        # what the model gave before it took replicas' conv trunks from the probe's
+        # replica plan (their layer tables instead): same run, same probe
+        tables = None
+        if getattr(probe, "workers", None) and any(w.trunk for w in probe.workers):
+            bare = dataclasses.replace(probe, workers=[dataclasses.replace(w, trunk=None)
+                                                       for w in probe.workers])
+            tables = predict_point(config, summary, bare)["predicted_step_time"]
         row = {"strategy": point["strategy"], "batch": point["batch"],
                "workers": len(summary.get("split_workers", [])),  # 0: in this process
                "repeat": repeat, "measured": summary["step_time_median"],
                "predicted": prediction["predicted_step_time"],
+               "low": prediction["predicted_low"], "high": prediction["predicted_high"],
+               "predicted_from_tables": tables,
                "error": prediction["prediction_error"],
                "split": summary.get("kernel_split"), "load": os.getloadavg()[0],
+               "probe_key": probe.key, "probe_s": getattr(probe, "seconds", 0.0),
                "breakdown": {k: v for k, v in prediction["breakdown"].items()
                              if k != "compute"},
                "measured_breakdown": {k: summary[k] for k in (
@@ -139,9 +150,9 @@ def measure(net: str, point: dict, client, offered, repeats: int, steps: int, wa
                    "wait_time_median")}}
         rows.append(row)
         print(f"{row['strategy']:18s} workers {row['workers']} batch {row['batch']:4d} "
-              f"measured {row['measured']:.4f} s  predicted {row['predicted']:.4f} s  "
-              f"error {row['error']:+6.1%}  load {row['load']:.1f}  split {row['split']}",
-              flush=True)
+              f"measured {row['measured']:.4f} s  predicted {row['predicted']:.4f} s "
+              f"[{row['low']:.4f}-{row['high']:.4f}]  error {row['error']:+6.1%}  "
+              f"load {row['load']:.1f}  split {row['split']}", flush=True)
     return rows
 
 
@@ -152,10 +163,17 @@ def report(rows: list[dict]) -> dict[str, float]:
         mine = [r for r in rows if r["strategy"] == strategy]
         errors = [abs(r["error"]) for r in mine]
         out[strategy] = median(errors)
+        inside = sum(r["low"] <= r["measured"] <= r["high"] for r in mine)
+        if strategy.split("/")[0] in ("data", "hybrid") and \
+                all(r["predicted_from_tables"] for r in mine):
+            tables = median(abs(r["predicted_from_tables"] / r["measured"] - 1) for r in mine)
+            print(f"  {strategy:18s} from layer tables instead of replica trunks: median "
+                  f"|error| {tables:6.1%}")
         print(f"  {strategy:18s} median |error| {median(errors):6.1%} over {len(errors)} "
               f"runs (max {max(errors):.1%}); step time median measured "
               f"{median(r['measured'] for r in mine):.4f} s, predicted "
-              f"{median(r['predicted'] for r in mine):.4f} s")
+              f"{median(r['predicted'] for r in mine):.4f} s; measured within the band "
+              f"{inside}/{len(mine)}")
     return out
 
 
@@ -193,6 +211,9 @@ def main() -> None:
           f"{args.repeats} repeat(s), {time.time() - started:.0f} s; load average "
           f"(1/5/15 min) before, after: {load}")
     errors = report(rows)
+    probes = {r["probe_key"]: r["probe_s"] for r in rows if r["probe_s"]}
+    if probes:
+        print("  cluster probes: " + ", ".join(f"{s:.1f} s" for s in probes.values()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"command": command, "rows": rows, "median_abs_error": errors}, handle,

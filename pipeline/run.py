@@ -201,7 +201,9 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                                     links.counters()))
         # a cluster that lost or gained a worker is not probed afresh (cached only)
         changed = bool(history.recoveries or history.joins)
-        prediction = predict_run(config, split, client, offered, changed)
+        used = {"split_workers": json.loads(attrs["split_workers"])} \
+            if "split_workers" in attrs else {}
+        prediction = predict_run(config, {**split, **used}, client, offered, changed)
     accuracy = None
     if config.train.eval_samples:
         samples = min(config.train.eval_samples, info.test_samples)

@@ -100,7 +100,12 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 5 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 6 and probe.phase_seconds["timed_again"] >= 0
+    for worker in probe.workers:  # each replica's conv trunk, both replicas running
+        t = worker.trunk
+        assert t is not None and (t.rows, t.active) == (probe.batch // 2, 2), t
+        assert t.forward_s > 0 and t.backward_s > 0 and t.rounds >= 2
+    assert all(d.trunk is not None for d in probe.device_specs(2))
     assert 0 < probe.master.dense_low_s <= probe.master.dense_s <= probe.master.dense_high_s
     # the cost-model objects
     devices = probe.device_specs()
@@ -307,6 +312,7 @@ def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(
         t for key, t in alternatives.items() if not key.startswith(choice["chosen"] + "@"))
     # the run is the chosen strategy's, recorded as such, and predicted by the same probe
     assert result.summary["strategy"] == choice["chosen"] == result.record.attrs["strategy"]
-    assert choice["probe_key"] == probe.key == result.summary["prediction_probe"]
+    assert choice["probe_key"] == probe.key == result.summary.get("prediction_probe"), \
+        result.summary.get("prediction_note")
     assert f"strategy auto: the model picks {choice['chosen']}" in capsys.readouterr().err
     assert "auto        chose" in format_summary("r", choice["chosen"], result.summary, ["w"])

@@ -3,7 +3,8 @@
 The case behind it (2026-11-25): worker cpu-1's conv1 backward at 28 kernels was
 timed once at 60 ms among 7 ms neighbours, and cpu-1's whole-layer time came out
 2.5x too slow. These tests feed such timings, synthetic, through the statistic, the
-"time grows with kernels" check, the receipts-to-timings path and the model's tables.
+"time grows with kernels" check, the receipts-to-timings path and the model's tables;
+and the replica plan's conv trunks, which `data` and `hybrid` predictions take instead.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import dataclasses
 
 import pytest
 
+from pipeline.costmodel.data import measured_trunk, replica_times
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
-                            WorkerProbe, cluster_probe_from_dict)
+                            TrunkTiming, WorkerProbe, cluster_probe_from_dict)
 from pipeline.probe.results import mark_outliers, table_points
 from pipeline.probe.robust import consistent, estimate, inconsistent
-from pipeline.probe.runs import PlanRun, ProbePlan, plans_holding, shard_timings, suspects
+from pipeline.probe.runs import (PlanRun, ProbePlan, plans_holding, replica_plan,
+                                 shard_timings, suspects, trunk_timings)
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD
+from tasks.replica_layout import TRUNK_BACKWARD, TRUNK_FORWARD
 from tasks.receipts import OpEvent, Phase, Receipt
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
@@ -140,3 +144,42 @@ def test_bounds_scale_every_timing_and_survive_json():
     # no spread kept (a reference probe, or an old one): the bound is the figure
     plain = ShardTiming(0, 4, 1, 1.0, 2.0)
     assert plain.scaled("low") == plain and plain.scaled("high") == plain
+
+
+def _trunk_receipt(worker: str, step: int, forward: float, backward: float) -> Receipt:
+    def event(name: str, seconds: float) -> OpEvent:
+        return OpEvent(name, -1, 0.0, seconds, [Phase("compute", 0.0, seconds)])
+    return Receipt("t", worker, step, 0.0, 1.0, [event(TRUNK_FORWARD, forward),
+                                                  event(TRUNK_BACKWARD, backward)])
+
+
+def test_the_replica_plan_times_each_workers_trunk_and_replicas_use_it():
+    network = NetworkSpec((ConvLayerSpec(3, 32, in_height=32, in_width=32),))
+    plan = replica_plan(network, 128, 2)
+    assert plan is not None and plan.shares == [64, 64]
+    assert replica_plan(network, 1, 2) is None  # fewer rows than workers
+    runs = [PlanRun(plan, ["cpu-0", "cpu-1"],
+                    [_trunk_receipt(w, s, f, 2 * f) for w, f in (("cpu-0", 0.010), ("cpu-1", 0.012))
+                     for s in (2, 3, 4)], r) for r in (0, 1)]
+    trunks = trunk_timings(runs)
+    assert trunks["cpu-1"] == TrunkTiming(64, 2, 0.012, 0.024, 2, 6, pytest.approx(0.036),
+                                          pytest.approx(0.036), True)
+    assert plans_holding([ProbePlan([[16, 16]]), plan], {("cpu-1", -1, 64, 2)},
+                         ["cpu-0", "cpu-1"]) == [plan]
+    assert suspects({}, {**trunks, "cpu-1": dataclasses.replace(trunks["cpu-1"],
+                                                                settled=False)}) == \
+        {("cpu-1", -1, 64, 2)}
+    # the model: a replica's conv time is the measured trunk, scaled in rows, split over
+    # the layers as their tables split it; kernel shards keep their tables
+    clean = _timings({**BACKWARD, 28: 7.6 * MS})
+    probe = _probe({"cpu-0": clean, "cpu-1": clean})
+    probe.workers[1].trunk = trunks["cpu-1"]
+    plain, measured = probe.device_specs(2)
+    assert plain.trunk is None and measured.trunk.times(32) == pytest.approx((0.006, 0.012))
+    net = probe.costmodel_network()
+    (row,) = replica_times([measured], net, [32], dense=False)
+    assert (row[0].forward, row[0].backward) == pytest.approx((0.006, 0.012))
+    assert measured_trunk(plain, row, 1, 32) is row  # no trunk: the tables as they are
+    assert probe.device_specs(1)[0].trunk is None  # measured with 2 running, not 1
+    assert cluster_probe_from_dict(dataclasses.asdict(probe)) == probe
+    assert probe.at("high").workers[1].trunk.forward_s == pytest.approx(0.012)  # no spread

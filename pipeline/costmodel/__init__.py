@@ -26,7 +26,8 @@ from .collectives import (
     ring_allreduce,
     ring_reduce_scatter,
 )
-from .devices import IDEAL_LINK, DaskOverhead, DeviceSpec, LayerTable, LinkSpec, StoreSpec
+from .devices import (IDEAL_LINK, DaskOverhead, DeviceSpec, LayerTable, LinkSpec, StoreSpec,
+                      TrunkTime)
 from .krizhevsky import krizhevsky_k20_setup, krizhevsky_speedups
 from .network import ConvLayer, DenseLayer, Gemm, Network, alexnet, conv_net, marques_cifar, sequential
 from .prediction import Options, Prediction
@@ -35,7 +36,7 @@ from .strategies import STRATEGIES, predict, speedup
 
 __all__ = [
     "ConvLayer", "DenseLayer", "Gemm", "Network", "alexnet", "conv_net", "marques_cifar", "sequential",
-    "DeviceSpec", "LayerTable", "LinkSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK",
+    "DeviceSpec", "LayerTable", "TrunkTime", "LinkSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK",
     "allreduce", "alltoall", "binomial_broadcast", "linear_broadcast", "rhd_allreduce",
     "ring_allgather", "ring_allreduce", "ring_reduce_scatter",
     "Options", "Prediction", "STRATEGIES", "predict", "speedup",

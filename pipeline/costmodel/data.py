@@ -18,7 +18,7 @@ from .kernel import batch_bytes, io_time
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
-__all__ = ["layer_times", "replica_times", "unique_rows", "per_device_totals",
+__all__ = ["layer_times", "replica_times", "measured_trunk", "unique_rows", "per_device_totals",
            "allreduce_schedule", "predict_single", "predict_data", "comm_link"]
 
 
@@ -40,9 +40,29 @@ def replica_times(devices: Sequence[DeviceSpec], network: Network, shares: Seque
     out = []
     for kind, share in zip(kind_of, shares):
         if (kind, share) not in cache:
-            cache[kind, share] = layer_times(kinds[kind], network, share, dense)
+            rows = layer_times(kinds[kind], network, share, dense)
+            cache[kind, share] = measured_trunk(kinds[kind], rows, len(network.conv), share)
         out.append(cache[kind, share])
     return out
+
+
+def measured_trunk(dev: DeviceSpec, times: list[LayerTime], convs: int, batch: float
+                   ) -> list[LayerTime]:
+    """A replica's per-layer ``times`` with its conv layers rescaled to the device's
+    measured trunk (`TrunkTime`), where it has one: each conv layer keeps its share of
+    the forward and of the backward as the layer tables give them."""
+    if dev.trunk is None or batch <= 0 or not convs:
+        return times
+    forward, backward = dev.trunk.times(batch)
+    conv = times[:convs]
+    f_sum, b_sum = sum(t.forward for t in conv), sum(t.backward for t in conv)
+    scaled = []
+    for i, t in enumerate(conv):
+        f = t.forward / f_sum if f_sum > 0 else float(i == 0)
+        b = t.backward / b_sum if b_sum > 0 else float(i == 0)
+        first = t.backward_input / t.backward if t.backward > 0 else 0.0
+        scaled.append(LayerTime(forward * f, backward * b, t.update, backward * b * first))
+    return scaled + times[convs:]
 
 
 def comm_link(devices: Sequence[DeviceSpec], link: LinkSpec) -> LinkSpec:

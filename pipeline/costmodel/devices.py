@@ -23,7 +23,7 @@ import numpy as np
 
 from .network import Gemm
 
-__all__ = ["LinkSpec", "LayerTable", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK",
+__all__ = ["LinkSpec", "LayerTable", "TrunkTime", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK",
            "distinct"]
 
 INF = math.inf
@@ -161,6 +161,29 @@ class LayerTable:
 
 
 @dataclass(frozen=True)
+class TrunkTime:
+    """Measured seconds of a whole conv trunk (every conv layer, every kernel) as a
+    ``data`` or ``hybrid`` replica runs it: one autograd pass over ``batch`` rows,
+    with the other replicas running at the same time.
+
+    Where a device has one, replicas take its forward and backward (scaled linearly
+    in the rows: the products are linear in the batch) instead of the sum of its
+    layer tables, which were timed on kernel shards at another batch and, for the
+    whole layer, with no other worker busy.
+    """
+
+    batch: int
+    forward: float
+    backward: float
+
+    def times(self, batch: float) -> tuple[float, float]:
+        """``(forward, backward)`` seconds of the trunk on ``batch`` rows."""
+        if batch <= 0:
+            return 0.0, 0.0
+        return self.forward * batch / self.batch, self.backward * batch / self.batch
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """One compute device (a CPU process or a GPU).
 
@@ -184,6 +207,9 @@ class DeviceSpec:
         Measured shard times of named conv layers; where present they
         replace rate and roofline for that layer's conv time (the rate,
         if also given, still drives proportional splits).
+    trunk : TrunkTime or None
+        The whole conv trunk measured as a replica runs it (``data``,
+        ``hybrid``); where present, replicas' conv time totals it.
     link : LinkSpec or None
         The device's own connection (to peers or to the store); ``None``:
         use the link given to ``predict``.
@@ -201,6 +227,7 @@ class DeviceSpec:
     layer_tables: Mapping[str, LayerTable] = field(default_factory=dict)
     link: LinkSpec | None = None
     name: str = ""
+    trunk: TrunkTime | None = None
 
     @classmethod
     def from_rates(

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .compute import UPDATE_ACCESSES, LayerTime, conv_time
+from .compute import UPDATE_ACCESSES, LayerTime
 from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
 from .kernel import batch_bytes
@@ -199,10 +199,7 @@ def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceS
     features = network.features
     conv_params = sum(c.params() for c in network.conv)
     last = len(network.dense) - 1
-    trunk: list[LayerTime] = []
-    for dev, b in zip(devices, shares):
-        trunk.append(sum((conv_time(dev, c, b, input_grad=i > 0)
-                          for i, c in enumerate(network.conv)), LayerTime()))
+    trunk = [sum(row, LayerTime()) for row in replica_times(devices, network, shares, dense=False)]
     update = {d: dev.stream_time(UPDATE_ACCESSES * conv_params) for d, dev in enumerate(devices)}
     if options.dense_batch == "full":  # the dense slices step once, at the end
         for d, dev in enumerate(devices):

@@ -17,12 +17,12 @@ from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
                                   worker_identity, workspace_location)
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
-                                    ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict,
-                                    costmodel_network, dataset_store, dense_flops, master_device,
-                                    network_spec_from_dict)
+                                    ShardTiming, StoreProbe, TrunkTiming, WorkerProbe,
+                                    cluster_probe_from_dict, costmodel_network, dataset_store,
+                                    dense_flops, master_device, network_spec_from_dict)
 
 __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTiming",
-           "StoreProbe", "WorkerProbe", "cache_dir", "cached_master_probe", "cached_probe",
-           "cluster_probe_from_dict", "costmodel_network", "dataset_store", "dense_flops",
+           "StoreProbe", "TrunkTiming", "WorkerProbe", "cache_dir", "cached_master_probe",
+           "cached_probe", "cluster_probe_from_dict", "costmodel_network", "dataset_store", "dense_flops",
            "find_cached_probe", "master_device", "network_spec_from_dict", "probe_cluster",
            "links_key", "probe_key", "probe_master", "worker_identity", "workspace_location"]

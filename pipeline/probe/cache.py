@@ -30,8 +30,9 @@ from pipeline.probe.hops import probe_hops
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.runs import (calibrate, dataset_read_s, dense_s, plans_for, shard_timings,
-                                 store_fit, sync_s, task_gap_s)
+from pipeline.probe.runs import (Plan, calibrate, dataset_read_s, dense_s, plans_for,
+                                 replica_plan, shard_timings, store_fit, sync_s, task_gap_s,
+                                 trunk_timings)
 from storage.datasets import create_synthetic_dataset
 from tasks.specs import NetworkSpec
 
@@ -103,15 +104,17 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     calibration runs' checkpoints go (a directory the workers reach: over a link, one
     that is mounted on their side)."""
     started = time.perf_counter()
+    plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
+    replicas = replica_plan(network, batch, len(offered))
+    plans += [replicas] if replicas else []
     with _dataset_for(network, batch, dataset) as path:
-        runs, again = calibrate(client, offered, network, batch, path,
-                                plans_for(network, batch, quanta, len(offered)), workspace_dir,
+        runs, again = calibrate(client, offered, network, batch, path, plans, workspace_dir,
                                 output_root)
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
-    timings = shard_timings(runs)
+    timings, trunks = shard_timings(runs), trunk_timings(runs)
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
-                           timings.get(s.name, [])) for s in offered]
+                           timings.get(s.name, []), trunks.get(s.name)) for s in offered]
     read_latency, read_bw = store_fit(runs, "read")
     write_latency, write_bw = store_fit(runs, "write")
     store = StoreProbe(workspace_dir or "engine default", read_latency, read_bw, write_latency,

@@ -13,12 +13,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.costmodel import (DaskOverhead, DeviceSpec, LayerTable, Network, Options,
-                                StoreSpec, sequential)
+                                StoreSpec, TrunkTime, sequential)
 from pipeline.placement import split_even
 from pipeline.probe.robust import inconsistent
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
-PROBE_VERSION = 5  # 5: rounds, robust figures, spread, outliers
+PROBE_VERSION = 6  # 5: rounds, robust figures, spread, outliers; 6: replica trunks
 
 
 @dataclass
@@ -62,14 +62,42 @@ class ShardTiming:
 
 
 @dataclass
+class TrunkTiming:
+    """The whole conv trunk as a ``data``/``hybrid`` replica runs it on this worker:
+    ``rows`` samples, ``active`` workers' replicas running at once. Figures, spread
+    and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread)."""
+
+    rows: int
+    active: int
+    forward_s: float
+    backward_s: float
+    rounds: int = 1
+    steps: int = 1
+    low_s: float = 0.0
+    high_s: float = 0.0
+    settled: bool = True
+
+    def scaled(self, bound: str) -> "TrunkTiming":
+        """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""
+        total = self.forward_s + self.backward_s
+        edge = self.low_s if bound == "low" else self.high_s
+        if bound == "mid" or edge <= 0 or total <= 0:
+            return self
+        f = min(edge / total, 1.0) if bound == "low" else max(edge / total, 1.0)
+        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f)
+
+
+@dataclass
 class WorkerProbe:
-    """One worker's measured shard times."""
+    """One worker's measured shard times, and its replica's conv trunk (``None``: not
+    measured, e.g. a probe of version 5 or a network hybrid cannot split)."""
 
     name: str
     address: str
     threads: int
     emulated_speed: float
     timings: list[ShardTiming] = field(default_factory=list)
+    trunk: TrunkTiming | None = None
 
 
 @dataclass
@@ -162,7 +190,8 @@ class ClusterProbe:
         access of every run, not single sizes."""
         if bound == "mid":
             return self
-        workers = [replace(w, timings=[t.scaled(bound) for t in w.timings])
+        workers = [replace(w, timings=[t.scaled(bound) for t in w.timings],
+                           trunk=w.trunk.scaled(bound) if w.trunk else None)
                    for w in self.workers]
         return replace(self, workers=workers, master=self.master.at(bound))
 
@@ -175,15 +204,22 @@ class ClusterProbe:
         Each conv layer gets a :class:`LayerTable` from the points measured with
         ``active`` workers running at once, completed by points measured with
         other counts. The dense head was timed on the first worker; another
-        worker's is scaled by its emulated speed.
+        worker's is scaled by its emulated speed. A worker whose replica trunk was
+        timed with ``active`` workers running gets it as its `TrunkTime`.
         """
         active = len(self.workers) if active is None else active
         net = self.costmodel_network()
         first = self.workers[0].emulated_speed
         dense = dense_flops(net, self.batch)
-        return [_device_spec(w.name, w.timings, net, self.batch, active,
-                             dense / (self.master.dense_s * first / w.emulated_speed))
-                for w in self.workers[:active]]
+        specs = []
+        for w in self.workers[:active]:
+            spec = _device_spec(w.name, w.timings, net, self.batch, active,
+                                dense / (self.master.dense_s * first / w.emulated_speed))
+            if w.trunk is not None and w.trunk.active == active:
+                spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
+                                                     w.trunk.backward_s))
+            specs.append(spec)
+        return specs
 
     def store_spec(self) -> StoreSpec:
         """The workspace: per-access costs as one chunk each, bandwidth per client."""
@@ -325,7 +361,8 @@ def dataset_store(seconds: float | None) -> StoreSpec | None:
 
 def cluster_probe_from_dict(data: dict[str, Any]) -> ClusterProbe:
     """Inverse of ``asdict`` (for the JSON cache)."""
-    workers = [WorkerProbe(**{**w, "timings": [ShardTiming(**t) for t in w["timings"]]})
+    workers = [WorkerProbe(**{**w, "timings": [ShardTiming(**t) for t in w["timings"]],
+                              "trunk": TrunkTiming(**w["trunk"]) if w.get("trunk") else None})
                for w in data["workers"]]
     master = data["master"]
     master = MasterProbe(**{**master, "timings": [ShardTiming(**t) for t in master["timings"]]})

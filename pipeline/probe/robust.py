@@ -39,7 +39,7 @@ __all__ = ["SETTLE_TOL", "GROW_TOL", "PROPORTION_TOL", "Estimate", "estimate", "
            "consistent"]
 
 #: A round confirms an estimate when its median is within this fraction of it.
-SETTLE_TOL = 0.15
+SETTLE_TOL = 0.2
 #: A smaller shard may be timed this much slower than a larger one (noise, blocking).
 GROW_TOL = 0.15
 #: A larger shard may be timed this much slower than a smaller one scaled by kernels.

@@ -15,7 +15,9 @@ Plans: the even split over the first ``P`` workers for ``P = 1..n`` (what
 ``single`` and ``kernel`` run), plus, where a step is cheap, splits where one
 worker holds three quarters or all but one quantum of each layer (and the same
 turned round), so that the shard tables span the counts another split may use.
-Every plan covers each layer: a layer's input is every shard's output.
+Every plan covers each layer: a layer's input is every shard's output. And one
+*replica plan* (`ReplicaPlan`): every worker a whole replica on its even share of
+the batch, all at once, the conv trunk that ``data`` and ``hybrid`` run.
 
 Rounds: every plan runs a few steps, then every plan again (`ROUNDS`), each plan's
 engine kept between its rounds, so that each size is timed at moments seconds
@@ -43,12 +45,15 @@ from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConf
                              WorkspaceConfig)
 from pipeline.placement import Placement, rough_seconds, split_even
 from pipeline.engine import RunPlan, StepEngine
-from pipeline.probe.results import ShardTiming, mark_outliers
+from pipeline.probe.results import ShardTiming, TrunkTiming, mark_outliers
 from pipeline.probe.robust import Estimate, estimate
 from storage.datasets import open_dataset_info
+from tasks.hybrid_ops import HYBRID_SIDE
 from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, layout_from_counts
 from tasks.receipts import OpEvent, Receipt
+from tasks.replica_layout import (TRUNK_BACKWARD, TRUNK_FORWARD, HybridLayout, dense_widths,
+                                  split_counts)
 from tasks.specs import Arithmetic, NetworkSpec
 from tasks.worker_state import configure_process
 
@@ -61,6 +66,31 @@ class ProbePlan:
     @property
     def workers(self) -> int:
         return len(self.counts[0])
+
+
+@dataclass
+class ReplicaPlan:
+    """Every worker a whole replica on its even share of the batch, all at once: the
+    ``hybrid`` step (scheme a), whose conv trunk is what ``data`` and ``hybrid``
+    replicas run and which no kernel plan times (whole layers there run on worker 0
+    alone, at the whole batch)."""
+
+    shares: list[int]
+
+    @property
+    def workers(self) -> int:
+        return len(self.shares)
+
+
+Plan = ProbePlan | ReplicaPlan
+
+
+def replica_plan(network: NetworkSpec, batch: int, n: int) -> ReplicaPlan | None:
+    """The replica plan over ``n`` workers, or None where hybrid cannot split the
+    network (a dense layer narrower than ``n``) or the batch (fewer rows than ``n``)."""
+    if n < 1 or batch < n or min(out for _in, out in dense_widths(network)) < n:
+        return None
+    return ReplicaPlan(split_counts(batch, n))
 
 
 def plan_steps(seconds: float) -> tuple[int, int]:
@@ -78,7 +108,7 @@ def plan_steps(seconds: float) -> tuple[int, int]:
 ROUNDS = 2
 ROUNDS_BELOW_S = 6.0
 #: Passes that time again the plans holding an unsettled or inconsistent size.
-RETIMES = 2
+RETIMES = 1
 #: The calibration runs' step budget (their config's ``train.steps``; never reached).
 PROBE_STEPS = 1000
 
@@ -93,14 +123,17 @@ class PlanRun:
     """One plan's receipts (warm-up steps excluded), the workers it ran on, and the
     round it was timed in."""
 
-    plan: ProbePlan
+    plan: Plan
     workers: list[str]
     receipts: list[Receipt]
     round: int = 0
 
 
-def plan_seconds(network: NetworkSpec, batch: int, plan: ProbePlan) -> float:
+def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
     """Rough seconds of one step of ``plan`` (its slowest worker)."""
+    if isinstance(plan, ReplicaPlan):
+        return sum(rough_seconds(layer, max(plan.shares), layer.kernels)
+                   for layer in network.conv)
     return max(sum(rough_seconds(layer, batch, row[w])
                    for layer, row in zip(network.conv, plan.counts))
                for w in range(plan.workers))
@@ -168,13 +201,14 @@ class PlanEngines:
     last. Steps go ahead ``train.inflight`` at a time, as in the training loop."""
 
     def __init__(self, client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec,
-                 batch: int, dataset: str, plans: Sequence[ProbePlan],
+                 batch: int, dataset: str, plans: Sequence[Plan],
                  workspace_dir: str | None = None, output_root: str | None = None) -> None:
         self.client, self.offered, self.network, self.batch = client, list(offered), network, batch
         self.dataset, self.workspace_dir = dataset, workspace_dir
         self.output_root = output_root  # where checkpoints go (None: `_output_root`)
         self.samples = open_dataset_info(dataset).train_samples
-        self.quantum = math.gcd(*(k for plan in plans for row in plan.counts for k in row))
+        self.quantum = math.gcd(*(k for plan in plans if isinstance(plan, ProbePlan)
+                                  for row in plan.counts for k in row)) or 1
         self.engines: dict[int, tuple[StepEngine, list[str], int]] = {}  # id(plan) -> ..., next step
         self.base = ""
         self.threads = 0
@@ -195,21 +229,30 @@ class PlanEngines:
             torch.set_num_threads(self.threads)
             shutil.rmtree(self.base, ignore_errors=True)
 
-    def _engine(self, plan: ProbePlan) -> tuple[StepEngine, list[str], int]:
+    def _engine(self, plan: Plan) -> tuple[StepEngine, list[str], int]:
         if id(plan) not in self.engines:
             config = probe_config(self.network, self.batch, self.dataset, self.base, PROBE_STEPS,
                                   self.workspace_dir, self.quantum)
             prepare_checkpoints(config, self.network)
             workers = self.offered[:plan.workers]
-            layout = layout_from_counts([w.name for w in workers], plan.counts, master=0)
-            run_plan = RunPlan(workers, layout, Placement("even", plan.counts), KERNEL_SIDE,
-                               Arithmetic(config.optimizer_spec()))
+            names = [w.name for w in workers]
+            arithmetic = Arithmetic(config.optimizer_spec())
+            if isinstance(plan, ReplicaPlan):
+                neurons = tuple(tuple(split_counts(out, plan.workers))
+                                for _in, out in dense_widths(self.network))
+                layout = HybridLayout(tuple(names), tuple(plan.shares), neurons, "a", "full")
+                run_plan = RunPlan(workers, layout, Placement("even", [list(plan.shares)]),
+                                   HYBRID_SIDE, arithmetic)
+            else:
+                layout = layout_from_counts(names, plan.counts, master=0)
+                run_plan = RunPlan(workers, layout, Placement("even", plan.counts),
+                                   KERNEL_SIDE, arithmetic)
             engine = StepEngine(self.client, config, self.network, run_plan, self.samples)
             self.engines[id(plan)] = (engine, [w.name for w in workers], 0)
             engine.start(0)
         return self.engines[id(plan)]
 
-    def run(self, plan: ProbePlan, round_index: int) -> PlanRun:
+    def run(self, plan: Plan, round_index: int) -> PlanRun:
         """One round of ``plan``: its warm-up steps (`plan_steps`; one after the first
         round), then its measured steps."""
         engine, names, first = self._engine(plan)
@@ -264,6 +307,8 @@ def shard_samples(runs: Sequence[PlanRun]) -> dict[Cell, dict[int, list[tuple[fl
     cells: dict[Cell, dict[int, list[tuple[float, float, float]]]] = defaultdict(
         lambda: defaultdict(list))
     for run in runs:
+        if not isinstance(run.plan, ProbePlan):
+            continue
         for receipt in run.receipts:
             column = run.workers.index(receipt.worker)
             events: dict[int, dict[str, OpEvent]] = defaultdict(dict)
@@ -296,28 +341,63 @@ def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[ShardTiming]]:
     return {worker: mark_outliers(timings) for worker, timings in out.items()}
 
 
-def suspects(timings: dict[str, list[ShardTiming]]) -> set[Cell]:
-    """The cells to time again: not settled by their rounds, or inconsistent."""
-    return {(worker, t.layer, t.kernels, t.active) for worker, mine in timings.items()
-            for t in mine if not t.settled or t.outlier}
+def trunk_timings(runs: Sequence[PlanRun]) -> dict[str, TrunkTiming]:
+    """Per worker, its replica's conv trunk from the replica plan's rounds: the
+    trunk-forward's compute and the trunk-backward's (its backward and the gradient's
+    flattening, as a replica-step has them), each the median of its rounds' medians."""
+    cells: dict[tuple[str, int, int], dict[int, list[tuple[float, float]]]] = defaultdict(
+        lambda: defaultdict(list))
+    for run in runs:
+        if not isinstance(run.plan, ReplicaPlan):
+            continue
+        for receipt in run.receipts:
+            ops = {e.name: _busy(e) for e in receipt.events
+                   if e.name in (TRUNK_FORWARD, TRUNK_BACKWARD)}
+            rows = run.plan.shares[run.workers.index(receipt.worker)]
+            if rows and len(ops) == 2:
+                cells[(receipt.worker, rows, run.plan.workers)][run.round].append(
+                    (ops[TRUNK_FORWARD], ops[TRUNK_BACKWARD]))
+    out = {}
+    for (worker, rows, active), by_round in cells.items():
+        rounds = [by_round[r] for r in sorted(by_round)]
+        f, b = (estimate([[step[n] for step in r] for r in rounds]) for n in (0, 1))
+        total = estimate([[step[0] + step[1] for step in r] for r in rounds])
+        both = f.value + b.value
+        out[worker] = TrunkTiming(rows, active, f.value, b.value, total.rounds, total.samples,
+                                  min(total.low, both), max(total.high, both), total.settled)
+    return out
 
 
-def plans_holding(plans: Sequence[ProbePlan], cells: set[Cell], names: Sequence[str]
-                  ) -> list[ProbePlan]:
+def suspects(timings: dict[str, list[ShardTiming]],
+             trunks: dict[str, TrunkTiming] | None = None) -> set[Cell]:
+    """The cells to time again: not settled by their rounds, or inconsistent (a
+    replica's trunk as layer -1, its rows as kernels)."""
+    cells = {(worker, t.layer, t.kernels, t.active) for worker, mine in timings.items()
+             for t in mine if not t.settled or t.outlier}
+    return cells | {(worker, -1, t.rows, t.active) for worker, t in (trunks or {}).items()
+                    if not t.settled}
+
+
+def plans_holding(plans: Sequence[Plan], cells: set[Cell], names: Sequence[str]
+                  ) -> list[Plan]:
     """The plans that time any of ``cells`` (``names``: the offered workers in order)."""
     out = []
     for plan in plans:
         for worker, layer, k, active in cells:
             column = names.index(worker) if worker in names else plan.workers
-            if active == plan.workers and column < plan.workers \
-                    and plan.counts[layer][column] == k:
+            if active != plan.workers or column >= plan.workers \
+                    or (layer < 0) != isinstance(plan, ReplicaPlan):
+                continue
+            held = plan.shares[column] if isinstance(plan, ReplicaPlan) \
+                else plan.counts[layer][column]
+            if held == k:
                 out.append(plan)
                 break
     return out
 
 
 def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
-              dataset: str, plans: Sequence[ProbePlan], workspace_dir: str | None = None,
+              dataset: str, plans: Sequence[Plan], workspace_dir: str | None = None,
               output_root: str | None = None) -> tuple[list[PlanRun], int]:
     """Every plan in rounds (`plan_rounds`, one round after the other), then up to
     `RETIMES` more rounds of the plans holding an unsettled or inconsistent size.
@@ -331,7 +411,8 @@ def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpe
         for r in range(max(rounds, default=0)):
             runs += [engines.run(plan, r) for plan, n in zip(plans, rounds) if n > r]
         for extra in range(RETIMES):
-            again = plans_holding(plans, suspects(shard_timings(runs)), names)
+            again = plans_holding(plans, suspects(shard_timings(runs), trunk_timings(runs)),
+                                  names)
             if not again:
                 break
             runs += [engines.run(plan, max(rounds) + extra) for plan in again]

@@ -66,11 +66,15 @@ class KernelStrategy(Strategy):
     def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
                     network: Network, split: dict[str, Any]) -> Prediction:
         """The engine's kernel step on the probed workers (`single`: on one), with the
-        recorded split or the one the config's placement would choose."""
+        recorded split (``split_workers`` names its columns where it left some workers
+        out) or the one the config's placement would choose."""
         probe = self.cluster_probe(probe)
         active = self.workers_used(config, probe)
         counts = split.get("kernel_split") or placement_split(config, probe, active)
         names = [w.name for w in probe.workers[:active]]
+        if len(counts[0]) != active:  # a recorded split that left workers out: they get 0
+            used = split.get("split_workers") or names[:len(counts[0])]
+            counts = [[row[used.index(n)] if n in used else 0 for n in names] for row in counts]
         master = names.index(config.cluster.master) if config.cluster.master in names else 0
         options = probe.kernel_options(kernel_counts=counts, master=master,
                                        sync=config.workspace.sync)
