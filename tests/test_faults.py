@@ -48,7 +48,6 @@ FAULTS = {
     # tests/test_stalls.py
     "worker SIGSTOPped mid-run, woken later, kernel, float64": "survived",
     "worker SIGSTOPped mid-run, woken later, data, float64": "survived",
-    "worker SIGSTOPped mid-run, woken later, hybrid, float64": "survived",
     # tests/test_link_faults.py (workers behind cluster.link)
     "store's server (sshd) SIGSTOPped mid-run, 3 workers": "clean",
     "worker's link cut mid-run, restored after, kernel, float64": "survived",

@@ -290,7 +290,7 @@ def test_a_cut_link_and_a_stopped_worker_are_survived(linked, capsys):
         victims[1].resume()
     kept = _digest(config.checkpoint_path)
     ended = time.monotonic()
-    gone, alive = psutil.wait_procs(victims, timeout=30)
+    gone, alive = psutil.wait_procs(victims, timeout=90)  # slow under load
     assert not alive, "a fenced-off worker did not exit once it could"
     exited = time.monotonic() - ended
     time.sleep(0.5)

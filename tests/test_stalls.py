@@ -62,12 +62,11 @@ def worker_names(client) -> dict[str, str]:
     return {info["name"]: address for address, info in client.scheduler_info()["workers"].items()}
 
 
-@pytest.mark.parametrize("strategy, victim", [("kernel", "cpu-1"), ("data", "cpu-0"),
-                                             ("hybrid", "cpu-1")])
+@pytest.mark.parametrize("strategy, victim", [("kernel", "cpu-1"), ("data", "cpu-0")])
 def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factory, cluster,
                                                     strategy, victim):
-    """One worker SIGSTOPped just after checkpoint 4 (a non-master for `kernel` and
-    `hybrid`, the first for `data`): the run reports it, removes it and recovers on the others;
+    """One worker SIGSTOPped just after checkpoint 4 (a non-master for `kernel`, the
+    first for `data`): the run reports it, removes it and recovers on the others;
     the worker is woken while the run goes on. The float64 weights equal plain
     PyTorch's (1e-10), the recovery says `stalled`, the woken worker exits and no
     workspace is left."""
