@@ -16,6 +16,7 @@ import json
 import pandas as pd
 import xarray as xr
 
+from experiments.summary import markdown_rows
 from pipeline.strategies import STRATEGIES
 
 AUTO = "auto"
@@ -78,16 +79,16 @@ def auto_section(ds: xr.Dataset, frame: pd.DataFrame, dims: list[str]) -> list[s
     others = [d for d in dims if d != "strategy"]
     header = others + ["auto chose", "auto s/step", "measured best", "best s/step",
                        "auto vs best"]
+    table = []
+    for _, row in rows.iterrows():
+        over = row["auto_over_best"]
+        table.append([str(row[d]) for d in others] + [
+            row["chosen"] or "?", f"{row['auto_s']:.4f}", row["best"] or "-",
+            "-" if pd.isna(row["best_s"]) else f"{row['best_s']:.4f}",
+            "-" if pd.isna(over) else f"{over:+.0%}"])
     lines = ["## Strategy auto against the measured best", "",
              "Per point, what `strategy: auto` chose (the model's fastest on its probe), "
              "its own measured step, and the fastest of the strategies it chooses among "
              "(not `reference`) measured at the same coordinates.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for _, row in rows.iterrows():
-        over = row["auto_over_best"]
-        cells = [str(row[d]) for d in others] + [
-            row["chosen"] or "?", f"{row['auto_s']:.4f}", row["best"] or "-",
-            "-" if pd.isna(row["best_s"]) else f"{row['best_s']:.4f}",
-            "-" if pd.isna(over) else f"{over:+.0%}"]
-        lines.append("| " + " | ".join(cells) + " |")
+             *markdown_rows(header, table)]
     return lines + [""]

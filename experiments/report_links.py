@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 
 from experiments.figures import save_figure  # noqa: E402
 from experiments.report_view import COLORS, StoreView  # noqa: E402
+from experiments.summary import markdown_rows  # noqa: E402
 from pipeline.links import rate_bits  # noqa: E402
 
 RATE_FIELD = "cluster.link.rate"
@@ -130,17 +131,17 @@ def links_section(sweep: StoreView, frame: pd.DataFrame) -> list[str]:
     others = _other_dims(sweep, dim)
     winners = link_winners(frame, dim, others)
     columns = others + ["rate", "measured winner", "predicted winner", "worst error"]
+    table = []
+    for _, row in winners.iterrows():
+        error = f"{row['worst_error']:.0%}" if np.isfinite(row["worst_error"]) else "-"
+        table.append([str(row[d]) for d in others] + [
+            str(row["rate"]), row["measured_winner"] or "-", row["predicted_winner"] or "-",
+            error])
     lines = ["## Link rate: which strategy wins", "",
              "Per rate, the strategy with the shortest measured step and the one the "
              "model predicts shortest; the worst error is the largest |predicted / "
              "measured - 1| among the strategies at that rate.", "",
-             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for _, row in winners.iterrows():
-        error = f"{row['worst_error']:.0%}" if np.isfinite(row["worst_error"]) else "-"
-        cells = [str(row[d]) for d in others] + [
-            str(row["rate"]), row["measured_winner"] or "-", row["predicted_winner"] or "-",
-            error]
-        lines.append("| " + " | ".join(cells) + " |")
+             *markdown_rows(columns, table)]
     lines.append("")
     groups = list(winners.groupby(others, sort=False)) if others else [((), winners)]
     for keys, group in groups:

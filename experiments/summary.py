@@ -109,3 +109,9 @@ def base_strategy(ds: xr.Dataset) -> str:
         return str(yaml.safe_load(ds.attrs.get("config", ""))["base"].get("strategy", "kernel"))
     except (TypeError, KeyError, AttributeError, yaml.YAMLError):
         return "kernel"
+
+
+def markdown_rows(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A small markdown table as report.md lines: the header, its rule, one line a row."""
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(cells) + " |" for cells in rows])

@@ -39,10 +39,11 @@ from experiments.measure import predicted_step_time
 from experiments.results import DONE, SKIPPED, ResultStore, StoreBusy, StoreMismatch
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
 from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
-from experiments.sweep_config import Sweep, load_predictor, load_sweep
+from experiments.sweep_config import Sweep, load_sweep
 from experiments.sweep_run import STORE, run_sweep
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, fail, quiet_dask, stops_on_signals)
+from pipeline.prediction import predict_point
 from pipeline.preflight import check_run, check_writable_dir
 from pipeline.schema import ConfigError
 from storage.space import NoSpace, is_full
@@ -76,7 +77,6 @@ def dry_run(sweep: Sweep, out: TextIO) -> None:
     to use only what it measured before (CNN_PREDICT_PROBE=cached, unless set).
     """
     os.environ.setdefault("CNN_PREDICT_PROBE", "cached")
-    predictor = load_predictor()
     status = None
     store = ResultStore(sweep.store_path)
     if store.exists():
@@ -93,15 +93,13 @@ def dry_run(sweep: Sweep, out: TextIO) -> None:
         cluster = "none" if point.cluster_key is None else (
             "external" if point.cluster_key == "external"
             else f"{len(point.config.cluster.worker_list())} worker(s)")
-        row = [str(number), point.describe(), cluster]
-        if predictor is not None:
-            predicted = predicted_step_time(predictor, point, None)
-            row.append("-" if np.isnan(predicted) else f"{predicted:.4f} s")
+        predicted = predicted_step_time(predict_point, point, None)
+        row = [str(number), point.describe(), cluster,
+               "-" if np.isnan(predicted) else f"{predicted:.4f} s"]
         if status is not None:
             row.append({0: "pending", 1: "done", 2: "failed"}[int(status[point.region])])
         rows.append(row)
-    header = ["#", "point", "cluster"] + (["predicted"] if predictor else []) + \
-        (["status"] if status is not None else [])
+    header = ["#", "point", "cluster", "predicted"] + (["status"] if status is not None else [])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for row in [header] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)

@@ -44,7 +44,7 @@ import itertools
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -52,7 +52,6 @@ from experiments.sweep_axes import Axis, build_axes, point_data
 from experiments.sweep_points import Point, cluster_key, fit_point_to_strategy, run_order
 from pipeline.cluster import scheduler_address
 from pipeline.config import RunConfig, build_run_config
-from pipeline.prediction import predict_point
 from pipeline.schema import ConfigError, from_dict, load_yaml, parse_override, set_dotted, to_dict
 from pipeline.strategies import Strategy, strategy_of
 
@@ -173,11 +172,6 @@ def _resolve_base(base: dict | str, source: str) -> dict:
         return load_yaml(path)
     return copy.deepcopy(base)
 
-
-
-def load_predictor() -> Callable[..., Any]:
-    """The model's prediction of a point (`pipeline.prediction.predict_point`)."""
-    return predict_point
 
 
 def _fingerprint(data: dict) -> str:

@@ -34,10 +34,11 @@ from experiments.provenance import code_revision, machine_info
 from experiments.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore, StoreMismatch,
                                  SweepLock, build_template)
 from experiments.summary import format_table, summary_table
-from experiments.sweep_config import Sweep, load_predictor
+from experiments.sweep_config import Sweep
 from experiments.sweep_points import Point
 from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup
 from pipeline.config import RunConfig
+from pipeline.prediction import predict_point
 from pipeline.records import software_versions
 from pipeline.startup import start_batch, usable_cores
 from storage.locks import now_text
@@ -191,7 +192,6 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
     err = err or sys.stderr
     echo = lambda line: tqdm.write(line, file=out)  # noqa: E731 - keeps the bar intact
     store = ResultStore(sweep.store_path)
-    predictor = load_predictor()
     with SweepLock(sweep.store_path) as lock:
         if lock.stale_note():
             print(lock.stale_note(), file=err)
@@ -221,8 +221,7 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                 result, reason = None, None
                 try:
                     if sweep.config.mode == "predict":
-                        assert predictor is not None  # checked at load
-                        result = predict_only(point, predictor)
+                        result = predict_only(point, predict_point)
                     else:
                         client = pool.client_for(point)
                         result = measure_point(point, client, sweep.config.keep_checkpoints)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
+import subprocess
 from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
+import psutil
 import torch
 from distributed import Client
 from torch import nn
@@ -180,3 +183,16 @@ def assert_one_error_line(status: int, lines: list[str], expected: int, names: s
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: ") and "Traceback" not in lines[0], lines
     assert names in lines[0], (names, lines[0])
+
+
+def link_leftovers(run_id: str) -> list[str]:
+    """What of links run `run_id` is still on this machine: namespaces, interfaces,
+    processes."""
+    found = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                       text=True).stdout.split() if run_id in n]
+    found += [n for n in os.listdir("/sys/class/net") if run_id in n]
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if f"hc{run_id}" in line and process.pid != os.getpid():
+            found.append(line[:80])
+    return found

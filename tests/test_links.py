@@ -16,7 +16,6 @@ import sys
 import time
 
 import numpy as np
-import psutil
 import pytest
 import xarray as xr
 
@@ -30,7 +29,7 @@ from pipeline.run import run_training
 from pipeline.schema import ConfigError
 from storage import checkpoints
 from tests.conftest import ROOT
-from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
+from tests.helpers import link_leftovers, max_relative_error, replay_in_pytorch, tiny_config
 
 PROBLEM = links.link_problem()
 needs_links = pytest.mark.skipif(PROBLEM is not None, reason=f"cluster.link {PROBLEM}")
@@ -115,18 +114,6 @@ def test_link_config_errors_name_the_field(monkeypatch):
 # Real links (root) ----------------------------------------------------------------
 
 
-def _leftovers(run_id: str) -> list[str]:
-    """What of run `run_id` is still on this machine: namespaces, interfaces, processes."""
-    found = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                       text=True).stdout.split() if run_id in n]
-    found += [n for n in os.listdir("/sys/class/net") if run_id in n]
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if f"hc{run_id}" in line and process.pid != os.getpid():
-            found.append(line[:80])
-    return found
-
-
 def _linked_run(tmp_path, dataset: str, rate: str) -> tuple[dict, dict, xr.Dataset]:
     """A tiny kernel run behind `rate` links, checked against plain PyTorch: its final
     weights, the bytes each link carried during the run (to, from the worker), its
@@ -139,7 +126,7 @@ def _linked_run(tmp_path, dataset: str, rate: str) -> tuple[dict, dict, xr.Datas
         result = run_training(config, client=client)
         after = hosts.counters()
         run_id = hosts.run_id
-    assert _leftovers(run_id) == []
+    assert link_leftovers(run_id) == []
     crossed = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in after}
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)
@@ -194,17 +181,17 @@ def test_a_killed_runs_leftovers_go_at_the_next_start(tmp_path):
                              env={**os.environ, "PYTHONPATH": ROOT})
     run_id = owner.stdout.readline().strip()
     deadline = time.monotonic() + 10
-    while not any("sshfs" in line for line in _leftovers(run_id)):
+    while not any("sshfs" in line for line in link_leftovers(run_id)):
         assert time.monotonic() < deadline, "the mount never came up"
         time.sleep(0.1)
     owner.send_signal(signal.SIGKILL)
     owner.wait()
-    assert _leftovers(run_id)  # a SIGKILLed owner cleans nothing up itself
+    assert link_leftovers(run_id)  # a SIGKILLed owner cleans nothing up itself
     record = os.path.join(links.RECORDS, f"{run_id}.json")
     assert json.load(open(record))["namespaces"] == [links.namespace_name(run_id, 0)]
     hosts = LinkedHosts.start({"b": "100mbit"})
     try:
-        assert _leftovers(run_id) == [] and not os.path.exists(record)
+        assert link_leftovers(run_id) == [] and not os.path.exists(record)
     finally:
         hosts.close()
-    assert _leftovers(hosts.run_id) == []
+    assert link_leftovers(hosts.run_id) == []

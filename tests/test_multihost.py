@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import dask
 import numpy as np
-import psutil
 import pytest
 from distributed import Client
 
@@ -32,8 +31,8 @@ from pipeline.security import (TlsConfig, client_security, connection_problem, t
                                tls_problem)
 from storage import checkpoints
 from tests.conftest import ROOT
-from tests.helpers import (assert_one_error_line, max_relative_error, replay_in_pytorch,
-                           run_main, tiny_config)
+from tests.helpers import (assert_one_error_line, link_leftovers, max_relative_error,
+                           replay_in_pytorch, run_main, tiny_config)
 
 OPENSSL = shutil.which("openssl")
 needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="needs the openssl command "
@@ -153,18 +152,6 @@ def test_tls_problems_and_refusals_read_as_one_line():
 # Hosts in namespaces, over TLS (root) ---------------------------------------------------
 
 
-def _leftovers(run_id: str) -> list[str]:
-    """Namespaces, interfaces and processes of links run `run_id` still on this machine."""
-    found = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                       text=True).stdout.split() if run_id in n]
-    found += [n for n in os.listdir("/sys/class/net") if run_id in n]
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if f"hc{run_id}" in line and process.pid != os.getpid():
-            found.append(line[:80])
-    return found
-
-
 def listening(namespace: str) -> set[str]:
     """The addresses something listens on (TCP) in a network namespace."""
     done = subprocess.run(["ip", "netns", "exec", namespace, "ss", "-Hltn"],
@@ -200,7 +187,7 @@ def tls_hosts(tmp_path_factory, tiny_dataset_factory, certificates):
         with Client(cluster.address, security=security, set_as_default=False) as client:
             table = client.scheduler_info()["workers"]
         yield TlsHosts(cluster, c, root, dataset, table)
-    assert _leftovers(cluster.links.run_id) == []
+    assert link_leftovers(cluster.links.run_id) == []
 
 
 @needs_hosts

@@ -21,6 +21,16 @@ from tasks.specs import ConvLayerSpec, NetworkSpec
 PROBE_VERSION = 6  # 5: rounds, robust figures, spread, outliers; 6: replica trunks
 
 
+def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
+    """What to scale a timing of `total` seconds by to put it at its steps' lower
+    (``bound="low"``) or upper (``"high"``) quartile: never past the median's side,
+    1.0 for ``"mid"`` or where no spread was kept."""
+    edge = low if bound == "low" else high
+    if bound == "mid" or edge <= 0 or total <= 0:
+        return 1.0
+    return min(edge / total, 1.0) if bound == "low" else max(edge / total, 1.0)
+
+
 @dataclass
 class ShardTiming:
     """One measured shard: ``kernels`` of ``layer`` while ``active`` workers ran at once.
@@ -52,11 +62,7 @@ class ShardTiming:
     def scaled(self, bound: str) -> "ShardTiming":
         """This timing at the lower (``"low"``) or upper (``"high"``) quartile of its
         steps: every pass scaled alike; itself where no spread was kept."""
-        total = self.forward_s + self.backward_s
-        edge = self.low_s if bound == "low" else self.high_s
-        if bound == "mid" or edge <= 0 or total <= 0:
-            return self
-        f = min(edge / total, 1.0) if bound == "low" else max(edge / total, 1.0)
+        f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
         return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
                        input_grad_s=self.input_grad_s * f)
 
@@ -79,11 +85,7 @@ class TrunkTiming:
 
     def scaled(self, bound: str) -> "TrunkTiming":
         """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""
-        total = self.forward_s + self.backward_s
-        edge = self.low_s if bound == "low" else self.high_s
-        if bound == "mid" or edge <= 0 or total <= 0:
-            return self
-        f = min(edge / total, 1.0) if bound == "low" else max(edge / total, 1.0)
+        f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
         return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f)
 
 
