@@ -42,7 +42,8 @@ class CliCluster:
     def start_scheduler(self) -> str:
         self.processes.append(subprocess.Popen(
             [os.path.join(BIN, "dask"), "scheduler", "--scheduler-file",
-             str(self.scheduler_file), "--port", "0", "--dashboard-address", ":0"],
+             str(self.scheduler_file), "--host", "127.0.0.1", "--port", "0",
+             "--dashboard-address", "127.0.0.1:0"],  # loopback only, as the project's own
             stdout=self.logs, stderr=self.logs))
         deadline = time.monotonic() + 60
         while not self.scheduler_file.exists() and time.monotonic() < deadline:
@@ -62,7 +63,8 @@ class CliCluster:
     def start_worker(self, *extra: str) -> subprocess.Popen:
         process = subprocess.Popen(
             [os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
-             "--nthreads", "1", "--resources", "CPU=1", *extra],
+             "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
+             "--dashboard-address", "127.0.0.1:0", *extra],
             stdout=self.logs, stderr=self.logs)
         self.processes.append(process)
         return process
