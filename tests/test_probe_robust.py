@@ -18,8 +18,9 @@ from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, S
                             TrunkTiming, WorkerProbe, cluster_probe_from_dict)
 from pipeline.probe.results import mark_outliers, table_points
 from pipeline.probe.robust import consistent, estimate, inconsistent
-from pipeline.probe.runs import (PlanRun, ProbePlan, plans_holding, replica_plan,
-                                 shard_timings, suspects, trunk_timings)
+from pipeline.probe.readings import shard_timings, trunk_timings
+from pipeline.probe.rounds import plans_holding, suspects
+from pipeline.probe.runs import PlanRun, ProbePlan, replica_plan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD
 from tasks.replica_layout import TRUNK_BACKWARD, TRUNK_FORWARD
 from tasks.receipts import OpEvent, Phase, Receipt

@@ -4,8 +4,10 @@ The analytical model (:mod:`pipeline.costmodel`) predicts a step from shard time
 the workspace's per-access cost and bandwidth, and the engine's orchestration
 latencies. A probe measures them where the step will run:
 
-- `runs`: calibration runs of the engine's own steps through the training loop,
-  at chosen splits, read from their receipts;
+- `runs`: calibration runs of the engine's own steps at chosen splits (and a
+  replica plan), `rounds`: those runs in rounds, timing again what they did not
+  settle (`robust`: the statistic and the check), `readings`: what their receipts
+  say;
 - `hops`: Dask's client round trip and dependency hop (for ``sync: scheduler``);
 - `reference`: plain PyTorch in this process, for ``strategy: reference``;
 - `results`: what a probe holds and how it becomes cost-model objects;

@@ -30,9 +30,10 @@ from pipeline.probe.hops import probe_hops
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.runs import (Plan, calibrate, dataset_read_s, dense_s, plans_for,
-                                 replica_plan, shard_timings, store_fit, sync_s, task_gap_s,
-                                 trunk_timings)
+from pipeline.probe.readings import (dataset_read_s, dense_s, shard_timings, store_fit, sync_s,
+                                     task_gap_s, trunk_timings)
+from pipeline.probe.rounds import calibrate
+from pipeline.probe.runs import Plan, plans_for, replica_plan
 from storage.datasets import create_synthetic_dataset
 from tasks.specs import NetworkSpec
 
@@ -97,7 +98,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
                   dataset: str | None = None, links: str = "",
                   output_root: str | None = None) -> ClusterProbe:
     """Calibration runs of the engine on ``offered`` in rounds, sizes timed again
-    where the rounds disagree (pipeline/probe/runs.py, robust.py), and hops.
+    where the rounds disagree (pipeline/probe/runs.py, rounds.py, readings.py), and
+    hops.
 
     ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
     part: the store's figures are measured across them), ``output_root`` where the

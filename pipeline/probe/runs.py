@@ -22,7 +22,9 @@ the batch, all at once, the conv trunk that ``data`` and ``hybrid`` run.
 Rounds: every plan runs a few steps, then every plan again (`ROUNDS`), each plan's
 engine kept between its rounds, so that each size is timed at moments seconds
 apart; plans holding a size the rounds did not settle, or one that breaks "time
-grows with kernels", run further rounds (`RETIMES`; pipeline/probe/robust.py).
+grows with kernels", run further rounds (`RETIMES`; pipeline/probe/rounds.py,
+robust.py). What the runs measured is read off their receipts in
+pipeline/probe/readings.py.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -45,15 +46,12 @@ from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConf
                              WorkspaceConfig)
 from pipeline.placement import Placement, rough_seconds, split_even
 from pipeline.engine import RunPlan, StepEngine
-from pipeline.probe.results import ShardTiming, TrunkTiming, mark_outliers
-from pipeline.probe.robust import Estimate, estimate
 from storage.datasets import open_dataset_info
 from tasks.hybrid_ops import HYBRID_SIDE
 from tasks.kernel_ops import KERNEL_SIDE
-from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, layout_from_counts
-from tasks.receipts import OpEvent, Receipt
-from tasks.replica_layout import (TRUNK_BACKWARD, TRUNK_FORWARD, HybridLayout, dense_widths,
-                                  split_counts)
+from tasks.layout import layout_from_counts
+from tasks.receipts import Receipt
+from tasks.replica_layout import HybridLayout, dense_widths, split_counts
 from tasks.specs import Arithmetic, NetworkSpec
 from tasks.worker_state import configure_process
 
@@ -281,212 +279,3 @@ def _output_root(offered: Sequence[ClusterWorker]) -> str | None:
     root = os.path.join(os.getcwd(), "runs")
     os.makedirs(root, exist_ok=True)
     return root
-
-
-# Reading the receipts ------------------------------------------------------------------
-
-
-def _busy(event: OpEvent) -> float:
-    return sum(p.seconds for p in event.phases if p.kind in ("compute", "emulated"))
-
-
-def _first_part(event: OpEvent) -> float:
-    """A backward's compute before its last compute phase (the input-gradient part)."""
-    computes = [i for i, p in enumerate(event.phases) if p.kind == "compute"]
-    cut = computes[-1] if computes else len(event.phases)
-    return sum(p.seconds for p in event.phases[:cut] if p.kind in ("compute", "emulated"))
-
-
-Cell = tuple[str, int, int, int]  # worker, layer, kernels, workers running
-
-
-def shard_samples(runs: Sequence[PlanRun]) -> dict[Cell, dict[int, list[tuple[float, float,
-                                                                              float]]]]:
-    """Per cell and round, every measured step's ``(forward, backward, input_grad)``
-    seconds of that worker's shard of that layer."""
-    cells: dict[Cell, dict[int, list[tuple[float, float, float]]]] = defaultdict(
-        lambda: defaultdict(list))
-    for run in runs:
-        if not isinstance(run.plan, ProbePlan):
-            continue
-        for receipt in run.receipts:
-            column = run.workers.index(receipt.worker)
-            events: dict[int, dict[str, OpEvent]] = defaultdict(dict)
-            for event in receipt.events:
-                if event.name in (CONV_FORWARD, CONV_BACKWARD):
-                    events[event.layer][event.name] = event
-            for layer, ops in events.items():
-                k = run.plan.counts[layer][column]
-                if k and CONV_FORWARD in ops and CONV_BACKWARD in ops:
-                    backward = ops[CONV_BACKWARD]
-                    cells[(receipt.worker, layer, k, len(run.workers))][run.round].append(
-                        (_busy(ops[CONV_FORWARD]), _busy(backward), _first_part(backward)))
-    return cells
-
-
-def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[ShardTiming]]:
-    """Per worker, one robust figure per (layer, kernels, workers running): each pass
-    the median of its rounds' medians, the spread of forward + backward, whether the
-    rounds settled it, and whether it breaks "time grows with kernels"
-    (pipeline/probe/robust.py)."""
-    out: dict[str, list[ShardTiming]] = {}
-    for (worker, layer, k, active), by_round in sorted(shard_samples(runs).items()):
-        rounds = [by_round[r] for r in sorted(by_round)]
-        f, b, i = (estimate([[step[n] for step in r] for r in rounds]) for n in range(3))
-        total = estimate([[step[0] + step[1] for step in r] for r in rounds])
-        both = f.value + b.value
-        out.setdefault(worker, []).append(ShardTiming(
-            layer, k, active, f.value, b.value, i.value, total.rounds, total.samples,
-            min(total.low, both), max(total.high, both), total.settled))
-    return {worker: mark_outliers(timings) for worker, timings in out.items()}
-
-
-def trunk_timings(runs: Sequence[PlanRun]) -> dict[str, TrunkTiming]:
-    """Per worker, its replica's conv trunk from the replica plan's rounds: the
-    trunk-forward's compute and the trunk-backward's (its backward and the gradient's
-    flattening, as a replica-step has them), each the median of its rounds' medians."""
-    cells: dict[tuple[str, int, int], dict[int, list[tuple[float, float]]]] = defaultdict(
-        lambda: defaultdict(list))
-    for run in runs:
-        if not isinstance(run.plan, ReplicaPlan):
-            continue
-        for receipt in run.receipts:
-            ops = {e.name: _busy(e) for e in receipt.events
-                   if e.name in (TRUNK_FORWARD, TRUNK_BACKWARD)}
-            rows = run.plan.shares[run.workers.index(receipt.worker)]
-            if rows and len(ops) == 2:
-                cells[(receipt.worker, rows, run.plan.workers)][run.round].append(
-                    (ops[TRUNK_FORWARD], ops[TRUNK_BACKWARD]))
-    out = {}
-    for (worker, rows, active), by_round in cells.items():
-        rounds = [by_round[r] for r in sorted(by_round)]
-        f, b = (estimate([[step[n] for step in r] for r in rounds]) for n in (0, 1))
-        total = estimate([[step[0] + step[1] for step in r] for r in rounds])
-        both = f.value + b.value
-        out[worker] = TrunkTiming(rows, active, f.value, b.value, total.rounds, total.samples,
-                                  min(total.low, both), max(total.high, both), total.settled)
-    return out
-
-
-def suspects(timings: dict[str, list[ShardTiming]],
-             trunks: dict[str, TrunkTiming] | None = None) -> set[Cell]:
-    """The cells to time again: not settled by their rounds, or inconsistent (a
-    replica's trunk as layer -1, its rows as kernels)."""
-    cells = {(worker, t.layer, t.kernels, t.active) for worker, mine in timings.items()
-             for t in mine if not t.settled or t.outlier}
-    return cells | {(worker, -1, t.rows, t.active) for worker, t in (trunks or {}).items()
-                    if not t.settled}
-
-
-def plans_holding(plans: Sequence[Plan], cells: set[Cell], names: Sequence[str]
-                  ) -> list[Plan]:
-    """The plans that time any of ``cells`` (``names``: the offered workers in order)."""
-    out = []
-    for plan in plans:
-        for worker, layer, k, active in cells:
-            column = names.index(worker) if worker in names else plan.workers
-            if active != plan.workers or column >= plan.workers \
-                    or (layer < 0) != isinstance(plan, ReplicaPlan):
-                continue
-            held = plan.shares[column] if isinstance(plan, ReplicaPlan) \
-                else plan.counts[layer][column]
-            if held == k:
-                out.append(plan)
-                break
-    return out
-
-
-def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
-              dataset: str, plans: Sequence[Plan], workspace_dir: str | None = None,
-              output_root: str | None = None) -> tuple[list[PlanRun], int]:
-    """Every plan in rounds (`plan_rounds`, one round after the other), then up to
-    `RETIMES` more rounds of the plans holding an unsettled or inconsistent size.
-    Returns the runs and how many plan rounds were timing again."""
-    names = [w.name for w in offered]
-    rounds = [plan_rounds(plan_seconds(network, batch, plan)) for plan in plans]
-    runs: list[PlanRun] = []
-    again_runs = 0
-    with PlanEngines(client, offered, network, batch, dataset, plans, workspace_dir,
-                     output_root) as engines:
-        for r in range(max(rounds, default=0)):
-            runs += [engines.run(plan, r) for plan, n in zip(plans, rounds) if n > r]
-        for extra in range(RETIMES):
-            again = plans_holding(plans, suspects(shard_timings(runs), trunk_timings(runs)),
-                                  names)
-            if not again:
-                break
-            runs += [engines.run(plan, max(rounds) + extra) for plan in again]
-            again_runs += len(again)
-    return runs, again_runs
-
-
-def store_fit(runs: Sequence[PlanRun], kind: str) -> tuple[float, float]:
-    """``(latency, bandwidth)`` of workspace accesses of `kind` ("read" or "write"):
-    ``seconds = latency + bytes / bandwidth`` fitted to every access (non-negative)."""
-    rows = np.array([(p.nbytes, p.seconds) for run in runs for r in run.receipts
-                     for e in r.events for p in e.phases if p.kind == kind], float)
-    if not len(rows):
-        return 0.0, math.inf
-    design = np.stack([np.ones(len(rows)), rows[:, 0]], axis=1)
-    latency, per_byte = nonneg_fit(design, rows[:, 1])
-    if per_byte <= 0:  # all accesses alike: charge their median time per byte
-        return float(latency), float(np.median(rows[:, 0] / np.maximum(rows[:, 1], 1e-9)))
-    return float(latency), float(1.0 / per_byte)
-
-
-def nonneg_fit(rows: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative coefficients (dropping negative ones, refitting)."""
-    keep = list(range(rows.shape[1]))
-    coef = np.zeros(rows.shape[1])
-    while keep:
-        solution, *_ = np.linalg.lstsq(rows[:, keep], t, rcond=None)
-        if (solution >= 0).all():
-            coef[keep] = solution
-            return coef
-        keep.pop(int(np.argmin(solution)))
-    return coef
-
-
-def dataset_read_s(runs: Sequence[PlanRun]) -> float | None:
-    """Median seconds of the batch read of the first layer's forward."""
-    times = [p.seconds for run in runs for r in run.receipts for e in r.events
-             if e.name == CONV_FORWARD and e.layer == 0 for p in e.phases if p.kind == "dataset"]
-    return float(np.median(times)) if times else None
-
-
-def dense_s(runs: Sequence[PlanRun]) -> Estimate:
-    """The dense head's compute on the master (worker 0): its figure over the rounds."""
-    by_round: dict[int, list[float]] = defaultdict(list)
-    for run in runs:
-        by_round[run.round] += [_busy(e) for r in run.receipts for e in r.events
-                                if e.name == DENSE_HEAD]
-    return estimate([by_round[r] for r in sorted(by_round)])
-
-
-def task_gap_s(runs: Sequence[PlanRun]) -> float:
-    """Median gap between a worker's step task and its next (already queued) one."""
-    gaps = []
-    for run in runs:
-        by_worker: dict[str, list[Receipt]] = defaultdict(list)
-        for receipt in run.receipts:
-            by_worker[receipt.worker].append(receipt)
-        for receipts in by_worker.values():
-            receipts.sort(key=lambda r: r.step)
-            gaps += [b.start - a.end for a, b in zip(receipts, receipts[1:])
-                     if b.step == a.step + 1]
-    return max(float(np.median(gaps)), 0.0) if gaps else 0.0
-
-
-def sync_s(runs: Sequence[PlanRun]) -> float:
-    """Median delay from a slot's write to a reader that was waiting for it noticing."""
-    lags = []
-    for run in runs:
-        written = {(r.step, p.slot): p.end for r in run.receipts for e in r.events
-                   for p in e.phases if p.kind == "write"}
-        for r in run.receipts:
-            for e in r.events:
-                for p in e.phases:
-                    end = written.get((r.step, p.slot))
-                    if p.kind == "wait" and end is not None and p.start < end < p.end:
-                        lags.append(p.end - end)
-    return float(np.median(lags)) if lags else 0.0
