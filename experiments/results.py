@@ -100,7 +100,8 @@ TEXTS: dict[str, str] = {
     "worker_labels": "the workers used, with emulated speeds",
     "worker_devices": "the workers used, in split order: JSON [[name, resource tag, device]]",
     "recovery_log": "the run's recoveries (JSON list: lost_at_step, restored_step, "
-                    "lost_workers, workers, split, replayed_steps, seconds)",
+                    "lost_workers, workers, split, replayed_steps, seconds, cause, "
+                    "ended_attempt, late_writes)",
     "strategy_choice": "strategy auto: what the model chose (JSON: chosen, master, placement, "
                        "predicted_step_time, runner_up, alternatives); empty otherwise",
 }

@@ -20,7 +20,7 @@ from tasks.specs import NetworkSpec
 
 
 class SavesCheckpoints(Protocol):
-    def checkpoint(self, done_steps: int) -> None: ...
+    def checkpoint(self, done_steps: int) -> str | None: ...
 
 
 class CheckpointError(RuntimeError):
@@ -47,6 +47,7 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
         if checkpoints.made_for(path) != fingerprint:
             raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
                               "different network")
+        checkpoints.discard_attempts(path)  # staging areas a killed run left: never read
         latest, passed = checkpoints.latest_valid_step(path)
         damaged = "; ".join(f"step {step}: {problem}" for step, problem in passed)
         if latest is None:
@@ -71,12 +72,13 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
 def save_checkpoint(config: RunConfig, trainer: SavesCheckpoints, since: int, done: int,
                     train_samples: int) -> None:
     """Checkpoint `done`: the trainer's weights, the sample indices of steps since the
-    last checkpoint, then the mark that makes it count."""
+    last checkpoint, then the mark that makes it count (for a trainer that staged it,
+    an attempt's staging area, the mark moves it in: storage/checkpoints.py)."""
     path = config.checkpoint_path
     with writing("checkpoint store", path):  # the workers' writes raise NoSpace themselves
-        trainer.checkpoint(done)
+        attempt = trainer.checkpoint(done)
         train = config.train
         indices = np.stack([step_indices(train.seed, s, train.batch, train_samples)
                             for s in range(since, done)])
         checkpoints.write_sample_indices(path, since, indices, train.steps)
-        checkpoints.mark_complete(path, done, {"step": done})
+        checkpoints.mark_complete(path, done, {"step": done}, attempt=attempt)

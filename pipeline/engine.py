@@ -160,23 +160,28 @@ class StepEngine:
         # the master's loss, or each replica's part of the batch's loss
         return StepResult(step, sum(r.loss for r in receipts if r.loss is not None), receipts)
 
-    def checkpoint(self, done_steps: int) -> None:
-        """Save every worker's work as checkpoint `done_steps` (no step may be in flight)."""
+    def checkpoint(self, done_steps: int) -> str:
+        """Save every worker's work as checkpoint `done_steps` (no step may be in flight)
+        into this attempt's staging area; returns the attempt (this engine's run id),
+        whose checkpoint `mark_complete` then commits. A worker of an engine that
+        ended can write only there (storage/checkpoints.py, fencing)."""
         assert not self._submitted, "checkpoint with steps in flight"
-        path = self.paths.checkpoints
         chunks = self.layout.checkpoint_chunks(
             self.network,
             checkpoint_row_chunks(self.network, self.config.channel_quanta(self.network)))
-        checkpoints.create_checkpoint(path, done_steps, parameter_shapes(self.network), chunks,
-                                      self.network.dtype)
-        futures = [self.runner.submit(step_task.save_run, worker, self.run_id, path, done_steps,
-                                      name=f"save-{done_steps}-w{worker}")
+        staged = checkpoints.stage_checkpoint(self.paths.checkpoints, self.run_id, done_steps,
+                                              parameter_shapes(self.network), chunks,
+                                              self.network.dtype)
+        futures = [self.runner.submit(step_task.save_run, worker, self.run_id, staged,
+                                      done_steps, name=f"save-{done_steps}-w{worker}")
                    for worker in range(len(self.workers))]
         self.runner.gather(futures, "checkpoint")
         self._last_collect = time.perf_counter()  # the save is no step's time
+        return self.run_id
 
     def close(self) -> None:
-        """Stop any waiting task, free the run's state on every worker, drop the workspace.
+        """Stop any waiting task, free the run's state on every worker, drop the workspace
+        and this attempt's checkpoint staging area (nothing there was committed).
 
         Also after a failure: the steps still queued are cancelled, and only workers
         still in the cluster are asked to free the run (a lost one would make the
@@ -206,12 +211,14 @@ class StepEngine:
             pass
         if not stalled:
             remove_exchange(self.paths.workspace)
+            checkpoints.end_attempt(self.paths.checkpoints, self.run_id)
             return
 
         def abort_and_remove() -> None:  # in this order: an abort makes the folder again
             try:
                 self.exchange.abort("the run is closing")
                 remove_exchange(self.paths.workspace)
+                checkpoints.end_attempt(self.paths.checkpoints, self.run_id)
             except Exception:  # noqa: BLE001 - best effort on a store that failed
                 pass
 

@@ -235,7 +235,9 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         lines.append(f"  recovered   {', '.join(r['lost_workers'])} {r.get('cause', 'lost')} "
                      f"at step {r['lost_at_step']}: back to checkpoint {r['restored_step']}, "
                      f"{r['replayed_steps']} step(s) replayed on {', '.join(r['workers'])} "
-                     f"({r['seconds']:.1f} s)")
+                     f"({r['seconds']:.1f} s)"
+                     + (f"; {r['late_writes']} late write(s) of the ended attempt discarded"
+                        if r.get("late_writes") else ""))
     for j in summary.get("joins", []):
         lines.append(f"  joined      {', '.join(j['joined_workers'])} at step {j['at_step']}: "
                      f"from then on {', '.join(j['workers'])}")

@@ -15,7 +15,9 @@ checkpoint: the run stops there (nothing is in flight), places its work over the
 larger set the same way and goes on from that checkpoint, replaying nothing (a
 `Join`). A worker that stalled (stopped answering while holding the run's
 tasks: pipeline/runner.py) is removed from the cluster before it is reported, and
-is then recovered from like a dead one; its recovery says `cause: stalled`. Stores
+is then recovered from like a dead one; its recovery says `cause: stalled`. Its
+late writes can land only where the ended attempt wrote (storage/checkpoints.py):
+each recovery names that attempt and counts what was found there. Stores
 that stopped answering every worker (`StoreStalled`) end the run instead: the
 message says which checkpoint is kept and how to go on once they answer.
 """
@@ -57,6 +59,11 @@ class Recovery:
     replayed_steps: int  # steps done twice: restored_step .. lost_at_step - 1
     seconds: float  # from noticing the loss to the new engine's first step
     cause: str = "lost"  # "lost": left the cluster (died); "stalled": stopped answering
+    # The ended attempt (its engine's run id): the only place the lost workers' late
+    # writes can go (its workspace, removed; its checkpoint staging area, never
+    # committed). `late_writes`: files found there once the run ended, discarded.
+    ended_attempt: str = ""
+    late_writes: int = 0
 
 
 @dataclass
@@ -156,6 +163,9 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                 reached = train_loop(config, current, recorder, client_events, from_step,
                                      train_samples, stop_for_joined)
                 if reached >= config.train.steps:
+                    current.close()
+                    current = None
+                    count_late_writes(config, recoveries)
                     return history
                 since = time.perf_counter()
                 current.close()
@@ -176,6 +186,7 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
             except WorkerLost as lost:
                 noticed = time.perf_counter()
                 lost_at = max(recorder.steps, default=from_step - 1) + 1
+                ended = current.run_id if current is not None else ""
                 if current is not None:
                     current.close()
                     current = None
@@ -199,9 +210,22 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                 pending = {"lost_at_step": lost_at, "restored_step": restored,
                            "lost_workers": list(lost.labels),
                            "cause": "stalled" if lost.stalled else "lost",
-                           "replayed_steps": max(lost_at - restored, 0)}
+                           "replayed_steps": max(lost_at - restored, 0),
+                           "ended_attempt": ended}
                 pending_since, from_step = noticed, restored
     finally:
         if current is not None:
             current.close()
+
+
+def count_late_writes(config: RunConfig, recoveries: list[Recovery]) -> None:
+    """Discard what ended attempts' workers wrote into their checkpoint staging areas
+    after the attempts ended (a fenced-off worker woken inside a save), counting it on
+    each recovery (storage/checkpoints.py). Such writes never reach a checkpoint."""
+    try:
+        found = checkpoints.discard_attempts(config.checkpoint_path)
+    except OSError:  # a store that failed: nothing there is read
+        return
+    for recovery in recoveries:
+        recovery.late_writes = found.get(recovery.ended_attempt, 0)
 

@@ -72,6 +72,7 @@ class ReferenceTrainer:
         return StepResult(step, receipt.loss, [receipt])
 
     def checkpoint(self, done_steps: int) -> None:
+        """Written in place (one process: no worker can outlive its attempt)."""
         assert self.model is not None and self.optimizer is not None
         path = self.config.checkpoint_path
         named = dict(self.model.named_parameters())

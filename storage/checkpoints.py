@@ -6,6 +6,7 @@ Layout::
         sample_indices          (steps, B) int64: the samples of every step taken
         step/<N>/weights/<key>  e.g. "0.weight": the key of the equivalent nn.Sequential
         step/<N>/momentum/<key> SGD momentum buffers, same keys
+        attempt/<A>/step/<N>/   checkpoint N as attempt A's workers write it (staged)
 
 A checkpoint counts only once the master has marked it complete (group attribute
 ``complete``), after every shard wrote its slice: a run killed while writing one
@@ -16,6 +17,17 @@ from a good one and fall back to the newest valid one (`latest_valid_step`).
 Tensors are chunked along their first axis by `row_chunks[key]` rows (conv tensors
 by their layer's channel quantum), so that each worker writes whole chunks of its
 own kernels.
+
+Fencing: a distributed run's workers never write into ``step/<N>``. Each attempt
+(one engine: the run's first, or one after a recovery or a join; `A` is its run
+id) writes its checkpoints into its own staging area, ``attempt/<A>``, and the
+client moves a checkpoint into ``step/<N>`` (one directory rename) only once every
+worker's write of it succeeded, marking it complete first. An attempt that ended
+(a worker was lost or stalled) is never committed, and its staging area is removed;
+so a worker declared lost that wakes inside a write (a SIGSTOPped or partitioned
+one, whose task threads go on where they stopped) can only land its rows in the
+ended attempt's area, which no reader opens. `discard_attempts` removes such late
+writes and counts them.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from storage.arrays import create_array
 from storage.checksums import ALGORITHM, crc32c
 
 KINDS = ("weights", "momentum")
+ATTEMPTS = "attempt"  # the group holding each attempt's staging area
 
 
 def start_fresh(root_path: str, made_for: str) -> None:
@@ -69,13 +82,71 @@ def write_slice(root_path: str, step: int, kind: str, key: str, start: int,
     array[start:start + data.shape[0]] = data
 
 
-def mark_complete(root_path: str, step: int, meta: dict) -> None:
+def mark_complete(root_path: str, step: int, meta: dict, attempt: str | None = None) -> None:
     """Make checkpoint `step` count, recording its tensors' checksums (the client
-    calls this once every worker has written its rows)."""
-    group = zarr.open_group(root_path, mode="r+", path=step_group(step))
+    calls this once every worker has written its rows). With `attempt`, the
+    checkpoint is the one `stage_checkpoint` made: marked in the staging area, then
+    moved into ``step/<N>`` by one rename (replacing an older copy of that step,
+    which can only be an incomplete or damaged one: a run never goes past a
+    complete checkpoint it could restore)."""
+    staged = root_path if attempt is None else staging_root(root_path, attempt)
+    group = zarr.open_group(staged, mode="r+", path=step_group(step))
     sums = {name: crc32c(array[...]) for name, array in _tensors(group)}
     group.attrs.update({**meta, "checksums": {"algorithm": ALGORITHM, "tensors": sums},
                         "complete": True})
+    if attempt is None:
+        return
+    zarr.open_group(root_path, mode="a").require_group("step")
+    source, target = (os.path.join(base, *step_group(step).split("/"))
+                      for base in (staged, root_path))
+    if os.path.exists(target):
+        replaced = os.path.join(staged, f"replaced-{step}")
+        os.rename(target, replaced)
+        os.rename(source, target)
+        shutil.rmtree(replaced)
+    else:
+        os.rename(source, target)
+
+
+def staging_root(root_path: str, attempt: str) -> str:
+    """Where attempt `attempt` writes its checkpoints (a Zarr group: writers pass it
+    as their `root_path`)."""
+    return os.path.join(root_path, ATTEMPTS, attempt)
+
+
+def stage_checkpoint(root_path: str, attempt: str, step: int,
+                     shapes: dict[str, tuple[int, ...]], row_chunks: dict[str, int],
+                     dtype: str) -> str:
+    """Create checkpoint `step`'s arrays in `attempt`'s staging area; returns the root
+    its writers use. `mark_complete(..., attempt=attempt)` commits it."""
+    zarr.open_group(root_path, mode="a").require_group(f"{ATTEMPTS}/{attempt}")
+    staged = staging_root(root_path, attempt)
+    create_checkpoint(staged, step, shapes, row_chunks, dtype)
+    return staged
+
+
+def end_attempt(root_path: str, attempt: str) -> None:
+    """Remove `attempt`'s staging area (its run closed: what is there was never
+    committed). A write that lands later makes folders there again, which
+    `discard_attempts` finds."""
+    shutil.rmtree(staging_root(root_path, attempt), ignore_errors=True)
+
+
+def discard_attempts(root_path: str, keep: str | None = None) -> dict[str, int]:
+    """Remove every attempt's staging area but `keep`'s; returns, for each removed
+    one that held files, how many (writes that landed after its attempt ended,
+    when `end_attempt` had removed it: they never reached a checkpoint)."""
+    base = os.path.join(root_path, ATTEMPTS)
+    found: dict[str, int] = {}
+    for attempt in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        folder = os.path.join(base, attempt)
+        if attempt == keep or not os.path.isdir(folder):
+            continue
+        files = sum(len(names) for _, _, names in os.walk(folder))
+        if files:
+            found[attempt] = files
+        shutil.rmtree(folder, ignore_errors=True)
+    return found
 
 
 def _tensors(group: zarr.Group) -> list[tuple[str, zarr.Array]]:

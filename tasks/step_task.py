@@ -65,9 +65,10 @@ class RunEnded(RuntimeError):
 
 
 def save_run(run_id: str, checkpoint_path: str, step: int) -> Receipt:
-    """Write this worker's work into checkpoint `step`, unless the run has ended: a
-    worker removed from the cluster while frozen may wake with this task queued, and
-    must not write into a checkpoint that a recovered run writes again."""
+    """Write this worker's work into checkpoint `step` of `checkpoint_path` (the run's
+    attempt's staging area, which the client commits), unless the run has ended: a
+    worker removed from the cluster while frozen may wake with this task queued. One
+    woken inside its write goes on writing, but only into its ended attempt's area."""
     run: RunState = get_run(run_id)
     ended = run.mover.exchange.closed()
     if ended:
