@@ -48,12 +48,14 @@ FAULTS = {
     # tests/test_stalls.py
     "worker SIGSTOPped mid-run, woken later, kernel, float64": "survived",
     "worker SIGSTOPped mid-run, woken later, data, float64": "survived",
+    "worker SIGSTOPped mid-run, woken later, hybrid, float64": "survived",
     # tests/test_link_faults.py (workers behind cluster.link)
     "store's server (sshd) SIGSTOPped mid-run, 3 workers": "clean",
     "worker's link cut mid-run, restored after, kernel, float64": "survived",
     "worker SIGSTOPped in its namespace mid-run, kernel, float64": "survived",
     # tests/test_signals.py
     "run SIGTERMed mid-run, then resumed": "clean",
+    "sweep SIGTERMed mid-sweep, then run again": "clean",
     # tests/test_full_disk.py
     "disk full mid-run (checkpoints on a small tmpfs)": "clean",
     "disk full mid-sweep, then run again with room": "clean",

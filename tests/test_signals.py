@@ -1,8 +1,10 @@
 """SIGTERM to a real `python -m pipeline.train` on its embedded cluster: it stops as
 from Ctrl-C, says where to continue from and how, leaves no process or workspace,
-exits 143; the printed command continues the run to its end.
+exits 143; the printed command continues the run to its end. The same for a real
+`python -m experiments.sweep`: the same command, run again, runs only the points
+not finished, and those finished keep their figures.
 
-A row of tests/test_faults.py's `FAULTS` (and so of docs/reliability.md's table).
+Rows of tests/test_faults.py's `FAULTS` (and so of docs/reliability.md's table).
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import xarray as xr
 
+from experiments.results import DONE
 from storage import checkpoints
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS, train_process, wait_for_checkpoint
+from tests.test_sweep import write_sweep
 
 SHM = f"/dev/shm/dask-cnn-{os.getuid()}"
 
@@ -73,6 +78,54 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert list(record.step.values) == list(range(last, steps))  # a resumed run's record
     assert checkpoints.latest_complete_step(path) == steps
+
+
+def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
+                                                                     tiny_dataset_factory,
+                                                                     monkeypatch):
+    """A sweep of four `kernel` points on its embedded cluster, SIGTERMed once its
+    first point is done: one line saying how to resume, exit 143, no process or
+    workspace left; the same command again runs only the rest, and the points done
+    before keep their run and figures."""
+    assert FAULTS["sweep SIGTERMed mid-sweep, then run again"] == "clean"
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")  # no model probes: points stay short
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"train.batch": [8, 12, 16, 20]})
+    store = tmp_path / "sweep.zarr"
+    command = [sys.executable, "-m", "experiments.sweep", config, "--out", str(store)]
+    sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        for line in sweep.stdout:  # a point's line ends "... s/step ..."
+            if "s/step" in line:
+                break
+        children = psutil.Process(sweep.pid).children(recursive=True)
+        sweep.send_signal(signal.SIGTERM)
+        _out, err = sweep.communicate(timeout=60)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 128 + signal.SIGTERM, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["interrupted (SIGTERM): finished points are kept; run the same command "
+                     "again to resume"], err  # one line: no "leaked semaphore" either
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert children and not alive, alive
+    assert not workspaces_of(sweep.pid)
+    ds = xr.open_zarr(store).load()
+    done = np.flatnonzero(ds.status.values.ravel() == DONE)
+    before = {i: (ds.run_id.values.ravel()[i], ds.step_time.values.ravel()[i]) for i in done}
+    assert 1 <= len(before) < 4, before
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr
+    assert f"{len(before)} done before, {4 - len(before)} to run" in again.stdout
+    assert again.stdout.count("s/step") == 4 - len(before)
+    ds = xr.open_zarr(store).load()
+    assert (ds.status == DONE).all()
+    for index, point in before.items():
+        assert (ds.run_id.values.ravel()[index], ds.step_time.values.ravel()[index]) == point
 
 
 SLOW_CLEANUP = """
