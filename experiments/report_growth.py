@@ -1,19 +1,20 @@
-"""How cost grows: a strategy's step time and its parts against batch and workers,
-measured beside the model's prediction (one figure per strategy).
+"""How cost grows: a strategy's step time and its critical breakdown against batch
+and workers, measured beside the model's prediction (one figure per strategy).
 
 Each figure has a panel per grown dim the strategy ran at two values or more: the
 batch (the workers fixed at their last value with figures) and the workers (the
-batch at its largest). At each value two stacked bars: the measured parts
+batch at its largest). At each value two stacked bars: the measured components
 (``compute``, ``exchange``, ``dataset``, ``wait``, ``client``: the store's
-``<part>_part``, along each step's critical worker, pipeline/step_parts.py) and the
-model's (``predicted_compute``, ``predicted_exchange``, ``predicted_client``,
-hatched); dots mark the measured median step, crosses the predicted step.
+``critical_<component>``, along each step's critical worker,
+pipeline/step_breakdown.py) and the model's (``predicted_compute``,
+``predicted_exchange``, ``predicted_client``, hatched); dots mark the measured
+median step, crosses the predicted step.
 
-Drawn where the store has the parts (sweeps written since they were added) and a
+Drawn where the store has the breakdown (sweeps written since it was added) and a
 batch or workers dim (experiments/configs/growth.yaml has both).
 
-Why its own module: the other figures follow one figure per setting across
-strategies; here each strategy gets its own figure, read against the model's parts.
+Why its own module: the other figures compare strategies at one setting; here each
+strategy gets its own figure, read against the model's breakdown.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import pandas as pd  # noqa: E402
 
 from experiments.figures import save_figure  # noqa: E402
 from experiments.report_view import StoreView, label_order, slice_of_others  # noqa: E402
-from experiments.results import PREDICTED_PARTS  # noqa: E402
-from pipeline.step_parts import PARTS  # noqa: E402
+from experiments.results import PREDICTED_COMPONENTS  # noqa: E402
+from pipeline.step_breakdown import COMPONENTS  # noqa: E402
 
-PART_COLORS = {"compute": "#4c72b0", "exchange": "#dd8452", "dataset": "#8172b3",
-               "wait": "#c44e52", "client": "#937860"}
+COMPONENT_COLORS = {"compute": "#4c72b0", "exchange": "#dd8452", "dataset": "#8172b3",
+                    "wait": "#c44e52", "client": "#937860"}
 
 
 def growth_dims(sweep: StoreView) -> list[str]:
@@ -40,13 +41,13 @@ def growth_dims(sweep: StoreView) -> list[str]:
 
 
 def growth_strategies(sweep: StoreView, frame: pd.DataFrame) -> list[str]:
-    """The strategies that get a growth figure: measured parts at two values or more of
+    """The strategies that get a growth figure: measured components at two values or more of
     a grown dim."""
-    if "compute_part" not in frame or not growth_dims(sweep):
+    if "critical_compute" not in frame or not growth_dims(sweep):
         return []
     out = []
     for strategy in label_order(frame, "strategy", sweep.ds):
-        rows = frame[(frame["strategy"] == strategy) & frame["compute_part"].notna()]
+        rows = frame[(frame["strategy"] == strategy) & frame["critical_compute"].notna()]
         if any(rows[d].nunique() >= 2 for d in growth_dims(sweep)):
             out.append(strategy)
     return out
@@ -67,26 +68,34 @@ def growth_rows(sweep: StoreView, frame: pd.DataFrame, strategy: str, dim: str
 def _stack(ax, x: np.ndarray, rows: pd.DataFrame, names: list[tuple[str, str]],
            width: float, hatch: str | None, alpha: float, label: bool) -> None:
     bottom = np.zeros(len(rows))
-    for part, column in names:
+    for component, column in names:
         values = np.nan_to_num(rows[column].to_numpy(dtype=float))
-        ax.bar(x, values, width, bottom=bottom, color=PART_COLORS[part], alpha=alpha,
+        ax.bar(x, values, width, bottom=bottom, color=COMPONENT_COLORS[component], alpha=alpha,
                hatch=hatch, edgecolor="white" if hatch is None else "0.3", linewidth=0.5,
-               label=part if label else None)
+               label=component if label else None)
         bottom += values
 
 
-def growth_figure(sweep: StoreView, frame: pd.DataFrame, strategy: str, path: str) -> bool:
-    """The strategy's figure: a panel per grown dim; False where it has none."""
+def growth_panels(sweep: StoreView, frame: pd.DataFrame, strategy: str
+                  ) -> list[tuple[str, pd.DataFrame, str]]:
+    """The strategy's panels: (dim, its points along it, what was fixed) for each grown
+    dim it has figures at two values or more of."""
     panels = []
     for dim in growth_dims(sweep):
         rows, fixed = growth_rows(sweep, frame, strategy, dim)
         if rows[dim].nunique() >= 2:
             panels.append((dim, rows, fixed))
+    return panels
+
+
+def growth_figure(sweep: StoreView, frame: pd.DataFrame, strategy: str, path: str) -> bool:
+    """The strategy's figure: a panel per grown dim; False where it has none."""
+    panels = growth_panels(sweep, frame, strategy)
     if not panels:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.6), squeeze=False)
-    measured = [(p, f"{p}_part") for p in PARTS]
-    predicted = [(p, f"predicted_{p}") for p in PREDICTED_PARTS]
+    measured = [(p, f"critical_{p}") for p in COMPONENTS]
+    predicted = [(p, f"predicted_{p}") for p in PREDICTED_COMPONENTS]
     for ax, (dim, rows, fixed) in zip(axes[0], panels):
         x = np.arange(len(rows))
         width = 0.38
@@ -105,8 +114,8 @@ def growth_figure(sweep: StoreView, frame: pd.DataFrame, strategy: str, path: st
         ax.set_title(f"against {dim}" + (f" ({fixed})" if fixed else ""), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: how '{strategy}' grows (medians "
-                 "over repeats; parts along each step's critical worker)")
+    fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: how '{strategy}' grows\n(medians "
+                 "over repeats; components along each step's critical worker)", fontsize=10)
     save_figure(fig, path)
     return True
 
@@ -117,7 +126,7 @@ def growth_section(figures: list[str]) -> list[str]:
     if not names:
         return []
     lines = ["## How cost grows", "",
-             "Step time and its parts against batch and workers, one figure per strategy "
+             "Step time and its components against batch and workers, one figure per strategy "
              "(medians over repeats). Left bar: measured, along each step's critical "
              "worker: compute (emulated slow-down included), exchange (workspace reads and "
              "writes), dataset reads, wait (blocked on a peer's slot) and client (the "
