@@ -24,10 +24,11 @@ from typing import Any, Callable
 import numpy as np
 import xarray as xr
 
-from experiments.results import PointResult
+from experiments.results import PREDICTED_COMPONENTS, PointResult
 from experiments.sweep_points import Point
 from pipeline.prediction import probe_policy
 from pipeline.run import run_training
+from pipeline.step_breakdown import model_breakdown, record_breakdown
 
 Predictor = Callable[[Any, "dict | None"], "float | None"]
 
@@ -123,6 +124,11 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
         "predicted_low": low, "predicted_high": high,
         "started": started, "finished": finished, "wall_time": finished - started,
         "recoveries": float(len(summary.get("recoveries", []))),
+        **{f"critical_{part}": seconds for part, seconds in
+           record_breakdown(record, config.train.warmup_steps).items()},
+        **{f"predicted_{part}": seconds for part, seconds in
+           model_breakdown(summary.get("predicted_breakdown")).items()
+           if part in PREDICTED_COMPONENTS},
     }
     texts = {"failure": "", "run_id": uuid.uuid4().hex,
              "kernel_split": json.dumps(summary.get("kernel_split", [])),

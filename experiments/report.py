@@ -14,6 +14,9 @@ Writes, into ``<store>.report/`` next to the store (or ``--out DIR``):
   placement is swept);
 - ``step_times.png``: the spread of every point's measured steps;
 - ``prediction.png``: predicted against measured step time (once predicted);
+- ``growth_<strategy>.png``: how a strategy's step time and its parts (compute,
+  exchange, dataset, wait, client) grow with batch and workers, beside the model's
+  (:mod:`experiments.report_growth`; stores with the parts and a batch or workers dim);
 - ``report.md``: provenance, the figures, the main table and any failures.
 
 A scaling store (``mode: scaling``, predictions over hypothetical clusters) gets
@@ -40,6 +43,7 @@ import xarray as xr
 from experiments.figures import write_figures
 from experiments.report_figures import (batch_figure, breakdown_figure, placement_figure,
                                         prediction_figure, speedup_figure, step_times_figure)
+from experiments.report_growth import growth_figure, growth_strategies
 from experiments.report_links import link_figure
 from experiments.report_markdown import write_markdown
 from experiments.report_strategies import strategies_figure
@@ -82,6 +86,8 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
         ("step_times.png", lambda p: step_times_figure(sweep, p)),
         ("prediction.png", lambda p: prediction_figure(frame, p)),
         ("links.png", lambda p: link_figure(sweep, frame, p)),
+        *((f"growth_{s}.png", lambda p, s=s: growth_figure(sweep, frame, s, p))
+          for s in growth_strategies(sweep, frame)),
     ]
     written = write_figures(makers, out_dir)
     report = os.path.join(out_dir, "report.md")

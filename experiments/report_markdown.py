@@ -19,6 +19,7 @@ import pandas as pd
 import xarray as xr
 
 from experiments.report_auto import auto_section
+from experiments.report_growth import growth_section
 from experiments.report_links import links_section
 from experiments.report_view import PAPER_POINT, StoreView
 from experiments.results import DONE, FAILED, SKIPPED
@@ -132,7 +133,9 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
                 "prediction.png": "Predicted against measured",
                 "links.png": "Step time against link rate"}
     for name in figures:
-        lines += [f"![{captions.get(name, name)}]({name})", ""]
+        if not name.startswith("growth_"):  # those have a section of their own
+            lines += [f"![{captions.get(name, name)}]({name})", ""]
+    lines += growth_section(figures)
     lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
     lines += mixes_section(ds, sweep)
     lines += links_section(sweep, frame)

@@ -24,8 +24,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from experiments.results import DONE  # noqa: E402
+from experiments.results import DONE, PREDICTED_COMPONENTS  # noqa: E402
 from experiments.summary import base_strategy  # noqa: E402
+from pipeline.step_breakdown import COMPONENTS  # noqa: E402
 
 PAPER_POINT = (4, 3.28)  # Marques et al. 2018: 3.28x speedup with four CPUs
 PAPER_LABEL = "Marques et al. 2018: 3.28x on 4 CPUs"
@@ -33,6 +34,10 @@ COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 POINT_FIGURES = ["step_time", "throughput", "speedup", "efficiency", "compute_time",
                  "storage_time", "master_time", "wait_time", "bytes_moved", "loss", "accuracy",
                  "n_workers", "capacity", "predicted_step_time"]
+#: A step's critical breakdown, measured and predicted (pipeline/step_breakdown.py),
+#: where a store has it.
+BREAKDOWN_FIGURES = [*(f"critical_{p}" for p in COMPONENTS),
+                     *(f"predicted_{p}" for p in PREDICTED_COMPONENTS)]
 
 
 class StoreView:
@@ -67,7 +72,7 @@ class StoreView:
         """One row per grid point: medians (and min/max) over done repeats, all labels."""
         ds = self.ds
         done = ds.status == DONE
-        figures = ds[POINT_FIGURES].where(done)
+        figures = ds[POINT_FIGURES + [n for n in BREAKDOWN_FIGURES if n in ds]].where(done)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             median = figures.median("repeat")

@@ -43,10 +43,13 @@ from experiments.speedup import compute_speedup, speedup_reference
 from experiments.sweep_axes import Axis, value_json, value_label
 from experiments.sweep_config import Sweep
 from experiments.sweep_points import worker_count
+from pipeline.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from storage.locks import LockBusy, OwnerLock
 
 PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
+#: The parts the model predicts (it has no dataset or wait part of its own).
+PREDICTED_COMPONENTS = ("compute", "exchange", "client")
 STORE_FORMAT = "hetcnn-sweep/2"  # 2: status 3 (not applicable), batch_split
 
 #: name -> (units, description) of the per-point float variables, in table order.
@@ -85,6 +88,15 @@ MEASURES: dict[str, tuple[str, str]] = {
                       "head at the lower quartile of the probe's steps (how sure the "
                       "prediction is: docs/model.md). Stores written before it have none"),
     "predicted_high": ("s", "the same at the upper quartile"),
+    **{f"critical_{part}": ("s", f"median per measured step of its {part!r} component "
+                            "along the step's critical worker (pipeline/step_breakdown.py: "
+                            "compute, exchange, dataset, wait and client add up to each "
+                            "step's wall time). Stores written before it have none")
+       for part in COMPONENTS},
+    **{f"predicted_{part}": ("s", f"the model's {part!r} component of predicted_step_time "
+                             "(pipeline/step_breakdown.model_breakdown; NaN without a "
+                             "prediction). Stores written before it have none")
+       for part in PREDICTED_COMPONENTS},
     "recoveries": ("1", "worker losses the point's run survived (each: back to its last "
                    "checkpoint, re-placed on the surviving workers, replayed; see "
                    "recovery_log). Stores written before it have no such variable"),
@@ -108,7 +120,8 @@ TEXTS: dict[str, str] = {
 #: Variables added to format 2 after it was first written: older stores lack them,
 #: and a resumed sweep writes them only where they exist.
 ADDED_LATER = ("recoveries", "recovery_log", "worker_devices", "strategy_choice",
-               "predicted_low", "predicted_high")
+               "predicted_low", "predicted_high", *(f"critical_{p}" for p in COMPONENTS),
+               *(f"predicted_{p}" for p in PREDICTED_COMPONENTS))
 SERIES: dict[str, tuple[str, str]] = {
     "step_time_series": ("s", "wall time of every step (see the warmup coordinate)"),
     "loss_series": ("1", "training loss of every step's batch"),

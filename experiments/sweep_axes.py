@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.schema import ConfigError, set_dotted
+from pipeline.step_breakdown import COMPONENTS
 
 #: Run-config fields the sweep sets itself, per point.
 NOT_SWEEPABLE = ("name", "output", "progress", "cluster.scheduler", "train.resume")
@@ -36,6 +37,7 @@ RESERVED_NAMES = {
     "measured_steps", "predicted_step_time", "prediction_error", "predicted_low",
     "predicted_high", "kernel_split", "batch_split",
     "worker_labels", "worker_devices", "step_time_series", "loss_series",
+    *(f"critical_{part}" for part in COMPONENTS), *(f"predicted_{part}" for part in COMPONENTS),
 }
 _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

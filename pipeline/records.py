@@ -229,8 +229,8 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
             f"  links       {sum(summary['link_bytes_received'].values()) / 1e6:.2f} MB to "
             f"the workers, {sum(summary['link_bytes_sent'].values()) / 1e6:.2f} MB from them "
             f"({summary['workspace_transport']} workspace)")
-    if summary.get("left_out"):
-        lines.append(f"  left out    {summary['left_out']}")
+    for line in summary.get("left_out") or []:
+        lines.append(f"  left out    {line}")
     for r in summary.get("recoveries", []):
         lines.append(f"  recovered   {', '.join(r['lost_workers'])} {r.get('cause', 'lost')} "
                      f"at step {r['lost_at_step']}: back to checkpoint {r['restored_step']}, "
@@ -244,22 +244,45 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
     return "\n".join(lines)
 
 
-def left_out_reason(placement: str, left_out: list[str], choice: dict[str, Any],
-                    seconds_per_unit: dict[str, list[float]]) -> str:
-    """One line on why a placement gave workers nothing: their measured speed against
-    the others', and what the chosen split is predicted to gain over the even one."""
-    if not left_out:
-        return ""
-    speeds = ", ".join(f"{name} {sum(row):.3g}" for name, row in seconds_per_unit.items())
-    line = f"{', '.join(left_out)}: {placement} placement gave no work"
-    chosen = choice.get("predicted_step_time")
-    even = choice.get("alternatives", {}).get("even", {}).get("predicted_step_time")
-    if chosen is not None and even is not None:
-        line += (f" (its split '{choice.get('chosen')}' is predicted {chosen:.3g} s per "
-                 f"step, the even split over every worker {even:.3g} s)")
-    if speeds:
-        line += f"; measured seconds per kernel or sample, summed over layers: {speeds}"
-    return line
+def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
+                   seconds_per_unit: dict[str, list[float]], unit: str = "kernel"
+                   ) -> list[str]:
+    """One line per worker a placement gave nothing: which worker, its measured speed
+    against the fastest worker's, and why (the best split that gives it work is
+    predicted slower than the split chosen without it).
+
+    `choice` is the placement's record (`SplitChoice.record`: ``workers``, ``chosen``,
+    ``predicted_step_time``, ``alternatives``); `seconds_per_unit` its calibration
+    (seconds per kernel per conv layer, or per sample, by worker); `unit` what they
+    count. A placement that measured nothing (even, recorded) only says it gave none.
+    """
+    totals = {name: sum(row) for name, row in seconds_per_unit.items() if row}
+    kept = {n: t for n, t in totals.items() if n not in left_out and t > 0}
+    fastest = min(kept, key=kept.__getitem__) if kept else None
+    names = list(choice.get("workers", []))
+    chosen, chosen_time = choice.get("chosen"), choice.get("predicted_step_time")
+    per = f"s per {unit}" + (", summed over conv layers" if unit == "kernel" else "")
+    lines = []
+    for name in left_out:
+        line = f"worker {name} left out"
+        if fastest is not None and totals.get(name, 0) > 0:
+            line += (f": measured {totals[name] / kept[fastest]:.1f}x slower than {fastest} "
+                     f"({totals[name]:.3g} against {kept[fastest]:.3g} {per})")
+        else:
+            line += f": {placement} placement gave it no work"
+        with_it = {key: alt["predicted_step_time"]
+                   for key, alt in choice.get("alternatives", {}).items()
+                   if name in names and alt.get("predicted_step_time") is not None
+                   and any(row[names.index(name)] > 0 for row in alt["split"])}
+        if with_it and chosen_time is not None:
+            best = min(with_it, key=with_it.__getitem__)
+            why = ("giving it {u}s would lengthen the step" if with_it[best] > chosen_time
+                   else "the split without it was kept (no faster split gives it {u}s)")
+            line += (f"; {why.format(u=unit)} ({placement} placement: "
+                     f"'{chosen}' without it is predicted {chosen_time:.3g} s/step, the "
+                     f"fastest split with it, '{best}', {with_it[best]:.3g} s/step)")
+        lines.append(line)
+    return lines
 
 
 def software_versions() -> dict[str, str]:

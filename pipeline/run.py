@@ -40,7 +40,7 @@ from pipeline.outputs import owned_output
 from pipeline.prediction import predict_point
 from pipeline.preflight import check_run
 from pipeline.recovery import History, split_of, train_with_recovery
-from pipeline.records import (RunRecorder, jsonable, left_out_reason, link_attrs,
+from pipeline.records import (RunRecorder, jsonable, left_out_lines, link_attrs,
                               software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
@@ -88,6 +88,8 @@ def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
     """What the record keeps of how a distributed run was placed (`split`: its split
     as the strategy records it)."""
     placement, workers = engine.plan.placement, engine.workers
+    used = {w.name for w in workers}
+    left_out = [] if strategy.one_worker else [s.name for s in offered if s.name not in used]
     return {"placement": placement.method,
             **{key: jsonable(value) for key, value in split.items()},
             **strategy.record_attrs(config),
@@ -95,9 +97,11 @@ def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
             "workspace_sync": config.workspace.sync,
             "calibration_s_per_kernel": jsonable(placement.calibration),
             **({"placement_choice": jsonable(placement.choice)} if placement.choice else {}),
-            # workers the placement gave nothing to do
-            "left_out": jsonable([] if strategy.one_worker else sorted(
-                {s.name for s in offered} - {w.name for w in workers})),
+            # workers the placement gave nothing to do, and one line each on why
+            "left_out": jsonable(left_out),
+            "left_out_reasons": jsonable(left_out_lines(
+                placement.method, left_out, placement.choice, placement.calibration,
+                "sample" if strategy.split_key == "batch_split" else "kernel")),
             "dashboard": str(client.dashboard_link or ""),
             "split_workers": jsonable([w.name for w in workers])}  # the split's columns
 
@@ -169,6 +173,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                 engine = build(offered)
             split = split_of(strategy, engine)
             attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
+            for line in json.loads(attrs["left_out_reasons"]):  # among the start's lines
+                say(line)
             workers = engine.workers
             recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                                    [w.emulated_speed for w in workers],
@@ -272,10 +278,7 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     if "master" in attrs:
         summary["master"] = attrs["master"]
         summary["split_workers"] = json.loads(attrs["split_workers"])
-        summary["left_out"] = left_out_reason(
-            attrs["placement"], json.loads(attrs["left_out"]),
-            json.loads(attrs.get("placement_choice", "{}")),
-            json.loads(attrs["calibration_s_per_kernel"]))
+        summary["left_out"] = json.loads(attrs["left_out_reasons"])
     summary.update(changes)
     predicted, measured = prediction["predicted_step_time"], summary.get("step_time_median")
     if predicted is not None and measured:

@@ -138,7 +138,7 @@ def test_a_recorded_split_that_does_not_fit_is_one_config_error(mixed_cluster, t
 
 
 def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
-                                                   tiny_dataset_factory):
+                                                   tiny_dataset_factory, capsys):
     """Calibrated placement over `fast` and a 20x slower `slow` leaves `slow` out: the
     run is `fast` alone, predicted no slower than the best single device."""
     client, cluster = mixed_cluster
@@ -156,9 +156,15 @@ def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
     points = choice["calibration_points"][SLOW]
     assert all(len(layer) >= 2 for layer in points)  # two shard sizes per layer
     assert json.loads(result.record.attrs["left_out"]) == [SLOW]
-    said = result.summary["left_out"]  # one line on why, in the summary and on the console
-    assert said.startswith(f"{SLOW}: calibrated placement gave no work") and FAST in said
+    # one line on why: in the summary, the record, the start's lines and the closing ones
+    [said] = result.summary["left_out"]
+    assert json.loads(result.record.attrs["left_out_reasons"]) == [said]
+    slower = float(said.split("measured ")[1].split("x slower")[0])
+    assert said.startswith(f"worker {SLOW} left out: measured ") and \
+        f"x slower than {FAST}" in said and slower > 5, said  # emulated 20x slower
+    assert "giving it kernels would lengthen the step" in said
     assert f"left out    {said}" in format_summary("r", "kernel", result.summary, [FAST])
+    assert said in capsys.readouterr().err
     assert result.summary["workers"] == [FAST] and result.summary["kernel_split"] == [[16],
                                                                                       [24]]
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
@@ -175,6 +181,8 @@ def test_data_parallel_leaves_the_slow_worker_out_too(mixed_cluster, tmp_path,
     choice = json.loads(result.record.attrs["placement_choice"])
     assert choice["workers"] == [FAST, MID, SLOW] and choice["split"][0][2] == 0
     assert json.loads(result.record.attrs["left_out"]) == [SLOW]
+    [said] = result.summary["left_out"]
+    assert said.startswith(f"worker {SLOW} left out: measured ") and "s per sample" in said
     assert sum(result.summary["batch_split"]) == config.train.batch
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)

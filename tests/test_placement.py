@@ -10,6 +10,7 @@ from pipeline.placement import (Placement, PlacementError, ShardCost, calibratio
                                 choose_calibrated, fit_shard_cost, layer_seconds,
                                 predict_split, rough_seconds, split_even,
                                 split_minmax, split_proportional)
+from pipeline.records import left_out_lines
 from tasks.specs import ConvLayerSpec
 
 
@@ -119,3 +120,24 @@ def test_calibration_measures_the_even_share_within_a_time_budget():
     assert 47 <= k < 750 and rough_seconds(paper, 32, k) <= 0.5
     assert rough_seconds(paper, 32, 2 * k) > 0.5  # halved no further than needed
     assert calibration_kernels(paper, 32, 2, 750) == 750  # never below a quantum
+
+
+def test_a_worker_left_out_is_said_in_one_line_with_its_speed_and_why():
+    """Which worker, how much slower than the fastest it measured, and the best split
+    giving it work against the one chosen without it."""
+    choice = {"workers": ["w0", "w1", "w2"], "chosen": "minmax", "predicted_step_time": 0.05,
+              "alternatives": {
+                  "minmax": {"split": [[8, 8, 0]], "predicted_step_time": 0.05},
+                  "even": {"split": [[6, 5, 5]], "predicted_step_time": 0.31},
+                  "proportional": {"split": [[7, 7, 2]], "predicted_step_time": 0.09},
+                  "single:w2": {"split": [[0, 0, 16]], "predicted_step_time": 1.2}}}
+    calibration = {"w0": [0.001, 0.002], "w1": [0.0012, 0.0024], "w2": [0.0031, 0.0062]}
+    [line] = left_out_lines("calibrated", ["w2"], choice, calibration)
+    assert line == ("worker w2 left out: measured 3.1x slower than w0 (0.0093 against "
+                    "0.003 s per kernel, summed over conv layers); giving it kernels would "
+                    "lengthen the step (calibrated placement: 'minmax' without it is "
+                    "predicted 0.05 s/step, the fastest split with it, 'proportional', "
+                    "0.09 s/step)")
+    assert left_out_lines("recorded", ["w1"], {}, {}, "sample") == [
+        "worker w1 left out: recorded placement gave it no work"]
+    assert left_out_lines("calibrated", [], choice, calibration) == []

@@ -50,7 +50,7 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store):
     assert result.returncode == 0, result.stderr
     out_dir = store[: -len(".zarr")] + ".report"
     expected = ["speedup.png", "breakdown.png", "batch.png", "placement.png",
-                "step_times.png", "report.md"]
+                "step_times.png", "growth_single.png", "growth_kernel.png", "report.md"]
     assert sorted(os.listdir(out_dir)) == sorted(expected)
     mixes = open(os.path.join(out_dir, "report.md")).read().split("## Device mixes")[1]
     assert "kernels 12/16, devices 1+0.5/even | " in mixes  # one row per point
@@ -62,6 +62,7 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store):
         assert image[..., :3].std() > 0.05, name  # not blank
 
     text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    assert "## How cost grows" in text  # a batch and a workers dim: one figure a strategy
     for name in expected[:-1]:
         assert f"]({name})" in text
     assert "| strategy | batch | kernels | devices | runs | step s |" in text

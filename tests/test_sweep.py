@@ -28,6 +28,7 @@ from experiments.sweep_config import load_sweep
 from experiments.sweep_points import run_order
 from experiments.sweep_run import run_sweep
 from pipeline.schema import ConfigError
+from pipeline.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from tests.helpers import run_main
 
@@ -131,6 +132,10 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     assert close(measured.median("step"), ds.step_time)
     # no cluster probe here, so no prediction for single/kernel: NaN, never a stand-in
     assert ds.predicted_step_time.isnull().all() and ds.prediction_error.isnull().all()
+    assert ds.predicted_compute.isnull().all()
+    # each step's parts add up to it; over two measured steps their medians (means) too
+    parts = sum(ds[f"critical_{part}"] for part in COMPONENTS)
+    assert close(parts, ds.step_time) and (ds.critical_compute > 0).all()
 
     runs = [d for d in os.listdir(tmp_path / "out" / "tiny.runs")]
     assert len(runs) == 8

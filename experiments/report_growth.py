@@ -1,0 +1,139 @@
+"""How cost grows: a strategy's step time and its critical breakdown against batch
+and workers, measured beside the model's prediction (one figure per strategy).
+
+Each figure has a panel per grown dim the strategy ran at two values or more: the
+batch (the workers fixed at their last value with figures) and the workers (the
+batch at its largest). At each value two stacked bars: the measured components
+(``compute``, ``exchange``, ``dataset``, ``wait``, ``client``: the store's
+``critical_<component>``, along each step's critical worker,
+pipeline/step_breakdown.py) and the model's (``predicted_compute``,
+``predicted_exchange``, ``predicted_client``, hatched); dots mark the measured
+median step, crosses the predicted step.
+
+Drawn where the store has the breakdown (sweeps written since it was added) and a
+batch or workers dim (experiments/configs/growth.yaml has both).
+
+Why its own module: the other figures compare strategies at one setting; here each
+strategy gets its own figure, read against the model's breakdown.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from experiments.figures import save_figure  # noqa: E402
+from experiments.report_view import StoreView, label_order, slice_of_others  # noqa: E402
+from experiments.results import PREDICTED_COMPONENTS  # noqa: E402
+from pipeline.step_breakdown import COMPONENTS  # noqa: E402
+
+COMPONENT_COLORS = {"compute": "#4c72b0", "exchange": "#dd8452", "dataset": "#8172b3",
+                    "wait": "#c44e52", "client": "#937860"}
+
+
+def growth_dims(sweep: StoreView) -> list[str]:
+    """The dims along which cost grows: batch, then workers (those the sweep has)."""
+    return [d for d in (sweep.batch_dim, sweep.worker_dim) if d is not None]
+
+
+def growth_strategies(sweep: StoreView, frame: pd.DataFrame) -> list[str]:
+    """The strategies that get a growth figure: measured components at two values or more of
+    a grown dim."""
+    if "critical_compute" not in frame or not growth_dims(sweep):
+        return []
+    out = []
+    for strategy in label_order(frame, "strategy", sweep.ds):
+        rows = frame[(frame["strategy"] == strategy) & frame["critical_compute"].notna()]
+        if any(rows[d].nunique() >= 2 for d in growth_dims(sweep)):
+            out.append(strategy)
+    return out
+
+
+def growth_rows(sweep: StoreView, frame: pd.DataFrame, strategy: str, dim: str
+                ) -> tuple[pd.DataFrame, str]:
+    """The strategy's points along `dim`, in the store's order, every other dim fixed
+    at its last value with figures for this strategy; and what was fixed."""
+    rows = frame[(frame["strategy"] == strategy) & frame["step_time"].notna()]
+    keep = ["strategy", dim]
+    rows, fixed = slice_of_others(sweep, rows, keep)
+    order = label_order(frame, dim, sweep.ds)
+    rows = rows.assign(_at=[order.index(v) for v in rows[dim]]).sort_values("_at")
+    return rows.drop(columns="_at"), fixed
+
+
+def _stack(ax, x: np.ndarray, rows: pd.DataFrame, names: list[tuple[str, str]],
+           width: float, hatch: str | None, alpha: float, label: bool) -> None:
+    bottom = np.zeros(len(rows))
+    for component, column in names:
+        values = np.nan_to_num(rows[column].to_numpy(dtype=float))
+        ax.bar(x, values, width, bottom=bottom, color=COMPONENT_COLORS[component], alpha=alpha,
+               hatch=hatch, edgecolor="white" if hatch is None else "0.3", linewidth=0.5,
+               label=component if label else None)
+        bottom += values
+
+
+def growth_panels(sweep: StoreView, frame: pd.DataFrame, strategy: str
+                  ) -> list[tuple[str, pd.DataFrame, str]]:
+    """The strategy's panels: (dim, its points along it, what was fixed) for each grown
+    dim it has figures at two values or more of."""
+    panels = []
+    for dim in growth_dims(sweep):
+        rows, fixed = growth_rows(sweep, frame, strategy, dim)
+        if rows[dim].nunique() >= 2:
+            panels.append((dim, rows, fixed))
+    return panels
+
+
+def growth_figure(sweep: StoreView, frame: pd.DataFrame, strategy: str, path: str) -> bool:
+    """The strategy's figure: a panel per grown dim; False where it has none."""
+    panels = growth_panels(sweep, frame, strategy)
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.6), squeeze=False)
+    measured = [(p, f"critical_{p}") for p in COMPONENTS]
+    predicted = [(p, f"predicted_{p}") for p in PREDICTED_COMPONENTS]
+    for ax, (dim, rows, fixed) in zip(axes[0], panels):
+        x = np.arange(len(rows))
+        width = 0.38
+        _stack(ax, x - width / 2, rows, measured, width, None, 0.95, ax is axes[0][0])
+        has_model = rows["predicted_step_time"].notna().any()
+        if has_model:
+            _stack(ax, x + width / 2, rows, predicted, width, "//", 0.45, False)
+            ax.plot(x + width / 2, rows["predicted_step_time"], "x", color="black",
+                    markersize=7, label="predicted step" if ax is axes[0][0] else None)
+        ax.plot(x - width / 2, rows["step_time"], "o", color="black", markersize=4,
+                label="measured step (median)" if ax is axes[0][0] else None)
+        ax.set_xticks(x, [str(v) for v in rows[dim]], rotation=20 if dim != "batch" else 0)
+        ax.set_xlabel(dim + ("  (left: measured, right: model, hatched)" if has_model
+                             else "  (measured; no prediction)"))
+        ax.set_ylabel("seconds per step")
+        ax.set_title(f"against {dim}" + (f" ({fixed})" if fixed else ""), fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: how '{strategy}' grows\n(medians "
+                 "over repeats; components along each step's critical worker)", fontsize=10)
+    save_figure(fig, path)
+    return True
+
+
+def growth_section(figures: list[str]) -> list[str]:
+    """report.md's section on the growth figures written (none: no section)."""
+    names = [name for name in figures if name.startswith("growth_")]
+    if not names:
+        return []
+    lines = ["## How cost grows", "",
+             "Step time and its components against batch and workers, one figure per strategy "
+             "(medians over repeats). Left bar: measured, along each step's critical "
+             "worker: compute (emulated slow-down included), exchange (workspace reads and "
+             "writes), dataset reads, wait (blocked on a peer's slot) and client (the "
+             "rest of the step: client, scheduler, dispatch). Right bar, hatched: the "
+             "model's critical path (compute, exchange, Dask overhead as client); dots: "
+             "measured median step, crosses: predicted step.", ""]
+    for name in names:
+        strategy = name[len("growth_"):-len(".png")]
+        lines += [f"![How {strategy} grows]({name})", ""]
+    return lines

@@ -1,0 +1,89 @@
+"""How cost grows in the report (experiments/report_growth.py), on a tiny synthetic
+store: which strategies get a figure, which points each panel shows, the figure."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image
+import numpy as np
+import xarray as xr
+
+from experiments.report_growth import (growth_figure, growth_panels, growth_rows,
+                                       growth_section, growth_strategies)
+from experiments.report_view import BREAKDOWN_FIGURES, POINT_FIGURES, StoreView
+from experiments.results import DONE, SKIPPED
+
+STRATEGIES, BATCHES = ["single", "kernel"], [32, 128, 512]
+WORKERS = ["1", "2", "0.5+0.5+0.5+0.5"]
+
+
+def _store() -> xr.Dataset:
+    """Compute grows with the batch and shrinks with the workers; `single` ran at one
+    worker only; kernel at 512 on the emulated four has no figures (failed)."""
+    shape = (len(STRATEGIES), len(BATCHES), len(WORKERS), 1)
+    dims = ("strategy", "batch", "workers", "repeat")
+    status = np.full(shape, DONE, dtype=np.int8)
+    status[0, :, 1:, 0] = SKIPPED
+    status[1, 2, 2, 0] = 2
+    b = np.array(BATCHES, dtype=float)[None, :, None, None]
+    w = np.array([1.0, 2.0, 4.0])[None, None, :, None]
+    compute = 0.001 * b / w
+    components = {"critical_compute": compute,
+                  "critical_exchange": 0.01 * (w - 1) + 0 * b,
+                  "critical_dataset": 0.0001 * b + 0 * w,
+                  "critical_wait": 0.002 * (w - 1) + 0 * b,
+                  "critical_client": 0.005 + 0 * b * w}
+    step = sum(components.values())
+    data = {name: (dims, np.broadcast_to(values, shape).copy()) for name, values in
+            components.items()}
+    data.update({"predicted_compute": (dims, np.broadcast_to(0.9 * compute, shape).copy()),
+                 "predicted_exchange": (dims, np.broadcast_to(components["critical_exchange"],
+                                                              shape).copy()),
+                 "predicted_client": (dims, np.full(shape, 0.004))})
+    for name in POINT_FIGURES:
+        data.setdefault(name, (dims, np.full(shape, 1.0)))
+    data["step_time"] = (dims, np.broadcast_to(step, shape).copy())
+    data["predicted_step_time"] = (dims, np.broadcast_to(
+        0.9 * compute + components["critical_exchange"] + 0.004, shape).copy())
+    data["status"] = (dims, status)
+    return xr.Dataset(data, coords={"strategy": STRATEGIES, "batch": BATCHES,
+                                    "workers": WORKERS, "repeat": [0]},
+                      attrs={"sweep_name": "growth", "speedup_baseline": "single",
+                             "axes": json.dumps({"strategy": ["strategy"],
+                                                 "batch": ["train.batch"],
+                                                 "workers": ["cluster.workers"]})})
+
+
+def test_each_strategy_grown_along_a_dim_gets_its_panels():
+    sweep = StoreView(_store())
+    frame = sweep.points()
+    assert set(BREAKDOWN_FIGURES) <= set(frame.columns)
+    assert growth_strategies(sweep, frame) == ["single", "kernel"]
+    rows, fixed = growth_rows(sweep, frame, "kernel", "batch")
+    # the last workers value with figures, the emulated four, where 512 failed: left out
+    assert list(rows["batch"]) == ["32", "128"] and fixed == "workers 0.5+0.5+0.5+0.5"
+    rows, fixed = growth_rows(sweep, frame, "kernel", "workers")
+    assert list(rows["workers"]) == ["1", "2"] and fixed == "batch 512"
+    assert np.allclose(rows["critical_compute"], [0.512, 0.256])
+    rows, fixed = growth_rows(sweep, frame, "single", "workers")
+    assert list(rows["workers"]) == ["1"]  # single ran at one worker: no workers panel
+    assert growth_strategies(StoreView(_store().drop_vars(BREAKDOWN_FIGURES)),
+                             frame.drop(columns=BREAKDOWN_FIGURES)) == []
+
+
+def test_the_growth_figure_and_its_section(tmp_path):
+    sweep = StoreView(_store())
+    frame = sweep.points()
+    for strategy in ("single", "kernel"):
+        path = str(tmp_path / f"growth_{strategy}.png")
+        assert growth_figure(sweep, frame, strategy, path)
+        image = matplotlib.image.imread(path)
+        assert image.shape[1] > 400 and image[..., :3].std() > 0.05
+    # two panels (batch, workers) for kernel, one (batch) for single
+    assert [p[0] for p in growth_panels(sweep, frame, "kernel")] == ["batch", "workers"]
+    assert [p[0] for p in growth_panels(sweep, frame, "single")] == ["batch"]
+    lines = growth_section(["speedup.png", "growth_single.png", "growth_kernel.png"])
+    assert lines[0] == "## How cost grows"
+    assert "![How kernel grows](growth_kernel.png)" in lines
+    assert growth_section(["speedup.png"]) == []
