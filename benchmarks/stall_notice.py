@@ -119,6 +119,7 @@ def main() -> None:
                                                        "stall-notice-small.zarr"))
     parser.add_argument("--json", default=None, help="append one JSON line per case here")
     args = parser.parse_args()
+    os.environ.setdefault("CNN_PREDICT_PROBE", "cached")  # the run's prediction: no probe
     for case in args.cases:
         strategy, count = case.split(":")
         figures = measure(strategy, int(count), args.steps, args.stop_after, args.data)

@@ -1,6 +1,7 @@
 """SIGTERM to a real `python -m pipeline.train` on its embedded cluster: it stops as
 from Ctrl-C, says where to continue from and how, leaves no process or workspace,
-exits 143; the printed command continues the run to its end. The same for a real
+exits 143; the printed command continues the run to its end exactly (the seed's
+batches, plain PyTorch's float64 weights). The same for a real
 `python -m experiments.sweep`: the same command, run again, runs only the points
 not finished, and those finished keep their figures.
 
@@ -22,7 +23,10 @@ import psutil
 import xarray as xr
 
 from experiments.results import DONE
+from pipeline.config import load_run_config
+from pipeline.sampler import step_indices
 from storage import checkpoints
+from tests.helpers import max_relative_error, replay_in_pytorch
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS, train_process, wait_for_checkpoint
 from tests.test_sweep import write_sweep
@@ -48,7 +52,8 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
     assert FAULTS["run SIGTERMed mid-run, then resumed"] == "clean"
     monkeypatch.setenv("PYTHONPATH", ROOT)
     steps = 100
-    args = [*tiny_args(tmp_path, tiny_dataset_factory("float32")), "--fresh",
+    dataset = tiny_dataset_factory("float64")
+    args = [*tiny_args(tmp_path, dataset), "--fresh", "network.dtype=float64",
             f"train.steps={steps}", "train.checkpoint_every=5", "train.eval_samples=0"]
     run = train_process(*args)
     path = str(tmp_path / "run" / "checkpoints.zarr")
@@ -78,6 +83,13 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert list(record.step.values) == list(range(last, steps))  # a resumed run's record
     assert checkpoints.latest_complete_step(path) == steps
+    # exactly: every step's batch is the seed's, and the weights are plain PyTorch's on them
+    config = load_run_config(args[0], [a for a in args[1:] if not a.startswith("--")])
+    train = config.train
+    assert (checkpoints.read_sample_indices(path) == np.stack(
+        [step_indices(train.seed, s, train.batch, 512) for s in range(steps)])).all()
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(checkpoints.read_tensors(path, steps), expected) <= 1e-10
 
 
 def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
