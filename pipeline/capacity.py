@@ -33,19 +33,30 @@ def gpu_total_memory(device: str) -> int:
 def worker_capacities(client: Client, config: ClusterConfig,
                       workers: list[ClusterWorker]) -> list[float]:
     """Each worker's memory capacity in bytes (`math.inf`: none known)."""
-    limits: dict[str, float | None] = {}
-    if scheduler_address(config) is None:
-        limits = {w.name: w.memory_bytes() for w in config.worker_list()}  # type: ignore[misc]
-    info = client.scheduler_info().get("workers", {})
+    embedded = scheduler_address(config) is None
+    limits = {w.name: w.memory_bytes() for w in config.worker_list()} if embedded else {}
+    gpus = {}
+    for worker in workers:
+        if worker.device.startswith("cuda"):
+            total = client.run(gpu_total_memory, worker.device, workers=[worker.address])
+            gpus[worker.name] = float(next(iter(total.values())))
+    return capacities_from(workers, limits, client.scheduler_info().get("workers", {}), gpus)
+
+
+def capacities_from(workers: list[ClusterWorker], limits: dict[str, float | None],
+                    reported: dict[str, dict], gpus: dict[str, float]) -> list[float]:
+    """The capacities (pure): a configured limit (`limits`, by name: the embedded
+    cluster's config) wins; else the limit the scheduler reports for the worker's
+    address (`reported`, its `memory_limit`; 0 or none: no limit); a GPU's total
+    (`gpus`, by name) caps either."""
     capacities = []
     for worker in workers:
         capacity = limits.get(worker.name)
         if capacity is None and worker.name not in limits:
-            reported = info.get(worker.address, {}).get("memory_limit") or 0
-            capacity = float(reported) if reported else None
-        if worker.device.startswith("cuda"):
-            total = client.run(gpu_total_memory, worker.device, workers=[worker.address])
-            gpu = float(next(iter(total.values())))
+            limit = reported.get(worker.address, {}).get("memory_limit") or 0
+            capacity = float(limit) if limit else None
+        gpu = gpus.get(worker.name)
+        if gpu is not None:
             capacity = gpu if capacity is None else min(capacity, gpu)
         capacities.append(math.inf if capacity is None else float(capacity))
     return capacities

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from pipeline import train as train_cli
 from pipeline.config import WorkerConfig, load_run_config
 from pipeline.costmodel import marques_cifar
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, Live, fmt_bytes, peak_memory)
@@ -21,6 +22,8 @@ from pipeline.run import run_training
 from pipeline.schema import FieldError
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
+from tests.test_cli import CliCluster, error_lines, tiny_args
+from tests.test_cli import train as cli_train
 
 PAPER = marques_cifar()
 FIXED = DEFAULT_CONSTANTS.baseline + DEFAULT_CONSTANTS.worker_runtime
@@ -194,3 +197,81 @@ def test_a_run_that_fits_nowhere_is_refused_before_it_trains(tmp_path, shared_cl
     config.cluster = cluster
     with pytest.raises(MemoryRefused, match=r"worker cpu-\d needs .* has 100 MB"):
         run_training(config, client=client)
+
+
+def test_embedded_config_that_fits_nowhere_is_refused_before_its_cluster_starts(tmp_path,
+                                                                                capsys):
+    """`--check` (and a run) stop at the config: one line, exit 2, no cluster."""
+    status = train_cli.main(["configs/paper.yaml", "--check", f"output={tmp_path / 'run'}",
+                             "cluster.workers=[{name: a, memory_limit: 600MB}, "
+                             "{name: b, memory_limit: 600MB}]"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == 2
+    assert len(lines) == 1 and "worker a needs" in lines[0] and "has 600 MB" in lines[0]
+    status = train_cli.main(["configs/paper.yaml", "--check", f"output={tmp_path / 'run'}",
+                             "cluster.workers=[{name: a, memory_limit: 600MB}, "
+                             "{name: b, memory_limit: 4GB}]"])
+    assert status == 0  # b takes what a cannot hold
+
+
+def test_external_worker_memory_limit_is_read_from_the_scheduler(tmp_path,
+                                                                 tiny_dataset_factory):
+    """A `dask worker --memory-limit 1GB` is the capacity: the paper network's split
+    needs more, so the run is refused in one line before it trains, exit 2."""
+    cluster = CliCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_worker("--memory-limit", "1GB", "--no-nanny", "--resources", "LIMITED=1")
+        dataset = tiny_dataset_factory("float32")
+        result = cli_train(*tiny_args(tmp_path, dataset), "network.conv.0.kernels=500",
+                           "network.conv.1.kernels=1500", "train.batch=32", "strategy=single",
+                           "cluster.resource=LIMITED", "--scheduler", address, timeout=120)
+    finally:
+        cluster.stop()
+    assert result.returncode == 2, result.stderr
+    lines = error_lines(result)
+    assert len(lines) == 1 and "needs" in lines[0] and "has 1 GB" in lines[0], lines
+    assert not (tmp_path / "run" / "record.zarr").exists()
+
+
+def test_scaling_points_carry_the_peak_and_whether_it_fits():
+    """A predict-only point at 1024 devices: the largest peak per device under the
+    split the model used, and `memory_fits` against the kind's memory (the preset's,
+    or the sweep's `hardware.kinds.<kind>.memory`); counted in milliseconds."""
+    import time
+    from experiments import scaling
+    from experiments.scaling_config import build_point
+
+    def point(strategy: str, memory: float | None = None):
+        hardware = {"devices": 1024, "device": "gpu", "link": {"gbps": 10, "latency_us": 5}}
+        if memory is not None:
+            hardware["kinds"] = {"gpu": {"memory": memory}}
+        return build_point({"strategy": strategy, "network": {"preset": "marques"},
+                            "train": {"batch": 2048}, "hardware": hardware,
+                            "options": {"split": "proportional", "scheme": "a"}})
+
+    for strategy in ("kernel", "data", "hybrid"):
+        values = scaling.evaluate_point(point(strategy))
+        assert 0 < values["peak_memory"] < 40e9 and values["memory_fits"] == 1.0
+        start = time.perf_counter()
+        small = scaling.evaluate_point(point(strategy, memory=values["peak_memory"] - 1))
+        assert time.perf_counter() - start < 2.0
+        assert small["memory_fits"] == 0.0
+    single = scaling.evaluate_point(point("single"))
+    assert single["peak_memory"] > values["peak_memory"]
+
+
+def test_capacities_come_from_the_config_the_scheduler_or_the_gpu():
+    from pipeline.capacity import capacities_from
+    from pipeline.cluster import ClusterWorker
+    workers = [ClusterWorker("tcp://a:1", "a", "CPU", 1, 1.0, "cpu"),
+               ClusterWorker("tcp://b:1", "b", "CPU", 1, 1.0, "cpu"),
+               ClusterWorker("tcp://c:1", "c", "GPU", 1, 1.0, "cuda:0")]
+    reported = {"tcp://a:1": {"memory_limit": 2e9}, "tcp://b:1": {"memory_limit": 0},
+                "tcp://c:1": {"memory_limit": 64e9}}
+    gpus = {"c": 80e9}
+    # external workers: what the scheduler reports (0: none); a GPU's total caps it
+    assert capacities_from(workers, {}, reported, gpus) == [2e9, float("inf"), 64e9]
+    # embedded: the config's limits, by name (None: none), whatever Dask reports
+    limits = {"a": None, "b": 1e9, "c": None}
+    assert capacities_from(workers, limits, reported, gpus) == [float("inf"), 1e9, 80e9]
