@@ -14,12 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dask.utils import parse_bytes
-
 from pipeline.addresses import address_problem
 from pipeline.links import rate_bits
 from pipeline.schema import (ConfigError, FieldError, check_range, from_dict, load_yaml,
-                             parse_override, set_dotted)
+                             parse_override, parse_size, set_dotted)
 from pipeline.security import TlsConfig
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
 
@@ -157,19 +155,8 @@ class WorkerConfig:
 
 
     def memory_bytes(self) -> float | None:
-        """`memory_limit` in bytes (None: not given); a FieldError naming the field
-        for a size that is not one."""
-        if self.memory_limit is None:
-            return None
-        try:
-            value = (float(self.memory_limit) if isinstance(self.memory_limit, (int, float))
-                     else float(parse_bytes(str(self.memory_limit))))
-        except (ValueError, TypeError):
-            value = -1.0
-        if not math.isfinite(value) or value <= 0 or isinstance(self.memory_limit, bool):
-            raise FieldError("memory_limit", "expected a size such as '2GB', '1.5GiB' or a "
-                             f"number of bytes > 0, got {self.memory_limit!r}")
-        return value
+        """`memory_limit` in bytes (None: not given)."""
+        return parse_size(self.memory_limit, "memory_limit")
 
 
 def _check_rate(rate: str | None, name: str) -> None:

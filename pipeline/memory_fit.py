@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from pipeline.costmodel import Network
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MemoryConstants, fmt_bytes,
                                        peak_memory)
-from pipeline.placement import PlacementError, _units
+from pipeline.placement import PlacementError, counts_from_shares
 
 #: Per-device peaks of a split ``[row][device]``; a device with nothing is not counted.
 Peaks = Callable[[list[list[int]]], list[float]]
@@ -67,17 +67,6 @@ def overflows(peaks: Sequence[float], capacities: Sequence[float]) -> list[int]:
 def fits(counts: list[list[int]], capacities: Sequence[float], peaks: Peaks) -> bool:
     """Whether every device's predicted peak is within its capacity."""
     return not overflows(peaks(counts), capacities)
-
-
-def counts_from_shares(total: int, quantum: int, shares: Sequence[int]) -> list[int]:
-    """Counts for `shares` units each, in device order; only the last holder's unit
-    may be short (shards start on whole channel quanta)."""
-    units = _units(total, quantum)
-    counts, position = [], 0
-    for share in shares:
-        counts.append(sum(units[position:position + share]))
-        position += share
-    return counts
 
 
 def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequence[float],

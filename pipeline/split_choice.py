@@ -27,7 +27,7 @@ from pipeline.calibrate import (Points, calibrate, calibrate_replicas, first_siz
                                 shard_costs)
 from pipeline.cluster import ClusterWorker
 from pipeline.config import RunConfig
-from pipeline.costmodel.memory import element_bytes
+from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
 from pipeline.memory_fit import MemoryRefused, move_to_fit, overflows, refusal, split_peaks
 from pipeline.model_placement import model_placement
 from pipeline.placement import Placement, choose_calibrated, split_even
@@ -108,6 +108,8 @@ def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
     repeated exactly or refused; a split that fits nowhere is refused
     (`MemoryRefused`, one line). The capacities and predicted peaks go into the
     placement's record (``memory``)."""
+    if config.strategy not in MEMORY_STRATEGIES:  # a strategy the memory count lacks
+        return placement
     capacities = worker_capacities(client, config.cluster, workers)
     if all(c == float("inf") for c in capacities):
         return placement

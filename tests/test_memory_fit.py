@@ -15,9 +15,8 @@ from pipeline import train as train_cli
 from pipeline.config import WorkerConfig, load_run_config
 from pipeline.costmodel import marques_cifar
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, Live, fmt_bytes, peak_memory)
-from pipeline.memory_fit import (MemoryRefused, counts_from_shares, fits, move_to_fit,
-                                 split_peaks)
-from pipeline.placement import split_even
+from pipeline.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
+from pipeline.placement import counts_from_shares, split_even
 from pipeline.run import run_training
 from pipeline.schema import FieldError
 from storage import checkpoints

@@ -164,8 +164,8 @@ def _finish(live: Live, extra: dict[str, float], retention: float = 1.0
 
 
 def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], master: bool,
-                       holders: Sequence[Sequence[int]] | None = None, me: int = 0,
-                       s: int = 4, constants: MemoryConstants = DEFAULT_CONSTANTS,
+                       holders: Sequence[Sequence[int]] | None = None, s: int = 4,
+                       constants: MemoryConstants = DEFAULT_CONSTANTS,
                        gpu: bool = False) -> tuple[float, dict[str, float]]:
     """A `kernel` (or `single`) device's peak: `counts[l]` kernels of conv layer l,
     the dense head if `master`. `holders[l]` lists the kernel counts of every device
@@ -375,7 +375,7 @@ def peak_memory(strategy: str, network: Network, batch: int,
             mine = [row[d] for row in counts]
             key = (tuple(mine), d == master, gpus[d])
             if key not in memo:
-                memo[key] = kernel_device_peak(network, batch, mine, d == master, counts, d, s,
+                memo[key] = kernel_device_peak(network, batch, mine, d == master, counts, s,
                                                constants, gpus[d])
             out.append(memo[key])
         return Footprint([p for p, _ in out], [parts for _, parts in out])
