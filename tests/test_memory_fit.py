@@ -274,3 +274,20 @@ def test_capacities_come_from_the_config_the_scheduler_or_the_gpu():
     # embedded: the config's limits, by name (None: none), whatever Dask reports
     limits = {"a": None, "b": 1e9, "c": None}
     assert capacities_from(workers, limits, reported, gpus) == [float("inf"), 1e9, 80e9]
+
+
+def test_a_run_config_is_predicted_under_the_split_its_run_used():
+    """What measured and `mode: predict` sweeps store as `predicted_peak_memory`."""
+    from pipeline.prediction import predict_memory
+    config = load_run_config("configs/paper.yaml", ["cluster.workers=2", "train.batch=32"])
+    even_split = predict_memory(config)
+    by_quanta = [[256, 244], [752, 748]]  # even in the config's channel quanta (16, 47)
+    assert even_split.per_device == peak_memory("kernel", PAPER, 32, by_quanta).per_device
+    lopsided = {"kernel_split": [[96, 404], [282, 1218]], "split_workers": ["cpu-0", "cpu-1"],
+                "master": "cpu-1"}
+    footprint = predict_memory(config, lopsided)
+    assert footprint.per_device == peak_memory("kernel", PAPER, 32, lopsided["kernel_split"],
+                                               master=1).per_device
+    assert footprint.per_device[1] > footprint.per_device[0]
+    reference = predict_memory(load_run_config("configs/paper.yaml", ["strategy=reference"]))
+    assert reference.per_device == peak_memory("reference", PAPER, 32).per_device
