@@ -16,14 +16,19 @@ Per device, by kind (`Footprint.parts` at the peak):
 - ``runtime``: what the project's process holds beyond that with no network to
   speak of (a Dask worker running the tasks; or the training process itself for
   `reference`): measured (`MemoryConstants`);
+- ``load``: the checkpoint read at the start (the whole network's on the master,
+  a replica and `reference`; a shard's slices elsewhere), still resident;
 - ``weights``, ``gradients``, ``momentum``: the device's parameters (its kernels'
   shards, the dense head on the master, a whole replica for `data`);
 - ``activations``: tensors a forward keeps for its backward;
 - ``backward``: gradients in flight (pool/ReLU backward, input gradients);
 - ``exchange``: slots read from and copies written to the workspace, and flat
   gradients of the reduction;
-- ``workspace``: the convolution library's scratch, a fitted fraction of a conv
-  op's input and output (`MemoryConstants.conv_workspace`).
+- ``workspace``: the convolution library's scratch, a fitted multiple of a conv
+  op's output (and input gradient) (`MemoryConstants.conv_workspace`).
+
+What comes and goes within a step is scaled by a fitted retention (the allocator
+keeps freed pages): the peak of resident memory, not of live tensors.
 
 Pure: a function of the network, the batch, the element size, the split and the
 strategy. `fits` and `move_to_fit` (pipeline/placement.py) use it to keep a split
@@ -68,9 +73,13 @@ class MemoryConstants:
     retention : what a process holds of the bytes that come and go within a step,
         per byte counted: glibc keeps freed chunks below its mmap threshold (up to
         32 MiB) in its arenas, so resident memory stays above the live tensors.
-    The last three were fitted together (benchmarks/memory_fit.py, docs/model.md):
-    runtimes on the small network, whose tensors are a few MB; the workspace and
-    retention on the paper network.
+    load_retained : the fraction of the checkpoint it read at the start that a
+        process still holds (Zarr decodes it chunk by chunk, a channel quantum at a
+        time, on the heap): the master reads the whole network's weights and
+        momentum for its dense head, a replica and `reference` read them whole.
+    The runtimes, the workspace, the retention and the checkpoint's share kept were
+    fitted together (benchmarks/memory_fit.py, docs/model.md): the runtimes on the
+    small network, whose tensors are a few MB; the others on the paper network.
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
@@ -79,7 +88,8 @@ class MemoryConstants:
     worker_runtime: float = 125 * 10 ** 6
     client_runtime: float = 125 * 10 ** 6
     conv_workspace: float = 2.0
-    retention: float = 1.7
+    retention: float = 1.3
+    load_retained: float = 1.0
     gpu_context: float = 500 * 10 ** 6
 
 
@@ -182,6 +192,7 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     holders = holders or [[c] for c in counts]
     live = Live()
     params = sum(layer.params(int(k)) for layer, k in zip(layers, counts) if k)
+    read = 2 * s * (network.params() if master else params)
     if master:
         params += network.dense_params()
     for kind in ("weights", "gradients", "momentum"):
@@ -237,8 +248,8 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     live.free("partial0")
     if gpu:
         return _finish(live, {"context": constants.gpu_context})
-    return _finish(live, {"baseline": constants.baseline, "runtime": constants.worker_runtime},
-                   constants.retention)
+    return _finish(live, {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+                          "load": constants.load_retained * read}, constants.retention)
 
 
 def _replica_walk(live: Live, network: Network, rows: int, s: int, ws: float) -> None:
@@ -303,7 +314,8 @@ def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s
     live.alloc("gathered", "exchange", params)
     live.free("gathered-reads")
     extra = ({"context": constants.gpu_context} if gpu else
-             {"baseline": constants.baseline, "runtime": constants.worker_runtime})
+             {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+              "load": constants.load_retained * 2 * network.params() * s})
     return _finish(live, extra, 1.0 if gpu else constants.retention)
 
 
@@ -333,7 +345,8 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     live.alloc("own-sum", "exchange", trunk / devices)
     live.alloc("gathered", "exchange", trunk)
     extra = ({"context": constants.gpu_context} if gpu else
-             {"baseline": constants.baseline, "runtime": constants.worker_runtime})
+             {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+              "load": constants.load_retained * 2 * network.params() * s})
     return _finish(live, extra, 1.0 if gpu else constants.retention)
 
 
@@ -345,7 +358,8 @@ def reference_peak(network: Network, batch: int, s: int = 4,
     live.alloc("weights", "weights", params)
     live.alloc("momentum", "momentum", params)
     _replica_walk(live, network, batch, s, constants.conv_workspace)
-    return _finish(live, {"baseline": constants.baseline, "runtime": constants.client_runtime},
+    return _finish(live, {"baseline": constants.baseline, "runtime": constants.client_runtime,
+                          "load": constants.load_retained * 2 * network.params() * s},
                    constants.retention)
 
 
