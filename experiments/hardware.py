@@ -57,6 +57,11 @@ class DevicePreset:
         Fractions of ``flops`` / ``mem_bw`` reached (Paleo's efficiency factors).
     source : str
         Where the numbers come from.
+    memory : float
+        Memory one device may use, bytes (``inf``: unlimited): what the predicted
+        peak per device (`pipeline.costmodel.memory`) is checked against.
+    accelerator : bool
+        A GPU: its memory holds the tensors and a CUDA context, no host process.
     """
 
     flops: float
@@ -65,15 +70,18 @@ class DevicePreset:
     dense_efficiency: float
     mem_efficiency: float
     source: str
+    memory: float = math.inf
+    accelerator: bool = False
 
 
 def _k20() -> DevicePreset:
     gpu = krizhevsky_k20_setup().gpu
     return DevicePreset(gpu.flops, gpu.mem_bw, gpu.conv_efficiency, gpu.dense_efficiency,
                         gpu.mem_efficiency,
-                        "Tesla K20 (NVIDIA datasheet: 3.52 TFLOP/s FP32, 208 GB/s); conv "
-                        "efficiency 0.38 fitted to Krizhevsky 2014's single-GPU time, dense "
-                        "0.70, memory 0.75 (pipeline.costmodel.krizhevsky)")
+                        "Tesla K20 (NVIDIA datasheet: 3.52 TFLOP/s FP32, 208 GB/s, 5 GB); "
+                        "conv efficiency 0.38 fitted to Krizhevsky 2014's single-GPU time, "
+                        "dense 0.70, memory 0.75 (pipeline.costmodel.krizhevsky)",
+                        memory=5e9, accelerator=True)
 
 
 #: The device kinds a sweep can name without defining them.
@@ -84,12 +92,14 @@ PRESETS: dict[str, DevicePreset] = {
         "training step of the paper's 500/1500 network at batch 32 (927 GFLOP) took a "
         "median 4.45 s with `strategy: reference` (docs/benchmarks.md), i.e. 2.08e11 "
         "FLOP/s effective, used as the rate with efficiency 1; 10 GB/s streaming per "
-        "core is our assumption"),
+        "core is our assumption; memory: the machine's 23 GiB over its 2 cores",
+        memory=23 * 2 ** 30 / 2),
     "gpu": DevicePreset(
         1.95e13, 1.555e12, 0.6, 0.8, 0.8,
-        "NVIDIA A100 40GB (datasheet: 19.5 TFLOP/s FP32 without TF32, 1555 GB/s); "
+        "NVIDIA A100 40GB (datasheet: 19.5 TFLOP/s FP32 without TF32, 1555 GB/s, 40 GB); "
         "efficiencies are our assumption: cuDNN FP32 convolutions about 60 % of peak, "
-        "large SGEMMs about 80 %, streaming kernels 80 % of bandwidth"),
+        "large SGEMMs about 80 %, streaming kernels 80 % of bandwidth",
+        memory=40e9, accelerator=True),
     "k20": _k20(),
 }
 
@@ -104,6 +114,7 @@ class DeviceKindConfig:
     conv_efficiency: float | None = None
     dense_efficiency: float | None = None
     mem_efficiency: float | None = None
+    memory: float | None = None  # bytes one device may use (.inf: unlimited)
 
 
 @dataclass
@@ -184,6 +195,7 @@ def check_hardware(hw: HardwareConfig, where: str = "hardware") -> None:
                               f"{', '.join(PRESETS)}; a new kind needs `preset:`)")
         _positive(f"{at}.flops", kind.flops)
         _positive(f"{at}.mem_bw", kind.mem_bw, allow_inf=True)
+        _positive(f"{at}.memory", kind.memory, allow_inf=True)
         for attr in ("conv_efficiency", "dense_efficiency", "mem_efficiency"):
             _fraction(f"{at}.{attr}", getattr(kind, attr))
     known = _known_kinds(hw)
@@ -223,11 +235,11 @@ def resolve_kind(hw: HardwareConfig, name: str) -> DevicePreset:
     base = PRESETS[kind.preset or name]
     values = {attr: getattr(kind, attr) if getattr(kind, attr) is not None else getattr(base, attr)
               for attr in ("flops", "mem_bw", "conv_efficiency", "dense_efficiency",
-                           "mem_efficiency")}
+                           "mem_efficiency", "memory")}
     changed = [attr for attr in values if getattr(kind, attr) is not None]
     source = base.source if not changed else \
         f"preset {kind.preset or name} with {', '.join(changed)} set by the sweep"
-    return DevicePreset(**values, source=source)
+    return DevicePreset(**values, source=source, accelerator=base.accelerator)
 
 
 def device_kinds(hw: HardwareConfig) -> list[tuple[str, int]]:

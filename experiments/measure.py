@@ -26,7 +26,7 @@ import xarray as xr
 
 from experiments.results import PREDICTED_COMPONENTS, PointResult
 from experiments.sweep_points import Point
-from pipeline.prediction import probe_policy
+from pipeline.prediction import predict_memory, probe_policy
 from pipeline.run import run_training
 from pipeline.step_breakdown import model_breakdown, record_breakdown
 
@@ -63,6 +63,16 @@ def prediction_band(predictor: Predictor | None, point: Point, summary: dict | N
         return nan, nan, nan
     band = value if isinstance(value, dict) else {}
     return step, float(band.get("predicted_low", nan)), float(band.get("predicted_high", nan))
+
+
+def predicted_peak_memory(point: Point, summary: dict | None) -> float:
+    """The model's largest peak memory of a worker (bytes) under the point's split
+    (the run's, else even); NaN where it has none."""
+    try:
+        footprint = predict_memory(point.config, summary)
+    except Exception:  # noqa: BLE001 - a model's gap must not fail a measured point
+        return float("nan")
+    return float("nan") if footprint is None else footprint.largest
 
 
 def run_prediction_policy(point: Point) -> str:
@@ -129,6 +139,7 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
         **{f"predicted_{part}": seconds for part, seconds in
            model_breakdown(summary.get("predicted_breakdown")).items()
            if part in PREDICTED_COMPONENTS},
+        "predicted_peak_memory": predicted_peak_memory(point, summary),
     }
     texts = {"failure": "", "run_id": uuid.uuid4().hex,
              "kernel_split": json.dumps(summary.get("kernel_split", [])),
@@ -153,6 +164,8 @@ def predict_only(point: Point, predictor: Predictor) -> PointResult:
         raise RuntimeError("the performance model gave no prediction for this point "
                            "(no probe of its cluster: see CNN_PREDICT_PROBE)")
     return PointResult({"predicted_step_time": predicted, "predicted_low": low,
-                        "predicted_high": high, "started": started,
+                        "predicted_high": high,
+                        "predicted_peak_memory": predicted_peak_memory(point, None),
+                        "started": started,
                         "finished": finished, "wall_time": finished - started},
                        {"failure": "", "run_id": uuid.uuid4().hex}, {})

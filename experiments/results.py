@@ -97,6 +97,10 @@ MEASURES: dict[str, tuple[str, str]] = {
                              "(pipeline/step_breakdown.model_breakdown; NaN without a "
                              "prediction). Stores written before it have none")
        for part in PREDICTED_COMPONENTS},
+    "predicted_peak_memory": ("B", "the model's largest peak memory of a worker (the "
+                              "training process for reference) under the point's split: "
+                              "docs/model.md, 'Memory per device'. Stores written before "
+                              "it have none"),
     "recoveries": ("1", "worker losses the point's run survived (each: back to its last "
                    "checkpoint, re-placed on the surviving workers, replayed; see "
                    "recovery_log). Stores written before it have no such variable"),

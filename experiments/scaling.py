@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import shutil
 import sys
@@ -45,7 +46,8 @@ from experiments.results import (DONE, FAILED, STORE_FORMAT, ResultStore, SweepL
 from experiments.scaling_config import (ScalingPoint, ScalingSweep, network_of, options_of,
                                         point_strategy)
 from experiments.scaling_view import one_device_only
-from pipeline.costmodel import predict
+from pipeline.costmodel import Prediction, predict
+from pipeline.costmodel.memory import MEMORY_STRATEGIES, peak_memory
 from pipeline.records import software_versions
 from storage.labelled import write_dataset
 from storage.locks import now_text
@@ -76,6 +78,10 @@ SCALING_MEASURES: dict[str, tuple[str, str]] = {
                   "1 for single"),
     "capacity": ("1", "summed relative speed of those devices: each device's single-device "
                  "speed over the first kind's, at this network and batch"),
+    "peak_memory": ("B", "the model's largest peak memory of a device under the point's split "
+                    "(pipeline.costmodel.memory; a CPU device's process, a GPU's device memory)"),
+    "memory_fits": ("1", "1 where every device's predicted peak is within its kind's memory "
+                    "(hardware presets, `hardware.kinds.<kind>.memory`), else 0"),
 }
 BREAKDOWN_KEYS = {"compute_time": "compute_critical", "communication_time": "communication",
                   "storage_time": "storage", "master_time": "master",
@@ -137,7 +143,30 @@ def evaluate_point(point: ScalingPoint) -> dict[str, float]:
               "n_workers": float(len(used)), "capacity": capacity}
     for name, key in BREAKDOWN_KEYS.items():
         values[name] = float(prediction.breakdown.get(key, 0.0))
+    values.update(memory_figures(point, prediction, kinds))
     return values
+
+
+def memory_figures(point: ScalingPoint, prediction: Prediction, kinds: list[str]
+                   ) -> dict[str, float]:
+    """The largest predicted peak per device under the split the model used, and
+    whether every device's fits its kind's memory."""
+    strategy = point.strategy
+    if strategy not in MEMORY_STRATEGIES:  # a strategy the memory count does not know
+        return {"peak_memory": math.nan, "memory_fits": math.nan}
+    network = network_of(point.network)
+    presets = {kind: hw.resolve_kind(point.hardware, kind) for kind in set(kinds)}
+    if strategy == "kernel":
+        split = prediction.kernel_counts
+        master = int(prediction.details.get("master", 0))
+    elif strategy in ("data", "hybrid"):
+        split, master = [list(prediction.details["batch_shares"])], 0
+    else:  # single: the first device
+        split, master, kinds = None, 0, kinds[:1]
+    footprint = peak_memory(strategy, network, point.train.batch, split, master=master,
+                            gpu=[presets[k].accelerator for k in kinds])
+    fits = all(peak <= presets[k].memory for peak, k in zip(footprint.per_device, kinds))
+    return {"peak_memory": footprint.largest, "memory_fits": float(fits)}
 
 
 # The store ----------------------------------------------------------------------------
@@ -192,7 +221,8 @@ def _presets_used(sweep: ScalingSweep) -> dict[str, list[dict[str, Any]]]:
             entry = {"flops": preset.flops, "mem_bw": preset.mem_bw,
                      "conv_efficiency": preset.conv_efficiency,
                      "dense_efficiency": preset.dense_efficiency,
-                     "mem_efficiency": preset.mem_efficiency, "source": preset.source}
+                     "mem_efficiency": preset.mem_efficiency, "memory": preset.memory,
+                     "source": preset.source}
             if entry not in kinds.setdefault(name, []):
                 kinds[name].append(entry)
     return kinds

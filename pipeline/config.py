@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pipeline.addresses import address_problem
 from pipeline.links import rate_bits
 from pipeline.schema import (ConfigError, FieldError, check_range, from_dict, load_yaml,
-                             parse_override, set_dotted)
+                             parse_override, parse_size, set_dotted)
 from pipeline.security import TlsConfig
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
 
@@ -134,9 +134,14 @@ class WorkerConfig:
     speed: float = 1.0  # < 1 emulates a slower device (labelled "emulated" everywhere)
     device: str = "cpu"  # "cpu" or "cuda:N": where the worker's tensors live
     link: str | None = None  # its host's link rate in tc units ("1gbit"); see cluster.link
+    # Memory the worker may use ("2GB", "1.5GiB", or bytes): placement keeps every
+    # split's predicted peak within it (docs/model.md). None: its device's (a GPU's
+    # total memory; a CPU worker is unlimited). Not handed to Dask's nanny.
+    memory_limit: str | int | None = None
 
     def __post_init__(self) -> None:
         check_range(self, "threads", low=1)
+        self.memory_bytes()
         _check_rate(self.link, "link")
         check_range(self, "speed", low=0, high=1, low_open=True)
         if not DEVICE_NAME.fullmatch(self.device):
@@ -147,6 +152,11 @@ class WorkerConfig:
             if not tag or not math.isfinite(amount) or amount < 0:
                 raise FieldError(f"resources.{tag}",
                                  f"expected a tag and a number >= 0, got {amount!r}")
+
+
+    def memory_bytes(self) -> float | None:
+        """`memory_limit` in bytes (None: not given)."""
+        return parse_size(self.memory_limit, "memory_limit")
 
 
 def _check_rate(rate: str | None, name: str) -> None:

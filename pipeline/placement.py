@@ -160,8 +160,13 @@ def align_to_quanta(row: list[int], quantum: int) -> list[int]:
     """Keep each worker's number of units, moving a layer's short unit (if any) to
     the last holder: shards are contiguous in worker order and must start on a
     chunk boundary, so only the last may hold a partial quantum."""
-    shares = [math.ceil(k / quantum) for k in row]
-    units = _units(sum(row), quantum)
+    return counts_from_shares(sum(row), quantum, [math.ceil(k / quantum) for k in row])
+
+
+def counts_from_shares(total: int, quantum: int, shares: list[int]) -> list[int]:
+    """Counts for `shares` units each, in worker order, of `total` in units of
+    `quantum`; only the last holder's unit may be short."""
+    units = _units(total, quantum)
     counts, position = [], 0
     for share in shares:
         counts.append(sum(units[position:position + share]))

@@ -35,6 +35,8 @@ from pipeline.cluster import (ClusterError, all_local, find_workers, open_client
                               scheduler_address)
 from pipeline.config import RunConfig
 from pipeline.costmodel import Prediction
+from pipeline.costmodel.memory import MEMORY_STRATEGIES, Footprint, element_bytes, peak_memory
+from pipeline.placement import split_even
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
                             costmodel_network, find_cached_probe, links_key, probe_key,
                             worker_identity, workspace_location)
@@ -256,3 +258,31 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
             "hop_s": d.hop_s, "client_round_trip_s": d.round_trip_s,
             "master_dense_s": probe.master.dense_s,
             "calibration_s_per_kernel": probe.calibration()}
+
+
+def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint | None:
+    """The model's peak memory per worker for a run config (docs/model.md, "Memory per
+    device"): under the split its run used (`summary`'s ``kernel_split`` or
+    ``batch_split``, with its master), else the even split over the config's workers.
+    None for a strategy the memory count does not know."""
+    if config.strategy not in MEMORY_STRATEGIES:
+        return None
+    spec = network_for(config)
+    network, s = costmodel_network(spec), element_bytes(spec.dtype)
+    batch, summary = config.train.batch, summary or {}
+    if config.strategy == "reference":
+        return peak_memory("reference", network, batch, s=s)
+    names = summary.get("split_workers") or [
+        w.name for w in config.cluster.worker_list()][:config.cluster.use_workers or None]
+    if config.strategy == "single":
+        names = names[:1]
+    master = names.index(summary["master"]) if summary.get("master") in names else 0
+    if config.strategy in ("single", "kernel"):
+        split = summary.get("kernel_split") or [
+            split_even(layer.kernels, len(names), q)
+            for layer, q in zip(spec.conv, config.channel_quanta(spec))]
+    else:
+        split = [summary.get("batch_split") or split_even(batch, len(names), 1)]
+    devices = {w.name: w.device for w in config.cluster.worker_list()}
+    gpu = [devices.get(name, "cpu").startswith("cuda") for name in names]
+    return peak_memory(config.strategy, network, batch, split, s, master, gpu=gpu)

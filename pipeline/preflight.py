@@ -16,8 +16,13 @@ import tempfile
 from pipeline.addresses import address_problem
 from pipeline.cluster import scheduler_address, tagged_workers
 from pipeline.config import RunConfig
+from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
 from pipeline.links import link_problem
+from pipeline.memory_fit import move_to_fit, split_peaks
 from pipeline.object_store import object_store_problem
+from pipeline.placement import split_even
+from pipeline.prediction import network_for
+from pipeline.probe.results import costmodel_network
 from pipeline.schema import ConfigError
 from pipeline.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of
@@ -116,3 +121,42 @@ def check_embedded_tags(config: RunConfig) -> None:
         raise ConfigError(f"cluster.use_workers: {cluster.use_workers}, but only "
                           f"{len(offering)} worker(s) of the embedded cluster offer "
                           f"{' or '.join(tags)}")
+
+
+def check_embedded_memory(config: RunConfig) -> None:
+    """A run on its own embedded cluster whose workers have a `memory_limit` and that
+    fits in none of its splits is refused before the cluster starts: the split choice
+    (pipeline/split_choice.py) would refuse it anyway, after the start. Checked from
+    the even split moved to fit (`pipeline.memory_fit.move_to_fit`); a master outside
+    the run's workers, or a device whose capacity only the worker knows (a GPU's
+    total), is left to the split choice."""
+    cluster = config.cluster
+    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS"):
+        return
+    strategy = strategy_of(config)
+    workers = cluster.worker_list()
+    if (not strategy.uses_cluster or config.strategy not in MEMORY_STRATEGIES
+            or all(w.memory_limit is None for w in workers)):
+        return
+    by_name = {w.name: w for w in workers}
+    offering = tagged_workers({w.name: {"name": w.name, "resources": w.resources}
+                               for w in workers}, cluster.tags())
+    chosen = [by_name[address] for address, _, _ in offering][:cluster.use_workers or None]
+    master = next((d for d, w in enumerate(chosen) if cluster.master in
+                   (w.name, *(w.resources or {}))), None) if cluster.master else 0
+    if master is None or not chosen:
+        return
+    if strategy.one_worker:
+        chosen, master = [chosen[master]], 0
+    network = network_for(config)
+    capacities = [w.memory_bytes() or float("inf") for w in chosen]
+    kernel = config.strategy in ("single", "kernel")
+    if kernel:
+        quanta = config.channel_quanta(network)
+        counts = [split_even(layer.kernels, len(chosen), q)
+                  for layer, q in zip(network.conv, quanta)]
+    else:
+        quanta, counts = [1], [split_even(config.train.batch, len(chosen), 1)]
+    peaks = split_peaks(config.strategy, costmodel_network(network), config.train.batch,
+                        element_bytes(network.dtype), master if kernel else None)
+    move_to_fit(counts, quanta, capacities, peaks, [w.name for w in chosen])

@@ -15,6 +15,7 @@ import typing
 from typing import Any, Literal, Union
 
 import yaml
+from dask.utils import parse_bytes
 
 
 class ConfigError(ValueError):
@@ -306,3 +307,19 @@ def load_yaml(path: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the config must be a mapping of keys to values")
     return data
+
+
+def parse_size(value: Any, name: str) -> float | None:
+    """A size in bytes from ``"2GB"``, ``"1.5GiB"`` or a number (None stays None); a
+    FieldError naming `name` for anything else, or for a size not above zero."""
+    if value is None:
+        return None
+    try:
+        size = (float(value) if isinstance(value, (int, float)) and not isinstance(value, bool)
+                else float(parse_bytes(str(value))))
+    except (ValueError, TypeError):
+        size = -1.0
+    if isinstance(value, bool) or not math.isfinite(size) or size <= 0:
+        raise FieldError(name, "expected a size such as '2GB', '1.5GiB' or a number of bytes "
+                         f"> 0, got {value!r}")
+    return size

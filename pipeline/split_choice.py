@@ -22,12 +22,16 @@ import os
 
 from distributed import Client
 
+from pipeline.capacity import worker_capacities
 from pipeline.calibrate import (Points, calibrate, calibrate_replicas, first_sizes, per_unit,
                                 shard_costs)
 from pipeline.cluster import ClusterWorker
 from pipeline.config import RunConfig
+from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
+from pipeline.memory_fit import MemoryRefused, move_to_fit, overflows, refusal, split_peaks
 from pipeline.model_placement import model_placement
 from pipeline.placement import Placement, choose_calibrated, split_even
+from pipeline.probe.results import costmodel_network
 from pipeline.runner import TaskRunner
 from pipeline.schema import ConfigError
 from tasks.specs import NetworkSpec
@@ -38,8 +42,18 @@ REMEASURE_FACTOR = 2.0
 
 
 def choose_kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
-                     workers: list[ClusterWorker], run_id: str) -> Placement:
-    """The kernel split over `workers` that `config.placement` asks for."""
+                        workers: list[ClusterWorker], run_id: str,
+                        master: int | None = 0) -> Placement:
+    """The kernel split over `workers` that `config.placement` asks for, kept within
+    every worker's memory (`fit_memory`; `master`: the index of the worker with the
+    dense head, None where it is not among `workers`)."""
+    placement = _kernel_split(client, config, network, workers, run_id)
+    return fit_memory(client, config, network, workers, placement,
+                      config.channel_quanta(network), master)
+
+
+def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
+                  workers: list[ClusterWorker], run_id: str) -> Placement:
     quanta = config.channel_quanta(network)
     layers = network.conv
     if config.placement == "recorded":
@@ -59,9 +73,16 @@ def choose_kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
 
 
 def choose_batch_split(client: Client, config: RunConfig, network: NetworkSpec,
-                        workers: list[ClusterWorker], run_id: str) -> Placement:
+                       workers: list[ClusterWorker], run_id: str) -> Placement:
     """Samples of each step's batch per worker (`data`, `hybrid`): even, calibrated
-    (the same choice as kernels, a sample for a kernel) or recorded."""
+    (the same choice as kernels, a sample for a kernel) or recorded; kept within
+    every worker's memory (`fit_memory`)."""
+    placement = _batch_split(client, config, network, workers, run_id)
+    return fit_memory(client, config, network, workers, placement, [1], None)
+
+
+def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
+                 workers: list[ClusterWorker], run_id: str) -> Placement:
     batch = config.train.batch
     names = [w.name for w in workers]
     if config.placement == "recorded":
@@ -76,6 +97,42 @@ def choose_batch_split(client: Client, config: RunConfig, network: NetworkSpec,
     choice = choose_calibrated([batch], costs, [1], names)
     return Placement("calibrated", choice.counts, per_unit(costs, names),
                      {**choice.record(names), "calibration_points": points})
+
+
+def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
+               workers: list[ClusterWorker], placement: Placement, quanta: list[int],
+               master: int | None) -> Placement:
+    """`placement` if every worker's predicted peak (pipeline.costmodel.memory) is
+    within its capacity (pipeline.capacity); else the split with units moved to
+    workers with room (`pipeline.memory_fit.move_to_fit`). A recorded split is
+    repeated exactly or refused; a split that fits nowhere is refused
+    (`MemoryRefused`, one line). The capacities and predicted peaks go into the
+    placement's record (``memory``)."""
+    if config.strategy not in MEMORY_STRATEGIES:  # a strategy the memory count lacks
+        return placement
+    capacities = worker_capacities(client, config.cluster, workers)
+    if all(c == float("inf") for c in capacities):
+        return placement
+    names = [w.name for w in workers]
+    peaks = split_peaks(config.strategy, costmodel_network(network), config.train.batch,
+                        element_bytes(network.dtype), master,
+                        [w.device.startswith("cuda") for w in workers])
+    counts = placement.counts
+    moved = 0
+    if config.placement == "recorded":
+        now = peaks(counts)
+        over = overflows(now, capacities)
+        if over:
+            worst = max(over, key=lambda d: now[d] - capacities[d])
+            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst]))
+    else:
+        fit = move_to_fit(counts, quanta, capacities, peaks, names)
+        counts, moved = fit.counts, fit.moved
+    record = {"capacity": [None if c == float("inf") else c for c in capacities],
+              "predicted_peak": peaks(counts), "units_moved": moved,
+              "split_before": placement.counts if moved else None}
+    return Placement(placement.method, counts, placement.calibration,
+                     {**placement.choice, "memory": record})
 
 
 def calibrated_kernel_split(runner: TaskRunner, network: NetworkSpec, batch: int,

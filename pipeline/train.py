@@ -22,7 +22,7 @@ from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost
 from pipeline.config import RunConfig, load_run_config
 from pipeline.outputs import OutputBusy
 from pipeline.placement import PlacementError
-from pipeline.preflight import check_embedded_tags, check_run
+from pipeline.preflight import check_embedded_memory, check_embedded_tags, check_run
 from pipeline.records import format_summary
 from pipeline.run import run_training
 from pipeline.schema import ConfigError
@@ -53,6 +53,7 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
     config = load_run_config(args.config, overrides)
     if check_run(config).uses_cluster:
         check_embedded_tags(config)
+        check_embedded_memory(config)
     return config, args.check
 
 

@@ -41,7 +41,8 @@ class KernelStrategy(Strategy):
         if self.one_worker:  # the master alone
             workers, master = [workers[master]], 0
         conv_workers = workers[:len(offered)]  # a master added beyond them holds no kernels
-        placement = choose_kernel_split(client, config, network, conv_workers, run_id)
+        placement = choose_kernel_split(client, config, network, conv_workers, run_id,
+                                        master if master < len(conv_workers) else None)
         names = [w.name for w in workers]
         gone = placement.left_out([w.name for w in conv_workers], master)
         padding = [0] * (len(workers) - len(conv_workers))  # a master holding no kernels

@@ -1,0 +1,161 @@
+"""Measured peak memory per process of a run, beside the model's prediction.
+
+``python benchmarks/memory_fit.py CONFIG [--runs NAME ...] [--steps N] [--set K=V ...] [--out FILE]``
+
+Runs `python -m pipeline.train CONFIG` once per case (reference, single, kernel/2
+even, kernel/3 even, data/2 at the config's batch), samples the resident memory of
+the training process and of every worker process it spawned (psutil, every 20 ms),
+and keeps each process's peak. Beside it: the peak the model predicts
+(`pipeline.costmodel.memory.peak_memory`) for the same split, and the error against
+the measured *working* memory (the peak minus the per-process baseline,
+`memory.PROCESS_BASELINE`). The worker processes' names cannot be told from outside,
+so measured and predicted peaks are compared largest to largest. `--out` appends the
+measurements as JSON lines; `--compare FILE` compares them with the model again.
+
+Not a timed test: a paper-network case takes a minute or two on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pipeline.config import load_run_config  # noqa: E402
+from pipeline.costmodel.memory import MB, PROCESS_BASELINE, element_bytes, peak_memory  # noqa: E402
+from pipeline.placement import split_even  # noqa: E402
+from pipeline.prediction import network_for  # noqa: E402
+from pipeline.probe.results import costmodel_network  # noqa: E402
+
+#: name -> (strategy, workers, extra overrides)
+CASES = {
+    "reference": ("reference", 1, []),
+    "single": ("single", 1, []),
+    "kernel/2": ("kernel", 2, ["placement=even"]),
+    "kernel/3": ("kernel", 3, ["placement=even"]),
+    "kernel/4": ("kernel", 4, ["placement=even"]),
+    "data/2": ("data", 2, ["placement=even"]),
+}
+
+
+def sample_tree(process: subprocess.Popen, period: float = 0.02) -> dict[int, dict]:
+    """Peak RSS of `process` and each of its descendants until it exits:
+    pid -> {"peak": bytes, "cmd": str, "first_seen": s}."""
+    root = psutil.Process(process.pid)
+    peaks: dict[int, dict] = {}
+    start = time.monotonic()
+    while process.poll() is None:
+        try:
+            procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            break
+        for proc in procs:
+            try:
+                rss = proc.memory_info().rss
+                entry = peaks.get(proc.pid)
+                if entry is None:
+                    entry = peaks[proc.pid] = {"peak": 0, "cmd": " ".join(proc.cmdline()),
+                                               "first_seen": time.monotonic() - start}
+                entry["peak"] = max(entry["peak"], rss)
+            except psutil.Error:
+                continue
+        time.sleep(period)
+    return peaks
+
+
+def measure_case(config_path: str, name: str, steps: int, extra: list[str]) -> dict:
+    """Run one case; the peak RSS (bytes) of the training process and of each worker."""
+    strategy, workers, overrides = CASES[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [f"strategy={strategy}", f"cluster.workers={workers}", f"train.steps={steps}",
+                f"output={tmp}/run", "train.eval_samples=0", "train.checkpoint_every=0",
+                "progress=false", *overrides, *extra]
+        command = [sys.executable, "-m", "pipeline.train", config_path, *args]
+        env = {**os.environ, "CNN_PREDICT_PROBE": "never"}
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env=env, text=True)
+        peaks = sample_tree(process)
+        output = process.stdout.read() if process.stdout else ""
+        if process.wait() != 0:
+            raise SystemExit(f"{name}: run failed:\n{output[-2000:]}")
+    client = peaks.pop(process.pid)
+    worker_peaks = [v["peak"] for _, v in sorted(peaks.items(),
+                                                 key=lambda kv: kv[1]["first_seen"])
+                    if "spawn_main" in v["cmd"] and "resource_tracker" not in v["cmd"]]
+    return {"config": config_path, "case": name, "args": args, "client": client["peak"],
+            "workers": worker_peaks}
+
+
+def compare(measured: dict) -> dict:
+    """The model's peak per device for a measured case, and its error on working memory."""
+    strategy, workers, _ = CASES[measured["case"]]
+    config = load_run_config(measured["config"], measured["args"])
+    spec = network_for(config)
+    network = costmodel_network(spec)
+    batch = config.train.batch
+    if strategy == "kernel":
+        split = [split_even(layer.kernels, workers, q)
+                 for layer, q in zip(spec.conv, config.channel_quanta(spec))]
+    elif strategy == "data":
+        split = [split_even(batch, workers, 1)]
+    else:
+        split = None
+    predicted = peak_memory(strategy, network, batch, split, element_bytes(spec.dtype)).per_device
+    # the worker processes' names are not known from outside: largest to largest
+    # (a worker the nanny restarted shows as one more process: the largest are kept)
+    have_all = sorted([measured["client"]] if strategy == "reference" else measured["workers"],
+                      reverse=True)[:len(predicted)]
+    predicted = sorted(predicted, reverse=True)
+    rows = []
+    for d, (have, want) in enumerate(zip(have_all, predicted)):
+        working, model = have - PROCESS_BASELINE, want - PROCESS_BASELINE
+        rows.append({"device": d, "measured_mb": have / MB, "working_mb": working / MB,
+                     "predicted_mb": want / MB, "predicted_working_mb": model / MB,
+                     "error": (model - working) / working})
+    return {"case": measured["case"], "config": measured["config"], "batch": batch,
+            "client_mb": measured["client"] / MB, "devices": rows}
+
+
+def show(result: dict) -> None:
+    for row in result["devices"]:
+        print(f"{result['config']} {result['case']:10s} device {row['device']}: measured "
+              f"{row['measured_mb']:7.1f} MB (working {row['working_mb']:6.1f}), model "
+              f"{row['predicted_mb']:7.1f} (working {row['predicted_working_mb']:6.1f}), "
+              f"error {100 * row['error']:+.1f} %", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("configs", nargs="*", help="run configs (YAML)")
+    parser.add_argument("--runs", nargs="*", default=list(CASES))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", default="", help="append the measurements (JSON lines)")
+    parser.add_argument("--set", nargs="*", default=["train.batch=32"],
+                        help="dotted overrides for every case")
+    parser.add_argument("--compare", default="", help="only compare the measurements in "
+                        "this JSON-lines file with the model")
+    args = parser.parse_args(argv)
+    if args.compare:
+        with open(args.compare, encoding="utf-8") as handle:
+            for line in handle:
+                show(compare(json.loads(line)))
+        return
+    for config in args.configs:
+        for name in args.runs:
+            measured = measure_case(config, name, args.steps, args.set)
+            if args.out:
+                with open(args.out, "a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(measured) + "\n")
+            print(json.dumps(measured), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,424 @@
+"""Peak memory per device: what a worker holds, counted op by op.
+
+Why a count rather than a rule of thumb: the issue that asked for this (24) measured
+that a worker holding half of a network's kernels held as much as plain PyTorch
+holding all of it. Where the bytes go depends on what the engine keeps between ops
+(the shard's conv output beside its ReLU output, a full-size input gradient kept
+alive by the own slice that views it, the flat gradient and its reduced copy), so
+the model walks each device's ops in the engine's order and tracks every tensor the
+implementation allocates and frees (`Live`), as of the code measured; the peak of
+that walk, plus what a process holds before any tensor, is the prediction.
+
+Per device, by kind (`Footprint.parts` at the peak):
+
+- ``baseline``: a bare Python process that imported torch, dask, zarr and xarray
+  (286 MB measured here: `PROCESS_BASELINE`);
+- ``runtime``: what the project's process holds beyond that with no network to
+  speak of (a Dask worker running the tasks; or the training process itself for
+  `reference`): measured (`MemoryConstants`);
+- ``load``: the checkpoint read at the start (the whole network's on the master,
+  a replica and `reference`; a shard's slices elsewhere), still resident;
+- ``weights``, ``gradients``, ``momentum``: the device's parameters (its kernels'
+  shards, the dense head on the master, a whole replica for `data`);
+- ``activations``: tensors a forward keeps for its backward;
+- ``backward``: gradients in flight (pool/ReLU backward, input gradients);
+- ``exchange``: slots read from and copies written to the workspace, and flat
+  gradients of the reduction;
+- ``workspace``: the convolution library's scratch, a fitted multiple of a conv
+  op's output (and input gradient) (`MemoryConstants.conv_workspace`).
+
+What comes and goes within a step is scaled by a fitted retention (the allocator
+keeps freed pages): the peak of resident memory, not of live tensors.
+
+Pure: a function of the network, the batch, the element size, the split and the
+strategy. `fits` and `move_to_fit` (pipeline/placement.py) use it to keep a split
+inside each device's capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .network import ConvLayer, Network
+
+__all__ = ["MIB", "MB", "MEMORY_STRATEGIES", "PROCESS_BASELINE", "MemoryConstants", "Footprint", "Live", "peak_memory",
+           "kernel_device_peak", "replica_device_peak", "hybrid_device_peak",
+           "reference_peak", "DEFAULT_CONSTANTS"]
+
+MIB = 2 ** 20
+MB = 10 ** 6
+#: A bare process that imported torch, dask, zarr and xarray (measured on this
+#: project's machine, issue 24): subtracted from a peak to give "working" memory.
+PROCESS_BASELINE = 286 * 10 ** 6
+#: The strategies `peak_memory` counts.
+MEMORY_STRATEGIES = ("reference", "single", "kernel", "data", "hybrid")
+#: Bytes of a max-pool index (int64).
+INDEX_BYTES = 8
+
+
+@dataclass(frozen=True)
+class MemoryConstants:
+    """What the count cannot derive from shapes, measured (benchmarks/memory_fit.py).
+
+    worker_runtime : bytes a Dask worker process running the project's tasks holds
+        beyond `baseline`, whatever the network (the worker's own state, modules the
+        tasks import, oneDNN's kernels, the allocator's retained pages).
+    client_runtime : the same for the training process that runs `reference` in
+        itself (it also holds the run's records and the dataset's index).
+    conv_workspace : the convolution library's scratch while a conv op runs (oneDNN
+        reorders to and from its blocked layouts): this multiple of the op's output
+        in forward, of its output gradient plus input gradient in backward.
+    retention : what a process holds of the bytes that come and go within a step,
+        per byte counted: glibc keeps freed chunks below its mmap threshold (up to
+        32 MiB) in its arenas, so resident memory stays above the live tensors.
+    load_retained : the fraction of the checkpoint it read at the start that a
+        process still holds (Zarr decodes it chunk by chunk, a channel quantum at a
+        time, on the heap): the master reads the whole network's weights and
+        momentum for its dense head, a replica and `reference` read them whole.
+    The runtimes, the workspace, the retention and the checkpoint's share kept were
+    fitted together (benchmarks/memory_fit.py, docs/model.md): the runtimes on the
+    small network, whose tensors are a few MB; the others on the paper network.
+    gpu_context : device memory a CUDA context takes before any tensor (an
+        assumption, not measured here).
+    """
+
+    baseline: float = PROCESS_BASELINE
+    worker_runtime: float = 125 * 10 ** 6
+    client_runtime: float = 125 * 10 ** 6
+    conv_workspace: float = 2.0
+    retention: float = 1.3
+    load_retained: float = 1.0
+    gpu_context: float = 500 * 10 ** 6
+
+
+DEFAULT_CONSTANTS = MemoryConstants()
+
+
+@dataclass
+class Live:
+    """Tensors alive on a device, by name and kind, and the peak of their sum."""
+
+    sizes: dict[str, tuple[str, float]] = field(default_factory=dict)
+    total: float = 0.0
+    peak: float = 0.0
+    at_peak: dict[str, float] = field(default_factory=dict)
+
+    def alloc(self, name: str, kind: str, nbytes: float) -> None:
+        if nbytes <= 0:
+            return
+        self.free(name)
+        self.sizes[name] = (kind, float(nbytes))
+        self.total += nbytes
+        if self.total > self.peak:
+            self.peak = self.total
+            self.at_peak = self.by_kind()
+
+    def free(self, *names: str) -> None:
+        for name in names:
+            entry = self.sizes.pop(name, None)
+            if entry is not None:
+                self.total -= entry[1]
+
+    def transient(self, name: str, kind: str, nbytes: float) -> None:
+        """A tensor that lives only while one operation runs."""
+        self.alloc(name, kind, nbytes)
+        self.free(name)
+
+    def by_kind(self) -> dict[str, float]:
+        parts: dict[str, float] = {}
+        for kind, nbytes in self.sizes.values():
+            parts[kind] = parts.get(kind, 0.0) + nbytes
+        return parts
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Predicted peak bytes per device (baseline and runtime included) and what the
+    peak consists of."""
+
+    per_device: list[float]
+    parts: list[dict[str, float]]
+
+    def working(self, baseline: float = PROCESS_BASELINE) -> list[float]:
+        """The peaks less the bare process (the issue's "working" memory)."""
+        return [p - baseline for p in self.per_device]
+
+    @property
+    def largest(self) -> float:
+        return max(self.per_device) if self.per_device else 0.0
+
+
+def _layer_sizes(layer: ConvLayer, batch: int, kernels: float, s: int) -> dict[str, float]:
+    conv = layer.conv_elements(batch, kernels) * s
+    pooled = layer.output_elements(batch, kernels) * s
+    return {"input": layer.input_elements(batch) * s, "z": conv,
+            "relu": conv if layer.pool > 1 else 0.0, "y": pooled,
+            "index": (layer.output_elements(batch, kernels) * INDEX_BYTES
+                      if layer.pool > 1 else 0.0)}
+
+
+#: Kinds held for the whole run; every other kind comes and goes within a step.
+LASTING = ("weights", "gradients", "momentum")
+
+
+def _finish(live: Live, extra: dict[str, float], retention: float = 1.0
+            ) -> tuple[float, dict[str, float]]:
+    """The peak with the process's own bytes (`extra`); the bytes that come and go
+    within a step scaled by `retention` (the allocator keeps freed pages)."""
+    parts = {kind: nbytes * (1.0 if kind in LASTING else retention)
+             for kind, nbytes in live.at_peak.items()}
+    parts = {**extra, **parts}
+    return sum(parts.values()), parts
+
+
+def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], master: bool,
+                       holders: Sequence[Sequence[int]] | None = None, s: int = 4,
+                       constants: MemoryConstants = DEFAULT_CONSTANTS,
+                       gpu: bool = False) -> tuple[float, dict[str, float]]:
+    """A `kernel` (or `single`) device's peak: `counts[l]` kernels of conv layer l,
+    the dense head if `master`. `holders[l]` lists the kernel counts of every device
+    of layer l (whose slices this device reads and writes); None: this device alone.
+
+    The walk follows tasks/kernel_ops.py: forward keeps the layer input, the conv
+    output, the ReLU output, the pooled output and the pool's indices until that
+    layer's backward; the master's head gathers the features and keeps its gradient
+    slice; backward sums the upper layer's partials, runs pool/ReLU backward and the
+    full-size input gradient, whose own slice (a view) keeps it alive until the layer
+    below has read it.
+    """
+    layers = network.conv
+    holders = holders or [[c] for c in counts]
+    live = Live()
+    params = sum(layer.params(int(k)) for layer, k in zip(layers, counts) if k)
+    read = 2 * s * (network.params() if master else params)
+    if master:
+        params += network.dense_params()
+    for kind in ("weights", "gradients", "momentum"):
+        live.alloc(kind, kind, params * s)
+    ws = constants.conv_workspace
+    held = [l for l, k in enumerate(counts) if k]
+    for l in held:
+        sizes = _layer_sizes(layers[l], batch, counts[l], s)
+        if l == 0:
+            live.alloc("x0", "activations", sizes["input"])
+        else:
+            below = _layer_sizes(layers[l - 1], batch, 1, s)["y"]
+            others = sum(holders[l - 1]) - counts[l - 1] if counts[l - 1] else sum(holders[l - 1])
+            if others:
+                live.alloc(f"read{l}", "exchange", below * others)
+                live.alloc(f"x{l}", "activations", sizes["input"])
+                live.free(f"read{l}")
+        live.alloc(f"z{l}", "activations", sizes["z"])
+        live.transient(f"ws{l}", "workspace", ws * sizes["z"])
+        for part in ("relu", "y", "index"):
+            live.alloc(f"{part}{l}", "activations", sizes[part])
+    last = len(layers) - 1
+    feature = _layer_sizes(layers[last], batch, 1, s)["y"]
+    if master:
+        others = sum(holders[last]) - counts[last]
+        live.alloc("features-read", "exchange", feature * others)
+        live.alloc("features", "backward", feature * sum(holders[last]))
+        live.free("features-read")
+        live.alloc("dense", "backward", batch * sum(d.out_features for d in network.dense) * s * 3)
+        live.alloc("grad-features", "backward", feature * sum(holders[last]))
+        live.free("dense", "features")
+        live.transient("grad-copies", "exchange", feature * max(others, 0))
+        if not counts[last]:
+            live.free("grad-features")
+    for l in reversed(held):
+        sizes = _layer_sizes(layers[l], batch, counts[l], s)
+        per_kernel_y = _layer_sizes(layers[l], batch, 1, s)["y"]
+        upper = holders[l + 1] if l < last else [counts[l]]
+        reads = (len([k for k in upper if k]) - (1 if (l < last and counts[l + 1]) or
+                                                 (l == last and master) else 0))
+        live.alloc(f"grad-in{l}", "exchange", reads * per_kernel_y * counts[l])
+        live.alloc(f"grad-y{l}", "backward", sizes["y"])
+        live.free(f"grad-in{l}", "grad-features", f"partial{l + 1}")
+        live.alloc(f"grad-relu{l}", "backward", sizes["relu"] or sizes["z"])
+        live.alloc(f"grad-z{l}", "backward", sizes["z"])
+        live.free(f"grad-relu{l}", f"grad-y{l}")
+        if l > 0:
+            live.alloc(f"partial{l}", "backward", sizes["input"])
+            copies = (sum(holders[l - 1]) - counts[l - 1]) / max(sum(holders[l - 1]), 1)
+            live.transient(f"partial-copy{l}", "exchange", sizes["input"] * copies)
+        live.transient(f"ws-b{l}", "workspace", ws * (sizes["input"] + sizes["z"]))
+        live.free(f"x{l}", f"z{l}", f"relu{l}", f"y{l}", f"index{l}", f"grad-z{l}")
+    live.free("partial0")
+    if gpu:
+        return _finish(live, {"context": constants.gpu_context})
+    return _finish(live, {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+                          "load": constants.load_retained * read}, constants.retention)
+
+
+def _replica_walk(live: Live, network: Network, rows: int, s: int, ws: float) -> None:
+    """Forward and backward of a whole replica (nn.Sequential) on `rows` samples, as
+    autograd keeps it: per conv layer its input, the ReLU output and the pool's
+    indices (the conv output is freed once ReLU ran); the gradients appear during
+    backward (set to None before each step)."""
+    layers = network.conv
+    for l, layer in enumerate(layers):
+        sizes = _layer_sizes(layer, rows, layer.out_channels, s)
+        if l == 0:
+            live.alloc("x0", "activations", sizes["input"])
+        live.alloc(f"z{l}", "activations", sizes["z"])
+        live.transient(f"ws{l}", "workspace", ws * sizes["z"])
+        live.alloc(f"relu{l}", "activations", sizes["relu"])
+        if sizes["relu"]:
+            live.free(f"z{l}")
+        live.alloc(f"index{l}", "activations", sizes["index"])
+        live.alloc(f"x{l + 1}", "activations", sizes["y"])
+    live.alloc("dense", "activations", rows * sum(d.out_features for d in network.dense) * s * 2)
+    live.alloc("grads-dense", "gradients", network.dense_params() * s)
+    live.free("dense")
+    last = len(layers)
+    live.alloc(f"grad-x{last}", "backward", _layer_sizes(layers[-1], rows, layers[-1].out_channels,
+                                                        s)["y"])
+    for l in reversed(range(len(layers))):
+        layer = layers[l]
+        sizes = _layer_sizes(layer, rows, layer.out_channels, s)
+        live.alloc(f"grad-relu{l}", "backward", sizes["relu"] or sizes["z"])
+        live.free(f"grad-x{l + 1}", f"x{l + 1}", f"index{l}")
+        live.alloc(f"grad-z{l}", "backward", sizes["z"])
+        live.free(f"grad-relu{l}", f"relu{l}", f"z{l}")
+        if l > 0:
+            live.alloc(f"grad-x{l}", "backward", sizes["input"])
+        live.transient(f"ws-b{l}", "workspace", ws * (sizes["input"] + sizes["z"]))
+        live.alloc(f"grads{l}", "gradients", layer.params() * s)
+        live.free(f"grad-z{l}")
+    live.free("x0")
+
+
+def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s: int = 4,
+                        constants: MemoryConstants = DEFAULT_CONSTANTS, gpu: bool = False
+                        ) -> tuple[float, dict[str, float]]:
+    """A `data` device's peak: a whole replica (weights, momentum; gradients from
+    its backward on) on `rows` of the batch, then the reduction of tasks/data_ops.py:
+    the flat gradient, the other devices' ranges read and summed into its own, every
+    summed range gathered into a second flat copy that becomes the gradients."""
+    live = Live()
+    params = network.params() * s
+    live.alloc("weights", "weights", params)
+    live.alloc("momentum", "momentum", params)
+    if rows:
+        _replica_walk(live, network, rows, s, constants.conv_workspace)
+    else:
+        live.alloc("grads", "gradients", params)
+    live.alloc("flat", "exchange", params)
+    share = params / devices
+    live.alloc("reads", "exchange", share * (devices - 1))
+    live.alloc("own-sum", "exchange", share)
+    live.free("reads")
+    live.alloc("gathered-reads", "exchange", share * (devices - 1))
+    live.alloc("gathered", "exchange", params)
+    live.free("gathered-reads")
+    extra = ({"context": constants.gpu_context} if gpu else
+             {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+              "load": constants.load_retained * 2 * network.params() * s})
+    return _finish(live, extra, 1.0 if gpu else constants.retention)
+
+
+def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s: int = 4,
+                       constants: MemoryConstants = DEFAULT_CONSTANTS, gpu: bool = False
+                       ) -> tuple[float, dict[str, float]]:
+    """A `hybrid` device's peak, counted more coarsely than `kernel` and `data` (not
+    validated by measurement): the conv trunk as a `data` replica on `rows` samples,
+    the device's slice (1/devices of the neurons) of every dense layer with its
+    gradients and momentum, the gathered features of the whole batch and their
+    gradient, and the reduction of the trunk's gradients."""
+    live = Live()
+    trunk = network.conv_params() * s
+    dense = network.dense_params() * s / devices
+    for kind in ("weights", "gradients", "momentum"):
+        live.alloc(f"dense-{kind}", kind, dense)
+    live.alloc("weights", "weights", trunk)
+    live.alloc("momentum", "momentum", trunk)
+    features = network.features * s
+    live.alloc("features", "exchange", features * batch)
+    live.alloc("grad-features", "exchange", features * batch / devices)
+    trunk_only = Network(network.conv, (), network.name)
+    if rows:
+        _replica_walk(live, trunk_only, rows, s, constants.conv_workspace)
+    live.free("features", "grad-features")
+    live.alloc("flat", "exchange", trunk)
+    live.alloc("own-sum", "exchange", trunk / devices)
+    live.alloc("gathered", "exchange", trunk)
+    extra = ({"context": constants.gpu_context} if gpu else
+             {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+              "load": constants.load_retained * 2 * network.params() * s})
+    return _finish(live, extra, 1.0 if gpu else constants.retention)
+
+
+def reference_peak(network: Network, batch: int, s: int = 4,
+                   constants: MemoryConstants = DEFAULT_CONSTANTS) -> tuple[float, dict[str, float]]:
+    """Plain PyTorch in the training process: a replica on the whole batch."""
+    live = Live()
+    params = network.params() * s
+    live.alloc("weights", "weights", params)
+    live.alloc("momentum", "momentum", params)
+    _replica_walk(live, network, batch, s, constants.conv_workspace)
+    return _finish(live, {"baseline": constants.baseline, "runtime": constants.client_runtime,
+                          "load": constants.load_retained * 2 * network.params() * s},
+                   constants.retention)
+
+
+def peak_memory(strategy: str, network: Network, batch: int,
+                split: Sequence[Sequence[int]] | None = None, s: int = 4, master: int = 0,
+                constants: MemoryConstants = DEFAULT_CONSTANTS,
+                gpu: Sequence[bool] | None = None) -> Footprint:
+    """Each device's predicted peak bytes for a strategy and split.
+
+    `split`: `kernel`, kernel counts ``[layer][device]``; `data` and `hybrid`, batch
+    rows ``[[rows per device]]``; None: even over one device (`single`), or the
+    process itself (`reference`). `master`: the device with the dense head (`kernel`).
+    `gpu[d]`: device d is a GPU (its device memory: tensors and a CUDA context, no
+    process baseline). Distinct devices alike in share are counted once, so a
+    thousand equal devices cost a few counts.
+    """
+    if strategy == "reference":
+        peak, parts = reference_peak(network, batch, s, constants)
+        return Footprint([peak], [parts])
+    if strategy in ("single", "kernel"):
+        counts = split or [[layer.out_channels] for layer in network.conv]
+        devices = len(counts[0])
+        gpus = list(gpu or [False] * devices)
+        memo: dict[tuple, tuple[float, dict[str, float]]] = {}
+        out = []
+        for d in range(devices):
+            mine = [row[d] for row in counts]
+            key = (tuple(mine), d == master, gpus[d])
+            if key not in memo:
+                memo[key] = kernel_device_peak(network, batch, mine, d == master, counts, s,
+                                               constants, gpus[d])
+            out.append(memo[key])
+        return Footprint([p for p, _ in out], [parts for _, parts in out])
+    if strategy in ("data", "hybrid"):
+        rows = list(split[0]) if split else [batch]
+        devices = len(rows)
+        gpus = list(gpu or [False] * devices)
+        device_peak: Callable = replica_device_peak if strategy == "data" else hybrid_device_peak
+        memo2: dict[tuple, tuple[float, dict[str, float]]] = {}
+        out = []
+        for r, g in zip(rows, gpus):
+            if (r, g) not in memo2:
+                memo2[(r, g)] = device_peak(network, batch, r, devices, s, constants, g)
+            out.append(memo2[(r, g)])
+        return Footprint([p for p, _ in out], [parts for _, parts in out])
+    raise ValueError(f"no memory model for strategy {strategy!r}")
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name ("float32", "float64", "float16", ...)."""
+    digits = "".join(ch for ch in dtype if ch.isdigit())
+    return max(1, int(digits) // 8) if digits else 4
+
+
+def fmt_bytes(nbytes: float) -> str:
+    """Bytes as MB/GB with three significant figures (decimal units, as Dask's)."""
+    if not math.isfinite(nbytes):
+        return "unlimited"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{nbytes:.0f} B"

@@ -1,0 +1,293 @@
+"""The model's peak memory per device, and splits kept within each device's memory.
+
+Pure functions (pipeline/costmodel/memory.py, pipeline/memory_fit.py) apart from the
+last tests, which train on two real workers of unequal memory limits and check the
+split against the limits and the weights against plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline import train as train_cli
+from pipeline.config import WorkerConfig, load_run_config
+from pipeline.costmodel import marques_cifar
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, Live, fmt_bytes, peak_memory)
+from pipeline.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
+from pipeline.placement import counts_from_shares, split_even
+from pipeline.run import run_training
+from pipeline.schema import FieldError
+from storage import checkpoints
+from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
+from tests.test_cli import CliCluster, error_lines, tiny_args
+from tests.test_cli import train as cli_train
+
+PAPER = marques_cifar()
+FIXED = DEFAULT_CONSTANTS.baseline + DEFAULT_CONSTANTS.worker_runtime
+
+
+def even(workers: int) -> list[list[int]]:
+    return [split_even(layer.out_channels, workers, 4) for layer in PAPER.conv]
+
+
+def test_live_tracks_the_peak_and_what_it_held():
+    live = Live()
+    live.alloc("a", "weights", 10)
+    live.alloc("b", "activations", 5)
+    live.free("b")
+    live.transient("c", "workspace", 3)
+    assert (live.total, live.peak) == (10, 15)
+    assert live.at_peak == {"weights": 10, "activations": 5}
+
+
+def test_every_parameter_is_held_once_over_the_kernel_devices():
+    """Weights, gradients and momentum over the devices add up to the network's, the
+    dense head on the master only."""
+    for workers in (1, 2, 3, 5):
+        footprint = peak_memory("kernel", PAPER, 32, even(workers))
+        held = sum(parts["weights"] for parts in footprint.parts)
+        assert held == pytest.approx(PAPER.params() * 4)
+        for parts in footprint.parts:
+            assert parts["gradients"] == parts["momentum"] == parts["weights"]
+
+
+def test_more_kernel_devices_hold_less_each_and_single_is_the_whole():
+    single = peak_memory("single", PAPER, 32).per_device[0]
+    peaks = [max(peak_memory("kernel", PAPER, 32, even(p)).per_device) for p in (1, 2, 3, 4)]
+    assert peaks[0] == pytest.approx(single)
+    assert peaks == sorted(peaks, reverse=True) and peaks[1] < peaks[0]
+
+
+def test_replicas_hold_the_whole_network_and_less_with_fewer_rows():
+    one = peak_memory("data", PAPER, 32, [[32]]).per_device[0]
+    two = peak_memory("data", PAPER, 32, [[16, 16]]).per_device
+    assert two[0] == two[1] <= one
+    assert two[0] - FIXED > 4 * PAPER.params() * 4  # weights, momentum, grads, flat
+    hybrid = peak_memory("hybrid", PAPER, 32, [[16, 16]]).per_device[0]
+    assert hybrid < two[0]  # the dense layers are split
+
+
+def test_activations_grow_with_the_batch_and_the_element_size():
+    small, large = (peak_memory("reference", PAPER, b).per_device[0] for b in (16, 64))
+    assert large > small
+    f32 = peak_memory("single", PAPER, 32, s=4).per_device[0] - FIXED
+    f64 = peak_memory("single", PAPER, 32, s=8).per_device[0] - FIXED
+    assert 1.8 * f32 < f64 < 2 * f32  # the pool's int64 indices stay 8 bytes
+
+
+def test_a_thousand_equal_devices_are_counted_fast():
+    import time
+    counts = [split_even(k, 1024, 1) for k in (4096, 4096)]
+    from pipeline.costmodel import conv_net
+    net = conv_net([4096, 4096])
+    start = time.perf_counter()
+    footprint = peak_memory("kernel", net, 256, counts)
+    assert time.perf_counter() - start < 1.0
+    assert len(footprint.per_device) == 1024
+
+
+def test_counts_from_shares_keep_the_short_unit_last():
+    assert counts_from_shares(10, 4, [2, 1]) == [8, 2]
+    assert counts_from_shares(10, 4, [1, 2]) == [4, 6]
+    assert counts_from_shares(10, 4, [0, 3]) == [0, 10]
+
+
+def test_even_split_within_capacity_is_kept():
+    peaks = split_peaks("kernel", PAPER, 32)
+    counts = even(2)
+    fit = move_to_fit(counts, [4, 4], [float("inf")] * 2, peaks)
+    assert fit.counts == counts and fit.moved == 0
+    assert fits(counts, [float("inf")] * 2, peaks)
+
+
+def test_kernels_move_off_a_device_that_would_overflow():
+    """Device 0 (the master) has room for about a quarter of the kernels: units move
+    to device 1 until device 0 fits, and no further."""
+    peaks = split_peaks("kernel", PAPER, 32)
+    quarter = [[k // 4, k - k // 4] for k in (500, 1500)]
+    capacity = [peaks(quarter)[0] + 1 * MB, float("inf")]
+    assert not fits(even(2), capacity, peaks)
+    fit = move_to_fit(even(2), [4, 4], capacity, peaks)
+    assert fits(fit.counts, capacity, peaks)
+    assert [sum(row) for row in fit.counts] == [500, 1500]
+    assert all(row[0] < row[1] for row in fit.counts)
+    assert all(row[0] % 4 == 0 for row in fit.counts)
+    # no unit moved that did not have to: one unit back would overflow again
+    assert fit.peaks[0] > capacity[0] - 40 * MB
+
+
+def test_rows_move_off_a_replica_that_would_overflow():
+    """At batch 256 a replica's activations outweigh its reduction: rows move to the
+    device with room, one at a time, until the small one fits; a replica with no
+    rows leaves the run and holds nothing."""
+    peaks = split_peaks("data", PAPER, 256, master=None)
+    capacity = [peaks([[64, 192]])[0], float("inf")]
+    fit = move_to_fit([[128, 128]], [1], capacity, peaks)
+    assert fit.counts == [[64, 192]] and fit.moved == 64
+    assert peaks([[0, 256]])[0] == 0
+
+
+def test_a_config_that_fits_nowhere_is_refused_in_one_line():
+    peaks = split_peaks("kernel", PAPER, 32)
+    with pytest.raises(MemoryRefused) as refused:
+        move_to_fit(even(2), [4, 4], [600 * MB, 600 * MB], peaks, ["cpu-0", "cpu-1"])
+    line = str(refused.value)
+    assert "\n" not in line
+    assert "worker cpu-0 needs" in line and "has 600 MB" in line
+
+
+def test_memory_limit_is_validated_at_the_edge():
+    assert WorkerConfig(memory_limit="2GB").memory_bytes() == 2e9
+    assert WorkerConfig(memory_limit="1.5GiB").memory_bytes() == 1.5 * 2 ** 30
+    assert WorkerConfig().memory_bytes() is None
+    for bad in ("lots", 0, -1, "inf"):
+        with pytest.raises(FieldError, match="memory_limit"):
+            WorkerConfig(memory_limit=bad)
+    with pytest.raises(FieldError, match=r"cluster\.workers\.1\.memory_limit"):
+        load_run_config("configs/small.yaml",
+                        ["cluster.workers=[{name: a}, {name: b, memory_limit: 2XB}]"])
+    assert fmt_bytes(float("inf")) == "unlimited"
+
+
+# Two real workers of unequal memory limits ------------------------------------------------
+
+
+def _limits(tmp_path, dataset, names):
+    """cpu-0's limit: its predicted peak holding one unit of each layer; cpu-1: ample."""
+    config = tiny_config(tmp_path, dataset)
+    from pipeline.prediction import network_for
+    from pipeline.probe.results import costmodel_network
+    spec = network_for(config)
+    peaks = split_peaks("kernel", costmodel_network(spec), config.train.batch)
+    small = [[4, layer.kernels - 4] for layer in spec.conv]
+    return peaks, {names[0]: {"memory_limit": int(peaks(small)[0]) + 1},
+                   names[1]: {"memory_limit": "20GB"}}
+
+
+def test_split_follows_memory_and_stays_exact(tmp_path, shared_cluster, tiny_dataset_factory):
+    """Alike workers (speed alone: the even split, 8/2 and 8/4 of 10 and 12 kernels) where
+    cpu-0's limit holds one unit of each layer: the run moves the rest to cpu-1,
+    within both limits, and trains exactly what plain PyTorch trains."""
+    dataset = tiny_dataset_factory("float32")
+    peaks, changes = _limits(tmp_path, dataset, ["cpu-0", "cpu-1"])
+    client, cluster = shared_workers(shared_cluster, "PROBE", changes)
+    config = tiny_config(tmp_path, dataset, placement="even", **{"train.steps": 2})
+    config.cluster = cluster
+    result = run_training(config, client=client)
+    split = result.summary["kernel_split"]
+    assert split == [[4, 6], [4, 8]], split
+    memory = json.loads(result.record.attrs["placement_choice"])["memory"]
+    assert memory["split_before"] == [[8, 2], [8, 4]] and memory["units_moved"] == 2
+    assert memory["predicted_peak"][0] <= memory["capacity"][0]
+    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+    expected, _ = replay_in_pytorch(config, dataset)
+    assert max_relative_error(trained, expected) < 1e-4
+
+
+def test_a_run_that_fits_nowhere_is_refused_before_it_trains(tmp_path, shared_cluster,
+                                                             tiny_dataset_factory):
+    dataset = tiny_dataset_factory("float32")
+    client, cluster = shared_workers(shared_cluster, "PROBE",
+                                     {"cpu-0": {"memory_limit": "100MB"},
+                                      "cpu-1": {"memory_limit": "100MB"}})
+    config = tiny_config(tmp_path, dataset, placement="even")
+    config.cluster = cluster
+    with pytest.raises(MemoryRefused, match=r"worker cpu-\d needs .* has 100 MB"):
+        run_training(config, client=client)
+
+
+def test_embedded_config_that_fits_nowhere_is_refused_before_its_cluster_starts(tmp_path,
+                                                                                capsys):
+    """`--check` (and a run) stop at the config: one line, exit 2, no cluster."""
+    status = train_cli.main(["configs/paper.yaml", "--check", f"output={tmp_path / 'run'}",
+                             "cluster.workers=[{name: a, memory_limit: 600MB}, "
+                             "{name: b, memory_limit: 600MB}]"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == 2
+    assert len(lines) == 1 and "worker a needs" in lines[0] and "has 600 MB" in lines[0]
+    status = train_cli.main(["configs/paper.yaml", "--check", f"output={tmp_path / 'run'}",
+                             "cluster.workers=[{name: a, memory_limit: 700MB}, "
+                             "{name: b, memory_limit: 4GB}]"])
+    assert status == 0  # b takes what a (the master: its head and little else) cannot hold
+
+
+def test_external_worker_memory_limit_is_read_from_the_scheduler(tmp_path,
+                                                                 tiny_dataset_factory):
+    """A `dask worker --memory-limit 1GB` is the capacity: the paper network's split
+    needs more, so the run is refused in one line before it trains, exit 2."""
+    cluster = CliCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_worker("--memory-limit", "1GB", "--no-nanny", "--resources", "LIMITED=1")
+        dataset = tiny_dataset_factory("float32")
+        result = cli_train(*tiny_args(tmp_path, dataset), "network.conv.0.kernels=500",
+                           "network.conv.1.kernels=1500", "train.batch=32", "strategy=single",
+                           "cluster.resource=LIMITED", "--scheduler", address, timeout=120)
+    finally:
+        cluster.stop()
+    assert result.returncode == 2, result.stderr
+    lines = error_lines(result)
+    assert len(lines) == 1 and "needs" in lines[0] and "has 1 GB" in lines[0], lines
+    assert not (tmp_path / "run" / "record.zarr").exists()
+
+
+def test_scaling_points_carry_the_peak_and_whether_it_fits():
+    """A predict-only point at 1024 devices: the largest peak per device under the
+    split the model used, and `memory_fits` against the kind's memory (the preset's,
+    or the sweep's `hardware.kinds.<kind>.memory`); counted in milliseconds."""
+    import time
+    from experiments import scaling
+    from experiments.scaling_config import build_point
+
+    def point(strategy: str, memory: float | None = None):
+        hardware = {"devices": 1024, "device": "gpu", "link": {"gbps": 10, "latency_us": 5}}
+        if memory is not None:
+            hardware["kinds"] = {"gpu": {"memory": memory}}
+        return build_point({"strategy": strategy, "network": {"preset": "marques"},
+                            "train": {"batch": 2048}, "hardware": hardware,
+                            "options": {"split": "proportional", "scheme": "a"}})
+
+    for strategy in ("kernel", "data", "hybrid"):
+        values = scaling.evaluate_point(point(strategy))
+        assert 0 < values["peak_memory"] < 40e9 and values["memory_fits"] == 1.0
+        start = time.perf_counter()
+        small = scaling.evaluate_point(point(strategy, memory=values["peak_memory"] - 1))
+        assert time.perf_counter() - start < 2.0
+        assert small["memory_fits"] == 0.0
+    single = scaling.evaluate_point(point("single"))
+    assert single["peak_memory"] > values["peak_memory"]
+
+
+def test_capacities_come_from_the_config_the_scheduler_or_the_gpu():
+    from pipeline.capacity import capacities_from
+    from pipeline.cluster import ClusterWorker
+    workers = [ClusterWorker("tcp://a:1", "a", "CPU", 1, 1.0, "cpu"),
+               ClusterWorker("tcp://b:1", "b", "CPU", 1, 1.0, "cpu"),
+               ClusterWorker("tcp://c:1", "c", "GPU", 1, 1.0, "cuda:0")]
+    reported = {"tcp://a:1": {"memory_limit": 2e9}, "tcp://b:1": {"memory_limit": 0},
+                "tcp://c:1": {"memory_limit": 64e9}}
+    gpus = {"c": 80e9}
+    # external workers: what the scheduler reports (0: none); a GPU's total caps it
+    assert capacities_from(workers, {}, reported, gpus) == [2e9, float("inf"), 64e9]
+    # embedded: the config's limits, by name (None: none), whatever Dask reports
+    limits = {"a": None, "b": 1e9, "c": None}
+    assert capacities_from(workers, limits, reported, gpus) == [float("inf"), 1e9, 80e9]
+
+
+def test_a_run_config_is_predicted_under_the_split_its_run_used():
+    """What measured and `mode: predict` sweeps store as `predicted_peak_memory`."""
+    from pipeline.prediction import predict_memory
+    config = load_run_config("configs/paper.yaml", ["cluster.workers=2", "train.batch=32"])
+    even_split = predict_memory(config)
+    by_quanta = [[256, 244], [752, 748]]  # even in the config's channel quanta (16, 47)
+    assert even_split.per_device == peak_memory("kernel", PAPER, 32, by_quanta).per_device
+    lopsided = {"kernel_split": [[96, 404], [282, 1218]], "split_workers": ["cpu-0", "cpu-1"],
+                "master": "cpu-1"}
+    footprint = predict_memory(config, lopsided)
+    assert footprint.per_device == peak_memory("kernel", PAPER, 32, lopsided["kernel_split"],
+                                               master=1).per_device
+    assert footprint.per_device[1] > footprint.per_device[0]
+    reference = predict_memory(load_run_config("configs/paper.yaml", ["strategy=reference"]))
+    assert reference.per_device == peak_memory("reference", PAPER, 32).per_device
