@@ -24,6 +24,7 @@ import torch
 import xarray as xr
 import zarr
 
+from pipeline.step_breakdown import record_breakdown
 from tasks.layout import DENSE_HEAD
 from tasks.receipts import Receipt
 
@@ -191,6 +192,8 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
         "wait_time_median": float(tail.wait_time.median()),
         "master_time_median": float(tail.master_time.median()),
         "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
+        # where a step's time goes along its critical worker (pipeline/step_breakdown.py)
+        "critical_breakdown": record_breakdown(ds, warmup_steps),
     }
 
 
@@ -206,6 +209,10 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"  breakdown   compute {summary['compute_time_median']:.3f} s, workspace "
         f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
         f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
+        *([f"  critical    " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in
+                                          summary["critical_breakdown"].items())
+           + " (medians along each step's critical worker)"]
+          if summary.get("critical_breakdown") else []),
         f"  workspace   {summary['bytes_per_step'] / 1e6:.2f} MB per step",
         f"  loss        {summary['final_loss']:.4f} (last step)",
     ]
