@@ -163,7 +163,10 @@ def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
     assert said.startswith(f"worker {SLOW} left out: measured ") and \
         f"x slower than {FAST}" in said and slower > 5, said  # emulated 20x slower
     assert "giving it kernels would lengthen the step" in said
-    assert f"left out    {said}" in format_summary("r", "kernel", result.summary, [FAST])
+    closing = format_summary("r", "kernel", result.summary, [FAST])
+    assert f"left out    {said}" in closing and "  critical    compute " in closing
+    assert list(result.summary["critical_breakdown"]) == ["compute", "exchange", "dataset",
+                                                          "wait", "client"]
     assert said in capsys.readouterr().err
     assert result.summary["workers"] == [FAST] and result.summary["kernel_split"] == [[16],
                                                                                       [24]]
