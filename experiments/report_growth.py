@@ -1,9 +1,9 @@
 """How cost grows: a strategy's step time and its critical breakdown against batch
 and workers, measured beside the model's prediction (one figure per strategy).
 
-Each figure has a panel per grown dim the strategy ran at two values or more: the
-batch (the workers fixed at their last value with figures) and the workers (the
-batch at its largest). At each value two stacked bars: the measured components
+Each figure has a row of panels per grown dim the strategy ran at two values or
+more: against the batch, a panel per worker set; against the workers, a panel per
+batch. At each value two stacked bars: the measured components
 (``compute``, ``exchange``, ``dataset``, ``wait``, ``client``: the store's
 ``critical_<component>``, along each step's critical worker,
 pipeline/step_breakdown.py) and the model's (``predicted_compute``,
@@ -53,13 +53,17 @@ def growth_strategies(sweep: StoreView, frame: pd.DataFrame) -> list[str]:
     return out
 
 
-def growth_rows(sweep: StoreView, frame: pd.DataFrame, strategy: str, dim: str
-                ) -> tuple[pd.DataFrame, str]:
-    """The strategy's points along `dim`, in the store's order, every other dim fixed
-    at its last value with figures for this strategy; and what was fixed."""
+def growth_rows(sweep: StoreView, frame: pd.DataFrame, strategy: str, dim: str,
+                at: dict[str, str] | None = None) -> tuple[pd.DataFrame, str]:
+    """The strategy's points along `dim`, in the store's order: the dims in `at` at
+    those values, every other dim at its last value with figures for this strategy;
+    and what was fixed (text)."""
     rows = frame[(frame["strategy"] == strategy) & frame["step_time"].notna()]
-    keep = ["strategy", dim]
-    rows, fixed = slice_of_others(sweep, rows, keep)
+    for name, value in (at or {}).items():
+        rows = rows[rows[name] == value]
+    rows, fixed = slice_of_others(sweep, rows, ["strategy", dim, *(at or {})])
+    fixed = ", ".join([*(f"{name} {value}" for name, value in (at or {}).items()),
+                       *([fixed] if fixed else [])])
     order = label_order(frame, dim, sweep.ds)
     rows = rows.assign(_at=[order.index(v) for v in rows[dim]]).sort_values("_at")
     return rows.drop(columns="_at"), fixed
@@ -77,26 +81,42 @@ def _stack(ax, x: np.ndarray, rows: pd.DataFrame, names: list[tuple[str, str]],
 
 
 def growth_panels(sweep: StoreView, frame: pd.DataFrame, strategy: str
-                  ) -> list[tuple[str, pd.DataFrame, str]]:
-    """The strategy's panels: (dim, its points along it, what was fixed) for each grown
-    dim it has figures at two values or more of."""
-    panels = []
-    for dim in growth_dims(sweep):
-        rows, fixed = growth_rows(sweep, frame, strategy, dim)
-        if rows[dim].nunique() >= 2:
-            panels.append((dim, rows, fixed))
-    return panels
+                  ) -> list[list[tuple[str, pd.DataFrame, str]]]:
+    """The strategy's panels, a row per grown dim: (dim, its points along it, what was
+    fixed) at each value of the other grown dim (if the sweep has one), where it has
+    figures at two values or more of `dim`."""
+    dims = growth_dims(sweep)
+    ran = frame[(frame["strategy"] == strategy) & frame["step_time"].notna()]
+    grid = []
+    for dim in dims:
+        others = [d for d in dims if d != dim]
+        settings = ([{others[0]: v} for v in label_order(frame, others[0], sweep.ds)
+                     if v in set(ran[others[0]])] if others else [{}])
+        row = []
+        for at in settings:
+            rows, fixed = growth_rows(sweep, frame, strategy, dim, at)
+            if rows[dim].nunique() >= 2:
+                row.append((dim, rows, fixed))
+        if row:
+            grid.append(row)
+    return grid
 
 
 def growth_figure(sweep: StoreView, frame: pd.DataFrame, strategy: str, path: str) -> bool:
-    """The strategy's figure: a panel per grown dim; False where it has none."""
-    panels = growth_panels(sweep, frame, strategy)
-    if not panels:
+    """The strategy's figure: `growth_panels`' grid; False where it has none."""
+    grid = growth_panels(sweep, frame, strategy)
+    if not grid:
         return False
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.6), squeeze=False)
+    columns = max(len(row) for row in grid)
+    fig, axes = plt.subplots(len(grid), columns, figsize=(4.8 * columns + 0.5, 4.0 * len(grid)),
+                             squeeze=False)
+    for r, row in enumerate(grid):
+        for c in range(len(row), columns):
+            axes[r][c].set_visible(False)
+    panels = [(axes[r][c], panel) for r, row in enumerate(grid) for c, panel in enumerate(row)]
     measured = [(p, f"critical_{p}") for p in COMPONENTS]
     predicted = [(p, f"predicted_{p}") for p in PREDICTED_COMPONENTS]
-    for ax, (dim, rows, fixed) in zip(axes[0], panels):
+    for ax, (dim, rows, fixed) in panels:
         x = np.arange(len(rows))
         width = 0.38
         _stack(ax, x - width / 2, rows, measured, width, None, 0.95, ax is axes[0][0])
@@ -107,15 +127,16 @@ def growth_figure(sweep: StoreView, frame: pd.DataFrame, strategy: str, path: st
                     markersize=7, label="predicted step" if ax is axes[0][0] else None)
         ax.plot(x - width / 2, rows["step_time"], "o", color="black", markersize=4,
                 label="measured step (median)" if ax is axes[0][0] else None)
-        ax.set_xticks(x, [str(v) for v in rows[dim]], rotation=20 if dim != "batch" else 0)
-        ax.set_xlabel(dim + ("  (left: measured, right: model, hatched)" if has_model
-                             else "  (measured; no prediction)"))
+        labels = [str(v) for v in rows[dim]]
+        ax.set_xticks(x, labels, rotation=20 if max(map(len, labels)) > 6 else 0)
+        ax.set_xlabel(dim if has_model else f"{dim} (no prediction)")
         ax.set_ylabel("seconds per step")
         ax.set_title(f"against {dim}" + (f" ({fixed})" if fixed else ""), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: how '{strategy}' grows\n(medians "
-                 "over repeats; components along each step's critical worker)", fontsize=10)
+    fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: how '{strategy}' grows\n(left bars: "
+                 "measured, components along each step's critical worker; right, hatched: "
+                 "the model's; medians over repeats)", fontsize=10)
     save_figure(fig, path)
     return True
 

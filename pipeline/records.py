@@ -24,6 +24,7 @@ import torch
 import xarray as xr
 import zarr
 
+from pipeline.step_breakdown import record_breakdown
 from tasks.layout import DENSE_HEAD
 from tasks.receipts import Receipt
 
@@ -191,6 +192,8 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
         "wait_time_median": float(tail.wait_time.median()),
         "master_time_median": float(tail.master_time.median()),
         "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
+        # where a step's time goes along its critical worker (pipeline/step_breakdown.py)
+        "critical_breakdown": record_breakdown(ds, warmup_steps),
     }
 
 
@@ -206,6 +209,10 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"  breakdown   compute {summary['compute_time_median']:.3f} s, workspace "
         f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
         f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
+        *([f"  critical    " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in
+                                          summary["critical_breakdown"].items())
+           + " (medians along each step's critical worker)"]
+          if summary.get("critical_breakdown") else []),
         f"  workspace   {summary['bytes_per_step'] / 1e6:.2f} MB per step",
         f"  loss        {summary['final_loss']:.4f} (last step)",
     ]
@@ -252,35 +259,42 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
     predicted slower than the split chosen without it).
 
     `choice` is the placement's record (`SplitChoice.record`: ``workers``, ``chosen``,
-    ``predicted_step_time``, ``alternatives``); `seconds_per_unit` its calibration
-    (seconds per kernel per conv layer, or per sample, by worker); `unit` what they
-    count. A placement that measured nothing (even, recorded) only says it gave none.
+    ``predicted_step_time``, ``alternatives``, among them every worker alone as
+    ``single:<name>``); `seconds_per_unit` its calibration (seconds per kernel per
+    conv layer, or per sample, by worker); `unit` what they count. Speed is the
+    predicted step of the worker alone, its fixed costs included; without those
+    predictions, the calibration's seconds per unit. A placement that measured
+    nothing (even, recorded) only says it gave the worker none.
     """
-    totals = {name: sum(row) for name, row in seconds_per_unit.items() if row}
-    kept = {n: t for n, t in totals.items() if n not in left_out and t > 0}
+    alternatives = choice.get("alternatives", {})
+    alone = {key.partition(":")[2]: alt["predicted_step_time"]
+             for key, alt in alternatives.items() if key.startswith("single:")}
+    per_unit = {name: sum(row) for name, row in seconds_per_unit.items() if row}
+    speed, what = ((alone, f"s/step predicted for it alone by the {placement} placement")
+                   if alone else (per_unit, f"s per {unit}" + (
+                       ", summed over conv layers" if unit == "kernel" else "")))
+    kept = {n: t for n, t in speed.items() if n not in left_out and t > 0}
     fastest = min(kept, key=kept.__getitem__) if kept else None
     names = list(choice.get("workers", []))
     chosen, chosen_time = choice.get("chosen"), choice.get("predicted_step_time")
-    per = f"s per {unit}" + (", summed over conv layers" if unit == "kernel" else "")
     lines = []
     for name in left_out:
         line = f"worker {name} left out"
-        if fastest is not None and totals.get(name, 0) > 0:
-            line += (f": measured {totals[name] / kept[fastest]:.1f}x slower than {fastest} "
-                     f"({totals[name]:.3g} against {kept[fastest]:.3g} {per})")
+        if fastest is not None and speed.get(name, 0) > 0:
+            line += (f": measured {speed[name] / kept[fastest]:.1f}x slower than {fastest} "
+                     f"({speed[name]:.3g} against {kept[fastest]:.3g} {what})")
         else:
             line += f": {placement} placement gave it no work"
-        with_it = {key: alt["predicted_step_time"]
-                   for key, alt in choice.get("alternatives", {}).items()
+        with_it = {key: alt["predicted_step_time"] for key, alt in alternatives.items()
                    if name in names and alt.get("predicted_step_time") is not None
                    and any(row[names.index(name)] > 0 for row in alt["split"])}
         if with_it and chosen_time is not None:
             best = min(with_it, key=with_it.__getitem__)
             why = ("giving it {u}s would lengthen the step" if with_it[best] > chosen_time
                    else "the split without it was kept (no faster split gives it {u}s)")
-            line += (f"; {why.format(u=unit)} ({placement} placement: "
-                     f"'{chosen}' without it is predicted {chosen_time:.3g} s/step, the "
-                     f"fastest split with it, '{best}', {with_it[best]:.3g} s/step)")
+            line += (f"; {why.format(u=unit)} ('{chosen}' without it is predicted "
+                     f"{chosen_time:.3g} s/step, the fastest split with it, '{best}', "
+                     f"{with_it[best]:.3g} s/step)")
         lines.append(line)
     return lines
 

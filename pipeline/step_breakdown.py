@@ -20,6 +20,9 @@ not add up to the step, and a plot of how cost grows needs components that do. W
 accounted phases exceed the wall time (steps in flight overlap a little), the components
 are scaled down to it, so they always add up to the step time exactly.
 
+A run's summary keeps the medians (``critical_breakdown``, and a closing line); sweep
+stores keep them per point (``critical_<component>``).
+
 The model's breakdown (`pipeline.costmodel.Prediction.breakdown`) is mapped onto
 the same names by `model_breakdown`: it has no dataset or wait component of its own
 (reads wait inside its I/O on the critical path) and its Dask overhead is the

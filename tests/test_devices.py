@@ -163,7 +163,10 @@ def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
     assert said.startswith(f"worker {SLOW} left out: measured ") and \
         f"x slower than {FAST}" in said and slower > 5, said  # emulated 20x slower
     assert "giving it kernels would lengthen the step" in said
-    assert f"left out    {said}" in format_summary("r", "kernel", result.summary, [FAST])
+    closing = format_summary("r", "kernel", result.summary, [FAST])
+    assert f"left out    {said}" in closing and "  critical    compute " in closing
+    assert list(result.summary["critical_breakdown"]) == ["compute", "exchange", "dataset",
+                                                          "wait", "client"]
     assert said in capsys.readouterr().err
     assert result.summary["workers"] == [FAST] and result.summary["kernel_split"] == [[16],
                                                                                       [24]]
@@ -182,7 +185,8 @@ def test_data_parallel_leaves_the_slow_worker_out_too(mixed_cluster, tmp_path,
     assert choice["workers"] == [FAST, MID, SLOW] and choice["split"][0][2] == 0
     assert json.loads(result.record.attrs["left_out"]) == [SLOW]
     [said] = result.summary["left_out"]
-    assert said.startswith(f"worker {SLOW} left out: measured ") and "s per sample" in said
+    assert said.startswith(f"worker {SLOW} left out: measured ") and \
+        "predicted for it alone" in said and "giving it samples would lengthen" in said
     assert sum(result.summary["batch_split"]) == config.train.batch
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)

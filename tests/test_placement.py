@@ -123,21 +123,27 @@ def test_calibration_measures_the_even_share_within_a_time_budget():
 
 
 def test_a_worker_left_out_is_said_in_one_line_with_its_speed_and_why():
-    """Which worker, how much slower than the fastest it measured, and the best split
-    giving it work against the one chosen without it."""
+    """Which worker, how much slower than the fastest it is predicted alone (its fixed
+    costs included), and the best split giving it work against the one chosen
+    without it; without predictions alone, the calibration's seconds per unit."""
     choice = {"workers": ["w0", "w1", "w2"], "chosen": "minmax", "predicted_step_time": 0.05,
               "alternatives": {
                   "minmax": {"split": [[8, 8, 0]], "predicted_step_time": 0.05},
                   "even": {"split": [[6, 5, 5]], "predicted_step_time": 0.31},
                   "proportional": {"split": [[7, 7, 2]], "predicted_step_time": 0.09},
+                  "single:w0": {"split": [[16, 0, 0]], "predicted_step_time": 0.08},
+                  "single:w1": {"split": [[0, 16, 0]], "predicted_step_time": 0.1},
                   "single:w2": {"split": [[0, 0, 16]], "predicted_step_time": 1.2}}}
     calibration = {"w0": [0.001, 0.002], "w1": [0.0012, 0.0024], "w2": [0.0031, 0.0062]}
     [line] = left_out_lines("calibrated", ["w2"], choice, calibration)
-    assert line == ("worker w2 left out: measured 3.1x slower than w0 (0.0093 against "
-                    "0.003 s per kernel, summed over conv layers); giving it kernels would "
-                    "lengthen the step (calibrated placement: 'minmax' without it is "
-                    "predicted 0.05 s/step, the fastest split with it, 'proportional', "
-                    "0.09 s/step)")
+    assert line == ("worker w2 left out: measured 15.0x slower than w0 (1.2 against 0.08 "
+                    "s/step predicted for it alone by the calibrated placement); giving it "
+                    "kernels would lengthen the step ('minmax' without it is predicted "
+                    "0.05 s/step, the fastest split with it, 'proportional', 0.09 s/step)")
+    bare = {key: value for key, value in choice.items() if key != "alternatives"}
+    assert left_out_lines("calibrated", ["w2"], bare, calibration) == [
+        "worker w2 left out: measured 3.1x slower than w0 (0.0093 against 0.003 s per "
+        "kernel, summed over conv layers)"]
     assert left_out_lines("recorded", ["w1"], {}, {}, "sample") == [
         "worker w1 left out: recorded placement gave it no work"]
     assert left_out_lines("calibrated", [], choice, calibration) == []
