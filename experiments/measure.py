@@ -97,6 +97,13 @@ def capacity(point: Point, record: xr.Dataset) -> float:
     return float(record.emulated_speed.sum()) + sum(speeds.get(name, 1.0) for name in idle)
 
 
+def offered_workers(record: xr.Dataset) -> float:
+    """How many workers the point was given: those it used and those its placement
+    left idle, so that two equal workers stay equal when a loaded calibration leaves
+    one out."""
+    return float(record.sizes["worker"] + len(json.loads(record.attrs.get("left_out", "[]"))))
+
+
 def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointResult:
     """Train the point's config and turn its summary into the store's figures; the
     run records the model's prediction for itself, under the sweep's probe policy."""
@@ -127,6 +134,7 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
         "loss": summary["final_loss"],
         "accuracy": float("nan") if accuracy is None else float(accuracy),
         "n_workers": float(record.sizes["worker"]),
+        "offered_workers": offered_workers(record),
         "capacity": capacity(point, record),
         "measured_steps": float(summary["measured_steps"]),
         "predicted_step_time": predicted,

@@ -34,6 +34,8 @@ COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 POINT_FIGURES = ["step_time", "throughput", "speedup", "efficiency", "compute_time",
                  "storage_time", "master_time", "wait_time", "bytes_moved", "loss", "accuracy",
                  "n_workers", "capacity", "predicted_step_time"]
+#: Figures a store may lack (written before they existed).
+OPTIONAL_FIGURES = ["offered_workers"]
 #: A step's critical breakdown, measured and predicted (pipeline/step_breakdown.py),
 #: where a store has it.
 BREAKDOWN_FIGURES = [*(f"critical_{p}" for p in COMPONENTS),
@@ -72,7 +74,8 @@ class StoreView:
         """One row per grid point: medians (and min/max) over done repeats, all labels."""
         ds = self.ds
         done = ds.status == DONE
-        figures = ds[POINT_FIGURES + [n for n in BREAKDOWN_FIGURES if n in ds]].where(done)
+        figures = ds[POINT_FIGURES + [n for n in BREAKDOWN_FIGURES + OPTIONAL_FIGURES
+                                       if n in ds]].where(done)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             median = figures.median("repeat")
@@ -93,7 +96,11 @@ class StoreView:
             config_strategy = base_strategy(ds)
             frame["strategy"] = config_strategy
         frame["relative_capacity"] = frame["speedup"] / frame["efficiency"]
-        frame["equal_workers"] = np.isclose(frame["capacity"], frame["n_workers"])
+        # Equal: as fast together as as many unslowed devices as the point was given
+        # (idle ones included; stores without offered_workers: those used).
+        given = frame["offered_workers"].fillna(frame["n_workers"]) \
+            if "offered_workers" in frame else frame["n_workers"]
+        frame["equal_workers"] = np.isclose(frame["capacity"], given)
         return frame
 
 

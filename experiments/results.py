@@ -77,6 +77,9 @@ MEASURES: dict[str, tuple[str, str]] = {
     "loss": ("1", "training cross-entropy of the last step's batch"),
     "accuracy": ("1", "test-set accuracy of the final weights"),
     "n_workers": ("1", "workers the point's strategy used (1 for single and reference)"),
+    "offered_workers": ("1", "workers the point was given (its placement may leave some "
+                        "idle; 1 for single and reference). Stores written before it have "
+                        "none"),
     "capacity": ("1", "summed relative speed of the workers (reference: threads) the "
                  "point was given, those its placement left idle included (1.0 = one "
                  "unslowed device; emulated slower devices count their fraction)"),
@@ -123,7 +126,7 @@ TEXTS: dict[str, str] = {
 }
 #: Variables added to format 2 after it was first written: older stores lack them,
 #: and a resumed sweep writes them only where they exist.
-ADDED_LATER = ("recoveries", "recovery_log", "worker_devices", "strategy_choice",
+ADDED_LATER = ("recoveries", "offered_workers", "recovery_log", "worker_devices", "strategy_choice",
                "predicted_low", "predicted_high", *(f"critical_{p}" for p in COMPONENTS),
                *(f"predicted_{p}" for p in PREDICTED_COMPONENTS))
 SERIES: dict[str, tuple[str, str]] = {
