@@ -1,9 +1,11 @@
 """Measured peak memory per process of a run, beside the model's prediction.
 
-``python benchmarks/memory_fit.py CONFIG [--runs NAME ...] [--steps N] [--set K=V ...] [--out FILE]``
+``python benchmarks/memory_fit.py CONFIG... [--runs NAME ...] [--steps N] [--set K=V ...]
+[--out FILE]``, or ``--compare FILE``
 
-Runs `python -m pipeline.train CONFIG` once per case (reference, single, kernel/2
-even, kernel/3 even, data/2 at the config's batch), samples the resident memory of
+Runs `python -m pipeline.train CONFIG` once per case (`CASES`: reference, single,
+kernel/2, kernel/3 and kernel/4 even, data/2 and hybrid/2 even; batch 32 unless
+`--set train.batch=...`), samples the resident memory of
 the training process and of every worker process it spawned (psutil, every 20 ms),
 and keeps each process's peak. Beside it: the peak the model predicts
 (`pipeline.costmodel.memory.peak_memory`) for the same split, and the error against
@@ -43,6 +45,7 @@ CASES = {
     "kernel/3": ("kernel", 3, ["placement=even"]),
     "kernel/4": ("kernel", 4, ["placement=even"]),
     "data/2": ("data", 2, ["placement=even"]),
+    "hybrid/2": ("hybrid", 2, ["placement=even"]),
 }
 
 
@@ -104,7 +107,7 @@ def compare(measured: dict) -> dict:
     if strategy == "kernel":
         split = [split_even(layer.kernels, workers, q)
                  for layer, q in zip(spec.conv, config.channel_quanta(spec))]
-    elif strategy == "data":
+    elif strategy in ("data", "hybrid"):
         split = [split_even(batch, workers, 1)]
     else:
         split = None

@@ -111,8 +111,11 @@ def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequ
         moved += 1
 
 
-def refusal(name: str, needed: float, available: float) -> str:
-    """The one line a run that fits nowhere is refused with."""
+def refusal(name: str, needed: float, available: float, recorded: bool = False) -> str:
+    """The one line a run that fits nowhere (or whose recorded split does not fit) is
+    refused with."""
+    why = ("the recorded split (placement: recorded) does not fit: place it anew"
+           if recorded else "no split of this run fits its workers' memory: add workers "
+           "or memory, or lower train.batch")
     return (f"memory: worker {name} needs {fmt_bytes(needed)} (predicted peak), has "
-            f"{fmt_bytes(available)}; no split of this run fits its workers' memory: add "
-            f"workers or memory, or lower train.batch")
+            f"{fmt_bytes(available)}; {why}")

@@ -158,5 +158,6 @@ def check_embedded_memory(config: RunConfig) -> None:
     else:
         quanta, counts = [1], [split_even(config.train.batch, len(chosen), 1)]
     peaks = split_peaks(config.strategy, costmodel_network(network), config.train.batch,
-                        element_bytes(network.dtype), master if kernel else None)
+                        element_bytes(network.dtype), master if kernel else None,
+                        [w.device.startswith("cuda") for w in chosen])
     move_to_fit(counts, quanta, capacities, peaks, [w.name for w in chosen])

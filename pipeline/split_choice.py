@@ -124,7 +124,7 @@ def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
         over = overflows(now, capacities)
         if over:
             worst = max(over, key=lambda d: now[d] - capacities[d])
-            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst]))
+            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst], True))
     else:
         fit = move_to_fit(counts, quanta, capacities, peaks, names)
         counts, moved = fit.counts, fit.moved

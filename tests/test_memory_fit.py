@@ -196,6 +196,14 @@ def test_a_run_that_fits_nowhere_is_refused_before_it_trains(tmp_path, shared_cl
     config.cluster = cluster
     with pytest.raises(MemoryRefused, match=r"worker cpu-\d needs .* has 100 MB"):
         run_training(config, client=client)
+    # a recorded split is repeated exactly or refused, never moved
+    peaks, changes = _limits(tmp_path, dataset, ["cpu-0", "cpu-1"])
+    client, cluster = shared_workers(shared_cluster, "PROBE", changes)
+    config = tiny_config(tmp_path / "recorded", dataset, placement="recorded",
+                         split_from=[[8, 2], [8, 4]])
+    config.cluster = cluster
+    with pytest.raises(MemoryRefused, match=r"worker cpu-0 needs .* recorded split"):
+        run_training(config, client=client)
 
 
 def test_embedded_config_that_fits_nowhere_is_refused_before_its_cluster_starts(tmp_path,

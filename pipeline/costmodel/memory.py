@@ -290,6 +290,21 @@ def _replica_walk(live: Live, network: Network, rows: int, s: int, ws: float) ->
     live.free("x0")
 
 
+def _reduction(live: Live, nbytes: float, devices: int) -> None:
+    """tasks/data_ops.py's reduction of a flat gradient of `nbytes` over `devices`
+    (`data`, and `hybrid`'s conv trunk): the flat copy, the other devices' ranges of
+    its own range read and summed, every summed range read and gathered into a second
+    flat copy."""
+    live.alloc("flat", "exchange", nbytes)
+    share = nbytes / devices
+    live.alloc("reads", "exchange", share * (devices - 1))
+    live.alloc("own-sum", "exchange", share)
+    live.free("reads")
+    live.alloc("gathered-reads", "exchange", share * (devices - 1))
+    live.alloc("gathered", "exchange", nbytes)
+    live.free("gathered-reads")
+
+
 def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s: int = 4,
                         constants: MemoryConstants = DEFAULT_CONSTANTS, gpu: bool = False
                         ) -> tuple[float, dict[str, float]]:
@@ -305,14 +320,7 @@ def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s
         _replica_walk(live, network, rows, s, constants.conv_workspace)
     else:
         live.alloc("grads", "gradients", params)
-    live.alloc("flat", "exchange", params)
-    share = params / devices
-    live.alloc("reads", "exchange", share * (devices - 1))
-    live.alloc("own-sum", "exchange", share)
-    live.free("reads")
-    live.alloc("gathered-reads", "exchange", share * (devices - 1))
-    live.alloc("gathered", "exchange", params)
-    live.free("gathered-reads")
+    _reduction(live, params, devices)
     extra = ({"context": constants.gpu_context} if gpu else
              {"baseline": constants.baseline, "runtime": constants.worker_runtime,
               "load": constants.load_retained * 2 * network.params() * s})
@@ -341,9 +349,7 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     if rows:
         _replica_walk(live, trunk_only, rows, s, constants.conv_workspace)
     live.free("features", "grad-features")
-    live.alloc("flat", "exchange", trunk)
-    live.alloc("own-sum", "exchange", trunk / devices)
-    live.alloc("gathered", "exchange", trunk)
+    _reduction(live, trunk, devices)
     extra = ({"context": constants.gpu_context} if gpu else
              {"baseline": constants.baseline, "runtime": constants.worker_runtime,
               "load": constants.load_retained * 2 * network.params() * s})
