@@ -196,3 +196,11 @@ def link_leftovers(run_id: str) -> list[str]:
         if f"hc{run_id}" in line and process.pid != os.getpid():
             found.append(line[:80])
     return found
+
+
+def error_lines_of(text: str) -> list[str]:
+    """The lines a run printed on stderr, less the start's notes on workers a
+    placement left out (pipeline/records.py, left_out_lines): what a test of "one
+    line" counts."""
+    return [line for line in text.splitlines()
+            if line.strip() and not (line.startswith("worker ") and " left out" in line)]

@@ -11,6 +11,8 @@ import time
 import pytest
 import xarray as xr
 
+from tests.helpers import error_lines_of
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 
@@ -28,7 +30,7 @@ def tiny_args(tmp_path, dataset: str) -> list[str]:
 
 
 def error_lines(result: subprocess.CompletedProcess) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.strip()]
+    return error_lines_of(result.stderr)
 
 
 class CliCluster:

@@ -31,7 +31,7 @@ from experiments.sweep_run import one_line
 from experiments.sweep_config import load_sweep
 from pipeline.cluster import SchedulerLost, WorkerLost
 from storage import checkpoints
-from tests.helpers import max_relative_error, replay_in_pytorch
+from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch
 from pipeline.config import load_run_config
 from pipeline.run import run_training
 from tests.test_cli import ROOT, CliCluster, tiny_args
@@ -265,12 +265,6 @@ def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
     path = str(tmp_path / "run" / "checkpoints.zarr")
     assert max_relative_error(checkpoints.read_tensors(path, steps), expected) <= 1e-10
 
-
-def error_lines_of(text: str) -> list[str]:
-    """The lines a run printed on stderr, less the start's notes on workers a
-    placement left out (pipeline/records.py, left_out_lines)."""
-    return [line for line in text.splitlines()
-            if line.strip() and not (line.startswith("worker ") and " left out" in line)]
 
 
 def test_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, this_code_everywhere,

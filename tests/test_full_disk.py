@@ -29,6 +29,7 @@ from experiments.results import DONE
 from storage import checkpoints
 from storage.space import NoSpace, is_full, replace_file, writing
 from tasks.worker_state import _DropEndedRunFailures
+from tests.helpers import error_lines_of
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS
 from tests.test_sweep import write_sweep
@@ -69,10 +70,6 @@ def small_disk(tmp_path):
     if mounted:
         if subprocess.run(["umount", str(target)], capture_output=True).returncode:
             subprocess.run(["umount", "-l", str(target)], capture_output=True)
-
-
-def lines_of(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip()]
 
 
 # Without root ---------------------------------------------------------------------
@@ -159,7 +156,7 @@ def test_a_run_on_a_full_disk_stops_with_one_line_and_keeps_its_checkpoints(
             "--scheduler", client.scheduler.address]
     run = subprocess.run([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    lines = lines_of(run.stderr)
+    lines = error_lines_of(run.stderr)
     assert run.returncode == 1 and len(lines) == 1, run.stderr
     path = str(out / "checkpoints.zarr")
     last, passed = checkpoints.latest_valid_step(path)  # and every tensor matches its sum
@@ -188,7 +185,7 @@ def test_a_sweep_on_a_full_disk_stops_with_one_line_and_the_rest_runs_later(
                          base={"strategy": "reference"})
     run = subprocess.run([sys.executable, "-m", "experiments.sweep", config, "--out", store],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    lines = [line for line in lines_of(run.stderr) if "point/s" not in line]  # no tqdm bar
+    lines = [line for line in error_lines_of(run.stderr) if "point/s" not in line]  # no tqdm bar
     said = f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"
     assert run.returncode == 1 and len(lines) == 1, said
     assert lines[0].startswith("error: no space left on the disk holding the "), said
