@@ -114,6 +114,13 @@ def staging_root(root_path: str, attempt: str) -> str:
     return os.path.join(root_path, ATTEMPTS, attempt)
 
 
+def store_of(path: str) -> str:
+    """The checkpoint store a path belongs to: an attempt's staging area
+    (`staging_root`) reports as its store, the place users know."""
+    parent = os.path.dirname(os.path.normpath(path))
+    return os.path.dirname(parent) if os.path.basename(parent) == ATTEMPTS else path
+
+
 def stage_checkpoint(root_path: str, attempt: str, step: int,
                      shapes: dict[str, tuple[int, ...]], row_chunks: dict[str, int],
                      dtype: str) -> str:

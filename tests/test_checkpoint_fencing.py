@@ -75,3 +75,10 @@ def test_a_commit_replaces_an_older_copy_of_its_step(tmp_path):
     assert checkpoints.latest_valid_step(path) == (4, [])
     assert not os.path.exists(os.path.join(checkpoints.staging_root(path, "run-c"), "step",
                                            "0000004"))
+
+
+def test_an_attempts_staging_area_reports_as_its_store():
+    """A full disk inside a staging area names the checkpoint store users know."""
+    root = os.path.join("out", "checkpoints.zarr")
+    assert checkpoints.store_of(checkpoints.staging_root(root, "run-a")) == root
+    assert checkpoints.store_of(root) == root
