@@ -114,6 +114,15 @@ def staging_root(root_path: str, attempt: str) -> str:
     return os.path.join(root_path, ATTEMPTS, attempt)
 
 
+def store_of(path: str) -> str:
+    """The checkpoint store a writer's root belongs to (itself, or the store holding
+    an attempt's staging area): what a message about the store names."""
+    parent = os.path.dirname(os.path.normpath(path))
+    store = os.path.dirname(parent)
+    staged = os.path.basename(parent) == ATTEMPTS and store.endswith(".zarr")
+    return store if staged else path
+
+
 def stage_checkpoint(root_path: str, attempt: str, step: int,
                      shapes: dict[str, tuple[int, ...]], row_chunks: dict[str, int],
                      dtype: str) -> str:

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from storage import checkpoints
 from storage.exchange import Exchange
 from storage.space import writing
 from tasks.layout import Layout, StepOp, exchange_slots
@@ -74,7 +75,7 @@ def save_run(run_id: str, checkpoint_path: str, step: int) -> Receipt:
     if ended:
         raise RunEnded(f"run {run_id}: not saving checkpoint {step}: {ended}")
     receipt = Receipt("checkpoint", run.profile.name, step, time.time())
-    with writing("checkpoint store", checkpoint_path):
+    with writing("checkpoint store", checkpoints.store_of(checkpoint_path)):
         run.side.save(run.work, run.me, checkpoint_path, step)
     receipt.end = time.time()
     return receipt

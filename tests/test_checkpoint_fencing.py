@@ -59,6 +59,8 @@ def test_a_late_write_of_an_ended_attempt_never_reaches_the_checkpoint(tmp_path)
     assert checkpoints.discard_attempts(path) == {"run-a": 1}
     assert os.listdir(os.path.join(path, checkpoints.ATTEMPTS)) == ["zarr.json"]
     assert checkpoints.discard_attempts(path) == {}
+    assert checkpoints.store_of(staged_a) == path == checkpoints.store_of(path)
+    assert checkpoints.store_of("/runs/attempt/checkpoints.zarr").endswith("checkpoints.zarr")
 
 
 def test_a_commit_replaces_an_older_copy_of_its_step(tmp_path):
