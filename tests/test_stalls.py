@@ -26,7 +26,7 @@ import psutil
 import pytest
 from distributed import Client
 
-from pipeline.cluster import register_setup, start_embedded_cluster
+from pipeline.cluster import live_workers, register_setup, start_embedded_cluster
 from pipeline.config import ClusterConfig, WorkerConfig
 from pipeline.run import run_training
 from pipeline.runner import StallWatch
@@ -92,7 +92,12 @@ def wait_until(condition, timeout: float, what: str) -> None:
 
 
 def worker_names(client) -> dict[str, str]:
-    return {info["name"]: address for address, info in client.scheduler_info()["workers"].items()}
+    """The scheduler's workers by name, asked of the scheduler itself (`live_workers`):
+    `Client.scheduler_info()` may return Dask's periodic cache, whose "workers" is
+    empty, which read as the stopped worker fenced off before it was (the wait ended
+    early, the worker was woken before the run noticed it, and the test then waited
+    in vain for it to exit: the intermittent failure of this test)."""
+    return {info["name"]: address for address, info in live_workers(client).items()}
 
 
 #: (strategy, workers, the run's worker stopped): every strategy, 2 and 3 workers
