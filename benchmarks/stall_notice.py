@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 import psutil  # noqa: E402
 from distributed import Client  # noqa: E402
 
-from pipeline.cluster import register_setup, start_embedded_cluster  # noqa: E402
+from pipeline.cluster import live_workers, register_setup, start_embedded_cluster  # noqa: E402
 from pipeline.config import load_run_config  # noqa: E402
 from pipeline.run import run_training  # noqa: E402
 from pipeline.runner import STALL_FLOOR_S, STALL_STEPS  # noqa: E402
@@ -45,7 +45,9 @@ ROLE = {"kernel": 1, "data": 0, "hybrid": 1}  # which of the run's workers is st
 
 
 def _names(client: Client) -> dict[str, str]:
-    return {i["name"]: a for a, i in client.scheduler_info()["workers"].items()}
+    """By name, asked of the scheduler (`Client.scheduler_info()` may answer from a
+    cache without workers, which would read as the stopped worker removed)."""
+    return {i["name"]: a for a, i in live_workers(client).items()}
 
 
 def _wait(condition, timeout: float) -> bool:

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
 from distributed import Client, Future, wait
 
@@ -178,6 +179,11 @@ class StepEngine:
         self.runner.gather(futures, "checkpoint")
         self._last_collect = time.perf_counter()  # the save is no step's time
         return self.run_id
+
+    def show_waits(self, note: Callable[[str], None]) -> None:
+        """Have `note` hear what the run waits on when it waits long
+        (`pipeline.runner.waiting_note`): the progress bar."""
+        self.runner.on_wait = note
 
     def close(self) -> None:
         """Stop any waiting task, free the run's state on every worker, drop the workspace

@@ -30,6 +30,7 @@ class Trainer(Protocol):
     def submit(self, step: int) -> None: ...
     def collect(self, step: int) -> StepResult: ...
     def checkpoint(self, done_steps: int) -> str | None: ...  # the attempt that staged it
+    def show_waits(self, note: Callable[[str], None]) -> None: ...  # long waits, said
     def close(self) -> None: ...
 
 
@@ -57,6 +58,9 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
            stop_at_checkpoint: Callable[[int], bool], bar: tqdm) -> int:
     """`train_loop`'s steps, reporting to `bar`."""
     steps, ahead = config.train.steps, config.train.inflight
+    # a long wait on a worker (a frozen one, before the stall limit) shows on the bar;
+    # the next step's figures replace it
+    trainer.show_waits(lambda note: bar.set_postfix_str(note, refresh=True))
     saves = sorted(s for s in config.checkpoint_steps() if s > from_step)
     submitted, last_save, last_end = from_step, from_step, time.perf_counter()
     for step in range(from_step, steps):

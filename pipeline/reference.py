@@ -9,6 +9,7 @@ arithmetic the distributed strategies must reproduce.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 from torch import nn
@@ -83,6 +84,9 @@ class ReferenceTrainer:
                               ("momentum", momentum_of(self.optimizer, named))):
             for key, value in tensors.items():
                 checkpoints.write_slice(path, done_steps, kind, key, 0, value)
+
+    def show_waits(self, note: Callable[[str], None]) -> None:
+        """Nothing to wait on: the steps run in this process."""
 
     def close(self) -> None:
         self.model = None

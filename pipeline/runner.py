@@ -8,7 +8,8 @@ be waiting for the lost one's data, to give up). A worker that stops answering
 while the run waits on it (SIGSTOP, a frozen host) is a stall: after the run made no
 progress for the `StallWatch`'s limit, the workers holding its unfinished tasks are
 probed, and one that does not answer is fenced off (removed from the cluster) and
-reported as lost, so the run recovers as from a dead worker. A worker whose link is
+reported as lost, so the run recovers as from a dead worker (before that, a long
+wait is named on the progress bar: `waiting_note`). A worker whose link is
 cut is the same case: its Dask process cannot answer across the link. When every
 worker answers, each is asked to list the run's stores (storage/liveness.py): a
 store that none of them can list stopped answering (a frozen file server), which
@@ -41,6 +42,9 @@ STALL_STEPS, STALL_FLOOR_S, FIRST_STALL_S = 10.0, 30.0, 120.0
 #: Seconds a probed worker has to answer before it counts as stalled (at most the
 #: limit itself), and to list the run's stores.
 PROBE_S = 5.0
+#: Seconds without a task finishing after which the progress bar names the workers
+#: waited for (at most half the stall limit).
+WAIT_NOTE_S = 5.0
 
 
 class StoreStalled(ClusterError):
@@ -82,6 +86,19 @@ def stall_verdict(silent: list[str], holders: list[str], store_silence: dict[str
         missed = {p for a in cut_off for p in store_silence[a]}
         return Verdict(workers=cut_off, stores=sorted(missed))
     return Verdict()
+
+
+def waiting_note(quiet_s: float, limit: float | None, holding: dict[str, list[str]]) -> str:
+    """What the progress bar says while the run waits on workers before the stall
+    limit: for how long, on whom (`holding`: each worker's label and what it holds),
+    and the limit; "" when it is not waiting long enough to say
+    (`WAIT_NOTE_S`, or half the limit if shorter). A frozen worker is seen
+    here well before the limit declares it stalled."""
+    if not holding or quiet_s < (WAIT_NOTE_S if limit is None else min(WAIT_NOTE_S, limit / 2)):
+        return ""
+    whom = "; ".join(f"{label} ({', '.join(doing)})" for label, doing in holding.items())
+    after = "never" if limit is None else f"at {limit:g} s"
+    return f"waiting {quiet_s:.0f} s on {whom}; stall declared {after}"
 
 
 def stores_silent_on(client: Client, addresses: list[str], paths: list[str],
@@ -169,7 +186,8 @@ class TaskRunner:
 
     def __init__(self, client: Client, workers: Sequence[ClusterWorker], run_id: str,
                  on_failure: Callable[[str], None] = lambda reason: None,
-                 watch: StallWatch | None = None, stores: Sequence[str] = ()) -> None:
+                 watch: StallWatch | None = None, stores: Sequence[str] = (),
+                 on_wait: Callable[[str], None] = lambda note: None) -> None:
         self.client = client
         self.workers = list(workers)
         self.run_id = run_id
@@ -179,6 +197,7 @@ class TaskRunner:
         self.stalled_stores: list[str] = []  # set when the run stopped on StoreStalled
         self._store_silence: dict[str, list[str]] = {}  # this stall's last store probe
         self._doing: dict[str, tuple[int, str]] = {}  # key -> (worker, what it does)
+        self.on_wait = on_wait  # hears `waiting_note`s (the progress bar)
 
     def submit(self, function: Callable[..., Any], worker: int, *args: Any, name: str,
                priority: int = 0, doing: str = "", **kwargs: Any) -> Future:
@@ -237,7 +256,11 @@ class TaskRunner:
                         self._doing.pop(future.key, None)
                     return results
             self._check_workers(what)
-            self._check_stall(futures, what, time.monotonic() - progress_at)
+            quiet = time.monotonic() - progress_at
+            note = waiting_note(quiet, self.watch.limit(), self._held(futures, labels=True))
+            if note:
+                self.on_wait(note)
+            self._check_stall(futures, what, quiet)
 
     def lost_workers(self) -> list[ClusterWorker]:
         """The run's workers the scheduler no longer knows."""
@@ -270,12 +293,7 @@ class TaskRunner:
         if limit is None or quiet_s < limit:
             self._store_silence = {}
             return
-        holding: dict[str, list[str]] = {}
-        # unfinished tasks, or, when all finished, the holders of results not fetched
-        for future in [f for f in futures if not f.done()] or futures:
-            if future.key in self._doing:
-                worker, doing = self._doing[future.key]
-                holding.setdefault(self.workers[worker].address, []).append(doing)
+        holding = self._held(futures)
         patience = min(PROBE_S, limit)
         silent = unresponsive(self.client, list(holding), patience)
         store_silence = {} if silent or not self.stores else stores_silent_on(
@@ -307,6 +325,17 @@ class TaskRunner:
             f"{what}: worker {', '.join(labels)} stalled: {quiet} while it held {tasks}, and "
             f"{why}; removed from the cluster and treated as lost",
             verdict.workers, labels, stalled=True))
+
+    def _held(self, futures: list[Future], labels: bool = False) -> dict[str, list[str]]:
+        """What each worker holds of `futures` (by address, or by label): unfinished
+        tasks, or, when all finished, the results not fetched."""
+        holding: dict[str, list[str]] = {}
+        for future in [f for f in futures if not f.done()] or futures:
+            if future.key in self._doing:
+                worker, doing = self._doing[future.key]
+                member = self.workers[worker]
+                holding.setdefault(member.label if labels else member.address, []).append(doing)
+        return holding
 
     def _scheduler_lost(self, what: str) -> None:
         address = getattr(self.client.scheduler, "address", None) or "?"

@@ -115,10 +115,12 @@ def staging_root(root_path: str, attempt: str) -> str:
 
 
 def store_of(path: str) -> str:
-    """The checkpoint store a path belongs to: an attempt's staging area
-    (`staging_root`) reports as its store, the place users know."""
+    """The checkpoint store a writer's root belongs to (itself, or the store holding
+    an attempt's staging area): what a message about the store names."""
     parent = os.path.dirname(os.path.normpath(path))
-    return os.path.dirname(parent) if os.path.basename(parent) == ATTEMPTS else path
+    store = os.path.dirname(parent)
+    staged = os.path.basename(parent) == ATTEMPTS and store.endswith(".zarr")
+    return store if staged else path
 
 
 def stage_checkpoint(root_path: str, attempt: str, step: int,

@@ -216,10 +216,9 @@ def freeze_heap() -> None:
     no later collection walks them again.
 
     The collections that matter are the interpreter's own at exit: a worker fenced
-    off while stopped (SIGSTOP) closes when woken, and its exit spent most of its
-    time in them, which on a loaded machine took long enough for a test waiting 30 s
-    for the process to go to fail (docs/reliability.md: 9.9 s against 5.3 s frozen,
-    median exit after the wake, alternating in one run). Objects frozen here are
+    off while stopped (SIGSTOP) closes when woken, and on a loaded machine its exit
+    spent most of its time in them (docs/reliability.md: median exit after the wake
+    9.9 s, 5.3 s frozen, alternating in one run). Objects frozen here are
     never collected as cycles; only import-time state and the worker's own are
     alive when a run registers its setup (the previous run's state is released).
     The young generations are collected first (cheap); a full collection would cost

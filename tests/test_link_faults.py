@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 from pipeline import links
-from pipeline.cluster import ClusterError, open_linked_cluster, register_setup
+from pipeline.cluster import ClusterError, live_workers, open_linked_cluster, register_setup
 from pipeline.config import shm_workspace_root
 from pipeline.run import run_training
 from pipeline.runner import StoreStalled, stall_verdict
@@ -172,7 +172,9 @@ def _checkpoint(config, runner, at_least: int) -> None:
 
 
 def _names(client) -> dict[str, str]:
-    return {info["name"]: address for address, info in client.scheduler_info()["workers"].items()}
+    """By name, from the scheduler itself (`Client.scheduler_info()` may return a
+    cache with no workers in it: tests/test_stalls.py's `worker_names`)."""
+    return {info["name"]: address for address, info in live_workers(client).items()}
 
 
 def _digest(folder: str) -> dict[str, str]:

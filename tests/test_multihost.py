@@ -23,6 +23,7 @@ import pytest
 from distributed import Client
 
 from pipeline import links
+from pipeline.cluster import live_workers
 from pipeline.config import WorkerConfig, build_run_config
 from pipeline.external_hosts import ClusterTls, ExternalHosts, external_hosts
 from pipeline.run import run_training
@@ -185,7 +186,7 @@ def tls_hosts(tmp_path_factory, tiny_dataset_factory, certificates):
                         tls=tls, env={"PYTHONPATH": ROOT}) as cluster:
         security = client_security(tls.client_config())
         with Client(cluster.address, security=security, set_as_default=False) as client:
-            table = client.scheduler_info()["workers"]
+            table = live_workers(client)  # not scheduler_info(): its cache may be empty
         yield TlsHosts(cluster, c, root, dataset, table)
     assert link_leftovers(cluster.links.run_id) == []
 
