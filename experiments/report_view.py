@@ -33,6 +33,8 @@ COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 POINT_FIGURES = ["step_time", "throughput", "speedup", "efficiency", "compute_time",
                  "storage_time", "master_time", "wait_time", "bytes_moved", "loss", "accuracy",
                  "n_workers", "capacity", "predicted_step_time"]
+#: Figures of stores written since memory is measured (older ones lack them).
+MEMORY_FIGURES = ["memory_peak", "memory_working", "client_memory_peak"]
 
 
 class StoreView:
@@ -67,7 +69,7 @@ class StoreView:
         """One row per grid point: medians (and min/max) over done repeats, all labels."""
         ds = self.ds
         done = ds.status == DONE
-        figures = ds[POINT_FIGURES].where(done)
+        figures = ds[POINT_FIGURES + [n for n in MEMORY_FIGURES if n in ds]].where(done)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             median = figures.median("repeat")

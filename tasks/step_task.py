@@ -4,7 +4,8 @@
 (kernel shards and the head, a replica, or a replica's conv layers and dense
 slices) and keeps it on the worker; `run_ops` runs ops of one step, in the order
 the step graph gave them; `save_run` writes the worker's work into a checkpoint;
-`release_run` forgets the run. What each of these means for a strategy is in the
+`release_run` forgets the run. Each `run_ops` also reports the most memory its
+process held while it ran (tasks/memory.py). What each of these means for a strategy is in the
 `WorkerSide` the client hands over with the layout (tasks/run_state.py; the
 project's own are in tasks/kernel_ops.py, data_ops.py and hybrid_ops.py). A task
 returns only a `Receipt`; tensors never pass through Dask.
@@ -19,6 +20,7 @@ import numpy as np
 from storage.exchange import Exchange
 from storage.space import writing
 from tasks.layout import Layout, StepOp, exchange_slots
+from tasks.memory import read_peak, reset_peak
 from tasks.moves import Mover
 from tasks.receipts import Receipt, TaskClock
 from tasks.run_state import RunState, WorkerSide
@@ -53,10 +55,12 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
     run.check_order(step, ops)
     receipt = Receipt(task, run.profile.name, step, time.time())
     clock = TaskClock(receipt, run.profile.synchronize)
+    kind = reset_peak(run.profile.device)
     with writing("workspace", run.paths.workspace):  # the ops' only writes
         for op in ops:
             run.side.ops[op.kind](run, op, step, indices, clock)
     receipt.end = time.time()
+    receipt.extra["memory"] = read_peak(run.profile.device, kind).as_dict()
     return receipt
 
 
