@@ -23,7 +23,7 @@ from tasks.memory import read_peak, reset_peak
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec
-from tasks.worker_state import configure_process
+from tasks.worker_state import configure_process, release_freed_memory
 
 REFERENCE_WORKER = "reference"
 
@@ -48,6 +48,7 @@ class ReferenceTrainer:
         self.optimizer = make_sgd(self.model.parameters(), self.config.optimizer_spec())
         restore_momentum(self.optimizer, dict(self.model.named_parameters()),
                          checkpoints.read_tensors(path, from_step, "momentum"))
+        release_freed_memory()  # as a worker does after loading (tasks/step_task.py)
 
     def submit(self, step: int) -> None:
         """Nothing to queue: `collect` runs the step."""

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
-from tasks.worker_state import current_profile
+from tasks.worker_state import current_profile, release_freed_memory
 
 
 def relu_pool(z: torch.Tensor, spec: ConvLayerSpec) -> torch.Tensor:
@@ -104,6 +104,15 @@ class ConvShard:
 
 def calibrate_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
                     input_grad: bool, repeats: int = 3) -> dict:
+    """`time_layer`, then its tensors' pages handed back: the run's steps must not
+    start on calibration's (`release_freed_memory`)."""
+    timed = time_layer(spec, batch, sizes, dtype, input_grad, repeats)
+    release_freed_memory()
+    return timed
+
+
+def time_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
+               input_grad: bool, repeats: int = 3) -> dict:
     """Seconds of a layer's forward, backward and update for shards of each of
     `sizes` kernels, as training runs them (a `ConvShard` on this worker's device,
     its real shapes).

@@ -29,7 +29,7 @@ from tasks.receipts import TaskClock
 from tasks.replica_layout import GRAD_REDUCE, GRAD_UPDATE, REPLICA_STEP, DataLayout
 from tasks.run_state import RunState, WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, OptimizerSpec
-from tasks.worker_state import current_profile
+from tasks.worker_state import current_profile, release_freed_memory
 
 
 @dataclass
@@ -114,6 +114,13 @@ def write_tensors(path: str, step: int, weights: dict[str, np.ndarray],
 
 
 def calibrate_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
+    """`time_replica`, then its tensors' pages handed back (`release_freed_memory`)."""
+    timed = time_replica(network, rows, repeats)
+    release_freed_memory()
+    return timed
+
+
+def time_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
     """Seconds of a replica's forward, backward and SGD step on `rows` samples, as
     `replica-step` runs it, on this worker's device: one warm-up, then the median of
     `repeats` synchronised rounds (emulated slowness included)."""

@@ -25,7 +25,8 @@ from tasks.moves import Mover
 from tasks.receipts import Receipt, TaskClock
 from tasks.run_state import RunState, WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, RunPaths
-from tasks.worker_state import current_profile, drop_run, get_run, prepare_thread, put_run
+from tasks.worker_state import (current_profile, drop_run, get_run, prepare_thread, put_run,
+                                release_freed_memory)
 
 
 def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: NetworkSpec,
@@ -36,6 +37,7 @@ def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: Ne
     receipt = Receipt("init", profile.name, from_step, time.time())
     device = profile.device
     work = side.load(layout, me, network, paths.checkpoints, from_step, arithmetic, device)
+    release_freed_memory()  # what loading read and dropped, and an earlier run's pages
     slots = {slot.name: slot for slot in exchange_slots(layout, network, batch)}
     with writing("workspace", paths.workspace):
         mover = Mover(Exchange(paths.workspace), slots, device, profile.synchronize,

@@ -97,6 +97,24 @@ def tune_allocator() -> None:
         pass
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``).
+
+    `tune_allocator` keeps freed memory in the process so that a step reuses the
+    last step's pages; after a stretch that allocated much and will not repeat
+    (calibration's shards at other sizes, loading a checkpoint), those pages would
+    stay resident for the whole run and lift every step's peak above what the run
+    itself needs. Called once at each such stretch's end, never per step.
+    """
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def configure_process(threads: int) -> None:
     """Thread count, denormal flushing and allocator, as every compute process needs."""
     torch.set_num_threads(threads)
