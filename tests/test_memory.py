@@ -11,6 +11,8 @@ from pipeline.cluster import find_workers, register_setup
 from pipeline.memory import memory_baseline
 from pipeline.run import run_training
 from tasks import memory
+from tasks.conv_shard import ConvShard
+from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 from tests.helpers import shared_workers, tiny_config
 
 MB = 1 << 20
@@ -108,3 +110,32 @@ def test_the_reference_in_process_records_its_own_peak(tmp_path, tiny_dataset_fa
     assert working > _first_activations(512)
     # one process: the reference's step is part of the client's
     assert summary["client_memory_peak"] >= summary["memory_peak"]["reference"]
+
+
+@pytest.mark.parametrize("pool", [2, 1])
+def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
+    """The shard keeps the ReLU's output (over the conv output) and the pool's indices,
+    not the conv output apart, and runs autograd's kernels by hand: weights, input
+    gradient and kernel gradients equal nn.Conv2d -> ReLU -> MaxPool2d's bit for bit."""
+    spec = ConvLayerSpec(in_channels=3, kernels=6, pool=pool, in_height=8, in_width=8)
+    generator = torch.Generator().manual_seed(1)
+    weight = 0.2 * torch.randn(6, 3, 5, 5, generator=generator)
+    bias = 0.1 * torch.randn(6, generator=generator)
+    x = torch.randn(4, 3, 8, 8, generator=generator)
+    grad_y = torch.randn(4, 6, 8 // pool, 8 // pool, generator=generator)
+    conv = torch.nn.Conv2d(3, 6, 5, padding=2)
+    conv.weight.data, conv.bias.data = weight.clone(), bias.clone()
+    leaf = x.clone().requires_grad_(True)
+    y = torch.nn.functional.relu(conv(leaf))
+    y = torch.nn.functional.max_pool2d(y, pool) if pool > 1 else y
+    y.backward(grad_y)
+    shard = ConvShard(spec, ShardRange(0, 0, 6), "0",
+                      {"weight": weight.numpy().copy(), "bias": bias.numpy().copy()},
+                      {"weight": np.zeros((6, 3, 5, 5), np.float32),
+                       "bias": np.zeros(6, np.float32)}, OptimizerSpec(lr=0.0), "cpu")
+    out = shard.forward(x, input_grad=True)
+    assert torch.equal(out, y.detach())
+    assert torch.equal(shard.input_gradient(grad_y.clone()), leaf.grad)
+    shard.update()
+    assert torch.equal(shard.weight.grad, conv.weight.grad)
+    assert torch.equal(shard.bias.grad, conv.bias.grad)
