@@ -76,6 +76,9 @@ def memory_summary(ds: xr.Dataset) -> dict:
                                   for w, v in workers.items()},
                "client_memory_working": None if client is None else client - base,
                "memory_peak_kind": str(ds.memory_peak.attrs.get("peak_kind", ""))}
+    if "memory_held" in ds:
+        summary["memory_held"] = {str(w): peak(ds.memory_held.sel(worker=w))
+                                  for w in ds.worker.values}
     for name in ("gpu_allocated_peak", "gpu_reserved_peak"):
         if name in ds:
             summary[name] = {str(w): peak(ds[name].sel(worker=w)) for w in ds.worker.values}

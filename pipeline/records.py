@@ -68,6 +68,9 @@ PER_STEP = {
 MEMORY = {
     "memory_peak": ("rss", "most host resident memory the worker's process held while it "
                     "ran the step's ops (everything it held already included)"),
+    "memory_held": ("held", "host resident memory of the worker's process when it started "
+                    "the step's ops (on a worker after its freed pages were handed back): "
+                    "what it holds between steps; the peak less this is the step's own"),
     "gpu_allocated_peak": ("gpu_allocated", "most GPU memory torch had allocated on the "
                            "worker's device during the step (torch.cuda.max_memory_allocated;"
                            " 0 on a CPU worker)"),

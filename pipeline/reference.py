@@ -19,7 +19,7 @@ from pipeline.records import StepResult
 from pipeline.sampler import step_indices
 from storage import checkpoints
 from storage.datasets import read_batch
-from tasks.memory import read_peak, reset_peak
+from tasks.memory import current_rss, read_peak, reset_peak
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec
@@ -59,6 +59,7 @@ class ReferenceTrainer:
                                self.train_samples)
         receipt = Receipt(f"step-{step}", REFERENCE_WORKER, step, time.time())
         clock = TaskClock(receipt)
+        held = current_rss()
         kind = reset_peak()
         with clock.op("training-step"):
             with clock.phase("dataset") as phase:
@@ -71,7 +72,7 @@ class ReferenceTrainer:
                 loss.backward()
                 self.optimizer.step()
         receipt.end = time.time()
-        receipt.extra["memory"] = read_peak("cpu", kind).as_dict()
+        receipt.extra["memory"] = {**read_peak("cpu", kind).as_dict(), "held": held}
         receipt.loss = float(loss.detach())
         return StepResult(step, receipt.loss, [receipt])
 

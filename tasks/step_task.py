@@ -20,7 +20,7 @@ import numpy as np
 from storage.exchange import Exchange
 from storage.space import writing
 from tasks.layout import Layout, StepOp, exchange_slots
-from tasks.memory import read_peak, reset_peak
+from tasks.memory import current_rss, read_peak, reset_peak
 from tasks.moves import Mover
 from tasks.receipts import Receipt, TaskClock
 from tasks.run_state import RunState, WorkerSide
@@ -57,12 +57,14 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
     run.check_order(step, ops)
     receipt = Receipt(task, run.profile.name, step, time.time())
     clock = TaskClock(receipt, run.profile.synchronize)
+    release_freed_memory()  # the last step's freed pages: a step's peak is its own
+    held = current_rss()  # what the worker holds between steps
     kind = reset_peak(run.profile.device)
     with writing("workspace", run.paths.workspace):  # the ops' only writes
         for op in ops:
             run.side.ops[op.kind](run, op, step, indices, clock)
     receipt.end = time.time()
-    receipt.extra["memory"] = read_peak(run.profile.device, kind).as_dict()
+    receipt.extra["memory"] = {**read_peak(run.profile.device, kind).as_dict(), "held": held}
     return receipt
 
 

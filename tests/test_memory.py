@@ -81,6 +81,8 @@ def test_the_record_and_summary_carry_each_workers_peak(single_runs):
     assert record.memory_peak.dims == ("step", "worker")
     assert record.memory_peak.attrs["units"] == "B"
     assert record.client_memory_peak.dims == ("step",)
+    held = record.memory_held.values  # at each step's start: a part of its peak
+    assert (held > 0).all() and (held <= record.memory_peak.values).all()
     assert "gpu_allocated_peak" not in record  # a CPU worker has no GPU figures
     peaks = record.memory_peak.values
     assert np.isfinite(peaks).all() and (peaks > 0).all()
