@@ -162,6 +162,8 @@ def replica_step(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             run.emulate(clock, phase.seconds)
         with clock.phase("compute"):
             work.grads.local = work.grads.flatten()
+            # the flat copy holds them now: not both through the reduction
+            work.optimizer.zero_grad(set_to_none=True)
         hand_on_ranges(run, work.grads, step, clock)
 
 
@@ -180,6 +182,7 @@ def grad_reduce(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             for part in parts[1:]:
                 total = total + part
         grads.own_sum = total
+        grads.local = None  # its ranges are handed on and summed: free it before the gather
         run.mover.write(f"reduced/{run.me}", step, total, clock)
 
 
@@ -191,10 +194,12 @@ def grad_update(run: RunState, op: StepOp, step: int, indices: np.ndarray,
     with clock.op(GRAD_UPDATE):
         pieces = [grads.own_sum if e == run.me else run.mover.read(f"reduced/{e}", step, clock)
                   for e in range(len(run.layout.workers))]
+        grads.own_sum = None  # held by `pieces` until the concatenation
         with clock.phase("compute") as phase:
             grads.assign(torch.cat(pieces))
+            del pieces
             work.apply_reduced(run.layout)
-            grads.local = grads.own_sum = None
+            grads.local = None
         run.emulate(clock, phase.seconds)
         if work.check_replicas:
             clock.receipt.extra["replica_digest"] = grads.digest()
