@@ -75,7 +75,7 @@ class ConvShard:
         self.spec, self.shard, self.key = spec, shard, key
         self.weight = torch.from_numpy(weights["weight"]).to(device).requires_grad_(True)
         self.bias = torch.from_numpy(weights["bias"]).to(device).requires_grad_(True)
-        self.optimizer = make_sgd([self.weight, self.bias], optimizer)
+        self.optimizer = make_sgd([self.weight, self.bias], optimizer, lean=True)
         restore_momentum(self.optimizer, self.named(), momentum)
         self._saved: _Saved | None = None
 

@@ -83,7 +83,7 @@ def load_data(layout: DataLayout, me: int, network: NetworkSpec, checkpoint_path
     model = build_sequential(network)
     model.load_state_dict(read_tensors(checkpoint_path, step, "weights"))
     model.to(device)
-    sgd = make_sgd(model.parameters(), arithmetic.optimizer)
+    sgd = make_sgd(model.parameters(), arithmetic.optimizer, lean=True)
     named = dict(model.named_parameters())
     restore_momentum(sgd, named, checkpoints.read_tensors(checkpoint_path, step, "momentum"))
     return DataWork(model, sgd, Gradients(list(named.items())), arithmetic.check_replicas)

@@ -12,6 +12,7 @@ from pipeline.memory import memory_baseline
 from pipeline.run import run_training
 from tasks import memory
 from tasks.conv_shard import ConvShard
+from tasks.optim import LeanSGD, make_sgd
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 from tests.helpers import shared_workers, tiny_config
 
@@ -134,10 +135,31 @@ def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
     shard = ConvShard(spec, ShardRange(0, 0, 6), "0",
                       {"weight": weight.numpy().copy(), "bias": bias.numpy().copy()},
                       {"weight": np.zeros((6, 3, 5, 5), np.float32),
-                       "bias": np.zeros(6, np.float32)}, OptimizerSpec(lr=0.0), "cpu")
+                       "bias": np.zeros(6, np.float32)},
+                      OptimizerSpec(lr=0.0, weight_decay=0.0), "cpu")
     out = shard.forward(x, input_grad=True)
     assert torch.equal(out, y.detach())
     assert torch.equal(shard.input_gradient(grad_y.clone()), leaf.grad)
     shard.update()
     assert torch.equal(shard.weight.grad, conv.weight.grad)
     assert torch.equal(shard.bias.grad, conv.bias.grad)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_lean_sgd_steps_as_torchs_sgd_bit_for_bit(nesterov):
+    """The workers' SGD adds the weight decay into the gradient in place (no copy of
+    the parameter's size); the weights and momentum after three steps are torch's."""
+    spec = OptimizerSpec(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=nesterov)
+    generator = torch.Generator().manual_seed(2)
+    start = torch.randn(7, 5, generator=generator)
+    grads = [torch.randn(7, 5, generator=generator) for _ in range(3)]
+    params = [start.clone().requires_grad_(True) for _ in range(2)]
+    plain, lean = make_sgd([params[0]], spec), make_sgd([params[1]], spec, lean=True)
+    assert isinstance(lean, LeanSGD)
+    for grad in grads:
+        for param, optimizer in zip(params, (plain, lean)):
+            param.grad = grad.clone()
+            optimizer.step()
+    assert torch.equal(params[0], params[1])
+    assert torch.equal(plain.state[params[0]]["momentum_buffer"],
+                       lean.state[params[1]]["momentum_buffer"])
