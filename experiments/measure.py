@@ -148,6 +148,7 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
            model_breakdown(summary.get("predicted_breakdown")).items()
            if part in PREDICTED_COMPONENTS},
         "predicted_peak_memory": predicted_peak_memory(point, summary),
+        **memory_values(summary),
     }
     texts = {"failure": "", "run_id": uuid.uuid4().hex,
              "kernel_split": json.dumps(summary.get("kernel_split", [])),
@@ -156,11 +157,27 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
              "worker_devices": json.dumps([[w["name"], w["tag"], w["device"]]
                                            for w in summary.get("worker_devices", [])]),
              "recovery_log": json.dumps(summary.get("recoveries", [])),
+             "memory_per_worker": json.dumps({
+                 name: [peak, summary["memory_working"][name]]
+                 for name, peak in summary.get("memory_peak", {}).items()}),
              "strategy_choice": json.dumps(summary["strategy_choice"])
              if summary.get("strategy_choice") else ""}
     series = {"step_time_series": np.asarray(record.step_time.values, dtype=float),
               "loss_series": np.asarray(record.loss.values, dtype=float)}
     return PointResult(values, texts, series)
+
+
+def memory_values(summary: dict) -> dict[str, float]:
+    """The point's memory figures: its fullest worker's peak and working memory, and the
+    client's (NaN where the run measured none)."""
+    def most(values: dict) -> float:
+        known = [v for v in (values or {}).values() if v is not None]
+        return float(max(known)) if known else float("nan")
+
+    client = summary.get("client_memory_peak")
+    return {"memory_peak": most(summary.get("memory_peak", {})),
+            "memory_working": most(summary.get("memory_working", {})),
+            "client_memory_peak": float("nan") if client is None else float(client)}
 
 
 def predict_only(point: Point, predictor: Predictor) -> PointResult:

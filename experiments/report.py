@@ -12,6 +12,8 @@ Writes, into ``<store>.report/`` next to the store (or ``--out DIR``):
 - ``batch.png``: step time and throughput against batch size (if batch is swept);
 - ``placement.png``: calibrated against even placement on unequal workers (if
   placement is swept);
+- ``memory.png``: the fullest worker's working memory against workers and batch,
+  per strategy, beside plain PyTorch's (`reference`), where the store has memory;
 - ``step_times.png``: the spread of every point's measured steps;
 - ``prediction.png``: predicted against measured step time (once predicted);
 - ``growth_<strategy>.png``: how a strategy's step time and its parts (compute,
@@ -46,6 +48,7 @@ from experiments.report_figures import (batch_figure, breakdown_figure, placemen
 from experiments.report_growth import growth_figure, growth_strategies
 from experiments.report_links import link_figure
 from experiments.report_markdown import write_markdown
+from experiments.report_memory import memory_figure
 from experiments.report_strategies import strategies_figure
 from experiments.report_view import StoreView
 from experiments.results import STORE_FORMAT
@@ -83,6 +86,7 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
         ("breakdown.png", lambda p: breakdown_figure(sweep, frame, p)),
         ("batch.png", lambda p: batch_figure(sweep, frame, p)),
         ("placement.png", lambda p: placement_figure(sweep, frame, p)),
+        ("memory.png", lambda p: memory_figure(sweep, frame, p)),
         ("step_times.png", lambda p: step_times_figure(sweep, p)),
         ("prediction.png", lambda p: prediction_figure(frame, p)),
         ("links.png", lambda p: link_figure(sweep, frame, p)),

@@ -129,6 +129,7 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
     lines += ["", "## Figures", ""]
     captions = {"speedup.png": "Speedup against workers", "breakdown.png": "Time breakdown",
                 "batch.png": "Batch size", "placement.png": "Placement on unequal workers",
+                "memory.png": "Memory per worker (working, the fullest worker)",
                 "step_times.png": "Spread of measured steps",
                 "prediction.png": "Predicted against measured",
                 "links.png": "Step time against link rate"}

@@ -40,6 +40,8 @@ OPTIONAL_FIGURES = ["offered_workers"]
 #: where a store has it.
 BREAKDOWN_FIGURES = [*(f"critical_{p}" for p in COMPONENTS),
                      *(f"predicted_{p}" for p in PREDICTED_COMPONENTS)]
+#: Figures of stores written since memory is measured (older ones lack them).
+MEMORY_FIGURES = ["memory_peak", "memory_working", "client_memory_peak"]
 
 
 class StoreView:
@@ -75,7 +77,7 @@ class StoreView:
         ds = self.ds
         done = ds.status == DONE
         figures = ds[POINT_FIGURES + [n for n in BREAKDOWN_FIGURES + OPTIONAL_FIGURES
-                                       if n in ds]].where(done)
+                                       + MEMORY_FIGURES if n in ds]].where(done)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             median = figures.median("repeat")

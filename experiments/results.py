@@ -9,7 +9,8 @@ Layout (``xr.open_zarr(path)`` is all a reader needs):
   ``failure`` (the reason, text), ``run_id``, ``started``/``finished``/``wall_time``, the
   measured figures (``step_time`` and its spread, ``throughput``, ``speedup``,
   ``efficiency``, the compute/storage/master/wait breakdown, ``bytes_moved``,
-  ``loss``, ``accuracy``, ``n_workers``, ``capacity``), the model's
+  ``loss``, ``accuracy``, ``n_workers``, ``capacity``, the fullest worker's
+  ``memory_peak`` and ``memory_working`` and the client's), the model's
   ``predicted_step_time`` and ``prediction_error``;
 - per point and step: ``step_time_series`` and ``loss_series`` (all steps; the
   ``warmup`` coordinate marks those excluded from the figures).
@@ -107,6 +108,13 @@ MEASURES: dict[str, tuple[str, str]] = {
     "recoveries": ("1", "worker losses the point's run survived (each: back to its last "
                    "checkpoint, re-placed on the surviving workers, replayed; see "
                    "recovery_log). Stores written before it have no such variable"),
+    "memory_peak": ("B", "the most host resident memory any worker's process held during "
+                    "a step (reference: the process training in-process), over the run"),
+    "memory_working": ("B", "memory_peak less the resident memory of a bare process that "
+                       "has imported the run's libraries (torch, dask, zarr, xarray): the "
+                       "memory the point's work needed on its fullest worker"),
+    "client_memory_peak": ("B", "the most host resident memory the client process held "
+                           "during a step"),
     "started": ("s", "when the point's run started, seconds since 1970-01-01 UTC"),
     "finished": ("s", "when the point's run ended, seconds since 1970-01-01 UTC"),
     "wall_time": ("s", "the point's whole run: setup, calibration, steps, evaluation"),
@@ -121,13 +129,17 @@ TEXTS: dict[str, str] = {
     "recovery_log": "the run's recoveries (JSON list: lost_at_step, restored_step, "
                     "lost_workers, workers, split, replayed_steps, seconds, cause, "
                     "ended_attempt, late_writes)",
+    "memory_per_worker": "each worker's peak and working memory (JSON {name: [peak, "
+                         "working]}, bytes)",
     "strategy_choice": "strategy auto: what the model chose (JSON: chosen, master, placement, "
                        "predicted_step_time, runner_up, alternatives); empty otherwise",
 }
 #: Variables added to format 2 after it was first written: older stores lack them,
 #: and a resumed sweep writes them only where they exist.
-ADDED_LATER = ("recoveries", "offered_workers", "recovery_log", "worker_devices", "strategy_choice",
-               "predicted_low", "predicted_high", *(f"critical_{p}" for p in COMPONENTS),
+ADDED_LATER = ("recoveries", "offered_workers", "recovery_log", "worker_devices",
+               "strategy_choice", "predicted_low", "predicted_high", "memory_peak",
+               "memory_working", "client_memory_peak", "memory_per_worker",
+               *(f"critical_{p}" for p in COMPONENTS),
                *(f"predicted_{p}" for p in PREDICTED_COMPONENTS))
 SERIES: dict[str, tuple[str, str]] = {
     "step_time_series": ("s", "wall time of every step (see the warmup coordinate)"),

@@ -27,7 +27,8 @@ def _labels(ds: xr.Dataset, dim: str) -> list[str]:
 
 
 def summary_table(ds: xr.Dataset) -> pd.DataFrame:
-    """One row per grid point (repeats pooled): the main figures, for print and report.
+    """One row per grid point (repeats pooled): the main figures, for print and report
+(the fullest worker's working memory among them, where the store has it).
 
     Figures are medians over the done repeats; ``runs`` counts done/all repeats.
     """
@@ -36,7 +37,8 @@ def summary_table(ds: xr.Dataset) -> pd.DataFrame:
     figures = {name: ds[name].values for name in (
         "step_time", "step_time_p25", "step_time_p75", "throughput", "speedup", "efficiency",
         "compute_time", "storage_time", "master_time", "wait_time", "bytes_moved", "loss",
-        "accuracy", "predicted_step_time", "prediction_error")}
+        "accuracy", "predicted_step_time", "prediction_error", "memory_working")
+        if name in ds}  # stores written before memory was measured have none
     failures = ds.failure.values
     labels = {dim: _labels(ds, dim) for dim in dims}
     rows = []
@@ -63,13 +65,15 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
     columns = [c for c in table.columns if c not in (
         "step_time_p25", "step_time_p75", "predicted_step_time", "prediction_error",
         "failure")]
+    if "memory_working" in table and table["memory_working"].isna().all():
+        columns.remove("memory_working")
     if table["predicted_step_time"].notna().any():
         columns += ["predicted_step_time", "prediction_error"]
     names = {"step_time": "step s", "throughput": "samples/s", "speedup": "speedup",
              "efficiency": "effic.", "compute_time": "compute s", "storage_time": "storage s",
              "master_time": "master s", "wait_time": "wait s", "bytes_moved": "MB/step",
              "loss": "loss", "accuracy": "acc.", "predicted_step_time": "predicted s",
-             "prediction_error": "pred. err"}
+             "prediction_error": "pred. err", "memory_working": "working MB"}
     formats = {"step_time": "{:.4f}", "throughput": "{:.1f}", "speedup": "{:.2f}",
                "efficiency": "{:.2f}", "compute_time": "{:.4f}", "storage_time": "{:.4f}",
                "master_time": "{:.4f}", "wait_time": "{:.4f}", "loss": "{:.3f}",
@@ -81,7 +85,7 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
         cells = []
         for column in columns:
             value = row[column]
-            if column == "bytes_moved":
+            if column in ("bytes_moved", "memory_working"):
                 cells.append("-" if pd.isna(value) else f"{value / 1e6:.2f}")
             elif column in formats:
                 cells.append("-" if pd.isna(value) else formats[column].format(value))

@@ -29,7 +29,10 @@ LOOPBACK = "127.0.0.1"
 # every worker's stacks every 10 ms) and no GIL monitor.
 QUIET = {"distributed.worker.daemon": False, "logging.distributed": "error",
          "distributed.admin.system-monitor.gil.enabled": False,
-         "distributed.worker.profile.enabled": False}
+         "distributed.worker.profile.enabled": False,
+         # one malloc arena (tasks.worker_state.tune_allocator says why), set before the
+         # worker process starts, as glibc reads it then
+         "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1}
 
 #: (workers up, workers asked for), while an embedded cluster starts.
 Progress = Callable[[int, int], None]

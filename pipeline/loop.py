@@ -19,6 +19,7 @@ from pipeline.checkpointing import save_checkpoint
 from pipeline.config import RunConfig
 from pipeline.records import RunRecorder, StepResult
 from pipeline.trace import ClientEvent
+from tasks.memory import read_peak, reset_peak
 
 
 class Trainer(Protocol):
@@ -65,6 +66,7 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
     submitted, last_save, last_end = from_step, from_step, time.perf_counter()
     for step in range(from_step, steps):
         next_save = next(s for s in saves if s > step)
+        kind = reset_peak()  # the client's own peak over this step's submits and collect
         while submitted < min(step + ahead, next_save):
             with _client_event(client_events, f"submit step {submitted}"):
                 trainer.submit(submitted)
@@ -72,7 +74,7 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
         with _client_event(client_events, f"collect step {step}"):
             result = trainer.collect(step)
         now = time.perf_counter()
-        recorder.add_step(result, now - last_end)
+        recorder.add_step(result, now - last_end, read_peak("cpu", kind))
         last_end = now
         if not np.isfinite(result.loss):
             raise FloatingPointError(f"training diverged at step {step}: loss is {result.loss}")

@@ -6,7 +6,11 @@ its tasks); the loop adds the step's wall time. From the receipts' phases
 part apart), workspace reads and writes (time and bytes), time blocked waiting for
 a peer's data, dataset reads; per step: wall time, loss, the dense head's compute,
 and `wait_time`, the part of the step the busiest worker did not spend on its own
-work (waiting for peers, Dask dispatch).
+work (waiting for peers, Dask dispatch). Memory: per step and worker the most its
+process held while it ran the step's ops (host resident memory; on a GPU also what
+torch allocated and reserved), per step the client's, as tasks/memory.py measures
+them; the summary gives each one's peak over the run, and its "working" memory,
+that peak less what a bare process that has imported the run's libraries holds.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import zarr
 
 from pipeline.step_breakdown import record_breakdown
 from tasks.layout import DENSE_HEAD
+from pipeline.memory import memory_lines, memory_summary
+from tasks.memory import LIFETIME, MemoryPeak
 from tasks.receipts import Receipt
 
 
@@ -59,6 +65,19 @@ PER_STEP = {
     "wait_time": ("s", "step time the busiest worker spent not working on its own "
                   "compute, workspace I/O or dataset reads (waiting for peers, dispatch)"),
 }
+#: name -> (key in a receipt's ``extra["memory"]``, description): maxima, not sums.
+MEMORY = {
+    "memory_peak": ("rss", "most host resident memory the worker's process held while it "
+                    "ran the step's ops (everything it held already included)"),
+    "memory_held": ("held", "host resident memory of the worker's process when it started "
+                    "the step's ops (on a worker after its freed pages were handed back): "
+                    "what it holds between steps; the peak less this is the step's own"),
+    "gpu_allocated_peak": ("gpu_allocated", "most GPU memory torch had allocated on the "
+                           "worker's device during the step (torch.cuda.max_memory_allocated;"
+                           " 0 on a CPU worker)"),
+    "gpu_reserved_peak": ("gpu_reserved", "most GPU memory torch's caching allocator held "
+                          "on the worker's device during the step (max_memory_reserved)"),
+}
 _PHASES = {"compute_time": ("compute", "emulated"), "emulated_time": ("emulated",),
            "read_time": ("read",), "write_time": ("write",),
            "exchange_wait_time": ("wait",), "dataset_time": ("dataset",)}
@@ -81,11 +100,25 @@ class RunRecorder:
         default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     by_shard: dict[tuple[int, int, str], float] = field(default_factory=dict)
     receipts: list[Receipt] = field(default_factory=list)
+    memory: dict[tuple[int, str], dict[str, float]] = field(default_factory=dict)
+    client_memory: dict[int, float] = field(default_factory=dict)
+    memory_kinds: set[str] = field(default_factory=set)
 
-    def add_step(self, result: StepResult, wall_s: float) -> None:
+    def add_step(self, result: StepResult, wall_s: float,
+                 client: MemoryPeak | None = None) -> None:
+        """Add a finished step; `client` is the client process's peak over it."""
         dense = 0.0
+        if client is not None:
+            self.client_memory[result.step] = float(client.rss)
+            self.memory_kinds.add(client.kind)
         for receipt in result.receipts:
             self.receipts.append(receipt)
+            peak = receipt.extra.get("memory")
+            if peak:  # a step's tasks on one worker: the most any of them held
+                held = self.memory.setdefault((result.step, receipt.worker), {})
+                for name, (key, _description) in MEMORY.items():
+                    held[name] = max(held.get(name, 0.0), float(peak.get(key, 0)))
+                self.memory_kinds.add(str(peak.get("kind", "")))
             cell = self.cells[(result.step, receipt.worker)]
             for name, kinds in _PHASES.items():
                 cell[name] += sum(receipt.seconds(kind) for kind in kinds)
@@ -107,6 +140,8 @@ class RunRecorder:
         self.steps = {s: v for s, v in self.steps.items() if s < step}
         for key in [k for k in self.cells if k[0] >= step]:
             del self.cells[key]
+        self.memory = {k: v for k, v in self.memory.items() if k[0] < step}
+        self.client_memory = {s: v for s, v in self.client_memory.items() if s < step}
         self.by_shard = {k: v for k, v in self.by_shard.items() if k[0] < step}
 
     def ensure_workers(self, workers: list, devices: list[str]) -> None:
@@ -144,6 +179,7 @@ class RunRecorder:
                            for layer in layers] for s in steps], dtype=float),
                 {"units": "s", "description": "forward+backward compute of each conv "
                  "layer's shard on each worker (emulated part included)"})
+        data.update(self._memory_variables(steps))
         busy = sum(data[name].values for name in ("compute_time", "read_time", "write_time",
                                                   "dataset_time"))
         wait = data["step_time"].values - (busy.max(axis=1) if busy.size else 0.0)
@@ -157,6 +193,26 @@ class RunRecorder:
                   "device": ("worker", self.devices or ["cpu"] * len(self.workers)),
                   "resource_tag": ("worker", self.tags or [""] * len(self.workers))}
         return xr.Dataset(data, coords=coords, attrs=attrs)
+
+    def _memory_variables(self, steps: list[int]) -> dict[str, xr.Variable]:
+        """The memory figures (NaN where a step reported none); the GPU's only where
+        some worker has one."""
+        kind = LIFETIME if LIFETIME in self.memory_kinds else "per-step"
+        how = ("; the process's lifetime peak up to the step (this system cannot reset it)"
+               if kind == LIFETIME else "")
+        data = {}
+        for name, (_key, description) in MEMORY.items():
+            values = np.array([[self.memory.get((s, w), {}).get(name, np.nan)
+                                for w in self.workers] for s in steps], dtype=float)
+            if name.startswith("gpu") and not np.nansum(values):
+                continue
+            data[name] = xr.Variable(("step", "worker"), values, {
+                "units": "B", "description": description + how, "peak_kind": kind})
+        data["client_memory_peak"] = xr.Variable(
+            ("step",), np.array([self.client_memory.get(s, np.nan) for s in steps], dtype=float),
+            {"units": "B", "peak_kind": kind, "description": "most host resident memory the "
+             "client process held while it submitted and collected the step" + how})
+        return data
 
 
 def link_attrs(transport: str, before: dict[str, tuple[int, int]],
@@ -194,6 +250,7 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
         "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
         # where a step's time goes along its critical worker (pipeline/step_breakdown.py)
         "critical_breakdown": record_breakdown(ds, warmup_steps),
+        **memory_summary(ds),
     }
 
 
@@ -209,11 +266,12 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"  breakdown   compute {summary['compute_time_median']:.3f} s, workspace "
         f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
         f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
-        *([f"  critical    " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in
+        *(["  critical    " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in
                                           summary["critical_breakdown"].items())
            + " (medians along each step's critical worker)"]
           if summary.get("critical_breakdown") else []),
         f"  workspace   {summary['bytes_per_step'] / 1e6:.2f} MB per step",
+        *memory_lines(summary),
         f"  loss        {summary['final_loss']:.4f} (last step)",
     ]
     if summary.get("test_accuracy") is not None:

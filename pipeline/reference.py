@@ -20,10 +20,11 @@ from pipeline.records import StepResult
 from pipeline.sampler import step_indices
 from storage import checkpoints
 from storage.datasets import read_batch
+from tasks.memory import current_rss, read_peak, reset_peak
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec
-from tasks.worker_state import configure_process
+from tasks.worker_state import configure_process, release_freed_memory
 
 REFERENCE_WORKER = "reference"
 
@@ -48,6 +49,7 @@ class ReferenceTrainer:
         self.optimizer = make_sgd(self.model.parameters(), self.config.optimizer_spec())
         restore_momentum(self.optimizer, dict(self.model.named_parameters()),
                          checkpoints.read_tensors(path, from_step, "momentum"))
+        release_freed_memory()  # as a worker does after loading (tasks/step_task.py)
 
     def submit(self, step: int) -> None:
         """Nothing to queue: `collect` runs the step."""
@@ -58,6 +60,8 @@ class ReferenceTrainer:
                                self.train_samples)
         receipt = Receipt(f"step-{step}", REFERENCE_WORKER, step, time.time())
         clock = TaskClock(receipt)
+        held = current_rss()
+        kind = reset_peak()
         with clock.op("training-step"):
             with clock.phase("dataset") as phase:
                 images, labels = read_batch(self.config.dataset_path, "train", indices)
@@ -69,6 +73,7 @@ class ReferenceTrainer:
                 loss.backward()
                 self.optimizer.step()
         receipt.end = time.time()
+        receipt.extra["memory"] = {**read_peak("cpu", kind).as_dict(), "held": held}
         receipt.loss = float(loss.detach())
         return StepResult(step, receipt.loss, [receipt])
 

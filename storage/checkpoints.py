@@ -35,6 +35,8 @@ from __future__ import annotations
 import os
 import shutil
 
+from collections.abc import Collection
+
 import numpy as np
 import zarr
 
@@ -213,10 +215,12 @@ def latest_complete_step(root_path: str) -> int | None:
     return max(steps) if steps else None
 
 
-def read_tensors(root_path: str, step: int, kind: str = "weights") -> dict[str, np.ndarray]:
-    """All tensors of one kind of a checkpoint, keyed like a torch state_dict."""
+def read_tensors(root_path: str, step: int, kind: str = "weights",
+                 keys: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """The tensors of one kind of a checkpoint, keyed like a torch state_dict: all of
+    them, or only `keys` (a worker that needs a few reads no others)."""
     group = zarr.open_group(root_path, mode="r", path=f"{step_group(step)}/{kind}")
-    return {name: array[...] for name, array in group.arrays()}
+    return {name: array[...] for name, array in group.arrays() if keys is None or name in keys}
 
 
 def read_slice(root_path: str, step: int, kind: str, key: str, start: int,

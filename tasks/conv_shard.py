@@ -2,8 +2,10 @@
 
 A shard is the kernels [start, stop) of a conv layer. Its weights, bias and
 momentum live on the worker's device for the whole run (weights never travel in
-kernel-parallel training, docs/methods.md §1). Forward keeps the autograd graph from the
-layer input to the pooled output until that step's backward. Moving tensors in and
+kernel-parallel training, docs/methods.md §1). Forward keeps what that step's
+backward needs and no more: the layer input, the ReLU's output (computed in place
+over the conv output) and the pool's indices; the backward runs autograd's own
+kernels on them by hand, so the arithmetic stays plain PyTorch's. Moving tensors in and
 out is the step's business (tasks/step_task.py); this module only computes.
 """
 
@@ -17,12 +19,7 @@ import torch.nn.functional as F
 
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
-from tasks.worker_state import current_profile
-
-
-def relu_pool(z: torch.Tensor, spec: ConvLayerSpec) -> torch.Tensor:
-    y = F.relu(z)
-    return F.max_pool2d(y, spec.pool) if spec.pool > 1 else y
+from tasks.worker_state import current_profile, release_freed_memory
 
 
 def conv_backward(grad_z: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
@@ -34,13 +31,37 @@ def conv_backward(grad_z: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         grad_z, x, weight, [weight.shape[0]], [1, 1], padding, [1, 1], False, [0, 0], 1, want)
 
 
+def relu_pool(z: torch.Tensor, spec: ConvLayerSpec
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ReLU in place over the conv output `z` (which then holds the ReLU's output),
+    then the max-pool: the pooled output and its indices (None without a pool)."""
+    relu = F.relu_(z)
+    if spec.pool <= 1:
+        return relu, None
+    return torch.ops.aten.max_pool2d_with_indices(relu, [spec.pool] * 2, [spec.pool] * 2)
+
+
+def relu_pool_backward(grad_y: torch.Tensor, relu: torch.Tensor,
+                       indices: torch.Tensor | None, spec: ConvLayerSpec) -> torch.Tensor:
+    """The conv output's gradient from the pooled output's: the very kernels autograd
+    runs for ``MaxPool2d(ReLU(z))`` (max_pool2d_with_indices_backward, then the ReLU's
+    mask on its own output), so the arithmetic is plain PyTorch's bit for bit."""
+    grad = grad_y if indices is None else torch.ops.aten.max_pool2d_with_indices_backward(
+        grad_y, relu, [spec.pool] * 2, [spec.pool] * 2, [0, 0], [1, 1], False, indices)
+    if indices is None:
+        grad = grad.clone()
+    return grad.masked_fill_(relu <= 0, 0.0)  # = threshold_backward(grad, relu, 0)
+
+
 @dataclass
 class _Saved:
-    """What a forward keeps for its backward."""
+    """What a forward keeps for its backward: no more than plain PyTorch's autograd
+    keeps (the layer input, the ReLU's output, the pool's indices), and not the conv
+    output apart (the ReLU overwrote it) nor the pooled output (its reader holds it)."""
 
     x: torch.Tensor  # layer input
-    z: torch.Tensor  # conv output (the leaf of the ReLU + pool graph)
-    y: torch.Tensor  # pooled output
+    relu: torch.Tensor | None  # the ReLU's output (the conv output's storage)
+    indices: torch.Tensor | None  # the max-pool's
     input_grad: bool  # whether the layer below needs the input gradient
     grad_z: torch.Tensor | None = None
 
@@ -54,7 +75,7 @@ class ConvShard:
         self.spec, self.shard, self.key = spec, shard, key
         self.weight = torch.from_numpy(weights["weight"]).to(device).requires_grad_(True)
         self.bias = torch.from_numpy(weights["bias"]).to(device).requires_grad_(True)
-        self.optimizer = make_sgd([self.weight, self.bias], optimizer)
+        self.optimizer = make_sgd([self.weight, self.bias], optimizer, lean=True)
         restore_momentum(self.optimizer, self.named(), momentum)
         self._saved: _Saved | None = None
 
@@ -65,11 +86,9 @@ class ConvShard:
         """Conv + ReLU + pool of this shard's kernels; keeps what backward needs."""
         with torch.no_grad():
             z = F.conv2d(x, self.weight, self.bias, padding=self.spec.padding)
-        z.requires_grad_(True)
-        with torch.enable_grad():
-            y = relu_pool(z, self.spec)
-        self._saved = _Saved(x, z, y, input_grad)
-        return y.detach()
+            y, indices = relu_pool(z, self.spec)
+        self._saved = _Saved(x, z, indices, input_grad)
+        return y
 
     def input_gradient(self, grad_y: torch.Tensor) -> torch.Tensor | None:
         """Backward through pool and ReLU; the input gradient if the layer has one.
@@ -80,7 +99,10 @@ class ConvShard:
         saved = self._saved
         if saved is None:
             raise RuntimeError(f"backward of layer {self.shard.layer} before its forward")
-        (saved.grad_z,) = torch.autograd.grad(saved.y, [saved.z], grad_outputs=grad_y)
+        assert saved.relu is not None, "input_gradient runs once per forward"
+        with torch.no_grad():
+            saved.grad_z = relu_pool_backward(grad_y, saved.relu, saved.indices, self.spec)
+        saved.relu = saved.indices = None  # not needed any more: free them now
         if not saved.input_grad:
             return None
         return conv_backward(saved.grad_z, saved.x, self.weight, self.spec,
@@ -104,6 +126,15 @@ class ConvShard:
 
 def calibrate_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
                     input_grad: bool, repeats: int = 3) -> dict:
+    """`time_layer`, then its tensors' pages handed back: the run's steps must not
+    start on calibration's (`release_freed_memory`)."""
+    timed = time_layer(spec, batch, sizes, dtype, input_grad, repeats)
+    release_freed_memory()
+    return timed
+
+
+def time_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
+               input_grad: bool, repeats: int = 3) -> dict:
     """Seconds of a layer's forward, backward and update for shards of each of
     `sizes` kernels, as training runs them (a `ConvShard` on this worker's device,
     its real shapes).

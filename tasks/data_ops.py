@@ -29,7 +29,7 @@ from tasks.receipts import TaskClock
 from tasks.replica_layout import GRAD_REDUCE, GRAD_UPDATE, REPLICA_STEP, DataLayout
 from tasks.run_state import RunState, WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, OptimizerSpec
-from tasks.worker_state import current_profile
+from tasks.worker_state import current_profile, release_freed_memory
 
 
 @dataclass
@@ -83,7 +83,7 @@ def load_data(layout: DataLayout, me: int, network: NetworkSpec, checkpoint_path
     model = build_sequential(network)
     model.load_state_dict(read_tensors(checkpoint_path, step, "weights"))
     model.to(device)
-    sgd = make_sgd(model.parameters(), arithmetic.optimizer)
+    sgd = make_sgd(model.parameters(), arithmetic.optimizer, lean=True)
     named = dict(model.named_parameters())
     restore_momentum(sgd, named, checkpoints.read_tensors(checkpoint_path, step, "momentum"))
     return DataWork(model, sgd, Gradients(list(named.items())), arithmetic.check_replicas)
@@ -114,6 +114,13 @@ def write_tensors(path: str, step: int, weights: dict[str, np.ndarray],
 
 
 def calibrate_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
+    """`time_replica`, then its tensors' pages handed back (`release_freed_memory`)."""
+    timed = time_replica(network, rows, repeats)
+    release_freed_memory()
+    return timed
+
+
+def time_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
     """Seconds of a replica's forward, backward and SGD step on `rows` samples, as
     `replica-step` runs it, on this worker's device: one warm-up, then the median of
     `repeats` synchronised rounds (emulated slowness included)."""
@@ -155,6 +162,8 @@ def replica_step(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             run.emulate(clock, phase.seconds)
         with clock.phase("compute"):
             work.grads.local = work.grads.flatten()
+            # the flat copy holds them now: not both through the reduction
+            work.optimizer.zero_grad(set_to_none=True)
         hand_on_ranges(run, work.grads, step, clock)
 
 
@@ -173,6 +182,7 @@ def grad_reduce(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             for part in parts[1:]:
                 total = total + part
         grads.own_sum = total
+        grads.local = None  # its ranges are handed on and summed: free it before the gather
         run.mover.write(f"reduced/{run.me}", step, total, clock)
 
 
@@ -184,10 +194,12 @@ def grad_update(run: RunState, op: StepOp, step: int, indices: np.ndarray,
     with clock.op(GRAD_UPDATE):
         pieces = [grads.own_sum if e == run.me else run.mover.read(f"reduced/{e}", step, clock)
                   for e in range(len(run.layout.workers))]
+        grads.own_sum = None  # held by `pieces` until the concatenation
         with clock.phase("compute") as phase:
             grads.assign(torch.cat(pieces))
+            del pieces
             work.apply_reduced(run.layout)
-            grads.local = grads.own_sum = None
+            grads.local = None
         run.emulate(clock, phase.seconds)
         if work.check_replicas:
             clock.receipt.extra["replica_digest"] = grads.digest()

@@ -59,10 +59,13 @@ def load(layout: KernelLayout, me: int, network: NetworkSpec, checkpoint_path: s
             shards[layer] = ConvShard(network.conv[layer], shard, keys[layer], state["weights"],
                                       state["momentum"], optimizer, device)
     head = None
-    if me == layout.master:
+    if me == layout.master:  # the dense layers' tensors only, not the whole network's
+        dense = {f"{i}.{name}" for i in network.dense_module_indices()
+                 for name in ("weight", "bias")}
         head = DenseHead(network, optimizer,
-                         checkpoints.read_tensors(checkpoint_path, step, "weights"),
-                         checkpoints.read_tensors(checkpoint_path, step, "momentum"), device)
+                         checkpoints.read_tensors(checkpoint_path, step, "weights", dense),
+                         checkpoints.read_tensors(checkpoint_path, step, "momentum", dense),
+                         device)
     return KernelWork(shards, head, keys)
 
 

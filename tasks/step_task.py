@@ -4,7 +4,8 @@
 (kernel shards and the head, a replica, or a replica's conv layers and dense
 slices) and keeps it on the worker; `run_ops` runs ops of one step, in the order
 the step graph gave them; `save_run` writes the worker's work into a checkpoint;
-`release_run` forgets the run. What each of these means for a strategy is in the
+`release_run` forgets the run. Each `run_ops` also reports the most memory its
+process held while it ran (tasks/memory.py). What each of these means for a strategy is in the
 `WorkerSide` the client hands over with the layout (tasks/run_state.py; the
 project's own are in tasks/kernel_ops.py, data_ops.py and hybrid_ops.py). A task
 returns only a `Receipt`; tensors never pass through Dask.
@@ -20,11 +21,13 @@ from storage import checkpoints
 from storage.exchange import Exchange
 from storage.space import writing
 from tasks.layout import Layout, StepOp, exchange_slots
+from tasks.memory import current_rss, read_peak, reset_peak
 from tasks.moves import Mover
 from tasks.receipts import Receipt, TaskClock
 from tasks.run_state import RunState, WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, RunPaths
-from tasks.worker_state import current_profile, drop_run, get_run, prepare_thread, put_run
+from tasks.worker_state import (current_profile, drop_run, get_run, prepare_thread, put_run,
+                                release_freed_memory)
 
 
 def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: NetworkSpec,
@@ -35,6 +38,7 @@ def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: Ne
     receipt = Receipt("init", profile.name, from_step, time.time())
     device = profile.device
     work = side.load(layout, me, network, paths.checkpoints, from_step, arithmetic, device)
+    release_freed_memory()  # what loading read and dropped, and an earlier run's pages
     slots = {slot.name: slot for slot in exchange_slots(layout, network, batch)}
     with writing("workspace", paths.workspace):
         mover = Mover(Exchange(paths.workspace), slots, device, profile.synchronize,
@@ -54,10 +58,14 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
     run.check_order(step, ops)
     receipt = Receipt(task, run.profile.name, step, time.time())
     clock = TaskClock(receipt, run.profile.synchronize)
+    release_freed_memory()  # the last step's freed pages: a step's peak is its own
+    held = current_rss()  # what the worker holds between steps
+    kind = reset_peak(run.profile.device)
     with writing("workspace", run.paths.workspace):  # the ops' only writes
         for op in ops:
             run.side.ops[op.kind](run, op, step, indices, clock)
     receipt.end = time.time()
+    receipt.extra["memory"] = {**read_peak(run.profile.device, kind).as_dict(), "held": held}
     return receipt
 
 

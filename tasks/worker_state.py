@@ -85,15 +85,40 @@ def tune_allocator() -> None:
     With that setting glibc returns freed memory at once, so every large tensor is
     built on fresh pages: torch ran 1.6x slower inside a worker (docs/benchmarks.md). Raising
     the trim and mmap thresholds restores the heap reuse an ordinary process gets.
+    One arena: a Dask worker computes in a thread of its own, and glibc gives such a
+    thread its own arena of 64 MB heaps, where tensors of tens of MB fragment and
+    freed ones are not reused by the main arena's allocations (a thread running the
+    paper network's kernel/2 half peaked 78 MB, 16 %, above the same in one arena).
+    The embedded cluster sets ``MALLOC_ARENA_MAX=1`` before its workers start
+    (pipeline/embedded.py); this reaches only threads that have no arena yet.
     """
     name = ctypes.util.find_library("c")
     if not name:
         return
     try:
         libc = ctypes.CDLL(name)
-        m_trim_threshold, m_mmap_threshold = -1, -3
+        m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
         libc.mallopt(m_trim_threshold, 1 << 30)
         libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum for 64-bit
+        libc.mallopt(m_arena_max, 1)
+    except (OSError, AttributeError):
+        pass
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``).
+
+    `tune_allocator` keeps freed memory in the process so that a step reuses the
+    last step's pages; after a stretch that allocated much and will not repeat
+    (calibration's shards at other sizes, loading a checkpoint), those pages would
+    stay resident for the whole run and lift every step's peak above what the run
+    itself needs. Called once at each such stretch's end, never per step.
+    """
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
     except (OSError, AttributeError):
         pass
 

@@ -4,6 +4,7 @@ markdown table, written next to the store."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -50,7 +51,7 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store):
     assert result.returncode == 0, result.stderr
     out_dir = store[: -len(".zarr")] + ".report"
     expected = ["speedup.png", "breakdown.png", "batch.png", "placement.png",
-                "step_times.png", "growth_single.png", "growth_kernel.png", "report.md"]
+                "memory.png", "step_times.png", "growth_single.png", "growth_kernel.png", "report.md"]
     assert sorted(os.listdir(out_dir)) == sorted(expected)
     mixes = open(os.path.join(out_dir, "report.md")).read().split("## Device mixes")[1]
     assert "kernels 12/16, devices 1+0.5/even | " in mixes  # one row per point
@@ -66,6 +67,7 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store):
     for name in expected[:-1]:
         assert f"]({name})" in text
     assert "| strategy | batch | kernels | devices | runs | step s |" in text
+    assert "working MB |" in text  # the fullest worker's memory, per point
     # `single` runs on one worker: measured on the first device set only, the other 8
     # points recorded as not applicable and left out of the table
     assert text.count("| kernel |") == 12 and text.count("| single |") == 4
@@ -84,6 +86,18 @@ def test_report_frame_puts_unequal_workers_at_their_summed_speed(store):
     assert set(kernel[~kernel["equal_workers"]]["devices"]) == {"1+0.5/calibrated",
                                                                  "1+0.5/even"}
     assert sweep.worker_dim == "devices" and sweep.network_dims == ["kernels"]
+
+
+def test_the_store_carries_each_points_memory(store):
+    ds = xr.open_zarr(store).load()
+    done = ds.status == 1
+    working = ds.memory_working.where(done)
+    assert (working > 0).sum() == done.sum()  # every done point measured, none stand-ins
+    assert (ds.memory_peak.where(done) > ds.memory_working.where(done)).sum() == done.sum()
+    assert ds.client_memory_peak.where(done).notnull().sum() == done.sum()
+    per_worker = json.loads(str(ds.memory_per_worker.sel(strategy="kernel").values.flat[0]))
+    assert set(per_worker) == {"cpu-0", "cpu-1"}
+    assert all(peak > working > 0 for peak, working in per_worker.values())
 
 
 def test_report_refuses_what_is_not_a_sweep_store(tmp_path, capsys):

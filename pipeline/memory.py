@@ -1,0 +1,101 @@
+"""A run's memory figures as its summary gives them: each worker's and the client's
+peak, and the "working" memory, that peak less a bare process's.
+
+The bare process (`tasks.memory.bare_process_rss`: a fresh Python that has imported
+torch, numpy, dask, distributed, zarr and xarray) costs a subprocess and an import of
+torch, about 3 s of CPU; every run's summary needs it, and the CLI runs once per
+process, so the figure is kept in ``~/.cache/dask-cnn/memory-baseline.json`` (or
+``$CNN_MEMORY_CACHE``), keyed by the interpreter and the libraries' versions, and
+measured again when either changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+import dask
+import distributed
+import numpy as np
+import torch
+import xarray as xr
+import zarr
+
+from storage.space import replace_file
+from tasks.memory import bare_process_rss
+
+
+def _cache_path() -> str:
+    return os.environ.get("CNN_MEMORY_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "dask-cnn", "memory-baseline.json")
+
+
+@functools.cache
+def memory_baseline() -> int:
+    """`tasks.memory.bare_process_rss`, measured once per interpreter and library
+    versions (cached on disk, see the module); 0 where it cannot be measured."""
+    key = json.dumps([sys.executable, torch.__version__, np.__version__, dask.__version__,
+                      distributed.__version__, zarr.__version__, xr.__version__])
+    path = _cache_path()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            cached = json.load(handle)
+        if cached.get("key") == key and int(cached["bytes"]) > 0:
+            return int(cached["bytes"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    measured = bare_process_rss()
+    if measured > 0:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            replace_file(path, json.dumps({"key": key, "bytes": measured}))
+        except OSError:
+            pass  # a cache that cannot be written: measured again next time
+    return measured
+
+
+def memory_summary(ds: xr.Dataset) -> dict:
+    """Each worker's and the client's peak resident memory over the whole run (warm-up
+    steps included: a peak anywhere is what a device must hold), and the same less the
+    bare-process baseline (`memory_baseline`): the memory the run's work needs."""
+    if "memory_peak" not in ds or not ds.sizes["step"]:
+        return {}
+    base = float(memory_baseline())
+
+    def peak(values: xr.DataArray) -> float | None:
+        top = float(values.max(skipna=True))
+        return top if np.isfinite(top) else None
+
+    workers = {str(w): peak(ds.memory_peak.sel(worker=w)) for w in ds.worker.values}
+    client = peak(ds.client_memory_peak) if "client_memory_peak" in ds else None
+    summary = {"memory_peak": workers, "client_memory_peak": client,
+               "memory_baseline": base,
+               "memory_working": {w: None if v is None else v - base
+                                  for w, v in workers.items()},
+               "client_memory_working": None if client is None else client - base,
+               "memory_peak_kind": str(ds.memory_peak.attrs.get("peak_kind", ""))}
+    if "memory_held" in ds:
+        summary["memory_held"] = {str(w): peak(ds.memory_held.sel(worker=w))
+                                  for w in ds.worker.values}
+    for name in ("gpu_allocated_peak", "gpu_reserved_peak"):
+        if name in ds:
+            summary[name] = {str(w): peak(ds[name].sel(worker=w)) for w in ds.worker.values}
+    return summary
+
+
+def memory_lines(summary: dict) -> list[str]:
+    """The summary's memory line: each worker's peak (working), and the client's."""
+    peaks = summary.get("memory_peak")
+    if not peaks:
+        return []
+
+    def mb(value: float | None) -> str:
+        return "?" if value is None else f"{value / 1e6:.0f}"
+
+    working = summary["memory_working"]
+    each = ", ".join(f"{name} {mb(peak)} ({mb(working[name])})" for name, peak in peaks.items())
+    return [f"  memory      peak MB (working) {each}; client {mb(summary['client_memory_peak'])}"
+            f" ({mb(summary['client_memory_working'])}); bare process "
+            f"{mb(summary['memory_baseline'])} MB"]

@@ -1,0 +1,118 @@
+"""A process's peak memory over a stretch of work: host resident memory and, on a
+GPU, what torch's caching allocator handed out and held.
+
+Why the kernel's high-water mark and not a sampling thread: a thread that reads the
+resident size every few milliseconds misses a peak that lasts less (an im2col
+buffer, a gradient freed at once) and costs the compute a wake-up each time. Linux
+keeps the peak itself (``VmHWM`` in ``/proc/self/status``) and lets the process
+reset it to the current size by writing ``5`` to ``/proc/self/clear_refs`` (since
+Linux 4.0; the file belongs to the process's own user, so no privilege is needed).
+So a stretch of work (a task's ops, the reference's step) is bracketed by
+`reset_peak` and `read_peak`, and the peak it reports is the most the process held
+at any moment in between, everything it held already included.
+
+Where that reset is refused (no /proc, an older kernel, another OS), the peak is the
+process's lifetime peak (`resource.getrusage`'s ``ru_maxrss``), and ``kind`` says
+so: a peak that never falls, not one per stretch. Every process of a run measures
+its own, so workers sharing one process (some tests) share one figure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import torch
+
+PER_STRETCH, LIFETIME = "per-step", "lifetime"
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+_BARE_IMPORTS = "import torch, numpy, dask, distributed, zarr, xarray"
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    """The most a process held over one stretch of work, in bytes (GPU figures 0 on a
+    CPU worker); `kind` is `PER_STRETCH` or `LIFETIME` (see the module)."""
+
+    rss: int
+    gpu_allocated: int = 0
+    gpu_reserved: int = 0
+    kind: str = PER_STRETCH
+
+    def as_dict(self) -> dict[str, int | str]:
+        return {"rss": self.rss, "gpu_allocated": self.gpu_allocated,
+                "gpu_reserved": self.gpu_reserved, "kind": self.kind}
+
+
+def _status_kib(field: str) -> int | None:
+    """A ``Vm...`` line of /proc/self/status in KiB (None where there is none)."""
+    try:
+        with open(_STATUS, encoding="ascii") as handle:
+            match = re.search(rf"^{field}:\s+(\d+)\s+kB", handle.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def _lifetime_rss() -> int:
+    """The process's lifetime peak: ru_maxrss is KiB on Linux, bytes on macOS."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _cuda(device: str) -> bool:
+    return device.startswith("cuda") and torch.cuda.is_available()
+
+
+def reset_peak(device: str = "cpu") -> str:
+    """Start a stretch: the resident peak back to the current size (and the GPU's peak
+    counters on a CUDA device). Returns the kind of peak `read_peak` will give."""
+    if _cuda(device):
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+    try:
+        with open(_CLEAR_REFS, "w", encoding="ascii") as handle:
+            handle.write("5")
+    except OSError:
+        return LIFETIME
+    return PER_STRETCH if _status_kib("VmHWM") is not None else LIFETIME
+
+
+def read_peak(device: str = "cpu", kind: str = PER_STRETCH) -> MemoryPeak:
+    """The peak since `reset_peak` (whose return value is `kind`)."""
+    hwm = _status_kib("VmHWM") if kind == PER_STRETCH else None
+    rss = hwm * 1024 if hwm is not None else _lifetime_rss()
+    if not _cuda(device):
+        return MemoryPeak(rss, kind=kind if hwm is not None else LIFETIME)
+    where = torch.device(device)
+    return MemoryPeak(rss, int(torch.cuda.max_memory_allocated(where)),
+                      int(torch.cuda.max_memory_reserved(where)),
+                      kind if hwm is not None else LIFETIME)
+
+
+def current_rss() -> int:
+    """The process's resident memory now, in bytes (its lifetime peak without /proc)."""
+    rss = _status_kib("VmRSS")
+    return rss * 1024 if rss is not None else _lifetime_rss()
+
+
+def bare_process_rss() -> int:
+    """The resident memory of a fresh Python process that has imported what every
+    process of a run imports (torch, numpy, dask, distributed, zarr, xarray) and done
+    nothing else: what no run can avoid, subtracted from a peak to give its
+    "working" memory. Measured in a subprocess (about as long as importing torch);
+    0 where that fails."""
+    code = (f"{_BARE_IMPORTS}\nfrom tasks.memory import current_rss\nprint(current_rss())")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, env=env, check=True)
+        return int(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0

@@ -1,0 +1,165 @@
+"""Memory per worker: the peak a stretch of work reaches (tasks/memory.py), and what a
+real run records of it (record, summary) on the shared cluster and in-process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.cluster import find_workers, register_setup
+from pipeline.memory import memory_baseline
+from pipeline.run import run_training
+from tasks import memory
+from tasks.conv_shard import ConvShard
+from tasks.optim import LeanSGD, make_sgd
+from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
+from tests.helpers import shared_workers, tiny_config
+
+MB = 1 << 20
+
+
+def test_a_stretch_peak_counts_what_it_allocated_and_forgets_what_came_before():
+    kind = memory.reset_peak()
+    block = np.ones(64 * MB // 8)  # 64 MiB, touched
+    held = memory.read_peak(kind=kind)
+    del block
+    assert kind == memory.PER_STRETCH  # Linux: the high-water mark resets
+    assert held.rss >= memory.current_rss() + 60 * MB
+    kind = memory.reset_peak()
+    small = np.ones(MB // 8)
+    after = memory.read_peak(kind=kind)
+    del small
+    assert after.rss < held.rss - 50 * MB  # the freed block is not counted again
+    assert after.gpu_allocated == after.gpu_reserved == 0  # a CPU stretch
+
+
+def test_without_the_reset_the_peak_is_the_lifetime_peak(monkeypatch, tmp_path):
+    monkeypatch.setattr(memory, "_CLEAR_REFS", str(tmp_path / "missing" / "clear_refs"))
+    kind = memory.reset_peak()
+    block = np.ones(32 * MB // 8)
+    peak = memory.read_peak(kind=kind)
+    assert kind == memory.LIFETIME and peak.kind == memory.LIFETIME
+    assert peak.rss >= memory.current_rss() - MB  # the block included (it is still held)
+    del block
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_a_gpu_stretch_reports_torch_allocated_and_reserved_peaks():
+    kind = memory.reset_peak("cuda:0")
+    block = torch.ones(16 * MB // 4, device="cuda:0")
+    peak = memory.read_peak("cuda:0", kind)
+    del block
+    assert peak.gpu_allocated >= 16 * MB and peak.gpu_reserved >= peak.gpu_allocated
+
+
+def _first_activations(batch: int) -> int:
+    """Bytes of the tiny network's first conv output for `batch` (10 channels, 32x32,
+    float32): one of the tensors a step keeps for its backward."""
+    return batch * 10 * 32 * 32 * 4
+
+
+@pytest.fixture(scope="module")
+def single_runs(tmp_path_factory, shared_cluster, tiny_dataset_factory):
+    """`single` on cpu-0 at batch 16, then at 512 (3 steps each)."""
+    client, config = shared_workers(shared_cluster, "FAST")
+    register_setup(client, config)
+    dataset = tiny_dataset_factory("float32")
+    results = {}
+    for batch in (16, 512):
+        run = tiny_config(tmp_path_factory.mktemp(f"b{batch}"), dataset, strategy="single",
+                          **{"train.steps": 3, "train.batch": batch, "train.eval_samples": 0,
+                             "cluster.resource": "FAST"})
+        run.cluster.workers = config.workers
+        results[batch] = run_training(run, client=client,
+                                      offered=find_workers(client, run.cluster))
+    return results
+
+
+def test_the_record_and_summary_carry_each_workers_peak(single_runs):
+    result = single_runs[16]
+    record, summary = result.record, result.summary
+    assert record.memory_peak.dims == ("step", "worker")
+    assert record.memory_peak.attrs["units"] == "B"
+    assert record.client_memory_peak.dims == ("step",)
+    held = record.memory_held.values  # at each step's start: a part of its peak
+    assert (held > 0).all() and (held <= record.memory_peak.values).all()
+    assert "gpu_allocated_peak" not in record  # a CPU worker has no GPU figures
+    peaks = record.memory_peak.values
+    assert np.isfinite(peaks).all() and (peaks > 0).all()
+    base = summary["memory_baseline"]
+    assert base == memory_baseline() and 50 * MB < base < 2000 * MB  # torch alone is more
+    assert summary["memory_peak"]["cpu-0"] == pytest.approx(float(peaks.max()))
+    assert summary["memory_working"]["cpu-0"] == pytest.approx(peaks.max() - base)
+    assert summary["memory_working"]["cpu-0"] > 0  # a worker holds more than bare imports
+    assert summary["client_memory_peak"] > base / 2
+    assert summary["memory_peak_kind"] == memory.PER_STRETCH
+
+
+def test_a_bigger_batch_needs_more_memory_on_its_worker(single_runs):
+    small, large = (single_runs[b].summary["memory_peak"]["cpu-0"] for b in (16, 512))
+    # the larger batch's activations alone, at least half of what the first layer's
+    # output grows by (run after the small one on the same process, it cannot pass
+    # on memory the small run left behind)
+    assert large - small > 0.5 * (_first_activations(512) - _first_activations(16))
+
+
+def test_the_reference_in_process_records_its_own_peak(tmp_path, tiny_dataset_factory):
+    config = tiny_config(tmp_path, tiny_dataset_factory("float32"), strategy="reference",
+                         **{"train.steps": 2, "train.batch": 512, "train.eval_samples": 0})
+    summary = run_training(config).summary
+    assert list(summary["memory_peak"]) == ["reference"]
+    working = summary["memory_working"]["reference"]
+    assert working > _first_activations(512)
+    # one process: the reference's step is part of the client's
+    assert summary["client_memory_peak"] >= summary["memory_peak"]["reference"]
+
+
+@pytest.mark.parametrize("pool", [2, 1])
+def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
+    """The shard keeps the ReLU's output (over the conv output) and the pool's indices,
+    not the conv output apart, and runs autograd's kernels by hand: weights, input
+    gradient and kernel gradients equal nn.Conv2d -> ReLU -> MaxPool2d's bit for bit."""
+    spec = ConvLayerSpec(in_channels=3, kernels=6, pool=pool, in_height=8, in_width=8)
+    generator = torch.Generator().manual_seed(1)
+    weight = 0.2 * torch.randn(6, 3, 5, 5, generator=generator)
+    bias = 0.1 * torch.randn(6, generator=generator)
+    x = torch.randn(4, 3, 8, 8, generator=generator)
+    grad_y = torch.randn(4, 6, 8 // pool, 8 // pool, generator=generator)
+    conv = torch.nn.Conv2d(3, 6, 5, padding=2)
+    conv.weight.data, conv.bias.data = weight.clone(), bias.clone()
+    leaf = x.clone().requires_grad_(True)
+    y = torch.nn.functional.relu(conv(leaf))
+    y = torch.nn.functional.max_pool2d(y, pool) if pool > 1 else y
+    y.backward(grad_y)
+    shard = ConvShard(spec, ShardRange(0, 0, 6), "0",
+                      {"weight": weight.numpy().copy(), "bias": bias.numpy().copy()},
+                      {"weight": np.zeros((6, 3, 5, 5), np.float32),
+                       "bias": np.zeros(6, np.float32)},
+                      OptimizerSpec(lr=0.0, weight_decay=0.0), "cpu")
+    out = shard.forward(x, input_grad=True)
+    assert torch.equal(out, y.detach())
+    assert torch.equal(shard.input_gradient(grad_y.clone()), leaf.grad)
+    shard.update()
+    assert torch.equal(shard.weight.grad, conv.weight.grad)
+    assert torch.equal(shard.bias.grad, conv.bias.grad)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_lean_sgd_steps_as_torchs_sgd_bit_for_bit(nesterov):
+    """The workers' SGD adds the weight decay into the gradient in place (no copy of
+    the parameter's size); the weights and momentum after three steps are torch's."""
+    spec = OptimizerSpec(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=nesterov)
+    generator = torch.Generator().manual_seed(2)
+    start = torch.randn(7, 5, generator=generator)
+    grads = [torch.randn(7, 5, generator=generator) for _ in range(3)]
+    params = [start.clone().requires_grad_(True) for _ in range(2)]
+    plain, lean = make_sgd([params[0]], spec), make_sgd([params[1]], spec, lean=True)
+    assert isinstance(lean, LeanSGD)
+    for grad in grads:
+        for param, optimizer in zip(params, (plain, lean)):
+            param.grad = grad.clone()
+            optimizer.step()
+    assert torch.equal(params[0], params[1])
+    assert torch.equal(plain.state[params[0]]["momentum_buffer"],
+                       lean.state[params[1]]["momentum_buffer"])
