@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -119,14 +118,13 @@ CASES = [("kernel", 3, 1), ("data", 2, 0), ("hybrid", 3, 1), ("hybrid", 2, 1)]
 @pytest.mark.parametrize("strategy, count, role", CASES,
                          ids=[f"{s}-{n}workers" for s, n, _ in CASES])
 def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factory, cluster,
-                                                    strategy, count, role, capsys):
+                                                    strategy, count, role):
     """One worker of the run SIGSTOPped just after checkpoint 4: the run reports it,
     removes it and recovers on the others; the worker is woken while the run goes
     on. The float64 weights equal plain PyTorch's (1e-10), the recovery says
     `stalled` and names the attempt that ended, every complete checkpoint passes its
     checksums, the woken worker exits, and neither a workspace nor anything of the
-    ended attempt's checkpoint staging area is left. With a progress bar (`data`),
-    the bar named the worker waited on before it was removed."""
+    ended attempt's checkpoint staging area is left."""
     assert FAULTS[f"worker SIGSTOPped mid-run, woken later, {strategy}, float64"] == "survived"
     _, client, cluster_config = cluster
     run_workers = workers_up(cluster, count)[:count]
@@ -138,7 +136,6 @@ def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factor
         "network.dtype": "float64", "train.steps": steps, "train.checkpoint_every": 4,
         "train.eval_samples": 0, "network.conv.0.kernels": 12, "network.conv.1.kernels": 12})
     config.cluster = replace(cluster_config, stall_timeout=LIMIT, use_workers=count)
-    config.progress = strategy == "data"
     names = worker_names(client)
     pid = client.run(os.getpid, workers=[names[victim]])[names[victim]]
     outcome: dict = {}
@@ -183,8 +180,6 @@ def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factor
     assert checkpoints.latest_valid_step(config.checkpoint_path) == (steps, [])
     assert checkpoints.discard_attempts(config.checkpoint_path) == {}  # nothing landed late
     assert not [name for name in workspaces() - before if ours(name)]
-    if config.progress:
-        assert re.search(rf"waiting \d+ s on {victim} \(step \d+ ", capsys.readouterr().err)
 
 
 def test_stall_limit_follows_the_median_step():
