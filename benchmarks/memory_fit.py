@@ -1,7 +1,7 @@
 """Measured peak memory per process of a run, beside the model's prediction.
 
 ``python benchmarks/memory_fit.py CONFIG... [--runs NAME ...] [--steps N] [--set K=V ...]
-[--out FILE]``, or ``--compare FILE``
+[--out FILE]``, or ``--compare FILE [--fit]``
 
 Runs `python -m pipeline.train CONFIG` once per case (`CASES`: reference, single,
 kernel/2, kernel/3 and kernel/4 even, data/2 and hybrid/2 even; batch 32 unless
@@ -12,7 +12,9 @@ and keeps each process's peak. Beside it: the peak the model predicts
 the measured *working* memory (the peak minus the per-process baseline,
 `memory.PROCESS_BASELINE`). The worker processes' names cannot be told from outside,
 so measured and predicted peaks are compared largest to largest. `--out` appends the
-measurements as JSON lines; `--compare FILE` compares them with the model again.
+measurements as JSON lines; `--compare FILE` compares them with the model again, and
+with `--fit` searches `FIT_GRID` for the `MemoryConstants` with the smallest largest
+error over every figure in FILE, and compares with those.
 
 Not a timed test: a paper-network case takes a minute or two on two cores.
 """

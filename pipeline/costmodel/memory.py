@@ -79,11 +79,12 @@ class MemoryConstants:
         32 MiB) in its arenas, so resident memory stays above the live tensors.
     load_retained : the fraction of the checkpoint it read at the start that a
         process still holds (Zarr decodes it chunk by chunk, a channel quantum at a
-        time, on the heap): the master reads the whole network's weights and
-        momentum for its dense head, a replica and `reference` read them whole.
+        time, on the heap): a shard its slices, the master also the dense layers,
+        a replica and `reference` the whole network's weights and momentum.
     The runtimes, the workspace, the retention and the checkpoint's share kept were
     fitted together (benchmarks/memory_fit.py, docs/model.md): the runtimes on the
-    small network, whose tensors are a few MB; the others on the paper network.
+    small network, whose tensors are a few MB; the others on the paper network;
+    measured again after issue 24's shrinks and kept (docs/benchmarks.md).
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
@@ -231,7 +232,8 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
         if layers[l].pool > 1:
             live.alloc(f"y{l}", "activations", sizes["y"])
             live.alloc(f"index{l}", "activations", sizes["index"])
-        if not (counts[l + 1] if l < last else master):  # written to the workspace for the others, then dropped
+        if not (counts[l + 1] if l < last else master):
+            # written to the workspace for the other holders, then dropped
             live.free(f"y{l}")
     feature = _layer_sizes(layers[last], batch, 1, s)["y"]
     if master:
