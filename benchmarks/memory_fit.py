@@ -1,7 +1,7 @@
 """Measured peak memory per process of a run, beside the model's prediction.
 
 ``python benchmarks/memory_fit.py CONFIG... [--runs NAME ...] [--steps N] [--set K=V ...]
-[--out FILE]``, or ``--compare FILE``
+[--out FILE]``, or ``--compare FILE [--fit]``
 
 Runs `python -m pipeline.train CONFIG` once per case (`CASES`: reference, single,
 kernel/2, kernel/3 and kernel/4 even, data/2 and hybrid/2 even; batch 32 unless
@@ -12,7 +12,9 @@ and keeps each process's peak. Beside it: the peak the model predicts
 the measured *working* memory (the peak minus the per-process baseline,
 `memory.PROCESS_BASELINE`). The worker processes' names cannot be told from outside,
 so measured and predicted peaks are compared largest to largest. `--out` appends the
-measurements as JSON lines; `--compare FILE` compares them with the model again.
+measurements as JSON lines; `--compare FILE` compares them with the model again, and
+with `--fit` searches `FIT_GRID` for the `MemoryConstants` with the smallest largest
+error over every figure in FILE, and compares with those.
 
 Not a timed test: a paper-network case takes a minute or two on two cores.
 """
@@ -20,6 +22,8 @@ Not a timed test: a paper-network case takes a minute or two on two cores.
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import subprocess
@@ -32,10 +36,20 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipeline.config import load_run_config  # noqa: E402
-from pipeline.costmodel.memory import MB, PROCESS_BASELINE, element_bytes, peak_memory  # noqa: E402
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, PROCESS_BASELINE,  # noqa: E402
+                                       MemoryConstants, element_bytes, peak_memory)
 from pipeline.placement import split_even  # noqa: E402
 from pipeline.prediction import network_for  # noqa: E402
 from pipeline.probe.results import costmodel_network  # noqa: E402
+
+#: The constants `--fit` tries (MemoryConstants' fields, bytes or factors).
+FIT_GRID = {
+    "worker_runtime": [m * 10 ** 6 for m in range(60, 161, 10)],
+    "client_runtime": [m * 10 ** 6 for m in range(60, 161, 10)],
+    "conv_workspace": [0.0, 0.5, 1.0, 1.5, 2.0],
+    "retention": [1.0, 1.1, 1.2, 1.3],
+    "load_retained": [0.0, 0.5, 1.0],
+}
 
 #: name -> (strategy, workers, extra overrides)
 CASES = {
@@ -97,12 +111,12 @@ def measure_case(config_path: str, name: str, steps: int, extra: list[str]) -> d
             "workers": worker_peaks}
 
 
-def compare(measured: dict) -> dict:
-    """The model's peak per device for a measured case, and its error on working memory."""
-    strategy, workers, _ = CASES[measured["case"]]
-    config = load_run_config(measured["config"], measured["args"])
+@functools.lru_cache(maxsize=None)
+def _case(config_path: str, args: tuple[str, ...], name: str) -> tuple:
+    """A measured case's strategy, network, batch, split and element size."""
+    strategy, workers, _ = CASES[name]
+    config = load_run_config(config_path, list(args))
     spec = network_for(config)
-    network = costmodel_network(spec)
     batch = config.train.batch
     if strategy == "kernel":
         split = [split_even(layer.kernels, workers, q)
@@ -111,7 +125,14 @@ def compare(measured: dict) -> dict:
         split = [split_even(batch, workers, 1)]
     else:
         split = None
-    predicted = peak_memory(strategy, network, batch, split, element_bytes(spec.dtype)).per_device
+    return strategy, costmodel_network(spec), batch, split, element_bytes(spec.dtype)
+
+
+def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> dict:
+    """The model's peak per device for a measured case, and its error on working memory."""
+    strategy, network, batch, split, s = _case(measured["config"], tuple(measured["args"]),
+                                               measured["case"])
+    predicted = peak_memory(strategy, network, batch, split, s, constants=constants).per_device
     # the worker processes' names are not known from outside: largest to largest
     # (a worker the nanny restarted shows as one more process: the largest are kept)
     have_all = sorted([measured["client"]] if strategy == "reference" else measured["workers"],
@@ -125,6 +146,35 @@ def compare(measured: dict) -> dict:
                      "error": (model - working) / working})
     return {"case": measured["case"], "config": measured["config"], "batch": batch,
             "client_mb": measured["client"] / MB, "devices": rows}
+
+
+def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
+    """The grid's constants with the smallest largest error over every measured
+    device (the runtimes each alone, as they touch different processes)."""
+    fields = ["conv_workspace", "retention", "load_retained"]
+    best: tuple[float, MemoryConstants] | None = None
+    for values in itertools.product(*(FIT_GRID[f] for f in fields)):
+        base = dict(zip(fields, values))
+        # the runtimes shift every worker's (client's) figure alike: pick each best
+        picked = {}
+        for runtime, cases in (("worker_runtime", [m for m in measurements
+                                                   if m["case"] != "reference"]),
+                               ("client_runtime", [m for m in measurements
+                                                   if m["case"] == "reference"])):
+            scores = []
+            for value in FIT_GRID[runtime]:
+                constants = MemoryConstants(**base, **{runtime: value})
+                errors = [abs(row["error"]) for m in cases
+                          for row in compare(m, constants)["devices"]]
+                scores.append((max(errors, default=0.0), value))
+            picked[runtime] = min(scores)[1]
+        constants = MemoryConstants(**base, **picked)
+        worst = max(abs(row["error"]) for m in measurements
+                    for row in compare(m, constants)["devices"])
+        if best is None or worst < best[0]:
+            best = (worst, constants)
+    assert best is not None
+    return best[1], best[0]
 
 
 def show(result: dict) -> None:
@@ -145,7 +195,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="dotted overrides for every case")
     parser.add_argument("--compare", default="", help="only compare the measurements in "
                         "this JSON-lines file with the model")
+    parser.add_argument("--fit", action="store_true", help="with --compare: the grid's "
+                        "constants (FIT_GRID) with the smallest largest error, and the "
+                        "comparison with them")
     args = parser.parse_args(argv)
+    if args.compare and args.fit:
+        with open(args.compare, encoding="utf-8") as handle:
+            measurements = [json.loads(line) for line in handle if line.strip()]
+        constants, worst = fit(measurements)
+        print(f"fitted: {constants} (largest error {100 * worst:.1f} %)")
+        for measured in measurements:
+            show(compare(measured, constants))
+        return
     if args.compare:
         with open(args.compare, encoding="utf-8") as handle:
             for line in handle:

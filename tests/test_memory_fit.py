@@ -62,11 +62,15 @@ def test_more_kernel_devices_hold_less_each_and_single_is_the_whole():
 
 def test_replicas_hold_the_whole_network_and_less_with_fewer_rows():
     one = peak_memory("data", PAPER, 32, [[32]]).per_device[0]
-    two = peak_memory("data", PAPER, 32, [[16, 16]]).per_device
+    data = peak_memory("data", PAPER, 32, [[16, 16]])
+    two = data.per_device
     assert two[0] == two[1] <= one
     assert two[0] - FIXED > 4 * PAPER.params() * 4  # weights, momentum, grads, flat
-    hybrid = peak_memory("hybrid", PAPER, 32, [[16, 16]]).per_device[0]
-    assert hybrid < two[0]  # the dense layers are split
+    hybrid = peak_memory("hybrid", PAPER, 32, [[16, 16]])
+    # the dense layers are split (but hybrid keeps its trunk's .grad through the
+    # reduction, where data frees it once flattened: its peak is not the smaller)
+    assert hybrid.parts[0]["weights"] < data.parts[0]["weights"]
+    assert hybrid.parts[0]["gradients"] >= PAPER.conv_params() * 4
 
 
 def test_activations_grow_with_the_batch_and_the_element_size():

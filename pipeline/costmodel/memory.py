@@ -3,11 +3,14 @@
 Why a count rather than a rule of thumb: the issue that asked for this (24) measured
 that a worker holding half of a network's kernels held as much as plain PyTorch
 holding all of it. Where the bytes go depends on what the engine keeps between ops
-(the shard's conv output beside its ReLU output, a full-size input gradient kept
-alive by the own slice that views it, the flat gradient and its reduced copy), so
-the model walks each device's ops in the engine's order and tracks every tensor the
-implementation allocates and frees (`Live`), as of the code measured; the peak of
-that walk, plus what a process holds before any tensor, is the prediction.
+(a full-size input gradient kept alive by the own slice that views it, the
+partials and reads a backward op holds until it ends, the flat gradient and its
+reduced copy), so the model walks each device's ops in the engine's order and tracks
+every tensor the implementation allocates and frees (`Live`), as of the code measured
+(after issue 24's shrinks: a shard keeps what autograd keeps, `data` frees each
+gradient copy once the next exists, the master reads only the dense layers, every
+step starts with the freed pages handed back); the peak of that walk, plus what a
+process holds before any tensor, is the prediction.
 
 Per device, by kind (`Footprint.parts` at the peak):
 
@@ -16,8 +19,9 @@ Per device, by kind (`Footprint.parts` at the peak):
 - ``runtime``: what the project's process holds beyond that with no network to
   speak of (a Dask worker running the tasks; or the training process itself for
   `reference`): measured (`MemoryConstants`);
-- ``load``: the checkpoint read at the start (the whole network's on the master,
-  a replica and `reference`; a shard's slices elsewhere), still resident;
+- ``load``: the checkpoint read at the start (the dense layers' and its shards'
+  slices on the master, a shard's slices elsewhere, the whole network's on a replica
+  and in `reference`), the share still resident (`MemoryConstants.load_retained`);
 - ``weights``, ``gradients``, ``momentum``: the device's parameters (its kernels'
   shards, the dense head on the master, a whole replica for `data`);
 - ``activations``: tensors a forward keeps for its backward;
@@ -75,11 +79,12 @@ class MemoryConstants:
         32 MiB) in its arenas, so resident memory stays above the live tensors.
     load_retained : the fraction of the checkpoint it read at the start that a
         process still holds (Zarr decodes it chunk by chunk, a channel quantum at a
-        time, on the heap): the master reads the whole network's weights and
-        momentum for its dense head, a replica and `reference` read them whole.
+        time, on the heap): a shard its slices, the master also the dense layers,
+        a replica and `reference` the whole network's weights and momentum.
     The runtimes, the workspace, the retention and the checkpoint's share kept were
     fitted together (benchmarks/memory_fit.py, docs/model.md): the runtimes on the
-    small network, whose tensors are a few MB; the others on the paper network.
+    small network, whose tensors are a few MB; the others on the paper network;
+    measured again after issue 24's shrinks and kept (docs/benchmarks.md).
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
@@ -181,20 +186,27 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     the dense head if `master`. `holders[l]` lists the kernel counts of every device
     of layer l (whose slices this device reads and writes); None: this device alone.
 
-    The walk follows tasks/kernel_ops.py: forward keeps the layer input, the conv
-    output, the ReLU output, the pooled output and the pool's indices until that
-    layer's backward; the master's head gathers the features and keeps its gradient
-    slice; backward sums the upper layer's partials, runs pool/ReLU backward and the
-    full-size input gradient, whose own slice (a view) keeps it alive until the layer
-    below has read it.
+    The walk follows tasks/kernel_ops.py and tasks/conv_shard.py: forward gathers the
+    layer input (its own pooled output and the others' read, concatenated; with no
+    other holder the own output is the input), keeps the input, the ReLU's output
+    (computed in place over the conv output) and the pool's indices until that
+    layer's backward, and keeps the pooled output only until the layer above has
+    gathered it; the master reads only the dense layers from the checkpoint, gathers
+    the features and keeps its gradient slice (a view of the whole gradient);
+    backward sums the upper layer's partials (held, with what was read, until the op
+    ends), runs pool/ReLU backward into the conv output's gradient (freeing the ReLU
+    output and the indices), then the full-size input gradient, whose own slice (a
+    view) keeps it alive until the layer below has read it.
     """
     layers = network.conv
     holders = holders or [[c] for c in counts]
+    last = len(layers) - 1
     live = Live()
     params = sum(layer.params(int(k)) for layer, k in zip(layers, counts) if k)
-    read = 2 * s * (network.params() if master else params)
+    read = 2 * s * params
     if master:
         params += network.dense_params()
+        read += 2 * s * network.dense_params()
     for kind in ("weights", "gradients", "momentum"):
         live.alloc(kind, kind, params * s)
     ws = constants.conv_workspace
@@ -205,22 +217,30 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
             live.alloc("x0", "activations", sizes["input"])
         else:
             below = _layer_sizes(layers[l - 1], batch, 1, s)["y"]
-            others = sum(holders[l - 1]) - counts[l - 1] if counts[l - 1] else sum(holders[l - 1])
-            if others:
+            others = sum(holders[l - 1]) - counts[l - 1]
+            if others:  # torch.cat of the own output and the others' read
                 live.alloc(f"read{l}", "exchange", below * others)
                 live.alloc(f"x{l}", "activations", sizes["input"])
-                live.free(f"read{l}")
+                live.free(f"read{l}", f"y{l - 1}")
+            elif layers[l - 1].pool > 1:  # the own pooled output is the input
+                live.free(f"y{l - 1}")
+                live.alloc(f"x{l}", "activations", sizes["input"])
+            else:  # the own ReLU output (the conv output's storage) is the input
+                live.free(f"y{l - 1}")
         live.alloc(f"z{l}", "activations", sizes["z"])
         live.transient(f"ws{l}", "workspace", ws * sizes["z"])
-        for part in ("relu", "y", "index"):
-            live.alloc(f"{part}{l}", "activations", sizes[part])
-    last = len(layers) - 1
+        if layers[l].pool > 1:
+            live.alloc(f"y{l}", "activations", sizes["y"])
+            live.alloc(f"index{l}", "activations", sizes["index"])
+        if not (counts[l + 1] if l < last else master):
+            # written to the workspace for the other holders, then dropped
+            live.free(f"y{l}")
     feature = _layer_sizes(layers[last], batch, 1, s)["y"]
     if master:
         others = sum(holders[last]) - counts[last]
         live.alloc("features-read", "exchange", feature * others)
         live.alloc("features", "backward", feature * sum(holders[last]))
-        live.free("features-read")
+        live.free("features-read", f"y{last}")
         live.alloc("dense", "backward", batch * sum(d.out_features for d in network.dense) * s * 3)
         live.alloc("grad-features", "backward", feature * sum(holders[last]))
         live.free("dense", "features")
@@ -230,21 +250,23 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     for l in reversed(held):
         sizes = _layer_sizes(layers[l], batch, counts[l], s)
         per_kernel_y = _layer_sizes(layers[l], batch, 1, s)["y"]
-        upper = holders[l + 1] if l < last else [counts[l]]
-        reads = (len([k for k in upper if k]) - (1 if (l < last and counts[l + 1]) or
-                                                 (l == last and master) else 0))
-        live.alloc(f"grad-in{l}", "exchange", reads * per_kernel_y * counts[l])
-        live.alloc(f"grad-y{l}", "backward", sizes["y"])
-        live.free(f"grad-in{l}", "grad-features", f"partial{l + 1}")
-        live.alloc(f"grad-relu{l}", "backward", sizes["relu"] or sizes["z"])
+        if l < last:
+            parts = len([k for k in holders[l + 1] if k])
+            own = 1 if counts[l + 1] else 0
+        else:
+            parts, own = 1, 1 if master else 0
+        live.alloc(f"grad-in{l}", "exchange", (parts - own) * per_kernel_y * counts[l])
+        if parts > 1:  # the reduce-scatter's sum
+            live.alloc(f"grad-y{l}", "backward", sizes["y"])
         live.alloc(f"grad-z{l}", "backward", sizes["z"])
-        live.free(f"grad-relu{l}", f"grad-y{l}")
+        live.free(f"z{l}", f"index{l}")
         if l > 0:
             live.alloc(f"partial{l}", "backward", sizes["input"])
             copies = (sum(holders[l - 1]) - counts[l - 1]) / max(sum(holders[l - 1]), 1)
             live.transient(f"partial-copy{l}", "exchange", sizes["input"] * copies)
         live.transient(f"ws-b{l}", "workspace", ws * (sizes["input"] + sizes["z"]))
-        live.free(f"x{l}", f"z{l}", f"relu{l}", f"y{l}", f"index{l}", f"grad-z{l}")
+        live.free(f"grad-in{l}", f"grad-y{l}", "grad-features", f"partial{l + 1}",
+                  f"x{l}", f"grad-z{l}")
     live.free("partial0")
     if gpu:
         return _finish(live, {"context": constants.gpu_context})
@@ -290,19 +312,25 @@ def _replica_walk(live: Live, network: Network, rows: int, s: int, ws: float) ->
     live.free("x0")
 
 
-def _reduction(live: Live, nbytes: float, devices: int) -> None:
+def _reduction(live: Live, nbytes: float, devices: int, frees_grads: bool = True) -> None:
     """tasks/data_ops.py's reduction of a flat gradient of `nbytes` over `devices`
-    (`data`, and `hybrid`'s conv trunk): the flat copy, the other devices' ranges of
-    its own range read and summed, every summed range read and gathered into a second
-    flat copy."""
+    (`data`, and `hybrid`'s conv trunk): the flat copy (the parameters' .grad freed
+    once it exists: `data`'s replica_step; `hybrid` keeps them until the gathered copy
+    replaces them), the other devices' ranges of its own range read and summed (the
+    flat copy freed once its ranges are handed on and summed), every other summed
+    range read and gathered with the own into a second flat copy, which becomes the
+    parameters' .grad."""
     live.alloc("flat", "exchange", nbytes)
+    grads = [name for name in list(live.sizes) if name.startswith("grads")]
+    if frees_grads:
+        live.free(*grads)
     share = nbytes / devices
     live.alloc("reads", "exchange", share * (devices - 1))
     live.alloc("own-sum", "exchange", share)
-    live.free("reads")
+    live.free("reads", "flat")
     live.alloc("gathered-reads", "exchange", share * (devices - 1))
-    live.alloc("gathered", "exchange", nbytes)
-    live.free("gathered-reads")
+    live.alloc("gathered", "gradients", nbytes)
+    live.free("gathered-reads", "own-sum", *grads)
 
 
 def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s: int = 4,
@@ -349,7 +377,7 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     if rows:
         _replica_walk(live, trunk_only, rows, s, constants.conv_workspace)
     live.free("features", "grad-features")
-    _reduction(live, trunk, devices)
+    _reduction(live, trunk, devices, frees_grads=False)
     extra = ({"context": constants.gpu_context} if gpu else
              {"baseline": constants.baseline, "runtime": constants.worker_runtime,
               "load": constants.load_retained * 2 * network.params() * s})
