@@ -25,10 +25,20 @@ from tasks.worker_state import current_profile, release_freed_memory
 def conv_backward(grad_z: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                   spec: ConvLayerSpec, want: tuple[bool, bool, bool]
                   ) -> tuple[torch.Tensor | None, ...]:
-    """Input, weight and bias gradients of the conv (those `want` asks for)."""
+    """Input, weight and bias gradients of the conv (those `want` asks for).
+
+    Without autograd: called on a weight that requires grad, the op would record a
+    graph node saving the weight, the input and `grad_z` on its results, and the
+    weight's own gradient pointing back at the weight is a cycle through C++ that
+    Python's collector cannot see. Every calibrated shard then stayed in memory for
+    the worker's life (its weights, gradient, momentum, input and `grad_z`), and each
+    training step kept the last step's inputs and `grad_z` alive.
+    """
     padding = [spec.padding, spec.padding]
-    return torch.ops.aten.convolution_backward(
-        grad_z, x, weight, [weight.shape[0]], [1, 1], padding, [1, 1], False, [0, 0], 1, want)
+    with torch.no_grad():
+        return torch.ops.aten.convolution_backward(
+            grad_z, x, weight, [weight.shape[0]], [1, 1], padding, [1, 1], False, [0, 0], 1,
+            want)
 
 
 def relu_pool(z: torch.Tensor, spec: ConvLayerSpec

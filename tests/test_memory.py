@@ -3,6 +3,9 @@ real run records of it (record, summary) on the shared cluster and in-process.""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -163,3 +166,23 @@ def test_lean_sgd_steps_as_torchs_sgd_bit_for_bit(nesterov):
     assert torch.equal(params[0], params[1])
     assert torch.equal(plain.state[params[0]]["momentum_buffer"],
                        lean.state[params[1]]["momentum_buffer"])
+
+
+def test_a_trained_shard_is_freed_with_its_last_reference():
+    """The conv's backward runs without autograd: run with it, the weight's gradient
+    pointed back at the weight through a graph node, a cycle Python's collector
+    cannot see, and every calibrated shard stayed in memory for the worker's life."""
+    spec = ConvLayerSpec(in_channels=3, kernels=4, in_height=8, in_width=8)
+    shard = ConvShard(spec, ShardRange(0, 0, 4), "0",
+                      {"weight": np.ones((4, 3, 5, 5), np.float32),
+                       "bias": np.zeros(4, np.float32)},
+                      {"weight": np.zeros((4, 3, 5, 5), np.float32),
+                       "bias": np.zeros(4, np.float32)}, OptimizerSpec(), "cpu")
+    shard.forward(torch.ones(2, 3, 8, 8), input_grad=True)
+    shard.input_gradient(torch.ones(2, 4, 4, 4))
+    shard.update()
+    assert shard.weight.grad.grad_fn is None
+    weight = weakref.ref(shard.weight)
+    del shard
+    gc.collect()
+    assert weight() is None
