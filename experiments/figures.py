@@ -11,6 +11,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def legend_beside(fig: Any, axes: Any) -> None:
+    """One legend for the figure, right of its panels: every label drawn on `axes`,
+    once each, in the order first drawn."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="center left",
+               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+
+
 def save_figure(fig: Any, path: str) -> None:
     """Lay out, write and close a figure (every figure of the reports)."""
     fig.tight_layout()

@@ -15,7 +15,6 @@ strategies figure, which compares across settings, has its own module
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import matplotlib
 
@@ -26,7 +25,7 @@ import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 import yaml  # noqa: E402
 
-from experiments.figures import save_figure  # noqa: E402
+from experiments.figures import legend_beside, save_figure  # noqa: E402
 from experiments.report_view import (COLORS, PAPER_LABEL, PAPER_POINT, StoreView,  # noqa: E402
                                      label_order, slice_of_others)
 from experiments.results import DONE  # noqa: E402
@@ -111,12 +110,7 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         ax.set_xlabel("workers (summed relative speed if unequal)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"speedup over '{sweep.baseline}'")
-    legend: dict[str, Any] = {}
-    for ax in axes[0]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(label, handle)
-    fig.legend(list(legend.values()), list(legend), loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    legend_beside(fig, axes[0])
     fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: speedup (median over repeats, "
                  "bars: range)")
     save_figure(fig, path)

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.figures import save_figure  # noqa: E402
+from experiments.figures import legend_beside, save_figure  # noqa: E402
 from experiments.report_view import COLORS, StoreView, slice_of_others  # noqa: E402
 
 REFERENCE = "reference"
@@ -58,12 +58,7 @@ def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
                      fontsize=9)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    handles: dict = {}
-    for ax in axes[0]:
-        for handle, name in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(name, handle)
-    fig.legend(list(handles.values()), list(handles), loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    legend_beside(fig, axes[0])
     fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: memory per worker (peak resident "
                  "less a bare process's, median over repeats)")
     save_figure(fig, path)
