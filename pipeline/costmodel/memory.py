@@ -84,16 +84,18 @@ class MemoryConstants:
     The runtimes, the workspace, the retention and the checkpoint's share kept were
     fitted together (benchmarks/memory_fit.py, docs/model.md): the runtimes on the
     small network, whose tensors are a few MB; the others on the paper network;
-    measured again after issue 24's shrinks and kept (docs/benchmarks.md).
+    refitted after shrink 8 (a shard's backward without autograd, which had kept
+    every calibrated shard and a step's inputs alive) on both networks at batch 32
+    (docs/benchmarks.md, "After shrink 8").
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
 
     baseline: float = PROCESS_BASELINE
-    worker_runtime: float = 125 * 10 ** 6
-    client_runtime: float = 125 * 10 ** 6
-    conv_workspace: float = 2.0
-    retention: float = 1.3
+    worker_runtime: float = 110 * 10 ** 6
+    client_runtime: float = 140 * 10 ** 6
+    conv_workspace: float = 1.0
+    retention: float = 1.2
     load_retained: float = 1.0
     gpu_context: float = 500 * 10 ** 6
 
