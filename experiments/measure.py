@@ -28,7 +28,7 @@ from experiments.results import PREDICTED_COMPONENTS, PointResult
 from experiments.sweep_points import Point
 from pipeline.prediction import predict_memory, probe_policy
 from pipeline.run import run_training
-from pipeline.step_breakdown import model_breakdown, record_breakdown
+from pipeline.step_breakdown import model_breakdown
 
 Predictor = Callable[[Any, "dict | None"], "float | None"]
 
@@ -143,7 +143,7 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
         "started": started, "finished": finished, "wall_time": finished - started,
         "recoveries": float(len(summary.get("recoveries", []))),
         **{f"critical_{part}": seconds for part, seconds in
-           record_breakdown(record, config.train.warmup_steps).items()},
+           summary["critical_breakdown"].items()},
         **{f"predicted_{part}": seconds for part, seconds in
            model_breakdown(summary.get("predicted_breakdown")).items()
            if part in PREDICTED_COMPONENTS},
