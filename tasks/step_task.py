@@ -58,7 +58,8 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
     run.check_order(step, ops)
     receipt = Receipt(task, run.profile.name, step, time.time())
     clock = TaskClock(receipt, run.profile.synchronize)
-    release_freed_memory()  # the last step's freed pages: a step's peak is its own
+    # No malloc_trim here: handing the last step's freed pages back made every step
+    # fault them in again, 1.3x the step time of the small network (docs/benchmarks.md).
     held = current_rss()  # what the worker holds between steps
     kind = reset_peak(run.profile.device)
     with writing("workspace", run.paths.workspace):  # the ops' only writes
