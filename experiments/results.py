@@ -115,6 +115,10 @@ MEASURES: dict[str, tuple[str, str]] = {
                        "memory the point's work needed on its fullest worker"),
     "client_memory_peak": ("B", "the most host resident memory the client process held "
                            "during a step"),
+    "client_cpu_per_step": ("s", "CPU time of the client's process per step (median): its "
+                            "submits and collects and an embedded cluster's scheduler (for "
+                            "reference, the training itself). Stores written before it have "
+                            "none"),
     "started": ("s", "when the point's run started, seconds since 1970-01-01 UTC"),
     "finished": ("s", "when the point's run ended, seconds since 1970-01-01 UTC"),
     "wall_time": ("s", "the point's whole run: setup, calibration, steps, evaluation"),
@@ -139,6 +143,7 @@ TEXTS: dict[str, str] = {
 ADDED_LATER = ("recoveries", "offered_workers", "recovery_log", "worker_devices",
                "strategy_choice", "predicted_low", "predicted_high", "memory_peak",
                "memory_working", "client_memory_peak", "memory_per_worker",
+               "client_cpu_per_step",
                *(f"critical_{p}" for p in COMPONENTS),
                *(f"predicted_{p}" for p in PREDICTED_COMPONENTS))
 SERIES: dict[str, tuple[str, str]] = {

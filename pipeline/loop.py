@@ -67,6 +67,7 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
     for step in range(from_step, steps):
         next_save = next(s for s in saves if s > step)
         kind = reset_peak()  # the client's own peak over this step's submits and collect
+        cpu_start = time.process_time()  # the client's CPU (and an embedded scheduler's)
         while submitted < min(step + ahead, next_save):
             with _client_event(client_events, f"submit step {submitted}"):
                 trainer.submit(submitted)
@@ -74,7 +75,8 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
         with _client_event(client_events, f"collect step {step}"):
             result = trainer.collect(step)
         now = time.perf_counter()
-        recorder.add_step(result, now - last_end, read_peak("cpu", kind))
+        recorder.add_step(result, now - last_end, read_peak("cpu", kind),
+                          time.process_time() - cpu_start)
         last_end = now
         if not np.isfinite(result.loss):
             raise FloatingPointError(f"training diverged at step {step}: loss is {result.loss}")

@@ -64,14 +64,17 @@ PER_STEP = {
     "master_time": ("s", "the dense head's compute on the master worker"),
     "wait_time": ("s", "step time the busiest worker spent not working on its own "
                   "compute, workspace I/O or dataset reads (waiting for peers, dispatch)"),
+    "client_cpu_time": ("s", "CPU time of the client's process over the step: the client's "
+                        "submits and collects, an embedded cluster's scheduler, and for "
+                        "`reference` the training itself"),
 }
 #: name -> (key in a receipt's ``extra["memory"]``, description): maxima, not sums.
 MEMORY = {
     "memory_peak": ("rss", "most host resident memory the worker's process held while it "
                     "ran the step's ops (everything it held already included)"),
     "memory_held": ("held", "host resident memory of the worker's process when it started "
-                    "the step's ops (on a worker after its freed pages were handed back): "
-                    "what it holds between steps; the peak less this is the step's own"),
+                    "the step's ops: what it holds between steps (freed pages its heap keeps "
+                    "for reuse included); the peak less this is the step's own"),
     "gpu_allocated_peak": ("gpu_allocated", "most GPU memory torch had allocated on the "
                            "worker's device during the step (torch.cuda.max_memory_allocated;"
                            " 0 on a CPU worker)"),
@@ -105,8 +108,9 @@ class RunRecorder:
     memory_kinds: set[str] = field(default_factory=set)
 
     def add_step(self, result: StepResult, wall_s: float,
-                 client: MemoryPeak | None = None) -> None:
-        """Add a finished step; `client` is the client process's peak over it."""
+                 client: MemoryPeak | None = None, client_cpu_s: float = float("nan")) -> None:
+        """Add a finished step; `client` is the client process's memory peak over it,
+        `client_cpu_s` its CPU time."""
         dense = 0.0
         if client is not None:
             self.client_memory[result.step] = float(client.rss)
@@ -132,7 +136,7 @@ class RunRecorder:
                     key = (result.step, event.layer, receipt.worker)
                     self.by_shard[key] = self.by_shard.get(key, 0.0) + busy
         self.steps[result.step] = {"step_time": wall_s, "loss": result.loss,
-                                   "master_time": dense}
+                                   "master_time": dense, "client_cpu_time": client_cpu_s}
 
     def forget_from(self, step: int) -> None:
         """Drop the figures of steps `step`.. (lost with a worker; they will be replayed
@@ -227,6 +231,16 @@ def link_attrs(transport: str, before: dict[str, tuple[int, int]],
             "link_bytes_sent": jsonable({n: after[n][1] - before[n][1] for n in names})}
 
 
+def client_cpu_summary(tail: xr.Dataset) -> dict:
+    """The client process's CPU per measured step, and as a share of one core: on a
+    machine whose cores the workers fill, this is time taken from them."""
+    if "client_cpu_time" not in tail or not np.isfinite(tail.client_cpu_time.values).any():
+        return {}
+    cpu = tail.client_cpu_time
+    return {"client_cpu_per_step": float(cpu.median()),
+            "client_core_share": float((cpu / tail.step_time).median())}
+
+
 def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
     """Median step time and spread over the measured (post-warm-up) steps."""
     tail = ds.isel(step=slice(warmup_steps, None)) if ds.sizes["step"] > warmup_steps else ds
@@ -247,6 +261,7 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
         "storage_time_median": float((tail.read_time + tail.write_time).max("worker").median()),
         "wait_time_median": float(tail.wait_time.median()),
         "master_time_median": float(tail.master_time.median()),
+        **client_cpu_summary(tail),
         "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
         # where a step's time goes along its critical worker (pipeline/step_breakdown.py)
         "critical_breakdown": record_breakdown(ds, warmup_steps),
@@ -266,6 +281,9 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"  breakdown   compute {summary['compute_time_median']:.3f} s, workspace "
         f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
         f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
+        *([f"  client      {summary['client_cpu_per_step'] * 1e3:.1f} ms CPU per step "
+           f"({summary['client_core_share']:.0%} of a core: the client and an embedded "
+           "scheduler)"] if summary.get("client_cpu_per_step") is not None else []),
         *(["  critical    " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in
                                           summary["critical_breakdown"].items())
            + " (medians along each step's critical worker)"]

@@ -186,3 +186,17 @@ def test_a_trained_shard_is_freed_with_its_last_reference():
     del shard
     gc.collect()
     assert weight() is None
+
+
+def test_the_record_and_summary_carry_the_clients_cpu_per_step(single_runs):
+    """The client's process (client, scheduler) takes CPU from the workers' cores."""
+    small, large = single_runs[16].summary, single_runs[512].summary
+    cpu = single_runs[16].record.client_cpu_time
+    assert cpu.dims == ("step",) and cpu.attrs["units"] == "s"
+    assert np.isfinite(cpu.values).all() and (cpu.values > 0).all()
+    steps = single_runs[16].record.step_time.values
+    assert (cpu.values < 4 * steps + 0.05).all()  # a process's CPU over a step's wall time
+    for summary in (small, large):
+        assert 0 < summary["client_cpu_per_step"] < summary["step_time_median"] * 4
+        assert summary["client_core_share"] == pytest.approx(
+            summary["client_cpu_per_step"] / summary["step_time_median"], rel=0.8)

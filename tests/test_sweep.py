@@ -111,7 +111,8 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
                  "efficiency", "compute_time", "storage_time", "wait_time", "master_time",
                  "bytes_moved", "loss", "accuracy", "predicted_step_time",
                  "prediction_error", "status", "failure", "step_time_series", "memory_peak",
-                 "memory_working", "client_memory_peak", "memory_per_worker"):
+                 "memory_working", "client_memory_peak", "memory_per_worker",
+                 "client_cpu_per_step"):
         assert name in ds, name
     for name, variable in ds.data_vars.items():
         assert variable.attrs.get("units") and variable.attrs.get("description"), name
@@ -123,6 +124,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     assert (ds.status == DONE).all()
     assert (ds.step_time > 0).all() and ds.accuracy.notnull().all()
     assert (ds.memory_working > 0).all() and (ds.memory_peak > ds.memory_working).all()
+    assert (ds.client_cpu_per_step > 0).all()
     assert close(ds.throughput, ds.batch / ds.step_time)
     baseline = ds.step_time.sel(strategy="single").median("repeat")
     assert close(ds.speedup, baseline / ds.step_time)
