@@ -7,7 +7,7 @@ batch. At each value two stacked bars: the measured components
 (``compute``, ``exchange``, ``dataset``, ``wait``, ``client``: the store's
 ``critical_<component>``, along each step's critical worker,
 pipeline/step_breakdown.py) and the model's (``predicted_compute``,
-``predicted_exchange``, ``predicted_client``, hatched); dots mark the measured
+``predicted_exchange``, ``predicted_wait``, ``predicted_client``, hatched); dots mark the measured
 median step, crosses the predicted step.
 
 Drawn where the store has the breakdown (sweeps written since it was added) and a
@@ -115,7 +115,9 @@ def growth_figure(sweep: StoreView, frame: pd.DataFrame, strategy: str, path: st
             axes[r][c].set_visible(False)
     panels = [(axes[r][c], panel) for r, row in enumerate(grid) for c, panel in enumerate(row)]
     measured = [(p, f"critical_{p}") for p in COMPONENTS]
-    predicted = [(p, f"predicted_{p}") for p in PREDICTED_COMPONENTS]
+    # stores written before the model had a wait part lack predicted_wait
+    predicted = [(p, f"predicted_{p}") for p in PREDICTED_COMPONENTS
+                 if f"predicted_{p}" in frame]
     for ax, (dim, rows, fixed) in panels:
         x = np.arange(len(rows))
         width = 0.38

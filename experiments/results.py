@@ -49,8 +49,9 @@ from storage.labelled import write_dataset
 from storage.locks import LockBusy, OwnerLock
 
 PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
-#: The parts the model predicts (it has no dataset or wait part of its own).
-PREDICTED_COMPONENTS = ("compute", "exchange", "client")
+#: The parts the model predicts (it has no dataset part of its own; its wait is the
+#: client's share of the cores, pipeline/costmodel/contention.py).
+PREDICTED_COMPONENTS = ("compute", "exchange", "wait", "client")
 STORE_FORMAT = "hetcnn-sweep/2"  # 2: status 3 (not applicable), batch_split
 
 #: name -> (units, description) of the per-point float variables, in table order.

@@ -141,6 +141,20 @@ def all_local(offered: list[ClusterWorker]) -> bool:
     return all(urlsplit(worker.address).hostname in local for worker in offered)
 
 
+def scheduler_in_process(client: Client) -> bool:
+    """Whether the client's scheduler runs in this process (an embedded or linked
+    cluster started here): then its work per task is this process's CPU."""
+    return isinstance(getattr(client, "cluster", None), SpecCluster)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def scheduler_address(config: ClusterConfig) -> str | None:
     """The scheduler to use: the config's, else $DASK_SCHEDULER_ADDRESS, else None.
 

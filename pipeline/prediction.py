@@ -11,7 +11,9 @@ of the engine's step, access by access (see :mod:`pipeline.costmodel.kernel`):
   dense head, the batch read, and the gap between its queued step tasks;
 - ``kernel``: ``P`` workers with the run's split (the split the run recorded, if
   given; else the one its placement would choose) and master, exchanging
-  through the workspace as the engine does (see :mod:`pipeline.costmodel.kernel`).
+  through the workspace as the engine does (see :mod:`pipeline.costmodel.kernel`);
+- on an embedded cluster whose workers fill the cores, each of these plus the
+  client's share of them (`with_contention`, :mod:`pipeline.costmodel.contention`).
 
 :func:`predict_point` is what the sweep calls after each point (and, with no
 summary, in ``mode: predict`` and dry runs).  Without a probe it takes one
@@ -35,6 +37,7 @@ from pipeline.cluster import (ClusterError, all_local, find_workers, open_client
                               scheduler_address)
 from pipeline.config import RunConfig
 from pipeline.costmodel import Prediction
+from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
 from pipeline.costmodel.memory import MEMORY_STRATEGIES, Footprint, element_bytes, peak_memory
 from pipeline.placement import split_even
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
@@ -46,7 +49,7 @@ from storage.datasets import DatasetError, open_dataset_info
 from tasks.specs import NetworkSpec
 
 __all__ = ["PointPrediction", "band", "predict_config", "predict_point", "network_for",
-           "probe_for_config", "probe_policy"]
+           "probe_for_config", "probe_policy", "with_contention"]
 
 
 class PointPrediction(dict):
@@ -105,9 +108,27 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
     if isinstance(probe, ClusterProbe) and (probe.batch != config.train.batch
                                             or probe.network_spec() != spec):
         raise ValueError("the probe was made for another network or batch")
-    return strategy_named(config.strategy).predict_run(
+    prediction = strategy_named(config.strategy).predict_run(
         config, probe, costmodel_network(spec),
         {"kernel_split": kernel_split, "batch_split": batch_split})
+    return with_contention(prediction, probe) if isinstance(probe, ClusterProbe) else prediction
+
+
+def with_contention(prediction: Prediction, probe: ClusterProbe) -> Prediction:
+    """The prediction with the client's share of the cores (pipeline/costmodel/
+    contention.py) added as ``breakdown["contention"]``, where the probed cluster's
+    scheduler ran in the client's process and the workers the step uses fill the
+    cores it had; unchanged otherwise."""
+    compute = prediction.breakdown.get("compute")
+    workers = len(compute) if isinstance(compute, list) else 1
+    dask = probe.dask
+    threads = [w.threads for w in probe.workers[:workers]]
+    if not dask.scheduler_here or not cores_filled(threads, dask.host_cores):
+        return prediction
+    load = ClientLoad(dask.client_cpu_per_task_s, dask.client_cpu_rate)
+    step = contended_step(prediction.step_time, workers, load)
+    breakdown = {**prediction.breakdown, "contention": step - prediction.step_time}
+    return dataclasses.replace(prediction, step_time=step, breakdown=breakdown)
 
 
 def probe_policy() -> str:

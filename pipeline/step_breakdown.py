@@ -24,9 +24,10 @@ A run's summary keeps the medians (``critical_breakdown``, and a closing line); 
 stores keep them per point (``critical_<component>``).
 
 The model's breakdown (`pipeline.costmodel.Prediction.breakdown`) is mapped onto
-the same names by `model_breakdown`: it has no dataset or wait component of its own
-(reads wait inside its I/O on the critical path) and its Dask overhead is the
-client's component.
+the same names by `model_breakdown`: it has no dataset component of its own (reads
+wait inside its I/O on the critical path), its wait is the client's share of the
+cores (``contention``: the step waits for a worker the client displaced), and its
+Dask overhead is the client's component.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ RECORD_COMPONENTS = {"compute": ("compute_time",), "exchange": ("read_time", "wr
                 "dataset": ("dataset_time",), "wait": ("exchange_wait_time",)}
 #: The model's critical-path parts (costmodel `Prediction.breakdown`) behind each one.
 MODEL_COMPONENTS = {"compute": ("compute_critical", "master"),
-               "exchange": ("communication", "storage"), "dataset": (), "wait": (),
+               "exchange": ("communication", "storage"), "dataset": (), "wait": ("contention",),
                "client": ("overhead",)}
 
 

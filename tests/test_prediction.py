@@ -17,7 +17,10 @@ import os
 import numpy as np
 import pytest
 
-from pipeline.prediction import PointPrediction, network_for, predict_config, predict_point
+from pipeline.costmodel import Prediction
+from pipeline.costmodel.contention import ClientLoad, contended_step
+from pipeline.prediction import (PointPrediction, network_for, predict_config, predict_point,
+                                 with_contention)
 from pipeline.cluster import find_workers, register_setup
 from pipeline.model_placement import choose_split
 from pipeline.placement import align_to_quanta
@@ -25,6 +28,7 @@ from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, S
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe)
 from pipeline.records import format_summary
+from pipeline.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named
 from pipeline.strategy_choice import pick
@@ -100,7 +104,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 6 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 7 and probe.phase_seconds["timed_again"] >= 0
     for worker in probe.workers:  # each replica's conv trunk, both replicas running
         t = worker.trunk
         assert t is not None and (t.rows, t.active) == (probe.batch // 2, 2), t
@@ -151,7 +155,7 @@ def test_predict_point_per_strategy_is_sane(probe, two_workers, tiny_dataset_fac
     assert low <= seconds <= high and low < high, (low, seconds, high)
     b = prediction["breakdown"]
     parts = ("compute_critical", "master", "storage", "communication", "overhead")
-    assert sum(b[k] for k in parts) == pytest.approx(seconds)
+    assert sum(b[k] for k in parts) + b.get("contention", 0.0) == pytest.approx(seconds)
     if strategy == "reference":
         assert b["overhead"] == 0 and prediction["constants"]["threads"] == 1
     else:
@@ -317,3 +321,21 @@ def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(
         result.summary.get("prediction_note")
     assert f"strategy auto: the model picks {choice['chosen']}" in capsys.readouterr().err
     assert "auto        chose" in format_summary("r", choice["chosen"], result.summary, ["w"])
+
+
+def test_the_clients_share_of_the_cores_is_added_only_where_the_workers_fill_them():
+    probe = _synthetic_probe(fixed_s=0.002, per_kernel_s=0.0005, slow=1.0)
+    plain = Prediction("kernel", 0.050, 128, {"compute": [0.04, 0.04], "overhead": 0.01})
+    assert with_contention(plain, probe) is plain  # the scheduler ran elsewhere
+    here = dataclasses.replace(probe.dask, client_cpu_per_task_s=0.004, client_cpu_rate=0.02,
+                               scheduler_here=True, host_cores=2)
+    probe = dataclasses.replace(probe, dask=here)
+    contended = with_contention(plain, probe)
+    load = ClientLoad(0.004, 0.02)
+    assert contended.step_time == pytest.approx(contended_step(0.050, 2, load))
+    assert contended.breakdown["contention"] == pytest.approx(contended.step_time - 0.050)
+    assert model_breakdown(contended.breakdown)["wait"] == contended.breakdown["contention"]
+    one = Prediction("single", 0.050, 128, {"compute": [0.04], "overhead": 0.01})
+    assert with_contention(one, probe) is one  # a core left for the client
+    four_cores = dataclasses.replace(probe, dask=dataclasses.replace(here, host_cores=4))
+    assert with_contention(plain, four_cores) is plain

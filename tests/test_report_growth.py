@@ -40,6 +40,7 @@ def _store() -> xr.Dataset:
     data.update({"predicted_compute": (dims, np.broadcast_to(0.9 * compute, shape).copy()),
                  "predicted_exchange": (dims, np.broadcast_to(components["critical_exchange"],
                                                               shape).copy()),
+                 "predicted_wait": (dims, np.full(shape, 0.002)),
                  "predicted_client": (dims, np.full(shape, 0.004))})
     for name in POINT_FIGURES:
         data.setdefault(name, (dims, np.full(shape, 1.0)))
@@ -87,6 +88,8 @@ def test_the_growth_figure_and_its_section(tmp_path):
         assert growth_figure(sweep, frame, strategy, path)
         image = matplotlib.image.imread(path)
         assert image.shape[1] > 400 and image[..., :3].std() > 0.05
+    older = StoreView(_store().drop_vars("predicted_wait"))  # written before the model had it
+    assert growth_figure(older, older.points(), "kernel", str(tmp_path / "older.png"))
     lines = growth_section(["speedup.png", "growth_single.png", "growth_kernel.png"])
     assert lines[0] == "## How cost grows"
     assert "![How kernel grows](growth_kernel.png)" in lines

@@ -113,7 +113,9 @@ class Prediction:
         trunk, or the whole replica for ``data``), ``master`` (dense head,
         or the dense phase's compute for ``hybrid``), ``communication``
         (link time not hidden), ``storage`` (store I/O) and ``overhead``
-        (Dask); these five add up to ``step_time``.
+        (Dask); these five add up to ``step_time``, and ``contention`` (the
+        client's share of the cores, pipeline/costmodel/contention.py) where
+        a run's prediction adds it.
     kernel_counts : list of list of int, optional
         The split used by ``kernel``.
     details : dict

@@ -25,13 +25,13 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from pipeline.cluster import ClusterWorker, all_local
+from pipeline.cluster import ClusterWorker, all_local, scheduler_in_process, usable_cores
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.readings import (dataset_read_s, dense_s, shard_timings, store_fit, sync_s,
-                                     task_gap_s, trunk_timings)
+from pipeline.probe.readings import (client_cpu_fit, dataset_read_s, dense_s, shard_timings,
+                                     store_fit, sync_s, task_gap_s, trunk_timings)
 from pipeline.probe.rounds import calibrate
 from pipeline.probe.runs import Plan, plans_for, replica_plan
 from storage.datasets import create_synthetic_dataset
@@ -121,7 +121,9 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     write_latency, write_bw = store_fit(runs, "write")
     store = StoreProbe(workspace_dir or "engine default", read_latency, read_bw, write_latency,
                        write_bw, dataset_read_s(runs))
-    dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip)
+    per_task, rate = client_cpu_fit(runs)
+    dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip, per_task, rate,
+                     scheduler_in_process(client), usable_cores())
     dense = dense_s(runs)
     master = MasterProbe(1, batch, dense.value, created=time.time(), dense_low_s=dense.low,
                          dense_high_s=dense.high)

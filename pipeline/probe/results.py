@@ -18,7 +18,8 @@ from pipeline.placement import split_even
 from pipeline.probe.robust import inconsistent
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
-PROBE_VERSION = 6  # 5: rounds, robust figures, spread, outliers; 6: replica trunks
+PROBE_VERSION = 7  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+#                   7: the client's CPU per step
 
 
 def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
@@ -126,12 +127,21 @@ class DaskProbe:
     a ready marker to its waiting reader; both from the calibration runs.
     ``hop_s``: a dependency between trivial tasks through the scheduler, and
     ``round_trip_s``: a client round trip of a trivial task.
+    ``client_cpu_per_task_s`` and ``client_cpu_rate``: the probing process's CPU per
+    step as ``per_task * tasks + rate * seconds`` (readings.client_cpu_fit);
+    ``scheduler_here``: whether the scheduler ran in that process (an embedded
+    cluster), so that its work is in those figures; ``host_cores``: the cores that
+    process could run on.
     """
 
     task_s: float
     sync_s: float
     hop_s: float
     round_trip_s: float
+    client_cpu_per_task_s: float = 0.0
+    client_cpu_rate: float = 0.0
+    scheduler_here: bool = False
+    host_cores: int = 0
 
 
 @dataclass

@@ -9,7 +9,9 @@ every constant the model needs from the receipts: per worker and layer the
 forward, backward and input-gradient seconds at each kernel count; per workspace
 access its seconds and bytes; the dense head; the dataset read; the gap between a
 worker's queued step tasks; and how long a waiting reader takes to notice a
-slot's ready marker.
+slot's ready marker. Beside the receipts, the probing process's own CPU per
+measured step (the client, and an embedded cluster's scheduler), which on a
+machine whose cores the workers fill is taken from them.
 
 Plans: the even split over the first ``P`` workers for ``P = 1..n`` (what
 ``single`` and ``kernel`` run), plus, where a step is cheap, splits where one
@@ -33,6 +35,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -125,6 +128,9 @@ class PlanRun:
     workers: list[str]
     receipts: list[Receipt]
     round: int = 0
+    client_cpu_s: float = 0.0  # this process's CPU over the measured steps
+    wall_s: float = 0.0  # and their wall time
+    steps: int = 0  # measured steps
 
 
 def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
@@ -259,7 +265,9 @@ class PlanEngines:
             steps, warmup = steps - warmup + 1, 1
         ahead = engine.config.train.inflight
         submitted, receipts = first, []
+        cpu = wall = 0.0
         for step in range(first, first + steps):
+            cpu_start, wall_start = time.process_time(), time.perf_counter()
             while submitted < min(step + ahead, first + steps):
                 engine.submit(submitted)
                 submitted += 1
@@ -268,8 +276,10 @@ class PlanEngines:
                 raise FloatingPointError(f"a calibration run diverged at step {step}")
             if step >= first + warmup:
                 receipts += result.receipts
+                cpu += time.process_time() - cpu_start
+                wall += time.perf_counter() - wall_start
         self.engines[id(plan)] = (engine, names, first + steps)
-        return PlanRun(plan, names, receipts, round_index)
+        return PlanRun(plan, names, receipts, round_index, cpu, wall, steps - warmup)
 
 
 def _output_root(offered: Sequence[ClusterWorker]) -> str | None:

@@ -1,0 +1,41 @@
+"""The client's share of the cores (pipeline/costmodel/contention.py): pure."""
+
+import pytest
+
+from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
+from pipeline.probe.readings import client_cpu_fit
+from pipeline.probe.runs import PlanRun, ProbePlan
+
+
+def test_the_workers_fill_the_cores_only_without_a_core_for_the_client():
+    assert not cores_filled([1], 2)  # one single-thread worker on two cores
+    assert cores_filled([1, 1], 2) and cores_filled([1, 1, 1], 2) and cores_filled([2], 2)
+    assert not cores_filled([1, 1], 0)  # cores unknown: no contention
+
+
+def test_the_contended_step_solves_for_the_cpu_that_grows_with_it():
+    load = ClientLoad(per_task=0.004, rate=0.05)
+    step = contended_step(0.030, tasks=2, load=load, share=0.5)
+    assert step == pytest.approx(0.030 + 0.5 * load.cpu_s(2, step))  # its own fixed point
+    assert contended_step(0.030, 2, ClientLoad(0.0, 0.0), 0.5) == 0.030
+    assert contended_step(0.030, 2, load, share=0.0) == 0.030
+    with pytest.raises(ValueError, match="core per second"):
+        contended_step(0.030, 2, ClientLoad(0.0, 2.5), share=0.5)
+
+
+def _run(workers: int, steps: int, wall_s: float, cpu_s: float) -> PlanRun:
+    return PlanRun(ProbePlan([[1] * workers]), [f"w{i}" for i in range(workers)], [], 0,
+                   cpu_s, wall_s, steps)
+
+
+def test_the_probe_fits_cpu_per_task_and_per_second():
+    per_task, rate = 0.004, 0.025
+    runs = [_run(p, 3, 3 * wall, 3 * (per_task * p + rate * wall))
+            for p, wall in ((1, 0.04), (2, 0.03), (1, 0.5), (2, 0.2), (2, 0.08))]
+    assert client_cpu_fit(runs) == pytest.approx((per_task, rate))
+    # a negative part is dropped and the other fitted alone
+    flat = [_run(1, 2, 0.1, 0.002), _run(2, 2, 0.1, 0.001)]
+    fitted = client_cpu_fit(flat)
+    assert fitted[0] == 0.0 and fitted[1] > 0
+    assert client_cpu_fit([]) == (0.0, 0.0)
+    assert client_cpu_fit([_run(2, 0, 0.0, 0.0)]) == (0.0, 0.0)  # no measured steps
