@@ -19,6 +19,7 @@ import pandas as pd
 import xarray as xr
 
 from experiments.report_auto import auto_section
+from experiments.report_errors import error_section
 from experiments.report_growth import growth_section
 from experiments.report_links import links_section
 from experiments.report_view import PAPER_POINT, StoreView
@@ -140,6 +141,7 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
     lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
     lines += mixes_section(ds, sweep)
     lines += links_section(sweep, frame)
+    lines += error_section(ds)
     lines += auto_section(ds, frame, sweep.dims)
     failures = table[table["failure"] != ""]
     if not failures.empty:
