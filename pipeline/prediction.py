@@ -277,6 +277,8 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
             "store_read_latency_s": s.read_latency_s, "store_write_latency_s": s.write_latency_s,
             "dataset_read_s": s.dataset_read_s, "task_gap_s": d.task_s, "sync_s": d.sync_s,
             "hop_s": d.hop_s, "client_round_trip_s": d.round_trip_s,
+            "client_cpu_per_task_s": d.client_cpu_per_task_s,
+            "client_cpu_rate": d.client_cpu_rate, "host_cores": d.host_cores,
             "master_dense_s": probe.master.dense_s,
             "calibration_s_per_kernel": probe.calibration()}
 
