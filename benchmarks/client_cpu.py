@@ -49,16 +49,18 @@ def client_cpu_per_step(net: str, batch: int, steps: int, overrides: list[str]) 
 
     records.RunRecorder.add_step = add_step
     try:
-        config = load_run_config(os.path.join(ROOT, NETS[net]), [
-            f"train.batch={batch}", f"train.steps={steps}", "train.warmup_steps=1",
-            "train.eval_samples=0", "progress=false", "train.checkpoint_every=0",
-            f"output={tempfile.mkdtemp()}", *overrides])
-        summary = run_training(config).summary
+        with tempfile.TemporaryDirectory() as output:
+            config = load_run_config(os.path.join(ROOT, NETS[net]), [
+                f"train.batch={batch}", f"train.steps={steps}", "train.warmup_steps=1",
+                "train.eval_samples=0", "progress=false", "train.checkpoint_every=0",
+                f"output={output}", *overrides])
+            summary = run_training(config).summary
     finally:
         records.RunRecorder.add_step = original
     (cpu0, wall0), (cpu1, wall1) = marks[FIRST], marks[steps - 1]
     count = steps - 1 - FIRST
-    return {"cpu_per_step": (cpu1 - cpu0) / count, "core_fraction": (cpu1 - cpu0) / (wall1 - wall0),
+    return {"cpu_per_step": (cpu1 - cpu0) / count,
+            "core_fraction": (cpu1 - cpu0) / (wall1 - wall0),
             "tasks_per_step": len(summary["workers"]), "step_time": summary["step_time_median"]}
 
 
