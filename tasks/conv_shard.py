@@ -55,25 +55,29 @@ def relu_pool_backward(grad_y: torch.Tensor, relu: torch.Tensor,
                        indices: torch.Tensor | None, spec: ConvLayerSpec) -> torch.Tensor:
     """The conv output's gradient from the pooled output's: the very kernels autograd
     runs for ``MaxPool2d(ReLU(z))`` (max_pool2d_with_indices_backward, then the ReLU's
-    mask on its own output), so the arithmetic is plain PyTorch's bit for bit."""
-    grad = grad_y if indices is None else torch.ops.aten.max_pool2d_with_indices_backward(
+    threshold_backward on its own output), so the arithmetic is plain PyTorch's bit for
+    bit. The ReLU's mask is applied in place into the pool's fresh gradient: one pass,
+    where ``masked_fill_(relu <= 0, 0)`` built a bool mask first and took 10-20x as long
+    (8.8 against 0.5 ms on a 64x32x32x32 tensor, one thread)."""
+    if indices is None:  # no pool: autograd's own out-of-place threshold_backward
+        return torch.ops.aten.threshold_backward(grad_y, relu, 0)
+    grad = torch.ops.aten.max_pool2d_with_indices_backward(
         grad_y, relu, [spec.pool] * 2, [spec.pool] * 2, [0, 0], [1, 1], False, indices)
-    if indices is None:
-        grad = grad.clone()
-    return grad.masked_fill_(relu <= 0, 0.0)  # = threshold_backward(grad, relu, 0)
+    return torch.ops.aten.threshold_backward.grad_input(grad, relu, 0, grad_input=grad)
 
 
 @dataclass
 class _Saved:
     """What a forward keeps for its backward: no more than plain PyTorch's autograd
     keeps (the layer input, the ReLU's output, the pool's indices), and not the conv
-    output apart (the ReLU overwrote it) nor the pooled output (its reader holds it)."""
+    output apart (the ReLU overwrote it) nor the pooled output (its reader holds it).
+    The backward frees all three and keeps only the kernel gradients for `update`."""
 
-    x: torch.Tensor  # layer input
+    x: torch.Tensor | None  # layer input
     relu: torch.Tensor | None  # the ReLU's output (the conv output's storage)
     indices: torch.Tensor | None  # the max-pool's
     input_grad: bool  # whether the layer below needs the input gradient
-    grad_z: torch.Tensor | None = None
+    grads: tuple[torch.Tensor, torch.Tensor] | None = None  # the kernels', the biases'
 
 
 class ConvShard:
@@ -101,31 +105,35 @@ class ConvShard:
         return y
 
     def input_gradient(self, grad_y: torch.Tensor) -> torch.Tensor | None:
-        """Backward through pool and ReLU; the input gradient if the layer has one.
+        """Backward through pool, ReLU and conv; the input gradient if the layer has one.
 
-        Split from `update` so that a step can hand the input gradient on to the
-        layer below (other workers wait for it) before computing its own weights'.
+        The input, kernel and bias gradients come from ONE ``convolution_backward``, as
+        autograd computes them: two calls (the input gradient, then the kernels') had
+        oneDNN reorder the same operands twice, 1.1-1.15x a small-network step's compute.
+        The kernel gradients wait for `update`, so that a step hands the input gradient
+        on (other workers wait for it) before its SGD step.
         """
         saved = self._saved
         if saved is None:
             raise RuntimeError(f"backward of layer {self.shard.layer} before its forward")
-        assert saved.relu is not None, "input_gradient runs once per forward"
+        assert saved.relu is not None and saved.x is not None, \
+            "input_gradient runs once per forward"
         with torch.no_grad():
-            saved.grad_z = relu_pool_backward(grad_y, saved.relu, saved.indices, self.spec)
+            grad_z = relu_pool_backward(grad_y, saved.relu, saved.indices, self.spec)
         saved.relu = saved.indices = None  # not needed any more: free them now
-        if not saved.input_grad:
-            return None
-        return conv_backward(saved.grad_z, saved.x, self.weight, self.spec,
-                             (True, False, False))[0]
+        grad_x, grad_w, grad_b = conv_backward(grad_z, saved.x, self.weight, self.spec,
+                                               (saved.input_grad, True, True))
+        saved.x = None
+        saved.grads = (grad_w, grad_b)
+        return grad_x
 
     def update(self) -> None:
-        """Kernel gradients and the SGD update (after `input_gradient`)."""
+        """The SGD update with the kernel gradients `input_gradient` computed."""
         saved = self._saved
-        if saved is None or saved.grad_z is None:
+        if saved is None or saved.grads is None:
             raise RuntimeError(f"update of layer {self.shard.layer} before input_gradient")
         self._saved = None
-        _, self.weight.grad, self.bias.grad = conv_backward(
-            saved.grad_z, saved.x, self.weight, self.spec, (False, True, True))
+        self.weight.grad, self.bias.grad = saved.grads
         self.optimizer.step()
 
     def state(self) -> dict[str, dict[str, np.ndarray]]:

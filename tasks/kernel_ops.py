@@ -11,8 +11,8 @@ which slots exist; own slices stay in `KernelWork.kept`):
   runs forward, loss, backward and SGD, and hands each shard its gradient slice.
 - ``conv-backward l``: takes its channels' gradient (from the head, or the sum of
   every upper shard's partial input gradient, in shard order), computes pool/ReLU
-  backward and the input gradient, hands the input gradient's slices on to the
-  layer below first, then computes its kernel gradients and steps SGD.
+  backward and the input and kernel gradients (one call, as autograd), hands the
+  input gradient's slices on to the layer below, then steps SGD.
 """
 
 from __future__ import annotations

@@ -148,6 +148,30 @@ def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
     assert torch.equal(shard.bias.grad, conv.bias.grad)
 
 
+def test_a_first_layer_shard_computes_no_input_gradient_and_autograds_kernel_gradients():
+    """The network's first layer asks its one backward call for the kernel and bias
+    gradients only (as autograd does for an input that needs no gradient): no input
+    gradient comes back, and the kernel gradients are autograd's bit for bit."""
+    spec = ConvLayerSpec(in_channels=3, kernels=4, in_height=8, in_width=8)
+    generator = torch.Generator().manual_seed(3)
+    weight = 0.2 * torch.randn(4, 3, 5, 5, generator=generator)
+    x = torch.randn(2, 3, 8, 8, generator=generator)
+    grad_y = torch.randn(2, 4, 4, 4, generator=generator)
+    conv = torch.nn.Conv2d(3, 4, 5, padding=2)
+    conv.weight.data, conv.bias.data = weight.clone(), torch.zeros(4)
+    torch.nn.functional.max_pool2d(torch.nn.functional.relu(conv(x)), 2).backward(grad_y)
+    shard = ConvShard(spec, ShardRange(0, 0, 4), "0",
+                      {"weight": weight.numpy().copy(), "bias": np.zeros(4, np.float32)},
+                      {"weight": np.zeros((4, 3, 5, 5), np.float32),
+                       "bias": np.zeros(4, np.float32)},
+                      OptimizerSpec(lr=0.0, weight_decay=0.0), "cpu")
+    shard.forward(x, input_grad=False)
+    assert shard.input_gradient(grad_y) is None
+    shard.update()
+    assert torch.equal(shard.weight.grad, conv.weight.grad)
+    assert torch.equal(shard.bias.grad, conv.bias.grad)
+
+
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_lean_sgd_steps_as_torchs_sgd_bit_for_bit(nesterov):
     """The workers' SGD adds the weight decay into the gradient in place (no copy of
