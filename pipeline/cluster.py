@@ -26,7 +26,7 @@ import torch
 import dask
 from distributed import Client, Scheduler, SpecCluster
 
-from pipeline.config import ClusterConfig, WorkerConfig
+from pipeline.config import ClusterConfig, WorkerConfig, shm_workspace_root
 from pipeline.embedded import QUIET, Progress, start_embedded_cluster
 from pipeline.links import Host, LinkError, LinkedHosts
 from pipeline.security import client_security, connection_problem, tls_problem
@@ -214,6 +214,7 @@ def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: Clus
     """Start the workers on their hosts and wait (`wait_timeout`) for all to join; a
     worker that exits first fails the start with the end of its log."""
     workers = config.worker_list()
+    pin_workspace_root(links, directories)
     env, logs = _quiet_environment(), []
     if links.storage_options:
         env.update(worker_environment(links.storage_options))
@@ -233,6 +234,13 @@ def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: Clus
         if time.monotonic() > deadline:
             raise LinkError(f"the linked workers did not join in {config.wait_timeout:g} s")
         time.sleep(0.1)
+
+
+def pin_workspace_root(links: LinkedHosts, directories: Sequence[str]) -> None:
+    """Pin the default workspace root if the linked hosts mount it: other runs remove
+    it when they find it empty, which would detach it from under the workers."""
+    if shm_workspace_root() in directories:
+        links.pin(shm_workspace_root())
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from pipeline.sampler import step_indices
 from pipeline.step_graph import step_tasks
 from storage import checkpoints
 from storage.exchange import (Exchange, SlotSpec, create_exchange, remove_exchange,
-                              remove_stale_exchanges)
+                              remove_root_if_empty, remove_stale_exchanges)
 from storage.space import writing
 from tasks import step_task
 from tasks.layout import Layout, exchange_slots
@@ -185,6 +185,14 @@ class StepEngine:
         (`pipeline.runner.waiting_note`): the progress bar."""
         self.runner.on_wait = note
 
+    def _remove_workspace(self) -> None:
+        """Remove the workspace, and the default root in /dev/shm if that leaves it
+        empty (never a `workspace.path` folder: the user's)."""
+        remove_exchange(self.paths.workspace)
+        root = os.path.dirname(self.paths.workspace)
+        if root == shm_workspace_root():
+            remove_root_if_empty(root)
+
     def close(self) -> None:
         """Stop any waiting task, free the run's state on every worker, drop the workspace
         and this attempt's checkpoint staging area (nothing there was committed).
@@ -216,14 +224,14 @@ class StepEngine:
         except Exception:  # noqa: BLE001 - the cluster may already be gone
             pass
         if not stalled:
-            remove_exchange(self.paths.workspace)
+            self._remove_workspace()
             checkpoints.end_attempt(self.paths.checkpoints, self.run_id)
             return
 
         def abort_and_remove() -> None:  # in this order: an abort makes the folder again
             try:
                 self.exchange.abort("the run is closing")
-                remove_exchange(self.paths.workspace)
+                self._remove_workspace()
                 checkpoints.end_attempt(self.paths.checkpoints, self.run_id)
             except Exception:  # noqa: BLE001 - best effort on a store that failed
                 pass

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 from distributed import Client
 
-from pipeline.cluster import QUIET, worker_command
+from pipeline.cluster import QUIET, pin_workspace_root, worker_command
 from pipeline.config import WorkerConfig
 from pipeline.links import LinkError, LinkedHosts
 from pipeline.security import TlsConfig, client_security, tls_flags
@@ -81,6 +81,7 @@ def external_hosts(workers: list[WorkerConfig], rate: str, directories: Sequence
     log = os.path.join(log_dir, f"external-{links.run_id}.log")
     spawned = []
     try:
+        pin_workspace_root(links, directories)
         with open(log, "w", encoding="utf-8") as out:
             own, *hosts = links.hosts
             address = f"{protocol}://{own.address}:{PORT}"

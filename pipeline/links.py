@@ -15,13 +15,19 @@ worker's process starts inside its namespace (and the private mount namespace
 `ip netns exec` gives it) after sshfs has mounted each directory at its own absolute
 path. Everything a worker reads or writes there crosses its link.
 
-A run writes what it created (namespaces, interfaces, processes) to a record under
-`RECORDS`; `LinkedHosts.start` first removes the leftovers of runs whose owner
+A mounted folder another run removes when empty (the /dev/shm workspace root:
+removing a mount point of another mount namespace detaches that mount) is pinned
+first (`LinkedHosts.pin`): a file of this run in it; it goes at the end, and the
+folder with it if that leaves it empty.
+
+A run writes what it created (namespaces, interfaces, processes, pins) to a record
+under `RECORDS`; `LinkedHosts.start` first removes the leftovers of runs whose owner
 process is gone, so a killed run followed by a new one leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -39,6 +45,7 @@ from dataclasses import dataclass, field
 import psutil
 
 RECORDS = "/run/hetcnn-links"
+PIN_PREFIX = ".hetcnn-link-"  # a pin's name, before the run id (`LinkedHosts.pin`)
 TOOLS = ("ip", "tc", "sshd", "sshfs", "ssh-keygen")
 SSHD_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 #: tc's rate units, in bits per second (a bare number is bit/s; "bps" is bytes/s)
@@ -245,6 +252,7 @@ class LinkedHosts:
     processes: list[subprocess.Popen] = field(default_factory=list)
     # fsspec options of the run's S3 server, if it has one (pipeline/object_store.py)
     storage_options: dict[str, str] = field(default_factory=dict)
+    pins: list[str] = field(default_factory=list)  # files that keep directories (`pin`)
 
     @property
     def bridge(self) -> str:
@@ -341,6 +349,21 @@ class LinkedHosts:
                                         f"{self.directory}/client_key", directory))
         return in_namespace(host.namespace, mounts, command)
 
+    def pin(self, directory: str) -> None:
+        """Keep `directory` (made if missing) while the links live: a file of this run in
+        it (module doc); recorded first, so a SIGKILLed run's pin goes at the next start."""
+        pin = os.path.join(directory, f"{PIN_PREFIX}{self.run_id}")
+        self.pins.append(pin)
+        self._write_record()
+        for attempt in range(50):  # again if a run removed the empty folder meanwhile
+            os.makedirs(directory, exist_ok=True)
+            try:
+                with open(pin, "w", encoding="utf-8"):
+                    return
+            except FileNotFoundError:
+                if attempt == 49:
+                    raise
+
     def counters(self) -> dict[str, tuple[int, int]]:
         """Bytes that crossed each worker's link so far: (to the worker, from it)."""
         found = {}
@@ -355,7 +378,8 @@ class LinkedHosts:
         record = {"owner": [me, _started(me)], "directory": self.directory,
                   "namespaces": [h.namespace for h in self.hosts],
                   "interfaces": [self.bridge] + [h.interface for h in self.hosts],
-                  "pids": [[p.pid, _started(p.pid)] for p in self.processes]}
+                  "pids": [[p.pid, _started(p.pid)] for p in self.processes],
+                  "pins": self.pins}
         temporary = f"{self.record}.{me}.tmp"
         with open(temporary, "w", encoding="utf-8") as f:
             json.dump(record, f)
@@ -411,7 +435,8 @@ def _descendants(processes: list[subprocess.Popen]) -> list[tuple[int, float | N
 
 def remove_leftovers(record: dict) -> None:
     """End a run's processes (sshfs ends by unmounting: the mount namespace goes with its
-    last process), then delete its namespaces (and veths with them), interfaces, files."""
+    last process), then delete its namespaces (and veths with them), interfaces, files,
+    pins (and each pinned directory, if that leaves it empty)."""
     inside = [(pid, None) for ns in record["namespaces"] for pid in namespace_pids(ns)]
     _kill(inside + [(pid, started) for pid, started in record["pids"]])
     for namespace in record["namespaces"]:
@@ -420,6 +445,11 @@ def remove_leftovers(record: dict) -> None:
         if os.path.exists(f"/sys/class/net/{interface}"):
             _quiet("ip", "link", "del", interface)
     shutil.rmtree(record["directory"], ignore_errors=True)
+    for pin in record.get("pins", []):  # last: the mounts went with the processes
+        with contextlib.suppress(OSError):
+            os.remove(pin)
+        with contextlib.suppress(OSError):  # fails unless that left the folder empty
+            os.rmdir(os.path.dirname(pin))
 
 
 def _owner_gone(record: dict) -> bool:

@@ -16,8 +16,11 @@ Layout::
     <workspace>/ready/ABORT       written by the client to stop waiting readers
     <workspace>/owner.json        the run's process (pid, host, process start time)
 
-The run removes its workspace at its end; a run killed before that leaves it
-behind, so a new run first removes the workspaces beside its own whose owner
+The run removes its workspace at its end, and the default root folder in /dev/shm
+with it when nothing else is left in it (`remove_root_if_empty`: an rmdir, which
+fails harmlessly while another run's workspace, or a linked run's pin, is there;
+a run making its workspace meanwhile makes the root again, `make_folder`). A run
+killed before that leaves its workspace behind, so a new run first removes the workspaces beside its own whose owner
 process is gone (`remove_stale_exchanges`). Only local workspaces whose owner
 record names this host and a process no longer alive are removed: a live run's
 workspace (or one being created, before its owner record exists) is never touched.
@@ -99,8 +102,30 @@ def create_exchange(path: str, slots: list[SlotSpec]) -> None:
         os.makedirs(os.path.join(_local(path), "ready"), exist_ok=True)
 
 
+def make_folder(folder: str, attempts: int = 50) -> None:
+    """`os.makedirs`, again when a concurrent run removed the empty parent between
+    the making of the parent and of `folder` (`remove_root_if_empty`)."""
+    for attempt in range(attempts):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+
+
+def remove_root_if_empty(root: str) -> None:
+    """Remove the workspaces' root folder if nothing is left in it: one rmdir, which
+    fails (and is ignored) while anything is there, so a concurrent run's workspace or
+    a linked run's pin (pipeline/links.py, `LinkedHosts.pin`) keeps it."""
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
+
+
 def _write_owner(folder: str) -> None:
-    os.makedirs(folder, exist_ok=True)
+    make_folder(folder)
     me = psutil.Process()
     record = {"kind": "hetcnn-workspace", "pid": me.pid, "host": socket.gethostname(),
               "process_started": me.create_time()}

@@ -190,7 +190,7 @@ def test_trains_from_a_cifar10_archive(tmp_path):
     result = train(os.path.join(ROOT, "configs", "small.yaml"), f"data.source={archive}",
                    f"data.path={store}", f"output={tmp_path / 'run'}", "train.steps=2",
                    "train.batch=8", "train.eval_samples=8", "progress=false",
-                   "cluster.workers=1")
+                   "cluster.workers=1", "placement=even")  # about the archive, not placement
     assert result.returncode == 0, result.stderr
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert record.attrs["dataset_source"].endswith("cifar-10-python.tar.gz")

@@ -276,7 +276,7 @@ def test_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, this_code_eve
         cluster.start_worker("--no-nanny")
         run = train_process(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
                             "--scheduler", address, "train.checkpoint_every=4",
-                            "train.steps=100000", "train.eval_samples=0")
+                            "train.steps=100000", "train.eval_samples=0", "placement=even")
         path = str(tmp_path / "run" / "checkpoints.zarr")
         wait_for_checkpoint(path, 4, run)
         cluster.processes[0].kill()  # the scheduler

@@ -32,8 +32,9 @@ import zarr
 from experiments.results import DONE, ResultStore
 from experiments.sweep_run import run_sweep
 from experiments.sweep_config import load_sweep
-from pipeline import train
+from pipeline import engine, links, train
 from pipeline.cluster import register_setup
+from pipeline.config import shm_workspace_root
 from pipeline.outputs import LOCK_NAME, OutputBusy, OutputLock
 from pipeline.schema import ConfigError, to_dict
 from pipeline.run import run_training
@@ -42,7 +43,7 @@ from storage.checksums import file_crc32c
 from storage.datasets import (DatasetDamaged, DatasetError, ensure_dataset, read_batch,
                               verify_dataset)
 from storage.datasets.writer import write_store
-from storage.exchange import SlotSpec, create_exchange, remove_stale_exchanges
+from storage.exchange import (SlotSpec, create_exchange, make_folder, remove_stale_exchanges)
 from tests.helpers import max_relative_error, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,6 +220,50 @@ def test_run_removes_stale_workspaces_only(tmp_path, tiny_dataset_factory,
     removed = remove_stale_exchanges(str(shared))
     assert len(removed) == 1 and f"pid {live.pid}" in removed[0]
     assert sorted(os.listdir(shared)) == ["mine.zarr", "unowned.zarr"]
+
+
+def test_a_run_removes_the_default_root_only_when_that_leaves_it_empty(
+        tmp_path, tiny_dataset_factory, three_worker_cluster, monkeypatch):
+    """Nothing is left in /dev/shm after a run; but what another run keeps in the root
+    (its workspace, a linked run's pin: pipeline/links.py) keeps it."""
+    root = f"{shm_workspace_root()}-test-{os.getpid()}-{tmp_path.name}"
+    monkeypatch.setattr(engine, "shm_workspace_root", lambda: root)
+    client, cluster = three_worker_cluster  # `single`: the first shared CPU worker
+    register_setup(client, cluster)
+
+    def run(name: str) -> None:
+        config = tiny_config(tmp_path / name, tiny_dataset_factory("float32"),
+                             strategy="single", **{"train.steps": 1, "train.eval_samples": 0})
+        config.cluster.workers = cluster.workers
+        assert run_training(config, client=client).record.sizes["step"] == 1
+
+    pin = os.path.join(root, f"{links.PIN_PREFIX}other")
+    os.makedirs(root)
+    open(pin, "w").close()
+    try:
+        run("pinned")
+        assert os.listdir(root) == [os.path.basename(pin)]  # its workspace went, not the pin
+        os.remove(pin)
+        run("alone")
+        assert not os.path.exists(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_workspace_is_made_even_when_its_empty_root_goes_meanwhile(tmp_path, monkeypatch):
+    made, real = [], os.makedirs
+
+    def racing(path, exist_ok=False):  # the root made, then removed by another run
+        made.append(path)
+        real(path, exist_ok=exist_ok)
+        if len(made) == 1:
+            os.rmdir(path)
+            os.rmdir(os.path.dirname(path))
+            raise FileNotFoundError(path)
+
+    monkeypatch.setattr(os, "makedirs", racing)
+    make_folder(str(tmp_path / "root" / "run.zarr"))
+    assert len(made) == 2 and os.path.isdir(tmp_path / "root" / "run.zarr")
 
 
 # Dataset integrity --------------------------------------------------------------------

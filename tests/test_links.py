@@ -8,6 +8,7 @@ The pure helpers are checked everywhere; what builds namespaces needs root and
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from pipeline.probe import links_key
 from pipeline.run import run_training
 from pipeline.schema import ConfigError
 from storage import checkpoints
+from storage.exchange import remove_root_if_empty
 from tests.conftest import ROOT
 from tests.helpers import link_leftovers, max_relative_error, replay_in_pytorch, tiny_config
 
@@ -88,6 +90,29 @@ def test_the_sshd_listens_on_the_bridge_only():
     text = links.sshd_config("/tmp/x", "10.1.2.1", 2222)
     assert "ListenAddress 10.1.2.1\n" in text and "Subsystem sftp internal-sftp" in text
     assert "AuthorizedKeysFile /tmp/x/client_key.pub" in text
+
+
+def test_a_pin_keeps_a_mounted_folder_until_its_links_go(tmp_path, monkeypatch):
+    """A concurrent run's rmdir of the empty workspace root would detach the linked
+    workers' mount of it: the links' pin keeps it; a SIGKILLed run's pin goes at the
+    next start's sweep, with the folder if nothing else is left in it."""
+    monkeypatch.setattr(links, "RECORDS", str(tmp_path / "records"))
+    hosts = LinkedHosts("abc123", ipaddress.ip_network("10.9.9.0/24"), [],
+                        str(tmp_path / "private"))
+    kept, alone = tmp_path / "kept", tmp_path / "alone"
+    for folder in (kept, alone):
+        hosts.pin(str(folder))
+        remove_root_if_empty(str(folder))  # another run ending
+        assert os.listdir(folder) == [".hetcnn-link-abc123"]
+    (kept / "other.zarr").mkdir()  # another run's workspace
+    record = json.load(open(hosts.record))
+    assert record["pins"] == [str(kept / ".hetcnn-link-abc123"),
+                              str(alone / ".hetcnn-link-abc123")]
+    record["owner"][1] -= 10  # its owner gone (this pid is another process's now)
+    with open(hosts.record, "w") as handle:
+        json.dump(record, handle)
+    assert links.sweep_leftovers() == ["abc123"]
+    assert os.listdir(kept) == ["other.zarr"] and not alone.exists()
 
 
 def test_link_config_errors_name_the_field(monkeypatch):

@@ -51,9 +51,10 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
                                                                monkeypatch):
     assert FAULTS["run SIGTERMed mid-run, then resumed"] == "clean"
     monkeypatch.setenv("PYTHONPATH", ROOT)
-    steps = 100
+    steps = 30  # SIGTERMed soon after checkpoint 5 (about 0.03 s a step): 25 steps of margin
     dataset = tiny_dataset_factory("float64")
     args = [*tiny_args(tmp_path, dataset), "--fresh", "network.dtype=float64",
+            "placement=even",  # not about placement: calibrating costs each run about 4 s
             f"train.steps={steps}", "train.checkpoint_every=5", "train.eval_samples=0"]
     run = train_process(*args)
     path = str(tmp_path / "run" / "checkpoints.zarr")
@@ -95,7 +96,7 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
 def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
                                                                      tiny_dataset_factory,
                                                                      monkeypatch):
-    """A sweep of four `kernel` points on its embedded cluster, SIGTERMed once its
+    """A sweep of three `kernel` points on its embedded cluster, SIGTERMed once its
     first point is done: one line saying how to resume, exit 143, no process or
     workspace left; the same command again runs only the rest, and the points done
     before keep their run and figures."""
@@ -104,7 +105,7 @@ def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
     monkeypatch.setenv("CNN_PREDICT_PROBE", "never")  # no model probes: points stay short
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
     config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
-                         {"train.batch": [8, 12, 16, 20]})
+                         {"train.batch": [8, 12, 16]})
     store = tmp_path / "sweep.zarr"
     command = [sys.executable, "-m", "experiments.sweep", config, "--out", str(store)]
     sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -129,11 +130,11 @@ def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
     ds = xr.open_zarr(store).load()
     done = np.flatnonzero(ds.status.values.ravel() == DONE)
     before = {i: (ds.run_id.values.ravel()[i], ds.step_time.values.ravel()[i]) for i in done}
-    assert 1 <= len(before) < 4, before
+    assert 1 <= len(before) < 3, before
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stderr
-    assert f"{len(before)} done before, {4 - len(before)} to run" in again.stdout
-    assert again.stdout.count("s/step") == 4 - len(before)
+    assert f"{len(before)} done before, {3 - len(before)} to run" in again.stdout
+    assert again.stdout.count("s/step") == 3 - len(before)
     ds = xr.open_zarr(store).load()
     assert (ds.status == DONE).all()
     for index, point in before.items():

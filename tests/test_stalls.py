@@ -79,7 +79,9 @@ def workers_up(cluster, count: int) -> list[str]:
 
 
 def workspaces() -> set[str]:
-    return set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
+    """The workspaces in /dev/shm (not a linked run's pin beside them, pipeline/links.py)."""
+    names = os.listdir(SHM) if os.path.isdir(SHM) else []
+    return {name for name in names if name.endswith(".zarr")}
 
 
 def ours(name: str) -> bool:
