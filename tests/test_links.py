@@ -195,3 +195,23 @@ def test_a_killed_runs_leftovers_go_at_the_next_start(tmp_path):
     finally:
         hosts.close()
     assert link_leftovers(hosts.run_id) == []
+
+
+@needs_links
+def test_a_lost_mount_fails_instead_of_bypassing_the_link(tmp_path):
+    """A worker whose sshfs mount went finds an empty read-only directory, not the
+    client's own one (which it would read and write without crossing its link)."""
+    shared = tmp_path / "shared"
+    hosts = LinkedHosts.start({"w": "1gbit"})
+    try:
+        script = (f"echo through > {shared}/a && fusermount -u {shared} && "
+                  f"ls -A {shared} && echo bypass > {shared}/b")
+        done = subprocess.run(hosts.command(hosts.hosts[0], [str(shared)],
+                                            ["sh", "-c", script]),
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        hosts.close()
+    assert (shared / "a").read_text() == "through\n"  # written over the link
+    assert done.returncode != 0 and "Read-only file system" in done.stderr
+    assert done.stdout == "" and not (shared / "b").exists()
+    assert link_leftovers(hosts.run_id) == []
