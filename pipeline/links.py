@@ -13,8 +13,9 @@ its link. The run's directories therefore reach a worker over sftp: a per-run ss
 listens on the bridge address only (its own host key, a per-run client key), and a
 worker's process starts inside its namespace (and the private mount namespace
 `ip netns exec` gives it, made private) after sshfs has mounted each directory at
-its own absolute path, over an empty read-only tmpfs (`blind_command`). Everything a
-worker reads or writes there crosses its link, or fails.
+its own absolute path, over an empty read-only tmpfs (`blind_command`), and told
+which folders those are (`tasks.link_mounts`: each step checks they are still
+mounted). Everything a worker reads or writes there crosses its link, or fails.
 
 A run writes what it created (namespaces, interfaces, processes) to a record under
 `RECORDS`; `LinkedHosts.start` first removes the leftovers of runs whose owner
@@ -38,6 +39,8 @@ import uuid
 from dataclasses import dataclass, field
 
 import psutil
+
+from tasks.link_mounts import LINK_MOUNTS
 
 RECORDS = "/run/hetcnn-links"
 TOOLS = ("ip", "tc", "sshd", "sshfs", "ssh-keygen")
@@ -138,17 +141,21 @@ def blind_command(directory: str) -> list[str]:
     Namespaces share the file system: were the sshfs mount to go (its process
     ended, unmounted), the worker would find the client's own directory below it
     and go on reading and writing it without crossing its link, fast and wrong.
-    Seen once in a link sweep (a `data` point behind 20mbit read 190 KB slots in
-    0.1 ms); the cause was not found. With this floor under the mount, such a
-    worker finds an empty read-only directory instead and its step fails.
+    With this floor under the mount, such a
+    worker finds an empty read-only directory instead and its step fails. A folder
+    removed on the client's side takes the mount and this floor with it, which
+    `tasks.link_mounts.check_link_mounts` catches at the worker's next step.
     """
     return ["mount", "-t", "tmpfs", "-o", "ro,size=4k,mode=0555", "hetcnn-nolink", directory]
 
 
-def in_namespace(namespace: str, mounts: list[list[str]], command: list[str]) -> list[str]:
+def in_namespace(namespace: str, mounts: list[list[str]], command: list[str],
+                 environment: dict[str, str] | None = None) -> list[str]:
     """Run `command` in `namespace` once every mount command has succeeded (they share
-    the private mount namespace `ip netns exec` makes, which no other process sees)."""
+    the private mount namespace `ip netns exec` makes, which no other process sees),
+    with `environment` added to its own."""
     steps = [" ".join(_quote(part) for part in mount) for mount in mounts]
+    steps += [f"export {name}={_quote(value)}" for name, value in (environment or {}).items()]
     script = " && ".join(steps + ['exec "$@"'])
     return ["ip", "netns", "exec", namespace, "sh", "-c", script, "sh", *command]
 
@@ -352,13 +359,14 @@ class LinkedHosts:
     def command(self, host: Host, directories: list[str], command: list[str]) -> list[str]:
         """`command` run on `host`, with `directories` mounted from the client over sshfs
         at their own paths (created here first, as a mount point needs one)."""
-        mounts = [PRIVATE_MOUNTS]
-        for directory in outermost(directories):
+        mounts, folders = [PRIVATE_MOUNTS], outermost(directories)
+        for directory in folders:
             os.makedirs(directory, exist_ok=True)
             mounts.append(blind_command(directory))
             mounts.append(sshfs_command(self.bridge_address, self.port,
                                         f"{self.directory}/client_key", directory))
-        return in_namespace(host.namespace, mounts, command)
+        return in_namespace(host.namespace, mounts, command,
+                            {LINK_MOUNTS: os.pathsep.join(folders)} if folders else None)
 
     def counters(self) -> dict[str, tuple[int, int]]:
         """Bytes that crossed each worker's link so far: (to the worker, from it)."""
