@@ -46,12 +46,17 @@ def main() -> None:
         scale = rate_bits(str(config.cluster.link.rate)) / rate_bits(args.probe_rate)
         store = dataclasses.replace(probe.store, read_bw=probe.store.read_bw * scale,
                                     write_bw=probe.store.write_bw * scale)
-        predicted = predict_config(config, dataclasses.replace(probe, store=store),
-                                   kernel_split=summary.get("kernel_split"),
-                                   batch_split=summary.get("batch_split")).step_time
-        measured = summary["step_time_median"]
+        prediction = predict_config(config, dataclasses.replace(probe, store=store),
+                                    kernel_split=summary.get("kernel_split"),
+                                    batch_split=summary.get("batch_split"))
+        predicted, parts = prediction.step_time, prediction.breakdown
+        measured, critical = summary["step_time_median"], summary.get("critical_breakdown", {})
         print(f"{os.path.basename(run.rstrip('/'))}: measured {measured:.3f} s, predicted "
-              f"{predicted:.3f} s ({predicted / measured - 1:+.0%})")
+              f"{predicted:.3f} s ({predicted / measured - 1:+.0%}); compute "
+              f"{critical.get('compute', float('nan')):.2f} s measured, "
+              f"{parts['compute_critical'] + parts['master']:.2f} s predicted; workspace "
+              f"{critical.get('exchange', float('nan')) + critical.get('dataset', 0.0):.2f} s, "
+              f"{parts['storage']:.2f} s (the critical worker's)")
 
 
 if __name__ == "__main__":
