@@ -44,8 +44,11 @@ def link_winners(frame: pd.DataFrame, dim: str, others: list[str]) -> pd.DataFra
 
     Columns: the `others`, `rate`, `rate_bits`, `measured_winner`,
     `predicted_winner` (a strategy name, "" where no strategy has a figure),
-    `agree` and `worst_error` (the largest |prediction_error| among the strategies
-    at that rate). Rows go from the fastest rate to the slowest.
+    `agree`, `worst_error` (the largest |prediction_error| among the strategies
+    at that rate) and `measured_margin` (the measured runner-up's step over the
+    winner's, less 1; NaN with fewer than two figures): a disagreement where the
+    margin is below the errors says the model cannot tell the two apart there, not
+    that it picks wrong. Rows go from the fastest rate to the slowest.
     """
     data = _with_bits(frame, dim)
     rows = []
@@ -62,6 +65,8 @@ def link_winners(frame: pd.DataFrame, dim: str, others: list[str]) -> pd.DataFra
             if not predicted.empty else "")
         row["agree"] = bool(row["measured_winner"]) and \
             row["measured_winner"] == row["predicted_winner"]
+        times = sorted(measured["step_time"])
+        row["measured_margin"] = times[1] / times[0] - 1 if len(times) > 1 else float("nan")
         errors = (group["predicted_step_time"] / group["step_time"] - 1).abs().dropna()
         row["worst_error"] = float(errors.max()) if not errors.empty else float("nan")
         rows.append(row)
@@ -130,17 +135,20 @@ def links_section(sweep: StoreView, frame: pd.DataFrame) -> list[str]:
         return []
     others = _other_dims(sweep, dim)
     winners = link_winners(frame, dim, others)
-    columns = others + ["rate", "measured winner", "predicted winner", "worst error"]
+    columns = others + ["rate", "measured winner", "by", "predicted winner", "worst error"]
     table = []
     for _, row in winners.iterrows():
         error = f"{row['worst_error']:.0%}" if np.isfinite(row["worst_error"]) else "-"
+        margin = f"{row['measured_margin']:.0%}" if np.isfinite(row["measured_margin"]) else "-"
         table.append([str(row[d]) for d in others] + [
-            str(row["rate"]), row["measured_winner"] or "-", row["predicted_winner"] or "-",
-            error])
+            str(row["rate"]), row["measured_winner"] or "-", margin,
+            row["predicted_winner"] or "-", error])
     lines = ["## Link rate: which strategy wins", "",
-             "Per rate, the strategy with the shortest measured step and the one the "
-             "model predicts shortest; the worst error is the largest |predicted / "
-             "measured - 1| among the strategies at that rate.", "",
+             "Per rate, the strategy with the shortest measured step, by how much the "
+             "runner-up's step is longer, and the one the model predicts shortest; the "
+             "worst error is the largest |predicted / measured - 1| among the strategies "
+             "at that rate. Where the margin is below the errors, a flip measured and "
+             "predicted at different rates is within the model's error.", "",
              *markdown_rows(columns, table)]
     lines.append("")
     groups = list(winners.groupby(others, sort=False)) if others else [((), winners)]

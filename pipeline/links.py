@@ -12,8 +12,10 @@ Namespaces share the file system, so a file the worker opened directly would byp
 its link. The run's directories therefore reach a worker over sftp: a per-run sshd
 listens on the bridge address only (its own host key, a per-run client key), and a
 worker's process starts inside its namespace (and the private mount namespace
-`ip netns exec` gives it) after sshfs has mounted each directory at its own absolute
-path. Everything a worker reads or writes there crosses its link.
+`ip netns exec` gives it, made private) after sshfs has mounted each directory at
+its own absolute path, over an empty read-only tmpfs (`blind_command`), and told
+which folders those are (`tasks.link_mounts`: each step checks they are still
+mounted). Everything a worker reads or writes there crosses its link, or fails.
 
 A mounted folder another run removes when empty (the /dev/shm workspace root:
 removing a mount point of another mount namespace detaches that mount) is pinned
@@ -43,6 +45,8 @@ import uuid
 from dataclasses import dataclass, field
 
 import psutil
+
+from tasks.link_mounts import LINK_MOUNTS
 
 RECORDS = "/run/hetcnn-links"
 PIN_PREFIX = ".hetcnn-link-"  # a pin's name, before the run id (`LinkedHosts.pin`)
@@ -134,10 +138,31 @@ def sshfs_command(bridge: str, port: int, key: str, directory: str) -> list[str]
             f"root@{bridge}:{directory}", directory]
 
 
-def in_namespace(namespace: str, mounts: list[list[str]], command: list[str]) -> list[str]:
+#: Made private first, so no mount of the client's side propagates over the worker's
+PRIVATE_MOUNTS = ["mount", "--make-rprivate", "/"]
+
+
+def blind_command(directory: str) -> list[str]:
+    """An empty read-only tmpfs at `directory`, under its sshfs mount.
+
+    Namespaces share the file system: were the sshfs mount to go (its process
+    ended, unmounted), the worker would find the client's own directory below it
+    and go on reading and writing it without crossing its link, fast and wrong.
+    With this floor under the mount, such a
+    worker finds an empty read-only directory instead and its step fails. A folder
+    removed on the client's side takes the mount and this floor with it, which
+    `tasks.link_mounts.check_link_mounts` catches at the worker's next step.
+    """
+    return ["mount", "-t", "tmpfs", "-o", "ro,size=4k,mode=0555", "hetcnn-nolink", directory]
+
+
+def in_namespace(namespace: str, mounts: list[list[str]], command: list[str],
+                 environment: dict[str, str] | None = None) -> list[str]:
     """Run `command` in `namespace` once every mount command has succeeded (they share
-    the private mount namespace `ip netns exec` makes, which no other process sees)."""
+    the private mount namespace `ip netns exec` makes, which no other process sees),
+    with `environment` added to its own."""
     steps = [" ".join(_quote(part) for part in mount) for mount in mounts]
+    steps += [f"export {name}={_quote(value)}" for name, value in (environment or {}).items()]
     script = " && ".join(steps + ['exec "$@"'])
     return ["ip", "netns", "exec", namespace, "sh", "-c", script, "sh", *command]
 
@@ -342,12 +367,14 @@ class LinkedHosts:
     def command(self, host: Host, directories: list[str], command: list[str]) -> list[str]:
         """`command` run on `host`, with `directories` mounted from the client over sshfs
         at their own paths (created here first, as a mount point needs one)."""
-        mounts = []
-        for directory in outermost(directories):
+        mounts, folders = [PRIVATE_MOUNTS], outermost(directories)
+        for directory in folders:
             os.makedirs(directory, exist_ok=True)
+            mounts.append(blind_command(directory))
             mounts.append(sshfs_command(self.bridge_address, self.port,
                                         f"{self.directory}/client_key", directory))
-        return in_namespace(host.namespace, mounts, command)
+        return in_namespace(host.namespace, mounts, command,
+                            {LINK_MOUNTS: os.pathsep.join(folders)} if folders else None)
 
     def pin(self, directory: str) -> None:
         """Keep `directory` (made if missing) while the links live: a file of this run in

@@ -21,6 +21,7 @@ from storage import checkpoints
 from storage.exchange import Exchange
 from storage.space import writing
 from tasks.layout import Layout, StepOp, exchange_slots
+from tasks.link_mounts import check_link_mounts
 from tasks.memory import current_rss, read_peak, reset_peak
 from tasks.moves import Mover
 from tasks.receipts import Receipt, TaskClock
@@ -56,6 +57,7 @@ def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray
     prepare_thread()
     run: RunState = get_run(run_id)
     run.check_order(step, ops)
+    check_link_mounts()  # a linked worker whose mount went would bypass its link
     receipt = Receipt(task, run.profile.name, step, time.time())
     clock = TaskClock(receipt, run.profile.synchronize)
     # No malloc_trim here: handing the last step's freed pages back made every step

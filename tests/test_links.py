@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from pipeline.run import run_training
 from pipeline.schema import ConfigError
 from storage import checkpoints
 from storage.exchange import remove_root_if_empty
+from tasks import link_mounts
 from tests.conftest import ROOT
 from tests.helpers import link_leftovers, max_relative_error, replay_in_pytorch, tiny_config
 
@@ -219,4 +221,64 @@ def test_a_killed_runs_leftovers_go_at_the_next_start(tmp_path):
         assert link_leftovers(run_id) == [] and not os.path.exists(record)
     finally:
         hosts.close()
+    assert link_leftovers(hosts.run_id) == []
+
+
+@needs_links
+def test_a_lost_mount_fails_instead_of_bypassing_the_link(tmp_path):
+    """A worker whose sshfs mount went finds an empty read-only directory, not the
+    client's own one (which it would read and write without crossing its link)."""
+    shared = tmp_path / "shared"
+    hosts = LinkedHosts.start({"w": "1gbit"})
+    try:
+        script = (f"echo through > {shared}/a && fusermount -u {shared} && "
+                  f"ls -A {shared} && echo bypass > {shared}/b")
+        done = subprocess.run(hosts.command(hosts.hosts[0], [str(shared)],
+                                            ["sh", "-c", script]),
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        hosts.close()
+    assert (shared / "a").read_text() == "through\n"  # written over the link
+    assert done.returncode != 0 and "Read-only file system" in done.stderr
+    assert done.stdout == "" and not (shared / "b").exists()
+    assert link_leftovers(hosts.run_id) == []
+
+
+def test_a_folder_no_longer_mounted_stops_the_step(tmp_path, monkeypatch):
+    """`check_link_mounts`: a listed folder that is not a mount point (what a linked
+    worker sees once the client's side removed and remade it) raises, naming it; a
+    mount point passes; checks come at most once a second."""
+    monkeypatch.setattr(link_mounts, "_last", [float("-inf")])
+    monkeypatch.setenv(link_mounts.LINK_MOUNTS, os.pathsep.join(["/", str(tmp_path)]))
+    with pytest.raises(link_mounts.LinkMountLost, match=str(tmp_path)):
+        link_mounts.check_link_mounts(now=100.0)
+    link_mounts.check_link_mounts(now=100.5)  # within the second: not checked again
+    monkeypatch.setenv(link_mounts.LINK_MOUNTS, "/")
+    link_mounts.check_link_mounts(now=102.0)
+    monkeypatch.delenv(link_mounts.LINK_MOUNTS)
+    link_mounts.check_link_mounts(now=104.0)  # not a linked worker
+
+
+@needs_links
+def test_a_mounted_folder_removed_on_the_client_side_is_noticed(tmp_path):
+    """Removing a mounted folder on the client's side detaches the worker's mount;
+    remade, it would be the client's own folder, reached without the link: the
+    worker's check says so."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    check = ("from tasks.link_mounts import check_link_mounts; check_link_mounts(); "
+             "import time; time.sleep(1.5); check_link_mounts()")
+    hosts = LinkedHosts.start({"w": "1gbit"})
+    try:
+        worker = hosts.spawn(hosts.command(hosts.hosts[0], [str(shared)],
+                                           [sys.executable, "-c", check]),
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # mounted, first check passed (or the worker failed already)
+        shutil.rmtree(shared)
+        shared.mkdir()
+        _, errors = worker.communicate(timeout=30)
+    finally:
+        hosts.close()
+    assert worker.returncode != 0 and "LinkMountLost" in errors and str(shared) in errors
     assert link_leftovers(hosts.run_id) == []

@@ -37,6 +37,9 @@ def test_winners_per_rate_from_fast_to_slow():
     # 1gbit: kernel predicted 0.14 against 0.20 measured, the worst of the two
     assert math.isclose(two["worst_error"].iloc[1], 0.3)
     assert math.isclose(two["worst_error"].iloc[2], 0.1)  # kernel has no prediction there
+    # the runner-up's measured step over the winner's: data 0.12 / kernel 0.10 at 10gbit
+    assert [round(m, 6) for m in two["measured_margin"]] == [0.2, round(0.2 / 0.15 - 1, 6),
+                                                            round(3.0 / 0.9 - 1, 6)]
 
 
 def test_flips_name_the_rates_between_which_the_winner_changes():
