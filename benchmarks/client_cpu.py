@@ -6,10 +6,14 @@ seconds (every thread: the loop's, and the event loop's that runs the scheduler,
 the client and the nannies) at the record of step 4 and of the last step, through a
 wrapper around `RunRecorder.add_step`; start-up, calibration and the closing
 checkpoint fall outside. Prints CPU milliseconds per step, per step task (the Dask
-tasks a step submits: one per worker), and the fraction of a core. Thread CPU
-time, so a loaded machine inflates it less than wall time (but still some).
+tasks a step submits: one per worker), and the fraction of a core; and the worker
+processes' CPU per step (theirs, all together: the step's compute plus Dask's
+machinery there). CPU time, so a loaded machine inflates it less than wall time
+(but still some). `--set KEY=VALUE` changes a Dask setting of the embedded
+cluster (`pipeline.embedded.QUIET`), to compare settings.
 
     python benchmarks/client_cpu.py --net small --batch 64 --steps 40
+    python benchmarks/client_cpu.py --set distributed.admin.tick.interval=20ms
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ sys.path.insert(0, ROOT)
 import psutil  # noqa: E402
 
 from pipeline import records  # noqa: E402
+from pipeline.embedded import QUIET  # noqa: E402
 from pipeline.config import load_run_config  # noqa: E402
 from pipeline.run import run_training  # noqa: E402
 
@@ -38,13 +43,14 @@ CASES = {"single": ["strategy=single", "cluster.workers=1"],
 
 def client_cpu_per_step(net: str, batch: int, steps: int, overrides: list[str]) -> dict:
     """CPU seconds of this process between the records of step FIRST and the last."""
-    marks: dict[int, tuple[float, float]] = {}
+    marks: dict[int, tuple[float, float, float]] = {}
     original = records.RunRecorder.add_step
 
     def add_step(self, result, *args, **kwargs):  # noqa: ANN001, ANN202 - a wrapper
         if result.step in (FIRST, steps - 1):
             times = psutil.Process().cpu_times()
-            marks[result.step] = (times.user + times.system, time.perf_counter())
+            marks[result.step] = (times.user + times.system, time.perf_counter(),
+                                  _workers_cpu())
         return original(self, result, *args, **kwargs)
 
     records.RunRecorder.add_step = add_step
@@ -57,11 +63,25 @@ def client_cpu_per_step(net: str, batch: int, steps: int, overrides: list[str]) 
             summary = run_training(config).summary
     finally:
         records.RunRecorder.add_step = original
-    (cpu0, wall0), (cpu1, wall1) = marks[FIRST], marks[steps - 1]
+    (cpu0, wall0, work0), (cpu1, wall1, work1) = marks[FIRST], marks[steps - 1]
     count = steps - 1 - FIRST
-    return {"cpu_per_step": (cpu1 - cpu0) / count,
+    return {"cpu_per_step": (cpu1 - cpu0) / count, "worker_cpu_per_step": (work1 - work0) / count,
             "core_fraction": (cpu1 - cpu0) / (wall1 - wall0),
             "tasks_per_step": len(summary["workers"]), "step_time": summary["step_time_median"]}
+
+
+def _workers_cpu() -> float:
+    """CPU seconds of this process's worker processes (multiprocessing's children:
+    the nannies' workers), together."""
+    total = 0.0
+    for child in psutil.Process().children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                times = child.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def main() -> None:
@@ -70,7 +90,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="a Dask setting of the embedded cluster, e.g. "
+                             "distributed.admin.tick.interval=20ms")
     args = parser.parse_args()
+    for setting in args.set:
+        key, _, value = setting.partition("=")
+        QUIET[key] = {"true": True, "false": False}.get(value.lower(), value)
     if args.steps < FIRST + 3:
         parser.error(f"--steps must be at least {FIRST + 3}")
     print(f"{args.net} network, batch {args.batch}, steps {FIRST}-{args.steps - 1} counted")
@@ -79,6 +105,7 @@ def main() -> None:
         per_task = got["cpu_per_step"] / got["tasks_per_step"]
         print(f"  {name:8s} client CPU {1e3 * got['cpu_per_step']:6.2f} ms a step "
               f"({1e3 * per_task:.2f} ms per step task), {got['core_fraction']:.2f} of a core; "
+              f"workers {1e3 * got['worker_cpu_per_step']:6.1f} ms; "
               f"step {got['step_time']:.4f} s", flush=True)
 
 

@@ -45,3 +45,18 @@ def test_master_by_default_name_tag_or_outside_the_kernel_workers(mixed_cluster)
     with pytest.raises(ClusterError, match="no worker is named or tagged 'tpu-7'.*gpu-0"):
         add_master(client, config, offered)
     config.master = None
+
+
+def test_embedded_dask_runs_quietly(mixed_cluster):
+    """The scheduler and every worker check their event loop every 0.5 s and sample
+    their process every 2 s (not Dask's 20 ms and 0.5 s): their periodic work shares
+    the workers' cores (pipeline/embedded.py's QUIET)."""
+    client, _ = mixed_cluster
+
+    def timings(dask_worker=None, dask_scheduler=None):  # noqa: ANN001, ANN202
+        server = dask_worker or dask_scheduler
+        return (server.periodic_callbacks["tick"].callback_time,
+                server.periodic_callbacks["monitor"].callback_time)
+
+    assert client.run_on_scheduler(timings) == (500, 2000)
+    assert set(client.run(timings).values()) == {(500, 2000)}
