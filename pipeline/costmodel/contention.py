@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 #: The part of the client's CPU per step that delays the step when the workers fill
 #: every core (fitted; docs/model.md).
-CONTENTION_SHARE = 0.4
+CONTENTION_SHARE = 0.3
 
 
 @dataclass(frozen=True)
