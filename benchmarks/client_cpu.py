@@ -29,6 +29,7 @@ sys.path.insert(0, ROOT)
 
 import psutil  # noqa: E402
 
+from benchmarks.idle_cpu import workers_cpu_seconds  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.embedded import QUIET  # noqa: E402
 from pipeline.config import load_run_config  # noqa: E402
@@ -50,7 +51,7 @@ def client_cpu_per_step(net: str, batch: int, steps: int, overrides: list[str]) 
         if result.step in (FIRST, steps - 1):
             times = psutil.Process().cpu_times()
             marks[result.step] = (times.user + times.system, time.perf_counter(),
-                                  _workers_cpu())
+                                  workers_cpu_seconds())
         return original(self, result, *args, **kwargs)
 
     records.RunRecorder.add_step = add_step
@@ -68,20 +69,6 @@ def client_cpu_per_step(net: str, batch: int, steps: int, overrides: list[str]) 
     return {"cpu_per_step": (cpu1 - cpu0) / count, "worker_cpu_per_step": (work1 - work0) / count,
             "core_fraction": (cpu1 - cpu0) / (wall1 - wall0),
             "tasks_per_step": len(summary["workers"]), "step_time": summary["step_time_median"]}
-
-
-def _workers_cpu() -> float:
-    """CPU seconds of this process's worker processes (multiprocessing's children:
-    the nannies' workers), together."""
-    total = 0.0
-    for child in psutil.Process().children():
-        try:
-            if "spawn_main" in " ".join(child.cmdline()):
-                times = child.cpu_times()
-                total += times.user + times.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def main() -> None:

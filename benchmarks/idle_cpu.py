@@ -29,18 +29,24 @@ from pipeline.config import WorkerConfig  # noqa: E402
 from pipeline.embedded import QUIET, start_embedded_cluster  # noqa: E402
 
 
-def cpu_seconds() -> tuple[float, float]:
-    """CPU seconds so far of this process and of its worker processes (together)."""
-    own = psutil.Process().cpu_times()
-    workers = 0.0
+def workers_cpu_seconds() -> float:
+    """CPU seconds so far of this process's worker processes (multiprocessing's
+    children: the nannies' workers), together."""
+    total = 0.0
     for child in psutil.Process().children():
         try:
             if "spawn_main" in " ".join(child.cmdline()):
                 times = child.cpu_times()
-                workers += times.user + times.system
+                total += times.user + times.system
         except psutil.Error:
             pass
-    return own.user + own.system, workers
+    return total
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds so far of this process and of its worker processes (together)."""
+    own = psutil.Process().cpu_times()
+    return own.user + own.system, workers_cpu_seconds()
 
 
 def idle_rates(workers: int, seconds: float, settle: float = 2.0) -> tuple[float, float]:
