@@ -28,7 +28,7 @@ def _labels(ds: xr.Dataset, dim: str) -> list[str]:
 
 def summary_table(ds: xr.Dataset) -> pd.DataFrame:
     """One row per grid point (repeats pooled): the main figures, for print and report
-(the fullest worker's working memory among them, where the store has it).
+    (the fullest worker's working memory among them, where the store has it).
 
     Figures are medians over the done repeats; ``runs`` counts done/all repeats.
     """

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from storage.exchange import make_folder
 from tasks.link_mounts import LINK_MOUNTS
 
 RECORDS = "/run/hetcnn-links"
@@ -382,14 +383,8 @@ class LinkedHosts:
         pin = os.path.join(directory, f"{PIN_PREFIX}{self.run_id}")
         self.pins.append(pin)
         self._write_record()
-        for attempt in range(50):  # again if a run removed the empty folder meanwhile
-            os.makedirs(directory, exist_ok=True)
-            try:
-                with open(pin, "w", encoding="utf-8"):
-                    return
-            except FileNotFoundError:
-                if attempt == 49:
-                    raise
+        # again if a run removed the empty folder between its making and the pin's
+        make_folder(directory, lambda: open(pin, "w", encoding="utf-8").close())
 
     def counters(self) -> dict[str, tuple[int, int]]:
         """Bytes that crossed each worker's link so far: (to the worker, from it)."""

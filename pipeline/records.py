@@ -31,7 +31,7 @@ import zarr
 from pipeline.step_breakdown import record_breakdown
 from tasks.layout import DENSE_HEAD
 from pipeline.memory import memory_lines, memory_summary
-from tasks.memory import LIFETIME, MemoryPeak
+from tasks.memory import LIFETIME, PER_STRETCH, MemoryPeak
 from tasks.receipts import Receipt
 
 
@@ -201,7 +201,7 @@ class RunRecorder:
     def _memory_variables(self, steps: list[int]) -> dict[str, xr.Variable]:
         """The memory figures (NaN where a step reported none); the GPU's only where
         some worker has one."""
-        kind = LIFETIME if LIFETIME in self.memory_kinds else "per-step"
+        kind = LIFETIME if LIFETIME in self.memory_kinds else PER_STRETCH
         how = ("; the process's lifetime peak up to the step (this system cannot reset it)"
                if kind == LIFETIME else "")
         data = {}

@@ -20,8 +20,8 @@ The run removes its workspace at its end, and the default root folder in /dev/sh
 with it when nothing else is left in it (`remove_root_if_empty`: an rmdir, which
 fails harmlessly while another run's workspace, or a linked run's pin, is there;
 a run making its workspace meanwhile makes the root again, `make_folder`). A run
-killed before that leaves its workspace behind, so a new run first removes the workspaces beside its own whose owner
-process is gone (`remove_stale_exchanges`). Only local workspaces whose owner
+killed before that leaves its workspace behind, so a new run first removes the
+workspaces beside its own whose owner process is gone (`remove_stale_exchanges`). Only local workspaces whose owner
 record names this host and a process no longer alive are removed: a live run's
 workspace (or one being created, before its owner record exists) is never touched.
 
@@ -102,12 +102,14 @@ def create_exchange(path: str, slots: list[SlotSpec]) -> None:
         os.makedirs(os.path.join(_local(path), "ready"), exist_ok=True)
 
 
-def make_folder(folder: str, attempts: int = 50) -> None:
-    """`os.makedirs`, again when a concurrent run removed the empty parent between
-    the making of the parent and of `folder` (`remove_root_if_empty`)."""
+def make_folder(folder: str, then: Callable[[], None] = lambda: None,
+                attempts: int = 50) -> None:
+    """`os.makedirs`, then `then` (a file to make in it), again when a concurrent run
+    removed an empty parent or `folder` itself meanwhile (`remove_root_if_empty`)."""
     for attempt in range(attempts):
         try:
             os.makedirs(folder, exist_ok=True)
+            then()
             return
         except FileNotFoundError:
             if attempt == attempts - 1:

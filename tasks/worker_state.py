@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 import threading
@@ -92,11 +93,10 @@ def tune_allocator() -> None:
     The embedded cluster sets ``MALLOC_ARENA_MAX=1`` before its workers start
     (pipeline/embedded.py); this reaches only threads that have no arena yet.
     """
-    name = ctypes.util.find_library("c")
-    if not name:
+    libc = _libc()
+    if libc is None:
         return
     try:
-        libc = ctypes.CDLL(name)
         m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
         libc.mallopt(m_trim_threshold, 1 << 30)
         libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum for 64-bit
@@ -114,13 +114,23 @@ def release_freed_memory() -> None:
     stay resident for the whole run and lift every step's peak above what the run
     itself needs. Called once at each such stretch's end, never per step.
     """
-    name = ctypes.util.find_library("c")
-    if not name:
+    libc = _libc()
+    if libc is None:
         return
     try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):
+        libc.malloc_trim(0)
+    except AttributeError:  # not glibc
         pass
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, found once: `ctypes.util.find_library` runs ldconfig each call."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
 
 
 def configure_process(threads: int) -> None:
