@@ -23,20 +23,18 @@ first (`LinkedHosts.pin`): a file of this run in it; it goes at the end, and the
 folder with it if that leaves it empty.
 
 A run writes what it created (namespaces, interfaces, processes, pins) to a record
-under `RECORDS`; `LinkedHosts.start` first removes the leftovers of runs whose owner
+under `pipeline.link_records.RECORDS`; `LinkedHosts.start` first removes the leftovers of runs whose owner
 process is gone, so a killed run followed by a new one leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import ipaddress
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -44,12 +42,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import psutil
-
+from pipeline.link_records import (descendants, kill_started, record_path, remove_leftovers,
+                                   started_at, stop_processes, sweep_leftovers, write_record)
 from storage.exchange import make_folder
 from tasks.link_mounts import LINK_MOUNTS
 
-RECORDS = "/run/hetcnn-links"
 PIN_PREFIX = ".hetcnn-link-"  # a pin's name, before the run id (`LinkedHosts.pin`)
 TOOLS = ("ip", "tc", "sshd", "sshfs", "ssh-keygen")
 SSHD_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
@@ -214,42 +211,10 @@ def _run(*command: str) -> str:
     return done.stdout
 
 
-def _quiet(*command: str) -> None:
-    """A clean-up step: whatever is already gone stays gone."""
-    subprocess.run(command, capture_output=True)
-
-
 def used_addresses() -> list[str]:
     """Every address (CIDR) on this machine's interfaces, from `ip -o addr`."""
     return [line.split()[3] for line in _run("ip", "-o", "addr").splitlines()
             if len(line.split()) > 3]
-
-
-def namespace_pids(namespace: str) -> list[int]:
-    done = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-    return [int(p) for p in done.stdout.split()]
-
-
-def _kill(pids: list[tuple[int, float | None]], patience: float = 5.0) -> None:
-    """SIGKILL each pid that is still the process that started at its time (None: any),
-    and wait (at most `patience` s) until they are gone."""
-    victims = []
-    for pid, started in pids:
-        try:
-            process = psutil.Process(pid)
-            if started is None or abs(process.create_time() - started) < 1e-3:
-                process.kill()
-                victims.append(process)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(victims, timeout=patience)
-
-
-def _started(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return None
 
 
 # The hosts ------------------------------------------------------------------------
@@ -290,7 +255,7 @@ class LinkedHosts:
 
     @property
     def record(self) -> str:
-        return os.path.join(RECORDS, f"{self.run_id}.json")
+        return record_path(self.run_id)
 
     @classmethod
     def start(cls, rates: dict[str, str]) -> "LinkedHosts":
@@ -395,17 +360,10 @@ class LinkedHosts:
         return found
 
     def _write_record(self) -> None:
-        os.makedirs(RECORDS, exist_ok=True)
-        me = os.getpid()
-        record = {"owner": [me, _started(me)], "directory": self.directory,
-                  "namespaces": [h.namespace for h in self.hosts],
-                  "interfaces": [self.bridge] + [h.interface for h in self.hosts],
-                  "pids": [[p.pid, _started(p.pid)] for p in self.processes],
-                  "pins": self.pins}
-        temporary = f"{self.record}.{me}.tmp"
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(record, f)
-        os.replace(temporary, self.record)
+        write_record(self.run_id, {
+            "directory": self.directory, "namespaces": [h.namespace for h in self.hosts],
+            "interfaces": [self.bridge] + [h.interface for h in self.hosts],
+            "pids": [[p.pid, started_at(p.pid)] for p in self.processes], "pins": self.pins})
 
     def close(self) -> None:
         """Stop every process started, unmount, delete namespaces, veths and bridge.
@@ -415,12 +373,12 @@ class LinkedHosts:
         cannot finish exiting, even killed, until the leftovers go (the namespaces'
         sshfs processes end, failing every request waiting on their mounts).
         """
-        children = _descendants(self.processes[:1])  # sshd's sessions, one per mount
-        _stop(self.processes[1:])
-        _stop(self.processes[:1])
+        children = descendants(self.processes[:1])  # sshd's sessions, one per mount
+        stop_processes(self.processes[1:])
+        stop_processes(self.processes[:1])
         with open(self.record, encoding="utf-8") as f:
             remove_leftovers(json.load(f))
-        _kill(children)
+        kill_started(children)
         for process in self.processes:  # reap them (freed once the mounts went)
             try:
                 process.wait(5)
@@ -430,72 +388,3 @@ class LinkedHosts:
             os.remove(self.record)
         except FileNotFoundError:
             pass
-
-
-def _stop(processes: list[subprocess.Popen], patience: float = 5.0) -> None:
-    """SIGTERM (and SIGCONT, should one be stopped) each, wait `patience` s for them
-    together, SIGKILL those left; no wait after that (see `LinkedHosts.close`)."""
-    for process in processes:
-        process.send_signal(signal.SIGTERM)
-        process.send_signal(signal.SIGCONT)
-    deadline = time.monotonic() + patience
-    for process in processes:
-        try:
-            process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-def _descendants(processes: list[subprocess.Popen]) -> list[tuple[int, float | None]]:
-    """(pid, start time) of every descendant of `processes`, for `_kill`."""
-    try:
-        return [(child.pid, child.create_time()) for process in processes
-                for child in psutil.Process(process.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def remove_leftovers(record: dict) -> None:
-    """End a run's processes (sshfs ends by unmounting: the mount namespace goes with its
-    last process), then delete its namespaces (and veths with them), interfaces, files,
-    pins (and each pinned directory, if that leaves it empty)."""
-    inside = [(pid, None) for ns in record["namespaces"] for pid in namespace_pids(ns)]
-    _kill(inside + [(pid, started) for pid, started in record["pids"]])
-    for namespace in record["namespaces"]:
-        _quiet("ip", "netns", "del", namespace)
-    for interface in record["interfaces"]:
-        if os.path.exists(f"/sys/class/net/{interface}"):
-            _quiet("ip", "link", "del", interface)
-    shutil.rmtree(record["directory"], ignore_errors=True)
-    for pin in record.get("pins", []):  # last: the mounts went with the processes
-        with contextlib.suppress(OSError):
-            os.remove(pin)
-        with contextlib.suppress(OSError):  # fails unless that left the folder empty
-            os.rmdir(os.path.dirname(pin))
-
-
-def _owner_gone(record: dict) -> bool:
-    pid, started = record["owner"]
-    return _started(pid) is None or abs(_started(pid) - started) > 1e-3
-
-
-def sweep_leftovers() -> list[str]:
-    """Remove what runs whose owner process is gone left behind; their run ids."""
-    removed = []
-    if not os.path.isdir(RECORDS):
-        return removed
-    for name in sorted(os.listdir(RECORDS)):
-        path = os.path.join(RECORDS, name)
-        try:
-            with open(path, encoding="utf-8") as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            continue  # being written (temporary files) or not ours
-        if name.endswith(".json") and _owner_gone(record):
-            remove_leftovers(record)
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                continue  # another run starting at the same time swept it first
-            removed.append(name[:-len(".json")])
-    return removed

@@ -30,7 +30,7 @@ import numpy as np
 import psutil
 import pytest
 
-from pipeline import links
+from pipeline import link_records, links
 from pipeline.cluster import ClusterError, live_workers, open_linked_cluster, register_setup
 from pipeline.config import shm_workspace_root
 from pipeline.run import run_training
@@ -131,7 +131,7 @@ def linked(tmp_path_factory, tiny_dataset_factory):
     assert not [n for n in os.listdir("/sys/class/net") if run_id in n]
     assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                           text=True).stdout.split() if run_id in n]
-    assert not os.path.exists(os.path.join(links.RECORDS, f"{run_id}.json"))
+    assert not os.path.exists(os.path.join(link_records.RECORDS, f"{run_id}.json"))
 
 
 def _config(linked, name: str, steps: int):

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from urllib.parse import urlsplit
 
-from pipeline import cluster, links, object_store, preflight
+from pipeline import cluster, link_records, links, object_store, preflight
 from pipeline.config import build_run_config
 from pipeline.engine import workspace_path
 from pipeline.records import format_summary, link_attrs
@@ -112,7 +112,7 @@ def _left_behind(run_id: str, endpoint: str) -> list[str]:
         found.append(f"{endpoint} still answers")
     except OSError:
         pass
-    return found + ([links.RECORDS] if any(run_id in n for n in os.listdir(links.RECORDS))
+    return found + ([link_records.RECORDS] if any(run_id in n for n in os.listdir(link_records.RECORDS))
                     else [])
 
 

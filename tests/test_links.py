@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from pipeline import links
+from pipeline import link_records, links
 from pipeline.cluster import open_linked_cluster, register_setup
 from pipeline.config import build_run_config
 from pipeline.links import LinkedHosts
@@ -98,7 +98,7 @@ def test_a_pin_keeps_a_mounted_folder_until_its_links_go(tmp_path, monkeypatch):
     """A concurrent run's rmdir of the empty workspace root would detach the linked
     workers' mount of it: the links' pin keeps it; a SIGKILLed run's pin goes at the
     next start's sweep, with the folder if nothing else is left in it."""
-    monkeypatch.setattr(links, "RECORDS", str(tmp_path / "records"))
+    monkeypatch.setattr(link_records, "RECORDS", str(tmp_path / "records"))
     hosts = LinkedHosts("abc123", ipaddress.ip_network("10.9.9.0/24"), [],
                         str(tmp_path / "private"))
     kept, alone = tmp_path / "kept", tmp_path / "alone"
@@ -113,7 +113,7 @@ def test_a_pin_keeps_a_mounted_folder_until_its_links_go(tmp_path, monkeypatch):
     record["owner"][1] -= 10  # its owner gone (this pid is another process's now)
     with open(hosts.record, "w") as handle:
         json.dump(record, handle)
-    assert links.sweep_leftovers() == ["abc123"]
+    assert link_records.sweep_leftovers() == ["abc123"]
     assert os.listdir(kept) == ["other.zarr"] and not alone.exists()
 
 
@@ -214,7 +214,7 @@ def test_a_killed_runs_leftovers_go_at_the_next_start(tmp_path):
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     assert link_leftovers(run_id)  # a SIGKILLed owner cleans nothing up itself
-    record = os.path.join(links.RECORDS, f"{run_id}.json")
+    record = os.path.join(link_records.RECORDS, f"{run_id}.json")
     assert json.load(open(record))["namespaces"] == [links.namespace_name(run_id, 0)]
     hosts = LinkedHosts.start({"b": "100mbit"})
     try:
