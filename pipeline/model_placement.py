@@ -32,7 +32,8 @@ from pipeline.config import RunConfig
 from pipeline.costmodel import predict, split_kernels_minmax
 from pipeline.placement import (ShardCost, align_to_quanta, choose_calibrated, pick_fastest,
                                 single_device_splits, split_even)
-from pipeline.probe import ClusterProbe, cached_probe, costmodel_network, links_key
+from pipeline.probe import (ClusterProbe, cached_probe, costmodel_network, links_key,
+                            probe_workspace_dir)
 from tasks.specs import NetworkSpec
 
 __all__ = ["calibrated_split", "choose_split", "model_placement",
@@ -102,7 +103,7 @@ def model_placement(client: Any, config: RunConfig, network: NetworkSpec,
     dataset = config.dataset_path if os.path.exists(config.dataset_path) else None
     links = links_key(config.cluster.link_rates())  # over links: probed across them
     probe = cached_probe(client, workers, network, config.train.batch,
-                         config.channel_quanta(network), config.workspace.path, dataset,
+                         config.channel_quanta(network), probe_workspace_dir(config), dataset,
                          links=links, output_root=config.output_dir if links else None)
     choice = choose_split(probe)
     for layer, row in zip(network.conv, choice["kernel_split"]):

@@ -42,7 +42,7 @@ from pipeline.costmodel.memory import MEMORY_STRATEGIES, Footprint, element_byte
 from pipeline.placement import split_even
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
                             costmodel_network, find_cached_probe, links_key, probe_key,
-                            worker_identity, workspace_location)
+                            probe_workspace_dir, worker_identity, workspace_location)
 from pipeline.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
 from storage.datasets import DatasetError, open_dataset_info
@@ -157,7 +157,7 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     spec, batch = network_for(config), config.train.batch
     quanta, dataset = config.channel_quanta(spec), _dataset(config)
     cluster = dataclasses.replace(config.cluster, use_workers=None)
-    where = os.path.dirname(config.workspace.path) if config.workspace.path else None
+    where = probe_workspace_dir(config)
     links = links_key(config.cluster.link_rates())
     # over a link, the calibration runs' checkpoints go where the workers reach
     output_root = config.output_dir if links else None

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from pipeline import cluster, link_records, links, object_store, preflight
 from pipeline.config import build_run_config
 from pipeline.engine import workspace_path
+from pipeline.probe import probe_workspace_dir
 from pipeline.records import format_summary, link_attrs
 from pipeline.run import run_training
 from pipeline.schema import ConfigError
@@ -53,6 +54,19 @@ def test_with_s3_the_workspace_is_in_the_bucket_and_not_mounted(tmp_path):
     assert config.shared_directories() == [os.path.abspath("data"), str(tmp_path / "run")]
     sftp = build_run_config({"cluster": {"link": {}}, "output": str(tmp_path / "run")})
     assert len(sftp.shared_directories()) == 3  # the workspace root as well
+
+
+def test_a_probe_times_the_workspace_folder_its_run_uses(tmp_path):
+    """The model's calibration runs put their workspaces in the folder the run's own
+    goes in: for linked workers the client's /dev/shm folder, which they mount (their
+    probes once used the output directory on disk, where sftp took twice as long)."""
+    linked = build_run_config({"cluster": {"link": {"rate": "1gbit"}},
+                               "output": str(tmp_path / "run")})
+    assert probe_workspace_dir(linked) == os.path.dirname(workspace_path(linked, "tiny-1", []))
+    assert probe_workspace_dir(linked) in linked.shared_directories()  # mounted on each host
+    given = build_run_config({"workspace": {"path": str(tmp_path / "ws")}})
+    assert probe_workspace_dir(given) == os.path.dirname(workspace_path(given, "tiny-1", []))
+    assert probe_workspace_dir(build_run_config({})) is None  # the engine chooses, as for a run
 
 
 def test_workers_and_client_get_the_servers_options():

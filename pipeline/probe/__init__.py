@@ -16,7 +16,7 @@ latencies. A probe measures them where the step will run:
 
 from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
                                   find_cached_probe, links_key, probe_cluster, probe_key,
-                                  worker_identity, workspace_location)
+                                  probe_workspace_dir, worker_identity, workspace_location)
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, TrunkTiming, WorkerProbe,
@@ -27,4 +27,5 @@ __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTi
            "StoreProbe", "TrunkTiming", "WorkerProbe", "cache_dir", "cached_master_probe",
            "cached_probe", "cluster_probe_from_dict", "costmodel_network", "dataset_store", "dense_flops",
            "find_cached_probe", "master_device", "network_spec_from_dict", "probe_cluster",
-           "links_key", "probe_key", "probe_master", "worker_identity", "workspace_location"]
+           "links_key", "probe_key", "probe_master", "probe_workspace_dir", "worker_identity",
+           "workspace_location"]

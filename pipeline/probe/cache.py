@@ -26,6 +26,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from pipeline.cluster import ClusterWorker, all_local, scheduler_in_process, usable_cores
+from pipeline.config import RunConfig, shm_workspace_root
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
@@ -60,6 +61,21 @@ def cache_dir() -> str:
     """Where probes are kept: ``$CNN_PROBE_CACHE`` or ``~/.cache/dask-cnn/probes``."""
     return os.environ.get("CNN_PROBE_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "dask-cnn", "probes")
+
+
+def probe_workspace_dir(config: RunConfig) -> str | None:
+    """Where a probe of `config`'s cluster puts its calibration runs' workspaces: the
+    folder the run's own goes in (pipeline/engine.py, `workspace_path`), so that the
+    probe times the store the run will use. ``workspace.path`` if set; for workers
+    behind shaped links, the client's shared-memory folder, which they mount over
+    their links as their runs do (their probes once used the output directory on
+    disk, where an sftp access took about twice as long); otherwise None (the engine
+    chooses, as for a run)."""
+    if config.workspace.path:
+        return config.workspace.path
+    if config.cluster.link_rates() is not None:
+        return shm_workspace_root()
+    return None
 
 
 def workspace_location(all_workers_local: bool, workspace_dir: str | None = None) -> str:
