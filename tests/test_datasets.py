@@ -26,7 +26,7 @@ from storage.datasets import (
     open_dataset_info,
     read_batch,
 )
-from storage.datasets import reader, synthetic, writer
+from storage.datasets import reader, shard_reader, synthetic, writer
 
 TRAIN_PER_BATCH = 3  # 5 batches -> 15 train samples
 TEST_SAMPLES = 4
@@ -210,6 +210,42 @@ def test_fast_reader_is_used_and_matches_zarr_path(tmp_path):
     indices = np.array([7, 1, 8, 1, 4])
     np.testing.assert_array_equal(split_reader.read(indices)[0],
                                   split_reader.read_with_zarr(indices))
+
+
+def test_slow_rows_are_read_by_threads_in_the_same_order(tmp_path, monkeypatch):
+    """Rows that look like round trips to a file server (here: any row) switch the
+    reader to its threads after the first batch; the rows come back as read alone,
+    in index order, repeats and shards mixed, and a thread's error reaches the caller."""
+    monkeypatch.setattr(shard_reader, "ROUND_TRIP_S", 0.0)
+    store = str(tmp_path / "s.zarr")
+    create_synthetic_dataset(store, train_samples=30, test_samples=2)  # 8 shards of 4
+    everything, _ = _read_all(store, "train")
+    clear_read_cache()
+    first = np.arange(30)[::-1]
+    np.testing.assert_array_equal(read_batch(store, "train", first)[0], everything[first])
+    (split_reader,) = [reader._split_reader(*key) for key in _cached_keys(store, "train")]
+    assert split_reader.fast.parallel is True
+    used = []
+    real_pool = shard_reader._read_pool
+    monkeypatch.setattr(shard_reader, "_read_pool", lambda: used.append(1) or real_pool())
+    indices = np.random.default_rng(0).integers(0, 30, 37)
+    np.testing.assert_array_equal(read_batch(store, "train", indices)[0], everything[indices])
+    assert used, "a slow store's batch should go through the reading threads"
+    monkeypatch.setattr(split_reader.fast, "row_nbytes", split_reader.fast.row_nbytes + 4)
+    with pytest.raises(DatasetError, match="expected"):
+        read_batch(store, "train", indices)
+
+
+def test_fast_rows_are_read_by_the_caller_alone(tmp_path, monkeypatch):
+    """From the page cache a row takes microseconds: no threads."""
+    monkeypatch.setattr(shard_reader, "ROUND_TRIP_S", 1.0)
+    store = str(tmp_path / "s.zarr")
+    create_synthetic_dataset(store, train_samples=30, test_samples=2)
+    monkeypatch.setattr(shard_reader, "_read_pool", lambda: pytest.fail("threads used"))
+    for _ in range(2):
+        read_batch(store, "train", np.arange(30))
+    (split_reader,) = [reader._split_reader(*key) for key in _cached_keys(store, "train")]
+    assert split_reader.fast.parallel is False
 
 
 def _cached_keys(store: str, split: str):

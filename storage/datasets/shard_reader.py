@@ -4,6 +4,15 @@ Zarr spends ~0.3 ms of event-loop overhead per inner chunk, i.e. ~40 ms for a
 128-sample batch; the bytes themselves take microseconds to copy from the page
 cache. `storage.datasets.reader` uses this reader whenever a store has exactly the
 layout `storage.datasets.writer` writes, and Zarr otherwise.
+
+On a network file system (NFS, sshfs, Lustre) each `os.pread` is a round trip to
+the server, and a batch's rows one after the other cost a round trip each: 64 rows
+took 36-44 ms over sshfs behind a 1gbit link (docs/benchmarks.md). Where a reader's
+first batch shows rows that slow (`ROUND_TRIP_S` a row or more), it reads every later
+batch with `READ_THREADS` threads at once, each taking a contiguous part of it; the
+GIL is released during `pread`, so the round trips overlap. From the page cache a
+row takes microseconds, and threads would only add their wake-ups (about 1 ms a
+batch), so there the caller reads alone.
 """
 
 from __future__ import annotations
@@ -12,7 +21,9 @@ import json
 import os
 import sys
 import threading
+import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -20,6 +31,29 @@ import zarr
 
 from storage.checksums import crc32c
 from storage.datasets.store import DatasetError
+
+
+#: Threads that read one batch's rows at once (see the module doc).
+READ_THREADS = 8
+
+#: Rows a thread reads at least: smaller batches are read by the caller alone.
+ROWS_PER_THREAD = 4
+
+#: Seconds a row takes, at least, where it is a round trip to a file server (from
+#: the page cache: a few microseconds).
+ROUND_TRIP_S = 50e-6
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _read_pool() -> ThreadPoolExecutor:
+    """The process's reading threads, made on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="dataset-read")
+        return _pool
 
 
 class ShardRowReader:
@@ -50,6 +84,7 @@ class ShardRowReader:
         self.fill_value = fill_value
         self._shards: dict[int, tuple[int, np.ndarray]] = {}  # shard -> (fd, index)
         self._lock = threading.Lock()
+        self.parallel: bool | None = None  # decided by the first batch's rows (module doc)
         # raw descriptors (pread needs no file object); closed when the reader goes
         weakref.finalize(self, _close_descriptors, self._shards)
 
@@ -113,7 +148,24 @@ class ShardRowReader:
     def read(self, idx: np.ndarray) -> np.ndarray:
         """The rows `idx` (already range-checked by the caller), in that order."""
         out = np.empty((idx.size, *self.row_shape), dtype=self.dtype)
-        for position, row in enumerate(idx.tolist()):
+        rows = idx.tolist()
+        parts = min(READ_THREADS, len(rows) // ROWS_PER_THREAD)
+        if parts <= 1 or not self.parallel:
+            started = time.perf_counter()
+            self._read_into(out, rows, 0, len(rows))
+            if self.parallel is None and rows:
+                self.parallel = (time.perf_counter() - started) / len(rows) >= ROUND_TRIP_S
+            return out
+        bounds = np.linspace(0, len(rows), parts + 1).astype(int).tolist()
+        for _ in _read_pool().map(lambda i: self._read_into(out, rows, bounds[i], bounds[i + 1]),
+                                  range(parts)):
+            pass  # map re-raises a thread's error here
+        return out
+
+    def _read_into(self, out: np.ndarray, rows: list[int], start: int, stop: int) -> None:
+        """Rows ``rows[start:stop]`` into the same positions of `out`."""
+        for position in range(start, stop):
+            row = rows[position]
             shard, inner = divmod(row, self.shard_rows)
             fd, index = self._shard(shard)
             offset, nbytes = int(index[inner, 0]), int(index[inner, 1])
@@ -127,7 +179,6 @@ class ShardRowReader:
                     f"expected {self.row_nbytes}"
                 )
             out[position] = np.frombuffer(data, dtype=self.dtype).reshape(self.row_shape)
-        return out
 
 
 def _close_descriptors(shards: dict[int, tuple[int, np.ndarray]]) -> None:
