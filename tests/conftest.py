@@ -35,13 +35,15 @@ from tests.helpers import embedded_client, shared_workers  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_dataset_factory(tmp_path_factory):
-    """Build (once per dtype) a 512/128-sample synthetic dataset."""
+    """Build (once per dtype) a 512/128-sample synthetic dataset: with `tiny_config`'s
+    data (seed 0, the config's default), so a run given it opens it and never rebuilds
+    it in place (which made tests that copy it depend on which test ran first)."""
     made = {}
 
     def make(dtype: str = "float32") -> str:
         if dtype not in made:
             path = str(tmp_path_factory.mktemp("data") / f"tiny-{dtype}.zarr")
-            create_synthetic_dataset(path, train_samples=512, test_samples=128, seed=3,
+            create_synthetic_dataset(path, train_samples=512, test_samples=128, seed=0,
                                      dtype=dtype)
             made[dtype] = path
         return made[dtype]
