@@ -16,6 +16,7 @@ from pipeline.costmodel import (
     LinkSpec,
     Options,
     StoreSpec,
+    TrunkTime,
     alexnet,
     apportion,
     conv_net,
@@ -483,6 +484,39 @@ def test_every_access_is_one_operation_and_own_slices_are_free():
     alone = predict("single", net, B, dev, dataset=dataset)
     assert alone.breakdown["storage"] == pytest.approx(1000) and alone.step_time == \
         pytest.approx(1000)
+
+
+def test_timed_batch_reads_replace_the_dataset_store_per_device_and_count():
+    """Where the probe timed a device's batch read in the runs that timed its shard
+    (per count of the first layer) or its trunk, the model reads the batch in that
+    time, not the dataset store's; interpolated between counts, nearest beyond them,
+    in proportion to the batch; the same on the fast and the op-by-op timeline."""
+    net, B = marques_cifar(8, 16), 4
+    dataset = StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=1000.0)
+    table = LayerTable(B, (2, 6), (0.0, 0.0), (0.0, 0.0), dataset=(10.0, 30.0))
+    assert [table.dataset_time(k, B) for k in (1, 2, 4, 6, 8)] == [10, 10, 20, 30, 30]
+    assert table.dataset_time(4, 2 * B) == 40 and table.dataset_time(0, B) is None
+    assert LayerTable(B, (2,), (0.0,), (0.0,)).dataset_time(2, B) is None
+    timed = DeviceSpec(flops=math.inf, layer_tables={net.conv[0].name: table})
+    plain = DeviceSpec(flops=math.inf)
+    for timeline in ("fast", "reference"):
+        options = Options(dataset=dataset, timeline=timeline)
+        p = predict("kernel", net, B, [timed, plain], options=options,
+                    kernel_counts=[[4, 4], [8, 8]])
+        first_io = [next(end - start for start, end, kind in lane if kind == "io")
+                    for lane in p.details["timeline"]]
+        assert first_io == pytest.approx([20.0, 1000.0])  # timed at 4 kernels; the store's
+    alone = predict("single", net, B, timed, dataset=dataset)
+    assert alone.breakdown["storage"] == pytest.approx(30.0)  # every kernel: 8, past 6
+    trunk = DeviceSpec(flops=math.inf, trunk=TrunkTime(B, 0.0, 0.0, dataset=8.0))
+    assert trunk.trunk.dataset_time(2) == 4.0 and TrunkTime(B, 0.0, 0.0).dataset_time(2) is None
+    for strategy in ("data", "hybrid"):
+        for timeline in ("fast", "reference"):
+            options = Options(dataset=dataset, timeline=timeline)
+            steps = [predict(strategy, net, B, [dev, dev], store=STORE, options=options).step_time
+                     for dev in (plain, trunk)]
+            # 2 rows each, read at once: the store's 1000 s, or the trunk's 8 s at 4 rows
+            assert steps[0] - steps[1] == pytest.approx(1000.0 - 4.0), (strategy, timeline)
 
 
 def test_minmax_keeps_a_minimum_per_device():

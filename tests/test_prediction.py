@@ -104,16 +104,23 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 7 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 8 and probe.phase_seconds["timed_again"] >= 0
+    for worker in probe.workers:  # the batch read before the first layer, per size
+        for t in worker.timings:
+            assert (t.dataset_s is not None) == (t.layer == 0), t
+            assert t.dataset_s is None or _finite_positive(t.dataset_s), t
     for worker in probe.workers:  # each replica's conv trunk, both replicas running
         t = worker.trunk
         assert t is not None and (t.rows, t.active) == (probe.batch // 2, 2), t
         assert t.forward_s > 0 and t.backward_s > 0 and t.rounds >= 2
+        assert _finite_positive(t.dataset_s), t
     assert all(d.trunk is not None for d in probe.device_specs(2))
     assert 0 < probe.master.dense_low_s <= probe.master.dense_s <= probe.master.dense_high_s
     # the cost-model objects
     devices = probe.device_specs()
     assert all(set(d.layer_tables) == {"conv1", "conv2"} for d in devices)
+    assert all(d.layer_tables["conv1"].dataset and not d.layer_tables["conv2"].dataset
+               for d in devices)
     assert all(d.layer_tables["conv2"].input_grad for d in devices)
     store = probe.store_spec()
     assert store.chunk_cost("read") == s.read_latency_s and store.client_bw("read") == s.read_bw

@@ -184,3 +184,52 @@ def test_the_replica_plan_times_each_workers_trunk_and_replicas_use_it():
     assert probe.device_specs(1)[0].trunk is None  # measured with 2 running, not 1
     assert cluster_probe_from_dict(dataclasses.asdict(probe)) == probe
     assert probe.at("high").workers[1].trunk.forward_s == pytest.approx(0.012)  # no spread
+
+
+def _read_then_compute(name: str, read: float | None, compute: float) -> OpEvent:
+    phases = [Phase("dataset", 0.0, read)] if read is not None else []
+    return OpEvent(name, 0 if name == CONV_FORWARD else -1, 0.0, (read or 0.0) + compute,
+                   phases + [Phase("compute", read or 0.0, (read or 0.0) + compute)])
+
+
+def test_batch_reads_are_figured_per_shard_and_trunk_and_reach_the_model():
+    """The batch read before the first layer's forward is kept per cell, as its plan
+    timed it ([16, 16]: both read at once, 38 ms; [28, 4]: 16 ms), and the replica's
+    per trunk; the model's first-layer table and trunk carry them; a probe whose
+    receipts hold no read keeps none (the model then uses the dataset store's)."""
+    def shard_receipt(worker: str, step: int, read: float | None) -> Receipt:
+        return Receipt("t", worker, step, 0.0, 1.0, [
+            _read_then_compute(CONV_FORWARD, read, 5 * MS),
+            OpEvent(CONV_BACKWARD, 0, 0.0, 4 * MS, [Phase("compute", 0.0, 4 * MS)])])
+
+    def runs_of(reads: dict[tuple[int, ...], float | None]) -> list[PlanRun]:
+        return [PlanRun(ProbePlan([list(counts)]), ["cpu-0", "cpu-1"],
+                        [shard_receipt(w, s, read) for w in ("cpu-0", "cpu-1")
+                         for s in (2, 3, 4)], r)
+                for counts, read in reads.items() for r in (0, 1)]
+
+    timings = shard_timings(runs_of({(16, 16): 38 * MS, (28, 4): 16 * MS}))
+    by_cell = {(w, t.kernels): t.dataset_s for w, ts in timings.items() for t in ts}
+    assert by_cell == pytest.approx({("cpu-0", 16): 38 * MS, ("cpu-1", 16): 38 * MS,
+                                     ("cpu-0", 28): 16 * MS, ("cpu-1", 4): 16 * MS})
+    probe = _probe(timings)
+    first = probe.device_specs(2)[0].layer_tables["conv1"]
+    assert first.kernels == (16, 28) and first.dataset == pytest.approx((38 * MS, 16 * MS))
+    assert first.dataset_time(16, 128) == pytest.approx(38 * MS)
+    assert cluster_probe_from_dict(dataclasses.asdict(probe)) == probe
+    unread = shard_timings(runs_of({(16, 16): None}))
+    assert all(t.dataset_s is None for ts in unread.values() for t in ts)
+    assert _probe(unread).device_specs(2)[0].layer_tables["conv1"].dataset == ()
+    # the replica plan: each worker's read of its rows, beside its trunk
+    plan = replica_plan(NetworkSpec((ConvLayerSpec(3, 32, in_height=32, in_width=32),)), 128, 2)
+    trunk_runs = [PlanRun(plan, ["cpu-0", "cpu-1"], [
+        Receipt("t", w, s, 0.0, 1.0, [_read_then_compute(TRUNK_FORWARD, read, 10 * MS),
+                                      _read_then_compute(TRUNK_BACKWARD, None, 20 * MS)])
+        for w, read in (("cpu-0", 13 * MS), ("cpu-1", 15 * MS)) for s in (2, 3, 4)], r)
+        for r in (0, 1)]
+    trunks = trunk_timings(trunk_runs)
+    assert (trunks["cpu-0"].dataset_s, trunks["cpu-1"].dataset_s) == pytest.approx(
+        (13 * MS, 15 * MS))
+    assert trunks["cpu-0"].forward_s == pytest.approx(10 * MS)  # the read is not compute
+    probe.workers[1].trunk = trunks["cpu-1"]
+    assert probe.device_specs(2)[1].trunk.dataset_time(32) == pytest.approx(7.5 * MS)

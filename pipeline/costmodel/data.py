@@ -14,7 +14,7 @@ from typing import Sequence
 from . import collectives
 from .compute import LayerTime, conv_time, dense_time
 from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec, distinct
-from .kernel import batch_bytes, io_time
+from .batch_reads import shard_batch_read
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
@@ -141,8 +141,9 @@ def predict_single(
     compute = t.total
     conv = sum(layer_times(device, network, batch, dense=False), LayerTime()).total
     storage = 0.0
-    if dataset is not None and network.conv:
-        storage = io_time(device.link or IDEAL_LINK, dataset, batch_bytes(network, batch, device.bytes_per_elem), 1, "read")
+    if network.conv:  # as a holder of every kernel of the first layer reads it
+        storage = shard_batch_read(device, device.link or IDEAL_LINK, dataset, network, batch,
+                                   network.conv[0].out_channels)
     breakdown = {
         "compute": [compute], "compute_max": compute, "compute_critical": conv,
         "communication": 0.0, "storage": storage, "master": compute - conv, "overhead": 0.0,

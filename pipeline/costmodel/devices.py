@@ -94,6 +94,13 @@ class LayerTable:
         The first part of each backward: pool/ReLU backward and the input
         gradient (what the engine hands on before the weight gradient).
         Empty: half of the backward (the two conv products have equal work).
+    dataset : tuple of float, optional
+        First layer only: the read of the batch from the dataset that precedes
+        the shard's forward, timed in the same runs (empty: not timed). Every
+        holder of the first layer reads the whole batch, whatever its count,
+        but how long that takes depends on what the other workers do meanwhile
+        (a read over a network file system is CPU on the same cores), so it is
+        kept per count, as measured, not as one figure.
 
     Notes
     -----
@@ -109,12 +116,15 @@ class LayerTable:
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     input_grad: tuple[float, ...] = ()
+    dataset: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.kernels or not len(self.kernels) == len(self.forward) == len(self.backward):
             raise ValueError("a layer table needs matching, non-empty kernels/forward/backward")
         if self.input_grad and len(self.input_grad) != len(self.kernels):
             raise ValueError("a layer table's input_grad needs one value per kernel count")
+        if self.dataset and len(self.dataset) != len(self.kernels):
+            raise ValueError("a layer table's dataset needs one value per kernel count")
         if list(self.kernels) != sorted(set(self.kernels)) or self.kernels[0] <= 0:
             raise ValueError("table kernel counts must be positive and strictly ascending")
 
@@ -152,6 +162,14 @@ class LayerTable:
             return 0.5 * self.times(kernels, batch)[1]
         return self._at(self.input_grad, kernels) * batch / self.batch
 
+    def dataset_time(self, kernels: float, batch: float) -> float | None:
+        """Seconds of the batch read before ``kernels`` kernels' forward (``None``: not
+        timed): interpolated between the counts timed, the nearest one's beyond them,
+        in proportion to the batch (a batch is read a row at a time)."""
+        if not self.dataset or kernels <= 0 or batch <= 0:
+            return None
+        return float(np.interp(kernels, self.kernels, self.dataset)) * batch / self.batch
+
     def times(self, kernels: float, batch: float) -> tuple[float, float]:
         """``(forward, backward)`` seconds of ``kernels`` kernels at ``batch``."""
         if kernels <= 0 or batch <= 0:
@@ -169,18 +187,26 @@ class TrunkTime:
     Where a device has one, replicas take its forward and backward (scaled linearly
     in the rows: the products are linear in the batch) instead of the sum of its
     layer tables, which were timed on kernel shards at another batch and, for the
-    whole layer, with no other worker busy.
+    whole layer, with no other worker busy. Likewise its batch read (``dataset``),
+    timed as the replicas read their rows at once.
     """
 
     batch: int
     forward: float
     backward: float
+    dataset: float | None = None  # the replica's batch read, timed in the same runs
 
     def times(self, batch: float) -> tuple[float, float]:
         """``(forward, backward)`` seconds of the trunk on ``batch`` rows."""
         if batch <= 0:
             return 0.0, 0.0
         return self.forward * batch / self.batch, self.backward * batch / self.batch
+
+    def dataset_time(self, batch: float) -> float | None:
+        """Seconds of reading ``batch`` rows from the dataset (``None``: not timed)."""
+        if self.dataset is None or batch <= 0:
+            return None
+        return self.dataset * batch / self.batch
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,11 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
+from .batch_reads import batch_bytes, shard_batch_read
 from .compute import LayerTime, conv_time, dense_time
-from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
+from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, distinct
 from .kernel_fast import fast_applies, steady_fast
 from .network import Network
 from .prediction import Options, Prediction
@@ -77,12 +80,6 @@ class KernelContext:
         return self.network.conv[l].output_elements(self.batch, self.counts[l][d]) * self.s
 
 
-def batch_bytes(network: Network, batch: int, s: int = 4) -> float:
-    """Bytes of one batch as the dataset holds it: images and int64 labels."""
-    first = network.conv[0]
-    return batch * (first.in_channels * first.in_hw[0] * first.in_hw[1] * s + 8)
-
-
 def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> list[list[int]]:
     """Validate ``k[l][d]``: one row per conv layer, ``p`` entries, exact sums."""
     rows = [list(map(int, r)) for r in counts]
@@ -103,12 +100,21 @@ def _conv(ctx: KernelContext, l: int, d: int) -> LayerTime:
                      input_grad=l > 0)
 
 
-def _dataset_seconds(ctx: KernelContext, d: int = 0) -> float:
-    """Device `d` reading the batch from the dataset (layer 1's input)."""
-    if ctx.dataset is None:
-        return 0.0
-    return io_time(ctx.link_of(d), ctx.dataset, batch_bytes(ctx.network, ctx.batch, ctx.s), 1,
-                   "read")
+def _dataset_seconds(ctx: KernelContext, d: int) -> float:
+    """Device `d` reading the batch from the dataset (layer 1's input; batch_reads.py)."""
+    return shard_batch_read(ctx.devices[d], ctx.link_of(d), ctx.dataset, ctx.network,
+                            ctx.batch, ctx.counts[0][d])
+
+
+def _dataset_reads(ctx: KernelContext) -> np.ndarray:
+    """`_dataset_seconds` of every device, once per distinct device and count (the fast
+    timeline's devices share one link)."""
+    kinds, kind_of = distinct(ctx.devices)
+    seconds: dict[tuple[int, int], float] = {}
+    for d, k in enumerate(ctx.counts[0]):
+        if (kind_of[d], k) not in seconds:
+            seconds[kind_of[d], k] = _dataset_seconds(ctx, d)
+    return np.array([seconds[kind_of[d], k] for d, k in enumerate(ctx.counts[0])])
 
 
 def _timeline(ctx: KernelContext) -> Timeline:
@@ -180,7 +186,7 @@ def predict_kernel(
         per_dev = [sum(t.total for t in (_conv(ctx, l, d) for l in range(len(network.conv))))
                    for d in range(len(devs))]
     else:
-        result, tables = steady_fast(ctx, _dataset_seconds(ctx))
+        result, tables = steady_fast(ctx, _dataset_reads(ctx))
         per_dev = tables.per_device.tolist()
     step, path = result.step, result.path
     head = dense_time(devs[ctx.master], network.dense, batch).total

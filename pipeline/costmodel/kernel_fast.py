@@ -89,7 +89,7 @@ class _Plan:
 
     ctx: KernelContext
     tables: ComputeTables
-    dataset_seconds: float
+    dataset_seconds: np.ndarray  # per device: its read of the batch (layer 1's holders)
     holders: list[np.ndarray]
     slice_bytes: list[np.ndarray]  # per layer, per device: bytes of its pooled output
     active: np.ndarray
@@ -99,7 +99,7 @@ class _Plan:
     grad_ready: np.ndarray  # per device: when the master wrote its gradient slice
 
 
-def _plan(ctx: KernelContext, dataset_seconds: float) -> _Plan:
+def _plan(ctx: KernelContext, dataset_seconds: np.ndarray) -> _Plan:
     counts = np.array(ctx.counts, dtype=np.int64).reshape(len(ctx.network.conv), -1)
     P = len(ctx.devices)
     slice_bytes = [(counts[l] * (ctx.batch * layer.out_hw[0] * layer.out_hw[1] * ctx.s))
@@ -117,7 +117,7 @@ def _forward(plan: _Plan, tl: FastTimeline, l: int) -> None:
     L = len(plan.holders)
     if l == 0:
         if ctx.dataset is not None:
-            tl.run(H, "io", plan.dataset_seconds)
+            tl.run(H, "io", plan.dataset_seconds[H])
     else:
         below = plan.holders[l - 1]
         tl.read(H, Sources(below, plan.act_ready[l - 1][below], plan.slice_bytes[l - 1][below]),
@@ -183,10 +183,12 @@ def _step(plan: _Plan, tl: FastTimeline) -> None:
         _backward(plan, tl, l)
 
 
-def steady_fast(ctx: KernelContext, dataset_seconds: float) -> tuple[Steady, ComputeTables]:
+def steady_fast(ctx: KernelContext, dataset_seconds: np.ndarray
+                ) -> tuple[Steady, ComputeTables]:
     """The steady step of kernel.py on the fast timeline, and the compute it used.
 
-    `dataset_seconds`: a holder's read of the batch from the dataset (layer 1).
+    `dataset_seconds`: each device's read of the batch from the dataset (layer 1's
+    holders read it).
     """
     plan = _plan(ctx, dataset_seconds)
     tl = FastTimeline(ctx.link_of(0), len(ctx.devices), ctx.store, ctx.overhead, ctx.sync)

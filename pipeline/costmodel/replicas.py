@@ -34,7 +34,7 @@ import numpy as np
 from .compute import UPDATE_ACCESSES, LayerTime
 from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
-from .kernel import batch_bytes
+from .batch_reads import replica_batch_read
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 from .timeline import Timeline, io_time, steady
@@ -146,7 +146,7 @@ def _data_step(tl: Timeline, network: Network, devices: Sequence[DeviceSpec],
     for d, (dev, b) in enumerate(zip(devices, shares)):
         tl.run(d, "overhead", tl.overhead.task)
         if dataset is not None and b:
-            tl.run(d, "io", io_time(tl.links[d], dataset, batch_bytes(network, b, s), 1, "read"))
+            tl.run(d, "io", replica_batch_read(dev, tl.links[d], dataset, network, b))
         tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
                + dev.stream_time(params))
         _hand_on(tl, d, p, params, s, "grads")
@@ -164,8 +164,8 @@ def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[Device
     tl.run(everyone, "overhead", tl.overhead.task)
     if dataset is not None:
         reading = np.array([d for d, b in enumerate(shares) if b])
-        tl.run(reading, "io", np.array([io_time(tl.link, dataset, batch_bytes(network, b, s),
-                                                1, "read") for b in shares if b]))
+        tl.run(reading, "io", np.array([replica_batch_read(devices[d], tl.link, dataset, network,
+                                                           shares[d]) for d in reading]))
     tl.run(everyone, "compute", np.array([sum(t.forward + t.backward for t in times[d])
                                           + dev.stream_time(params)
                                           for d, dev in enumerate(devices)]))
@@ -226,8 +226,8 @@ def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceS
             tl.run(d, "overhead", tl.overhead.task)
             if b:
                 if options.dataset is not None:
-                    tl.run(d, "io", io_time(tl.links[d], options.dataset,
-                                            batch_bytes(network, b, s), 1, "read"))
+                    tl.run(d, "io", replica_batch_read(devices[d], tl.links[d], options.dataset,
+                                                       network, b))
                 tl.run(d, "compute", trunk[d].forward)
             for k, part in enumerate(parts):
                 for e, rows in part:
@@ -336,8 +336,8 @@ def _hybrid_step_fast(tl: FastTimeline, h: _HybridFast) -> None:
     tl.run(everyone, "overhead", tl.overhead.task)
     if h.dataset is not None:
         busy = np.array([d for d, b in enumerate(h.shares) if b])
-        tl.run(busy, "io", np.array([io_time(tl.link, h.dataset, batch_bytes(h.network, b, h.s),
-                                             1, "read") for b in h.shares if b]))
+        tl.run(busy, "io", np.array([replica_batch_read(h.devices[d], tl.link, h.dataset,
+                                                        h.network, h.shares[d]) for d in busy]))
     tl.run(everyone, "compute", np.array([t.forward for t in h.trunk]))
     row_bytes = h.network.features * h.s
     pieces = [(np.array([e for e, _ in part]), np.array([r for _, r in part], dtype=float))

@@ -36,13 +36,28 @@ def _first_part(event: OpEvent) -> float:
 
 Cell = tuple[str, int, int, int]  # worker, layer, kernels, workers running
 
+#: One measured step of a cell: forward, backward, input-gradient and dataset-read
+#: seconds (the batch read before the first layer's forward; None where none was).
+StepTimes = tuple[float, float, float, float | None]
 
-def shard_samples(runs: Sequence[PlanRun]) -> dict[Cell, dict[int, list[tuple[float, float,
-                                                                              float]]]]:
-    """Per cell and round, every measured step's ``(forward, backward, input_grad)``
-    seconds of that worker's shard of that layer."""
-    cells: dict[Cell, dict[int, list[tuple[float, float, float]]]] = defaultdict(
-        lambda: defaultdict(list))
+
+def _dataset_read(event: OpEvent) -> float | None:
+    """Seconds an op spent reading the batch (its ``dataset`` phases; None: none)."""
+    reads = [p.seconds for p in event.phases if p.kind == "dataset"]
+    return sum(reads) if reads else None
+
+
+def _read_figure(rounds: list[list[float | None]]) -> float | None:
+    """The batch reads' figure over the rounds, as the passes' (None: never read)."""
+    kept = [[s for s in r if s is not None] for r in rounds]
+    kept = [r for r in kept if r]
+    return estimate(kept).value if kept else None
+
+
+def shard_samples(runs: Sequence[PlanRun]) -> dict[Cell, dict[int, list[StepTimes]]]:
+    """Per cell and round, every measured step's `StepTimes` of that worker's shard of
+    that layer."""
+    cells: dict[Cell, dict[int, list[StepTimes]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         if not isinstance(run.plan, ProbePlan):
             continue
@@ -55,17 +70,18 @@ def shard_samples(runs: Sequence[PlanRun]) -> dict[Cell, dict[int, list[tuple[fl
             for layer, ops in events.items():
                 k = run.plan.counts[layer][column]
                 if k and CONV_FORWARD in ops and CONV_BACKWARD in ops:
-                    backward = ops[CONV_BACKWARD]
+                    forward, backward = ops[CONV_FORWARD], ops[CONV_BACKWARD]
                     cells[(receipt.worker, layer, k, len(run.workers))][run.round].append(
-                        (_busy(ops[CONV_FORWARD]), _busy(backward), _first_part(backward)))
+                        (_busy(forward), _busy(backward), _first_part(backward),
+                         _dataset_read(forward)))
     return cells
 
 
 def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[ShardTiming]]:
     """Per worker, one robust figure per (layer, kernels, workers running): each pass
     the median of its rounds' medians, the spread of forward + backward, whether the
-    rounds settled it, and whether it breaks "time grows with kernels"
-    (pipeline/probe/robust.py)."""
+    rounds settled it, and whether it breaks "time grows with kernels" (pipeline/probe/
+    robust.py); for the first layer also its batch read, figured the same way."""
     out: dict[str, list[ShardTiming]] = {}
     for (worker, layer, k, active), by_round in sorted(shard_samples(runs).items()):
         rounds = [by_round[r] for r in sorted(by_round)]
@@ -74,7 +90,8 @@ def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[ShardTiming]]:
         both = f.value + b.value
         out.setdefault(worker, []).append(ShardTiming(
             layer, k, active, f.value, b.value, i.value, total.rounds, total.samples,
-            min(total.low, both), max(total.high, both), total.settled))
+            min(total.low, both), max(total.high, both), total.settled,
+            dataset_s=_read_figure([[step[3] for step in r] for r in rounds])))
     return {worker: mark_outliers(timings) for worker, timings in out.items()}
 
 
@@ -82,26 +99,29 @@ def trunk_timings(runs: Sequence[PlanRun]) -> dict[str, TrunkTiming]:
     """Per worker, its replica's conv trunk from the replica plan's rounds: the
     trunk-forward's compute and the trunk-backward's (its backward and the gradient's
     flattening, as a replica-step has them), each the median of its rounds' medians."""
-    cells: dict[tuple[str, int, int], dict[int, list[tuple[float, float]]]] = defaultdict(
-        lambda: defaultdict(list))
+    cells: dict[tuple[str, int, int], dict[int, list[tuple[float, float, float | None]]]] = \
+        defaultdict(lambda: defaultdict(list))
     for run in runs:
         if not isinstance(run.plan, ReplicaPlan):
             continue
         for receipt in run.receipts:
-            ops = {e.name: _busy(e) for e in receipt.events
+            ops = {e.name: e for e in receipt.events
                    if e.name in (TRUNK_FORWARD, TRUNK_BACKWARD)}
             rows = run.plan.shares[run.workers.index(receipt.worker)]
             if rows and len(ops) == 2:
                 cells[(receipt.worker, rows, run.plan.workers)][run.round].append(
-                    (ops[TRUNK_FORWARD], ops[TRUNK_BACKWARD]))
+                    (_busy(ops[TRUNK_FORWARD]), _busy(ops[TRUNK_BACKWARD]),
+                     _dataset_read(ops[TRUNK_FORWARD])))
     out = {}
     for (worker, rows, active), by_round in cells.items():
         rounds = [by_round[r] for r in sorted(by_round)]
-        f, b = (estimate([[step[n] for step in r] for r in rounds]) for n in (0, 1))
+        f, b = (estimate([[step[n] for step in r] for r in rounds]) for n in range(2))
         total = estimate([[step[0] + step[1] for step in r] for r in rounds])
         both = f.value + b.value
         out[worker] = TrunkTiming(rows, active, f.value, b.value, total.rounds, total.samples,
-                                  min(total.low, both), max(total.high, both), total.settled)
+                                  min(total.low, both), max(total.high, both), total.settled,
+                                  dataset_s=_read_figure([[step[2] for step in r]
+                                                          for r in rounds]))
     return out
 
 

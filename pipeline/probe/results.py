@@ -18,8 +18,8 @@ from pipeline.placement import split_even
 from pipeline.probe.robust import inconsistent
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
-PROBE_VERSION = 7  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
-#                   7: the client's CPU per step
+PROBE_VERSION = 8  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+#                   7: the client's CPU per step; 8: batch reads per shard and trunk
 
 
 def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
@@ -44,7 +44,8 @@ class ShardTiming:
     ``settled``: two rounds agreed with the figure (or one round was all there was);
     ``outlier``: it breaks "time grows with kernels, at most in proportion" against the
     worker's other sizes even after being timed again, so the model's tables leave it
-    out.
+    out. ``dataset_s`` (first layer only): the batch read before the forward, figured
+    like the passes (``None``: another layer, or not measured).
     """
 
     layer: int
@@ -59,6 +60,7 @@ class ShardTiming:
     high_s: float = 0.0
     settled: bool = True
     outlier: bool = False
+    dataset_s: float | None = None
 
     def scaled(self, bound: str) -> "ShardTiming":
         """This timing at the lower (``"low"``) or upper (``"high"``) quartile of its
@@ -72,7 +74,8 @@ class ShardTiming:
 class TrunkTiming:
     """The whole conv trunk as a ``data``/``hybrid`` replica runs it on this worker:
     ``rows`` samples, ``active`` workers' replicas running at once. Figures, spread
-    and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread)."""
+    and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread);
+    ``dataset_s`` the replica's batch read."""
 
     rows: int
     active: int
@@ -83,6 +86,7 @@ class TrunkTiming:
     low_s: float = 0.0
     high_s: float = 0.0
     settled: bool = True
+    dataset_s: float | None = None
 
     def scaled(self, bound: str) -> "TrunkTiming":
         """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""
@@ -229,7 +233,7 @@ class ClusterProbe:
                                 dense / (self.master.dense_s * first / w.emulated_speed))
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
-                                                     w.trunk.backward_s))
+                                                     w.trunk.backward_s, w.trunk.dataset_s))
             specs.append(spec)
         return specs
 
@@ -316,6 +320,20 @@ def table_points(timings: Sequence[ShardTiming], layer: int, active: int
     return {k: v for k, v in sorted(points.items()) if k not in dropped}
 
 
+def dataset_points(timings: Sequence[ShardTiming], active: int, kernels: Sequence[int]
+                   ) -> tuple[float, ...]:
+    """The first layer's batch read at each of ``kernels`` as the model sees it with
+    ``active`` workers running (`_view`; several: their median); empty where one of
+    them has none (a probe that did not time it)."""
+    by_k: dict[int, list[float]] = {}
+    for t in _view(timings, 0, active):
+        if t.dataset_s is not None:
+            by_k.setdefault(t.kernels, []).append(t.dataset_s)
+    if any(k not in by_k for k in kernels):
+        return ()
+    return tuple(float(np.median(by_k[k])) for k in kernels)
+
+
 def mark_outliers(timings: list[ShardTiming]) -> list[ShardTiming]:
     """``timings`` with ``outlier`` set on each one some table of the model leaves out
     (`table_points`, for every count of workers running that was measured)."""
@@ -335,6 +353,8 @@ def _device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch:
         if not points:
             continue
         table = LayerTable.from_points(batch, [(k, *v) for k, v in points.items()])
+        if index == 0:
+            table = replace(table, dataset=dataset_points(timings, active, table.kernels))
         tables[conv.name] = table
         k = table.kernels[-1]
         seconds = table.forward[-1] + table.backward[-1]
