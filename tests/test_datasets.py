@@ -470,3 +470,24 @@ def test_ensure_dataset_imports_cifar(tmp_path):
     assert ensure_dataset(archive, store, seed=7, train_samples=5, test_samples=3) == info
     with pytest.raises(DatasetError, match="cifar-10-python.tar.gz"):
         ensure_dataset(archive, store, train_samples=4, test_samples=3)
+
+
+def test_a_forked_child_reads_with_threads_of_its_own(tmp_path, monkeypatch):
+    """The reading threads do not survive a fork: a child that inherited the parent's
+    pool would wait on threads it does not have. It makes its own and reads."""
+    monkeypatch.setattr(shard_reader, "ROUND_TRIP_S", 0.0)
+    store = str(tmp_path / "s.zarr")
+    create_synthetic_dataset(store, train_samples=30, test_samples=2)
+    everything, _ = _read_all(store, "train")
+    read_batch(store, "train", np.arange(30))  # the parent's pool exists now
+    assert shard_reader._pool is not None
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its threaded read is right
+        ok = False
+        try:
+            ok = shard_reader._pool is None and np.array_equal(
+                read_batch(store, "train", np.arange(30)[::-1])[0], everything[::-1])
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -56,6 +56,15 @@ def _read_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+def _forget_pool_in_child() -> None:
+    """A forked child has none of its parent's threads: it makes its own pool."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 class ShardRowReader:
     """Reads one sample's bytes straight out of a shard file with ``os.pread``.
 
