@@ -129,19 +129,23 @@ class LayerTable:
             raise ValueError("table kernel counts must be positive and strictly ascending")
 
     @classmethod
-    def from_points(cls, batch: int, points: Sequence[tuple[float, ...]]) -> "LayerTable":
-        """Build from ``(kernels, forward_s, backward_s[, input_grad_s])`` points
-        (duplicates: median)."""
-        by_k: dict[int, list[tuple[float, ...]]] = {}
+    def from_points(cls, batch: int, points: Sequence[tuple[float | None, ...]]
+                    ) -> "LayerTable":
+        """Build from ``(kernels, forward_s, backward_s[, input_grad_s[, dataset_s]])``
+        points (duplicates: median); an optional column with a point that lacks it
+        (shorter, or ``None``) is left empty."""
+        by_k: dict[int, list[tuple[float | None, ...]]] = {}
         for k, *times in points:
-            by_k.setdefault(int(k), []).append(tuple(float(t) for t in times))
+            by_k.setdefault(int(k), []).append(tuple(None if t is None else float(t)
+                                                     for t in times))
         ks = sorted(by_k)
 
         def column(i: int) -> tuple[float, ...]:
+            if any(len(p) <= i or p[i] is None for rows in by_k.values() for p in rows):
+                return ()
             return tuple(float(np.median([p[i] for p in by_k[k]])) for k in ks)
 
-        with_input = all(len(p) > 2 for rows in by_k.values() for p in rows)
-        return cls(int(batch), tuple(ks), column(0), column(1), column(2) if with_input else ())
+        return cls(int(batch), tuple(ks), column(0), column(1), column(2), column(3))
 
     def _at(self, values: tuple[float, ...], k: float) -> float:
         ks = self.kernels

@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .batch_reads import batch_bytes, shard_batch_read
+from .batch_reads import shard_batch_read
 from .compute import LayerTime, conv_time, dense_time
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, distinct
 from .kernel_fast import fast_applies, steady_fast
@@ -45,7 +45,7 @@ from .network import Network
 from .prediction import Options, Prediction
 from .timeline import Timeline, io_time, steady
 
-__all__ = ["KernelContext", "io_time", "predict_kernel", "check_counts", "batch_bytes",
+__all__ = ["KernelContext", "io_time", "predict_kernel", "check_counts",
            "layer_cost", "workspace_bytes"]
 
 

@@ -305,33 +305,26 @@ def _view(timings: Sequence[ShardTiming], layer: int, active: int) -> list[Shard
     return [t for t in mine if t.active == active or t.kernels not in exact]
 
 
+def _median(values: Sequence[float | None]) -> float | None:
+    """The median of the values given (None: none given)."""
+    given = [v for v in values if v is not None]
+    return float(np.median(given)) if given else None
+
+
 def table_points(timings: Sequence[ShardTiming], layer: int, active: int
-                 ) -> dict[int, tuple[float, float, float]]:
-    """``kernels -> (forward, backward, input_grad)`` of one layer as the model sees it
-    with ``active`` workers running (`_view`; several at one count: their median),
-    less the points that break "time grows with kernels" (`robust.inconsistent`)."""
+                 ) -> dict[int, tuple[float, float, float, float | None]]:
+    """``kernels -> (forward, backward, input_grad, dataset)`` of one layer as the model
+    sees it with ``active`` workers running (`_view`; several at one count: their
+    median; ``dataset`` None where none was timed), less the points that break "time
+    grows with kernels" (`robust.inconsistent`)."""
     by_k: dict[int, list[ShardTiming]] = {}
     for t in _view(timings, layer, active):
         by_k.setdefault(t.kernels, []).append(t)
-    points = {k: (float(np.median([t.forward_s for t in ts])),
-                  float(np.median([t.backward_s for t in ts])),
-                  float(np.median([t.input_grad_s for t in ts]))) for k, ts in by_k.items()}
+    points = {k: (_median([t.forward_s for t in ts]), _median([t.backward_s for t in ts]),
+                  _median([t.input_grad_s for t in ts]), _median([t.dataset_s for t in ts]))
+              for k, ts in by_k.items()}
     dropped = inconsistent({k: v[:2] for k, v in points.items()})
     return {k: v for k, v in sorted(points.items()) if k not in dropped}
-
-
-def dataset_points(timings: Sequence[ShardTiming], active: int, kernels: Sequence[int]
-                   ) -> tuple[float, ...]:
-    """The first layer's batch read at each of ``kernels`` as the model sees it with
-    ``active`` workers running (`_view`; several: their median); empty where one of
-    them has none (a probe that did not time it)."""
-    by_k: dict[int, list[float]] = {}
-    for t in _view(timings, 0, active):
-        if t.dataset_s is not None:
-            by_k.setdefault(t.kernels, []).append(t.dataset_s)
-    if any(k not in by_k for k in kernels):
-        return ()
-    return tuple(float(np.median(by_k[k])) for k in kernels)
 
 
 def mark_outliers(timings: list[ShardTiming]) -> list[ShardTiming]:
@@ -353,8 +346,6 @@ def _device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch:
         if not points:
             continue
         table = LayerTable.from_points(batch, [(k, *v) for k, v in points.items()])
-        if index == 0:
-            table = replace(table, dataset=dataset_points(timings, active, table.kernels))
         tables[conv.name] = table
         k = table.kernels[-1]
         seconds = table.forward[-1] + table.backward[-1]
