@@ -8,9 +8,11 @@ layout `storage.datasets.writer` writes, and Zarr otherwise.
 On a network file system (NFS, sshfs, Lustre) each `os.pread` is a round trip to
 the server, and a batch's rows one after the other cost a round trip each: 64 rows
 took 36-44 ms over sshfs behind a 1gbit link (docs/benchmarks.md). Where a reader's
-first batch shows rows that slow (`ROUND_TRIP_S` a row or more), it reads every later
-batch with `READ_THREADS` threads at once, each taking a contiguous part of it; the
-GIL is released during `pread`, so the round trips overlap. From the page cache a
+first batch shows rows that slow (every row's `pread` `ROUND_TRIP_S` or more: the
+fastest row decides, so neither opening a shard nor a moment without a core
+counts), it reads every later batch with `READ_THREADS` threads at once, each
+taking a contiguous part of it; the GIL is released during `pread`, so the round
+trips overlap. From the page cache a
 row takes microseconds, and threads would only add their wake-ups (about 1 ms a
 batch), so there the caller reads alone.
 """
@@ -160,10 +162,10 @@ class ShardRowReader:
         rows = idx.tolist()
         parts = min(READ_THREADS, len(rows) // ROWS_PER_THREAD)
         if parts <= 1 or not self.parallel:
-            started = time.perf_counter()
-            self._read_into(out, rows, 0, len(rows))
-            if self.parallel is None and rows:
-                self.parallel = (time.perf_counter() - started) / len(rows) >= ROUND_TRIP_S
+            reads: list[float] | None = [] if self.parallel is None else None
+            self._read_into(out, rows, 0, len(rows), reads)
+            if reads:
+                self.parallel = min(reads) >= ROUND_TRIP_S
             return out
         bounds = np.linspace(0, len(rows), parts + 1).astype(int).tolist()
         for _ in _read_pool().map(lambda i: self._read_into(out, rows, bounds[i], bounds[i + 1]),
@@ -171,8 +173,10 @@ class ShardRowReader:
             pass  # map re-raises a thread's error here
         return out
 
-    def _read_into(self, out: np.ndarray, rows: list[int], start: int, stop: int) -> None:
-        """Rows ``rows[start:stop]`` into the same positions of `out`."""
+    def _read_into(self, out: np.ndarray, rows: list[int], start: int, stop: int,
+                   reads: list[float] | None = None) -> None:
+        """Rows ``rows[start:stop]`` into the same positions of `out`; with `reads`, each
+        row's `pread` seconds appended to it."""
         for position in range(start, stop):
             row = rows[position]
             shard, inner = divmod(row, self.shard_rows)
@@ -181,7 +185,10 @@ class ShardRowReader:
             if offset == self.MISSING and nbytes == self.MISSING:
                 out[position] = self.fill_value  # Zarr's meaning of an absent chunk
                 continue
+            started = time.perf_counter()
             data = os.pread(fd, nbytes, offset)
+            if reads is not None:
+                reads.append(time.perf_counter() - started)
             if nbytes != self.row_nbytes or len(data) != self.row_nbytes:
                 raise DatasetError(
                     f"dataset row {row} in {self.array_dir!r} has {len(data)} bytes, "
