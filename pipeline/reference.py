@@ -21,7 +21,7 @@ from pipeline.sampler import step_indices
 from storage import checkpoints
 from storage.datasets import read_batch
 from tasks.memory import current_rss, read_peak, reset_peak
-from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
+from tasks.optim import momentum_of, restore_momentum, torch_sgd, weights_of
 from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process, release_freed_memory
@@ -46,7 +46,7 @@ class ReferenceTrainer:
         path = self.config.checkpoint_path
         self.model = load_sequential(self.network,
                                      checkpoints.read_tensors(path, from_step, "weights"))
-        self.optimizer = make_sgd(self.model.parameters(), self.config.optimizer_spec())
+        self.optimizer = torch_sgd(self.model.parameters(), self.config.optimizer_spec())
         restore_momentum(self.optimizer, dict(self.model.named_parameters()),
                          checkpoints.read_tensors(path, from_step, "momentum"))
         release_freed_memory()  # as a worker does after loading (tasks/step_task.py)

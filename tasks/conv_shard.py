@@ -3,9 +3,9 @@
 A shard is the kernels [start, stop) of a conv layer. Its weights, bias and
 momentum live on the worker's device for the whole run (weights never travel in
 kernel-parallel training, docs/methods.md §1). Forward keeps what that step's
-backward needs and no more: the layer input, the ReLU's output (computed in place
-over the conv output) and the pool's indices; the backward runs autograd's own
-kernels on them by hand, so the arithmetic stays plain PyTorch's. Moving tensors in and
+backward needs and no more: the layer input, where the layer's output is positive
+and the pool's indices; the backward runs autograd's own kernels by hand, so the
+arithmetic stays plain PyTorch's bit for bit. Moving tensors in and
 out is the step's business (tasks/step_task.py); this module only computes.
 """
 
@@ -51,31 +51,41 @@ def relu_pool(z: torch.Tensor, spec: ConvLayerSpec
     return torch.ops.aten.max_pool2d_with_indices(relu, [spec.pool] * 2, [spec.pool] * 2)
 
 
-def relu_pool_backward(grad_y: torch.Tensor, relu: torch.Tensor,
-                       indices: torch.Tensor | None, spec: ConvLayerSpec) -> torch.Tensor:
-    """The conv output's gradient from the pooled output's: the very kernels autograd
-    runs for ``MaxPool2d(ReLU(z))`` (max_pool2d_with_indices_backward, then the ReLU's
-    threshold_backward on its own output), so the arithmetic is plain PyTorch's bit for
-    bit. The ReLU's mask is applied in place into the pool's fresh gradient: one pass,
-    where ``masked_fill_(relu <= 0, 0)`` built a bool mask first and took 10-20x as long
-    (8.8 against 0.5 ms on a 64x32x32x32 tensor, one thread)."""
-    if indices is None:  # no pool: autograd's own out-of-place threshold_backward
-        return torch.ops.aten.threshold_backward(grad_y, relu, 0)
-    grad = torch.ops.aten.max_pool2d_with_indices_backward(
-        grad_y, relu, [spec.pool] * 2, [spec.pool] * 2, [0, 0], [1, 1], False, indices)
-    return torch.ops.aten.threshold_backward.grad_input(grad, relu, 0, grad_input=grad)
+def relu_pool_backward(grad_y: torch.Tensor, positive: torch.Tensor,
+                       indices: torch.Tensor | None, spec: ConvLayerSpec,
+                       conv_shape: torch.Size) -> torch.Tensor:
+    """The conv output's gradient from the layer output's, as autograd computes it for
+    ``MaxPool2d(ReLU(z))`` (max_pool2d_with_indices_backward, then the ReLU's
+    threshold_backward on its own output), bit for bit, from less: where the layer's
+    output is positive (`positive`, a bool per output element) instead of the ReLU's
+    whole output (the conv output's size, 4x the pooled output's in 4 bytes a value).
+
+    Why it is the same: the pool's backward puts each output element's gradient where
+    its window's maximum was and zeros elsewhere, and the ReLU's output there is the
+    pooled output itself; so zeroing the pooled gradient where the output is not
+    positive, then scattering it, gives what scattering then zeroing gives. The pool's
+    kernel reads only the shape of its input argument: an unfilled tensor stands in.
+    """
+    grad = torch.where(positive, grad_y, 0)
+    if indices is None:  # no pool: the ReLU's backward alone
+        return grad
+    size = [spec.pool] * 2
+    return torch.ops.aten.max_pool2d_with_indices_backward(
+        grad, grad.new_empty(conv_shape), size, size, [0, 0], [1, 1], False, indices)
 
 
 @dataclass
 class _Saved:
-    """What a forward keeps for its backward: no more than plain PyTorch's autograd
-    keeps (the layer input, the ReLU's output, the pool's indices), and not the conv
-    output apart (the ReLU overwrote it) nor the pooled output (its reader holds it).
-    The backward frees all three and keeps only the kernel gradients for `update`."""
+    """What a forward keeps for its backward: the layer input, where the layer's output
+    is positive and the pool's indices (less than plain PyTorch's autograd, which
+    keeps the ReLU's whole output), and not the conv output (freed once pooled) nor
+    the pooled output (its reader holds it). The backward frees all three and keeps
+    only the kernel gradients for `update`."""
 
     x: torch.Tensor | None  # layer input
-    relu: torch.Tensor | None  # the ReLU's output (the conv output's storage)
+    positive: torch.Tensor | None  # the layer output > 0 (bool)
     indices: torch.Tensor | None  # the max-pool's
+    conv_shape: torch.Size  # the conv output's
     input_grad: bool  # whether the layer below needs the input gradient
     grads: tuple[torch.Tensor, torch.Tensor] | None = None  # the kernels', the biases'
 
@@ -89,7 +99,7 @@ class ConvShard:
         self.spec, self.shard, self.key = spec, shard, key
         self.weight = torch.from_numpy(weights["weight"]).to(device).requires_grad_(True)
         self.bias = torch.from_numpy(weights["bias"]).to(device).requires_grad_(True)
-        self.optimizer = make_sgd([self.weight, self.bias], optimizer, lean=True)
+        self.optimizer = make_sgd([self.weight, self.bias], optimizer)
         restore_momentum(self.optimizer, self.named(), momentum)
         self._saved: _Saved | None = None
 
@@ -101,7 +111,7 @@ class ConvShard:
         with torch.no_grad():
             z = F.conv2d(x, self.weight, self.bias, padding=self.spec.padding)
             y, indices = relu_pool(z, self.spec)
-        self._saved = _Saved(x, z, indices, input_grad)
+            self._saved = _Saved(x, y > 0, indices, z.shape, input_grad)
         return y
 
     def input_gradient(self, grad_y: torch.Tensor) -> torch.Tensor | None:
@@ -116,11 +126,12 @@ class ConvShard:
         saved = self._saved
         if saved is None:
             raise RuntimeError(f"backward of layer {self.shard.layer} before its forward")
-        assert saved.relu is not None and saved.x is not None, \
+        assert saved.positive is not None and saved.x is not None, \
             "input_gradient runs once per forward"
         with torch.no_grad():
-            grad_z = relu_pool_backward(grad_y, saved.relu, saved.indices, self.spec)
-        saved.relu = saved.indices = None  # not needed any more: free them now
+            grad_z = relu_pool_backward(grad_y, saved.positive, saved.indices, self.spec,
+                                        saved.conv_shape)
+        saved.positive = saved.indices = None  # not needed any more: free them now
         grad_x, grad_w, grad_b = conv_backward(grad_z, saved.x, self.weight, self.spec,
                                                (saved.input_grad, True, True))
         saved.x = None
@@ -135,6 +146,9 @@ class ConvShard:
         self._saved = None
         self.weight.grad, self.bias.grad = saved.grads
         self.optimizer.step()
+        # Dropped now, not at the next step: the next backward's kernel gradient would
+        # otherwise be made while this one is still alive (twice the shard's weights).
+        self.optimizer.zero_grad()
 
     def state(self) -> dict[str, dict[str, np.ndarray]]:
         """Weights and momentum by parameter name ("weight", "bias"), as numpy."""

@@ -31,7 +31,7 @@ class DenseHead:
                         for name in ("weight", "bias")}
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(weights[v]))
                                     for k, v in self.to_full.items()})
-        self.optimizer = make_sgd(self.model.parameters(), optimizer, lean=True)
+        self.optimizer = make_sgd(self.model.parameters(), optimizer)
         restore_momentum(self.optimizer, self._named(),
                          {key: momentum[key] for key in self.to_full.values()})
         self.loss_fn = nn.CrossEntropyLoss()

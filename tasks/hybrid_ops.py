@@ -28,7 +28,7 @@ from tasks.data_ops import (Gradients, grad_reduce, grad_update, hand_on_ranges,
                             write_tensors)
 from tasks.layout import StepOp
 from tasks.network import conv_trunk
-from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
+from tasks.optim import WorkerSGD, make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.receipts import TaskClock
 from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_REDUCE, GRAD_UPDATE,
                                   TRUNK_BACKWARD, TRUNK_FORWARD, HybridLayout)
@@ -52,9 +52,9 @@ class HybridWork:
     """The conv trunk (a replica), this worker's dense slices, and a step's tensors."""
 
     trunk: nn.Sequential
-    conv_optimizer: torch.optim.SGD
+    conv_optimizer: WorkerSGD
     dense: list[DenseSlice]
-    dense_optimizer: torch.optim.SGD
+    dense_optimizer: WorkerSGD
     grads: Gradients
     check_replicas: bool
     features: torch.Tensor | None = None  # own rows' conv output, with its graph
@@ -271,12 +271,18 @@ def trunk_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                         total = total * (sum(q - p for _e, p, q in part) / run.batch)
                     grad[a - start:b - start] = total
             with clock.phase("compute") as phase:
-                work.features.backward(grad)
+                backward_from(work.features, grad)
                 work.features = None
             run.emulate(clock, phase.seconds)
-        with clock.phase("compute"):
-            work.grads.local = work.grads.flatten()
-        hand_on_ranges(run, work.grads, step, clock)
+        hand_on_ranges(run, work.grads, work.conv_optimizer, step, clock)
+
+
+def backward_from(output: torch.Tensor, grad: torch.Tensor) -> None:
+    """``output.backward(grad)`` without its import of sympy: torch checks an explicit
+    gradient's shape with torch.fx's symbolic shapes, whose first use imports sympy,
+    about 40 MB in every worker that does. The gradient of ``sum(output * grad)``
+    with respect to `output` is ``1.0 * grad``: the same bits reach the graph."""
+    (output * grad).sum().backward()
 
 
 #: What `hybrid` runs on a worker.

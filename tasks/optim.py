@@ -1,14 +1,17 @@
 """The one place SGD is built, and its momentum saved and restored.
 
-Every part of a run (conv shards on workers, the dense head, the in-process
-reference) uses the same `torch.optim.SGD` with the same hyper-parameters, so that
-the distributed arithmetic is exactly single-process SGD's. A checkpoint stores
-each parameter's momentum buffer beside its weights (zeros before the first step).
+Every part of a run uses SGD with the same hyper-parameters and torch's arithmetic,
+so that the distributed arithmetic is exactly single-process SGD's: the in-process
+reference torch's own `torch.optim.SGD` (it is plain PyTorch), the workers (conv
+shards, the dense head, replicas) `WorkerSGD`, the same step without torch.optim's
+import of torch._dynamo. A checkpoint stores each parameter's momentum buffer
+beside its weights (zeros before the first step).
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections import defaultdict
+from typing import Iterable, Union
 
 import numpy as np
 import torch
@@ -16,43 +19,70 @@ import torch
 from tasks.specs import OptimizerSpec
 
 
-def make_sgd(params: Iterable[torch.Tensor], spec: OptimizerSpec,
-             lean: bool = False) -> torch.optim.SGD:
-    """torch's SGD with `spec`'s hyper-parameters; `lean`: `LeanSGD` (the same
-    arithmetic without a parameter-sized copy per step), for the workers."""
-    if lean:
-        return LeanSGD(list(params), spec)
+def torch_sgd(params: Iterable[torch.Tensor], spec: OptimizerSpec) -> torch.optim.SGD:
+    """torch's own SGD with `spec`'s hyper-parameters: the reference's (plain PyTorch)."""
     return torch.optim.SGD(list(params), lr=spec.lr, momentum=spec.momentum,
                            weight_decay=spec.weight_decay, nesterov=spec.nesterov)
 
 
-class LeanSGD(torch.optim.SGD):
-    """torch's SGD, the weight decay added into each gradient in place.
+def make_sgd(params: Iterable[torch.Tensor], spec: OptimizerSpec) -> WorkerSGD:
+    """The workers' SGD (`WorkerSGD`) with `spec`'s hyper-parameters."""
+    return WorkerSGD(list(params), spec)
 
-    torch's step computes ``grad.add(param, alpha=weight_decay)``, a new tensor the
-    size of the parameter, before the momentum: on the paper network's conv layer
-    75 MB at the moment a step holds the most. Here the same ``add`` runs in place
-    into the gradient (which the step consumes anyway), and torch's step follows with
-    no weight decay of its own: the same kernels on the same values, so the weights
-    are the plain SGD's bit for bit (tests/test_memory.py).
+
+class WorkerSGD:
+    """torch's SGD step, op for op, without torch.optim.
+
+    Why not ``torch.optim.SGD``: building any torch.optim optimizer imports
+    torch._dynamo on its first ``add_param_group`` (a ``torch._disable_dynamo``
+    wrapper), and sympy with it: 74-76 MB resident in every process that does, which a
+    worker never uses (docs/benchmarks.md, "Memory per worker"). The step below is
+    torch's single-tensor SGD (torch/optim/sgd.py, the path torch takes for CPU
+    tensors), the same kernels on the same values in the same order, so the weights
+    are torch's bit for bit (tests/test_memory.py); one difference: the weight decay
+    is added into the gradient in place, where torch's ``grad.add(param)`` makes a
+    parameter-sized copy (75 MB for the paper network's second conv layer, at the
+    update, when a step holds the most). `state` has torch's shape
+    (``state[param]["momentum_buffer"]``), so a checkpoint's momentum goes in and out
+    as for torch's SGD.
     """
 
     def __init__(self, params: list[torch.Tensor], spec: OptimizerSpec) -> None:
-        super().__init__(params, lr=spec.lr, momentum=spec.momentum, weight_decay=0.0,
-                         nesterov=spec.nesterov)
-        self.decay = spec.weight_decay
+        self.params, self.spec = params, spec
+        self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001, ANN201 - torch's signature
-        if self.decay:
-            for group in self.param_groups:
-                for param in group["params"]:
-                    if param.grad is not None:
-                        param.grad.add_(param, alpha=self.decay)
-        return super().step(closure)
+    def step(self) -> None:
+        """One step with each parameter's ``.grad`` (which it consumes: the weight
+        decay is added into it); parameters without one are left as they are."""
+        spec = self.spec
+        for param in self.params:
+            grad = param.grad
+            if grad is None:
+                continue
+            if spec.weight_decay:
+                grad.add_(param, alpha=spec.weight_decay)
+            if spec.momentum:
+                buffer = self.state[param].get("momentum_buffer")
+                if buffer is None:
+                    buffer = self.state[param]["momentum_buffer"] = grad.detach().clone()
+                else:
+                    buffer.mul_(spec.momentum).add_(grad, alpha=1)
+                grad = grad.add(buffer, alpha=spec.momentum) if spec.nesterov else buffer
+            param.add_(grad, alpha=-spec.lr)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every parameter's gradient (torch's default, ``set_to_none``)."""
+        if not set_to_none:
+            raise ValueError("WorkerSGD only drops gradients (set_to_none=True)")
+        for param in self.params:
+            param.grad = None
 
 
-def restore_momentum(optimizer: torch.optim.SGD, named: dict[str, torch.Tensor],
+AnySGD = Union[WorkerSGD, torch.optim.SGD]
+
+
+def restore_momentum(optimizer: AnySGD, named: dict[str, torch.Tensor],
                      buffers: dict[str, np.ndarray]) -> None:
     """Load momentum buffers (numpy, by parameter name) next to their parameters.
 
@@ -66,7 +96,7 @@ def restore_momentum(optimizer: torch.optim.SGD, named: dict[str, torch.Tensor],
                 np.array(buffer)).to(param.device)
 
 
-def momentum_of(optimizer: torch.optim.SGD, named: dict[str, torch.Tensor]
+def momentum_of(optimizer: AnySGD, named: dict[str, torch.Tensor]
                 ) -> dict[str, np.ndarray]:
     """Every parameter's momentum buffer as numpy (zeros where SGD has none yet)."""
     out = {}

@@ -4,6 +4,9 @@ real run records of it (record, summary) on the shared cluster and in-process.""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -15,11 +18,13 @@ from pipeline.memory import memory_baseline
 from pipeline.run import run_training
 from tasks import memory
 from tasks.conv_shard import ConvShard
-from tasks.optim import LeanSGD, make_sgd
+from tasks.data_ops import Gradients
+from tasks.optim import WorkerSGD, make_sgd, torch_sgd
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 from tests.helpers import shared_workers, tiny_config
 
 MB = 1 << 20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_stretch_peak_counts_what_it_allocated_and_forgets_what_came_before():
@@ -94,7 +99,6 @@ def test_the_record_and_summary_carry_each_workers_peak(single_runs):
     assert base == memory_baseline() and 50 * MB < base < 2000 * MB  # torch alone is more
     assert summary["memory_peak"]["cpu-0"] == pytest.approx(float(peaks.max()))
     assert summary["memory_working"]["cpu-0"] == pytest.approx(peaks.max() - base)
-    assert summary["memory_working"]["cpu-0"] > 0  # a worker holds more than bare imports
     assert summary["client_memory_peak"] > base / 2
     assert summary["memory_peak_kind"] == memory.PER_STRETCH
 
@@ -120,9 +124,10 @@ def test_the_reference_in_process_records_its_own_peak(tmp_path, tiny_dataset_fa
 
 @pytest.mark.parametrize("pool", [2, 1])
 def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
-    """The shard keeps the ReLU's output (over the conv output) and the pool's indices,
-    not the conv output apart, and runs autograd's kernels by hand: weights, input
-    gradient and kernel gradients equal nn.Conv2d -> ReLU -> MaxPool2d's bit for bit."""
+    """The shard keeps where its output is positive (a bool per output element) and the
+    pool's indices, not the ReLU's output, and runs autograd's kernels by hand: weights,
+    input gradient and kernel gradients equal nn.Conv2d -> ReLU -> MaxPool2d's bit for
+    bit, with outputs on both sides of zero."""
     spec = ConvLayerSpec(in_channels=3, kernels=6, pool=pool, in_height=8, in_width=8)
     generator = torch.Generator().manual_seed(1)
     weight = 0.2 * torch.randn(6, 3, 5, 5, generator=generator)
@@ -142,10 +147,15 @@ def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
                       OptimizerSpec(lr=0.0, weight_decay=0.0), "cpu")
     out = shard.forward(x, input_grad=True)
     assert torch.equal(out, y.detach())
+    kept = shard._saved.positive
+    assert kept.dtype == torch.bool and kept.shape == out.shape
+    assert kept.any() and not kept.all()  # the ReLU's mask matters somewhere
     assert torch.equal(shard.input_gradient(grad_y.clone()), leaf.grad)
     shard.update()
-    assert torch.equal(shard.weight.grad, conv.weight.grad)
-    assert torch.equal(shard.bias.grad, conv.bias.grad)
+    assert shard.weight.grad is None and shard.bias.grad is None  # dropped once used
+    momentum = shard.optimizer.state  # a first step's momentum is its gradient as it was
+    assert torch.equal(momentum[shard.weight]["momentum_buffer"], conv.weight.grad)
+    assert torch.equal(momentum[shard.bias]["momentum_buffer"], conv.bias.grad)
 
 
 def test_a_first_layer_shard_computes_no_input_gradient_and_autograds_kernel_gradients():
@@ -168,28 +178,57 @@ def test_a_first_layer_shard_computes_no_input_gradient_and_autograds_kernel_gra
     shard.forward(x, input_grad=False)
     assert shard.input_gradient(grad_y) is None
     shard.update()
-    assert torch.equal(shard.weight.grad, conv.weight.grad)
-    assert torch.equal(shard.bias.grad, conv.bias.grad)
+    assert shard.weight.grad is None and shard.bias.grad is None  # dropped once used
+    momentum = shard.optimizer.state  # a first step's momentum is its gradient as it was
+    assert torch.equal(momentum[shard.weight]["momentum_buffer"], conv.weight.grad)
+    assert torch.equal(momentum[shard.bias]["momentum_buffer"], conv.bias.grad)
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
-def test_lean_sgd_steps_as_torchs_sgd_bit_for_bit(nesterov):
-    """The workers' SGD adds the weight decay into the gradient in place (no copy of
-    the parameter's size); the weights and momentum after three steps are torch's."""
+def test_worker_sgd_steps_as_torchs_sgd_bit_for_bit(nesterov):
+    """The workers' SGD is torch's step without torch.optim (and the weight decay added
+    into the gradient in place): weights and momentum after three steps are torch's."""
     spec = OptimizerSpec(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=nesterov)
     generator = torch.Generator().manual_seed(2)
     start = torch.randn(7, 5, generator=generator)
     grads = [torch.randn(7, 5, generator=generator) for _ in range(3)]
     params = [start.clone().requires_grad_(True) for _ in range(2)]
-    plain, lean = make_sgd([params[0]], spec), make_sgd([params[1]], spec, lean=True)
-    assert isinstance(lean, LeanSGD)
+    plain, worker = torch_sgd([params[0]], spec), make_sgd([params[1]], spec)
+    assert isinstance(worker, WorkerSGD)
     for grad in grads:
-        for param, optimizer in zip(params, (plain, lean)):
+        for param, optimizer in zip(params, (plain, worker)):
             param.grad = grad.clone()
             optimizer.step()
     assert torch.equal(params[0], params[1])
     assert torch.equal(plain.state[params[0]]["momentum_buffer"],
-                       lean.state[params[1]]["momentum_buffer"])
+                       worker.state[params[1]]["momentum_buffer"])
+
+
+def test_a_worker_process_never_imports_torch_dynamo():
+    """torch.optim's optimizers import torch._dynamo (and sympy) when built: 74-76 MB in
+    a process. A worker's whole training life (a shard, the dense head, a replica, their
+    SGD steps, a checkpoint's momentum in and out) runs in a fresh process without it."""
+    script = """
+import sys, numpy as np, torch
+from tasks.conv_shard import ConvShard
+from tasks.data_ops import Gradients
+from tasks.dense_head import DenseHead
+from tasks.optim import make_sgd, momentum_of, restore_momentum
+from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec, ShardRange
+spec = ConvLayerSpec(in_channels=3, kernels=4, in_height=8, in_width=8)
+zeros = {"weight": np.zeros((4, 3, 5, 5), np.float32), "bias": np.zeros(4, np.float32)}
+shard = ConvShard(spec, ShardRange(0, 0, 4), "0", dict(zeros), dict(zeros), OptimizerSpec(), "cpu")
+y = shard.forward(torch.randn(2, 3, 8, 8), input_grad=True)
+shard.input_gradient(torch.ones_like(y)); shard.update(); shard.state()
+model = torch.nn.Linear(3, 2)
+sgd = make_sgd(model.parameters(), OptimizerSpec())
+model(torch.randn(4, 3)).sum().backward(); sgd.step(); sgd.zero_grad()
+restore_momentum(sgd, dict(model.named_parameters()), momentum_of(sgd, dict(model.named_parameters())))
+print(sorted(name for name in sys.modules if name.startswith(("torch._dynamo", "sympy")))[:3])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_a_trained_shard_is_freed_with_its_last_reference():
@@ -204,8 +243,8 @@ def test_a_trained_shard_is_freed_with_its_last_reference():
                        "bias": np.zeros(4, np.float32)}, OptimizerSpec(), "cpu")
     shard.forward(torch.ones(2, 3, 8, 8), input_grad=True)
     shard.input_gradient(torch.ones(2, 4, 4, 4))
+    assert shard._saved.grads[0].grad_fn is None  # no graph node behind the gradient
     shard.update()
-    assert shard.weight.grad.grad_fn is None
     weight = weakref.ref(shard.weight)
     del shard
     gc.collect()
@@ -224,3 +263,22 @@ def test_the_record_and_summary_carry_the_clients_cpu_per_step(single_runs):
         assert 0 < summary["client_cpu_per_step"] < summary["step_time_median"] * 4
         assert summary["client_core_share"] == pytest.approx(
             summary["client_cpu_per_step"] / summary["step_time_median"], rel=0.8)
+
+
+def test_a_replicas_gradient_ranges_are_the_flat_gradient_in_pieces():
+    """`data` and `hybrid` hand on ranges of the flat gradient copied one at a time out
+    of the parameters' gradients (never the whole flat copy beside them): the ranges,
+    end to end, are the parameters' gradients end to end, in any cut, with zeros for a
+    parameter that has none (a worker given no rows)."""
+    generator = torch.Generator().manual_seed(4)
+    params = [torch.zeros(shape, requires_grad=True) for shape in ((3, 4), (5,), (2, 2, 2))]
+    for param in params[:2]:
+        param.grad = torch.randn(param.shape, generator=generator)
+    grads = Gradients([(str(i), p) for i, p in enumerate(params)])
+    flat = torch.cat([params[0].grad.reshape(-1), params[1].grad, torch.zeros(8)])
+    assert grads.size == flat.numel() == 25
+    for cuts in ([0, 25], [0, 12, 25], [0, 3, 13, 17, 25], [0, 0, 25]):
+        pieces = [grads.range(a, b) for a, b in zip(cuts, cuts[1:])]
+        assert torch.equal(torch.cat(pieces), flat)
+        assert all(piece.data_ptr() != params[0].grad.data_ptr() for piece in pieces if
+                   piece.numel())  # copies: the parameters' gradients can go
