@@ -205,9 +205,10 @@ def test_worker_sgd_steps_as_torchs_sgd_bit_for_bit(nesterov):
 
 
 def test_a_worker_process_never_imports_torch_dynamo():
-    """torch.optim's optimizers import torch._dynamo (and sympy) when built: 74-76 MB in
-    a process. A worker's whole training life (a shard, the dense head, a replica, their
-    SGD steps, a checkpoint's momentum in and out) runs in a fresh process without it."""
+    """torch.optim's optimizers import torch._dynamo (and sympy) when built, and a backward
+    from an explicit gradient imports sympy: 74-76 MB in a process. A worker's training
+    (a shard, a replica and a trunk's backward, their SGD steps, a checkpoint's momentum
+    in and out) runs in a fresh process without either."""
     script = """
 import sys, numpy as np, torch
 from tasks.conv_shard import ConvShard
@@ -224,6 +225,9 @@ model = torch.nn.Linear(3, 2)
 sgd = make_sgd(model.parameters(), OptimizerSpec())
 model(torch.randn(4, 3)).sum().backward(); sgd.step(); sgd.zero_grad()
 restore_momentum(sgd, dict(model.named_parameters()), momentum_of(sgd, dict(model.named_parameters())))
+from tasks.hybrid_ops import backward_from
+features = model(torch.randn(4, 3))
+backward_from(features, torch.ones_like(features))  # hybrid's trunk: an explicit gradient
 print(sorted(name for name in sys.modules if name.startswith(("torch._dynamo", "sympy")))[:3])
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
