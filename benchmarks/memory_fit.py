@@ -44,10 +44,10 @@ from pipeline.probe.results import costmodel_network  # noqa: E402
 
 #: The constants `--fit` tries (MemoryConstants' fields, bytes or factors).
 FIT_GRID = {
-    "worker_runtime": [m * 10 ** 6 for m in range(60, 161, 10)],
+    "worker_runtime": [m * 10 ** 6 for m in range(0, 161, 10)],
     "client_runtime": [m * 10 ** 6 for m in range(60, 161, 10)],
-    "conv_workspace": [0.0, 0.5, 1.0, 1.5, 2.0],
-    "retention": [1.0, 1.1, 1.2, 1.3],
+    "conv_workspace": [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
+    "retention": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6],
     "load_retained": [0.0, 0.5, 1.0],
 }
 

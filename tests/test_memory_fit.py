@@ -39,18 +39,20 @@ def test_live_tracks_the_peak_and_what_it_held():
     live.free("b")
     live.transient("c", "workspace", 3)
     assert (live.total, live.peak) == (10, 15)
-    assert live.at_peak == {"weights": 10, "activations": 5}
+    assert live.at_peak == [("weights", 10), ("activations", 5)]
 
 
 def test_every_parameter_is_held_once_over_the_kernel_devices():
-    """Weights, gradients and momentum over the devices add up to the network's, the
-    dense head on the master only."""
+    """Weights and momentum over the devices add up to the network's, the dense head on
+    the master only; a shard's kernel gradients live from its backward to its SGD step
+    right after, so at the peak a device holds one conv layer's of them, not all."""
     for workers in (1, 2, 3, 5):
         footprint = peak_memory("kernel", PAPER, 32, even(workers))
         held = sum(parts["weights"] for parts in footprint.parts)
         assert held == pytest.approx(PAPER.params() * 4)
         for parts in footprint.parts:
-            assert parts["gradients"] == parts["momentum"] == parts["weights"]
+            assert parts["momentum"] == parts["weights"]
+            assert 0 < parts["gradients"] < parts["weights"]  # both layers held, one's grads
 
 
 def test_more_kernel_devices_hold_less_each_and_single_is_the_whole():
@@ -116,7 +118,7 @@ def test_kernels_move_off_a_device_that_would_overflow():
     fit = move_to_fit(even(2), [4, 4], capacity, peaks)
     assert fits(fit.counts, capacity, peaks)
     assert [sum(row) for row in fit.counts] == [500, 1500]
-    assert all(row[0] < row[1] for row in fit.counts)
+    assert sum(row[0] for row in fit.counts) < sum(row[1] for row in fit.counts)
     assert all(row[0] % 4 == 0 for row in fit.counts)
     # no unit moved that did not have to: one unit back would overflow again
     assert fit.peaks[0] > capacity[0] - 40 * MB
@@ -227,12 +229,13 @@ def test_embedded_config_that_fits_nowhere_is_refused_before_its_cluster_starts(
 
 def test_external_worker_memory_limit_is_read_from_the_scheduler(tmp_path,
                                                                  tiny_dataset_factory):
-    """A `dask worker --memory-limit 1GB` is the capacity: the paper network's split
-    needs more, so the run is refused in one line before it trains, exit 2."""
+    """A `dask worker --memory-limit 800MB` is the capacity: the paper network on one
+    worker needs more (915 MB predicted), so the run is refused in one line before it
+    trains, exit 2."""
     cluster = CliCluster(tmp_path)
     try:
         address = cluster.start_scheduler()
-        cluster.start_worker("--memory-limit", "1GB", "--no-nanny", "--resources", "LIMITED=1")
+        cluster.start_worker("--memory-limit", "800MB", "--no-nanny", "--resources", "LIMITED=1")
         dataset = tiny_dataset_factory("float32")
         result = cli_train(*tiny_args(tmp_path, dataset), "network.conv.0.kernels=500",
                            "network.conv.1.kernels=1500", "train.batch=32", "strategy=single",
@@ -241,7 +244,7 @@ def test_external_worker_memory_limit_is_read_from_the_scheduler(tmp_path,
         cluster.stop()
     assert result.returncode == 2, result.stderr
     lines = error_lines(result)
-    assert len(lines) == 1 and "needs" in lines[0] and "has 1 GB" in lines[0], lines
+    assert len(lines) == 1 and "needs" in lines[0] and "has 800 MB" in lines[0], lines
     assert not (tmp_path / "run" / "record.zarr").exists()
 
 

@@ -93,13 +93,15 @@ def test_report_frame_puts_unequal_workers_at_their_summed_speed(store):
 def test_the_store_carries_each_points_memory(store):
     ds = xr.open_zarr(store).load()
     done = ds.status == 1
-    working = ds.memory_working.where(done)
-    assert (working > 0).sum() == done.sum()  # every done point measured, none stand-ins
+    # every done point measured, none stand-ins (a tiny network's working memory, the
+    # peak less a bare process, is near zero and may fall below it: README, summary.json)
+    assert (ds.memory_peak.where(done) > 0).sum() == done.sum()
+    assert ds.memory_working.where(done).notnull().sum() == done.sum()
     assert (ds.memory_peak.where(done) > ds.memory_working.where(done)).sum() == done.sum()
     assert ds.client_memory_peak.where(done).notnull().sum() == done.sum()
     per_worker = json.loads(str(ds.memory_per_worker.sel(strategy="kernel").values.flat[0]))
     assert set(per_worker) == {"cpu-0", "cpu-1"}
-    assert all(peak > working > 0 for peak, working in per_worker.values())
+    assert all(peak > max(working, 0) for peak, working in per_worker.values())
 
 
 def test_report_refuses_what_is_not_a_sweep_store(tmp_path, capsys):

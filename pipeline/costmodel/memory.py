@@ -7,10 +7,10 @@ holding all of it. Where the bytes go depends on what the engine keeps between o
 partials and reads a backward op holds until it ends, the flat gradient and its
 reduced copy), so the model walks each device's ops in the engine's order and tracks
 every tensor the implementation allocates and frees (`Live`), as of the code measured
-(after issue 24's shrinks: a shard keeps what autograd keeps, `data` frees each
-gradient copy once the next exists, the master reads only the dense layers, every
-step starts with the freed pages handed back); the peak of that walk, plus what a
-process holds before any tensor, is the prediction.
+(after issue 24's shrinks: a shard keeps less than autograd keeps and drops its
+kernel gradients once stepped, `data` hands its gradient on range by range, the
+master reads only the dense layers); the peak of that walk, plus what a process
+holds before any tensor, is the prediction.
 
 Per device, by kind (`Footprint.parts` at the peak):
 
@@ -60,6 +60,8 @@ PROCESS_BASELINE = 286 * 10 ** 6
 MEMORY_STRATEGIES = ("reference", "single", "kernel", "data", "hybrid")
 #: Bytes of a max-pool index (int64).
 INDEX_BYTES = 8
+#: Bytes per element of a shard's mask of where its output is positive (bool).
+MASK_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -84,19 +86,20 @@ class MemoryConstants:
     The runtimes, the workspace, the retention and the checkpoint's share kept were
     fitted together (benchmarks/memory_fit.py, docs/model.md): the runtimes on the
     small network, whose tensors are a few MB; the others on the paper network;
-    refitted after shrink 8 (a shard's backward without autograd, which had kept
-    every calibrated shard and a step's inputs alive) on both networks at batch 32
-    (docs/benchmarks.md, "After shrink 8").
+    refitted after shrink 9 (workers without torch.optim, whose import of
+    torch._dynamo had been 74-76 MB of every worker's runtime; a shard's kernel
+    gradients and ReLU mask; a replica's gradient range by range) on both networks at
+    batch 32 and the small one at 128 (docs/benchmarks.md, "After shrink 9").
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
 
     baseline: float = PROCESS_BASELINE
-    worker_runtime: float = 110 * 10 ** 6
-    client_runtime: float = 140 * 10 ** 6
-    conv_workspace: float = 1.0
-    retention: float = 1.2
-    load_retained: float = 1.0
+    worker_runtime: float = 50 * 10 ** 6
+    client_runtime: float = 120 * 10 ** 6
+    conv_workspace: float = 0.5
+    retention: float = 1.6
+    load_retained: float = 0.5
     gpu_context: float = 500 * 10 ** 6
 
 
@@ -110,7 +113,7 @@ class Live:
     sizes: dict[str, tuple[str, float]] = field(default_factory=dict)
     total: float = 0.0
     peak: float = 0.0
-    at_peak: dict[str, float] = field(default_factory=dict)
+    at_peak: list[tuple[str, float]] = field(default_factory=list)  # (kind, bytes) each
 
     def alloc(self, name: str, kind: str, nbytes: float) -> None:
         if nbytes <= 0:
@@ -120,7 +123,7 @@ class Live:
         self.total += nbytes
         if self.total > self.peak:
             self.peak = self.total
-            self.at_peak = self.by_kind()
+            self.at_peak = list(self.sizes.values())
 
     def free(self, *names: str) -> None:
         for name in names:
@@ -163,7 +166,8 @@ def _layer_sizes(layer: ConvLayer, batch: int, kernels: float, s: int) -> dict[s
     return {"input": layer.input_elements(batch) * s, "z": conv,
             "relu": conv if layer.pool > 1 else 0.0, "y": pooled,
             "index": (layer.output_elements(batch, kernels) * INDEX_BYTES
-                      if layer.pool > 1 else 0.0)}
+                      if layer.pool > 1 else 0.0),
+            "mask": layer.output_elements(batch, kernels) * MASK_BYTES}
 
 
 #: Kinds held for the whole run; every other kind comes and goes within a step.
@@ -172,11 +176,12 @@ LASTING = ("weights", "gradients", "momentum")
 
 def _finish(live: Live, extra: dict[str, float], retention: float = 1.0
             ) -> tuple[float, dict[str, float]]:
-    """The peak with the process's own bytes (`extra`); the bytes that come and go
-    within a step scaled by `retention` (the allocator keeps freed pages)."""
-    parts = {kind: nbytes * (1.0 if kind in LASTING else retention)
-             for kind, nbytes in live.at_peak.items()}
-    parts = {**extra, **parts}
+    """The peak with the process's own bytes (`extra`), by kind; the bytes that come
+    and go within a step scaled by `retention` (the allocator keeps freed pages)."""
+    parts = dict(extra)
+    for kind, nbytes in live.at_peak:
+        kept = 1.0 if kind in LASTING else retention
+        parts[kind] = parts.get(kind, 0.0) + nbytes * kept
     return sum(parts.values()), parts
 
 
@@ -189,28 +194,33 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     of layer l (whose slices this device reads and writes); None: this device alone.
 
     The walk follows tasks/kernel_ops.py and tasks/conv_shard.py: forward gathers the
-    layer input (its own pooled output and the others' read, concatenated; with no
-    other holder the own output is the input), keeps the input, the ReLU's output
-    (computed in place over the conv output) and the pool's indices until that
-    layer's backward, and keeps the pooled output only until the layer above has
-    gathered it; the master reads only the dense layers from the checkpoint, gathers
-    the features and keeps its gradient slice (a view of the whole gradient);
-    backward sums the upper layer's partials (held, with what was read, until the op
-    ends), runs pool/ReLU backward into the conv output's gradient (freeing the ReLU
-    output and the indices), then the full-size input gradient, whose own slice (a
-    view) keeps it alive until the layer below has read it.
+    layer input (its own output and the others' read, concatenated; with no other
+    holder the own output is the input), keeps the input, a mask of where its output
+    is positive and the pool's indices until that layer's backward (the conv output,
+    over which the ReLU ran in place, is freed once pooled; without a pool it is the
+    output), and keeps the output only until the layer above has gathered it; the
+    master reads only the dense layers from the checkpoint, gathers the features and
+    keeps its gradient slice (a view of the whole gradient); backward sums the upper
+    layer's partials (held, with what was read, until the op ends), runs pool/ReLU
+    backward into the conv output's gradient (freeing the mask and the indices), then
+    the full-size input gradient and the kernel gradients in one call; the input
+    gradient's own slice (a view) keeps it alive until the layer below has read it,
+    and the kernel gradients live until the shard's SGD step right after (only the
+    dense head's persist between steps).
     """
     layers = network.conv
     holders = holders or [[c] for c in counts]
     last = len(layers) - 1
     live = Live()
-    params = sum(layer.params(int(k)) for layer, k in zip(layers, counts) if k)
+    conv_params = [layer.params(int(k)) if k else 0 for layer, k in zip(layers, counts)]
+    params = sum(conv_params)
     read = 2 * s * params
-    if master:
-        params += network.dense_params()
-        read += 2 * s * network.dense_params()
-    for kind in ("weights", "gradients", "momentum"):
-        live.alloc(kind, kind, params * s)
+    dense = network.dense_params() if master else 0
+    params += dense
+    read += 2 * s * dense
+    live.alloc("weights", "weights", params * s)
+    live.alloc("momentum", "momentum", params * s)
+    live.alloc("gradients", "gradients", dense * s)
     ws = constants.conv_workspace
     held = [l for l, k in enumerate(counts) if k]
     for l in held:
@@ -224,16 +234,20 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
                 live.alloc(f"read{l}", "exchange", below * others)
                 live.alloc(f"x{l}", "activations", sizes["input"])
                 live.free(f"read{l}", f"y{l - 1}")
-            elif layers[l - 1].pool > 1:  # the own pooled output is the input
+            else:  # the own output is the input
                 live.free(f"y{l - 1}")
                 live.alloc(f"x{l}", "activations", sizes["input"])
-            else:  # the own ReLU output (the conv output's storage) is the input
-                live.free(f"y{l - 1}")
         live.alloc(f"z{l}", "activations", sizes["z"])
         live.transient(f"ws{l}", "workspace", ws * sizes["z"])
         if layers[l].pool > 1:
             live.alloc(f"y{l}", "activations", sizes["y"])
             live.alloc(f"index{l}", "activations", sizes["index"])
+            live.alloc(f"mask{l}", "activations", sizes["mask"])
+            live.free(f"z{l}")
+        else:  # the ReLU ran in place: the conv output is the layer's output
+            live.free(f"z{l}")
+            live.alloc(f"y{l}", "activations", sizes["y"])
+            live.alloc(f"mask{l}", "activations", sizes["mask"])
         if not (counts[l + 1] if l < last else master):
             # written to the workspace for the other holders, then dropped
             live.free(f"y{l}")
@@ -261,14 +275,16 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
         if parts > 1:  # the reduce-scatter's sum
             live.alloc(f"grad-y{l}", "backward", sizes["y"])
         live.alloc(f"grad-z{l}", "backward", sizes["z"])
-        live.free(f"z{l}", f"index{l}")
+        live.free(f"mask{l}", f"index{l}")
         if l > 0:
             live.alloc(f"partial{l}", "backward", sizes["input"])
+        live.alloc(f"grad-w{l}", "gradients", conv_params[l] * s)
+        live.transient(f"ws-b{l}", "workspace", ws * (sizes["input"] + sizes["z"]))
+        if l > 0:
             copies = (sum(holders[l - 1]) - counts[l - 1]) / max(sum(holders[l - 1]), 1)
             live.transient(f"partial-copy{l}", "exchange", sizes["input"] * copies)
-        live.transient(f"ws-b{l}", "workspace", ws * (sizes["input"] + sizes["z"]))
         live.free(f"grad-in{l}", f"grad-y{l}", "grad-features", f"partial{l + 1}",
-                  f"x{l}", f"grad-z{l}")
+                  f"x{l}", f"grad-z{l}", f"grad-w{l}")
     live.free("partial0")
     if gpu:
         return _finish(live, {"context": constants.gpu_context})
@@ -314,34 +330,32 @@ def _replica_walk(live: Live, network: Network, rows: int, s: int, ws: float) ->
     live.free("x0")
 
 
-def _reduction(live: Live, nbytes: float, devices: int, frees_grads: bool = True) -> None:
+def _reduction(live: Live, nbytes: float, devices: int) -> None:
     """tasks/data_ops.py's reduction of a flat gradient of `nbytes` over `devices`
-    (`data`, and `hybrid`'s conv trunk): the flat copy (the parameters' .grad freed
-    once it exists: `data`'s replica_step; `hybrid` keeps them until the gathered copy
-    replaces them), the other devices' ranges of its own range read and summed (the
-    flat copy freed once its ranges are handed on and summed), every other summed
-    range read and gathered with the own into a second flat copy, which becomes the
-    parameters' .grad."""
-    live.alloc("flat", "exchange", nbytes)
-    grads = [name for name in list(live.sizes) if name.startswith("grads")]
-    if frees_grads:
-        live.free(*grads)
+    (`data`, and `hybrid`'s conv trunk): each other device's range copied out of the
+    parameters' .grad and written, one at a time; the own range copied and the .grad
+    dropped; the other devices' ranges of its own read and summed; every other summed
+    range read and gathered with the own into a flat copy, which becomes the .grad."""
     share = nbytes / devices
+    grads = [name for name in list(live.sizes) if name.startswith("grads")]
+    for _ in range(devices - 1):
+        live.transient("range-copy", "exchange", share)
+    live.alloc("own", "exchange", share)
+    live.free(*grads)
     live.alloc("reads", "exchange", share * (devices - 1))
     live.alloc("own-sum", "exchange", share)
-    live.free("reads", "flat")
+    live.free("reads", "own")
     live.alloc("gathered-reads", "exchange", share * (devices - 1))
     live.alloc("gathered", "gradients", nbytes)
-    live.free("gathered-reads", "own-sum", *grads)
+    live.free("gathered-reads", "own-sum")
 
 
 def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s: int = 4,
                         constants: MemoryConstants = DEFAULT_CONSTANTS, gpu: bool = False
                         ) -> tuple[float, dict[str, float]]:
     """A `data` device's peak: a whole replica (weights, momentum; gradients from
-    its backward on) on `rows` of the batch, then the reduction of tasks/data_ops.py:
-    the flat gradient, the other devices' ranges read and summed into its own, every
-    summed range gathered into a second flat copy that becomes the gradients."""
+    its backward on) on `rows` of the batch, then the reduction of tasks/data_ops.py
+    (`_reduction`)."""
     live = Live()
     params = network.params() * s
     live.alloc("weights", "weights", params)
@@ -379,7 +393,7 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     if rows:
         _replica_walk(live, trunk_only, rows, s, constants.conv_workspace)
     live.free("features", "grad-features")
-    _reduction(live, trunk, devices, frees_grads=False)
+    _reduction(live, trunk, devices)
     extra = ({"context": constants.gpu_context} if gpu else
              {"baseline": constants.baseline, "runtime": constants.worker_runtime,
               "load": constants.load_retained * 2 * network.params() * s})
