@@ -217,10 +217,8 @@ def test_a_worker_process_never_imports_torch_dynamo():
     script = """
 import sys, numpy as np, torch
 from tasks.conv_shard import ConvShard
-from tasks.data_ops import Gradients
-from tasks.dense_head import DenseHead
 from tasks.optim import make_sgd, momentum_of, restore_momentum
-from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec, ShardRange
+from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 spec = ConvLayerSpec(in_channels=3, kernels=4, in_height=8, in_width=8)
 zeros = {"weight": np.zeros((4, 3, 5, 5), np.float32), "bias": np.zeros(4, np.float32)}
 shard = ConvShard(spec, ShardRange(0, 0, 4), "0", dict(zeros), dict(zeros), OptimizerSpec(), "cpu")
