@@ -12,9 +12,12 @@ and keeps each process's peak. Beside it: the peak the model predicts
 the measured *working* memory (the peak minus the per-process baseline,
 `memory.PROCESS_BASELINE`). The worker processes' names cannot be told from outside,
 so measured and predicted peaks are compared largest to largest. `--out` appends the
-measurements as JSON lines; `--compare FILE` compares them with the model again, and
+measurements as JSON lines; `--compare FILE...` compares them with the model again, and
 with `--fit` searches `FIT_GRID` for the `MemoryConstants` with the smallest largest
-error over every figure in FILE, and compares with those.
+error over every figure, and compares with those. Repeats of one case (the same
+config and arguments, in any of the files) are compared as their median, rank by rank
+(`median_of_repeats`): one process's peak moves by up to 15 % between runs of the
+same code (glibc's heap), so a single run can put a figure outside 15 % either way.
 
 Not a timed test: a paper-network case takes a minute or two on two cores.
 """
@@ -26,6 +29,7 @@ import functools
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +48,7 @@ from pipeline.probe.results import costmodel_network  # noqa: E402
 
 #: The constants `--fit` tries (MemoryConstants' fields, bytes or factors).
 FIT_GRID = {
-    "worker_runtime": [m * 10 ** 6 for m in range(0, 161, 10)],
+    "worker_runtime": [m * 10 ** 6 for m in range(0, 161, 5)],
     "client_runtime": [m * 10 ** 6 for m in range(60, 161, 10)],
     "conv_workspace": [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
     "retention": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6],
@@ -128,6 +132,25 @@ def _case(config_path: str, args: tuple[str, ...], name: str) -> tuple:
     return strategy, costmodel_network(spec), batch, split, element_bytes(spec.dtype)
 
 
+def median_of_repeats(measurements: list[dict]) -> list[dict]:
+    """One measurement per case: repeats of the same config and arguments (the output
+    folder apart) merged into their median, the client's and each worker rank's
+    (largest to largest, as `compare` matches them); ``repeats`` says how many."""
+    groups: dict[tuple, list[dict]] = {}
+    for m in measurements:
+        args = tuple(a for a in m["args"] if not a.startswith("output="))
+        groups.setdefault((m["config"], m["case"], args), []).append(m)
+    merged = []
+    for runs in groups.values():
+        ranks = min(len(m["workers"]) for m in runs)
+        ordered = [sorted(m["workers"], reverse=True)[:ranks] for m in runs]
+        merged.append({**runs[0], "client": statistics.median(m["client"] for m in runs),
+                       "workers": [statistics.median(w[r] for w in ordered)
+                                   for r in range(ranks)],
+                       "repeats": len(runs)})
+    return merged
+
+
 def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> dict:
     """The model's peak per device for a measured case, and its error on working memory."""
     strategy, network, batch, split, s = _case(measured["config"], tuple(measured["args"]),
@@ -145,7 +168,8 @@ def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> d
                      "predicted_mb": want / MB, "predicted_working_mb": model / MB,
                      "error": (model - working) / working})
     return {"case": measured["case"], "config": measured["config"], "batch": batch,
-            "client_mb": measured["client"] / MB, "devices": rows}
+            "client_mb": measured["client"] / MB, "devices": rows,
+            "repeats": measured.get("repeats", 1)}
 
 
 def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
@@ -179,7 +203,8 @@ def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
 
 def show(result: dict) -> None:
     for row in result["devices"]:
-        print(f"{result['config']} {result['case']:10s} device {row['device']}: measured "
+        print(f"{result['config']} b{result['batch']} {result['case']:10s} "
+              f"(x{result['repeats']}) device {row['device']}: measured "
               f"{row['measured_mb']:7.1f} MB (working {row['working_mb']:6.1f}), model "
               f"{row['predicted_mb']:7.1f} (working {row['predicted_working_mb']:6.1f}), "
               f"error {100 * row['error']:+.1f} %", flush=True)
@@ -193,24 +218,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="", help="append the measurements (JSON lines)")
     parser.add_argument("--set", nargs="*", default=["train.batch=32"],
                         help="dotted overrides for every case")
-    parser.add_argument("--compare", default="", help="only compare the measurements in "
-                        "this JSON-lines file with the model")
+    parser.add_argument("--compare", nargs="*", default=[], help="only compare the "
+                        "measurements in these JSON-lines files with the model (repeats "
+                        "of a case as their median)")
     parser.add_argument("--fit", action="store_true", help="with --compare: the grid's "
                         "constants (FIT_GRID) with the smallest largest error, and the "
                         "comparison with them")
     args = parser.parse_args(argv)
-    if args.compare and args.fit:
-        with open(args.compare, encoding="utf-8") as handle:
-            measurements = [json.loads(line) for line in handle if line.strip()]
-        constants, worst = fit(measurements)
-        print(f"fitted: {constants} (largest error {100 * worst:.1f} %)")
-        for measured in measurements:
-            show(compare(measured, constants))
-        return
     if args.compare:
-        with open(args.compare, encoding="utf-8") as handle:
-            for line in handle:
-                show(compare(json.loads(line)))
+        measurements = []
+        for path in args.compare:
+            with open(path, encoding="utf-8") as handle:
+                measurements += [json.loads(line) for line in handle if line.strip()]
+        measurements = median_of_repeats(measurements)
+        constants = DEFAULT_CONSTANTS
+        if args.fit:
+            constants, worst = fit(measurements)
+            print(f"fitted: {constants} (largest error {100 * worst:.1f} %)")
+        errors = []
+        for measured in measurements:
+            result = compare(measured, constants)
+            show(result)
+            errors += [abs(row["error"]) for row in result["devices"]]
+        print(f"{sum(e <= 0.15 for e in errors)} of {len(errors)} figures within 15 %, "
+              f"largest error {100 * max(errors):.1f} %")
         return
     for config in args.configs:
         for name in args.runs:

@@ -18,7 +18,8 @@ Per device, by kind (`Footprint.parts` at the peak):
   (286 MB measured here: `PROCESS_BASELINE`);
 - ``runtime``: what the project's process holds beyond that with no network to
   speak of (a Dask worker running the tasks; or the training process itself for
-  `reference`): measured (`MemoryConstants`);
+  `reference`): measured (`MemoryConstants`); a process that runs autograd's engine
+  (the master's dense head, a replica) holds what its first backward allocated too;
 - ``load``: the checkpoint read at the start (the dense layers' and its shards'
   slices on the master, a shard's slices elsewhere, the whole network's on a replica
   and in `reference`), the share still resident (`MemoryConstants.load_retained`);
@@ -100,6 +101,7 @@ class MemoryConstants:
     conv_workspace: float = 0.5
     retention: float = 1.6
     load_retained: float = 0.5
+    autograd_runtime: float = 5.5 * 10 ** 6
     gpu_context: float = 500 * 10 ** 6
 
 
@@ -288,7 +290,8 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     live.free("partial0")
     if gpu:
         return _finish(live, {"context": constants.gpu_context})
-    return _finish(live, {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+    runtime = constants.worker_runtime + (constants.autograd_runtime if master else 0.0)
+    return _finish(live, {"baseline": constants.baseline, "runtime": runtime,
                           "load": constants.load_retained * read}, constants.retention)
 
 
@@ -366,7 +369,8 @@ def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s
         live.alloc("grads", "gradients", params)
     _reduction(live, params, devices)
     extra = ({"context": constants.gpu_context} if gpu else
-             {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+             {"baseline": constants.baseline,
+              "runtime": constants.worker_runtime + constants.autograd_runtime,
               "load": constants.load_retained * 2 * network.params() * s})
     return _finish(live, extra, 1.0 if gpu else constants.retention)
 
@@ -395,7 +399,8 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     live.free("features", "grad-features")
     _reduction(live, trunk, devices)
     extra = ({"context": constants.gpu_context} if gpu else
-             {"baseline": constants.baseline, "runtime": constants.worker_runtime,
+             {"baseline": constants.baseline,
+              "runtime": constants.worker_runtime + constants.autograd_runtime,
               "load": constants.load_retained * 2 * network.params() * s})
     return _finish(live, extra, 1.0 if gpu else constants.retention)
 
