@@ -2,12 +2,20 @@
 every worker at chosen sizes, and a whole replica's step at two batch shares.
 
 Only measuring lives here: every worker times at once, as they will run during
-training, and the points become fitted shard costs (`shard_costs`). What to do with
-them, which split to take, is decided in pipeline/split_choice.py.
+training, and the points become fitted shard costs (`shard_costs`). Workers that are
+the same hardware as far as the run can tell (`alike_groups`) share one cost, fitted
+to all their points (`pool_points`): what tells them apart is only which of them the
+host's scheduler ran while they were timed. What to do with the costs, which split to
+take, is decided in pipeline/split_choice.py.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from distributed.comm import get_address_host
+
+from pipeline.cluster import ClusterWorker
 from pipeline.placement import ShardCost, calibration_kernels, fit_shard_cost, rough_seconds
 from pipeline.runner import TaskRunner
 from tasks.conv_shard import calibrate_layer
@@ -19,14 +27,21 @@ from tasks.specs import NetworkSpec
 STABLE_ROUNDS = 3
 
 Points = dict[str, list[list[list[float]]]]  # worker -> layer -> [[kernels, seconds], ...]
+#: What each worker said it is while it timed: name -> (device, torch threads, speed).
+Kinds = dict[str, tuple[str, int, float]]
+
+
+def _kind(result: dict) -> tuple[str, int, float]:
+    return (str(result["device"]), int(result["threads"]), float(result["speed"]))
 
 
 def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int,
-              sizes: dict[tuple[str, int], list[int]], round_name: str = "") -> Points:
+              sizes: dict[tuple[str, int], list[int]], round_name: str = ""
+              ) -> tuple[Points, Kinds]:
     """Median seconds of each layer's forward, backward and update per worker, at
-    the shard sizes asked for (``sizes[(worker name, layer)]``); all workers
-    measure at once, as they will run during training. `round_name` keeps the
-    task keys of a second round apart from the first's."""
+    the shard sizes asked for (``sizes[(worker name, layer)]``), and what each
+    worker is; all workers measure at once, as they will run during training.
+    `round_name` keeps the task keys of a second round apart from the first's."""
     futures = {}
     for layer, spec in enumerate(network.conv):
         for index, worker in enumerate(runner.workers):
@@ -35,9 +50,11 @@ def calibrate(runner: TaskRunner, network: NetworkSpec, batch: int,
                 layer > 0, STABLE_ROUNDS, name=f"calibrate{round_name}-{layer}-{worker.name}")
     results = runner.gather(list(futures.values()), "calibration")
     points: Points = {worker.name: [[] for _ in network.conv] for worker in runner.workers}
+    kinds: Kinds = {}
     for (name, layer), result in zip(futures, results):
         points[name][layer] = result["points"]
-    return points
+        kinds[name] = _kind(result)
+    return points, kinds
 
 
 def first_sizes(network: NetworkSpec, batch: int, workers: int, quanta: list[int]
@@ -52,6 +69,41 @@ def shard_costs(points: Points, names: list[str], layers: int) -> list[list[Shar
     """``costs[layer][worker]`` fitted to the measured points."""
     return [[fit_shard_cost([(int(k), t) for k, t in points[name][layer]]) for name in names]
             for layer in range(layers)]
+
+
+def alike_groups(workers: Sequence[ClusterWorker], kinds: Kinds) -> list[list[str]]:
+    """Names of workers that are the same hardware as far as a run can tell: the same
+    host (address), and the same device, torch threads and emulated speed as each
+    said while it timed (`kinds`); each group in worker order, groups in order of
+    their first worker. Two GPUs are alike only under one device name.
+
+    Why: such workers time the same shard differently only by which of them the
+    host's scheduler happened to run. Two alike single-thread workers on this
+    project's 2-core machine were timed up to 30 % apart for a whole calibration,
+    either way round; four on two cores gave one of them 1.7x an even share of the
+    paper network's kernels (and of its memory) for a split no faster. Workers behind
+    their own links each have their own address, so they stay apart.
+    """
+    groups: dict[tuple, list[str]] = {}
+    for worker in workers:
+        key = (get_address_host(worker.address), kinds[worker.name])
+        groups.setdefault(key, []).append(worker.name)
+    return list(groups.values())
+
+
+def pool_points(points: Points, groups: list[list[str]]) -> Points:
+    """`points` with every worker of a group given all its group's points (per layer),
+    so that `shard_costs` fits the group one cost. `points` is left as measured."""
+    pooled: Points = {name: [list(layer) for layer in layers] for name, layers in points.items()}
+    for group in groups:
+        members = [name for name in group if name in points]
+        if len(members) < 2:
+            continue
+        for layer in range(len(points[members[0]])):
+            together = [point for name in members for point in points[name][layer]]
+            for name in members:
+                pooled[name][layer] = list(together)
+    return pooled
 
 
 def per_unit(costs: list[list[ShardCost]], names: list[str]) -> dict[str, list[float]]:
@@ -70,16 +122,19 @@ def replica_rows(network: NetworkSpec, batch: int, workers: int, budget_s: float
     return rows
 
 
-def calibrate_replicas(runner: TaskRunner, network: NetworkSpec, batch: int) -> Points:
+def calibrate_replicas(runner: TaskRunner, network: NetworkSpec, batch: int
+                       ) -> tuple[Points, Kinds]:
     """Seconds of a whole replica's step at two batch shares, per worker name (all at
     once): ``{name: [[[rows, seconds], [rows, seconds]]]}``."""
     rows = replica_rows(network, batch, len(runner.workers))
     sizes = sorted({max(1, rows // 4), rows})
     points: Points = {worker.name: [[]] for worker in runner.workers}
+    kinds: Kinds = {}
     for size in sizes:
         futures = [runner.submit(calibrate_replica, index, network, size,
                                  name=f"calibrate-replica-{worker.name}-{size}")
                    for index, worker in enumerate(runner.workers)]
         for worker, result in zip(runner.workers, runner.gather(futures, "calibration")):
             points[worker.name][0].append([result["rows"], result["seconds"]])
-    return points
+            kinds[worker.name] = _kind(result)
+    return points, kinds

@@ -23,8 +23,8 @@ import os
 from distributed import Client
 
 from pipeline.capacity import worker_capacities
-from pipeline.calibrate import (Points, calibrate, calibrate_replicas, first_sizes, per_unit,
-                                shard_costs)
+from pipeline.calibrate import (Points, alike_groups, calibrate, calibrate_replicas,
+                                first_sizes, per_unit, pool_points, shard_costs)
 from pipeline.cluster import ClusterWorker
 from pipeline.config import RunConfig
 from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
@@ -92,11 +92,13 @@ def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
     if config.placement == "even" or len(workers) == 1:
         return Placement("even" if len(workers) > 1 else "single",
                          [split_even(batch, len(workers), 1)])
-    points = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
-    costs = shard_costs(points, names, 1)
+    points, kinds = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
+    groups = alike_groups(workers, kinds)
+    costs = shard_costs(pool_points(points, groups), names, 1)
     choice = choose_calibrated([batch], costs, [1], names)
     return Placement("calibrated", choice.counts, per_unit(costs, names),
-                     {**choice.record(names), "calibration_points": points})
+                     {**choice.record(names), "calibration_points": points,
+                      "alike_workers": [g for g in groups if len(g) > 1]})
 
 
 def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
@@ -138,26 +140,29 @@ def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
 def calibrated_kernel_split(runner: TaskRunner, network: NetworkSpec, batch: int,
                             quanta: list[int]) -> Placement:
     """`placement: calibrated` for kernels: measure, choose, and where a worker's
-    chosen share is far from what it was timed at, time it there and choose again."""
+    chosen share is far from what it was timed at, time it there and choose again.
+    Alike workers (`alike_groups`) share one cost per layer."""
     names = [w.name for w in runner.workers]
     kernels = [spec.kernels for spec in network.conv]
     sizes = first_sizes(network, batch, len(names), quanta)
-    points = calibrate(runner, network, batch,
-                       {(n, layer): s for n in names for layer, s in enumerate(sizes)})
-    costs = shard_costs(points, names, len(kernels))
+    points, kinds = calibrate(runner, network, batch,
+                              {(n, layer): s for n in names for layer, s in enumerate(sizes)})
+    groups = alike_groups(runner.workers, kinds)
+    costs = shard_costs(pool_points(points, groups), names, len(kernels))
     choice = choose_calibrated(kernels, costs, quanta, names)
-    again = far_from_measured(choice.counts, points, names)
+    again = far_from_measured(choice.counts, pool_points(points, groups), names)
     if again:
-        extra = calibrate(runner, network, batch,
-                          {(n, layer): again.get((n, layer), [sizes[layer][-1]])
-                           for n in names for layer in range(len(kernels))},
-                          round_name="-again")
+        extra, _ = calibrate(runner, network, batch,
+                             {(n, layer): again.get((n, layer), [sizes[layer][-1]])
+                              for n in names for layer in range(len(kernels))},
+                             round_name="-again")
         for (name, layer) in again:
             points[name][layer] += extra[name][layer]
-        costs = shard_costs(points, names, len(kernels))
+        costs = shard_costs(pool_points(points, groups), names, len(kernels))
         choice = choose_calibrated(kernels, costs, quanta, names)
     return Placement("calibrated", choice.counts, per_unit(costs, names),
-                     {**choice.record(names), "calibration_points": points})
+                     {**choice.record(names), "calibration_points": points,
+                      "alike_workers": [g for g in groups if len(g) > 1]})
 
 
 def far_from_measured(counts: list[list[int]], points: Points, names: list[str]

@@ -202,4 +202,4 @@ def time_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
         points.append([kernels, float(np.median(times))])
         rounds.append(times)
     return {"worker": profile.name, "points": points, "rounds": rounds,
-            "speed": profile.speed, "device": profile.device}
+            "speed": profile.speed, "device": profile.device, "threads": profile.threads}

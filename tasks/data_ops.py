@@ -160,7 +160,8 @@ def time_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
         sgd.step()
 
     times = profile.time_rounds(one_round, repeats)
-    return {"worker": profile.name, "seconds": float(np.median(times)), "rows": rows}
+    return {"worker": profile.name, "seconds": float(np.median(times)), "rows": rows,
+            "speed": profile.speed, "device": profile.device, "threads": profile.threads}
 
 
 # Data parallel ---------------------------------------------------------------------------

@@ -155,6 +155,7 @@ def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
                                            f"single:{SLOW}"}
     points = choice["calibration_points"][SLOW]
     assert all(len(layer) >= 2 for layer in points)  # two shard sizes per layer
+    assert choice["alike_workers"] == []  # a slowed worker is not alike the others
     assert json.loads(result.record.attrs["left_out"]) == [SLOW]
     # one line on why: in the summary, the record, the start's lines and the closing ones
     [said] = result.summary["left_out"]
@@ -183,6 +184,9 @@ def test_data_parallel_leaves_the_slow_worker_out_too(mixed_cluster, tmp_path,
                          strategy="data", placement="calibrated")
     choice = json.loads(result.record.attrs["placement_choice"])
     assert choice["workers"] == [FAST, MID, SLOW] and choice["split"][0][2] == 0
+    # FAST and MID are alike (one host, CPU, one thread, full speed): one cost, one share
+    assert choice["alike_workers"] == [[FAST, MID]]
+    assert abs(choice["split"][0][0] - choice["split"][0][1]) <= 1, choice["split"]
     assert json.loads(result.record.attrs["left_out"]) == [SLOW]
     [said] = result.summary["left_out"]
     assert said.startswith(f"worker {SLOW} left out: measured ") and \

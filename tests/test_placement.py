@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from pipeline.calibrate import alike_groups, pool_points, shard_costs
+from pipeline.cluster import ClusterWorker
 from pipeline.placement import (Placement, PlacementError, ShardCost, calibration_kernels,
                                 choose_calibrated, fit_shard_cost, layer_seconds,
                                 predict_split, rough_seconds, split_even,
@@ -147,3 +149,37 @@ def test_a_worker_left_out_is_said_in_one_line_with_its_speed_and_why():
     assert left_out_lines("recorded", ["w1"], {}, {}, "sample") == [
         "worker w1 left out: recorded placement gave it no work"]
     assert left_out_lines("calibrated", [], choice, calibration) == []
+
+
+def test_alike_workers_are_the_same_host_device_threads_and_speed():
+    """Only which of them the scheduler ran tells alike workers apart: they share one
+    cost. A worker elsewhere, on another device, with more threads or slowed is apart."""
+    workers = [ClusterWorker(f"tcp://{host}:{port}", name, "CPU", 1, 1.0, "cpu")
+               for name, host, port in [("a", "127.0.0.1", 1), ("b", "127.0.0.1", 2),
+                                        ("c", "10.0.0.2", 1), ("d", "127.0.0.1", 3),
+                                        ("e", "127.0.0.1", 4), ("f", "127.0.0.1", 5),
+                                        ("g", "127.0.0.1", 6)]]
+    kinds = {"a": ("cpu", 1, 1.0), "b": ("cpu", 1, 1.0), "c": ("cpu", 1, 1.0),
+             "d": ("cuda:0", 1, 1.0), "e": ("cpu", 2, 1.0), "f": ("cpu", 1, 0.5),
+             "g": ("cpu", 1, 1.0)}
+    assert alike_groups(workers, kinds) == [["a", "b", "g"], ["c"], ["d"], ["e"], ["f"]]
+
+
+def test_pooled_points_give_alike_workers_one_cost_and_keep_the_measured_ones():
+    """Four alike workers on two cores, one timed fast by the scheduler's luck: apart,
+    calibration gives it most of the kernels; pooled, the even split stands."""
+    points = {"w0": [[[4, 0.010], [16, 0.025]]], "w1": [[[4, 0.020], [16, 0.060]]],
+              "w2": [[[4, 0.021], [16, 0.062]]], "w3": [[[4, 0.019], [16, 0.058]]]}
+    names = list(points)
+    apart = choose_calibrated([64], shard_costs(points, names, 1), [4], names)
+    assert apart.counts[0][0] > 16  # the lucky one's share
+    pooled = pool_points(points, [names])
+    costs = shard_costs(pooled, names, 1)
+    assert len({(c.fixed, c.per_kernel) for c in costs[0]}) == 1
+    assert choose_calibrated([64], costs, [4], names).counts == [[16, 16, 16, 16]]
+    assert points["w0"] == [[[4, 0.010], [16, 0.025]]]  # the record keeps what was timed
+    assert sorted(map(tuple, pooled["w2"][0])) == sorted(
+        tuple(p) for name in names for p in points[name][0])
+    # a group of one, and workers apart, keep their own points
+    assert pool_points(points, [["w0"], ["w1", "w2"]])["w0"] == points["w0"]
+    assert pool_points(points, [["w0"], ["w1", "w2"]])["w3"] == points["w3"]
