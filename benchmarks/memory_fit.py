@@ -13,8 +13,8 @@ the measured *working* memory (the peak minus the per-process baseline,
 `memory.PROCESS_BASELINE`). The worker processes' names cannot be told from outside,
 so measured and predicted peaks are compared largest to largest. `--out` appends the
 measurements as JSON lines; `--compare FILE...` compares them with the model again, and
-with `--fit` searches `FIT_GRID` for the `MemoryConstants` with the smallest largest
-error over every figure, and compares with those. Repeats of one case (the same
+with `--fit` searches `FIT_GRID` for the `MemoryConstants` that put the most figures
+within 15 % (then the smallest largest error), and compares with those. Repeats of one case (the same
 config and arguments, in any of the files) are compared as their median, rank by rank
 (`median_of_repeats`): one process's peak moves by up to 15 % between runs of the
 same code (glibc's heap), so a single run can put a figure outside 15 % either way.
@@ -50,8 +50,8 @@ from pipeline.probe.results import costmodel_network  # noqa: E402
 FIT_GRID = {
     "worker_runtime": [m * 10 ** 6 for m in range(0, 161, 5)],
     "client_runtime": [m * 10 ** 6 for m in range(60, 161, 10)],
-    "conv_workspace": [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
-    "retention": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6],
+    "conv_workspace": [w / 4 for w in range(0, 11)],
+    "retention": [1.0 + r / 20 for r in range(0, 17)],
     "load_retained": [0.0, 0.5, 1.0],
 }
 
@@ -142,10 +142,11 @@ def median_of_repeats(measurements: list[dict]) -> list[dict]:
         groups.setdefault((m["config"], m["case"], args), []).append(m)
     merged = []
     for runs in groups.values():
-        ranks = min(len(m["workers"]) for m in runs)
-        ordered = [sorted(m["workers"], reverse=True)[:ranks] for m in runs]
+        # a run whose sampling missed a short-lived worker has fewer: its ranks still count
+        ordered = [sorted(m["workers"], reverse=True) for m in runs]
+        ranks = max(len(w) for w in ordered)
         merged.append({**runs[0], "client": statistics.median(m["client"] for m in runs),
-                       "workers": [statistics.median(w[r] for w in ordered)
+                       "workers": [statistics.median(w[r] for w in ordered if len(w) > r)
                                    for r in range(ranks)],
                        "repeats": len(runs)})
     return merged
@@ -172,11 +173,25 @@ def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> d
             "repeats": measured.get("repeats", 1)}
 
 
+#: The issue's bound on a figure's error: `fit` keeps the most figures within it.
+WITHIN = 0.15
+
+
+def _score(errors: list[float]) -> tuple[int, float]:
+    """Higher is better: figures within `WITHIN`, then the smaller largest error."""
+    return (sum(e <= WITHIN for e in errors), -max(errors, default=0.0))
+
+
 def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
-    """The grid's constants with the smallest largest error over every measured
-    device (the runtimes each alone, as they touch different processes)."""
+    """The grid's constants that put the most measured figures within `WITHIN`, of
+    those the one with the smallest largest error (the runtimes each alone, as they
+    touch different processes); and that largest error.
+
+    Why not the smallest largest error alone: one figure that moves by a quarter
+    between repeats (the small network's `single` at batch 128: 140-155 MB working)
+    would then pull every other figure its way."""
     fields = ["conv_workspace", "retention", "load_retained"]
-    best: tuple[float, MemoryConstants] | None = None
+    best: tuple[tuple[int, float], MemoryConstants] | None = None
     for values in itertools.product(*(FIT_GRID[f] for f in fields)):
         base = dict(zip(fields, values))
         # the runtimes shift every worker's (client's) figure alike: pick each best
@@ -190,15 +205,15 @@ def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
                 constants = MemoryConstants(**base, **{runtime: value})
                 errors = [abs(row["error"]) for m in cases
                           for row in compare(m, constants)["devices"]]
-                scores.append((max(errors, default=0.0), value))
-            picked[runtime] = min(scores)[1]
+                scores.append((_score(errors), -value))
+            picked[runtime] = -max(scores)[1]
         constants = MemoryConstants(**base, **picked)
-        worst = max(abs(row["error"]) for m in measurements
-                    for row in compare(m, constants)["devices"])
-        if best is None or worst < best[0]:
-            best = (worst, constants)
+        score = _score([abs(row["error"]) for m in measurements
+                        for row in compare(m, constants)["devices"]])
+        if best is None or score > best[0]:
+            best = (score, constants)
     assert best is not None
-    return best[1], best[0]
+    return best[1], -best[0][1]
 
 
 def show(result: dict) -> None:
@@ -222,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
                         "measurements in these JSON-lines files with the model (repeats "
                         "of a case as their median)")
     parser.add_argument("--fit", action="store_true", help="with --compare: the grid's "
-                        "constants (FIT_GRID) with the smallest largest error, and the "
+                        "constants (FIT_GRID) with the most figures within 15 %, and the "
                         "comparison with them")
     args = parser.parse_args(argv)
     if args.compare:

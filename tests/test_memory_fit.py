@@ -14,7 +14,8 @@ import pytest
 from pipeline import train as train_cli
 from pipeline.config import WorkerConfig, load_run_config
 from pipeline.costmodel import marques_cifar
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, Live, fmt_bytes, peak_memory)
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Live, fmt_bytes, peak_memory,
+                                       retained)
 from pipeline.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
 from pipeline.placement import counts_from_shares, split_even
 from pipeline.run import run_training
@@ -60,6 +61,31 @@ def test_more_kernel_devices_hold_less_each_and_single_is_the_whole():
     peaks = [max(peak_memory("kernel", PAPER, 32, even(p)).per_device) for p in (1, 2, 3, 4)]
     assert peaks[0] == pytest.approx(single)
     assert peaks == sorted(peaks, reverse=True) and peaks[1] < peaks[0]
+
+
+def test_a_tensor_above_the_mmap_threshold_loses_its_surplus_but_never_shrinks():
+    """glibc hands a mapped tensor back when freed: its retention's surplus falls away
+    above the threshold, a byte per byte, so a larger tensor never counts less."""
+    threshold = 32 * MIB
+    assert retained(10 * MIB, 1.5, threshold) == pytest.approx(15 * MIB)
+    assert retained(threshold, 1.5, threshold) == pytest.approx(48 * MIB)
+    assert retained(40 * MIB, 1.5, threshold) == pytest.approx(48 * MIB)  # 8 MiB of 16 gone
+    assert retained(100 * MIB, 1.5, threshold) == pytest.approx(100 * MIB)
+    sizes = [m * MIB / 4 for m in range(1, 400)]
+    counted = [retained(n, 1.65, threshold) for n in sizes]
+    assert counted == sorted(counted)
+
+
+def test_a_kernel_device_never_holds_more_for_a_smaller_share():
+    """Placement moves units off a device that would overflow on this promise, across
+    the mmap threshold too (the paper network's layer 2 at batch 32 crosses it)."""
+    for master in (True, False):
+        peaks = []
+        for units in range(1, 31):  # 50-kernel quanta of layer 2, layer 1 whole
+            counts = [[PAPER.conv[0].out_channels, 0], [50 * units, 1500 - 50 * units]]
+            peaks.append(peak_memory("kernel", PAPER, 32, counts, master=0 if master else 1)
+                         .per_device[0])
+        assert peaks == sorted(peaks), master
 
 
 def test_replicas_hold_the_whole_network_and_less_with_fewer_rows():
