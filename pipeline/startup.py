@@ -36,8 +36,11 @@ def usable_cores() -> int:
 
 def contention_warning(workers: Sequence[WorkerConfig], cores: int) -> str | None:
     """One line when the embedded workers' torch threads outnumber `cores`: they then
-    take turns on the cores, so starting and calibrating them is slow and their step
-    times measure the contention as well as the strategy. None when they fit."""
+    take turns on the cores, so starting and calibrating them is slow, their step
+    times measure the contention as well as the strategy, and the performance model,
+    which times each op as the probe saw it, leaves out the waits for a peer the
+    host is not running (docs/benchmarks.md, "Where this leaves the 15 % goal").
+    None when they fit."""
     threads = sum(worker.threads for worker in workers)
     if threads <= cores:
         return None
@@ -45,8 +48,9 @@ def contention_warning(workers: Sequence[WorkerConfig], cores: int) -> str | Non
     fit = max(1, cores // max(1, min(w.threads for w in workers)))
     return (f"warning: cluster.workers: {count} worker process(es) with {threads} torch "
             f"thread(s) in all on {cores} CPU core(s): they take turns, so starting and "
-            "calibrating them is slow and step times measure the contention as well as "
-            f"the strategy (at most {fit} such worker(s) fit here)")
+            "calibrating them is slow, step times measure the contention as well as "
+            "the strategy, and the model's prediction leaves out a worker's waits for "
+            f"a peer that is not running (at most {fit} such worker(s) fit here)")
 
 
 def start_batch(workers: int, cores: int) -> int:
