@@ -148,6 +148,8 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
         **{f"predicted_{part}": seconds for part, seconds in
            model_breakdown(summary.get("predicted_breakdown")).items()
            if part in PREDICTED_COMPONENTS},
+        "compute_error": (np.nan if summary.get("compute_error") is None
+                          else float(summary["compute_error"])),
         "predicted_peak_memory": predicted_peak_memory(point, summary),
         **memory_values(summary),
     }

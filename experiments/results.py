@@ -89,6 +89,12 @@ MEASURES: dict[str, tuple[str, str]] = {
     "predicted_step_time": ("s", "the performance model's step time for this point "
                             "(NaN where the model has no probe of its cluster)"),
     "prediction_error": ("1", "(predicted_step_time - step_time) / step_time"),
+    "compute_error": ("1", "the model's compute on the critical path against the run's "
+                      "(predicted_compute / critical_compute - 1): where it is about "
+                      "prediction_error, the miss is how fast the machine ran the "
+                      "arithmetic against when it was probed, not the model's exchange, "
+                      "waits or overheads (docs/model.md). Stores written before it have "
+                      "none"),
     "predicted_low": ("s", "the model's step time with every probed shard and the dense "
                       "head at the lower quartile of the probe's steps (how sure the "
                       "prediction is: docs/model.md). Stores written before it have none"),
@@ -144,7 +150,7 @@ TEXTS: dict[str, str] = {
 ADDED_LATER = ("recoveries", "offered_workers", "recovery_log", "worker_devices",
                "strategy_choice", "predicted_low", "predicted_high", "memory_peak",
                "memory_working", "client_memory_peak", "memory_per_worker",
-               "client_cpu_per_step",
+               "client_cpu_per_step", "compute_error",
                *(f"critical_{p}" for p in COMPONENTS),
                *(f"predicted_{p}" for p in PREDICTED_COMPONENTS))
 SERIES: dict[str, tuple[str, str]] = {

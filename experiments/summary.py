@@ -37,8 +37,9 @@ def summary_table(ds: xr.Dataset) -> pd.DataFrame:
     figures = {name: ds[name].values for name in (
         "step_time", "step_time_p25", "step_time_p75", "throughput", "speedup", "efficiency",
         "compute_time", "storage_time", "master_time", "wait_time", "bytes_moved", "loss",
-        "accuracy", "predicted_step_time", "prediction_error", "memory_working")
-        if name in ds}  # stores written before memory was measured have none
+        "accuracy", "predicted_step_time", "prediction_error", "compute_error",
+        "memory_working")
+        if name in ds}  # stores written before memory (compute's error) have none
     failures = ds.failure.values
     labels = {dim: _labels(ds, dim) for dim in dims}
     rows = []
@@ -64,21 +65,24 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
     """The main figures as aligned text (or a markdown table)."""
     columns = [c for c in table.columns if c not in (
         "step_time_p25", "step_time_p75", "predicted_step_time", "prediction_error",
-        "failure")]
+        "compute_error", "failure")]
     if "memory_working" in table and table["memory_working"].isna().all():
         columns.remove("memory_working")
     if table["predicted_step_time"].notna().any():
         columns += ["predicted_step_time", "prediction_error"]
+        if "compute_error" in table and table["compute_error"].notna().any():
+            columns.append("compute_error")
     names = {"step_time": "step s", "throughput": "samples/s", "speedup": "speedup",
              "efficiency": "effic.", "compute_time": "compute s", "storage_time": "storage s",
              "master_time": "master s", "wait_time": "wait s", "bytes_moved": "MB/step",
              "loss": "loss", "accuracy": "acc.", "predicted_step_time": "predicted s",
-             "prediction_error": "pred. err", "memory_working": "working MB"}
+             "prediction_error": "pred. err", "memory_working": "working MB",
+             "compute_error": "compute err"}
     formats = {"step_time": "{:.4f}", "throughput": "{:.1f}", "speedup": "{:.2f}",
                "efficiency": "{:.2f}", "compute_time": "{:.4f}", "storage_time": "{:.4f}",
                "master_time": "{:.4f}", "wait_time": "{:.4f}", "loss": "{:.3f}",
                "accuracy": "{:.3f}", "predicted_step_time": "{:.4f}",
-               "prediction_error": "{:+.0%}"}
+               "prediction_error": "{:+.0%}", "compute_error": "{:+.0%}"}
     header = [names.get(c, c) for c in columns]
     body = []
     for _, row in table.iterrows():

@@ -174,7 +174,9 @@ def _point_line(done: int, total: int, elapsed: float, point: Point, result: Poi
         low, high = values.get("predicted_low", np.nan), values.get("predicted_high", np.nan)
         if not (np.isnan(low) or np.isnan(high)):
             text += f"[{low:.4f}-{high:.4f}] "
-        text += f"({values['prediction_error']:+.0%})"
+        compute = values.get("compute_error", np.nan)
+        text += (f"({values['prediction_error']:+.0%}" + ("" if np.isnan(compute) else
+                                                          f", compute {compute:+.0%}") + ")")
     return text + f"  [{seconds:.1f} s]"
 
 

@@ -305,8 +305,11 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
                         " s/step" if runner else ""))
     if summary.get("predicted_step_time") is not None and summary.get("prediction_error") \
             is not None:
+        compute = summary.get("compute_error")
         lines.append(f"  predicted   {summary['predicted_step_time']:.4f} s/step by the model "
-                     f"({summary['prediction_error']:+.0%} against the median)")
+                     f"({summary['prediction_error']:+.0%} against the median"
+                     + (f"; its compute {compute:+.0%} against this run's" if compute is not None
+                        else "") + ")")
     if summary.get("link_bytes_sent"):
         lines.append(
             f"  links       {sum(summary['link_bytes_received'].values()) / 1e6:.2f} MB to "

@@ -45,6 +45,7 @@ from pipeline.records import (RunRecorder, jsonable, left_out_lines, link_attrs,
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
+from pipeline.step_breakdown import compute_error
 from pipeline.strategies import Strategy
 from pipeline.strategy_choice import choose_strategy
 from pipeline.trace import ClientEvent, write_trace
@@ -283,6 +284,8 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     predicted, measured = prediction["predicted_step_time"], summary.get("step_time_median")
     if predicted is not None and measured:
         prediction["prediction_error"] = predicted / measured - 1.0
+        prediction["compute_error"] = compute_error(prediction.get("predicted_breakdown"),
+                                                    summary.get("critical_breakdown"))
     summary.update(prediction)
     record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
     record.attrs["prediction"] = json.dumps(jsonable(prediction))

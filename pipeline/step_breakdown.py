@@ -110,3 +110,20 @@ def model_breakdown(breakdown: Mapping[str, object] | None) -> dict[str, float]:
     return {name: float(sum(float(breakdown.get(key, 0.0) or 0.0)  # type: ignore[arg-type]
                             for key in keys))
             for name, keys in MODEL_COMPONENTS.items()}
+
+
+def compute_error(predicted: Mapping[str, object] | None,
+                  measured: Mapping[str, float] | None) -> float | None:
+    """The model's compute on the critical path against the run's (the median
+    `record_breakdown`'s): ``predicted / measured - 1``; None without both.
+
+    Why beside the step's error: the model's compute is the probe's timings of the
+    same shards replayed, so where the two errors agree, the miss is how fast the
+    machine ran the arithmetic now against when it was probed (this project's 2-core
+    machines moved by 1.5x within an hour, and a probe is cached for days), not the
+    model's exchange, waits or overheads (docs/model.md)."""
+    model = model_breakdown(predicted)["compute"]
+    run = float((measured or {}).get("compute", float("nan")))
+    if not (np.isfinite(model) and np.isfinite(run)) or model <= 0 or run <= 0:
+        return None
+    return model / run - 1.0

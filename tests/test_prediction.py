@@ -190,6 +190,12 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
     assert summary["predicted_step_time"] == prediction["predicted_step_time"]
     assert summary["prediction_probe"] == probe.key
     assert summary["prediction_error"] == pytest.approx(prediction["prediction_error"])
+    # and its compute's part: the model's compute on the critical path against the run's
+    model, run = (model_breakdown(summary["predicted_breakdown"])["compute"],
+                  summary["critical_breakdown"]["compute"])
+    assert summary["compute_error"] == pytest.approx(model / run - 1)
+    assert f"its compute {summary['compute_error']:+.0%} against this run's" in \
+        format_summary("r", "kernel", summary, ["cpu-0", "cpu-1"])
     assert result.record.attrs["predicted_step_time"] == summary["predicted_step_time"]
     on_disk = json.loads(open(os.path.join(result.output_dir, "summary.json")).read())
     assert on_disk["predicted_step_time"] == summary["predicted_step_time"]

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import xarray as xr
 
-from pipeline.step_breakdown import (COMPONENTS, model_breakdown, phase_seconds,
-                                     record_breakdown, split_step)
+from pipeline.step_breakdown import (COMPONENTS, compute_error, model_breakdown,
+                                     phase_seconds, record_breakdown, split_step)
 from tasks.receipts import OpEvent, Phase, Receipt
 
 
@@ -77,3 +77,13 @@ def test_the_models_breakdown_in_the_same_components():
     assert math.isclose(got["compute"], 0.16) and math.isclose(got["exchange"], 0.03)
     assert got["client"] == 0.004 and got["wait"] == 0.0 == got["dataset"]
     assert all(math.isnan(v) for v in model_breakdown(None).values())
+
+
+def test_the_compute_error_is_the_models_critical_compute_against_the_runs():
+    """The dense head counts as compute on both sides (the master's critical path)."""
+    predicted = {"compute_critical": 0.15, "master": 0.01, "storage": 0.03, "overhead": 0.004}
+    assert math.isclose(compute_error(predicted, {"compute": 0.08, "exchange": 0.02}), 1.0)
+    assert math.isclose(compute_error(predicted, {"compute": 0.32}), -0.5)
+    assert compute_error(None, {"compute": 0.08}) is None  # no prediction
+    assert compute_error(predicted, None) is None and compute_error(predicted, {}) is None
+    assert compute_error(predicted, {"compute": 0.0}) is None  # an emulated or empty run

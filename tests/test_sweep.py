@@ -15,6 +15,7 @@ import sys
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 import yaml
@@ -22,7 +23,7 @@ import yaml
 from experiments import sweep as sweep_cli
 from experiments.results import DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template
 from experiments.speedup import compute_speedup
-from experiments.summary import summary_table
+from experiments.summary import format_table, summary_table
 from experiments.sweep_axes import value_label
 from experiments.sweep_config import load_sweep
 from experiments.sweep_points import run_order
@@ -373,3 +374,18 @@ def test_points_that_would_repeat_another_are_recorded_not_run(tmp_path, tiny_da
     assert np.allclose(ds.speedup.sel(strategy="reference", workers=1), 1.0)
     table = summary_table(ds)
     assert len(table) == 3 and not ((table.strategy == "single") & (table.workers == "2")).any()
+
+
+def test_the_table_puts_the_computes_error_beside_the_steps():
+    """Where the two agree, the miss is the arithmetic's speed, not the model's
+    exchange or overheads; stores without it keep the old table."""
+    table = pd.DataFrame([
+        {"strategy": "data", "runs": "1/1", "step_time": 0.05, "predicted_step_time": 0.07,
+         "prediction_error": 0.43, "compute_error": 0.5, "failure": ""},
+        {"strategy": "kernel", "runs": "1/1", "step_time": 0.07, "predicted_step_time": 0.07,
+         "prediction_error": 0.0, "compute_error": float("nan"), "failure": ""}])
+    lines = format_table(table).splitlines()
+    assert lines[0].split()[-4:] == ["pred.", "err", "compute", "err"]
+    assert lines[1].split()[-2:] == ["+43%", "+50%"]
+    assert lines[2].split()[-2:] == ["+0%", "-"]
+    assert "compute err" not in format_table(table.drop(columns="compute_error"))
