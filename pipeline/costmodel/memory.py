@@ -96,7 +96,8 @@ class MemoryConstants:
     gradients and ReLU mask; a replica's gradient range by range) on both networks at
     batch 32 and the small one at 128, and again with autograd's engine and the mmap
     threshold counted, on the median of three or more runs per case
-    (docs/benchmarks.md, "The memory model on medians of repeats").
+    (docs/benchmarks.md, "Memory per worker: every target in one run, and the model
+    on medians").
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
