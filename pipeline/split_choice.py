@@ -30,7 +30,7 @@ from pipeline.config import RunConfig
 from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
 from pipeline.memory_fit import MemoryRefused, move_to_fit, overflows, refusal, split_peaks
 from pipeline.model_placement import model_placement
-from pipeline.placement import Placement, choose_calibrated, split_even
+from pipeline.placement import Placement, SplitChoice, choose_calibrated, split_even
 from pipeline.probe.results import costmodel_network
 from pipeline.runner import TaskRunner
 from pipeline.schema import ConfigError
@@ -97,8 +97,7 @@ def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
     costs = shard_costs(pool_points(points, groups), names, 1)
     choice = choose_calibrated([batch], costs, [1], names)
     return Placement("calibrated", choice.counts, per_unit(costs, names),
-                     {**choice.record(names), "calibration_points": points,
-                      "alike_workers": [g for g in groups if len(g) > 1]})
+                     calibration_record(choice, names, points, groups))
 
 
 def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
@@ -148,9 +147,10 @@ def calibrated_kernel_split(runner: TaskRunner, network: NetworkSpec, batch: int
     points, kinds = calibrate(runner, network, batch,
                               {(n, layer): s for n in names for layer, s in enumerate(sizes)})
     groups = alike_groups(runner.workers, kinds)
-    costs = shard_costs(pool_points(points, groups), names, len(kernels))
+    pooled = pool_points(points, groups)
+    costs = shard_costs(pooled, names, len(kernels))
     choice = choose_calibrated(kernels, costs, quanta, names)
-    again = far_from_measured(choice.counts, pool_points(points, groups), names)
+    again = far_from_measured(choice.counts, pooled, names)
     if again:
         extra, _ = calibrate(runner, network, batch,
                              {(n, layer): again.get((n, layer), [sizes[layer][-1]])
@@ -161,8 +161,15 @@ def calibrated_kernel_split(runner: TaskRunner, network: NetworkSpec, batch: int
         costs = shard_costs(pool_points(points, groups), names, len(kernels))
         choice = choose_calibrated(kernels, costs, quanta, names)
     return Placement("calibrated", choice.counts, per_unit(costs, names),
-                     {**choice.record(names), "calibration_points": points,
-                      "alike_workers": [g for g in groups if len(g) > 1]})
+                     calibration_record(choice, names, points, groups))
+
+
+def calibration_record(choice: SplitChoice, names: list[str], points: Points,
+                       groups: list[list[str]]) -> dict:
+    """What a calibrated placement keeps: the choice, the points as timed, and the
+    groups of alike workers that shared a cost."""
+    return {**choice.record(names), "calibration_points": points,
+            "alike_workers": [group for group in groups if len(group) > 1]}
 
 
 def far_from_measured(counts: list[list[int]], points: Points, names: list[str]
