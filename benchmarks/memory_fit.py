@@ -14,8 +14,9 @@ the measured *working* memory (the peak minus the per-process baseline,
 so measured and predicted peaks are compared largest to largest. `--out` appends the
 measurements as JSON lines; `--compare FILE...` compares them with the model again, and
 with `--fit` searches `FIT_GRID` for the `MemoryConstants` that put the most figures
-within 15 % (then the smallest largest error), and compares with those. Repeats of one case (the same
-config and arguments, in any of the files) are compared as their median, rank by rank
+within 15 % (then the smallest largest error), and compares with those. Repeats of one
+case (the same config and arguments, in any of the files) are compared as their
+median, rank by rank
 (`median_of_repeats`): one process's peak moves by up to 15 % between runs of the
 same code (glibc's heap), so a single run can put a figure outside 15 % either way.
 
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
             result = compare(measured, constants)
             show(result)
             errors += [abs(row["error"]) for row in result["devices"]]
-        print(f"{sum(e <= 0.15 for e in errors)} of {len(errors)} figures within 15 %, "
+        print(f"{sum(e <= WITHIN for e in errors)} of {len(errors)} figures within 15 %, "
               f"largest error {100 * max(errors):.1f} %")
         return
     for config in args.configs:
