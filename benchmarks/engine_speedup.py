@@ -18,7 +18,10 @@ CPU beside a GPU looks like to the placement), calibrated and even: the mix must
 not be slower than its best single device (issue "CPUs and GPUs in one run").
 `strategies`: every strategy side by side on 2 workers (`reference` with 1 and 2
 threads, `single`, `kernel`, `data`, `hybrid`) and the peer users compare against,
-PyTorch DDP over gloo with 2 processes (benchmarks/ddp_peer.py).
+PyTorch DDP over gloo with 2 processes (benchmarks/ddp_peer.py). With
+`--task-per-step`, `single`, `kernel`, `data` and `hybrid` run a second time with
+`train.steps_per_task=1` (a Dask task per step, as before tasks held several steps):
+what sharing Dask's per-task costs over a task's steps gains, in the same run.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def main() -> None:
     parser.add_argument("--no-single", action="store_true", help="leave out `single`")
     parser.add_argument("--no-scheduler", action="store_true",
                         help="leave out `kernel` through the scheduler")
+    parser.add_argument("--task-per-step", action="store_true",
+                        help="strategies: also each strategy at train.steps_per_task=1")
     args = parser.parse_args()
     steps = args.steps or (4 if args.net == "paper" else 12)
     if args.case == "speedup":
@@ -88,6 +93,9 @@ def main() -> None:
                 "ddp-gloo-2": None}
         if args.no_single:
             del runs["single"]
+        if args.task_per_step:
+            runs.update({f"{name}-task-per-step": [*runs[name], "train.steps_per_task=1"]
+                         for name in ("single", "kernel", "data", "hybrid") if name in runs})
     elif args.case == "mixed":
         pair = '[{name: fast, speed: 1.0}, {name: slow-emulated, speed: 0.05}]'
         runs = {"fast-alone": ["strategy=kernel", "cluster.workers=[{name: fast}]"],
@@ -129,6 +137,10 @@ def main() -> None:
                    for name in runs if name != "reference-1-thread"]
         reports += [ratio_report(f"{name} step time / DDP-gloo's", times[name], ddp)
                     for name in ("data", "hybrid", "kernel")]
+        reports += [ratio_report(f"{name} step time, auto / a task per step", times[name],
+                                 times[f"{name}-task-per-step"])
+                    for name in ("single", "kernel", "data", "hybrid")
+                    if f"{name}-task-per-step" in times]
     elif args.case == "mixed":
         reports = [ratio_report("mix, calibrated / fast alone step time",
                                 times["mix-calibrated"], times["fast-alone"]),

@@ -94,8 +94,13 @@ class TrainConfig:
     # Replace the results of an earlier run in the output directory (checkpoints,
     # record, summary); without it (or resume) a run refuses a directory that has them.
     fresh: bool = False
-    # Steps submitted ahead of the one being collected: the workers find their next
-    # step queued when they finish one (1: submit each step when the last is done).
+    # Consecutive steps one Dask task runs on a worker (pipeline/task_steps.py): Dask's
+    # per-task costs are paid once per task. "auto": tasks of about a second (one step
+    # until a step is measured, at most 32); 1: a task per step. The arithmetic is the
+    # same whatever it is; needs workspace.sync "markers" above 1.
+    steps_per_task: int | Literal["auto"] = "auto"
+    # Tasks submitted ahead of the one being collected: the workers find their next
+    # task queued when they finish one (1: submit each task when the last is done).
     inflight: int = 2
     # data/hybrid: every replica reports a fingerprint of its weights each step, and
     # the run stops if two differ (costs a hash of the weights per step).
@@ -107,6 +112,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch", "inflight"):
             check_range(self, name, low=1)
+        if self.steps_per_task != "auto":
+            check_range(self, "steps_per_task", low=1)
         for name in ("checkpoint_every", "warmup_steps", "eval_samples", "weight_decay", "seed",
                      "max_recoveries"):
             check_range(self, name, low=0)
@@ -381,6 +388,10 @@ class RunConfig:
             raise FieldError("placement", "placement 'model' probes the cluster, and the "
                              "probe exchanges over sftp, not the s3 workspace: use "
                              "'calibrated' or 'even'")
+        if self.workspace.sync == "scheduler" and self.train.steps_per_task not in ("auto", 1):
+            raise FieldError("train.steps_per_task", "several steps per task need "
+                             "workspace.sync: markers (with 'scheduler' a step's tasks "
+                             "wait for each other through the scheduler): use 1 or auto")
         if self.workspace.path and self.cluster.workspace_transport() == "s3":
             raise FieldError("cluster.link.workspace", "s3 puts the exchange workspace in "
                              "the run's own object store: unset workspace.path, or use "
@@ -441,6 +452,14 @@ class RunConfig:
         if quantum == "auto":
             return [max(4, -(-layer.kernels // 32)) for layer in network.conv]
         return [quantum] * len(network.conv)
+
+    def steps_per_task(self) -> int | Literal["auto"]:
+        """`train.steps_per_task` as the run applies it: one step per task where the
+        scheduler orders a step's tasks (`workspace.sync: scheduler`), and for
+        `reference`, which runs no tasks (its steps run in this process)."""
+        if self.workspace.sync == "scheduler" or self.strategy == "reference":
+            return 1
+        return self.train.steps_per_task
 
     def optimizer_spec(self) -> OptimizerSpec:
         t = self.train

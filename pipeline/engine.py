@@ -2,8 +2,10 @@
 
 The client plans, the workers compute. For each step the engine builds the step's
 task graph (pipeline/step_graph.py) from the layout (who computes what, which slices
-cross workers: the strategy's `RunPlan`) and submits it whole; the training loop
-keeps a few steps in flight and collects their receipts as they finish. No activation
+cross workers: the strategy's `RunPlan`) and submits it whole, several consecutive
+steps in one task per worker where `train.steps_per_task` says so
+(pipeline/task_steps.py); the training loop keeps a few tasks in flight and
+collects their receipts as they finish. No activation
 or gradient ever reaches the client: tensors a worker needs again stay in its memory,
 tensors another worker needs go through the run's exchange workspace
 (storage/exchange.py).
@@ -103,7 +105,7 @@ class StepEngine:
                                          self.paths.dataset])
         self.devices: list[str] = ["cpu"] * len(self.workers)
         self.first_step = 0
-        self._submitted: dict[int, list[Future]] = {}
+        self._submitted: dict[int, tuple[int, list[Future]]] = {}  # first step: (count, tasks)
         self._by_name: dict[str, Future] = {}
         self._last_collect = time.perf_counter()  # a step's time, for the stall watch
 
@@ -130,31 +132,49 @@ class StepEngine:
         self.first_step = from_step
         self._last_collect = time.perf_counter()
 
-    def submit(self, step: int) -> None:
-        """Submit step `step`'s whole graph; returns at once."""
-        train = self.config.train
-        indices = step_indices(train.seed, step, train.batch, self.train_samples)
+    def submit(self, first: int, count: int = 1) -> None:
+        """Submit steps `first` .. `first + count - 1`; returns at once. With the
+        default markers each worker gets one task running them all in turn
+        (pipeline/task_steps.py); with `workspace.sync: scheduler`, `count` must be 1
+        (its tasks wait for each other through the scheduler, step by step)."""
+        train, sync = self.config.train, self.config.workspace.sync
+        if count > 1 and sync != "markers":
+            raise ValueError(f"several steps per task need workspace.sync: markers, not {sync}")
+        steps = list(range(first, first + count))
+        indices = [step_indices(train.seed, s, train.batch, self.train_samples) for s in steps]
+        per_step = [step_tasks(self.layout, self.slots, s, sync, self.first_step) for s in steps]
         futures = []
-        for task in step_tasks(self.layout, self.slots, step, self.config.workspace.sync,
-                               self.first_step):
-            deps = [self._by_name[name] for name in task.deps]
-            future = self.runner.submit(step_task.run_ops, task.worker, self.run_id, step,
-                                        task.ops, indices, task.name, deps=deps,
-                                        name=task.name, priority=task.priority,
-                                        doing=f"step {step} ({' '.join(map(str, task.ops))})")
+        for position, task in enumerate(per_step[0]):
+            same = [tasks[position] for tasks in per_step]  # this task in every step
+            name = task.name if count == 1 else f"steps-{first}-{steps[-1]}-w{task.worker}"
+            deps = [self._by_name[dep] for dep in task.deps]
+            shown = f"step {first}" if count == 1 else f"steps {first}-{steps[-1]}"
+            future = self.runner.submit(step_task.run_ops, task.worker, self.run_id,
+                                        tuple(steps), task.ops, indices,
+                                        tuple(t.name for t in same), deps=deps, name=name,
+                                        priority=task.priority,
+                                        doing=f"{shown} ({' '.join(map(str, task.ops))})")
             self._by_name[task.name] = future
             futures.append(future)
-        self._submitted[step] = futures
+        self._submitted[first] = (count, futures)
 
-    def collect(self, step: int) -> StepResult:
-        """Wait for step `step`'s tasks; its loss and receipts."""
-        receipts: list[Receipt] = self.runner.gather(self._submitted.pop(step), f"step {step}")
+    def collect(self, first: int) -> list[StepResult]:
+        """Wait for the steps submitted from step `first`; each one's loss and receipts."""
+        count, futures = self._submitted.pop(first)
+        last = first + count - 1
+        shown = f"step {first}" if count == 1 else f"steps {first}-{last}"
+        per_task: list[list[Receipt]] = self.runner.gather(futures, shown)
         now = time.perf_counter()
-        self.watch.step_took(now - self._last_collect)
+        self.watch.task_took(now - self._last_collect)
         self._last_collect = now
         # a step's tasks may be the next step's dependencies; older ones are done with
         self._by_name = {name: f for name, f in self._by_name.items()
-                         if not name.startswith(f"step-{step - 1}-")}
+                         if int(name.split("-")[1]) >= last}
+        return [self._result(step, [receipts[i] for receipts in per_task])
+                for i, step in enumerate(range(first, last + 1))]
+
+    def _result(self, step: int, receipts: list[Receipt]) -> StepResult:
+        """Step `step`'s result from its tasks' receipts (replicas checked alike)."""
         digests = {r.extra["replica_digest"] for r in receipts if "replica_digest" in r.extra}
         if len(digests) > 1:
             raise ClusterError(f"step {step}: the replicas' weights differ")
@@ -209,7 +229,7 @@ class StepEngine:
                 self.exchange.abort("the run is closing")
             except OSError:  # a full disk: the workspace's removal below tells its readers
                 pass
-        pending = [f for futures in self._submitted.values() for f in futures]
+        pending = [f for _count, futures in self._submitted.values() for f in futures]
         self._submitted, self._by_name = {}, {}
         try:
             client = self.runner.client

@@ -45,6 +45,7 @@ from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cach
                             probe_workspace_dir, worker_identity, workspace_location)
 from pipeline.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
+from pipeline.task_steps import steps_per_task
 from storage.datasets import DatasetError, open_dataset_info
 from tasks.specs import NetworkSpec
 
@@ -86,7 +87,8 @@ def _prepare_dataset(config: RunConfig) -> None:
 
 def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
                    kernel_split: list[list[int]] | None = None,
-                   batch_split: list[int] | None = None) -> Prediction:
+                   batch_split: list[int] | None = None,
+                   task_steps: int | None = None) -> Prediction:
     """The model's step for ``config`` on the probed machine (its strategy's
     `predict_run`).
 
@@ -103,15 +105,41 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
     batch_split : list of int, optional
         ``data``/``hybrid``: the samples each worker got (``summary["batch_split"]``);
         default an even split.
+    task_steps : int, optional
+        Steps per Dask task the run used (``summary["task_steps_median"]``); default
+        what ``train.steps_per_task`` gives at the predicted step
+        (pipeline/task_steps.py). The probe's per-task costs are shared out over them.
     """
     spec = network_for(config)
     if isinstance(probe, ClusterProbe) and (probe.batch != config.train.batch
                                             or probe.network_spec() != spec):
         raise ValueError("the probe was made for another network or batch")
-    prediction = strategy_named(config.strategy).predict_run(
-        config, probe, costmodel_network(spec),
-        {"kernel_split": kernel_split, "batch_split": batch_split})
-    return with_contention(prediction, probe) if isinstance(probe, ClusterProbe) else prediction
+    splits = {"kernel_split": kernel_split, "batch_split": batch_split}
+
+    def predict(on: ClusterProbe | MasterProbe) -> Prediction:
+        prediction = strategy_named(config.strategy).predict_run(
+            config, on, costmodel_network(spec), splits)
+        return with_contention(prediction, on) if isinstance(on, ClusterProbe) else prediction
+
+    prediction = predict(probe)
+    if not isinstance(probe, ClusterProbe):
+        return prediction
+    if task_steps is None:
+        task_steps = steps_per_task(config.steps_per_task(), prediction.step_time)
+    if task_steps > 1:
+        prediction = predict(per_step_task_costs(probe, task_steps))
+    return dataclasses.replace(prediction, details={**prediction.details,
+                                                    "task_steps": task_steps})
+
+
+def per_step_task_costs(probe: ClusterProbe, task_steps: int) -> ClusterProbe:
+    """The probe with its per-task Dask costs (the gap between a worker's tasks, the
+    client's CPU per task) shared out over `task_steps` steps per task: the probe
+    runs one step per task, so that is what it measured them for."""
+    dask = dataclasses.replace(probe.dask, task_s=probe.dask.task_s / task_steps,
+                               client_cpu_per_task_s=probe.dask.client_cpu_per_task_s
+                               / task_steps)
+    return dataclasses.replace(probe, dask=dask)
 
 
 def with_contention(prediction: Prediction, probe: ClusterProbe) -> Prediction:
@@ -218,7 +246,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         ``predicted_step_time`` and its band ``predicted_low``..``predicted_high``
         (:func:`band`), ``breakdown`` (seconds on the critical path:
         ``compute_critical``, ``master``, ``storage``, ``communication``,
-        ``overhead``; ``compute`` per worker), ``kernel_split``,
+        ``overhead``; ``compute`` per worker), ``kernel_split``, ``task_steps``
+        (steps per Dask task assumed; None for ``reference``),
         ``probe_key``, ``constants`` and, with a summary, ``measured_step_time``
         and ``prediction_error``; ``None`` where no probe can be had.
     """
@@ -235,15 +264,18 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         probe = probe_for_config(config, client, offered, policy)
         if probe is None:
             return None
+    task_steps = summary.get("task_steps_median")
     prediction = predict_config(config, probe, kernel_split=summary.get("kernel_split"),
-                                batch_split=summary.get("batch_split"))
+                                batch_split=summary.get("batch_split"),
+                                task_steps=int(task_steps) if task_steps else None)
     low, high = band(config, probe, prediction, summary)
     out = PointPrediction(
         strategy=config.strategy, predicted_step_time=prediction.step_time,
         predicted_low=low, predicted_high=high,
         breakdown={k: v for k, v in prediction.breakdown.items()},
         kernel_split=prediction.kernel_counts,
-        bytes_moved=prediction.details.get("bytes_moved"), probe_key=probe.key,
+        bytes_moved=prediction.details.get("bytes_moved"),
+        task_steps=prediction.details.get("task_steps"), probe_key=probe.key,
         constants=constants(probe))
     measured = summary.get("step_time_median")
     if measured:
@@ -261,7 +293,8 @@ def band(config: RunConfig, probe: ClusterProbe | MasterProbe, prediction: Predi
     kernel_split = summary.get("kernel_split") or prediction.kernel_counts
     batch_split = summary.get("batch_split") or prediction.details.get("batch_shares")
     low, high = (predict_config(config, probe.at(bound), kernel_split=kernel_split,
-                                batch_split=batch_split).step_time
+                                batch_split=batch_split,
+                                task_steps=prediction.details.get("task_steps")).step_time
                  for bound in ("low", "high"))
     return min(low, prediction.step_time), max(high, prediction.step_time)
 

@@ -43,6 +43,11 @@ class StepResult:
     loss: float
     receipts: list[Receipt]
 
+    @property
+    def finished(self) -> float:
+        """When its last task finished (epoch seconds, on the workers' clocks)."""
+        return max(r.end for r in self.receipts)
+
 
 PER_WORKER = {
     "compute_time": ("s", "compute per worker (conv forward+backward+update, the dense "
@@ -58,15 +63,17 @@ PER_WORKER = {
     "dataset_bytes": ("B", "bytes read from the dataset store"),
 }
 PER_STEP = {
-    "step_time": ("s", "wall time of the step as seen by the client (completion to "
-                  "completion; steps are submitted ahead)"),
+    "step_time": ("s", "wall time of the step, from the previous step's completion to "
+                  "its own (steps are submitted ahead; pipeline/task_steps.py)"),
     "loss": ("1", "training cross-entropy loss of the step's batch"),
     "master_time": ("s", "the dense head's compute on the master worker"),
     "wait_time": ("s", "step time the busiest worker spent not working on its own "
                   "compute, workspace I/O or dataset reads (waiting for peers, dispatch)"),
     "client_cpu_time": ("s", "CPU time of the client's process over the step: the client's "
                         "submits and collects, an embedded cluster's scheduler, and for "
-                        "`reference` the training itself"),
+                        "`reference` the training itself; a task's CPU shared out "
+                        "evenly over its steps)"),
+    "task_steps": ("1", "steps in the task that ran the step (train.steps_per_task)"),
 }
 #: name -> (key in a receipt's ``extra["memory"]``, description): maxima, not sums.
 MEMORY = {
@@ -108,9 +115,10 @@ class RunRecorder:
     memory_kinds: set[str] = field(default_factory=set)
 
     def add_step(self, result: StepResult, wall_s: float,
-                 client: MemoryPeak | None = None, client_cpu_s: float = float("nan")) -> None:
+                 client: MemoryPeak | None = None, client_cpu_s: float = float("nan"),
+                 task_steps: int = 1) -> None:
         """Add a finished step; `client` is the client process's memory peak over it,
-        `client_cpu_s` its CPU time."""
+        `client_cpu_s` its CPU time, `task_steps` the steps its task ran."""
         dense = 0.0
         if client is not None:
             self.client_memory[result.step] = float(client.rss)
@@ -136,7 +144,8 @@ class RunRecorder:
                     key = (result.step, event.layer, receipt.worker)
                     self.by_shard[key] = self.by_shard.get(key, 0.0) + busy
         self.steps[result.step] = {"step_time": wall_s, "loss": result.loss,
-                                   "master_time": dense, "client_cpu_time": client_cpu_s}
+                                   "master_time": dense, "client_cpu_time": client_cpu_s,
+                                   "task_steps": task_steps}
 
     def forget_from(self, step: int) -> None:
         """Drop the figures of steps `step`.. (lost with a worker; they will be replayed
@@ -162,6 +171,13 @@ class RunRecorder:
             self.emulated_speeds.append(worker.emulated_speed)
             self.devices.append(device)
             self.tags.append(worker.resource)
+
+    def task_steps_median(self, warmup_steps: int) -> dict[str, float]:
+        """``{"task_steps_median": ...}`` over the measured steps (as `summarize` gives
+        it), for the model to price the tasks the run ran; {} before any step."""
+        steps = sorted(self.steps)
+        counts = [self.steps[s]["task_steps"] for s in steps[warmup_steps:] or steps]
+        return {"task_steps_median": float(np.median(counts))} if counts else {}
 
     def to_dataset(self, attrs: dict) -> xr.Dataset:
         steps = sorted(self.steps)
@@ -262,11 +278,20 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
         "wait_time_median": float(tail.wait_time.median()),
         "master_time_median": float(tail.master_time.median()),
         **client_cpu_summary(tail),
+        # steps per Dask task (train.steps_per_task); older records lack it
+        **({"task_steps_median": float(tail.task_steps.median())} if "task_steps" in tail
+           else {}),
         "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
         # where a step's time goes along its critical worker (pipeline/step_breakdown.py)
         "critical_breakdown": record_breakdown(ds, warmup_steps),
         **memory_summary(ds),
     }
+
+
+def _task_steps(summary: dict) -> str:
+    """", N steps per task" where a run's tasks held several steps."""
+    steps = summary.get("task_steps_median")
+    return f", {steps:g} steps per task (median)" if steps and steps > 1 else ""
 
 
 def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) -> str:
@@ -283,7 +308,8 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
         *([f"  client      {summary['client_cpu_per_step'] * 1e3:.1f} ms CPU per step "
            f"({summary['client_core_share']:.0%} of a core: the client and an embedded "
-           "scheduler)"] if summary.get("client_cpu_per_step") is not None else []),
+           f"scheduler){_task_steps(summary)}"]
+          if summary.get("client_cpu_per_step") is not None else []),
         *(["  critical    " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in
                                           summary["critical_breakdown"].items())
            + " (medians along each step's critical worker)"]

@@ -40,6 +40,7 @@ class ReferenceTrainer:
         self.optimizer: torch.optim.SGD | None = None
         self.loss_fn = nn.CrossEntropyLoss()
         self.devices = ["cpu"]
+        self._submitted: dict[int, int] = {}  # first step -> steps
 
     def start(self, from_step: int) -> None:
         configure_process(self.config.reference.threads)
@@ -51,10 +52,16 @@ class ReferenceTrainer:
                          checkpoints.read_tensors(path, from_step, "momentum"))
         release_freed_memory()  # as a worker does after loading (tasks/step_task.py)
 
-    def submit(self, step: int) -> None:
-        """Nothing to queue: `collect` runs the step."""
+    def submit(self, first: int, count: int) -> None:
+        """Nothing to queue: `collect` runs the steps."""
+        self._submitted[first] = count
 
-    def collect(self, step: int) -> StepResult:
+    def collect(self, first: int) -> list[StepResult]:
+        """Run the steps submitted from `first`, one after the other."""
+        count = self._submitted.pop(first)
+        return [self._step(step) for step in range(first, first + count)]
+
+    def _step(self, step: int) -> StepResult:
         assert self.model is not None and self.optimizer is not None
         indices = step_indices(self.config.train.seed, step, self.config.train.batch,
                                self.train_samples)

@@ -210,7 +210,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         changed = bool(history.recoveries or history.joins)
         used = {"split_workers": json.loads(attrs["split_workers"])} \
             if "split_workers" in attrs else {}
-        prediction = predict_run(config, {**split, **used}, client, offered, changed)
+        prediction = predict_run(config, {**split, **used, **recorder.task_steps_median(
+            config.train.warmup_steps)}, client, offered, changed)
     accuracy = None
     if config.train.eval_samples:
         samples = min(config.train.eval_samples, info.test_samples)

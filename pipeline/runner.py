@@ -162,23 +162,24 @@ class StallWatch:
     """How long a run may go without progress before its busy workers are probed.
 
     A fixed number of seconds, None (never), or "auto": `STALL_STEPS` times the median
-    of the last 101 measured steps, at least `STALL_FLOOR_S` (a step's time varies
-    with the machine's load; a stall is a worker gone silent, not a slow step).
+    of the last 101 collected tasks (each of one or more steps: progress is seen when
+    one finishes), at least `STALL_FLOOR_S` (a step's time varies with the machine's
+    load; a stall is a worker gone silent, not a slow step).
     """
 
     def __init__(self, setting: float | None | Literal["auto"]) -> None:
         self.setting = setting
-        self.steps: deque[float] = deque(maxlen=101)
+        self.tasks: deque[float] = deque(maxlen=101)
 
-    def step_took(self, seconds: float) -> None:
-        self.steps.append(seconds)
+    def task_took(self, seconds: float) -> None:
+        self.tasks.append(seconds)
 
     def limit(self) -> float | None:
         if self.setting != "auto":
             return None if self.setting is None else float(self.setting)
-        if not self.steps:
+        if not self.tasks:
             return FIRST_STALL_S
-        return max(STALL_FLOOR_S, STALL_STEPS * statistics.median(self.steps))
+        return max(STALL_FLOOR_S, STALL_STEPS * statistics.median(self.tasks))
 
 
 class TaskRunner:

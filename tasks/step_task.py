@@ -1,14 +1,14 @@
-"""The tasks a run submits to a worker: load its work, run ops of a step, save, release.
+"""The tasks a run submits to a worker: load its work, run steps' ops, save, release.
 
-`init_run` loads this worker's work from a checkpoint onto its device
-(kernel shards and the head, a replica, or a replica's conv layers and dense
-slices) and keeps it on the worker; `run_ops` runs ops of one step, in the order
-the step graph gave them; `save_run` writes the worker's work into a checkpoint;
-`release_run` forgets the run. Each `run_ops` also reports the most memory its
-process held while it ran (tasks/memory.py). What each of these means for a strategy is in the
-`WorkerSide` the client hands over with the layout (tasks/run_state.py; the
-project's own are in tasks/kernel_ops.py, data_ops.py and hybrid_ops.py). A task
-returns only a `Receipt`; tensors never pass through Dask.
+`init_run` loads this worker's work from a checkpoint onto its device (kernel
+shards and the head, a replica, or a replica's conv layers and dense slices) and
+keeps it on the worker; `run_ops` runs ops of one or more consecutive steps, in the
+order the step graph gave them; `save_run` writes the worker's work into a
+checkpoint; `release_run` forgets the run. Each step's receipt also reports the
+most memory its process held while it ran (tasks/memory.py). What each of these
+means for a strategy is in the `WorkerSide` the client hands over with the layout
+(tasks/run_state.py; the project's own are in tasks/kernel_ops.py, data_ops.py and
+hybrid_ops.py). A task returns only receipts; tensors never pass through Dask.
 """
 
 from __future__ import annotations
@@ -51,11 +51,22 @@ def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: Ne
     return receipt
 
 
-def run_ops(run_id: str, step: int, ops: tuple[StepOp, ...], indices: np.ndarray,
-            task: str = "", deps: tuple = ()) -> Receipt:
-    """Run `ops` of `step` on this worker; `deps` only orders the task (Dask waits)."""
+def run_ops(run_id: str, steps: tuple[int, ...], ops: tuple[StepOp, ...],
+            indices: list[np.ndarray], tasks: tuple[str, ...], deps: tuple = ()
+            ) -> list[Receipt]:
+    """Run `ops` of each of `steps` in turn on this worker (`indices`: each step's
+    batch rows; `tasks`: each step's task name, for its receipt): one receipt per
+    step. Several steps in one task pay Dask's per-task costs once
+    (pipeline/task_steps.py). `deps` only orders the task (Dask waits)."""
     prepare_thread()
     run: RunState = get_run(run_id)
+    return [_run_step(run, step, ops, rows, task)
+            for step, rows, task in zip(steps, indices, tasks, strict=True)]
+
+
+def _run_step(run: RunState, step: int, ops: tuple[StepOp, ...], indices: np.ndarray,
+              task: str) -> Receipt:
+    """Run `ops` of `step`; its receipt, with the most memory held while they ran."""
     run.check_order(step, ops)
     check_link_mounts()  # a linked worker whose mount went would bypass its link
     receipt = Receipt(task, run.profile.name, step, time.time())

@@ -215,6 +215,7 @@ def test_a_key_written_twice_is_refused(key, data):
 
 # Numbers out of range, with the interval each field accepts.
 INTS_BELOW = {"train.steps": 1, "train.batch": 1, "train.inflight": 1, "train.seed": 0,
+              "train.steps_per_task": 1,
               "train.warmup_steps": 0, "train.checkpoint_every": 0, "train.eval_samples": 0,
               "network.conv.0.kernels": 1, "network.conv.1.size": 1, "network.conv.0.pool": 1,
               "network.conv.1.padding": 0, "network.classes": 1, "cluster.workers": 1,

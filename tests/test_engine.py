@@ -109,14 +109,21 @@ def test_a_master_holding_no_kernels_trains_exactly(tmp_path, three_worker_clust
 def test_every_way_of_running_the_graph_gives_identical_weights(
         tmp_path, three_worker_cluster, tiny_dataset_factory):
     """The same ops in the same order: bit for bit, whoever orders them (ready markers
-    or Dask dependencies) and however many steps are in flight."""
+    or Dask dependencies), however many steps are in flight and however many steps a
+    task runs (a task never runs past a checkpoint: saves after steps 2 and 4)."""
     dataset = tiny_dataset_factory("float32")
     common = {"cluster.use_workers": 3, "train.checkpoint_every": 2}
     base, _ = _run(tmp_path / "base", three_worker_cluster, dataset, **common)
     variants = {"scheduler": {"workspace.sync": "scheduler"}, "inflight-1": {"train.inflight": 1},
-                "inflight-4": {"train.inflight": 4}}
+                "inflight-4": {"train.inflight": 4},
+                "step-per-task": {"train.steps_per_task": 1},
+                "3-steps-per-task": {"train.steps_per_task": 3, "train.inflight": 1}}
+    task_steps = {"scheduler": [1] * 5, "step-per-task": [1] * 5,
+                  "3-steps-per-task": [2, 2, 2, 2, 1]}
     for name, variant in variants.items():
         other, result = _run(tmp_path / name, three_worker_cluster, dataset, **common, **variant)
+        if name in task_steps:
+            assert result.record.task_steps.values.tolist() == task_steps[name], name
         for step in (2, 4, 5):
             for kind in ("weights", "momentum"):
                 a = checkpoints.read_tensors(base.checkpoint_path, step, kind)

@@ -19,8 +19,8 @@ import pytest
 
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import ClientLoad, contended_step
-from pipeline.prediction import (PointPrediction, network_for, predict_config, predict_point,
-                                 with_contention)
+from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
+                                 predict_config, predict_point, with_contention)
 from pipeline.cluster import find_workers, register_setup
 from pipeline.model_placement import choose_split
 from pipeline.placement import align_to_quanta
@@ -32,6 +32,7 @@ from pipeline.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named
 from pipeline.strategy_choice import pick
+from pipeline.task_steps import steps_per_task
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 
@@ -352,3 +353,25 @@ def test_the_clients_share_of_the_cores_is_added_only_where_the_workers_fill_the
     assert with_contention(one, probe) is one  # a core left for the client
     four_cores = dataclasses.replace(probe, dask=dataclasses.replace(here, host_cores=4))
     assert with_contention(plain, four_cores) is plain
+
+
+@pytest.mark.parametrize("strategy, workers", [("single", 1), ("kernel", 2), ("data", 2)])
+def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_dataset_factory,
+                                                     tmp_path, strategy, workers):
+    """The probe prices a task per step; a run of four steps per task pays a worker's
+    gap between tasks once per four steps, and `auto` sizes tasks to about a second
+    by the predicted step (pipeline/task_steps.py)."""
+    _, cluster = two_workers
+    config = _config(tmp_path, tiny_dataset_factory("float32"), cluster, strategy=strategy)
+    config.cluster.use_workers = workers
+    one = predict_config(config, probe, task_steps=1)
+    four = predict_config(config, probe, task_steps=4)
+    assert (one.details["task_steps"], four.details["task_steps"]) == (1, 4)
+    saved = one.breakdown["overhead"] - four.breakdown["overhead"]
+    assert saved == pytest.approx(0.75 * probe.dask.task_s, rel=1e-6)
+    assert four.step_time < one.step_time
+    shared = per_step_task_costs(probe, 4).dask
+    assert shared.task_s == probe.dask.task_s / 4
+    assert shared.client_cpu_per_task_s == probe.dask.client_cpu_per_task_s / 4
+    auto = predict_config(config, probe)
+    assert auto.details["task_steps"] == steps_per_task("auto", one.step_time) > 1

@@ -190,10 +190,10 @@ def test_stall_limit_follows_the_median_step():
     watch = StallWatch("auto")
     assert watch.limit() == 120.0
     for seconds in [0.05] * 50 + [9.0]:  # one slow step does not move the median
-        watch.step_took(seconds)
+        watch.task_took(seconds)
     assert watch.limit() == 30.0
     for _ in range(60):
-        watch.step_took(5.0)
+        watch.task_took(5.0)
     assert watch.limit() == 50.0
     assert StallWatch(4.0).limit() == 4.0 and StallWatch(None).limit() is None
 

@@ -271,7 +271,7 @@ class PlanEngines:
             while submitted < min(step + ahead, first + steps):
                 engine.submit(submitted)
                 submitted += 1
-            result = engine.collect(step)
+            [result] = engine.collect(step)  # one step per task: what the probe prices
             if not np.isfinite(result.loss):
                 raise FloatingPointError(f"a calibration run diverged at step {step}")
             if step >= first + warmup:

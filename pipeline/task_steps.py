@@ -1,0 +1,74 @@
+"""How many steps one Dask task runs, and each step's time within such a task.
+
+Pure functions, no cluster. Every Dask task costs the same whatever it does: the
+client's process (which hosts an embedded cluster's scheduler) spends 3.5-5 ms of
+CPU per task here, and a worker a few ms between tasks (docs/benchmarks.md, "Where
+the step time goes"). At one task per worker and step, on two cores that two
+single-thread workers fill, that CPU comes out of a worker's time, and its peers
+wait for it at the next exchange. So a worker's task runs several consecutive steps
+(``train.steps_per_task``): the same ops in the same order, so the same arithmetic,
+with the per-task costs paid once per task.
+
+``auto`` sizes a task to last about `TASK_SECONDS` by the steps measured so far
+(one step per task until a step is measured, at most `MAX_STEPS_PER_TASK`): long
+enough that the per-task costs vanish, short enough that the progress bar, the
+stall watch and a worker-loss recovery still see the run move every second or so.
+A task never runs past the next checkpoint, nor past the run's last step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Literal, Sequence
+
+#: ``auto``: the seconds one task aims to last.
+TASK_SECONDS = 1.0
+#: ``auto``: the most steps one task runs.
+MAX_STEPS_PER_TASK = 32
+
+StepsPerTask = int | Literal["auto"]
+
+
+def steps_per_task(setting: StepsPerTask, step_s: float | None) -> int:
+    """Steps per task for `setting` at a step of `step_s` seconds (None: not known
+    yet); an integer setting is taken as it is."""
+    if setting != "auto":
+        return int(setting)
+    if step_s is None or not math.isfinite(step_s) or step_s <= 0:
+        return 1
+    return max(1, min(MAX_STEPS_PER_TASK, int(TASK_SECONDS / step_s)))
+
+
+def next_task_steps(start: int, stop: int, setting: StepsPerTask,
+                    measured: Sequence[float]) -> int:
+    """How many steps the task that starts at step `start` runs, ending by step `stop`
+    (the next checkpoint or the run's end). `measured`: the step times so far; their
+    median sizes an ``auto`` task, the run's first step (a warm-up) left out once
+    another is known."""
+    if stop <= start:
+        raise ValueError(f"no steps between {start} and {stop}")
+    steady = list(measured[1:]) or list(measured)
+    step_s = statistics.median(steady) if steady else None
+    return min(stop - start, steps_per_task(setting, step_s))
+
+
+def step_times(ends: Sequence[float], previous_end: float | None, wall_s: float) -> list[float]:
+    """Each step's time in one task's run of steps.
+
+    `ends`: when each step finished (its last task's end, on the workers' clocks);
+    `previous_end`: when the step before finished, if it ran in the task before on
+    the same workers without a checkpoint between; `wall_s`: the client's time from
+    the previous task's collection (or the checkpoint's end) to this one's.
+
+    A step's time runs from the previous step's end to its own. Without a previous
+    end, the first step gets the client's time less what the task's other steps
+    took, so that the steps add up to what the client waited.
+    """
+    if not ends:
+        return []
+    if previous_end is None:
+        first = max(0.0, wall_s - (ends[-1] - ends[0]))
+    else:
+        first = ends[0] - previous_end
+    return [first] + [b - a for a, b in zip(ends, ends[1:])]
