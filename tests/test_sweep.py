@@ -25,10 +25,11 @@ from experiments.results import DONE, FAILED, SKIPPED, ResultStore, SweepLock, b
 from experiments.speedup import compute_speedup
 from experiments.summary import format_table, summary_table
 from experiments.sweep_axes import value_label
+from experiments.scaling_config import load_scaling_sweep
 from experiments.sweep_config import load_sweep
 from experiments.sweep_points import run_order
 from experiments.sweep_run import run_sweep
-from pipeline.schema import ConfigError
+from pipeline.schema import ConfigError, load_yaml
 from pipeline.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from tests.helpers import run_main
@@ -389,3 +390,17 @@ def test_the_table_puts_the_computes_error_beside_the_steps():
     assert lines[1].split()[-2:] == ["+43%", "+50%"]
     assert lines[2].split()[-2:] == ["+0%", "-"]
     assert "compute err" not in format_table(table.drop(columns="compute_error"))
+
+
+SHIPPED = os.path.join(ROOT, "experiments", "configs")
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(SHIPPED) if f.endswith(".yaml")))
+def test_every_shipped_sweep_config_expands_into_valid_points(name, tmp_path):
+    """The configs the README and docs/benchmarks.md give commands for stay valid as
+    the run config's fields change (every point is checked as a run config)."""
+    path = os.path.join(SHIPPED, name)
+    if load_yaml(path).get("mode") == "scaling":
+        assert load_scaling_sweep(path).points
+    else:
+        assert load_sweep(path, out=str(tmp_path / "results.zarr")).points
