@@ -20,7 +20,7 @@ In a sweep file::
       link: {gbps: 10, latency_us: 10}          # every device's link (Hockney)
       store: null                 # kernel: null = direct transfers over the links,
                                   # or {gbps: 40, latency_us: 100} for a shared store
-      dask: null                  # kernel: {task_ms, sync_ms, hop_ms} (see DaskOverhead)
+      dask: null                  # kernel: {task_ms, sync_ms, hop_ms, steps_per_task} (DaskOverhead)
 
 Why presets carry their sources: a predicted speedup is only as good as the rates
 behind it, and a reader of a results store must be able to tell what "gpu" meant
@@ -145,6 +145,9 @@ class DaskConfig:
     task_ms: float = 0.0  # gap between a worker's queued tasks
     sync_ms: float = 0.0  # a ready marker to its reader (sync: markers)
     hop_ms: float = 0.0  # a Dask dependency (sync: scheduler)
+    # consecutive steps one task runs (train.steps_per_task): the gap is paid once
+    # per this many steps (pipeline/task_steps.py)
+    steps_per_task: int = 1
 
 
 @dataclass
@@ -224,6 +227,9 @@ def check_hardware(hw: HardwareConfig, where: str = "hardware") -> None:
     if hw.dask is not None:
         for attr in ("task_ms", "sync_ms", "hop_ms"):
             _not_negative(f"{where}.dask.{attr}", getattr(hw.dask, attr))
+        if hw.dask.steps_per_task < 1:
+            raise ConfigError(f"{where}.dask.steps_per_task: expected at least 1 step, got "
+                              f"{hw.dask.steps_per_task}")
 
 
 # Conversion to the cost model ---------------------------------------------------------
@@ -288,8 +294,8 @@ def store_spec(store: StoreConfig | None) -> StoreSpec | None:
 
 
 def overhead_spec(dask: DaskConfig | None) -> DaskOverhead | None:
-    """Per-step Dask costs, or None for none."""
+    """Per-step Dask costs, or None for none (the task gap shared over a task's steps)."""
     if dask is None:
         return None
-    return DaskOverhead(task=dask.task_ms * 1e-3, sync=dask.sync_ms * 1e-3,
-                        hop=dask.hop_ms * 1e-3)
+    return DaskOverhead(task=dask.task_ms * 1e-3 / dask.steps_per_task,
+                        sync=dask.sync_ms * 1e-3, hop=dask.hop_ms * 1e-3)

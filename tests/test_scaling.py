@@ -24,7 +24,7 @@ from experiments import sweep as sweep_cli
 from experiments.results import DONE, FAILED
 from experiments.scaling import Infeasible, evaluate_point
 from experiments.scaling_config import build_point, load_scaling_sweep, network_of
-from experiments.hardware import device_spec, link_spec
+from experiments.hardware import DaskConfig, device_spec, link_spec, overhead_spec
 from experiments.sweep_axes import value_label
 from pipeline.costmodel import predict
 from pipeline.strategies import STRATEGIES
@@ -211,6 +211,8 @@ def test_mix_axis_and_dry_run(tmp_path, capsys):
     ({}, {"hardware": {"devices": 2, "kinds": {"fast": {"flops": 1e12}}}},
      ["hardware.kinds.fast", "unknown preset 'fast'", "preset:"]),
     ({"strategy": ["kernel", "magic"]}, None, ["strategy", "'magic'"]),
+    ({}, {"hardware": {"devices": 2, "dask": {"task_ms": 3, "steps_per_task": 0}}},
+     ["hardware.dask.steps_per_task", "at least 1"]),
     ({}, {"network": {"preset": "alexnet", "conv": [{"kernels": 4}]}},
      ["network.conv", "either network.preset or conv layers"]),
 ])
@@ -244,3 +246,13 @@ def test_a_model_error_is_recorded_and_exits_1(tmp_path, monkeypatch, capsys):
     ds = open_clean(store)
     assert (ds.status.sel(strategy="data") == DONE).all()
     assert (ds.failure.sel(strategy="hybrid") == "ValueError: no model for this").all()
+
+
+def test_the_task_gap_is_paid_once_per_task_of_steps():
+    """hardware.dask.steps_per_task: the engine's tasks run several steps
+    (train.steps_per_task), so the gap between a worker's tasks is shared out."""
+    one = overhead_spec(DaskConfig(task_ms=3.0, sync_ms=0.5, hop_ms=20.0))
+    ten = overhead_spec(DaskConfig(task_ms=3.0, sync_ms=0.5, hop_ms=20.0, steps_per_task=10))
+    assert one.task == pytest.approx(3e-3) and ten.task == pytest.approx(3e-4)
+    assert (ten.sync, ten.hop) == (one.sync, one.hop)  # per exchange, not per task
+    assert overhead_spec(None) is None
