@@ -32,6 +32,7 @@ from pipeline.records import StepResult
 from pipeline.runner import StallWatch, TaskRunner
 from pipeline.sampler import step_indices
 from pipeline.step_graph import step_tasks
+from pipeline.task_steps import steps_label
 from storage import checkpoints
 from storage.exchange import (Exchange, SlotSpec, create_exchange, remove_exchange,
                               remove_root_if_empty, remove_stale_exchanges)
@@ -148,12 +149,12 @@ class StepEngine:
             same = [tasks[position] for tasks in per_step]  # this task in every step
             name = task.name if count == 1 else f"steps-{first}-{steps[-1]}-w{task.worker}"
             deps = [self._by_name[dep] for dep in task.deps]
-            shown = f"step {first}" if count == 1 else f"steps {first}-{steps[-1]}"
             future = self.runner.submit(step_task.run_ops, task.worker, self.run_id,
                                         tuple(steps), task.ops, indices,
                                         tuple(t.name for t in same), deps=deps, name=name,
                                         priority=task.priority,
-                                        doing=f"{shown} ({' '.join(map(str, task.ops))})")
+                                        doing=f"{steps_label(first, count)} "
+                                              f"({' '.join(map(str, task.ops))})")
             self._by_name[task.name] = future
             futures.append(future)
         self._submitted[first] = (count, futures)
@@ -162,8 +163,7 @@ class StepEngine:
         """Wait for the steps submitted from step `first`; each one's loss and receipts."""
         count, futures = self._submitted.pop(first)
         last = first + count - 1
-        shown = f"step {first}" if count == 1 else f"steps {first}-{last}"
-        per_task: list[list[Receipt]] = self.runner.gather(futures, shown)
+        per_task: list[list[Receipt]] = self.runner.gather(futures, steps_label(first, count))
         now = time.perf_counter()
         self.watch.task_took(now - self._last_collect)
         self._last_collect = now

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from pipeline.checkpointing import save_checkpoint
 from pipeline.config import RunConfig
 from pipeline.records import RunRecorder, StepResult
-from pipeline.task_steps import next_task_steps, step_times
+from pipeline.task_steps import next_task_steps, step_times, steps_label
 from pipeline.trace import ClientEvent
 from tasks.memory import read_peak, reset_peak
 
@@ -78,12 +78,12 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
         cpu_start = time.process_time()  # the client's CPU (and an embedded scheduler's)
         while len(in_flight) < ahead and submitted < next_save:
             count = next_task_steps(submitted, next_save, setting, measured)
-            with _client_event(client_events, f"submit steps {submitted}+{count}"):
+            with _client_event(client_events, f"submit {steps_label(submitted, count)}"):
                 trainer.submit(submitted, count)
             in_flight.append(range(submitted, submitted + count))
             submitted += count
         task = in_flight.popleft()
-        with _client_event(client_events, f"collect steps {task.start}+{len(task)}"):
+        with _client_event(client_events, f"collect {steps_label(task.start, len(task))}"):
             results = trainer.collect(task.start)
         now = time.perf_counter()
         times = step_times([r.finished for r in results], previous_end, now - last_end)

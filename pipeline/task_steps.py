@@ -53,6 +53,11 @@ def next_task_steps(start: int, stop: int, setting: StepsPerTask,
     return min(stop - start, steps_per_task(setting, step_s))
 
 
+def steps_label(first: int, count: int) -> str:
+    """How messages and the trace name a task's steps: "step 4", "steps 4-13"."""
+    return f"step {first}" if count == 1 else f"steps {first}-{first + count - 1}"
+
+
 def step_times(ends: Sequence[float], previous_end: float | None, wall_s: float) -> list[float]:
     """Each step's time in one task's run of steps.
 

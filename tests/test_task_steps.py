@@ -4,7 +4,7 @@ pure."""
 import pytest
 
 from pipeline.task_steps import (MAX_STEPS_PER_TASK, TASK_SECONDS, next_task_steps,
-                                 step_times, steps_per_task)
+                                 step_times, steps_label, steps_per_task)
 
 
 def test_auto_sizes_a_task_to_about_a_second_within_its_bounds():
@@ -41,3 +41,7 @@ def test_the_first_step_after_a_checkpoint_takes_the_clients_time_less_the_other
     assert sum(times) == pytest.approx(0.9)  # the steps add up to what the client waited
     assert step_times([10.3, 10.5], None, wall_s=0.1)[0] == 0.0  # never below zero
     assert step_times([], None, 1.0) == []
+
+
+def test_a_task_is_named_by_its_steps():
+    assert steps_label(4, 1) == "step 4" and steps_label(4, 10) == "steps 4-13"
