@@ -20,7 +20,7 @@ from tqdm import tqdm
 from pipeline.checkpointing import save_checkpoint
 from pipeline.config import RunConfig
 from pipeline.records import RunRecorder, StepResult
-from pipeline.task_steps import next_task_steps, step_times, steps_label
+from pipeline.task_steps import StepClock, next_task_steps, step_times, steps_label
 from pipeline.trace import ClientEvent
 from tasks.memory import read_peak, reset_peak
 
@@ -68,7 +68,7 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
     trainer.show_waits(lambda note: bar.set_postfix_str(note, refresh=True))
     saves = sorted(s for s in config.checkpoint_steps() if s > from_step)
     in_flight: deque[range] = deque()
-    measured: list[float] = []  # this loop's step times, which size `auto` tasks
+    clock = StepClock()  # the step times that size `auto` tasks
     submitted, last_save, last_end = from_step, from_step, time.perf_counter()
     previous_end: float | None = None  # when the last collected step finished (workers)
     step = from_step
@@ -77,7 +77,7 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
         kind = reset_peak()  # the client's own peak over this task's submits and collect
         cpu_start = time.process_time()  # the client's CPU (and an embedded scheduler's)
         while len(in_flight) < ahead and submitted < next_save:
-            count = next_task_steps(submitted, next_save, setting, measured)
+            count = next_task_steps(submitted, next_save, setting, clock.steps())
             with _client_event(client_events, f"submit {steps_label(submitted, count)}"):
                 trainer.submit(submitted, count)
             in_flight.append(range(submitted, submitted + count))
@@ -93,7 +93,7 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
             if not np.isfinite(result.loss):
                 raise FloatingPointError(
                     f"training diverged at step {result.step}: loss is {result.loss}")
-        measured += times
+        clock.add(times)
         last_end, previous_end, step = now, results[-1].finished, task.stop
         if step == next_save:
             with _client_event(client_events, f"checkpoint {step}"):

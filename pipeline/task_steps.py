@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from typing import Literal, Sequence
 
 #: ``auto``: the seconds one task aims to last.
 TASK_SECONDS = 1.0
 #: ``auto``: the most steps one task runs.
 MAX_STEPS_PER_TASK = 32
+#: ``auto``: how many of the latest step times size the next task.
+RECENT_STEPS = 101
 
 StepsPerTask = int | Literal["auto"]
 
@@ -43,14 +46,29 @@ def steps_per_task(setting: StepsPerTask, step_s: float | None) -> int:
 def next_task_steps(start: int, stop: int, setting: StepsPerTask,
                     measured: Sequence[float]) -> int:
     """How many steps the task that starts at step `start` runs, ending by step `stop`
-    (the next checkpoint or the run's end). `measured`: the step times so far; their
-    median sizes an ``auto`` task, the run's first step (a warm-up) left out once
-    another is known."""
+    (the next checkpoint or the run's end). `measured`: recent step times (`StepClock`
+    keeps them), whose median sizes an ``auto`` task."""
     if stop <= start:
         raise ValueError(f"no steps between {start} and {stop}")
-    steady = list(measured[1:]) or list(measured)
-    step_s = statistics.median(steady) if steady else None
+    step_s = statistics.median(measured) if measured else None
     return min(stop - start, steps_per_task(setting, step_s))
+
+
+class StepClock:
+    """The step times that size ``auto`` tasks: the last `RECENT_STEPS`, the loop's
+    first step (a warm-up: allocation, the first task's start) only until another is
+    known."""
+
+    def __init__(self) -> None:
+        self.first: list[float] = []
+        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
+
+    def add(self, times: Sequence[float]) -> None:
+        for seconds in times:
+            (self.recent if self.first else self.first).append(seconds)
+
+    def steps(self) -> Sequence[float]:
+        return self.recent or self.first
 
 
 def steps_label(first: int, count: int) -> str:

@@ -3,8 +3,8 @@ pure."""
 
 import pytest
 
-from pipeline.task_steps import (MAX_STEPS_PER_TASK, TASK_SECONDS, next_task_steps,
-                                 step_times, steps_label, steps_per_task)
+from pipeline.task_steps import (MAX_STEPS_PER_TASK, RECENT_STEPS, TASK_SECONDS, StepClock,
+                                 next_task_steps, step_times, steps_label, steps_per_task)
 
 
 def test_auto_sizes_a_task_to_about_a_second_within_its_bounds():
@@ -21,12 +21,18 @@ def test_a_task_stops_at_the_next_checkpoint_and_sizes_by_the_steady_steps():
     assert next_task_steps(0, 20, 4, []) == 4
     assert next_task_steps(18, 20, 4, []) == 2  # the checkpoint after step 19 cuts it
     assert next_task_steps(0, 20, "auto", []) == 1
-    # the first step (a warm-up) sizes tasks only until another is measured
-    assert next_task_steps(1, 100, "auto", [2.0]) == 1
-    assert next_task_steps(2, 100, "auto", [2.0, 0.1]) == 10
-    assert next_task_steps(5, 100, "auto", [2.0, 0.1, 0.1, 0.3, 0.1]) == 10  # the median
+    assert next_task_steps(5, 100, "auto", [0.1, 0.1, 0.3, 0.1]) == 10  # the median
     with pytest.raises(ValueError, match="no steps"):
         next_task_steps(20, 20, 4, [])
+    # the loop's first step (a warm-up) counts only until another is measured
+    clock = StepClock()
+    assert list(clock.steps()) == []
+    clock.add([2.0])
+    assert list(clock.steps()) == [2.0]
+    clock.add([0.1, 0.2])
+    assert list(clock.steps()) == [0.1, 0.2]
+    clock.add([0.1] * (RECENT_STEPS + 5))  # a long run keeps only the latest
+    assert list(clock.steps()) == [0.1] * RECENT_STEPS
 
 
 def test_steps_after_a_step_of_the_same_workers_run_from_its_end():
