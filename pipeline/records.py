@@ -72,7 +72,7 @@ PER_STEP = {
     "client_cpu_time": ("s", "CPU time of the client's process over the step: the client's "
                         "submits and collects, an embedded cluster's scheduler, and for "
                         "`reference` the training itself; a task's CPU shared out "
-                        "evenly over its steps)"),
+                        "evenly over its steps"),
     "task_steps": ("1", "steps in the task that ran the step (train.steps_per_task)"),
 }
 #: name -> (key in a receipt's ``extra["memory"]``, description): maxima, not sums.
