@@ -1,8 +1,9 @@
 """Probing a cluster for the cost model, and keeping probes as JSON files.
 
 A probe costs seconds for the small network and a minute or two for the paper's,
-so `cached_probe` keeps them keyed by everything that changes the figures: host,
-torch version, network shapes, batch, per-layer channel quanta, dtype, the worker
+so `cached_probe` keeps them keyed by everything that changes the figures: the
+machine (host name, CPU model, usable cores, torch's instruction set, GPU models:
+pipeline/probe/machine.py), torch version, network shapes, batch, per-layer channel quanta, dtype, the worker
 set (names, threads, emulated speeds, resource tag), workspace location and
 dataset. The cache directory is ``$CNN_PROBE_CACHE`` or ``~/.cache/dask-cnn/probes``;
 delete a file (or pass ``refresh=True``) to measure again, e.g. after the
@@ -16,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -28,6 +28,7 @@ import torch
 from pipeline.cluster import ClusterWorker, all_local, scheduler_in_process, usable_cores
 from pipeline.config import RunConfig, shm_workspace_root
 from pipeline.probe.hops import probe_hops
+from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
@@ -42,7 +43,7 @@ from tasks.specs import NetworkSpec
 def probe_key(network: NetworkSpec, batch: int, quanta: Sequence[int], workers: Sequence[Any],
               workspace: str, dataset: str | None, extra: str = "") -> str:
     """Cache key: everything that changes the probe's figures (see the module doc)."""
-    identity = {"version": PROBE_VERSION, "host": socket.gethostname(),
+    identity = {"version": PROBE_VERSION, "machine": machine_identity(),
                 "network": asdict(network), "batch": batch, "quanta": list(quanta),
                 "workers": [list(w) for w in workers], "workspace": workspace,
                 "dataset": os.path.abspath(dataset) if dataset else None, "extra": extra,
@@ -147,7 +148,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
     plain = json.loads(json.dumps(asdict(network)))  # as it comes back from the cache
     done = time.perf_counter()
-    return ClusterProbe(key, time.time(), socket.gethostname(), plain, batch, list(quanta),
+    return ClusterProbe(key, time.time(), machine_identity(), plain, batch, list(quanta),
                         workers, store, dask, master, done - started,
                         {"runs": ran - started, "hops": done - ran, "timed_again": again})
 

@@ -183,7 +183,7 @@ class ClusterProbe:
 
     key: str
     created: float
-    host: str
+    host: str  # the machine measured (pipeline/probe/machine.py: name, CPU, cores, ...)
     network: dict[str, Any]
     batch: int
     quanta: list[int]
