@@ -16,7 +16,9 @@ that peak less what a bare process that has imported the run's libraries holds.
 from __future__ import annotations
 
 import json
+import os
 import platform
+import subprocess
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -402,6 +404,20 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
                      f"{with_it[best]:.3g} s/step)")
         lines.append(line)
     return lines
+
+
+def code_revision() -> str:
+    """The git revision of this code, '-dirty' if tracked files have changed: a figure
+    from an uncommitted tree says so."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return revision + ("-dirty" if dirty.strip() else "")
 
 
 def software_versions() -> dict[str, str]:

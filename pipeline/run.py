@@ -15,7 +15,6 @@ import contextlib
 import functools
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -40,8 +39,9 @@ from pipeline.outputs import owned_output
 from pipeline.prediction import predict_point
 from pipeline.preflight import check_run
 from pipeline.recovery import History, split_of, train_with_recovery
-from pipeline.records import (RunRecorder, jsonable, left_out_lines, link_attrs,
-                              software_versions, summarize)
+from pipeline.probe.machine import machine_identity
+from pipeline.records import (RunRecorder, code_revision, jsonable, left_out_lines,
+                              link_attrs, software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
@@ -64,15 +64,6 @@ class RunResult:
     summary: dict[str, Any]
     record: xr.Dataset
     output_dir: str
-
-
-def code_revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=os.path.dirname(__file__)
-                              ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def build_engine(client: Client, config: RunConfig, strategy: Strategy, network: NetworkSpec,
@@ -148,6 +139,7 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                              "config": yaml.safe_dump(to_dict(config), sort_keys=False),
                              "dataset": info.path, "dataset_source": info.source,
                              "versions": jsonable(software_versions()),
+                             "machine": machine_identity(),
                              "code_revision": code_revision(), "resumed_from_step": from_step}
     client_events: list[ClientEvent] = []
     history = History()

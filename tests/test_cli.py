@@ -11,6 +11,7 @@ import time
 import pytest
 import xarray as xr
 
+from pipeline.probe.machine import machine_identity
 from tests.helpers import error_lines_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -195,3 +196,5 @@ def test_trains_from_a_cifar10_archive(tmp_path):
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert record.attrs["dataset_source"].endswith("cifar-10-python.tar.gz")
     assert record.sizes["step"] == 2
+    # which machine gave the figures (its CPU, not only its name: pipeline/probe/machine.py)
+    assert record.attrs["machine"] == machine_identity()
