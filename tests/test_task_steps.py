@@ -1,10 +1,14 @@
 """How many steps a task runs, and each step's time within it (pipeline/task_steps.py):
-pure."""
+pure; and the training loop that applies them, over a fake trainer."""
 
 import pytest
 
+from pipeline import loop
+from pipeline.config import build_run_config
+from pipeline.records import RunRecorder, StepResult
 from pipeline.task_steps import (MAX_STEPS_PER_TASK, RECENT_STEPS, TASK_SECONDS, StepClock,
                                  next_task_steps, step_times, steps_label, steps_per_task)
+from tasks.receipts import Receipt
 
 
 def test_auto_sizes_a_task_to_about_a_second_within_its_bounds():
@@ -51,3 +55,73 @@ def test_the_first_step_after_a_checkpoint_takes_the_clients_time_less_the_other
 
 def test_a_task_is_named_by_its_steps():
     assert steps_label(4, 1) == "step 4" and steps_label(4, 10) == "steps 4-13"
+
+
+class FakeTrainer:
+    """The loop's trainer interface over a fake clock, the client's and the workers'
+    alike: each step takes `step_s` (its receipt's end)."""
+
+    devices = ["cpu"]
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s, self.now = step_s, 1000.0
+        self.tasks: list[tuple[int, int]] = []
+        self.in_flight: dict[int, int] = {}
+        self.most_in_flight = 0
+
+    def submit(self, first: int, count: int) -> None:
+        self.tasks.append((first, count))
+        self.in_flight[first] = count
+        self.most_in_flight = max(self.most_in_flight, len(self.in_flight))
+
+    def collect(self, first: int) -> list[StepResult]:
+        results = []
+        for step in range(first, first + self.in_flight.pop(first)):
+            receipt = Receipt(f"step-{step}", "w0", step, self.now)
+            self.now += self.step_s
+            receipt.end, receipt.loss = self.now, 1.0
+            results.append(StepResult(step, 1.0, [receipt]))
+        return results
+
+    def show_waits(self, note) -> None:  # noqa: ANN001 - the Trainer protocol's
+        pass
+
+
+def _loop(monkeypatch, tmp_path, trainer: FakeTrainer, **train) -> tuple[RunRecorder, list]:
+    saved: list[int] = []
+    monkeypatch.setattr(loop, "save_checkpoint",
+                        lambda config, trainer, since, done, samples: saved.append(done))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: trainer.now)  # the client's too
+    config = build_run_config({"name": "fake", "progress": False,
+                               "output": str(tmp_path / "run")},
+                              [f"train.{key}={value}" for key, value in train.items()])
+    recorder = RunRecorder(["w0"], ["w0"], [1.0])
+    assert loop.train_loop(config, trainer, recorder, [], 0, 512) == config.train.steps
+    return recorder, saved
+
+
+def test_the_loop_cuts_tasks_at_checkpoints_and_times_steps_by_their_ends(monkeypatch,
+                                                                         tmp_path):
+    trainer = FakeTrainer(step_s=0.25)
+    recorder, saved = _loop(monkeypatch, tmp_path, trainer, steps=10, checkpoint_every=4,
+                            steps_per_task=3, inflight=1)
+    assert trainer.tasks == [(0, 3), (3, 1), (4, 3), (7, 1), (8, 2)]
+    assert saved == [4, 8, 10] and trainer.most_in_flight == 1
+    times = {s: v["step_time"] for s, v in recorder.steps.items()}
+    sizes = [recorder.steps[s]["task_steps"] for s in range(10)]
+    assert sizes == [3, 3, 3, 1, 3, 3, 3, 1, 2, 2]
+    # every step its own 0.25 s: after a step of the same workers from the receipts'
+    # ends; the first after the start or a checkpoint (0, 4, 8) as the client's wait
+    # less the task's other steps
+    assert times == pytest.approx({step: 0.25 for step in range(10)})
+
+
+def test_auto_grows_tasks_once_steps_are_timed_and_keeps_two_in_flight(monkeypatch,
+                                                                       tmp_path):
+    trainer = FakeTrainer(step_s=TASK_SECONDS / 8)
+    recorder, saved = _loop(monkeypatch, tmp_path, trainer, steps=40)
+    assert saved == [40] and trainer.most_in_flight == 2
+    counts = [count for _first, count in trainer.tasks]
+    assert counts[:2] == [1, 1]  # nothing timed yet
+    assert max(counts) == 8 and counts.count(8) >= 3  # then tasks of about a second
+    assert sum(counts) == 40
