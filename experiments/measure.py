@@ -132,6 +132,7 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
         "master_time": summary["master_time_median"],
         "wait_time": summary["wait_time_median"], "bytes_moved": summary["bytes_per_step"],
         "client_cpu_per_step": summary.get("client_cpu_per_step", np.nan),
+        "task_steps": summary.get("task_steps_median", np.nan),
         "loss": summary["final_loss"],
         "accuracy": float("nan") if accuracy is None else float(accuracy),
         "n_workers": float(record.sizes["worker"]),

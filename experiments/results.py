@@ -126,6 +126,8 @@ MEASURES: dict[str, tuple[str, str]] = {
                             "submits and collects and an embedded cluster's scheduler (for "
                             "reference, the training itself). Stores written before it have "
                             "none"),
+    "task_steps": ("1", "steps per Dask task the point's run ran (median over its measured "
+                   "steps; train.steps_per_task). Stores written before it have none"),
     "started": ("s", "when the point's run started, seconds since 1970-01-01 UTC"),
     "finished": ("s", "when the point's run ended, seconds since 1970-01-01 UTC"),
     "wall_time": ("s", "the point's whole run: setup, calibration, steps, evaluation"),
@@ -150,7 +152,7 @@ TEXTS: dict[str, str] = {
 ADDED_LATER = ("recoveries", "offered_workers", "recovery_log", "worker_devices",
                "strategy_choice", "predicted_low", "predicted_high", "memory_peak",
                "memory_working", "client_memory_peak", "memory_per_worker",
-               "client_cpu_per_step", "compute_error",
+               "client_cpu_per_step", "compute_error", "task_steps",
                *(f"critical_{p}" for p in COMPONENTS),
                *(f"predicted_{p}" for p in PREDICTED_COMPONENTS))
 SERIES: dict[str, tuple[str, str]] = {

@@ -36,6 +36,7 @@ RESERVED_NAMES = {
     "master_time", "wait_time", "bytes_moved", "loss", "accuracy", "n_workers", "capacity",
     "measured_steps", "predicted_step_time", "prediction_error", "predicted_low",
     "predicted_high", "kernel_split", "batch_split", "client_cpu_per_step", "compute_error",
+    "task_steps",
     "worker_labels", "worker_devices", "step_time_series", "loss_series",
     *(f"critical_{part}" for part in COMPONENTS), *(f"predicted_{part}" for part in COMPONENTS),
 }

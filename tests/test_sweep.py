@@ -114,7 +114,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
                  "bytes_moved", "loss", "accuracy", "predicted_step_time",
                  "prediction_error", "status", "failure", "step_time_series", "memory_peak",
                  "memory_working", "client_memory_peak", "memory_per_worker",
-                 "client_cpu_per_step"):
+                 "client_cpu_per_step", "task_steps"):
         assert name in ds, name
     for name, variable in ds.data_vars.items():
         assert variable.attrs.get("units") and variable.attrs.get("description"), name
@@ -127,6 +127,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     assert (ds.step_time > 0).all() and ds.accuracy.notnull().all()
     assert (ds.memory_working > 0).all() and (ds.memory_peak > ds.memory_working).all()
     assert (ds.client_cpu_per_step > 0).all()
+    assert (ds.task_steps >= 1).all()  # steps per Dask task (train.steps_per_task)
     assert close(ds.throughput, ds.batch / ds.step_time)
     baseline = ds.step_time.sel(strategy="single").median("repeat")
     assert close(ds.speedup, baseline / ds.step_time)
