@@ -147,14 +147,6 @@ def scheduler_in_process(client: Client) -> bool:
     return isinstance(getattr(client, "cluster", None), SpecCluster)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def scheduler_address(config: ClusterConfig) -> str | None:
     """The scheduler to use: the config's, else $DASK_SCHEDULER_ADDRESS, else None.
 

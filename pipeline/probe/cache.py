@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from pipeline.cluster import ClusterWorker, all_local, scheduler_in_process, usable_cores
+from pipeline.cluster import ClusterWorker, all_local, scheduler_in_process
 from pipeline.config import RunConfig, shm_workspace_root
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.machine import machine_identity
@@ -36,6 +36,7 @@ from pipeline.probe.readings import (client_cpu_fit, dataset_read_s, dense_s, sh
                                      store_fit, sync_s, task_gap_s, trunk_timings)
 from pipeline.probe.rounds import calibrate
 from pipeline.probe.runs import Plan, plans_for, replica_plan
+from pipeline.startup import usable_cores
 from storage.datasets import create_synthetic_dataset
 from tasks.specs import NetworkSpec
 

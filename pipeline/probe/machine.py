@@ -16,13 +16,14 @@ threads (docs/model.md, "Calibration on a real cluster").
 
 from __future__ import annotations
 
+import functools
 import glob
 import platform
 import socket
 
 import torch
 
-from pipeline.cluster import usable_cores
+from pipeline.startup import usable_cores
 
 CPUINFO = "/proc/cpuinfo"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus/*/information"
@@ -57,9 +58,11 @@ def gpu_models(pattern: str = NVIDIA_GPUS) -> list[str]:
     return models
 
 
+@functools.cache
 def machine_identity() -> str:
     """This machine as a probe's cache key and record name it, e.g. "vm: Intel(R)
-    Xeon(R) Processor, 2 cores, AVX512"."""
+    Xeon(R) Processor, 2 cores, AVX512" (read once per process: every cache lookup
+    asks)."""
     parts = [cpu_model(), f"{usable_cores()} cores", torch.backends.cpu.get_cpu_capability(),
              *gpu_models()]
     return f"{socket.gethostname()}: {', '.join(parts)}"
