@@ -118,8 +118,9 @@ MEASURES: dict[str, tuple[str, str]] = {
     "memory_peak": ("B", "the most host resident memory any worker's process held during "
                     "a step (reference: the process training in-process), over the run"),
     "memory_working": ("B", "memory_peak less the resident memory of a bare process that "
-                       "has imported the run's libraries (torch, dask, zarr, xarray): the "
-                       "memory the point's work needed on its fullest worker"),
+                       "has imported what a worker imports (distributed and the task "
+                       "modules; for reference, what the client imports): the memory the "
+                       "point's work needed on its fullest worker"),
     "client_memory_peak": ("B", "the most host resident memory the client process held "
                            "during a step"),
     "client_cpu_per_step": ("s", "CPU time of the client's process per step (median): its "

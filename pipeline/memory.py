@@ -1,12 +1,14 @@
 """A run's memory figures as its summary gives them: each worker's and the client's
-peak, and the "working" memory, that peak less a bare process's.
+peak, and the "working" memory, that peak less a bare process's of the same kind.
 
-The bare process (`tasks.memory.bare_process_rss`: a fresh Python that has imported
-torch, numpy, dask, distributed, zarr and xarray) costs a subprocess and an import of
-torch, about 3 s of CPU; every run's summary needs it, and the CLI runs once per
-process, so the figure is kept in ``~/.cache/dask-cnn/memory-baseline.json`` (or
-``$CNN_MEMORY_CACHE``), keyed by the interpreter and the libraries' versions, and
-measured again when either changes.
+The bare processes (`tasks.memory.bare_process_rss`: a fresh Python that has imported
+what a worker imports, or what the client imports, xarray and pandas included) cost a
+subprocess and an import of torch each, about 3 s of CPU; every run's summary needs
+them, and the CLI runs once per process, so the figures are kept in
+``~/.cache/dask-cnn/memory-baseline.json`` (or ``$CNN_MEMORY_CACHE``), keyed by the
+interpreter, the libraries' versions and the import line, and measured again when any
+changes. `reference` trains in the client process, so its peak is set against the
+client's baseline.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import xarray as xr
 import zarr
 
 from storage.space import replace_file
-from tasks.memory import bare_process_rss
+from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
 
 
 def _cache_path() -> str:
@@ -33,24 +35,26 @@ def _cache_path() -> str:
 
 
 @functools.cache
-def memory_baseline() -> int:
-    """`tasks.memory.bare_process_rss`, measured once per interpreter and library
-    versions (cached on disk, see the module); 0 where it cannot be measured."""
+def memory_baseline(imports: str = WORKER_IMPORTS) -> int:
+    """`tasks.memory.bare_process_rss(imports)`, measured once per interpreter,
+    library versions and import line (cached on disk, see the module); 0 where it
+    cannot be measured."""
     key = json.dumps([sys.executable, torch.__version__, np.__version__, dask.__version__,
-                      distributed.__version__, zarr.__version__, xr.__version__])
+                      distributed.__version__, zarr.__version__, xr.__version__, imports])
     path = _cache_path()
     try:
         with open(path, encoding="utf-8") as handle:
             cached = json.load(handle)
-        if cached.get("key") == key and int(cached["bytes"]) > 0:
-            return int(cached["bytes"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    measured = bare_process_rss()
+        if isinstance(cached.get(key), int) and cached[key] > 0:
+            return cached[key]
+    except (OSError, ValueError, TypeError, AttributeError):
+        cached = {}
+    measured = bare_process_rss(imports)
     if measured > 0:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            replace_file(path, json.dumps({"key": key, "bytes": measured}))
+            kept = {k: v for k, v in cached.items() if k.startswith("[")}
+            replace_file(path, json.dumps({**kept, key: measured}))
         except OSError:
             pass  # a cache that cannot be written: measured again next time
     return measured
@@ -59,10 +63,13 @@ def memory_baseline() -> int:
 def memory_summary(ds: xr.Dataset) -> dict:
     """Each worker's and the client's peak resident memory over the whole run (warm-up
     steps included: a peak anywhere is what a device must hold), and the same less the
-    bare-process baseline (`memory_baseline`): the memory the run's work needs."""
+    bare-process baseline of the same kind (`memory_baseline`): the memory the run's
+    work needs."""
     if "memory_peak" not in ds or not ds.sizes["step"]:
         return {}
-    base = float(memory_baseline())
+    client_base = float(memory_baseline(CLIENT_IMPORTS))
+    in_client = ds.attrs.get("strategy") == "reference"  # trains in the client process
+    base = client_base if in_client else float(memory_baseline(WORKER_IMPORTS))
 
     def peak(values: xr.DataArray) -> float | None:
         top = float(values.max(skipna=True))
@@ -71,10 +78,10 @@ def memory_summary(ds: xr.Dataset) -> dict:
     workers = {str(w): peak(ds.memory_peak.sel(worker=w)) for w in ds.worker.values}
     client = peak(ds.client_memory_peak) if "client_memory_peak" in ds else None
     summary = {"memory_peak": workers, "client_memory_peak": client,
-               "memory_baseline": base,
+               "memory_baseline": base, "client_memory_baseline": client_base,
                "memory_working": {w: None if v is None else v - base
                                   for w, v in workers.items()},
-               "client_memory_working": None if client is None else client - base,
+               "client_memory_working": None if client is None else client - client_base,
                "memory_peak_kind": str(ds.memory_peak.attrs.get("peak_kind", ""))}
     if "memory_held" in ds:
         summary["memory_held"] = {str(w): peak(ds.memory_held.sel(worker=w))
@@ -98,4 +105,5 @@ def memory_lines(summary: dict) -> list[str]:
     each = ", ".join(f"{name} {mb(peak)} ({mb(working[name])})" for name, peak in peaks.items())
     return [f"  memory      peak MB (working) {each}; client {mb(summary['client_memory_peak'])}"
             f" ({mb(summary['client_memory_working'])}); bare process "
-            f"{mb(summary['memory_baseline'])} MB"]
+            f"{mb(summary['memory_baseline'])} MB, client's "
+            f"{mb(summary.get('client_memory_baseline'))} MB"]

@@ -31,7 +31,11 @@ import torch
 PER_STRETCH, LIFETIME = "per-step", "lifetime"
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
-_BARE_IMPORTS = "import torch, numpy, dask, distributed, zarr, xarray"
+#: What a bare process imports to stand for each kind of process of a run: a Dask
+#: worker imports distributed and the task modules (torch, numpy, zarr; not xarray or
+#: pandas, about 45 MB more), the client the whole pipeline.
+WORKER_IMPORTS = "import distributed, tasks.step_task"
+CLIENT_IMPORTS = "import pipeline.run"
 
 
 @dataclass(frozen=True)
@@ -100,13 +104,14 @@ def current_rss() -> int:
     return rss * 1024 if rss is not None else _lifetime_rss()
 
 
-def bare_process_rss() -> int:
-    """The resident memory of a fresh Python process that has imported what every
-    process of a run imports (torch, numpy, dask, distributed, zarr, xarray) and done
-    nothing else: what no run can avoid, subtracted from a peak to give its
-    "working" memory. Measured in a subprocess (about as long as importing torch);
-    0 where that fails."""
-    code = (f"{_BARE_IMPORTS}\nfrom tasks.memory import current_rss\nprint(current_rss())")
+def bare_process_rss(imports: str = WORKER_IMPORTS) -> int:
+    """The resident memory of a fresh Python process that has run `imports` (the
+    import line of `WORKER_IMPORTS` or `CLIENT_IMPORTS`) and done nothing else: what
+    no process of that kind can avoid, subtracted from its peak to give its
+    "working" memory. Why one per kind: a baseline that imported more than a worker
+    does would leave a small network's worker a negative working memory. Measured in
+    a subprocess (about as long as importing torch); 0 where that fails."""
+    code = f"{imports}\nfrom tasks.memory import current_rss\nprint(current_rss())"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}

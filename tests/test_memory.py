@@ -102,6 +102,8 @@ def test_the_record_and_summary_carry_each_workers_peak(single_runs):
     assert np.isfinite(peaks).all() and (peaks > 0).all()
     base = summary["memory_baseline"]
     assert base == memory_baseline() and 50 * MB < base < 2000 * MB  # torch alone is more
+    # the client's bare process imports xarray and pandas too, a worker's does not
+    assert summary["client_memory_baseline"] == memory_baseline(memory.CLIENT_IMPORTS) > base
     assert summary["memory_peak"]["cpu-0"] == pytest.approx(float(peaks.max()))
     assert summary["memory_working"]["cpu-0"] == pytest.approx(peaks.max() - base)
     assert summary["client_memory_peak"] > base / 2
@@ -123,6 +125,9 @@ def test_the_reference_in_process_records_its_own_peak(tmp_path, tiny_dataset_fa
     assert list(summary["memory_peak"]) == ["reference"]
     working = summary["memory_working"]["reference"]
     assert working > _first_activations(512)
+    # it trains in the client process, so the client's bare process is its baseline
+    assert summary["memory_baseline"] == summary["client_memory_baseline"]
+    assert working == summary["memory_peak"]["reference"] - summary["client_memory_baseline"]
     # one process: the reference's step is part of the client's
     assert summary["client_memory_peak"] >= summary["memory_peak"]["reference"]
 
