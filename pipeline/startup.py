@@ -38,8 +38,9 @@ def contention_warning(workers: Sequence[WorkerConfig], cores: int) -> str | Non
     """One line when the embedded workers' torch threads outnumber `cores`: they then
     take turns on the cores, so starting and calibrating them is slow, their step
     times measure the contention as well as the strategy, and the performance model,
-    which times each op as the probe saw it, leaves out the waits for a peer the
-    host is not running (docs/benchmarks.md, "Where this leaves the 15 % goal").
+    which times each op as the probe saw it and prices waits for a peer from the
+    spread of the probe's op times, still under-counts the waits for a peer the host
+    is not running (docs/model.md, "Uneven steps").
     None when they fit."""
     threads = sum(worker.threads for worker in workers)
     if threads <= cores:
@@ -49,7 +50,7 @@ def contention_warning(workers: Sequence[WorkerConfig], cores: int) -> str | Non
     return (f"warning: cluster.workers: {count} worker process(es) with {threads} torch "
             f"thread(s) in all on {cores} CPU core(s): they take turns, so starting and "
             "calibrating them is slow, step times measure the contention as well as "
-            "the strategy, and the model's prediction leaves out a worker's waits for "
+            "the strategy, and the model's prediction under-counts a worker's waits for "
             f"a peer that is not running (at most {fit} such worker(s) fit here)")
 
 

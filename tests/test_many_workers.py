@@ -37,7 +37,7 @@ def test_the_warning_comes_when_threads_outnumber_cores():
     assert line.startswith("warning: cluster.workers: 64 worker process(es) with 64 torch "
                            "thread(s) in all on 2 CPU core(s): they take turns") and \
         "(at most 2 such worker(s) fit here)" in line and \
-        "the model's prediction leaves out a worker's waits for a peer" in line
+        "the model's prediction under-counts a worker's waits for a peer" in line
     line = contention_warning([WorkerConfig(threads=2)] * 2, 2)
     assert "2 worker process(es) with 4 torch thread(s)" in line and "at most 1 such" in line
 

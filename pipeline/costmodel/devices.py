@@ -24,7 +24,7 @@ import numpy as np
 from .network import Gemm
 
 __all__ = ["LinkSpec", "LayerTable", "TrunkTime", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK",
-           "distinct"]
+           "distinct", "spreads"]
 
 INF = math.inf
 
@@ -245,6 +245,9 @@ class DeviceSpec:
         use the link given to ``predict``.
     name : str
         Label.
+    spread : float
+        Its compute time's coefficient of variation from step to step (0: steady):
+        what the timeline's waits for it cost beyond the mean (timeline.py).
     """
 
     flops: float
@@ -258,6 +261,7 @@ class DeviceSpec:
     link: LinkSpec | None = None
     name: str = ""
     trunk: TrunkTime | None = None
+    spread: float = 0.0
 
     @classmethod
     def from_rates(
@@ -374,3 +378,10 @@ def distinct(devices: Sequence[DeviceSpec]) -> tuple[list[DeviceSpec], list[int]
             index = len(kinds) - 1
         kind_of.append(index)
     return kinds, kind_of
+
+
+def spreads(devices: Sequence[DeviceSpec]) -> tuple[float, ...]:
+    """The devices' `DeviceSpec.spread`, for a `Timeline`; empty where none varies
+    (then the fast timelines, which keep no variances, give the same step)."""
+    values = tuple(device.spread for device in devices)
+    return values if any(values) else ()

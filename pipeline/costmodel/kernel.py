@@ -39,7 +39,7 @@ import numpy as np
 
 from .batch_reads import shard_batch_read
 from .compute import LayerTime, conv_time, dense_time
-from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, distinct
+from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, distinct, spreads
 from .kernel_fast import fast_applies, steady_fast
 from .network import Network
 from .prediction import Options, Prediction
@@ -119,7 +119,7 @@ def _dataset_reads(ctx: KernelContext) -> np.ndarray:
 
 def _timeline(ctx: KernelContext) -> Timeline:
     return Timeline([ctx.link_of(d) for d in range(len(ctx.devices))], ctx.store, ctx.overhead,
-                    ctx.sync)
+                    ctx.sync, spreads(ctx.devices))
 
 
 def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:

@@ -7,20 +7,51 @@ model (kernel.py, and data.py / hybrid.py with a store) drives a `Timeline` op b
 for a few steps; `steady` returns the steady step time and walks back along the
 critical path to split it into compute, dense head, I/O and overhead, which add up
 to the step time.
+
+Devices whose compute time varies from step to step (``spread``, the probe's
+quartiles) meet at every read of a peer's slot, and a reader waits for the later of
+its own clock and the slot's: the expected later of two uncertain times is later
+than the later expected time, by most where they are close. So each clock carries a
+variance (its compute since it last waited, each op's ``(spread * seconds)^2``), and
+a wait goes to Clark's expected maximum of the two as normals (`expected_max`),
+whose variance the clock then keeps. Where every spread is 0 this is the plain
+maximum: the timeline as without it. Why it matters: several single-thread
+workers on fewer cores take turns on them, their ops' times spread by a quarter,
+and every exchange waits for the slowest (docs/model.md, "Uneven steps").
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from .devices import DaskOverhead, LinkSpec, StoreSpec
 
-__all__ = ["Timeline", "io_rates", "io_time", "steady", "SIMULATED_STEPS"]
+__all__ = ["Timeline", "expected_max", "io_rates", "io_time", "steady", "SIMULATED_STEPS"]
 
 #: Steps simulated; the step time is the mean period of the last two.
 SIMULATED_STEPS = 4
+
+
+def expected_max(mean_a: float, var_a: float, mean_b: float, var_b: float
+                 ) -> tuple[float, float]:
+    """Mean and variance of the later of two independent normal times (Clark 1961,
+    "The greatest of a finite set of random variables"); with no variance, the later
+    time itself."""
+    spread = var_a + var_b
+    if spread <= 0.0:
+        return (mean_a, var_a) if mean_a >= mean_b else (mean_b, var_b)
+    theta = math.sqrt(spread)
+    alpha = (mean_a - mean_b) / theta
+    above = 0.5 * math.erfc(-alpha / math.sqrt(2.0))  # P(A is the later)
+    below = 1.0 - above
+    density = math.exp(-0.5 * alpha * alpha) / math.sqrt(2.0 * math.pi)
+    mean = mean_a * above + mean_b * below + theta * density
+    second = ((mean_a ** 2 + var_a) * above + (mean_b ** 2 + var_b) * below
+              + (mean_a + mean_b) * theta * density)
+    return mean, max(second - mean * mean, 0.0)
 
 
 def io_time(link: LinkSpec, store: StoreSpec | None, n_bytes: float, ops: int, direction: str,
@@ -63,32 +94,46 @@ class _Segment:
 
 @dataclass
 class Timeline:
-    """Devices' clocks and what filled them; slots' write times."""
+    """Devices' clocks and what filled them; slots' write times. ``spread``: each
+    device's compute time's coefficient of variation from step to step (empty: none;
+    see the module)."""
 
     links: Sequence[LinkSpec]
     store: StoreSpec | None
     overhead: DaskOverhead = DaskOverhead()
     sync: str = "markers"
+    spread: Sequence[float] = ()
     clock: list[float] = field(default_factory=list)
+    variance: list[float] = field(default_factory=list)  # of each clock (module doc)
     segments: list[list[_Segment]] = field(default_factory=list)
     ready: dict[str, tuple[int, float]] = field(default_factory=dict)  # slot -> (writer, t)
+    ready_variance: dict[str, float] = field(default_factory=dict)  # slot -> its variance
     moved: float = 0.0  # bytes read + written in the current step
 
     def __post_init__(self) -> None:
         self.clock = [0.0] * len(self.links)
+        self.variance = [0.0] * len(self.links)
         self.segments = [[] for _ in self.links]
 
     def run(self, d: int, kind: str, seconds: float) -> None:
         if seconds > 0:
             self.segments[d].append(_Segment(self.clock[d], self.clock[d] + seconds, kind))
             self.clock[d] += seconds
+            if self.spread and kind in ("compute", "master"):
+                self.variance[d] += (self.spread[d] * seconds) ** 2
 
-    def wait(self, d: int, writer: int, ready: float, latency: float) -> None:
-        """Device `d` idles until `ready + latency` (data written by `writer` at `ready`)."""
-        if ready + latency > self.clock[d]:
-            self.segments[d].append(_Segment(self.clock[d], ready + latency, "wait",
-                                             (writer, ready)))
-            self.clock[d] = ready + latency
+    def wait(self, d: int, writer: int, ready: float, latency: float,
+             variance: float = 0.0) -> None:
+        """Device `d` idles until `ready + latency` (data written by `writer` at `ready`,
+        a time of `variance`): until the expected later of that and its own clock."""
+        if writer == d:  # after its own work: one clock, nothing uncertain between
+            until = max(self.clock[d], ready + latency)
+        else:
+            until, self.variance[d] = expected_max(self.clock[d], self.variance[d],
+                                                   ready + latency, variance)
+        if until > self.clock[d]:
+            self.segments[d].append(_Segment(self.clock[d], until, "wait", (writer, ready)))
+            self.clock[d] = until
 
     def read(self, d: int, sources: list[tuple[str, float]], sharing: int = 1) -> None:
         """Read each ``(slot, bytes)`` in turn, as soon as it is ready.
@@ -100,19 +145,21 @@ class Timeline:
         if not sources:
             return
         if self.sync == "scheduler":
-            writer, ready = max((self.ready[slot] for slot, _ in sources), key=lambda r: r[1])
+            slot = max((slot for slot, _ in sources), key=lambda slot: self.ready[slot][1])
+            (writer, ready), variance = self.ready[slot], self.ready_variance[slot]
             if self.clock[d] >= ready:
-                writer, ready = d, self.clock[d]
-            self.wait(d, writer, ready, self.overhead.hop)
+                writer, ready, variance = d, self.clock[d], self.variance[d]
+            self.wait(d, writer, ready, self.overhead.hop, variance)
         for slot, n_bytes in sources:
             if self.sync != "scheduler":
-                self.wait(d, *self.ready[slot], self.overhead.sync)
+                self.wait(d, *self.ready[slot], self.overhead.sync, self.ready_variance[slot])
             self.run(d, "io", io_time(self.links[d], self.store, n_bytes, 1, "read", 1, sharing))
             self.moved += n_bytes
 
     def write(self, d: int, slot: str, n_bytes: float, sharing: int = 1) -> None:
         self.run(d, "io", io_time(self.links[d], self.store, n_bytes, 1, "write", 1, sharing))
         self.ready[slot] = (d, self.clock[d])
+        self.ready_variance[slot] = self.variance[d]
         self.moved += n_bytes
 
     def lanes_since(self, t: float) -> list[list[tuple[float, float, str]]]:

@@ -32,6 +32,21 @@ def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
     return min(edge / total, 1.0) if bound == "low" else max(edge / total, 1.0)
 
 
+#: A normal distribution's interquartile range, in standard deviations.
+IQR_SIGMAS = 1.349
+
+
+def compute_spread(timings: Sequence[ShardTiming | TrunkTiming]) -> float:
+    """A worker's compute time's coefficient of variation from step to step (the
+    cost model's `DeviceSpec.spread`): the median over its timings that kept their
+    steps' quartiles of ``(high - low) / 1.349 / (forward + backward)``, as for a
+    normal distribution; 0 where none kept them (a reference probe, an old one).
+    The median, as each figure comes from a few steps of one plan."""
+    figures = [(t.high_s - t.low_s) / IQR_SIGMAS / (t.forward_s + t.backward_s)
+               for t in timings if t.high_s > t.low_s > 0 and t.forward_s + t.backward_s > 0]
+    return float(np.median(figures)) if figures else 0.0
+
+
 @dataclass
 class ShardTiming:
     """One measured shard: ``kernels`` of ``layer`` while ``active`` workers ran at once.
@@ -64,10 +79,12 @@ class ShardTiming:
 
     def scaled(self, bound: str) -> "ShardTiming":
         """This timing at the lower (``"low"``) or upper (``"high"``) quartile of its
-        steps: every pass scaled alike; itself where no spread was kept."""
+        steps: every pass scaled alike, and the quartiles with them (so that its
+        `compute_spread` stays its own); itself where no spread was kept."""
         f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
         return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
-                       input_grad_s=self.input_grad_s * f)
+                       input_grad_s=self.input_grad_s * f, low_s=self.low_s * f,
+                       high_s=self.high_s * f)
 
 
 @dataclass
@@ -91,7 +108,8 @@ class TrunkTiming:
     def scaled(self, bound: str) -> "TrunkTiming":
         """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""
         f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
-        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f)
+        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
+                       low_s=self.low_s * f, high_s=self.high_s * f)
 
 
 @dataclass
@@ -221,7 +239,9 @@ class ClusterProbe:
         ``active`` workers running at once, completed by points measured with
         other counts. The dense head was timed on the first worker; another
         worker's is scaled by its emulated speed. A worker whose replica trunk was
-        timed with ``active`` workers running gets it as its `TrunkTime`.
+        timed with ``active`` workers running gets it as its `TrunkTime`. Its
+        `DeviceSpec.spread` is `compute_spread` of its timings with ``active`` workers
+        running (of all of them where none was).
         """
         active = len(self.workers) if active is None else active
         net = self.costmodel_network()
@@ -234,7 +254,9 @@ class ClusterProbe:
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s))
-            specs.append(spec)
+            timed = [*w.timings, *([w.trunk] if w.trunk is not None else [])]
+            alike = [t for t in timed if t.active == active]
+            specs.append(replace(spec, spread=compute_spread(alike or timed)))
         return specs
 
     def store_spec(self) -> StoreSpec:
