@@ -105,7 +105,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 8 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 9 and probe.phase_seconds["timed_again"] >= 0
     for worker in probe.workers:  # the batch read before the first layer, per size
         for t in worker.timings:
             assert (t.dataset_s is not None) == (t.layer == 0), t
@@ -116,6 +116,9 @@ def test_probe_measures_positive_finite_constants(probe):
         assert t.forward_s > 0 and t.backward_s > 0 and t.rounds >= 2
         assert _finite_positive(t.dataset_s), t
     assert all(d.trunk is not None for d in probe.device_specs(2))
+    # each worker's spread against its peer's, with both running (not alone)
+    assert all(set(w.spread) == {2} and 0 < w.spread[2] < 1 for w in probe.workers)
+    assert [d.spread for d in probe.device_specs(2)] == [w.spread[2] for w in probe.workers]
     assert 0 < probe.master.dense_low_s <= probe.master.dense_s <= probe.master.dense_high_s
     # the cost-model objects
     devices = probe.device_specs()

@@ -1,11 +1,12 @@
 """Uneven steps in the model: devices whose compute time varies from step to step
 wait, at every exchange, for the expected later of their clocks (Clark's maximum of
-normals, costmodel/timeline.py), with each device's spread taken from the probe's
-quartiles (`compute_spread`)."""
+normals, costmodel/timeline.py), with each device's spread measured by the probe
+against its peers (`relative_spreads`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -14,10 +15,12 @@ import pytest
 from pipeline.costmodel import DaskOverhead, DeviceSpec, LinkSpec, Options, predict
 from pipeline.costmodel.network import conv_net
 from pipeline.costmodel.timeline import Timeline, expected_max
-from pipeline.probe.results import IQR_SIGMAS, ShardTiming, TrunkTiming, compute_spread
+from pipeline.probe.readings import relative_spreads
+from pipeline.probe.results import cluster_probe_from_dict
+from pipeline.probe.runs import PlanRun, ProbePlan
+from tasks.layout import CONV_BACKWARD, CONV_FORWARD
+from tasks.receipts import OpEvent, Phase, Receipt
 from tests.test_probe_robust import _probe
-
-MS = 1e-3
 
 
 def test_the_later_of_two_certain_times_is_the_later_one():
@@ -69,39 +72,41 @@ def test_an_uneven_kernel_step_takes_longer_and_the_waits_are_overhead():
     assert uneven.step_time == _kernel(0.2, "reference").step_time
 
 
-def _timing(layer: int, kernels: int, active: int, total: float, low: float, high: float
-            ) -> ShardTiming:
-    return ShardTiming(layer, kernels, active, total / 2, total / 2, low_s=low, high_s=high)
+def _receipt(worker: str, step: int, seconds: dict[tuple[str, int], float]) -> Receipt:
+    events = [OpEvent(op, layer, 0.0, t, [Phase("compute", 0.0, t)])
+              for (op, layer), t in seconds.items()]
+    return Receipt("t", worker, step, 0.0, 1.0, events)
 
 
-def test_a_workers_spread_is_the_median_of_its_timings_quartile_ranges():
-    sigma = 0.2 * IQR_SIGMAS  # quartiles 0.2 * 1.349 apart on a 1 s total: spread 0.2
-    timings = [_timing(0, 4, 2, 1.0, 1.0 - sigma / 2, 1.0 + sigma / 2),
-               _timing(0, 8, 2, 2.0, 2.0 - sigma, 2.0 + sigma),
-               _timing(0, 12, 2, 1.0, 0.5, 1.5)]  # an outlier: the median ignores it
-    assert compute_spread(timings) == pytest.approx(0.2)
-    assert compute_spread([_timing(0, 4, 2, 1.0, 0.0, 0.0)]) == 0.0  # no quartiles kept
-    trunk = TrunkTiming(64, 2, 0.5, 0.5, low_s=0.9, high_s=0.9 + 0.1 * IQR_SIGMAS)
-    assert compute_spread([trunk]) == pytest.approx(0.1)
+def test_a_drift_that_moves_every_worker_alike_is_no_spread():
+    """Both workers 1.5x slower at odd steps: drift, which costs no wait."""
+    plan = ProbePlan([[4, 4]])
+    receipts = [_receipt(w, s, {(CONV_FORWARD, 0): base * (1.5 if s % 2 else 1.0)})
+                for s in range(8) for w, base in (("a", 0.01), ("b", 0.02))]
+    assert relative_spreads([PlanRun(plan, ["a", "b"], receipts)]) == \
+        {"a": {2: pytest.approx(0.0)}, "b": {2: pytest.approx(0.0)}}
 
 
-def test_the_probes_devices_take_the_spread_of_timings_with_as_many_workers_running():
-    sigma = IQR_SIGMAS * MS
-    probe = _probe({"cpu-0": [_timing(0, 16, 2, 10 * MS, 9 * MS, 9 * MS + sigma),  # 0.1
-                              _timing(0, 32, 1, 10 * MS, 9 * MS, 9 * MS + 3 * sigma)],  # 0.3
-                    "cpu-1": [_timing(0, 16, 2, 10 * MS, 0.0, 0.0)]})
-    two = probe.device_specs(2)
-    assert [d.spread for d in two] == [pytest.approx(0.1), 0.0]
-    alone = dataclasses.replace(probe, workers=probe.workers[:1])
-    assert alone.device_specs(1)[0].spread == pytest.approx(0.3)
+def test_a_workers_own_jitter_is_its_spread_and_alone_there_is_none():
+    """Worker b's op takes 0.8x or 1.2x its median at random steps, a's never moves:
+    the residuals against their mean give b its jitter's spread (a, the other end of
+    the same differences, as much: two workers cannot tell whose it was)."""
+    draws = np.random.default_rng(1).normal(1.0, 0.1, 400)
+    receipts = [_receipt(w, s, {(CONV_BACKWARD, 1): 0.05 * (draws[s] if w == "b" else 1.0)})
+                for s in range(400) for w in ("a", "b")]
+    both = relative_spreads([PlanRun(ProbePlan([[4, 4]]), ["a", "b"], receipts)])
+    # for 2 workers the residual is half the difference, scaled back by sqrt(2):
+    # sigma(b) / sqrt(2) = 0.071 each
+    assert both["b"][2] == pytest.approx(0.1 / math.sqrt(2), rel=0.15)
+    assert both["a"][2] == pytest.approx(both["b"][2])
+    alone = [r for r in receipts if r.worker == "a"]
+    assert relative_spreads([PlanRun(ProbePlan([[8]]), ["a"], alone)]) == {}
 
 
-def test_a_band_edge_keeps_the_spread_of_the_middle():
-    sigma = IQR_SIGMAS * MS
-    probe = _probe({"cpu-0": [_timing(0, 16, 2, 10 * MS, 9 * MS, 9 * MS + 2 * sigma)],
-                    "cpu-1": [_timing(0, 16, 2, 10 * MS, 9.5 * MS, 9.5 * MS + sigma)]})
-    middle = [d.spread for d in probe.device_specs(2)]
-    assert middle == [pytest.approx(0.2), pytest.approx(0.1)]
-    for bound in ("low", "high"):
-        assert [d.spread for d in probe.at(bound).device_specs(2)] == \
-            [pytest.approx(s) for s in middle]
+def test_the_probes_devices_take_the_spread_with_as_many_workers_running():
+    probe = _probe({"cpu-0": [], "cpu-1": []})
+    probe.workers[0].spread.update({2: 0.12, 3: 0.2})
+    assert [d.spread for d in probe.device_specs(2)] == [0.12, 0.0]
+    assert probe.device_specs(1)[0].spread == 0.0  # alone: none measured, none waited for
+    again = cluster_probe_from_dict(json.loads(json.dumps(dataclasses.asdict(probe))))
+    assert again.workers[0].spread == {2: 0.12, 3: 0.2}  # through the JSON cache

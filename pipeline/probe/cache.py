@@ -32,8 +32,9 @@ from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.readings import (client_cpu_fit, dataset_read_s, dense_s, shard_timings,
-                                     store_fit, sync_s, task_gap_s, trunk_timings)
+from pipeline.probe.readings import (client_cpu_fit, dataset_read_s, dense_s, relative_spreads,
+                                     shard_timings, store_fit, sync_s, task_gap_s,
+                                     trunk_timings)
 from pipeline.probe.rounds import calibrate
 from pipeline.probe.runs import Plan, plans_for, replica_plan
 from pipeline.startup import usable_cores
@@ -132,9 +133,10 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
                                 output_root)
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
-    timings, trunks = shard_timings(runs), trunk_timings(runs)
+    timings, trunks, spreads = shard_timings(runs), trunk_timings(runs), relative_spreads(runs)
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
-                           timings.get(s.name, []), trunks.get(s.name)) for s in offered]
+                           timings.get(s.name, []), trunks.get(s.name), spreads.get(s.name, {}))
+               for s in offered]
     read_latency, read_bw = store_fit(runs, "read")
     write_latency, write_bw = store_fit(runs, "write")
     store = StoreProbe(workspace_dir or "engine default", read_latency, read_bw, write_latency,

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline.probe.results import ShardTiming, TrunkTiming, mark_outliers
+from pipeline.probe.results import IQR_SIGMAS, ShardTiming, TrunkTiming, mark_outliers
 from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD
@@ -122,6 +122,51 @@ def trunk_timings(runs: Sequence[PlanRun]) -> dict[str, TrunkTiming]:
                                   min(total.low, both), max(total.high, both), total.settled,
                                   dataset_s=_read_figure([[step[2] for step in r]
                                                           for r in rounds]))
+    return out
+
+
+#: The ops whose compute `relative_spreads` compares between workers.
+_SPREAD_OPS = (CONV_FORWARD, CONV_BACKWARD, TRUNK_FORWARD, TRUNK_BACKWARD)
+
+
+def relative_spreads(runs: Sequence[PlanRun]) -> dict[str, dict[int, float]]:
+    """Per worker and number of workers running, how much its ops' compute varies
+    from step to step against its peers' (the cost model's `DeviceSpec.spread`).
+
+    Each op's seconds (per worker, op and layer, in one run) over their median in
+    that run; at each step, the workers' figures for the same op less their mean,
+    so that what moves every worker alike (the machine's drift, another tenant)
+    drops out: it costs no wait. A worker's spread is the interquartile range of its
+    residuals over 1.349 (a normal's, in standard deviations), scaled by
+    ``1 / sqrt(1 - 1/n)`` for the mean's own share of ``n`` workers. Only runs of two
+    or more workers count: alone, a worker waits for no one."""
+    residuals: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for run in runs:
+        if len(run.workers) < 2:
+            continue
+        seconds: dict[tuple[str, str, int], dict[int, float]] = defaultdict(dict)
+        for receipt in run.receipts:
+            for event in receipt.events:
+                busy = _busy(event)
+                if event.name in _SPREAD_OPS and busy > 0:
+                    seconds[(receipt.worker, event.name, event.layer)][receipt.step] = busy
+        peers: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
+        for (worker, op, layer), by_step in seconds.items():
+            typical = float(np.median(list(by_step.values())))
+            for step, value in by_step.items():
+                peers[(op, layer, step)][worker] = value / typical
+        for figures in peers.values():
+            n = len(figures)
+            if n < 2:
+                continue
+            mean = sum(figures.values()) / n
+            for worker, figure in figures.items():
+                residuals[(worker, len(run.workers))].append(
+                    (figure - mean) / math.sqrt(1.0 - 1.0 / n))
+    out: dict[str, dict[int, float]] = {}
+    for (worker, active), values in sorted(residuals.items()):
+        low, high = np.percentile(values, [25, 75])
+        out.setdefault(worker, {})[active] = float(high - low) / IQR_SIGMAS
     return out
 
 

@@ -18,8 +18,9 @@ from pipeline.placement import split_even
 from pipeline.probe.robust import inconsistent
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
-PROBE_VERSION = 8  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
-#                   7: the client's CPU per step; 8: batch reads per shard and trunk
+PROBE_VERSION = 9  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+#                   7: the client's CPU per step; 8: batch reads per shard and trunk;
+#                   9: each worker's compute spread against its peers
 
 
 def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
@@ -34,17 +35,6 @@ def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
 
 #: A normal distribution's interquartile range, in standard deviations.
 IQR_SIGMAS = 1.349
-
-
-def compute_spread(timings: Sequence[ShardTiming | TrunkTiming]) -> float:
-    """A worker's compute time's coefficient of variation from step to step (the
-    cost model's `DeviceSpec.spread`): the median over its timings that kept their
-    steps' quartiles of ``(high - low) / 1.349 / (forward + backward)``, as for a
-    normal distribution; 0 where none kept them (a reference probe, an old one).
-    The median, as each figure comes from a few steps of one plan."""
-    figures = [(t.high_s - t.low_s) / IQR_SIGMAS / (t.forward_s + t.backward_s)
-               for t in timings if t.high_s > t.low_s > 0 and t.forward_s + t.backward_s > 0]
-    return float(np.median(figures)) if figures else 0.0
 
 
 @dataclass
@@ -79,12 +69,10 @@ class ShardTiming:
 
     def scaled(self, bound: str) -> "ShardTiming":
         """This timing at the lower (``"low"``) or upper (``"high"``) quartile of its
-        steps: every pass scaled alike, and the quartiles with them (so that its
-        `compute_spread` stays its own); itself where no spread was kept."""
+        steps: every pass scaled alike; itself where no spread was kept."""
         f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
         return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
-                       input_grad_s=self.input_grad_s * f, low_s=self.low_s * f,
-                       high_s=self.high_s * f)
+                       input_grad_s=self.input_grad_s * f)
 
 
 @dataclass
@@ -108,8 +96,7 @@ class TrunkTiming:
     def scaled(self, bound: str) -> "TrunkTiming":
         """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""
         f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
-        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
-                       low_s=self.low_s * f, high_s=self.high_s * f)
+        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f)
 
 
 @dataclass
@@ -123,6 +110,9 @@ class WorkerProbe:
     emulated_speed: float
     timings: list[ShardTiming] = field(default_factory=list)
     trunk: TrunkTiming | None = None
+    #: its ops' compute spread against its peers', per number of workers running
+    #: (`readings.relative_spreads`): the cost model's `DeviceSpec.spread`
+    spread: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -239,9 +229,9 @@ class ClusterProbe:
         ``active`` workers running at once, completed by points measured with
         other counts. The dense head was timed on the first worker; another
         worker's is scaled by its emulated speed. A worker whose replica trunk was
-        timed with ``active`` workers running gets it as its `TrunkTime`. Its
-        `DeviceSpec.spread` is `compute_spread` of its timings with ``active`` workers
-        running (of all of them where none was).
+        timed with ``active`` workers running gets it as its `TrunkTime`, and its
+        spread against its peers with ``active`` running as its `DeviceSpec.spread`
+        (0 where none was measured, as alone).
         """
         active = len(self.workers) if active is None else active
         net = self.costmodel_network()
@@ -254,9 +244,7 @@ class ClusterProbe:
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s))
-            timed = [*w.timings, *([w.trunk] if w.trunk is not None else [])]
-            alike = [t for t in timed if t.active == active]
-            specs.append(replace(spec, spread=compute_spread(alike or timed)))
+            specs.append(replace(spec, spread=w.spread.get(active, 0.0)))
         return specs
 
     def store_spec(self) -> StoreSpec:
@@ -407,7 +395,8 @@ def dataset_store(seconds: float | None) -> StoreSpec | None:
 def cluster_probe_from_dict(data: dict[str, Any]) -> ClusterProbe:
     """Inverse of ``asdict`` (for the JSON cache)."""
     workers = [WorkerProbe(**{**w, "timings": [ShardTiming(**t) for t in w["timings"]],
-                              "trunk": TrunkTiming(**w["trunk"]) if w.get("trunk") else None})
+                              "trunk": TrunkTiming(**w["trunk"]) if w.get("trunk") else None,
+                              "spread": {int(k): v for k, v in w.get("spread", {}).items()}})
                for w in data["workers"]]
     master = data["master"]
     master = MasterProbe(**{**master, "timings": [ShardTiming(**t) for t in master["timings"]]})
