@@ -1,8 +1,11 @@
 """Benchmark: the engine's step time against plain PyTorch, and calibrated vs even.
 
 Prints figures; it is not a test (this machine is shared and noisy). Every ratio is
-measured within one invocation, the runs of each repeat interleaved, and reported as
-the median over repeats with the spread (min-max) of the per-repeat ratios.
+measured within one invocation, the runs of each repeat interleaved (in the listed
+order in even repeats and reversed in odd ones, so that a drift of the machine over
+a pair of repeats favours no run), and reported as the median over repeats with the
+spread (min-max) of the per-repeat ratios. `strategies` ends with issue 21's
+targets: each ratio's median against its bound, and whether the spread crosses it.
 
     python benchmarks/engine_speedup.py speedup --net small --batch 128
     python benchmarks/engine_speedup.py speedup --net paper --batch 32 --no-single
@@ -55,6 +58,41 @@ def measure(net: str, batch: int, steps: int, overrides: list[str], workdir: str
 def ratio_report(name: str, baseline: list[float], candidate: list[float]) -> dict:
     ratios = [b / c for b, c in zip(baseline, candidate)]
     return {"ratio": name, "median": median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def run_order(names: list[str], repeat: int) -> list[str]:
+    """The runs of one repeat: as listed in even repeats, reversed in odd ones."""
+    return list(names) if repeat % 2 == 0 else list(reversed(names))
+
+
+#: Issue 21's targets for `strategies`, per network: (ratio name, "<=" or ">=", bound).
+TARGETS = {
+    "small": [("single step time / reference 1 thread", "<=", 1.05),
+              ("kernel speedup over reference 1 thread", ">=", 1.6),
+              ("kernel vs reference 2 threads", ">=", 0.95),
+              ("data step time / DDP-gloo's", "<=", 1.0),
+              ("hybrid step time / DDP-gloo's", "<=", 1.0)],
+    "paper": [("kernel step time / DDP-gloo's", "<=", 1.0),
+              ("data step time / DDP-gloo's", "<=", 0.95)],
+}
+
+
+def target_lines(net: str, reports: list[dict]) -> list[str]:
+    """Each target of `TARGETS[net]`: the median against the bound, and the verdict
+    ("holds", "misses", or "holds at the median; the spread crosses it")."""
+    by_name = {r["ratio"]: r for r in reports}
+    lines = []
+    for name, sense, bound in TARGETS.get(net, []):
+        r = by_name.get(name)
+        if r is None:
+            continue
+        good = (lambda v: v <= bound) if sense == "<=" else (lambda v: v >= bound)
+        verdict = ("holds in every repeat" if good(r["min"]) and good(r["max"]) else
+                   "holds at the median; the spread crosses it" if good(r["median"]) else
+                   "misses")
+        lines.append(f"  target {name} {sense} {bound}: {r['median']:.3f} "
+                     f"({r['min']:.3f}-{r['max']:.3f}): {verdict}")
+    return lines
 
 
 def main() -> None:
@@ -110,7 +148,8 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in runs}
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
-            for name, overrides in runs.items():
+            for name in run_order(list(runs), repeat):
+                overrides = runs[name]
                 seconds = (measure_ddp(args.net, args.batch, steps) if overrides is None
                            else measure(args.net, args.batch, steps, overrides, workdir))
                 times[name].append(seconds)
@@ -135,6 +174,11 @@ def main() -> None:
         one, ddp = times["reference-1-thread"], times["ddp-gloo-2"]
         reports = [ratio_report(f"{name} speedup over reference 1 thread", one, times[name])
                    for name in runs if name != "reference-1-thread"]
+        reports.append(ratio_report("kernel vs reference 2 threads",
+                                    times["reference-2-threads"], times["kernel"]))
+        if "single" in times:
+            reports.append(ratio_report("single step time / reference 1 thread",
+                                        times["single"], one))
         reports += [ratio_report(f"{name} step time / DDP-gloo's", times[name], ddp)
                     for name in ("data", "hybrid", "kernel")]
         reports += [ratio_report(f"{name} step time, auto / a task per step", times[name],
@@ -151,6 +195,8 @@ def main() -> None:
                                 times["even"])]
     for r in reports:
         print(f"  {r['ratio']}: {r['median']:.3f} (spread {r['min']:.3f}-{r['max']:.3f})")
+    if args.case == "strategies":
+        print("\n".join(target_lines(args.net, reports)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"args": vars(args), "times": times, "ratios": reports}, handle, indent=2)
