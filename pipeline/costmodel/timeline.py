@@ -8,8 +8,8 @@ for a few steps; `steady` returns the steady step time and walks back along the
 critical path to split it into compute, dense head, I/O and overhead, which add up
 to the step time.
 
-Devices whose compute time varies from step to step (``spread``, the probe's
-quartiles) meet at every read of a peer's slot, and a reader waits for the later of
+Devices whose compute time varies from step to step (``spread``, which the probe
+measures against each worker's peers) meet at every read of a peer's slot, and a reader waits for the later of
 its own clock and the slot's: the expected later of two uncertain times is later
 than the later expected time, by most where they are close. So each clock carries a
 variance (its compute since it last waited, each op's ``(spread * seconds)^2``), and

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline.probe.results import IQR_SIGMAS, ShardTiming, TrunkTiming, mark_outliers
+from pipeline.probe.results import ShardTiming, TrunkTiming, mark_outliers
 from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD
@@ -125,6 +125,8 @@ def trunk_timings(runs: Sequence[PlanRun]) -> dict[str, TrunkTiming]:
     return out
 
 
+#: A normal distribution's interquartile range, in standard deviations.
+IQR_SIGMAS = 1.349
 #: The ops whose compute `relative_spreads` compares between workers.
 _SPREAD_OPS = (CONV_FORWARD, CONV_BACKWARD, TRUNK_FORWARD, TRUNK_BACKWARD)
 

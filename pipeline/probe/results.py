@@ -33,10 +33,6 @@ def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
     return min(edge / total, 1.0) if bound == "low" else max(edge / total, 1.0)
 
 
-#: A normal distribution's interquartile range, in standard deviations.
-IQR_SIGMAS = 1.349
-
-
 @dataclass
 class ShardTiming:
     """One measured shard: ``kernels`` of ``layer`` while ``active`` workers ran at once.
