@@ -60,15 +60,15 @@ def memory_baseline(imports: str = WORKER_IMPORTS) -> int:
     return measured
 
 
-def memory_summary(ds: xr.Dataset) -> dict:
+def memory_summary(ds: xr.Dataset, in_client: bool = False) -> dict:
     """Each worker's and the client's peak resident memory over the whole run (warm-up
     steps included: a peak anywhere is what a device must hold), and the same less the
     bare-process baseline of the same kind (`memory_baseline`): the memory the run's
-    work needs."""
+    work needs. `in_client`: the run trained in the client's process (a strategy that
+    uses no cluster), whose baseline its peak is then set against."""
     if "memory_peak" not in ds or not ds.sizes["step"]:
         return {}
     client_base = float(memory_baseline(CLIENT_IMPORTS))
-    in_client = ds.attrs.get("strategy") == "reference"  # trains in the client process
     base = client_base if in_client else float(memory_baseline(WORKER_IMPORTS))
 
     def peak(values: xr.DataArray) -> float | None:

@@ -259,8 +259,9 @@ def client_cpu_summary(tail: xr.Dataset) -> dict:
             "client_core_share": float((cpu / tail.step_time).median())}
 
 
-def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
-    """Median step time and spread over the measured (post-warm-up) steps."""
+def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = False) -> dict:
+    """Median step time and spread over the measured (post-warm-up) steps
+    (`in_client`: the run trained in the client's process, for its memory figures)."""
     tail = ds.isel(step=slice(warmup_steps, None)) if ds.sizes["step"] > warmup_steps else ds
     times = np.asarray(tail.step_time.values, dtype=float)
     median = float(np.median(times)) if times.size else float("nan")
@@ -286,7 +287,7 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int) -> dict:
         "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
         # where a step's time goes along its critical worker (pipeline/step_breakdown.py)
         "critical_breakdown": record_breakdown(ds, warmup_steps),
-        **memory_summary(ds),
+        **memory_summary(ds, in_client),
     }
 
 

@@ -210,7 +210,7 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
         accuracy = test_accuracy(network, weights, info.path, samples)
     return _write_results(config, info, attrs, list(split), recorder, history, notes, started,
-                          accuracy, prediction)
+                          accuracy, prediction, in_client=not strategy.uses_cluster)
 
 
 def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
@@ -242,8 +242,9 @@ def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
 def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
                    split_keys: list[str], recorder: RunRecorder, history: History,
                    notes: list[str], started: float, accuracy: float | None,
-                   prediction: dict[str, Any]) -> RunResult:
-    """The record, the summary and the config, written to the output directory."""
+                   prediction: dict[str, Any], in_client: bool) -> RunResult:
+    """The record, the summary and the config, written to the output directory
+    (`in_client`: the run trained in this process, as `reference` does)."""
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
     changes = history.as_json()  # recoveries, joins
     attrs.update({key: jsonable(value) for key, value in changes.items()})
@@ -252,7 +253,7 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "batch": config.train.batch, "inflight": config.train.inflight})
     record = recorder.to_dataset(attrs)
-    summary = summarize(record, config.train.warmup_steps, config.train.batch)
+    summary = summarize(record, config.train.warmup_steps, config.train.batch, in_client)
     summary.update({"test_accuracy": accuracy,
                     "test_samples": min(config.train.eval_samples, info.test_samples),
                     "strategy": config.strategy, "workers": list(record.worker_label.values),
