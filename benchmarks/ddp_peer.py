@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 from statistics import median
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -41,8 +42,10 @@ from storage.datasets import read_batch  # noqa: E402
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
-def _rank(rank: int, world: int, port: int, config_path: str, overrides: list[str],
-          steps: int, queue: mp.Queue) -> None:
+def ddp_steps(rank: int, world: int, port: int, config_path: str, overrides: list[str]
+              ) -> Callable[[int], float]:
+    """Join the process group and build this rank's DDP replica; returns a function
+    that trains one step (its number picks the batch) and gives its seconds."""
     configure_process(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -58,16 +61,22 @@ def _rank(rank: int, world: int, port: int, config_path: str, overrides: list[st
     optimizer = make_sgd(ddp.parameters(), config.optimizer_spec())
     batch = config.train.batch
     start, stop = ranges(split_counts(batch, world))[rank]
-    times = []
-    for step in range(steps):
-        indices = step_indices(config.train.seed, step, batch, info.train_samples)
+
+    def step(number: int) -> float:
+        indices = step_indices(config.train.seed, number, batch, info.train_samples)
         t0 = time.perf_counter()
         images, labels = read_batch(info.path, "train", indices[start:stop])
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(ddp(torch.from_numpy(images)), torch.from_numpy(labels)).backward()
         optimizer.step()
-        times.append(time.perf_counter() - t0)
-    queue.put((rank, times))
+        return time.perf_counter() - t0
+    return step
+
+
+def _rank(rank: int, world: int, port: int, config_path: str, overrides: list[str],
+          steps: int, queue: mp.Queue) -> None:
+    step = ddp_steps(rank, world, port, config_path, overrides)
+    queue.put((rank, [step(number) for number in range(steps)]))
     dist.destroy_process_group()
 
 

@@ -1,9 +1,12 @@
-"""The strategies benchmark's run order and its verdicts on issue 21's targets
-(benchmarks/engine_speedup.py): pure helpers, no runs."""
+"""The strategies benchmarks' run order, the median's interval and the verdicts on
+issue 21's targets (benchmarks/engine_speedup.py): pure helpers, no runs."""
 
 from __future__ import annotations
 
-from benchmarks.engine_speedup import ratio_report, run_order, target_lines
+import random
+
+from benchmarks.engine_speedup import (TARGETS, median_interval, ratio_report, run_order,
+                                       target_lines)
 
 
 def test_repeats_alternate_the_order_so_a_drift_favours_no_run():
@@ -11,15 +14,42 @@ def test_repeats_alternate_the_order_so_a_drift_favours_no_run():
     assert [run_order(names, r) for r in range(3)] == [names, ["c", "b", "a"], names]
 
 
-def test_each_target_gets_its_verdict_from_the_median_and_the_spread():
+def test_the_medians_interval_is_the_binomial_order_statistics():
+    values = [float(v) for v in range(1, 16)]  # 15 values: x(4) and x(12), 96.5 %
+    assert median_interval(values) == (4.0, 12.0)
+    assert median_interval(list(reversed(values))) == (4.0, 12.0)
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0)  # too few: the range
+    assert median_interval([float(v) for v in range(1, 31)]) == (10.0, 21.0)  # n = 30
+
+
+def test_the_medians_interval_covers_the_median_as_often_as_it_says():
+    rng = random.Random(0)
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        low, high = median_interval([rng.expovariate(1.0) for _ in range(15)])
+        covered += low <= 0.6931471805599453 <= high  # the exponential's median, ln 2
+    assert 0.95 <= covered / trials <= 0.985  # 96.5 % for 15 values
+
+
+def test_each_target_gets_its_verdict_from_the_median_and_its_interval():
     reports = [ratio_report("single step time / reference 1 thread", [1.0, 1.0, 1.0],
                             [1.0, 1.0, 1.0]),                         # 1.0 in every repeat
                ratio_report("kernel speedup over reference 1 thread", [1.7, 1.5, 1.65],
                             [1.0, 1.0, 1.0]),                         # median 1.65, min 1.5
                ratio_report("data step time / DDP-gloo's", [1.1, 1.2, 1.05], [1.0] * 3)]
-    lines = target_lines("small", reports)
+    lines = target_lines(TARGETS["small"], reports)
     assert len(lines) == 3  # targets without a report are left out
-    assert lines[0].endswith("<= 1.05: 1.000 (1.000-1.000): holds in every repeat")
-    assert lines[1].endswith(">= 1.6: 1.650 (1.500-1.700): holds at the median; the spread "
-                             "crosses it")
-    assert lines[2].endswith("<= 1.0: 1.100 (1.050-1.200): misses")
+    assert lines[0].endswith("<= 1.05: 1.000 (interval 1.000-1.000): holds, and so does the "
+                             "median's interval")
+    assert lines[1].endswith(">= 1.6: 1.650 (interval 1.500-1.700): holds at the median; its "
+                             "interval crosses the bound")
+    assert lines[2].endswith("<= 1.0: 1.100 (interval 1.050-1.200): misses")
+
+
+def test_many_rounds_narrow_the_interval_inside_the_bound():
+    rng = random.Random(1)
+    ratios = [0.93 + rng.uniform(-0.2, 0.2) for _ in range(40)]  # single rounds cross 1.0
+    report = ratio_report("data step time / DDP-gloo's", ratios, [1.0] * 40)
+    assert report["max"] > 1.0 and report["high"] < 1.0
+    assert target_lines(TARGETS["small"], [report])[0].endswith("holds, and so does the "
+                                                                "median's interval")

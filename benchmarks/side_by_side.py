@@ -1,0 +1,258 @@
+"""Benchmark: every contender kept warm, a burst of steps each in turn, many rounds.
+
+`engine_speedup.py strategies` starts a fresh run (its cluster, its DDP processes)
+for every contender in every repeat: a repeat of seven runs takes most of a minute,
+and on machines of this class, whose speed moves by a third within minutes, the
+per-repeat ratios spread wider than issue 21's margins. Here every contender is
+started once and stays warm: `reference` on 1 and 2 threads in this process, DDP's
+two ranks waiting on a pipe, and `single`, `kernel`, `data` and `hybrid` as engines
+sharing one embedded cluster of two single-thread workers (each run keeps its own
+state and workspace on them). A round gives each contender a burst of steps,
+in the listed order in even rounds and reversed in odd ones, so a round lasts
+seconds and the ratios of one round compare runs that close together.
+
+A burst is the training loop itself (pipeline/loop.py: tasks of ``auto`` steps, two
+in flight, the same step times a run records) over the next ``--burst`` steps; its
+first ``--skip`` steps (the restart after idling: a task of one step, then one
+sized by it) are left out and the rest's median is the burst's figure. Each ratio
+is the median over rounds of the per-round ratios, with their spread (min-max) and a
+95 % interval for the median (`engine_speedup.median_interval`: the machine's
+second-to-second noise still spreads single rounds wider than the margins, so a
+verdict rests on the interval, which narrows as rounds are added), and the run ends
+with a verdict per issue-21 target (`engine_speedup.TARGETS`). With
+``--one-worker`` every strategy runs on one worker against `reference` on one
+thread (the issue's "on one worker every strategy <= 1.05x reference").
+
+    python benchmarks/side_by_side.py --net small --batch 128 --rounds 15
+    python benchmarks/side_by_side.py --net small --batch 64 --one-worker
+    python benchmarks/side_by_side.py --net paper --batch 32 --burst 4 --skip 1 --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import sys
+import tempfile
+from multiprocessing.connection import Connection
+from statistics import median
+from typing import Protocol
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from benchmarks.ddp_peer import ddp_steps  # noqa: E402
+from benchmarks.engine_speedup import NETS, TARGETS, ratio_report, run_order, target_lines  # noqa: E402
+from pipeline.checkpointing import prepare_checkpoints  # noqa: E402
+from pipeline.cluster import find_workers  # noqa: E402
+from pipeline.config import RunConfig, load_run_config  # noqa: E402
+from pipeline.dataset import prepare_dataset  # noqa: E402
+from pipeline.loop import Trainer, train_loop  # noqa: E402
+from pipeline.preflight import check_run  # noqa: E402
+from pipeline.records import RunRecorder  # noqa: E402
+from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer  # noqa: E402
+from pipeline.run import build_engine, start_cluster  # noqa: E402
+from pipeline.startup import Startup  # noqa: E402
+from tasks.worker_state import configure_process  # noqa: E402
+
+#: ``--one-worker``'s targets: every strategy on one worker within 5 % of the reference.
+ONE_WORKER_TARGETS = [(f"{name} step time / reference 1 thread", "<=", 1.05)
+                      for name in ("single", "kernel", "data", "hybrid")]
+
+
+class Contender(Protocol):
+    """One thing being timed, kept warm between its bursts."""
+
+    name: str
+
+    def burst(self, steps: int) -> list[float]: ...  # the next `steps` steps' seconds
+    def close(self) -> None: ...
+
+
+def with_steps(config: RunConfig, steps: int) -> RunConfig:
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, steps=steps))
+
+
+@dataclasses.dataclass
+class LoopContender:
+    """A trainer (an engine on the shared cluster, or the in-process reference)
+    driven by the training loop, `steps` at a time, from where it stopped."""
+
+    name: str
+    config: RunConfig
+    trainer: Trainer
+    recorder: RunRecorder
+    train_samples: int
+    threads: int  # this process's torch threads while it runs (the client's: 1)
+    position: int = 0
+
+    def burst(self, steps: int) -> list[float]:
+        configure_process(self.threads)
+        stop = self.position + steps
+        train_loop(with_steps(self.config, stop), self.trainer, self.recorder, [],
+                   self.position, self.train_samples)
+        times = [self.recorder.steps[s]["step_time"] for s in range(self.position, stop)]
+        self.position = stop
+        return times
+
+    def close(self) -> None:
+        self.trainer.close()
+
+
+def loop_contender(name: str, config: RunConfig, client=None, offered=None) -> LoopContender:
+    """`config`'s trainer, loaded from its initial checkpoint: an engine of its
+    strategy on `offered` of `client`'s workers, or the reference in this process."""
+    strategy = check_run(config)
+    info = prepare_dataset(config)
+    network = config.network_spec(info.image_shape)
+    start = prepare_checkpoints(config, network, print)
+    if strategy.uses_cluster:
+        configure_process(1)
+        trainer = build_engine(client, config, strategy, network, info.train_samples, offered)
+        workers = trainer.workers
+        recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
+                               [w.emulated_speed for w in workers])
+        threads = 1
+    else:
+        trainer = ReferenceTrainer(config, network, info.train_samples)
+        recorder = RunRecorder([REFERENCE_WORKER], ["in-process"], [1.0])
+        threads = config.reference.threads
+    trainer.start(start)
+    return LoopContender(name, config, trainer, recorder, info.train_samples, threads, start)
+
+
+def _serve_rank(rank: int, world: int, port: int, config_path: str, overrides: list[str],
+                commands: Connection) -> None:
+    """A DDP rank that trains the steps it is told, in bursts, until told None."""
+    step = ddp_steps(rank, world, port, config_path, overrides)
+    done = 0
+    while (count := commands.recv()) is not None:
+        commands.send([step(number) for number in range(done, done + count)])
+        done += count
+    dist.destroy_process_group()
+
+
+class DDPContender:
+    """PyTorch DDP over gloo, `world` processes kept running between bursts (each
+    blocked on its pipe meanwhile); a step's time is rank 0's (benchmarks/ddp_peer.py)."""
+
+    def __init__(self, name: str, config_path: str, overrides: list[str], world: int = 2):
+        self.name = name
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        context = mp.get_context("spawn")
+        self.pipes, self.processes = [], []
+        for rank in range(world):
+            mine, theirs = context.Pipe()
+            process = context.Process(target=_serve_rank, args=(
+                rank, world, port, config_path, overrides, theirs))
+            process.start()
+            self.pipes.append(mine)
+            self.processes.append(process)
+
+    def burst(self, steps: int) -> list[float]:
+        for pipe in self.pipes:
+            pipe.send(steps)
+        times = [pipe.recv() for pipe in self.pipes]
+        return times[0]
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send(None)
+        for process in self.processes:
+            process.join(timeout=60)
+
+
+def ratios(times: dict[str, list[float]], one_worker: bool) -> list[dict]:
+    """The per-round ratios that issue 21 asks for, as `ratio_report`s."""
+    one = times["reference-1-thread"]
+    if one_worker:
+        return [ratio_report(f"{name} step time / reference 1 thread", times[name], one)
+                for name in ("single", "kernel", "data", "hybrid")]
+    ddp = times["ddp-gloo-2"]
+    return [ratio_report("single step time / reference 1 thread", times["single"], one),
+            ratio_report("kernel speedup over reference 1 thread", one, times["kernel"]),
+            ratio_report("kernel vs reference 2 threads", times["reference-2-threads"],
+                         times["kernel"]),
+            *[ratio_report(f"{name} step time / DDP-gloo's", times[name], ddp)
+              for name in ("data", "hybrid", "kernel")]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--net", choices=sorted(NETS), default="small")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--burst", type=int, default=12, help="steps per burst")
+    parser.add_argument("--skip", type=int, default=2, help="first steps of a burst left out")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--one-worker", action="store_true",
+                        help="every strategy on one worker against the reference")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    if not 0 <= args.skip < args.burst:
+        parser.error("--skip must be at least 0 and less than --burst")
+    config_path = os.path.join(ROOT, NETS[args.net])
+    base = [f"train.batch={args.batch}", "progress=false", "train.checkpoint_every=0",
+            "train.eval_samples=0", "train.steps=1"]
+    workers = 1 if args.one_worker else 2
+    with tempfile.TemporaryDirectory() as workdir:
+        def config(*overrides: str) -> RunConfig:
+            return load_run_config(config_path, [*base, f"output={tempfile.mkdtemp(dir=workdir)}",
+                                                 f"cluster.workers={workers}", *overrides])
+        contenders: list[Contender] = [
+            loop_contender("reference-1-thread", config("strategy=reference", "reference.threads=1"))]
+        if not args.one_worker:
+            contenders += [loop_contender("reference-2-threads",
+                                          config("strategy=reference", "reference.threads=2")),
+                           DDPContender("ddp-gloo-2", config_path, base[:1])]
+        shared = config("strategy=kernel")
+        with start_cluster(shared, Startup("side-by-side", False), print) as (client, _):
+            offered = find_workers(client, shared.cluster)
+            for name in ("single", "kernel", "data", "hybrid"):
+                on = offered[:1] if name == "single" else offered
+                contenders.append(loop_contender(name, config(f"strategy={name}"), client, on))
+            times = rounds(contenders, args)
+            for contender in contenders:
+                contender.close()
+    report(times, args)
+
+
+def rounds(contenders: list[Contender], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Each contender's burst median per round, the rounds in alternating order."""
+    times: dict[str, list[float]] = {c.name: [] for c in contenders}
+    by_name = {c.name: c for c in contenders}
+    for round_ in range(args.rounds):
+        for name in run_order(list(by_name), round_):
+            times[name].append(median(by_name[name].burst(args.burst)[args.skip:]))
+        print(f"round {round_}: " + ", ".join(f"{n} {t[-1]:.4f}" for n, t in times.items()),
+              flush=True)
+    return times
+
+
+def report(times: dict[str, list[float]], args: argparse.Namespace) -> None:
+    kept = args.burst - args.skip
+    print(f"\n{args.net} network, batch {args.batch}, {args.rounds} rounds of bursts of "
+          f"{args.burst} steps ({kept} kept), {'one worker' if args.one_worker else '2 workers'}")
+    for name, values in times.items():
+        print(f"  {name:20s} median {median(values):.4f} s  (rounds {min(values):.4f}-"
+              f"{max(values):.4f})")
+    reports = ratios(times, args.one_worker)
+    for r in reports:
+        print(f"  {r['ratio']}: {r['median']:.3f} (spread {r['min']:.3f}-{r['max']:.3f}, "
+              f"95 % interval of the median {r['low']:.3f}-{r['high']:.3f})")
+    targets = ONE_WORKER_TARGETS if args.one_worker else TARGETS[args.net]
+    print("\n".join(target_lines(targets, reports)))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"args": vars(args), "times": times, "ratios": reports}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
