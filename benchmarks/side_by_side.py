@@ -25,7 +25,8 @@ thread (the issue's "on one worker every strategy <= 1.05x reference").
 
     python benchmarks/side_by_side.py --net small --batch 128 --rounds 15
     python benchmarks/side_by_side.py --net small --batch 64 --one-worker
-    python benchmarks/side_by_side.py --net paper --batch 32 --burst 4 --skip 1 --rounds 4
+    python benchmarks/side_by_side.py --net paper --batch 32 --burst 3 --skip 1 --rounds 9 \\
+        --only ddp-gloo-2 kernel data hybrid
 """
 
 from __future__ import annotations
@@ -171,18 +172,17 @@ class DDPContender:
 
 
 def ratios(times: dict[str, list[float]], one_worker: bool) -> list[dict]:
-    """The per-round ratios that issue 21 asks for, as `ratio_report`s."""
-    one = times["reference-1-thread"]
-    if one_worker:
-        return [ratio_report(f"{name} step time / reference 1 thread", times[name], one)
-                for name in ("single", "kernel", "data", "hybrid")]
-    ddp = times["ddp-gloo-2"]
-    return [ratio_report("single step time / reference 1 thread", times["single"], one),
-            ratio_report("kernel speedup over reference 1 thread", one, times["kernel"]),
-            ratio_report("kernel vs reference 2 threads", times["reference-2-threads"],
-                         times["kernel"]),
-            *[ratio_report(f"{name} step time / DDP-gloo's", times[name], ddp)
-              for name in ("data", "hybrid", "kernel")]]
+    """The per-round ratios that issue 21 asks for, as `ratio_report`s (those whose
+    contenders ran)."""
+    wanted = ([(f"{name} step time / reference 1 thread", name, "reference-1-thread")
+               for name in ("single", "kernel", "data", "hybrid")] if one_worker else
+              [("single step time / reference 1 thread", "single", "reference-1-thread"),
+               ("kernel speedup over reference 1 thread", "reference-1-thread", "kernel"),
+               ("kernel vs reference 2 threads", "reference-2-threads", "kernel"),
+               *[(f"{name} step time / DDP-gloo's", name, "ddp-gloo-2")
+                 for name in ("data", "hybrid", "kernel")]])
+    return [ratio_report(label, times[top], times[bottom]) for label, top, bottom in wanted
+            if top in times and bottom in times]
 
 
 def main() -> None:
@@ -194,6 +194,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--one-worker", action="store_true",
                         help="every strategy on one worker against the reference")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="time only these contenders (default: all)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     if not 0 <= args.skip < args.burst:
@@ -202,22 +204,34 @@ def main() -> None:
     base = [f"train.batch={args.batch}", "progress=false", "train.checkpoint_every=0",
             "train.eval_samples=0", "train.steps=1"]
     workers = 1 if args.one_worker else 2
+    names = ["reference-1-thread", *([] if args.one_worker else
+                                     ["reference-2-threads", "ddp-gloo-2"]),
+             "single", "kernel", "data", "hybrid"]
+    unknown = set(args.only or []) - set(names)
+    if unknown:
+        parser.error(f"--only: no contender {', '.join(sorted(unknown))} (there are "
+                     f"{', '.join(names)})")
+    names = [name for name in names if name in (args.only or names)]
     with tempfile.TemporaryDirectory() as workdir:
         def config(*overrides: str) -> RunConfig:
             return load_run_config(config_path, [*base, f"output={tempfile.mkdtemp(dir=workdir)}",
                                                  f"cluster.workers={workers}", *overrides])
-        contenders: list[Contender] = [
-            loop_contender("reference-1-thread", config("strategy=reference", "reference.threads=1"))]
-        if not args.one_worker:
-            contenders += [loop_contender("reference-2-threads",
-                                          config("strategy=reference", "reference.threads=2")),
-                           DDPContender("ddp-gloo-2", config_path, base[:1])]
+        contenders: list[Contender] = []
+        for threads in (1, 2):
+            name = f"reference-{threads}-thread{'s' if threads > 1 else ''}"
+            if name in names:
+                contenders.append(loop_contender(name, config(
+                    "strategy=reference", f"reference.threads={threads}")))
+        if "ddp-gloo-2" in names:
+            contenders.append(DDPContender("ddp-gloo-2", config_path, base[:1]))
         shared = config("strategy=kernel")
         with start_cluster(shared, Startup("side-by-side", False), print) as (client, _):
             offered = find_workers(client, shared.cluster)
             for name in ("single", "kernel", "data", "hybrid"):
-                on = offered[:1] if name == "single" else offered
-                contenders.append(loop_contender(name, config(f"strategy={name}"), client, on))
+                if name in names:
+                    on = offered[:1] if name == "single" else offered
+                    contenders.append(loop_contender(name, config(f"strategy={name}"), client,
+                                                     on))
             times = rounds(contenders, args)
             for contender in contenders:
                 contender.close()
