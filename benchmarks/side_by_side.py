@@ -130,21 +130,27 @@ def loop_contender(name: str, config: RunConfig, client=None, offered=None) -> L
 
 def _serve_rank(rank: int, world: int, port: int, config_path: str, overrides: list[str],
                 commands: Connection) -> None:
-    """A DDP rank that trains the steps it is told, in bursts, until told None."""
+    """A DDP rank that trains the steps it is told, in bursts, until told None; sends
+    back each step's seconds and the burst's CPU seconds in this process."""
     step = ddp_steps(rank, world, port, config_path, overrides)
     done = 0
     while (count := commands.recv()) is not None:
-        commands.send([step(number) for number in range(done, done + count)])
+        cpu = os.times()
+        times = [step(number) for number in range(done, done + count)]
+        after = os.times()
+        commands.send((times, after.user + after.system - cpu.user - cpu.system))
         done += count
     dist.destroy_process_group()
 
 
 class DDPContender:
     """PyTorch DDP over gloo, `world` processes kept running between bursts (each
-    blocked on its pipe meanwhile); a step's time is rank 0's (benchmarks/ddp_peer.py)."""
+    blocked on its pipe meanwhile); a step's time is rank 0's (benchmarks/ddp_peer.py).
+    ``cpu``: each rank's CPU seconds in the last burst."""
 
     def __init__(self, name: str, config_path: str, overrides: list[str], world: int = 2):
         self.name = name
+        self.cpu: list[float] = []
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -161,8 +167,9 @@ class DDPContender:
     def burst(self, steps: int) -> list[float]:
         for pipe in self.pipes:
             pipe.send(steps)
-        times = [pipe.recv() for pipe in self.pipes]
-        return times[0]
+        replies = [pipe.recv() for pipe in self.pipes]
+        self.cpu = [cpu for _times, cpu in replies]
+        return replies[0][0]
 
     def close(self) -> None:
         for pipe in self.pipes:

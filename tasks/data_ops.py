@@ -100,7 +100,7 @@ class DataWork:
 def load_data(layout: DataLayout, me: int, network: NetworkSpec, checkpoint_path: str,
               step: int, arithmetic: Arithmetic, device: str) -> DataWork:
     """The whole network and its momentum from checkpoint `step` (every replica alike)."""
-    model = build_sequential(network)
+    model = build_sequential(network, fast_pool=True)
     model.load_state_dict(read_tensors(checkpoint_path, step, "weights"))
     model.to(device)
     sgd = make_sgd(model.parameters(), arithmetic.optimizer)
@@ -148,7 +148,7 @@ def time_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
     generator = torch.Generator().manual_seed(0)
     first = network.conv[0]
     dtype = getattr(torch, network.dtype)
-    model = build_sequential(network).to(profile.device)
+    model = build_sequential(network, fast_pool=True).to(profile.device)
     sgd = make_sgd(model.parameters(), OptimizerSpec(lr=1e-6))
     x = torch.randn(rows, first.in_channels, first.in_height, first.in_width,
                     generator=generator, dtype=dtype).to(profile.device)

@@ -76,7 +76,7 @@ def load_hybrid(layout: HybridLayout, me: int, network: NetworkSpec, checkpoint_
                 step: int, arithmetic: Arithmetic, device: str) -> HybridWork:
     """The conv trunk and this worker's neurons of every dense layer from checkpoint
     `step`; the conv layers' learning rate scaled as the arithmetic says."""
-    trunk = conv_trunk(network)
+    trunk = conv_trunk(network, fast_pool=True)
     weights = read_tensors(checkpoint_path, step, "weights")
     trunk.load_state_dict({k: v for k, v in weights.items() if k in trunk.state_dict()})
     trunk.to(device)

@@ -9,17 +9,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tasks.pooling import MaxPool
 from tasks.specs import NetworkSpec
 
 
-def build_sequential(spec: NetworkSpec) -> nn.Sequential:
-    """conv -> ReLU -> max-pool per conv layer, flatten, dense (+ReLU) layers."""
+def build_sequential(spec: NetworkSpec, fast_pool: bool = False) -> nn.Sequential:
+    """conv -> ReLU -> max-pool per conv layer, flatten, dense (+ReLU) layers.
+
+    ``fast_pool``: the pools through `tasks.pooling.MaxPool` (PyTorch's results and
+    gradients, from its faster channels-last kernel), as the workers' replicas run
+    them; without it `nn.MaxPool2d`, as plain PyTorch (the reference) runs them."""
     modules: list[nn.Module] = []
     for layer in spec.conv:
         modules += [nn.Conv2d(layer.in_channels, layer.kernels, layer.kernel_size,
                               padding=layer.padding), nn.ReLU()]
         if layer.pool > 1:
-            modules.append(nn.MaxPool2d(layer.pool))
+            modules.append(MaxPool(layer.pool) if fast_pool else nn.MaxPool2d(layer.pool))
     modules.append(nn.Flatten())
     features = spec.flat_features
     for width in spec.hidden:
@@ -42,9 +47,9 @@ def dense_head(spec: NetworkSpec) -> tuple[nn.Sequential, list[str]]:
     return head, full_indices
 
 
-def conv_trunk(spec: NetworkSpec) -> nn.Sequential:
+def conv_trunk(spec: NetworkSpec, fast_pool: bool = False) -> nn.Sequential:
     """The conv layers and the Flatten: the equivalent nn.Sequential's modules up to the
-    dense layers, with the same state_dict keys."""
-    full = build_sequential(spec)
+    dense layers, with the same state_dict keys (``fast_pool`` as `build_sequential`)."""
+    full = build_sequential(spec, fast_pool)
     first = spec.conv_module_index(len(spec.conv))  # the Flatten
     return nn.Sequential(*list(full.children())[:first + 1])
