@@ -3,7 +3,8 @@
 What `single` (and every `kernel` worker) computes a step, the network's conv layers
 as `ConvShard`s holding all their kernels and the `DenseHead`, against the same step
 as plain PyTorch runs it (`nn.Sequential`, autograd, torch's SGD): no Dask, no
-workspace, no dataset. Rounds are interleaved and timed in the thread's CPU time
+workspace, no dataset. Also autograd with the workers' max-pool (tasks/pooling.py),
+as `data` and `hybrid` replicas compute. Rounds are interleaved and timed in the thread's CPU time
 (`time.thread_time`), so that other processes on a shared machine disturb the
 comparison little; the ratio is taken per round and its median printed, with the
 shard path's time per piece. `--channels-last` adds autograd on channels-last
@@ -42,9 +43,10 @@ NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
 def autograd_step(network: NetworkSpec, optimizer, x: torch.Tensor, y: torch.Tensor,
-                  channels_last: bool = False) -> Callable[[], None]:
-    """One plain PyTorch step (the reference's arithmetic) as a closure."""
-    model = build_sequential(network)
+                  channels_last: bool = False, fast_pool: bool = False) -> Callable[[], None]:
+    """One plain PyTorch step (the reference's arithmetic) as a closure; ``fast_pool``:
+    with the workers' pool (tasks/pooling.py), as `data` and `hybrid` replicas run it."""
+    model = build_sequential(network, fast_pool)
     if channels_last:
         model, x = model.to(memory_format=torch.channels_last), x.contiguous(
             memory_format=torch.channels_last)
@@ -108,6 +110,7 @@ def main() -> None:
     y = torch.randint(0, network.classes, (args.batch,), generator=generator)
     pieces: dict[str, float] = {}
     steps = {"autograd": autograd_step(network, optimizer, x, y),
+             "autograd, workers' pool": autograd_step(network, optimizer, x, y, fast_pool=True),
              "shard path": shard_step(network, optimizer, copy.deepcopy(x), y, pieces)}
     if args.channels_last:
         steps["autograd channels-last"] = autograd_step(network, optimizer, x, y, True)
