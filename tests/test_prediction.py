@@ -105,7 +105,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 9 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 10 and probe.phase_seconds["timed_again"] >= 0
     for worker in probe.workers:  # the batch read before the first layer, per size
         for t in worker.timings:
             assert (t.dataset_s is not None) == (t.layer == 0), t

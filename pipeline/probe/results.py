@@ -18,9 +18,11 @@ from pipeline.placement import split_even
 from pipeline.probe.robust import inconsistent
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
-PROBE_VERSION = 9  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
-#                   7: the client's CPU per step; 8: batch reads per shard and trunk;
-#                   9: each worker's compute spread against its peers
+PROBE_VERSION = 10  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+#                    7: the client's CPU per step; 8: batch reads per shard and trunk;
+#                    9: each worker's compute spread against its peers; 10: none new,
+#                    but the workers' max-pool got faster (tasks/pooling.py), so every
+#                    earlier probe's compute figures are stale
 
 
 def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
