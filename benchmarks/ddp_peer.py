@@ -80,11 +80,16 @@ def _rank(rank: int, world: int, port: int, config_path: str, overrides: list[st
     dist.destroy_process_group()
 
 
-def measure_ddp(net: str, batch: int, steps: int, workers: int = 2, warmup: int = 1) -> float:
-    """Median step time of DDP over `workers` processes (warm-up steps excluded)."""
+def free_port() -> int:
+    """A port on 127.0.0.1 free now, for the ranks' rendezvous."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+def measure_ddp(net: str, batch: int, steps: int, workers: int = 2, warmup: int = 1) -> float:
+    """Median step time of DDP over `workers` processes (warm-up steps excluded)."""
+    port = free_port()
     overrides = [f"train.batch={batch}", "progress=false"]
     context = mp.get_context("spawn")
     queue = context.Queue()

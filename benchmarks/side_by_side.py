@@ -35,23 +35,23 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import sys
 import tempfile
 from multiprocessing.connection import Connection
 from statistics import median
-from typing import Protocol
+from typing import Callable, Protocol, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch.distributed as dist  # noqa: E402
+from distributed import Client  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from benchmarks.ddp_peer import ddp_steps  # noqa: E402
+from benchmarks.ddp_peer import ddp_steps, free_port  # noqa: E402
 from benchmarks.engine_speedup import NETS, TARGETS, ratio_report, run_order, target_lines  # noqa: E402
 from pipeline.checkpointing import prepare_checkpoints  # noqa: E402
-from pipeline.cluster import find_workers  # noqa: E402
+from pipeline.cluster import ClusterWorker, find_workers  # noqa: E402
 from pipeline.config import RunConfig, load_run_config  # noqa: E402
 from pipeline.dataset import prepare_dataset  # noqa: E402
 from pipeline.loop import Trainer, train_loop  # noqa: E402
@@ -106,7 +106,28 @@ class LoopContender:
         self.trainer.close()
 
 
-def loop_contender(name: str, config: RunConfig, client=None, offered=None) -> LoopContender:
+def run_configs(net: str, batch: int, workers: int, workdir: str) -> Callable[..., RunConfig]:
+    """Makes the contenders' run configs: `net` at `batch` on `workers` workers, no
+    checkpoints but the one at a burst's end, no evaluation, each with an output folder
+    of its own in `workdir`; its arguments are further ``key=value`` overrides."""
+    base = [f"train.batch={batch}", "progress=false", "train.checkpoint_every=0",
+            "train.eval_samples=0", "train.steps=1", f"cluster.workers={workers}"]
+
+    def config(*overrides: str) -> RunConfig:
+        return load_run_config(os.path.join(ROOT, NETS[net]), [
+            *base, f"output={tempfile.mkdtemp(dir=workdir)}", *overrides])
+    return config
+
+
+def engine_contenders(names: Sequence[str], config: Callable[..., RunConfig], client: Client,
+                      offered: list[ClusterWorker]) -> list[LoopContender]:
+    """An engine of each strategy in `names` on `offered` (``single`` on the first)."""
+    return [loop_contender(name, config(f"strategy={name}"), client,
+                           offered[:1] if name == "single" else offered) for name in names]
+
+
+def loop_contender(name: str, config: RunConfig, client: Client | None = None,
+                   offered: list[ClusterWorker] | None = None) -> LoopContender:
     """`config`'s trainer, loaded from its initial checkpoint: an engine of its
     strategy on `offered` of `client`'s workers, or the reference in this process."""
     strategy = check_run(config)
@@ -151,9 +172,7 @@ class DDPContender:
     def __init__(self, name: str, config_path: str, overrides: list[str], world: int = 2):
         self.name = name
         self.cpu: list[float] = []
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         context = mp.get_context("spawn")
         self.pipes, self.processes = [], []
         for rank in range(world):
@@ -207,10 +226,6 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 <= args.skip < args.burst:
         parser.error("--skip must be at least 0 and less than --burst")
-    config_path = os.path.join(ROOT, NETS[args.net])
-    base = [f"train.batch={args.batch}", "progress=false", "train.checkpoint_every=0",
-            "train.eval_samples=0", "train.steps=1"]
-    workers = 1 if args.one_worker else 2
     names = ["reference-1-thread", *([] if args.one_worker else
                                      ["reference-2-threads", "ddp-gloo-2"]),
              "single", "kernel", "data", "hybrid"]
@@ -220,25 +235,19 @@ def main() -> None:
                      f"{', '.join(names)})")
     names = [name for name in names if name in (args.only or names)]
     with tempfile.TemporaryDirectory() as workdir:
-        def config(*overrides: str) -> RunConfig:
-            return load_run_config(config_path, [*base, f"output={tempfile.mkdtemp(dir=workdir)}",
-                                                 f"cluster.workers={workers}", *overrides])
-        contenders: list[Contender] = []
-        for threads in (1, 2):
-            name = f"reference-{threads}-thread{'s' if threads > 1 else ''}"
-            if name in names:
-                contenders.append(loop_contender(name, config(
-                    "strategy=reference", f"reference.threads={threads}")))
+        config = run_configs(args.net, args.batch, 1 if args.one_worker else 2, workdir)
+        contenders: list[Contender] = [
+            loop_contender(name, config("strategy=reference", f"reference.threads={threads}"))
+            for name, threads in (("reference-1-thread", 1), ("reference-2-threads", 2))
+            if name in names]
         if "ddp-gloo-2" in names:
-            contenders.append(DDPContender("ddp-gloo-2", config_path, base[:1]))
+            contenders.append(DDPContender("ddp-gloo-2", os.path.join(ROOT, NETS[args.net]),
+                                           [f"train.batch={args.batch}"]))
         shared = config("strategy=kernel")
         with start_cluster(shared, Startup("side-by-side", False), print) as (client, _):
-            offered = find_workers(client, shared.cluster)
-            for name in ("single", "kernel", "data", "hybrid"):
-                if name in names:
-                    on = offered[:1] if name == "single" else offered
-                    contenders.append(loop_contender(name, config(f"strategy={name}"), client,
-                                                     on))
+            contenders += engine_contenders(
+                [n for n in ("single", "kernel", "data", "hybrid") if n in names], config,
+                client, find_workers(client, shared.cluster))
             times = rounds(contenders, args)
             for contender in contenders:
                 contender.close()

@@ -30,9 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.engine_speedup import NETS  # noqa: E402
-from benchmarks.side_by_side import DDPContender, loop_contender  # noqa: E402
+from benchmarks.side_by_side import DDPContender, engine_contenders, run_configs  # noqa: E402
 from pipeline.cluster import find_workers  # noqa: E402
-from pipeline.config import load_run_config  # noqa: E402
 from pipeline.run import start_cluster  # noqa: E402
 from pipeline.startup import Startup  # noqa: E402
 
@@ -53,22 +52,17 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
-    base = [f"train.batch={args.batch}", "progress=false", "train.checkpoint_every=0",
-            "train.eval_samples=0", "train.steps=1", "cluster.workers=2"]
     per_step: dict[str, list[dict[str, float]]] = {name: [] for name in (*STRATEGIES, DDP)}
     computing: dict[str, list[float]] = {name: [] for name in STRATEGIES}
     with tempfile.TemporaryDirectory() as workdir:
-        def config(*overrides: str):
-            return load_run_config(os.path.join(ROOT, NETS[args.net]), [
-                *base, f"output={tempfile.mkdtemp(dir=workdir)}", *overrides])
+        config = run_configs(args.net, args.batch, 2, workdir)
         shared = config("strategy=kernel")
         with start_cluster(shared, Startup("worker-cpu", False), print) as (client, _):
             offered = find_workers(client, shared.cluster)
             names = {w.address: w.name for w in offered}
-            contenders = [loop_contender(name, config(f"strategy={name}"), client,
-                                         offered[:1] if name == "single" else offered)
-                          for name in STRATEGIES]
-            ddp = DDPContender(DDP, os.path.join(ROOT, NETS[args.net]), base[:1])
+            contenders = engine_contenders(STRATEGIES, config, client, offered)
+            ddp = DDPContender(DDP, os.path.join(ROOT, NETS[args.net]),
+                               [f"train.batch={args.batch}"])
             for round_ in range(args.rounds):
                 ddp.burst(args.burst)
                 per_step[DDP].append({f"rank {r}": cpu / args.burst
