@@ -26,16 +26,16 @@ import psutil  # noqa: E402
 from distributed import Client  # noqa: E402
 
 from pipeline.config import WorkerConfig  # noqa: E402
-from pipeline.embedded import QUIET, start_embedded_cluster  # noqa: E402
+from pipeline.embedded import QUIET, is_worker_process, start_embedded_cluster  # noqa: E402
 
 
 def workers_cpu_seconds() -> float:
-    """CPU seconds so far of this process's worker processes (multiprocessing's
-    children: the nannies' workers), together."""
+    """CPU seconds so far of this process's worker processes (forked from its fork
+    server: the nannies' workers), together."""
     total = 0.0
-    for child in psutil.Process().children():
+    for child in psutil.Process().children(recursive=True):
         try:
-            if "spawn_main" in " ".join(child.cmdline()):
+            if is_worker_process(child):
                 times = child.cpu_times()
                 total += times.user + times.system
         except psutil.Error:

@@ -41,6 +41,7 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipeline.config import load_run_config  # noqa: E402
+from pipeline.embedded import is_worker_process  # noqa: E402
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, PROCESS_BASELINE,  # noqa: E402
                                        MemoryConstants, element_bytes, peak_memory)
 from pipeline.placement import split_even  # noqa: E402
@@ -70,7 +71,7 @@ CASES = {
 
 def sample_tree(process: subprocess.Popen, period: float = 0.02) -> dict[int, dict]:
     """Peak RSS of `process` and each of its descendants until it exits:
-    pid -> {"peak": bytes, "cmd": str, "first_seen": s}."""
+    pid -> {"peak": bytes, "cmd": str, "worker": bool, "first_seen": s}."""
     root = psutil.Process(process.pid)
     peaks: dict[int, dict] = {}
     start = time.monotonic()
@@ -85,6 +86,7 @@ def sample_tree(process: subprocess.Popen, period: float = 0.02) -> dict[int, di
                 entry = peaks.get(proc.pid)
                 if entry is None:
                     entry = peaks[proc.pid] = {"peak": 0, "cmd": " ".join(proc.cmdline()),
+                                               "worker": is_worker_process(proc),
                                                "first_seen": time.monotonic() - start}
                 entry["peak"] = max(entry["peak"], rss)
             except psutil.Error:
@@ -111,7 +113,7 @@ def measure_case(config_path: str, name: str, steps: int, extra: list[str]) -> d
     client = peaks.pop(process.pid)
     worker_peaks = [v["peak"] for _, v in sorted(peaks.items(),
                                                  key=lambda kv: kv[1]["first_seen"])
-                    if "spawn_main" in v["cmd"] and "resource_tracker" not in v["cmd"]]
+                    if v["worker"]]
     return {"config": config_path, "case": name, "args": args, "client": client["peak"],
             "workers": worker_peaks}
 

@@ -42,7 +42,8 @@ from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scal
 from experiments.sweep_config import Sweep, load_sweep
 from experiments.sweep_run import STORE, run_sweep
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
-                          UsageError, fail, quiet_dask, stops_on_signals)
+                          UsageError, exit_with, fail, quiet_dask,
+                          stops_on_signals)
 from pipeline.prediction import predict_point
 from pipeline.preflight import check_run, check_writable_dir
 from pipeline.schema import ConfigError
@@ -220,4 +221,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import multiprocessing.synchronize
 import multiprocessing.util
@@ -147,3 +148,15 @@ def unlink_semaphores() -> None:
         if cleanup is not None and getattr(finalizer, "_callback", None) is cleanup:
             with contextlib.suppress(Exception):
                 finalizer()
+
+
+def exit_with(status: int) -> NoReturn:
+    """Exit an entry point with `status`, skipping the garbage collector's passes over
+    every object of torch, xarray and Dask while the interpreter shuts down: garbage
+    is collected now (its finalizers run as usual), then everything still alive is
+    frozen out of later collections (`gc.freeze`). Shutdown went from 1.08 s to
+    0.35 s here (plus 0.16 s for this collection); a test suite that starts ~60 runs
+    and sweeps as processes pays it each time."""
+    gc.collect()
+    gc.freeze()
+    sys.exit(status)

@@ -1,18 +1,23 @@
 """Starting the embedded cluster: a scheduler and one nanny-managed worker process
 per configured worker, on the loopback interface, a few workers at a time.
 
-Every worker process imports torch (about 2.5 s of CPU), so 64 workers on 2 cores
-take minutes to start. Started in batches (`batch`, from
+Each worker process starts a Dask worker, and many of them take a while on 2 cores.
+Started in batches (`batch`, from
 `pipeline.startup.start_batch`), they come up steadily and a caller can say how many
 are up (`progress`); a start that fails or is interrupted (Ctrl-C) kills the
 workers still starting instead of waiting for them, and the workers never see a
 terminal's Ctrl-C themselves (`_block_ctrl_c`): the run stops them.
+
+The worker processes are forked from one fork server that imported what a worker
+needs (torch among it) once: pipeline/fork_server.py says why. It is started here,
+if the command has not started it already.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from multiprocessing import resource_tracker
@@ -21,8 +26,10 @@ from typing import Callable
 import dask
 import psutil
 from distributed import Nanny, Scheduler, SpecCluster
+from distributed.utils import get_mp_context
 
 from pipeline.config import WorkerConfig
+from pipeline.fork_server import start_fork_server
 
 LOOPBACK = "127.0.0.1"
 # Workers share the cores with the timed work: no statistical profiler (it samples
@@ -43,7 +50,9 @@ QUIET = {"distributed.worker.daemon": False, "logging.distributed": "error",
          "distributed.admin.system-monitor.interval": "2s",
          # one malloc arena (tasks.worker_state.tune_allocator says why), set before the
          # worker process starts, as glibc reads it then
-         "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1}
+         "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1,
+         # workers forked from a server that imported torch once (pipeline/fork_server.py)
+         "distributed.worker.multiprocessing-method": "forkserver"}
 
 #: (workers up, workers asked for), while an embedded cluster starts.
 Progress = Callable[[int, int], None]
@@ -69,7 +78,7 @@ def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | Non
         for worker in workers
     }
     names, step = list(spec), batch or len(spec) or 1
-    before = {child.pid for child in psutil.Process().children()}
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
     with dask.config.set(QUIET):
         cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR)
         try:
@@ -91,17 +100,33 @@ async def _block_ctrl_c() -> None:
     stops its workers itself, and each worker that took it printed a
     KeyboardInterrupt traceback. Python runs signal handlers in the main thread
     only, so this thread blocking one changes nothing for this process. The
-    resource tracker is started first: starting it unblocks SIGINT in its caller."""
+    resource tracker is started first: starting it unblocks SIGINT in its caller.
+    Then the fork server, if none runs yet: started from here, it inherits the
+    blocked Ctrl-C and hands it on to every worker forked from it."""
     resource_tracker.ensure_running()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    if dask.config.get("distributed.worker.multiprocessing-method") == "forkserver":
+        get_mp_context()  # Dask sets its own list of modules on the first call: before ours
+        start_fork_server()
+
+
+def is_worker_process(process: psutil.Process) -> bool:
+    """Whether `process` is an embedded cluster's worker: forked from a fork server
+    (its parent is the server, with the server's command line) or spawned by
+    multiprocessing; not the fork server or the resource tracker themselves."""
+    command = " ".join(process.cmdline())
+    if "multiprocessing.forkserver" in command:
+        parent = process.parent()
+        return parent is not None and "multiprocessing.forkserver" in " ".join(parent.cmdline())
+    return "spawn_main" in command and "resource_tracker" not in command
 
 
 def _kill_new_workers(before: set[int]) -> None:
-    """Kill the worker processes this process spawned since its children were
-    `before` (multiprocessing's, not its resource tracker)."""
-    for child in psutil.Process().children():
+    """Kill the worker processes this process started since its descendants were
+    `before` (`is_worker_process`)."""
+    for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.pid not in before and "spawn_main" in " ".join(child.cmdline()):
+            if child.pid not in before and is_worker_process(child):
                 child.kill()
 
 

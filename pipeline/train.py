@@ -17,7 +17,8 @@ import sys
 
 from pipeline.checkpointing import CheckpointError
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
-                          UsageError, fail, quiet_dask, stops_on_signals)
+                          UsageError, exit_with, fail, quiet_dask,
+                          stops_on_signals)
 from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost
 from pipeline.config import RunConfig, load_run_config
 from pipeline.outputs import OutputBusy
@@ -151,4 +152,4 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

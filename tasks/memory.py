@@ -28,13 +28,17 @@ from dataclasses import dataclass
 
 import torch
 
+from tasks.worker_imports import WORKER_MODULES
+
 PER_STRETCH, LIFETIME = "per-step", "lifetime"
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
 #: What a bare process imports to stand for each kind of process of a run: a Dask
 #: worker imports distributed and the task modules (torch, numpy, zarr; not xarray or
-#: pandas, about 45 MB more), the client the whole pipeline.
-WORKER_IMPORTS = "import distributed, tasks.step_task"
+#: pandas, about 45 MB more), the client the whole pipeline. The embedded cluster's
+#: workers are forked from a process that imported exactly `WORKER_MODULES`
+#: (pipeline/fork_server.py), so they hold what the baseline holds.
+WORKER_IMPORTS = "import " + ", ".join(WORKER_MODULES)
 CLIENT_IMPORTS = "import pipeline.run"
 
 

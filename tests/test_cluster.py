@@ -60,3 +60,30 @@ def test_embedded_dask_runs_quietly(mixed_cluster):
 
     assert client.run_on_scheduler(timings) == (500, 2000)
     assert set(client.run(timings).values()) == {(500, 2000)}
+
+
+def test_embedded_workers_are_forked_from_one_server_with_the_worker_modules(mixed_cluster):
+    """Every worker process is a child of one fork server, not of this process
+    (pipeline/fork_server.py), and starts with the environment a spawned worker would
+    get (one malloc arena). The server holds torch, as the memory baseline's
+    `WORKER_MODULES` do, and not the client's pandas (its compiled modules are not
+    mapped), so a new worker starts with what the baseline holds."""
+    client, _ = mixed_cluster
+
+    def process_facts():  # noqa: ANN202
+        import sys  # noqa: PLC0415 - runs on the worker
+
+        import psutil as ps  # noqa: PLC0415
+        parent = ps.Process().parent()
+        return (parent.pid, " ".join(parent.cmdline()), os.environ.get("MALLOC_ARENA_MAX"),
+                "tasks.step_task" in sys.modules)
+
+    facts = list(client.run(process_facts).values())
+    servers = {pid for pid, *_ in facts}
+    assert len(servers) == 1 and os.getpid() not in servers  # one server for all four
+    for _pid, command, arenas, task_modules in facts:
+        assert "multiprocessing.forkserver" in command, command
+        assert arenas == "1" and task_modules
+    with open(f"/proc/{servers.pop()}/maps", encoding="utf-8") as handle:
+        mapped = handle.read()
+    assert "libtorch_cpu" in mapped and "pandas/_libs" not in mapped
