@@ -9,8 +9,8 @@ workers still starting instead of waiting for them, and the workers never see a
 terminal's Ctrl-C themselves (`_block_ctrl_c`): the run stops them.
 
 The worker processes are forked from one fork server that imported what a worker
-needs (torch among it) once: pipeline/fork_server.py says why. It is started here,
-if the command has not started it already.
+needs (torch among it) once: pipeline/fork_server.py says why. The first embedded
+cluster of a process starts it.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 A Dask nanny spawns its worker by default: a fresh interpreter that imports torch
 (about 2.5 s of CPU) and, because multiprocessing re-imports the parent's main
 module in a spawned child, the whole command again (for ``python -m pipeline.train``
-the pipeline with xarray and pandas: a second of CPU and about 45 MB per worker that
+the pipeline with xarray and pandas: a second of CPU and about 60 MB per worker that
 the memory baselines of pipeline/memory.py do not count). Instead the embedded
 cluster sets Dask's ``multiprocessing-method`` to ``forkserver``
 (pipeline/embedded.py): one server process imports what a worker needs
-(`tasks.worker_imports.WORKER_MODULES`) once, and every worker is forked from it,
+(`tasks.memory.WORKER_MODULES`) once, and every worker is forked from it,
 as Dask's own test suite starts its workers. Measured here (docs/benchmarks.md):
 8 workers up in 7.6-8.5 s instead of 14.3-14.5 s; 2 workers about as before (the
 server's one import against two in parallel on two cores), with half the CPU.
@@ -36,7 +36,7 @@ from multiprocessing import forkserver, resource_tracker
 
 import dask.config
 
-from tasks.worker_imports import WORKER_MODULES
+from tasks.memory import WORKER_MODULES
 
 
 def start_fork_server() -> None:
@@ -60,4 +60,3 @@ def start_fork_server() -> None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-

@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks.worker_imports import WORKER_MODULES
-
 PER_STRETCH, LIFETIME = "per-step", "lifetime"
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -38,6 +36,7 @@ _CLEAR_REFS = "/proc/self/clear_refs"
 #: pandas, about 45 MB more), the client the whole pipeline. The embedded cluster's
 #: workers are forked from a process that imported exactly `WORKER_MODULES`
 #: (pipeline/fork_server.py), so they hold what the baseline holds.
+WORKER_MODULES = ("distributed", "tasks.step_task")
 WORKER_IMPORTS = "import " + ", ".join(WORKER_MODULES)
 CLIENT_IMPORTS = "import pipeline.run"
 
