@@ -164,10 +164,10 @@ def test_rows_move_off_a_replica_that_would_overflow():
 def test_a_config_that_fits_nowhere_is_refused_in_one_line():
     peaks = split_peaks("kernel", PAPER, 32)
     with pytest.raises(MemoryRefused) as refused:
-        move_to_fit(even(2), [4, 4], [600 * MB, 600 * MB], peaks, ["cpu-0", "cpu-1"])
+        move_to_fit(even(2), [4, 4], [550 * MB, 550 * MB], peaks, ["cpu-0", "cpu-1"])
     line = str(refused.value)
     assert "\n" not in line
-    assert "worker cpu-0 needs" in line and "has 600 MB" in line
+    assert "worker cpu-0 needs" in line and "has 550 MB" in line
 
 
 def test_memory_limit_is_validated_at_the_edge():
@@ -242,11 +242,11 @@ def test_embedded_config_that_fits_nowhere_is_refused_before_its_cluster_starts(
                                                                                 capsys):
     """`--check` (and a run) stop at the config: one line, exit 2, no cluster."""
     status = train_cli.main(["configs/paper.yaml", "--check", f"output={tmp_path / 'run'}",
-                             "cluster.workers=[{name: a, memory_limit: 600MB}, "
-                             "{name: b, memory_limit: 600MB}]"])
+                             "cluster.workers=[{name: a, memory_limit: 550MB}, "
+                             "{name: b, memory_limit: 550MB}]"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert status == 2
-    assert len(lines) == 1 and "worker a needs" in lines[0] and "has 600 MB" in lines[0]
+    assert len(lines) == 1 and "worker a needs" in lines[0] and "has 550 MB" in lines[0]
     status = train_cli.main(["configs/paper.yaml", "--check", f"output={tmp_path / 'run'}",
                              "cluster.workers=[{name: a, memory_limit: 700MB}, "
                              "{name: b, memory_limit: 4GB}]"])

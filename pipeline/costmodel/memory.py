@@ -15,7 +15,8 @@ holds before any tensor, is the prediction.
 Per device, by kind (`Footprint.parts` at the peak):
 
 - ``baseline``: a bare Python process that imported torch, dask, zarr and xarray
-  (286 MB measured here: `PROCESS_BASELINE`);
+  (286 MB measured here: `PROCESS_BASELINE`); for a worker, one that imported what
+  a worker imports (259 MB: `WORKER_BASELINE`);
 - ``runtime``: what the project's process holds beyond that with no network to
   speak of (a Dask worker running the tasks; or the training process itself for
   `reference`): measured (`MemoryConstants`); a process that runs autograd's engine
@@ -49,7 +50,8 @@ from typing import Callable, Sequence
 
 from .network import ConvLayer, Network
 
-__all__ = ["MIB", "MB", "MEMORY_STRATEGIES", "PROCESS_BASELINE", "MemoryConstants", "Footprint", "Live", "peak_memory",
+__all__ = ["MIB", "MB", "MEMORY_STRATEGIES", "PROCESS_BASELINE", "WORKER_BASELINE",
+           "MemoryConstants", "Footprint", "Live", "peak_memory",
            "kernel_device_peak", "replica_device_peak", "hybrid_device_peak",
            "reference_peak", "DEFAULT_CONSTANTS"]
 
@@ -58,6 +60,10 @@ MB = 10 ** 6
 #: A bare process that imported torch, dask, zarr and xarray (measured on this
 #: project's machine, issue 24): subtracted from a peak to give "working" memory.
 PROCESS_BASELINE = 286 * 10 ** 6
+#: A bare process that imported what a worker imports (`tasks.memory.WORKER_MODULES`:
+#: no xarray or pandas; pipeline/memory.py's worker baseline, Intel host): what a
+#: worker forked from the embedded cluster's fork server starts with.
+WORKER_BASELINE = 259 * 10 ** 6
 #: The strategies `peak_memory` counts.
 MEMORY_STRATEGIES = ("reference", "single", "kernel", "data", "hybrid")
 #: Bytes of a max-pool index (int64).
@@ -71,7 +77,7 @@ class MemoryConstants:
     """What the count cannot derive from shapes, measured (benchmarks/memory_fit.py).
 
     worker_runtime : bytes a Dask worker process running the project's tasks holds
-        beyond `baseline`, whatever the network (the worker's own state, modules the
+        beyond `worker_baseline`, whatever the network (the worker's own state, modules the
         tasks import, oneDNN's kernels, the allocator's retained pages).
     client_runtime : the same for the training process that runs `reference` in
         itself (it also holds the run's records and the dataset's index).
@@ -97,16 +103,20 @@ class MemoryConstants:
     batch 32 and the small one at 128, and again with autograd's engine and the mmap
     threshold counted, on the median of three or more runs per case
     (docs/benchmarks.md, "Memory per worker: every target in one run, and the model
-    on medians").
+    on medians"); refitted again with the workers forked from one server, which no
+    longer hold the command's own modules (about 60 MB each), on the medians of
+    three runs of every case, the paper network at batch 32 and the small one at 128
+    (docs/benchmarks.md, "Workers forked from one server").
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
 
     baseline: float = PROCESS_BASELINE
-    worker_runtime: float = 40 * 10 ** 6
-    client_runtime: float = 130 * 10 ** 6
-    conv_workspace: float = 1.0
-    retention: float = 1.65
+    worker_baseline: float = WORKER_BASELINE
+    worker_runtime: float = 25 * 10 ** 6
+    client_runtime: float = 150 * 10 ** 6
+    conv_workspace: float = 0.5
+    retention: float = 1.45
     load_retained: float = 0.5
     autograd_runtime: float = 5.5 * 10 ** 6
     mmap_threshold: float = 32 * MIB
@@ -312,7 +322,7 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     if gpu:
         return _finish(live, {"context": constants.gpu_context})
     runtime = constants.worker_runtime + (constants.autograd_runtime if master else 0.0)
-    return _finish(live, {"baseline": constants.baseline, "runtime": runtime,
+    return _finish(live, {"baseline": constants.worker_baseline, "runtime": runtime,
                           "load": constants.load_retained * read}, constants.retention,
                    constants.mmap_threshold)
 
@@ -391,7 +401,7 @@ def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s
         live.alloc("grads", "gradients", params)
     _reduction(live, params, devices)
     extra = ({"context": constants.gpu_context} if gpu else
-             {"baseline": constants.baseline,
+             {"baseline": constants.worker_baseline,
               "runtime": constants.worker_runtime + constants.autograd_runtime,
               "load": constants.load_retained * 2 * network.params() * s})
     return _finish(live, extra, 1.0 if gpu else constants.retention, constants.mmap_threshold)
@@ -421,7 +431,7 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     live.free("features", "grad-features")
     _reduction(live, trunk, devices)
     extra = ({"context": constants.gpu_context} if gpu else
-             {"baseline": constants.baseline,
+             {"baseline": constants.worker_baseline,
               "runtime": constants.worker_runtime + constants.autograd_runtime,
               "load": constants.load_retained * 2 * network.params() * s})
     return _finish(live, extra, 1.0 if gpu else constants.retention, constants.mmap_threshold)
