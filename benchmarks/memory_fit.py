@@ -41,9 +41,9 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipeline.config import load_run_config  # noqa: E402
-from pipeline.embedded import is_worker_process  # noqa: E402
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, PROCESS_BASELINE,  # noqa: E402
                                        MemoryConstants, element_bytes, peak_memory)
+from pipeline.embedded import is_worker_process  # noqa: E402
 from pipeline.placement import split_even  # noqa: E402
 from pipeline.prediction import network_for  # noqa: E402
 from pipeline.probe.results import costmodel_network  # noqa: E402

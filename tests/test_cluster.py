@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from pipeline.cluster import (ClusterError, add_master, find_workers)
+from pipeline.embedded import is_worker_process
 
 
 @pytest.fixture
@@ -84,6 +85,12 @@ def test_embedded_workers_are_forked_from_one_server_with_the_worker_modules(mix
     for _pid, command, arenas, task_modules in facts:
         assert "multiprocessing.forkserver" in command, command
         assert arenas == "1" and task_modules
-    with open(f"/proc/{servers.pop()}/maps", encoding="utf-8") as handle:
+    server = servers.pop()
+    with open(f"/proc/{server}/maps", encoding="utf-8") as handle:
         mapped = handle.read()
     assert "libtorch_cpu" in mapped and "pandas/_libs" not in mapped
+    # how a start that fails tells the workers to kill from the server and this process
+    workers = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+    assert all(is_worker_process(p) for p in workers)
+    assert not is_worker_process(psutil.Process(server))
+    assert not is_worker_process(psutil.Process())
