@@ -101,13 +101,12 @@ async def _block_ctrl_c() -> None:
     KeyboardInterrupt traceback. Python runs signal handlers in the main thread
     only, so this thread blocking one changes nothing for this process. The
     resource tracker is started first: starting it unblocks SIGINT in its caller.
-    Then the fork server, if none runs yet: started from here, it inherits the
-    blocked Ctrl-C and hands it on to every worker forked from it."""
+    Then the fork server (QUIET asks for one), if none runs yet: started from here,
+    it inherits the blocked Ctrl-C and hands it on to every worker forked from it."""
     resource_tracker.ensure_running()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    if dask.config.get("distributed.worker.multiprocessing-method") == "forkserver":
-        get_mp_context()  # Dask sets its own list of modules on the first call: before ours
-        start_fork_server()
+    get_mp_context()  # Dask sets its own list of modules on its first call: before ours
+    start_fork_server()
 
 
 def is_worker_process(process: psutil.Process) -> bool:
