@@ -103,8 +103,8 @@ CASES: list[Case] = [
     train_case("reference.threads=0", names="reference.threads"),
     train_case("data.train_samples=0", names="data.train_samples"),
     # Wrong keys, types and values.
-    train_case("train.stepz=3", names="train.stepz"),
-    train_case("train.steps=many", names="train.steps"),
+    train_case("train.stepz=3", names="train.stepz: unknown key"),
+    train_case("train.steps=many", names="train.steps: expected an integer"),
     train_case("train.steps=2.5", names="train.steps"),
     train_case("network.dtype=float16", names="network.dtype"),
     train_case("strategy=magic", names="strategy"),
@@ -128,17 +128,20 @@ CASES: list[Case] = [
     Case("train", ("{tmp}/broken.yaml",), 2, "broken.yaml"),
     Case("train", ("{tmp}/twice.yaml",), 2, "duplicate key 'train'"),
     Case("train", ("{tmp}/list.yaml",), 2, "list.yaml"),
+    Case("train", ("{tmp}/wrong-type.yaml",), 2, "network.conv.0.kernels: expected an integer"),
     # Datasets: a store path under a file or that is a file, a missing or damaged source.
     train_case("data.path=/dev/null/x.zarr", names="data.path"),
     train_case("data.path={tmp}/a-file", names="data.path"),
     train_case("data.source={tmp}/nowhere/cifar-10-python.tar.gz",
-               "data.path={tmp}/cifar.zarr", names="data.source"),
+               "data.path={tmp}/cifar.zarr",
+               names="data.source: {tmp}/nowhere/cifar-10-python.tar.gz does not exist"),
     replace(train_case("data.source={tmp}/junk.tar.gz", "data.path={tmp}/cifar.zarr",
                        names="junk.tar.gz"), after_start=True),
     # Runtime (exit 1): nothing listens at the scheduler's address.
     replace(train_case("data.path={dataset}", "data.train_samples=512",
                        "data.test_samples=128", "data.seed=3", "--scheduler",
-                       "tcp://127.0.0.1:9", names="tcp://127.0.0.1:9", status=1),
+                       "tcp://127.0.0.1:9",
+                       names="cannot reach the Dask scheduler at tcp://127.0.0.1:9", status=1),
             after_start=True),
     # The sweep: its store, its options, its keys and its base.
     sweep_case("--out", "/proc/x", names="--out"),
@@ -171,6 +174,7 @@ def workdir(tmp_path, monkeypatch, tiny_dataset_factory):
     (tmp_path / "twice.yaml").write_text("train: {steps: 3}\nstrategy: single\n"
                                          "train: {batch: 8}\n")
     (tmp_path / "list.yaml").write_text("- train\n- steps\n")
+    (tmp_path / "wrong-type.yaml").write_text("network:\n  conv:\n    - {kernels: lots}\n")
     (tmp_path / "nobase.yaml").write_text("base: missing.yaml\naxes: {strategy: [kernel]}\n")
     (tmp_path / "junk.tar.gz").write_bytes(b"\x1f\x8b not really gzip\n" * 4)
     monkeypatch.chdir(tmp_path)
@@ -191,7 +195,7 @@ def test_bad_input_is_one_line(case, workdir, monkeypatch):
         monkeypatch.setenv(name, value)
     args = [a.replace("{tmp}", str(tmp)).replace("{dataset}", dataset) for a in case.args]
     status, lines, _out = run_main(case.cli, args)
-    assert_one_line(status, lines, case)
+    assert_one_line(status, lines, replace(case, names=case.names.replace("{tmp}", str(tmp))))
     if not case.after_start:
         assert not (tmp / "run").exists()  # refused before anything was written
 

@@ -131,37 +131,6 @@ def test_data_and_hybrid_train_on_cli_started_workers(tmp_path, cli_cluster,
         assert record.attrs["gradient_reduction"].startswith("workspace")
 
 
-def test_unknown_key_is_one_line_and_exit_2(tmp_path):
-    result = train(os.path.join(ROOT, "configs", "small.yaml"), "train.stepz=3")
-    assert result.returncode == 2
-    assert error_lines(result) == [error_lines(result)[0]]
-    assert "train.stepz" in result.stderr and "unknown key" in result.stderr
-
-
-def test_wrong_type_is_one_line_and_exit_2(tmp_path):
-    result = train(os.path.join(ROOT, "configs", "small.yaml"), "train.steps=many")
-    assert result.returncode == 2
-    assert len(error_lines(result)) == 1
-    assert "train.steps" in result.stderr and "integer" in result.stderr
-
-
-def test_wrong_type_in_yaml_file_is_reported(tmp_path):
-    config = tmp_path / "bad.yaml"
-    config.write_text("network:\n  conv:\n    - {kernels: lots}\n")
-    result = train(str(config))
-    assert result.returncode == 2
-    assert "network.conv.0.kernels" in result.stderr
-
-
-def test_missing_dataset_archive_is_named(tmp_path):
-    missing = tmp_path / "nowhere" / "cifar-10-python.tar.gz"
-    result = train(os.path.join(ROOT, "configs", "small.yaml"), f"data.source={missing}",
-                   f"output={tmp_path / 'run'}", f"data.path={tmp_path / 'cifar.zarr'}")
-    assert result.returncode == 2
-    assert str(missing) in result.stderr
-    assert "Traceback" not in result.stderr
-
-
 def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_factory):
     dataset = tiny_dataset_factory("float32")
     started = time.monotonic()
@@ -172,14 +141,6 @@ def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_fact
         "offer: CPU)" in result.stderr and "Traceback" not in result.stderr
     assert len(error_lines(result)) == 1, result.stderr
     assert not (tmp_path / "run").exists()  # nothing written
-
-
-def test_unreachable_scheduler_is_a_clear_message(tmp_path, tiny_dataset_factory):
-    dataset = tiny_dataset_factory("float32")
-    result = train(*tiny_args(tmp_path, dataset), "--scheduler", "tcp://127.0.0.1:9")
-    assert result.returncode == 1
-    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in result.stderr
-    assert "Traceback" not in result.stderr
 
 
 def test_trains_from_a_cifar10_archive(tmp_path):
