@@ -9,8 +9,9 @@ kernel/2, kernel/3 and kernel/4 even, data/2 and hybrid/2 even; batch 32 unless
 the training process and of every worker process it spawned (psutil, every 20 ms),
 and keeps each process's peak. Beside it: the peak the model predicts
 (`pipeline.costmodel.memory.peak_memory`) for the same split, and the error against
-the measured *working* memory (the peak minus the per-process baseline,
-`memory.PROCESS_BASELINE`). The worker processes' names cannot be told from outside,
+the measured *working* memory (the peak minus the bare process of its kind:
+`memory.WORKER_BASELINE` for a worker, `memory.PROCESS_BASELINE` for the client).
+The worker processes' names cannot be told from outside,
 so measured and predicted peaks are compared largest to largest. `--out` appends the
 measurements as JSON lines; `--compare FILE...` compares them with the model again, and
 with `--fit` searches `FIT_GRID` for the `MemoryConstants` that put the most figures
@@ -41,8 +42,8 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipeline.config import load_run_config  # noqa: E402
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, PROCESS_BASELINE,  # noqa: E402
-                                       MemoryConstants, element_bytes, peak_memory)
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MemoryConstants,  # noqa: E402
+                                       element_bytes, peak_memory)
 from pipeline.embedded import is_worker_process  # noqa: E402
 from pipeline.placement import split_even  # noqa: E402
 from pipeline.prediction import network_for  # noqa: E402
@@ -165,9 +166,11 @@ def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> d
     have_all = sorted([measured["client"]] if strategy == "reference" else measured["workers"],
                       reverse=True)[:len(predicted)]
     predicted = sorted(predicted, reverse=True)
+    # working memory: less the bare process of the kind (the client's for reference)
+    base = constants.baseline if strategy == "reference" else constants.worker_baseline
     rows = []
     for d, (have, want) in enumerate(zip(have_all, predicted)):
-        working, model = have - PROCESS_BASELINE, want - PROCESS_BASELINE
+        working, model = have - base, want - base
         rows.append({"device": d, "measured_mb": have / MB, "working_mb": working / MB,
                      "predicted_mb": want / MB, "predicted_working_mb": model / MB,
                      "error": (model - working) / working})

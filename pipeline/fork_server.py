@@ -8,7 +8,10 @@ the memory baselines of pipeline/memory.py do not count). Instead the embedded
 cluster sets Dask's ``multiprocessing-method`` to ``forkserver``
 (pipeline/embedded.py): one server process imports what a worker needs
 (`tasks.memory.WORKER_MODULES`) once, and every worker is forked from it,
-as Dask's own test suite starts its workers. Measured here (docs/benchmarks.md):
+as Dask's own test suite starts its workers. Forking alone does not keep the parent's
+main module out of a worker: multiprocessing prepares a forked child as it does a
+spawned one. The server also preloads pipeline/forked_main.py, which stops that.
+Measured here (docs/benchmarks.md):
 8 workers up in 7.6-8.5 s instead of 14.3-14.5 s; 2 workers about as before (the
 server's one import against two in parallel on two cores), with half the CPU.
 
@@ -36,6 +39,7 @@ from multiprocessing import forkserver, resource_tracker
 
 import dask.config
 
+from pipeline.forked_main import PARENT_MAIN, parent_main
 from tasks.memory import WORKER_MODULES
 
 
@@ -46,7 +50,9 @@ def start_fork_server() -> None:
     distributed's defaults and pipeline/embedded.py's one malloc arena)."""
     configured = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
     environment = {name: str(value) for name, value in configured.items()}
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(WORKER_MODULES))
+    environment[PARENT_MAIN] = parent_main()
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        [*WORKER_MODULES, "pipeline.forked_main"])
     resource_tracker.ensure_running()  # starting it unblocks SIGINT in its caller: first
     saved = {name: os.environ.get(name) for name in environment}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -2,12 +2,13 @@
 peak, and the "working" memory, that peak less a bare process's of the same kind.
 
 The bare processes (`tasks.memory.bare_process_rss`: a fresh Python that has imported
-what a worker imports, or what the client imports, xarray and pandas included) cost a
+what a worker imports, forked once as the workers are, or what the client imports,
+xarray and pandas included) cost a
 subprocess and an import of torch each, about 3 s of CPU; every run's summary needs
 them, and the CLI runs once per process, so the figures are kept in
 ``~/.cache/dask-cnn/memory-baseline.json`` (or ``$CNN_MEMORY_CACHE``), keyed by the
-interpreter, the libraries' versions and the import line, and measured again when any
-changes. `reference` trains in the client process, so its peak is set against the
+interpreter, the libraries' versions, the import line and `BASELINE_METHOD`, and
+measured again when any changes. `reference` trains in the client process, so its peak is set against the
 client's baseline.
 """
 
@@ -29,6 +30,11 @@ from storage.space import replace_file
 from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
 
 
+#: Part of the cache's key: bumped when `bare_process_rss` measures differently
+#: (2: the worker's baseline a forked child).
+BASELINE_METHOD = 2
+
+
 def _cache_path() -> str:
     return os.environ.get("CNN_MEMORY_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "dask-cnn", "memory-baseline.json")
@@ -40,7 +46,8 @@ def memory_baseline(imports: str = WORKER_IMPORTS) -> int:
     library versions and import line (cached on disk, see the module); 0 where it
     cannot be measured."""
     key = json.dumps([sys.executable, torch.__version__, np.__version__, dask.__version__,
-                      distributed.__version__, zarr.__version__, xr.__version__, imports])
+                      distributed.__version__, zarr.__version__, xr.__version__, imports,
+                      BASELINE_METHOD])
     path = _cache_path()
     try:
         with open(path, encoding="utf-8") as handle:

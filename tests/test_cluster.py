@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 
 import psutil
 import pytest
 
 from pipeline.cluster import (ClusterError, add_master, find_workers)
 from pipeline.embedded import is_worker_process
+from tests.conftest import ROOT
 
 
 @pytest.fixture
@@ -94,3 +98,34 @@ def test_embedded_workers_are_forked_from_one_server_with_the_worker_modules(mix
     assert all(is_worker_process(p) for p in workers)
     assert not is_worker_process(psutil.Process(server))
     assert not is_worker_process(psutil.Process())
+
+
+MAIN_MODULE = """
+import json, sys
+import pandas  # what the CLIs' record writing imports; a worker has no use for it
+MAIN_OF_TEST = True  # what a worker's __main__ has if this module ran there again
+from distributed import Client
+from pipeline.config import WorkerConfig
+from pipeline.embedded import start_embedded_cluster
+
+if __name__ == "__main__":
+    with start_embedded_cluster([WorkerConfig(name="w", resources={"CPU": 1})]) as cluster:
+        with Client(cluster) as client:  # a function of __main__, carried by value
+            found = client.run(lambda: ("pandas" in sys.modules,
+                                        hasattr(sys.modules["__main__"], "MAIN_OF_TEST")))
+    print(json.dumps(list(found.values())))
+"""
+
+
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_workers_do_not_run_the_parents_main_module_again(tmp_path, how):
+    """A command run as `python -m NAME` (the CLIs) or as a script (the benchmarks):
+    its workers, forked from the server, do not import it again as `__mp_main__`
+    (pipeline/forked_main.py), so hold none of what it imported."""
+    (tmp_path / "main_of_test.py").write_text(MAIN_MODULE)
+    target = ["-m", "main_of_test"] if how == "module" else [str(tmp_path / "main_of_test.py")]
+    result = subprocess.run([sys.executable, *target], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [[False, False]], result.stdout

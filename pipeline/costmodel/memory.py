@@ -15,8 +15,9 @@ holds before any tensor, is the prediction.
 Per device, by kind (`Footprint.parts` at the peak):
 
 - ``baseline``: a bare Python process that imported torch, dask, zarr and xarray
-  (286 MB measured here: `PROCESS_BASELINE`); for a worker, one that imported what
-  a worker imports (259 MB: `WORKER_BASELINE`);
+  (286 MB measured here: `PROCESS_BASELINE`); for a worker, a child forked from one
+  that imported what a worker imports, as the workers are forked (182 MB:
+  `WORKER_BASELINE`);
 - ``runtime``: what the project's process holds beyond that with no network to
   speak of (a Dask worker running the tasks; or the training process itself for
   `reference`): measured (`MemoryConstants`); a process that runs autograd's engine
@@ -60,10 +61,12 @@ MB = 10 ** 6
 #: A bare process that imported torch, dask, zarr and xarray (measured on this
 #: project's machine, issue 24): subtracted from a peak to give "working" memory.
 PROCESS_BASELINE = 286 * 10 ** 6
-#: A bare process that imported what a worker imports (`tasks.memory.WORKER_MODULES`:
-#: no xarray or pandas; pipeline/memory.py's worker baseline, Intel host): what a
-#: worker forked from the embedded cluster's fork server starts with.
-WORKER_BASELINE = 259 * 10 ** 6
+#: A child forked from a bare process that imported what a worker imports
+#: (`tasks.memory.WORKER_MODULES`: no xarray or pandas; pipeline/memory.py's worker
+#: baseline, Intel host): what a worker forked from the embedded cluster's fork server
+#: starts with. Less than the unforked process (259 MB): a forked child maps its
+#: parent's library pages only once it touches them.
+WORKER_BASELINE = 182 * 10 ** 6
 #: The strategies `peak_memory` counts.
 MEMORY_STRATEGIES = ("reference", "single", "kernel", "data", "hybrid")
 #: Bytes of a max-pool index (int64).
@@ -106,17 +109,21 @@ class MemoryConstants:
     on medians"); refitted again with the workers forked from one server, which no
     longer hold the command's own modules (about 60 MB each), on the medians of
     three runs of every case, the paper network at batch 32 and the small one at 128
-    (docs/benchmarks.md, "Workers forked from one server").
+    (docs/benchmarks.md, "Workers forked from one server"); and again once the workers
+    no longer ran the command's main module and their baseline was a forked child (a
+    worker's runtime now includes the library pages its work touches), on the medians
+    of two runs of every case, both networks at batch 32 and the small one at 128
+    (docs/benchmarks.md, "Workers that do not run the command again").
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
 
     baseline: float = PROCESS_BASELINE
     worker_baseline: float = WORKER_BASELINE
-    worker_runtime: float = 25 * 10 ** 6
-    client_runtime: float = 150 * 10 ** 6
-    conv_workspace: float = 0.5
-    retention: float = 1.45
+    worker_runtime: float = 45 * 10 ** 6
+    client_runtime: float = 130 * 10 ** 6
+    conv_workspace: float = 0.25
+    retention: float = 1.75
     load_retained: float = 0.5
     autograd_runtime: float = 5.5 * 10 ** 6
     mmap_threshold: float = 32 * MIB
