@@ -7,12 +7,16 @@ import json
 import os
 import subprocess
 import sys
+import types
+from importlib.machinery import ModuleSpec
+from multiprocessing import spawn
 
 import psutil
 import pytest
 
 from pipeline.cluster import (ClusterError, add_master, find_workers)
 from pipeline.embedded import is_worker_process
+from pipeline.forked_main import adopt_parent_main, parent_main
 from tests.conftest import ROOT
 
 
@@ -117,15 +121,38 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("how", ["module", "script"])
-def test_workers_do_not_run_the_parents_main_module_again(tmp_path, how):
-    """A command run as `python -m NAME` (the CLIs) or as a script (the benchmarks):
-    its workers, forked from the server, do not import it again as `__mp_main__`
-    (pipeline/forked_main.py), so hold none of what it imported."""
+def test_workers_do_not_run_the_parents_main_module_again(tmp_path):
+    """A command run as `python -m NAME`, as the CLIs are: its workers, forked from the
+    server, do not import it again as `__mp_main__` (pipeline/forked_main.py), so hold
+    none of what it imported; a function of its `__main__` still runs there."""
     (tmp_path / "main_of_test.py").write_text(MAIN_MODULE)
-    target = ["-m", "main_of_test"] if how == "module" else [str(tmp_path / "main_of_test.py")]
-    result = subprocess.run([sys.executable, *target], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-m", "main_of_test"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"})
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == [[False, False]], result.stdout
+
+
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_a_main_adopted_from_the_parent_is_not_run_again(tmp_path, monkeypatch, how):
+    """What multiprocessing runs in each forked child to set up the parent's main
+    module, for a command run with `-m` and for a script: once the server adopted the
+    parent's main (`adopt_parent_main`), it finds it in place and runs nothing."""
+    script = tmp_path / "parent_of_test.py"
+    script.write_text("raise AssertionError('the parent main ran again')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    parent = types.ModuleType("__main__")
+    parent.__spec__ = ModuleSpec("parent_of_test", None) if how == "module" else None
+    parent.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", parent)
+    monkeypatch.setitem(sys.modules, "__mp_main__", parent)
+    carried = parent_main()
+    server = types.ModuleType("__main__")  # a `python -c` process: no spec, no file
+    server.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", server)
+    adopt_parent_main(carried)
+    if how == "module":
+        spawn._fixup_main_from_name("parent_of_test")
+    else:
+        spawn._fixup_main_from_path(str(script))
+    assert sys.modules["__main__"] is server
