@@ -12,7 +12,7 @@ import pytest
 import xarray as xr
 
 from pipeline.probe.machine import machine_identity
-from tests.helpers import error_lines_of
+from tests.helpers import error_lines_of, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -103,26 +103,32 @@ def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [len(layer) for layer in summary["kernel_split"]] == [2, 2]
 
-    # The same cluster found through DASK_SCHEDULER_ADDRESS instead of --scheduler
-    # (an embedded cluster would have had the 1 worker asked for here, not 2).
-    env = {**os.environ, "DASK_SCHEDULER_ADDRESS": cli_cluster}
-    by_env = subprocess.run([sys.executable, "-m", "pipeline.train",
-                             *tiny_args(tmp_path / "env", dataset), "train.steps=2",
-                             "cluster.workers=1", "placement=even"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
-    assert by_env.returncode == 0, by_env.stderr
+
+
+def test_the_scheduler_is_found_through_the_environment(tmp_path, cli_cluster,
+                                                      tiny_dataset_factory, monkeypatch):
+    """The same cluster found through DASK_SCHEDULER_ADDRESS instead of --scheduler
+    (an embedded cluster would have had the 1 worker asked for here, not 2); the
+    command's `main` in this process, the workers CLI processes."""
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cli_cluster)
+    status, lines, _out = run_main("train", [*tiny_args(tmp_path / "env", tiny_dataset_factory(
+        "float32")), "train.steps=2", "cluster.workers=1", "placement=even"])
+    assert status == 0, lines
     assert xr.open_zarr(tmp_path / "env" / "run" / "record.zarr").sizes["worker"] == 2
 
 
 def test_data_and_hybrid_train_on_cli_started_workers(tmp_path, cli_cluster,
                                                      tiny_dataset_factory):
+    """The command's `main` in this process (the first test runs it as a process),
+    on the CLI workers."""
     dataset = tiny_dataset_factory("float32")
     for strategy in ("data", "hybrid"):
         out = tmp_path / strategy
-        result = train(*tiny_args(out, dataset), f"strategy={strategy}", "placement=even",
-                       "--scheduler", cli_cluster)  # even: as above, not about placement
-        assert result.returncode == 0, result.stderr
-        assert f"strategy {strategy}" in result.stdout
+        status, lines, stdout = run_main("train", [
+            *tiny_args(out, dataset), f"strategy={strategy}", "placement=even",
+            "--scheduler", cli_cluster])  # even: as above, not about placement
+        assert status == 0, lines
+        assert f"strategy {strategy}" in stdout
         summary = json.loads((out / "run" / "summary.json").read_text())
         assert sum(summary["batch_split"]) == 16 and len(summary["batch_split"]) == 2
         record = xr.open_zarr(out / "run" / "record.zarr")
