@@ -31,7 +31,7 @@ from experiments.sweep_run import one_line
 from experiments.sweep_config import load_sweep
 from pipeline.cluster import SchedulerLost, WorkerLost
 from storage import checkpoints
-from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch
+from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch, run_main
 from pipeline.config import load_run_config
 from pipeline.run import run_training
 from tests.test_cli import ROOT, CliCluster, tiny_args
@@ -215,10 +215,11 @@ def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(
     assert "left the cluster" in err and "train.resume=true" in err
     last = checkpoints.latest_complete_step(path)
     assert last >= 4 and last % 4 == 0
-    resumed = subprocess.run([sys.executable, "-m", "pipeline.train", *args,
-                              f"train.steps={last + 3}", "train.resume=true"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120)
-    assert resumed.returncode == 0, resumed.stderr
+    # resumed through the command's main in this process (a resume run as a process,
+    # from the printed command: tests/test_signals.py)
+    status, lines, _out = run_main("train", [*args, f"train.steps={last + 3}",
+                                             "train.resume=true"])
+    assert status == 0, lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert list(record.step.values) == [last, last + 1, last + 2]
 
