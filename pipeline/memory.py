@@ -3,13 +3,12 @@ peak, and the "working" memory, that peak less a bare process's of the same kind
 
 The bare processes (`tasks.memory.bare_process_rss`: a fresh Python that has imported
 what a worker imports, forked once as the workers are, or what the client imports,
-xarray and pandas included) cost a
-subprocess and an import of torch each, about 3 s of CPU; every run's summary needs
-them, and the CLI runs once per process, so the figures are kept in
-``~/.cache/dask-cnn/memory-baseline.json`` (or ``$CNN_MEMORY_CACHE``), keyed by the
-interpreter, the libraries' versions, the import line and `BASELINE_METHOD`, and
-measured again when any changes. `reference` trains in the client process, so its peak is set against the
-client's baseline.
+xarray and pandas included) cost a subprocess and an import of torch each, about 3 s
+of CPU; every run's summary needs them, and the CLI runs once per process, so the
+figures are kept in ``~/.cache/dask-cnn/memory-baseline.json`` (or
+``$CNN_MEMORY_CACHE``), keyed by the interpreter, the libraries' versions, the import
+line and `BASELINE_METHOD`, and measured again when any changes. `reference` trains
+in the client process, so its peak is set against the client's baseline.
 """
 
 from __future__ import annotations
