@@ -11,8 +11,8 @@ and keeps each process's peak. Beside it: the peak the model predicts
 (`pipeline.costmodel.memory.peak_memory`) for the same split, and the error against
 the measured *working* memory (the peak minus the bare process of its kind:
 `memory.WORKER_BASELINE` for a worker, `memory.PROCESS_BASELINE` for the client).
-The worker processes' names cannot be told from outside,
-so measured and predicted peaks are compared largest to largest. `--out` appends the
+The worker processes' names cannot be told from outside, so measured and predicted
+peaks are compared largest to largest. `--out` appends the
 measurements as JSON lines; `--compare FILE...` compares them with the model again, and
 with `--fit` searches `FIT_GRID` for the `MemoryConstants` that put the most figures
 within 15 % (then the smallest largest error), and compares with those. Repeats of one

@@ -39,7 +39,7 @@ from multiprocessing import forkserver, resource_tracker
 
 import dask.config
 
-from pipeline.forked_main import PARENT_MAIN, parent_main
+from pipeline import forked_main
 from tasks.memory import WORKER_MODULES
 
 
@@ -50,9 +50,9 @@ def start_fork_server() -> None:
     distributed's defaults and pipeline/embedded.py's one malloc arena)."""
     configured = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
     environment = {name: str(value) for name, value in configured.items()}
-    environment[PARENT_MAIN] = parent_main()
+    environment[forked_main.PARENT_MAIN] = forked_main.parent_main()
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [*WORKER_MODULES, "pipeline.forked_main"])
+        [*WORKER_MODULES, forked_main.__name__])
     resource_tracker.ensure_running()  # starting it unblocks SIGINT in its caller: first
     saved = {name: os.environ.get(name) for name in environment}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

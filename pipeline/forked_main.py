@@ -12,7 +12,8 @@ carries functions and classes of ``__main__`` by value, so a worker needs nothin
 of the parent's main module.
 
 The parent hands the name and file over in `PARENT_MAIN` (its environment when the
-server starts).
+server starts); the server takes it out of its environment again, so that the workers
+forked from it do not carry it on.
 """
 
 from __future__ import annotations
@@ -45,4 +46,4 @@ def adopt_parent_main(carried: str) -> None:
 
 
 if PARENT_MAIN in os.environ:
-    adopt_parent_main(os.environ[PARENT_MAIN])
+    adopt_parent_main(os.environ.pop(PARENT_MAIN))
