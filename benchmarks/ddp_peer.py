@@ -42,10 +42,16 @@ from storage.datasets import read_batch  # noqa: E402
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
-def ddp_steps(rank: int, world: int, port: int, config_path: str, overrides: list[str]
-              ) -> Callable[[int], float]:
+def ddp_steps(rank: int, world: int, port: int, config_path: str, overrides: list[str],
+              exchange: bool = True) -> Callable[[int], float]:
     """Join the process group and build this rank's DDP replica; returns a function
-    that trains one step (its number picks the batch) and gives its seconds."""
+    that trains one step (its number picks the batch) and gives its seconds.
+
+    ``exchange=False``: the same replica without DDP, and a barrier in place of the
+    gradients' allreduce (the ranks still wait for each other every step). Its
+    replicas drift apart, so it is no training run: it times the arithmetic alone,
+    on the same cores at once, which no data-parallel scheme doing that arithmetic
+    can beat (the floor under issue 21's `data`/DDP target)."""
     configure_process(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -57,7 +63,7 @@ def ddp_steps(rank: int, world: int, port: int, config_path: str, overrides: lis
     model = build_sequential(network)
     model.load_state_dict({k: torch.from_numpy(v)
                            for k, v in initial_state(network, config.train.seed).items()})
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model) if exchange else model
     optimizer = make_sgd(ddp.parameters(), config.optimizer_spec())
     batch = config.train.batch
     start, stop = ranges(split_counts(batch, world))[rank]
@@ -69,6 +75,8 @@ def ddp_steps(rank: int, world: int, port: int, config_path: str, overrides: lis
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(ddp(torch.from_numpy(images)), torch.from_numpy(labels)).backward()
         optimizer.step()
+        if not exchange:
+            dist.barrier()
         return time.perf_counter() - t0
     return step
 

@@ -5,7 +5,8 @@ for every contender in every repeat: a repeat of seven runs takes most of a minu
 and on machines of this class, whose speed moves by a third within minutes, the
 per-repeat ratios spread wider than issue 21's margins. Here every contender is
 started once and stays warm: `reference` on 1 and 2 threads in this process, DDP's
-two ranks waiting on a pipe, and `single`, `kernel`, `data` and `hybrid` as engines
+two ranks waiting on a pipe (and the same two ranks without the allreduce, a
+barrier in its place: the arithmetic alone, the floor under `data`), and `single`, `kernel`, `data` and `hybrid` as engines
 sharing one embedded cluster of two single-thread workers (each run keeps its own
 state and workspace on them). A round gives each contender a burst of steps,
 in the listed order in even rounds and reversed in odd ones, so a round lasts
@@ -27,6 +28,8 @@ thread (the issue's "on one worker every strategy <= 1.05x reference").
     python benchmarks/side_by_side.py --net small --batch 64 --one-worker
     python benchmarks/side_by_side.py --net paper --batch 32 --burst 3 --skip 1 --rounds 9 \\
         --only ddp-gloo-2 kernel data hybrid
+    python benchmarks/side_by_side.py --net paper --batch 32 --burst 3 --skip 1 --rounds 10 \
+        --only ddp-gloo-2 replicas-no-exchange-2 data
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ from tasks.worker_state import configure_process  # noqa: E402
 #: ``--one-worker``'s targets: every strategy on one worker within 5 % of the reference.
 ONE_WORKER_TARGETS = [(f"{name} step time / reference 1 thread", "<=", 1.05)
                       for name in ("single", "kernel", "data", "hybrid")]
+
+
+#: DDP's ranks without the allreduce: the arithmetic alone on the same cores at once.
+NO_EXCHANGE = "replicas-no-exchange-2"
 
 
 class Contender(Protocol):
@@ -150,10 +157,10 @@ def loop_contender(name: str, config: RunConfig, client: Client | None = None,
 
 
 def _serve_rank(rank: int, world: int, port: int, config_path: str, overrides: list[str],
-                commands: Connection) -> None:
+                exchange: bool, commands: Connection) -> None:
     """A DDP rank that trains the steps it is told, in bursts, until told None; sends
     back each step's seconds and the burst's CPU seconds in this process."""
-    step = ddp_steps(rank, world, port, config_path, overrides)
+    step = ddp_steps(rank, world, port, config_path, overrides, exchange)
     done = 0
     while (count := commands.recv()) is not None:
         cpu = os.times()
@@ -167,9 +174,11 @@ def _serve_rank(rank: int, world: int, port: int, config_path: str, overrides: l
 class DDPContender:
     """PyTorch DDP over gloo, `world` processes kept running between bursts (each
     blocked on its pipe meanwhile); a step's time is rank 0's (benchmarks/ddp_peer.py).
-    ``cpu``: each rank's CPU seconds in the last burst."""
+    ``cpu``: each rank's CPU seconds in the last burst. ``exchange=False``: the same
+    ranks without the gradients' allreduce (`ddp_steps`), the floor under `data`."""
 
-    def __init__(self, name: str, config_path: str, overrides: list[str], world: int = 2):
+    def __init__(self, name: str, config_path: str, overrides: list[str], world: int = 2,
+                 exchange: bool = True):
         self.name = name
         self.cpu: list[float] = []
         port = free_port()
@@ -178,7 +187,7 @@ class DDPContender:
         for rank in range(world):
             mine, theirs = context.Pipe()
             process = context.Process(target=_serve_rank, args=(
-                rank, world, port, config_path, overrides, theirs))
+                rank, world, port, config_path, overrides, exchange, theirs))
             process.start()
             self.pipes.append(mine)
             self.processes.append(process)
@@ -206,7 +215,9 @@ def ratios(times: dict[str, list[float]], one_worker: bool) -> list[dict]:
                ("kernel speedup over reference 1 thread", "reference-1-thread", "kernel"),
                ("kernel vs reference 2 threads", "reference-2-threads", "kernel"),
                *[(f"{name} step time / DDP-gloo's", name, "ddp-gloo-2")
-                 for name in ("data", "hybrid", "kernel")]])
+                 for name in ("data", "hybrid", "kernel")],
+               *[(f"{name} step time / replicas without exchange", name, NO_EXCHANGE)
+                 for name in ("ddp-gloo-2", "data")]])
     return [ratio_report(label, times[top], times[bottom]) for label, top, bottom in wanted
             if top in times and bottom in times]
 
@@ -227,7 +238,7 @@ def main() -> None:
     if not 0 <= args.skip < args.burst:
         parser.error("--skip must be at least 0 and less than --burst")
     names = ["reference-1-thread", *([] if args.one_worker else
-                                     ["reference-2-threads", "ddp-gloo-2"]),
+                                     ["reference-2-threads", "ddp-gloo-2", NO_EXCHANGE]),
              "single", "kernel", "data", "hybrid"]
     unknown = set(args.only or []) - set(names)
     if unknown:
@@ -236,13 +247,15 @@ def main() -> None:
     names = [name for name in names if name in (args.only or names)]
     with tempfile.TemporaryDirectory() as workdir:
         config = run_configs(args.net, args.batch, 1 if args.one_worker else 2, workdir)
+        prepare_dataset(config())  # once, before the DDP contenders' ranks look for it
         contenders: list[Contender] = [
             loop_contender(name, config("strategy=reference", f"reference.threads={threads}"))
             for name, threads in (("reference-1-thread", 1), ("reference-2-threads", 2))
             if name in names]
-        if "ddp-gloo-2" in names:
-            contenders.append(DDPContender("ddp-gloo-2", os.path.join(ROOT, NETS[args.net]),
-                                           [f"train.batch={args.batch}"]))
+        contenders += [DDPContender(name, os.path.join(ROOT, NETS[args.net]),
+                                    [f"train.batch={args.batch}"], exchange=exchange)
+                       for name, exchange in (("ddp-gloo-2", True), (NO_EXCHANGE, False))
+                       if name in names]
         shared = config("strategy=kernel")
         with start_cluster(shared, Startup("side-by-side", False), print) as (client, _):
             contenders += engine_contenders(

@@ -3,7 +3,9 @@ from Ctrl-C, says where to continue from and how, leaves no process or workspace
 exits 143; the printed command continues the run to its end exactly (the seed's
 batches, plain PyTorch's float64 weights). The same for a real
 `python -m experiments.sweep`: the same command, run again, runs only the points
-not finished, and those finished keep their figures.
+not finished, and those finished keep their figures. The signalled runs are real
+processes; the commands that resume them run their `main` in the test's process
+(the same arguments, one interpreter start less each).
 
 Rows of tests/test_faults.py's `FAULTS` (and so of docs/reliability.md's table).
 """
@@ -26,7 +28,7 @@ from experiments.results import DONE
 from pipeline.config import load_run_config
 from pipeline.sampler import step_indices
 from storage import checkpoints
-from tests.helpers import max_relative_error, replay_in_pytorch
+from tests.helpers import max_relative_error, replay_in_pytorch, run_main
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS, train_process, wait_for_checkpoint
 from tests.test_sweep import write_sweep
@@ -79,8 +81,9 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
     assert not workspaces_of(run.pid)
     command = shlex.split(lines[0].split("continue from it with: ", 1)[1])
     assert command[-1] == "train.resume=true" and "--fresh" not in command
-    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr
+    assert command[:3] == [sys.executable, "-m", "pipeline.train"], command
+    status, err_lines, _out = run_main("train", command[3:])  # its main, in this process
+    assert status == 0, err_lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert list(record.step.values) == list(range(last, steps))  # a resumed run's record
     assert checkpoints.latest_complete_step(path) == steps
@@ -131,10 +134,10 @@ def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
     done = np.flatnonzero(ds.status.values.ravel() == DONE)
     before = {i: (ds.run_id.values.ravel()[i], ds.step_time.values.ravel()[i]) for i in done}
     assert len(before) == 1, before  # the signal came before the second point ended
-    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert again.returncode == 0, again.stderr
-    assert "1 done before, 1 to run" in again.stdout
-    assert again.stdout.count("s/step") == 1
+    status, err_lines, out = run_main("sweep", command[3:])  # its main, in this process
+    assert status == 0, err_lines
+    assert "1 done before, 1 to run" in out
+    assert out.count("s/step") == 1
     ds = xr.open_zarr(store).load()
     assert (ds.status == DONE).all()
     for index, point in before.items():
