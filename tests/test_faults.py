@@ -299,7 +299,8 @@ def test_sweep_killed_at_random_moments_keeps_finished_points(tmp_path, this_cod
                                                               tiny_dataset_factory, monkeypatch):
     """SIGKILL the sweep process at moments drawn from fixed seeds, restarting it after
     each: the store always opens, points finished before a kill keep their figures
-    and are never rerun, and the last restart completes the sweep."""
+    and are never rerun, and the last restart (the same command's `main`, in this
+    process) completes the sweep."""
     seeds = [int(k.rsplit(" ", 1)[1]) for k in FAULTS if k.startswith("sweep process")]
     monkeypatch.setenv("CNN_PREDICT_PROBE", "never")  # no model probes: points stay short
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
@@ -327,10 +328,10 @@ def test_sweep_killed_at_random_moments_keeps_finished_points(tmp_path, this_cod
             assert status[index] == DONE and (run_ids[index], times[index]) == (run_id,
                                                                                 step_time)
         finished.update({i: (run_ids[i], times[i]) for i in np.flatnonzero(status == DONE)})
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr
-    assert f"{len(finished)} done before, {6 - len(finished)} to run" in result.stdout
-    assert result.stdout.count("s/step") == 6 - len(finished)  # only those ran
+    status, err_lines, out = run_main("sweep", command[3:])  # its main, in this process
+    assert status == 0, err_lines
+    assert f"{len(finished)} done before, {6 - len(finished)} to run" in out
+    assert out.count("s/step") == 6 - len(finished)  # only those ran
     assert not os.path.exists(f"{store}.lock")  # the killed sweeps' lock was taken over
     ds = xr.open_zarr(store).load()
     assert (ds.status == DONE).all()
