@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
+import tempfile
 import sys
 import time
 from statistics import median
@@ -42,7 +42,7 @@ from storage.datasets import read_batch  # noqa: E402
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
-def ddp_steps(rank: int, world: int, port: int, config_path: str, overrides: list[str],
+def ddp_steps(rank: int, world: int, rendezvous: str, config_path: str, overrides: list[str],
               exchange: bool = True) -> Callable[[int], float]:
     """Join the process group and build this rank's DDP replica; returns a function
     that trains one step (its number picks the batch) and gives its seconds.
@@ -53,8 +53,9 @@ def ddp_steps(rank: int, world: int, port: int, config_path: str, overrides: lis
     on the same cores at once, which no data-parallel scheme doing that arithmetic
     can beat (the floor under issue 21's `data`/DDP target)."""
     configure_process(1)
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' connections on loopback only
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                            world_size=world)
     config = load_run_config(config_path, overrides)
     info = prepare_dataset(config) if rank == 0 else None
     dist.barrier()
@@ -81,35 +82,35 @@ def ddp_steps(rank: int, world: int, port: int, config_path: str, overrides: lis
     return step
 
 
-def _rank(rank: int, world: int, port: int, config_path: str, overrides: list[str],
+def _rank(rank: int, world: int, rendezvous: str, config_path: str, overrides: list[str],
           steps: int, queue: mp.Queue) -> None:
-    step = ddp_steps(rank, world, port, config_path, overrides)
+    step = ddp_steps(rank, world, rendezvous, config_path, overrides)
     queue.put((rank, [step(number) for number in range(steps)]))
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 free now, for the ranks' rendezvous."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def rendezvous_file(folder: str) -> str:
+    """Where the ranks meet: a file (torch's FileStore) in `folder`, which must exist
+    as long as they run. Not a TCP rendezvous: torch's TCPStore listens on every
+    interface, and nothing the project starts listens beyond loopback."""
+    return os.path.join(folder, "ddp-rendezvous")
 
 
 def measure_ddp(net: str, batch: int, steps: int, workers: int = 2, warmup: int = 1) -> float:
     """Median step time of DDP over `workers` processes (warm-up steps excluded)."""
-    port = free_port()
     overrides = [f"train.batch={batch}", "progress=false"]
     context = mp.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_rank, args=(r, workers, port,
-                                                     os.path.join(ROOT, NETS[net]), overrides,
-                                                     steps, queue))
-                 for r in range(workers)]
-    for process in processes:
-        process.start()
-    results = dict(queue.get(timeout=3600) for _ in processes)
-    for process in processes:
-        process.join()
+    with tempfile.TemporaryDirectory() as folder:
+        # daemons: if this process fails, its exit ends the ranks too
+        processes = [context.Process(target=_rank, daemon=True, args=(
+            r, workers, rendezvous_file(folder), os.path.join(ROOT, NETS[net]), overrides,
+            steps, queue)) for r in range(workers)]
+        for process in processes:
+            process.start()
+        results = dict(queue.get(timeout=3600) for _ in processes)
+        for process in processes:
+            process.join()
     return median(results[0][warmup:])
 
 

@@ -38,8 +38,10 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import tempfile
+import weakref
 from multiprocessing.connection import Connection
 from statistics import median
 from typing import Callable, Protocol, Sequence
@@ -51,7 +53,7 @@ import torch.distributed as dist  # noqa: E402
 from distributed import Client  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from benchmarks.ddp_peer import ddp_steps, free_port  # noqa: E402
+from benchmarks.ddp_peer import ddp_steps, rendezvous_file  # noqa: E402
 from benchmarks.engine_speedup import NETS, TARGETS, ratio_report, run_order, target_lines  # noqa: E402
 from pipeline.checkpointing import prepare_checkpoints  # noqa: E402
 from pipeline.cluster import ClusterWorker, find_workers  # noqa: E402
@@ -156,11 +158,11 @@ def loop_contender(name: str, config: RunConfig, client: Client | None = None,
     return LoopContender(name, config, trainer, recorder, info.train_samples, threads, start)
 
 
-def _serve_rank(rank: int, world: int, port: int, config_path: str, overrides: list[str],
-                exchange: bool, commands: Connection) -> None:
+def _serve_rank(rank: int, world: int, rendezvous: str, config_path: str,
+                overrides: list[str], exchange: bool, commands: Connection) -> None:
     """A DDP rank that trains the steps it is told, in bursts, until told None; sends
     back each step's seconds and the burst's CPU seconds in this process."""
-    step = ddp_steps(rank, world, port, config_path, overrides, exchange)
+    step = ddp_steps(rank, world, rendezvous, config_path, overrides, exchange)
     done = 0
     while (count := commands.recv()) is not None:
         cpu = os.times()
@@ -181,13 +183,16 @@ class DDPContender:
                  exchange: bool = True):
         self.name = name
         self.cpu: list[float] = []
-        port = free_port()
+        self.folder = tempfile.mkdtemp(prefix="ddp-")  # the ranks' rendezvous file
+        weakref.finalize(self, shutil.rmtree, self.folder, True)  # at exit, even on a failure
         context = mp.get_context("spawn")
         self.pipes, self.processes = [], []
         for rank in range(world):
             mine, theirs = context.Pipe()
-            process = context.Process(target=_serve_rank, args=(
-                rank, world, port, config_path, overrides, exchange, theirs))
+            # daemons: if the benchmark fails, its exit ends the ranks too
+            process = context.Process(target=_serve_rank, daemon=True, args=(
+                rank, world, rendezvous_file(self.folder), config_path, overrides, exchange,
+                theirs))
             process.start()
             self.pipes.append(mine)
             self.processes.append(process)
