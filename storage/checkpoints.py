@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 
 from collections.abc import Collection
 
@@ -205,8 +206,14 @@ def complete_steps(root_path: str) -> list[int]:
         return []
     if "step" not in root:
         return []
-    return sorted(int(name) for name, group in root["step"].groups()
-                  if group.attrs.get("complete"))
+    with warnings.catch_warnings():
+        # read while a run writes (a resume, or someone watching a run): Zarr writes
+        # each metadata file as NAME.<hex>.partial and renames it into place, and a
+        # listing that meets one warns that it is no Zarr component, which is true
+        # and harmless: a checkpoint counts only once marked complete
+        warnings.filterwarnings("ignore", message=r"Object at .*\.partial is not recognized")
+        return sorted(int(name) for name, group in root["step"].groups()
+                      if group.attrs.get("complete"))
 
 
 def latest_complete_step(root_path: str) -> int | None:

@@ -2,11 +2,13 @@
 stalled worker fenced off, woken inside a save) can land its rows only in that
 attempt's staging area, never in a checkpoint the live run reads. Pure storage: the
 late write is made directly, at the worst moment (after the live attempt committed
-the same step), which a real SIGSTOP hits only by chance (tests/test_stalls.py)."""
+the same step), which a real SIGSTOP hits only by chance (tests/test_stalls.py). And
+a listing that meets a metadata file Zarr is writing stays quiet and counts right."""
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -78,3 +80,21 @@ def test_a_commit_replaces_an_older_copy_of_its_step(tmp_path):
     assert not os.path.exists(os.path.join(checkpoints.staging_root(path, "run-c"), "step",
                                            "0000004"))
 
+
+
+def test_listing_while_zarr_writes_a_metadata_file_neither_warns_nor_miscounts(tmp_path):
+    """Zarr writes each metadata file as NAME.<hex>.partial, then renames it. A reader
+    listing the checkpoints then (a run's watcher, a resume) meets that file: it is
+    no checkpoint, and no warning is printed for it."""
+    path = _fresh(tmp_path)
+    staged = checkpoints.stage_checkpoint(path, "run-a", 4, SHAPES, CHUNKS, "float64")
+    _write_all(staged, 4, 1.0)
+    checkpoints.mark_complete(path, 4, {"step": 4}, attempt="run-a")
+    with open(os.path.join(path, "step", "zarr.0123456789abcdef.partial"), "w") as handle:
+        handle.write("{")  # as a writer caught between its write and its rename
+    with pytest.warns(UserWarning, match="not recognized"):  # Zarr's own listing warns
+        list(zarr.open_group(path, mode="r")["step"].groups())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert checkpoints.complete_steps(path) == [4]
+        assert checkpoints.latest_complete_step(path) == 4
