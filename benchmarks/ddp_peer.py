@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import sys
+import tempfile
 import time
 from statistics import median
 from typing import Callable

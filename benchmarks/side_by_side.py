@@ -6,11 +6,12 @@ and on machines of this class, whose speed moves by a third within minutes, the
 per-repeat ratios spread wider than issue 21's margins. Here every contender is
 started once and stays warm: `reference` on 1 and 2 threads in this process, DDP's
 two ranks waiting on a pipe (and the same two ranks without the allreduce, a
-barrier in its place: the arithmetic alone, the floor under `data`), and `single`, `kernel`, `data` and `hybrid` as engines
-sharing one embedded cluster of two single-thread workers (each run keeps its own
-state and workspace on them). A round gives each contender a burst of steps,
-in the listed order in even rounds and reversed in odd ones, so a round lasts
-seconds and the ratios of one round compare runs that close together.
+barrier in its place: the arithmetic alone, the floor under `data`), and `single`,
+`kernel`, `data` and `hybrid` as engines sharing one embedded cluster of two
+single-thread workers (each run keeps its own state and workspace on them). A
+round gives each contender a burst of steps, in the listed order in even rounds and
+reversed in odd ones, so a round lasts seconds and the ratios of one round compare
+runs that close together.
 
 A burst is the training loop itself (pipeline/loop.py: tasks of ``auto`` steps, two
 in flight, the same step times a run records) over the next ``--burst`` steps; its
@@ -28,7 +29,7 @@ thread (the issue's "on one worker every strategy <= 1.05x reference").
     python benchmarks/side_by_side.py --net small --batch 64 --one-worker
     python benchmarks/side_by_side.py --net paper --batch 32 --burst 3 --skip 1 --rounds 9 \\
         --only ddp-gloo-2 kernel data hybrid
-    python benchmarks/side_by_side.py --net paper --batch 32 --burst 3 --skip 1 --rounds 10 \
+    python benchmarks/side_by_side.py --net paper --batch 32 --burst 3 --skip 1 --rounds 10 \\
         --only ddp-gloo-2 replicas-no-exchange-2 data
 """
 

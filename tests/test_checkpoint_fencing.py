@@ -81,7 +81,6 @@ def test_a_commit_replaces_an_older_copy_of_its_step(tmp_path):
                                            "0000004"))
 
 
-
 def test_listing_while_zarr_writes_a_metadata_file_neither_warns_nor_miscounts(tmp_path):
     """Zarr writes each metadata file as NAME.<hex>.partial, then renames it. A reader
     listing the checkpoints then (a run's watcher, a resume) meets that file: it is
