@@ -1,5 +1,6 @@
 """The strategies benchmarks' run order, the median's interval and the verdicts on
-issue 21's targets (benchmarks/engine_speedup.py): pure helpers, no runs."""
+issue 21's targets (benchmarks/engine_speedup.py), and the side-by-side's ratios
+(benchmarks/side_by_side.py): pure helpers, no runs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 
 from benchmarks.engine_speedup import (TARGETS, median_interval, ratio_report, run_order,
                                        target_lines)
+from benchmarks.side_by_side import NO_EXCHANGE, ratios
 
 
 def test_repeats_alternate_the_order_so_a_drift_favours_no_run():
@@ -53,3 +55,17 @@ def test_many_rounds_narrow_the_interval_inside_the_bound():
     assert report["max"] > 1.0 and report["high"] < 1.0
     assert target_lines(TARGETS["small"], [report])[0].endswith("holds, and so does the "
                                                                 "median's interval")
+
+
+def test_the_side_by_side_reports_ddp_and_data_against_the_no_exchange_floor():
+    """With DDP's ranks run without the allreduce, DDP and `data` are each also set
+    against that floor, round by round; without that contender, no such ratio."""
+    times = {"ddp-gloo-2": [5.0, 6.0, 4.0], NO_EXCHANGE: [4.0, 6.0, 4.4],
+             "data": [4.4, 5.4, 4.0]}
+    by_name = {r["ratio"]: r for r in ratios(times, one_worker=False)}
+    assert by_name["ddp-gloo-2 step time / replicas without exchange"]["median"] == 1.0
+    assert by_name["ddp-gloo-2 step time / replicas without exchange"]["max"] == 1.25
+    assert by_name["data step time / replicas without exchange"]["median"] == 4.0 / 4.4
+    assert by_name["data step time / DDP-gloo's"]["median"] == 0.9
+    del times[NO_EXCHANGE]
+    assert not any("without exchange" in r["ratio"] for r in ratios(times, one_worker=False))
