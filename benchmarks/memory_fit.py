@@ -160,16 +160,17 @@ def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> d
     """The model's peak per device for a measured case, and its error on working memory."""
     strategy, network, batch, split, s = _case(measured["config"], tuple(measured["args"]),
                                                measured["case"])
-    predicted = peak_memory(strategy, network, batch, split, s, constants=constants).per_device
+    footprint = peak_memory(strategy, network, batch, split, s, constants=constants)
+    # each device's peak with the bare process the model counted for it (the client's
+    # for reference, a worker's otherwise): working memory is the peak less that
+    predicted = sorted(zip(footprint.per_device, (p["baseline"] for p in footprint.parts)),
+                       reverse=True)
     # the worker processes' names are not known from outside: largest to largest
     # (a worker the nanny restarted shows as one more process: the largest are kept)
     have_all = sorted([measured["client"]] if strategy == "reference" else measured["workers"],
                       reverse=True)[:len(predicted)]
-    predicted = sorted(predicted, reverse=True)
-    # working memory: less the bare process of the kind (the client's for reference)
-    base = constants.baseline if strategy == "reference" else constants.worker_baseline
     rows = []
-    for d, (have, want) in enumerate(zip(have_all, predicted)):
+    for d, (have, (want, base)) in enumerate(zip(have_all, predicted)):
         working, model = have - base, want - base
         rows.append({"device": d, "measured_mb": have / MB, "working_mb": working / MB,
                      "predicted_mb": want / MB, "predicted_working_mb": model / MB,

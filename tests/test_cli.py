@@ -104,7 +104,6 @@ def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
     assert [len(layer) for layer in summary["kernel_split"]] == [2, 2]
 
 
-
 def test_the_scheduler_is_found_through_the_environment(tmp_path, cli_cluster,
                                                       tiny_dataset_factory, monkeypatch):
     """The same cluster found through DASK_SCHEDULER_ADDRESS instead of --scheduler
