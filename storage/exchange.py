@@ -173,9 +173,24 @@ def remove_stale_exchanges(parent: str) -> list[str]:
 
 
 def remove_exchange(path: str) -> None:
-    """Delete a local workspace (it holds only the last step's scratch data)."""
+    """Delete a workspace (it holds only the last step's scratch data).
+
+    A local one is first renamed aside, then removed: a worker fenced off but still
+    running (woken, or its link back) may go on marking slots ready, and a marker it
+    made inside the folder while `shutil.rmtree` worked through it kept that folder,
+    without its owner record, for good. After the rename its paths lead nowhere; the
+    new name ends in ``.zarr`` so that, were this process killed before the removal
+    ends, the next start's `remove_stale_exchanges` finds it by its dead owner."""
     if _is_local(path):
-        shutil.rmtree(_local(path), ignore_errors=True)
+        folder = _local(path).rstrip(os.sep)
+        aside = f"{folder.removesuffix('.zarr')}.removing-{uuid.uuid4().hex[:8]}.zarr"
+        try:
+            os.rename(folder, aside)
+        except FileNotFoundError:
+            return
+        except OSError:  # not renamable (a mount point): remove it where it is
+            aside = folder
+        shutil.rmtree(aside, ignore_errors=True)
     else:
         fs, root = fsspec.core.url_to_fs(path)
         try:

@@ -85,6 +85,34 @@ def test_remove_exchange(workspace):
     assert not os.path.exists(workspace)
 
 
+def test_a_late_writer_does_not_keep_a_removed_workspace_alive(tmp_path):
+    """A fenced-off worker woken while its run removes the workspace goes on marking
+    slots ready: none of its writes survives the removal, nor makes the folder again
+    (seen as a leftover `ready/act.0.1` in tests/test_link_faults.py)."""
+    for attempt in range(5):
+        path = str(tmp_path / f"run{attempt}.zarr")
+        create_exchange(path, [SlotSpec("act/0/1", (1,), "float32")])
+        for n in range(200):  # a full folder: removing it takes a while
+            Exchange(path).markers.set(f"act/0/{n}", 1)
+        late, stop = Exchange(path), threading.Event()
+
+        def mark() -> None:
+            while not stop.is_set():
+                try:
+                    late.markers.set("act/0/1", 2)
+                except OSError:  # its folder is gone: what a late writer then meets
+                    pass
+
+        writer = threading.Thread(target=mark)
+        writer.start()
+        time.sleep(0.01)
+        remove_exchange(path)
+        stop.set()
+        writer.join()
+        assert not os.path.exists(path), os.listdir(tmp_path)
+        assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
+
 @pytest.mark.parametrize("where", ["local", "memory"])
 def test_closed_says_when_the_client_ended_the_run(tmp_path, where):
     """A worker woken after its run ended learns it from the workspace: aborted, or
