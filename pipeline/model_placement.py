@@ -44,7 +44,7 @@ def predicted_step(probe: ClusterProbe, counts: list[list[int]]) -> float:
     """The model's step time on the first ``len(counts[0])`` probed workers with ``counts``."""
     active = len(counts[0])
     return predict("kernel", probe.costmodel_network(), probe.batch, probe.device_specs(active),
-                   store=probe.store_spec(),
+                   store=probe.store_spec(active),
                    options=probe.kernel_options(kernel_counts=counts)).step_time
 
 
@@ -77,7 +77,7 @@ def choose_split(probe: ClusterProbe, active: int | None = None) -> dict[str, An
     quanta = probe.quanta
     names = [w.name for w in probe.workers[:active]]
     minmax = split_kernels_minmax(costmodel_network(spec), probe.batch,
-                                  probe.device_specs(active), store=probe.store_spec(),
+                                  probe.device_specs(active), store=probe.store_spec(active),
                                   quantum=quanta, options=probe.kernel_options(), min_units=0)
     kernels = [layer.kernels for layer in spec.conv]
     candidates = {

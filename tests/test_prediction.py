@@ -105,7 +105,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 10 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 11 and probe.phase_seconds["timed_again"] >= 0
     for worker in probe.workers:  # the batch read before the first layer, per size
         for t in worker.timings:
             assert (t.dataset_s is not None) == (t.layer == 0), t
@@ -126,8 +126,12 @@ def test_probe_measures_positive_finite_constants(probe):
     assert all(d.layer_tables["conv1"].dataset and not d.layer_tables["conv2"].dataset
                for d in devices)
     assert all(d.layer_tables["conv2"].input_grad for d in devices)
+    # the accesses' spread about the store's fit, with both workers running (alone, a
+    # worker's kernel plan moves no slot)
+    assert set(s.spread) == {2} and 0 < s.spread[2] < 1
     store = probe.store_spec()
     assert store.chunk_cost("read") == s.read_latency_s and store.client_bw("read") == s.read_bw
+    assert store.spread == s.spread[2]
     overhead = probe.overhead()
     assert (overhead.task, overhead.sync, overhead.hop) == (d.task_s, d.sync_s, d.hop_s)
 

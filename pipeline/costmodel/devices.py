@@ -24,7 +24,7 @@ import numpy as np
 from .network import Gemm
 
 __all__ = ["LinkSpec", "LayerTable", "TrunkTime", "DeviceSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK",
-           "distinct", "spreads"]
+           "distinct", "spreads", "uneven"]
 
 INF = math.inf
 
@@ -315,6 +315,12 @@ class StoreSpec:
         Cost per chunk an access touches, s (a file per chunk on a local
         Zarr store); how many chunks an access touches comes from the
         kernel split's quantum (one chunk per ``quantum`` channels).
+    spread : float
+        One access's time's coefficient of variation from access to access (0:
+        steady). Each access adds it to the accessing device's clock as a
+        compute op adds `DeviceSpec.spread` (timeline.py): workers meet at
+        every slot, and where the accesses are most of the step (a workspace
+        over sshfs), their spread is most of what the meetings wait for.
     """
 
     write_bw: float
@@ -324,6 +330,7 @@ class StoreSpec:
     client_read_bw: float | None = None
     read_chunk: float = 0.0
     write_chunk: float = 0.0
+    spread: float = 0.0
 
     def chunk_cost(self, direction: str) -> float:
         """Seconds per chunk touched, ``"read"`` or ``"write"``."""
@@ -385,3 +392,9 @@ def spreads(devices: Sequence[DeviceSpec]) -> tuple[float, ...]:
     (then the fast timelines, which keep no variances, give the same step)."""
     values = tuple(device.spread for device in devices)
     return values if any(values) else ()
+
+
+def uneven(devices: Sequence[DeviceSpec], store: StoreSpec | None) -> bool:
+    """Whether a timeline's clocks carry variances: a device's compute spread or the
+    store's access spread. The fast timelines keep none, so they apply only where not."""
+    return bool(spreads(devices)) or (store is not None and store.spread > 0)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .compute import LayerTime, conv_time, dense_time
-from .devices import DeviceSpec, distinct, spreads
+from .devices import DeviceSpec, distinct, uneven
 from .timeline import Steady, steady
 from .timeline_fast import FastTimeline, InTurn, Sources
 
@@ -80,9 +80,9 @@ def compute_tables(ctx: KernelContext) -> ComputeTables:
 
 def fast_applies(ctx: KernelContext) -> bool:
     """Whether the fast timeline gives kernel.py's step: one link for every device,
-    and no device's compute spread (which it keeps no variances for)."""
+    and no spread of a device's compute or the store's accesses (it keeps no variances)."""
     return len({ctx.link_of(d) for d in range(len(ctx.devices))}) == 1 and \
-        not spreads(ctx.devices)
+        not uneven(ctx.devices, ctx.store)
 
 
 @dataclass

@@ -33,7 +33,7 @@ import numpy as np
 
 from .compute import UPDATE_ACCESSES, LayerTime
 from .data import per_device_totals, replica_times
-from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads
+from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, uneven
 from .batch_reads import replica_batch_read
 from .network import Network
 from .prediction import Options, Prediction, split_batch
@@ -126,11 +126,10 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     overhead = options.overhead or DaskOverhead()
     links = [dev.link or link for dev in devices]
-    spread = spreads(devices)  # the fast timeline keeps no variances
     step = (_data_step_fast if options.timeline != "reference" and len(set(links)) == 1
-            and not spread else _data_step)
+            and not uneven(devices, store) else _data_step)  # the fast one keeps no variances
     timeline = (FastTimeline(links[0], p, store, overhead, options.sync) if step is _data_step_fast
-                else Timeline(links, store, overhead, options.sync, spread))
+                else Timeline(links, store, overhead, options.sync, spreads(devices)))
     result = steady(timeline, lambda tl: step(tl, network, devices, shares, times, params,
                                               update, stream, options.dataset))
     per_device = per_device_totals(times)
@@ -273,7 +272,7 @@ def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceS
             _hand_on(tl, d, p, conv_params, s, "grads")
         _reduce(tl, p, conv_params, s, update, stream, "grads")
 
-    if _hybrid_fast_applies(links, parts, options) and not tl.spread:
+    if _hybrid_fast_applies(links, parts, options) and not uneven(devices, store):
         fast = _HybridFast(network, devices, shares, parts, s, conv_params, trunk, update,
                            stream, options.dataset, dense_seconds, split)
         result = steady(FastTimeline(links[0], p, store, overhead, options.sync),

@@ -1,7 +1,8 @@
 """A timeline per device: how the engine's ops of a step follow each other.
 
 The engine runs each device's ops in order; a read waits until its slot is
-written and the reader has noticed (``DaskOverhead.sync`` with ready markers; through
+written and the reader has seen its marker (``DaskOverhead.sync`` with ready
+markers, paid by every read: a slot written earlier is seen by one check; through
 the scheduler, a task starts a ``hop`` after all its dependencies). A strategy's
 model (kernel.py, and data.py / hybrid.py with a store) drives a `Timeline` op by op
 for a few steps; `steady` returns the steady step time and walks back along the
@@ -12,7 +13,8 @@ Devices whose compute time varies from step to step (``spread``, which the probe
 measures against each worker's peers) meet at every read of a peer's slot, and a reader waits for the later of
 its own clock and the slot's: the expected later of two uncertain times is later
 than the later expected time, by most where they are close. So each clock carries a
-variance (its compute since it last waited, each op's ``(spread * seconds)^2``), and
+variance (its compute and workspace accesses since it last waited, each op's
+``(spread * seconds)^2``, an access's spread the store's), and
 a wait goes to Clark's expected maximum of the two as normals (`expected_max`),
 whose variance the clock then keeps. Where every spread is 0 this is the plain
 maximum: the timeline as without it. Why it matters: several single-thread
@@ -96,7 +98,8 @@ class _Segment:
 class Timeline:
     """Devices' clocks and what filled them; slots' write times. ``spread``: each
     device's compute time's coefficient of variation from step to step (empty: none;
-    see the module)."""
+    see the module); an access's is the store's (`StoreSpec.spread`; the batch
+    reads too, which cross the same link)."""
 
     links: Sequence[LinkSpec]
     store: StoreSpec | None
@@ -119,8 +122,12 @@ class Timeline:
         if seconds > 0:
             self.segments[d].append(_Segment(self.clock[d], self.clock[d] + seconds, kind))
             self.clock[d] += seconds
-            if self.spread and kind in ("compute", "master"):
-                self.variance[d] += (self.spread[d] * seconds) ** 2
+            if kind == "io":
+                share = self.store.spread if self.store is not None else 0.0
+            else:
+                share = self.spread[d] if self.spread and kind in ("compute", "master") else 0.0
+            if share:
+                self.variance[d] += (share * seconds) ** 2
 
     def wait(self, d: int, writer: int, ready: float, latency: float,
              variance: float = 0.0) -> None:
@@ -138,9 +145,12 @@ class Timeline:
     def read(self, d: int, sources: list[tuple[str, float]], sharing: int = 1) -> None:
         """Read each ``(slot, bytes)`` in turn, as soon as it is ready.
 
-        With ready markers each read waits for its own slot; through the scheduler
-        the task holding the reads starts a hop after all its dependencies (its
-        own previous task included) have finished.
+        With ready markers each read waits until its own slot is written, then sees
+        its marker (``overhead.sync``: a reader that finds the slot already written
+        pays that check too; measured, the two take the same time) and reads it; the
+        check is part of the read's I/O. Through the scheduler the task holding the
+        reads starts a hop after all its dependencies (its own previous task
+        included) have finished.
         """
         if not sources:
             return
@@ -150,10 +160,13 @@ class Timeline:
             if self.clock[d] >= ready:
                 writer, ready, variance = d, self.clock[d], self.variance[d]
             self.wait(d, writer, ready, self.overhead.hop, variance)
+        marked = self.sync != "scheduler"
+        check = self.overhead.sync if marked else 0.0
         for slot, n_bytes in sources:
-            if self.sync != "scheduler":
-                self.wait(d, *self.ready[slot], self.overhead.sync, self.ready_variance[slot])
-            self.run(d, "io", io_time(self.links[d], self.store, n_bytes, 1, "read", 1, sharing))
+            if marked:
+                self.wait(d, *self.ready[slot], 0.0, self.ready_variance[slot])
+            self.run(d, "io", check + io_time(self.links[d], self.store, n_bytes, 1, "read", 1,
+                                              sharing))
             self.moved += n_bytes
 
     def write(self, d: int, slot: str, n_bytes: float, sharing: int = 1) -> None:

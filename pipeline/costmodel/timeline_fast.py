@@ -6,9 +6,9 @@ scaling sweeps go to thousands of devices. `FastTimeline` computes the same cloc
 with numpy, a whole phase at once, from two facts:
 
 - a device's reads in turn are a max-plus fold: reading ``(ready_i, seconds_i)`` one
-  after the other from clock ``c`` ends at ``max(c + sum_i t_i, max_i (ready_i + sync
-  + sum_{j >= i} t_j))``, and the last wait is at the first maximiser (none if the
-  first term is the maximum);
+  after the other from clock ``c`` ends at ``max(c + sum_i t_i, max_i (ready_i +
+  sum_{j >= i} t_j))`` (each ``t_i`` with its marker check, `Timeline.read`), and the
+  last wait is at the first maximiser (none if the first term is the maximum);
 - the ready times and read seconds the engine's ops give are sums of a part per
   reader and a part per source (one link for every device; a writer's writes in
   turn add up along the reader order), so the maximum over sources is a prefix
@@ -161,6 +161,8 @@ class FastTimeline:
             return
         per_op, per_chunk, per_byte = io_rates(self.link, self.store, "read", sharing)
         fixed = per_op + (per_chunk if self.store is not None else 0.0)
+        if self.sync != "scheduler":  # every marked read checks its marker (`Timeline.read`)
+            fixed += self.overhead.sync
         own = self._holds_own(readers, src)
         if n == 1:  # a reader whose only source is itself reads nothing (`Timeline.read`)
             keep = ~own
@@ -190,15 +192,16 @@ class FastTimeline:
                       own: np.ndarray, shift: np.ndarray, start: np.ndarray,
                       total: np.ndarray, p: np.ndarray, q: np.ndarray,
                       q_own: np.ndarray) -> None:
-        """Ready markers: each read waits for its own slot (`overhead.sync`)."""
-        n, sync = len(src.devices), self.overhead.sync
+        """Ready markers: each read waits for its own slot, then checks its marker (the
+        check, `overhead.sync`, is in every read's seconds ``p``)."""
+        n = len(src.devices)
         suffix_q = np.cumsum(q[::-1])[::-1]
         left_of = np.arange(n, 0, -1)  # sources from each index on
         end = np.empty(len(readers))
         binding = np.full(len(readers), -1)
         for value in np.unique(p):  # readers reading equal bytes share the maxima
             group = np.flatnonzero(p == value)
-            after = src.base + sync + suffix_q + value * left_of
+            after = src.base + suffix_q + value * left_of
             before = after - src.lower
             tol = _tolerance(after, start[group] - shift[group])
             pre, pre_first = _first_prefix_max(before, tol)
@@ -215,8 +218,7 @@ class FastTimeline:
             binding[group] = np.where(
                 ~waits, -1, np.where(left >= best - tol, pre_first[np.maximum(g_pos - 1, 0)],
                                      suf_first[np.minimum(right_at, n - 1)]))
-        self._reads_done(readers, src, pos, own, shift, start, end, binding, p, q, q_own,
-                         sync)
+        self._reads_done(readers, src, pos, own, shift, start, end, binding, p, q, q_own)
 
     def _scheduled_reads(self, readers: np.ndarray, src: Sources, pos: np.ndarray,
                          own: np.ndarray, shift: np.ndarray, start: np.ndarray,
@@ -244,7 +246,7 @@ class FastTimeline:
 
     def _reads_done(self, readers: np.ndarray, src: Sources, pos: np.ndarray, own: np.ndarray,
                     shift: np.ndarray, start: np.ndarray, end: np.ndarray, binding: np.ndarray,
-                    p: np.ndarray, q: np.ndarray, q_own: np.ndarray, sync: float) -> None:
+                    p: np.ndarray, q: np.ndarray, q_own: np.ndarray) -> None:
         """Segments of marked reads: I/O before the last wait, the wait, I/O after."""
         waits = binding >= 0
         i = np.maximum(binding, 0)
@@ -252,7 +254,7 @@ class FastTimeline:
         skipped = own & (i > pos)  # the reader's own slot lies before the waited one
         io_before = p * (i - skipped) + prefix_q[i] - np.where(skipped, q_own, 0.0)
         ready = src.base[i] + shift - np.where(i < pos, src.lower[i], 0.0)
-        resume = ready + sync
+        resume = ready
         io_end = np.where(waits, start + io_before, start)
         self._add(readers, start, io_end, _CODE["io"])
         self._add(readers[waits], io_end[waits], resume[waits], _WAIT, src.devices[i][waits],

@@ -32,7 +32,7 @@ from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
                                     ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.readings import (client_cpu_fit, dataset_read_s, dense_s, relative_spreads,
+from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_read_s, dense_s, relative_spreads,
                                      shard_timings, store_fit, sync_s, task_gap_s,
                                      trunk_timings)
 from pipeline.probe.rounds import calibrate
@@ -137,10 +137,10 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
                            timings.get(s.name, []), trunks.get(s.name), spreads.get(s.name, {}))
                for s in offered]
-    read_latency, read_bw = store_fit(runs, "read")
-    write_latency, write_bw = store_fit(runs, "write")
+    fits = {kind: store_fit(runs, kind) for kind in ("read", "write")}
+    (read_latency, read_bw), (write_latency, write_bw) = fits["read"], fits["write"]
     store = StoreProbe(workspace_dir or "engine default", read_latency, read_bw, write_latency,
-                       write_bw, dataset_read_s(runs))
+                       write_bw, dataset_read_s(runs), access_spreads(runs, fits))
     per_task, rate = client_cpu_fit(runs)
     dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip, per_task, rate,
                      scheduler_in_process(client), usable_cores())

@@ -2,7 +2,7 @@
 
 Per worker, the shard timings (one robust figure per layer, kernel count and
 workers running: pipeline/probe/robust.py) and the replica plan's conv trunk; the
-workspace's per-access cost; the dense head; the dataset read; the gap between a
+workspace's per-access cost and its spread; the dense head; the dataset read; the gap between a
 worker's queued step tasks; and how long a waiting reader takes to notice a
 slot's ready marker.
 """
@@ -184,6 +184,44 @@ def store_fit(runs: Sequence[PlanRun], kind: str) -> tuple[float, float]:
     if per_byte <= 0:  # all accesses alike: charge their median time per byte
         return float(latency), float(np.median(rows[:, 0] / np.maximum(rows[:, 1], 1e-9)))
     return float(latency), float(1.0 / per_byte)
+
+
+def access_spreads(runs: Sequence[PlanRun], fits: dict[str, tuple[float, float]]
+                   ) -> dict[int, float]:
+    """Per number of workers running, how much one workspace access's seconds vary
+    from access to access (the cost model's `StoreSpec.spread`).
+
+    Each access's seconds over what its kind's fit (`store_fit`, ``fits[kind]``)
+    gives for its bytes; at each step, over the median of that step's figures of the
+    same kind, so that what moves every access of a step alike (the machine's drift)
+    drops out. The spread is the interquartile range of the result over 1.349 (a
+    normal's, in standard deviations). Counts whose runs made fewer than
+    `MIN_ACCESSES` accesses get none."""
+    figures: dict[int, list[float]] = defaultdict(list)
+    for run in runs:
+        by_step: dict[tuple[int, str], list[float]] = defaultdict(list)
+        for receipt in run.receipts:
+            for event in receipt.events:
+                for phase in event.phases:
+                    if phase.kind in fits:
+                        latency, bandwidth = fits[phase.kind]
+                        fitted = latency + phase.nbytes / bandwidth
+                        if fitted > 0:
+                            by_step[(receipt.step, phase.kind)].append(phase.seconds / fitted)
+        for values in by_step.values():
+            typical = float(np.median(values))
+            if typical > 0:
+                figures[len(run.workers)] += [v / typical for v in values]
+    out = {}
+    for active, values in sorted(figures.items()):
+        if len(values) >= MIN_ACCESSES:
+            low, high = np.percentile(values, [25, 75])
+            out[active] = float(high - low) / IQR_SIGMAS
+    return out
+
+
+#: Accesses `access_spreads` needs at one count of workers running for a figure.
+MIN_ACCESSES = 8
 
 
 def nonneg_fit(rows: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -18,11 +18,12 @@ from pipeline.placement import split_even
 from pipeline.probe.robust import inconsistent
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
-PROBE_VERSION = 10  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 11  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
-#                    earlier probe's compute figures are stale
+#                    earlier probe's compute figures are stale; 11: the workspace
+#                    accesses' spread (`StoreProbe.spread`)
 
 
 def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
@@ -118,7 +119,9 @@ class StoreProbe:
     """The workspace as tasks reach it: ``t = latency + bytes / bw`` per access.
 
     Every access is one single-chunk slot. ``dataset_read_s``: one batch through
-    ``read_batch`` on a worker.
+    ``read_batch`` on a worker. ``spread``: per number of workers running, an
+    access's spread about that (`readings.access_spreads`): the cost model's
+    `StoreSpec.spread`.
     """
 
     path: str
@@ -127,6 +130,7 @@ class StoreProbe:
     write_latency_s: float
     write_bw: float
     dataset_read_s: float | None = None
+    spread: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -245,13 +249,17 @@ class ClusterProbe:
             specs.append(replace(spec, spread=w.spread.get(active, 0.0)))
         return specs
 
-    def store_spec(self) -> StoreSpec:
-        """The workspace: per-access costs as one chunk each, bandwidth per client."""
+    def store_spec(self, active: int | None = None) -> StoreSpec:
+        """The workspace: per-access costs as one chunk each, bandwidth per client, and
+        the accesses' spread with the first ``active`` workers running (default all; 0
+        where that count was not measured)."""
         s = self.store
         n = len(self.workers)
+        active = n if active is None else active
         return StoreSpec(write_bw=n * s.write_bw, read_bw=n * s.read_bw, latency=0.0,
                          client_write_bw=s.write_bw, client_read_bw=s.read_bw,
-                         read_chunk=s.read_latency_s, write_chunk=s.write_latency_s)
+                         read_chunk=s.read_latency_s, write_chunk=s.write_latency_s,
+                         spread=s.spread.get(active, 0.0))
 
     def dataset_spec(self) -> StoreSpec | None:
         return dataset_store(self.store.dataset_read_s)
@@ -398,5 +406,6 @@ def cluster_probe_from_dict(data: dict[str, Any]) -> ClusterProbe:
                for w in data["workers"]]
     master = data["master"]
     master = MasterProbe(**{**master, "timings": [ShardTiming(**t) for t in master["timings"]]})
-    return ClusterProbe(**{**data, "workers": workers, "store": StoreProbe(**data["store"]),
+    store = {**data["store"], "spread": {int(k): v for k, v in data["store"].get("spread", {}).items()}}
+    return ClusterProbe(**{**data, "workers": workers, "store": StoreProbe(**store),
                            "dask": DaskProbe(**data["dask"]), "master": master})

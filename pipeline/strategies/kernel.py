@@ -80,7 +80,7 @@ class KernelStrategy(Strategy):
         options = probe.kernel_options(kernel_counts=counts, master=master,
                                        sync=config.workspace.sync)
         return MODELS["kernel"](network, config.train.batch, probe.device_specs(active),
-                                IDEAL_LINK, probe.store_spec(), options)
+                                IDEAL_LINK, probe.store_spec(active), options)
 
 
 def placement_split(config: RunConfig, probe: ClusterProbe, active: int) -> list[list[int]]:

@@ -78,7 +78,7 @@ class DataStrategy(Strategy):
                                        dense_batch=config.hybrid.dense_batch,
                                        sync=config.workspace.sync)
         return self.model(network, config.train.batch, probe.device_specs(active), IDEAL_LINK,
-                          probe.store_spec(), options)
+                          probe.store_spec(active), options)
 
     def infeasible(self, batch: int, devices: int) -> str:
         if batch < devices:

@@ -1,0 +1,112 @@
+"""Workspace accesses in the model's timeline: their spread from access to access
+(`StoreSpec.spread`, measured by the probe as `access_spreads`) adds to the clocks'
+variances as compute's does, and every read checks its slot's ready marker, whether
+it waited for the slot or found it written (`DaskOverhead.sync`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pipeline.costmodel import DaskOverhead, DeviceSpec, LinkSpec, Options, StoreSpec, predict
+from pipeline.costmodel.network import conv_net
+from pipeline.costmodel.timeline import Timeline
+from pipeline.probe.readings import access_spreads
+from pipeline.probe.results import cluster_probe_from_dict
+from pipeline.probe.runs import PlanRun, ProbePlan
+from tasks.layout import CONV_FORWARD
+from tasks.receipts import OpEvent, Phase, Receipt
+from tests.test_probe_robust import _probe
+
+LINK = LinkSpec.from_bandwidth(1e12)
+FITS = {"read": (1e-3, 1e8), "write": (2e-3, 1e8)}
+
+
+def _store(spread: float = 0.0) -> StoreSpec:
+    return StoreSpec(write_bw=math.inf, read_bw=math.inf, write_chunk=1.0, read_chunk=0.0,
+                     spread=spread)
+
+
+def test_two_devices_writing_unevenly_meet_later_than_their_mean():
+    """Each device spends 1 s writing (one access, spread 0.1) and one reads the other's
+    slot: they meet at E[max] of two equal normals, the mean plus sigma / sqrt(pi)."""
+    clocks = []
+    for spread in (0.0, 0.1):
+        tl = Timeline([LINK, LINK], _store(spread), DaskOverhead())
+        for d in (0, 1):
+            tl.write(d, f"slot{d}", 0.0)
+        tl.read(0, [("slot1", 0.0)])
+        clocks.append(tl.clock[0])
+    assert clocks[0] == pytest.approx(1.0)
+    assert clocks[1] == pytest.approx(1.0 + 0.1 / math.sqrt(math.pi))
+
+
+def test_a_read_checks_its_marker_whether_or_not_it_waited():
+    """A read of a slot written long before still pays one check (`sync`); a read that
+    waited for its slot sees it `sync` after the write. Both are the read's I/O."""
+    tl = Timeline([LINK, LINK], None, DaskOverhead(sync=0.01))
+    tl.write(1, "early", 0.0)
+    tl.run(0, "compute", 5.0)
+    tl.read(0, [("early", 0.0)])
+    assert tl.clock[0] == pytest.approx(5.01)
+    assert [s.kind for s in tl.segments[0]] == ["compute", "io"]
+    tl.run(1, "compute", 10.0)
+    tl.write(1, "late", 0.0)
+    tl.read(0, [("late", 0.0)])
+    assert tl.clock[0] == pytest.approx(10.01)
+    assert [s.kind for s in tl.segments[0]][-2:] == ["wait", "io"]
+
+
+def _kernel(store_spread: float, timeline: str = "fast"):
+    net = conv_net([8, 16], image=16, hidden=[], name="tiny")
+    store = StoreSpec(write_bw=1e8, read_bw=1e8, read_chunk=2e-3, write_chunk=3e-3,
+                      spread=store_spread)
+    return predict("kernel", net, 64, [DeviceSpec(flops=2e10, name="cpu")] * 3,
+                   LinkSpec.from_bandwidth(1e10), store,
+                   options=Options(timeline=timeline, overhead=DaskOverhead(sync=5e-4)))
+
+
+def test_uneven_accesses_lengthen_a_kernel_step_and_take_the_reference_timeline():
+    steady, uneven = _kernel(0.0), _kernel(0.3)
+    assert uneven.step_time > steady.step_time * 1.01
+    assert uneven.breakdown["compute"] == steady.breakdown["compute"]
+    # the fast timeline keeps no variances: with an access spread the op-by-op one runs
+    assert uneven.step_time == _kernel(0.3, "reference").step_time
+    assert steady.step_time == pytest.approx(_kernel(0.0, "reference").step_time, rel=1e-9)
+
+
+def _access_run(workers: int, seconds: list[list[float]]) -> PlanRun:
+    """A run whose step ``s`` made reads of 1 MB taking ``seconds[s]`` each."""
+    receipts = [Receipt("t", "a", step, 0.0, 1.0, [OpEvent(
+        CONV_FORWARD, 0, 0.0, 1.0,
+        [Phase("read", 0.0, t, 1_000_000, f"act/0/{i}") for i, t in enumerate(times)])])
+        for step, times in enumerate(seconds)]
+    return PlanRun(ProbePlan([[1] * workers]), [f"w{i}" for i in range(workers)], receipts)
+
+
+def test_an_access_spread_is_measured_against_its_own_steps_accesses():
+    """Reads that each step makes alike (a step 2x slower than the last: drift) have no
+    spread; reads jittered by a normal of 0.2 about the fit have about 0.2."""
+    fitted = FITS["read"][0] + 1_000_000 / FITS["read"][1]
+    drifting = _access_run(2, [[fitted * (1 + s % 2)] * 10 for s in range(6)])
+    assert access_spreads([drifting], FITS) == {2: pytest.approx(0.0)}
+    draws = np.random.default_rng(2).normal(1.0, 0.2, (40, 25))
+    jittered = _access_run(3, [list(fitted * row) for row in draws])
+    spreads = access_spreads([drifting, jittered], FITS)
+    assert spreads[3] == pytest.approx(0.2, rel=0.15)
+    assert spreads[2] == pytest.approx(0.0)
+    assert access_spreads([_access_run(2, [[fitted] * 3])], FITS) == {}  # too few to say
+
+
+def test_the_probes_store_takes_the_spread_with_as_many_workers_running():
+    probe = _probe({"cpu-0": [], "cpu-1": [], "cpu-2": []})
+    probe.store.spread.update({2: 0.1, 3: 0.25})
+    assert probe.store_spec(2).spread == 0.1
+    assert probe.store_spec().spread == 0.25  # all three
+    assert probe.store_spec(1).spread == 0.0  # alone: no access measured
+    again = cluster_probe_from_dict(json.loads(json.dumps(dataclasses.asdict(probe))))
+    assert again.store.spread == {2: 0.1, 3: 0.25}  # through the JSON cache
