@@ -3,7 +3,7 @@ checkpoint.
 
 The same loop drives every strategy (the distributed engine and the in-process
 reference). The model's calibration runs (pipeline/probe/runs.py) drive the engine
-the same way, one step per task, so that the probe prices what a task costs.
+the same way: warm-up steps one per task, then the measured steps in one task.
 """
 
 from __future__ import annotations

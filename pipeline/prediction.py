@@ -135,7 +135,7 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
 def per_step_task_costs(probe: ClusterProbe, task_steps: int) -> ClusterProbe:
     """The probe with its per-task Dask costs (the gap between a worker's tasks, the
     client's CPU per task) shared out over `task_steps` steps per task: the probe
-    runs one step per task, so that is what it measured them for."""
+    measured them per task (pipeline/probe/runs.py, `PlanEngines.run`)."""
     dask = dataclasses.replace(probe.dask, task_s=probe.dask.task_s / task_steps,
                                client_cpu_per_task_s=probe.dask.client_cpu_per_task_s
                                / task_steps)

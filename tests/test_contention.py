@@ -3,7 +3,7 @@
 import pytest
 
 from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
-from pipeline.probe.readings import client_cpu_fit
+from pipeline.probe.readings import client_cpu_fit, task_gap_s
 from pipeline.probe.runs import PlanRun, ProbePlan
 
 
@@ -39,3 +39,19 @@ def test_the_probe_fits_cpu_per_task_and_per_second():
     assert fitted[0] == 0.0 and fitted[1] > 0
     assert client_cpu_fit([]) == (0.0, 0.0)
     assert client_cpu_fit([_run(2, 0, 0.0, 0.0)]) == (0.0, 0.0)  # no measured steps
+
+
+def test_the_fit_counts_the_tasks_a_round_took_and_the_gap_is_before_the_measured_task():
+    """A round of 2 single-step warm-up tasks and a measured task of 3 steps on 2 workers:
+    6 tasks over 5 steps, not one per worker and step."""
+    per_task, rate = 0.004, 0.025
+    runs = []
+    for workers, wall in ((1, 0.04), (2, 0.03), (1, 0.5), (2, 0.2)):
+        tasks = 3 * workers
+        run = _run(workers, 5, 5 * wall, per_task * tasks + rate * 5 * wall)
+        run.tasks, run.task_gaps = tasks, [0.001 * workers]
+        runs.append(run)
+    assert runs[1].tasks_per_step == pytest.approx(6 / 5)
+    assert client_cpu_fit(runs) == pytest.approx((per_task, rate))
+    assert task_gap_s(runs) == pytest.approx(0.0015)  # the median of 1, 2, 1, 2 ms
+    assert task_gap_s([_run(2, 3, 0.1, 0.01)]) == 0.0  # no gap measured

@@ -254,16 +254,9 @@ def dense_s(runs: Sequence[PlanRun]) -> Estimate:
 
 
 def task_gap_s(runs: Sequence[PlanRun]) -> float:
-    """Median gap between a worker's step task and its next (already queued) one."""
-    gaps = []
-    for run in runs:
-        by_worker: dict[str, list[Receipt]] = defaultdict(list)
-        for receipt in run.receipts:
-            by_worker[receipt.worker].append(receipt)
-        for receipts in by_worker.values():
-            receipts.sort(key=lambda r: r.step)
-            gaps += [b.start - a.end for a, b in zip(receipts, receipts[1:])
-                     if b.step == a.step + 1]
+    """Median gap between a worker's step task and its next, already queued one (each
+    round's last warm-up task and its measured task: `PlanRun.task_gaps`)."""
+    gaps = [gap for run in runs for gap in run.task_gaps]
     return max(float(np.median(gaps)), 0.0) if gaps else 0.0
 
 
@@ -284,10 +277,10 @@ def sync_s(runs: Sequence[PlanRun]) -> float:
 
 def client_cpu_fit(runs: Sequence[PlanRun]) -> tuple[float, float]:
     """The probing process's CPU per step as ``per_task * tasks + rate * wall``: the
-    scheduler's and client's work for each step task (one per worker and step), and
+    scheduler's and client's work for each step task (`PlanRun.tasks_per_step`), and
     what they do while time passes (heartbeats, polls). Least squares over the runs'
     steps; where it gives a negative part, that part is 0 and the other fitted alone."""
-    rows = [(run.plan.workers, run.wall_s / run.steps, run.client_cpu_s / run.steps)
+    rows = [(run.tasks_per_step, run.wall_s / run.steps, run.client_cpu_s / run.steps)
             for run in runs if run.steps > 0]
     if not rows:
         return 0.0, 0.0

@@ -23,7 +23,8 @@ PROBE_VERSION = 11  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
 #                    earlier probe's compute figures are stale; 11: the workspace
-#                    accesses' spread (`StoreProbe.spread`)
+#                    accesses' spread (`StoreProbe.spread`), and the measured steps
+#                    in one task per worker (runs.py: `PlanEngines.run`)
 
 
 def quartile_factor(total: float, low: float, high: float, bound: str) -> float:

@@ -2,8 +2,9 @@
 
 A synthetic timing loop underestimates what a shard costs inside training (fresh
 allocations, other workers' traffic, the denormals of real data), so the probe
-runs the engine itself, steps submitted ahead as the training loop does, for a few
-steps per *plan* (how many kernels of each layer each worker holds, worker 0 the
+runs the engine itself, steps submitted ahead as the training loop does (warm-up
+steps one per task, the measured ones in one task, as runs hold several steps per
+task: `PlanEngines.run`), for a few steps per *plan* (how many kernels of each layer each worker holds, worker 0 the
 master) and reads
 every constant the model needs from the receipts: per worker and layer the
 forward, backward and input-gradient seconds at each kernel count; per workspace
@@ -37,7 +38,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -122,15 +123,23 @@ def plan_rounds(seconds: float) -> int:
 @dataclass
 class PlanRun:
     """One plan's receipts (warm-up steps excluded), the workers it ran on, and the
-    round it was timed in."""
+    round it was timed in; this process's CPU and the wall time over the round's
+    steps (warm-up included) and the step tasks they took; and each worker's gap
+    between its last warm-up task and the measured one queued behind it."""
 
     plan: Plan
     workers: list[str]
     receipts: list[Receipt]
     round: int = 0
-    client_cpu_s: float = 0.0  # this process's CPU over the measured steps
-    wall_s: float = 0.0  # and their wall time
-    steps: int = 0  # measured steps
+    client_cpu_s: float = 0.0
+    wall_s: float = 0.0
+    steps: int = 0
+    tasks: int = 0  # step tasks over those steps (0: one per worker and step)
+    task_gaps: list[float] = field(default_factory=list)
+
+    @property
+    def tasks_per_step(self) -> float:
+        return self.tasks / self.steps if self.tasks else float(self.plan.workers)
 
 
 def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
@@ -258,28 +267,42 @@ class PlanEngines:
 
     def run(self, plan: Plan, round_index: int) -> PlanRun:
         """One round of ``plan``: its warm-up steps (`plan_steps`; one after the first
-        round), then its measured steps."""
+        round) one per task, submitted ahead as the training loop does, then its
+        measured steps as one task per worker, queued behind them.
+
+        Why one task for the measured steps: runs put several steps in a task
+        (``train.steps_per_task``), and a worker's share of the Dask work per task
+        (receiving it, reporting it) runs on the core its ops run on. Timed one step
+        per task, a 20 ms replica trunk took a quarter longer than in the runs it
+        predicts (docs/benchmarks.md). The per-task costs are measured on their own:
+        the gap before the measured task (`PlanRun.task_gaps`), and this process's CPU
+        per task over the round."""
         engine, names, first = self._engine(plan)
         steps, warmup = plan_steps(plan_seconds(self.network, self.batch, plan))
         if first:
             steps, warmup = steps - warmup + 1, 1
+        tasks = [(step, 1) for step in range(first, first + warmup)]
+        tasks.append((first + warmup, steps - warmup))
         ahead = engine.config.train.inflight
-        submitted, receipts = first, []
-        cpu = wall = 0.0
-        for step in range(first, first + steps):
-            cpu_start, wall_start = time.process_time(), time.perf_counter()
-            while submitted < min(step + ahead, first + steps):
-                engine.submit(submitted)
+        cpu_start, wall_start = time.process_time(), time.perf_counter()
+        submitted, results = 0, []
+        for index, (start, _count) in enumerate(tasks):
+            while submitted < min(index + ahead, len(tasks)):
+                engine.submit(*tasks[submitted])
                 submitted += 1
-            [result] = engine.collect(step)  # one step per task: what the probe prices
-            if not np.isfinite(result.loss):
-                raise FloatingPointError(f"a calibration run diverged at step {step}")
-            if step >= first + warmup:
-                receipts += result.receipts
-                cpu += time.process_time() - cpu_start
-                wall += time.perf_counter() - wall_start
+            results.append(engine.collect(start))
+        cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
+        for step_results in results:
+            for result in step_results:
+                if not np.isfinite(result.loss):
+                    raise FloatingPointError(f"a calibration run diverged at step {result.step}")
+        warm_end = {r.worker: r.end for r in results[-2][-1].receipts}
+        gaps = [r.start - warm_end[r.worker] for r in results[-1][0].receipts
+                if r.worker in warm_end]
         self.engines[id(plan)] = (engine, names, first + steps)
-        return PlanRun(plan, names, receipts, round_index, cpu, wall, steps - warmup)
+        receipts = [r for result in results[-1] for r in result.receipts]
+        return PlanRun(plan, names, receipts, round_index, cpu, wall, steps,
+                       len(tasks) * plan.workers, gaps)
 
 
 def _output_root(offered: Sequence[ClusterWorker]) -> str | None:
