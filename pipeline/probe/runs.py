@@ -4,9 +4,9 @@ A synthetic timing loop underestimates what a shard costs inside training (fresh
 allocations, other workers' traffic, the denormals of real data), so the probe
 runs the engine itself, steps submitted ahead as the training loop does (warm-up
 steps one per task, the measured ones in one task, as runs hold several steps per
-task: `PlanEngines.run`), for a few steps per *plan* (how many kernels of each layer each worker holds, worker 0 the
-master) and reads
-every constant the model needs from the receipts: per worker and layer the
+task: `PlanEngines.run`), for a few steps per *plan* (how many kernels of each
+layer each worker holds, worker 0 the master) and reads every constant the model
+needs from the receipts: per worker and layer the
 forward, backward and input-gradient seconds at each kernel count; per workspace
 access its seconds and bytes; the dense head; the dataset read; the gap between a
 worker's queued step tasks; and how long a waiting reader takes to notice a
