@@ -190,8 +190,9 @@ def _tilted(network: NetworkSpec, quanta: Sequence[int], n: int, fraction: float
 
 
 def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, steps: int,
-                 workspace: str | None = None, quantum: int = 1) -> RunConfig:
-    """A run config for calibration runs of ``network`` (weights from a fresh seed).
+                 workspace: str | None = None, quantum: int = 1, seed: int = 0) -> RunConfig:
+    """A run config for calibration runs of ``network`` (weights and the batches' order
+    from `seed`).
 
     `quantum` chunks the (throwaway) checkpoint: every plan's shards must own whole
     chunks of it.
@@ -202,7 +203,8 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
         name=f"probe-{uuid.uuid4().hex[:6]}", strategy="kernel", placement="even",
         network=NetworkConfig(conv, list(network.hidden), network.classes, network.dtype),
         data=DataConfig(path=dataset),
-        train=TrainConfig(steps=steps, batch=batch, lr=1e-3, warmup_steps=1, eval_samples=0),
+        train=TrainConfig(steps=steps, batch=batch, lr=1e-3, warmup_steps=1, eval_samples=0,
+                          seed=seed),
         workspace=WorkspaceConfig(path=workspace, channel_quantum=quantum), output=output,
         progress=False)
 
@@ -211,7 +213,12 @@ class PlanEngines:
     """The calibration runs' engines: one per plan, started at its first round and kept
     until the probe ends, so that a later round of a plan is a few more steps of the
     same run (one warm-up step, no new setup or checkpoint) a few seconds after the
-    last. Steps go ahead ``train.inflight`` at a time, as in the training loop."""
+    last. Steps go ahead ``train.inflight`` at a time, as in the training loop.
+
+    Each plan orders the batches by a seed of its own. A worker keeps the dataset's
+    files open from plan to plan, so with one order for all, every plan after the
+    first read rows its page cache held: behind links the probe's batch reads took 5-10
+    ms where a run's first pass over them took 16-20 ms (docs/benchmarks.md)."""
 
     def __init__(self, client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec,
                  batch: int, dataset: str, plans: Sequence[Plan],
@@ -244,8 +251,10 @@ class PlanEngines:
 
     def _engine(self, plan: Plan) -> tuple[StepEngine, list[str], int]:
         if id(plan) not in self.engines:
+            # a seed of its own: each plan reads other rows than the plans before it
+            # read (`PlanEngines` doc)
             config = probe_config(self.network, self.batch, self.dataset, self.base, PROBE_STEPS,
-                                  self.workspace_dir, self.quantum)
+                                  self.workspace_dir, self.quantum, seed=len(self.engines) + 1)
             prepare_checkpoints(config, self.network)
             workers = self.offered[:plan.workers]
             names = [w.name for w in workers]
