@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from storage import checkpoints
+from storage.datasets import clear_read_cache
 from storage.exchange import Exchange
 from storage.space import writing
 from tasks.layout import Layout, StepOp, exchange_slots
@@ -34,7 +35,13 @@ from tasks.worker_state import (current_profile, drop_run, get_run, prepare_thre
 def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: NetworkSpec,
              batch: int, paths: RunPaths, arithmetic: Arithmetic, from_step: int,
              wait_timeout: float) -> Receipt:
-    """Load this worker's work from checkpoint `from_step` onto its device."""
+    """Load this worker's work from checkpoint `from_step` onto its device.
+
+    The dataset's files are opened afresh, as by a process of its own: a worker kept
+    them open from run to run, and over a network file system the rows an earlier run
+    read came from its page cache, so the same point's second repeat in a sweep read
+    its batches up to twice as fast (docs/benchmarks.md)."""
+    clear_read_cache()
     profile = current_profile()
     receipt = Receipt("init", profile.name, from_step, time.time())
     device = profile.device
