@@ -186,6 +186,10 @@ def store_fit(runs: Sequence[PlanRun], kind: str) -> tuple[float, float]:
     return float(latency), float(1.0 / per_byte)
 
 
+#: Accesses `access_spreads` needs at one count of workers running for a figure.
+MIN_ACCESSES = 8
+
+
 def access_spreads(runs: Sequence[PlanRun], fits: dict[str, tuple[float, float]]
                    ) -> dict[int, float]:
     """Per number of workers running, how much one workspace access's seconds vary
@@ -218,10 +222,6 @@ def access_spreads(runs: Sequence[PlanRun], fits: dict[str, tuple[float, float]]
             low, high = np.percentile(values, [25, 75])
             out[active] = float(high - low) / IQR_SIGMAS
     return out
-
-
-#: Accesses `access_spreads` needs at one count of workers running for a figure.
-MIN_ACCESSES = 8
 
 
 def nonneg_fit(rows: np.ndarray, t: np.ndarray) -> np.ndarray:

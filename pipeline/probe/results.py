@@ -407,6 +407,7 @@ def cluster_probe_from_dict(data: dict[str, Any]) -> ClusterProbe:
                for w in data["workers"]]
     master = data["master"]
     master = MasterProbe(**{**master, "timings": [ShardTiming(**t) for t in master["timings"]]})
-    store = {**data["store"], "spread": {int(k): v for k, v in data["store"].get("spread", {}).items()}}
+    spread = {int(k): v for k, v in data["store"].get("spread", {}).items()}  # JSON keys
+    store = {**data["store"], "spread": spread}
     return ClusterProbe(**{**data, "workers": workers, "store": StoreProbe(**store),
                            "dask": DaskProbe(**data["dask"]), "master": master})
