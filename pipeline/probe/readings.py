@@ -127,6 +127,15 @@ def trunk_timings(runs: Sequence[PlanRun]) -> dict[str, TrunkTiming]:
 
 #: A normal distribution's interquartile range, in standard deviations.
 IQR_SIGMAS = 1.349
+
+
+def iqr_sigma(values: Sequence[float]) -> float:
+    """A spread in standard deviations from the interquartile range, as a normal's:
+    robust to the odd step a hiccup stretched."""
+    low, high = np.percentile(values, [25, 75])
+    return float(high - low) / IQR_SIGMAS
+
+
 #: The ops whose compute `relative_spreads` compares between workers.
 _SPREAD_OPS = (CONV_FORWARD, CONV_BACKWARD, TRUNK_FORWARD, TRUNK_BACKWARD)
 
@@ -167,8 +176,7 @@ def relative_spreads(runs: Sequence[PlanRun]) -> dict[str, dict[int, float]]:
                     (figure - mean) / math.sqrt(1.0 - 1.0 / n))
     out: dict[str, dict[int, float]] = {}
     for (worker, active), values in sorted(residuals.items()):
-        low, high = np.percentile(values, [25, 75])
-        out.setdefault(worker, {})[active] = float(high - low) / IQR_SIGMAS
+        out.setdefault(worker, {})[active] = iqr_sigma(values)
     return out
 
 
@@ -216,12 +224,8 @@ def access_spreads(runs: Sequence[PlanRun], fits: dict[str, tuple[float, float]]
             typical = float(np.median(values))
             if typical > 0:
                 figures[len(run.workers)] += [v / typical for v in values]
-    out = {}
-    for active, values in sorted(figures.items()):
-        if len(values) >= MIN_ACCESSES:
-            low, high = np.percentile(values, [25, 75])
-            out[active] = float(high - low) / IQR_SIGMAS
-    return out
+    return {active: iqr_sigma(values) for active, values in sorted(figures.items())
+            if len(values) >= MIN_ACCESSES}
 
 
 def nonneg_fit(rows: np.ndarray, t: np.ndarray) -> np.ndarray:
