@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
 
@@ -30,6 +31,10 @@ sys.path.insert(0, ROOT)
 WARMUP_STEPS = 4
 #: Phase kinds that are workspace or dataset accesses.
 ACCESSES = ("read", "write", "dataset")
+
+
+def _end(event: dict[str, Any]) -> float:
+    return event["ts"] + event["dur"]
 
 
 def walk(events: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int], int]:
@@ -45,27 +50,32 @@ def walk(events: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int]
             phases[e["tid"]].append(e)
             if e["name"] == "write":
                 writes[e["args"]["slot"]].append(e)
-    for lane in phases.values():
-        lane.sort(key=lambda e: e["ts"] + e["dur"])
-    last = max(ops, key=lambda e: e["ts"] + e["dur"])
+    for group in (*phases.values(), *writes.values()):
+        group.sort(key=_end)
+    lane_ends = {tid: [_end(e) for e in lane] for tid, lane in phases.items()}
+    write_ends = {slot: [_end(w) for w in group] for slot, group in writes.items()}
+    last = max(ops, key=_end)
     lane, t = last["tid"], last["ts"] + last["dur"]
     seconds: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     while t > start:
-        before = [e for e in phases[lane] if e["ts"] + e["dur"] <= t + 1 and e["ts"] < t]
-        if not before:
+        at = bisect_right(lane_ends.get(lane, []), t + 1) - 1  # the last to end by t
+        while at >= 0 and phases[lane][at]["ts"] >= t:
+            at -= 1
+        if at < 0:
             seconds["gap"] += t - start
             break
-        phase = before[-1]
-        end = min(phase["ts"] + phase["dur"], t)
+        phase = phases[lane][at]
+        end = min(_end(phase), t)
         seconds["gap"] += t - end
         t = end
         if phase["name"] == "wait":
-            written = [w for w in writes[phase["args"]["slot"]] if w["ts"] + w["dur"] <= end + 1]
-            writer = max(written, key=lambda w: w["ts"] + w["dur"]) if written else None
-            if writer and writer["ts"] + writer["dur"] > phase["ts"] and writer["tid"] != lane:
-                seconds["lag"] += end - writer["ts"] - writer["dur"]
-                lane, t = writer["tid"], writer["ts"] + writer["dur"]
+            slot = phase["args"]["slot"]
+            latest = bisect_right(write_ends.get(slot, []), end + 1) - 1  # its last write
+            writer = writes[slot][latest] if latest >= 0 else None
+            if writer and _end(writer) > phase["ts"] and writer["tid"] != lane:
+                seconds["lag"] += end - _end(writer)
+                lane, t = writer["tid"], _end(writer)
                 continue
             seconds["written-wait"] += end - phase["ts"]
         else:
