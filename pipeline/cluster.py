@@ -26,11 +26,13 @@ import torch
 import dask
 from distributed import Client, Scheduler, SpecCluster
 
-from pipeline.config import ClusterConfig, WorkerConfig, shm_workspace_root
+from pipeline.config import ClusterConfig, WorkerConfig
 from pipeline.embedded import QUIET, Progress, start_embedded_cluster
 from pipeline.links import Host, LinkError, LinkedHosts
-from pipeline.security import client_security, connection_problem, tls_problem
+from pipeline.security import (TlsConfig, client_security, connection_problem, run_security,
+                               tls_flags, tls_problem, write_credentials)
 from pipeline.object_store import client_options, start_server, worker_environment
+from storage.private import default_workspace_root
 from tasks.worker_state import WorkerSetup
 
 
@@ -185,13 +187,16 @@ def start_linked_cluster(config: ClusterConfig, directories: Sequence[str]
     try:
         if config.workspace_transport() == "s3":
             links.storage_options = start_server(links)
-        host = links.bridge_address
+        host, security = links.bridge_address, run_security()
         scheduler = {"cls": Scheduler,
-                     "options": {"host": host, "dashboard_address": f"{host}:0"}}
+                     "options": {"host": host, "dashboard_address": f"{host}:0",
+                                 "protocol": "tls", "security": security}}
         with dask.config.set(QUIET):
-            cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR)
+            cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR,
+                                  security=security)
         try:
-            _start_linked_workers(cluster, links, config, list(directories))
+            credentials = write_credentials(security, links.directory)
+            _start_linked_workers(cluster, links, config, list(directories), credentials)
         except BaseException:
             cluster.close()
             raise
@@ -202,9 +207,10 @@ def start_linked_cluster(config: ClusterConfig, directories: Sequence[str]
 
 
 def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: ClusterConfig,
-                          directories: list[str]) -> None:
-    """Start the workers on their hosts and wait (`wait_timeout`) for all to join; a
-    worker that exits first fails the start with the end of its log."""
+                          directories: list[str], credentials: TlsConfig) -> None:
+    """Start the workers on their hosts, with the cluster's TLS `credentials` (files
+    only this user can read), and wait (`wait_timeout`) for all to join; a worker that
+    exits first fails the start with the end of its log."""
     workers = config.worker_list()
     pin_workspace_root(links, directories)
     env, logs = _quiet_environment(), []
@@ -212,7 +218,9 @@ def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: Clus
         env.update(worker_environment(links.storage_options))
     for worker, host in zip(workers, links.hosts):
         command = links.command(host, directories,
-                                worker_command(cluster.scheduler_address, host, worker))
+                                worker_command(cluster.scheduler_address, host, worker)
+                                + tls_flags(credentials.ca_file, credentials.cert,
+                                            credentials.key or credentials.cert))
         logs.append(os.path.join(links.directory, f"worker-{host.namespace}.log"))
         with open(logs[-1], "w", encoding="utf-8") as log:
             links.spawn(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -231,8 +239,8 @@ def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: Clus
 def pin_workspace_root(links: LinkedHosts, directories: Sequence[str]) -> None:
     """Pin the default workspace root if the linked hosts mount it: other runs remove
     it when they find it empty, which would detach it from under the workers."""
-    if shm_workspace_root() in directories:
-        links.pin(shm_workspace_root())
+    if default_workspace_root() in directories:
+        links.pin(default_workspace_root())
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from pipeline.links import rate_bits
 from pipeline.schema import (ConfigError, FieldError, check_range, from_dict, load_yaml,
                              parse_override, parse_size, set_dotted)
 from pipeline.security import TlsConfig
+from storage.private import default_workspace_root
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
 
 
@@ -423,7 +424,7 @@ class RunConfig:
                        os.path.abspath(self.output_dir)]
         if self.cluster.workspace_transport() == "s3":
             return directories
-        return [os.path.abspath(self.workspace.path or shm_workspace_root()), *directories]
+        return [os.path.abspath(self.workspace.path or default_workspace_root()), *directories]
 
     @property
     def checkpoint_path(self) -> str:
@@ -471,11 +472,6 @@ class RunConfig:
         if self.train.checkpoint_every:
             steps.update(range(0, self.train.steps, self.train.checkpoint_every))
         return steps
-
-
-def shm_workspace_root() -> str:
-    """Where exchange workspaces go on this host by default (shared memory)."""
-    return os.path.join("/dev/shm", f"dask-cnn-{os.getuid()}")
 
 
 def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConfig:

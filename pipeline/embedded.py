@@ -30,6 +30,7 @@ from distributed.utils import get_mp_context
 
 from pipeline.config import WorkerConfig
 from pipeline.fork_server import start_fork_server
+from pipeline.security import run_security
 
 LOOPBACK = "127.0.0.1"
 # Workers share the cores with the timed work: no statistical profiler (it samples
@@ -65,22 +66,28 @@ def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | Non
 
     Everything listens on the loopback interface only (scheduler, workers, nannies,
     dashboard): an embedded cluster serves this process, and a Dask worker runs
-    whatever a client that reaches it submits. Started in batches, the workers come
-    up a few at a time rather than (nearly) all at the end.
+    whatever a client that reaches it submits. Loopback keeps other machines out, not
+    other users of this one, so every connection is mutual TLS with credentials made
+    for this cluster (`run_security`): a client without them is refused. Started in
+    batches, the workers come up a few at a time rather than (nearly) all at the end.
     """
+    security = run_security()
     scheduler = {"cls": Scheduler,
-                 "options": {"host": LOOPBACK, "dashboard_address": f"{LOOPBACK}:0"}}
+                 "options": {"host": LOOPBACK, "dashboard_address": f"{LOOPBACK}:0",
+                             "protocol": "tls", "security": security}}
     spec = {
         worker.name: {"cls": Nanny, "options": {
             "host": LOOPBACK, "nthreads": 1, "silence_logs": logging.ERROR,
             "resources": dict(worker.resources), "memory_limit": 0,
+            "protocol": "tls", "security": security,
         }}
         for worker in workers
     }
     names, step = list(spec), batch or len(spec) or 1
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     with dask.config.set(QUIET):
-        cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR)
+        cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR,
+                              security=security)
         try:
             cluster.sync(_block_ctrl_c)
             for first in range(0, len(names), step):

@@ -24,7 +24,7 @@ from typing import Callable
 from distributed import Client, Future, wait
 
 from pipeline.cluster import ClusterError, ClusterWorker, all_local, live_workers
-from pipeline.config import RunConfig, shm_workspace_root
+from pipeline.config import RunConfig
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.object_store import workspace_url
 from pipeline.placement import Placement
@@ -36,6 +36,7 @@ from pipeline.task_steps import steps_label
 from storage import checkpoints
 from storage.exchange import (Exchange, SlotSpec, create_exchange, remove_exchange,
                               remove_root_if_empty, remove_stale_exchanges)
+from storage.private import default_workspace_root
 from storage.space import writing
 from tasks import step_task
 from tasks.layout import Layout, exchange_slots
@@ -65,7 +66,7 @@ def workspace_path(config: RunConfig, run_id: str, workers: list[ClusterWorker])
     shm = "/dev/shm"
     linked = config.cluster.link_rates() is not None
     if (linked or all_local(workers)) and os.path.isdir(shm) and os.access(shm, os.W_OK):
-        return os.path.join(shm_workspace_root(), f"{run_id}.zarr")
+        return os.path.join(default_workspace_root(), f"{run_id}.zarr")
     return os.path.join(config.output_dir, f"workspace-{run_id}.zarr")
 
 
@@ -210,7 +211,7 @@ class StepEngine:
         empty (never a `workspace.path` folder: the user's)."""
         remove_exchange(self.paths.workspace)
         root = os.path.dirname(self.paths.workspace)
-        if root == shm_workspace_root():
+        if root == default_workspace_root():
             remove_root_if_empty(root)
 
     def close(self) -> None:

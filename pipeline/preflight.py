@@ -26,6 +26,7 @@ from pipeline.probe.results import costmodel_network
 from pipeline.schema import ConfigError
 from pipeline.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of
+from storage.private import default_workspace_root, folder_problem
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
 
@@ -86,6 +87,10 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     workspace = config.workspace.path
     if workspace and "://" not in workspace:
         check_writable_dir(workspace, "workspace.path")
+    problem = None if workspace else folder_problem(default_workspace_root())
+    if strategy.uses_cluster and problem:
+        raise ConfigError(f"workspace.path: the default workspace folder {problem}: remove "
+                          "it, or set workspace.path to a folder of your own")
     if strategy.uses_cluster and not config.cluster.scheduler:
         check_scheduler_variable()
     problem = tls_problem(scheduler_address(config.cluster), config.cluster.tls)

@@ -1,4 +1,9 @@
-"""TLS to an external Dask cluster: the client's certificates and what a refusal means.
+"""TLS: the credentials of the clusters a run starts, the client's certificates for an
+external Dask cluster, and what a refusal means.
+
+Every cluster a run starts itself (embedded, or behind shaped links) speaks mutual TLS
+with credentials made for it (`run_security`), so that no other user of the machine
+can submit work to its workers.
 
 Dask's TLS is mutual: the scheduler and every worker present a certificate, and so
 does the client; each side accepts only a peer whose certificate the configured CA
@@ -90,6 +95,32 @@ def client_security(tls: TlsConfig | None) -> Security | None:
         return None
     return Security(require_encryption=True, tls_ca_file=tls.ca_file,
                     tls_client_cert=tls.cert, tls_client_key=tls.key)
+
+
+def run_security() -> Security:
+    """Credentials made for one cluster that a run starts (embedded or linked): a fresh
+    self-signed key and certificate, held in memory, that the scheduler, every nanny
+    and worker, and the client both present and require (mutual TLS). Another user of
+    the machine can reach the cluster's loopback ports, but holds no certificate the
+    cluster trusts: the handshake refuses it before any message is read."""
+    return Security.temporary()
+
+
+def write_credentials(security: Security, folder: str) -> TlsConfig:
+    """`security`'s CA, certificate and key as PEM files in `folder` (a folder of this
+    user's that others cannot enter, e.g. from `tempfile.mkdtemp`), each readable by
+    this user only: for processes that take their credentials from files, such as a
+    `dask worker` command (never the key itself on a command line)."""
+    files = {"ca_file": ("ca.pem", security.tls_ca_file),
+             "cert": ("cert.pem", security.tls_client_cert),
+             "key": ("key.pem", security.tls_client_key)}
+    paths = {}
+    for field, (name, contents) in files.items():
+        paths[field] = os.path.join(folder, name)
+        descriptor = os.open(paths[field], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+            handle.write(contents)
+    return TlsConfig(**paths)
 
 
 def tls_flags(ca_file: str, cert: str, key: str) -> list[str]:

@@ -63,6 +63,7 @@ import zarr
 from zarr.codecs import BytesCodec
 
 from storage.arrays import create_array, open_cached
+from storage.private import PRIVATE_MODE, default_workspace_root, make_private_folder
 
 ABORT = "ABORT"
 OWNER = "owner.json"
@@ -104,11 +105,16 @@ def create_exchange(path: str, slots: list[SlotSpec]) -> None:
 
 def make_folder(folder: str, then: Callable[[], None] = lambda: None,
                 attempts: int = 50) -> None:
-    """`os.makedirs`, then `then` (a file to make in it), again when a concurrent run
-    removed an empty parent or `folder` itself meanwhile (`remove_root_if_empty`)."""
+    """`os.makedirs` (a new `folder` private to this user, and the default root, when
+    it is or holds `folder`, made or checked private: storage/private.py), then `then`
+    (a file to make in it), again when a concurrent run removed an empty parent or
+    `folder` itself meanwhile (`remove_root_if_empty`)."""
+    root = default_workspace_root()
     for attempt in range(attempts):
         try:
-            os.makedirs(folder, exist_ok=True)
+            if root in (folder.rstrip(os.sep), os.path.dirname(folder.rstrip(os.sep))):
+                make_private_folder(root)
+            os.makedirs(folder, PRIVATE_MODE, exist_ok=True)
             then()
             return
         except FileNotFoundError:

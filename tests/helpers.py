@@ -20,6 +20,7 @@ from experiments import sweep as sweep_cli
 from pipeline import train as train_cli
 from pipeline.cluster import register_setup, start_embedded_cluster
 from pipeline.config import ClusterConfig, RunConfig, WorkerConfig, build_run_config
+from pipeline.security import write_credentials
 from storage import checkpoints
 from storage.datasets import read_batch
 
@@ -37,6 +38,15 @@ def embedded_client(workers: list[WorkerConfig]) -> Iterator[tuple[Client, Clust
     finally:
         client.close()
         cluster.close()
+
+
+def scheduler_args(client: Client, folder: str) -> list[str]:
+    """The command-line arguments that take a run to `client`'s cluster as an external
+    one: `--scheduler` and, its embedded cluster speaking TLS with credentials made for
+    it (pipeline/security.py), those credentials as files in `folder` (cluster.tls)."""
+    tls = write_credentials(client.security, folder)
+    return ["--scheduler", client.scheduler.address, f"cluster.tls.ca_file={tls.ca_file}",
+            f"cluster.tls.cert={tls.cert}", f"cluster.tls.key={tls.key}"]
 
 
 def shared_workers(shared: tuple[Client, ClusterConfig], tag: str,

@@ -28,15 +28,17 @@ def mixed_cluster(shared_cluster):
     return client, dataclasses.replace(config)
 
 
-def test_embedded_cluster_listens_on_loopback_only(mixed_cluster):
+def test_embedded_cluster_listens_on_loopback_only_in_tls(mixed_cluster):
+    """Loopback only, and TLS on every Dask address (tests/test_local_users.py tries
+    other users against it)."""
     client, _ = mixed_cluster
     processes = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
     listening = {c.laddr.ip for c in psutil.net_connections("inet")
                  if c.status == psutil.CONN_LISTEN and c.pid in processes}
     assert listening == {"127.0.0.1"}
     info = client.scheduler_info(n_workers=-1)
-    assert info["address"].startswith("tcp://127.0.0.1:")
-    assert all(address.startswith("tcp://127.0.0.1:") for address in info["workers"])
+    assert info["address"].startswith("tls://127.0.0.1:")
+    assert all(address.startswith("tls://127.0.0.1:") for address in info["workers"])
 
 
 def test_master_by_default_name_tag_or_outside_the_kernel_workers(mixed_cluster):

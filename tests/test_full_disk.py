@@ -29,7 +29,7 @@ from experiments.results import DONE
 from storage import checkpoints
 from storage.space import NoSpace, is_full, replace_file, writing
 from tasks.worker_state import _DropEndedRunFailures
-from tests.helpers import error_lines_of
+from tests.helpers import error_lines_of, scheduler_args
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS
 from tests.test_sweep import write_sweep
@@ -153,7 +153,7 @@ def test_a_run_on_a_full_disk_stops_with_one_line_and_keeps_its_checkpoints(
     out = disk / "run"
     args = [*tiny_args(disk, tiny_dataset_factory("float32")), "--fresh", "placement=even",
             "train.steps=60", "train.checkpoint_every=2", "train.eval_samples=0",
-            "--scheduler", client.scheduler.address]
+            *scheduler_args(client, str(disk.parent))]
     run = subprocess.run([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     lines = error_lines_of(run.stderr)

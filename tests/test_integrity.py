@@ -34,7 +34,6 @@ from experiments.sweep_run import run_sweep
 from experiments.sweep_config import load_sweep
 from pipeline import engine, links, train
 from pipeline.cluster import register_setup
-from pipeline.config import shm_workspace_root
 from pipeline.outputs import LOCK_NAME, OutputBusy, OutputLock
 from pipeline.schema import ConfigError, to_dict
 from pipeline.run import run_training
@@ -44,6 +43,7 @@ from storage.datasets import (DatasetDamaged, DatasetError, ensure_dataset, read
                               verify_dataset)
 from storage.datasets.writer import write_store
 from storage.exchange import (SlotSpec, create_exchange, make_folder, remove_stale_exchanges)
+from storage.private import default_workspace_root
 from tests.helpers import max_relative_error, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -226,8 +226,8 @@ def test_a_run_removes_the_default_root_only_when_that_leaves_it_empty(
         tmp_path, tiny_dataset_factory, three_worker_cluster, monkeypatch):
     """Nothing is left in /dev/shm after a run; but what another run keeps in the root
     (its workspace, a linked run's pin: pipeline/links.py) keeps it."""
-    root = f"{shm_workspace_root()}-test-{os.getpid()}-{tmp_path.name}"
-    monkeypatch.setattr(engine, "shm_workspace_root", lambda: root)
+    root = f"{default_workspace_root()}-test-{os.getpid()}-{tmp_path.name}"
+    monkeypatch.setattr(engine, "default_workspace_root", lambda: root)
     client, cluster = three_worker_cluster  # `single`: the first shared CPU worker
     register_setup(client, cluster)
 
@@ -253,9 +253,9 @@ def test_a_run_removes_the_default_root_only_when_that_leaves_it_empty(
 def test_a_workspace_is_made_even_when_its_empty_root_goes_meanwhile(tmp_path, monkeypatch):
     made, real = [], os.makedirs
 
-    def racing(path, exist_ok=False):  # the root made, then removed by another run
+    def racing(path, mode=0o777, exist_ok=False):  # the root made, then removed by another run
         made.append(path)
-        real(path, exist_ok=exist_ok)
+        real(path, mode, exist_ok=exist_ok)
         if len(made) == 1:
             os.rmdir(path)
             os.rmdir(os.path.dirname(path))

@@ -32,13 +32,13 @@ import pytest
 
 from pipeline import link_records, links
 from pipeline.cluster import ClusterError, live_workers, open_linked_cluster, register_setup
-from pipeline.config import shm_workspace_root
 from pipeline.run import run_training
 from pipeline.runner import StoreStalled, stall_verdict
 from storage import checkpoints, liveness
 from storage.arrays import open_cached
 from storage.exchange import (Exchange, ExchangeError, SlotSpec, create_exchange,
                               remove_exchange)
+from storage.private import default_workspace_root
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
 from tests.test_faults import FAULTS
 
@@ -123,7 +123,7 @@ def linked(tmp_path_factory, tiny_dataset_factory):
                                             "cluster.workers": WORKERS,
                                             "cluster.wait_timeout": 120}).cluster
     cluster = replace(cluster, stall_timeout=LIMIT)
-    directories = [shm_workspace_root(), os.path.dirname(dataset), str(base)]
+    directories = [default_workspace_root(), os.path.dirname(dataset), str(base)]
     with open_linked_cluster(cluster, directories) as (client, hosts):
         register_setup(client, cluster)
         yield client, hosts, cluster, dataset, base
@@ -190,7 +190,7 @@ def _digest(folder: str) -> dict[str, str]:
 def _workspaces() -> set[str]:
     """This module's runs' workspaces (their names start with the runs' name: other
     processes of this user may be running theirs beside them)."""
-    root = shm_workspace_root()
+    root = default_workspace_root()
     return {n for n in os.listdir(root) if n.startswith(f"{NAME}-")} if os.path.isdir(
         root) else set()
 
@@ -199,7 +199,7 @@ def _new_workspaces(before: set[str]) -> list[str]:
     """Workspaces made since `before`, each with some of its files (for the message)."""
     found = []
     for name in sorted(_workspaces() - before):
-        folder = os.path.join(shm_workspace_root(), name)
+        folder = os.path.join(default_workspace_root(), name)
         files = [os.path.relpath(os.path.join(d, f), folder)
                  for d, _, names in os.walk(folder) for f in names]
         found.append(f"{name}: {sorted(files)[:5]}")
@@ -238,7 +238,7 @@ def test_a_store_that_stops_answering_stops_the_run_with_one_message(linked, cap
         print(f"\nstore stopped -> run stopped: {noticed:.1f} s; {message}")
     assert noticed < LIMIT + 2 + LIMIT + 5 + 6  # limit, poll, probes, close, a busy host
     assert "\n" not in message and "stopped answering" in message
-    assert config.checkpoint_path in message and shm_workspace_root() in message
+    assert config.checkpoint_path in message and default_workspace_root() in message
     step = checkpoints.latest_complete_step(config.checkpoint_path)
     assert step >= 2 and f"the last complete checkpoint, step {step}, is kept" in message
     assert "train.resume=true" in message

@@ -39,7 +39,8 @@ from tasks.layout import StepOp
 from tasks.network import build_sequential
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.run_state import WorkerSide
-from tests.helpers import max_relative_error, plain_pytorch_sequential, tiny_config
+from tests.helpers import (max_relative_error, plain_pytorch_sequential, scheduler_args,
+                           tiny_config)
 
 # Workers import this module's functions by value: they need not find this file.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -189,7 +190,7 @@ def test_a_strategy_from_a_test_file_is_swept_and_predicted(tmp_path, toy, monke
                 "axes": {"cluster.workers": [1, 2]}}
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(measured))
-    assert sweep_cli.main([str(path), "--scheduler", client.scheduler.address]) == 0
+    assert sweep_cli.main([str(path), *scheduler_args(client, str(tmp_path))]) == 0
     ds = xr.open_zarr(tmp_path / "toy.zarr")
     assert (ds.status == DONE).all()
     assert (ds.step_time > 0).all() and (ds.bytes_moved == 0).all()

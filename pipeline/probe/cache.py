@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from pipeline.cluster import ClusterWorker, all_local, scheduler_in_process
-from pipeline.config import RunConfig, shm_workspace_root
+from pipeline.config import RunConfig
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
@@ -39,6 +39,7 @@ from pipeline.probe.rounds import calibrate
 from pipeline.probe.runs import Plan, plans_for, replica_plan
 from pipeline.startup import usable_cores
 from storage.datasets import create_synthetic_dataset
+from storage.private import default_workspace_root
 from tasks.specs import NetworkSpec
 
 
@@ -77,7 +78,7 @@ def probe_workspace_dir(config: RunConfig) -> str | None:
     if config.workspace.path:
         return config.workspace.path
     if config.cluster.link_rates() is not None:
-        return shm_workspace_root()
+        return default_workspace_root()
     return None
 
 

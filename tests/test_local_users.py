@@ -1,0 +1,193 @@
+"""Another user of the same machine: they can reach the run's loopback ports and the
+shared-memory folder, but must not get into the run.
+
+The hostile user is `nobody`, in a process forked from the test's and switched to
+that user (the test's Python lives where `nobody` may not read it, so it is not
+started afresh); it needs root to switch, and the tests skip without it. Each
+attack is also tried with what the run's own user holds (its credentials, its
+uid), so that a refusal is known to come from the defence and not from a broken
+attacker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import re
+import stat
+import traceback
+from typing import Any, Callable
+
+import pytest
+from distributed.comm import connect
+
+from pipeline import preflight, train
+from pipeline.security import run_security
+from storage.exchange import SlotSpec, create_exchange, remove_exchange
+from storage.private import (UnsafeFolder, default_workspace_root, folder_problem,
+                             make_private_folder)
+from tests.helpers import error_lines_of
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching to user nobody needs root")
+
+
+def nobody() -> pwd.struct_passwd:
+    return pwd.getpwnam("nobody")
+
+
+def as_user(user: pwd.struct_passwd | None, attempt: Callable[[], Any]) -> dict:
+    """Run `attempt` in a forked child as `user` (None: as this process's user);
+    returns {"value": its result} or {"error": "Type: message"}."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns to pytest
+        try:
+            os.close(read)
+            if user is not None:
+                os.setgroups([])
+                os.setgid(user.pw_gid)
+                os.setuid(user.pw_uid)
+            try:
+                outcome = {"value": attempt()}
+            except BaseException as error:  # noqa: BLE001 - reported to the parent
+                outcome = {"error": f"{type(error).__name__}: {error}",
+                           "trace": traceback.format_exc(limit=3)}
+            os.write(write, json.dumps(outcome, default=str).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.close(read)
+    os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks) or b'{"error": "the child wrote nothing"}')
+
+
+def ask_identity(address: str, connection_args: dict) -> dict:
+    """Connect to a Dask server as a client would and call one of its handlers: whoever
+    gets an answer can as well submit functions for its workers to run."""
+
+    async def ask() -> dict:
+        comm = await connect(address, timeout=5, **connection_args)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            reply = await asyncio.wait_for(comm.read(), 5)
+        finally:
+            comm.abort()
+        return {"type": reply.get("type"), "workers": len(reply.get("workers", {}))}
+
+    return asyncio.run(ask())
+
+
+@needs_root
+def test_another_user_cannot_talk_to_the_embedded_cluster(shared_cluster):
+    """Neither in plain TCP, nor with TLS credentials of its own making, nor without
+    any: the cluster speaks mutual TLS with credentials only the run holds."""
+    client, _ = shared_cluster
+    address = client.scheduler.address
+    worker = next(iter(client.scheduler_info()["workers"]))
+    plain = f"tcp://{address.split('://', 1)[1]}"
+    forged = run_security().get_connection_args("client")  # self-signed by the attacker
+    for target in (address, worker):
+        for scheme_address, args in ((plain, {}), (target, forged)):
+            if target == worker:
+                scheme_address = scheme_address.replace(address.split("://", 1)[1],
+                                                        worker.split("://", 1)[1])
+            outcome = as_user(nobody(), lambda: ask_identity(scheme_address, args))
+            assert "error" in outcome, f"{scheme_address} answered user nobody: {outcome}"
+    # the run's credentials get an answer, from the same forked child as nobody
+    granted = client.security.get_connection_args("client")
+    outcome = as_user(nobody(), lambda: ask_identity(address, granted))
+    assert outcome.get("value", {}).get("type") == "Scheduler", outcome
+
+
+@needs_root
+def test_no_credentials_on_a_command_line(shared_cluster):
+    """The workers' key reaches them in memory: no process's command line holds it."""
+    import psutil
+
+    client, _ = shared_cluster
+    key_line = client.security.tls_client_key.splitlines()[1]
+    for process in psutil.process_iter(["cmdline"]):
+        assert key_line not in " ".join(process.info["cmdline"] or ()), process
+
+
+@needs_root
+def test_another_user_cannot_read_or_move_a_run_workspace():
+    """The default root is 0700 and the run's own folder too: `nobody` can neither list,
+    read nor rename it (the run's user can, from the same forked child)."""
+    path = os.path.join(default_workspace_root(), f"users-test-{os.getpid()}.zarr")
+    create_exchange(path, [SlotSpec("act/0/1", (4,), "float32")])
+    try:
+        assert stat.S_IMODE(os.stat(default_workspace_root()).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+        data = os.path.join(path, "data", "act", "0", "1", "zarr.json")
+        attacks = {"list": lambda: os.listdir(path),
+                   "read": lambda: open(data, "rb").read(1).hex(),
+                   "move": lambda: os.rename(path, path + ".moved")}
+        for name, attack in attacks.items():
+            outcome = as_user(nobody(), attack)
+            assert outcome.get("error", "").startswith("PermissionError"), (name, outcome)
+        assert "value" in as_user(None, attacks["read"])
+    finally:
+        remove_exchange(path)
+
+
+@needs_root
+def test_a_root_another_user_made_first_is_refused(tmp_path):
+    """Made beforehand by `nobody`, open to all (0777): refused with a line naming its
+    owner, never used or repaired; a root of the run's user open to writes too."""
+    root = tmp_path / "dask-cnn"
+    root.mkdir()
+    os.chown(root, nobody().pw_uid, nobody().pw_gid)
+    os.chmod(root, 0o777)
+    with pytest.raises(UnsafeFolder, match="belongs to user nobody"):
+        make_private_folder(str(root))
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o777
+    os.chown(root, os.getuid(), os.getgid())
+    with pytest.raises(UnsafeFolder, match="writable by other users"):
+        make_private_folder(str(root))
+
+
+def test_a_root_of_ours_is_narrowed_and_a_link_refused(tmp_path):
+    """A root of the run's user that others may read (an older version made it 0755)
+    becomes 0700; a symbolic link where the root should be is refused."""
+    root = tmp_path / "mine"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    make_private_folder(str(root))
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    link = tmp_path / "link"
+    link.symlink_to(root)
+    assert "symbolic link" in folder_problem(str(link))
+    made = tmp_path / "new"
+    make_private_folder(str(made))
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
+
+
+@needs_root
+def test_check_refuses_an_unsafe_default_root_in_one_line(tmp_path, monkeypatch, capsys):
+    """`--check` (and so every run) names the folder and its owner, exit 2."""
+    root = tmp_path / "dask-cnn-taken"
+    root.mkdir()
+    os.chown(root, nobody().pw_uid, nobody().pw_gid)
+    monkeypatch.setattr(preflight, "default_workspace_root", lambda: str(root))
+    config = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "small.yaml")
+    assert train.main([config, "--check", f"output={tmp_path / 'run'}"]) == 2
+    lines = error_lines_of(capsys.readouterr().err)
+    assert len(lines) == 1 and str(root) in lines[0] and "nobody" in lines[0], lines
+
+
+def test_reliability_page_names_these_tests():
+    """docs/reliability.md's section lists this module's attacks by their tests."""
+    page = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "reliability.md")
+    section = open(page, encoding="utf-8").read().split("## Other users of the machine", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    named = {name for line in section.splitlines() if line.startswith("| ")
+             for name in re.findall(r"`(test_\w+)`", line.rsplit("|", 2)[-2])}
+    tests = {name for name in globals()
+             if name.startswith("test_") and name != "test_reliability_page_names_these_tests"}
+    assert named == tests
