@@ -32,7 +32,6 @@ time (``Options(timeline="reference")`` keeps the op-by-op one).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -40,44 +39,13 @@ import numpy as np
 from .batch_reads import shard_batch_read
 from .compute import LayerTime, conv_time, dense_time
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, distinct, spreads
+from .kernel_context import KernelContext
 from .kernel_fast import fast_applies, steady_fast
 from .network import Network
 from .prediction import Options, Prediction
 from .timeline import Timeline, io_time, steady
 
-__all__ = ["KernelContext", "io_time", "predict_kernel", "check_counts",
-           "layer_cost", "workspace_bytes"]
-
-
-@dataclass(frozen=True)
-class KernelContext:
-    """Everything the simulation of a kernel-parallel step needs."""
-
-    network: Network
-    batch: int
-    devices: tuple[DeviceSpec, ...]
-    link: LinkSpec
-    store: StoreSpec | None
-    counts: tuple[tuple[int, ...], ...]
-    master: int = 0
-    dataset: StoreSpec | None = None
-    overhead: DaskOverhead = DaskOverhead()
-    sync: str = "markers"
-
-    def link_of(self, d: int) -> LinkSpec:
-        """Device ``d``'s own link, else the shared one."""
-        return self.devices[d].link or self.link
-
-    @property
-    def s(self) -> int:
-        return self.devices[0].bytes_per_elem
-
-    def holders(self, l: int) -> list[int]:
-        return [d for d, k in enumerate(self.counts[l]) if k > 0]
-
-    def slice_bytes(self, l: int, d: int) -> float:
-        """Bytes of device ``d``'s share of conv layer ``l``'s pooled output."""
-        return self.network.conv[l].output_elements(self.batch, self.counts[l][d]) * self.s
+__all__ = ["io_time", "predict_kernel", "check_counts", "layer_cost", "workspace_bytes"]
 
 
 def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> list[list[int]]:

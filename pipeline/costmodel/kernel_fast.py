@@ -12,17 +12,14 @@ kernel count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .compute import LayerTime, conv_time, dense_time
 from .devices import DeviceSpec, distinct, uneven
+from .kernel_context import KernelContext
 from .timeline import Steady, steady
 from .timeline_fast import FastTimeline, InTurn, Sources
-
-if TYPE_CHECKING:
-    from .kernel import KernelContext
 
 __all__ = ["ComputeTables", "compute_tables", "fast_applies", "steady_fast"]
 

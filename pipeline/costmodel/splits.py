@@ -28,7 +28,8 @@ import heapq
 from typing import Sequence
 
 from .devices import DeviceSpec, LinkSpec, StoreSpec
-from .kernel import KernelContext, layer_cost, predict_kernel
+from .kernel import layer_cost, predict_kernel
+from .kernel_context import KernelContext
 from .network import Network
 from .prediction import Options, layer_quantum
 
