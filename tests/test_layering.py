@@ -64,7 +64,8 @@ def test_relative_imports_resolve_as_python_resolves_them():
         "pipeline.costmodel.kernel_fast"
     assert absolute_module("pipeline.costmodel", True, 1, "devices") == \
         "pipeline.costmodel.devices"
-    assert absolute_module("pipeline.costmodel.kernel", False, 2, "config") == "pipeline.config"
+    assert absolute_module("pipeline.costmodel.kernel", False, 2, "prediction") == \
+        "pipeline.prediction"
     assert absolute_module("pipeline.costmodel.kernel", False, 1, None) == "pipeline.costmodel"
     modules = _modules()
     found = _imports(modules["pipeline.costmodel.kernel"], modules)
