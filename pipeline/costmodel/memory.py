@@ -105,15 +105,15 @@ class MemoryConstants:
     gradients and ReLU mask; a replica's gradient range by range) on both networks at
     batch 32 and the small one at 128, and again with autograd's engine and the mmap
     threshold counted, on the median of three or more runs per case
-    (docs/benchmarks.md, "Memory per worker: every target in one run, and the model
-    on medians"); refitted again with the workers forked from one server, which no
+    (docs/benchmarks.md, "Memory per worker"); refitted again with the workers forked
+    from one server, which no
     longer hold the command's own modules (about 60 MB each), on the medians of
     three runs of every case, the paper network at batch 32 and the small one at 128
-    (docs/benchmarks.md, "Workers forked from one server"); and again once the workers
+    (docs/benchmarks.md, "Memory per worker"); and again once the workers
     no longer ran the command's main module and their baseline was a forked child (a
     worker's runtime now includes the library pages its work touches), on the medians
     of two runs of every case, both networks at batch 32 and the small one at 128
-    (docs/benchmarks.md, "Workers that do not run the command again").
+    (docs/benchmarks.md, "Memory per worker").
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
