@@ -51,7 +51,7 @@ def ddp_steps(rank: int, world: int, rendezvous: str, config_path: str, override
     gradients' allreduce (the ranks still wait for each other every step). Its
     replicas drift apart, so it is no training run: it times the arithmetic alone,
     on the same cores at once, which no data-parallel scheme doing that arithmetic
-    can beat (the floor under issue 21's `data`/DDP target)."""
+    can beat (the floor under `data`/DDP's ratio)."""
     configure_process(1)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' connections on loopback only
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,

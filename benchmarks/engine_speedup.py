@@ -5,8 +5,8 @@ measured within one invocation, the runs of each repeat interleaved (in the list
 order in even repeats and reversed in odd ones, so that a drift of the machine over
 a pair of repeats favours no run), and reported as the median over repeats with the
 spread (min-max) of the per-repeat ratios and an interval for the median
-(`median_interval`; with under 6 repeats, the spread). `strategies` ends with issue
-21's targets: each ratio's median against its bound, and whether its interval crosses
+(`median_interval`; with under 6 repeats, the spread). `strategies` ends with
+its targets: each ratio's median against its bound, and whether its interval crosses
 it. benchmarks/side_by_side.py times the same contenders kept warm, in bursts.
 
     python benchmarks/engine_speedup.py speedup --net small --batch 128
@@ -20,7 +20,7 @@ dependencies (`workspace.sync=scheduler`, unless `--no-scheduler`).
 `emulated`: 2 workers, one emulated at half speed: calibrated split vs even split.
 `mixed`: a fast worker alone against it beside a worker emulated 20x slower (what a
 CPU beside a GPU looks like to the placement), calibrated and even: the mix must
-not be slower than its best single device (issue "CPUs and GPUs in one run").
+not be slower than its best single device (docs/benchmarks.md, "CPUs and GPUs in one run").
 `strategies`: every strategy side by side on 2 workers (`reference` with 1 and 2
 threads, `single`, `kernel`, `data`, `hybrid`) and the peer users compare against,
 PyTorch DDP over gloo with 2 processes (benchmarks/ddp_peer.py). With
@@ -95,7 +95,7 @@ def run_order(names: list[str], repeat: int) -> list[str]:
     return list(names) if repeat % 2 == 0 else list(reversed(names))
 
 
-#: Issue 21's targets for `strategies`, per network: (ratio name, "<=" or ">=", bound).
+#: The targets for `strategies`, per network: (ratio name, "<=" or ">=", bound).
 TARGETS: dict[str, list[tuple[str, str, float]]] = {
     "small": [("single step time / reference 1 thread", "<=", 1.05),
               ("kernel speedup over reference 1 thread", ">=", 1.6),

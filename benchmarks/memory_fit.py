@@ -180,7 +180,7 @@ def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> d
             "repeats": measured.get("repeats", 1)}
 
 
-#: The issue's bound on a figure's error: `fit` keeps the most figures within it.
+#: The bound the model aims for on a figure's error: `fit` keeps the most figures within it.
 WITHIN = 0.15
 
 

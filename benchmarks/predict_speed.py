@@ -1,4 +1,4 @@
-"""Benchmark: seconds per `predict` call by strategy and device count (issue 20).
+"""Benchmark: seconds per `predict` call by strategy and device count.
 
 Scaling sweeps predict clusters of up to thousands of devices, so a point must cost
 about as much at 4096 devices as at 8. For each strategy and device count this

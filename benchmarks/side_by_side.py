@@ -3,7 +3,7 @@
 `engine_speedup.py strategies` starts a fresh run (its cluster, its DDP processes)
 for every contender in every repeat: a repeat of seven runs takes most of a minute,
 and on machines of this class, whose speed moves by a third within minutes, the
-per-repeat ratios spread wider than issue 21's margins. Here every contender is
+per-repeat ratios spread wider than the targets' margins. Here every contender is
 started once and stays warm: `reference` on 1 and 2 threads in this process, DDP's
 two ranks waiting on a pipe (and the same two ranks without the allreduce, a
 barrier in its place: the arithmetic alone, the floor under `data`), and `single`,
@@ -21,9 +21,9 @@ is the median over rounds of the per-round ratios, with their spread (min-max) a
 95 % interval for the median (`engine_speedup.median_interval`: the machine's
 second-to-second noise still spreads single rounds wider than the margins, so a
 verdict rests on the interval, which narrows as rounds are added), and the run ends
-with a verdict per issue-21 target (`engine_speedup.TARGETS`). With
+with a verdict per target (`engine_speedup.TARGETS`). With
 ``--one-worker`` every strategy runs on one worker against `reference` on one
-thread (the issue's "on one worker every strategy <= 1.05x reference").
+thread (the target "on one worker every strategy <= 1.05x reference").
 
     python benchmarks/side_by_side.py --net small --batch 128 --rounds 15
     python benchmarks/side_by_side.py --net small --batch 64 --one-worker
@@ -213,7 +213,7 @@ class DDPContender:
 
 
 def ratios(times: dict[str, list[float]], one_worker: bool) -> list[dict]:
-    """The per-round ratios that issue 21 asks for, as `ratio_report`s (those whose
+    """The per-round ratios the targets name, as `ratio_report`s (those whose
     contenders ran)."""
     wanted = ([(f"{name} step time / reference 1 thread", name, "reference-1-thread")
                for name in ("single", "kernel", "data", "hybrid")] if one_worker else

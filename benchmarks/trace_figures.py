@@ -1,4 +1,4 @@
-"""The timeline pictures of docs/benchmarks.md: one step of `single` and of `kernel`.
+"""Timeline pictures of one step of `single` and of `kernel`, drawn from their traces.
 
 Trains the small network (batch 128) with each strategy on an embedded cluster and
 draws two steps of each run's trace.json (python -m experiments.trace_plot):

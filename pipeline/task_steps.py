@@ -2,8 +2,8 @@
 
 Pure functions, no cluster. Every Dask task costs the same whatever it does: the
 client's process (which hosts an embedded cluster's scheduler) spends 3.5-5 ms of
-CPU per task here, and a worker a few ms between tasks (docs/benchmarks.md, "Where
-the step time goes"). At one task per worker and step, on two cores that two
+CPU per task here, and a worker a few ms between tasks (docs/benchmarks.md, "What
+a Dask task costs here"). At one task per worker and step, on two cores that two
 single-thread workers fill, that CPU comes out of a worker's time, and its peers
 wait for it at the next exchange. So a worker's task runs several consecutive steps
 (``train.steps_per_task``): the same ops in the same order, so the same arithmetic,

@@ -1,5 +1,5 @@
 """The strategies benchmarks' run order, the median's interval and the verdicts on
-issue 21's targets (benchmarks/engine_speedup.py), and the side-by-side's ratios
+the targets (benchmarks/engine_speedup.py), and the side-by-side's ratios
 (benchmarks/side_by_side.py): pure helpers, no runs."""
 
 from __future__ import annotations

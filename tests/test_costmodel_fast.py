@@ -1,4 +1,4 @@
-"""The model's fast paths give the reference's predictions (issue 20).
+"""The model's fast paths give the reference's predictions.
 
 - ``kernel``: the timeline computed a phase of all devices at a time
   (costmodel/timeline_fast.py) against the op-by-op simulation

@@ -1,5 +1,5 @@
 """Results and data survive faults: owned output directories, stale workspaces,
-damaged dataset stores and checkpoints (issue 11, items 3 and 5).
+damaged dataset stores and checkpoints.
 
 Processes matter here (a lock holder or a workspace owner that dies), so those
 holders are real subprocesses killed with SIGKILL; the runs that meet them are the

@@ -27,7 +27,7 @@ from tasks.receipts import OpEvent, Phase, Receipt
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
 MS = 1e-3
-# cpu-1's conv1 backward as the issue found it: 60 ms at 28 kernels, 7 ms at 24
+# cpu-1's conv1 backward as a probe once timed it: 60 ms at 28 kernels, 7 ms at 24
 BACKWARD = {4: 2.6 * MS, 8: 2.8 * MS, 16: 3.7 * MS, 24: 7.0 * MS, 28: 60.0 * MS}
 FORWARD = {4: 4.5 * MS, 8: 5.9 * MS, 16: 9.1 * MS, 24: 12.3 * MS, 28: 13.2 * MS}
 

@@ -1,13 +1,13 @@
 """Peak memory per device: what a worker holds, counted op by op.
 
-Why a count rather than a rule of thumb: the issue that asked for this (24) measured
-that a worker holding half of a network's kernels held as much as plain PyTorch
+Why a count rather than a rule of thumb: measured, a worker holding half of a
+network's kernels held as much as plain PyTorch
 holding all of it. Where the bytes go depends on what the engine keeps between ops
 (a full-size input gradient kept alive by the own slice that views it, the
 partials and reads a backward op holds until it ends, the flat gradient and its
 reduced copy), so the model walks each device's ops in the engine's order and tracks
 every tensor the implementation allocates and frees (`Live`), as of the code measured
-(after issue 24's shrinks: a shard keeps less than autograd keeps and drops its
+(a shard keeps less than autograd keeps and drops its
 kernel gradients once stepped, `data` hands its gradient on range by range, the
 master reads only the dense layers); the peak of that walk, plus what a process
 holds before any tensor, is the prediction.
@@ -59,7 +59,7 @@ __all__ = ["MIB", "MB", "MEMORY_STRATEGIES", "PROCESS_BASELINE", "WORKER_BASELIN
 MIB = 2 ** 20
 MB = 10 ** 6
 #: A bare process that imported torch, dask, zarr and xarray (measured on this
-#: project's machine, issue 24): subtracted from a peak to give "working" memory.
+#: project's machine): subtracted from a peak to give "working" memory.
 PROCESS_BASELINE = 286 * 10 ** 6
 #: A child forked from a bare process that imported what a worker imports
 #: (`tasks.memory.WORKER_MODULES`: no xarray or pandas; pipeline/memory.py's worker
@@ -105,15 +105,15 @@ class MemoryConstants:
     gradients and ReLU mask; a replica's gradient range by range) on both networks at
     batch 32 and the small one at 128, and again with autograd's engine and the mmap
     threshold counted, on the median of three or more runs per case
-    (docs/benchmarks.md, "Memory per worker: every target in one run, and the model
-    on medians"); refitted again with the workers forked from one server, which no
+    (docs/benchmarks.md, "Memory per worker"); refitted again with the workers forked
+    from one server, which no
     longer hold the command's own modules (about 60 MB each), on the medians of
     three runs of every case, the paper network at batch 32 and the small one at 128
-    (docs/benchmarks.md, "Workers forked from one server"); and again once the workers
+    (docs/benchmarks.md, "Memory per worker"); and again once the workers
     no longer ran the command's main module and their baseline was a forked child (a
     worker's runtime now includes the library pages its work touches), on the medians
     of two runs of every case, both networks at batch 32 and the small one at 128
-    (docs/benchmarks.md, "Workers that do not run the command again").
+    (docs/benchmarks.md, "Memory per worker").
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
@@ -179,7 +179,7 @@ class Footprint:
     parts: list[dict[str, float]]
 
     def working(self, baseline: float = PROCESS_BASELINE) -> list[float]:
-        """The peaks less the bare process (the issue's "working" memory)."""
+        """The peaks less the bare process ("working" memory)."""
         return [p - baseline for p in self.per_device]
 
     @property

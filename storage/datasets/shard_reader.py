@@ -7,7 +7,7 @@ layout `storage.datasets.writer` writes, and Zarr otherwise.
 
 On a network file system (NFS, sshfs, Lustre) each `os.pread` is a round trip to
 the server, and a batch's rows one after the other cost a round trip each: 64 rows
-took 36-44 ms over sshfs behind a 1gbit link (docs/benchmarks.md). Where a reader's
+took 44-62 ms over sshfs behind a 1gbit link (docs/benchmarks.md). Where a reader's
 first batch shows rows that slow (every row's `pread` `ROUND_TRIP_S` or more: the
 fastest row decides, so neither opening a shard nor a moment without a core
 counts), it reads every later batch with `READ_THREADS` threads at once, each
