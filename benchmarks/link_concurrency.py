@@ -1,7 +1,7 @@
 """Benchmark: do the transfers of workers behind their own links serialise?
 
-    python benchmarks/link_concurrency.py                   # 3 workers behind 100mbit
-    python benchmarks/link_concurrency.py --workers 3 --rate 100mbit --repeats 3
+    python -m benchmarks.link_concurrency                   # 3 workers behind 100mbit
+    python -m benchmarks.link_concurrency --workers 3 --rate 100mbit --repeats 3
 
 Each worker sits behind its own shaped link (`cluster.link`), with the run's
 directories mounted over sftp from the one sshd on the client's side. Every worker
@@ -20,17 +20,15 @@ import argparse
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from statistics import median
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pipeline.cluster import open_linked_cluster
+from pipeline.config import load_run_config
+from storage.exchange import Markers, create_exchange
 
-from pipeline.cluster import open_linked_cluster  # noqa: E402
-from pipeline.config import load_run_config  # noqa: E402
-from storage.exchange import Markers, create_exchange  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: (label, file size in bytes, files): what each worker writes and then reads back
 PATTERNS = (("one 4 MB file", 4_000_000, 1), ("8 slots of 344 KB", 344_064, 8),

@@ -1,6 +1,6 @@
 """Predict measured link runs from a probe of the same cluster at another rate.
 
-    python benchmarks/predict_other_rate.py PROBE_KEY RUN_DIR [RUN_DIR ...]
+    python -m benchmarks.predict_other_rate PROBE_KEY RUN_DIR [RUN_DIR ...]
 
 Probing a cluster behind a slow link costs what its calibration runs move over it:
 the paper network's replica plan moves 76 MB of conv gradients per worker and
@@ -21,13 +21,10 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.links import rate_bits  # noqa: E402
-from pipeline.prediction import predict_config  # noqa: E402
-from pipeline.probe import find_cached_probe  # noqa: E402
+from pipeline.config import load_run_config
+from pipeline.links import rate_bits
+from pipeline.prediction import predict_config
+from pipeline.probe import find_cached_probe
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Trains the small network (batch 128) with each strategy on an embedded cluster and
 draws two steps of each run's trace.json (python -m experiments.trace_plot):
 
-    python benchmarks/trace_figures.py docs/figures
+    python -m benchmarks.trace_figures docs/figures
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import os
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from experiments.trace_plot import draw
+from pipeline.config import load_run_config
+from pipeline.run import run_training
 
-from experiments.trace_plot import draw  # noqa: E402
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.run import run_training  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNS = {"single": ["strategy=single", "cluster.workers=1"],
         "kernel": ["strategy=kernel", "cluster.workers=2", "placement=even"]}
