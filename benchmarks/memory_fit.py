@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
                         "measurements in these JSON-lines files with the model (repeats "
                         "of a case as their median)")
     parser.add_argument("--fit", action="store_true", help="with --compare: the grid's "
-                        "constants (FIT_GRID) with the most figures within 15 %, and the "
+                        "constants (FIT_GRID) with the most figures within 15 %%, and the "
                         "comparison with them")
     args = parser.parse_args(argv)
     if args.compare:

@@ -16,6 +16,7 @@ network's gradient is 0.4 MB, the paper network's 79 MB).
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import tempfile
@@ -55,6 +56,7 @@ def take_array(made: tuple[np.ndarray, float]) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     config = ClusterConfig(workers=2)
     cluster = start_embedded_cluster(config.worker_list())
     client = Client(cluster, set_as_default=False)

@@ -6,9 +6,11 @@ until someone needs the figure again. A benchmark that edits `sys.path` to find 
 project hides exactly the import problems `-m` would show, and an old
 `python benchmarks/X.py` line in the docs still "works" through it. Checked here:
 every module of benchmarks/ imports as `benchmarks.NAME` in a fresh interpreter
-started at the root (one for all), none edits `sys.path`, and every benchmark command
-in README.md, docs/*.md and the benchmarks' own usage lines is `python -m
-benchmarks.NAME` with a NAME that exists. No cluster is started.
+started at the root (one for all) and answers `--help` with its usage there, run as
+`-m` runs it (so a benchmark starts nothing before it has read its arguments), none
+edits `sys.path`, and every benchmark command in README.md, docs/*.md and the
+benchmarks' own usage lines is `python -m benchmarks.NAME` with a NAME that exists.
+No cluster is started.
 """
 
 from __future__ import annotations
@@ -33,16 +35,30 @@ MODULE_COMMAND = re.compile(r"python3?\s+-m\s+benchmarks\.(\w+)")
 #: `python benchmarks/NAME.py`: the form that needs `sys.path` edited to import.
 SCRIPT_COMMAND = re.compile(r"python3?\s+benchmarks/\w+(?:\.py)?")
 
-#: Imports every name given on its command line as `benchmarks.NAME`; prints a JSON
-#: object of the names that failed and their error's last line.
-IMPORT_ALL = """
-import importlib, json, sys, traceback
-failed = {}
-for name in sys.argv[1:]:
+#: Imports every name given on its command line as `benchmarks.NAME`, then runs each
+#: as `python -m benchmarks.NAME --help` would; prints a JSON object {"import": ...,
+#: "help": ...} of the names that failed each and why (an error's last line, or what
+#: the run did instead of printing its usage and exiting 0).
+CHECK_ALL = """
+import contextlib, importlib, io, json, runpy, sys, traceback, warnings
+warnings.simplefilter("ignore", RuntimeWarning)  # runpy: "found in sys.modules"
+names, failed = sys.argv[1:], {"import": {}, "help": {}}
+for name in names:
     try:
         importlib.import_module("benchmarks." + name)
     except BaseException:
-        failed[name] = traceback.format_exc().strip().splitlines()[-1]
+        failed["import"][name] = traceback.format_exc().strip().splitlines()[-1]
+for name in names:
+    sys.argv, printed = [name + ".py", "--help"], io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            runpy.run_module("benchmarks." + name, run_name="__main__", alter_sys=True)
+        failed["help"][name] = "returned without exiting"
+    except SystemExit as done:
+        if done.code not in (0, None) or not printed.getvalue().startswith("usage:"):
+            failed["help"][name] = f"exit {done.code}: {printed.getvalue()[:80]!r}"
+    except BaseException:
+        failed["help"][name] = traceback.format_exc().strip().splitlines()[-1]
 print(json.dumps(failed))
 """
 
@@ -53,9 +69,9 @@ def fresh_root_environment() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def import_failures() -> dict[str, str]:
-    """Each benchmark that does not import in a fresh interpreter at the root, with why."""
-    done = subprocess.run([sys.executable, "-c", IMPORT_ALL, *MODULES], cwd=ROOT,
+def failures() -> dict[str, dict[str, str]]:
+    """`CHECK_ALL`'s answer for every benchmark, in a fresh interpreter at the root."""
+    done = subprocess.run([sys.executable, "-c", CHECK_ALL, *MODULES], cwd=ROOT,
                           env=fresh_root_environment(), capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stderr
@@ -77,8 +93,12 @@ def test_benchmarks_exist():
     assert len(MODULES) >= 10, MODULES
 
 
-def test_every_benchmark_imports_as_a_module_from_the_root(import_failures):
-    assert import_failures == {}
+def test_every_benchmark_imports_as_a_module_from_the_root(failures):
+    assert failures["import"] == {}
+
+
+def test_every_benchmark_answers_help_with_its_usage(failures):
+    assert failures["help"] == {}
 
 
 def test_no_benchmark_edits_sys_path():
