@@ -12,7 +12,7 @@ for a few steps, then its `DenseHead` for a few steps, and prints the resident m
 after each; the head's figure less the shards' is the engine's (the head's own
 tensors, a few KB on the small network, included). `--repeats` fresh processes.
 
-    python benchmarks/autograd_memory.py --net small --repeats 3
+    python -m benchmarks.autograd_memory --net small --repeats 3
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 def measure(config_path: str, batch: int, steps: int) -> dict[str, float]:
     """In this process: resident MB at the start, after the shards' steps, after the
     head's."""
-    sys.path.insert(0, ROOT)
     import gc
 
     import dask  # noqa: F401  (what a worker has imported)
@@ -99,9 +98,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     added = []
     for _ in range(args.repeats):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--net",
-                              args.net, "--batch", str(args.batch), "--steps", str(args.steps)],
-                             check=True, capture_output=True, text=True).stdout
+        child = [sys.executable, "-m", "benchmarks.autograd_memory", "--child", "--net",
+                 args.net, "--batch", str(args.batch), "--steps", str(args.steps)]
+        out = subprocess.run(child, cwd=ROOT, check=True, capture_output=True, text=True).stdout
         figures = json.loads(out.strip().splitlines()[-1])
         added.append(figures["head"] - figures["shards"])
         print(f"start {figures['start']:.1f} MB, after the shards {figures['shards']:.1f}, "

@@ -12,28 +12,26 @@ machinery there). CPU time, so a loaded machine inflates it less than wall time
 (but still some). `--set KEY=VALUE` changes a Dask setting of the embedded
 cluster (`pipeline.embedded.QUIET`), to compare settings.
 
-    python benchmarks/client_cpu.py --net small --batch 64 --steps 40
-    python benchmarks/client_cpu.py --set distributed.admin.tick.interval=20ms
+    python -m benchmarks.client_cpu --net small --batch 64 --steps 40
+    python -m benchmarks.client_cpu --set distributed.admin.tick.interval=20ms
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
+import psutil
+
+from benchmarks.idle_cpu import workers_cpu_seconds
+from pipeline import records
+from pipeline.embedded import QUIET
+from pipeline.config import load_run_config
+from pipeline.run import run_training
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import psutil  # noqa: E402
-
-from benchmarks.idle_cpu import workers_cpu_seconds  # noqa: E402
-from pipeline import records  # noqa: E402
-from pipeline.embedded import QUIET  # noqa: E402
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.run import run_training  # noqa: E402
 
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 FIRST = 4  # steps before this one (start-up, warm-up) are left out

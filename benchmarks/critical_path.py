@@ -1,6 +1,6 @@
 """The measured critical path of a run, across workers, beside the model's.
 
-    python benchmarks/critical_path.py RUN_DIR [RUN_DIR ...]
+    python -m benchmarks.critical_path RUN_DIR [RUN_DIR ...]
 
 The record's critical breakdown (pipeline/step_breakdown.py) splits a step along one
 worker's phases, so a wait there holds whatever its writer was doing. This walks
@@ -19,13 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 #: Steps left out at the start (the sweep's warm-up and the pipeline filling).
 WARMUP_STEPS = 4

@@ -7,37 +7,35 @@ rank training on its share of the batch (the loss a mean over its share: DDP
 averages the ranks' gradients, which with equal shares is the whole batch's
 gradient). A step's time is rank 0's, dataset read included, as a run's is.
 
-    python benchmarks/ddp_peer.py --net small --batch 128 --workers 2
+    python -m benchmarks.ddp_peer --net small --batch 128 --workers 2
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from statistics import median
 from typing import Callable
 
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from pipeline.config import load_run_config
+from pipeline.network import initial_state
+from pipeline.sampler import step_indices
+from pipeline.dataset import prepare_dataset
+from tasks.network import build_sequential
+from tasks.optim import make_sgd
+from tasks.replica_layout import ranges, split_counts
+from tasks.worker_state import configure_process
+from storage.datasets import read_batch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.network import initial_state  # noqa: E402
-from pipeline.sampler import step_indices  # noqa: E402
-from pipeline.dataset import prepare_dataset  # noqa: E402
-from tasks.network import build_sequential  # noqa: E402
-from tasks.optim import make_sgd  # noqa: E402
-from tasks.replica_layout import ranges, split_counts  # noqa: E402
-from tasks.worker_state import configure_process  # noqa: E402
-from storage.datasets import read_batch  # noqa: E402
 
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 

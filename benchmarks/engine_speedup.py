@@ -9,9 +9,9 @@ spread (min-max) of the per-repeat ratios and an interval for the median
 its targets: each ratio's median against its bound, and whether its interval crosses
 it. benchmarks/side_by_side.py times the same contenders kept warm, in bursts.
 
-    python benchmarks/engine_speedup.py speedup --net small --batch 128
-    python benchmarks/engine_speedup.py speedup --net paper --batch 32 --no-single
-    python benchmarks/engine_speedup.py emulated --net small --batch 128
+    python -m benchmarks.engine_speedup speedup --net small --batch 128
+    python -m benchmarks.engine_speedup speedup --net paper --batch 32 --no-single
+    python -m benchmarks.engine_speedup emulated --net small --batch 128
 
 `speedup`: `reference` (plain PyTorch in one process) with 1 and 2 threads, `single`
 on one single-thread worker, `kernel` on 2 single-thread workers (tasks waiting for
@@ -35,16 +35,14 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 from statistics import median
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks.ddp_peer import measure_ddp
+from pipeline.config import load_run_config
+from pipeline.run import run_training
 
-from benchmarks.ddp_peer import measure_ddp  # noqa: E402
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.run import run_training  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 

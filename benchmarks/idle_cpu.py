@@ -8,25 +8,20 @@ on a step's time and is steady on a loaded machine (CPU seconds, not wall time).
 `--set KEY=VALUE` changes a Dask setting of the embedded cluster
 (`pipeline.embedded.QUIET`), to compare settings.
 
-    python benchmarks/idle_cpu.py --workers 2 --seconds 10
-    python benchmarks/idle_cpu.py --set distributed.admin.tick.interval=20ms
+    python -m benchmarks.idle_cpu --workers 2 --seconds 10
+    python -m benchmarks.idle_cpu --set distributed.admin.tick.interval=20ms
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import psutil
+from distributed import Client
 
-import psutil  # noqa: E402
-from distributed import Client  # noqa: E402
-
-from pipeline.config import WorkerConfig  # noqa: E402
-from pipeline.embedded import QUIET, is_worker_process, start_embedded_cluster  # noqa: E402
+from pipeline.config import WorkerConfig
+from pipeline.embedded import QUIET, is_worker_process, start_embedded_cluster
 
 
 def workers_cpu_seconds() -> float:

@@ -1,7 +1,7 @@
 """Benchmark: the exchange workspace across links over sftp and over S3, side by side.
 
-    python benchmarks/link_transports.py                 # 1gbit and 100mbit, 3 repeats
-    python benchmarks/link_transports.py --rates 1gbit 50mbit --repeats 5 --steps 12
+    python -m benchmarks.link_transports                 # 1gbit and 100mbit, 3 repeats
+    python -m benchmarks.link_transports --rates 1gbit 50mbit --repeats 5 --steps 12
 
 `configs/small.yaml` (kernel, 2 single-thread CPU workers, batch 64), `placement=even`
 so every run has the same split, each worker behind `cluster.link.rate`, the
@@ -23,19 +23,17 @@ import argparse
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from statistics import median
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pipeline.cluster import open_linked_cluster
+from pipeline.config import load_run_config
+from pipeline.engine import workspace_path
+from pipeline.run import prepare_dataset, run_training
+from storage.exchange import Markers, create_exchange, remove_exchange
 
-from pipeline.cluster import open_linked_cluster  # noqa: E402
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.engine import workspace_path  # noqa: E402
-from pipeline.run import prepare_dataset, run_training  # noqa: E402
-from storage.exchange import Markers, create_exchange, remove_exchange  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TRANSPORTS = ("sftp", "s3")
 

@@ -7,9 +7,9 @@ run's summary: each worker's peak resident memory over the steps and its working
 memory (the peak less a bare process that has imported torch, numpy, dask, zarr
 and xarray: pipeline/memory.py), against `reference` (plain PyTorch in one process).
 
-    python benchmarks/memory.py                        # paper, batch 32, 3 steps
-    python benchmarks/memory.py --cases reference single kernel/2 --keep runs/mem
-    python benchmarks/memory.py --from runs/mem        # print again, no runs
+    python -m benchmarks.memory                        # paper, batch 32, 3 steps
+    python -m benchmarks.memory --cases reference single kernel/2 --keep runs/mem
+    python -m benchmarks.memory --from runs/mem        # print again, no runs
 
 Measured beside the peak: "held", the working memory the worker held when it
 started its step task (after its freed pages were handed back: what it keeps
@@ -34,11 +34,10 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pipeline.config import load_run_config
+from tasks.specs import NetworkSpec
 
-from pipeline.config import load_run_config  # noqa: E402
-from tasks.specs import NetworkSpec  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MB = 1e6
 DEFAULT_CASES = ["reference", "single", "kernel/2", "kernel/4", "data/2"]

@@ -1,6 +1,6 @@
 """Measured peak memory per process of a run, beside the model's prediction.
 
-``python benchmarks/memory_fit.py CONFIG... [--runs NAME ...] [--steps N] [--set K=V ...]
+``python -m benchmarks.memory_fit CONFIG... [--runs NAME ...] [--steps N] [--set K=V ...]
 [--out FILE]``, or ``--compare FILE [--fit]``
 
 Runs `python -m pipeline.train CONFIG` once per case (`CASES`: reference, single,
@@ -39,15 +39,13 @@ import time
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MemoryConstants,  # noqa: E402
+from pipeline.config import load_run_config
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MemoryConstants,
                                        element_bytes, peak_memory)
-from pipeline.embedded import is_worker_process  # noqa: E402
-from pipeline.placement import split_even  # noqa: E402
-from pipeline.prediction import network_for  # noqa: E402
-from pipeline.probe.results import costmodel_network  # noqa: E402
+from pipeline.embedded import is_worker_process
+from pipeline.placement import split_even
+from pipeline.prediction import network_for
+from pipeline.probe.results import costmodel_network
 
 #: The constants `--fit` tries (MemoryConstants' fields, bytes or factors).
 FIT_GRID = {
@@ -244,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
                         "measurements in these JSON-lines files with the model (repeats "
                         "of a case as their median)")
     parser.add_argument("--fit", action="store_true", help="with --compare: the grid's "
-                        "constants (FIT_GRID) with the most figures within 15 %, and the "
+                        "constants (FIT_GRID) with the most figures within 15 %%, and the "
                         "comparison with them")
     args = parser.parse_args(argv)
     if args.compare:

@@ -9,27 +9,23 @@ at 4096 devices): the default path, and for ``kernel`` the op-by-op reference
 simulation (``Options(timeline="reference")``) up to ``--reference-max`` devices
 (it grows with the square of the device count: minutes at 1024).
 
-    python benchmarks/predict_speed.py
-    python benchmarks/predict_speed.py --network alexnet --store --reference-max 64
+    python -m benchmarks.predict_speed
+    python -m benchmarks.predict_speed --network alexnet --store --reference-max 64
 
-Run against an older pipeline/costmodel (one without ``Options.timeline``), it times
-that one's only path. Not a test: this machine has 2 cores shared with other work.
+To time an older pipeline/costmodel (one without ``Options.timeline``: it then times
+that one's only path), copy this file into that tree's benchmarks/ and run it there
+the same way. Not a test: this machine has 2 cores shared with other work.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import sys
 import time
 from statistics import median
 from typing import Callable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.append(ROOT)  # after PYTHONPATH: an older costmodel there is the one timed
-
-from pipeline.costmodel import (DeviceSpec, LinkSpec, Options, StoreSpec,  # noqa: E402
+from pipeline.costmodel import (DeviceSpec, LinkSpec, Options, StoreSpec,
                                 alexnet, marques_cifar, predict)
 
 STRATEGIES = ("single", "kernel", "data", "hybrid")

@@ -8,9 +8,9 @@ It prints every point and the median absolute prediction error per
 strategy.  Not a test: this machine has 2 cores shared with other work, so
 figures move from one invocation to the next.
 
-    python benchmarks/prediction_error.py small             # quick-sweep-like points
-    python benchmarks/prediction_error.py paper             # the 500/1500 network, batch 32
-    python benchmarks/prediction_error.py small --repeats 3 --json out.json
+    python -m benchmarks.prediction_error small             # quick-sweep-like points
+    python -m benchmarks.prediction_error paper             # the 500/1500 network, batch 32
+    python -m benchmarks.prediction_error small --repeats 3 --json out.json
 
 ``small``: the 32/64 network at batch 64 and 128: ``reference`` (1 thread),
 ``single`` and ``kernel`` on embedded clusters of 1 and 2 workers, ``data`` and
@@ -34,14 +34,13 @@ import tempfile
 import time
 from statistics import median
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pipeline.cluster import find_workers, open_client, register_setup
+from pipeline.config import RunConfig, load_run_config
+from pipeline.run import run_training
+from pipeline.prediction import network_for, predict_point
+from pipeline.probe import cached_master_probe, cached_probe
 
-from pipeline.cluster import find_workers, open_client, register_setup  # noqa: E402
-from pipeline.config import RunConfig, load_run_config  # noqa: E402
-from pipeline.run import run_training  # noqa: E402
-from pipeline.prediction import network_for, predict_point  # noqa: E402
-from pipeline.probe import cached_master_probe, cached_probe  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 PROBE_EACH_RUN = False
@@ -205,7 +204,7 @@ def main() -> None:
         if not args.reuse_probes:
             os.environ["CNN_PROBE_CACHE"] = os.path.join(workdir, "probes")
         rows = run_case(args.case, args.repeats, steps, warmup, workdir)
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    command = shlex.join(["python", "-m", "benchmarks.prediction_error", *sys.argv[1:]])
     load = ", ".join(f"{a:.1f}" for a in load_before + os.getloadavg())
     print(f"\n{command}\n{args.case}: {steps} steps per run ({warmup} warm-up), "
           f"{args.repeats} repeat(s), {time.time() - started:.0f} s; load average "

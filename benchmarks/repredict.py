@@ -1,7 +1,7 @@
 """Predict finished runs again from their own cached probes, with and without the
 timeline's uneven-step waits (`DeviceSpec.spread`, costmodel/timeline.py).
 
-    python benchmarks/repredict.py RUN_DIR [RUN_DIR ...]
+    python -m benchmarks.repredict RUN_DIR [RUN_DIR ...]
 
 Each run directory (a `python -m pipeline.train` output or a sweep point's: its
 config.yaml and summary.json) names the probe its prediction came from
@@ -19,14 +19,10 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.prediction import predict_config  # noqa: E402
-from pipeline.probe import ClusterProbe, find_cached_probe  # noqa: E402
+from pipeline.config import load_run_config
+from pipeline.prediction import predict_config
+from pipeline.probe import ClusterProbe, find_cached_probe
 
 
 class Steady(ClusterProbe):

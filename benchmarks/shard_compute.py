@@ -10,8 +10,8 @@ comparison little; the ratio is taken per round and its median printed, with the
 shard path's time per piece. `--channels-last` adds autograd on channels-last
 tensors (faster here, but not plain PyTorch's bits: docs/benchmarks.md).
 
-    python benchmarks/shard_compute.py --net small --batch 128
-    python benchmarks/shard_compute.py --net paper --batch 32 --rounds 3
+    python -m benchmarks.shard_compute --net small --batch 128
+    python -m benchmarks.shard_compute --net paper --batch 32 --rounds 3
 """
 
 from __future__ import annotations
@@ -19,25 +19,23 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import sys
 import time
 from statistics import median
 from typing import Callable
 
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.config import load_run_config
+from tasks.conv_shard import ConvShard
+from tasks.dense_head import DenseHead
+from tasks.network import build_sequential
+from tasks.optim import make_sgd
+from tasks.specs import NetworkSpec, ShardRange
+from tasks.worker_state import configure_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from pipeline.config import load_run_config  # noqa: E402
-from tasks.conv_shard import ConvShard  # noqa: E402
-from tasks.dense_head import DenseHead  # noqa: E402
-from tasks.network import build_sequential  # noqa: E402
-from tasks.optim import make_sgd  # noqa: E402
-from tasks.specs import NetworkSpec, ShardRange  # noqa: E402
-from tasks.worker_state import configure_process  # noqa: E402
 
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 

@@ -25,11 +25,11 @@ with a verdict per target (`engine_speedup.TARGETS`). With
 ``--one-worker`` every strategy runs on one worker against `reference` on one
 thread (the target "on one worker every strategy <= 1.05x reference").
 
-    python benchmarks/side_by_side.py --net small --batch 128 --rounds 15
-    python benchmarks/side_by_side.py --net small --batch 64 --one-worker
-    python benchmarks/side_by_side.py --net paper --batch 32 --burst 3 --skip 1 --rounds 9 \\
+    python -m benchmarks.side_by_side --net small --batch 128 --rounds 15
+    python -m benchmarks.side_by_side --net small --batch 64 --one-worker
+    python -m benchmarks.side_by_side --net paper --batch 32 --burst 3 --skip 1 --rounds 9 \\
         --only ddp-gloo-2 kernel data hybrid
-    python benchmarks/side_by_side.py --net paper --batch 32 --burst 3 --skip 1 --rounds 10 \\
+    python -m benchmarks.side_by_side --net paper --batch 32 --burst 3 --skip 1 --rounds 10 \\
         --only ddp-gloo-2 replicas-no-exchange-2 data
 """
 
@@ -40,33 +40,31 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import tempfile
 import weakref
 from multiprocessing.connection import Connection
 from statistics import median
 from typing import Callable, Protocol, Sequence
 
+import torch.distributed as dist
+from distributed import Client
+import torch.multiprocessing as mp
+
+from benchmarks.ddp_peer import ddp_steps, rendezvous_file
+from benchmarks.engine_speedup import NETS, TARGETS, ratio_report, run_order, target_lines
+from pipeline.checkpointing import prepare_checkpoints
+from pipeline.cluster import ClusterWorker, find_workers
+from pipeline.config import RunConfig, load_run_config
+from pipeline.dataset import prepare_dataset
+from pipeline.loop import Trainer, train_loop
+from pipeline.preflight import check_run
+from pipeline.records import RunRecorder
+from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
+from pipeline.run import build_engine, start_cluster
+from pipeline.startup import Startup
+from tasks.worker_state import configure_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import torch.distributed as dist  # noqa: E402
-from distributed import Client  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-from benchmarks.ddp_peer import ddp_steps, rendezvous_file  # noqa: E402
-from benchmarks.engine_speedup import NETS, TARGETS, ratio_report, run_order, target_lines  # noqa: E402
-from pipeline.checkpointing import prepare_checkpoints  # noqa: E402
-from pipeline.cluster import ClusterWorker, find_workers  # noqa: E402
-from pipeline.config import RunConfig, load_run_config  # noqa: E402
-from pipeline.dataset import prepare_dataset  # noqa: E402
-from pipeline.loop import Trainer, train_loop  # noqa: E402
-from pipeline.preflight import check_run  # noqa: E402
-from pipeline.records import RunRecorder  # noqa: E402
-from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer  # noqa: E402
-from pipeline.run import build_engine, start_cluster  # noqa: E402
-from pipeline.startup import Startup  # noqa: E402
-from tasks.worker_state import configure_process  # noqa: E402
 
 #: ``--one-worker``'s targets: every strategy on one worker within 5 % of the reference.
 ONE_WORKER_TARGETS = [(f"{name} step time / reference 1 thread", "<=", 1.05)

@@ -13,8 +13,8 @@ noticing to the new engine's first step, the ended attempt's late writes, second
 until the woken worker's process had exited, and whether the run finished by
 itself. A JSON line per case goes to `--json`.
 
-    python benchmarks/stall_notice.py                     # all six cases, ~10 min
-    python benchmarks/stall_notice.py --cases kernel:2 data:3 --steps 300
+    python -m benchmarks.stall_notice                     # all six cases, ~10 min
+    python -m benchmarks.stall_notice --cases kernel:2 data:3 --steps 300
 """
 
 from __future__ import annotations
@@ -23,22 +23,20 @@ import argparse
 import json
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
 
+import psutil
+from distributed import Client
+
+from pipeline.cluster import live_workers, register_setup, start_embedded_cluster
+from pipeline.config import load_run_config
+from pipeline.run import run_training
+from pipeline.runner import STALL_FLOOR_S, STALL_STEPS
+from storage import checkpoints
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import psutil  # noqa: E402
-from distributed import Client  # noqa: E402
-
-from pipeline.cluster import live_workers, register_setup, start_embedded_cluster  # noqa: E402
-from pipeline.config import load_run_config  # noqa: E402
-from pipeline.run import run_training  # noqa: E402
-from pipeline.runner import STALL_FLOOR_S, STALL_STEPS  # noqa: E402
-from storage import checkpoints  # noqa: E402
 
 CASES = ["kernel:2", "kernel:3", "data:2", "data:3", "hybrid:2", "hybrid:3"]
 ROLE = {"kernel": 1, "data": 0, "hybrid": 1}  # which of the run's workers is stopped

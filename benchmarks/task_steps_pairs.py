@@ -7,7 +7,7 @@ repeat's ratio auto / a task per step, with its spread, for the step time, the
 critical path's wait and the client's CPU per step. Prints figures; not a test.
 
     CNN_PREDICT_PROBE=never python -m experiments.sweep experiments/configs/task_steps.yaml
-    python benchmarks/task_steps_pairs.py results/task_steps.zarr
+    python -m benchmarks.task_steps_pairs results/task_steps.zarr
 """
 
 from __future__ import annotations

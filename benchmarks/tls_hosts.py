@@ -7,7 +7,7 @@ certificates; `configs/small.yaml` (kernel, placement even) runs on each in turn
 `--repeats` times alternately, and the median step time (warm-up excluded) of each
 protocol is printed. Needs root, ip, tc, sshd, sshfs and openssl.
 
-    python benchmarks/tls_hosts.py [--rate 1gbit] [--steps 10] [--repeats 3]
+    python -m benchmarks.tls_hosts [--rate 1gbit] [--steps 10] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 from statistics import median
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pipeline.config import WorkerConfig, load_run_config
+from pipeline.external_hosts import ClusterTls, external_hosts
+from pipeline.run import prepare_dataset, run_training
 
-from pipeline.config import WorkerConfig, load_run_config  # noqa: E402
-from pipeline.external_hosts import ClusterTls, external_hosts  # noqa: E402
-from pipeline.run import prepare_dataset, run_training  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def certificates(directory: str) -> ClusterTls:

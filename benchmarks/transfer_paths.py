@@ -11,28 +11,25 @@ Each is timed from the writer having the array to the reader having it, on the
 workers' shared clock; medians of several repeats, for a few sizes (the small
 network's gradient is 0.4 MB, the paper network's 79 MB).
 
-    python benchmarks/transfer_paths.py
+    python -m benchmarks.transfer_paths
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from statistics import median
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import numpy as np
+from distributed import Client
 
-import numpy as np  # noqa: E402
-from distributed import Client  # noqa: E402
-
-from pipeline.cluster import find_workers, register_setup, start_embedded_cluster  # noqa: E402
-from pipeline.config import ClusterConfig  # noqa: E402
-from pipeline.runner import TaskRunner  # noqa: E402
-from storage.exchange import Exchange, SlotSpec, create_exchange  # noqa: E402
+from pipeline.cluster import find_workers, register_setup, start_embedded_cluster
+from pipeline.config import ClusterConfig
+from pipeline.runner import TaskRunner
+from storage.exchange import Exchange, SlotSpec, create_exchange
 
 
 def write_slot(path: str, values: int, step: int) -> float:
@@ -59,6 +56,7 @@ def take_array(made: tuple[np.ndarray, float]) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     config = ClusterConfig(workers=2)
     cluster = start_embedded_cluster(config.worker_list())
     client = Client(cluster, set_as_default=False)

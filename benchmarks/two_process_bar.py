@@ -6,8 +6,8 @@ each of two processes at once, the way two workers hold them. No Dask, no
 workspace: the best two single-thread devices can do here on that layer. Repeats
 are interleaved and the ratio taken per repeat (the machine's speed drifts).
 
-    python benchmarks/two_process_bar.py --net paper --batch 32
-    python benchmarks/two_process_bar.py --net small --batch 128 --rounds 7
+    python -m benchmarks.two_process_bar --net paper --batch 32
+    python -m benchmarks.two_process_bar --net small --batch 128 --rounds 7
 """
 
 from __future__ import annotations
@@ -15,20 +15,18 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import sys
 import time
 from statistics import median
 
+import numpy as np
+import torch
+
+from pipeline.config import load_run_config
+from tasks.conv_shard import ConvShard
+from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
+from tasks.worker_state import configure_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from pipeline.config import load_run_config  # noqa: E402
-from tasks.conv_shard import ConvShard  # noqa: E402
-from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange  # noqa: E402
-from tasks.worker_state import configure_process  # noqa: E402
 
 NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 

@@ -15,25 +15,23 @@ above a long run's. Beside it, the wall time of the steps' compute phases (the
 arithmetic, from the receipts; steps after a burst's first two), all workers
 together: what is left of the CPU is work around the arithmetic.
 
-    python benchmarks/worker_cpu.py --net small --batch 128 --rounds 6
+    python -m benchmarks.worker_cpu --net small --batch 128 --rounds 6
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from statistics import median
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks.engine_speedup import NETS
+from benchmarks.side_by_side import DDPContender, engine_contenders, run_configs
+from pipeline.cluster import find_workers
+from pipeline.run import start_cluster
+from pipeline.startup import Startup
 
-from benchmarks.engine_speedup import NETS  # noqa: E402
-from benchmarks.side_by_side import DDPContender, engine_contenders, run_configs  # noqa: E402
-from pipeline.cluster import find_workers  # noqa: E402
-from pipeline.run import start_cluster  # noqa: E402
-from pipeline.startup import Startup  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STRATEGIES = ("single", "kernel", "data", "hybrid")
 DDP = "ddp-gloo-2"

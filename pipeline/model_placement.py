@@ -17,7 +17,7 @@ than the best single device; every prediction is recorded with the run.
 On this machine's CPU workers (one store, equal I/O per worker, slowness
 emulated on compute only) proportional is already close to the optimum:
 the model's split is predicted a few percent faster, within run-to-run noise
-(``benchmarks/prediction_error.py placement``); the gain is large where
+(``python -m benchmarks.prediction_error placement``); the gain is large where
 per-shard costs do not scale with speed (``tests/test_prediction.py``).
 """
 
