@@ -108,6 +108,17 @@ def _complete_step(path: str) -> int | None:
         return None
 
 
+def lost_line(error: WorkerLost | SchedulerLost) -> str:
+    """What a run that lost its scheduler or workers beyond recovery says: how to go
+    on. A worker lost at its memory limit would be lost again on a resume, so that
+    line says what can help instead."""
+    if isinstance(error, WorkerLost) and error.memory:
+        return (f"{error}; resuming would meet the same limit: give the worker more memory "
+                "(dask worker --memory-limit), add workers, or lower train.batch")
+    return (f"{error}; start the run again with train.resume=true to continue from the "
+            "last checkpoint")
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_dask()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -138,8 +149,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
     except NoSpace as error:
         return fail(no_space_line(error, loaded[0] if loaded else None, argv), RUNTIME_ERROR)
     except (WorkerLost, SchedulerLost) as error:
-        return fail(f"{error}; start the run again with train.resume=true to continue from "
-                    "the last checkpoint", RUNTIME_ERROR)
+        return fail(lost_line(error), RUNTIME_ERROR)
     except (ClusterError, FloatingPointError, DatasetDamaged, CheckpointError,
             OSError) as error:
         return fail(error, RUNTIME_ERROR)
