@@ -42,7 +42,7 @@ from pipeline.preflight import check_run, fit_even_split
 from pipeline.recovery import History, split_of, train_with_recovery
 from pipeline.probe.machine import machine_identity
 from pipeline.records import (RunRecorder, code_revision, jsonable, left_out_lines,
-                              link_attrs, software_versions, summarize)
+                              link_attrs, placement_line, software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
@@ -169,6 +169,9 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                 engine = build(offered)
             split = split_of(strategy, engine)
             attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
+            startup.say(placement_line(engine.plan.placement.method, split,
+                                       json.loads(attrs["split_workers"]), attrs["master"],
+                                       engine.plan.placement.choice))
             for line in json.loads(attrs["left_out_reasons"]):  # among the start's lines
                 say(line)
             workers = engine.workers
@@ -302,7 +305,7 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
                                                     summary.get("critical_breakdown"))
     summary.update(prediction)
     record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
-    record.attrs["prediction"] = json.dumps(jsonable(prediction))
+    record.attrs["prediction"] = jsonable(prediction)
     if predicted is not None:
         record.attrs["predicted_step_time"] = float(predicted)
     with writing("output directory", config.output_dir):

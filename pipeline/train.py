@@ -32,11 +32,23 @@ from storage.datasets import DatasetDamaged, DatasetError
 from storage.space import NoSpace
 
 
+#: What `--help` says of the overrides a first run needs (README.md, "Configuration",
+#: has every key).
+RUN_KEYS_HELP = (
+    "Overrides are dotted config keys, e.g. train.steps=30 or cluster.workers=3 "
+    "(README.md, 'Configuration', lists them all). name=NAME: the run's name (default: "
+    "the config file's name); it names its output folder, so at most 100 letters, digits, "
+    "'-', '_' and '.'. output=DIR: where the run writes its record, summary, trace and "
+    "checkpoints (default: runs/<name>). progress=false: no progress bar or start-up "
+    "lines.")
+
+
 def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
     """Parse the command line, load the config and check its paths: everything a run
     can find wrong before it starts. Returns the config and whether only to check."""
     parser = OneLineParser(prog="python -m pipeline.train",
-                           description="Train a CNN with one strategy.")
+                           description="Train a CNN with one strategy.",
+                           epilog=RUN_KEYS_HELP)
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     parser.add_argument("--scheduler", help="Dask scheduler address (default: embedded "
