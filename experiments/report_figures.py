@@ -31,7 +31,7 @@ from experiments.report_view import (COLORS, PAPER_LABEL, PAPER_POINT, StoreView
 from experiments.results import DONE  # noqa: E402
 from experiments.sweep_axes import value_label  # noqa: E402
 
-BREAKDOWN = [("compute_time", "compute", "#4c72b0"), ("storage_time", "storage", "#dd8452"),
+BREAKDOWN = [("compute_time", "compute", "#4c72b0"), ("storage_time", "exchange", "#dd8452"),
              ("master_time", "master", "#55a868"), ("wait_time", "wait", "#c44e52")]
 
 
@@ -118,7 +118,7 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
 
 
 def breakdown_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
-    """Stacked per-step time (compute, storage, master, wait) per strategy and workers."""
+    """Stacked per-step time (compute, exchange, master, wait) per strategy and workers."""
     keep = [d for d in ("strategy", sweep.worker_dim) if d]
     data, fixed = slice_of_others(sweep, frame, keep)
     data = data[data["step_time"].notna()]

@@ -306,7 +306,7 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"  step time   median {summary['step_time_median']:.3f} s over "
         f"{summary['measured_steps']} measured steps ({spread})",
         f"  throughput  {summary['throughput']:.1f} samples/s",
-        f"  breakdown   compute {summary['compute_time_median']:.3f} s, workspace "
+        f"  breakdown   compute {summary['compute_time_median']:.3f} s, exchange "
         f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
         f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
         *([f"  client      {summary['client_cpu_per_step'] * 1e3:.1f} ms CPU per step "
@@ -317,7 +317,8 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
                                           summary["critical_breakdown"].items())
            + " (medians along each step's critical worker)"]
           if summary.get("critical_breakdown") else []),
-        f"  workspace   {summary['bytes_per_step'] / 1e6:.2f} MB per step",
+        f"  exchange    {summary['bytes_per_step'] / 1e6:.2f} MB per step (workspace "
+        "reads and writes)",
         *memory_lines(summary),
         f"  loss        {summary['final_loss']:.4f} (last step)",
     ]

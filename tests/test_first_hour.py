@@ -10,7 +10,7 @@ import os
 import pytest
 
 from pipeline.cluster import find_workers, register_setup
-from pipeline.records import placement_line
+from pipeline.records import format_summary, placement_line
 from pipeline.run import run_training
 from pipeline.train import main
 from tests.helpers import tiny_config
@@ -63,3 +63,19 @@ def test_a_run_prints_its_placement_and_records_its_prediction_once_encoded(
     assert (line in err.splitlines()) == progress, err
     prediction = json.loads(result.record.attrs["prediction"])
     assert prediction == {"predicted_step_time": None, "prediction_note": "prediction: never"}
+    closing = format_summary("tiny", "kernel", result.summary, ["cpu-0", "cpu-1", "cpu-2"])
+    labels = {line.split()[0] for line in closing.splitlines()[1:]}
+    assert "exchange" in labels and "workspace" not in labels  # one name for the traffic
+    assert "compute" in closing and ", exchange " in closing
+
+
+def test_the_workspace_traffic_is_called_exchange_in_tables_and_plots():
+    import pandas as pd
+    from experiments.report_figures import BREAKDOWN
+    from experiments.summary import format_table
+    assert {key: label for key, label, _ in BREAKDOWN}["storage_time"] == "exchange"
+    table = pd.DataFrame([{"strategy": "kernel", "runs": "1/1", "step_time": 0.05,
+                           "compute_time": 0.03, "storage_time": 0.01,
+                           "predicted_step_time": float("nan"), "failure": ""}])
+    header = format_table(table).splitlines()[0].split()
+    assert "exchange" in header and "storage" not in header
