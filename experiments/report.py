@@ -3,11 +3,14 @@
 Writes, into ``<store>.report/`` next to the store (or ``--out DIR``):
 
 - ``strategies.png``: every strategy side by side (step time measured and
-  predicted, speedup, workspace bytes), if three or more strategies are swept;
+  predicted, speedup, exchange bytes), if three or more strategies are swept;
 - ``speedup.png``: speedup against workers (summed relative speed for unequal
   devices), one panel per network size, one line per strategy/batch/other
-  setting, with the ideal line and Marques et al.'s 3.28x on 4 CPUs;
-- ``breakdown.png``: where a step's time goes (compute, storage, master, wait) per
+  setting, with the ideal line and Marques et al.'s 3.28x on 4 CPUs (drawn where
+  the axis, which ends at the sweep's own capacities, reaches 4; named in the legend
+  otherwise); a setting measured once is a dotted line (`reference`: its threads,
+  one process);
+- ``breakdown.png``: where a step's time goes (compute, exchange, master, wait) per
   strategy and worker set, with the measured step time marked;
 - ``batch.png``: step time and throughput against batch size (if batch is swept);
 - ``placement.png``: calibrated against even placement on unequal workers (if

@@ -15,6 +15,7 @@ strategies figure, which compares across settings, has its own module
 from __future__ import annotations
 
 import json
+from typing import Sequence
 
 import matplotlib
 
@@ -31,7 +32,7 @@ from experiments.report_view import (COLORS, PAPER_LABEL, PAPER_POINT, StoreView
 from experiments.results import DONE  # noqa: E402
 from experiments.sweep_axes import value_label  # noqa: E402
 
-BREAKDOWN = [("compute_time", "compute", "#4c72b0"), ("storage_time", "storage", "#dd8452"),
+BREAKDOWN = [("compute_time", "compute", "#4c72b0"), ("storage_time", "exchange", "#dd8452"),
              ("master_time", "master", "#55a868"), ("wait_time", "wait", "#c44e52")]
 
 
@@ -46,14 +47,36 @@ def _base_network(ds: xr.Dataset) -> str:
 
 def _label(keys: tuple, names: list[str]) -> str:
     parts = []
+    reference = "reference" in [str(v) for n, v in zip(names, keys) if n == "strategy"]
     for name, value in zip(names, keys):
         if name == "strategy":
             parts.insert(0, str(value))
         elif name == "equal_workers":
-            parts.append("equal workers" if value else "unequal workers")
+            if not reference:  # plain PyTorch in one process has no workers
+                parts.append("equal workers" if value else "unequal workers")
         else:
             parts.append(f"{name} {value}")
     return ", ".join(parts) or "all"
+
+
+def speedup_label(keys: tuple, names: list[str], capacities: Sequence[float]) -> str:
+    """A line's legend entry: its group (`_label`); a group measured at one setting
+    only says which (`reference`: its threads, in one process)."""
+    label = _label(keys, names)
+    settings = sorted(set(capacities))
+    if len(settings) > 1:
+        return label
+    if label.startswith("reference"):
+        return f"{label}, {settings[0]:g} thread(s) (one process)"
+    return f"{label} (at {settings[0]:g} only)"
+
+
+def speedup_range(capacities: Sequence[float]) -> tuple[float, bool]:
+    """The x axis's end (the measured capacities and the ideal line's 1, with room) and
+    whether the paper's point lies within it (it is not allowed to stretch the axis:
+    a sweep of two workers was drawn out to 4.3 for it)."""
+    top = max(max(capacities, default=1.0), 1.0) * 1.08
+    return top, PAPER_POINT[0] <= top
 
 
 def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
@@ -79,7 +102,8 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     columns = len(panel_values)
     fig, axes = plt.subplots(1, columns, figsize=(5.2 * columns + 1.5, 4.6), squeeze=False,
                              sharey=True)
-    top = max(float(np.nanmax(data["relative_capacity"])), PAPER_POINT[0], 1.0) * 1.08
+    top, paper_inside = speedup_range([float(c) for c in data["relative_capacity"]
+                                       if np.isfinite(c)])
     ceiling = max(top, float(np.nanmax(data["speedup_high"])) * 1.08)
     keys_in_order = [k if isinstance(k, tuple) else (k,) for k, _ in
                      data.groupby(group, sort=False)]
@@ -89,20 +113,22 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         for name, value in zip(panels, panel):
             subset = subset[subset[name] == value]
         ax.plot([0, top], [0, top], color="0.6", linestyle="--", linewidth=1, label="ideal")
-        ax.plot(*PAPER_POINT, marker="*", markersize=14, color="black", linestyle="none",
-                label=PAPER_LABEL)
+        ax.plot(*(PAPER_POINT if paper_inside else ([], [])), marker="*", markersize=14,
+                color="black", linestyle="none",
+                label=PAPER_LABEL if paper_inside else f"{PAPER_LABEL} (beyond this axis)")
         for key, lines in subset.groupby(group, sort=False):
             keys = key if isinstance(key, tuple) else (key,)
             lines = lines.sort_values("relative_capacity")
             color = palette[keys]
+            label = speedup_label(keys, group, list(lines["relative_capacity"]))
             if lines["relative_capacity"].nunique() <= 1:  # one measured setting:
                 ax.axhline(float(lines["speedup"].median()), linestyle=":", linewidth=1.5,
-                           color=color, label=f"{_label(keys, group)} (one process)")
+                           color=color, label=label)
                 continue
             error = [lines["speedup"] - lines["speedup_low"],
                      lines["speedup_high"] - lines["speedup"]]
             ax.errorbar(lines["relative_capacity"], lines["speedup"], yerr=error, color=color,
-                        marker="o", capsize=3, label=_label(keys, group))
+                        marker="o", capsize=3, label=label)
         title = ", ".join(f"{n} {v}" for n, v in zip(panels, panel)) or _base_network(sweep.ds)
         ax.set_title(f"network {title}")
         ax.set_xlim(0, top)
@@ -118,7 +144,7 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
 
 
 def breakdown_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
-    """Stacked per-step time (compute, storage, master, wait) per strategy and workers."""
+    """Stacked per-step time (compute, exchange, master, wait) per strategy and workers."""
     keep = [d for d in ("strategy", sweep.worker_dim) if d]
     data, fixed = slice_of_others(sweep, frame, keep)
     data = data[data["step_time"].notna()]

@@ -55,7 +55,7 @@ def strategies_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         axes[1].bar(x, rows["speedup"], width, color=color, label=label)
         axes[2].bar(x, rows["bytes_moved"] / 1e6, width, color=color, label=label)
     for ax, title in zip(axes, ("step time (s)", f"speedup over '{sweep.baseline}'",
-                                "workspace MB per step")):
+                                "exchange MB per step")):
         ax.set_xticks(np.arange(len(strategies)), strategies)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)

@@ -73,7 +73,7 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
         if "compute_error" in table and table["compute_error"].notna().any():
             columns.append("compute_error")
     names = {"step_time": "step s", "throughput": "samples/s", "speedup": "speedup",
-             "efficiency": "effic.", "compute_time": "compute s", "storage_time": "storage s",
+             "efficiency": "effic.", "compute_time": "compute s", "storage_time": "exchange s",
              "master_time": "master s", "wait_time": "wait s", "bytes_moved": "MB/step",
              "loss": "loss", "accuracy": "acc.", "predicted_step_time": "predicted s",
              "prediction_error": "pred. err", "memory_working": "working MB",

@@ -36,10 +36,12 @@ from experiments.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore
 from experiments.summary import format_table, summary_table
 from experiments.sweep_config import Sweep
 from experiments.sweep_points import Point
-from pipeline.cluster import SchedulerLost, WorkerLost, open_client, register_setup
+from pipeline.cluster import (SchedulerLost, WorkerLost, live_workers, open_client,
+                              workers_set_up)
 from pipeline.config import RunConfig
 from pipeline.prediction import predict_point
 from pipeline.records import software_versions
+from pipeline.worker_limits import check_worker_limits
 from pipeline.startup import start_batch, usable_cores
 from storage.locks import now_text
 from storage.space import NoSpace, writing
@@ -55,7 +57,7 @@ def one_line(error: BaseException) -> str:
     says so (a sweep reruns failed points), not how to resume a single run.
     """
     text = " ".join(str(error).split()) or repr(error)
-    if isinstance(error, (WorkerLost, SchedulerLost)):
+    if isinstance(error, SchedulerLost) or (isinstance(error, WorkerLost) and not error.memory):
         text = text[:400] + "; run the same sweep command again (once the cluster is back) " \
             "to rerun this point"
     return f"{type(error).__name__}: {text}"[:500]
@@ -96,7 +98,8 @@ class ClusterPool:
             client = stack.enter_context(open_client(
                 point.config.cluster, sweep_directories(point.config),
                 batch=start_batch(len(workers), usable_cores())))
-            register_setup(client, point.config.cluster)
+            check_worker_limits(client, point.config.cluster, live_workers(client))
+            stack.enter_context(workers_set_up(client, point.config.cluster))
         except BaseException:
             stack.close()
             raise

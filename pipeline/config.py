@@ -355,6 +355,28 @@ class HybridConfig:
     conv_lr_scaling: Literal["none", "linear", "sqrt"] = "none"
 
 
+#: The longest run name: a name is a folder's (runs/<name>, its workspace's), and a
+#: name of megabytes had `--check` parse it for minutes.
+NAME_MAX = 100
+_NAME_CHARACTERS = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a run (None if it can): one path segment of at most
+    `NAME_MAX` letters, digits, '-', '_' and '.', not '.' or '..'. The length is
+    checked first, so a name of megabytes costs nothing more."""
+    if len(name) > NAME_MAX:
+        return (f"{len(name)} characters; a run's name names its folder (runs/<name>): at "
+                f"most {NAME_MAX}")
+    if name in (".", ".."):
+        return f"'{name}' is not a folder's name; use letters, digits, '-', '_' or '.'"
+    if not _NAME_CHARACTERS.fullmatch(name):
+        unsafe = "".join(sorted({c for c in name if not _NAME_CHARACTERS.fullmatch(c)}))
+        return (f"{name!r} has characters a run's name cannot have ({unsafe!r}); it names "
+                "its folder (runs/<name>): use letters, digits, '-', '_' or '.'")
+    return None
+
+
 @dataclass
 class RunConfig:
     name: str = "run"
@@ -381,6 +403,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.name:
             raise FieldError("name", "a run needs a name (it names runs/<name>)")
+        problem = name_problem(self.name)
+        if problem:
+            raise FieldError("name", problem)
         if (self.placement == "recorded") != (self.split_from is not None):
             raise FieldError("split_from", "placement 'recorded' takes a split_from (a run "
                              "directory or a split), and split_from needs placement "
@@ -478,6 +503,8 @@ def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConf
     """Validate raw config data after applying ``key=value`` overrides."""
     data = copy.deepcopy(data)
     for text in overrides:
+        if text.startswith("name=") and len(text) > len("name=''") + NAME_MAX:
+            raise FieldError("name", name_problem(text[len("name="):]) or "")  # unparsed
         key, value = parse_override(text)
         set_dotted(data, key, value)
     return from_dict(RunConfig, data)

@@ -33,8 +33,8 @@ import dataclasses
 import os
 from typing import Any
 
-from pipeline.cluster import (ClusterError, all_local, find_workers, open_client, register_setup,
-                              scheduler_address)
+from pipeline.cluster import (ClusterError, all_local, find_workers, open_client,
+                              scheduler_address, workers_set_up)
 from pipeline.config import RunConfig
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
@@ -213,8 +213,8 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
                                 links=links, output_root=output_root)
         if output_root:
             os.makedirs(output_root, exist_ok=True)
-        with open_client(cluster, config.shared_directories()) as own:
-            register_setup(own, cluster)
+        with open_client(cluster, config.shared_directories()) as own, \
+                workers_set_up(own, cluster):
             return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
                                 dataset, links=links, output_root=output_root)
     except (ClusterError, OSError, TimeoutError):

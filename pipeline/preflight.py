@@ -16,7 +16,8 @@ import tempfile
 from pipeline.addresses import address_problem
 from pipeline.cluster import scheduler_address, tagged_workers
 from pipeline.config import RunConfig
-from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MEMORY_STRATEGIES, MemoryConstants,
+                                       element_bytes)
 from pipeline.links import link_problem
 from pipeline.memory_fit import move_to_fit, split_peaks
 from pipeline.object_store import object_store_problem
@@ -138,31 +139,43 @@ def check_embedded_memory(config: RunConfig) -> None:
     cluster = config.cluster
     if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS"):
         return
-    strategy = strategy_of(config)
     workers = cluster.worker_list()
-    if (not strategy.uses_cluster or config.strategy not in MEMORY_STRATEGIES
+    if (not strategy_of(config).uses_cluster
             or all(w.memory_limit is None for w in workers)):
         return
     by_name = {w.name: w for w in workers}
     offering = tagged_workers({w.name: {"name": w.name, "resources": w.resources}
                                for w in workers}, cluster.tags())
     chosen = [by_name[address] for address, _, _ in offering][:cluster.use_workers or None]
-    master = next((d for d, w in enumerate(chosen) if cluster.master in
-                   (w.name, *(w.resources or {}))), None) if cluster.master else 0
-    if master is None or not chosen:
+    fit_even_split(config, [(w.name, w.resources or {}, w.device) for w in chosen],
+                   [w.memory_bytes() or float("inf") for w in chosen])
+
+
+def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
+                   capacities: list[float], constants: MemoryConstants = DEFAULT_CONSTANTS
+                   ) -> None:
+    """Raise `MemoryRefused` (one line) if the even split of the run over `workers`
+    (name, tags, device of each), moved to fit (`move_to_fit`), overflows some
+    worker's capacity under the memory model (`constants`). The master is the first
+    worker or the one `cluster.master` names; one outside `workers` is left to the
+    split choice, as is a strategy the model does not count."""
+    strategy = strategy_of(config)
+    master_wanted = config.cluster.master
+    master = next((d for d, (name, tags, _) in enumerate(workers)
+                   if master_wanted in (name, *tags)), None) if master_wanted else 0
+    if master is None or not workers or config.strategy not in MEMORY_STRATEGIES:
         return
     if strategy.one_worker:
-        chosen, master = [chosen[master]], 0
+        workers, capacities, master = [workers[master]], [capacities[master]], 0
     network = network_for(config)
-    capacities = [w.memory_bytes() or float("inf") for w in chosen]
     kernel = config.strategy in ("single", "kernel")
     if kernel:
         quanta = config.channel_quanta(network)
-        counts = [split_even(layer.kernels, len(chosen), q)
+        counts = [split_even(layer.kernels, len(workers), q)
                   for layer, q in zip(network.conv, quanta)]
     else:
-        quanta, counts = [1], [split_even(config.train.batch, len(chosen), 1)]
+        quanta, counts = [1], [split_even(config.train.batch, len(workers), 1)]
     peaks = split_peaks(config.strategy, costmodel_network(network), config.train.batch,
                         element_bytes(network.dtype), master if kernel else None,
-                        [w.device.startswith("cuda") for w in chosen])
-    move_to_fit(counts, quanta, capacities, peaks, [w.name for w in chosen])
+                        [device.startswith("cuda") for _, _, device in workers], constants)
+    move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers])

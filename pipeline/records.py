@@ -306,7 +306,7 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"  step time   median {summary['step_time_median']:.3f} s over "
         f"{summary['measured_steps']} measured steps ({spread})",
         f"  throughput  {summary['throughput']:.1f} samples/s",
-        f"  breakdown   compute {summary['compute_time_median']:.3f} s, workspace "
+        f"  breakdown   compute {summary['compute_time_median']:.3f} s, exchange "
         f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
         f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
         *([f"  client      {summary['client_cpu_per_step'] * 1e3:.1f} ms CPU per step "
@@ -317,7 +317,8 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
                                           summary["critical_breakdown"].items())
            + " (medians along each step's critical worker)"]
           if summary.get("critical_breakdown") else []),
-        f"  workspace   {summary['bytes_per_step'] / 1e6:.2f} MB per step",
+        f"  exchange    {summary['bytes_per_step'] / 1e6:.2f} MB per step (workspace "
+        "reads and writes)",
         *memory_lines(summary),
         f"  loss        {summary['final_loss']:.4f} (last step)",
     ]
@@ -357,6 +358,40 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         lines.append(f"  joined      {', '.join(j['joined_workers'])} at step {j['at_step']}: "
                      f"from then on {', '.join(j['workers'])}")
     return "\n".join(lines)
+
+
+#: Why a split is what it is, by placement method (the placement line's end).
+PLACEMENT_WHY = {"even": "an even split", "single": "one worker",
+                 "calibrated": "measured speeds (placement: calibrated)",
+                 "model": "the performance model (placement: model)",
+                 "recorded": "a recorded split (placement: recorded)"}
+
+
+def placement_line(method: str, split: dict[str, Any], workers: list[str], master: str,
+                   choice: dict[str, Any]) -> str:
+    """The one line a run prints once its work is placed: each worker's share
+    (kernels per conv layer, or samples of the batch), the master, the predicted step
+    where the placement predicted one, and why (`PLACEMENT_WHY`, the candidate it
+    chose, units moved to fit memory). `split` is the strategy's record of its split
+    (``kernel_split`` ``[layer][worker]`` or ``batch_split`` ``[worker]``), `choice`
+    the placement's (`SplitChoice.record`, with ``memory``)."""
+    if "kernel_split" in split:
+        rows = split["kernel_split"]
+        shares = [f"{name} {'+'.join(str(row[w]) for row in rows)}"
+                  for w, name in enumerate(workers)]
+        what = "kernels per conv layer"
+    else:
+        shares = [f"{name} {count}" for name, count in zip(workers, split["batch_split"])]
+        what = "samples of each batch"
+    why = PLACEMENT_WHY.get(method, method)
+    if choice.get("chosen"):
+        why += f", the {choice['chosen']} split"
+    moved = (choice.get("memory") or {}).get("units_moved") or 0
+    if moved:
+        why += f", {moved} unit(s) moved to fit memory"
+    predicted = choice.get("predicted_step_time")
+    step = f"; predicted {predicted:.4f} s/step" if predicted else ""
+    return f"placed: {what}: {', '.join(shares)} (master {master}){step}; by {why}"
 
 
 def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],

@@ -194,7 +194,8 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                     raise WorkerLost(f"{lost} (recovered {len(recoveries)} time(s) already; "
                                      f"train.max_recoveries={config.train.max_recoveries})"
                                      if recoveries else str(lost),
-                                     lost.addresses, lost.labels) from None
+                                     lost.addresses, lost.labels,
+                                     memory=lost.memory) from None
                 if lost.stalled:
                     print(f"warning: {lost}; recovering", file=sys.stderr)
                 offered = survivors(client, offered, lost)

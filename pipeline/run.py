@@ -27,8 +27,9 @@ import yaml
 from distributed import Client
 
 from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import (ClusterWorker, find_workers, open_run_client, register_setup,
-                              scheduler_address)
+from pipeline.capacity import capacities_explained, worker_capacities
+from pipeline.cluster import (ClusterWorker, find_workers, live_workers, open_run_client,
+                              register_setup, scheduler_address, workers_set_up)
 from pipeline.config import RunConfig
 from pipeline.dataset import prepare_dataset
 from pipeline.engine import StepEngine
@@ -37,11 +38,11 @@ from pipeline.links import LinkedHosts
 from pipeline.loop import train_loop
 from pipeline.outputs import owned_output
 from pipeline.prediction import predict_point
-from pipeline.preflight import check_run
+from pipeline.preflight import check_run, fit_even_split
 from pipeline.recovery import History, split_of, train_with_recovery
 from pipeline.probe.machine import machine_identity
 from pipeline.records import (RunRecorder, code_revision, jsonable, left_out_lines,
-                              link_attrs, software_versions, summarize)
+                              link_attrs, placement_line, software_versions, summarize)
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
@@ -49,6 +50,7 @@ from pipeline.step_breakdown import compute_error
 from pipeline.strategies import Strategy
 from pipeline.strategy_choice import choose_strategy
 from pipeline.trace import ClientEvent, write_trace
+from pipeline.worker_limits import check_worker_limits, worker_constants
 from storage import checkpoints
 from storage.datasets import DatasetInfo
 from storage.labelled import write_dataset_aside
@@ -159,6 +161,7 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                              config=yaml.safe_dump(to_dict(config), sort_keys=False))
                 say(f"strategy auto: the model picks {choice['chosen']} (master "
                     f"{choice['master']}), predicted {choice['predicted_step_time']:.4f} s/step")
+            check_memory_before_placing(client, config, offered)
             build = functools.partial(build_engine, client, config, strategy, network,
                                       info.train_samples)
             with startup.phase(f"placing the work on {len(offered)} worker(s) (placement: "
@@ -166,6 +169,9 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                 engine = build(offered)
             split = split_of(strategy, engine)
             attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
+            startup.say(placement_line(engine.plan.placement.method, split,
+                                       json.loads(attrs["split_workers"]), attrs["master"],
+                                       engine.plan.placement.choice))
             for line in json.loads(attrs["left_out_reasons"]):  # among the start's lines
                 say(line)
             workers = engine.workers
@@ -211,6 +217,23 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         accuracy = test_accuracy(network, weights, info.path, samples)
     return _write_results(config, info, attrs, list(split), recorder, history, notes, started,
                           accuracy, prediction, in_client=not strategy.uses_cluster)
+
+
+def check_memory_before_placing(client: Client, config: RunConfig,
+                                offered: list[ClusterWorker]) -> None:
+    """On a cluster the user started, refuse (`MemoryRefused`, one line) a run whose
+    even split, moved to fit, overflows what some worker may hold, before calibration
+    runs shards on it: a worker that calibration pushes past Dask's limit is lost,
+    and no resume can help. Peaks are the model's with the workers' own baseline
+    (`worker_constants`); the split chosen later is checked again (`fit_memory`)."""
+    if scheduler_address(config.cluster) is None:
+        return  # embedded: checked before the cluster started (check_embedded_memory)
+    capacities = worker_capacities(client, config.cluster, offered)
+    if all(c == float("inf") for c in capacities):
+        return
+    with capacities_explained(config.cluster):
+        fit_even_split(config, [(w.name, {w.resource: 1}, w.device) for w in offered],
+                       capacities, worker_constants(client, config.cluster, offered))
 
 
 def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
@@ -282,7 +305,7 @@ def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
                                                     summary.get("critical_breakdown"))
     summary.update(prediction)
     record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
-    record.attrs["prediction"] = json.dumps(jsonable(prediction))
+    record.attrs["prediction"] = jsonable(prediction)
     if predicted is not None:
         record.attrs["predicted_step_time"] = float(predicted)
     with writing("output directory", config.output_dir):
@@ -305,7 +328,8 @@ def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None
         if scheduler_address(config.cluster) is not None:
             client, links = stack.enter_context(open_run_client(
                 config.cluster, config.shared_directories()))
-            register_setup(client, config.cluster)
+            check_worker_limits(client, config.cluster, live_workers(client))
+            stack.enter_context(workers_set_up(client, config.cluster))
             yield client, links
             return
         workers = config.cluster.worker_list()
@@ -317,5 +341,5 @@ def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None
             client, links = stack.enter_context(open_run_client(
                 config.cluster, config.shared_directories(), phase.update,
                 start_batch(len(workers), usable_cores())))
-            register_setup(client, config.cluster)
+            register_setup(client, config.cluster)  # goes with the embedded cluster
         yield client, links

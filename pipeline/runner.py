@@ -32,6 +32,7 @@ from distributed import Client, Future, wait
 
 from pipeline.cluster import (ClusterError, ClusterWorker, SchedulerLost, WorkerLost,
                               fence_workers, live_workers, unresponsive)
+from pipeline.worker_limits import lost_for_memory
 from storage.liveness import silent_stores
 from storage.space import NoSpace
 
@@ -199,6 +200,7 @@ class TaskRunner:
         self._store_silence: dict[str, list[str]] = {}  # this stall's last store probe
         self._doing: dict[str, tuple[int, str]] = {}  # key -> (worker, what it does)
         self.on_wait = on_wait  # hears `waiting_note`s (the progress bar)
+        self._last_seen: dict[str, dict] = {}  # the scheduler's table, by address
 
     def submit(self, function: Callable[..., Any], worker: int, *args: Any, name: str,
                priority: int = 0, doing: str = "", **kwargs: Any) -> Future:
@@ -222,6 +224,8 @@ class TaskRunner:
         recompute it elsewhere). A stall (`StallWatch`) raises `WorkerLost` too.
         """
         progress_at, done_before = time.monotonic(), 0
+        if not self._last_seen:  # once: each worker's memory limit, should it be lost
+            self.lost_workers()
         while True:
             try:
                 with self.client.as_current():
@@ -264,20 +268,26 @@ class TaskRunner:
             self._check_stall(futures, what, quiet)
 
     def lost_workers(self) -> list[ClusterWorker]:
-        """The run's workers the scheduler no longer knows."""
+        """The run's workers the scheduler no longer knows (and, of those it knows,
+        the scheduler's last word kept: their memory, should they go)."""
         try:
             alive = live_workers(self.client)
         except SchedulerLost:
             self._scheduler_lost("asking for the workers")
+        self._last_seen.update({a: info for a, info in alive.items()
+                                if a in {w.address for w in self.workers}})
         return [worker for worker in self.workers if worker.address not in alive]
 
     def _check_workers(self, what: str) -> None:
         gone = self.lost_workers()
         if gone:
-            labels = [worker.label for worker in gone]
-            self._fail(WorkerLost(f"{what}: worker {', '.join(labels)} left the cluster; "
+            notes = lost_for_memory(self.client, [w.address for w in gone], self._last_seen)
+            lost = [f"{w.label} ({notes[w.address]})" if w.address in notes else w.label
+                    for w in gone]
+            self._fail(WorkerLost(f"{what}: worker {', '.join(lost)} left the cluster; "
                                   "its work in the run is lost",
-                                  [worker.address for worker in gone], labels))
+                                  [worker.address for worker in gone],
+                                  [worker.label for worker in gone], memory=bool(notes)))
 
     def _fetch_s(self) -> float:
         """How long to wait for finished results: 10 s, or the stall limit if shorter

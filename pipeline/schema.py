@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import types
 import typing
@@ -282,10 +283,20 @@ def _list_index(node: list, part: str, where: str) -> int:
     return int(part)
 
 
+#: The largest config file read: YAML parses about a megabyte a second here, and no
+#: run or sweep config comes near this (a run name of megabytes once did).
+CONFIG_MAX_BYTES = 1_000_000
+
+
 def load_yaml(path: str) -> dict:
-    """Read a YAML mapping, turning file and syntax problems into ConfigError."""
+    """Read a YAML mapping, turning file and syntax problems into ConfigError; a file
+    over `CONFIG_MAX_BYTES` is refused before it is parsed."""
     try:
         with open(path, encoding="utf-8") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > CONFIG_MAX_BYTES:
+                raise ConfigError(f"{path}: {size} bytes, too large for a config (at most "
+                                  f"{CONFIG_MAX_BYTES})")
             data = yaml_load(handle)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None

@@ -22,7 +22,7 @@ import os
 
 from distributed import Client
 
-from pipeline.capacity import worker_capacities
+from pipeline.capacity import capacities_explained, worker_capacities
 from pipeline.calibrate import (Points, alike_groups, calibrate, calibrate_replicas,
                                 first_sizes, per_unit, pool_points, shard_costs)
 from pipeline.cluster import ClusterWorker
@@ -33,6 +33,7 @@ from pipeline.model_placement import model_placement
 from pipeline.placement import Placement, SplitChoice, choose_calibrated, split_even
 from pipeline.probe.results import costmodel_network
 from pipeline.runner import TaskRunner
+from pipeline.worker_limits import worker_constants
 from pipeline.schema import ConfigError
 from tasks.specs import NetworkSpec
 
@@ -117,7 +118,8 @@ def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
     names = [w.name for w in workers]
     peaks = split_peaks(config.strategy, costmodel_network(network), config.train.batch,
                         element_bytes(network.dtype), master,
-                        [w.device.startswith("cuda") for w in workers])
+                        [w.device.startswith("cuda") for w in workers],
+                        worker_constants(client, config.cluster, workers))
     counts = placement.counts
     moved = 0
     if config.placement == "recorded":
@@ -127,7 +129,8 @@ def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
             worst = max(over, key=lambda d: now[d] - capacities[d])
             raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst], True))
     else:
-        fit = move_to_fit(counts, quanta, capacities, peaks, names)
+        with capacities_explained(config.cluster):
+            fit = move_to_fit(counts, quanta, capacities, peaks, names)
         counts, moved = fit.counts, fit.moved
     record = {"capacity": [None if c == float("inf") else c for c in capacities],
               "predicted_peak": peaks(counts), "units_moved": moved,

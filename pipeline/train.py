@@ -32,11 +32,23 @@ from storage.datasets import DatasetDamaged, DatasetError
 from storage.space import NoSpace
 
 
+#: What `--help` says of the overrides a first run needs (README.md, "Configuration",
+#: has every key).
+RUN_KEYS_HELP = (
+    "Overrides are dotted config keys, e.g. train.steps=30 or cluster.workers=3 "
+    "(README.md, 'Configuration', lists them all). name=NAME: the run's name (default: "
+    "the config file's name); it names its output folder, so at most 100 letters, digits, "
+    "'-', '_' and '.'. output=DIR: where the run writes its record, summary, trace and "
+    "checkpoints (default: runs/<name>). progress=false: no progress bar or start-up "
+    "lines.")
+
+
 def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
     """Parse the command line, load the config and check its paths: everything a run
     can find wrong before it starts. Returns the config and whether only to check."""
     parser = OneLineParser(prog="python -m pipeline.train",
-                           description="Train a CNN with one strategy.")
+                           description="Train a CNN with one strategy.",
+                           epilog=RUN_KEYS_HELP)
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     parser.add_argument("--scheduler", help="Dask scheduler address (default: embedded "
@@ -108,6 +120,17 @@ def _complete_step(path: str) -> int | None:
         return None
 
 
+def lost_line(error: WorkerLost | SchedulerLost) -> str:
+    """What a run that lost its scheduler or workers beyond recovery says: how to go
+    on. A worker lost at its memory limit would be lost again on a resume, so that
+    line says what can help instead."""
+    if isinstance(error, WorkerLost) and error.memory:
+        return (f"{error}; resuming would meet the same limit: give the worker more memory "
+                "(dask worker --memory-limit), add workers, or lower train.batch")
+    return (f"{error}; start the run again with train.resume=true to continue from the "
+            "last checkpoint")
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_dask()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -138,8 +161,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
     except NoSpace as error:
         return fail(no_space_line(error, loaded[0] if loaded else None, argv), RUNTIME_ERROR)
     except (WorkerLost, SchedulerLost) as error:
-        return fail(f"{error}; start the run again with train.resume=true to continue from "
-                    "the last checkpoint", RUNTIME_ERROR)
+        return fail(lost_line(error), RUNTIME_ERROR)
     except (ClusterError, FloatingPointError, DatasetDamaged, CheckpointError,
             OSError) as error:
         return fail(error, RUNTIME_ERROR)

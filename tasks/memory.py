@@ -40,6 +40,11 @@ _CLEAR_REFS = "/proc/self/clear_refs"
 WORKER_MODULES = ("distributed", "tasks.step_task")
 WORKER_IMPORTS = "import " + ", ".join(WORKER_MODULES)
 CLIENT_IMPORTS = "import pipeline.run"
+#: A `dask worker` you start yourself is not forked from a process that imported torch:
+#: it imports Dask's worker command line, then (once a run sets it up) the task modules,
+#: all on pages of its own. A bare process of that kind (unforked: `bare_process_rss`
+#: forks only for `WORKER_IMPORTS`) is the least such a worker holds.
+EXTERNAL_WORKER_IMPORTS = "import distributed.cli.dask_worker, tasks.step_task"
 
 
 @dataclass(frozen=True)

@@ -214,3 +214,15 @@ def error_lines_of(text: str) -> list[str]:
     line" counts."""
     return [line for line in text.splitlines()
             if line.strip() and not (line.startswith("worker ") and " left out" in line)]
+
+
+def reliability_rows(section: str) -> list[list[str]]:
+    """The table rows (cells stripped) of a section of docs/reliability.md, after its
+    header and rule: what a test module's list of faults is compared with."""
+    page = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "docs", "reliability.md")
+    text = open(page, encoding="utf-8").read()
+    assert section in text, f"{page} lacks the section {section!r}"
+    body = text.split(section, 1)[1].split("\n## ", 1)[0]
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in body.splitlines() if line.startswith("|")][2:]

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -147,6 +148,12 @@ CASES: list[Case] = [
     sweep_case("--out", "/proc/x", names="--out"),
     sweep_case("--out", "/dev/null/x", names="--out"),
     sweep_case("--out", "{tmp}/a-file", names="--out"),
+    # Run names: one folder's name of at most 100 safe characters, checked by --check too.
+    train_case("name=a/b", names="name: 'a/b' has characters"),
+    train_case("name=..", names="name: '..' is not a folder's name"),
+    train_case("--check", "name=" + "x" * 300, names="name: 300 characters"),
+    train_case("--check", "name=" + "x" * 100_000, names="name: 100000 characters"),
+    Case("train", ("{tmp}/huge.yaml", "--check"), 2, "too large for a config"),
     sweep_case("output=/dev/null/q.zarr", names="output"),
     sweep_case("--out", "{tmp}/q.zarr", "--scheduler", "notaurl", names="cluster.scheduler"),
     sweep_case("--out", "{tmp}/q.zarr", "repeats=0", names="repeats"),
@@ -176,6 +183,7 @@ def workdir(tmp_path, monkeypatch, tiny_dataset_factory):
     (tmp_path / "list.yaml").write_text("- train\n- steps\n")
     (tmp_path / "wrong-type.yaml").write_text("network:\n  conv:\n    - {kernels: lots}\n")
     (tmp_path / "nobase.yaml").write_text("base: missing.yaml\naxes: {strategy: [kernel]}\n")
+    (tmp_path / "huge.yaml").write_text("name: " + "x" * 4_000_000 + "\n")
     (tmp_path / "junk.tar.gz").write_bytes(b"\x1f\x8b not really gzip\n" * 4)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
@@ -323,6 +331,14 @@ def test_scaling_sweep_options_and_overrides_in_any_order(tmp_path, capsys, monk
 
 
 # The reliability page states how many bad inputs these tests try.
+
+def test_a_name_of_megabytes_is_refused_at_once():
+    """Its length is checked before the override is parsed (YAML took minutes)."""
+    start = time.perf_counter()
+    status, lines, _out = run_main("train", [SMALL, "--check", "name=" + "x" * 50_000_000])
+    assert time.perf_counter() - start < 5
+    assert_one_error_line(status, lines, 2, "name: 50000000 characters")
+
 
 def test_reliability_page_counts_these_cases():
     text = open(PAGE, encoding="utf-8").read()

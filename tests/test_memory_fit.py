@@ -257,9 +257,10 @@ def test_embedded_config_that_fits_nowhere_is_refused_before_its_cluster_starts(
 
 def test_external_worker_memory_limit_is_read_from_the_scheduler(tmp_path,
                                                                  tiny_dataset_factory):
-    """A `dask worker --memory-limit 650MB` is the capacity: the paper network on one
-    worker needs more (780 MB predicted, 710 MB measured: docs/model.md), so the run is
-    refused in one line before it trains, exit 2."""
+    """A `dask worker --memory-limit 650MB` gives the capacity, 80 % of it (Dask pauses
+    a worker beyond): the paper network on one worker needs more (780 MB predicted,
+    710 MB measured: docs/model.md), so the run is refused in one line before it
+    calibrates, exit 2."""
     cluster = CliCluster(tmp_path)
     try:
         address = cluster.start_scheduler()
@@ -272,7 +273,8 @@ def test_external_worker_memory_limit_is_read_from_the_scheduler(tmp_path,
         cluster.stop()
     assert result.returncode == 2, result.stderr
     lines = error_lines(result)
-    assert len(lines) == 1 and "needs" in lines[0] and "has 650 MB" in lines[0], lines
+    assert len(lines) == 1 and "needs" in lines[0] and "has 520 MB" in lines[0], lines
+    assert "Dask pauses a worker at 80 % of its limit" in lines[0]
     assert not (tmp_path / "run" / "record.zarr").exists()
 
 

@@ -111,3 +111,18 @@ def test_report_refuses_what_is_not_a_sweep_store(tmp_path, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(lines) == 2 and "no such results store" in lines[0]
     assert "not a sweep results store" in lines[1]
+
+
+def test_speedup_labels_and_range_fit_what_was_measured():
+    """The 2-thread `reference` is named by its threads, never 'unequal workers'; the
+    x axis ends at the sweep's capacities, and the paper's 4-CPU point, beyond a
+    2-worker sweep, is named in the legend rather than stretching the axis."""
+    from experiments.report_figures import speedup_label, speedup_range
+    names = ["strategy", "equal_workers"]
+    assert speedup_label(("reference", False), names, [2.0]) == \
+        "reference, 2 thread(s) (one process)"
+    assert speedup_label(("kernel", False), names, [1.5]) == "kernel, unequal workers (at 1.5 only)"
+    assert speedup_label(("kernel", True), names, [1.0, 2.0]) == "kernel, equal workers"
+    top, paper_inside = speedup_range([1.0, 1.5, 2.0])
+    assert top == pytest.approx(2.16) and not paper_inside
+    assert speedup_range([1.0, 4.0]) == (pytest.approx(4.32), True)

@@ -1,0 +1,81 @@
+"""A new user's surface: what `--help` and the README say of the keys a first run
+needs, the line that says how a run was placed, and record attributes that are
+JSON encoded once."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pipeline.cluster import find_workers, register_setup
+from pipeline.records import format_summary, placement_line
+from pipeline.run import run_training
+from pipeline.train import main
+from tests.helpers import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_help_names_the_run_s_name_and_output(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "name=NAME" in text and "at most 100 letters" in text
+    assert "output=DIR" in text and "runs/<name>" in text
+
+
+def test_the_readme_s_configuration_table_has_name_and_output():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    table = readme.split("### Configuration", 1)[1].split("\n\n", 2)[1]
+    keys = {line.split("|")[1].strip() for line in table.splitlines() if line.startswith("|")}
+    assert {"`name`", "`output`", "`progress`"} <= keys
+
+
+def test_the_placement_line_says_each_worker_s_share_and_why():
+    kernel = placement_line("calibrated", {"kernel_split": [[16, 16], [40, 24]]},
+                            ["cpu-0", "cpu-1"], "cpu-0",
+                            {"chosen": "minmax", "predicted_step_time": 0.0512,
+                             "memory": {"units_moved": 2}})
+    assert kernel == ("placed: kernels per conv layer: cpu-0 16+40, cpu-1 16+24 (master "
+                      "cpu-0); predicted 0.0512 s/step; by measured speeds (placement: "
+                      "calibrated), the minmax split, 2 unit(s) moved to fit memory")
+    data = placement_line("even", {"batch_split": [32, 32]}, ["a", "b"], "a", {})
+    assert data == "placed: samples of each batch: a 32, b 32 (master a); by an even split"
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_a_run_prints_its_placement_and_records_its_prediction_once_encoded(
+        tmp_path, three_worker_cluster, tiny_dataset_factory, capsys, progress):
+    """On the shared cluster's three CPU workers, even split; `progress=false`
+    silences the line. The record's `prediction` attribute is one JSON object."""
+    client, cluster = three_worker_cluster
+    config = tiny_config(tmp_path, tiny_dataset_factory("float32"), progress=str(progress),
+                         prediction="never", **{"train.steps": 2})
+    config.cluster.workers = cluster.workers
+    register_setup(client, config.cluster)
+    result = run_training(config, client=client, offered=find_workers(client, config.cluster))
+    err = capsys.readouterr().err
+    line = ("tiny: placed: kernels per conv layer: cpu-0 4+4, cpu-1 4+4, cpu-2 2+4 "
+            "(master cpu-0); by an even split")
+    assert (line in err.splitlines()) == progress, err
+    prediction = json.loads(result.record.attrs["prediction"])
+    assert prediction == {"predicted_step_time": None, "prediction_note": "prediction: never"}
+    closing = format_summary("tiny", "kernel", result.summary, ["cpu-0", "cpu-1", "cpu-2"])
+    labels = {line.split()[0] for line in closing.splitlines()[1:]}
+    assert "exchange" in labels and "workspace" not in labels  # one name for the traffic
+    assert "compute" in closing and ", exchange " in closing
+
+
+def test_the_workspace_traffic_is_called_exchange_in_tables_and_plots():
+    import pandas as pd
+    from experiments.report_figures import BREAKDOWN
+    from experiments.summary import format_table
+    assert {key: label for key, label, _ in BREAKDOWN}["storage_time"] == "exchange"
+    table = pd.DataFrame([{"strategy": "kernel", "runs": "1/1", "step_time": 0.05,
+                           "compute_time": 0.03, "storage_time": 0.01,
+                           "predicted_step_time": float("nan"), "failure": ""}])
+    header = format_table(table).splitlines()[0].split()
+    assert "exchange" in header and "storage" not in header

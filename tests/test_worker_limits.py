@@ -1,0 +1,199 @@
+"""Workers that cannot fit: `dask worker --memory-limit` too small for a set-up worker,
+a worker lost at its limit, and the setup plugin not outliving the run.
+
+The arithmetic is checked as pure functions; the rest on one `dask scheduler` with
+`dask worker` processes started as a user starts them (tests/test_cli.py's
+`CliCluster`), a worker at a time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from distributed import Client
+
+from pipeline.cluster import ClusterWorker, WorkerLost, live_workers
+from pipeline.runner import TaskRunner
+from pipeline.train import lost_line
+from pipeline.worker_limits import (MemoryRule, limit_problem, memory_loss_notes, memory_rule)
+from tests.helpers import reliability_rows
+from tests.test_cli import CliCluster, error_lines, tiny_args, train
+
+MB = 10 ** 6
+#: fault injected -> the test that injects it (docs/reliability.md lists the same).
+FAULTS = {
+    "`dask worker --memory-limit 250MB` (torch alone is more)":
+        "test_a_too_small_limit_is_refused_before_the_setup",
+    "a run on workers you started ends": "test_the_setup_does_not_outlive_the_run",
+    "a worker's nanny restarts it for memory mid-task":
+        "test_a_worker_its_nanny_restarts_for_memory_is_lost_for_memory",
+}
+
+
+def test_what_dask_lets_a_worker_hold():
+    """The pause fraction (the worker runs nothing above it), the nanny's restart
+    fraction where lower, none without either (False in Dask's config)."""
+    assert memory_rule(0.8, 0.95, nanny=True) == MemoryRule(0.8, "Dask pauses a worker")
+    assert memory_rule(False, 0.95, nanny=True) == MemoryRule(0.95, "its nanny restarts it")
+    assert memory_rule(False, 0.95, nanny=False).fraction == 1.0  # no nanny, no restart
+    assert memory_rule(0.9, 0.7, nanny=True).fraction == 0.7
+
+
+def test_a_limit_below_a_bare_worker_is_named_with_what_it_needs():
+    rule = memory_rule(0.8, 0.95, nanny=True)
+    workers = {"tcp://a:1": {"name": "a", "memory_limit": 250 * MB},
+               "tcp://b:1": {"name": "b", "memory_limit": 0},  # no limit
+               "tcp://c:1": {"name": "c", "memory_limit": 2000 * MB}}
+    rules = {address: rule for address in workers}
+    line = limit_problem(workers, rules, need=270 * MB)
+    assert line is not None and "\n" not in line
+    # 270 MB held must stay under 80 % of the limit: 337.5 MB
+    assert "worker a: 250 MB limit, a worker needs at least 338 MB" in line
+    assert "worker b" not in line and "worker c" not in line and "80 %" in line
+    assert limit_problem(workers, rules, need=150 * MB) is None  # 250 * 0.8 = 200 MB
+    # without a pause fraction, a worker without a nanny may use its whole limit
+    assert limit_problem(workers, {a: MemoryRule(1.0, "") for a in workers}, 240 * MB) is None
+
+
+def test_a_started_worker_s_capacity_is_what_dask_lets_it_hold():
+    from pipeline.capacity import capacities_from
+    workers = [ClusterWorker("tcp://a:1", "a", "CPU", 1, 1.0, "")]
+    reported = {"tcp://a:1": {"memory_limit": 650 * MB}}
+    rules = {"tcp://a:1": memory_rule(0.8, 0.95, nanny=False)}
+    assert capacities_from(workers, {}, reported, {}, rules) == [520 * MB]
+
+
+def test_a_worker_lost_near_its_limit_is_said_to_be_lost_for_memory():
+    rule = memory_rule(0.8, 0.95, nanny=True)
+    seen = {"tcp://a:1": {"memory_limit": 500 * MB, "metrics": {"memory": 395 * MB}},
+            "tcp://b:1": {"memory_limit": 500 * MB, "metrics": {"memory": 200 * MB}},
+            "tcp://c:1": {"memory_limit": 0, "metrics": {"memory": 900 * MB}},
+            "tcp://d:1": {"memory_limit": 500 * MB, "metrics": {"memory": 100 * MB}}}
+    restarted = [(1.0, {"worker": "tcp://d:1", "pid": 7, "rss": 480 * MB})]
+    rules = {address: rule for address in seen}
+    notes = memory_loss_notes(list(seen), restarted, seen, rules)
+    assert set(notes) == {"tcp://a:1", "tcp://d:1"}  # b far below, c without a limit
+    assert "395 MB held of its 500 MB" in notes["tcp://a:1"]
+    assert notes["tcp://d:1"] == ("its nanny restarted it for memory: it held 480 MB of its "
+                                  "500 MB limit")
+
+
+def test_the_line_of_a_worker_lost_for_memory_does_not_suggest_a_resume():
+    lost = WorkerLost("calibration: worker d (its nanny restarted it for memory) left the "
+                      "cluster", ["tcp://d:1"], ["d"], memory=True)
+    assert "train.resume=true" not in lost_line(lost) and "--memory-limit" in lost_line(lost)
+    plain = WorkerLost("step 3: worker d left the cluster", ["tcp://d:1"], ["d"])
+    assert "train.resume=true" in lost_line(plain)
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    """A `dask scheduler`; each test starts (and kills) the workers it needs."""
+    cluster = CliCluster(tmp_path_factory.mktemp("limits"))
+    try:
+        yield cluster, cluster.start_scheduler()
+    finally:
+        cluster.stop()
+
+
+def _stop_workers(cluster: CliCluster, address: str) -> None:
+    """Kill the tests' workers (nanny and child) and wait until the scheduler has
+    none, so that the next test sees only its own."""
+    for process in cluster.processes[1:]:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
+        process.kill()
+        process.wait()
+    del cluster.processes[1:]
+    with Client(address, timeout="10s") as client:
+        deadline = time.monotonic() + 30
+        while live_workers(client) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def _wait_for_workers(address: str, count: int) -> dict[str, dict]:
+    with Client(address, timeout="10s") as client:
+        deadline = time.monotonic() + 60
+        while len(workers := live_workers(client)) < count and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return workers
+
+
+def test_a_too_small_limit_is_refused_before_the_setup(tmp_path, scheduler,
+                                                       tiny_dataset_factory):
+    """`dask worker --memory-limit 250MB` (with its nanny): torch alone is more. The
+    run says so in one line, exit 2, and never sets the worker up, so its nanny does
+    not restart it (before: "Stream is closed", then a restart a second for as long as
+    the worker lived)."""
+    cluster, address = scheduler
+    worker = cluster.start_worker("--memory-limit", "250MB", "--name", "tiny")
+    try:
+        _wait_for_workers(address, 1)
+        child = psutil.Process(worker.pid).children()[-1].pid  # the nanny's worker process
+        result = train(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
+                       "--scheduler", address, timeout=120)
+        lines = error_lines(result)
+        assert result.returncode == 2, result.stderr
+        assert len(lines) == 1 and "worker tiny: 250 MB limit, a worker needs at least" \
+            in lines[0], lines
+        time.sleep(3)  # a setup would have had it restarted by now
+        assert psutil.Process(child).is_running()
+        assert [c.pid for c in psutil.Process(worker.pid).children()][-1] == child
+    finally:
+        _stop_workers(cluster, address)
+
+
+def test_the_setup_does_not_outlive_the_run(tmp_path, scheduler, tiny_dataset_factory):
+    """After a run on workers the user started, the scheduler holds none of its
+    plugins: a worker that joins or restarts later is not set up by a run that
+    ended."""
+    cluster, address = scheduler
+    cluster.start_worker("--name", "plain")
+    try:
+        _wait_for_workers(address, 1)
+        result = train(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
+                       "placement=even", "--scheduler", address, timeout=120)
+        assert result.returncode == 0, result.stderr
+        with Client(address, timeout="10s") as client:
+            plugins = client.run_on_scheduler(
+                lambda dask_scheduler: sorted(dask_scheduler.worker_plugins))
+        assert not [name for name in plugins if name.startswith("cnn-worker-setup")], plugins
+    finally:
+        _stop_workers(cluster, address)
+
+
+def test_a_worker_its_nanny_restarts_for_memory_is_lost_for_memory(scheduler):
+    """A task that fills a `--memory-limit 300MB` worker: its nanny restarts it; the
+    run's runner reports the worker lost for memory (`WorkerLost.memory`), naming
+    what it held of its limit."""
+    cluster, address = scheduler
+    cluster.start_worker("--memory-limit", "300MB", "--name", "full")
+    try:
+        workers = _wait_for_workers(address, 1)
+        [(worker_address, info)] = workers.items()
+        with Client(address, timeout="10s") as client:
+            worker = ClusterWorker(worker_address, "full", "CPU", 1, 1.0, "cpu")
+            runner = TaskRunner(client, [worker], "limits")
+
+            def hog_memory(megabytes: int) -> int:  # nested: sent by value (no tests/ there)
+                import time as worker_time
+                data = b"x" * (megabytes * 10 ** 6)
+                worker_time.sleep(60)
+                return len(data)
+
+            future = runner.submit(hog_memory, 0, 400, name="hog")
+            with pytest.raises(WorkerLost) as lost:
+                runner.gather([future], "filling")
+        assert lost.value.memory, str(lost.value)
+        assert "worker full (its nanny restarted it for memory: it held" in str(lost.value)
+        assert "of its 300 MB limit" in str(lost.value)
+    finally:
+        _stop_workers(cluster, address)
+
+
+def test_reliability_page_lists_these_faults():
+    rows = reliability_rows("## Workers that cannot fit")
+    assert {row[0]: row[-1].strip("`") for row in rows} == FAULTS
+    assert all(callable(globals().get(test)) for test in FAULTS.values())
