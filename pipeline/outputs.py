@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 
 from pipeline.config import RunConfig
 from pipeline.schema import ConfigError
+from storage import checkpoints
 from storage.locks import LockBusy, OwnerLock
 from storage.space import writing
 
@@ -31,6 +32,12 @@ OUTPUTS = RESULTS + ("trace.json", "config.yaml", "record.zarr.partial", "record
 
 class OutputBusy(LockBusy):
     """Another run is writing the output directory."""
+
+
+class RunComplete(Exception):
+    """A resume of a run whose checkpoints already reach its last step: there is nothing
+    to train, and nothing in its output directory is changed. The message is the one
+    line that says so."""
 
 
 class OutputLock(OwnerLock):
@@ -56,6 +63,26 @@ def clear_outputs(output_dir: str) -> None:
             shutil.rmtree(path)
         elif os.path.lexists(path):
             os.remove(path)
+
+
+def refuse_finished_resume(config: RunConfig) -> None:
+    """Raise RunComplete when `config` resumes a run whose newest complete checkpoint,
+    whole, is at or past `train.steps` (a damaged one is left to the resume, which
+    passes over it). Reads only: the record, summary and trace stay as they are."""
+    path = config.checkpoint_path
+    step = checkpoints.latest_complete_step(path) if config.train.resume else None
+    if step is None or step < config.train.steps or checkpoints.damage(path, step):
+        return
+    steps = config.train.steps
+    reached = f"step {step}" if step == steps else f"step {step}, past train.steps {steps}"
+    missing = [name for name in ("record.zarr", "summary.json")
+               if not os.path.lexists(os.path.join(config.output_dir, name))]
+    lost = (f"; its {' and '.join(missing)} were never written (the run was killed after "
+            "its last step), and its per-step figures are gone: --fresh measures them "
+            "again") if missing else ""
+    raise RunComplete(f"{config.name}: the run in {config.output_dir} is complete (its "
+                      f"checkpoints reach {reached}); nothing to resume, nothing changed{lost}"
+                      "; to train on, raise train.steps")
 
 
 @contextmanager

@@ -164,3 +164,8 @@ def test_trains_from_a_cifar10_archive(tmp_path):
     assert record.sizes["step"] == 2
     # which machine gave the figures (its CPU, not only its name: pipeline/probe/machine.py)
     assert record.attrs["machine"] == machine_identity()
+
+
+def run_files(output) -> dict[str, float]:
+    """Every file of a run directory with its modification time."""
+    return {str(path): path.stat().st_mtime_ns for path in output.rglob("*") if path.is_file()}

@@ -56,6 +56,7 @@ FAULTS = {
     # tests/test_signals.py
     "run SIGTERMed mid-run, then resumed": "clean",
     "sweep SIGTERMed mid-sweep, then run again": "clean",
+    "run Ctrl-Ced while the model probes, after its last step, then resumed": "clean",
     # tests/test_full_disk.py
     "disk full mid-run (checkpoints on a small tmpfs)": "clean",
     "disk full mid-sweep, then run again with room": "clean",
