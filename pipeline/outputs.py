@@ -51,8 +51,32 @@ class OutputLock(OwnerLock):
 
 
 def earlier_results(output_dir: str) -> list[str]:
-    """The results of an earlier run found in `output_dir`."""
-    return [name for name in RESULTS if os.path.lexists(os.path.join(output_dir, name))]
+    """The results of an earlier run found in `output_dir`. Checkpoints that hold only
+    the initial weights are none: a run stopped before its first step (an unreachable
+    scheduler, a tag no worker offers) leaves them, and its seed makes them again."""
+    return [name for name in RESULTS if os.path.lexists(os.path.join(output_dir, name))
+            and not (name == "checkpoints.zarr"
+                     and initial_weights_only(os.path.join(output_dir, name)))]
+
+
+def initial_weights_only(path: str) -> bool:
+    """Whether the checkpoint store at `path` has no complete checkpoint past step 0
+    (one it cannot read counts as more: it is left to the user)."""
+    try:
+        return not any(checkpoints.complete_steps(path))
+    except Exception:  # noqa: BLE001 - unreadable: kept, and so refused as results
+        return False
+
+
+def check_earlier_results(config: RunConfig) -> None:
+    """Raise ConfigError if the output directory holds an earlier run's results that
+    `config` neither resumes nor replaces (the run's refusal, and `--check`'s)."""
+    found = earlier_results(config.output_dir)
+    if found and not (config.train.fresh or config.train.resume):
+        raise ConfigError(f"output: {config.output_dir} already holds an earlier run's "
+                          f"results ({', '.join(found)}); pass --fresh (train.fresh=true) "
+                          "to replace them, train.resume=true to continue that run, or "
+                          "choose another output")
 
 
 def clear_outputs(output_dir: str) -> None:
@@ -98,14 +122,9 @@ def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         note = lock.stale_note()
         if note:
             say(note)
-        found = earlier_results(output_dir)
-        if found and config.train.fresh:
+        check_earlier_results(config)
+        if config.train.fresh:
             clear_outputs(output_dir)
-        elif found and not config.train.resume:
-            raise ConfigError(f"output: {output_dir} already holds an earlier run's results "
-                              f"({', '.join(found)}); pass --fresh (train.fresh=true) to "
-                              "replace them, train.resume=true to continue that run, or "
-                              "choose another output")
         yield
     finally:
         lock.release()

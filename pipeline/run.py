@@ -46,6 +46,7 @@ from pipeline.records import (RunRecorder, code_revision, jsonable, left_out_lin
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
+from pipeline.shared_paths import check_workers_see
 from pipeline.step_breakdown import compute_error
 from pipeline.strategies import Strategy
 from pipeline.strategy_choice import choose_strategy
@@ -156,6 +157,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             counted = links.counters() if links is not None else {}
             if offered is None:
                 offered = find_workers(client, config.cluster)
+            if scheduler_address(config.cluster) is not None:  # workers started elsewhere
+                check_workers_see(client, offered, info.path, config.output_dir)
             if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
                 config, strategy, choice = choose_strategy(config, strategy, client, offered)
                 attrs.update(strategy=config.strategy, strategy_choice=json.dumps(choice),

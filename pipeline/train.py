@@ -21,7 +21,7 @@ from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneL
                           stops_on_signals)
 from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost
 from pipeline.config import RunConfig, load_run_config
-from pipeline.outputs import OutputBusy, RunComplete
+from pipeline.outputs import OutputBusy, RunComplete, check_earlier_results
 from pipeline.placement import PlacementError
 from pipeline.preflight import check_embedded_memory, check_embedded_tags, check_run
 from pipeline.records import format_summary
@@ -132,6 +132,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         config, check_only = load_checked(argv)
         loaded.append(config)
         if check_only:
+            check_earlier_results(config)  # as the run would refuse them
             print(f"{config.name}: config and paths are fine ({config.strategy}, "
                   f"output {config.output_dir})")
             return 0
