@@ -23,6 +23,9 @@ from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import psutil
 
+from pipeline.config import shm_workspace_root
+from storage.exchange import remove_own_exchanges
+
 T = TypeVar("T")
 
 CONFIG_ERROR = 2  # the input is wrong: config, option, path
@@ -181,13 +184,17 @@ def stops_on_signals() -> Iterator[None]:
 def stop_now(signum: int) -> NoReturn:
     """Kill this process's children (an embedded cluster's workers) and exit
     128 + `signum` without unwinding: what a second signal asks for. The semaphores
-    of the workers' queues are unlinked first (`unlink_semaphores`)."""
+    of the workers' queues are unlinked first (`unlink_semaphores`), and the
+    workspaces this process made in the default root are removed once its workers
+    are gone (one in `workspace.path` is left to the next run's sweep of stale ones)."""
     print(f"stopped at once by a second signal ({signal.Signals(signum).name})",
           file=sys.stderr)
     unlink_semaphores()
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             child.kill()
+    with contextlib.suppress(OSError):  # its workspaces (the model's probe's too)
+        remove_own_exchanges(shm_workspace_root())
     os._exit(128 + signum)
 
 

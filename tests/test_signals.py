@@ -183,11 +183,15 @@ def test_ctrl_c_while_the_model_probes_keeps_the_finished_run(tmp_path, tiny_dat
 
 
 SLOW_CLEANUP = """
-import time
+import os, time
 from pipeline.cli import Interrupted, stops_on_signals
+from pipeline.config import shm_workspace_root
+from storage.exchange import SlotSpec, create_exchange
 try:
     with stops_on_signals():
-        try:
+        try:  # a workspace of this process's, as a run's (or its probe's)
+            create_exchange(os.path.join(shm_workspace_root(), f"stopped-{os.getpid()}.zarr"),
+                            [SlotSpec("act/0/1", (2, 4), "float32")])
             print("ready", flush=True)
             time.sleep(60)
         finally:  # a run's cleanup (closing the cluster) that hangs
@@ -200,7 +204,7 @@ except Interrupted:
 
 def test_a_second_signal_stops_at_once(monkeypatch):
     """SIGHUP starts the unwinding; a SIGTERM during it ends the process at once,
-    exit 143, without waiting for the cleanup."""
+    exit 143, without waiting for the cleanup, and removes the workspace it made."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
     process = subprocess.Popen([sys.executable, "-c", SLOW_CLEANUP], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -213,6 +217,7 @@ def test_a_second_signal_stops_at_once(monkeypatch):
         assert process.wait(timeout=10) == 128 + signal.SIGTERM
         assert time.monotonic() - started < 5
         assert "stopped at once by a second signal (SIGTERM)" in process.stderr.read()
+        assert not workspaces_of(process.pid)
     finally:
         if process.poll() is None:
             process.kill()
