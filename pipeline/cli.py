@@ -19,9 +19,14 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator, NoReturn
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import psutil
+
+from storage.private import default_workspace_root
+from storage.exchange import remove_own_exchanges
+
+T = TypeVar("T")
 
 CONFIG_ERROR = 2  # the input is wrong: config, option, path
 RUNTIME_ERROR = 1  # the input was fine, the run failed (cluster, worker, disk)
@@ -77,6 +82,9 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        # set where the stop came after the run's last step and its results were
+        # written first (`ResultsFirst`): nothing is left to continue
+        self.after_last_step = False
 
     @property
     def name(self) -> str:
@@ -88,6 +96,56 @@ class Interrupted(KeyboardInterrupt):
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class ResultsFirst:
+    """Once a run's last step is done, a stop must not lose it: from `hold()` on, a
+    first stop signal is noted instead of raised, the run writes its results, and the
+    stop is raised when the block ends (`Interrupted.after_last_step` set). Work that
+    may be cut short (the model's probe) runs through `unless_stopped`, where a stop
+    still raises and ends only that work. A second signal still stops at once
+    (`stops_on_signals`). Without `stops_on_signals` (a run started from a thread, or
+    with Python's own Ctrl-C handling) a KeyboardInterrupt in `unless_stopped` is
+    noted the same way; elsewhere it propagates as it would."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.stop: KeyboardInterrupt | None = None
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def note(self, stop: KeyboardInterrupt) -> None:
+        if self.stop is None:
+            self.stop = stop
+
+    def unless_stopped(self, work: Callable[[], T], stopped: Callable[[str], T]) -> T:
+        """`work()`, or `stopped(name of the stop)` when a stop came before or during it."""
+        if self.stop is None:
+            self.holding = False
+            try:
+                return work()
+            except KeyboardInterrupt as stop:
+                self.note(stop)
+            finally:
+                self.holding = True
+        name = self.stop.name if isinstance(self.stop, Interrupted) else "KeyboardInterrupt"
+        return stopped(name)
+
+    def __enter__(self) -> "ResultsFirst":
+        _HOLDS.append(self)
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: Any) -> None:
+        _HOLDS.remove(self)
+        if error is None and self.stop is not None:
+            if isinstance(self.stop, Interrupted):
+                self.stop.after_last_step = True
+            raise self.stop
+
+
+#: The `ResultsFirst` blocks open in this process, innermost last.
+_HOLDS: list[ResultsFirst] = []
 
 
 @contextlib.contextmanager
@@ -110,6 +168,9 @@ def stops_on_signals() -> Iterator[None]:
         # which tornado logs as a traceback: noise once the user has asked to stop.
         logging.getLogger("tornado.application").setLevel(logging.CRITICAL)
         quiet_dask(logging.CRITICAL + 1)  # the run's own cleanup, said in its one line
+        if _HOLDS and _HOLDS[-1].holding:  # the run's results come first (`ResultsFirst`)
+            _HOLDS[-1].note(Interrupted(signum))
+            return
         raise Interrupted(signum)
 
     previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
@@ -123,13 +184,17 @@ def stops_on_signals() -> Iterator[None]:
 def stop_now(signum: int) -> NoReturn:
     """Kill this process's children (an embedded cluster's workers) and exit
     128 + `signum` without unwinding: what a second signal asks for. The semaphores
-    of the workers' queues are unlinked first (`unlink_semaphores`)."""
+    of the workers' queues are unlinked first (`unlink_semaphores`), and the
+    workspaces this process made in the default root are removed once its workers
+    are gone (one in `workspace.path` is left to the next run's sweep of stale ones)."""
     print(f"stopped at once by a second signal ({signal.Signals(signum).name})",
           file=sys.stderr)
     unlink_semaphores()
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             child.kill()
+    with contextlib.suppress(OSError):  # its workspaces (the model's probe's too)
+        remove_own_exchanges(default_workspace_root())
     os._exit(128 + signum)
 
 

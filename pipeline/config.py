@@ -327,6 +327,13 @@ class WorkspaceConfig:
     sync: Literal["markers", "scheduler"] = "markers"
     wait_timeout: float = 600.0  # seconds a task waits for a peer's data before failing
 
+    def folder(self) -> str | None:
+        """`path` as the workers are handed it: absolute (they resolve a relative path
+        against their own working directory), a URL as written; None when unset."""
+        if not self.path or "://" in self.path:
+            return self.path
+        return os.path.abspath(self.path)
+
     def __post_init__(self) -> None:
         if isinstance(self.channel_quantum, int):
             check_range(self, "channel_quantum", low=1)
@@ -425,12 +432,18 @@ class RunConfig:
 
     # Derived values -------------------------------------------------------------
 
+    # The paths below are absolute: the workers are handed them, and a worker started
+    # in another directory would resolve a relative one against its own.
+
     @property
     def output_dir(self) -> str:
-        return self.output or os.path.join("runs", self.name)
+        return os.path.abspath(self.output or os.path.join("runs", self.name))
 
     @property
     def dataset_path(self) -> str:
+        return os.path.abspath(self._dataset_path())
+
+    def _dataset_path(self) -> str:
         if self.data.path:
             return self.data.path
         train, test = self.data.sample_counts()
@@ -445,8 +458,7 @@ class RunConfig:
         """The absolute directories a run's workers read and write (exchange workspace
         root, unless it is in an object store; dataset store's folder; output
         directory): what linked hosts mount."""
-        directories = [os.path.dirname(os.path.abspath(self.dataset_path)),
-                       os.path.abspath(self.output_dir)]
+        directories = [os.path.dirname(self.dataset_path), self.output_dir]
         if self.cluster.workspace_transport() == "s3":
             return directories
         return [os.path.abspath(self.workspace.path or default_workspace_root()), *directories]

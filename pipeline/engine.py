@@ -62,7 +62,7 @@ def workspace_path(config: RunConfig, run_id: str, workers: list[ClusterWorker])
     if config.cluster.workspace_transport() == "s3":
         return workspace_url(run_id)
     if config.workspace.path:
-        return f"{config.workspace.path.rstrip('/')}/{run_id}.zarr"
+        return f"{config.workspace.folder().rstrip('/')}/{run_id}.zarr"
     shm = "/dev/shm"
     linked = config.cluster.link_rates() is not None
     if (linked or all_local(workers)) and os.path.isdir(shm) and os.access(shm, os.W_OK):

@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 
 from pipeline.config import RunConfig
 from pipeline.schema import ConfigError
+from storage import checkpoints
 from storage.locks import LockBusy, OwnerLock
 from storage.space import writing
 
@@ -33,6 +34,12 @@ class OutputBusy(LockBusy):
     """Another run is writing the output directory."""
 
 
+class RunComplete(Exception):
+    """A resume of a run whose checkpoints already reach its last step: there is nothing
+    to train, and nothing in its output directory is changed. The message is the one
+    line that says so."""
+
+
 class OutputLock(OwnerLock):
     """The lock of one run output directory."""
 
@@ -44,8 +51,32 @@ class OutputLock(OwnerLock):
 
 
 def earlier_results(output_dir: str) -> list[str]:
-    """The results of an earlier run found in `output_dir`."""
-    return [name for name in RESULTS if os.path.lexists(os.path.join(output_dir, name))]
+    """The results of an earlier run found in `output_dir`. Checkpoints that hold only
+    the initial weights are none: a run stopped before its first step (an unreachable
+    scheduler, a tag no worker offers) leaves them, and its seed makes them again."""
+    return [name for name in RESULTS if os.path.lexists(os.path.join(output_dir, name))
+            and not (name == "checkpoints.zarr"
+                     and initial_weights_only(os.path.join(output_dir, name)))]
+
+
+def initial_weights_only(path: str) -> bool:
+    """Whether the checkpoint store at `path` has no complete checkpoint past step 0
+    (one it cannot read counts as more: it is left to the user)."""
+    try:
+        return not any(checkpoints.complete_steps(path))
+    except Exception:  # noqa: BLE001 - unreadable: kept, and so refused as results
+        return False
+
+
+def check_earlier_results(config: RunConfig) -> None:
+    """Raise ConfigError if the output directory holds an earlier run's results that
+    `config` neither resumes nor replaces (the run's refusal, and `--check`'s)."""
+    found = earlier_results(config.output_dir)
+    if found and not (config.train.fresh or config.train.resume):
+        raise ConfigError(f"output: {config.output_dir} already holds an earlier run's "
+                          f"results ({', '.join(found)}); pass --fresh (train.fresh=true) "
+                          "to replace them, train.resume=true to continue that run, or "
+                          "choose another output")
 
 
 def clear_outputs(output_dir: str) -> None:
@@ -56,6 +87,26 @@ def clear_outputs(output_dir: str) -> None:
             shutil.rmtree(path)
         elif os.path.lexists(path):
             os.remove(path)
+
+
+def refuse_finished_resume(config: RunConfig) -> None:
+    """Raise RunComplete when `config` resumes a run whose newest complete checkpoint,
+    whole, is at or past `train.steps` (a damaged one is left to the resume, which
+    passes over it). Reads only: the record, summary and trace stay as they are."""
+    path = config.checkpoint_path
+    step = checkpoints.latest_complete_step(path) if config.train.resume else None
+    if step is None or step < config.train.steps or checkpoints.damage(path, step):
+        return
+    steps = config.train.steps
+    reached = f"step {step}" if step == steps else f"step {step}, past train.steps {steps}"
+    missing = [name for name in ("record.zarr", "summary.json")
+               if not os.path.lexists(os.path.join(config.output_dir, name))]
+    lost = (f"; its {' and '.join(missing)} were never written (the run was killed after "
+            "its last step), and its per-step figures are gone: --fresh measures them "
+            "again") if missing else ""
+    raise RunComplete(f"{config.name}: the run in {config.output_dir} is complete (its "
+                      f"checkpoints reach {reached}); nothing to resume, nothing changed{lost}"
+                      "; to train on, raise train.steps")
 
 
 @contextmanager
@@ -71,14 +122,9 @@ def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         note = lock.stale_note()
         if note:
             say(note)
-        found = earlier_results(output_dir)
-        if found and config.train.fresh:
+        check_earlier_results(config)
+        if config.train.fresh:
             clear_outputs(output_dir)
-        elif found and not config.train.resume:
-            raise ConfigError(f"output: {output_dir} already holds an earlier run's results "
-                              f"({', '.join(found)}); pass --fresh (train.fresh=true) to "
-                              "replace them, train.resume=true to continue that run, or "
-                              "choose another output")
         yield
     finally:
         lock.release()

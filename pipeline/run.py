@@ -28,6 +28,7 @@ from distributed import Client
 
 from pipeline.checkpointing import prepare_checkpoints
 from pipeline.capacity import capacities_explained, worker_capacities
+from pipeline.cli import ResultsFirst
 from pipeline.cluster import (ClusterWorker, find_workers, live_workers, open_run_client,
                               register_setup, scheduler_address, workers_set_up)
 from pipeline.config import RunConfig
@@ -36,7 +37,7 @@ from pipeline.engine import StepEngine
 from pipeline.evaluate import test_accuracy
 from pipeline.links import LinkedHosts
 from pipeline.loop import train_loop
-from pipeline.outputs import owned_output
+from pipeline.outputs import owned_output, refuse_finished_resume
 from pipeline.prediction import predict_point
 from pipeline.preflight import check_run, fit_even_split
 from pipeline.recovery import History, split_of, train_with_recovery
@@ -46,6 +47,7 @@ from pipeline.records import (RunRecorder, code_revision, jsonable, left_out_lin
 from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.schema import ConfigError, to_dict
 from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
+from pipeline.shared_paths import check_workers_see
 from pipeline.step_breakdown import compute_error
 from pipeline.strategies import Strategy
 from pipeline.strategy_choice import choose_strategy
@@ -120,6 +122,7 @@ def run_training(config: RunConfig, client: Client | None = None,
         notes.append(line)
 
     with owned_output(config, say):
+        refuse_finished_resume(config)
         return _train(config, strategy, client, offered, links, say, notes)
 
 
@@ -147,7 +150,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
     history = History()
     split: dict[str, Any] = {}  # the split as the strategy records it (kernel_split, ...)
     startup = Startup(config.name, config.progress)
-    with ExitStack() as stack:
+    finish = ResultsFirst()  # once every step is done, the results are written first
+    with finish, ExitStack() as stack:
         if strategy.uses_cluster:
             configure_process(1)  # the client must not fight the workers for cores
             if client is None:
@@ -155,6 +159,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             counted = links.counters() if links is not None else {}
             if offered is None:
                 offered = find_workers(client, config.cluster)
+            if scheduler_address(config.cluster) is not None:  # workers started elsewhere
+                check_workers_see(client, offered, info.path, config.output_dir)
             if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
                 config, strategy, choice = choose_strategy(config, strategy, client, offered)
                 attrs.update(strategy=config.strategy, strategy_choice=json.dumps(choice),
@@ -199,6 +205,7 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             with contextlib.suppress(OSError):  # the trace so far, if there is room; the
                 trace()  # error that stopped the run is the one to report
             raise
+        finish.hold()  # every step is done: a stop now waits for the results
         with writing("output directory", config.output_dir):
             trace()
         if strategy.uses_cluster and links is not None:  # before the links go
@@ -208,15 +215,23 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         changed = bool(history.recoveries or history.joins)
         used = {"split_workers": json.loads(attrs["split_workers"])} \
             if "split_workers" in attrs else {}
-        prediction = predict_run(config, {**split, **used, **recorder.task_steps_median(
-            config.train.warmup_steps)}, client, offered, changed)
-    accuracy = None
-    if config.train.eval_samples:
-        samples = min(config.train.eval_samples, info.test_samples)
-        weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
-        accuracy = test_accuracy(network, weights, info.path, samples)
-    return _write_results(config, info, attrs, list(split), recorder, history, notes, started,
-                          accuracy, prediction, in_client=not strategy.uses_cluster)
+        prediction = finish.unless_stopped(lambda: predict_run(
+            config, {**split, **used, **recorder.task_steps_median(config.train.warmup_steps)},
+            client, offered, changed), prediction_stopped)
+        accuracy = None
+        if config.train.eval_samples:
+            samples = min(config.train.eval_samples, info.test_samples)
+            weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+            accuracy = test_accuracy(network, weights, info.path, samples)
+        return _write_results(config, info, attrs, list(split), recorder, history, notes,
+                              started, accuracy, prediction, in_client=not strategy.uses_cluster)
+
+
+def prediction_stopped(signal_name: str) -> dict[str, Any]:
+    """The prediction of a run stopped while the model probed its cluster: none."""
+    return {"predicted_step_time": None,
+            "prediction_note": f"stopped ({signal_name}) while the model probed the cluster; "
+                               "the run's results are complete without its prediction"}
 
 
 def check_memory_before_placing(client: Client, config: RunConfig,

@@ -21,7 +21,7 @@ from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneL
                           stops_on_signals)
 from pipeline.cluster import ClusterError, SchedulerLost, WorkerLost
 from pipeline.config import RunConfig, load_run_config
-from pipeline.outputs import OutputBusy
+from pipeline.outputs import OutputBusy, RunComplete, check_earlier_results
 from pipeline.placement import PlacementError
 from pipeline.preflight import check_embedded_memory, check_embedded_tags, check_run
 from pipeline.records import format_summary
@@ -85,6 +85,9 @@ def interrupted_line(stop: Interrupted, config: RunConfig | None, argv: list[str
     command that continues from there (steps since are done again)."""
     if config is None:
         return f"interrupted ({stop.name})"
+    if stop.after_last_step:
+        return (f"interrupted ({stop.name}) after the last step: the run is complete, its "
+                f"record and summary are written ({config.output_dir}); nothing to continue")
     step = checkpoints.latest_complete_step(config.checkpoint_path)
     if step is None:
         return (f"interrupted ({stop.name}) before the first checkpoint; run the same "
@@ -152,10 +155,14 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         config, check_only = load_checked(argv)
         loaded.append(config)
         if check_only:
+            check_earlier_results(config)  # as the run would refuse them
             print(f"{config.name}: config and paths are fine ({config.strategy}, "
                   f"output {config.output_dir})")
             return 0
         result = run_training(config)
+    except RunComplete as complete:
+        print(complete)
+        return 0
     except OutputBusy as error:
         return fail(error, IN_USE)
     except NoSpace as error:

@@ -54,7 +54,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import fsspec
 import numpy as np
@@ -157,12 +157,10 @@ def _owner_gone(record: dict) -> bool:
     return abs(started - float(record.get("process_started", started))) > 1.0
 
 
-def remove_stale_exchanges(parent: str) -> list[str]:
-    """Remove the workspaces in local folder `parent` left by dead runs of this host;
-    one line per workspace removed, saying whose it was."""
+def _owned_workspaces(parent: str) -> Iterator[tuple[str, dict]]:
+    """The workspaces in local folder `parent` with an owner record: (path, record)."""
     if not _is_local(parent) or not os.path.isdir(_local(parent)):
-        return []
-    removed = []
+        return
     for entry in sorted(os.scandir(_local(parent)), key=lambda e: e.name):
         if not (entry.name.endswith(".zarr") and entry.is_dir(follow_symlinks=False)):
             continue
@@ -171,11 +169,28 @@ def remove_stale_exchanges(parent: str) -> list[str]:
                 record = json.load(handle)
         except (OSError, ValueError):
             continue  # no owner record: not ours, older, or being created
-        if isinstance(record, dict) and _owner_gone(record):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(f"note: removed the stale workspace {entry.path} of a dead run "
+        if isinstance(record, dict):
+            yield entry.path, record
+
+
+def remove_stale_exchanges(parent: str) -> list[str]:
+    """Remove the workspaces in local folder `parent` left by dead runs of this host;
+    one line per workspace removed, saying whose it was."""
+    removed = []
+    for path, record in _owned_workspaces(parent):
+        if _owner_gone(record):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(f"note: removed the stale workspace {path} of a dead run "
                            f"(pid {record.get('pid')} on {record.get('host')})")
     return removed
+
+
+def remove_own_exchanges(parent: str) -> None:
+    """Remove the workspaces in local folder `parent` that this process made: what an
+    exit without unwinding (a second stop signal) would leave for the next run."""
+    for path, record in _owned_workspaces(parent):
+        if record.get("pid") == os.getpid() and record.get("host") == socket.gethostname():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_exchange(path: str) -> None:

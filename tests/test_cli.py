@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -35,9 +38,11 @@ def error_lines(result: subprocess.CompletedProcess) -> list[str]:
 
 
 class CliCluster:
-    """Processes started the way a user starts them by hand."""
+    """Processes started the way a user starts them by hand: each in a terminal of its
+    own, in a directory of their own (`tmp_path`), not the run's."""
 
     def __init__(self, tmp_path) -> None:
+        self.directory = tmp_path
         self.scheduler_file = tmp_path / "scheduler.json"
         self.logs = open(tmp_path / "cluster.log", "w")
         self.processes: list[subprocess.Popen] = []
@@ -47,7 +52,7 @@ class CliCluster:
             [os.path.join(BIN, "dask"), "scheduler", "--scheduler-file",
              str(self.scheduler_file), "--host", "127.0.0.1", "--port", "0",
              "--dashboard-address", "127.0.0.1:0"],  # loopback only, as the project's own
-            stdout=self.logs, stderr=self.logs))
+            stdout=self.logs, stderr=self.logs, cwd=self.directory))
         deadline = time.monotonic() + 60
         while not self.scheduler_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -68,7 +73,7 @@ class CliCluster:
             [os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
              "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
              "--dashboard-address", "127.0.0.1:0", *extra],
-            stdout=self.logs, stderr=self.logs)
+            stdout=self.logs, stderr=self.logs, cwd=self.directory)
         self.processes.append(process)
         return process
 
@@ -164,3 +169,121 @@ def test_trains_from_a_cifar10_archive(tmp_path):
     assert record.sizes["step"] == 2
     # which machine gave the figures (its CPU, not only its name: pipeline/probe/machine.py)
     assert record.attrs["machine"] == machine_identity()
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_files(output) -> dict[str, float]:
+    """Every file of a run directory with its modification time."""
+    return {str(path): path.stat().st_mtime_ns for path in output.rglob("*") if path.is_file()}
+
+
+def test_relative_paths_reach_workers_started_elsewhere(tmp_path, cli_cluster, monkeypatch):
+    """The scheduler and workers run in a directory of their own (`CliCluster`); the
+    run, started in another, names its output and dataset relatively. The client hands
+    the workers absolute paths: they read the dataset the client built and write the
+    checkpoints where it reads them. Resumed once finished, the run says it is
+    complete in one line, exit 0, and changes nothing."""
+    from tests.test_faults import FAULTS
+    assert FAULTS["scheduler and workers started in another directory, relative "
+                  "paths"] == "survived"
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    args = [*tiny_args(tmp_path, "data/tiny.zarr"), "output=runs/relative", "placement=even",
+            "--scheduler", cli_cluster]
+    status, lines, _out = run_main("train", args)
+    assert status == 0, lines
+    output = project / "runs" / "relative"
+    record = xr.open_zarr(output / "record.zarr")
+    assert record.sizes["worker"] == 2 and record.sizes["step"] == 3
+    assert record.attrs["dataset"] == str(project / "data" / "tiny.zarr")
+    assert not list(tmp_path.glob("cli*/runs")) and not list(tmp_path.glob("cli*/data"))
+    before = run_files(output)
+    status, lines, out = run_main("train", [*args, "train.resume=true"])
+    assert (status, lines) == (0, []), lines
+    assert out.splitlines() == [f"small: the run in {output} is complete (its checkpoints "
+                                "reach step 3); nothing to resume, nothing changed; to train "
+                                "on, raise train.steps"]
+    assert run_files(output) == before
+
+
+def test_a_run_refused_before_its_first_step_leaves_nothing_in_the_way(
+        tmp_path, cli_cluster, tiny_dataset_factory):
+    """Refused because its scheduler is unreachable, or because no worker offers its
+    tag: one line, exit 1, and the corrected command runs (the initial weights a
+    refused run wrote are no earlier results). `--check` says what the run would:
+    fine here, and, once the run has finished, the same refusal."""
+    from tests.test_faults import FAULTS
+    assert FAULTS["run refused: scheduler unreachable, then the corrected command"] == "clean"
+    assert FAULTS["run refused: no worker offers its tag, then the corrected command"] == \
+        "clean"
+    args = [*tiny_args(tmp_path, tiny_dataset_factory("float32")), "placement=even"]
+    unreachable = f"tcp://127.0.0.1:{unused_port()}"
+    status, lines, _out = run_main("train", [*args, "--scheduler", unreachable])
+    assert status == 1 and len(lines) == 1 and unreachable in lines[0], lines
+    status, lines, _out = run_main("train", [*args, "--scheduler", cli_cluster,
+                                             "cluster.resource=NONE", "cluster.wait_timeout=1"])
+    assert status == 1 and len(lines) == 1 and "NONE" in lines[0], lines
+    corrected = [*args, "--scheduler", cli_cluster]
+    status, lines, out = run_main("train", [*corrected, "--check"])
+    assert status == 0 and "config and paths are fine" in out, lines
+    status, lines, _out = run_main("train", corrected)
+    assert status == 0, lines
+    refusals = [run_main("train", [*corrected, *check]) for check in (["--check"], [])]
+    assert refusals[0][:2] == refusals[1][:2], refusals
+    status, lines, _out = refusals[0]
+    assert status == 2 and "already holds an earlier run's results" in lines[0], lines
+
+
+def test_a_worker_that_does_not_see_the_output_is_named(tmp_path, cli_cluster,
+                                                        tiny_dataset_factory):
+    """A worker in a mount namespace of its own, where a tmpfs hides the run's output
+    directory (a host without the shared disk): the run stops before its first step
+    with one line naming the worker and the folder, exit 1."""
+    from tests.test_faults import FAULTS
+    assert FAULTS["a worker does not see the output directory"] == "clean"
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a worker in its own mount namespace")
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    worker = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs hidden {shlex.quote(str(hidden))} && exec "
+         f"{shlex.quote(os.path.join(BIN, 'dask'))} worker {cli_cluster} --no-nanny "
+         "--name elsewhere --nthreads 1 --resources ELSEWHERE=1 --host 127.0.0.1 "
+         "--dashboard-address 127.0.0.1:0"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        status, lines, _out = run_main("train", [
+            *tiny_args(hidden, tiny_dataset_factory("float32")), "placement=even",
+            "--scheduler", cli_cluster, "cluster.resource=ELSEWHERE"])
+    finally:
+        worker.kill()
+        worker.wait()
+    assert status == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("error: worker elsewhere (tcp://127.0.0.1:") and \
+        f"does not see the run's output directory {hidden / 'run'}:" in lines[0], lines
+    assert not list((hidden / "run").glob(".hetcnn-seen-*"))
+
+
+def test_the_first_worker_missing_a_folder_is_named():
+    """`first_unseen`: the run's first worker (in its order) that misses a folder, and
+    which; an answer that is not True (a worker's error) counts as missing."""
+    from pipeline.cluster import ClusterWorker
+    from pipeline.shared_paths import first_unseen
+
+    workers = [ClusterWorker(f"tcp://h{i}:1", f"w{i}", "CPU", 1, 1.0) for i in range(3)]
+    shown = {"dataset store": "/d/x.zarr", "output directory": "/runs/x"}
+    everywhere = {w.address: True for w in workers}
+    assert first_unseen({what: everywhere for what in shown}, workers, shown) is None
+    seen = {"dataset store": {**everywhere, "tcp://h2:1": False},
+            "output directory": {**everywhere, "tcp://h1:1": OSError("gone")}}
+    line = first_unseen(seen, workers, shown)
+    assert line.startswith("worker w1 (tcp://h1:1) does not see the run's output directory "
+                           "/runs/x: "), line

@@ -56,6 +56,12 @@ FAULTS = {
     # tests/test_signals.py
     "run SIGTERMed mid-run, then resumed": "clean",
     "sweep SIGTERMed mid-sweep, then run again": "clean",
+    "run Ctrl-Ced while the model probes, after its last step, then resumed": "clean",
+    # tests/test_cli.py (a cluster started by hand)
+    "scheduler and workers started in another directory, relative paths": "survived",
+    "run refused: scheduler unreachable, then the corrected command": "clean",
+    "run refused: no worker offers its tag, then the corrected command": "clean",
+    "a worker does not see the output directory": "clean",
     # tests/test_full_disk.py
     "disk full mid-run (checkpoints on a small tmpfs)": "clean",
     "disk full mid-sweep, then run again with room": "clean",

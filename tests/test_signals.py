@@ -29,7 +29,7 @@ from pipeline.config import load_run_config
 from pipeline.sampler import step_indices
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, run_main
-from tests.test_cli import ROOT, tiny_args
+from tests.test_cli import ROOT, run_files, tiny_args
 from tests.test_faults import FAULTS, train_process, wait_for_checkpoint
 from tests.test_sweep import write_sweep
 
@@ -49,6 +49,23 @@ def workspaces_of(pid: int) -> list[str]:
     return found
 
 
+def stop_with(process: subprocess.Popen, signum: int) -> list[str]:
+    """Send `signum` to `process` and wait for it to end: its non-empty stderr lines,
+    once it has exited 128 + `signum` leaving no child process and no workspace."""
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signum)
+        _out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signum, err
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert children and not alive, alive
+    assert not workspaces_of(process.pid)
+    return [line for line in err.splitlines() if line.strip()]
+
+
 def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_dataset_factory,
                                                                monkeypatch):
     assert FAULTS["run SIGTERMed mid-run, then resumed"] == "clean"
@@ -62,23 +79,15 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
     path = str(tmp_path / "run" / "checkpoints.zarr")
     try:
         wait_for_checkpoint(path, 5, run)
-        process = psutil.Process(run.pid)
-        children = process.children(recursive=True)
-        assert workspaces_of(run.pid)  # the check below would notice its removal
-        run.send_signal(signal.SIGTERM)
-        _out, err = run.communicate(timeout=60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 128 + signal.SIGTERM, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err  # and so no "leaked semaphore" warning either
+        assert workspaces_of(run.pid)  # `stop_with` would notice its removal
+    except BaseException:
+        run.kill()
+        raise
+    lines = stop_with(run, signal.SIGTERM)
+    assert len(lines) == 1, lines  # and so no "leaked semaphore" warning either
     last = checkpoints.latest_complete_step(path)
     assert lines[0].startswith(f"interrupted (SIGTERM): the last complete checkpoint is "
                                f"step {last} ") and last >= 5, lines
-    gone, alive = psutil.wait_procs(children, timeout=10)
-    assert children and not alive, alive
-    assert not workspaces_of(run.pid)
     command = shlex.split(lines[0].split("continue from it with: ", 1)[1])
     assert command[-1] == "train.resume=true" and "--fresh" not in command
     assert command[:3] == [sys.executable, "-m", "pipeline.train"], command
@@ -117,19 +126,12 @@ def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
         for line in sweep.stdout:  # a point's line ends "... s/step ..."
             if "s/step" in line:
                 break
-        children = psutil.Process(sweep.pid).children(recursive=True)
-        sweep.send_signal(signal.SIGTERM)
-        _out, err = sweep.communicate(timeout=60)
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
-    assert sweep.returncode == 128 + signal.SIGTERM, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines == ["interrupted (SIGTERM): finished points are kept; run the same command "
-                     "again to resume"], err  # one line: no "leaked semaphore" either
-    gone, alive = psutil.wait_procs(children, timeout=10)
-    assert children and not alive, alive
-    assert not workspaces_of(sweep.pid)
+    except BaseException:
+        sweep.kill()
+        raise
+    assert stop_with(sweep, signal.SIGTERM) == [
+        "interrupted (SIGTERM): finished points are kept; run the same command again to "
+        "resume"]  # one line: no "leaked semaphore" either
     ds = xr.open_zarr(store).load()
     done = np.flatnonzero(ds.status.values.ravel() == DONE)
     before = {i: (ds.run_id.values.ravel()[i], ds.step_time.values.ravel()[i]) for i in done}
@@ -144,12 +146,52 @@ def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
         assert (ds.run_id.values.ravel()[index], ds.step_time.values.ravel()[index]) == point
 
 
+def test_ctrl_c_while_the_model_probes_keeps_the_finished_run(tmp_path, tiny_dataset_factory,
+                                                              monkeypatch):
+    """Ctrl-C once every step is done, while `prediction: auto` probes the cluster (no
+    probe cached): the probe ends, its workspace goes, and the run writes its record
+    and summary (without a prediction, saying why) before one line says it is
+    complete; exit 130. Resumed, it says it is complete and changes nothing."""
+    assert FAULTS["run Ctrl-Ced while the model probes, after its last step, "
+                  "then resumed"] == "clean"
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))  # nothing cached
+    args = [*tiny_args(tmp_path, tiny_dataset_factory("float32")), "placement=even",
+            "prediction=auto"]
+    run = train_process(*args)
+    output = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 120
+        while not any(name.startswith("probe-") for name in workspaces_of(run.pid)):
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "the probe did not start"
+            time.sleep(0.02)
+    except BaseException:
+        run.kill()
+        raise
+    assert stop_with(run, signal.SIGINT) == [
+        f"interrupted (SIGINT) after the last step: the run is complete, its record and "
+        f"summary are written ({output}); nothing to continue"]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["predicted_step_time"] is None
+    assert summary["prediction_note"].startswith("stopped (SIGINT) while the model probed")
+    assert xr.open_zarr(output / "record.zarr").sizes["step"] == 3
+    before = run_files(output)
+    status, lines, out = run_main("train", [*args, "train.resume=true"])
+    assert (status, lines) == (0, []) and "is complete" in out, (status, lines, out)
+    assert run_files(output) == before
+
+
 SLOW_CLEANUP = """
-import time
+import os, time
 from pipeline.cli import Interrupted, stops_on_signals
+from storage.private import default_workspace_root
+from storage.exchange import SlotSpec, create_exchange
 try:
     with stops_on_signals():
-        try:
+        try:  # a workspace of this process's, as a run's (or its probe's)
+            create_exchange(os.path.join(default_workspace_root(), f"stopped-{os.getpid()}.zarr"),
+                            [SlotSpec("act/0/1", (2, 4), "float32")])
             print("ready", flush=True)
             time.sleep(60)
         finally:  # a run's cleanup (closing the cluster) that hangs
@@ -162,7 +204,7 @@ except Interrupted:
 
 def test_a_second_signal_stops_at_once(monkeypatch):
     """SIGHUP starts the unwinding; a SIGTERM during it ends the process at once,
-    exit 143, without waiting for the cleanup."""
+    exit 143, without waiting for the cleanup, and removes the workspace it made."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
     process = subprocess.Popen([sys.executable, "-c", SLOW_CLEANUP], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -175,6 +217,48 @@ def test_a_second_signal_stops_at_once(monkeypatch):
         assert process.wait(timeout=10) == 128 + signal.SIGTERM
         assert time.monotonic() - started < 5
         assert "stopped at once by a second signal (SIGTERM)" in process.stderr.read()
+        assert not workspaces_of(process.pid)
     finally:
         if process.poll() is None:
             process.kill()
+
+
+RESULTS_FIRST = """
+import os, signal
+from pipeline.cli import Interrupted, ResultsFirst, stops_on_signals
+
+def probe():
+    os.kill(os.getpid(), signal.SIGINT)  # cuts the probe short
+    return "probed"
+
+try:
+    with stops_on_signals(), ResultsFirst() as finish:
+        finish.hold()
+        os.kill(os.getpid(), signal.SIGTERM)  # after the last step: noted
+        print("went on", flush=True)
+        print(finish.unless_stopped(probe, lambda name: "skipped after " + name), flush=True)
+        print("results written", flush=True)
+except Interrupted as stop:
+    print(stop.name, stop.after_last_step, flush=True)
+with stops_on_signals(), ResultsFirst() as finish:
+    finish.hold()
+    print(finish.unless_stopped(lambda: "probed", str), flush=True)
+try:
+    with stops_on_signals(), ResultsFirst() as finish:
+        finish.hold()
+        print(finish.unless_stopped(probe, lambda name: "stopped in it by " + name), flush=True)
+except Interrupted as stop:
+    print(stop.name, stop.after_last_step, flush=True)
+"""
+
+
+def test_a_stop_after_the_last_step_waits_for_the_results(monkeypatch):
+    """`ResultsFirst`: once held, a first stop signal is noted and raised only when the
+    block ends (marked as after the last step); work run through `unless_stopped` is
+    skipped after it, or cut short by one during it, and the block goes on."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    result = subprocess.run([sys.executable, "-c", RESULTS_FIRST], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.splitlines() == [
+        "went on", "skipped after SIGTERM", "results written", "SIGTERM True",
+        "probed", "stopped in it by SIGINT", "SIGINT True"], result.stderr

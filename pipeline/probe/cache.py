@@ -76,7 +76,7 @@ def probe_workspace_dir(config: RunConfig) -> str | None:
     disk, where an sftp access took about twice as long); otherwise None (the engine
     chooses, as for a run)."""
     if config.workspace.path:
-        return config.workspace.path
+        return config.workspace.folder()
     if config.cluster.link_rates() is not None:
         return default_workspace_root()
     return None
