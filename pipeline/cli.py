@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import psutil
 
-from storage.private import default_workspace_root
 from storage.exchange import remove_own_exchanges
+from storage.private import default_workspace_root
 
 T = TypeVar("T")
 

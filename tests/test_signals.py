@@ -185,8 +185,8 @@ def test_ctrl_c_while_the_model_probes_keeps_the_finished_run(tmp_path, tiny_dat
 SLOW_CLEANUP = """
 import os, time
 from pipeline.cli import Interrupted, stops_on_signals
-from storage.private import default_workspace_root
 from storage.exchange import SlotSpec, create_exchange
+from storage.private import default_workspace_root
 try:
     with stops_on_signals():
         try:  # a workspace of this process's, as a run's (or its probe's)
