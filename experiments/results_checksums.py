@@ -43,6 +43,9 @@ from storage.space import replace_file
 RECORD = "checksums.json"
 RECORD_KIND = "hetcnn-sweep-checksums/1"
 METADATA = "zarr.json"
+#: A status file without its record, or a record without its status file, is also
+#: what a sweep stopped in the milliseconds between the two leaves.
+STOPPED_WRITING = "(damaged, or a sweep stopped while writing the point)"
 
 
 class StoreDamaged(Exception):
@@ -274,16 +277,18 @@ class Checksums:
         shape = tuple(len(self.data["labels"][d]) for d in self.data["dims"])
         result = Verification(np.zeros(shape, dtype=np.int8))
         result.derived = self._compare(self.data["derived"], set(derived))
-        status_name = "status/c/"
         for key in sorted(set(self.data["points"]) | set(by_point)):
             entry = self.data["points"].get(key)
             present = by_point.get(key, set())
+            status_file = f"status/c/{key}"
             if entry is None:
-                if f"{status_name}{key}" in present:  # a status no write recorded
-                    result.damaged[key] = Damage(f"{status_name}{key}", "was not written "
-                                                 "by the sweep (no checksum recorded)")
+                if status_file in present:  # a status no write recorded
+                    result.damaged[key] = Damage(status_file, "has no recorded checksum "
+                                                 f"{STOPPED_WRITING}")
                 continue  # else leftovers of a write stopped before its record: pending
             damage = self._compare(entry["files"], present)
+            if damage == Damage(status_file, "is missing"):
+                damage = Damage(status_file, f"is missing {STOPPED_WRITING}")
             if damage is not None:
                 result.damaged[key] = damage
             else:

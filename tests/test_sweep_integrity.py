@@ -22,7 +22,7 @@ import pytest
 import xarray as xr
 
 from experiments import report
-from experiments.results import DONE, ResultStore
+from experiments.results import DONE, FAILED, PENDING, ResultStore, build_template
 from experiments.sweep_config import load_sweep
 from experiments.sweep_run import run_sweep
 from storage.labelled import write_dataset
@@ -189,6 +189,33 @@ def test_a_damaged_scaling_store_is_named(tmp_path, capsys):
     assert "run the same sweep command again" in lines[0]
     assert run_main("sweep", [config, "--out", store])[0] == 0
     assert report_lines(store, capsys)[0] == 0
+
+
+def test_a_write_stopped_at_any_step_never_leaves_a_point_done(tmp_path):
+    """The store alone (no training): a failed point rewritten as done, its write's
+    steps taken by hand, the store verified after each as a sweep killed there would
+    leave it: pending (or damaged, once recorded without its status), never done."""
+    sweep = load_sweep(write_sweep(tmp_path, "unused.zarr", {"train.batch": [8, 16]}),
+                       out=str(tmp_path / "steps.zarr"))
+    store = ResultStore(sweep.store_path)
+    store.create(build_template(sweep, {"fingerprint": sweep.fingerprint}))
+    store.write_failure((0, 0), "ClusterError: gone", {}, {})
+
+    def verdict() -> tuple[int, str]:
+        found = ResultStore(sweep.store_path).record.verify()
+        return int(found.status[0, 0]), str(found.damaged.get("0/0", ""))
+
+    assert verdict() == (FAILED, "")
+    group = store._begin((0, 0))  # the entry, then the point's files, go
+    assert verdict() == (PENDING, "")
+    group["step_time"][0, 0] = 0.5  # figures written, not yet recorded
+    assert verdict() == (PENDING, "")
+    store.record.record_point((0, 0), DONE, store._status_file(DONE))
+    status, damage = verdict()  # recorded, its status not yet written
+    assert status == PENDING and damage == ("status/c/0/0 is missing (damaged, or a sweep "
+                                            "stopped while writing the point)")
+    group["status"][0, 0] = DONE
+    assert verdict() == (DONE, "")
 
 
 def test_verification_is_quick(finished):
