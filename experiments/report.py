@@ -24,6 +24,11 @@ Writes, into ``<store>.report/`` next to the store (or ``--out DIR``):
   (:mod:`experiments.report_growth`; stores with the parts and a batch or workers dim);
 - ``report.md``: provenance, the figures, the main table and any failures.
 
+The store's checksums are verified first: a damaged file (a point's, the
+coordinates', the metadata's) is one line naming it and exit 1, and nothing is
+drawn; the sweep's same command runs damaged points again. A store of the format
+before checksums is reported with a warning that nothing could be checked.
+
 A scaling store (``mode: scaling``, predictions over hypothetical clusters) gets
 its own figures instead: which strategy wins over devices x batch and devices x
 bandwidth, and the speedup curves (:mod:`experiments.scaling_report`).
@@ -54,7 +59,7 @@ from experiments.report_markdown import write_markdown
 from experiments.report_memory import memory_figure
 from experiments.report_strategies import strategies_figure
 from experiments.report_view import StoreView
-from experiments.results import STORE_FORMAT
+from experiments.results import ResultStore, StoreDamaged, StoreMismatch
 from experiments.scaling_report import make_scaling_report
 
 
@@ -71,11 +76,17 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
     """Write the figures and report.md; returns the paths written."""
     if not os.path.exists(store):
         raise ReportError(f"{store}: no such results store")
+    try:  # StoreDamaged (a damaged file, named) passes to the caller
+        unchecked = ResultStore(store).verify_for_reading()
+    except StoreMismatch as error:
+        raise ReportError(str(error)) from None
+    if unchecked:
+        print(unchecked, file=sys.stderr)
     try:
         ds = xr.open_zarr(store).load()
     except Exception as error:  # noqa: BLE001 - any unreadable store gets one line
         raise ReportError(f"{store}: not a readable Zarr store ({error})") from None
-    if ds.attrs.get("store_format") != STORE_FORMAT or "status" not in ds:
+    if "status" not in ds:
         raise ReportError(f"{store}: not a sweep results store")
     out_dir = out_dir or default_out_dir(store)
     os.makedirs(out_dir, exist_ok=True)
@@ -113,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except StoreDamaged as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     for path in paths:
         print(path)
     return 0

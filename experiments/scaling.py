@@ -41,8 +41,8 @@ import xarray as xr
 
 from experiments import hardware as hw
 from experiments.provenance import code_revision, machine_info
-from experiments.results import (DONE, FAILED, STORE_FORMAT, ResultStore, SweepLock,
-                                 StoreMismatch, _axis_coords)
+from experiments.results import (DONE, FAILED, STORE_FORMAT, ResultStore, StoreMismatch,
+                                 SweepLock, _axis_coords, record_whole_store)
 from experiments.scaling_config import (ScalingPoint, ScalingSweep, network_of, options_of,
                                         point_strategy)
 from experiments.scaling_view import one_device_only
@@ -287,6 +287,7 @@ def _replace_store(ds: xr.Dataset, path: str) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
     staging = f"{stem}.scaling-writing-{os.getpid()}"
     write_dataset(ds, staging, mode="w")
+    record_whole_store(staging)
     old = f"{stem}.scaling-old-{os.getpid()}"
     if os.path.exists(path):
         os.rename(path, old)

@@ -16,7 +16,9 @@ Results go to one Zarr store (default ``results/<name>.zarr``), one point at a
 time, so running the same command again resumes; ``--fresh`` starts over.
 
 Exit status: 0 all points done, 1 some point failed (each is recorded with its
-reason, and the sweep went on), 2 bad config or a store of another sweep, 3 the
+reason, and the sweep went on) or the store's metadata is damaged (one line naming
+the file; a damaged point is only named, and runs again), 2 bad config or a store
+of another sweep (or of the format before checksums), 3 the
 store is in use by another sweep, 128 + the signal's number when stopped by Ctrl-C
 (130), SIGHUP (129) or SIGTERM (143); the point being run stays pending, so the
 same command resumes (a second signal stops at once).
@@ -36,7 +38,9 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from experiments.measure import predicted_step_time
-from experiments.results import DONE, SKIPPED, ResultStore, StoreBusy, StoreMismatch
+from experiments.results import (DONE, SKIPPED, ResultStore, StoreBusy, StoreDamaged,
+                                 StoreMismatch)
+from experiments.results_checksums import point_key
 from experiments.scaling import dry_run_scaling, run_scaling_sweep
 from experiments.scaling_config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
 from experiments.sweep_config import Sweep, load_sweep
@@ -71,6 +75,10 @@ def contention_warning(sweep: Sweep) -> str | None:
             "contention as well as the strategy")
 
 
+#: How the dry run shows a point's status in an existing store.
+STATUS_WORDS = {0: "pending", 1: "done", 2: "failed", 3: "not applicable"}
+
+
 def dry_run(sweep: Sweep, out: TextIO) -> None:
     """Print the points in run order (with the model's predicted time if there is one).
 
@@ -78,13 +86,14 @@ def dry_run(sweep: Sweep, out: TextIO) -> None:
     to use only what it measured before (CNN_PREDICT_PROBE=cached, unless set).
     """
     os.environ.setdefault("CNN_PREDICT_PROBE", "cached")
-    status = None
+    status, damaged = None, {}
     store = ResultStore(sweep.store_path)
     if store.exists():
         try:
             store.check(sweep.fingerprint, sweep.text)
-            status = store.status()
-        except (StoreMismatch, KeyError):
+            found = store.record.verify()  # changes nothing: the run mends the damage
+            status, damaged = found.status, found.damaged
+        except (StoreMismatch, StoreDamaged, KeyError):
             status = None
     shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
     print(f"sweep {sweep.config.name}: {len(sweep.points)} points ({shape} x "
@@ -98,7 +107,8 @@ def dry_run(sweep: Sweep, out: TextIO) -> None:
         row = [str(number), point.describe(), cluster,
                "-" if np.isnan(predicted) else f"{predicted:.4f} s"]
         if status is not None:
-            row.append({0: "pending", 1: "done", 2: "failed"}[int(status[point.region])])
+            row.append("damaged, runs again" if point_key(point.region) in damaged else
+                       STATUS_WORDS[int(status[point.region])])
         rows.append(row)
     header = ["#", "point", "cluster", "predicted"] + (["status"] if status is not None else [])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
@@ -157,6 +167,8 @@ def _run_store_guarded(run: Callable[[], int], interrupted: str, store_path: str
             return run()
     except StoreMismatch as error:
         return fail(error, CONFIG_ERROR)
+    except StoreDamaged as error:  # the data, not the input: nothing is changed
+        return fail(error, RUNTIME_ERROR)
     except StoreBusy as error:
         return fail(error, 3)
     except OSError as error:  # the disk, not the input: the store keeps what it has

@@ -132,7 +132,9 @@ class ClusterPool:
 # The sweep --------------------------------------------------------------------------
 
 
-def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str]) -> None:
+def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str]) -> list[str]:
+    """Make the store, or check the one there and its checksums (a damaged point is
+    made pending again); returns the warnings naming the damage."""
     if fresh:
         if store.exists() and not store.is_sweep_store():
             raise StoreMismatch(f"{store.path} is not a sweep results store; --fresh replaces "
@@ -141,7 +143,7 @@ def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str
     elif store.exists():
         store.check(sweep.fingerprint, sweep.text)
         if store.is_complete():
-            return
+            return store.verify_for_resume()[1]
     started = now_text()
     attrs = {
         "title": f"sweep {sweep.config.name}", "sweep_name": sweep.config.name,
@@ -155,6 +157,7 @@ def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str
         "axes": json.dumps({axis.dim: list(axis.fields) for axis in sweep.axes}),
     }
     store.create(build_template(sweep, attrs))
+    return []
 
 
 def _point_line(done: int, total: int, elapsed: float, point: Point, result: PointResult | None,
@@ -201,7 +204,8 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
         if lock.stale_note():
             print(lock.stale_note(), file=err)
         with writing(STORE, store.path):
-            _prepare_store(sweep, store, fresh, argv or sys.argv)
+            for line in _prepare_store(sweep, store, fresh, argv or sys.argv):
+                print(line, file=err)
             status = store.status()
             for point in sweep.points:
                 if point.skip and status[point.region] != SKIPPED:

@@ -84,7 +84,7 @@ def test_cli_writes_a_store_that_reads_like_a_measured_sweep(tiny_store):
         assert name in ds, name
         assert ds[name].attrs.get("units") and ds[name].attrs.get("description"), name
     assert "step_time" not in ds  # nothing was measured
-    assert ds.attrs["mode"] == "scaling" and ds.attrs["store_format"] == "hetcnn-sweep/2"
+    assert ds.attrs["mode"] == "scaling" and ds.attrs["store_format"] == "hetcnn-sweep/3"
     for key in ("config", "presets", "versions", "code_revision", "command", "axes"):
         assert ds.attrs.get(key), key
     presets = json.loads(ds.attrs["presets"])
