@@ -13,6 +13,7 @@ import time
 
 import pytest
 import xarray as xr
+from distributed import Client
 
 from pipeline.probe.machine import machine_identity
 from tests.helpers import error_lines_of, run_main
@@ -87,6 +88,8 @@ def cli_cluster(tmp_path_factory):
         address = cluster.start_scheduler()
         for _ in range(2):
             cluster.start_worker()
+        with Client(address, timeout="30s", set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)  # a test may count them
         yield address
     finally:
         cluster.stop()
