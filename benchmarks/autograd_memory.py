@@ -40,7 +40,7 @@ def measure(config_path: str, batch: int, steps: int) -> dict[str, float]:
     import xarray  # noqa: F401
     import zarr  # noqa: F401
 
-    from pipeline.config import load_run_config
+    from pipeline.config.run_config import load_run_config
     from pipeline.prediction import network_for
     from tasks.conv_shard import ConvShard
     from tasks.dense_head import DenseHead

@@ -10,7 +10,7 @@ tasks a step submits: one per worker), and the fraction of a core; and the worke
 processes' CPU per step (theirs, all together: the step's compute plus Dask's
 machinery there). CPU time, so a loaded machine inflates it less than wall time
 (but still some). `--set KEY=VALUE` changes a Dask setting of the embedded
-cluster (`pipeline.embedded.QUIET`), to compare settings.
+cluster (`pipeline.cluster.embedded.QUIET`), to compare settings.
 
     python -m benchmarks.client_cpu --net small --batch 64 --steps 40
     python -m benchmarks.client_cpu --set distributed.admin.tick.interval=20ms
@@ -26,9 +26,9 @@ import time
 import psutil
 
 from benchmarks.idle_cpu import workers_cpu_seconds
-from pipeline import records
-from pipeline.embedded import QUIET
-from pipeline.config import load_run_config
+from pipeline.records import record as records
+from pipeline.cluster.embedded import QUIET
+from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,7 +2,7 @@
 
     python -m benchmarks.critical_path RUN_DIR [RUN_DIR ...]
 
-The record's critical breakdown (pipeline/step_breakdown.py) splits a step along one
+The record's critical breakdown (pipeline/records/step_breakdown.py) splits a step along one
 worker's phases, so a wait there holds whatever its writer was doing. This walks
 back from the run's last op through its trace (trace.json): along a worker's phases,
 and at a wait for a slot written while it waited, over to the writer at the end of

@@ -39,7 +39,7 @@ import tempfile
 from statistics import median
 
 from benchmarks.ddp_peer import measure_ddp
-from pipeline.config import load_run_config
+from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

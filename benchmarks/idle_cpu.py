@@ -6,7 +6,7 @@ During training this background rate comes on top of each step's own work, on th
 same cores as the workers' compute. No task runs here, so the figure does not depend
 on a step's time and is steady on a loaded machine (CPU seconds, not wall time).
 `--set KEY=VALUE` changes a Dask setting of the embedded cluster
-(`pipeline.embedded.QUIET`), to compare settings.
+(`pipeline.cluster.embedded.QUIET`), to compare settings.
 
     python -m benchmarks.idle_cpu --workers 2 --seconds 10
     python -m benchmarks.idle_cpu --set distributed.admin.tick.interval=20ms
@@ -20,8 +20,8 @@ import time
 import psutil
 from distributed import Client
 
-from pipeline.config import WorkerConfig
-from pipeline.embedded import QUIET, is_worker_process, start_embedded_cluster
+from pipeline.config.run_config import WorkerConfig
+from pipeline.cluster.embedded import QUIET, is_worker_process, start_embedded_cluster
 
 
 def workers_cpu_seconds() -> float:

@@ -5,7 +5,7 @@ fresh process with its own embedded cluster (fresh worker processes: nothing an
 earlier case allocated is still held), the paper network by default, and reads the
 run's summary: each worker's peak resident memory over the steps and its working
 memory (the peak less a bare process that has imported torch, numpy, dask, zarr
-and xarray: pipeline/memory.py), against `reference` (plain PyTorch in one process).
+and xarray: pipeline/records/memory.py), against `reference` (plain PyTorch in one process).
 
     python -m benchmarks.memory                        # paper, batch 32, 3 steps
     python -m benchmarks.memory --cases reference single kernel/2 --keep runs/mem
@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 
-from pipeline.config import load_run_config
+from pipeline.config.run_config import load_run_config
 from tasks.specs import NetworkSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

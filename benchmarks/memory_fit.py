@@ -39,11 +39,11 @@ import time
 
 import psutil
 
-from pipeline.config import load_run_config
+from pipeline.config.run_config import load_run_config
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MemoryConstants,
                                        element_bytes, peak_memory)
-from pipeline.embedded import is_worker_process
-from pipeline.placement import split_even
+from pipeline.cluster.embedded import is_worker_process
+from pipeline.placement.split import split_even
 from pipeline.prediction import network_for
 from pipeline.probe.results import costmodel_network
 

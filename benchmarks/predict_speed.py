@@ -3,7 +3,7 @@
 Scaling sweeps predict clusters of up to thousands of devices, so a point must cost
 about as much at 4096 devices as at 8. For each strategy and device count this
 prints the median of a few calls on equal `gpu`-preset devices (an A100-class GPU,
-experiments/hardware.py) over 10 Gb/s links, at the scaling sweep's options
+experiments/scaling/hardware.py) over 10 Gb/s links, at the scaling sweep's options
 (experiments/configs/scaling.yaml) and batch 8192 (so data and hybrid are feasible
 at 4096 devices): the default path, and for ``kernel`` the op-by-op reference
 simulation (``Options(timeline="reference")``) up to ``--reference-max`` devices
@@ -30,7 +30,7 @@ from pipeline.costmodel import (DeviceSpec, LinkSpec, Options, StoreSpec,
 
 STRATEGIES = ("single", "kernel", "data", "hybrid")
 DEVICES = (8, 64, 512, 1024, 4096)
-#: The `gpu` preset of experiments/hardware.py (not imported: the model alone is timed).
+#: The `gpu` preset of experiments/scaling/hardware.py (not imported: the model alone is timed).
 GPU = DeviceSpec(flops=1.95e13, mem_bw=1.555e12, conv_efficiency=0.6, dense_efficiency=0.8,
                  mem_efficiency=0.8, name="gpu")
 LINK = LinkSpec.from_bandwidth(10e9 / 8, latency=5e-6)

@@ -34,8 +34,8 @@ import tempfile
 import time
 from statistics import median
 
-from pipeline.cluster import find_workers, open_client, register_setup
-from pipeline.config import RunConfig, load_run_config
+from pipeline.cluster.connect import find_workers, open_client, register_setup
+from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.run import run_training
 from pipeline.prediction import network_for, predict_point
 from pipeline.probe import cached_master_probe, cached_probe

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 
-from pipeline.config import load_run_config
+from pipeline.config.run_config import load_run_config
 from pipeline.prediction import predict_config
 from pipeline.probe import ClusterProbe, find_cached_probe
 

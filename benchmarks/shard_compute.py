@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import load_run_config
+from pipeline.config.run_config import load_run_config
 from tasks.conv_shard import ConvShard
 from tasks.dense_head import DenseHead
 from tasks.network import build_sequential

@@ -13,7 +13,7 @@ round gives each contender a burst of steps, in the listed order in even rounds 
 reversed in odd ones, so a round lasts seconds and the ratios of one round compare
 runs that close together.
 
-A burst is the training loop itself (pipeline/loop.py: tasks of ``auto`` steps, two
+A burst is the training loop itself (pipeline/training/loop.py: tasks of ``auto`` steps, two
 in flight, the same step times a run records) over the next ``--burst`` steps; its
 first ``--skip`` steps (the restart after idling: a task of one step, then one
 sized by it) are left out and the rest's median is the burst's figure. Each ratio
@@ -52,16 +52,16 @@ import torch.multiprocessing as mp
 
 from benchmarks.ddp_peer import ddp_steps, rendezvous_file
 from benchmarks.engine_speedup import NETS, TARGETS, ratio_report, run_order, target_lines
-from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import ClusterWorker, find_workers
-from pipeline.config import RunConfig, load_run_config
-from pipeline.dataset import prepare_dataset
-from pipeline.loop import Trainer, train_loop
+from pipeline.engine.checkpointing import prepare_checkpoints
+from pipeline.cluster.connect import ClusterWorker, find_workers
+from pipeline.config.run_config import RunConfig, load_run_config
+from pipeline.engine.dataset import prepare_dataset
+from pipeline.training.loop import Trainer, train_loop
 from pipeline.preflight import check_run
-from pipeline.records import RunRecorder
-from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
+from pipeline.records.record import RunRecorder
+from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.run import build_engine, start_cluster
-from pipeline.startup import Startup
+from pipeline.cluster.startup import Startup
 from tasks.worker_state import configure_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

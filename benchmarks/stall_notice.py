@@ -30,10 +30,10 @@ import time
 import psutil
 from distributed import Client
 
-from pipeline.cluster import live_workers, register_setup, start_embedded_cluster
-from pipeline.config import load_run_config
+from pipeline.cluster.connect import live_workers, register_setup, start_embedded_cluster
+from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
-from pipeline.runner import STALL_FLOOR_S, STALL_STEPS
+from pipeline.engine.runner import STALL_FLOOR_S, STALL_STEPS
 from storage import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ point (every variable set, a 10-step series), then times `ResultStore.write_poin
 plus `refresh_derived` per point and the verification a resume or a report makes
 (every file read, median of `--repeats`, page cache warm). Nothing trains.
 
-    python benchmarks/sweep_store_checks.py --points 12 288 --repeats 5
+    python -m benchmarks.sweep_store_checks --points 12 288 --repeats 5
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 import numpy as np
 import yaml
 
-from experiments.results import DERIVED, MEASURES, TEXTS, PointResult, ResultStore, \
+from experiments.sweep.results import DERIVED, MEASURES, TEXTS, PointResult, ResultStore, \
     build_template
-from experiments.sweep_config import load_sweep
+from experiments.sweep.config import load_sweep
 
 
 def sweep_of(points: int, folder: str):

@@ -1,7 +1,7 @@
 """What TLS costs a run on an external cluster: the same run over tcp:// and tls://.
 
 An external `dask scheduler` and two `dask worker --resources CPU=1`, each on a host
-of its own behind a shaped link (pipeline/external_hosts.py, as docs/multihost.md
+of its own behind a shaped link (pipeline/cluster/external_hosts.py, as docs/multihost.md
 starts them on real machines), once speaking tcp and once TLS with self-signed
 certificates; `configs/small.yaml` (kernel, placement even) runs on each in turn,
 `--repeats` times alternately, and the median step time (warm-up excluded) of each
@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 from statistics import median
 
-from pipeline.config import WorkerConfig, load_run_config
-from pipeline.external_hosts import ClusterTls, external_hosts
+from pipeline.config.run_config import WorkerConfig, load_run_config
+from pipeline.cluster.external_hosts import ClusterTls, external_hosts
 from pipeline.run import prepare_dataset, run_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -26,9 +26,9 @@ from statistics import median
 import numpy as np
 from distributed import Client
 
-from pipeline.cluster import find_workers, register_setup, start_embedded_cluster
-from pipeline.config import ClusterConfig
-from pipeline.runner import TaskRunner
+from pipeline.cluster.connect import find_workers, register_setup, start_embedded_cluster
+from pipeline.config.run_config import ClusterConfig
+from pipeline.engine.runner import TaskRunner
 from storage.exchange import Exchange, SlotSpec, create_exchange
 
 

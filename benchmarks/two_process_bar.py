@@ -21,7 +21,7 @@ from statistics import median
 import numpy as np
 import torch
 
-from pipeline.config import load_run_config
+from pipeline.config.run_config import load_run_config
 from tasks.conv_shard import ConvShard
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 from tasks.worker_state import configure_process

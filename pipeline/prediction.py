@@ -33,19 +33,19 @@ import dataclasses
 import os
 from typing import Any
 
-from pipeline.cluster import (ClusterError, all_local, find_workers, open_client,
-                              scheduler_address, workers_set_up)
-from pipeline.config import RunConfig
+from pipeline.cluster.connect import (ClusterError, all_local, find_workers, open_client,
+                                      scheduler_address, workers_set_up)
+from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
 from pipeline.costmodel.memory import MEMORY_STRATEGIES, Footprint, element_bytes, peak_memory
-from pipeline.placement import split_even
+from pipeline.placement.split import split_even
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
                             costmodel_network, find_cached_probe, links_key, probe_key,
                             probe_workspace_dir, worker_identity, workspace_location)
-from pipeline.dataset import prepare_dataset
+from pipeline.engine.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
-from pipeline.task_steps import steps_per_task
+from pipeline.engine.task_steps import steps_per_task
 from storage.datasets import DatasetError, open_dataset_info
 from tasks.specs import NetworkSpec
 
@@ -108,7 +108,7 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
     task_steps : int, optional
         Steps per Dask task the run used (``summary["task_steps_median"]``); default
         what ``train.steps_per_task`` gives at the predicted step
-        (pipeline/task_steps.py). The probe's per-task costs are shared out over them.
+        (pipeline/engine/task_steps.py). The probe's per-task costs are shared out over them.
     """
     spec = network_for(config)
     if isinstance(probe, ClusterProbe) and (probe.batch != config.train.batch

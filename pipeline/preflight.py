@@ -13,19 +13,19 @@ from __future__ import annotations
 import os
 import tempfile
 
-from pipeline.addresses import address_problem
-from pipeline.cluster import scheduler_address, tagged_workers
-from pipeline.config import RunConfig
+from pipeline.config.addresses import address_problem
+from pipeline.cluster.connect import scheduler_address, tagged_workers
+from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MEMORY_STRATEGIES, MemoryConstants,
                                        element_bytes)
-from pipeline.links import link_problem
-from pipeline.memory_fit import move_to_fit, split_peaks
-from pipeline.object_store import object_store_problem
-from pipeline.placement import split_even
+from pipeline.cluster.links import link_problem
+from pipeline.placement.memory_fit import move_to_fit, split_peaks
+from pipeline.cluster.object_store import object_store_problem
+from pipeline.placement.split import split_even
 from pipeline.prediction import network_for
 from pipeline.probe.results import costmodel_network
-from pipeline.schema import ConfigError
-from pipeline.security import tls_problem
+from pipeline.config.schema import ConfigError
+from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of
 from storage.private import default_workspace_root, folder_problem
 
@@ -132,8 +132,8 @@ def check_embedded_tags(config: RunConfig) -> None:
 def check_embedded_memory(config: RunConfig) -> None:
     """A run on its own embedded cluster whose workers have a `memory_limit` and that
     fits in none of its splits is refused before the cluster starts: the split choice
-    (pipeline/split_choice.py) would refuse it anyway, after the start. Checked from
-    the even split moved to fit (`pipeline.memory_fit.move_to_fit`); a master outside
+    (pipeline/placement/split_choice.py) would refuse it anyway, after the start. Checked from
+    the even split moved to fit (`pipeline.placement.memory_fit.move_to_fit`); a master outside
     the run's workers, or a device whose capacity only the worker knows (a GPU's
     total), is left to the split choice."""
     cluster = config.cluster

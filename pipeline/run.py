@@ -26,33 +26,33 @@ import xarray as xr
 import yaml
 from distributed import Client
 
-from pipeline.checkpointing import prepare_checkpoints
-from pipeline.capacity import capacities_explained, worker_capacities
+from pipeline.engine.checkpointing import prepare_checkpoints
+from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.cli import ResultsFirst
-from pipeline.cluster import (ClusterWorker, find_workers, live_workers, open_run_client,
-                              register_setup, scheduler_address, workers_set_up)
-from pipeline.config import RunConfig
-from pipeline.dataset import prepare_dataset
-from pipeline.engine import StepEngine
-from pipeline.evaluate import test_accuracy
-from pipeline.links import LinkedHosts
-from pipeline.loop import train_loop
-from pipeline.outputs import owned_output, refuse_finished_resume
+from pipeline.cluster.connect import (ClusterWorker, find_workers, live_workers, open_run_client,
+                                      register_setup, scheduler_address, workers_set_up)
+from pipeline.config.run_config import RunConfig
+from pipeline.engine.dataset import prepare_dataset
+from pipeline.engine.step_engine import StepEngine
+from pipeline.training.evaluate import test_accuracy
+from pipeline.cluster.links import LinkedHosts
+from pipeline.training.loop import train_loop
+from pipeline.training.outputs import owned_output, refuse_finished_resume
 from pipeline.prediction import predict_point
 from pipeline.preflight import check_run, fit_even_split
-from pipeline.recovery import History, split_of, train_with_recovery
+from pipeline.training.recovery import History, split_of, train_with_recovery
 from pipeline.probe.machine import machine_identity
-from pipeline.records import (RunRecorder, code_revision, jsonable, left_out_lines,
-                              link_attrs, placement_line, software_versions, summarize)
-from pipeline.reference import REFERENCE_WORKER, ReferenceTrainer
-from pipeline.schema import ConfigError, to_dict
-from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
-from pipeline.shared_paths import check_workers_see
-from pipeline.step_breakdown import compute_error
+from pipeline.records.record import (RunRecorder, code_revision, jsonable, left_out_lines,
+                                     link_attrs, placement_line, software_versions, summarize)
+from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
+from pipeline.config.schema import ConfigError, to_dict
+from pipeline.cluster.startup import Startup, contention_warning, start_batch, usable_cores
+from pipeline.cluster.shared_paths import check_workers_see
+from pipeline.records.step_breakdown import compute_error
 from pipeline.strategies import Strategy
-from pipeline.strategy_choice import choose_strategy
-from pipeline.trace import ClientEvent, write_trace
-from pipeline.worker_limits import check_worker_limits, worker_constants
+from pipeline.placement.strategy_choice import choose_strategy
+from pipeline.records.trace import ClientEvent, write_trace
+from pipeline.cluster.worker_limits import check_worker_limits, worker_constants
 from storage import checkpoints
 from storage.datasets import DatasetInfo
 from storage.labelled import write_dataset_aside
@@ -73,7 +73,7 @@ class RunResult:
 def build_engine(client: Client, config: RunConfig, strategy: Strategy, network: NetworkSpec,
                  train_samples: int, offered: list[ClusterWorker]) -> StepEngine:
     """The engine of `strategy` placed on `offered` (at the start, and again after a
-    recovery or a join: pipeline/recovery.py)."""
+    recovery or a join: pipeline/training/recovery.py)."""
     plan = strategy.plan(client, config, network, offered, uuid.uuid4().hex[:8])
     return StepEngine(client, config, network, plan, train_samples)
 
@@ -110,7 +110,7 @@ def run_training(config: RunConfig, client: Client | None = None,
 
     Everything that can be checked before it starts is checked first
     (`pipeline.preflight.check_run`, which also finds the strategy). The run holds its
-    output directory throughout (`pipeline.outputs`). What it notices on the way (a
+    output directory throughout (`pipeline.training.outputs`). What it notices on the way (a
     stale lock taken over, damaged checkpoints passed over) goes to stderr, one line
     each, and into the record's ``notes`` attribute.
     """

@@ -125,7 +125,7 @@ def make_folder(folder: str, then: Callable[[], None] = lambda: None,
 def remove_root_if_empty(root: str) -> None:
     """Remove the workspaces' root folder if nothing is left in it: one rmdir, which
     fails (and is ignored) while anything is there, so a concurrent run's workspace or
-    a linked run's pin (pipeline/links.py, `LinkedHosts.pin`) keeps it."""
+    a linked run's pin (pipeline/cluster/links.py, `LinkedHosts.pin`) keeps it."""
     try:
         os.rmdir(root)
     except OSError:

@@ -1,6 +1,6 @@
 """Ownership of a path on disk: one process writes it at a time.
 
-Sweep stores (`experiments.results.SweepLock`) and run output directories
+Sweep stores (`experiments.sweep.results.SweepLock`) and run output directories
 (`pipeline.train`) are guarded by the same lock, a file beside or inside what it
 guards. An flock on that file, not its mere existence, is the lock: the kernel
 drops it when the holder dies (even by SIGKILL), so a lock left by a dead process

@@ -5,7 +5,7 @@ Every layout answers two questions: `ops(worker)`, the ops that worker runs in o
 step, in order; and `slots(network, batch)`, every tensor one worker writes for
 another, with the op that writes it and the op that reads it. The workers execute
 exactly these (tasks/step_task.py); the client builds the step graph's
-dependencies from the same slots (pipeline/step_graph.py) and creates their arrays;
+dependencies from the same slots (pipeline/engine/step_graph.py) and creates their arrays;
 docs/design.md gives the bytes they add up to. One source, three users.
 
 `KernelLayout` (here) is kernel-parallel training; `DataLayout` and `HybridLayout`

@@ -1,6 +1,6 @@
 """A linked worker's check that its directories are still mounted over its link.
 
-A worker behind `cluster.link` (pipeline/links.py) reaches the run's directories
+A worker behind `cluster.link` (pipeline/cluster/links.py) reaches the run's directories
 through sshfs mounts in its own mount namespace, and the worker shares the file
 system with the client. When a mounted directory is removed on the client's side
 (any process that deletes /dev/shm/dask-cnn-<uid> while it holds no workspace),

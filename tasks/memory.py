@@ -35,7 +35,7 @@ _CLEAR_REFS = "/proc/self/clear_refs"
 #: worker imports distributed and the task modules (torch, numpy, zarr; not xarray or
 #: pandas, about 45 MB more), the client the whole pipeline. The embedded cluster's
 #: workers are forked from a process that imported exactly `WORKER_MODULES`
-#: (pipeline/fork_server.py), so their baseline is a child forked from such a process
+#: (pipeline/cluster/fork_server.py), so their baseline is a child forked from such a process
 #: (`bare_process_rss`).
 WORKER_MODULES = ("distributed", "tasks.step_task")
 WORKER_IMPORTS = "import " + ", ".join(WORKER_MODULES)

@@ -10,7 +10,7 @@ each op is an `OpEvent` made of timed `Phase`s:
 - ``dataset``: reading the batch (or its labels) from the dataset store.
 
 Times are the worker's wall clock (``time.time()``), so the client can draw every
-worker's ops on one timeline (`pipeline/trace.py`).
+worker's ops on one timeline (`pipeline/records/trace.py`).
 """
 
 from __future__ import annotations

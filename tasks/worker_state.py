@@ -91,7 +91,7 @@ def tune_allocator() -> None:
     freed ones are not reused by the main arena's allocations (a thread running the
     paper network's kernel/2 half peaked 78 MB, 16 %, above the same in one arena).
     The embedded cluster sets ``MALLOC_ARENA_MAX=1`` before its workers start
-    (pipeline/embedded.py); this reaches only threads that have no arena yet.
+    (pipeline/cluster/embedded.py); this reaches only threads that have no arena yet.
     """
     libc = _libc()
     if libc is None:

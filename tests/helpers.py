@@ -16,11 +16,11 @@ import torch
 from distributed import Client
 from torch import nn
 
-from experiments import sweep as sweep_cli
+from experiments.sweep import cli as sweep_cli
 from pipeline import train as train_cli
-from pipeline.cluster import register_setup, start_embedded_cluster
-from pipeline.config import ClusterConfig, RunConfig, WorkerConfig, build_run_config
-from pipeline.security import write_credentials
+from pipeline.cluster.connect import register_setup, start_embedded_cluster
+from pipeline.config.run_config import ClusterConfig, RunConfig, WorkerConfig, build_run_config
+from pipeline.cluster.security import write_credentials
 from storage import checkpoints
 from storage.datasets import read_batch
 
@@ -43,7 +43,7 @@ def embedded_client(workers: list[WorkerConfig]) -> Iterator[tuple[Client, Clust
 def scheduler_args(client: Client, folder: str) -> list[str]:
     """The command-line arguments that take a run to `client`'s cluster as an external
     one: `--scheduler` and, its embedded cluster speaking TLS with credentials made for
-    it (pipeline/security.py), those credentials as files in `folder` (cluster.tls)."""
+    it (pipeline/cluster/security.py), those credentials as files in `folder` (cluster.tls)."""
     tls = write_credentials(client.security, folder)
     return ["--scheduler", client.scheduler.address, f"cluster.tls.ca_file={tls.ca_file}",
             f"cluster.tls.cert={tls.cert}", f"cluster.tls.key={tls.key}"]
@@ -210,7 +210,7 @@ def link_leftovers(run_id: str) -> list[str]:
 
 def error_lines_of(text: str) -> list[str]:
     """The lines a run printed on stderr, less the start's notes on workers a
-    placement left out (pipeline/records.py, left_out_lines): what a test of "one
+    placement left out (pipeline/records/record.py, left_out_lines): what a test of "one
     line" counts."""
     return [line for line in text.splitlines()
             if line.strip() and not (line.startswith("worker ") and " left out" in line)]

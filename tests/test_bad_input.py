@@ -19,11 +19,11 @@ from dataclasses import dataclass, field, replace
 import pytest
 import yaml
 
-from experiments import sweep as sweep_cli
+from experiments.sweep import cli as sweep_cli
 from pipeline import train as train_cli
-from pipeline.config import load_run_config
-from pipeline.placement import PlacementError
-from pipeline.schema import ConfigError, yaml_load
+from pipeline.config.run_config import load_run_config
+from pipeline.placement.split import PlacementError
+from pipeline.config.schema import ConfigError, yaml_load
 from tests.helpers import assert_one_error_line, run_main
 from tests.test_bad_input_properties import BUDGETS
 from tests.test_scaling import write_scaling
@@ -70,7 +70,7 @@ CASES: list[Case] = [
     train_case("output=/dev/null/x", names="output"),
     train_case("output={tmp}/a-file", names="output"),
     train_case("workspace.path=/proc/x", names="workspace.path"),
-    # Numbers out of range (validated in pipeline/config.py __post_init__s).
+    # Numbers out of range (validated in pipeline/config/run_config.py __post_init__s).
     train_case("train.lr=-1", names="train.lr"),
     train_case("train.lr=0", names="train.lr"),
     train_case("train.lr=.inf", names="train.lr"),
@@ -239,7 +239,7 @@ SUBPROCESS_CASES = [
 
 @pytest.mark.parametrize("case", SUBPROCESS_CASES, ids=lambda case: case.id)
 def test_bad_input_through_the_real_command(case, tmp_path):
-    module = "pipeline.train" if case.cli == "train" else "experiments.sweep"
+    module = "pipeline.train" if case.cli == "train" else "experiments.sweep.cli"
     env = {**os.environ, "PYTHONPATH": ROOT, "CNN_PREDICT_PROBE": "never"}
     env.pop("DASK_SCHEDULER_ADDRESS", None)
     result = subprocess.run([sys.executable, "-m", module, *case.args], cwd=tmp_path,

@@ -6,7 +6,7 @@ with exactly one line naming it and exit 2; every mutation known to keep it vali
 (options in any order, numbers as ``1e-3``, an integer where a number is wanted,
 keys in any order, a repeated override) must be accepted and mean the same config.
 
-Only validation runs (`python -m pipeline.train --check`, `experiments.sweep
+Only validation runs (`python -m pipeline.train --check`, `experiments.sweep.cli
 --dry-run`, both through `main(argv)` in-process), never a training: an example
 costs milliseconds. Hypothesis runs derandomized (a fixed sequence of examples),
 so CI sees the same cases every time.
@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline import train as train_cli
-from pipeline.config import load_run_config
-from pipeline.schema import to_dict, yaml_load
+from pipeline.config.run_config import load_run_config
+from pipeline.config.schema import to_dict, yaml_load
 from tests.helpers import assert_one_error_line, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -331,7 +331,7 @@ def test_an_unknown_option_anywhere_is_refused_naming_it(data):
     assert_refused("train", argv, f"--{word}")
 
 
-# experiments.sweep ----------------------------------------------------------------------
+# experiments.sweep.cli ----------------------------------------------------------------------
 
 SWEEP_OUT = ["--out", os.path.join("results", "prop.zarr")]
 

@@ -14,9 +14,9 @@ from multiprocessing import spawn
 import psutil
 import pytest
 
-from pipeline.cluster import (ClusterError, add_master, find_workers)
-from pipeline.embedded import is_worker_process
-from pipeline.forked_main import adopt_parent_main, parent_main
+from pipeline.cluster.connect import ClusterError, add_master, find_workers
+from pipeline.cluster.embedded import is_worker_process
+from pipeline.cluster.forked_main import adopt_parent_main, parent_main
 from tests.conftest import ROOT
 
 
@@ -61,7 +61,7 @@ def test_master_by_default_name_tag_or_outside_the_kernel_workers(mixed_cluster)
 def test_embedded_dask_runs_quietly(mixed_cluster):
     """The scheduler and every worker check their event loop every 0.5 s and sample
     their process every 2 s (not Dask's 20 ms and 0.5 s): their periodic work shares
-    the workers' cores (pipeline/embedded.py's QUIET)."""
+    the workers' cores (pipeline/cluster/embedded.py's QUIET)."""
     client, _ = mixed_cluster
 
     def timings(dask_worker=None, dask_scheduler=None):  # noqa: ANN001, ANN202
@@ -75,7 +75,7 @@ def test_embedded_dask_runs_quietly(mixed_cluster):
 
 def test_embedded_workers_are_forked_from_one_server_with_the_worker_modules(mixed_cluster):
     """Every worker process is a child of one fork server, not of this process
-    (pipeline/fork_server.py), and starts with the environment a spawned worker would
+    (pipeline/cluster/fork_server.py), and starts with the environment a spawned worker would
     get (one malloc arena). The server holds torch, as the memory baseline's
     `WORKER_MODULES` do, and not the client's pandas (its compiled modules are not
     mapped), so a new worker starts with what the baseline holds."""
@@ -111,8 +111,8 @@ import json, sys
 import pandas  # what the CLIs' record writing imports; a worker has no use for it
 MAIN_OF_TEST = True  # what a worker's __main__ has if this module ran there again
 from distributed import Client
-from pipeline.config import WorkerConfig
-from pipeline.embedded import start_embedded_cluster
+from pipeline.config.run_config import WorkerConfig
+from pipeline.cluster.embedded import start_embedded_cluster
 
 if __name__ == "__main__":
     with start_embedded_cluster([WorkerConfig(name="w", resources={"CPU": 1})]) as cluster:
@@ -125,7 +125,7 @@ if __name__ == "__main__":
 
 def test_workers_do_not_run_the_parents_main_module_again(tmp_path):
     """A command run as `python -m NAME`, as the CLIs are: its workers, forked from the
-    server, do not import it again as `__mp_main__` (pipeline/forked_main.py), so hold
+    server, do not import it again as `__mp_main__` (pipeline/cluster/forked_main.py), so hold
     none of what it imported; a function of its `__main__` still runs there."""
     (tmp_path / "main_of_test.py").write_text(MAIN_MODULE)
     result = subprocess.run([sys.executable, "-m", "main_of_test"], cwd=tmp_path,

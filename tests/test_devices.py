@@ -13,14 +13,14 @@ import os
 import pytest
 import torch
 
-from experiments.report_markdown import device_shares
-from experiments.sweep import main as sweep_main
-from experiments.sweep_axes import value_label
-from experiments.sweep_config import load_sweep
-from pipeline.cluster import ClusterError, check_devices, register_setup, tagged_workers
-from pipeline.config import ClusterConfig, build_run_config
-from pipeline.records import format_summary
-from pipeline.schema import ConfigError
+from experiments.report.markdown import device_shares
+from experiments.sweep.cli import main as sweep_main
+from experiments.sweep.axes import value_label
+from experiments.sweep.config import load_sweep
+from pipeline.cluster.connect import ClusterError, check_devices, register_setup, tagged_workers
+from pipeline.config.run_config import ClusterConfig, build_run_config
+from pipeline.records.record import format_summary
+from pipeline.config.schema import ConfigError
 from pipeline.run import run_training
 from storage import checkpoints
 from tests.conftest import ROOT

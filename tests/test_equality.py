@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.cluster import find_workers, register_setup
+from pipeline.cluster.connect import find_workers, register_setup
 from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config

@@ -25,14 +25,14 @@ import pytest
 import xarray as xr
 from distributed import Client
 
-from experiments.results import (ADDED_LATER, DONE, FAILED, PointResult, ResultStore,
-                                 build_template)
-from experiments.sweep_run import one_line
-from experiments.sweep_config import load_sweep
-from pipeline.cluster import SchedulerLost, WorkerLost
+from experiments.sweep.results import (ADDED_LATER, DONE, FAILED, PointResult, ResultStore,
+                                       build_template)
+from experiments.sweep.run import one_line
+from experiments.sweep.config import load_sweep
+from pipeline.cluster.connect import SchedulerLost, WorkerLost
 from storage import checkpoints
 from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch, run_main
-from pipeline.config import load_run_config
+from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
 from tests.test_cli import ROOT, CliCluster, tiny_args
 from tests.test_sweep import write_sweep
@@ -313,7 +313,7 @@ def test_sweep_killed_at_random_moments_keeps_finished_points(tmp_path, this_cod
     config = write_sweep(tmp_path, tiny_dataset_factory("float32"), {"train.batch": [8, 12, 16]},
                          repeats=2, base={"strategy": "reference"})
     store = tmp_path / "kills.zarr"
-    command = [sys.executable, "-m", "experiments.sweep", config, "--out", str(store)]
+    command = [sys.executable, "-m", "experiments.sweep.cli", config, "--out", str(store)]
     finished: dict[int, tuple] = {}  # flat point index -> (run_id, step_time) once done
     for seed in seeds:
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from pipeline.cluster import find_workers, register_setup
-from pipeline.records import format_summary, placement_line
+from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.records.record import format_summary, placement_line
 from pipeline.run import run_training
 from pipeline.train import main
 from tests.helpers import tiny_config
@@ -71,8 +71,8 @@ def test_a_run_prints_its_placement_and_records_its_prediction_once_encoded(
 
 def test_the_workspace_traffic_is_called_exchange_in_tables_and_plots():
     import pandas as pd
-    from experiments.report_figures import BREAKDOWN
-    from experiments.summary import format_table
+    from experiments.report.figures import BREAKDOWN
+    from experiments.sweep.summary import format_table
     assert {key: label for key, label, _ in BREAKDOWN}["storage_time"] == "exchange"
     table = pd.DataFrame([{"strategy": "kernel", "runs": "1/1", "step_time": 0.05,
                            "compute_time": 0.03, "storage_time": 0.01,

@@ -24,8 +24,8 @@ import warnings
 import pytest
 import xarray as xr
 
-from experiments import sweep as sweep_cli
-from experiments.results import DONE
+from experiments.sweep import cli as sweep_cli
+from experiments.sweep.results import DONE
 from storage import checkpoints
 from storage.space import NoSpace, is_full, replace_file, writing
 from tasks.worker_state import _DropEndedRunFailures
@@ -183,7 +183,7 @@ def test_a_sweep_on_a_full_disk_stops_with_one_line_and_the_rest_runs_later(
     config = write_sweep(disk.parent, tiny_dataset_factory("float32"),
                          {"train.lr": [0.01, 0.02, 0.03, 0.04]}, name="full",
                          base={"strategy": "reference"})
-    run = subprocess.run([sys.executable, "-m", "experiments.sweep", config, "--out", store],
+    run = subprocess.run([sys.executable, "-m", "experiments.sweep.cli", config, "--out", store],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     lines = [line for line in error_lines_of(run.stderr) if "point/s" not in line]  # no tqdm bar
     said = f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"

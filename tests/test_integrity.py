@@ -29,13 +29,15 @@ import xarray as xr
 import yaml
 import zarr
 
-from experiments.results import DONE, ResultStore
-from experiments.sweep_run import run_sweep
-from experiments.sweep_config import load_sweep
-from pipeline import engine, links, train
-from pipeline.cluster import register_setup
-from pipeline.outputs import LOCK_NAME, OutputBusy, OutputLock
-from pipeline.schema import ConfigError, to_dict
+from experiments.sweep.results import DONE, ResultStore
+from experiments.sweep.run import run_sweep
+from experiments.sweep.config import load_sweep
+from pipeline import train
+from pipeline.engine import step_engine as engine
+from pipeline.cluster import links
+from pipeline.cluster.connect import register_setup
+from pipeline.training.outputs import LOCK_NAME, OutputBusy, OutputLock
+from pipeline.config.schema import ConfigError, to_dict
 from pipeline.run import run_training
 from storage import checkpoints
 from storage.checksums import file_crc32c
@@ -120,7 +122,7 @@ def kill(process: subprocess.Popen) -> None:
 def test_second_run_into_a_locked_dir_is_refused(tmp_path, tiny_dataset_factory, capsys):
     config = reference_config(tmp_path, tiny_dataset_factory("float32"))
     path = write_config(tmp_path, config)
-    other = holder(f"from pipeline.outputs import OutputLock\n"
+    other = holder(f"from pipeline.training.outputs import OutputLock\n"
                    f"OutputLock({config.output_dir!r}).acquire()")
     try:
         refused = cli("pipeline.train", path)
@@ -225,7 +227,7 @@ def test_run_removes_stale_workspaces_only(tmp_path, tiny_dataset_factory,
 def test_a_run_removes_the_default_root_only_when_that_leaves_it_empty(
         tmp_path, tiny_dataset_factory, three_worker_cluster, monkeypatch):
     """Nothing is left in /dev/shm after a run; but what another run keeps in the root
-    (its workspace, a linked run's pin: pipeline/links.py) keeps it."""
+    (its workspace, a linked run's pin: pipeline/cluster/links.py) keeps it."""
     root = f"{default_workspace_root()}-test-{os.getpid()}-{tmp_path.name}"
     monkeypatch.setattr(engine, "default_workspace_root", lambda: root)
     client, cluster = three_worker_cluster  # `single`: the first shared CPU worker

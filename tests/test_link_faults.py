@@ -1,8 +1,8 @@
-"""Faults across the link (pipeline/links.py): a worker's link cut, a worker stopped
+"""Faults across the link (pipeline/cluster/links.py): a worker's link cut, a worker stopped
 in its namespace, and the store's server stopped, in real processes.
 
 A cut link and a stopped worker are one fault to the run: a worker that does not
-answer while it holds the run's tasks (the stall watch, pipeline/runner.py). It is
+answer while it holds the run's tasks (the stall watch, pipeline/engine/runner.py). It is
 fenced off and recovered from on the survivors, and the float64 weights equal plain
 PyTorch's; its late writes, once its link is back (or it is woken), land nowhere. A
 store that stops answering (the links' sshd and its sessions SIGSTOPped: every
@@ -30,10 +30,11 @@ import numpy as np
 import psutil
 import pytest
 
-from pipeline import link_records, links
-from pipeline.cluster import ClusterError, live_workers, open_linked_cluster, register_setup
+from pipeline.cluster import link_records
+from pipeline.cluster import links
+from pipeline.cluster.connect import ClusterError, live_workers, open_linked_cluster, register_setup
 from pipeline.run import run_training
-from pipeline.runner import StoreStalled, stall_verdict
+from pipeline.engine.runner import StoreStalled, stall_verdict
 from storage import checkpoints, liveness
 from storage.arrays import open_cached
 from storage.exchange import (Exchange, ExchangeError, SlotSpec, create_exchange,

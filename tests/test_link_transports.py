@@ -1,5 +1,5 @@
 """The exchange workspace across links by an object store (`cluster.link.workspace:
-s3`, pipeline/object_store.py), and the link bytes a run records.
+s3`, pipeline/cluster/object_store.py), and the link bytes a run records.
 
 The pure parts are checked everywhere; the linked run needs root, `ip`, `tc`, `sshd`,
 `sshfs` and the Python packages s3fs and moto (its S3 server is moto's emulator),
@@ -18,13 +18,17 @@ import psutil
 import pytest
 from urllib.parse import urlsplit
 
-from pipeline import cluster, link_records, links, object_store, preflight
-from pipeline.config import build_run_config
-from pipeline.engine import workspace_path
+from pipeline import preflight
+from pipeline.cluster import connect as cluster
+from pipeline.cluster import link_records
+from pipeline.cluster import links
+from pipeline.cluster import object_store
+from pipeline.config.run_config import build_run_config
+from pipeline.engine.step_engine import workspace_path
 from pipeline.probe import probe_workspace_dir
-from pipeline.records import format_summary, link_attrs
+from pipeline.records.record import format_summary, link_attrs
 from pipeline.run import run_training
-from pipeline.schema import ConfigError
+from pipeline.config.schema import ConfigError
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
 

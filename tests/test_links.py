@@ -1,4 +1,4 @@
-"""Workers behind real, shaped links (pipeline/links.py): a tiny kernel run whose
+"""Workers behind real, shaped links (pipeline/cluster/links.py): a tiny kernel run whose
 workers each sit in a network namespace of their own, every byte to the store and
 between workers crossing a tbf-shaped veth, at two rates.
 
@@ -21,14 +21,15 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from pipeline import link_records, links
-from pipeline.cluster import open_linked_cluster, register_setup
-from pipeline.config import build_run_config
-from pipeline.links import LinkedHosts
+from pipeline.cluster import link_records
+from pipeline.cluster import links
+from pipeline.cluster.connect import open_linked_cluster, register_setup
+from pipeline.config.run_config import build_run_config
+from pipeline.cluster.links import LinkedHosts
 from pipeline.preflight import check_run
 from pipeline.probe import links_key
 from pipeline.run import run_training
-from pipeline.schema import ConfigError
+from pipeline.config.schema import ConfigError
 from storage import checkpoints
 from storage.exchange import remove_root_if_empty
 from tasks import link_mounts
@@ -193,7 +194,7 @@ def test_a_slower_link_costs_what_its_bytes_predict(tmp_path, tiny_dataset_facto
 
 KILLED_OWNER = """
 import sys, time
-from pipeline.links import LinkedHosts
+from pipeline.cluster.links import LinkedHosts
 hosts = LinkedHosts.start({"a": "100mbit"})
 hosts.spawn(hosts.command(hosts.hosts[0], [sys.argv[1]], ["sleep", "600"]))
 print(hosts.run_id, flush=True)

@@ -24,7 +24,7 @@ import pytest
 from distributed.comm import connect
 
 from pipeline import preflight, train
-from pipeline.security import run_security
+from pipeline.cluster.security import run_security
 from storage.exchange import SlotSpec, create_exchange, remove_exchange
 from storage.private import (UnsafeFolder, default_workspace_root, folder_problem,
                              make_private_folder)

@@ -23,8 +23,8 @@ import time
 
 import psutil
 
-from pipeline.config import WorkerConfig
-from pipeline.startup import Startup, contention_warning, start_batch, usable_cores
+from pipeline.config.run_config import WorkerConfig
+from pipeline.cluster.startup import Startup, contention_warning, start_batch, usable_cores
 from tasks.worker_state import _DropClosingHeartbeats
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cluster import find_workers, register_setup
-from pipeline.memory import memory_baseline
+from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.records.memory import memory_baseline
 from pipeline.run import run_training
 from tasks import memory
 from tasks.conv_shard import ConvShard

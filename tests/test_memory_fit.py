@@ -1,6 +1,6 @@
 """The model's peak memory per device, and splits kept within each device's memory.
 
-Pure functions (pipeline/costmodel/memory.py, pipeline/memory_fit.py) apart from the
+Pure functions (pipeline/costmodel/memory.py, pipeline/placement/memory_fit.py) apart from the
 last tests, which train on two real workers of unequal memory limits and check the
 split against the limits and the weights against plain PyTorch.
 """
@@ -12,14 +12,14 @@ import json
 import pytest
 
 from pipeline import train as train_cli
-from pipeline.config import WorkerConfig, load_run_config
+from pipeline.config.run_config import WorkerConfig, load_run_config
 from pipeline.costmodel import marques_cifar
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Live, fmt_bytes, peak_memory,
                                        retained)
-from pipeline.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
-from pipeline.placement import counts_from_shares, split_even
+from pipeline.placement.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
+from pipeline.placement.split import counts_from_shares, split_even
 from pipeline.run import run_training
-from pipeline.schema import FieldError
+from pipeline.config.schema import FieldError
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 from tests.test_cli import CliCluster, error_lines, tiny_args
@@ -283,8 +283,8 @@ def test_scaling_points_carry_the_peak_and_whether_it_fits():
     split the model used, and `memory_fits` against the kind's memory (the preset's,
     or the sweep's `hardware.kinds.<kind>.memory`); counted in milliseconds."""
     import time
-    from experiments import scaling
-    from experiments.scaling_config import build_point
+    from experiments.scaling import run as scaling
+    from experiments.scaling.config import build_point
 
     def point(strategy: str, memory: float | None = None):
         hardware = {"devices": 1024, "device": "gpu", "link": {"gbps": 10, "latency_us": 5}}
@@ -306,8 +306,8 @@ def test_scaling_points_carry_the_peak_and_whether_it_fits():
 
 
 def test_capacities_come_from_the_config_the_scheduler_or_the_gpu():
-    from pipeline.capacity import capacities_from
-    from pipeline.cluster import ClusterWorker
+    from pipeline.placement.capacity import capacities_from
+    from pipeline.cluster.connect import ClusterWorker
     workers = [ClusterWorker("tcp://a:1", "a", "CPU", 1, 1.0, "cpu"),
                ClusterWorker("tcp://b:1", "b", "CPU", 1, 1.0, "cpu"),
                ClusterWorker("tcp://c:1", "c", "GPU", 1, 1.0, "cuda:0")]

@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 from distributed import Client
 
-from pipeline import links
-from pipeline.cluster import live_workers
-from pipeline.config import WorkerConfig, build_run_config
-from pipeline.external_hosts import ClusterTls, ExternalHosts, external_hosts
+from pipeline.cluster import links
+from pipeline.cluster.connect import live_workers
+from pipeline.config.run_config import WorkerConfig, build_run_config
+from pipeline.cluster.external_hosts import ClusterTls, ExternalHosts, external_hosts
 from pipeline.run import run_training
-from pipeline.schema import ConfigError
-from pipeline.security import (TlsConfig, client_security, connection_problem, tls_flags,
-                               tls_problem)
+from pipeline.config.schema import ConfigError
+from pipeline.cluster.security import (TlsConfig, client_security, connection_problem, tls_flags,
+                                       tls_problem)
 from storage import checkpoints
 from tests.conftest import ROOT
 from tests.helpers import (assert_one_error_line, link_leftovers, max_relative_error,

@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from pipeline.calibrate import alike_groups, pool_points, shard_costs
-from pipeline.cluster import ClusterWorker
-from pipeline.placement import (Placement, PlacementError, ShardCost, calibration_kernels,
-                                choose_calibrated, fit_shard_cost, layer_seconds,
-                                predict_split, rough_seconds, split_even,
-                                split_minmax, split_proportional)
-from pipeline.records import left_out_lines
+from pipeline.placement.calibrate import alike_groups, pool_points, shard_costs
+from pipeline.cluster.connect import ClusterWorker
+from pipeline.placement.split import (Placement, PlacementError, ShardCost, calibration_kernels,
+                                      choose_calibrated, fit_shard_cost, layer_seconds,
+                                      predict_split, rough_seconds, split_even, split_minmax,
+                                      split_proportional)
+from pipeline.records.record import left_out_lines
 from tasks.specs import ConvLayerSpec
 
 

@@ -21,18 +21,18 @@ from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import ClientLoad, contended_step
 from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
                                  predict_config, predict_point, with_contention)
-from pipeline.cluster import find_workers, register_setup
-from pipeline.model_placement import choose_split
-from pipeline.placement import align_to_quanta
+from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.placement.model_placement import choose_split
+from pipeline.placement.split import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe)
-from pipeline.records import format_summary
-from pipeline.step_breakdown import model_breakdown
+from pipeline.records.record import format_summary
+from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named
-from pipeline.strategy_choice import pick
-from pipeline.task_steps import steps_per_task
+from pipeline.placement.strategy_choice import pick
+from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 
@@ -367,7 +367,7 @@ def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_da
                                                      tmp_path, strategy, workers):
     """The probe prices a task per step; a run of four steps per task pays a worker's
     gap between tasks once per four steps, and `auto` sizes tasks to about a second
-    by the predicted step (pipeline/task_steps.py)."""
+    by the predicted step (pipeline/engine/task_steps.py)."""
     _, cluster = two_workers
     config = _config(tmp_path, tiny_dataset_factory("float32"), cluster, strategy=strategy)
     config.cluster.use_workers = workers

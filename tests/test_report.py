@@ -13,10 +13,10 @@ import matplotlib.image
 import pytest
 import xarray as xr
 
-from experiments import report
-from experiments.report_view import StoreView
-from experiments.sweep_run import run_sweep
-from experiments.sweep_config import load_sweep
+from experiments.report import cli as report
+from experiments.report.view import StoreView
+from experiments.sweep.run import run_sweep
+from experiments.sweep.config import load_sweep
 from storage.labelled import write_dataset
 from tests.test_sweep import ROOT, write_sweep
 
@@ -48,7 +48,7 @@ def store(tmp_path_factory, tiny_dataset_factory):
 
 
 def test_report_cli_writes_figures_and_table_next_to_the_store(store):
-    result = subprocess.run([sys.executable, "-m", "experiments.report", store], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "experiments.report.cli", store], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     out_dir = store[: -len(".zarr")] + ".report"
@@ -117,7 +117,7 @@ def test_speedup_labels_and_range_fit_what_was_measured():
     """The 2-thread `reference` is named by its threads, never 'unequal workers'; the
     x axis ends at the sweep's capacities, and the paper's 4-CPU point, beyond a
     2-worker sweep, is named in the legend rather than stretching the axis."""
-    from experiments.report_figures import speedup_label, speedup_range
+    from experiments.report.figures import speedup_label, speedup_range
     names = ["strategy", "equal_workers"]
     assert speedup_label(("reference", False), names, [2.0]) == \
         "reference, 2 thread(s) (one process)"

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from experiments.report_auto import auto_rows, auto_section
+from experiments.report.auto import auto_rows, auto_section
 
 
 def _store() -> tuple[xr.Dataset, pd.DataFrame]:

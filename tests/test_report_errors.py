@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from experiments.report_errors import error_rows, error_section
-from experiments.results import DONE, FAILED
+from experiments.report.errors import error_rows, error_section
+from experiments.sweep.results import DONE, FAILED
 
 
 def _store() -> xr.Dataset:

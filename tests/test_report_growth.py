@@ -1,4 +1,4 @@
-"""How cost grows in the report (experiments/report_growth.py), on a tiny synthetic
+"""How cost grows in the report (experiments/report/growth.py), on a tiny synthetic
 store: which strategies get a figure, which points each panel shows, the figure."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import matplotlib.image
 import numpy as np
 import xarray as xr
 
-from experiments.report_growth import (growth_figure, growth_panels, growth_rows,
-                                       growth_section, growth_strategies)
-from experiments.report_view import BREAKDOWN_FIGURES, POINT_FIGURES, StoreView
-from experiments.results import DONE, SKIPPED
+from experiments.report.growth import (growth_figure, growth_panels, growth_rows, growth_section,
+                                       growth_strategies)
+from experiments.report.view import BREAKDOWN_FIGURES, POINT_FIGURES, StoreView
+from experiments.sweep.results import DONE, SKIPPED
 
 STRATEGIES, BATCHES = ["single", "kernel"], [32, 128, 512]
 WORKERS = ["1", "2", "0.5+0.5+0.5+0.5"]

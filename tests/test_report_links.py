@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from experiments.report_links import flips, link_winners
+from experiments.report.links import flips, link_winners
 
 
 def _frame() -> pd.DataFrame:

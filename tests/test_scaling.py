@@ -19,13 +19,13 @@ import matplotlib.image
 import pytest
 import yaml
 
-from experiments import report
-from experiments import sweep as sweep_cli
-from experiments.results import DONE, FAILED
-from experiments.scaling import Infeasible, evaluate_point
-from experiments.scaling_config import build_point, load_scaling_sweep, network_of
-from experiments.hardware import DaskConfig, device_spec, link_spec, overhead_spec
-from experiments.sweep_axes import value_label
+from experiments.report import cli as report
+from experiments.sweep import cli as sweep_cli
+from experiments.sweep.results import DONE, FAILED
+from experiments.scaling.run import Infeasible, evaluate_point
+from experiments.scaling.config import build_point, load_scaling_sweep, network_of
+from experiments.scaling.hardware import DaskConfig, device_spec, link_spec, overhead_spec
+from experiments.sweep.axes import value_label
 from pipeline.costmodel import predict
 from pipeline.strategies import STRATEGIES
 from tests.test_sweep import ROOT, close, error_lines, open_clean
@@ -64,7 +64,7 @@ def tiny_store(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("scaling")
     config = write_scaling(tmp_path, TINY_AXES)
     store = str(tmp_path / "out" / "tinyscale.zarr")
-    result = subprocess.run([sys.executable, "-m", "experiments.sweep", config, "--out", store],
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep.cli", config, "--out", store],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     return store, result
 

@@ -24,9 +24,9 @@ import numpy as np
 import psutil
 import xarray as xr
 
-from experiments.results import DONE
-from pipeline.config import load_run_config
-from pipeline.sampler import step_indices
+from experiments.sweep.results import DONE
+from pipeline.config.run_config import load_run_config
+from pipeline.engine.sampler import step_indices
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, run_main
 from tests.test_cli import ROOT, run_files, tiny_args
@@ -119,7 +119,7 @@ def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,
     config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
                          {"train.batch": [8, 16]})
     store = tmp_path / "sweep.zarr"
-    command = [sys.executable, "-m", "experiments.sweep", config, "--out", str(store)]
+    command = [sys.executable, "-m", "experiments.sweep.cli", config, "--out", str(store)]
     sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:

@@ -26,10 +26,10 @@ import psutil
 import pytest
 from distributed import Client
 
-from pipeline.cluster import live_workers, register_setup, start_embedded_cluster
-from pipeline.config import ClusterConfig, WorkerConfig
+from pipeline.cluster.connect import live_workers, register_setup, start_embedded_cluster
+from pipeline.config.run_config import ClusterConfig, WorkerConfig
 from pipeline.run import run_training
-from pipeline.runner import StallWatch, waiting_note
+from pipeline.engine.runner import StallWatch, waiting_note
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
 from tests.test_faults import FAULTS
@@ -79,7 +79,8 @@ def workers_up(cluster, count: int) -> list[str]:
 
 
 def workspaces() -> set[str]:
-    """The workspaces in /dev/shm (not a linked run's pin beside them, pipeline/links.py)."""
+    """The workspaces in /dev/shm (not a linked run's pin beside them:
+    pipeline/cluster/links.py)."""
     names = os.listdir(SHM) if os.path.isdir(SHM) else []
     return {name for name in names if name.endswith(".zarr")}
 

@@ -1,4 +1,4 @@
-"""Where a step's time goes (pipeline/step_breakdown.py): pure, no cluster."""
+"""Where a step's time goes (pipeline/records/step_breakdown.py): pure, no cluster."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import xarray as xr
 
-from pipeline.step_breakdown import (COMPONENTS, compute_error, model_breakdown,
-                                     phase_seconds, record_breakdown, split_step)
+from pipeline.records.step_breakdown import (COMPONENTS, compute_error, model_breakdown,
+                                             phase_seconds, record_breakdown, split_step)
 from tasks.receipts import OpEvent, Phase, Receipt
 
 

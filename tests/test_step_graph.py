@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from pipeline.step_graph import op_graph, step_tasks
+from pipeline.engine.step_graph import op_graph, step_tasks
 from tasks.layout import (CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, StepOp, exchange_slots,
                           layout_from_counts, worker_ops, workspace_bytes)
 from tasks.replica_layout import DataLayout, HybridLayout

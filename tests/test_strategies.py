@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.cluster import find_workers, register_setup
+from pipeline.cluster.connect import find_workers, register_setup
 from pipeline.run import run_training
 from storage import checkpoints
 from tasks.layout import workspace_bytes

@@ -20,17 +20,17 @@ import pytest
 import xarray as xr
 import yaml
 
-from experiments import sweep as sweep_cli
-from experiments.results import DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template
-from experiments.speedup import compute_speedup
-from experiments.summary import format_table, summary_table
-from experiments.sweep_axes import value_label
-from experiments.scaling_config import load_scaling_sweep
-from experiments.sweep_config import load_sweep
-from experiments.sweep_points import run_order
-from experiments.sweep_run import run_sweep
-from pipeline.schema import ConfigError, load_yaml
-from pipeline.step_breakdown import COMPONENTS
+from experiments.sweep import cli as sweep_cli
+from experiments.sweep.results import DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template
+from experiments.sweep.speedup import compute_speedup
+from experiments.sweep.summary import format_table, summary_table
+from experiments.sweep.axes import value_label
+from experiments.scaling.config import load_scaling_sweep
+from experiments.sweep.config import load_sweep
+from experiments.sweep.points import run_order
+from experiments.sweep.run import run_sweep
+from pipeline.config.schema import ConfigError, load_yaml
+from pipeline.records.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from tests.helpers import run_main
 
@@ -66,7 +66,7 @@ def write_sweep(tmp_path, dataset: str, axes: dict, repeats: int = 1, name: str 
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "experiments.sweep", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "experiments.sweep.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -21,10 +21,10 @@ import time
 import pytest
 import xarray as xr
 
-from experiments import report
-from experiments.results import DONE, FAILED, PENDING, ResultStore, build_template
-from experiments.sweep_config import load_sweep
-from experiments.sweep_run import run_sweep
+from experiments.report import cli as report
+from experiments.sweep.results import DONE, FAILED, PENDING, ResultStore, build_template
+from experiments.sweep.config import load_sweep
+from experiments.sweep.run import run_sweep
 from storage.labelled import write_dataset
 from tests.helpers import run_main
 from tests.test_integrity import PAGE, page_rows

@@ -1,13 +1,13 @@
-"""How many steps a task runs, and each step's time within it (pipeline/task_steps.py):
+"""How many steps a task runs, and each step's time within it (pipeline/engine/task_steps.py):
 pure; and the training loop that applies them, over a fake trainer."""
 
 import pytest
 
-from pipeline import loop
-from pipeline.config import build_run_config
-from pipeline.records import RunRecorder, StepResult
-from pipeline.task_steps import (MAX_STEPS_PER_TASK, RECENT_STEPS, TASK_SECONDS, StepClock,
-                                 next_task_steps, step_times, steps_label, steps_per_task)
+from pipeline.training import loop
+from pipeline.config.run_config import build_run_config
+from pipeline.records.record import RunRecorder, StepResult
+from pipeline.engine.task_steps import (MAX_STEPS_PER_TASK, RECENT_STEPS, TASK_SECONDS, StepClock,
+                                        next_task_steps, step_times, steps_label, steps_per_task)
 from tasks.receipts import Receipt
 
 

@@ -25,13 +25,13 @@ import xarray as xr
 import yaml
 from torch import nn
 
-from experiments import sweep as sweep_cli
-from experiments.results import DONE
+from experiments.sweep import cli as sweep_cli
+from experiments.sweep.results import DONE
 from pipeline.costmodel import (DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec,
                                 predict)
-from pipeline.placement import Placement, split_even
+from pipeline.placement.split import Placement, split_even
 from pipeline.run import run_training
-from pipeline.schema import ConfigError
+from pipeline.config.schema import ConfigError
 from pipeline.strategies import STRATEGIES, Strategy, register
 from storage import checkpoints
 from storage.datasets import read_batch

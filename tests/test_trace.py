@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from experiments.trace_plot import main as plot_main
-from pipeline.trace import ClientEvent, write_trace
+from experiments.report.trace_plot import main as plot_main
+from pipeline.records.trace import ClientEvent, write_trace
 from tasks.receipts import OpEvent, Phase, Receipt
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.cluster import find_workers, register_setup
-from pipeline.config import load_run_config
+from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import max_relative_error, tiny_config

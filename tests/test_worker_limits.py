@@ -14,10 +14,10 @@ import psutil
 import pytest
 from distributed import Client
 
-from pipeline.cluster import ClusterWorker, WorkerLost, live_workers
-from pipeline.runner import TaskRunner
+from pipeline.cluster.connect import ClusterWorker, WorkerLost, live_workers
+from pipeline.engine.runner import TaskRunner
 from pipeline.train import lost_line
-from pipeline.worker_limits import (MemoryRule, limit_problem, memory_loss_notes, memory_rule)
+from pipeline.cluster.worker_limits import MemoryRule, limit_problem, memory_loss_notes, memory_rule
 from tests.helpers import reliability_rows
 from tests.test_cli import CliCluster, error_lines, tiny_args, train
 
@@ -58,7 +58,7 @@ def test_a_limit_below_a_bare_worker_is_named_with_what_it_needs():
 
 
 def test_a_started_worker_s_capacity_is_what_dask_lets_it_hold():
-    from pipeline.capacity import capacities_from
+    from pipeline.placement.capacity import capacities_from
     workers = [ClusterWorker("tcp://a:1", "a", "CPU", 1, 1.0, "")]
     reported = {"tcp://a:1": {"memory_limit": 650 * MB}}
     rules = {"tcp://a:1": memory_rule(0.8, 0.95, nanny=False)}

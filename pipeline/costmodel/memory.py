@@ -39,7 +39,7 @@ keeps freed pages), except what glibc maps apart (tensors above its mmap thresho
 the peak of resident memory, not of live tensors.
 
 Pure: a function of the network, the batch, the element size, the split and the
-strategy. `fits` and `move_to_fit` (pipeline/placement.py) use it to keep a split
+strategy. `fits` and `move_to_fit` (pipeline/placement/split.py) use it to keep a split
 inside each device's capacity.
 """
 
@@ -62,7 +62,7 @@ MB = 10 ** 6
 #: project's machine): subtracted from a peak to give "working" memory.
 PROCESS_BASELINE = 286 * 10 ** 6
 #: A child forked from a bare process that imported what a worker imports
-#: (`tasks.memory.WORKER_MODULES`: no xarray or pandas; pipeline/memory.py's worker
+#: (`tasks.memory.WORKER_MODULES`: no xarray or pandas; pipeline/records/memory.py's worker
 #: baseline, Intel host): what a worker forked from the embedded cluster's fork server
 #: starts with. Less than the unforked process (259 MB): a forked child maps its
 #: parent's library pages only once it touches them.

@@ -25,8 +25,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from pipeline.cluster import ClusterWorker, all_local, scheduler_in_process
-from pipeline.config import RunConfig
+from pipeline.cluster.connect import ClusterWorker, all_local, scheduler_in_process
+from pipeline.config.run_config import RunConfig
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
@@ -37,7 +37,7 @@ from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_rea
                                      task_gap_s, trunk_timings)
 from pipeline.probe.rounds import calibrate
 from pipeline.probe.runs import Plan, plans_for, replica_plan
-from pipeline.startup import usable_cores
+from pipeline.cluster.startup import usable_cores
 from storage.datasets import create_synthetic_dataset
 from storage.private import default_workspace_root
 from tasks.specs import NetworkSpec
@@ -69,7 +69,7 @@ def cache_dir() -> str:
 
 def probe_workspace_dir(config: RunConfig) -> str | None:
     """Where a probe of `config`'s cluster puts its calibration runs' workspaces: the
-    folder the run's own goes in (pipeline/engine.py, `workspace_path`), so that the
+    folder the run's own goes in (pipeline/engine/step_engine.py, `workspace_path`), so that the
     probe times the store the run will use. ``workspace.path`` if set; for workers
     behind shaped links, the client's shared-memory folder, which they mount over
     their links as their runs do (their probes once used the output directory on

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.cluster import ClusterWorker
-from pipeline.runner import TaskRunner
+from pipeline.cluster.connect import ClusterWorker
+from pipeline.engine.runner import TaskRunner
 
 
 def clock_task(*args: Any, deps: Sequence[Any] = ()) -> float:

@@ -23,7 +23,7 @@ import socket
 
 import torch
 
-from pipeline.startup import usable_cores
+from pipeline.cluster.startup import usable_cores
 
 CPUINFO = "/proc/cpuinfo"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus/*/information"

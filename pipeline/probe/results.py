@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.costmodel import (DaskOverhead, DeviceSpec, LayerTable, Network, Options,
                                 StoreSpec, TrunkTime, sequential)
-from pipeline.placement import split_even
+from pipeline.placement.split import split_even
 from pipeline.probe.robust import inconsistent
 from tasks.specs import ConvLayerSpec, NetworkSpec
 

@@ -44,12 +44,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.checkpointing import prepare_checkpoints
-from pipeline.cluster import ClusterWorker, all_local
-from pipeline.config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConfig, TrainConfig,
-                             WorkspaceConfig)
-from pipeline.placement import Placement, rough_seconds, split_even
-from pipeline.engine import RunPlan, StepEngine
+from pipeline.engine.checkpointing import prepare_checkpoints
+from pipeline.cluster.connect import ClusterWorker, all_local
+from pipeline.config.run_config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConfig,
+                                        TrainConfig, WorkspaceConfig)
+from pipeline.placement.split import Placement, rough_seconds, split_even
+from pipeline.engine.step_engine import RunPlan, StepEngine
 from storage.datasets import open_dataset_info
 from tasks.hybrid_ops import HYBRID_SIDE
 from tasks.kernel_ops import KERNEL_SIDE

@@ -9,9 +9,9 @@ strategy's name.
 
 from __future__ import annotations
 
-from pipeline.config import RunConfig
-from pipeline.schema import ConfigError
-from pipeline.engine import RunPlan
+from pipeline.config.run_config import RunConfig
+from pipeline.config.schema import ConfigError
+from pipeline.engine.step_engine import RunPlan
 from pipeline.strategies.auto import AutoStrategy
 from pipeline.strategies.base import PLACEMENTS, Strategy
 from pipeline.strategies.kernel import KernelStrategy, SingleStrategy

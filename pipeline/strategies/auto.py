@@ -4,7 +4,7 @@
 ``auto`` like any strategy name; it checks that at least one distributed strategy
 accepts the config. It never runs: the run resolves it at the start, once its
 cluster is up, to the candidate the model predicts fastest on a probe of that
-cluster (pipeline/strategy_choice.py), and then runs that strategy as if it had
+cluster (pipeline/placement/strategy_choice.py), and then runs that strategy as if it had
 been named.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from pipeline.config import RunConfig
-from pipeline.schema import ConfigError
+from pipeline.config.run_config import RunConfig
+from pipeline.config.schema import ConfigError
 from pipeline.strategies.base import Strategy
 
 

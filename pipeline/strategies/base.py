@@ -27,18 +27,18 @@ from typing import Any, Sequence
 
 from distributed import Client
 
-from pipeline.cluster import ClusterWorker
-from pipeline.config import RunConfig
-from pipeline.engine import RunPlan
+from pipeline.cluster.connect import ClusterWorker
+from pipeline.config.run_config import RunConfig
+from pipeline.engine.step_engine import RunPlan
 from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
-from pipeline.placement import Placement
+from pipeline.placement.split import Placement
 from pipeline.probe import ClusterProbe, MasterProbe
-from pipeline.schema import ConfigError
+from pipeline.config.schema import ConfigError
 from tasks.layout import Layout
 from tasks.run_state import WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec
 
-#: Every placement a run config can name (pipeline/split_choice.py).
+#: Every placement a run config can name (pipeline/placement/split_choice.py).
 PLACEMENTS = ("calibrated", "even", "model", "recorded")
 
 
@@ -59,7 +59,7 @@ class Strategy:
     #: What its tasks run on a worker.
     worker_side: WorkerSide | None = None
     #: True for ``auto``: the run replaces it, once its cluster is up, by the strategy
-    #: the performance model predicts fastest (pipeline/strategy_choice.py).
+    #: the performance model predicts fastest (pipeline/placement/strategy_choice.py).
     chosen_by_model: bool = False
 
     def check(self, config: RunConfig) -> None:

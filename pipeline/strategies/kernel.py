@@ -1,7 +1,7 @@
 """`kernel` (Marques et al.): every worker holds a share of every conv layer's
 kernels; the master worker runs the dense head. `single` is its one-worker case.
 
-The split comes from `pipeline.split_choice.choose_kernel_split` (even, calibrated, by the
+The split comes from `pipeline.placement.split_choice.choose_kernel_split` (even, calibrated, by the
 model, or recorded); workers it gives no kernel of any layer leave the run, the
 master stays (a master outside the kernel workers holds none: `cluster.add_master`).
 Worker side: tasks/kernel_ops.py; layout and exchanged slices: tasks/layout.py.
@@ -13,16 +13,16 @@ from typing import Any, Sequence
 
 from distributed import Client
 
-from pipeline.split_choice import choose_kernel_split
-from pipeline.cluster import ClusterWorker, add_master
-from pipeline.config import RunConfig
+from pipeline.placement.split_choice import choose_kernel_split
+from pipeline.cluster.connect import ClusterWorker, add_master
+from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
 from pipeline.costmodel.strategies import MODELS
-from pipeline.model_placement import calibrated_split, choose_split
-from pipeline.placement import Placement, split_even
+from pipeline.placement.model_placement import calibrated_split, choose_split
+from pipeline.placement.split import Placement, split_even
 from pipeline.probe import ClusterProbe, MasterProbe
-from pipeline.engine import RunPlan
+from pipeline.engine.step_engine import RunPlan
 from pipeline.strategies.base import Strategy
 from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import KernelLayout, Layout, layout_from_counts
@@ -88,7 +88,7 @@ def placement_split(config: RunConfig, probe: ClusterProbe, active: int) -> list
 
     ``even`` (and one worker): equal quanta; ``calibrated``: proportional to
     the probed speed at the even share (the engine measures its own, which
-    differs by noise); ``model``: :func:`pipeline.model_placement.choose_split`.
+    differs by noise); ``model``: :func:`pipeline.placement.model_placement.choose_split`.
     """
     spec = probe.network_spec()
     quanta = probe.quanta

@@ -1,4 +1,4 @@
-"""`reference`: plain in-process PyTorch (pipeline/reference.py), no cluster.
+"""`reference`: plain in-process PyTorch (pipeline/training/reference.py), no cluster.
 
 The baseline a user would otherwise run, and the arithmetic every distributed
 strategy must reproduce. Its model is one device's step (`single`'s).
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pipeline.config import RunConfig
-from pipeline.costmodel import IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
+from pipeline.config.run_config import RunConfig
+from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
+                                StoreSpec)
 from pipeline.costmodel.strategies import MODELS
 from pipeline.probe import ClusterProbe, MasterProbe, dataset_store, master_device
 from pipeline.strategies.base import Strategy

@@ -2,7 +2,7 @@
 batch; `hybrid` (Krizhevsky's "one weird trick") also splits every dense layer's
 neurons over the workers.
 
-The batch shares come from `pipeline.split_choice.choose_batch_split` (even,
+The batch shares come from `pipeline.placement.split_choice.choose_batch_split` (even,
 calibrated or recorded; the model places kernels only); workers given no sample
 leave the run. Worker side: tasks/data_ops.py and tasks/hybrid_ops.py; layouts and
 exchanged slices: tasks/replica_layout.py.
@@ -15,17 +15,17 @@ from typing import Any, Sequence
 
 from distributed import Client
 
-from pipeline.split_choice import choose_batch_split
-from pipeline.cluster import ClusterWorker
-from pipeline.config import RunConfig
+from pipeline.placement.split_choice import choose_batch_split
+from pipeline.cluster.connect import ClusterWorker
+from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
 from pipeline.costmodel.strategies import MODELS
-from pipeline.placement import Placement, split_even
+from pipeline.placement.split import Placement, split_even
 from pipeline.probe import ClusterProbe, MasterProbe
-from pipeline.records import jsonable
-from pipeline.schema import ConfigError, to_dict
-from pipeline.engine import RunPlan
+from pipeline.records.record import jsonable
+from pipeline.config.schema import ConfigError, to_dict
+from pipeline.engine.step_engine import RunPlan
 from pipeline.strategies.base import PLACEMENTS, Strategy
 from tasks.data_ops import DATA_SIDE
 from tasks.hybrid_ops import HYBRID_SIDE

@@ -1,0 +1,1 @@
+"""Reports of sweep stores: `python -m experiments.report STORE`."""

@@ -1,0 +1,136 @@
+"""Figures and a table from a sweep's store: ``python -m experiments.report RESULTS``.
+
+Writes, into ``<store>.report/`` next to the store (or ``--out DIR``):
+
+- ``strategies.png``: every strategy side by side (step time measured and
+  predicted, speedup, exchange bytes), if three or more strategies are swept;
+- ``speedup.png``: speedup against workers (summed relative speed for unequal
+  devices), one panel per network size, one line per strategy/batch/other
+  setting, with the ideal line and Marques et al.'s 3.28x on 4 CPUs (drawn where
+  the axis, which ends at the sweep's own capacities, reaches 4; named in the legend
+  otherwise); a setting measured once is a dotted line (`reference`: its threads,
+  one process);
+- ``breakdown.png``: where a step's time goes (compute, exchange, master, wait) per
+  strategy and worker set, with the measured step time marked;
+- ``batch.png``: step time and throughput against batch size (if batch is swept);
+- ``placement.png``: calibrated against even placement on unequal workers (if
+  placement is swept);
+- ``memory.png``: the fullest worker's working memory against workers and batch,
+  per strategy, beside plain PyTorch's (`reference`), where the store has memory;
+- ``step_times.png``: the spread of every point's measured steps;
+- ``prediction.png``: predicted against measured step time (once predicted);
+- ``growth_<strategy>.png``: how a strategy's step time and its parts (compute,
+  exchange, dataset, wait, client) grow with batch and workers, beside the model's
+  (:mod:`experiments.report.growth`; stores with the parts and a batch or workers dim);
+- ``report.md``: provenance, the figures, the main table and any failures.
+
+The store's checksums are verified first: a damaged file (a point's, the
+coordinates', the metadata's) is one line naming it and exit 1, and nothing is
+drawn; the sweep's same command runs damaged points again. A store of the format
+before checksums is reported with a warning that nothing could be checked.
+
+A scaling store (``mode: scaling``, predictions over hypothetical clusters) gets
+its own figures instead: which strategy wins over devices x batch and devices x
+bandwidth, and the speedup curves (:mod:`experiments.scaling.report`).
+
+Figures use medians over the done repeats, with the repeats' range as error bars.
+
+This module is the command line and the list of files: the figures are drawn by
+:mod:`experiments.report.figures` and :mod:`experiments.report.strategies` from
+:mod:`experiments.report.view`'s table of points, and report.md is written by
+:mod:`experiments.report.markdown`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import xarray as xr
+
+from experiments.report.figure_files import write_figures
+from experiments.report.figures import (batch_figure, breakdown_figure, placement_figure,
+                                        prediction_figure, speedup_figure, step_times_figure)
+from experiments.report.growth import growth_figure, growth_strategies
+from experiments.report.links import link_figure
+from experiments.report.markdown import write_markdown
+from experiments.report.memory import memory_figure
+from experiments.report.strategies import strategies_figure
+from experiments.report.view import StoreView
+from experiments.sweep.results import ResultStore, StoreDamaged, StoreMismatch
+from experiments.scaling.report import make_scaling_report
+
+
+class ReportError(ValueError):
+    """The path is not a sweep store that can be reported on."""
+
+
+def default_out_dir(store: str) -> str:
+    stem = store.rstrip("/")
+    return (stem[: -len(".zarr")] if stem.endswith(".zarr") else stem) + ".report"
+
+
+def make_report(store: str, out_dir: str | None = None) -> list[str]:
+    """Write the figures and report.md; returns the paths written."""
+    if not os.path.exists(store):
+        raise ReportError(f"{store}: no such results store")
+    try:  # StoreDamaged (a damaged file, named) passes to the caller
+        unchecked = ResultStore(store).verify_for_reading()
+    except StoreMismatch as error:
+        raise ReportError(str(error)) from None
+    if unchecked:
+        print(unchecked, file=sys.stderr)
+    try:
+        ds = xr.open_zarr(store).load()
+    except Exception as error:  # noqa: BLE001 - any unreadable store gets one line
+        raise ReportError(f"{store}: not a readable Zarr store ({error})") from None
+    if "status" not in ds:
+        raise ReportError(f"{store}: not a sweep results store")
+    out_dir = out_dir or default_out_dir(store)
+    os.makedirs(out_dir, exist_ok=True)
+    if ds.attrs.get("mode") == "scaling":  # predicted over hypothetical clusters
+        return make_scaling_report(ds, out_dir)
+    sweep = StoreView(ds)
+    frame = sweep.points()
+    makers: list[tuple[str, Any]] = [
+        ("strategies.png", lambda p: strategies_figure(sweep, frame, p)),
+        ("speedup.png", lambda p: speedup_figure(sweep, frame, p)),
+        ("breakdown.png", lambda p: breakdown_figure(sweep, frame, p)),
+        ("batch.png", lambda p: batch_figure(sweep, frame, p)),
+        ("placement.png", lambda p: placement_figure(sweep, frame, p)),
+        ("memory.png", lambda p: memory_figure(sweep, frame, p)),
+        ("step_times.png", lambda p: step_times_figure(sweep, p)),
+        ("prediction.png", lambda p: prediction_figure(frame, p)),
+        ("links.png", lambda p: link_figure(sweep, frame, p)),
+        *((f"growth_{s}.png", lambda p, s=s: growth_figure(sweep, frame, s, p))
+          for s in growth_strategies(sweep, frame)),
+    ]
+    written = write_figures(makers, out_dir)
+    report = os.path.join(out_dir, "report.md")
+    write_markdown(ds, sweep, frame, written, report)
+    return [os.path.join(out_dir, name) for name in written] + [report]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.report",
+                                     description="Figures and a table from a sweep's store.")
+    parser.add_argument("results", help="the sweep's Zarr store (results/<name>.zarr)")
+    parser.add_argument("--out", help="directory for the files (default <store>.report/)")
+    args = parser.parse_args(argv)
+    try:
+        paths = make_report(args.results, args.out)
+    except ReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except StoreDamaged as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""report.md of a measured sweep: provenance, figures, main table, device mixes, failures.
+
+`write_markdown` writes it from the store and the figures drawn; `mixes_section`
+is its table of how the work was shared among a run's devices (`device_shares`
+reads one run's split back from the store's texts), present where the sweep
+varies its devices or its workers differ in device or tag.
+
+Why apart from the figures: report.md is text that must stay readable without
+them (provenance, the paper comparison, failures), and the device-mix table has
+no figure.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from experiments.report.auto import auto_section
+from experiments.report.errors import error_section
+from experiments.report.growth import growth_section
+from experiments.report.links import links_section
+from experiments.report.view import PAPER_POINT, StoreView
+from experiments.sweep.results import DONE, FAILED, SKIPPED
+from experiments.sweep.summary import format_table, summary_table
+
+
+def _provenance(ds: xr.Dataset) -> list[str]:
+    machine = json.loads(ds.attrs.get("machine", "{}"))
+    versions = json.loads(ds.attrs.get("versions", "{}"))
+    status = ds.status.values
+    memory = machine.get("memory_bytes")
+    lines = [
+        f"- points: {int((status == DONE).sum())} done, {int((status == FAILED).sum())} "
+        f"failed, {int((status == 0).sum())} pending, {int((status == SKIPPED).sum())} not "
+        f"applicable (they would repeat another point), of {status.size}",
+        f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"
+        + (f", {memory / 2**30:.0f} GiB" if memory else "")
+        + (f", GPUs: {', '.join(machine['gpus'])}" if machine.get("gpus") else ", no GPU")
+        + f" ({machine.get('host', '?')})",
+        f"- code revision {ds.attrs.get('code_revision', '?')}; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"- started {ds.attrs.get('started', '?')}, finished {ds.attrs.get('finished', '?')}",
+        f"- command: `{ds.attrs.get('command', '')}`",
+        f"- speedup is against `{ds.attrs.get('speedup_baseline', 'single')}` at the same "
+        "other coordinates (median over its repeats); efficiency divides it by the "
+        "workers' summed relative speed over the baseline's.",
+    ]
+    cores = machine.get("cores")
+    if cores and "n_workers" in ds and np.nanmax(ds.n_workers.values, initial=0) + 1 > cores:
+        lines.append(f"- note: some points ran more worker threads (+1 master) than the "
+                     f"{cores} cores here; their timings include contention.")
+    return lines
+
+
+def _paper_comparison(sweep: StoreView, frame: pd.DataFrame) -> str | None:
+    data = frame[(frame["strategy"] == "kernel") & frame["equal_workers"]
+                 & np.isclose(frame["n_workers"], PAPER_POINT[0])]
+    if data.empty or data["speedup"].isna().all():
+        return None
+    best = data.loc[data["speedup"].idxmax()]
+    where = ", ".join(f"{d} {best[d]}" for d in sweep.dims)
+    return (f"Best kernel-parallel speedup on {PAPER_POINT[0]} equal workers: "
+            f"{best['speedup']:.2f}x (efficiency {best['efficiency']:.0%}; {where}); the paper "
+            f"reports {PAPER_POINT[1]}x ({PAPER_POINT[1] / PAPER_POINT[0]:.0%}).")
+
+
+def device_shares(kernel_split: str, batch_split: str, worker_devices: str
+                  ) -> list[tuple[str, str, float]]:
+    """``(worker, "device, tag", share)`` of a run's work: its kernels over all conv
+    layers (kernel, single) or its samples (data, hybrid), as the store keeps them."""
+    workers = json.loads(worker_devices or "[]")
+    kernels = json.loads(kernel_split or "[]")
+    rows = [list(r) for r in zip(*kernels)] if kernels else [[k] for k in json.loads(
+        batch_split or "[]")]
+    total = sum(sum(r) for r in rows)
+    if not workers or len(rows) != len(workers) or not total:
+        return []
+    return [(name, f"{device}, {tag}", sum(row) / total)
+            for (name, tag, device), row in zip(workers, rows)]
+
+
+def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
+    """report.md's table of step time and each device's share, point by point (first
+    done repeat), where the sweep varies its devices (a `cluster.devices`, `resources`
+    or `workers` axis) or runs whose workers differ in device or tag."""
+    if "worker_devices" not in ds:
+        return []
+    status, texts = ds.status.values, {n: ds[n].values for n in (
+        "kernel_split", "batch_split", "worker_devices")}
+    labels = {dim: [str(v) for v in ds[dim].values] for dim in sweep.dims}
+    rows, kinds = [], set()
+    for position in np.ndindex(*status.shape[:-1]):
+        done = np.flatnonzero(status[position] == DONE)
+        if not done.size:
+            continue
+        cell = position + (int(done[0]),)
+        shares = device_shares(*(str(texts[n][cell]) for n in texts))
+        kinds.update(kind for _n, kind, _s in shares)
+        where = ", ".join(f"{d} {labels[d][i]}" for d, i in zip(sweep.dims, position))
+        step = float(np.nanmedian(ds.step_time.values[position][done]))
+        rows.append(f"| {where or 'the point'} | {step * 1e3:.1f} | " + ", ".join(
+            f"{name} ({kind}) {share:.0%}" for name, kind, share in shares) + " |")
+    mixed = sweep.dim_with("cluster.devices", "cluster.resources", "cluster.workers") \
+        or len(kinds) > 1
+    if not rows or not mixed:
+        return []
+    return ["## Device mixes", "",
+            "Step time (median over done repeats) and each worker's share of the work "
+            "(kernels over all conv layers, or samples), from the first done repeat. "
+            "Workers of a mix that are not listed were given nothing (left out by the "
+            "placement).", "", "| point | step (ms) | shares |", "|---|---:|---|", *rows, ""]
+
+
+def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figures: list[str],
+                   path: str) -> None:
+    table = summary_table(ds)
+    lines = [f"# Sweep `{ds.attrs.get('sweep_name', '?')}`", ""]
+    lines += _provenance(ds)
+    comparison = _paper_comparison(sweep, frame)
+    if comparison:
+        lines += ["", comparison]
+    accuracies = frame.dropna(subset=["accuracy"]).groupby("strategy")["accuracy"]
+    if len(accuracies) > 1:
+        spread = ", ".join(f"{s} {a.min():.3f}" + (f"-{a.max():.3f}" if a.max() > a.min() else "")
+                           for s, a in accuracies)
+        lines += ["", f"Test accuracy by strategy (distribution must not change it): {spread}."]
+    lines += ["", "## Figures", ""]
+    captions = {"speedup.png": "Speedup against workers", "breakdown.png": "Time breakdown",
+                "batch.png": "Batch size", "placement.png": "Placement on unequal workers",
+                "memory.png": "Memory per worker (working, the fullest worker)",
+                "step_times.png": "Spread of measured steps",
+                "prediction.png": "Predicted against measured",
+                "links.png": "Step time against link rate"}
+    for name in figures:
+        if not name.startswith("growth_"):  # those have a section of their own
+            lines += [f"![{captions.get(name, name)}]({name})", ""]
+    lines += growth_section(figures)
+    lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
+    lines += mixes_section(ds, sweep)
+    lines += links_section(sweep, frame)
+    lines += error_section(ds)
+    lines += auto_section(ds, frame, sweep.dims)
+    failures = table[table["failure"] != ""]
+    if not failures.empty:
+        lines += ["## Failed points", ""]
+        dims = [d for d in sweep.dims]
+        for _, row in failures.iterrows():
+            where = ", ".join(f"{d}={row[d]}" for d in dims) or "the point"
+            lines.append(f"- {where}: {row['failure']}")
+        lines.append("")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines))

@@ -1,0 +1,65 @@
+"""The memory figure: the most memory a worker held, against workers and batch, per
+strategy, beside plain PyTorch's (`reference`).
+
+Why its own figure: memory is the other resource that makes devices unequal (the
+seed paper names it beside speed), and whether splitting a network shrinks what each
+device must hold is a claim of the method, separate from its speed. What is plotted
+is each point's fullest worker (`memory_working`: its peak resident memory less a
+bare process's, experiments/sweep/results.py), the median over repeats.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from experiments.report.figure_files import legend_beside, save_figure  # noqa: E402
+from experiments.report.view import COLORS, StoreView, slice_of_others  # noqa: E402
+
+REFERENCE = "reference"
+
+
+def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
+    """Working memory per worker (the fullest) against workers and against batch, one
+    line per strategy; `reference` as a dashed line (or, across batch, its own line).
+    Drawn where the store has memory figures and a workers or batch axis."""
+    if "memory_working" not in frame or frame["memory_working"].isna().all():
+        return False
+    panels = [(dim, label) for dim, label in ((sweep.worker_dim, "workers"),
+                                              (sweep.batch_dim, "batch size")) if dim]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 1.5, 4.4),
+                             squeeze=False)
+    strategies = list(dict.fromkeys(frame["strategy"]))
+    colors = {s: COLORS[i % len(COLORS)] for i, s in enumerate(strategies)}
+    for ax, (dim, label) in zip(axes[0], panels):
+        keep = ["strategy", dim]
+        data, fixed = slice_of_others(sweep, frame, keep)
+        data = data[data["memory_working"].notna()].copy()
+        data["x"] = pd.to_numeric(data["n_workers"] if dim == sweep.worker_dim else data[dim],
+                                  errors="coerce")
+        for strategy, rows in data.groupby("strategy", sort=False):
+            rows = rows.sort_values("x")
+            mb = rows["memory_working"] / 1e6
+            if strategy == REFERENCE and dim == sweep.worker_dim:
+                ax.axhline(float(mb.median()), color="black", linestyle="--", linewidth=1.2,
+                           label="reference (plain PyTorch)")
+                continue
+            ax.plot(rows["x"], mb, marker="o", color=colors[strategy],
+                    linestyle="--" if strategy == REFERENCE else "-",
+                    label="reference (plain PyTorch)" if strategy == REFERENCE else strategy)
+        ax.set_xlabel(label)
+        ax.set_ylabel("working memory of the fullest worker (MB)")
+        ax.set_title(f"memory against {label}" + (f" ({fixed})" if fixed else ""),
+                     fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    legend_beside(fig, axes[0])
+    fig.suptitle(f"{sweep.ds.attrs.get('sweep_name', '')}: memory per worker (peak resident "
+                 "less a bare process's, median over repeats)")
+    save_figure(fig, path)
+    return True

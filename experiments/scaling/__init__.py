@@ -1,0 +1,1 @@
+"""Predict-only sweeps (`mode: scaling`) and their hardware presets."""

@@ -1,0 +1,334 @@
+"""Scaling sweeps: predict-only grids over hypothetical clusters (``mode: scaling``).
+
+A measured sweep's points are run configs for the cluster at hand. A scaling
+sweep's points describe clusters that need not exist (1 to thousands of devices,
+links of any speed, mixes of CPUs and GPUs), so they are not run configs: each is
+a :class:`ScalingPoint`, validated like every config (one ``ConfigError`` line
+naming the field), and the performance model (:mod:`pipeline.costmodel`) predicts
+it. The file::
+
+    name: scaling
+    mode: scaling                  # what makes this a scaling sweep
+    base:
+      strategy: kernel             # single | kernel | data | hybrid
+      network: {preset: marques}   # marques | alexnet, or {conv: [...], hidden, classes}
+      train: {batch: 128}          # the whole mini-batch over all devices
+      hardware:                    # see experiments.scaling.hardware
+        devices: 4                 # or {cpu: 2, gpu: 6}
+        device: cpu
+        link: {gbps: 10, latency_us: 10}
+      options: {allreduce: ring, scheme: b, split: proportional}
+    axes:                          # dotted fields of the point, as in measured sweeps
+      strategy: [single, kernel, data, hybrid]
+      hardware.devices: [1, 2, 4, 8]
+      hardware.link.gbps: {dim: link_gbps, values: [1, 10, 100]}
+    zip: []                        # fields moving together, as in measured sweeps
+
+Axes and zip groups work exactly as in measured sweeps (:mod:`experiments.sweep.axes`: same
+parser, same labels). There are no repeats (the model is deterministic) and no
+``measure:``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from experiments.scaling import hardware as hw
+from experiments.sweep.axes import Axis, build_axes, point_data
+from experiments.sweep.config import _resolve_base, _route_overrides
+from pipeline.costmodel import Network, Options, alexnet, conv_net, sequential
+from pipeline.config.schema import (ConfigError, from_dict, load_yaml, parse_override, set_dotted,
+                                    to_dict)
+from pipeline.strategies import Strategy, strategy_named
+
+__all__ = ["ScalingPoint", "ScalingSweepConfig", "ScalingSweep", "ScalingPointRun",
+           "NetworkDesc", "ConvDesc", "OptionsDesc", "is_scaling_sweep", "load_scaling_sweep",
+           "build_point", "network_of", "options_of", "SCALING_VARIABLES"]
+
+#: Variables a scaling store adds to the measured sweeps' names (dims may not take them).
+SCALING_VARIABLES = {"communication_time", "overhead_time", "baseline_step_time"}
+
+
+@dataclass
+class ConvDesc:
+    """One conv layer (as ``network.conv`` of a run config, plus strides for AlexNet-like nets)."""
+
+    kernels: int
+    size: int = 5
+    padding: int = 2
+    pool: int = 2
+    stride: int = 1
+    pool_stride: int | None = None
+
+
+@dataclass
+class NetworkDesc:
+    """The network: a ``preset`` (``marques``, ``alexnet``) or conv layers.
+
+    Neither given: Marques et al.'s 500/1500 network (5x5 convolutions with
+    padding 2, ReLU, 2x2 max-pool). ``hidden``, ``classes``, ``image`` and
+    ``channels`` apply to conv layers and to ``marques``; ``alexnet``
+    (3x224x224) takes only ``classes``.
+    """
+
+    preset: Literal["marques", "alexnet"] | None = None
+    conv: list[ConvDesc] | None = None
+    hidden: list[int] = field(default_factory=list)
+    classes: int | None = None
+    image: int = 32
+    channels: int = 3
+
+
+@dataclass
+class TrainDesc:
+    """The step: ``batch`` samples over all devices (strong scaling)."""
+
+    batch: int = 128
+
+
+@dataclass
+class OptionsDesc:
+    """Strategy knobs of :class:`pipeline.costmodel.Options` (see its docstring)."""
+
+    split: Literal["proportional", "minmax"] = "proportional"
+    quantum: int = 1
+    allreduce: Literal["ring", "rhd"] = "ring"
+    overlap: bool = False
+    batch_split: Literal["equal", "proportional"] = "equal"
+    scheme: Literal["a", "b", "c"] = "b"
+    dense_batch: Literal["worker", "full"] = "worker"
+    broadcast: Literal["binomial", "linear"] = "binomial"
+    overlap_dense: bool = True
+
+
+@dataclass
+class ScalingPoint:
+    """One point of a scaling sweep: what is trained, how, on which hypothetical cluster."""
+
+    strategy: str = "kernel"  # a strategy with a cluster (`point_strategy` checks it)
+    network: NetworkDesc = field(default_factory=NetworkDesc)
+    train: TrainDesc = field(default_factory=TrainDesc)
+    hardware: hw.HardwareConfig = field(default_factory=hw.HardwareConfig)
+    options: OptionsDesc = field(default_factory=OptionsDesc)
+
+
+@dataclass
+class ScalingSweepConfig:
+    """The sweep file as written (axes still raw)."""
+
+    name: str = "scaling"
+    mode: Literal["scaling"] = "scaling"
+    base: dict[str, Any] | str = field(default_factory=dict)
+    axes: dict[str, Any] = field(default_factory=dict)
+    zip: list[dict[str, Any]] = field(default_factory=list)
+    output: str | None = None  # the store; default results/<name>.zarr
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"name: {self.name!r} cannot name a results store")
+
+
+SCALING_KEYS = set(ScalingSweepConfig.__dataclass_fields__)
+
+
+@dataclass
+class ScalingPointRun:
+    """One cell of the grid: its position, labels and validated point."""
+
+    position: tuple[int, ...]
+    labels: dict[str, str]
+    point: ScalingPoint
+
+    @property
+    def region(self) -> tuple[int, ...]:
+        """Its cell in the store: axis positions, then repeat 0."""
+        return (*self.position, 0)
+
+    def describe(self) -> str:
+        return " ".join(f"{dim}={label}" for dim, label in self.labels.items()) or "base"
+
+
+@dataclass
+class ScalingSweep:
+    """A loaded scaling sweep."""
+
+    config: ScalingSweepConfig
+    source: str
+    base: dict[str, Any]
+    axes: list[Axis]
+    points: list[ScalingPointRun]  # in grid order
+    text: str  # the resolved config as YAML (stored with the results)
+    fingerprint: str
+    store_path: str
+
+    @property
+    def dims(self) -> list[str]:
+        return [axis.dim for axis in self.axes]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*(len(axis) for axis in self.axes), 1)
+
+    def axis_with_field(self, name: str) -> Axis | None:
+        return next((axis for axis in self.axes if name in axis.fields), None)
+
+
+# The point ----------------------------------------------------------------------------
+
+
+def _check_network(desc: NetworkDesc) -> None:
+    if desc.preset is not None and desc.conv is not None:
+        raise ConfigError("network.conv: give either network.preset or conv layers, not both")
+    if desc.preset == "alexnet" and desc.hidden:
+        raise ConfigError("network.hidden: alexnet has its own dense layers (4096, 4096)")
+    if desc.conv is not None and not desc.conv:
+        raise ConfigError("network.conv: at least one conv layer is needed")
+    for i, layer in enumerate(desc.conv or []):
+        for name in ("kernels", "size", "pool", "stride"):
+            if getattr(layer, name) < 1:
+                raise ConfigError(f"network.conv.{i}.{name}: expected at least 1, got "
+                                  f"{getattr(layer, name)}")
+        if layer.padding < 0:
+            raise ConfigError(f"network.conv.{i}.padding: expected >= 0, got {layer.padding}")
+        if layer.pool_stride is not None and layer.pool_stride < 1:
+            raise ConfigError(f"network.conv.{i}.pool_stride: expected at least 1, got "
+                              f"{layer.pool_stride}")
+    for i, size in enumerate(desc.hidden):
+        if size < 1:
+            raise ConfigError(f"network.hidden.{i}: expected at least 1, got {size}")
+    if desc.classes is not None and desc.classes < 1:
+        raise ConfigError(f"network.classes: expected at least 1, got {desc.classes}")
+    if desc.image < 1 or desc.channels < 1:
+        raise ConfigError("network.image, network.channels: expected at least 1")
+
+
+_NETWORKS: dict[str, Network] = {}
+
+
+def _build_network(desc: NetworkDesc) -> Network:
+    if desc.preset == "alexnet":
+        return alexnet(classes=desc.classes or 1000)
+    if desc.conv is None:  # Marques et al.'s network (pipeline.costmodel.marques_cifar)
+        return conv_net([500, 1500], in_channels=desc.channels, image=desc.image,
+                        hidden=desc.hidden, classes=desc.classes or 10, name="marques_500_1500")
+    specs = [dict(out_channels=c.kernels, kernel=c.size, padding=c.padding, pool=c.pool,
+                  stride=c.stride, pool_stride=c.pool_stride) for c in desc.conv]
+    return sequential(desc.channels, (desc.image, desc.image), specs,
+                      [*desc.hidden, desc.classes or 10],
+                      name="/".join(str(c.kernels) for c in desc.conv))
+
+
+def network_of(desc: NetworkDesc) -> Network:
+    """The cost model's network (cached: the points of a sweep share a few networks)."""
+    key = json.dumps(to_dict(desc), sort_keys=True)
+    if key not in _NETWORKS:
+        _NETWORKS[key] = _build_network(desc)
+    return _NETWORKS[key]
+
+
+def options_of(point: ScalingPoint) -> Options:
+    """The cost model's options for a point."""
+    o = point.options
+    return Options(split=o.split, quantum=o.quantum, allreduce=o.allreduce, overlap=o.overlap,
+                   batch_split=o.batch_split, scheme=o.scheme, dense_batch=o.dense_batch,
+                   broadcast=o.broadcast, overlap_dense=o.overlap_dense,
+                   overhead=hw.overhead_spec(point.hardware.dask))
+
+
+def point_strategy(point: ScalingPoint) -> Strategy:
+    """The point's strategy: one that runs on a cluster, which the model can scale."""
+    strategy = strategy_named(point.strategy)
+    if not strategy.uses_cluster:
+        raise ConfigError(f"strategy: {point.strategy!r} trains in one process; a scaling "
+                          "sweep predicts strategies that run on devices")
+    return strategy
+
+
+def build_point(data: dict) -> ScalingPoint:
+    """Validate one point's mapping; raises ConfigError naming the field."""
+    point: ScalingPoint = from_dict(ScalingPoint, data)
+    point_strategy(point)
+    if point.train.batch < 1:
+        raise ConfigError(f"train.batch: expected at least 1, got {point.train.batch}")
+    if point.options.quantum < 1:
+        raise ConfigError(f"options.quantum: expected at least 1, got {point.options.quantum}")
+    _check_network(point.network)
+    hw.check_hardware(point.hardware)
+    try:
+        net = network_of(point.network)
+    except ValueError as error:
+        raise ConfigError(f"network: {error}") from None
+    for i, layer in enumerate(net.conv):
+        if min(layer.conv_hw) < 1 or min(layer.out_hw) < 1:
+            raise ConfigError(f"network.conv.{i}: the {layer.in_hw[0]}x{layer.in_hw[1]} input "
+                              f"shrinks to nothing (network.image is {point.network.image})")
+    return point
+
+
+# Loading ------------------------------------------------------------------------------
+
+
+def is_scaling_sweep(path: str, overrides: list[str] = ()) -> bool:
+    """Whether the sweep file (after ``mode=...`` overrides) is a scaling sweep."""
+    mode = load_yaml(path).get("mode")
+    for text in overrides:
+        key, value = parse_override(text)
+        if key == "mode":
+            mode = value
+    return mode == "scaling"
+
+
+def _fingerprint(data: dict) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_scaling_sweep(path: str, overrides: list[str] = (), out: str | None = None
+                       ) -> ScalingSweep:
+    """Load, override, expand and validate a scaling sweep; raises ConfigError."""
+    raw = load_yaml(path)
+    raw.setdefault("name", os.path.splitext(os.path.basename(path))[0])
+    raw, base_overrides = _route_overrides(raw, list(overrides), SCALING_KEYS)
+    config: ScalingSweepConfig = from_dict(ScalingSweepConfig, raw)
+    base = _resolve_base(config.base, path)
+    for text in base_overrides:
+        key, value = parse_override(text)
+        set_dotted(base, key, value)
+    build_point(copy.deepcopy(base))  # a bad base fails here, before the axes
+    axes = build_axes(config)
+    for axis in axes:
+        if axis.dim in SCALING_VARIABLES:
+            raise ConfigError(f"{axis.where}.dim: the name {axis.dim!r} is already taken")
+        for index in range(len(axis)):
+            try:
+                build_point(point_data(base, [axis], (index,)))
+            except ConfigError as error:
+                raise ConfigError(f"{error} (in {axis.where}, value #{index + 1} of "
+                                  f"{len(axis)})") from None
+
+    points: list[ScalingPointRun] = []
+    for position in itertools.product(*(range(len(axis)) for axis in axes)):
+        labels = {axis.dim: axis.labels[i] for axis, i in zip(axes, position)}
+        run = ScalingPointRun(position, labels, ScalingPoint())
+        try:
+            run.point = build_point(point_data(base, axes, position))
+        except ConfigError as error:
+            raise ConfigError(f"{error} (at point {run.describe()})") from None
+        points.append(run)
+
+    store_path = out or config.output or os.path.join("results", f"{config.name}.zarr")
+    resolved = to_dict(config)
+    resolved["base"] = base
+    text = yaml.safe_dump(resolved, sort_keys=False)
+    identity = {k: v for k, v in resolved.items() if k != "output"}
+    return ScalingSweep(config, path, base, axes, points, text, _fingerprint(identity),
+                        store_path)
+

@@ -1,0 +1,120 @@
+"""A scaling sweep's store as its report reads it: which dim holds which field, and
+which strategy wins.
+
+`ScalingView` finds the strategy, devices, batch and bandwidth dims, labels their
+values and lays out the panels a figure shows (dims it does not show fixed at their
+last value); `winners` picks the fastest strategy per cell (ties, within `TIE`,
+to the one listed first).
+
+Why apart from the figures and report.md (:mod:`experiments.scaling.report`): the
+winner maps, the speedup curves and the winner table must agree on the layout
+and on who wins.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from experiments.sweep.results import DONE
+
+__all__ = ["ScalingView", "winners"]
+
+TIE = 1e-9  # relative difference under which predicted times count as equal
+
+
+class ScalingView:
+    """A scaling store plus what its figures need: which dim holds which field."""
+
+    def __init__(self, ds: xr.Dataset) -> None:
+        self.ds = ds
+        self.axes: dict[str, list[str]] = json.loads(ds.attrs.get("axes", "{}"))
+        self.dims = [d for d in ds.status.dims if d != "repeat"]
+
+    def dim_with(self, field: str) -> str | None:
+        return next((dim for dim, names in self.axes.items() if field in names), None)
+
+    @property
+    def strategy_dim(self) -> str | None:
+        return self.dim_with("strategy")
+
+    @property
+    def workers_dim(self) -> str | None:
+        return self.dim_with("hardware.devices")
+
+    @property
+    def batch_dim(self) -> str | None:
+        return self.dim_with("train.batch")
+
+    @property
+    def bandwidth_dim(self) -> str | None:
+        return self.dim_with("hardware.link.gbps")
+
+    def plain_counts(self, dim: str) -> np.ndarray:
+        """Per position of the devices dim: whether it is a device count (not a mix)."""
+        if self.ds[dim].dtype.kind in "iu":
+            return np.ones(self.ds.sizes[dim], dtype=bool)
+        companion = f"{dim}_value"
+        if companion not in self.ds.coords:
+            return np.zeros(self.ds.sizes[dim], dtype=bool)
+        values = [json.loads(str(v)) for v in self.ds[companion].values]
+        return np.array([isinstance(v, int) for v in values])
+
+    def labels(self, dim: str) -> list[str]:
+        return [_label(v) for v in self.ds[dim].values]
+
+    def title(self, dim: str, value: str) -> str:
+        if dim == self.bandwidth_dim:
+            return f"link {value} Gb/s"
+        return f"{dim} {value}"
+
+    def axis_name(self, dim: str) -> str:
+        if dim == self.bandwidth_dim:
+            return "link bandwidth (Gb/s)"
+        if dim == self.workers_dim:
+            return "devices"
+        if dim == self.batch_dim:
+            return "batch (samples per step, all devices)"
+        return dim
+
+    def times(self) -> xr.DataArray:
+        """Predicted step times of done points (NaN elsewhere), repeat dropped."""
+        done = self.ds.status == DONE
+        return self.ds.predicted_step_time.where(done).isel(repeat=0)
+
+    def layout(self, shown: list[str]) -> tuple[str | None, dict[str, Any], str]:
+        """The dim for panel rows among those not shown, and the others fixed.
+
+        Returns ``(row dim or None, {dim: fixed value}, text naming the fixed ones)``.
+        """
+        rest = [d for d in self.dims if d not in shown]
+        rows = next((d for d in rest if self.ds.sizes[d] > 1), None)
+        fixed = {d: self.ds[d].values[-1] for d in rest if d != rows}
+        text = ", ".join(self.title(d, _label(v)) for d, v in fixed.items()
+                         if self.ds.sizes[d] > 1)
+        return rows, fixed, text
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def winners(times: np.ndarray) -> np.ndarray:
+    """Index of the fastest along axis 0 (ties: the first), -1 where none has a time."""
+    filled = np.where(np.isfinite(times), times, np.inf)
+    best = filled.min(axis=0)
+    close = filled <= best * (1 + TIE)
+    index = np.argmax(close, axis=0)
+    return np.where(np.isfinite(best), index, -1)
+
+
+def one_device_only(ds: xr.Dataset) -> bool:
+    """Whether every point of `ds` used one device (a strategy such as `single`, the
+    speedup's baseline: it does not scale, so summaries and plots set it apart)."""
+    used = ds.n_workers.values[np.isfinite(ds.n_workers.values)]
+    return bool(used.size) and bool((used <= 1).all())

@@ -1,0 +1,1 @@
+"""Measured sweeps: `python -m experiments.sweep CONFIG`."""

@@ -1,0 +1,236 @@
+"""Run a grid of trainings: ``python -m experiments.sweep CONFIG [options] [key=value ...]``.
+
+    python -m experiments.sweep experiments/configs/quick.yaml
+    python -m experiments.sweep marques_cpu.yaml --scheduler tcp://HOST:8786
+    python -m experiments.sweep quick.yaml --dry-run axes.train.batch=[32,64]
+    python -m experiments.sweep experiments/configs/scaling.yaml   # mode: scaling
+
+A file with ``mode: scaling`` describes hypothetical clusters instead of run
+configs; the performance model predicts every point and nothing trains (see
+:mod:`experiments.scaling.run`).
+
+Points run one at a time (timings must not share the cluster). With no scheduler,
+an embedded cluster is started per distinct worker set and reused by the
+consecutive points that share it; `reference` points need none and run first.
+Results go to one Zarr store (default ``results/<name>.zarr``), one point at a
+time, so running the same command again resumes; ``--fresh`` starts over.
+
+Exit status: 0 all points done, 1 some point failed (each is recorded with its
+reason, and the sweep went on) or the store's metadata is damaged (one line naming
+the file; a damaged point is only named, and runs again), 2 bad config or a store
+of another sweep (or of the format before checksums), 3 the
+store is in use by another sweep, 128 + the signal's number when stopped by Ctrl-C
+(130), SIGHUP (129) or SIGTERM (143); the point being run stays pending, so the
+same command resumes (a second signal stops at once).
+
+This module is the command line: arguments, the checks made before anything
+runs, ``--dry-run``, and exit codes. The run loop is :mod:`experiments.sweep.run`,
+one point's measurement :mod:`experiments.sweep.measure`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, TextIO
+
+import numpy as np
+
+from experiments.sweep.measure import predicted_step_time
+from experiments.sweep.results import (DONE, SKIPPED, ResultStore, StoreBusy, StoreDamaged,
+                                       StoreMismatch)
+from experiments.sweep.results_checksums import point_key
+from experiments.scaling.run import dry_run_scaling, run_scaling_sweep
+from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
+from experiments.sweep.config import Sweep, load_sweep
+from experiments.sweep.run import STORE, run_sweep
+from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
+                          UsageError, exit_with, fail, quiet_dask,
+                          stops_on_signals)
+from pipeline.prediction import predict_point
+from pipeline.preflight import check_run, check_writable_dir
+from pipeline.config.schema import ConfigError
+from storage.space import NoSpace, is_full
+
+
+def contention_warning(sweep: Sweep) -> str | None:
+    """One line when points run more threads than this machine has cores."""
+    cores = os.cpu_count() or 1
+    worst, count = 0, 0
+    for point in sweep.points:
+        if point.cluster_key is None:
+            threads = point.config.reference.threads
+        elif point.cluster_key == "external":
+            continue  # the workers may be elsewhere; the scheduler knows, we do not
+        else:
+            # The master mostly waits while workers compute, so it is not counted.
+            threads = sum(w.threads for w in point.config.cluster.worker_list())
+        if threads > cores:
+            worst, count = max(worst, threads), count + 1
+    if not count:
+        return None
+    return (f"warning: {count} of {len(sweep.points)} points run up to {worst} threads "
+            f"(workers' threads) on {cores} cores: their timings measure "
+            "contention as well as the strategy")
+
+
+#: How the dry run shows a point's status in an existing store.
+STATUS_WORDS = {0: "pending", 1: "done", 2: "failed", 3: "not applicable"}
+
+
+def dry_run(sweep: Sweep, out: TextIO) -> None:
+    """Print the points in run order (with the model's predicted time if there is one).
+
+    A dry run runs nothing: a model that would measure the cluster first is asked
+    to use only what it measured before (CNN_PREDICT_PROBE=cached, unless set).
+    """
+    os.environ.setdefault("CNN_PREDICT_PROBE", "cached")
+    status, damaged = None, {}
+    store = ResultStore(sweep.store_path)
+    if store.exists():
+        try:
+            store.check(sweep.fingerprint, sweep.text)
+            found = store.record.verify()  # changes nothing: the run mends the damage
+            status, damaged = found.status, found.damaged
+        except (StoreMismatch, StoreDamaged, KeyError):
+            status = None
+    shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
+    print(f"sweep {sweep.config.name}: {len(sweep.points)} points ({shape} x "
+          f"{sweep.config.repeats} repeat(s)) -> {sweep.store_path}", file=out)
+    rows = []
+    for number, point in enumerate(sweep.points, start=1):
+        cluster = "none" if point.cluster_key is None else (
+            "external" if point.cluster_key == "external"
+            else f"{len(point.config.cluster.worker_list())} worker(s)")
+        predicted = predicted_step_time(predict_point, point, None)
+        row = [str(number), point.describe(), cluster,
+               "-" if np.isnan(predicted) else f"{predicted:.4f} s"]
+        if status is not None:
+            row.append("damaged, runs again" if point_key(point.region) in damaged else
+                       STATUS_WORDS[int(status[point.region])])
+        rows.append(row)
+    header = ["#", "point", "cluster", "predicted"] + (["status"] if status is not None else [])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for row in [header] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
+
+
+def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
+    """Before anything runs (dry runs too): the store and the points' run directories
+    can be written, and each distinct dataset and workspace can be had, so a bad path
+    is one line now rather than a traceback, or a failure recorded at every point.
+    `field` is what named the store (``--out`` or ``output``)."""
+    check_writable_dir(sweep.store_path, field)
+    if isinstance(sweep, ScalingSweep):
+        return
+    checked: set[tuple] = set()
+    for point in sweep.points:
+        config = point.config
+        key = (config.dataset_path, config.data.source, config.workspace.path,
+               point.strategy.uses_cluster)
+        if key not in checked:
+            checked.add(key)
+            check_run(config, output_field=field)
+
+
+def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
+    """``mode: scaling``: predict a grid of hypothetical clusters (no cluster, no training).
+
+    Raises ConfigError for a bad file (the caller prints it, exit 2).
+    """
+    if args.scheduler:
+        raise ConfigError("--scheduler: a scaling sweep predicts hypothetical clusters and "
+                          "connects to none")
+    sweep = load_scaling_sweep(args.config, args.overrides, args.out)
+    check_sweep_paths(sweep, "--out" if args.out else "output")
+    if args.dry_run:
+        return _print_dry_run(dry_run_scaling, sweep)
+    return _run_store_guarded(
+        lambda: run_scaling_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
+        "interrupted: the previous store, if any, is unchanged", sweep.store_path)
+
+
+def _print_dry_run(printer: Callable[[Any, Any], None], sweep: Any) -> int:
+    try:
+        printer(sweep, sys.stdout)
+    except BrokenPipeError:  # `... --dry-run | head`
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
+    return 0
+
+
+def _run_store_guarded(run: Callable[[], int], interrupted: str, store_path: str) -> int:
+    """Run a sweep, turning store refusals, a full disk and interruption (Ctrl-C,
+    SIGTERM, SIGHUP: `stops_on_signals`) into exit codes."""
+    try:
+        with stops_on_signals():
+            return run()
+    except StoreMismatch as error:
+        return fail(error, CONFIG_ERROR)
+    except StoreDamaged as error:  # the data, not the input: nothing is changed
+        return fail(error, RUNTIME_ERROR)
+    except StoreBusy as error:
+        return fail(error, 3)
+    except OSError as error:  # the disk, not the input: the store keeps what it has
+        if is_full(error):
+            full = error if isinstance(error, NoSpace) else NoSpace(STORE, store_path)
+            return fail(no_space_line(full, store_path), RUNTIME_ERROR)
+        return fail(error, RUNTIME_ERROR)
+    except Interrupted as stop:
+        print(interrupted.replace("interrupted", f"interrupted ({stop.name})", 1),
+              file=sys.stderr)
+        return stop.status
+    except KeyboardInterrupt:  # raised by hand, or with the signals left to Python
+        print(interrupted, file=sys.stderr)
+        return 130
+
+
+def no_space_line(error: NoSpace, store_path: str) -> str:
+    """What a sweep stopped by a full disk says: which store's disk (and its path),
+    the points kept, and that the same command runs the rest once there is room."""
+    try:
+        status = ResultStore(store_path).status()
+        kept = (f"{int((status == DONE).sum())} of {int((status != SKIPPED).sum())} "
+                f"point(s) finished, in {store_path}")
+    except Exception:  # noqa: BLE001 - no store yet, or one the full disk left unmade
+        kept = "no finished point"
+    return (f"{error}; kept: {kept}; the point being run stays pending: free some space, "
+            "then run the same command again to run the rest")
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_dask()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = OneLineParser(
+        prog="python -m experiments.sweep",
+        description="Run a grid of trainings and collect the results in one Zarr store.")
+    parser.add_argument("config", help="sweep config (YAML)")
+    parser.add_argument("overrides", nargs="*", help="key=value: sweep keys (repeats=2, "
+                        "axes.train.batch=[32,64]) or base run-config fields (train.lr=0.1)")
+    parser.add_argument("--scheduler", help="Dask scheduler address (default: an embedded "
+                        "cluster per worker set, or $DASK_SCHEDULER_ADDRESS)")
+    parser.add_argument("--out", help="results store (default results/<name>.zarr)")
+    parser.add_argument("--fresh", action="store_true", help="discard earlier results")
+    parser.add_argument("--dry-run", action="store_true", help="print the points, run nothing")
+    try:
+        # Options and key=value overrides in any order (`cfg --dry-run repeats=2`).
+        args = parser.parse_intermixed_args(argv)
+        if is_scaling_sweep(args.config, args.overrides):
+            return scaling_main(args, argv)
+        sweep = load_sweep(args.config, args.overrides, args.scheduler, args.out)
+        check_sweep_paths(sweep, "--out" if args.out else "output")
+    except (UsageError, ConfigError) as error:
+        return fail(error, CONFIG_ERROR)
+    if args.dry_run:
+        return _print_dry_run(dry_run, sweep)
+    warning = contention_warning(sweep) if sweep.config.mode == "measure" else None
+    if warning:
+        print(warning, file=sys.stderr)
+    return _run_store_guarded(
+        lambda: run_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
+        "interrupted: finished points are kept; run the same command again to resume",
+        sweep.store_path)
+
+
+if __name__ == "__main__":
+    exit_with(main())

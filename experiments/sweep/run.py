@@ -1,0 +1,287 @@
+"""Run a measured sweep's points into its store, resumably: `run_sweep`.
+
+Points run one at a time (timings must not share the cluster), in the sweep's
+run order; `ClusterPool` keeps one client open and replaces it only when a point
+needs another worker set (or after a failed point). The store is made from its
+template on the first run and checked against the sweep on later ones; each
+point's cells are written as it finishes, a failure with its one-line reason
+(`one_line`), and the sweep goes on. A progress line per point goes to `out` and
+the summary table at the end.
+
+Why apart from the command line (:mod:`experiments.sweep.cli`): tests and other
+drivers run a loaded sweep directly, and the loop's exit status is the CLI's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from contextlib import ExitStack
+from typing import Any, Callable, TextIO
+
+import numpy as np
+import xarray as xr
+from tqdm import tqdm
+
+from experiments.sweep.measure import measure_point, predict_only
+from experiments.sweep.provenance import code_revision, machine_info
+from experiments.sweep.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore,
+                                       StoreMismatch, SweepLock, build_template)
+from experiments.sweep.summary import format_table, summary_table
+from experiments.sweep.config import Sweep
+from experiments.sweep.points import Point
+from pipeline.cluster.connect import (SchedulerLost, WorkerLost, live_workers, open_client,
+                                      workers_set_up)
+from pipeline.config.run_config import RunConfig
+from pipeline.prediction import predict_point
+from pipeline.records.record import software_versions
+from pipeline.cluster.worker_limits import check_worker_limits
+from pipeline.cluster.startup import start_batch, usable_cores
+from storage.locks import now_text
+from storage.space import NoSpace, writing
+
+#: How a full disk's message names the sweep's own store.
+STORE = "sweep results store"
+
+
+def one_line(error: BaseException) -> str:
+    """A failure reason that fits one line of the store and of the log.
+
+    A point that lost its workers or scheduler can simply run again: the reason
+    says so (a sweep reruns failed points), not how to resume a single run.
+    """
+    text = " ".join(str(error).split()) or repr(error)
+    if isinstance(error, SchedulerLost) or (isinstance(error, WorkerLost) and not error.memory):
+        text = text[:400] + "; run the same sweep command again (once the cluster is back) " \
+            "to rerun this point"
+    return f"{type(error).__name__}: {text}"[:500]
+
+
+# Cluster ----------------------------------------------------------------------------
+
+
+def sweep_directories(config: RunConfig) -> list[str]:
+    """What the workers of a point's cluster read and write, for every point it serves:
+    the workspace root, the dataset's folder and the folder of the points' output
+    directories (mounted over the link where the workers sit behind `cluster.link`)."""
+    workspace, dataset, output = config.shared_directories()
+    return [workspace, dataset, os.path.dirname(output)]
+
+
+class ClusterPool:
+    """At most one open client: the external scheduler's, or the embedded cluster of
+    the current worker set, replaced when a point needs another set."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo = echo
+        self.key: str | None = None
+        self.client: Any = None
+        self._stack: ExitStack | None = None
+
+    def client_for(self, point: Point) -> Any:
+        if point.cluster_key is None:
+            return None
+        if self.client is not None and self.key == point.cluster_key:
+            return self.client
+        self.close()
+        stack = ExitStack()
+        workers = point.config.cluster.worker_list()
+        if point.cluster_key != "external":  # minutes, for many workers on few cores
+            self.echo(f"starting an embedded cluster of {len(workers)} worker(s) ...")
+        try:
+            client = stack.enter_context(open_client(
+                point.config.cluster, sweep_directories(point.config),
+                batch=start_batch(len(workers), usable_cores())))
+            check_worker_limits(client, point.config.cluster, live_workers(client))
+            stack.enter_context(workers_set_up(client, point.config.cluster))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack, self.client, self.key = stack, client, point.cluster_key
+        self.echo(self._describe(point, client))
+        return client
+
+    @staticmethod
+    def _describe(point: Point, client: Any) -> str:
+        if point.cluster_key == "external":
+            where = f"scheduler {client.scheduler.address}"
+        else:
+            workers = point.config.cluster.worker_list()
+            where = (f"embedded cluster of {len(workers)} worker(s) "
+                     f"[{' '.join(w.name or '' for w in workers)}]")
+        if importlib.util.find_spec("bokeh") is None:
+            return f"{where}; dask dashboard: not served (pip install bokeh>=3.1 for it)"
+        return f"{where}; dask dashboard: {client.dashboard_link}"
+
+    def discard(self) -> None:
+        """Drop the cluster after a failed point: a worker may be dead or hold state."""
+        self.close()
+
+    def close(self) -> None:
+        if self._stack is not None:
+            stack, self._stack, self.client, self.key = self._stack, None, None, None
+            stack.close()
+
+
+# The sweep --------------------------------------------------------------------------
+
+
+def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str]) -> list[str]:
+    """Make the store, or check the one there and its checksums (a damaged point is
+    made pending again); returns the warnings naming the damage."""
+    if fresh:
+        if store.exists() and not store.is_sweep_store():
+            raise StoreMismatch(f"{store.path} is not a sweep results store; --fresh replaces "
+                                "only those: choose another --out")
+        shutil.rmtree(sweep.runs_dir, ignore_errors=True)
+    elif store.exists():
+        store.check(sweep.fingerprint, sweep.text)
+        if store.is_complete():
+            return store.verify_for_resume()[1]
+    started = now_text()
+    attrs = {
+        "title": f"sweep {sweep.config.name}", "sweep_name": sweep.config.name,
+        "mode": sweep.config.mode, "speedup_baseline": sweep.config.speedup_baseline,
+        "config": sweep.text, "config_file": os.path.abspath(sweep.source),
+        "fingerprint": sweep.fingerprint, "repeats": sweep.config.repeats,
+        "versions": json.dumps(software_versions()), "machine": json.dumps(machine_info()),
+        "code_revision": code_revision(), "command": " ".join(argv),
+        "started": started, "finished": "", "sessions": "[]",
+        "runs_dir": os.path.abspath(sweep.runs_dir),
+        "axes": json.dumps({axis.dim: list(axis.fields) for axis in sweep.axes}),
+    }
+    store.create(build_template(sweep, attrs))
+    return []
+
+
+def _point_line(done: int, total: int, elapsed: float, point: Point, result: PointResult | None,
+                reason: str | None, seconds: float) -> str:
+    eta = elapsed / done * (total - done) if done else 0.0
+    head = f"[{done}/{total} {_clock(elapsed)} eta {_clock(eta)}] {point.describe()}"
+    if reason is not None:
+        return f"{head}  FAILED {reason}"
+    values = result.values if result else {}
+    if "step_time" not in values:
+        predicted = values.get("predicted_step_time", float("nan"))
+        return f"{head}  predicted {predicted:.4f} s/step"
+    text = (f"{head}  {values['step_time']:.4f} s/step (IQR {values['step_time_p25']:.4f}-"
+            f"{values['step_time_p75']:.4f})  {values['throughput']:.0f} samples/s  "
+            f"loss {values['loss']:.3f}")
+    if not np.isnan(values["accuracy"]):
+        text += f"  acc {values['accuracy']:.3f}"
+    if not np.isnan(values["predicted_step_time"]):
+        text += f"  predicted {values['predicted_step_time']:.4f} "
+        low, high = values.get("predicted_low", np.nan), values.get("predicted_high", np.nan)
+        if not (np.isnan(low) or np.isnan(high)):
+            text += f"[{low:.4f}-{high:.4f}] "
+        compute = values.get("compute_error", np.nan)
+        text += (f"({values['prediction_error']:+.0%}" + ("" if np.isnan(compute) else
+                                                          f", compute {compute:+.0%}") + ")")
+    return text + f"  [{seconds:.1f} s]"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else \
+        f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
+              err: TextIO | None = None, argv: list[str] | None = None) -> int:
+    """Run every point not done yet; returns the exit status (see the module doc)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    echo = lambda line: tqdm.write(line, file=out)  # noqa: E731 - keeps the bar intact
+    store = ResultStore(sweep.store_path)
+    with SweepLock(sweep.store_path) as lock:
+        if lock.stale_note():
+            print(lock.stale_note(), file=err)
+        with writing(STORE, store.path):
+            for line in _prepare_store(sweep, store, fresh, argv or sys.argv):
+                print(line, file=err)
+            status = store.status()
+            for point in sweep.points:
+                if point.skip and status[point.region] != SKIPPED:
+                    store.write_skipped(point.region, point.skip)
+        todo = [p for p in sweep.points if not p.skip and status[p.region] != DONE]
+        session = {"started": now_text(), "pid": os.getpid(), "host": os.uname().nodename,
+                   "code_revision": code_revision(), "points_run": 0, "interrupted": True}
+        skipped = sum(1 for p in sweep.points if p.skip)
+        echo(f"sweep {sweep.config.name}: {len(sweep.points)} points, "
+             f"{len(sweep.points) - len(todo) - skipped} done before, {len(todo)} to run"
+             + (f", {skipped} not applicable" if skipped else "") + f" -> {sweep.store_path}")
+        pool = ClusterPool(echo)
+        failed, stopped = 0, 0
+        begun = time.perf_counter()
+        bar = tqdm(total=len(todo), unit="point", desc=sweep.config.name, file=err,
+                   disable=None, leave=False, dynamic_ncols=True)
+        try:
+            for done, point in enumerate(todo, start=1):
+                bar.set_postfix_str(point.describe()[:60])
+                t0 = time.perf_counter()
+                started = time.time()
+                result, reason = None, None
+                try:
+                    if sweep.config.mode == "predict":
+                        result = predict_only(point, predict_point)
+                    else:
+                        client = pool.client_for(point)
+                        result = measure_point(point, client, sweep.config.keep_checkpoints)
+                except (KeyboardInterrupt, NoSpace):  # a full disk is no fault of the
+                    raise  # point: it stays pending, and the sweep stops (one line)
+                except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001
+                    reason = one_line(error)
+                    finished = time.time()
+                    with writing(STORE, store.path):
+                        store.write_failure(point.region, reason,
+                                            {"started": started, "finished": finished,
+                                             "wall_time": finished - started},
+                                            {"run_id": uuid.uuid4().hex})
+                    failed += 1
+                    if point.cluster_key is not None:
+                        pool.discard()
+                    if isinstance(error, SchedulerLost) and point.cluster_key == "external":
+                        stopped = len(todo) - done
+                else:
+                    with writing(STORE, store.path):
+                        store.write_point(point.region, result)
+                        store.refresh_derived()
+                session["points_run"] = done
+                bar.update(1)
+                echo(_point_line(done, len(todo), time.perf_counter() - begun, point,
+                                 result, reason, time.perf_counter() - t0))
+                if stopped:
+                    echo(f"the Dask scheduler is gone: {stopped} point(s) left pending; run "
+                         "the same command again once it is back")
+                    break
+            session["interrupted"] = False
+        finally:
+            bar.close()
+            pool.close()
+            session["finished"] = now_text()
+            try:
+                with writing(STORE, store.path):
+                    sessions = json.loads(store.attrs().get("sessions", "[]")) + [session]
+                    store.refresh_derived()
+                    store.set_attrs(finished=session["finished"], sessions=json.dumps(sessions))
+            except NoSpace:
+                if session["interrupted"] is False:
+                    raise  # else the error that stopped the sweep is the one to report
+    with xr.open_zarr(sweep.store_path) as ds:
+        failed_total = int((ds.status == FAILED).sum())
+        echo("")
+        echo(format_table(summary_table(ds.load())))
+    echo(f"\nresults: {sweep.store_path}  (xr.open_zarr; report: python -m experiments.report "
+         f"{sweep.store_path})")
+    if failed_total:
+        echo(f"{failed_total} point(s) failed; their reasons are in the store's `failure` "
+             "variable. Run the same command again to retry them.")
+        return 1
+    return 0

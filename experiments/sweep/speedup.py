@@ -1,0 +1,69 @@
+"""Speedup and efficiency: one baseline per grid, at the same other coordinates.
+
+A measured sweep's `speedup` divides the baseline's step time by each point's; its
+`efficiency` divides that by the capacity the point was given relative to the
+baseline's. `speedup_reference` says where the baseline lies in a sweep's grid
+(it is stored in the store's attrs when the template is written), and
+`compute_speedup` derives both figures over the whole grid from what is done
+(`ResultStore.refresh_derived` calls it after every point).
+
+Why recomputed over the grid rather than per point: a baseline point may finish
+after the points it is the baseline of, and repeats of the baseline move its
+median, so every point's figures depend on the whole grid.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from experiments.sweep.config import Sweep
+from experiments.sweep.points import fewest_workers
+
+def speedup_reference(sweep: Sweep) -> dict[str, Any]:
+    """Where the baseline of `speedup` lies: the baseline strategy's position along the
+    strategy dim, and the fewest workers' position along the workers dim (if any)."""
+    baseline = sweep.config.speedup_baseline
+    axis = sweep.axis_with_field("strategy")
+    workers = sweep.axis_with_field("cluster.workers")
+    fewest: dict[str, Any] = {"workers_dim": None, "workers_index": None}
+    if workers is not None:
+        fewest = {"workers_dim": workers.dim, "workers_index": fewest_workers(workers)}
+    if axis is None:
+        base_strategy = sweep.base.get("strategy", "kernel")
+        return {"strategy": baseline, "dim": None, "index": None,
+                "available": base_strategy == baseline, **fewest}
+    positions = [i for i in range(len(axis)) if axis.value_of(i, "strategy") == baseline]
+    return {"strategy": baseline, "dim": axis.dim,
+            "index": positions[0] if positions else None, "available": bool(positions),
+            **fewest}
+
+
+def compute_speedup(step_time: np.ndarray, capacity: np.ndarray, axis: int | None,
+                    index: int | None, available: bool, workers_axis: int | None = None,
+                    workers_index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Speedup and efficiency against one baseline per grid, at the same other coordinates.
+
+    `step_time` and `capacity` have the axes then the repeat last. The baseline is
+    position `index` along `axis` (the strategy's dim) and position `workers_index`
+    along `workers_axis` (the fewest workers), reduced to its median over repeats, so
+    each repeat of a point is compared with one stable baseline. With no strategy dim
+    the whole grid is the baseline strategy (if `available`).
+    """
+    nan = np.full(step_time.shape, np.nan)
+    if not available:
+        return nan, nan.copy()
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        picked_time, picked_capacity = step_time, capacity
+        for along, position in ((axis, index), (workers_axis, workers_index)):
+            if along is not None and position is not None:
+                picked_time = np.take(picked_time, [position], axis=along)
+                picked_capacity = np.take(picked_capacity, [position], axis=along)
+        base_time = np.nanmedian(picked_time, axis=-1, keepdims=True)
+        base_capacity = np.nanmedian(picked_capacity, axis=-1, keepdims=True)
+        speedup = base_time / step_time
+        efficiency = speedup / (capacity / base_capacity)
+    return speedup, efficiency

@@ -1,0 +1,160 @@
+"""Starting the embedded cluster: a scheduler and one nanny-managed worker process
+per configured worker, on the loopback interface, a few workers at a time.
+
+Each worker process starts a Dask worker, and many of them take a while on 2 cores.
+Started in batches (`batch`, from
+`pipeline.cluster.startup.start_batch`), they come up steadily and a caller can say how many
+are up (`progress`); a start that fails or is interrupted (Ctrl-C) kills the
+workers still starting instead of waiting for them, and the workers never see a
+terminal's Ctrl-C themselves (`_block_ctrl_c`): the run stops them.
+
+The worker processes are forked from one fork server that imported what a worker
+needs (torch among it) once: pipeline/cluster/fork_server.py says why. The first embedded
+cluster of a process starts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from multiprocessing import resource_tracker
+from typing import Callable
+
+import dask
+import psutil
+from distributed import Nanny, Scheduler, SpecCluster
+from distributed.utils import get_mp_context
+
+from pipeline.config.run_config import WorkerConfig
+from pipeline.cluster.fork_server import start_fork_server
+from pipeline.cluster.security import run_security
+
+LOOPBACK = "127.0.0.1"
+# Workers share the cores with the timed work: no statistical profiler (it samples
+# every worker's stacks every 10 ms) and no GIL monitor.
+# Every Dask server (the scheduler and each nanny, in the client's process; each
+# worker) runs an event-loop health check every `tick.interval` (20 ms by default:
+# 50 wake-ups a second each), which only logs (at info level, silenced here) a loop
+# blocked past `tick.limit` (3 s): at 500 ms (what Dask's own test suite uses) an
+# idle 2-worker cluster's client process takes 10 ms of CPU a second instead of 26,
+# and its two workers 7.5 instead of 26 (docs/benchmarks.md). The system monitor (psutil
+# readings of each server's process, for heartbeats and the dashboard's plots) every
+# 2 s instead of 0.5 s: nothing of the run reads them; 2.5 ms/s less in the client
+# process, 3.8 in the workers.
+QUIET = {"distributed.worker.daemon": False, "logging.distributed": "error",
+         "distributed.admin.system-monitor.gil.enabled": False,
+         "distributed.worker.profile.enabled": False,
+         "distributed.admin.tick.interval": "500ms",
+         "distributed.admin.system-monitor.interval": "2s",
+         # one malloc arena (tasks.worker_state.tune_allocator says why), set before the
+         # worker process starts, as glibc reads it then
+         "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1,
+         # workers forked from a server that imported torch once (pipeline/cluster/fork_server.py)
+         "distributed.worker.multiprocessing-method": "forkserver"}
+
+#: (workers up, workers asked for), while an embedded cluster starts.
+Progress = Callable[[int, int], None]
+
+
+def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | None = None,
+                           batch: int = 0) -> SpecCluster:
+    """Start a scheduler and one nanny-managed process per configured worker, `batch`
+    at a time (0: all at once); `progress` hears how many are up meanwhile.
+
+    Everything listens on the loopback interface only (scheduler, workers, nannies,
+    dashboard): an embedded cluster serves this process, and a Dask worker runs
+    whatever a client that reaches it submits. Loopback keeps other machines out, not
+    other users of this one, so every connection is mutual TLS with credentials made
+    for this cluster (`run_security`): a client without them is refused. Started in
+    batches, the workers come up a few at a time rather than (nearly) all at the end.
+    """
+    security = run_security()
+    scheduler = {"cls": Scheduler,
+                 "options": {"host": LOOPBACK, "dashboard_address": f"{LOOPBACK}:0",
+                             "protocol": "tls", "security": security}}
+    spec = {
+        worker.name: {"cls": Nanny, "options": {
+            "host": LOOPBACK, "nthreads": 1, "silence_logs": logging.ERROR,
+            "resources": dict(worker.resources), "memory_limit": 0,
+            "protocol": "tls", "security": security,
+        }}
+        for worker in workers
+    }
+    names, step = list(spec), batch or len(spec) or 1
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    with dask.config.set(QUIET):
+        cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR,
+                              security=security)
+        try:
+            cluster.sync(_block_ctrl_c)
+            for first in range(0, len(names), step):
+                cluster.worker_spec.update({n: spec[n] for n in names[first:first + step]})
+                _start_counted(cluster, len(names), progress or (lambda up, total: None))
+        except BaseException:
+            _kill_new_workers(before)  # else closing waits for every start under way
+            cluster.close()
+            raise
+        return cluster
+
+
+async def _block_ctrl_c() -> None:
+    """Block SIGINT in the event loop's thread, which starts the worker processes
+    (through threads it creates, which inherit its signal mask, as a process does
+    across exec). A terminal's Ctrl-C reaches every process of the run; the run
+    stops its workers itself, and each worker that took it printed a
+    KeyboardInterrupt traceback. Python runs signal handlers in the main thread
+    only, so this thread blocking one changes nothing for this process. The
+    resource tracker is started first: starting it unblocks SIGINT in its caller.
+    Then the fork server (QUIET asks for one), if none runs yet: started from here,
+    it inherits the blocked Ctrl-C and hands it on to every worker forked from it."""
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    get_mp_context()  # Dask sets its own list of modules on its first call: before ours
+    start_fork_server()
+
+
+def is_worker_process(process: psutil.Process) -> bool:
+    """Whether `process` is an embedded cluster's worker: forked from a fork server
+    (its parent is the server, with the server's command line) or spawned by
+    multiprocessing; not the fork server or the resource tracker themselves."""
+    command = " ".join(process.cmdline())
+    if "multiprocessing.forkserver" in command:
+        parent = process.parent()
+        return parent is not None and "multiprocessing.forkserver" in " ".join(parent.cmdline())
+    return "spawn_main" in command and "resource_tracker" not in command
+
+
+def _kill_new_workers(before: set[int]) -> None:
+    """Kill the worker processes this process started since its descendants were
+    `before` (`is_worker_process`)."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.pid not in before and is_worker_process(child):
+                child.kill()
+
+
+def _start_counted(cluster: SpecCluster, total: int, progress: Progress) -> None:
+    """Start the workers added to `cluster.worker_spec` as SpecCluster's own start
+    does (`_correct_state`, whose failure is raised here), telling `progress` how
+    many of `total` are up meanwhile. The wait is in this thread, so that Ctrl-C
+    ends it at once."""
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            cluster.sync(cluster._correct_state)
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=start, name="start-embedded-workers", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        progress(len(cluster.scheduler_info.get("workers", {})), total)
+        thread.join(0.2)
+    if outcome and outcome[0] is not None:
+        raise outcome[0]
+    progress(len(cluster.scheduler_info.get("workers", {})), total)

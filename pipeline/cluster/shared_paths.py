@@ -1,0 +1,76 @@
+"""Whether a cluster's workers see the run's folders where this process does.
+
+The client hands its workers absolute paths (pipeline/config/run_config.py): the dataset store,
+which they read, and the output directory, where they write their rows of every
+checkpoint. Workers on another host without a shared disk, or in another mount
+namespace, may not have them; without this check the first sign was a worker's
+FileNotFoundError deep in a step, or a checkpoint only some workers wrote. So once
+per run on a cluster the user started, each of the run's workers is asked whether it
+sees a file this process has just made in the output directory (the same folder,
+not one of the same name) and the dataset store (the same path: an identical copy
+on each host is fine, docs/multihost.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from typing import Iterator
+
+from distributed import Client
+
+from pipeline.cluster.connect import ClusterError, ClusterWorker
+
+#: Seconds the workers have to answer (each looks up two paths).
+ANSWER_S = 30.0
+
+
+@contextlib.contextmanager
+def marker_in(folder: str) -> Iterator[str]:
+    """A file of this process's own in `folder`, removed on the way out."""
+    path = os.path.join(folder, f".hetcnn-seen-{uuid.uuid4().hex[:12]}")
+    with open(path, "x", encoding="utf-8"):
+        pass
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def first_unseen(seen: dict[str, dict[str, object]], workers: list[ClusterWorker],
+                 shown: dict[str, str]) -> str | None:
+    """One line for the first worker (in the run's order) that does not see a folder:
+    `seen` holds, per folder (its name in the line: "dataset store"), each worker
+    address's answer (True: seen), `shown` each folder's path; None when every worker
+    sees every folder."""
+    for worker in workers:
+        for what, path in shown.items():
+            if seen[what].get(worker.address) is not True:
+                return (f"worker {worker.name} ({worker.address}) does not see the run's "
+                        f"{what} {path}: every worker needs the dataset store and the "
+                        "output directory at the same path as this process (a shared "
+                        "disk, or the dataset copied to that path; docs/multihost.md)")
+    return None
+
+
+def check_workers_see(client: Client, workers: list[ClusterWorker], dataset: str,
+                      output_dir: str) -> None:
+    """Raise ClusterError naming the first of `workers` that does not see the dataset
+    store `dataset` or the output directory `output_dir` (module doc)."""
+    addresses = [w.address for w in workers]
+    with marker_in(output_dir) as marker:
+        looked_up = {"dataset store": dataset, "output directory": marker}
+        try:
+            seen = {what: client.run(os.path.exists, path, workers=addresses,
+                                     on_error="return", callback_timeout=ANSWER_S)
+                    for what, path in looked_up.items()}
+        except TimeoutError:
+            raise ClusterError(f"the run's workers did not say within {ANSWER_S:g} s whether "
+                               f"they see the dataset store {dataset} and the output "
+                               f"directory {output_dir}") from None
+    line = first_unseen(seen, workers, {"dataset store": dataset,
+                                        "output directory": output_dir})
+    if line is not None:
+        raise ClusterError(line)

@@ -1,0 +1,119 @@
+"""What a run says before its first step: too many workers for the cores, and how
+far the start has got.
+
+Every worker of an embedded cluster is a process of its own that imports torch
+(about 2.5 s of CPU each) and, with `placement: calibrated`, times its shards
+while all the others do too. 64 workers on 2 cores took minutes before the first
+line of output (docs/reliability.md). So a run that starts its own workers warns,
+in one line, when their torch threads outnumber this machine's cores
+(`contention_warning`), and with `progress: true` says what it is doing
+(`Startup.phase`): a line once a phase has taken a second, one every `HEARTBEAT_S`
+seconds while it lasts (with its count, where known), and one when it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from typing import Iterator, Sequence, TextIO
+
+from pipeline.config.run_config import WorkerConfig
+
+#: Seconds between the lines of a phase that goes on.
+HEARTBEAT_S = 15.0
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def contention_warning(workers: Sequence[WorkerConfig], cores: int) -> str | None:
+    """One line when the embedded workers' torch threads outnumber `cores`: they then
+    take turns on the cores, so starting and calibrating them is slow, their step
+    times measure the contention as well as the strategy, and the performance model,
+    which times each op as the probe saw it and prices waits for a peer from the
+    spread of the probe's op times, still under-counts the waits for a peer the host
+    is not running (docs/model.md, "Uneven steps").
+    None when they fit."""
+    threads = sum(worker.threads for worker in workers)
+    if threads <= cores:
+        return None
+    count = len(workers)
+    fit = max(1, cores // max(1, min(w.threads for w in workers)))
+    return (f"warning: cluster.workers: {count} worker process(es) with {threads} torch "
+            f"thread(s) in all on {cores} CPU core(s): they take turns, so starting and "
+            "calibrating them is slow, step times measure the contention as well as "
+            "the strategy, and the model's prediction under-counts a worker's waits for "
+            f"a peer that is not running (at most {fit} such worker(s) fit here)")
+
+
+def start_batch(workers: int, cores: int) -> int:
+    """How many embedded workers to start at once: all of them when they fit twice
+    over on the cores, else twice the cores (0: all). Each start is mostly CPU
+    (torch's import); started all at once on too few cores, none is up until nearly
+    all are (64 on 2 cores: the first after 48-78 s at once, 3-4 s in batches of 4,
+    all of them in about the same time)."""
+    return 0 if workers <= 2 * cores else 2 * cores
+
+
+class Phase:
+    """One phase of the start; `update` sets the count its next lines show."""
+
+    def __init__(self) -> None:
+        self.status = ""
+
+    def update(self, done: int, total: int) -> None:
+        self.status = f"{done} of {total} up"
+
+
+class Startup:
+    """Prints the start's phases to `out` (stderr) when `enabled`; silent otherwise.
+
+    A phase says nothing until it has taken `after` seconds: a quick one (an even
+    placement, a warm start) adds no line, a slow one is announced within a second.
+    """
+
+    def __init__(self, name: str, enabled: bool, out: TextIO | None = None,
+                 every: float = HEARTBEAT_S, after: float = 1.0) -> None:
+        self.name, self.enabled, self.every, self.after = name, enabled, every, after
+        self.out = out or sys.stderr
+
+    def say(self, line: str) -> None:
+        if self.enabled:
+            print(f"{self.name}: {line}", file=self.out, flush=True)
+
+    @contextlib.contextmanager
+    def phase(self, doing: str, done: str) -> Iterator[Phase]:
+        """``doing ...`` once the block has run `after` seconds, ``doing: <count>, N s
+        so far`` every `every` seconds after that, and ``done (N s)`` when a block so
+        announced ends without an error."""
+        phase, stop, said = Phase(), threading.Event(), threading.Event()
+        started = time.monotonic()
+
+        def heartbeat() -> None:
+            if stop.wait(self.after):
+                return
+            self.say(f"{doing} ...")
+            said.set()
+            while not stop.wait(self.every):
+                count = f"{phase.status}, " if phase.status else ""
+                self.say(f"{doing}: {count}{time.monotonic() - started:.0f} s so far")
+
+        beat = threading.Thread(target=heartbeat, name="startup-heartbeat", daemon=True)
+        if self.enabled:
+            beat.start()
+        try:
+            yield phase
+        finally:
+            stop.set()
+            if beat.is_alive():
+                beat.join()
+        if said.is_set():
+            self.say(f"{done} ({time.monotonic() - started:.1f} s)")

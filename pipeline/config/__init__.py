@@ -1,0 +1,1 @@
+"""A run's configuration: its schema, how it is read and checked, addresses."""

@@ -1,0 +1,1 @@
+"""Who computes what: the strategy choice, calibration, the model's split, memory capacity and fitting."""

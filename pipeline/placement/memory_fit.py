@@ -1,0 +1,121 @@
+"""Keeping a split inside every device's memory: pure functions, no cluster.
+
+Why here and not in the speed arithmetic (pipeline/placement/split.py): a split is chosen
+for speed first (even, calibrated, by the model, recorded), then checked against
+each worker's capacity with the model's predicted peak
+(`pipeline.costmodel.memory`). Where a device would overflow, whole units (a channel
+quantum of kernels, a sample of the batch) move from it to the device with the most
+room left, one at a time, the unit whose move lowers the overflow most first, until
+every device fits. Where no move can make the split fit, the run is refused before
+it starts, in one line naming the device, what it needs and what it has
+(`MemoryRefused`, a `PlacementError`: the command line exits with status 2).
+
+A device given nothing leaves the run and holds nothing of it (the master stays
+and keeps the dense head).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from pipeline.costmodel import Network
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MemoryConstants, fmt_bytes,
+                                       peak_memory)
+from pipeline.placement.split import PlacementError, counts_from_shares
+
+#: Per-device peaks of a split ``[row][device]``; a device with nothing is not counted.
+Peaks = Callable[[list[list[int]]], list[float]]
+
+
+class MemoryRefused(PlacementError):
+    """No split of this run fits its devices' memory."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A split that fits, its predicted peaks, and the units moved to make it fit."""
+
+    counts: list[list[int]]
+    peaks: list[float]
+    moved: int
+
+
+def split_peaks(strategy: str, network: Network, batch: int, s: int = 4, master: int | None = 0,
+                gpu: Sequence[bool] | None = None,
+                constants: MemoryConstants = DEFAULT_CONSTANTS) -> Peaks:
+    """The model's peaks for splits of one run: a device left with nothing (and not the
+    master) counts zero."""
+
+    def peaks(counts: list[list[int]]) -> list[float]:
+        devices = len(counts[0])
+        head = -1 if master is None else master
+        result = peak_memory(strategy, network, batch, counts, s,
+                             head, constants, gpu).per_device
+        return [0.0 if d != head and not any(row[d] for row in counts) else p
+                for d, p in zip(range(devices), result)]
+
+    return peaks
+
+
+def overflows(peaks: Sequence[float], capacities: Sequence[float]) -> list[int]:
+    """Devices whose peak exceeds their capacity."""
+    return [d for d, (p, c) in enumerate(zip(peaks, capacities)) if p > c]
+
+
+def fits(counts: list[list[int]], capacities: Sequence[float], peaks: Peaks) -> bool:
+    """Whether every device's predicted peak is within its capacity."""
+    return not overflows(peaks(counts), capacities)
+
+
+def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequence[float],
+                peaks: Peaks, names: Sequence[str] | None = None) -> Fit:
+    """`counts` (``[row][device]``, rows of `quanta`-sized units) changed as little as
+    the capacities need: while a device overflows, one unit of some row moves from it
+    to another device that still fits after taking it, the move leaving the least
+    overflow (then the most room) first. Raises `MemoryRefused` naming the device
+    that cannot be brought within its capacity."""
+    names = list(names or [f"device {d}" for d in range(len(capacities))])
+    current = [list(row) for row in counts]
+    shares = [[math.ceil(k / q) for k in row] for row, q in zip(current, quanta)]
+    now = peaks(current)
+    moved = 0
+    while True:
+        over = overflows(now, capacities)
+        if not over:
+            return Fit(current, now, moved)
+        worst = max(over, key=lambda d: (now[d] - capacities[d], -d))
+        best: tuple | None = None
+        for r, row in enumerate(shares):
+            if not row[worst]:
+                continue
+            for e in range(len(row)):
+                if e == worst:
+                    continue
+                trial = [list(x) for x in shares]
+                trial[r][worst] -= 1
+                trial[r][e] += 1
+                trial_counts = [counts_from_shares(sum(c), q, sh)
+                                for c, q, sh in zip(current, quanta, trial)]
+                after = peaks(trial_counts)
+                if after[e] > capacities[e] or after[worst] >= now[worst]:
+                    continue
+                key = (max(after[worst] - capacities[worst], 0.0),
+                       -(capacities[e] - after[e]), r, e)
+                if best is None or key < best[0]:
+                    best = (key, trial, trial_counts, after)
+        if best is None:
+            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst]))
+        _, shares, current, now = best
+        moved += 1
+
+
+def refusal(name: str, needed: float, available: float, recorded: bool = False) -> str:
+    """The one line a run that fits nowhere (or whose recorded split does not fit) is
+    refused with."""
+    why = ("the recorded split (placement: recorded) does not fit: place it anew"
+           if recorded else "no split of this run fits its workers' memory: add workers "
+           "or memory, or lower train.batch")
+    return (f"memory: worker {name} needs {fmt_bytes(needed)} (predicted peak), has "
+            f"{fmt_bytes(available)}; {why}")

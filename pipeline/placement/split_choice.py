@@ -1,0 +1,238 @@
+"""Choosing a run's split in one pass: even, calibrated on the workers, by the
+model, or recorded.
+
+The split is chosen here, before the engine exists, and handed to the strategy as a
+`Placement`: kernels of every conv layer per worker (`choose_kernel_split`) or
+samples of every batch per worker (`choose_batch_split`). The config is read once, at
+the top of each; the measuring is pipeline/placement/calibrate.py's and the arithmetic of
+splits pipeline/placement/split.py's (pure). `calibrated` times every layer's
+forward+backward on every worker at two shard sizes, fits each shard's fixed cost and
+cost per kernel, and takes the fastest predicted of the even, proportional, min-max
+and single-device splits (`pipeline.placement.split.choose_calibrated`); workers measured far
+from the share they get are measured again at that share. `model` asks the
+performance model (pipeline/placement/model_placement.py); `recorded` reuses a split given in
+the config or kept by an earlier run, so a run can be repeated exactly. Workers left
+with no kernels (or no samples) in every layer leave the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from distributed import Client
+
+from pipeline.placement.capacity import capacities_explained, worker_capacities
+from pipeline.placement.calibrate import (Points, alike_groups, calibrate, calibrate_replicas,
+                                          first_sizes, per_unit, pool_points, shard_costs)
+from pipeline.cluster.connect import ClusterWorker
+from pipeline.config.run_config import RunConfig
+from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
+from pipeline.placement.memory_fit import (MemoryRefused, move_to_fit, overflows, refusal,
+                                           split_peaks)
+from pipeline.placement.model_placement import model_placement
+from pipeline.placement.split import Placement, SplitChoice, choose_calibrated, split_even
+from pipeline.probe.results import costmodel_network
+from pipeline.engine.runner import TaskRunner
+from pipeline.cluster.worker_limits import worker_constants
+from pipeline.config.schema import ConfigError
+from tasks.specs import NetworkSpec
+
+#: A worker whose chosen share is this many times off the sizes it was timed at is
+#: timed again at its share (small shards run far below a device's rate).
+REMEASURE_FACTOR = 2.0
+
+
+def choose_kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
+                        workers: list[ClusterWorker], run_id: str,
+                        master: int | None = 0) -> Placement:
+    """The kernel split over `workers` that `config.placement` asks for, kept within
+    every worker's memory (`fit_memory`; `master`: the index of the worker with the
+    dense head, None where it is not among `workers`)."""
+    placement = _kernel_split(client, config, network, workers, run_id)
+    return fit_memory(client, config, network, workers, placement,
+                      config.channel_quanta(network), master)
+
+
+def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
+                  workers: list[ClusterWorker], run_id: str) -> Placement:
+    quanta = config.channel_quanta(network)
+    layers = network.conv
+    if config.placement == "recorded":
+        names = [w.name for w in workers]
+        counts = check_recorded(recorded_counts(config, names, "kernel_split"),
+                                [s.kernels for s in layers],
+                                len(workers), "kernel counts for its conv layers", quanta)
+        return Placement("recorded", counts)
+    if config.placement == "even" or len(workers) == 1:
+        counts = [split_even(s.kernels, len(workers), q) for s, q in zip(layers, quanta)]
+        return Placement("even" if len(workers) > 1 else "single", counts)
+    if config.placement == "model":
+        counts, calibration, record = model_placement(client, config, network, workers)
+        return Placement("model", counts, calibration, record)
+    return calibrated_kernel_split(TaskRunner(client, workers, run_id), network,
+                                config.train.batch, quanta)
+
+
+def choose_batch_split(client: Client, config: RunConfig, network: NetworkSpec,
+                       workers: list[ClusterWorker], run_id: str) -> Placement:
+    """Samples of each step's batch per worker (`data`, `hybrid`): even, calibrated
+    (the same choice as kernels, a sample for a kernel) or recorded; kept within
+    every worker's memory (`fit_memory`)."""
+    placement = _batch_split(client, config, network, workers, run_id)
+    return fit_memory(client, config, network, workers, placement, [1], None)
+
+
+def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
+                 workers: list[ClusterWorker], run_id: str) -> Placement:
+    batch = config.train.batch
+    names = [w.name for w in workers]
+    if config.placement == "recorded":
+        counts = check_recorded(recorded_counts(config, names, "batch_split"), [batch],
+                                len(workers), "batch (samples)")
+        return Placement("recorded", counts)
+    if config.placement == "even" or len(workers) == 1:
+        return Placement("even" if len(workers) > 1 else "single",
+                         [split_even(batch, len(workers), 1)])
+    points, kinds = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
+    groups = alike_groups(workers, kinds)
+    costs = shard_costs(pool_points(points, groups), names, 1)
+    choice = choose_calibrated([batch], costs, [1], names)
+    return Placement("calibrated", choice.counts, per_unit(costs, names),
+                     calibration_record(choice, names, points, groups))
+
+
+def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
+               workers: list[ClusterWorker], placement: Placement, quanta: list[int],
+               master: int | None) -> Placement:
+    """`placement` if every worker's predicted peak (pipeline.costmodel.memory) is
+    within its capacity (pipeline.placement.capacity); else the split with units moved to
+    workers with room (`pipeline.placement.memory_fit.move_to_fit`). A recorded split is
+    repeated exactly or refused; a split that fits nowhere is refused
+    (`MemoryRefused`, one line). The capacities and predicted peaks go into the
+    placement's record (``memory``)."""
+    if config.strategy not in MEMORY_STRATEGIES:  # a strategy the memory count lacks
+        return placement
+    capacities = worker_capacities(client, config.cluster, workers)
+    if all(c == float("inf") for c in capacities):
+        return placement
+    names = [w.name for w in workers]
+    peaks = split_peaks(config.strategy, costmodel_network(network), config.train.batch,
+                        element_bytes(network.dtype), master,
+                        [w.device.startswith("cuda") for w in workers],
+                        worker_constants(client, config.cluster, workers))
+    counts = placement.counts
+    moved = 0
+    if config.placement == "recorded":
+        now = peaks(counts)
+        over = overflows(now, capacities)
+        if over:
+            worst = max(over, key=lambda d: now[d] - capacities[d])
+            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst], True))
+    else:
+        with capacities_explained(config.cluster):
+            fit = move_to_fit(counts, quanta, capacities, peaks, names)
+        counts, moved = fit.counts, fit.moved
+    record = {"capacity": [None if c == float("inf") else c for c in capacities],
+              "predicted_peak": peaks(counts), "units_moved": moved,
+              "split_before": placement.counts if moved else None}
+    return Placement(placement.method, counts, placement.calibration,
+                     {**placement.choice, "memory": record})
+
+
+def calibrated_kernel_split(runner: TaskRunner, network: NetworkSpec, batch: int,
+                            quanta: list[int]) -> Placement:
+    """`placement: calibrated` for kernels: measure, choose, and where a worker's
+    chosen share is far from what it was timed at, time it there and choose again.
+    Alike workers (`alike_groups`) share one cost per layer."""
+    names = [w.name for w in runner.workers]
+    kernels = [spec.kernels for spec in network.conv]
+    sizes = first_sizes(network, batch, len(names), quanta)
+    points, kinds = calibrate(runner, network, batch,
+                              {(n, layer): s for n in names for layer, s in enumerate(sizes)})
+    groups = alike_groups(runner.workers, kinds)
+    pooled = pool_points(points, groups)
+    costs = shard_costs(pooled, names, len(kernels))
+    choice = choose_calibrated(kernels, costs, quanta, names)
+    again = far_from_measured(choice.counts, pooled, names)
+    if again:
+        extra, _ = calibrate(runner, network, batch,
+                             {(n, layer): again.get((n, layer), [sizes[layer][-1]])
+                              for n in names for layer in range(len(kernels))},
+                             round_name="-again")
+        for (name, layer) in again:
+            points[name][layer] += extra[name][layer]
+        costs = shard_costs(pool_points(points, groups), names, len(kernels))
+        choice = choose_calibrated(kernels, costs, quanta, names)
+    return Placement("calibrated", choice.counts, per_unit(costs, names),
+                     calibration_record(choice, names, points, groups))
+
+
+def calibration_record(choice: SplitChoice, names: list[str], points: Points,
+                       groups: list[list[str]]) -> dict:
+    """What a calibrated placement keeps: the choice, the points as timed, and the
+    groups of alike workers that shared a cost."""
+    return {**choice.record(names), "calibration_points": points,
+            "alike_workers": [group for group in groups if len(group) > 1]}
+
+
+def far_from_measured(counts: list[list[int]], points: Points, names: list[str]
+                      ) -> dict[tuple[str, int], list[int]]:
+    """The (worker, layer) shares more than `REMEASURE_FACTOR` away from every size the
+    worker was timed at for that layer, with the size to time: its share."""
+    again = {}
+    for layer, row in enumerate(counts):
+        for name, count in zip(names, row):
+            measured = [int(k) for k, _ in points[name][layer]]
+            if count and not any(k / REMEASURE_FACTOR <= count <= k * REMEASURE_FACTOR
+                                 for k in measured):
+                again[(name, layer)] = [count]
+    return again
+
+
+def recorded_counts(config: RunConfig, names: list[str], key: str) -> list[list[int]]:
+    """The split `placement: recorded` reuses over the workers `names`: `split_from`'s
+    counts as given (one per worker, in order), or those in the summary.json of the
+    run directory it names, matched to this run's workers by name (a worker the
+    earlier run left out, or never had, gets nothing). `key` is the summary's
+    split: ``kernel_split`` (one row per layer) or ``batch_split`` (one row)."""
+    source = config.split_from
+    if not isinstance(source, str):
+        return [list(row) for row in source or []]
+    path = os.path.join(source, "summary.json") if os.path.isdir(source) else source
+    try:
+        with open(path, encoding="utf-8") as handle:
+            summary = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"split_from: cannot read a run summary at {path} "
+                          f"({type(error).__name__})") from None
+    if key not in summary or "split_workers" not in summary:
+        raise ConfigError(f"split_from: {path} records no {key} with its workers "
+                          f"(a {summary.get('strategy')} run, or an older one)")
+    rows = summary[key] if key == "kernel_split" else [summary[key]]
+    recorded = summary["split_workers"]
+    missing = [n for n, count in zip(recorded, zip(*rows)) if any(count) and n not in names]
+    if missing:
+        raise ConfigError(f"split_from: {path} gave work to {', '.join(missing)}, which "
+                          f"this run does not have (its workers: {', '.join(names)})")
+    return [[row[recorded.index(n)] if n in recorded else 0 for n in names] for row in rows]
+
+
+def check_recorded(counts: list[list[int]], totals: list[int], workers: int, what: str,
+                   quanta: list[int] | None = None) -> list[list[int]]:
+    """The recorded split, if it fits this run: one row per layer (or the batch),
+    one count per worker, each row adding up, and every shard but the last holder's
+    whole channel quanta (shards own whole chunks of the workspace and checkpoints:
+    two shards in one chunk would overwrite each other's part of it)."""
+    if len(counts) != len(totals):
+        raise ConfigError(f"split_from: {len(counts)} rows, but this run has {len(totals)} "
+                          f"{what}")
+    for layer, (row, total) in enumerate(zip(counts, totals)):
+        if len(row) != workers or sum(row) != total or min(row) < 0:
+            raise ConfigError(f"split_from: {row} does not split {total} {what} over this "
+                              f"run's {workers} worker(s)")
+        held = [k for k in row if k]
+        if quanta and any(k % quanta[layer] for k in held[:-1]):
+            raise ConfigError(f"split_from: {row}: every shard but the last must hold whole "
+                              f"channel quanta of {quanta[layer]} (workspace.channel_quantum)")
+    return counts

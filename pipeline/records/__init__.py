@@ -1,0 +1,1 @@
+"""What a run records: the record and summary, memory, the trace, the step's critical breakdown."""

@@ -1,0 +1,130 @@
+"""A run owns its output directory for its lifetime.
+
+Two runs into one directory used to mix their checkpoints, and a rerun silently
+replaced some results and left others beside them. So a run holds the directory's
+lock (`run.lock`, the same flock-based lock as a sweep store's, `storage.locks`)
+from start to end: a second run is refused at once, naming the holder, and a lock
+left by a killed run is taken over with a note. Under the lock, a directory that
+already holds results is refused unless the run resumes them (`train.resume`) or
+replaces them (`train.fresh`, `--fresh`), which removes them first.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from pipeline.config.run_config import RunConfig
+from pipeline.config.schema import ConfigError
+from storage import checkpoints
+from storage.locks import LockBusy, OwnerLock
+from storage.space import writing
+
+LOCK_NAME = "run.lock"
+#: What makes a directory hold an earlier run's results.
+RESULTS = ("checkpoints.zarr", "record.zarr", "summary.json")
+#: What a fresh run removes: the results and the rest of a run's files.
+OUTPUTS = RESULTS + ("trace.json", "config.yaml", "record.zarr.partial", "record.zarr.old")
+
+
+class OutputBusy(LockBusy):
+    """Another run is writing the output directory."""
+
+
+class RunComplete(Exception):
+    """A resume of a run whose checkpoints already reach its last step: there is nothing
+    to train, and nothing in its output directory is changed. The message is the one
+    line that says so."""
+
+
+class OutputLock(OwnerLock):
+    """The lock of one run output directory."""
+
+    busy_error = OutputBusy
+
+    def __init__(self, output_dir: str) -> None:
+        super().__init__(os.path.join(output_dir, LOCK_NAME), f"output directory {output_dir}",
+                         "another run")
+
+
+def earlier_results(output_dir: str) -> list[str]:
+    """The results of an earlier run found in `output_dir`. Checkpoints that hold only
+    the initial weights are none: a run stopped before its first step (an unreachable
+    scheduler, a tag no worker offers) leaves them, and its seed makes them again."""
+    return [name for name in RESULTS if os.path.lexists(os.path.join(output_dir, name))
+            and not (name == "checkpoints.zarr"
+                     and initial_weights_only(os.path.join(output_dir, name)))]
+
+
+def initial_weights_only(path: str) -> bool:
+    """Whether the checkpoint store at `path` has no complete checkpoint past step 0
+    (one it cannot read counts as more: it is left to the user)."""
+    try:
+        return not any(checkpoints.complete_steps(path))
+    except Exception:  # noqa: BLE001 - unreadable: kept, and so refused as results
+        return False
+
+
+def check_earlier_results(config: RunConfig) -> None:
+    """Raise ConfigError if the output directory holds an earlier run's results that
+    `config` neither resumes nor replaces (the run's refusal, and `--check`'s)."""
+    found = earlier_results(config.output_dir)
+    if found and not (config.train.fresh or config.train.resume):
+        raise ConfigError(f"output: {config.output_dir} already holds an earlier run's "
+                          f"results ({', '.join(found)}); pass --fresh (train.fresh=true) "
+                          "to replace them, train.resume=true to continue that run, or "
+                          "choose another output")
+
+
+def clear_outputs(output_dir: str) -> None:
+    """Remove a run's files from `output_dir` (the caller holds its lock)."""
+    paths = [os.path.join(output_dir, name) for name in OUTPUTS]
+    for path in paths + glob.glob(os.path.join(output_dir, "workspace-*.zarr")):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+
+def refuse_finished_resume(config: RunConfig) -> None:
+    """Raise RunComplete when `config` resumes a run whose newest complete checkpoint,
+    whole, is at or past `train.steps` (a damaged one is left to the resume, which
+    passes over it). Reads only: the record, summary and trace stay as they are."""
+    path = config.checkpoint_path
+    step = checkpoints.latest_complete_step(path) if config.train.resume else None
+    if step is None or step < config.train.steps or checkpoints.damage(path, step):
+        return
+    steps = config.train.steps
+    reached = f"step {step}" if step == steps else f"step {step}, past train.steps {steps}"
+    missing = [name for name in ("record.zarr", "summary.json")
+               if not os.path.lexists(os.path.join(config.output_dir, name))]
+    lost = (f"; its {' and '.join(missing)} were never written (the run was killed after "
+            "its last step), and its per-step figures are gone: --fresh measures them "
+            "again") if missing else ""
+    raise RunComplete(f"{config.name}: the run in {config.output_dir} is complete (its "
+                      f"checkpoints reach {reached}); nothing to resume, nothing changed{lost}"
+                      "; to train on, raise train.steps")
+
+
+@contextmanager
+def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold the run's output directory, refused (OutputBusy) if another run does and
+    (ConfigError) if it holds results the config neither resumes nor replaces."""
+    output_dir = config.output_dir
+    lock = OutputLock(output_dir)
+    with writing("output directory", output_dir):
+        os.makedirs(output_dir, exist_ok=True)
+        lock.acquire()
+    try:
+        note = lock.stale_note()
+        if note:
+            say(note)
+        check_earlier_results(config)
+        if config.train.fresh:
+            clear_outputs(output_dir)
+        yield
+    finally:
+        lock.release()

@@ -1,0 +1,232 @@
+"""Surviving the loss of a worker (restore the last checkpoint, re-place, replay),
+and using a worker that joins mid-run (re-place at the next checkpoint).
+
+A distributed run keeps its state (shards, replicas, dense slices) in its workers'
+memory, so a worker that dies takes its work with it. The only state that outlives
+it is the last complete checkpoint, and batches are a pure function of (seed,
+step): so the run closes the broken engine, asks the same placement as at the
+start for a split over the surviving workers (the `build` callable, which is
+`pipeline.run.build_engine`), loads that checkpoint into a new engine and
+replays the steps since. Replayed steps replace the lost ones in the record; every
+recovery is kept as a `Recovery`. A run gives up (one `WorkerLost`) after
+`train.max_recoveries`, so a crash loop ends. On a cluster the run did not start
+itself, a worker offering the run's tags that joins is noticed at the next
+checkpoint: the run stops there (nothing is in flight), places its work over the
+larger set the same way and goes on from that checkpoint, replaying nothing (a
+`Join`). A worker that stalled (stopped answering while holding the run's
+tasks: pipeline/engine/runner.py) is removed from the cluster before it is reported, and
+is then recovered from like a dead one; its recovery says `cause: stalled`. Its
+late writes can land only where the ended attempt wrote (storage/checkpoints.py):
+each recovery names that attempt and counts what was found there. Stores
+that stopped answering every worker (`StoreStalled`) end the run instead: the
+message says which checkpoint is kept and how to go on once they answer.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from distributed import Client
+
+from pipeline.cluster.connect import (ClusterError, ClusterWorker, WorkerLost, current_workers,
+                                      live_workers, scheduler_address)
+from pipeline.config.run_config import RunConfig
+from pipeline.engine.step_engine import StepEngine
+from pipeline.training.loop import train_loop
+from pipeline.records.record import RunRecorder
+from pipeline.engine.runner import StoreStalled
+from pipeline.strategies import Strategy
+from pipeline.records.trace import ClientEvent
+from storage import checkpoints
+from storage.liveness import answers
+
+#: A new engine placed over the given workers (`pipeline.run.build_engine`).
+Build = Callable[[list[ClusterWorker]], StepEngine]
+
+
+@dataclass
+class Recovery:
+    """One worker loss the run survived."""
+
+    lost_at_step: int  # the first step whose result was lost
+    restored_step: int  # the checkpoint the run went back to
+    lost_workers: list[str]
+    workers: list[str]  # the run's workers from then on
+    split: dict[str, Any]  # the new split (as `split_of` gives it)
+    replayed_steps: int  # steps done twice: restored_step .. lost_at_step - 1
+    seconds: float  # from noticing the loss to the new engine's first step
+    cause: str = "lost"  # "lost": left the cluster (died); "stalled": stopped answering
+    # The ended attempt (its engine's run id): the only place the lost workers' late
+    # writes can go (its workspace, removed; its checkpoint staging area, never
+    # committed). `late_writes`: files found there once the run ended, discarded.
+    ended_attempt: str = ""
+    late_writes: int = 0
+
+
+@dataclass
+class Join:
+    """Workers that joined mid-run, used from checkpoint `at_step` on."""
+
+    at_step: int
+    joined_workers: list[str]
+    workers: list[str]  # the run's workers from then on
+    split: dict[str, Any]
+    seconds: float  # from the checkpoint to the new engine's first step
+
+
+@dataclass
+class History:
+    """What happened to a run's workers: losses survived and workers joined."""
+
+    recoveries: list[Recovery] = field(default_factory=list)
+    joins: list[Join] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, list[dict[str, Any]]]:
+        return {"recoveries": [asdict(r) for r in self.recoveries],
+                "joins": [asdict(j) for j in self.joins]}
+
+
+def joined(client: Client, config: RunConfig, offered: list[ClusterWorker]
+           ) -> list[ClusterWorker]:
+    """The run's workers if some joined since it was placed over `offered`, else []:
+    only a cluster the run did not start can grow."""
+    if scheduler_address(config.cluster) is None:
+        return []
+    now = current_workers(client, config.cluster)
+    known = {s.address for s in offered}
+    return now if any(s.address not in known for s in now) else []
+
+
+def split_of(strategy: Strategy, engine: StepEngine) -> dict[str, Any]:
+    """How an engine divides the work, as its strategy records it."""
+    return strategy.split_of(engine.layout, engine.plan.placement)
+
+
+def kept_checkpoints(config: RunConfig) -> str:
+    """What a run its stores stopped keeps, and how to go on: the last complete
+    checkpoint (not looked up when this process cannot list their store)."""
+    path = config.checkpoint_path
+    if not answers(path, 2.0):  # this process's own view (the workers' may be a mount)
+        kept = f"the complete checkpoints in {path} are kept as they were"
+    else:
+        step = checkpoints.latest_complete_step(path)
+        kept = (f"the last complete checkpoint, step {step}, is kept ({path})"
+                if step is not None else f"no checkpoint is complete in {path}")
+    return f"{kept}; once the store answers, start the run again with train.resume=true"
+
+
+def survivors(client: Client, offered: list[ClusterWorker], lost: WorkerLost
+              ) -> list[ClusterWorker]:
+    """The run's workers still in the cluster (a loss may not come alone)."""
+    alive = live_workers(client)
+    return [s for s in offered if s.address in alive and s.address not in lost.addresses]
+
+
+def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
+                        engine: StepEngine, offered: list[ClusterWorker], build: Build,
+                        recorder: RunRecorder,
+                        client_events: list[ClientEvent], from_step: int,
+                        train_samples: int) -> History:
+    """Train from `from_step` to the end with `engine`, recovering from lost workers
+    and taking in joined ones.
+
+    `offered` are the workers the run was placed over (a master that `build` adds
+    is found again by it). Closes every engine it used. Returns what happened.
+    """
+    history = History()
+    recoveries = history.recoveries
+    grown: list[ClusterWorker] = []
+
+    def stop_for_joined(step: int) -> bool:
+        grown[:] = joined(client, config, offered)
+        return bool(grown)
+
+    current: StepEngine | None = engine
+    pending: dict[str, Any] | None = None  # a recovery until its engine has started
+    pending_since = 0.0
+    try:
+        while True:
+            try:
+                if current is None:
+                    current = build(offered)
+                current.start(from_step)
+                recorder.ensure_workers(current.workers, current.devices)
+                if pending is not None:
+                    recoveries.append(Recovery(
+                        **pending, workers=[w.name for w in current.workers],
+                        split=split_of(strategy, current),
+                        seconds=time.perf_counter() - pending_since))
+                    pending = None
+                reached = train_loop(config, current, recorder, client_events, from_step,
+                                     train_samples, stop_for_joined)
+                if reached >= config.train.steps:
+                    current.close()
+                    current = None
+                    count_late_writes(config, recoveries)
+                    return history
+                since = time.perf_counter()
+                current.close()
+                current = None
+                new = [s.name for s in grown if s.address not in {x.address for x in offered}]
+                offered, from_step = list(grown), reached
+                client_events.append(ClientEvent(f"joined: {', '.join(new)} at step {reached}",
+                                                 time.time(), time.time()))
+                current = build(offered)
+                current.start(from_step)
+                recorder.ensure_workers(current.workers, current.devices)
+                history.joins.append(Join(reached, new, [w.name for w in current.workers],
+                                          split_of(strategy, current),
+                                          time.perf_counter() - since))
+            except StoreStalled as stalled:
+                raise StoreStalled(f"{stalled}; {kept_checkpoints(config)}",
+                                   stalled.paths) from None
+            except WorkerLost as lost:
+                noticed = time.perf_counter()
+                lost_at = max(recorder.steps, default=from_step - 1) + 1
+                ended = current.run_id if current is not None else ""
+                if current is not None:
+                    current.close()
+                    current = None
+                if len(recoveries) >= config.train.max_recoveries:
+                    raise WorkerLost(f"{lost} (recovered {len(recoveries)} time(s) already; "
+                                     f"train.max_recoveries={config.train.max_recoveries})"
+                                     if recoveries else str(lost),
+                                     lost.addresses, lost.labels,
+                                     memory=lost.memory) from None
+                if lost.stalled:
+                    print(f"warning: {lost}; recovering", file=sys.stderr)
+                offered = survivors(client, offered, lost)
+                if not offered:
+                    raise ClusterError(f"{lost}, and no worker of the run is left to "
+                                       "continue on") from None
+                restored = checkpoints.latest_complete_step(config.checkpoint_path)
+                assert restored is not None, "a run always has checkpoint 0"
+                recorder.forget_from(restored)
+                client_events.append(ClientEvent(
+                    f"recovery: lost {', '.join(lost.labels)}, back to step {restored}",
+                    time.time(), time.time()))
+                pending = {"lost_at_step": lost_at, "restored_step": restored,
+                           "lost_workers": list(lost.labels),
+                           "cause": "stalled" if lost.stalled else "lost",
+                           "replayed_steps": max(lost_at - restored, 0),
+                           "ended_attempt": ended}
+                pending_since, from_step = noticed, restored
+    finally:
+        if current is not None:
+            current.close()
+
+
+def count_late_writes(config: RunConfig, recoveries: list[Recovery]) -> None:
+    """Discard what ended attempts' workers wrote into their checkpoint staging areas
+    after the attempts ended (a fenced-off worker woken inside a save), counting it on
+    each recovery (storage/checkpoints.py). Such writes never reach a checkpoint."""
+    try:
+        found = checkpoints.discard_attempts(config.checkpoint_path)
+    except OSError:  # a store that failed: nothing there is read
+        return
+    for recovery in recoveries:
+        recovery.late_writes = found.get(recovery.ended_attempt, 0)
+

@@ -1,0 +1,104 @@
+"""`strategy: reference`: plain in-process PyTorch, what a user would otherwise run.
+
+No Dask, no workspace: one nn.Sequential and torch.optim.SGD with a chosen number of
+threads, reading the same batches from the same dataset store and starting from the
+same checkpoint as every other strategy. It is both the speedup baseline and the
+arithmetic the distributed strategies must reproduce.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from pipeline.config.run_config import RunConfig
+from pipeline.network import load_sequential
+from pipeline.records.record import StepResult
+from pipeline.engine.sampler import step_indices
+from storage import checkpoints
+from storage.datasets import read_batch
+from tasks.memory import current_rss, read_peak, reset_peak
+from tasks.optim import momentum_of, restore_momentum, torch_sgd, weights_of
+from tasks.receipts import Receipt, TaskClock
+from tasks.specs import NetworkSpec
+from tasks.worker_state import configure_process, release_freed_memory
+
+REFERENCE_WORKER = "reference"
+
+
+class ReferenceTrainer:
+    """The training loop's trainer interface, run synchronously in this process."""
+
+    def __init__(self, config: RunConfig, network: NetworkSpec, train_samples: int) -> None:
+        self.config = config
+        self.network = network
+        self.train_samples = train_samples
+        self.model: nn.Sequential | None = None
+        self.optimizer: torch.optim.SGD | None = None
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.devices = ["cpu"]
+        self._submitted: dict[int, int] = {}  # first step -> steps
+
+    def start(self, from_step: int) -> None:
+        configure_process(self.config.reference.threads)
+        path = self.config.checkpoint_path
+        self.model = load_sequential(self.network,
+                                     checkpoints.read_tensors(path, from_step, "weights"))
+        self.optimizer = torch_sgd(self.model.parameters(), self.config.optimizer_spec())
+        restore_momentum(self.optimizer, dict(self.model.named_parameters()),
+                         checkpoints.read_tensors(path, from_step, "momentum"))
+        release_freed_memory()  # as a worker does after loading (tasks/step_task.py)
+
+    def submit(self, first: int, count: int) -> None:
+        """Nothing to queue: `collect` runs the steps."""
+        self._submitted[first] = count
+
+    def collect(self, first: int) -> list[StepResult]:
+        """Run the steps submitted from `first`, one after the other."""
+        count = self._submitted.pop(first)
+        return [self._step(step) for step in range(first, first + count)]
+
+    def _step(self, step: int) -> StepResult:
+        assert self.model is not None and self.optimizer is not None
+        indices = step_indices(self.config.train.seed, step, self.config.train.batch,
+                               self.train_samples)
+        receipt = Receipt(f"step-{step}", REFERENCE_WORKER, step, time.time())
+        clock = TaskClock(receipt)
+        held = current_rss()
+        kind = reset_peak()
+        with clock.op("training-step"):
+            with clock.phase("dataset") as phase:
+                images, labels = read_batch(self.config.dataset_path, "train", indices)
+                phase.nbytes = images.nbytes + labels.nbytes
+            with clock.phase("compute"):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = self.loss_fn(self.model(torch.from_numpy(images)),
+                                    torch.from_numpy(labels))
+                loss.backward()
+                self.optimizer.step()
+        receipt.end = time.time()
+        receipt.extra["memory"] = {**read_peak("cpu", kind).as_dict(), "held": held}
+        receipt.loss = float(loss.detach())
+        return StepResult(step, receipt.loss, [receipt])
+
+    def checkpoint(self, done_steps: int) -> None:
+        """Written in place (one process: no worker can outlive its attempt)."""
+        assert self.model is not None and self.optimizer is not None
+        path = self.config.checkpoint_path
+        named = dict(self.model.named_parameters())
+        checkpoints.create_checkpoint(path, done_steps,
+                                      {k: tuple(v.shape) for k, v in named.items()}, {},
+                                      self.network.dtype)
+        for kind, tensors in (("weights", weights_of(named)),
+                              ("momentum", momentum_of(self.optimizer, named))):
+            for key, value in tensors.items():
+                checkpoints.write_slice(path, done_steps, kind, key, 0, value)
+
+    def show_waits(self, note: Callable[[str], None]) -> None:
+        """Nothing to wait on: the steps run in this process."""
+
+    def close(self) -> None:
+        self.model = None
