@@ -28,6 +28,7 @@ from distributed import Client, Scheduler, SpecCluster
 
 from pipeline.config import ClusterConfig, WorkerConfig
 from pipeline.embedded import QUIET, Progress, start_embedded_cluster
+from pipeline.jobqueue import JobProgress, JobqueueError, open_jobqueue_client
 from pipeline.links import Host, LinkError, LinkedHosts
 from pipeline.security import (TlsConfig, client_security, connection_problem, run_security,
                                tls_flags, tls_problem, write_credentials)
@@ -279,8 +280,13 @@ def open_run_client(config: ClusterConfig, directories: Sequence[str] = (),
 
     With `cluster.link`, the embedded workers sit behind shaped links and reach the
     client's files only through `directories` (the run's `shared_directories`),
-    mounted over the link.
+    mounted over the link. With `cluster.jobqueue`, the workers are batch jobs
+    (`open_jobqueue`).
     """
+    if config.jobqueue is not None:
+        with open_jobqueue(config) as client:
+            yield client, None
+        return
     if config.link_rates() is not None:
         check_devices(config.worker_list())
         with open_linked_cluster(config, directories) as opened:
@@ -310,6 +316,18 @@ def open_run_client(config: ClusterConfig, directories: Sequence[str] = (),
             yield client, None
     finally:
         cluster.close()
+
+
+@contextlib.contextmanager
+def open_jobqueue(config: ClusterConfig, progress: JobProgress | None = None
+                  ) -> Iterator[Client]:
+    """`open_jobqueue_client`, its refusals (all made before the block runs) as
+    ClusterError."""
+    try:
+        with open_jobqueue_client(config, progress) as client:
+            yield client
+    except JobqueueError as error:
+        raise ClusterError(str(error)) from None
 
 
 def check_devices(workers: list[WorkerConfig]) -> None:

@@ -17,6 +17,7 @@ from pipeline.addresses import address_problem
 from pipeline.cluster import scheduler_address, tagged_workers
 from pipeline.config import RunConfig
 from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
+from pipeline.jobqueue import jobqueue_problem
 from pipeline.links import link_problem
 from pipeline.memory_fit import move_to_fit, split_peaks
 from pipeline.object_store import object_store_problem
@@ -102,6 +103,9 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     problem = object_store_problem() if config.cluster.workspace_transport() == "s3" else None
     if strategy.uses_cluster and problem:
         raise ConfigError(f"cluster.link.workspace: {problem}")
+    problem = jobqueue_problem(config.cluster) if strategy.uses_cluster else None
+    if problem:
+        raise ConfigError(problem)
     return strategy
 
 
@@ -110,7 +114,7 @@ def check_embedded_tags(config: RunConfig) -> None:
     a tag none of them offers (or more of them than there are) is a config mistake,
     named at once rather than after `cluster.wait_timeout`."""
     cluster = config.cluster
-    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS"):
+    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or cluster.jobqueue:
         return
     workers = cluster.worker_list()
     tags = cluster.tags()
@@ -136,7 +140,7 @@ def check_embedded_memory(config: RunConfig) -> None:
     the run's workers, or a device whose capacity only the worker knows (a GPU's
     total), is left to the split choice."""
     cluster = config.cluster
-    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS"):
+    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or cluster.jobqueue:
         return
     strategy = strategy_of(config)
     workers = cluster.worker_list()
