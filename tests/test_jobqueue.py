@@ -162,9 +162,14 @@ def two_slurm_jobs(slurm, tmp_path_factory):
 
 def test_a_run_on_two_slurm_jobs_equals_plain_pytorch(tmp_path, two_slurm_jobs,
                                                       tiny_dataset_factory):
-    """Two workers as Slurm jobs (named slurm-0, slurm-1) train the tiny network to
-    single-process PyTorch's weights and losses (float64)."""
+    """Two workers as Slurm jobs (named slurm-0, slurm-1), the scheduler and both on
+    loopback over TLS, train the tiny network to single-process PyTorch's weights and
+    losses (float64)."""
     client, _ = two_slurm_jobs
+    assert client.scheduler.address.startswith("tls://127.0.0.1:")
+    assert "127.0.0.1" in client.dashboard_link
+    workers = client.scheduler_info()["workers"]
+    assert all(address.startswith("tls://127.0.0.1:") for address in workers)
     dataset = tiny_dataset_factory("float64")
     config = slurm_config(tmp_path, dataset)
     result = run_training(config, client=client)
