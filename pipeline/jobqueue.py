@@ -197,7 +197,8 @@ def start_jobqueue_cluster(config: ClusterConfig, folder: str) -> Any:
         with dask.config.set(QUIET):
             cluster.sync(cluster._correct_state)  # submits every job (SpecCluster's start)
     except BaseException as error:
-        close_jobqueue_cluster(cluster)
+        with contextlib.suppress(Exception):  # jobs never submitted fail dask's close
+            close_jobqueue_cluster(cluster)
         if isinstance(error, Exception):
             raise JobqueueError(f"cluster.jobqueue: submitting the {jobqueue.system} jobs "
                                 f"failed: {last_line(error)}") from None

@@ -93,6 +93,26 @@ def test_missing_dask_jobqueue_or_sbatch_is_one_line(tmp_path, tiny_dataset_fact
         assert_one_error_line(status, lines, 2, "its `sbatch` is not on this machine's PATH")
 
 
+def test_a_refused_submission_is_one_line(tmp_path, tiny_dataset_factory, monkeypatch):
+    """`sbatch` failing (here a stand-in that fails as Slurm's does without a
+    configuration): one line ending with its own last line of error, exit 1, and the
+    run's credential folder removed."""
+    pytest.importorskip("dask_jobqueue")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: fetch_config: DNS SRV "
+                                    "lookup failed' >&2\necho 'sbatch: fatal: Could not "
+                                    "establish a configuration source' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    args = tiny_args(tmp_path, tiny_dataset_factory()) + [
+        "cluster.jobqueue.jobs=1", f"cluster.jobqueue.directory={tmp_path}"]
+    status, lines, _ = run_main("train", args)
+    assert_one_error_line(status, lines, 1, "cluster.jobqueue: submitting the slurm jobs "
+                          "failed: sbatch: fatal: Could not establish a configuration source")
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".hetcnn-jobqueue")]
+
+
 def test_a_job_script_names_the_credential_files_never_the_key(tmp_path):
     dask_jobqueue = pytest.importorskip("dask_jobqueue")
     config = load_run_config(tiny_args(tmp_path, "data.zarr")[0], ["cluster.jobqueue.jobs=1"])
