@@ -22,6 +22,7 @@ from pipeline.cluster.links import link_problem
 from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.placement.split import split_even
+from pipeline.cluster.jobqueue import jobqueue_problem
 from pipeline.prediction import network_for
 from pipeline.probe.results import costmodel_network
 from pipeline.config.schema import ConfigError
@@ -103,6 +104,9 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     problem = object_store_problem() if config.cluster.workspace_transport() == "s3" else None
     if strategy.uses_cluster and problem:
         raise ConfigError(f"cluster.link.workspace: {problem}")
+    problem = jobqueue_problem(config.cluster) if strategy.uses_cluster else None
+    if problem:
+        raise ConfigError(problem)
     return strategy
 
 
@@ -111,7 +115,7 @@ def check_embedded_tags(config: RunConfig) -> None:
     a tag none of them offers (or more of them than there are) is a config mistake,
     named at once rather than after `cluster.wait_timeout`."""
     cluster = config.cluster
-    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS"):
+    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or cluster.jobqueue:
         return
     workers = cluster.worker_list()
     tags = cluster.tags()
@@ -137,7 +141,7 @@ def check_embedded_memory(config: RunConfig) -> None:
     the run's workers, or a device whose capacity only the worker knows (a GPU's
     total), is left to the split choice."""
     cluster = config.cluster
-    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS"):
+    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or cluster.jobqueue:
         return
     workers = cluster.worker_list()
     if (not strategy_of(config).uses_cluster

@@ -29,8 +29,9 @@ from distributed import Client
 from pipeline.engine.checkpointing import prepare_checkpoints
 from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.cli import ResultsFirst
-from pipeline.cluster.connect import (ClusterWorker, find_workers, live_workers, open_run_client,
-                                      register_setup, scheduler_address, workers_set_up)
+from pipeline.cluster.connect import (ClusterWorker, find_workers, live_workers, open_jobqueue,
+                                      open_run_client, register_setup, scheduler_address,
+                                      workers_set_up)
 from pipeline.config.run_config import RunConfig
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.engine.step_engine import StepEngine
@@ -340,6 +341,15 @@ def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None
     Before starting embedded workers, warns when they outnumber the cores
     (`contention_warning`); while they start, tells `startup` how many are up."""
     with contextlib.ExitStack() as stack:
+        jobqueue = config.cluster.jobqueue
+        if jobqueue is not None:  # batch jobs: the phase counts them, with the queue's word
+            jobs = jobqueue.job_count()
+            with startup.phase(f"starting {jobs} {jobqueue.system} job(s) for the workers",
+                               f"{jobs} worker(s) up") as phase:
+                client = stack.enter_context(open_jobqueue(config.cluster, phase.update))
+                register_setup(client, config.cluster)
+            yield client, None
+            return
         if scheduler_address(config.cluster) is not None:
             client, links = stack.enter_context(open_run_client(
                 config.cluster, config.shared_directories()))

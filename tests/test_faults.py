@@ -70,6 +70,9 @@ FAULTS = {
     "sweep process SIGKILLed, seed 1": "survived",
     "sweep process SIGKILLed, seed 2": "survived",
     "sweep process SIGKILLed, seed 3": "survived",
+    # tests/test_jobqueue.py (workers as Slurm batch jobs)
+    "Slurm job scancelled mid-run, kernel, float64": "survived",
+    "Slurm job held in the queue past cluster.wait_timeout": "clean",
 }
 PAGE = os.path.join(ROOT, "docs", "reliability.md")
 

@@ -100,7 +100,8 @@ def cluster_key(config: RunConfig, strategy: Strategy) -> str | None:
     if scheduler_address(config.cluster):
         return "external"
     return json.dumps({"workers": to_dict(config.cluster.worker_list()),
-                       "links": config.cluster.link_rates()}, sort_keys=True)
+                       "links": config.cluster.link_rates(),
+                       "jobqueue": to_dict(config.cluster.jobqueue)}, sort_keys=True)
 
 
 def run_order(points: list[Point]) -> list[Point]:

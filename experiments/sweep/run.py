@@ -92,7 +92,11 @@ class ClusterPool:
         self.close()
         stack = ExitStack()
         workers = point.config.cluster.worker_list()
-        if point.cluster_key != "external":  # minutes, for many workers on few cores
+        jobqueue = point.config.cluster.jobqueue
+        if jobqueue is not None:
+            self.echo(f"starting {jobqueue.job_count()} {jobqueue.system} job(s) for the "
+                      "workers ...")
+        elif point.cluster_key != "external":  # minutes, for many workers on few cores
             self.echo(f"starting an embedded cluster of {len(workers)} worker(s) ...")
         try:
             client = stack.enter_context(open_client(
@@ -109,8 +113,12 @@ class ClusterPool:
 
     @staticmethod
     def _describe(point: Point, client: Any) -> str:
+        jobqueue = point.config.cluster.jobqueue
         if point.cluster_key == "external":
             where = f"scheduler {client.scheduler.address}"
+        elif jobqueue is not None:
+            names = sorted(str(w["name"]) for w in client.scheduler_info()["workers"].values())
+            where = f"{len(names)} {jobqueue.system} job(s) [{' '.join(names)}]"
         else:
             workers = point.config.cluster.worker_list()
             where = (f"embedded cluster of {len(workers)} worker(s) "

@@ -32,6 +32,7 @@ from pipeline.cluster.links import Host, LinkError, LinkedHosts
 from pipeline.cluster.security import (TlsConfig, client_security, connection_problem, run_security,
                                        tls_flags, tls_problem, write_credentials)
 from pipeline.cluster.object_store import client_options, start_server, worker_environment
+from pipeline.cluster.jobqueue import JobProgress, JobqueueError, open_jobqueue_client
 from storage.private import default_workspace_root
 from tasks.worker_state import WorkerSetup
 
@@ -280,8 +281,13 @@ def open_run_client(config: ClusterConfig, directories: Sequence[str] = (),
 
     With `cluster.link`, the embedded workers sit behind shaped links and reach the
     client's files only through `directories` (the run's `shared_directories`),
-    mounted over the link.
+    mounted over the link. With `cluster.jobqueue`, the workers are batch jobs
+    (`open_jobqueue`).
     """
+    if config.jobqueue is not None:
+        with open_jobqueue(config) as client:
+            yield client, None
+        return
     if config.link_rates() is not None:
         check_devices(config.worker_list())
         with open_linked_cluster(config, directories) as opened:
@@ -311,6 +317,18 @@ def open_run_client(config: ClusterConfig, directories: Sequence[str] = (),
             yield client, None
     finally:
         cluster.close()
+
+
+@contextlib.contextmanager
+def open_jobqueue(config: ClusterConfig, progress: JobProgress | None = None
+                  ) -> Iterator[Client]:
+    """`open_jobqueue_client`, its refusals (all made before the block runs) as
+    ClusterError."""
+    try:
+        with open_jobqueue_client(config, progress) as client:
+            yield client
+    except JobqueueError as error:
+        raise ClusterError(str(error)) from None
 
 
 def check_devices(workers: list[WorkerConfig]) -> None:

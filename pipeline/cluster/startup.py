@@ -69,8 +69,9 @@ class Phase:
     def __init__(self) -> None:
         self.status = ""
 
-    def update(self, done: int, total: int) -> None:
-        self.status = f"{done} of {total} up"
+    def update(self, done: int, total: int, detail: str = "") -> None:
+        """`done` of `total` up, and what keeps the rest (a batch queue's word)."""
+        self.status = f"{done} of {total} up" + (f", {detail}" if detail else "")
 
 
 class Startup:

@@ -191,6 +191,79 @@ class LinkConfig:
 
 
 @dataclass
+class JobGroupConfig:
+    """One kind of batch job of `cluster.jobqueue` (a partition's jobs): each runs one
+    Dask worker. A field left unset takes the `cluster.jobqueue` value of that name."""
+
+    jobs: int | None = None  # how many jobs (workers) of this kind
+    cores: int | None = None  # the job's cores: the worker's torch threads
+    memory: str | None = None  # the job's memory ("4GB"): the batch system's limit
+    walltime: str | None = None  # "HH:MM:SS"; the job (its worker) ends then
+    queue: str | None = None  # Slurm partition / PBS or SGE queue (None: the default)
+    account: str | None = None  # Slurm/PBS account to charge (SGE: none)
+    extra: list[str] | None = None  # more directives, e.g. ["--gres=gpu:1"] for Slurm
+    resources: dict[str, float] | None = None  # the worker's tags (default: the run's)
+    prologue: list[str] | None = None  # shell lines before the worker ("source .venv/...")
+
+    def __post_init__(self) -> None:
+        check_range(self, "jobs", low=1)
+        check_range(self, "cores", low=1)
+        if self.memory is not None:
+            parse_size(self.memory, "memory")
+        for tag, amount in (self.resources or {}).items():
+            if not tag or not math.isfinite(amount) or amount < 1:
+                raise FieldError(f"resources.{tag}",
+                                 f"expected a tag and a number >= 1, got {amount!r}")
+
+
+@dataclass
+class JobqueueConfig(JobGroupConfig):
+    """The run's workers as batch jobs of Slurm, PBS or SGE, through dask-jobqueue
+    (pipeline/cluster/jobqueue.py): the run's scheduler on `host` (or `interface`), one job
+    per worker. `groups` lists jobs of several kinds (a GPU partition and a CPU one),
+    each a tagged group of workers; without it, this one kind."""
+
+    system: Literal["slurm", "pbs", "sge"] = "slurm"
+    jobs: int | None = 2
+    cores: int | None = 1
+    memory: str | None = "4GB"
+    walltime: str | None = "01:00:00"
+    # Where the run's scheduler listens: an address of this host the jobs reach
+    # (loopback: jobs on this machine only), or a network interface's name ("ib0").
+    host: str = "127.0.0.1"
+    interface: str | None = None
+    # The folder the jobs read their TLS credentials and write their logs in: one on a
+    # file system every node sees, as the same user (default: a folder in $HOME).
+    directory: str | None = None
+    groups: list[JobGroupConfig] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.groups is not None and not self.groups:
+            raise FieldError("groups", "list at least one group of jobs, or leave it out")
+        if self.interface is not None and self.host != "127.0.0.1":
+            raise FieldError("interface", "set either cluster.jobqueue.host or "
+                             "cluster.jobqueue.interface")
+
+    def job_count(self) -> int:
+        """How many jobs (workers) the run asks for, in all."""
+        return sum(group.jobs or self.jobs or 0 for group in self.groups or [self])
+
+    def group_list(self, tag: str) -> list[JobGroupConfig]:
+        """Every kind of job with each field filled in (from this config, and `tag`
+        for resources)."""
+        groups = self.groups or [JobGroupConfig()]
+        filled = []
+        for group in groups:
+            values = {name: getattr(group, name) if getattr(group, name) is not None
+                      else getattr(self, name) for name in JobGroupConfig.__dataclass_fields__}
+            values["resources"] = values["resources"] or {tag: 1.0}
+            values["extra"], values["prologue"] = values["extra"] or [], values["prologue"] or []
+            filled.append(JobGroupConfig(**values))
+        return filled
+
+
+@dataclass
 class ClusterConfig:
     scheduler: str | None = None  # None: DASK_SCHEDULER_ADDRESS, else an embedded cluster
     # The embedded cluster: a count of CPU workers, or a list of workers.
@@ -219,6 +292,8 @@ class ClusterConfig:
     # The client's certificates for a tls:// scheduler ({ca_file, cert, key}: PEM files;
     # docs/multihost.md). None: Dask's own TLS config, if any.
     tls: TlsConfig | None = None
+    # The run's workers as batch jobs (Slurm, PBS, SGE) it submits itself; None: none.
+    jobqueue: JobqueueConfig | None = None
 
     def link_rates(self) -> dict[str, str] | None:
         """Each embedded worker's link rate by name; None when no link is configured."""
@@ -295,6 +370,24 @@ class ClusterConfig:
             raise FieldError("tls", f"certificates are for a tls:// scheduler, not "
                              f"{self.scheduler}")
         self._check_links()
+        self._check_jobqueue()
+
+    def _check_jobqueue(self) -> None:
+        """Batch jobs are the run's own workers: no other scheduler, links or client
+        certificates with them, and every kind of job offers one of the run's tags."""
+        if self.jobqueue is None:
+            return
+        for other in ("scheduler", "link", "tls"):
+            if getattr(self, other) is not None:
+                raise FieldError("jobqueue", f"the run starts its own scheduler for its "
+                                 f"batch jobs: unset cluster.{other} or cluster.jobqueue")
+        tags = self.tags()
+        for index, group in enumerate(self.jobqueue.group_list(tags[0])):
+            if not any(group.resources.get(tag, 0) >= 1 for tag in tags):
+                where = f"groups.{index}." if self.jobqueue.groups else ""
+                raise FieldError(f"jobqueue.{where}resources",
+                                 f"its workers offer {sorted(group.resources)}, none of the "
+                                 f"run's tags ({', '.join(tags)})")
 
     def _check_links(self) -> None:
         """Links shape an embedded cluster only, and every worker needs a rate."""
