@@ -7,9 +7,9 @@ Runs `python -m pipeline.train CONFIG` once per case (`CASES`: reference, single
 kernel/2, kernel/3 and kernel/4 even, data/2 and hybrid/2 even; batch 32 unless
 `--set train.batch=...`), samples the resident memory of
 the training process and of every worker process it spawned (psutil, every 20 ms),
-and keeps each process's peak. Beside it: the peak the model predicts
-(`pipeline.costmodel.memory.peak_memory`) for the same split, and the error against
-the measured *working* memory (the peak minus the bare process of its kind:
+and keeps each process's peak. Beside it: the peak the model predicts (the
+strategy's `peak_memory`, pipeline/costmodel/memory.py) for the same split, and the
+error against the measured *working* memory (the peak minus the bare process of its kind:
 `memory.WORKER_BASELINE` for a worker, `memory.PROCESS_BASELINE` for the client).
 The worker processes' names cannot be told from outside, so measured and predicted
 peaks are compared largest to largest. `--out` appends the
@@ -40,12 +40,11 @@ import time
 import psutil
 
 from pipeline.config.run_config import load_run_config
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MemoryConstants,
-                                       element_bytes, peak_memory)
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MB, MemoryConstants, element_bytes
 from pipeline.cluster.embedded import is_worker_process
-from pipeline.placement.split import split_even
 from pipeline.prediction import network_for
 from pipeline.probe.results import costmodel_network
+from pipeline.strategies import strategy_named
 
 #: The constants `--fit` tries (MemoryConstants' fields, bytes or factors).
 FIT_GRID = {
@@ -123,15 +122,9 @@ def _case(config_path: str, args: tuple[str, ...], name: str) -> tuple:
     strategy, workers, _ = CASES[name]
     config = load_run_config(config_path, list(args))
     spec = network_for(config)
-    batch = config.train.batch
-    if strategy == "kernel":
-        split = [split_even(layer.kernels, workers, q)
-                 for layer, q in zip(spec.conv, config.channel_quanta(spec))]
-    elif strategy in ("data", "hybrid"):
-        split = [split_even(batch, workers, 1)]
-    else:
-        split = None
-    return strategy, costmodel_network(spec), batch, split, element_bytes(spec.dtype)
+    split, _ = strategy_named(strategy).even_split(config, spec, workers)
+    return (strategy, costmodel_network(spec), config.train.batch, split,
+            element_bytes(spec.dtype))
 
 
 def median_of_repeats(measurements: list[dict]) -> list[dict]:
@@ -158,7 +151,8 @@ def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> d
     """The model's peak per device for a measured case, and its error on working memory."""
     strategy, network, batch, split, s = _case(measured["config"], tuple(measured["args"]),
                                                measured["case"])
-    footprint = peak_memory(strategy, network, batch, split, s, constants=constants)
+    footprint = strategy_named(strategy).peak_memory(network, batch, split, s,
+                                                     constants=constants)
     # each device's peak with the bare process the model counted for it (the client's
     # for reference, a worker's otherwise): working memory is the peak less that
     predicted = sorted(zip(footprint.per_device, (p["baseline"] for p in footprint.parts)),

@@ -38,8 +38,7 @@ from pipeline.cluster.connect import (ClusterError, all_local, find_workers, ope
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
-from pipeline.costmodel.memory import MEMORY_STRATEGIES, Footprint, element_bytes, peak_memory
-from pipeline.placement.split import split_even
+from pipeline.costmodel.memory import Footprint, element_bytes
 from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
                             costmodel_network, find_cached_probe, links_key, probe_key,
                             probe_workspace_dir, worker_identity, workspace_location)
@@ -125,7 +124,8 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
     if not isinstance(probe, ClusterProbe):
         return prediction
     if task_steps is None:
-        task_steps = steps_per_task(config.steps_per_task(), prediction.step_time)
+        task_steps = steps_per_task(strategy_named(config.strategy).steps_per_task(config),
+                                    prediction.step_time)
     if task_steps > 1:
         prediction = predict(per_step_task_costs(probe, task_steps))
     return dataclasses.replace(prediction, details={**prediction.details,
@@ -318,27 +318,23 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
 
 def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint | None:
     """The model's peak memory per worker for a run config (docs/model.md, "Memory per
-    device"): under the split its run used (`summary`'s ``kernel_split`` or
-    ``batch_split``, with its master), else the even split over the config's workers.
-    None for a strategy the memory count does not know."""
-    if config.strategy not in MEMORY_STRATEGIES:
+    device"): under the split its run used (`summary`'s split, with its master), else
+    the even split over the config's workers. None for a strategy the memory count
+    does not know."""
+    strategy = strategy_named(config.strategy)
+    if not strategy.memory_model:
         return None
     spec = network_for(config)
     network, s = costmodel_network(spec), element_bytes(spec.dtype)
     batch, summary = config.train.batch, summary or {}
-    if config.strategy == "reference":
-        return peak_memory("reference", network, batch, s=s)
+    if not strategy.uses_cluster:  # the training process itself
+        return strategy.peak_memory(network, batch, s=s)
     names = summary.get("split_workers") or [
         w.name for w in config.cluster.worker_list()][:config.cluster.use_workers or None]
-    if config.strategy == "single":
-        names = names[:1]
+    names = names[:strategy.devices_used(len(names))]
     master = names.index(summary["master"]) if summary.get("master") in names else 0
-    if config.strategy in ("single", "kernel"):
-        split = summary.get("kernel_split") or [
-            split_even(layer.kernels, len(names), q)
-            for layer, q in zip(spec.conv, config.channel_quanta(spec))]
-    else:
-        split = [summary.get("batch_split") or split_even(batch, len(names), 1)]
+    split = (strategy.recorded_split(summary)
+             or strategy.even_split(config, spec, len(names))[0])
     devices = {w.name: w.device for w in config.cluster.worker_list()}
     gpu = [devices.get(name, "cpu").startswith("cuda") for name in names]
-    return peak_memory(config.strategy, network, batch, split, s, master, gpu=gpu)
+    return strategy.peak_memory(network, batch, split, s, master, gpu=gpu)

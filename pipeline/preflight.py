@@ -16,12 +16,10 @@ import tempfile
 from pipeline.config.addresses import address_problem
 from pipeline.cluster.connect import scheduler_address, tagged_workers
 from pipeline.config.run_config import RunConfig
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MEMORY_STRATEGIES, MemoryConstants,
-                                       element_bytes)
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants, element_bytes
 from pipeline.cluster.links import link_problem
 from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
-from pipeline.placement.split import split_even
 from pipeline.cluster.jobqueue import jobqueue_problem
 from pipeline.prediction import network_for
 from pipeline.probe.results import costmodel_network
@@ -167,19 +165,13 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
     master_wanted = config.cluster.master
     master = next((d for d, (name, tags, _) in enumerate(workers)
                    if master_wanted in (name, *tags)), None) if master_wanted else 0
-    if master is None or not workers or config.strategy not in MEMORY_STRATEGIES:
+    if master is None or not workers or not strategy.memory_model:
         return
     if strategy.one_worker:
         workers, capacities, master = [workers[master]], [capacities[master]], 0
     network = network_for(config)
-    kernel = config.strategy in ("single", "kernel")
-    if kernel:
-        quanta = config.channel_quanta(network)
-        counts = [split_even(layer.kernels, len(workers), q)
-                  for layer, q in zip(network.conv, quanta)]
-    else:
-        quanta, counts = [1], [split_even(config.train.batch, len(workers), 1)]
-    peaks = split_peaks(config.strategy, costmodel_network(network), config.train.batch,
-                        element_bytes(network.dtype), master if kernel else None,
+    counts, quanta = strategy.even_split(config, network, len(workers))
+    peaks = split_peaks(strategy, costmodel_network(network), config.train.batch,
+                        element_bytes(network.dtype), strategy.split_master(master),
                         [device.startswith("cuda") for _, _, device in workers], constants)
     move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers])

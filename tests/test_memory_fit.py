@@ -14,12 +14,13 @@ import pytest
 from pipeline import train as train_cli
 from pipeline.config.run_config import WorkerConfig, load_run_config
 from pipeline.costmodel import marques_cifar
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Live, fmt_bytes, peak_memory,
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Footprint, Live, fmt_bytes,
                                        retained)
 from pipeline.placement.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
 from pipeline.placement.split import counts_from_shares, split_even
 from pipeline.run import run_training
 from pipeline.config.schema import FieldError
+from pipeline.strategies import STRATEGIES, strategy_named
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 from tests.test_cli import CliCluster, error_lines, tiny_args
@@ -29,6 +30,11 @@ PAPER = marques_cifar()
 #: What a worker that runs autograd holds whatever its network: its baseline and runtime.
 FIXED = (DEFAULT_CONSTANTS.worker_baseline + DEFAULT_CONSTANTS.worker_runtime
          + DEFAULT_CONSTANTS.autograd_runtime)
+
+
+def peak_memory(strategy: str, *args, **kwargs) -> Footprint:
+    """The named strategy's memory count (`Strategy.peak_memory`)."""
+    return strategy_named(strategy).peak_memory(*args, **kwargs)
 
 
 def even(workers: int) -> list[list[int]]:
@@ -122,6 +128,17 @@ def test_a_thousand_equal_devices_are_counted_fast():
     assert len(footprint.per_device) == 1024
 
 
+def test_which_strategies_have_a_memory_model_and_the_others_are_refused_by_name():
+    """Each strategy says whether the count knows it; one it does not is refused in one
+    line naming it, and left out of the checks (`predict_memory` gives None)."""
+    counted = {name for name, strategy in STRATEGIES.items() if strategy.memory_model}
+    assert counted == {"reference", "single", "kernel", "data", "hybrid"}
+    with pytest.raises(ValueError, match="^no memory model for strategy 'auto'$"):
+        peak_memory("auto", PAPER, 32)
+    from pipeline.prediction import predict_memory
+    assert predict_memory(load_run_config("configs/paper.yaml", ["strategy=auto"])) is None
+
+
 def test_counts_from_shares_keep_the_short_unit_last():
     assert counts_from_shares(10, 4, [2, 1]) == [8, 2]
     assert counts_from_shares(10, 4, [1, 2]) == [4, 6]
@@ -129,7 +146,7 @@ def test_counts_from_shares_keep_the_short_unit_last():
 
 
 def test_even_split_within_capacity_is_kept():
-    peaks = split_peaks("kernel", PAPER, 32)
+    peaks = split_peaks(strategy_named("kernel"), PAPER, 32)
     counts = even(2)
     fit = move_to_fit(counts, [4, 4], [float("inf")] * 2, peaks)
     assert fit.counts == counts and fit.moved == 0
@@ -139,7 +156,7 @@ def test_even_split_within_capacity_is_kept():
 def test_kernels_move_off_a_device_that_would_overflow():
     """Device 0 (the master) has room for about a quarter of the kernels: units move
     to device 1 until device 0 fits, and no further."""
-    peaks = split_peaks("kernel", PAPER, 32)
+    peaks = split_peaks(strategy_named("kernel"), PAPER, 32)
     quarter = [[k // 4, k - k // 4] for k in (500, 1500)]
     capacity = [peaks(quarter)[0] + 1 * MB, float("inf")]
     assert not fits(even(2), capacity, peaks)
@@ -156,7 +173,7 @@ def test_rows_move_off_a_replica_that_would_overflow():
     """At batch 256 a replica's activations outweigh its reduction: rows move to the
     device with room, one at a time, until the small one fits; a replica with no
     rows leaves the run and holds nothing."""
-    peaks = split_peaks("data", PAPER, 256, master=None)
+    peaks = split_peaks(strategy_named("data"), PAPER, 256, master=None)
     capacity = [peaks([[64, 192]])[0], float("inf")]
     fit = move_to_fit([[128, 128]], [1], capacity, peaks)
     assert fit.counts == [[64, 192]] and fit.moved == 64
@@ -164,7 +181,7 @@ def test_rows_move_off_a_replica_that_would_overflow():
 
 
 def test_a_config_that_fits_nowhere_is_refused_in_one_line():
-    peaks = split_peaks("kernel", PAPER, 32)
+    peaks = split_peaks(strategy_named("kernel"), PAPER, 32)
     with pytest.raises(MemoryRefused) as refused:
         move_to_fit(even(2), [4, 4], [500 * MB, 500 * MB], peaks, ["cpu-0", "cpu-1"])
     line = str(refused.value)
@@ -194,7 +211,7 @@ def _limits(tmp_path, dataset, names):
     from pipeline.prediction import network_for
     from pipeline.probe.results import costmodel_network
     spec = network_for(config)
-    peaks = split_peaks("kernel", costmodel_network(spec), config.train.batch)
+    peaks = split_peaks(strategy_named("kernel"), costmodel_network(spec), config.train.batch)
     small = [[4, layer.kernels - 4] for layer in spec.conv]
     return peaks, {names[0]: {"memory_limit": int(peaks(small)[0]) + 1},
                    names[1]: {"memory_limit": "20GB"}}

@@ -47,7 +47,6 @@ from experiments.scaling.config import (ScalingPoint, ScalingSweep, network_of, 
                                         point_strategy)
 from experiments.scaling.view import one_device_only
 from pipeline.costmodel import Prediction, predict
-from pipeline.costmodel.memory import MEMORY_STRATEGIES, peak_memory
 from pipeline.records.record import software_versions
 from storage.labelled import write_dataset
 from storage.locks import now_text
@@ -151,20 +150,16 @@ def memory_figures(point: ScalingPoint, prediction: Prediction, kinds: list[str]
                    ) -> dict[str, float]:
     """The largest predicted peak per device under the split the model used, and
     whether every device's fits its kind's memory."""
-    strategy = point.strategy
-    if strategy not in MEMORY_STRATEGIES:  # a strategy the memory count does not know
+    strategy = point_strategy(point)
+    if not strategy.memory_model:  # a strategy the memory count does not know
         return {"peak_memory": math.nan, "memory_fits": math.nan}
     network = network_of(point.network)
     presets = {kind: hw.resolve_kind(point.hardware, kind) for kind in set(kinds)}
-    if strategy == "kernel":
-        split = prediction.kernel_counts
-        master = int(prediction.details.get("master", 0))
-    elif strategy in ("data", "hybrid"):
-        split, master = [list(prediction.details["batch_shares"])], 0
-    else:  # single: the first device
-        split, master, kinds = None, 0, kinds[:1]
-    footprint = peak_memory(strategy, network, point.train.batch, split, master=master,
-                            gpu=[presets[k].accelerator for k in kinds])
+    kinds = kinds[:strategy.devices_used(len(kinds))]
+    footprint = strategy.peak_memory(network, point.train.batch,
+                                     strategy.split_of_prediction(prediction),
+                                     master=int(prediction.details.get("master", 0)),
+                                     gpu=[presets[k].accelerator for k in kinds])
     fits = all(peak <= presets[k].memory for peak, k in zip(footprint.per_device, kinds))
     return {"peak_memory": footprint.largest, "memory_fits": float(fits)}
 

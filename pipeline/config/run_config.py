@@ -585,10 +585,10 @@ class RunConfig:
         return [quantum] * len(network.conv)
 
     def steps_per_task(self) -> int | Literal["auto"]:
-        """`train.steps_per_task` as the run applies it: one step per task where the
-        scheduler orders a step's tasks (`workspace.sync: scheduler`), and for
-        `reference`, which runs no tasks (its steps run in this process)."""
-        if self.workspace.sync == "scheduler" or self.strategy == "reference":
+        """`train.steps_per_task` as a run on workers applies it: one step per task
+        where the scheduler orders a step's tasks (`workspace.sync: scheduler`). A
+        strategy that runs no tasks says its own (`Strategy.steps_per_task`)."""
+        if self.workspace.sync == "scheduler":
             return 1
         return self.train.steps_per_task
 

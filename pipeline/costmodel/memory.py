@@ -38,9 +38,11 @@ What comes and goes within a step is scaled by a fitted retention (the allocator
 keeps freed pages), except what glibc maps apart (tensors above its mmap threshold):
 the peak of resident memory, not of live tensors.
 
-Pure: a function of the network, the batch, the element size, the split and the
-strategy. `fits` and `move_to_fit` (pipeline/placement/split.py) use it to keep a split
-inside each device's capacity.
+Pure: a function of the network, the batch, the element size and the split, by the
+kind of work a device holds (`kernel_footprint`, `replica_footprint`,
+`reference_footprint`); each strategy says which count is its own
+(`Strategy.peak_memory`, pipeline/strategies/). `fits` and `move_to_fit`
+(pipeline/placement/memory_fit.py) use it to keep a split inside each device's capacity.
 """
 
 from __future__ import annotations
@@ -51,10 +53,10 @@ from typing import Callable, Sequence
 
 from .network import ConvLayer, Network
 
-__all__ = ["MIB", "MB", "MEMORY_STRATEGIES", "PROCESS_BASELINE", "WORKER_BASELINE",
-           "MemoryConstants", "Footprint", "Live", "peak_memory",
-           "kernel_device_peak", "replica_device_peak", "hybrid_device_peak",
-           "reference_peak", "DEFAULT_CONSTANTS"]
+__all__ = ["MIB", "MB", "PROCESS_BASELINE", "WORKER_BASELINE",
+           "MemoryConstants", "Footprint", "Live", "kernel_footprint", "replica_footprint",
+           "reference_footprint", "kernel_device_peak", "replica_device_peak",
+           "hybrid_device_peak", "reference_peak", "DEFAULT_CONSTANTS"]
 
 MIB = 2 ** 20
 MB = 10 ** 6
@@ -67,8 +69,6 @@ PROCESS_BASELINE = 286 * 10 ** 6
 #: starts with. Less than the unforked process (259 MB): a forked child maps its
 #: parent's library pages only once it touches them.
 WORKER_BASELINE = 182 * 10 ** 6
-#: The strategies `peak_memory` counts.
-MEMORY_STRATEGIES = ("reference", "single", "kernel", "data", "hybrid")
 #: Bytes of a max-pool index (int64).
 INDEX_BYTES = 8
 #: Bytes per element of a shard's mask of where its output is positive (bool).
@@ -457,49 +457,52 @@ def reference_peak(network: Network, batch: int, s: int = 4,
                    constants.retention, constants.mmap_threshold)
 
 
-def peak_memory(strategy: str, network: Network, batch: int,
-                split: Sequence[Sequence[int]] | None = None, s: int = 4, master: int = 0,
-                constants: MemoryConstants = DEFAULT_CONSTANTS,
-                gpu: Sequence[bool] | None = None) -> Footprint:
-    """Each device's predicted peak bytes for a strategy and split.
+DevicePeak = Callable[..., tuple[float, dict[str, float]]]
 
-    `split`: `kernel`, kernel counts ``[layer][device]``; `data` and `hybrid`, batch
-    rows ``[[rows per device]]``; None: even over one device (`single`), or the
-    process itself (`reference`). `master`: the device with the dense head (`kernel`).
-    `gpu[d]`: device d is a GPU (its device memory: tensors and a CUDA context, no
-    process baseline). Distinct devices alike in share are counted once, so a
-    thousand equal devices cost a few counts.
-    """
-    if strategy == "reference":
-        peak, parts = reference_peak(network, batch, s, constants)
-        return Footprint([peak], [parts])
-    if strategy in ("single", "kernel"):
-        counts = split or [[layer.out_channels] for layer in network.conv]
-        devices = len(counts[0])
-        gpus = list(gpu or [False] * devices)
-        memo: dict[tuple, tuple[float, dict[str, float]]] = {}
-        out = []
-        for d in range(devices):
-            mine = [row[d] for row in counts]
-            key = (tuple(mine), d == master, gpus[d])
-            if key not in memo:
-                memo[key] = kernel_device_peak(network, batch, mine, d == master, counts, s,
-                                               constants, gpus[d])
-            out.append(memo[key])
-        return Footprint([p for p, _ in out], [parts for _, parts in out])
-    if strategy in ("data", "hybrid"):
-        rows = list(split[0]) if split else [batch]
-        devices = len(rows)
-        gpus = list(gpu or [False] * devices)
-        device_peak: Callable = replica_device_peak if strategy == "data" else hybrid_device_peak
-        memo2: dict[tuple, tuple[float, dict[str, float]]] = {}
-        out = []
-        for r, g in zip(rows, gpus):
-            if (r, g) not in memo2:
-                memo2[(r, g)] = device_peak(network, batch, r, devices, s, constants, g)
-            out.append(memo2[(r, g)])
-        return Footprint([p for p, _ in out], [parts for _, parts in out])
-    raise ValueError(f"no memory model for strategy {strategy!r}")
+
+def kernel_footprint(network: Network, batch: int,
+                     counts: Sequence[Sequence[int]] | None = None, s: int = 4,
+                     master: int = 0, constants: MemoryConstants = DEFAULT_CONSTANTS,
+                     gpu: Sequence[bool] | None = None) -> Footprint:
+    """Each device's peak under a kernel split: `counts` ``[layer][device]``, None for
+    the whole network on one device; `master`, the device with the dense head; `gpu[d]`:
+    device d is a GPU (its device memory: tensors and a CUDA context, no process
+    baseline)."""
+    counts = counts or [[layer.out_channels] for layer in network.conv]
+    devices = len(counts[0])
+    gpus = list(gpu or [False] * devices)
+    keys = [(tuple(row[d] for row in counts), d == master, gpus[d]) for d in range(devices)]
+    return _alike_once(keys, lambda mine, on_master, on_gpu: kernel_device_peak(
+        network, batch, list(mine), on_master, counts, s, constants, on_gpu))
+
+
+def replica_footprint(device_peak: DevicePeak, network: Network, batch: int,
+                      rows: Sequence[int] | None = None, s: int = 4,
+                      constants: MemoryConstants = DEFAULT_CONSTANTS,
+                      gpu: Sequence[bool] | None = None) -> Footprint:
+    """Each device's peak of replicas counted by `device_peak` (`replica_device_peak`,
+    `hybrid_device_peak`) with `rows` of the batch each (None: the whole batch on one)."""
+    rows = list(rows) if rows else [batch]
+    gpus = list(gpu or [False] * len(rows))
+    return _alike_once(list(zip(rows, gpus)), lambda r, on_gpu: device_peak(
+        network, batch, r, len(rows), s, constants, on_gpu))
+
+
+def reference_footprint(network: Network, batch: int, s: int = 4,
+                        constants: MemoryConstants = DEFAULT_CONSTANTS) -> Footprint:
+    """The training process's own peak (`reference_peak`), as a one-device footprint."""
+    peak, parts = reference_peak(network, batch, s, constants)
+    return Footprint([peak], [parts])
+
+
+def _alike_once(keys: list[tuple], count: DevicePeak) -> Footprint:
+    """The footprint of devices described by `keys`, counting devices alike in key once
+    (a thousand equal devices cost a few counts)."""
+    memo: dict[tuple, tuple[float, dict[str, float]]] = {}
+    for key in keys:
+        if key not in memo:
+            memo[key] = count(*key)
+    return Footprint([memo[key][0] for key in keys], [memo[key][1] for key in keys])
 
 
 def element_bytes(dtype: str) -> int:

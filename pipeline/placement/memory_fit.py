@@ -18,15 +18,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from pipeline.costmodel import Network
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MemoryConstants, fmt_bytes,
-                                       peak_memory)
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, Footprint, MemoryConstants, fmt_bytes
 from pipeline.placement.split import PlacementError, counts_from_shares
 
 #: Per-device peaks of a split ``[row][device]``; a device with nothing is not counted.
 Peaks = Callable[[list[list[int]]], list[float]]
+
+
+class MemoryModel(Protocol):
+    """A strategy's memory count (`pipeline.strategies.base.Strategy.peak_memory`)."""
+
+    #: False for a strategy the count has no model of (every check leaves it out).
+    memory_model: bool
+
+    def peak_memory(self, network: Network, batch: int,
+                    split: Sequence[Sequence[int]] | None = None, s: int = 4,
+                    master: int | None = 0, constants: MemoryConstants = DEFAULT_CONSTANTS,
+                    gpu: Sequence[bool] | None = None) -> Footprint: ...
 
 
 class MemoryRefused(PlacementError):
@@ -42,17 +53,17 @@ class Fit:
     moved: int
 
 
-def split_peaks(strategy: str, network: Network, batch: int, s: int = 4, master: int | None = 0,
-                gpu: Sequence[bool] | None = None,
+def split_peaks(strategy: MemoryModel, network: Network, batch: int, s: int = 4,
+                master: int | None = 0, gpu: Sequence[bool] | None = None,
                 constants: MemoryConstants = DEFAULT_CONSTANTS) -> Peaks:
-    """The model's peaks for splits of one run: a device left with nothing (and not the
-    master) counts zero."""
+    """The peaks of `strategy`'s memory count for splits of one run: a device left with
+    nothing (and not the master) counts zero."""
 
     def peaks(counts: list[list[int]]) -> list[float]:
         devices = len(counts[0])
         head = -1 if master is None else master
-        result = peak_memory(strategy, network, batch, counts, s,
-                             head, constants, gpu).per_device
+        result = strategy.peak_memory(network, batch, counts, s, head, constants,
+                                      gpu).per_device
         return [0.0 if d != head and not any(row[d] for row in counts) else p
                 for d, p in zip(range(devices), result)]
 

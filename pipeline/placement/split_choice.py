@@ -27,9 +27,9 @@ from pipeline.placement.calibrate import (Points, alike_groups, calibrate, calib
                                           first_sizes, per_unit, pool_points, shard_costs)
 from pipeline.cluster.connect import ClusterWorker
 from pipeline.config.run_config import RunConfig
-from pipeline.costmodel.memory import MEMORY_STRATEGIES, element_bytes
-from pipeline.placement.memory_fit import (MemoryRefused, move_to_fit, overflows, refusal,
-                                           split_peaks)
+from pipeline.costmodel.memory import element_bytes
+from pipeline.placement.memory_fit import (MemoryModel, MemoryRefused, move_to_fit, overflows,
+                                           refusal, split_peaks)
 from pipeline.placement.model_placement import model_placement
 from pipeline.placement.split import Placement, SplitChoice, choose_calibrated, split_even
 from pipeline.probe.results import costmodel_network
@@ -43,14 +43,14 @@ from tasks.specs import NetworkSpec
 REMEASURE_FACTOR = 2.0
 
 
-def choose_kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
-                        workers: list[ClusterWorker], run_id: str,
+def choose_kernel_split(client: Client, config: RunConfig, strategy: MemoryModel,
+                        network: NetworkSpec, workers: list[ClusterWorker], run_id: str,
                         master: int | None = 0) -> Placement:
     """The kernel split over `workers` that `config.placement` asks for, kept within
-    every worker's memory (`fit_memory`; `master`: the index of the worker with the
-    dense head, None where it is not among `workers`)."""
+    every worker's memory under `strategy`'s count (`fit_memory`; `master`: the index
+    of the worker with the dense head, None where it is not among `workers`)."""
     placement = _kernel_split(client, config, network, workers, run_id)
-    return fit_memory(client, config, network, workers, placement,
+    return fit_memory(client, config, strategy, network, workers, placement,
                       config.channel_quanta(network), master)
 
 
@@ -74,13 +74,14 @@ def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
                                 config.train.batch, quanta)
 
 
-def choose_batch_split(client: Client, config: RunConfig, network: NetworkSpec,
-                       workers: list[ClusterWorker], run_id: str) -> Placement:
+def choose_batch_split(client: Client, config: RunConfig, strategy: MemoryModel,
+                       network: NetworkSpec, workers: list[ClusterWorker], run_id: str
+                       ) -> Placement:
     """Samples of each step's batch per worker (`data`, `hybrid`): even, calibrated
     (the same choice as kernels, a sample for a kernel) or recorded; kept within
-    every worker's memory (`fit_memory`)."""
+    every worker's memory under `strategy`'s count (`fit_memory`)."""
     placement = _batch_split(client, config, network, workers, run_id)
-    return fit_memory(client, config, network, workers, placement, [1], None)
+    return fit_memory(client, config, strategy, network, workers, placement, [1], None)
 
 
 def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
@@ -102,22 +103,22 @@ def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
                      calibration_record(choice, names, points, groups))
 
 
-def fit_memory(client: Client, config: RunConfig, network: NetworkSpec,
-               workers: list[ClusterWorker], placement: Placement, quanta: list[int],
-               master: int | None) -> Placement:
+def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
+               network: NetworkSpec, workers: list[ClusterWorker], placement: Placement,
+               quanta: list[int], master: int | None) -> Placement:
     """`placement` if every worker's predicted peak (pipeline.costmodel.memory) is
     within its capacity (pipeline.placement.capacity); else the split with units moved to
     workers with room (`pipeline.placement.memory_fit.move_to_fit`). A recorded split is
     repeated exactly or refused; a split that fits nowhere is refused
     (`MemoryRefused`, one line). The capacities and predicted peaks go into the
     placement's record (``memory``)."""
-    if config.strategy not in MEMORY_STRATEGIES:  # a strategy the memory count lacks
+    if not strategy.memory_model:  # a strategy the memory count lacks
         return placement
     capacities = worker_capacities(client, config.cluster, workers)
     if all(c == float("inf") for c in capacities):
         return placement
     names = [w.name for w in workers]
-    peaks = split_peaks(config.strategy, costmodel_network(network), config.train.batch,
+    peaks = split_peaks(strategy, costmodel_network(network), config.train.batch,
                         element_bytes(network.dtype), master,
                         [w.device.startswith("cuda") for w in workers],
                         worker_constants(client, config.cluster, workers))

@@ -13,6 +13,10 @@ A strategy says:
 - its entry in the performance model (`model`, on described hardware), its
   prediction of a run on a probed cluster (`predict_run`), and where the model
   says it cannot run (`infeasible`);
+- its memory per device (`memory_model`, `peak_memory`), what its split divides
+  (`split_unit`: kernels of every conv layer, or samples of the batch) and how the
+  split is read from a run's summary, from the model's step, or made even
+  (`recorded_split`, `split_of_prediction`, `even_split`, `split_master`);
 - how a sweep treats it (`one_worker`, `uses_cluster`), and whether the run
   replaces it by the model's choice (`chosen_by_model`, ``auto``).
 
@@ -23,7 +27,7 @@ file alone.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from distributed import Client
 
@@ -31,7 +35,8 @@ from pipeline.cluster.connect import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.engine.step_engine import RunPlan
 from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
-from pipeline.placement.split import Placement
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, Footprint, MemoryConstants
+from pipeline.placement.split import Placement, split_even
 from pipeline.probe import ClusterProbe, MasterProbe
 from pipeline.config.schema import ConfigError
 from tasks.layout import Layout
@@ -61,6 +66,12 @@ class Strategy:
     #: True for ``auto``: the run replaces it, once its cluster is up, by the strategy
     #: the performance model predicts fastest (pipeline/placement/strategy_choice.py).
     chosen_by_model: bool = False
+    #: True where the memory count (pipeline/costmodel/memory.py) has a model of it
+    #: (`peak_memory`); every memory check leaves a strategy without one out.
+    memory_model: bool = False
+    #: What its split divides: ``"kernel"`` (every conv layer's kernels, rows
+    #: ``[layer][worker]``) or ``"sample"`` (the batch's samples, one row).
+    split_unit: str = "kernel"
 
     def check(self, config: RunConfig) -> None:
         """Refuse, naming the field, a config this strategy cannot run."""
@@ -127,3 +138,43 @@ class Strategy:
     def devices_used(self, devices: int) -> int:
         """How many of `devices` a step of this strategy uses."""
         return 1 if self.one_worker else devices
+
+    def steps_per_task(self, config: RunConfig) -> int | Literal["auto"]:
+        """Steps per Dask task of a run of `config` (`RunConfig.steps_per_task`)."""
+        return config.steps_per_task()
+
+    def peak_memory(self, network: Network, batch: int,
+                    split: Sequence[Sequence[int]] | None = None, s: int = 4,
+                    master: int | None = 0, constants: MemoryConstants = DEFAULT_CONSTANTS,
+                    gpu: Sequence[bool] | None = None) -> Footprint:
+        """Each device's predicted peak bytes under `split` (rows of `split_unit`; None:
+        one device), `master` the device with the dense head, `gpu[d]` whether device d
+        is a GPU (pipeline/costmodel/memory.py)."""
+        raise ValueError(f"no memory model for strategy {self.name!r}")
+
+    def even_split(self, config: RunConfig, network: NetworkSpec, devices: int
+                   ) -> tuple[list[list[int]], list[int]]:
+        """The even split of a run of `config` over `devices`, and its quanta (the units
+        a split moves: a chunk of channels per conv layer, or one sample)."""
+        if self.split_unit == "sample":
+            return [split_even(config.train.batch, devices, 1)], [1]
+        quanta = config.channel_quanta(network)
+        return [split_even(layer.kernels, devices, q)
+                for layer, q in zip(network.conv, quanta)], quanta
+
+    def recorded_split(self, summary: dict[str, Any]) -> list[list[int]] | None:
+        """Its split as a run's summary keeps it (`split_key`), in rows; None if none."""
+        split = summary.get(self.split_key)
+        return [list(split)] if split and self.split_unit == "sample" else split
+
+    def split_of_prediction(self, prediction: Prediction) -> list[list[int]] | None:
+        """The split the model's step used (`model`'s prediction), in rows."""
+        if self.split_unit == "sample":
+            return [list(prediction.details["batch_shares"])]
+        return prediction.kernel_counts
+
+    def split_master(self, master: int | None) -> int | None:
+        """The device that stays in the run with no share of the split: the master,
+        which keeps the dense head, where the split is of kernels; None where a device
+        given no samples holds nothing of the run."""
+        return master if self.split_unit == "kernel" else None

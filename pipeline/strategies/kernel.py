@@ -18,6 +18,8 @@ from pipeline.cluster.connect import ClusterWorker, add_master
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, Footprint, MemoryConstants,
+                                       kernel_footprint)
 from pipeline.costmodel.strategies import MODELS
 from pipeline.placement.model_placement import calibrated_split, choose_split
 from pipeline.placement.split import Placement, split_even
@@ -34,6 +36,7 @@ class KernelStrategy(Strategy):
 
     name = "kernel"
     worker_side = KERNEL_SIDE
+    memory_model = True
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
              offered: list[ClusterWorker], run_id: str) -> RunPlan:
@@ -41,7 +44,7 @@ class KernelStrategy(Strategy):
         if self.one_worker:  # the master alone
             workers, master = [workers[master]], 0
         conv_workers = workers[:len(offered)]  # a master added beyond them holds no kernels
-        placement = choose_kernel_split(client, config, network, conv_workers, run_id,
+        placement = choose_kernel_split(client, config, self, network, conv_workers, run_id,
                                         master if master < len(conv_workers) else None)
         names = [w.name for w in workers]
         gone = placement.left_out([w.name for w in conv_workers], master)
@@ -63,6 +66,13 @@ class KernelStrategy(Strategy):
               link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
         return MODELS["kernel"](network, batch, list(devices), link, store, options)
 
+    def peak_memory(self, network: Network, batch: int,
+                    split: Sequence[Sequence[int]] | None = None, s: int = 4,
+                    master: int | None = 0, constants: MemoryConstants = DEFAULT_CONSTANTS,
+                    gpu: Sequence[bool] | None = None) -> Footprint:
+        """Each worker's shards (kernels ``[layer][worker]``), the master's dense head."""
+        return kernel_footprint(network, batch, split, s, -1 if master is None else master,
+                                constants, gpu)
 
     def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
                     network: Network, split: dict[str, Any]) -> Prediction:

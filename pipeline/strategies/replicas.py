@@ -20,6 +20,9 @@ from pipeline.cluster.connect import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
+from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, DevicePeak, Footprint,
+                                       MemoryConstants, hybrid_device_peak,
+                                       replica_device_peak, replica_footprint)
 from pipeline.costmodel.strategies import MODELS
 from pipeline.placement.split import Placement, split_even
 from pipeline.probe import ClusterProbe, MasterProbe
@@ -41,10 +44,14 @@ class DataStrategy(Strategy):
     placements = tuple(p for p in PLACEMENTS if p != "model")
     split_key = "batch_split"
     worker_side = DATA_SIDE
+    memory_model = True
+    split_unit = "sample"
+    #: The memory count of one of its devices (pipeline/costmodel/memory.py).
+    device_peak: DevicePeak = staticmethod(replica_device_peak)
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
              offered: list[ClusterWorker], run_id: str) -> RunPlan:
-        placement = choose_batch_split(client, config, network, list(offered), run_id)
+        placement = choose_batch_split(client, config, self, network, list(offered), run_id)
         gone = placement.left_out([w.name for w in offered])
         workers = [w for w in offered if w.name not in gone]
         shares = [count for w, count in zip(offered, placement.counts[0]) if w.name not in gone]
@@ -66,6 +73,14 @@ class DataStrategy(Strategy):
     def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
               link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
         return MODELS[self.name](network, batch, list(devices), link, store, options)
+
+    def peak_memory(self, network: Network, batch: int,
+                    split: Sequence[Sequence[int]] | None = None, s: int = 4,
+                    master: int | None = 0, constants: MemoryConstants = DEFAULT_CONSTANTS,
+                    gpu: Sequence[bool] | None = None) -> Footprint:
+        """Each worker's replica on its rows of the batch (``[[rows per worker]]``)."""
+        return replica_footprint(self.device_peak, network, batch, split[0] if split else None,
+                                 s, constants, gpu)
 
     def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
                     network: Network, split: dict[str, Any]) -> Prediction:
@@ -92,6 +107,7 @@ class HybridStrategy(DataStrategy):
 
     name = "hybrid"
     worker_side = HYBRID_SIDE
+    device_peak: DevicePeak = staticmethod(hybrid_device_peak)
 
     def layout(self, config: RunConfig, network: NetworkSpec, workers: list[str],
                shares: list[int]) -> Layout:

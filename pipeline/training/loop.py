@@ -22,6 +22,7 @@ from pipeline.config.run_config import RunConfig
 from pipeline.records.record import RunRecorder, StepResult
 from pipeline.engine.task_steps import StepClock, next_task_steps, step_times, steps_label
 from pipeline.records.trace import ClientEvent
+from pipeline.strategies import strategy_named
 from tasks.memory import read_peak, reset_peak
 
 
@@ -62,7 +63,8 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
            client_events: list[ClientEvent], from_step: int, train_samples: int,
            stop_at_checkpoint: Callable[[int], bool], bar: tqdm) -> int:
     """`train_loop`'s steps, reporting to `bar`."""
-    steps, ahead, setting = config.train.steps, config.train.inflight, config.steps_per_task()
+    steps, ahead = config.train.steps, config.train.inflight
+    setting = strategy_named(config.strategy).steps_per_task(config)
     # a long wait on a worker (a frozen one, before the stall limit) shows on the bar;
     # the next step's figures replace it
     trainer.show_waits(lambda note: bar.set_postfix_str(note, refresh=True))
