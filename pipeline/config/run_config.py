@@ -241,13 +241,15 @@ class RunConfig:
                                            doc="the `reference` strategy")
     hybrid: HybridConfig = described(factory=HybridConfig, doc="the `hybrid` strategy")
     output: str | None = described(None, "the run's output directory (record, summary, "
-                                   "trace, checkpoints; null: `runs/<name>`)")
+                                   "trace, checkpoints, config; null: `runs/<name>`)")
     progress: bool = described(True, "the progress bar, the start-up phase lines and the "
                                "placement line (`false`: none of them)")
     prediction: Literal["auto", "cached", "never"] = described(
         "cached", "the model's step time for this run, written next to the measured one "
-        "(`predicted_step_time`, `prediction_error`, `compute_error` in `summary.json`; "
-        "pipeline/prediction.py): `cached` predicts from a probe of this cluster made "
+        "(`predicted_step_time`, `prediction_error` in `summary.json`; "
+        "`predicted_step_time` in the record's attrs; pipeline/prediction.py), and beside "
+        "the error `compute_error`, the model's compute against the run's (the closing "
+        "lines say both): `cached` predicts from a probe of this cluster made "
         "earlier (by a sweep, `placement: model` or `auto`) and says in `prediction_note` "
         "when there is none; `auto` probes the cluster after the run if none is cached "
         "(seconds to a minute, once per cluster, network and batch); `never` skips it")
