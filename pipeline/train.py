@@ -32,11 +32,11 @@ from storage.datasets import DatasetDamaged, DatasetError
 from storage.space import NoSpace
 
 
-#: What `--help` says of the overrides a first run needs (README.md, "Configuration",
-#: has every key).
+#: What `--help` says of the overrides a first run needs (docs/configuration.md has
+#: every key).
 RUN_KEYS_HELP = (
     "Overrides are dotted config keys, e.g. train.steps=30 or cluster.workers=3 "
-    "(README.md, 'Configuration', lists them all). name=NAME: the run's name (default: "
+    "(docs/configuration.md lists them all). name=NAME: the run's name (default: "
     "the config file's name); it names its output folder, so at most 100 letters, digits, "
     "'-', '_' and '.'. output=DIR: where the run writes its record, summary, trace and "
     "checkpoints (default: runs/<name>). progress=false: no progress bar or start-up "

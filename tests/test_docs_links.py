@@ -1,5 +1,6 @@
 """Every relative link in README.md and docs/*.md reaches a file, and where it names an
-anchor, a heading of that file; docs/benchmarks.md stays a reference.
+anchor, a heading of that file; docs/benchmarks.md stays a reference, and README.md a
+front door of bounded size (the rest lives in the docs it links).
 
 Why: sections move and measurement files are renamed, and a link that no longer
 resolves breaks silently, on GitHub and in an editor alike. Anchors follow GitHub's
@@ -22,6 +23,9 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 #: docs/benchmarks.md's size limit, in characters.
 BENCHMARKS_LIMIT = 40_000
+README = ROOT / "README.md"
+#: README.md's size limit, in characters.
+README_LIMIT = 14_000
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
@@ -108,6 +112,11 @@ def test_benchmarks_is_a_reference_of_bounded_size_without_issue_numbers():
     text = BENCHMARKS.read_text(encoding="utf-8")
     assert len(text) <= BENCHMARKS_LIMIT, f"{len(text)} characters"
     assert ISSUE_NUMBER.findall(text) == []
+
+
+def test_the_readme_is_a_front_door_of_bounded_size():
+    text = README.read_text(encoding="utf-8")
+    assert len(text) <= README_LIMIT, f"{len(text)} characters"
 
 
 def test_anchors_follow_githubs_rule():

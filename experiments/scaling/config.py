@@ -36,17 +36,17 @@ import hashlib
 import itertools
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
 
 from experiments.scaling import hardware as hw
 from experiments.sweep.axes import Axis, build_axes, point_data
-from experiments.sweep.config import _resolve_base, _route_overrides
+from experiments.sweep.config import AXES_CONTENT, ZIP_CONTENT, _resolve_base, _route_overrides
 from pipeline.costmodel import Network, Options, alexnet, conv_net, sequential
-from pipeline.config.schema import (ConfigError, from_dict, load_yaml, parse_override, set_dotted,
-                                    to_dict)
+from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
+                                    set_dotted, to_dict)
 from pipeline.strategies import Strategy, strategy_named
 
 __all__ = ["ScalingPoint", "ScalingSweepConfig", "ScalingSweep", "ScalingPointRun",
@@ -61,12 +61,12 @@ SCALING_VARIABLES = {"communication_time", "overhead_time", "baseline_step_time"
 class ConvDesc:
     """One conv layer (as ``network.conv`` of a run config, plus strides for AlexNet-like nets)."""
 
-    kernels: int
-    size: int = 5
-    padding: int = 2
-    pool: int = 2
-    stride: int = 1
-    pool_stride: int | None = None
+    kernels: int = described(doc="the layer's kernels (output channels)")
+    size: int = described(5, "the kernel's height and width")
+    padding: int = described(2, "zeros added on each side of the input")
+    pool: int = described(2, "the max-pool's window (1: none)")
+    stride: int = described(1, "the convolution's stride")
+    pool_stride: int | None = described(None, "the max-pool's stride (null: its window)")
 
 
 @dataclass
@@ -79,58 +79,79 @@ class NetworkDesc:
     (3x224x224) takes only ``classes``.
     """
 
-    preset: Literal["marques", "alexnet"] | None = None
-    conv: list[ConvDesc] | None = None
-    hidden: list[int] = field(default_factory=list)
-    classes: int | None = None
-    image: int = 32
-    channels: int = 3
+    preset: Literal["marques", "alexnet"] | None = described(
+        None, "`marques` (the paper's 500/1500 network) or `alexnet` (3x224x224); null with "
+        "no `conv`: `marques`")
+    conv: list[ConvDesc] | None = described(None, "conv layers, instead of a preset")
+    hidden: list[int] = described(factory=list, doc="the dense head's hidden widths (not "
+                                  "for alexnet)")
+    classes: int | None = described(None, "the outputs (null: 10, alexnet 1000)")
+    image: int = described(32, "the input's height and width (not for alexnet)")
+    channels: int = described(3, "the input's channels (not for alexnet)")
 
 
 @dataclass
 class TrainDesc:
     """The step: ``batch`` samples over all devices (strong scaling)."""
 
-    batch: int = 128
+    batch: int = described(128, "the whole mini-batch over all devices (strong scaling)")
 
 
 @dataclass
 class OptionsDesc:
     """Strategy knobs of :class:`pipeline.costmodel.Options` (see its docstring)."""
 
-    split: Literal["proportional", "minmax"] = "proportional"
-    quantum: int = 1
-    allreduce: Literal["ring", "rhd"] = "ring"
-    overlap: bool = False
-    batch_split: Literal["equal", "proportional"] = "equal"
-    scheme: Literal["a", "b", "c"] = "b"
-    dense_batch: Literal["worker", "full"] = "worker"
-    broadcast: Literal["binomial", "linear"] = "binomial"
-    overlap_dense: bool = True
+    split: Literal["proportional", "minmax"] = described(
+        "proportional", "`kernel`: kernels in proportion to speed, or the min-max split")
+    quantum: int = described(1, "`kernel`: shards own multiples of this many kernels")
+    allreduce: Literal["ring", "rhd"] = described(
+        "ring", "`data`/`hybrid`: the gradients' all-reduce, ring or recursive "
+        "halving-doubling")
+    overlap: bool = described(False, "`data`/`hybrid`: the all-reduce overlaps the backward "
+                              "pass")
+    batch_split: Literal["equal", "proportional"] = described(
+        "equal", "`data`/`hybrid`: samples per device, equal or in proportion to speed")
+    scheme: Literal["a", "b", "c"] = described("b", "`hybrid`: how the dense layers get the "
+                                               "conv features (as `hybrid.scheme`)")
+    dense_batch: Literal["worker", "full"] = described(
+        "worker", "`hybrid`: dense updates per part (`worker`) or one a step (`full`)")
+    broadcast: Literal["binomial", "linear"] = described(
+        "binomial", "`hybrid`: how a share of features is broadcast")
+    overlap_dense: bool = described(True, "`hybrid`: the dense layers' exchange overlaps "
+                                    "their compute")
 
 
 @dataclass
 class ScalingPoint:
     """One point of a scaling sweep: what is trained, how, on which hypothetical cluster."""
 
-    strategy: str = "kernel"  # a strategy with a cluster (`point_strategy` checks it)
-    network: NetworkDesc = field(default_factory=NetworkDesc)
-    train: TrainDesc = field(default_factory=TrainDesc)
-    hardware: hw.HardwareConfig = field(default_factory=hw.HardwareConfig)
-    options: OptionsDesc = field(default_factory=OptionsDesc)
+    strategy: str = described("kernel", "`single`, `kernel`, `data` or `hybrid` (a "
+                              "strategy that runs on devices)")
+    network: NetworkDesc = described(factory=NetworkDesc, doc="the network")
+    train: TrainDesc = described(factory=TrainDesc, doc="the step")
+    hardware: hw.HardwareConfig = described(factory=hw.HardwareConfig,
+                                            doc="the hypothetical cluster")
+    options: OptionsDesc = described(factory=OptionsDesc, doc="the strategies' knobs "
+                                     "(pipeline.costmodel.Options)")
 
 
 @dataclass
 class ScalingSweepConfig:
     """The sweep file as written (axes still raw)."""
 
-    name: str = "scaling"
-    mode: Literal["scaling"] = "scaling"
-    base: dict[str, Any] | str = field(default_factory=dict)
-    axes: dict[str, Any] = field(default_factory=dict)
-    zip: list[dict[str, Any]] = field(default_factory=list)
-    output: str | None = None  # the store; default results/<name>.zarr
-    description: str = ""
+    name: str = described("scaling", "the sweep's name (default: the file's name)")
+    mode: Literal["scaling"] = described("scaling", "what makes this a scaling sweep")
+    base: dict[str, Any] | str = described(
+        factory=dict, content=ScalingPoint | str,
+        doc="the point every grid position starts from (the `base.` fields below), or a "
+        "path to a file holding it")
+    axes: dict[str, Any] = described(
+        factory=dict, content=AXES_CONTENT,
+        doc="a grid over the point's dotted fields, as in measured sweeps")
+    zip: list[dict[str, Any]] = described(factory=list, content=ZIP_CONTENT,
+                                          doc="fields moving together, as in measured sweeps")
+    output: str | None = described(None, "the results store (null: `results/<name>.zarr`)")
+    description: str = described("", "what the sweep is for (kept with the results)")
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:

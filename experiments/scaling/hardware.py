@@ -30,10 +30,10 @@ behind it, and a reader of a results store must be able to tell what "gpu" meant
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, krizhevsky_k20_setup
-from pipeline.config.schema import ConfigError
+from pipeline.config.schema import ConfigError, described
 
 __all__ = ["DevicePreset", "PRESETS", "DeviceKindConfig", "LinkConfig", "StoreConfig",
            "DaskConfig", "HardwareConfig", "check_hardware", "resolve_kind", "device_kinds",
@@ -108,21 +108,24 @@ PRESETS: dict[str, DevicePreset] = {
 class DeviceKindConfig:
     """A device kind: a preset (by default the kind's own name) with fields replaced."""
 
-    preset: str | None = None
-    flops: float | None = None
-    mem_bw: float | None = None
-    conv_efficiency: float | None = None
-    dense_efficiency: float | None = None
-    mem_efficiency: float | None = None
-    memory: float | None = None  # bytes one device may use (.inf: unlimited)
+    preset: str | None = described(None, "the preset it starts from: `cpu`, `gpu`, `k20` "
+                                   "(null: the kind's own name)")
+    flops: float | None = described(None, "peak FP32 rate, FLOP/s")
+    mem_bw: float | None = described(None, "memory bandwidth, B/s")
+    conv_efficiency: float | None = described(None, "the fraction of `flops` convolutions "
+                                              "reach")
+    dense_efficiency: float | None = described(None, "the fraction of `flops` dense layers "
+                                               "reach")
+    mem_efficiency: float | None = described(None, "the fraction of `mem_bw` reached")
+    memory: float | None = described(None, "bytes one device may use (`.inf`: unlimited)")
 
 
 @dataclass
 class LinkConfig:
     """Every device's link: ``gbps`` Gb/s (``.inf``: free), ``latency_us`` per message."""
 
-    gbps: float = 10.0
-    latency_us: float = 10.0
+    gbps: float = described(10.0, "each device's link, Gb/s (`.inf`: free)")
+    latency_us: float = described(10.0, "latency per message, microseconds")
 
 
 @dataclass
@@ -133,33 +136,42 @@ class StoreConfig:
     ``client_gbps`` what one device reaches alone (default: the aggregate).
     """
 
-    gbps: float = 40.0
-    latency_us: float = 100.0
-    client_gbps: float | None = None
+    gbps: float = described(40.0, "the aggregate bandwidth concurrent readers (writers) "
+                            "share, Gb/s")
+    latency_us: float = described(100.0, "latency per access, microseconds")
+    client_gbps: float | None = described(None, "what one device reaches alone (null: the "
+                                          "aggregate)")
 
 
 @dataclass
 class DaskConfig:
     """Orchestration costs of a kernel-parallel step (see ``pipeline.costmodel.DaskOverhead``)."""
 
-    task_ms: float = 0.0  # gap between a worker's queued tasks
-    sync_ms: float = 0.0  # a ready marker to its reader (sync: markers)
-    hop_ms: float = 0.0  # a Dask dependency (sync: scheduler)
-    # consecutive steps one task runs (train.steps_per_task): the gap is paid once
-    # per this many steps (pipeline/engine/task_steps.py)
-    steps_per_task: int = 1
+    task_ms: float = described(0.0, "the gap between a worker's queued tasks, ms")
+    sync_ms: float = described(0.0, "a ready marker to its reader (`sync: markers`), ms")
+    hop_ms: float = described(0.0, "a Dask dependency (`sync: scheduler`), ms")
+    steps_per_task: int = described(
+        1, "consecutive steps one task runs (`train.steps_per_task`): the gap is paid once "
+        "per this many steps (pipeline/engine/task_steps.py)")
 
 
 @dataclass
 class HardwareConfig:
     """The hypothetical cluster of one point (see the module docstring)."""
 
-    devices: int | dict[str, int] = 1
-    device: str = "cpu"
-    kinds: dict[str, DeviceKindConfig] = field(default_factory=dict)
-    link: LinkConfig = field(default_factory=LinkConfig)
-    store: StoreConfig | None = None
-    dask: DaskConfig | None = None
+    devices: int | dict[str, int] = described(
+        1, "how many devices of `device`, or a mix in order: `{cpu: 2, gpu: 6}`")
+    device: str = described("cpu", "the device kind: a preset (`cpu`: a core here, `gpu`: "
+                            "A100-class, `k20`) or a kind of `kinds`")
+    kinds: dict[str, DeviceKindConfig] = described(
+        factory=dict, doc="device kinds by name: a preset's fields replaced "
+        "(`{gpu: {conv_efficiency: 0.5}}`), or a new kind (`{preset: gpu, flops: ...}`)")
+    link: LinkConfig = described(factory=LinkConfig, doc="every device's link")
+    store: StoreConfig | None = described(
+        None, "a shared store that `kernel`'s activations go through instead of links "
+        "(null: direct links)")
+    dask: DaskConfig | None = described(None, "Dask's orchestration costs of a `kernel` step "
+                                        "(null: none)")
 
 
 # Validation ---------------------------------------------------------------------------

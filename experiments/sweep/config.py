@@ -43,7 +43,7 @@ import hashlib
 import itertools
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
@@ -52,17 +52,43 @@ from experiments.sweep.axes import Axis, build_axes, point_data
 from experiments.sweep.points import Point, cluster_key, fit_point_to_strategy, run_order
 from pipeline.cluster.connect import scheduler_address
 from pipeline.config.run_config import RunConfig, build_run_config
-from pipeline.config.schema import (ConfigError, from_dict, load_yaml, parse_override, set_dotted,
-                                    to_dict)
+from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
+                                    set_dotted, to_dict)
 from pipeline.strategies import Strategy, strategy_of
+
+
+@dataclass
+class AxisValues:
+    """An axis with its dim named: ``{dim: batch_size, values: [32, 64]}`` (the
+    file's shape, for the schema; `experiments.sweep.axes` parses it)."""
+
+    dim: str | None = described(None, "the dim's name in the results (null: the field's "
+                                "last part)")
+    values: list[Any] = described(factory=list, doc="the field's values, one a position")
+
+
+@dataclass
+class ZipGroup:
+    """Fields that move together as one dim (the file's shape, for the schema)."""
+
+    dim: str | None = described(None, "the dim's name (null: the first field's last part)")
+    fields: dict[str, list[Any]] = described(
+        factory=dict, doc="dotted field -> values; every field as many values")
+
+
+#: An ``axes:`` entry's value and a ``zip:`` group, as the schema describes them.
+AXES_CONTENT = dict[str, list[Any] | AxisValues]
+ZIP_CONTENT = list[ZipGroup | dict[str, list[Any]]]
 
 
 @dataclass
 class MeasureConfig:
     """The timing protocol of every point: `warmup_steps` discarded, `steps` measured."""
 
-    warmup_steps: int = 1
-    steps: int = 8
+    warmup_steps: int = described(1, "steps of each point discarded as warm-up "
+                                  "(sets `train.warmup_steps`)")
+    steps: int = described(8, "steps of each point measured (`train.steps` is warm-up plus "
+                           "these)")
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
@@ -75,16 +101,33 @@ class MeasureConfig:
 class SweepConfig:
     """The sweep file as written (axes still raw; `expand` checks them)."""
 
-    name: str = "sweep"
-    base: dict[str, Any] | str = field(default_factory=dict)
-    axes: dict[str, Any] = field(default_factory=dict)
-    zip: list[dict[str, Any]] = field(default_factory=list)
-    repeats: int = 1
-    measure: MeasureConfig | None = None
-    speedup_baseline: Literal["single", "reference"] = "single"
-    mode: Literal["measure", "predict", "scaling"] = "measure"
-    output: str | None = None  # the store; default results/<name>.zarr
-    keep_checkpoints: bool = False  # per-point checkpoints are large (paper net: ~300 MB)
+    name: str = described("sweep", "the sweep's name (default: the file's name): its "
+                          "store is `results/<name>.zarr`")
+    base: dict[str, Any] | str = described(
+        factory=dict, content=RunConfig | str,
+        doc="the run config every point starts from (a mapping as for `python -m "
+        "pipeline.train`), or a path to a run config file (relative to the sweep file)")
+    axes: dict[str, Any] = described(
+        factory=dict, content=AXES_CONTENT,
+        doc="a grid: dotted run-config field -> its values (a list, or `{dim: NAME, "
+        "values: [...]}` to name the dim)")
+    zip: list[dict[str, Any]] = described(
+        factory=list, content=ZIP_CONTENT,
+        doc="fields that move together, one dim a group: `{dim: NAME, fields: {field: "
+        "[...], ...}}`, or `{field: [...], ...}` (the dim named after the first field)")
+    repeats: int = described(1, "times each point runs (the `repeat` dim)")
+    measure: MeasureConfig | None = described(
+        None, "the timing protocol of every point (null: each point's `train.steps` and "
+        "`train.warmup_steps` as they are, and they may be swept)")
+    speedup_baseline: Literal["single", "reference"] = described(
+        "single", "the strategy whose step time on the fewest workers `speedup` divides")
+    mode: Literal["measure", "predict", "scaling"] = described(
+        "measure", "`measure` runs every point; `predict`, the model alone "
+        "(pipeline/prediction.py); `scaling`, hypothetical clusters (the scaling sweep "
+        "below)")
+    output: str | None = described(None, "the results store (null: `results/<name>.zarr`)")
+    keep_checkpoints: bool = described(False, "keep each point's checkpoints (large: the "
+                                       "paper's network ~300 MB a point)")
 
     def __post_init__(self) -> None:
         if self.repeats < 1:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import dask
 from distributed import Security
 
-from pipeline.config.schema import FieldError
+from pipeline.config.schema import FieldError, described
 
 
 @dataclass
@@ -35,9 +35,11 @@ class TlsConfig:
     """The client's side of a `tls://` scheduler: the CA that signed the scheduler's and
     workers' certificates, and the client's own certificate and key (PEM files)."""
 
-    ca_file: str
-    cert: str
-    key: str | None = None  # None: the key follows the certificate in `cert`
+    ca_file: str = described(doc="the CA certificate (PEM) that signed the scheduler's and "
+                             "workers' certificates")
+    cert: str = described(doc="the client's certificate (PEM)")
+    key: str | None = described(None, "the client's private key (null: it follows the "
+                                "certificate in `cert`)")
 
     def __post_init__(self) -> None:
         for name in ("ca_file", "cert", "key"):

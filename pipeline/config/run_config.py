@@ -8,27 +8,25 @@ dotted ``key=value`` overrides from the command line first. Sweeps (in
 from __future__ import annotations
 
 import copy
-import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pipeline.config.addresses import address_problem
-from pipeline.cluster.links import rate_bits
-from pipeline.config.schema import (ConfigError, FieldError, check_range, from_dict, load_yaml,
-                                    parse_override, parse_size, set_dotted)
-from pipeline.cluster.security import TlsConfig
+from pipeline.config.cluster_config import (ClusterConfig, JobGroupConfig, JobqueueConfig,
+                                            LinkConfig, WorkerConfig)
+from pipeline.config.schema import (ConfigError, FieldError, check_range, described, from_dict,
+                                    load_yaml, parse_override, set_dotted)
 from storage.private import default_workspace_root
 from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
 
 
 @dataclass
 class ConvLayerConfig:
-    kernels: int
-    size: int = 5
-    padding: int = 2
-    pool: int = 2
+    kernels: int = described(doc="the layer's kernels (output channels)")
+    size: int = described(5, "the kernel's height and width")
+    padding: int = described(2, "zeros added on each side of the input")
+    pool: int = described(2, "the max-pool's window and stride after the ReLU (1: none)")
 
     def __post_init__(self) -> None:
         for name in ("kernels", "size", "pool"):
@@ -38,12 +36,13 @@ class ConvLayerConfig:
 
 @dataclass
 class NetworkConfig:
-    conv: list[ConvLayerConfig] = field(
-        default_factory=lambda: [ConvLayerConfig(32), ConvLayerConfig(64)]
-    )
-    hidden: list[int] = field(default_factory=list)
-    classes: int = 10
-    dtype: Literal["float32", "float64"] = "float32"
+    conv: list[ConvLayerConfig] = described(
+        factory=lambda: [ConvLayerConfig(32), ConvLayerConfig(64)],
+        doc="the conv layers, in order (conv, ReLU, max-pool each)")
+    hidden: list[int] = described(factory=list, doc="the dense head's hidden layers' widths")
+    classes: int = described(10, "the dense head's outputs")
+    dtype: Literal["float32", "float64"] = described("float32", "the weights' and "
+                                                     "activations' precision")
 
     def __post_init__(self) -> None:
         if not self.conv:
@@ -56,11 +55,16 @@ class NetworkConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "synthetic"  # "synthetic", or a path to CIFAR-10's python archive/folder
-    path: str | None = None  # the Zarr store; default data/<source name>.zarr
-    train_samples: int | None = None  # None: 5000 synthetic, or all of CIFAR-10
-    test_samples: int | None = None  # None: 1000 synthetic, or all of CIFAR-10
-    seed: int = 0  # of the synthetic set
+    source: str = described("synthetic", "`synthetic` (a deterministic, learnable "
+                            "CIFAR-shaped set), or a path to `cifar-10-python.tar.gz` / its "
+                            "extracted folder")
+    path: str | None = described(None, "the dataset's Zarr store, built on first use (null: "
+                                 "`data/<source name>-<counts>-<dtype>.zarr`)")
+    train_samples: int | None = described(None, "training images (null: 5000 synthetic, or "
+                                          "all of CIFAR-10)")
+    test_samples: int | None = described(None, "test images (null: 1000 synthetic, or all of "
+                                         "CIFAR-10)")
+    seed: int = described(0, "the seed of the synthetic set")
 
     SYNTHETIC_DEFAULTS = (5000, 1000)
 
@@ -81,34 +85,38 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 20
-    batch: int = 64
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    nesterov: bool = False
-    seed: int = 0
-    warmup_steps: int = 1  # excluded from the timing summary
-    checkpoint_every: int = 0  # 0: only step 0 and the last step
-    eval_samples: int = 1000  # test images scored at the end (0: skip)
-    resume: bool = False
-    # Replace the results of an earlier run in the output directory (checkpoints,
-    # record, summary); without it (or resume) a run refuses a directory that has them.
-    fresh: bool = False
-    # Consecutive steps one Dask task runs on a worker (pipeline/engine/task_steps.py): Dask's
-    # per-task costs are paid once per task. "auto": tasks of about a second (one step
-    # until a step is measured, at most 32); 1: a task per step. The arithmetic is the
-    # same whatever it is; needs workspace.sync "markers" above 1.
-    steps_per_task: int | Literal["auto"] = "auto"
-    # Tasks submitted ahead of the one being collected: the workers find their next
-    # task queued when they finish one (1: submit each task when the last is done).
-    inflight: int = 2
-    # data/hybrid: every replica reports a fingerprint of its weights each step, and
-    # the run stops if two differ (costs a hash of the weights per step).
-    check_replicas: bool = False
-    # A lost worker: restore the last complete checkpoint, re-place its share on the
-    # survivors and replay, at most this many times a run (0: stop at the first loss).
-    max_recoveries: int = 3
+    steps: int = described(20, "SGD steps of the run (warm-up steps included)")
+    batch: int = described(64, "the mini-batch: samples a step, over all workers")
+    lr: float = described(0.05, "the learning rate (> 0)")
+    momentum: float = described(0.9, "SGD momentum, in [0, 1)")
+    weight_decay: float = described(5e-4, "L2 weight decay (>= 0)")
+    nesterov: bool = described(False, "Nesterov momentum (needs momentum > 0)")
+    seed: int = described(0, "the seed of the initial weights and of each step's samples")
+    warmup_steps: int = described(1, "first steps left out of the timing summary")
+    checkpoint_every: int = described(0, "steps between checkpoints (0: only step 0 and the "
+                                      "last step)")
+    eval_samples: int = described(1000, "test images scored at the end (0: skip)")
+    resume: bool = described(False, "continue from the output directory's last complete "
+                             "checkpoint")
+    fresh: bool = described(
+        False, "replace an earlier run's results in the output directory (checkpoints, "
+        "record, summary; `--fresh`); without it (or `resume`) a run refuses a directory "
+        "that has them")
+    steps_per_task: int | Literal["auto"] = described(
+        "auto", "consecutive steps one Dask task runs on a worker "
+        "(pipeline/engine/task_steps.py), so that Dask's per-task costs are paid once per "
+        "task: `auto`, tasks of about a second (one step until a step is measured, at most "
+        "32); 1: a task per step. The arithmetic is the same whatever it is; above 1 needs "
+        "`workspace.sync: markers`")
+    inflight: int = described(
+        2, "tasks submitted ahead of the one being collected: the workers find their next "
+        "task queued when they finish one (1: submit each task when the last is done)")
+    check_replicas: bool = described(
+        False, "`data`/`hybrid`: every replica reports a fingerprint of its weights each "
+        "step, and the run stops if two differ (costs a hash of the weights per step)")
+    max_recoveries: int = described(
+        3, "lost workers survived per run: restore the last complete checkpoint, re-place "
+        "the lost share on the survivors and replay (0: stop at the first loss)")
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch", "inflight"):
@@ -127,298 +135,23 @@ class TrainConfig:
                              "train.resume: true continues from; set one of them")
 
 
-#: A worker's device as configs write it.
-DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?")
-
-
-@dataclass
-class WorkerConfig:
-    """One worker of the embedded cluster."""
-
-    name: str | None = None
-    # Dask resource tags; default {GPU: 1} for a CUDA device, else {CPU: 1}.
-    resources: dict[str, float] | None = None
-    threads: int = 1
-    speed: float = 1.0  # < 1 emulates a slower device (labelled "emulated" everywhere)
-    device: str = "cpu"  # "cpu" or "cuda:N": where the worker's tensors live
-    link: str | None = None  # its host's link rate in tc units ("1gbit"); see cluster.link
-    # Memory the worker may use ("2GB", "1.5GiB", or bytes): placement keeps every
-    # split's predicted peak within it (docs/model.md). None: its device's (a GPU's
-    # total memory; a CPU worker is unlimited). Not handed to Dask's nanny.
-    memory_limit: str | int | None = None
-
-    def __post_init__(self) -> None:
-        check_range(self, "threads", low=1)
-        self.memory_bytes()
-        _check_rate(self.link, "link")
-        check_range(self, "speed", low=0, high=1, low_open=True)
-        if not DEVICE_NAME.fullmatch(self.device):
-            raise FieldError("device", f"expected 'cpu' or 'cuda:N', got {self.device!r}")
-        if self.resources is None:
-            self.resources = {"GPU": 1.0} if self.device.startswith("cuda") else {"CPU": 1.0}
-        for tag, amount in self.resources.items():
-            if not tag or not math.isfinite(amount) or amount < 0:
-                raise FieldError(f"resources.{tag}",
-                                 f"expected a tag and a number >= 0, got {amount!r}")
-
-
-    def memory_bytes(self) -> float | None:
-        """`memory_limit` in bytes (None: not given)."""
-        return parse_size(self.memory_limit, "memory_limit")
-
-
-def _check_rate(rate: str | None, name: str) -> None:
-    if rate is not None:
-        try:
-            rate_bits(rate)
-        except ValueError as error:
-            raise FieldError(name, str(error)) from None
-
-
-@dataclass
-class LinkConfig:
-    """Every embedded worker on a host of its own behind a link shaped at `rate`
-    (pipeline/cluster/links.py); a worker's own `link` overrides the rate."""
-
-    rate: str = "1gbit"  # tc units: kbit, mbit, gbit (bits/s), mbps (bytes/s), ...
-    # Where the exchange workspace lives: "sftp", a folder of the client's mounted over
-    # sshfs in each worker's namespace; "s3", a bucket of an S3 server the run starts
-    # on its bridge (pipeline/cluster/object_store.py). Dataset and checkpoints stay on sftp.
-    workspace: Literal["sftp", "s3"] = "sftp"
-
-    def __post_init__(self) -> None:
-        _check_rate(self.rate, "rate")
-
-
-@dataclass
-class JobGroupConfig:
-    """One kind of batch job of `cluster.jobqueue` (a partition's jobs): each runs one
-    Dask worker. A field left unset takes the `cluster.jobqueue` value of that name."""
-
-    jobs: int | None = None  # how many jobs (workers) of this kind
-    cores: int | None = None  # the job's cores: the worker's torch threads
-    memory: str | None = None  # the job's memory ("4GB"): the batch system's limit
-    walltime: str | None = None  # "HH:MM:SS"; the job (its worker) ends then
-    queue: str | None = None  # Slurm partition / PBS or SGE queue (None: the default)
-    account: str | None = None  # Slurm/PBS account to charge (SGE: none)
-    extra: list[str] | None = None  # more directives, e.g. ["--gres=gpu:1"] for Slurm
-    resources: dict[str, float] | None = None  # the worker's tags (default: the run's)
-    prologue: list[str] | None = None  # shell lines before the worker ("source .venv/...")
-
-    def __post_init__(self) -> None:
-        check_range(self, "jobs", low=1)
-        check_range(self, "cores", low=1)
-        if self.memory is not None:
-            parse_size(self.memory, "memory")
-        for tag, amount in (self.resources or {}).items():
-            if not tag or not math.isfinite(amount) or amount < 1:
-                raise FieldError(f"resources.{tag}",
-                                 f"expected a tag and a number >= 1, got {amount!r}")
-
-
-@dataclass
-class JobqueueConfig(JobGroupConfig):
-    """The run's workers as batch jobs of Slurm, PBS or SGE, through dask-jobqueue
-    (pipeline/cluster/jobqueue.py): the run's scheduler on `host` (or `interface`), one job
-    per worker. `groups` lists jobs of several kinds (a GPU partition and a CPU one),
-    each a tagged group of workers; without it, this one kind."""
-
-    system: Literal["slurm", "pbs", "sge"] = "slurm"
-    jobs: int | None = 2
-    cores: int | None = 1
-    memory: str | None = "4GB"
-    walltime: str | None = "01:00:00"
-    # Where the run's scheduler listens: an address of this host the jobs reach
-    # (loopback: jobs on this machine only), or a network interface's name ("ib0").
-    host: str = "127.0.0.1"
-    interface: str | None = None
-    # The folder the jobs read their TLS credentials and write their logs in: one on a
-    # file system every node sees, as the same user (default: a folder in $HOME).
-    directory: str | None = None
-    groups: list[JobGroupConfig] | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.groups is not None and not self.groups:
-            raise FieldError("groups", "list at least one group of jobs, or leave it out")
-        if self.interface is not None and self.host != "127.0.0.1":
-            raise FieldError("interface", "set either cluster.jobqueue.host or "
-                             "cluster.jobqueue.interface")
-
-    def job_count(self) -> int:
-        """How many jobs (workers) the run asks for, in all."""
-        return sum(group.jobs or self.jobs or 0 for group in self.groups or [self])
-
-    def group_list(self, tag: str) -> list[JobGroupConfig]:
-        """Every kind of job with each field filled in (from this config, and `tag`
-        for resources)."""
-        groups = self.groups or [JobGroupConfig()]
-        filled = []
-        for group in groups:
-            values = {name: getattr(group, name) if getattr(group, name) is not None
-                      else getattr(self, name) for name in JobGroupConfig.__dataclass_fields__}
-            values["resources"] = values["resources"] or {tag: 1.0}
-            values["extra"], values["prologue"] = values["extra"] or [], values["prologue"] or []
-            filled.append(JobGroupConfig(**values))
-        return filled
-
-
-@dataclass
-class ClusterConfig:
-    scheduler: str | None = None  # None: DASK_SCHEDULER_ADDRESS, else an embedded cluster
-    # The embedded cluster: a count of CPU workers, or a list of workers.
-    workers: int | list[WorkerConfig] = 2
-    # ...or one worker per device, e.g. [cuda:0, cpu, cpu] (GPU ones tagged GPU, CPU
-    # ones CPU), each CPU worker with `threads` torch threads. Replaces `workers`.
-    devices: list[str] | None = None
-    threads: int = 1  # torch threads of each CPU worker that `workers: N` or `devices` makes
-    resource: str = "CPU"  # the tag whose workers run the conv tasks
-    # Several tags: every worker offering any of them, ordered by tag then name (so
-    # [GPU, CPU] puts the GPU workers first, and the first is the default master).
-    resources: list[str] | None = None
-    use_workers: int | None = None  # how many tagged workers to use (None: all)
-    wait_timeout: float = 30.0  # seconds to wait for workers offering the tag
-    # The worker that runs the dense head (the seed papers' master): a worker name or
-    # a resource tag (its first worker by name). None: the first worker of the run.
-    master: str | None = None
-    # Workers behind shaped links, each in a network namespace of its own, the run's
-    # directories reached over sftp (pipeline/cluster/links.py). None: all on one host.
-    link: LinkConfig | None = None
-    # Seconds a worker may hold an unfinished task of the run while the run makes no
-    # progress before it is probed and, if it does not answer, declared lost (a
-    # SIGSTOPped or frozen process). "auto": max(30 s, 10x the median step), 120 s
-    # before any step is measured; None: never.
-    stall_timeout: float | None | Literal["auto"] = "auto"
-    # The client's certificates for a tls:// scheduler ({ca_file, cert, key}: PEM files;
-    # docs/multihost.md). None: Dask's own TLS config, if any.
-    tls: TlsConfig | None = None
-    # The run's workers as batch jobs (Slurm, PBS, SGE) it submits itself; None: none.
-    jobqueue: JobqueueConfig | None = None
-
-    def link_rates(self) -> dict[str, str] | None:
-        """Each embedded worker's link rate by name; None when no link is configured."""
-        workers = self.worker_list()
-        if self.link is None and all(w.link is None for w in workers):
-            return None
-        default = self.link.rate if self.link else None
-        return {w.name: w.link or default for w in workers}
-
-    def workspace_transport(self) -> str | None:
-        """How linked workers reach the exchange workspace ("sftp", "s3"); None when
-        no link is configured (workers share the client's host)."""
-        if self.link_rates() is None:
-            return None
-        return self.link.workspace if self.link else LinkConfig.workspace
-
-    def tags(self) -> list[str]:
-        """The resource tags whose workers this run uses, in order of preference.
-
-        `resources` if set; else, with `devices` and the default `resource`, every
-        device listed (GPU workers first); else `resource`.
-        """
-        if self.resources:
-            return list(self.resources)
-        if self.devices is not None and self.resource == "CPU":
-            return [t for t in ("GPU", "CPU")
-                    if any(t in (w.resources or {}) for w in self.worker_list())]
-        return [self.resource]
-
-    def worker_list(self) -> list[WorkerConfig]:
-        """The embedded cluster's workers, with names filled in."""
-        if self.devices is not None:
-            workers = [WorkerConfig(device=device,
-                                    threads=1 if device.startswith("cuda") else self.threads)
-                       for device in self.devices]
-        elif isinstance(self.workers, int):
-            workers = [WorkerConfig(threads=self.threads) for _ in range(self.workers)]
-        else:
-            workers = [copy.copy(w) for w in self.workers]
-        for index, worker in enumerate(workers):
-            if worker.name is None:
-                tag = "-".join(sorted(worker.resources or {})).lower() or "worker"
-                worker.name = f"{tag}-{index}"
-        return workers
-
-    def __post_init__(self) -> None:
-        if self.devices is not None:
-            if not isinstance(self.workers, int) or self.workers != 2:
-                raise FieldError("devices", "set either cluster.devices or cluster.workers")
-            for index, device in enumerate(self.devices):
-                if not DEVICE_NAME.fullmatch(device):
-                    raise FieldError(f"devices.{index}",
-                                     f"expected 'cpu' or 'cuda:N', got {device!r}")
-        count = len(self.worker_list())
-        if count < 1:
-            raise FieldError("workers", "at least one worker is needed")
-        check_range(self, "threads", low=1)
-        check_range(self, "use_workers", low=1)
-        check_range(self, "wait_timeout", low=0, low_open=True)
-        if self.stall_timeout != "auto":
-            check_range(self, "stall_timeout", low=0, low_open=True)
-        if not self.resource:
-            raise FieldError("resource", "expected a resource tag such as 'CPU', got ''")
-        if self.resources is not None:
-            if not self.resources or not all(self.resources):
-                raise FieldError("resources", "list at least one tag, none empty")
-            if self.resource != "CPU":
-                raise FieldError("resources", "set either cluster.resource or "
-                                 "cluster.resources")
-        problem = address_problem(self.scheduler) if self.scheduler else None
-        if problem:
-            raise FieldError("scheduler", problem)
-        if self.tls and self.scheduler and not self.scheduler.startswith("tls://"):
-            raise FieldError("tls", f"certificates are for a tls:// scheduler, not "
-                             f"{self.scheduler}")
-        self._check_links()
-        self._check_jobqueue()
-
-    def _check_jobqueue(self) -> None:
-        """Batch jobs are the run's own workers: no other scheduler, links or client
-        certificates with them, and every kind of job offers one of the run's tags."""
-        if self.jobqueue is None:
-            return
-        for other in ("scheduler", "link", "tls"):
-            if getattr(self, other) is not None:
-                raise FieldError("jobqueue", f"the run starts its own scheduler for its "
-                                 f"batch jobs: unset cluster.{other} or cluster.jobqueue")
-        tags = self.tags()
-        for index, group in enumerate(self.jobqueue.group_list(tags[0])):
-            if not any(group.resources.get(tag, 0) >= 1 for tag in tags):
-                where = f"groups.{index}." if self.jobqueue.groups else ""
-                raise FieldError(f"jobqueue.{where}resources",
-                                 f"its workers offer {sorted(group.resources)}, none of the "
-                                 f"run's tags ({', '.join(tags)})")
-
-    def _check_links(self) -> None:
-        """Links shape an embedded cluster only, and every worker needs a rate."""
-        rates = self.link_rates()
-        if rates is None:
-            return
-        if self.scheduler:
-            raise FieldError("link", "links shape the embedded cluster a run starts; "
-                             "unset cluster.scheduler or the links")
-        if self.tls:
-            raise FieldError("tls", "certificates are for an external tls:// scheduler; the "
-                             "linked cluster a run starts talks tcp on its private bridge")
-        for index, (name, rate) in enumerate(rates.items()):
-            if rate is None:
-                raise FieldError(f"workers.{index}.link", f"worker {name} has no link rate; "
-                                 "give it one, or set cluster.link.rate for all")
-
-
 @dataclass
 class WorkspaceConfig:
-    path: str | None = None  # default: /dev/shm when all workers are local, else <output>
-    # Shards own whole multiples of this many channels (one Zarr chunk each). "auto":
-    # about 1/32 of each layer's kernels, at least 4: fine enough for a split that
-    # follows speeds to within ~2 %, and few enough chunks that Zarr's per-chunk cost
-    # (~0.3 ms on /dev/shm) stays small.
-    channel_quantum: int | Literal["auto"] = "auto"
-    # How a task waits for another worker's data: "markers" (one task per worker and
-    # step; the reader polls the writer's ready marker in the workspace) or
-    # "scheduler" (a Dask dependency, one task per stretch between exchanges).
-    sync: Literal["markers", "scheduler"] = "markers"
-    wait_timeout: float = 600.0  # seconds a task waits for a peer's data before failing
+    path: str | None = described(
+        None, "the exchange workspace's folder or fsspec URL, one every worker's host "
+        "shares (null: `/dev/shm` when all workers are local)")
+    channel_quantum: int | Literal["auto"] = described(
+        "auto", "shards own whole multiples of this many channels (one Zarr chunk each); "
+        "`auto`: about 1/32 of each layer's kernels, at least 4: fine enough for a split "
+        "that follows speeds to within ~2 %, and few enough chunks that Zarr's per-chunk "
+        "cost (~0.3 ms on /dev/shm) stays small")
+    sync: Literal["markers", "scheduler"] = described(
+        "markers", "how a task waits for another worker's data: `markers`, by polling its "
+        "ready marker in the workspace, one task per worker and `train.steps_per_task` "
+        "steps; `scheduler`, through Dask dependencies, a task per stretch between "
+        "exchanges (about 1.5x slower here)")
+    wait_timeout: float = described(600.0, "seconds a task waits for a peer's data before "
+                                    "failing")
 
     def folder(self) -> str | None:
         """`path` as the workers are handed it: absolute (they resolve a relative path
@@ -435,7 +168,7 @@ class WorkspaceConfig:
 
 @dataclass
 class ReferenceConfig:
-    threads: int = 1  # torch threads of the in-process reference run
+    threads: int = described(1, "torch threads of the in-process `reference` run")
 
     def __post_init__(self) -> None:
         check_range(self, "threads", low=1)
@@ -445,14 +178,16 @@ class ReferenceConfig:
 class HybridConfig:
     """Krizhevsky's hybrid: conv layers data-parallel, dense layers split by neurons."""
 
-    # How the dense layers get the conv features: "a" all at once (all-gather), "b"
-    # one worker's share at a time, "c" the k-th fraction of every share at a time.
-    scheme: Literal["a", "b", "c"] = "a"
-    # "full": the dense layers step once a step (single-process SGD arithmetic);
-    # "worker": after each part, on its mean loss (Krizhevsky's variable batch size).
-    dense_batch: Literal["full", "worker"] = "full"
-    # The conv layers' learning rate times 1, the workers, or their square root.
-    conv_lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    scheme: Literal["a", "b", "c"] = described(
+        "a", "how the dense layers get the conv features: `a` all at once (all-gather), `b` "
+        "one worker's share at a time, `c` the k-th fraction of every share at a time "
+        "(all-to-all)")
+    dense_batch: Literal["full", "worker"] = described(
+        "full", "`full`: the dense layers step once a step (the arithmetic of single-process "
+        "SGD); `worker`: after each part, on its mean loss (Krizhevsky's variable batch size)")
+    conv_lr_scaling: Literal["none", "linear", "sqrt"] = described(
+        "none", "the conv layers' learning rate times 1 (`none`), the workers (`linear`), or "
+        "their square root (`sqrt`)")
 
 
 #: The longest run name: a name is a folder's (runs/<name>, its workspace's), and a
@@ -479,26 +214,45 @@ def name_problem(name: str) -> str | None:
 
 @dataclass
 class RunConfig:
-    name: str = "run"
-    strategy: str = "kernel"  # a name in pipeline.strategies.STRATEGIES (checked there)
-    placement: Literal["calibrated", "even", "model", "recorded"] = "calibrated"
-    # placement "recorded": the split to reuse, as a run's summary.json holds it
-    # (kernel_split, or batch_split for data/hybrid), or an earlier run's directory
-    split_from: str | list[list[int]] | None = None
-    network: NetworkConfig = field(default_factory=NetworkConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    workspace: WorkspaceConfig = field(default_factory=WorkspaceConfig)
-    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
-    hybrid: HybridConfig = field(default_factory=HybridConfig)
-    output: str | None = None  # default: runs/<name>
-    progress: bool = True
-    # The model's step time for this run, recorded next to the measured one
-    # (pipeline/prediction.py): "cached" predicts from a probe of this cluster made
-    # earlier (a sweep or `auto` makes one), "auto" probes the cluster after the run
-    # if none is cached (seconds to a minute, once per cluster), "never" skips it.
-    prediction: Literal["auto", "cached", "never"] = "cached"
+    name: str = described(
+        "run", "the run's name (default: the config file's name), which names its output "
+        "folder (`runs/<name>`) and workspace: at most 100 letters, digits, `-`, `_` and "
+        "`.` (not `.` or `..`)")
+    strategy: str = described(
+        "kernel", "`kernel`, `single`, `data`, `hybrid`, `reference`, `auto` (the model's "
+        "pick among the distributed ones), or a strategy you registered")
+    placement: Literal["calibrated", "even", "model", "recorded"] = described(
+        "calibrated", "`calibrated` (kernels, or for `data`/`hybrid` the batch's samples, by "
+        "measured speed where that clearly beats an even split; a worker may get nothing), "
+        "`even`, `model` (the split the performance model predicts fastest), or `recorded` "
+        "(the split `split_from` gives)")
+    split_from: str | list[list[int]] | None = described(
+        None, "`placement: recorded`: an earlier run's directory (its `summary.json`), or the "
+        "split itself as a run's summary holds it (`kernel_split`, or `batch_split` for "
+        "`data`/`hybrid`)")
+    network: NetworkConfig = described(factory=NetworkConfig, doc="the network")
+    data: DataConfig = described(factory=DataConfig, doc="the dataset")
+    train: TrainConfig = described(factory=TrainConfig, doc="the training: SGD, steps, "
+                                   "checkpoints, tasks")
+    cluster: ClusterConfig = described(factory=ClusterConfig, doc="the workers")
+    workspace: WorkspaceConfig = described(factory=WorkspaceConfig,
+                                           doc="the exchange workspace between workers")
+    reference: ReferenceConfig = described(factory=ReferenceConfig,
+                                           doc="the `reference` strategy")
+    hybrid: HybridConfig = described(factory=HybridConfig, doc="the `hybrid` strategy")
+    output: str | None = described(None, "the run's output directory (record, summary, "
+                                   "trace, checkpoints, config; null: `runs/<name>`)")
+    progress: bool = described(True, "the progress bar, the start-up phase lines and the "
+                               "placement line (`false`: none of them)")
+    prediction: Literal["auto", "cached", "never"] = described(
+        "cached", "the model's step time for this run, written next to the measured one "
+        "(`predicted_step_time`, `prediction_error` in `summary.json`; "
+        "`predicted_step_time` in the record's attrs; pipeline/prediction.py), and beside "
+        "the error `compute_error`, the model's compute against the run's (the closing "
+        "lines say both): `cached` predicts from a probe of this cluster made "
+        "earlier (by a sweep, `placement: model` or `auto`) and says in `prediction_note` "
+        "when there is none; `auto` probes the cluster after the run if none is cached "
+        "(seconds to a minute, once per cluster, network and batch); `never` skips it")
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -36,6 +36,20 @@ class FieldError(ConfigError):
         self.field, self.problem = field, problem
 
 
+def described(default: Any = dataclasses.MISSING, doc: str = "", *,
+              factory: Any = dataclasses.MISSING, content: Any = None) -> Any:
+    """A config dataclass's field with its meaning for a user (``doc``).
+
+    Why here: the meaning is written once, beside the field, and both the JSON
+    Schema editors read and docs/configuration.md are generated from it
+    (`pipeline.config.reference`), so neither can drift from the code. `content` is
+    the type a raw field holds once checked later (a sweep's ``base``: a run config),
+    for the schema only.
+    """
+    metadata = {"doc": doc} if content is None else {"doc": doc, "content": content}
+    return dataclasses.field(default=default, default_factory=factory, metadata=metadata)
+
+
 def check_range(obj: Any, name: str, low: float | None = None, high: float | None = None,
                 low_open: bool = False, high_open: bool = False) -> None:
     """Raise FieldError unless ``obj.name`` is a finite number in the given interval.

@@ -1,0 +1,319 @@
+"""The cluster a run uses: its workers (embedded, behind links, as batch jobs, or one
+you started), the tags that pick them, and how long it waits for them.
+
+Part of the run config (`pipeline.config.run_config.RunConfig.cluster`); apart from
+it because the cluster's rules (devices, tags, links, jobs) are a topic of their own.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeline.cluster.links import rate_bits
+from pipeline.cluster.security import TlsConfig
+from pipeline.config.addresses import address_problem
+from pipeline.config.schema import FieldError, check_range, described, parse_size
+
+
+#: A worker's device as configs write it.
+DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?")
+
+
+@dataclass
+class WorkerConfig:
+    """One worker of the embedded cluster."""
+
+    name: str | None = described(None, "the worker's name (null: its tag and index, "
+                                 "`cpu-0`)")
+    resources: dict[str, float] | None = described(
+        None, "its Dask resource tags (null: `{GPU: 1}` for a CUDA device, else `{CPU: 1}`)")
+    threads: int = described(1, "its torch threads")
+    speed: float = described(1.0, "below 1 emulates a slower device: its tasks sleep in "
+                             "proportion to their compute (labelled \"emulated\" everywhere)")
+    device: str = described("cpu", "`cpu` or `cuda:N`: where the worker's tensors live")
+    link: str | None = described(None, "its host's link rate in tc units (`1gbit`), "
+                                 "overriding `cluster.link.rate`")
+    memory_limit: str | int | None = described(
+        None, "the memory the worker may use (`2GB`, `1.5GiB` or bytes): placement keeps "
+        "every split's predicted peak within it (docs/model.md); null: its device's (a "
+        "GPU's total memory; a CPU worker is unlimited). Not handed to Dask's nanny")
+
+    def __post_init__(self) -> None:
+        check_range(self, "threads", low=1)
+        self.memory_bytes()
+        _check_rate(self.link, "link")
+        check_range(self, "speed", low=0, high=1, low_open=True)
+        if not DEVICE_NAME.fullmatch(self.device):
+            raise FieldError("device", f"expected 'cpu' or 'cuda:N', got {self.device!r}")
+        if self.resources is None:
+            self.resources = {"GPU": 1.0} if self.device.startswith("cuda") else {"CPU": 1.0}
+        for tag, amount in self.resources.items():
+            if not tag or not math.isfinite(amount) or amount < 0:
+                raise FieldError(f"resources.{tag}",
+                                 f"expected a tag and a number >= 0, got {amount!r}")
+
+
+    def memory_bytes(self) -> float | None:
+        """`memory_limit` in bytes (None: not given)."""
+        return parse_size(self.memory_limit, "memory_limit")
+
+
+def _check_rate(rate: str | None, name: str) -> None:
+    if rate is not None:
+        try:
+            rate_bits(rate)
+        except ValueError as error:
+            raise FieldError(name, str(error)) from None
+
+
+@dataclass
+class LinkConfig:
+    """Every embedded worker on a host of its own behind a link shaped at `rate`
+    (pipeline/cluster/links.py); a worker's own `link` overrides the rate."""
+
+    rate: str = described("1gbit", "every linked worker's rate in tc units: `kbit`, "
+                          "`mbit`, `gbit` (bits/s), `mbps` (bytes/s), ...")
+    workspace: Literal["sftp", "s3"] = described(
+        "sftp", "where the exchange workspace lives: `sftp`, a folder of the client's "
+        "mounted over sshfs in each worker's namespace; `s3`, a bucket of an S3 server the "
+        "run starts on its bridge (pipeline/cluster/object_store.py). Dataset and "
+        "checkpoints stay on sftp")
+
+    def __post_init__(self) -> None:
+        _check_rate(self.rate, "rate")
+
+
+@dataclass
+class JobGroupConfig:
+    """One kind of batch job of `cluster.jobqueue` (a partition's jobs): each runs one
+    Dask worker. A field left unset takes the `cluster.jobqueue` value of that name."""
+
+    jobs: int | None = described(None, "how many jobs (workers) of this kind")
+    cores: int | None = described(None, "the job's cores: the worker's torch threads")
+    memory: str | None = described(None, "the job's memory (`4GB`): the batch system's "
+                                   "limit")
+    walltime: str | None = described(None, "`HH:MM:SS`; the job (its worker) ends then")
+    queue: str | None = described(None, "the Slurm partition, PBS or SGE queue (null: the "
+                                  "default)")
+    account: str | None = described(None, "the Slurm/PBS account to charge (SGE: none)")
+    extra: list[str] | None = described(None, "more directives, e.g. `[\"--gres=gpu:1\"]` "
+                                        "for Slurm")
+    resources: dict[str, float] | None = described(None, "the worker's tags (null: the "
+                                                   "run's first tag)")
+    prologue: list[str] | None = described(None, "shell lines run before the worker "
+                                           "(`source .venv/bin/activate`)")
+
+    def __post_init__(self) -> None:
+        check_range(self, "jobs", low=1)
+        check_range(self, "cores", low=1)
+        if self.memory is not None:
+            parse_size(self.memory, "memory")
+        for tag, amount in (self.resources or {}).items():
+            if not tag or not math.isfinite(amount) or amount < 1:
+                raise FieldError(f"resources.{tag}",
+                                 f"expected a tag and a number >= 1, got {amount!r}")
+
+
+@dataclass
+class JobqueueConfig(JobGroupConfig):
+    """The run's workers as batch jobs of Slurm, PBS or SGE, through dask-jobqueue
+    (pipeline/cluster/jobqueue.py): the run's scheduler on `host` (or `interface`), one job
+    per worker. `groups` lists jobs of several kinds (a GPU partition and a CPU one),
+    each a tagged group of workers; without it, this one kind."""
+
+    system: Literal["slurm", "pbs", "sge"] = described("slurm", "the batch system")
+    jobs: int | None = described(2, "how many jobs (workers)")
+    cores: int | None = described(1, "each job's cores: its worker's torch threads")
+    memory: str | None = described("4GB", "each job's memory: the batch system's limit")
+    walltime: str | None = described("01:00:00", "`HH:MM:SS`; a job (its worker) ends then")
+    host: str = described("127.0.0.1", "where the run's scheduler listens: an address of "
+                          "this host the jobs reach (loopback: jobs on this machine only)")
+    interface: str | None = described(None, "or a network interface's name (`ib0`) the "
+                                      "scheduler listens on, instead of `host`")
+    directory: str | None = described(
+        None, "the folder the jobs read their TLS credentials and write their logs in: one "
+        "on a file system every node sees, as the same user (null: a folder in $HOME)")
+    groups: list[JobGroupConfig] | None = described(
+        None, "jobs of several kinds (a GPU partition and a CPU one), each a tagged group "
+        "of workers whose unset fields take the values above; null: one kind")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.groups is not None and not self.groups:
+            raise FieldError("groups", "list at least one group of jobs, or leave it out")
+        if self.interface is not None and self.host != "127.0.0.1":
+            raise FieldError("interface", "set either cluster.jobqueue.host or "
+                             "cluster.jobqueue.interface")
+
+    def job_count(self) -> int:
+        """How many jobs (workers) the run asks for, in all."""
+        return sum(group.jobs or self.jobs or 0 for group in self.groups or [self])
+
+    def group_list(self, tag: str) -> list[JobGroupConfig]:
+        """Every kind of job with each field filled in (from this config, and `tag`
+        for resources)."""
+        groups = self.groups or [JobGroupConfig()]
+        filled = []
+        for group in groups:
+            values = {name: getattr(group, name) if getattr(group, name) is not None
+                      else getattr(self, name) for name in JobGroupConfig.__dataclass_fields__}
+            values["resources"] = values["resources"] or {tag: 1.0}
+            values["extra"], values["prologue"] = values["extra"] or [], values["prologue"] or []
+            filled.append(JobGroupConfig(**values))
+        return filled
+
+
+@dataclass
+class ClusterConfig:
+    scheduler: str | None = described(
+        None, "the address of a scheduler you started (`tcp://HOST:8786`, `tls://...`); "
+        "null: `DASK_SCHEDULER_ADDRESS`, else an embedded cluster the run starts")
+    workers: int | list[WorkerConfig] = described(
+        2, "the embedded cluster: a count of CPU workers, or a list of workers")
+    devices: list[str] | None = described(
+        None, "instead of `workers`, one worker per device, e.g. `[cuda:0, cpu, cpu]` (GPU "
+        "ones tagged GPU, CPU ones CPU, each CPU worker with `threads` torch threads)")
+    threads: int = described(1, "torch threads of each CPU worker that `workers: N` or "
+                             "`devices` makes")
+    resource: str = described("CPU", "the tag whose workers train (`GPU` runs the shards "
+                              "on CUDA)")
+    resources: list[str] | None = described(
+        None, "several tags: every worker offering any of them, ordered by tag then name "
+        "(`[GPU, CPU]` puts the GPU workers first, and the first is the default master), "
+        "each serving under the first tag it offers")
+    use_workers: int | None = described(None, "how many tagged workers to use (null: all)")
+    wait_timeout: float = described(30.0, "seconds to wait for workers offering the tag")
+    master: str | None = described(
+        None, "the worker with the dense head (the seed papers' master): a worker name or a "
+        "resource tag (its first worker by name); null: the run's first worker. A master "
+        "outside the kernel workers holds no kernels")
+    link: LinkConfig | None = described(
+        None, "every embedded worker behind a shaped link, each in a network namespace of "
+        "its own, the run's directories reached over sftp (pipeline/cluster/links.py); a "
+        "`workers` entry's `link` overrides its rate; null: all on one host")
+    stall_timeout: float | None | Literal["auto"] = described(
+        "auto", "seconds without a finished task after which the workers holding the run's "
+        "tasks are probed, and one that does not answer (stopped, its link cut) is removed "
+        "from the cluster and recovered from like a lost worker, while stores none of the "
+        "workers can list within 5 s stop the run; `auto`: max(30 s, 10x the median task "
+        "of `train.steps_per_task` steps), 120 s before the first step; null: never")
+    tls: TlsConfig | None = described(
+        None, "the client's certificates for a `tls://` scheduler (PEM files; "
+        "docs/multihost.md); null: Dask's own TLS config, if any")
+    jobqueue: JobqueueConfig | None = described(
+        None, "the run's workers as Slurm, PBS or SGE batch jobs it submits itself "
+        "(docs/multihost.md); null: none")
+
+    def link_rates(self) -> dict[str, str] | None:
+        """Each embedded worker's link rate by name; None when no link is configured."""
+        workers = self.worker_list()
+        if self.link is None and all(w.link is None for w in workers):
+            return None
+        default = self.link.rate if self.link else None
+        return {w.name: w.link or default for w in workers}
+
+    def workspace_transport(self) -> str | None:
+        """How linked workers reach the exchange workspace ("sftp", "s3"); None when
+        no link is configured (workers share the client's host)."""
+        if self.link_rates() is None:
+            return None
+        return self.link.workspace if self.link else LinkConfig.workspace
+
+    def tags(self) -> list[str]:
+        """The resource tags whose workers this run uses, in order of preference.
+
+        `resources` if set; else, with `devices` and the default `resource`, every
+        device listed (GPU workers first); else `resource`.
+        """
+        if self.resources:
+            return list(self.resources)
+        if self.devices is not None and self.resource == "CPU":
+            return [t for t in ("GPU", "CPU")
+                    if any(t in (w.resources or {}) for w in self.worker_list())]
+        return [self.resource]
+
+    def worker_list(self) -> list[WorkerConfig]:
+        """The embedded cluster's workers, with names filled in."""
+        if self.devices is not None:
+            workers = [WorkerConfig(device=device,
+                                    threads=1 if device.startswith("cuda") else self.threads)
+                       for device in self.devices]
+        elif isinstance(self.workers, int):
+            workers = [WorkerConfig(threads=self.threads) for _ in range(self.workers)]
+        else:
+            workers = [copy.copy(w) for w in self.workers]
+        for index, worker in enumerate(workers):
+            if worker.name is None:
+                tag = "-".join(sorted(worker.resources or {})).lower() or "worker"
+                worker.name = f"{tag}-{index}"
+        return workers
+
+    def __post_init__(self) -> None:
+        if self.devices is not None:
+            if not isinstance(self.workers, int) or self.workers != 2:
+                raise FieldError("devices", "set either cluster.devices or cluster.workers")
+            for index, device in enumerate(self.devices):
+                if not DEVICE_NAME.fullmatch(device):
+                    raise FieldError(f"devices.{index}",
+                                     f"expected 'cpu' or 'cuda:N', got {device!r}")
+        count = len(self.worker_list())
+        if count < 1:
+            raise FieldError("workers", "at least one worker is needed")
+        check_range(self, "threads", low=1)
+        check_range(self, "use_workers", low=1)
+        check_range(self, "wait_timeout", low=0, low_open=True)
+        if self.stall_timeout != "auto":
+            check_range(self, "stall_timeout", low=0, low_open=True)
+        if not self.resource:
+            raise FieldError("resource", "expected a resource tag such as 'CPU', got ''")
+        if self.resources is not None:
+            if not self.resources or not all(self.resources):
+                raise FieldError("resources", "list at least one tag, none empty")
+            if self.resource != "CPU":
+                raise FieldError("resources", "set either cluster.resource or "
+                                 "cluster.resources")
+        problem = address_problem(self.scheduler) if self.scheduler else None
+        if problem:
+            raise FieldError("scheduler", problem)
+        if self.tls and self.scheduler and not self.scheduler.startswith("tls://"):
+            raise FieldError("tls", f"certificates are for a tls:// scheduler, not "
+                             f"{self.scheduler}")
+        self._check_links()
+        self._check_jobqueue()
+
+    def _check_jobqueue(self) -> None:
+        """Batch jobs are the run's own workers: no other scheduler, links or client
+        certificates with them, and every kind of job offers one of the run's tags."""
+        if self.jobqueue is None:
+            return
+        for other in ("scheduler", "link", "tls"):
+            if getattr(self, other) is not None:
+                raise FieldError("jobqueue", f"the run starts its own scheduler for its "
+                                 f"batch jobs: unset cluster.{other} or cluster.jobqueue")
+        tags = self.tags()
+        for index, group in enumerate(self.jobqueue.group_list(tags[0])):
+            if not any(group.resources.get(tag, 0) >= 1 for tag in tags):
+                where = f"groups.{index}." if self.jobqueue.groups else ""
+                raise FieldError(f"jobqueue.{where}resources",
+                                 f"its workers offer {sorted(group.resources)}, none of the "
+                                 f"run's tags ({', '.join(tags)})")
+
+    def _check_links(self) -> None:
+        """Links shape an embedded cluster only, and every worker needs a rate."""
+        rates = self.link_rates()
+        if rates is None:
+            return
+        if self.scheduler:
+            raise FieldError("link", "links shape the embedded cluster a run starts; "
+                             "unset cluster.scheduler or the links")
+        if self.tls:
+            raise FieldError("tls", "certificates are for an external tls:// scheduler; the "
+                             "linked cluster a run starts talks tcp on its private bridge")
+        for index, (name, rate) in enumerate(rates.items()):
+            if rate is None:
+                raise FieldError(f"workers.{index}.link", f"worker {name} has no link rate; "
+                                 "give it one, or set cluster.link.rate for all")
