@@ -39,7 +39,7 @@ from pipeline.training.evaluate import test_accuracy
 from pipeline.cluster.links import LinkedHosts
 from pipeline.training.loop import train_loop
 from pipeline.training.outputs import owned_output, refuse_finished_resume
-from pipeline.prediction import predict_point
+from pipeline.prediction import predict_config, predict_point, probe_for_config
 from pipeline.preflight import check_run, fit_even_split
 from pipeline.training.recovery import History, split_of, train_with_recovery
 from pipeline.probe.machine import machine_identity
@@ -51,7 +51,7 @@ from pipeline.cluster.startup import Startup, contention_warning, start_batch, u
 from pipeline.cluster.shared_paths import check_workers_see
 from pipeline.records.step_breakdown import compute_error
 from pipeline.strategies import Strategy
-from pipeline.placement.strategy_choice import choose_strategy
+from pipeline.strategies.auto import choose_strategy
 from pipeline.records.trace import ClientEvent, write_trace
 from pipeline.cluster.worker_limits import check_worker_limits, worker_constants
 from storage import checkpoints
@@ -163,7 +163,9 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
             if scheduler_address(config.cluster) is not None:  # workers started elsewhere
                 check_workers_see(client, offered, info.path, config.output_dir)
             if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
-                config, strategy, choice = choose_strategy(config, strategy, client, offered)
+                probe = probe_for_config(config, client, offered, policy="auto")
+                config, strategy, choice = choose_strategy(config, strategy, probe,
+                                                           predict_config)
                 attrs.update(strategy=config.strategy, strategy_choice=json.dumps(choice),
                              config=yaml.safe_dump(to_dict(config), sort_keys=False))
                 say(f"strategy auto: the model picks {choice['chosen']} (master "
