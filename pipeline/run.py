@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -41,7 +40,7 @@ from pipeline.training.loop import train_loop
 from pipeline.training.outputs import owned_output, refuse_finished_resume
 from pipeline.prediction import predict_config, predict_point, probe_for_config
 from pipeline.preflight import check_run, fit_even_split
-from pipeline.training.recovery import History, split_of, train_with_recovery
+from pipeline.training.recovery import History, build_engine, split_of, train_with_recovery
 from pipeline.probe.machine import machine_identity
 from pipeline.records.record import (RunRecorder, code_revision, jsonable, left_out_lines,
                                      link_attrs, placement_line, software_versions, summarize)
@@ -58,7 +57,6 @@ from storage import checkpoints
 from storage.datasets import DatasetInfo
 from storage.labelled import write_dataset_aside
 from storage.space import replace_file, writing
-from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
 
 
@@ -69,14 +67,6 @@ class RunResult:
     summary: dict[str, Any]
     record: xr.Dataset
     output_dir: str
-
-
-def build_engine(client: Client, config: RunConfig, strategy: Strategy, network: NetworkSpec,
-                 train_samples: int, offered: list[ClusterWorker]) -> StepEngine:
-    """The engine of `strategy` placed on `offered` (at the start, and again after a
-    recovery or a join: pipeline/training/recovery.py)."""
-    plan = strategy.plan(client, config, network, offered, uuid.uuid4().hex[:8])
-    return StepEngine(client, config, network, plan, train_samples)
 
 
 def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
@@ -171,11 +161,10 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                 say(f"strategy auto: the model picks {choice['chosen']} (master "
                     f"{choice['master']}), predicted {choice['predicted_step_time']:.4f} s/step")
             check_memory_before_placing(client, config, offered)
-            build = functools.partial(build_engine, client, config, strategy, network,
-                                      info.train_samples)
             with startup.phase(f"placing the work on {len(offered)} worker(s) (placement: "
                                f"{config.placement})", "placed"):
-                engine = build(offered)
+                engine = build_engine(client, config, strategy, network, info.train_samples,
+                                      offered)
             split = split_of(strategy, engine)
             attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
             startup.say(placement_line(engine.plan.placement.method, split,
@@ -195,8 +184,8 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                                   recorder.receipts, client_events, recorder.workers, started)
         try:
             if strategy.uses_cluster:
-                history = train_with_recovery(config, client, strategy, engine, offered, build,
-                                              recorder, client_events, from_step,
+                history = train_with_recovery(config, client, strategy, network, engine,
+                                              offered, recorder, client_events, from_step,
                                               info.train_samples)
             else:
                 trainer.start(from_step)
