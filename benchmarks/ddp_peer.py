@@ -26,10 +26,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.config.run_config import load_run_config
-from pipeline.network import initial_state
 from pipeline.engine.sampler import step_indices
 from pipeline.engine.dataset import prepare_dataset
-from tasks.network import build_sequential
+from tasks.network import build_sequential, initial_state
 from tasks.optim import make_sgd
 from tasks.replica_layout import ranges, split_counts
 from tasks.worker_state import configure_process

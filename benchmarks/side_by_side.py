@@ -59,9 +59,9 @@ from pipeline.engine.dataset import prepare_dataset
 from pipeline.training.loop import Trainer, train_loop
 from pipeline.preflight import check_run
 from pipeline.records.record import RunRecorder
+from pipeline.training.recovery import build_engine
 from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
-from pipeline.run import build_engine, start_cluster
-from pipeline.cluster.startup import Startup
+from pipeline.cluster.startup import Startup, start_cluster
 from tasks.worker_state import configure_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

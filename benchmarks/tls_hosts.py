@@ -20,7 +20,8 @@ from statistics import median
 
 from pipeline.config.run_config import WorkerConfig, load_run_config
 from pipeline.cluster.external_hosts import ClusterTls, external_hosts
-from pipeline.run import prepare_dataset, run_training
+from pipeline.engine.dataset import prepare_dataset
+from pipeline.run import run_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -108,6 +108,18 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     return strategy
 
 
+def check_before_start(config: RunConfig) -> Strategy:
+    """Everything a run that starts its own cluster can check before it starts:
+    `check_run` (the strategy, returned), then, for a strategy that uses a cluster,
+    the embedded workers' tags and memory. `pipeline.run.run_training` runs it once
+    per run; `python -m pipeline.train --check` runs it alone."""
+    strategy = check_run(config)
+    if strategy.uses_cluster:
+        check_embedded_tags(config)
+        check_embedded_memory(config)
+    return strategy
+
+
 def check_embedded_tags(config: RunConfig) -> None:
     """A run on its own embedded cluster knows every worker's tags: one that asks for
     a tag none of them offers (or more of them than there are) is a config mistake,

@@ -1,82 +1,61 @@
 """One training run as a library call: ``run_training(config) -> RunResult``.
 
-Loads the dataset (building its store if missing), writes (or resumes from) the
-checkpoint every strategy starts from, trains with the config's strategy, scores the
-final weights on the test set, and writes the run's record (`record.zarr`,
-`summary.json`, `trace.json`, `config.yaml`) to its output directory. The CLI
-(`python -m pipeline.train`), the sweep, the tests and a notebook all call it the same
-way. What is specific to a strategy, it asks the strategy object
-(pipeline/strategies).
+Checks the config once, loads the dataset (building its store if missing), writes
+(or resumes from) the checkpoint every strategy starts from, trains with the config's
+strategy, scores the final weights on the test set, and writes the run's record
+(`record.zarr`, `summary.json`, `trace.json`, `config.yaml`) to its output directory.
+The CLI (`python -m pipeline.train`), the sweep, the tests and a notebook all call it
+the same way. What is specific to a strategy, it asks the strategy object
+(pipeline/strategies); the one fork is at the top of `_train`: a strategy trains on
+the cluster's workers (`_train_on_cluster`) or in this process (`_train_in_process`,
+``reference``), and both hand the same `Trained` to the results.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import sys
 import time
-import uuid
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-import xarray as xr
 import yaml
 from distributed import Client
 
-from pipeline.engine.checkpointing import prepare_checkpoints
-from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.cli import ResultsFirst
-from pipeline.cluster.connect import (ClusterWorker, find_workers, live_workers, open_jobqueue,
-                                      open_run_client, register_setup, scheduler_address,
-                                      workers_set_up)
+from pipeline.cluster.connect import ClusterWorker, find_workers, scheduler_address
+from pipeline.cluster.links import LinkedHosts
+from pipeline.cluster.shared_paths import check_workers_see
+from pipeline.cluster.startup import Startup, start_cluster
+from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.run_config import RunConfig
+from pipeline.config.schema import ConfigError, to_dict
+from pipeline.engine.checkpointing import prepare_checkpoints
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.engine.step_engine import StepEngine
-from pipeline.training.evaluate import test_accuracy
-from pipeline.cluster.links import LinkedHosts
-from pipeline.training.loop import train_loop
-from pipeline.training.outputs import owned_output, refuse_finished_resume
-from pipeline.prediction import predict_point
-from pipeline.preflight import check_run, fit_even_split
-from pipeline.training.recovery import History, split_of, train_with_recovery
+from pipeline.placement.capacity import capacities_explained, worker_capacities
+from pipeline.prediction import predict_config, predict_point, probe_for_config
+from pipeline.preflight import check_before_start, check_run, fit_even_split
 from pipeline.probe.machine import machine_identity
 from pipeline.records.record import (RunRecorder, code_revision, jsonable, left_out_lines,
-                                     link_attrs, placement_line, software_versions, summarize)
-from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
-from pipeline.config.schema import ConfigError, to_dict
-from pipeline.cluster.startup import Startup, contention_warning, start_batch, usable_cores
-from pipeline.cluster.shared_paths import check_workers_see
-from pipeline.records.step_breakdown import compute_error
-from pipeline.strategies import Strategy
-from pipeline.placement.strategy_choice import choose_strategy
+                                     link_attrs, placement_line, software_versions)
 from pipeline.records.trace import ClientEvent, write_trace
-from pipeline.cluster.worker_limits import check_worker_limits, worker_constants
+from pipeline.strategies import Strategy
+from pipeline.strategies.auto import choose_strategy
+from pipeline.training.evaluate import test_accuracy
+from pipeline.training.loop import train_loop
+from pipeline.training.outputs import (RunResult, owned_output, refuse_finished_resume,
+                                       write_results)
+from pipeline.training.recovery import History, build_engine, split_of, train_with_recovery
+from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
 from storage import checkpoints
 from storage.datasets import DatasetInfo
-from storage.labelled import write_dataset_aside
-from storage.space import replace_file, writing
+from storage.space import writing
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
-
-
-@dataclass
-class RunResult:
-    """What a finished run hands back (the same is on disk in its output directory)."""
-
-    summary: dict[str, Any]
-    record: xr.Dataset
-    output_dir: str
-
-
-def build_engine(client: Client, config: RunConfig, strategy: Strategy, network: NetworkSpec,
-                 train_samples: int, offered: list[ClusterWorker]) -> StepEngine:
-    """The engine of `strategy` placed on `offered` (at the start, and again after a
-    recovery or a join: pipeline/training/recovery.py)."""
-    plan = strategy.plan(client, config, network, offered, uuid.uuid4().hex[:8])
-    return StepEngine(client, config, network, plan, train_samples)
 
 
 def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
@@ -109,13 +88,15 @@ def run_training(config: RunConfig, client: Client | None = None,
     """Run one training as the config says; a client may be passed in (sweeps reuse one),
     with the links its workers sit behind, if any (their byte counters are recorded).
 
-    Everything that can be checked before it starts is checked first
-    (`pipeline.preflight.check_run`, which also finds the strategy). The run holds its
-    output directory throughout (`pipeline.training.outputs`). What it notices on the way (a
-    stale lock taken over, damaged checkpoints passed over) goes to stderr, one line
-    each, and into the record's ``notes`` attribute.
+    Everything that can be checked before it starts is checked first, once
+    (`pipeline.preflight.check_before_start`, which also finds the strategy; with a
+    client passed in, the config's own workers are not the run's, so only
+    `check_run`). The run holds its output directory throughout
+    (`pipeline.training.outputs`). What it notices on the way (a stale lock taken over,
+    damaged checkpoints passed over) goes to stderr, one line each, and into the
+    record's ``notes`` attribute.
     """
-    strategy = check_run(config)
+    strategy = check_run(config) if client is not None else check_before_start(config)
     notes: list[str] = []
 
     def say(line: str) -> None:
@@ -127,9 +108,57 @@ def run_training(config: RunConfig, client: Client | None = None,
         return _train(config, strategy, client, offered, links, say, notes)
 
 
+@dataclass
+class Start:
+    """What a run has before its strategy trains: the dataset, the network, the step it
+    starts from (its checkpoint written or found), and what its record keeps."""
+
+    started: float  # the run's start (time.time())
+    info: DatasetInfo
+    network: NetworkSpec
+    from_step: int
+    attrs: dict[str, Any]  # the record's attributes; the placement adds its own
+    client_events: list[ClientEvent]  # the trace's client-side events
+    say: Callable[[str], None]  # one line to stderr and the record's notes
+
+
+@dataclass
+class Trained:
+    """A run whose steps are all done, and what the results need of how it ran."""
+
+    config: RunConfig  # the config it ran (`auto`'s: the chosen strategy's)
+    recorder: RunRecorder
+    history: History = field(default_factory=History)
+    split: dict[str, Any] = field(default_factory=dict)  # as the strategy records it
+    client: Client | None = None
+    offered: list[ClusterWorker] | None = None
+    links: LinkedHosts | None = None  # the links the workers sat behind,
+    counted: dict[str, Any] = field(default_factory=dict)  # and their counters at start
+    in_client: bool = False  # trained in this process (`reference`)
+
+
 def _train(config: RunConfig, strategy: Strategy, client: Client | None,
            offered: list[ClusterWorker] | None, links: LinkedHosts | None,
            say: Callable[[str], None], notes: list[str]) -> RunResult:
+    """The run, top to bottom: prepare, train (on the cluster, or in this process for
+    a strategy that uses none), then the results."""
+    start = _prepare(config, say)
+    finish = ResultsFirst()  # once every step is done, the results are written first
+    with finish, ExitStack() as stack:
+        if strategy.uses_cluster:
+            trained = _train_on_cluster(config, strategy, start, client, offered, links,
+                                        stack)
+        else:
+            trained = _train_in_process(config, start, client, offered)
+        finish.hold()  # every step is done: a stop now waits for the results
+        with writing("output directory", config.output_dir):
+            _write_trace(trained.config, trained.recorder, start)
+        return _finish(trained, start, finish, notes)
+
+
+def _prepare(config: RunConfig, say: Callable[[str], None]) -> Start:
+    """The dataset (built if missing) and the checkpoint every strategy starts from
+    (written, or found for a resume), checked against the config."""
     started = time.time()
     os.makedirs(config.output_dir, exist_ok=True)
     info = prepare_dataset(config)
@@ -147,85 +176,129 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
                              "versions": jsonable(software_versions()),
                              "machine": machine_identity(),
                              "code_revision": code_revision(), "resumed_from_step": from_step}
-    client_events: list[ClientEvent] = []
-    history = History()
-    split: dict[str, Any] = {}  # the split as the strategy records it (kernel_split, ...)
+    return Start(started, info, network, from_step, attrs, [], say)
+
+
+def _train_in_process(config: RunConfig, start: Start, client: Client | None,
+                      offered: list[ClusterWorker] | None) -> Trained:
+    """Train in this process with plain PyTorch (`reference`)."""
+    trainer = ReferenceTrainer(config, start.network, start.info.train_samples)
+    recorder = RunRecorder([REFERENCE_WORKER],
+                           [f"in-process, {config.reference.threads} thread(s)"], [1.0])
+    with _trace_if_stopped(config, recorder, start):
+        trainer.start(start.from_step)
+        recorder.devices = list(trainer.devices)
+        train_loop(config, trainer, recorder, start.client_events, start.from_step,
+                   start.info.train_samples)
+        trainer.close()
+    return Trained(config, recorder, client=client, offered=offered, in_client=True)
+
+
+def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
+                      client: Client | None, offered: list[ClusterWorker] | None,
+                      links: LinkedHosts | None, stack: ExitStack) -> Trained:
+    """Train on the workers of `client` (else of the run's own cluster, started and
+    kept open on `stack`): `auto` resolved, the work placed, lost workers recovered."""
+    configure_process(1)  # the client must not fight the workers for cores
     startup = Startup(config.name, config.progress)
-    finish = ResultsFirst()  # once every step is done, the results are written first
-    with finish, ExitStack() as stack:
-        if strategy.uses_cluster:
-            configure_process(1)  # the client must not fight the workers for cores
-            if client is None:
-                client, links = stack.enter_context(start_cluster(config, startup, say))
-            counted = links.counters() if links is not None else {}
-            if offered is None:
-                offered = find_workers(client, config.cluster)
-            if scheduler_address(config.cluster) is not None:  # workers started elsewhere
-                check_workers_see(client, offered, info.path, config.output_dir)
-            if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
-                config, strategy, choice = choose_strategy(config, strategy, client, offered)
-                attrs.update(strategy=config.strategy, strategy_choice=json.dumps(choice),
-                             config=yaml.safe_dump(to_dict(config), sort_keys=False))
-                say(f"strategy auto: the model picks {choice['chosen']} (master "
-                    f"{choice['master']}), predicted {choice['predicted_step_time']:.4f} s/step")
-            check_memory_before_placing(client, config, offered)
-            build = functools.partial(build_engine, client, config, strategy, network,
-                                      info.train_samples)
-            with startup.phase(f"placing the work on {len(offered)} worker(s) (placement: "
-                               f"{config.placement})", "placed"):
-                engine = build(offered)
-            split = split_of(strategy, engine)
-            attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
-            startup.say(placement_line(engine.plan.placement.method, split,
-                                       json.loads(attrs["split_workers"]), attrs["master"],
-                                       engine.plan.placement.choice))
-            for line in json.loads(attrs["left_out_reasons"]):  # among the start's lines
-                say(line)
-            workers = engine.workers
-            recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
-                                   [w.emulated_speed for w in workers],
-                                   tags=[w.resource for w in workers])
-        else:
-            trainer = ReferenceTrainer(config, network, info.train_samples)
-            recorder = RunRecorder([REFERENCE_WORKER],
-                                   [f"in-process, {config.reference.threads} thread(s)"], [1.0])
-        trace = functools.partial(write_trace, os.path.join(config.output_dir, "trace.json"),
-                                  recorder.receipts, client_events, recorder.workers, started)
-        try:
-            if strategy.uses_cluster:
-                history = train_with_recovery(config, client, strategy, engine, offered, build,
-                                              recorder, client_events, from_step,
-                                              info.train_samples)
-            else:
-                trainer.start(from_step)
-                recorder.devices = list(trainer.devices)
-                train_loop(config, trainer, recorder, client_events, from_step,
-                           info.train_samples)
-                trainer.close()
-        except BaseException:
-            with contextlib.suppress(OSError):  # the trace so far, if there is room; the
-                trace()  # error that stopped the run is the one to report
-            raise
-        finish.hold()  # every step is done: a stop now waits for the results
-        with writing("output directory", config.output_dir):
-            trace()
-        if strategy.uses_cluster and links is not None:  # before the links go
-            attrs.update(link_attrs(config.cluster.workspace_transport() or "sftp", counted,
-                                    links.counters()))
-        # a cluster that lost or gained a worker is not probed afresh (cached only)
-        changed = bool(history.recoveries or history.joins)
-        used = {"split_workers": json.loads(attrs["split_workers"])} \
-            if "split_workers" in attrs else {}
-        prediction = finish.unless_stopped(lambda: predict_run(
-            config, {**split, **used, **recorder.task_steps_median(config.train.warmup_steps)},
-            client, offered, changed), prediction_stopped)
-        accuracy = None
-        if config.train.eval_samples:
-            samples = min(config.train.eval_samples, info.test_samples)
-            weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
-            accuracy = test_accuracy(network, weights, info.path, samples)
-        return _write_results(config, info, attrs, list(split), recorder, history, notes,
-                              started, accuracy, prediction, in_client=not strategy.uses_cluster)
+    if client is None:
+        client, links = stack.enter_context(start_cluster(config, startup, start.say))
+    counted = links.counters() if links is not None else {}
+    if offered is None:
+        offered = find_workers(client, config.cluster)
+    if scheduler_address(config.cluster) is not None:  # workers started elsewhere
+        check_workers_see(client, offered, start.info.path, config.output_dir)
+    if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
+        config, strategy = _resolve_auto(config, strategy, client, offered, start)
+    check_memory_before_placing(client, config, offered)
+    engine, split = _place(config, strategy, start, client, offered, startup)
+    workers = engine.workers
+    recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
+                           [w.emulated_speed for w in workers],
+                           tags=[w.resource for w in workers])
+    with _trace_if_stopped(config, recorder, start):
+        history = train_with_recovery(config, client, strategy, start.network, engine,
+                                      offered, recorder, start.client_events,
+                                      start.from_step, start.info.train_samples)
+    return Trained(config, recorder, history, split, client, offered, links, counted)
+
+
+def _resolve_auto(config: RunConfig, auto: Strategy, client: Client,
+                  offered: list[ClusterWorker], start: Start) -> tuple[RunConfig, Strategy]:
+    """The config and strategy the model picks for `auto` on this cluster, recorded and
+    said."""
+    probe = probe_for_config(config, client, offered, policy="auto")
+    config, strategy, choice = choose_strategy(config, auto, probe, predict_config)
+    start.attrs.update(strategy=config.strategy, strategy_choice=json.dumps(choice),
+                       config=yaml.safe_dump(to_dict(config), sort_keys=False))
+    start.say(f"strategy auto: the model picks {choice['chosen']} (master "
+              f"{choice['master']}), predicted {choice['predicted_step_time']:.4f} s/step")
+    return config, strategy
+
+
+def _place(config: RunConfig, strategy: Strategy, start: Start, client: Client,
+           offered: list[ClusterWorker], startup: Startup
+           ) -> tuple[StepEngine, dict[str, Any]]:
+    """The first engine, placed on `offered`, and its split as the strategy records it;
+    the placement goes into the record and the start's lines."""
+    with startup.phase(f"placing the work on {len(offered)} worker(s) (placement: "
+                       f"{config.placement})", "placed"):
+        engine = build_engine(client, config, strategy, start.network,
+                              start.info.train_samples, offered)
+    split = split_of(strategy, engine)
+    attrs = start.attrs
+    attrs.update(plan_attrs(config, strategy, engine, offered, client, split))
+    startup.say(placement_line(engine.plan.placement.method, split,
+                               json.loads(attrs["split_workers"]), attrs["master"],
+                               engine.plan.placement.choice))
+    for line in json.loads(attrs["left_out_reasons"]):  # among the start's lines
+        start.say(line)
+    return engine, split
+
+
+def _write_trace(config: RunConfig, recorder: RunRecorder, start: Start) -> None:
+    """The run's `trace.json`: its tasks' receipts and the client's events."""
+    write_trace(os.path.join(config.output_dir, "trace.json"), recorder.receipts,
+                start.client_events, recorder.workers, start.started)
+
+
+@contextlib.contextmanager
+def _trace_if_stopped(config: RunConfig, recorder: RunRecorder, start: Start
+                      ) -> Iterator[None]:
+    """Around a run's steps: a run stopped by an error keeps its trace so far, if there
+    is room (the error that stopped it is the one to report)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _write_trace(config, recorder, start)
+        raise
+
+
+def _finish(trained: Trained, start: Start, finish: ResultsFirst,
+            notes: list[str]) -> RunResult:
+    """The results of a run whose steps are done: its links' bytes, the model's
+    prediction, the test accuracy, and the record and summary written."""
+    config, recorder, attrs = trained.config, trained.recorder, start.attrs
+    if trained.links is not None:  # before the links go
+        attrs.update(link_attrs(config.cluster.workspace_transport() or "sftp",
+                                trained.counted, trained.links.counters()))
+    # a cluster that lost or gained a worker is not probed afresh (cached only)
+    changed = bool(trained.history.recoveries or trained.history.joins)
+    used = {"split_workers": json.loads(attrs["split_workers"])} \
+        if "split_workers" in attrs else {}
+    prediction = finish.unless_stopped(lambda: predict_run(
+        config, {**trained.split, **used,
+                 **recorder.task_steps_median(config.train.warmup_steps)},
+        trained.client, trained.offered, changed), prediction_stopped)
+    accuracy = None
+    if config.train.eval_samples:
+        samples = min(config.train.eval_samples, start.info.test_samples)
+        weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+        accuracy = test_accuracy(start.network, weights, start.info.path, samples)
+    return write_results(config, start.info, attrs, list(trained.split), recorder,
+                         trained.history, notes, start.started, accuracy, prediction,
+                         in_client=trained.in_client)
 
 
 def prediction_stopped(signal_name: str) -> dict[str, Any]:
@@ -276,95 +349,3 @@ def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
             "predicted_high": predicted.get("predicted_high"),
             "prediction_probe": predicted["probe_key"],
             "predicted_breakdown": predicted["breakdown"]}
-
-
-def _write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
-                   split_keys: list[str], recorder: RunRecorder, history: History,
-                   notes: list[str], started: float, accuracy: float | None,
-                   prediction: dict[str, Any], in_client: bool) -> RunResult:
-    """The record, the summary and the config, written to the output directory
-    (`in_client`: the run trained in this process, as `reference` does)."""
-    attrs["checkpoint_time_s"] = recorder.checkpoint_s
-    changes = history.as_json()  # recoveries, joins
-    attrs.update({key: jsonable(value) for key, value in changes.items()})
-    attrs["notes"] = json.dumps(notes)
-    attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  "batch": config.train.batch, "inflight": config.train.inflight})
-    record = recorder.to_dataset(attrs)
-    summary = summarize(record, config.train.warmup_steps, config.train.batch, in_client)
-    summary.update({"test_accuracy": accuracy,
-                    "test_samples": min(config.train.eval_samples, info.test_samples),
-                    "strategy": config.strategy, "workers": list(record.worker_label.values),
-                    "worker_devices": [
-                        {"name": str(name), "tag": str(tag), "device": str(device)}
-                        for name, tag, device in zip(record.worker.values,
-                                                     record.resource_tag.values,
-                                                     record.device.values)]})
-    for key in split_keys:
-        summary[key] = json.loads(attrs[key])
-    if "strategy_choice" in attrs:
-        summary["strategy_choice"] = json.loads(attrs["strategy_choice"])
-    if "link_bytes_sent" in attrs:  # a linked cluster's (run_training's `links`)
-        summary["workspace_transport"] = attrs["workspace_transport"]
-        for key in ("link_bytes_received", "link_bytes_sent"):
-            summary[key] = json.loads(attrs[key])
-    if "master" in attrs:
-        summary["master"] = attrs["master"]
-        summary["split_workers"] = json.loads(attrs["split_workers"])
-        summary["left_out"] = json.loads(attrs["left_out_reasons"])
-    summary.update(changes)
-    predicted, measured = prediction["predicted_step_time"], summary.get("step_time_median")
-    if predicted is not None and measured:
-        prediction["prediction_error"] = predicted / measured - 1.0
-        prediction["compute_error"] = compute_error(prediction.get("predicted_breakdown"),
-                                                    summary.get("critical_breakdown"))
-    summary.update(prediction)
-    record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
-    record.attrs["prediction"] = jsonable(prediction)
-    if predicted is not None:
-        record.attrs["predicted_step_time"] = float(predicted)
-    with writing("output directory", config.output_dir):
-        write_dataset_aside(record, os.path.join(config.output_dir, "record.zarr"))
-        replace_file(os.path.join(config.output_dir, "summary.json"),
-                     json.dumps(summary, indent=2, default=str))
-        replace_file(os.path.join(config.output_dir, "config.yaml"),
-                     yaml.safe_dump(to_dict(config), sort_keys=False))
-    return RunResult(summary, record, config.output_dir)
-
-
-@contextlib.contextmanager
-def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None]
-                  ) -> Iterator[tuple[Client, LinkedHosts | None]]:
-    """A client to the run's own cluster (the embedded one, or `cluster.scheduler`'s),
-    its workers set up, and the links they sit behind (None without `cluster.link`).
-    Before starting embedded workers, warns when they outnumber the cores
-    (`contention_warning`); while they start, tells `startup` how many are up."""
-    with contextlib.ExitStack() as stack:
-        jobqueue = config.cluster.jobqueue
-        if jobqueue is not None:  # batch jobs: the phase counts them, with the queue's word
-            jobs = jobqueue.job_count()
-            with startup.phase(f"starting {jobs} {jobqueue.system} job(s) for the workers",
-                               f"{jobs} worker(s) up") as phase:
-                client = stack.enter_context(open_jobqueue(config.cluster, phase.update))
-                register_setup(client, config.cluster)
-            yield client, None
-            return
-        if scheduler_address(config.cluster) is not None:
-            client, links = stack.enter_context(open_run_client(
-                config.cluster, config.shared_directories()))
-            check_worker_limits(client, config.cluster, live_workers(client))
-            stack.enter_context(workers_set_up(client, config.cluster))
-            yield client, links
-            return
-        workers = config.cluster.worker_list()
-        warning = contention_warning(workers, usable_cores())
-        if warning:
-            say(warning)
-        with startup.phase(f"starting {len(workers)} worker(s) on this machine",
-                           f"{len(workers)} worker(s) up") as phase:
-            client, links = stack.enter_context(open_run_client(
-                config.cluster, config.shared_directories(), phase.update,
-                start_batch(len(workers), usable_cores())))
-            register_setup(client, config.cluster)  # goes with the embedded cluster
-        yield client, links

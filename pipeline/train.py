@@ -1,12 +1,13 @@
 """One training run from the command line:
 ``python -m pipeline.train CONFIG [--scheduler ADDR] [--fresh] [--check] [k=v ...]``.
 
-Parses the command line, checks the config and its paths, runs
-`pipeline.run.run_training` and prints the closing summary; every failure is one
-line and an exit status (pipeline/cli.py); a full disk's line says which store's
-disk, what was kept and how to go on. Ctrl-C, SIGTERM and SIGHUP end the run
-cleanly with one line naming the last complete checkpoint and the command that
-continues from it, and exit 128 + the signal's number.
+Parses the command line, runs `pipeline.run.run_training` (which checks the config
+and its paths before it starts: `--check` runs those checks alone) and prints the
+closing summary; every failure is one line and an exit status (pipeline/cli.py); a
+full disk's line says which store's disk, what was kept and how to go on. Ctrl-C,
+SIGTERM and SIGHUP end the run cleanly with one line naming the last complete
+checkpoint and the command that continues from it, and exit 128 + the signal's
+number.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pipeline.cluster.connect import ClusterError, SchedulerLost, WorkerLost
 from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.training.outputs import OutputBusy, RunComplete, check_earlier_results
 from pipeline.placement.split import PlacementError
-from pipeline.preflight import check_embedded_memory, check_embedded_tags, check_run
+from pipeline.preflight import check_before_start
 from pipeline.records.record import format_summary
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
@@ -44,8 +45,10 @@ RUN_KEYS_HELP = (
 
 
 def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
-    """Parse the command line, load the config and check its paths: everything a run
-    can find wrong before it starts. Returns the config and whether only to check."""
+    """Parse the command line and load the config (its fields checked as it loads);
+    with `--check`, also check everything a run can find wrong before it starts
+    (`check_before_start`), which the run otherwise checks itself, once. Returns the
+    config and whether only to check."""
     parser = OneLineParser(prog="python -m pipeline.train",
                            description="Train a CNN with one strategy.",
                            epilog=RUN_KEYS_HELP)
@@ -64,9 +67,8 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
     if args.scheduler:
         overrides.append(f"cluster.scheduler={args.scheduler}")
     config = load_run_config(args.config, overrides)
-    if check_run(config).uses_cluster:
-        check_embedded_tags(config)
-        check_embedded_memory(config)
+    if args.check:
+        check_before_start(config)
     return config, args.check
 
 
@@ -159,7 +161,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
             print(f"{config.name}: config and paths are fine ({config.strategy}, "
                   f"output {config.output_dir})")
             return 0
-        result = run_training(config)
+        result = run_training(config)  # checks before it starts
     except RunComplete as complete:
         print(complete)
         return 0

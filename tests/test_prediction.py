@@ -31,7 +31,7 @@ from pipeline.records.record import format_summary
 from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named
-from pipeline.placement.strategy_choice import pick
+from pipeline.strategies.auto import pick
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
+from pipeline import preflight
 from pipeline.cluster.connect import find_workers, register_setup
 from pipeline.config.run_config import load_run_config
+from pipeline.config.schema import ConfigError
 from pipeline.run import run_training
 from storage import checkpoints
-from tests.helpers import max_relative_error, tiny_config
+from tests.helpers import max_relative_error, run_main, tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHANCE = 0.1
 
@@ -75,3 +81,35 @@ def test_reference_strategy_matches_kernel(tmp_path, three_worker_cluster,
     assert max_relative_error(
         checkpoints.read_tensors(reference.checkpoint_path, 5),
         checkpoints.read_tensors(kernel.checkpoint_path, 5)) < 1e-4
+
+
+def test_the_command_line_checks_its_run_once(tmp_path, monkeypatch):
+    """`python -m pipeline.train` leaves the checks to the run, which makes them once
+    (the output folder's is one of them)."""
+    checked: list[str] = []
+    writable = preflight.check_writable_dir
+
+    def counted(path: str, field: str) -> None:
+        if field == "output":
+            checked.append(path)
+        writable(path, field)
+
+    monkeypatch.setattr(preflight, "check_writable_dir", counted)
+    output = str(tmp_path / "run")
+    status, lines, _out = run_main("train", [
+        os.path.join(ROOT, "configs", "small.yaml"), "strategy=reference",
+        f"output={output}", f"data.path={tmp_path / 'data'}", "data.train_samples=128",
+        "data.test_samples=32", "train.steps=2", "train.eval_samples=0",
+        "progress=false"])
+    assert status == 0, lines
+    assert checked == [output]
+
+
+def test_a_library_run_refuses_what_the_command_line_refuses(tmp_path):
+    """`run_training(config)` starting its own cluster checks its workers' tags before
+    it starts them (as `--check` does): one ConfigError, nothing written."""
+    config = tiny_config(tmp_path, str(tmp_path / "data"),
+                         **{"cluster.resource": "GPU", "cluster.wait_timeout": 5})
+    with pytest.raises(ConfigError, match="cluster.resource: no worker of the embedded"):
+        run_training(config)
+    assert not (tmp_path / "run").exists()

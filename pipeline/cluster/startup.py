@@ -1,5 +1,5 @@
-"""What a run says before its first step: too many workers for the cores, and how
-far the start has got.
+"""A run's own cluster started (`start_cluster`), and what the run says before its
+first step: too many workers for the cores, and how far the start has got.
 
 Every worker of an embedded cluster is a process of its own that imports torch
 (about 2.5 s of CPU each) and, with `placement: calibrated`, times its shards
@@ -9,6 +9,7 @@ in one line, when their torch threads outnumber this machine's cores
 (`contention_warning`), and with `progress: true` says what it is doing
 (`Startup.phase`): a line once a phase has taken a second, one every `HEARTBEAT_S`
 seconds while it lasts (with its count, where known), and one when it is done.
+`start_cluster` is where the run starts (or connects to) its cluster and says so.
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ import os
 import sys
 import threading
 import time
-from typing import Iterator, Sequence, TextIO
+from typing import Callable, Iterator, Sequence, TextIO
 
-from pipeline.config.run_config import WorkerConfig
+from distributed import Client
+
+from pipeline.cluster.connect import (live_workers, open_jobqueue, open_run_client,
+                                      register_setup, scheduler_address, workers_set_up)
+from pipeline.cluster.links import LinkedHosts
+from pipeline.cluster.worker_limits import check_worker_limits
+from pipeline.config.run_config import RunConfig, WorkerConfig
 
 #: Seconds between the lines of a phase that goes on.
 HEARTBEAT_S = 15.0
@@ -118,3 +125,40 @@ class Startup:
                 beat.join()
         if said.is_set():
             self.say(f"{done} ({time.monotonic() - started:.1f} s)")
+
+
+@contextlib.contextmanager
+def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None]
+                  ) -> Iterator[tuple[Client, LinkedHosts | None]]:
+    """A client to the run's own cluster (the embedded one, or `cluster.scheduler`'s),
+    its workers set up, and the links they sit behind (None without `cluster.link`).
+    Before starting embedded workers, warns when they outnumber the cores
+    (`contention_warning`); while they start, tells `startup` how many are up."""
+    with contextlib.ExitStack() as stack:
+        jobqueue = config.cluster.jobqueue
+        if jobqueue is not None:  # batch jobs: the phase counts them, with the queue's word
+            jobs = jobqueue.job_count()
+            with startup.phase(f"starting {jobs} {jobqueue.system} job(s) for the workers",
+                               f"{jobs} worker(s) up") as phase:
+                client = stack.enter_context(open_jobqueue(config.cluster, phase.update))
+                register_setup(client, config.cluster)
+            yield client, None
+            return
+        if scheduler_address(config.cluster) is not None:
+            client, links = stack.enter_context(open_run_client(
+                config.cluster, config.shared_directories()))
+            check_worker_limits(client, config.cluster, live_workers(client))
+            stack.enter_context(workers_set_up(client, config.cluster))
+            yield client, links
+            return
+        workers = config.cluster.worker_list()
+        warning = contention_warning(workers, usable_cores())
+        if warning:
+            say(warning)
+        with startup.phase(f"starting {len(workers)} worker(s) on this machine",
+                           f"{len(workers)} worker(s) up") as phase:
+            client, links = stack.enter_context(open_run_client(
+                config.cluster, config.shared_directories(), phase.update,
+                start_batch(len(workers), usable_cores())))
+            register_setup(client, config.cluster)  # goes with the embedded cluster
+        yield client, links

@@ -11,11 +11,11 @@ from typing import Callable, Protocol
 import numpy as np
 
 from pipeline.config.run_config import RunConfig
-from pipeline.network import checkpoint_row_chunks, initial_state, parameter_shapes
 from pipeline.engine.sampler import step_indices
 from pipeline.config.schema import ConfigError
 from storage import checkpoints
 from storage.space import writing
+from tasks.network import checkpoint_row_chunks, initial_state, parameter_shapes
 from tasks.specs import NetworkSpec
 
 

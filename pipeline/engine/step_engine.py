@@ -25,7 +25,6 @@ from distributed import Client, Future, wait
 
 from pipeline.cluster.connect import ClusterError, ClusterWorker, all_local, live_workers
 from pipeline.config.run_config import RunConfig
-from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.cluster.object_store import workspace_url
 from pipeline.placement.split import Placement
 from pipeline.records.record import StepResult
@@ -40,6 +39,7 @@ from storage.private import default_workspace_root
 from storage.space import writing
 from tasks import step_task
 from tasks.layout import Layout, exchange_slots
+from tasks.network import checkpoint_row_chunks, parameter_shapes
 from tasks.receipts import Receipt
 from tasks.run_state import WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, RunPaths

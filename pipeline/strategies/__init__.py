@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
-from pipeline.engine.step_engine import RunPlan
 from pipeline.strategies.auto import AutoStrategy
 from pipeline.strategies.base import PLACEMENTS, Strategy
 from pipeline.strategies.kernel import KernelStrategy, SingleStrategy
 from pipeline.strategies.reference import ReferenceStrategy
 from pipeline.strategies.replicas import DataStrategy, HybridStrategy
 
-__all__ = ["PLACEMENTS", "RunPlan", "STRATEGIES", "Strategy", "register", "strategy_named",
-           "strategy_of"]
+__all__ = ["PLACEMENTS", "STRATEGIES", "Strategy", "register", "strategy_named", "strategy_of"]
 
 #: Every strategy a config may name, by name.
 STRATEGIES: dict[str, Strategy] = {}

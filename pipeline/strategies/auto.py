@@ -2,20 +2,35 @@
 
 `AutoStrategy` stands in the registry so that configs, preflight and sweeps take
 ``auto`` like any strategy name; it checks that at least one distributed strategy
-accepts the config. It never runs: the run resolves it at the start, once its
-cluster is up, to the candidate the model predicts fastest on a probe of that
-cluster (pipeline/placement/strategy_choice.py), and then runs that strategy as if it had
-been named.
+accepts the config. It never runs: when a run with ``strategy: auto`` has its
+cluster, `choose_strategy` predicts, on a probe of that cluster (cached, else
+measured once: pipeline/prediction.py), every distributed strategy that accepts the
+config (`AutoStrategy.candidates`: kernel with the model's own split, single, data,
+hybrid, and any registered strategy with a model) with each worker as master, and
+the run goes on with the config of the fastest as if it had been named. The choice
+is recorded: the chosen and the runner-up (another strategy) with their predictions,
+and every alternative's. `pick` is that choice on plain numbers.
+
+Why at the start of the run and not in the config: which strategy wins depends on
+the cluster's measured speeds and store (and links), which only the probe knows.
+The model itself (`pipeline.prediction.predict_config`) is handed in: it asks the
+registry's strategies, so this module cannot import it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
+from pipeline.cluster.connect import ClusterError
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
+from pipeline.costmodel import Prediction
+from pipeline.probe import ClusterProbe
 from pipeline.strategies.base import Strategy
+
+#: The model's step of a run config on a probe (`pipeline.prediction.predict_config`).
+Predict = Callable[[RunConfig, ClusterProbe], Prediction]
 
 
 class AutoStrategy(Strategy):
@@ -64,3 +79,54 @@ class AutoStrategy(Strategy):
             reasons = "; ".join(f"{name}: {why}" for name, why in candidates.items())
             raise ConfigError(f"strategy: 'auto' found no strategy that takes this config "
                               f"({reasons})")
+
+
+def pick(times: dict[tuple[str, str], float]) -> tuple[tuple[str, str], tuple[str, str] | None]:
+    """The fastest ``(strategy, master)`` and the fastest of another strategy (the
+    runner-up; None if there is no other). Ties go to the first listed."""
+    ranked = sorted(times, key=lambda key: times[key])  # stable: ties keep their order
+    best = ranked[0]
+    runner_up = next((key for key in ranked if key[0] != best[0]), None)
+    return best, runner_up
+
+
+def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | None,
+                    predict: Predict) -> tuple[RunConfig, Strategy, dict[str, Any]]:
+    """The config of the strategy `predict` finds fastest on `probe` (the run's
+    cluster; None if none could be made), that strategy, and the record of the choice
+    (module doc)."""
+    assert isinstance(auto, AutoStrategy)
+    if probe is None:
+        raise ClusterError("strategy: 'auto' needs the model's probe of this cluster, and "
+                           "none could be made (is CNN_PREDICT_PROBE=never or cached set?)")
+    masters = [w.name for w in probe.workers]
+    configs: dict[tuple[str, str], RunConfig] = {}
+    times: dict[tuple[str, str], float] = {}
+    skipped: dict[str, str] = {}
+    for name, candidate in auto.candidates(config).items():
+        if isinstance(candidate, str):
+            skipped[name] = candidate
+            continue
+        for master in masters[:auto.registry[name].workers_used(candidate, probe)]:
+            trial = dataclasses.replace(
+                candidate, cluster=dataclasses.replace(candidate.cluster, master=master))
+            try:
+                times[name, master] = predict(trial, probe).step_time
+            except (NotImplementedError, ValueError) as error:
+                skipped[name] = f"no prediction: {error}"
+                break
+            configs[name, master] = trial
+    if not times:
+        raise ClusterError("strategy: 'auto' has no strategy the model can predict here: "
+                           + "; ".join(f"{n}: {why}" for n, why in skipped.items()))
+    best, runner_up = pick(times)
+    chosen = configs[best]
+    record = {
+        "requested": "auto", "chosen": best[0], "master": best[1],
+        "placement": chosen.placement, "predicted_step_time": times[best],
+        "runner_up": None if runner_up is None else {
+            "strategy": runner_up[0], "master": runner_up[1],
+            "predicted_step_time": times[runner_up]},
+        "alternatives": {f"{s}@{m}": t for (s, m), t in times.items()},
+        "not_candidates": skipped, "probe_key": probe.key}
+    return chosen, auto.registry[best[0]], record

@@ -64,7 +64,7 @@ class Strategy:
     #: What its tasks run on a worker.
     worker_side: WorkerSide | None = None
     #: True for ``auto``: the run replaces it, once its cluster is up, by the strategy
-    #: the performance model predicts fastest (pipeline/placement/strategy_choice.py).
+    #: the performance model predicts fastest (pipeline/strategies/auto.py).
     chosen_by_model: bool = False
     #: True where the memory count (pipeline/costmodel/memory.py) has a model of it
     #: (`peak_memory`); every memory check leaves a strategy without one out.

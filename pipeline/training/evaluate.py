@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.network import load_sequential
 from storage.datasets import read_batch
+from tasks.network import load_sequential
 from tasks.specs import NetworkSpec
 
 

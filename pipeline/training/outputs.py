@@ -6,22 +6,35 @@ lock (`run.lock`, the same flock-based lock as a sweep store's, `storage.locks`)
 from start to end: a second run is refused at once, naming the holder, and a lock
 left by a killed run is taken over with a note. Under the lock, a directory that
 already holds results is refused unless the run resumes them (`train.resume`) or
-replaces them (`train.fresh`, `--fresh`), which removes them first.
+replaces them (`train.fresh`, `--fresh`), which removes them first. At its end the
+run writes its results there (`write_results`: the record, the summary and the
+config it ran).
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
+import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import xarray as xr
+import yaml
 
 from pipeline.config.run_config import RunConfig
-from pipeline.config.schema import ConfigError
+from pipeline.config.schema import ConfigError, to_dict
+from pipeline.records.record import RunRecorder, jsonable, summarize
+from pipeline.records.step_breakdown import compute_error
+from pipeline.training.recovery import History
 from storage import checkpoints
+from storage.datasets import DatasetInfo
+from storage.labelled import write_dataset_aside
 from storage.locks import LockBusy, OwnerLock
-from storage.space import writing
+from storage.space import replace_file, writing
 
 LOCK_NAME = "run.lock"
 #: What makes a directory hold an earlier run's results.
@@ -128,3 +141,67 @@ def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         yield
     finally:
         lock.release()
+
+
+@dataclass
+class RunResult:
+    """What a finished run hands back (the same is on disk in its output directory)."""
+
+    summary: dict[str, Any]
+    record: xr.Dataset
+    output_dir: str
+
+
+def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
+                  split_keys: list[str], recorder: RunRecorder, history: History,
+                  notes: list[str], started: float, accuracy: float | None,
+                  prediction: dict[str, Any], in_client: bool) -> RunResult:
+    """The record, the summary and the config, written to the output directory
+    (`in_client`: the run trained in this process, as `reference` does)."""
+    attrs["checkpoint_time_s"] = recorder.checkpoint_s
+    changes = history.as_json()  # recoveries, joins
+    attrs.update({key: jsonable(value) for key, value in changes.items()})
+    attrs["notes"] = json.dumps(notes)
+    attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                  "batch": config.train.batch, "inflight": config.train.inflight})
+    record = recorder.to_dataset(attrs)
+    summary = summarize(record, config.train.warmup_steps, config.train.batch, in_client)
+    summary.update({"test_accuracy": accuracy,
+                    "test_samples": min(config.train.eval_samples, info.test_samples),
+                    "strategy": config.strategy, "workers": list(record.worker_label.values),
+                    "worker_devices": [
+                        {"name": str(name), "tag": str(tag), "device": str(device)}
+                        for name, tag, device in zip(record.worker.values,
+                                                     record.resource_tag.values,
+                                                     record.device.values)]})
+    for key in split_keys:
+        summary[key] = json.loads(attrs[key])
+    if "strategy_choice" in attrs:
+        summary["strategy_choice"] = json.loads(attrs["strategy_choice"])
+    if "link_bytes_sent" in attrs:  # a linked cluster's (run_training's `links`)
+        summary["workspace_transport"] = attrs["workspace_transport"]
+        for key in ("link_bytes_received", "link_bytes_sent"):
+            summary[key] = json.loads(attrs[key])
+    if "master" in attrs:
+        summary["master"] = attrs["master"]
+        summary["split_workers"] = json.loads(attrs["split_workers"])
+        summary["left_out"] = json.loads(attrs["left_out_reasons"])
+    summary.update(changes)
+    predicted, measured = prediction["predicted_step_time"], summary.get("step_time_median")
+    if predicted is not None and measured:
+        prediction["prediction_error"] = predicted / measured - 1.0
+        prediction["compute_error"] = compute_error(prediction.get("predicted_breakdown"),
+                                                    summary.get("critical_breakdown"))
+    summary.update(prediction)
+    record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
+    record.attrs["prediction"] = jsonable(prediction)
+    if predicted is not None:
+        record.attrs["predicted_step_time"] = float(predicted)
+    with writing("output directory", config.output_dir):
+        write_dataset_aside(record, os.path.join(config.output_dir, "record.zarr"))
+        replace_file(os.path.join(config.output_dir, "summary.json"),
+                     json.dumps(summary, indent=2, default=str))
+        replace_file(os.path.join(config.output_dir, "config.yaml"),
+                     yaml.safe_dump(to_dict(config), sort_keys=False))
+    return RunResult(summary, record, config.output_dir)

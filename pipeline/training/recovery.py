@@ -5,9 +5,9 @@ A distributed run keeps its state (shards, replicas, dense slices) in its worker
 memory, so a worker that dies takes its work with it. The only state that outlives
 it is the last complete checkpoint, and batches are a pure function of (seed,
 step): so the run closes the broken engine, asks the same placement as at the
-start for a split over the surviving workers (the `build` callable, which is
-`pipeline.run.build_engine`), loads that checkpoint into a new engine and
-replays the steps since. Replayed steps replace the lost ones in the record; every
+start for a split over the surviving workers (`build_engine`, which placed the
+first engine too), loads that checkpoint into a new engine and replays the steps
+since. Replayed steps replace the lost ones in the record; every
 recovery is kept as a `Recovery`. A run gives up (one `WorkerLost`) after
 `train.max_recoveries`, so a crash loop ends. On a cluster the run did not start
 itself, a worker offering the run's tags that joins is noticed at the next
@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from distributed import Client
 
@@ -42,9 +43,7 @@ from pipeline.strategies import Strategy
 from pipeline.records.trace import ClientEvent
 from storage import checkpoints
 from storage.liveness import answers
-
-#: A new engine placed over the given workers (`pipeline.run.build_engine`).
-Build = Callable[[list[ClusterWorker]], StepEngine]
+from tasks.specs import NetworkSpec
 
 
 @dataclass
@@ -100,6 +99,14 @@ def joined(client: Client, config: RunConfig, offered: list[ClusterWorker]
     return now if any(s.address not in known for s in now) else []
 
 
+def build_engine(client: Client, config: RunConfig, strategy: Strategy, network: NetworkSpec,
+                 train_samples: int, offered: list[ClusterWorker]) -> StepEngine:
+    """The engine of `strategy` placed on `offered`: at the start of a run, and again
+    after a recovery or a join."""
+    plan = strategy.plan(client, config, network, offered, uuid.uuid4().hex[:8])
+    return StepEngine(client, config, network, plan, train_samples)
+
+
 def split_of(strategy: Strategy, engine: StepEngine) -> dict[str, Any]:
     """How an engine divides the work, as its strategy records it."""
     return strategy.split_of(engine.layout, engine.plan.placement)
@@ -126,15 +133,16 @@ def survivors(client: Client, offered: list[ClusterWorker], lost: WorkerLost
 
 
 def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
-                        engine: StepEngine, offered: list[ClusterWorker], build: Build,
-                        recorder: RunRecorder,
+                        network: NetworkSpec, engine: StepEngine,
+                        offered: list[ClusterWorker], recorder: RunRecorder,
                         client_events: list[ClientEvent], from_step: int,
                         train_samples: int) -> History:
     """Train from `from_step` to the end with `engine`, recovering from lost workers
     and taking in joined ones.
 
-    `offered` are the workers the run was placed over (a master that `build` adds
-    is found again by it). Closes every engine it used. Returns what happened.
+    `offered` are the workers the run was placed over (a master that the strategy's
+    placement adds is found again by it). Closes every engine it used. Returns what
+    happened.
     """
     history = History()
     recoveries = history.recoveries
@@ -151,7 +159,8 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
         while True:
             try:
                 if current is None:
-                    current = build(offered)
+                    current = build_engine(client, config, strategy, network, train_samples,
+                                           offered)
                 current.start(from_step)
                 recorder.ensure_workers(current.workers, current.devices)
                 if pending is not None:
@@ -174,7 +183,8 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                 offered, from_step = list(grown), reached
                 client_events.append(ClientEvent(f"joined: {', '.join(new)} at step {reached}",
                                                  time.time(), time.time()))
-                current = build(offered)
+                current = build_engine(client, config, strategy, network, train_samples,
+                                       offered)
                 current.start(from_step)
                 recorder.ensure_workers(current.workers, current.devices)
                 history.joins.append(Join(reached, new, [w.name for w in current.workers],

@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from pipeline.config.run_config import RunConfig
-from pipeline.network import load_sequential
 from pipeline.records.record import StepResult
 from pipeline.engine.sampler import step_indices
 from storage import checkpoints
 from storage.datasets import read_batch
 from tasks.memory import current_rss, read_peak, reset_peak
+from tasks.network import load_sequential
 from tasks.optim import momentum_of, restore_momentum, torch_sgd, weights_of
 from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec
