@@ -27,7 +27,7 @@ import tempfile
 import time
 from statistics import median
 
-from pipeline.cluster.connect import open_linked_cluster
+from pipeline.cluster.linked import open_linked_cluster
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.step_engine import workspace_path
 from pipeline.run import prepare_dataset, run_training

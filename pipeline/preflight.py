@@ -14,7 +14,7 @@ import os
 import tempfile
 
 from pipeline.config.addresses import address_problem
-from pipeline.cluster.connect import scheduler_address, tagged_workers
+from pipeline.cluster.workers import scheduler_address, tagged_workers
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants, element_bytes
 from pipeline.cluster.links import link_problem

@@ -29,9 +29,9 @@ from distributed import Client
 from pipeline.engine.checkpointing import prepare_checkpoints
 from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.cli import ResultsFirst
-from pipeline.cluster.connect import (ClusterWorker, find_workers, live_workers, open_jobqueue,
-                                      open_run_client, register_setup, scheduler_address,
-                                      workers_set_up)
+from pipeline.cluster.connect import open_jobqueue, open_run_client
+from pipeline.cluster.worker_setup import register_setup, workers_set_up
+from pipeline.cluster.workers import ClusterWorker, find_workers, live_workers, scheduler_address
 from pipeline.config.run_config import RunConfig
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.engine.step_engine import StepEngine

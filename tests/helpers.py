@@ -18,7 +18,8 @@ from torch import nn
 
 from experiments.sweep import cli as sweep_cli
 from pipeline import train as train_cli
-from pipeline.cluster.connect import register_setup, start_embedded_cluster
+from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.cluster.worker_setup import register_setup
 from pipeline.config.run_config import ClusterConfig, RunConfig, WorkerConfig, build_run_config
 from pipeline.cluster.security import write_credentials
 from storage import checkpoints

@@ -17,7 +17,9 @@ from experiments.report.markdown import device_shares
 from experiments.sweep.cli import main as sweep_main
 from experiments.sweep.axes import value_label
 from experiments.sweep.config import load_sweep
-from pipeline.cluster.connect import ClusterError, check_devices, register_setup, tagged_workers
+from pipeline.cluster.connect import check_devices
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import ClusterError, tagged_workers
 from pipeline.config.run_config import ClusterConfig, build_run_config
 from pipeline.records.record import format_summary
 from pipeline.config.schema import ConfigError

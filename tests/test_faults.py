@@ -29,7 +29,7 @@ from experiments.sweep.results import (ADDED_LATER, DONE, FAILED, PointResult, R
                                        build_template)
 from experiments.sweep.run import one_line
 from experiments.sweep.config import load_sweep
-from pipeline.cluster.connect import SchedulerLost, WorkerLost
+from pipeline.cluster.workers import SchedulerLost, WorkerLost
 from storage import checkpoints
 from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch, run_main
 from pipeline.config.run_config import load_run_config

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
 from pipeline.records.record import format_summary, placement_line
 from pipeline.run import run_training
 from pipeline.train import main

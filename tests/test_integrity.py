@@ -35,7 +35,7 @@ from experiments.sweep.config import load_sweep
 from pipeline import train
 from pipeline.engine import step_engine as engine
 from pipeline.cluster import links
-from pipeline.cluster.connect import register_setup
+from pipeline.cluster.worker_setup import register_setup
 from pipeline.training.outputs import LOCK_NAME, OutputBusy, OutputLock
 from pipeline.config.schema import ConfigError, to_dict
 from pipeline.run import run_training

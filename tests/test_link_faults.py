@@ -32,7 +32,9 @@ import pytest
 
 from pipeline.cluster import link_records
 from pipeline.cluster import links
-from pipeline.cluster.connect import ClusterError, live_workers, open_linked_cluster, register_setup
+from pipeline.cluster.linked import open_linked_cluster
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import ClusterError, live_workers
 from pipeline.run import run_training
 from pipeline.engine.runner import StoreStalled, stall_verdict
 from storage import checkpoints, liveness

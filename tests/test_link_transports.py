@@ -19,7 +19,7 @@ import pytest
 from urllib.parse import urlsplit
 
 from pipeline import preflight
-from pipeline.cluster import connect as cluster
+from pipeline.cluster import linked as cluster
 from pipeline.cluster import link_records
 from pipeline.cluster import links
 from pipeline.cluster import object_store

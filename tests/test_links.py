@@ -23,7 +23,8 @@ import xarray as xr
 
 from pipeline.cluster import link_records
 from pipeline.cluster import links
-from pipeline.cluster.connect import open_linked_cluster, register_setup
+from pipeline.cluster.linked import open_linked_cluster
+from pipeline.cluster.worker_setup import register_setup
 from pipeline.config.run_config import build_run_config
 from pipeline.cluster.links import LinkedHosts
 from pipeline.preflight import check_run

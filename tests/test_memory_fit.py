@@ -324,7 +324,7 @@ def test_scaling_points_carry_the_peak_and_whether_it_fits():
 
 def test_capacities_come_from_the_config_the_scheduler_or_the_gpu():
     from pipeline.placement.capacity import capacities_from
-    from pipeline.cluster.connect import ClusterWorker
+    from pipeline.cluster.workers import ClusterWorker
     workers = [ClusterWorker("tcp://a:1", "a", "CPU", 1, 1.0, "cpu"),
                ClusterWorker("tcp://b:1", "b", "CPU", 1, 1.0, "cpu"),
                ClusterWorker("tcp://c:1", "c", "GPU", 1, 1.0, "cuda:0")]

@@ -36,8 +36,9 @@ from experiments.sweep.results import (DONE, FAILED, SKIPPED, PointResult, Resul
 from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
-from pipeline.cluster.connect import (SchedulerLost, WorkerLost, live_workers, open_client,
-                                      workers_set_up)
+from pipeline.cluster.connect import open_client
+from pipeline.cluster.worker_setup import workers_set_up
+from pipeline.cluster.workers import SchedulerLost, WorkerLost, live_workers
 from pipeline.config.run_config import RunConfig
 from pipeline.prediction import predict_point
 from pipeline.records.record import software_versions

@@ -23,7 +23,7 @@ from typing import Callable
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster.connect import ClusterError, ClusterWorker, all_local, live_workers
+from pipeline.cluster.workers import ClusterError, ClusterWorker, all_local, live_workers
 from pipeline.config.run_config import RunConfig
 from pipeline.network import checkpoint_row_chunks, parameter_shapes
 from pipeline.cluster.object_store import workspace_url

@@ -25,7 +25,7 @@ from distributed import Client
 from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.placement.calibrate import (Points, alike_groups, calibrate, calibrate_replicas,
                                           first_sizes, per_unit, pool_points, shard_costs)
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import element_bytes
 from pipeline.placement.memory_fit import (MemoryModel, MemoryRefused, move_to_fit, overflows,

@@ -19,7 +19,7 @@ from typing import Any
 
 from distributed import Client
 
-from pipeline.cluster.connect import ClusterError, ClusterWorker
+from pipeline.cluster.workers import ClusterError, ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.prediction import predict_config, probe_for_config
 from pipeline.strategies import Strategy, strategy_named

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from pipeline.cluster.connect import ClusterWorker, all_local, scheduler_in_process
+from pipeline.cluster.workers import ClusterWorker, all_local, scheduler_in_process
 from pipeline.config.run_config import RunConfig
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.machine import machine_identity

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from distributed import Client
 
 from pipeline.placement.split_choice import choose_kernel_split
-from pipeline.cluster.connect import ClusterWorker, add_master
+from pipeline.cluster.workers import ClusterWorker, add_master
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from distributed import Client
 
 from pipeline.placement.split_choice import choose_batch_split
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
