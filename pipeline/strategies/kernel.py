@@ -18,8 +18,8 @@ from pipeline.cluster.workers import ClusterWorker, add_master
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, Footprint, MemoryConstants,
-                                       kernel_footprint)
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, Footprint, MemoryConstants
+from pipeline.costmodel.kernel_memory import kernel_footprint
 from pipeline.costmodel.strategies import MODELS
 from pipeline.placement.model_placement import calibrated_split, choose_split
 from pipeline.placement.split import Placement, split_even
