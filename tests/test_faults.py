@@ -25,8 +25,8 @@ import pytest
 import xarray as xr
 from distributed import Client
 
-from experiments.sweep.results import (ADDED_LATER, DONE, FAILED, PointResult, ResultStore,
-                                       build_template)
+from experiments.sweep.results import PointResult, ResultStore
+from experiments.sweep.store_layout import ADDED_LATER, DONE, FAILED, build_template
 from experiments.sweep.run import one_line
 from experiments.sweep.config import load_sweep
 from pipeline.cluster.workers import SchedulerLost, WorkerLost

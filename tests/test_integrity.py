@@ -29,7 +29,8 @@ import xarray as xr
 import yaml
 import zarr
 
-from experiments.sweep.results import DONE, ResultStore
+from experiments.sweep.results import ResultStore
+from experiments.sweep.store_layout import DONE
 from experiments.sweep.run import run_sweep
 from experiments.sweep.config import load_sweep
 from pipeline import train

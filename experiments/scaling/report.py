@@ -40,7 +40,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.report.figure_files import save_figure, write_figures  # noqa: E402
-from experiments.sweep.results import DONE, FAILED  # noqa: E402
+from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
 from experiments.scaling.view import ScalingView, one_device_only, winners  # noqa: E402
 from experiments.sweep.summary import base_strategy  # noqa: E402
 

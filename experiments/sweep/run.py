@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from experiments.sweep.measure import measure_point, predict_only
 from experiments.sweep.provenance import code_revision, machine_info
-from experiments.sweep.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore,
-                                       StoreMismatch, SweepLock, build_template)
+from experiments.sweep.results import PointResult, ResultStore, StoreMismatch, SweepLock
+from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
 from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
