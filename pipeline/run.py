@@ -43,8 +43,9 @@ from pipeline.prediction import predict_point
 from pipeline.preflight import check_run, fit_even_split
 from pipeline.training.recovery import History, split_of, train_with_recovery
 from pipeline.probe.machine import machine_identity
-from pipeline.records.record import (RunRecorder, code_revision, jsonable, left_out_lines,
-                                     link_attrs, placement_line, software_versions, summarize)
+from pipeline.records.record import (RunRecorder, code_revision, jsonable, link_attrs,
+                                     software_versions)
+from pipeline.records.summary import left_out_lines, placement_line, summarize
 from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.config.schema import ConfigError, to_dict
 from pipeline.cluster.startup import Startup, contention_warning, start_batch, usable_cores

@@ -24,7 +24,7 @@ from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.training.outputs import OutputBusy, RunComplete, check_earlier_results
 from pipeline.placement.split import PlacementError
 from pipeline.preflight import check_embedded_memory, check_embedded_tags, check_run
-from pipeline.records.record import format_summary
+from pipeline.records.summary import format_summary
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
 from storage import checkpoints

@@ -211,7 +211,7 @@ def link_leftovers(run_id: str) -> list[str]:
 
 def error_lines_of(text: str) -> list[str]:
     """The lines a run printed on stderr, less the start's notes on workers a
-    placement left out (pipeline/records/record.py, left_out_lines): what a test of "one
+    placement left out (pipeline/records/summary.py, left_out_lines): what a test of "one
     line" counts."""
     return [line for line in text.splitlines()
             if line.strip() and not (line.startswith("worker ") and " left out" in line)]

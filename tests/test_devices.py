@@ -21,7 +21,7 @@ from pipeline.cluster.connect import check_devices
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import ClusterError, tagged_workers
 from pipeline.config.run_config import ClusterConfig, build_run_config
-from pipeline.records.record import format_summary
+from pipeline.records.summary import format_summary
 from pipeline.config.schema import ConfigError
 from pipeline.run import run_training
 from storage import checkpoints

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
-from pipeline.records.record import format_summary, placement_line
+from pipeline.records.summary import format_summary, placement_line
 from pipeline.run import run_training
 from pipeline.train import main
 from tests.helpers import tiny_config

@@ -28,7 +28,7 @@ from pipeline.placement.split import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe)
-from pipeline.records.record import format_summary
+from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named
