@@ -31,7 +31,8 @@ from pipeline.cluster.linked import open_linked_cluster
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.step_engine import workspace_path
 from pipeline.run import prepare_dataset, run_training
-from storage.exchange import Markers, create_exchange, remove_exchange
+from storage.exchange import Markers, create_exchange
+from storage.exchange_folders import remove_exchange
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -45,7 +45,8 @@ from storage.checksums import file_crc32c
 from storage.datasets import (DatasetDamaged, DatasetError, ensure_dataset, read_batch,
                               verify_dataset)
 from storage.datasets.writer import write_store
-from storage.exchange import (SlotSpec, create_exchange, make_folder, remove_stale_exchanges)
+from storage.exchange import SlotSpec, create_exchange
+from storage.exchange_folders import make_folder, remove_stale_exchanges
 from storage.private import default_workspace_root
 from tests.helpers import max_relative_error, tiny_config
 

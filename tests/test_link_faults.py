@@ -39,8 +39,8 @@ from pipeline.run import run_training
 from pipeline.engine.runner import StoreStalled, stall_verdict
 from storage import checkpoints, liveness
 from storage.arrays import open_cached
-from storage.exchange import (Exchange, ExchangeError, SlotSpec, create_exchange,
-                              remove_exchange)
+from storage.exchange import Exchange, ExchangeError, SlotSpec, create_exchange
+from storage.exchange_folders import remove_exchange
 from storage.private import default_workspace_root
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
 from tests.test_faults import FAULTS

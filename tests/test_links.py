@@ -32,7 +32,7 @@ from pipeline.probe import links_key
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
 from storage import checkpoints
-from storage.exchange import remove_root_if_empty
+from storage.exchange_folders import remove_root_if_empty
 from tasks import link_mounts
 from tests.conftest import ROOT
 from tests.helpers import link_leftovers, max_relative_error, replay_in_pytorch, tiny_config
