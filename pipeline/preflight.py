@@ -22,7 +22,7 @@ from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
 from pipeline.prediction import network_for
-from pipeline.probe.results import costmodel_network
+from pipeline.probe.tables import costmodel_network
 from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of

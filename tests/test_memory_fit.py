@@ -209,7 +209,7 @@ def _limits(tmp_path, dataset, names):
     """cpu-0's limit: its predicted peak holding one unit of each layer; cpu-1: ample."""
     config = tiny_config(tmp_path, dataset)
     from pipeline.prediction import network_for
-    from pipeline.probe.results import costmodel_network
+    from pipeline.probe.tables import costmodel_network
     spec = network_for(config)
     peaks = split_peaks(strategy_named("kernel"), costmodel_network(spec), config.train.batch)
     small = [[4, layer.kernels - 4] for layer in spec.conv]

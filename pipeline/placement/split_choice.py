@@ -32,7 +32,7 @@ from pipeline.placement.memory_fit import (MemoryModel, MemoryRefused, move_to_f
                                            refusal, split_peaks)
 from pipeline.placement.model_placement import model_placement
 from pipeline.placement.split import Placement, SplitChoice, choose_calibrated, split_even
-from pipeline.probe.results import costmodel_network
+from pipeline.probe.tables import costmodel_network
 from pipeline.engine.runner import TaskRunner
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.schema import ConfigError

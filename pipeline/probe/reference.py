@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from pipeline.network import build_sequential
-from pipeline.probe.results import MasterProbe, ShardTiming
+from pipeline.probe.results import MasterProbe
+from pipeline.probe.timings import ShardTiming
 from pipeline.probe.robust import estimate
 from pipeline.placement.split import rough_seconds
 from storage.datasets import open_dataset_info, read_batch

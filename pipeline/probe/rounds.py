@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from pipeline.cluster.workers import ClusterWorker
 from pipeline.probe.readings import Cell, shard_timings, trunk_timings
-from pipeline.probe.results import ShardTiming, TrunkTiming
+from pipeline.probe.timings import ShardTiming, TrunkTiming
 from pipeline.probe.runs import (RETIMES, Plan, PlanEngines, PlanRun, ReplicaPlan, plan_rounds,
                                  plan_seconds)
 from tasks.specs import NetworkSpec
