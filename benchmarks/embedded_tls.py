@@ -23,7 +23,7 @@ import dask
 from distributed import Client, Nanny, Scheduler, SpecCluster
 
 from pipeline.cluster.embedded import LOOPBACK, QUIET, start_embedded_cluster
-from pipeline.config.run_config import WorkerConfig
+from pipeline.config.cluster_config import WorkerConfig
 
 WORKERS = [WorkerConfig(name="w0"), WorkerConfig(name="w1")]
 

@@ -20,7 +20,7 @@ import time
 import psutil
 from distributed import Client
 
-from pipeline.config.run_config import WorkerConfig
+from pipeline.config.cluster_config import WorkerConfig
 from pipeline.cluster.embedded import QUIET, is_worker_process, start_embedded_cluster
 
 

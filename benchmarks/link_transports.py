@@ -27,12 +27,13 @@ import tempfile
 import time
 from statistics import median
 
-from pipeline.cluster.connect import open_linked_cluster
+from pipeline.cluster.linked import open_linked_cluster
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.step_engine import workspace_path
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.run import run_training
-from storage.exchange import Markers, create_exchange, remove_exchange
+from storage.exchange import Markers, create_exchange
+from storage.exchange_folders import remove_exchange
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -43,7 +43,7 @@ from pipeline.config.run_config import load_run_config
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MB, MemoryConstants, element_bytes
 from pipeline.cluster.embedded import is_worker_process
 from pipeline.prediction import network_for
-from pipeline.probe.results import costmodel_network
+from pipeline.probe.tables import costmodel_network
 from pipeline.strategies import strategy_named
 
 #: The constants `--fit` tries (MemoryConstants' fields, bytes or factors).

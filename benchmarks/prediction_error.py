@@ -34,7 +34,9 @@ import tempfile
 import time
 from statistics import median
 
-from pipeline.cluster.connect import find_workers, open_client, register_setup
+from pipeline.cluster.connect import open_client
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
 from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.run import run_training
 from pipeline.prediction import network_for, predict_point

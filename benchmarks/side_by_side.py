@@ -53,7 +53,7 @@ import torch.multiprocessing as mp
 from benchmarks.ddp_peer import ddp_steps, rendezvous_file
 from benchmarks.engine_speedup import NETS, TARGETS, ratio_report, run_order, target_lines
 from pipeline.engine.checkpointing import prepare_checkpoints
-from pipeline.cluster.connect import ClusterWorker, find_workers
+from pipeline.cluster.workers import ClusterWorker, find_workers
 from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.training.loop import Trainer, train_loop

@@ -30,7 +30,9 @@ import time
 import psutil
 from distributed import Client
 
-from pipeline.cluster.connect import live_workers, register_setup, start_embedded_cluster
+from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import live_workers
 from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
 from pipeline.engine.runner import STALL_FLOOR_S, STALL_STEPS

@@ -20,8 +20,8 @@ import time
 import numpy as np
 import yaml
 
-from experiments.sweep.results import DERIVED, MEASURES, TEXTS, PointResult, ResultStore, \
-    build_template
+from experiments.sweep.results import PointResult, ResultStore
+from experiments.sweep.store_layout import DERIVED, MEASURES, TEXTS, build_template
 from experiments.sweep.config import load_sweep
 
 

@@ -18,7 +18,8 @@ import subprocess
 import tempfile
 from statistics import median
 
-from pipeline.config.run_config import WorkerConfig, load_run_config
+from pipeline.config.cluster_config import WorkerConfig
+from pipeline.config.run_config import load_run_config
 from pipeline.cluster.external_hosts import ClusterTls, external_hosts
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.run import run_training

@@ -26,8 +26,10 @@ from statistics import median
 import numpy as np
 from distributed import Client
 
-from pipeline.cluster.connect import find_workers, register_setup, start_embedded_cluster
-from pipeline.config.run_config import ClusterConfig
+from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
+from pipeline.config.cluster_config import ClusterConfig
 from pipeline.engine.runner import TaskRunner
 from storage.exchange import Exchange, SlotSpec, create_exchange
 

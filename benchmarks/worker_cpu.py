@@ -27,7 +27,7 @@ from statistics import median
 
 from benchmarks.engine_speedup import NETS
 from benchmarks.side_by_side import DDPContender, engine_contenders, run_configs
-from pipeline.cluster.connect import find_workers
+from pipeline.cluster.workers import find_workers
 from pipeline.cluster.startup import Startup, start_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@
 - `experiments.sweep.cli`: ``python -m experiments.sweep``, the command line;
 - `experiments.sweep.run`: runs the points on a Dask cluster (or embedded ones)
   into one Zarr store, resumably; `experiments.sweep.measure`: one point's figures;
-- `experiments.sweep.results`: that store's layout, lock and per-point writes;
+- `experiments.sweep.store_layout`, `experiments.sweep.results`: that store's layout; its lock and per-point writes;
   `experiments.sweep.speedup`: its speedup/efficiency baseline;
   `experiments.sweep.provenance`: the machine and code revision it records;
   `experiments.sweep.summary`: a store read back as a table;

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import psutil
 
-from storage.exchange import remove_own_exchanges
+from storage.exchange_folders import remove_own_exchanges
 from storage.private import default_workspace_root
 
 T = TypeVar("T")

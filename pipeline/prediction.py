@@ -33,8 +33,9 @@ import dataclasses
 import os
 from typing import Any
 
-from pipeline.cluster.connect import (ClusterError, all_local, find_workers, open_client,
-                                      scheduler_address, workers_set_up)
+from pipeline.cluster.connect import open_client
+from pipeline.cluster.worker_setup import workers_set_up
+from pipeline.cluster.workers import ClusterError, all_local, find_workers, scheduler_address
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled

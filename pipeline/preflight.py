@@ -14,7 +14,7 @@ import os
 import tempfile
 
 from pipeline.config.addresses import address_problem
-from pipeline.cluster.connect import scheduler_address, tagged_workers
+from pipeline.cluster.workers import scheduler_address, tagged_workers
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants, element_bytes
 from pipeline.cluster.links import link_problem
@@ -22,7 +22,7 @@ from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
 from pipeline.prediction import network_for
-from pipeline.probe.results import costmodel_network
+from pipeline.probe.tables import costmodel_network
 from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of

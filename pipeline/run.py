@@ -26,7 +26,7 @@ import yaml
 from distributed import Client
 
 from pipeline.cli import ResultsFirst
-from pipeline.cluster.connect import ClusterWorker, find_workers, scheduler_address
+from pipeline.cluster.workers import ClusterWorker, find_workers, scheduler_address
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.shared_paths import check_workers_see
 from pipeline.cluster.startup import Startup, start_cluster
@@ -40,10 +40,11 @@ from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.prediction import predict_config, predict_point, probe_for_config
 from pipeline.preflight import check_before_start, check_run, fit_even_split
 from pipeline.probe.machine import machine_identity
-from pipeline.records.record import (RunRecorder, code_revision, jsonable, left_out_lines,
-                                     link_attrs, placement_line, software_versions)
+from pipeline.records.record import (RunRecorder, code_revision, jsonable, link_attrs,
+                                     software_versions)
+from pipeline.records.summary import left_out_lines, placement_line
 from pipeline.records.trace import ClientEvent, write_trace
-from pipeline.strategies import Strategy
+from pipeline.strategies.base import Strategy
 from pipeline.strategies.auto import choose_strategy
 from pipeline.training.evaluate import test_accuracy
 from pipeline.training.loop import train_loop
@@ -52,7 +53,7 @@ from pipeline.training.outputs import (RunResult, owned_output, refuse_finished_
 from pipeline.training.recovery import History, build_engine, split_of, train_with_recovery
 from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
 from storage import checkpoints
-from storage.datasets import DatasetInfo
+from storage.datasets.store import DatasetInfo
 from storage.space import writing
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process

@@ -20,16 +20,16 @@ from pipeline.engine.checkpointing import CheckpointError
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
-from pipeline.cluster.connect import ClusterError, SchedulerLost, WorkerLost
+from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost
 from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.training.outputs import OutputBusy, RunComplete, check_earlier_results
 from pipeline.placement.split import PlacementError
 from pipeline.preflight import check_before_start
-from pipeline.records.record import format_summary
+from pipeline.records.summary import format_summary
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
 from storage import checkpoints
-from storage.datasets import DatasetDamaged, DatasetError
+from storage.datasets.store import DatasetDamaged, DatasetError
 from storage.space import NoSpace
 
 

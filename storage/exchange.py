@@ -41,32 +41,30 @@ from 1.9 to 0.25 ms. The layout is checked first (one chunk, no compression,
 little-endian); anything else goes through Zarr. Either way the arrays stay plain
 Zarr arrays any reader can open (a run killed mid-write may leave one torn chunk
 in its scratch workspace).
+
+The workspace's folder (made, owned, removed, swept when stale) is
+storage/exchange_folders.py.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
-import socket
-import shutil
 import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import fsspec
 import numpy as np
-import psutil
 import zarr
 from zarr.codecs import BytesCodec
 
 from storage.arrays import create_array, open_cached
-from storage.private import PRIVATE_MODE, default_workspace_root, make_private_folder
+from storage.exchange_folders import is_local, local_path, write_owner
 
 ABORT = "ABORT"
-OWNER = "owner.json"
 
 
 class ExchangeError(RuntimeError):
@@ -82,142 +80,17 @@ class SlotSpec:
     dtype: str
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
-def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
 def create_exchange(path: str, slots: list[SlotSpec]) -> None:
     """Create every slot's array (one chunk each) and an empty marker directory,
     after the owner record (this process) that tells a later run whether the
     workspace is stale."""
-    if _is_local(path):
-        _write_owner(_local(path))
+    if is_local(path):
+        write_owner(local_path(path))
     root = zarr.open_group(f"{path.rstrip('/')}/data", mode="w")
     for slot in slots:
         create_array(root, slot.name, slot.shape, slot.shape, slot.dtype)
-    if _is_local(path):
-        os.makedirs(os.path.join(_local(path), "ready"), exist_ok=True)
-
-
-def make_folder(folder: str, then: Callable[[], None] = lambda: None,
-                attempts: int = 50) -> None:
-    """`os.makedirs` (a new `folder` private to this user, and the default root, when
-    it is or holds `folder`, made or checked private: storage/private.py), then `then`
-    (a file to make in it), again when a concurrent run removed an empty parent or
-    `folder` itself meanwhile (`remove_root_if_empty`)."""
-    root = default_workspace_root()
-    for attempt in range(attempts):
-        try:
-            if root in (folder.rstrip(os.sep), os.path.dirname(folder.rstrip(os.sep))):
-                make_private_folder(root)
-            os.makedirs(folder, PRIVATE_MODE, exist_ok=True)
-            then()
-            return
-        except FileNotFoundError:
-            if attempt == attempts - 1:
-                raise
-
-
-def remove_root_if_empty(root: str) -> None:
-    """Remove the workspaces' root folder if nothing is left in it: one rmdir, which
-    fails (and is ignored) while anything is there, so a concurrent run's workspace or
-    a linked run's pin (pipeline/cluster/links.py, `LinkedHosts.pin`) keeps it."""
-    try:
-        os.rmdir(root)
-    except OSError:
-        pass
-
-
-def _write_owner(folder: str) -> None:
-    make_folder(folder)
-    me = psutil.Process()
-    record = {"kind": "hetcnn-workspace", "pid": me.pid, "host": socket.gethostname(),
-              "process_started": me.create_time()}
-    temporary = os.path.join(folder, f"{OWNER}.{uuid.uuid4().hex[:8]}")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(record, handle)
-    os.replace(temporary, os.path.join(folder, OWNER))  # readers never see half a record
-
-
-def _owner_gone(record: dict) -> bool:
-    """True if the record names a process of this host that no longer runs (a pid
-    reused by another process counts as gone: its start time differs)."""
-    if record.get("kind") != "hetcnn-workspace" or record.get("host") != socket.gethostname():
-        return False
-    try:
-        started = psutil.Process(int(record["pid"])).create_time()
-    except psutil.NoSuchProcess:
-        return True
-    except (KeyError, TypeError, ValueError, psutil.Error):
-        return False
-    return abs(started - float(record.get("process_started", started))) > 1.0
-
-
-def _owned_workspaces(parent: str) -> Iterator[tuple[str, dict]]:
-    """The workspaces in local folder `parent` with an owner record: (path, record)."""
-    if not _is_local(parent) or not os.path.isdir(_local(parent)):
-        return
-    for entry in sorted(os.scandir(_local(parent)), key=lambda e: e.name):
-        if not (entry.name.endswith(".zarr") and entry.is_dir(follow_symlinks=False)):
-            continue
-        try:
-            with open(os.path.join(entry.path, OWNER), encoding="utf-8") as handle:
-                record = json.load(handle)
-        except (OSError, ValueError):
-            continue  # no owner record: not ours, older, or being created
-        if isinstance(record, dict):
-            yield entry.path, record
-
-
-def remove_stale_exchanges(parent: str) -> list[str]:
-    """Remove the workspaces in local folder `parent` left by dead runs of this host;
-    one line per workspace removed, saying whose it was."""
-    removed = []
-    for path, record in _owned_workspaces(parent):
-        if _owner_gone(record):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(f"note: removed the stale workspace {path} of a dead run "
-                           f"(pid {record.get('pid')} on {record.get('host')})")
-    return removed
-
-
-def remove_own_exchanges(parent: str) -> None:
-    """Remove the workspaces in local folder `parent` that this process made: what an
-    exit without unwinding (a second stop signal) would leave for the next run."""
-    for path, record in _owned_workspaces(parent):
-        if record.get("pid") == os.getpid() and record.get("host") == socket.gethostname():
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def remove_exchange(path: str) -> None:
-    """Delete a workspace (it holds only the last step's scratch data).
-
-    A local one is first renamed aside, then removed: a worker fenced off but still
-    running (woken, or its link back) may go on marking slots ready, and a marker it
-    made inside the folder while `shutil.rmtree` worked through it kept that folder,
-    without its owner record, for good. After the rename its paths lead nowhere; the
-    new name ends in ``.zarr`` so that, were this process killed before the removal
-    ends, the next start's `remove_stale_exchanges` finds it by its dead owner."""
-    if _is_local(path):
-        folder = _local(path).rstrip(os.sep)
-        aside = f"{folder.removesuffix('.zarr')}.removing-{uuid.uuid4().hex[:8]}.zarr"
-        try:
-            os.rename(folder, aside)
-        except FileNotFoundError:
-            return
-        except OSError:  # not renamable (a mount point): remove it where it is
-            aside = folder
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        fs, root = fsspec.core.url_to_fs(path)
-        try:
-            fs.rm(root, recursive=True)
-        except FileNotFoundError:
-            pass
+    if is_local(path):
+        os.makedirs(os.path.join(local_path(path), "ready"), exist_ok=True)
 
 
 def _marker_file(slot: str) -> str:
@@ -228,9 +101,9 @@ class Markers:
     """Ready markers of one workspace: write a step, read the last step written."""
 
     def __init__(self, path: str) -> None:
-        self.local = _is_local(path)
+        self.local = is_local(path)
         if self.local:
-            self.root = os.path.join(_local(path), "ready")
+            self.root = os.path.join(local_path(path), "ready")
         else:
             self.fs, root = fsspec.core.url_to_fs(path)
             self.root = f"{root.rstrip('/')}/ready"
@@ -299,7 +172,7 @@ class _ChunkFile:
     @classmethod
     def of(cls, data_root: str, slot: str) -> _ChunkFile | None:
         """The fast path for `slot`, or None where Zarr must do the work."""
-        if not _is_local(data_root) or sys.byteorder != "little":
+        if not is_local(data_root) or sys.byteorder != "little":
             return None
         meta = open_cached(data_root, slot).metadata
         chunks = getattr(meta.chunk_grid, "chunk_shape", None)
@@ -310,7 +183,7 @@ class _ChunkFile:
             return None
         key = meta.encode_chunk_key((0,) * len(meta.shape))
         dtype = np.dtype(meta.data_type.to_native_dtype()).newbyteorder("<")
-        folder = os.path.join(_local(data_root), slot)
+        folder = os.path.join(local_path(data_root), slot)
         return cls(os.path.join(folder, key), tuple(meta.shape), dtype, folder)
 
     def write(self, data: np.ndarray) -> None:
@@ -420,7 +293,7 @@ class Exchange:
         return reason
 
     def _exists(self) -> bool:
-        if _is_local(self.path):
-            return os.path.isdir(_local(self.path))
+        if is_local(self.path):
+            return os.path.isdir(local_path(self.path))
         fs, root = fsspec.core.url_to_fs(self.path)
         return bool(fs.exists(root))

@@ -28,7 +28,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-from pipeline.config.run_config import WorkerConfig  # noqa: E402
+from pipeline.config.cluster_config import WorkerConfig  # noqa: E402
 from storage.datasets import create_synthetic_dataset  # noqa: E402
 from tests.helpers import embedded_client, shared_workers  # noqa: E402
 

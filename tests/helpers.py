@@ -18,8 +18,10 @@ from torch import nn
 
 from experiments.sweep import cli as sweep_cli
 from pipeline import train as train_cli
-from pipeline.cluster.connect import register_setup, start_embedded_cluster
-from pipeline.config.run_config import ClusterConfig, RunConfig, WorkerConfig, build_run_config
+from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
+from pipeline.config.run_config import RunConfig, build_run_config
 from pipeline.cluster.security import write_credentials
 from storage import checkpoints
 from storage.datasets import read_batch
@@ -210,7 +212,7 @@ def link_leftovers(run_id: str) -> list[str]:
 
 def error_lines_of(text: str) -> list[str]:
     """The lines a run printed on stderr, less the start's notes on workers a
-    placement left out (pipeline/records/record.py, left_out_lines): what a test of "one
+    placement left out (pipeline/records/summary.py, left_out_lines): what a test of "one
     line" counts."""
     return [line for line in text.splitlines()
             if line.strip() and not (line.startswith("worker ") and " left out" in line)]

@@ -278,7 +278,7 @@ def test_a_worker_that_does_not_see_the_output_is_named(tmp_path, cli_cluster,
 def test_the_first_worker_missing_a_folder_is_named():
     """`first_unseen`: the run's first worker (in its order) that misses a folder, and
     which; an answer that is not True (a worker's error) counts as missing."""
-    from pipeline.cluster.connect import ClusterWorker
+    from pipeline.cluster.workers import ClusterWorker
     from pipeline.cluster.shared_paths import first_unseen
 
     workers = [ClusterWorker(f"tcp://h{i}:1", f"w{i}", "CPU", 1, 1.0) for i in range(3)]

@@ -14,7 +14,7 @@ from multiprocessing import spawn
 import psutil
 import pytest
 
-from pipeline.cluster.connect import ClusterError, add_master, find_workers
+from pipeline.cluster.workers import ClusterError, add_master, find_workers
 from pipeline.cluster.embedded import is_worker_process
 from pipeline.cluster.forked_main import adopt_parent_main, parent_main
 from tests.conftest import ROOT

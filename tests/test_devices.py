@@ -17,9 +17,12 @@ from experiments.report.markdown import device_shares
 from experiments.sweep.cli import main as sweep_main
 from experiments.sweep.axes import value_label
 from experiments.sweep.config import load_sweep
-from pipeline.cluster.connect import ClusterError, check_devices, register_setup, tagged_workers
-from pipeline.config.run_config import ClusterConfig, build_run_config
-from pipeline.records.record import format_summary
+from pipeline.cluster.connect import check_devices
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import ClusterError, tagged_workers
+from pipeline.config.cluster_config import ClusterConfig
+from pipeline.config.run_config import build_run_config
+from pipeline.records.summary import format_summary
 from pipeline.config.schema import ConfigError
 from pipeline.run import run_training
 from storage import checkpoints

@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 
-from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
 from pipeline.run import run_training
 from storage import checkpoints
 from tasks.layout import layout_from_counts, workspace_bytes

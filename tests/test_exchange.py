@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import zarr
 
-from storage.exchange import (Exchange, ExchangeError, SlotSpec, _chunk_file, create_exchange,
-                              remove_exchange)
+from storage.exchange import Exchange, ExchangeError, SlotSpec, _chunk_file, create_exchange
+from storage.exchange_folders import remove_exchange
 
 
 @pytest.fixture()

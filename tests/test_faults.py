@@ -25,11 +25,11 @@ import pytest
 import xarray as xr
 from distributed import Client
 
-from experiments.sweep.results import (ADDED_LATER, DONE, FAILED, PointResult, ResultStore,
-                                       build_template)
+from experiments.sweep.results import PointResult, ResultStore
+from experiments.sweep.store_layout import ADDED_LATER, DONE, FAILED, build_template
 from experiments.sweep.run import one_line
 from experiments.sweep.config import load_sweep
-from pipeline.cluster.connect import SchedulerLost, WorkerLost
+from pipeline.cluster.workers import SchedulerLost, WorkerLost
 from storage import checkpoints
 from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch, run_main
 from pipeline.config.run_config import load_run_config

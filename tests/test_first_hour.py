@@ -9,8 +9,9 @@ import os
 
 import pytest
 
-from pipeline.cluster.connect import find_workers, register_setup
-from pipeline.records.record import format_summary, placement_line
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
+from pipeline.records.summary import format_summary, placement_line
 from pipeline.run import run_training
 from pipeline.train import main
 from tests.helpers import tiny_config

@@ -25,7 +25,7 @@ import pytest
 import xarray as xr
 
 from experiments.sweep import cli as sweep_cli
-from experiments.sweep.results import DONE
+from experiments.sweep.store_layout import DONE
 from storage import checkpoints
 from storage.space import NoSpace, is_full, replace_file, writing
 from tasks.worker_state import _DropEndedRunFailures

@@ -29,13 +29,14 @@ import xarray as xr
 import yaml
 import zarr
 
-from experiments.sweep.results import DONE, ResultStore
+from experiments.sweep.results import ResultStore
+from experiments.sweep.store_layout import DONE
 from experiments.sweep.run import run_sweep
 from experiments.sweep.config import load_sweep
 from pipeline import train
 from pipeline.engine import step_engine as engine
 from pipeline.cluster import links
-from pipeline.cluster.connect import register_setup
+from pipeline.cluster.worker_setup import register_setup
 from pipeline.training.outputs import LOCK_NAME, OutputBusy, OutputLock
 from pipeline.config.schema import ConfigError, to_dict
 from pipeline.run import run_training
@@ -44,7 +45,8 @@ from storage.checksums import file_crc32c
 from storage.datasets import (DatasetDamaged, DatasetError, ensure_dataset, read_batch,
                               verify_dataset)
 from storage.datasets.writer import write_store
-from storage.exchange import (SlotSpec, create_exchange, make_folder, remove_stale_exchanges)
+from storage.exchange import SlotSpec, create_exchange
+from storage.exchange_folders import make_folder, remove_stale_exchanges
 from storage.private import default_workspace_root
 from tests.helpers import max_relative_error, tiny_config
 

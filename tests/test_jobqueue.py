@@ -21,8 +21,9 @@ import time
 import pytest
 
 from pipeline.cluster import jobqueue
-from pipeline.cluster.connect import register_setup
-from pipeline.config.run_config import JobGroupConfig, JobqueueConfig, load_run_config
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.config.cluster_config import JobGroupConfig, JobqueueConfig
+from pipeline.config.run_config import load_run_config
 from pipeline.cluster.jobqueue import open_jobqueue_client
 from pipeline.run import run_training
 from storage import checkpoints

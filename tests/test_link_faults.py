@@ -32,13 +32,15 @@ import pytest
 
 from pipeline.cluster import link_records
 from pipeline.cluster import links
-from pipeline.cluster.connect import ClusterError, live_workers, open_linked_cluster, register_setup
+from pipeline.cluster.linked import open_linked_cluster
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import ClusterError, live_workers
 from pipeline.run import run_training
 from pipeline.engine.runner import StoreStalled, stall_verdict
 from storage import checkpoints, liveness
 from storage.arrays import open_cached
-from storage.exchange import (Exchange, ExchangeError, SlotSpec, create_exchange,
-                              remove_exchange)
+from storage.exchange import Exchange, ExchangeError, SlotSpec, create_exchange
+from storage.exchange_folders import remove_exchange
 from storage.private import default_workspace_root
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
 from tests.test_faults import FAULTS

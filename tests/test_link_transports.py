@@ -19,14 +19,15 @@ import pytest
 from urllib.parse import urlsplit
 
 from pipeline import preflight
-from pipeline.cluster import connect as cluster
+from pipeline.cluster import linked as cluster
 from pipeline.cluster import link_records
 from pipeline.cluster import links
 from pipeline.cluster import object_store
 from pipeline.config.run_config import build_run_config
 from pipeline.engine.step_engine import workspace_path
 from pipeline.probe import probe_workspace_dir
-from pipeline.records.record import format_summary, link_attrs
+from pipeline.records.record import link_attrs
+from pipeline.records.summary import format_summary
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
 from storage import checkpoints

@@ -23,7 +23,8 @@ import xarray as xr
 
 from pipeline.cluster import link_records
 from pipeline.cluster import links
-from pipeline.cluster.connect import open_linked_cluster, register_setup
+from pipeline.cluster.linked import open_linked_cluster
+from pipeline.cluster.worker_setup import register_setup
 from pipeline.config.run_config import build_run_config
 from pipeline.cluster.links import LinkedHosts
 from pipeline.preflight import check_run
@@ -31,7 +32,7 @@ from pipeline.probe import links_key
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
 from storage import checkpoints
-from storage.exchange import remove_root_if_empty
+from storage.exchange_folders import remove_root_if_empty
 from tasks import link_mounts
 from tests.conftest import ROOT
 from tests.helpers import link_leftovers, max_relative_error, replay_in_pytorch, tiny_config

@@ -25,7 +25,8 @@ from distributed.comm import connect
 
 from pipeline import preflight, train
 from pipeline.cluster.security import run_security
-from storage.exchange import SlotSpec, create_exchange, remove_exchange
+from storage.exchange import SlotSpec, create_exchange
+from storage.exchange_folders import remove_exchange
 from storage.private import (UnsafeFolder, default_workspace_root, folder_problem,
                              make_private_folder)
 from tests.helpers import error_lines_of

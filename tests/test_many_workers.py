@@ -23,7 +23,7 @@ import time
 
 import psutil
 
-from pipeline.config.run_config import WorkerConfig
+from pipeline.config.cluster_config import WorkerConfig
 from pipeline.cluster.startup import Startup, contention_warning, start_batch, usable_cores
 from tasks.worker_state import _DropClosingHeartbeats
 from tests.test_cli import ROOT, tiny_args

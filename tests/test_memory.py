@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
 from pipeline.records.memory import memory_baseline
 from pipeline.run import run_training
 from tasks import memory

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from pipeline import train as train_cli
-from pipeline.config.run_config import WorkerConfig, load_run_config
+from pipeline.config.cluster_config import WorkerConfig
+from pipeline.config.run_config import load_run_config
 from pipeline.costmodel import marques_cifar
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Footprint, Live, fmt_bytes,
                                        retained)
@@ -209,7 +210,7 @@ def _limits(tmp_path, dataset, names):
     """cpu-0's limit: its predicted peak holding one unit of each layer; cpu-1: ample."""
     config = tiny_config(tmp_path, dataset)
     from pipeline.prediction import network_for
-    from pipeline.probe.results import costmodel_network
+    from pipeline.probe.tables import costmodel_network
     spec = network_for(config)
     peaks = split_peaks(strategy_named("kernel"), costmodel_network(spec), config.train.batch)
     small = [[4, layer.kernels - 4] for layer in spec.conv]
@@ -324,7 +325,7 @@ def test_scaling_points_carry_the_peak_and_whether_it_fits():
 
 def test_capacities_come_from_the_config_the_scheduler_or_the_gpu():
     from pipeline.placement.capacity import capacities_from
-    from pipeline.cluster.connect import ClusterWorker
+    from pipeline.cluster.workers import ClusterWorker
     workers = [ClusterWorker("tcp://a:1", "a", "CPU", 1, 1.0, "cpu"),
                ClusterWorker("tcp://b:1", "b", "CPU", 1, 1.0, "cpu"),
                ClusterWorker("tcp://c:1", "c", "GPU", 1, 1.0, "cuda:0")]

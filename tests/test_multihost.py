@@ -23,8 +23,9 @@ import pytest
 from distributed import Client
 
 from pipeline.cluster import links
-from pipeline.cluster.connect import live_workers
-from pipeline.config.run_config import WorkerConfig, build_run_config
+from pipeline.cluster.workers import live_workers
+from pipeline.config.cluster_config import WorkerConfig
+from pipeline.config.run_config import build_run_config
 from pipeline.cluster.external_hosts import ClusterTls, ExternalHosts, external_hosts
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError

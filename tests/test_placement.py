@@ -7,12 +7,12 @@ import random
 import pytest
 
 from pipeline.placement.calibrate import alike_groups, pool_points, shard_costs
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.placement.split import (Placement, PlacementError, ShardCost, calibration_kernels,
                                       choose_calibrated, fit_shard_cost, layer_seconds,
                                       predict_split, rough_seconds, split_even, split_minmax,
                                       split_proportional)
-from pipeline.records.record import left_out_lines
+from pipeline.records.summary import left_out_lines
 from tasks.specs import ConvLayerSpec
 
 

@@ -21,13 +21,14 @@ from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import ClientLoad, contended_step
 from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
                                  predict_config, predict_point, with_contention)
-from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
 from pipeline.placement.model_placement import choose_split
 from pipeline.placement.split import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe)
-from pipeline.records.record import format_summary
+from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named

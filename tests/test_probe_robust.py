@@ -16,7 +16,7 @@ import pytest
 from pipeline.costmodel.data import measured_trunk, replica_times
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             TrunkTiming, WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.results import mark_outliers, table_points
+from pipeline.probe.tables import mark_outliers, table_points
 from pipeline.probe.robust import consistent, estimate, inconsistent
 from pipeline.probe.readings import shard_timings, trunk_timings
 from pipeline.probe.rounds import plans_holding, suspects

@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 from experiments.report.errors import error_rows, error_section
-from experiments.sweep.results import DONE, FAILED
+from experiments.sweep.store_layout import DONE, FAILED
 
 
 def _store() -> xr.Dataset:

@@ -12,7 +12,7 @@ import xarray as xr
 from experiments.report.growth import (growth_figure, growth_panels, growth_rows, growth_section,
                                        growth_strategies)
 from experiments.report.view import BREAKDOWN_FIGURES, POINT_FIGURES, StoreView
-from experiments.sweep.results import DONE, SKIPPED
+from experiments.sweep.store_layout import DONE, SKIPPED
 
 STRATEGIES, BATCHES = ["single", "kernel"], [32, 128, 512]
 WORKERS = ["1", "2", "0.5+0.5+0.5+0.5"]

@@ -21,7 +21,7 @@ import yaml
 
 from experiments.report import cli as report
 from experiments.sweep import cli as sweep_cli
-from experiments.sweep.results import DONE, FAILED
+from experiments.sweep.store_layout import DONE, FAILED
 from experiments.scaling.run import Infeasible, evaluate_point
 from experiments.scaling.config import build_point, load_scaling_sweep, network_of
 from experiments.scaling.hardware import DaskConfig, device_spec, link_spec, overhead_spec

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.side_by_side import loop_contender
-from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
 from tests.helpers import tiny_config
 
 

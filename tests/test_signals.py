@@ -24,7 +24,7 @@ import numpy as np
 import psutil
 import xarray as xr
 
-from experiments.sweep.results import DONE
+from experiments.sweep.store_layout import DONE
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.sampler import step_indices
 from storage import checkpoints

@@ -26,8 +26,10 @@ import psutil
 import pytest
 from distributed import Client
 
-from pipeline.cluster.connect import live_workers, register_setup, start_embedded_cluster
-from pipeline.config.run_config import ClusterConfig, WorkerConfig
+from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import live_workers
+from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
 from pipeline.run import run_training
 from pipeline.engine.runner import StallWatch, waiting_note
 from storage import checkpoints

@@ -68,7 +68,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("experiments/report/growth.py", "frame['strategy'] == strategy"):
         "the store's rows of one strategy coordinate, one line each",
     # Not strategies: names that happen to equal one.
-    ("pipeline/records/record.py", "unit == 'kernel'"):
+    ("pipeline/records/summary.py", "unit == 'kernel'"):
         "a split's unit (`Strategy.split_unit`), worded in a left-out line",
     ("pipeline/costmodel/replicas.py", "options.timeline == 'reference'"):
         "the model's op-by-op timeline (`Options.timeline`), not a strategy",

@@ -21,7 +21,8 @@ import xarray as xr
 import yaml
 
 from experiments.sweep import cli as sweep_cli
-from experiments.sweep.results import DONE, FAILED, SKIPPED, ResultStore, SweepLock, build_template
+from experiments.sweep.results import ResultStore, SweepLock
+from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
 from experiments.sweep.speedup import compute_speedup
 from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.axes import value_label

@@ -22,7 +22,8 @@ import pytest
 import xarray as xr
 
 from experiments.report import cli as report
-from experiments.sweep.results import DONE, FAILED, PENDING, ResultStore, build_template
+from experiments.sweep.results import ResultStore
+from experiments.sweep.store_layout import DONE, FAILED, PENDING, build_template
 from experiments.sweep.config import load_sweep
 from experiments.sweep.run import run_sweep
 from storage.labelled import write_dataset

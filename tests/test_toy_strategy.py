@@ -26,7 +26,7 @@ import yaml
 from torch import nn
 
 from experiments.sweep import cli as sweep_cli
-from experiments.sweep.results import DONE
+from experiments.sweep.store_layout import DONE
 from pipeline.costmodel import (DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec,
                                 predict)
 from pipeline.placement.split import Placement, split_even

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline import preflight
-from pipeline.cluster.connect import find_workers, register_setup
+from pipeline.cluster.workers import find_workers
+from pipeline.cluster.worker_setup import register_setup
 from pipeline.config.run_config import load_run_config
 from pipeline.config.schema import ConfigError
 from pipeline.run import run_training

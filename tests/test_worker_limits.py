@@ -14,7 +14,7 @@ import psutil
 import pytest
 from distributed import Client
 
-from pipeline.cluster.connect import ClusterWorker, WorkerLost, live_workers
+from pipeline.cluster.workers import ClusterWorker, WorkerLost, live_workers
 from pipeline.engine.runner import TaskRunner
 from pipeline.train import lost_line
 from pipeline.cluster.worker_limits import MemoryRule, limit_problem, memory_loss_notes, memory_rule

@@ -59,7 +59,8 @@ from experiments.report.markdown import write_markdown
 from experiments.report.memory import memory_figure
 from experiments.report.strategies import strategies_figure
 from experiments.report.view import StoreView
-from experiments.sweep.results import ResultStore, StoreDamaged, StoreMismatch
+from experiments.sweep.results import ResultStore, StoreMismatch
+from experiments.sweep.results_checksums import StoreDamaged
 from experiments.scaling.report import make_scaling_report
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from experiments.sweep.results import DONE
+from experiments.sweep.store_layout import DONE
 from experiments.sweep.summary import markdown_rows
 
 

@@ -29,7 +29,7 @@ import yaml  # noqa: E402
 from experiments.report.figure_files import legend_beside, save_figure  # noqa: E402
 from experiments.report.view import (COLORS, PAPER_LABEL, PAPER_POINT, StoreView, label_order,
                                      slice_of_others)  # noqa: E402
-from experiments.sweep.results import DONE  # noqa: E402
+from experiments.sweep.store_layout import DONE  # noqa: E402
 from experiments.sweep.axes import value_label  # noqa: E402
 
 BREAKDOWN = [("compute_time", "compute", "#4c72b0"), ("storage_time", "exchange", "#dd8452"),

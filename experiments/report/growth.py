@@ -28,7 +28,7 @@ import pandas as pd  # noqa: E402
 
 from experiments.report.figure_files import save_figure  # noqa: E402
 from experiments.report.view import StoreView, label_order, slice_of_others  # noqa: E402
-from experiments.sweep.results import PREDICTED_COMPONENTS  # noqa: E402
+from experiments.sweep.store_layout import PREDICTED_COMPONENTS  # noqa: E402
 from pipeline.records.step_breakdown import COMPONENTS  # noqa: E402
 
 COMPONENT_COLORS = {"compute": "#4c72b0", "exchange": "#dd8452", "dataset": "#8172b3",

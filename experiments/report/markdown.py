@@ -23,7 +23,7 @@ from experiments.report.errors import error_section
 from experiments.report.growth import growth_section
 from experiments.report.links import links_section
 from experiments.report.view import PAPER_POINT, StoreView
-from experiments.sweep.results import DONE, FAILED, SKIPPED
+from experiments.sweep.store_layout import DONE, FAILED, SKIPPED
 from experiments.sweep.summary import format_table, summary_table
 
 

@@ -5,7 +5,7 @@ Why its own figure: memory is the other resource that makes devices unequal (the
 seed paper names it beside speed), and whether splitting a network shrinks what each
 device must hold is a claim of the method, separate from its speed. What is plotted
 is each point's fullest worker (`memory_working`: its peak resident memory less a
-bare process's, experiments/sweep/results.py), the median over repeats.
+bare process's, experiments/sweep/store_layout.py), the median over repeats.
 """
 
 from __future__ import annotations

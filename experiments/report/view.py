@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from experiments.sweep.results import DONE, PREDICTED_COMPONENTS  # noqa: E402
+from experiments.sweep.store_layout import DONE, PREDICTED_COMPONENTS  # noqa: E402
 from experiments.sweep.summary import base_strategy  # noqa: E402
 from pipeline.records.step_breakdown import COMPONENTS  # noqa: E402
 

@@ -40,7 +40,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.report.figure_files import save_figure, write_figures  # noqa: E402
-from experiments.sweep.results import DONE, FAILED  # noqa: E402
+from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
 from experiments.scaling.view import ScalingView, one_device_only, winners  # noqa: E402
 from experiments.sweep.summary import base_strategy  # noqa: E402
 
@@ -168,47 +168,12 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
                     linewidth=1)
             for si, strategy in enumerate(strategies):
                 lines = panel.isel({sdim: si}) if sdim else panel
-                if one_device_only(lines):  # the baseline (`single`): speedup 1
-                    ax.axhline(1.0, color=colors[strategy], linestyle=":", linewidth=1.2)
-                    continue
-                for bi in range(len(batches)):
-                    line = lines.isel({bdim: bi}) if bdim else lines
-                    line = line.transpose(xdim)
-                    x, y = line.capacity.values, line.speedup.values
-                    keep = np.isfinite(x) & np.isfinite(y)
-                    order = np.argsort(np.where(keep & counts, x, np.inf))
-                    order = order[:int((keep & counts).sum())]
-                    ax.plot(x[order], y[order], color=colors[strategy], alpha=alphas[bi],
-                            linewidth=widths[bi], marker="o", markersize=2.5)
-                    lone = keep & ~counts
-                    ax.plot(x[lone], y[lone], color=colors[strategy], alpha=alphas[bi],
-                            linestyle="none", marker="D", markersize=5)
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.set_yscale("log")
-            ax.grid(alpha=0.3, which="both")
+                _strategy_lines(ax, lines, xdim, bdim, counts, colors[strategy], alphas,
+                                widths)
             parts = [view.title(d, v) for d, v in ((row_dim, row), (column_dim, column)) if d]
-            ax.set_title(", ".join(parts) or "all", fontsize=9)
-            if r == len(rows) - 1:
-                ax.set_xlabel("devices" + (" (mixes: summed relative speed)" if mixed
-                                           else ""), fontsize=8)
-            if c == 0:
-                ax.set_ylabel("speedup over one device", fontsize=8)
-            ax.tick_params(labelsize=7)
+            _speedup_axes(ax, ", ".join(parts) or "all", r == len(rows) - 1, c == 0, mixed)
     axes[0][0].set_ylim(max(low / 1.5, 1e-3), max(high, top) * 1.5)
-    handles = [Line2D([], [], color="0.6", linestyle="--", label="ideal")]
-    handles += [Line2D([], [], color=colors[s], linewidth=2,
-                       linestyle=":" if s == "single" else "-",
-                       label=s + (" (baseline)" if s == "single" else ""))
-                for s in strategies]
-    if bdim:
-        handles += [Line2D([], [], color="black", alpha=a, linewidth=w, label=f"batch {b}")
-                    for b, a, w in zip(batches, alphas, widths)]
-    if mixed:
-        handles.append(Line2D([], [], color="black", linestyle="none", marker="D",
-                              markersize=5, label="a mix (baseline: its first kind)"))
-    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
-               frameon=False)
+    _speedup_legend(fig, colors, batches if bdim else [], alphas, widths, mixed)
     title = (f"{view.ds.attrs.get('sweep_name', '')}: predicted speedup against devices "
              "(missing points: infeasible)")
     if fixed_text:
@@ -216,6 +181,60 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
     fig.suptitle(title, fontsize=10)
     save_figure(fig, path)
     return True
+
+
+def _strategy_lines(ax: Any, lines: xr.Dataset, xdim: str, bdim: str | None,
+                    counts: np.ndarray, color: Any, alphas: np.ndarray,
+                    widths: np.ndarray) -> None:
+    """One strategy's speedup on a panel: a line per batch over the plain device
+    counts and a lone marker per mix; the baseline (`single`) as its speedup of 1."""
+    if one_device_only(lines):
+        ax.axhline(1.0, color=color, linestyle=":", linewidth=1.2)
+        return
+    for bi in range(len(alphas)):
+        line = (lines.isel({bdim: bi}) if bdim else lines).transpose(xdim)
+        x, y = line.capacity.values, line.speedup.values
+        keep = np.isfinite(x) & np.isfinite(y)
+        order = np.argsort(np.where(keep & counts, x, np.inf))
+        order = order[:int((keep & counts).sum())]
+        ax.plot(x[order], y[order], color=color, alpha=alphas[bi],
+                linewidth=widths[bi], marker="o", markersize=2.5)
+        lone = keep & ~counts
+        ax.plot(x[lone], y[lone], color=color, alpha=alphas[bi],
+                linestyle="none", marker="D", markersize=5)
+
+
+def _speedup_axes(ax: Any, title: str, bottom: bool, left: bool, mixed: bool) -> None:
+    """A panel's log scales, grid, title, and labels on the bottom row and left column."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title(title, fontsize=9)
+    if bottom:
+        ax.set_xlabel("devices" + (" (mixes: summed relative speed)" if mixed
+                                   else ""), fontsize=8)
+    if left:
+        ax.set_ylabel("speedup over one device", fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
+def _speedup_legend(fig: Any, colors: dict[str, Any], batches: list, alphas: np.ndarray,
+                    widths: np.ndarray, mixed: bool) -> None:
+    """The ideal line, each strategy's colour, each batch's weight (`batches`: none
+    where the batch is not swept) and the mixes' marker, right of the panels."""
+    handles = [Line2D([], [], color="0.6", linestyle="--", label="ideal")]
+    handles += [Line2D([], [], color=color, linewidth=2,
+                       linestyle=":" if s == "single" else "-",
+                       label=s + (" (baseline)" if s == "single" else ""))
+                for s, color in colors.items()]
+    handles += [Line2D([], [], color="black", alpha=a, linewidth=w, label=f"batch {b}")
+                for b, a, w in zip(batches, alphas, widths)]
+    if mixed:
+        handles.append(Line2D([], [], color="black", linestyle="none", marker="D",
+                              markersize=5, label="a mix (baseline: its first kind)"))
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+               frameon=False)
 
 
 def _panel(view: Any, row_dim: str | None, row: int, column_dim: str | None,

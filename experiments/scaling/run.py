@@ -40,9 +40,11 @@ import numpy as np
 import xarray as xr
 
 from experiments.scaling import hardware as hw
-from experiments.sweep.provenance import code_revision, machine_info
-from experiments.sweep.results import (DONE, FAILED, STORE_FORMAT, ResultStore, StoreMismatch,
-                                       SweepLock, _axis_coords, record_whole_store)
+from pipeline.records.record import code_revision
+from experiments.sweep.provenance import machine_info
+from experiments.sweep.results import (STORE_FORMAT, ResultStore, StoreMismatch, SweepLock,
+                                       record_whole_store)
+from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, network_of, options_of,
                                         point_strategy)
 from experiments.scaling.view import one_device_only
@@ -229,7 +231,7 @@ def build_dataset(sweep: ScalingSweep, outcome: Outcome, attrs: dict[str, Any]) 
     taken = set(dims) | set(SCALING_MEASURES) | {"status", "failure"}
     coords: dict[str, Any] = {}
     for axis in sweep.axes:
-        coords.update(_axis_coords(axis, taken))
+        coords.update(axis_coords(axis, taken))
         field = axis.fields[0]
         if len(axis.fields) == 1 and field in FIELD_UNITS and axis.plain:
             coords[axis.dim][2]["units"] = FIELD_UNITS[field]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from experiments.sweep.results import DONE
+from experiments.sweep.store_layout import DONE
 
 __all__ = ["ScalingView", "winners"]
 

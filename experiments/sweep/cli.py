@@ -38,8 +38,9 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from experiments.sweep.measure import predicted_step_time
-from experiments.sweep.results import (DONE, SKIPPED, ResultStore, StoreBusy, StoreDamaged,
-                                       StoreMismatch)
+from experiments.sweep.results import ResultStore, StoreBusy, StoreMismatch
+from experiments.sweep.results_checksums import StoreDamaged
+from experiments.sweep.store_layout import DONE, SKIPPED
 from experiments.sweep.results_checksums import point_key
 from experiments.scaling.run import dry_run_scaling, run_scaling_sweep
 from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scaling_sweep

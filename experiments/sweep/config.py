@@ -50,7 +50,7 @@ import yaml
 
 from experiments.sweep.axes import Axis, build_axes, point_data
 from experiments.sweep.points import Point, cluster_key, fit_point_to_strategy, run_order
-from pipeline.cluster.connect import scheduler_address
+from pipeline.cluster.workers import scheduler_address
 from pipeline.config.run_config import RunConfig, build_run_config
 from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
                                     set_dotted, to_dict)

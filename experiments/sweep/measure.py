@@ -8,7 +8,7 @@ per-step series. `predict_only` is `mode: predict` (the model alone), and
 
 Why here and not in the run loop (:mod:`experiments.sweep.run`): what a point's
 figures mean is decided once, in this mapping from a run's summary to the store's
-variables (:mod:`experiments.sweep.results` describes them), whatever runs the points.
+variables (:mod:`experiments.sweep.store_layout` describes them), whatever runs the points.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any, Callable
 import numpy as np
 import xarray as xr
 
-from experiments.sweep.results import PREDICTED_COMPONENTS, PointResult
+from experiments.sweep.results import PointResult
+from experiments.sweep.store_layout import PREDICTED_COMPONENTS
 from experiments.sweep.points import Point
 from pipeline.prediction import predict_memory, probe_policy
 from pipeline.run import run_training

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.sweep.axes import Axis
-from pipeline.cluster.connect import scheduler_address
+from pipeline.cluster.workers import scheduler_address
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import set_dotted, to_dict
 from pipeline.strategies import Strategy

@@ -30,14 +30,16 @@ import xarray as xr
 from tqdm import tqdm
 
 from experiments.sweep.measure import measure_point, predict_only
-from experiments.sweep.provenance import code_revision, machine_info
-from experiments.sweep.results import (DONE, FAILED, SKIPPED, PointResult, ResultStore,
-                                       StoreMismatch, SweepLock, build_template)
+from pipeline.records.record import code_revision
+from experiments.sweep.provenance import machine_info
+from experiments.sweep.results import PointResult, ResultStore, StoreMismatch, SweepLock
+from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
 from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
-from pipeline.cluster.connect import (SchedulerLost, WorkerLost, live_workers, open_client,
-                                      workers_set_up)
+from pipeline.cluster.connect import open_client
+from pipeline.cluster.worker_setup import workers_set_up
+from pipeline.cluster.workers import SchedulerLost, WorkerLost, live_workers
 from pipeline.config.run_config import RunConfig
 from pipeline.prediction import predict_point
 from pipeline.records.record import software_versions
@@ -219,69 +221,92 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                 if point.skip and status[point.region] != SKIPPED:
                     store.write_skipped(point.region, point.skip)
         todo = [p for p in sweep.points if not p.skip and status[p.region] != DONE]
-        session = {"started": now_text(), "pid": os.getpid(), "host": os.uname().nodename,
-                   "code_revision": code_revision(), "points_run": 0, "interrupted": True}
         skipped = sum(1 for p in sweep.points if p.skip)
         echo(f"sweep {sweep.config.name}: {len(sweep.points)} points, "
              f"{len(sweep.points) - len(todo) - skipped} done before, {len(todo)} to run"
              + (f", {skipped} not applicable" if skipped else "") + f" -> {sweep.store_path}")
-        pool = ClusterPool(echo)
-        failed, stopped = 0, 0
-        begun = time.perf_counter()
-        bar = tqdm(total=len(todo), unit="point", desc=sweep.config.name, file=err,
-                   disable=None, leave=False, dynamic_ncols=True)
-        try:
-            for done, point in enumerate(todo, start=1):
-                bar.set_postfix_str(point.describe()[:60])
-                t0 = time.perf_counter()
-                started = time.time()
-                result, reason = None, None
-                try:
-                    if sweep.config.mode == "predict":
-                        result = predict_only(point, predict_point)
-                    else:
-                        client = pool.client_for(point)
-                        result = measure_point(point, client, sweep.config.keep_checkpoints)
-                except (KeyboardInterrupt, NoSpace):  # a full disk is no fault of the
-                    raise  # point: it stays pending, and the sweep stops (one line)
-                except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001
-                    reason = one_line(error)
-                    finished = time.time()
-                    with writing(STORE, store.path):
-                        store.write_failure(point.region, reason,
-                                            {"started": started, "finished": finished,
-                                             "wall_time": finished - started},
-                                            {"run_id": uuid.uuid4().hex})
-                    failed += 1
-                    if point.cluster_key is not None:
-                        pool.discard()
-                    if isinstance(error, SchedulerLost) and point.cluster_key == "external":
-                        stopped = len(todo) - done
-                else:
-                    with writing(STORE, store.path):
-                        store.write_point(point.region, result)
-                        store.refresh_derived()
-                session["points_run"] = done
-                bar.update(1)
-                echo(_point_line(done, len(todo), time.perf_counter() - begun, point,
-                                 result, reason, time.perf_counter() - t0))
-                if stopped:
-                    echo(f"the Dask scheduler is gone: {stopped} point(s) left pending; run "
-                         "the same command again once it is back")
-                    break
-            session["interrupted"] = False
-        finally:
-            bar.close()
-            pool.close()
-            session["finished"] = now_text()
-            try:
-                with writing(STORE, store.path):
-                    sessions = json.loads(store.attrs().get("sessions", "[]")) + [session]
-                    store.refresh_derived()
-                    store.set_attrs(finished=session["finished"], sessions=json.dumps(sessions))
-            except NoSpace:
-                if session["interrupted"] is False:
-                    raise  # else the error that stopped the sweep is the one to report
+        _run_points(sweep, store, todo, echo, err)
+    return _closing_lines(sweep, echo)
+
+
+def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
+                echo: Callable[[str], None], err: TextIO) -> None:
+    """Run `todo` one point after another, a line and a bar step each, and record the
+    session in the store's attributes however the loop ends."""
+    session = {"started": now_text(), "pid": os.getpid(), "host": os.uname().nodename,
+               "code_revision": code_revision(), "points_run": 0, "interrupted": True}
+    pool = ClusterPool(echo)
+    begun = time.perf_counter()
+    bar = tqdm(total=len(todo), unit="point", desc=sweep.config.name, file=err,
+               disable=None, leave=False, dynamic_ncols=True)
+    try:
+        for done, point in enumerate(todo, start=1):
+            bar.set_postfix_str(point.describe()[:60])
+            t0 = time.perf_counter()
+            result, reason, scheduler_lost = _run_point(sweep, store, pool, point)
+            stopped = len(todo) - done if scheduler_lost else 0
+            session["points_run"] = done
+            bar.update(1)
+            echo(_point_line(done, len(todo), time.perf_counter() - begun, point,
+                             result, reason, time.perf_counter() - t0))
+            if stopped:
+                echo(f"the Dask scheduler is gone: {stopped} point(s) left pending; run "
+                     "the same command again once it is back")
+                break
+        session["interrupted"] = False
+    finally:
+        bar.close()
+        pool.close()
+        _end_session(store, session)
+
+
+def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, point: Point
+               ) -> tuple[PointResult | None, str | None, bool]:
+    """Run one point and write what it gave: its figures, or its failure (the reason,
+    its times). Returns the result, the reason it failed, and whether an external
+    scheduler was lost (the points left stay pending)."""
+    started = time.time()
+    try:
+        if sweep.config.mode == "predict":
+            result = predict_only(point, predict_point)
+        else:
+            client = pool.client_for(point)
+            result = measure_point(point, client, sweep.config.keep_checkpoints)
+    except (KeyboardInterrupt, NoSpace):  # a full disk is no fault of the
+        raise  # point: it stays pending, and the sweep stops (one line)
+    except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001
+        reason = one_line(error)
+        finished = time.time()
+        with writing(STORE, store.path):
+            store.write_failure(point.region, reason,
+                                {"started": started, "finished": finished,
+                                 "wall_time": finished - started},
+                                {"run_id": uuid.uuid4().hex})
+        if point.cluster_key is not None:
+            pool.discard()
+        return None, reason, isinstance(error, SchedulerLost) and point.cluster_key == "external"
+    with writing(STORE, store.path):
+        store.write_point(point.region, result)
+        store.refresh_derived()
+    return result, None, False
+
+
+def _end_session(store: ResultStore, session: dict) -> None:
+    """Add the session to the store's attributes, the derived figures refreshed; a full
+    disk here is reported only when nothing else stopped the sweep."""
+    session["finished"] = now_text()
+    try:
+        with writing(STORE, store.path):
+            sessions = json.loads(store.attrs().get("sessions", "[]")) + [session]
+            store.refresh_derived()
+            store.set_attrs(finished=session["finished"], sessions=json.dumps(sessions))
+    except NoSpace:
+        if session["interrupted"] is False:
+            raise  # else the error that stopped the sweep is the one to report
+
+
+def _closing_lines(sweep: Sweep, echo: Callable[[str], None]) -> int:
+    """The store's table, where it is, and the exit status: 1 if any point failed."""
     with xr.open_zarr(sweep.store_path) as ds:
         failed_total = int((ds.status == FAILED).sum())
         echo("")

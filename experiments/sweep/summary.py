@@ -20,7 +20,7 @@ import pandas as pd
 import xarray as xr
 import yaml
 
-from experiments.sweep.results import DONE, FAILED, SKIPPED
+from experiments.sweep.store_layout import DONE, FAILED, SKIPPED
 
 def _labels(ds: xr.Dataset, dim: str) -> list[str]:
     return [str(v) for v in ds[dim].values]

@@ -28,7 +28,7 @@ import psutil
 from distributed import Nanny, Scheduler, SpecCluster
 from distributed.utils import get_mp_context
 
-from pipeline.config.run_config import WorkerConfig
+from pipeline.config.cluster_config import WorkerConfig
 from pipeline.cluster.fork_server import start_fork_server
 from pipeline.cluster.security import run_security
 

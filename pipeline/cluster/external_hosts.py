@@ -22,8 +22,9 @@ from typing import Iterator, Sequence
 
 from distributed import Client
 
-from pipeline.cluster.connect import QUIET, pin_workspace_root, worker_command
-from pipeline.config.run_config import WorkerConfig
+from pipeline.cluster.embedded import QUIET
+from pipeline.cluster.linked import pin_workspace_root, worker_command
+from pipeline.config.cluster_config import WorkerConfig
 from pipeline.cluster.links import LinkError, LinkedHosts
 from pipeline.cluster.security import TlsConfig, client_security, tls_flags
 

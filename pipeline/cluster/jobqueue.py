@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 import dask
 from distributed import Client, Security
 
-from pipeline.config.run_config import ClusterConfig, JobGroupConfig, JobqueueConfig
+from pipeline.config.cluster_config import ClusterConfig, JobGroupConfig, JobqueueConfig
 from pipeline.cluster.embedded import QUIET
 from pipeline.cluster.security import TlsConfig, run_security, write_credentials
 

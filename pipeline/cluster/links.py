@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pipeline.cluster.link_records import (descendants, kill_started, record_path, remove_leftovers,
                                            started_at, stop_processes, sweep_leftovers,
                                            write_record)
-from storage.exchange import make_folder
+from storage.exchange_folders import make_folder
 from tasks.link_mounts import LINK_MOUNTS
 
 PIN_PREFIX = ".hetcnn-link-"  # a pin's name, before the run id (`LinkedHosts.pin`)

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from distributed import Client
 
-from pipeline.cluster.connect import ClusterError, ClusterWorker
+from pipeline.cluster.workers import ClusterError, ClusterWorker
 
 #: Seconds the workers have to answer (each looks up two paths).
 ANSWER_S = 30.0

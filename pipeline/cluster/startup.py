@@ -23,11 +23,13 @@ from typing import Callable, Iterator, Sequence, TextIO
 
 from distributed import Client
 
-from pipeline.cluster.connect import (live_workers, open_jobqueue, open_run_client,
-                                      register_setup, scheduler_address, workers_set_up)
+from pipeline.cluster.workers import live_workers, scheduler_address
+from pipeline.cluster.connect import open_jobqueue, open_run_client
+from pipeline.cluster.worker_setup import register_setup, workers_set_up
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.worker_limits import check_worker_limits
-from pipeline.config.run_config import RunConfig, WorkerConfig
+from pipeline.config.run_config import RunConfig
+from pipeline.config.cluster_config import WorkerConfig
 
 #: Seconds between the lines of a phase that goes on.
 HEARTBEAT_S = 15.0

@@ -28,8 +28,8 @@ from typing import Any, Sequence
 import dask
 from distributed import Client
 
-from pipeline.cluster.connect import ClusterWorker, scheduler_address
-from pipeline.config.run_config import ClusterConfig
+from pipeline.cluster.workers import ClusterWorker, scheduler_address
+from pipeline.config.cluster_config import ClusterConfig
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants, fmt_bytes
 from pipeline.records.memory import memory_baseline
 from pipeline.placement.memory_fit import MemoryRefused

@@ -20,6 +20,7 @@ full input (all-gather) and the partial input gradients summed
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import collectives as col
@@ -42,6 +43,37 @@ def _inner_comm(network: Network, b: float, p: int, link: LinkSpec, s: int) -> f
     return t
 
 
+@dataclass
+class _DenseHead:
+    """The dense head of one prediction, model parallel over `K` devices (a fraction
+    1/K of every layer's neurons each). Equal devices do equal dense work, so it is
+    timed once per distinct device (`kinds`), and once per distinct sub-step size:
+    scheme (b) has K rounds over K devices, and K runs to the thousands in
+    predict-only scaling sweeps."""
+
+    network: Network
+    kinds: list[DeviceSpec]
+    K: int
+    link: LinkSpec
+    s: int
+    subs: dict[tuple[float, bool], tuple[float, list[LayerTime]]] = field(default_factory=dict)
+    inner: dict[float, float] = field(default_factory=dict)
+
+    def sub(self, b: float, update: bool) -> tuple[float, list[LayerTime]]:
+        """One dense sub-step of `b` samples: the slowest kind's time, each kind's
+        (once per distinct `b`: the K rounds of schemes b/c take one or two)."""
+        if (b, update) not in self.subs:
+            parts = [dense_time(dev, self.network.dense, b, 1.0 / self.K) for dev in self.kinds]
+            self.subs[b, update] = (max(p.forward + p.backward + (p.update if update else 0.0)
+                                        for p in parts), parts)
+        return self.subs[b, update]
+
+    def inner_comm(self, b: float) -> float:
+        if b not in self.inner:
+            self.inner[b] = _inner_comm(self.network, b, self.K, self.link, self.s)
+        return self.inner[b]
+
+
 def predict_hybrid(
     network: Network, batch: int, devices: Sequence[DeviceSpec], link: LinkSpec, options: Options
 ) -> Prediction:
@@ -59,62 +91,12 @@ def predict_hybrid(
     conv_bwd_and_comm = end - fwd
     conv_update = max(sum(t.update for t in row) for row in unique_rows(conv))
 
-    # dense head: model parallel, fraction 1/K of neurons each.  Equal devices
-    # do equal dense work, so it is timed once per distinct device ("kind"):
-    # scheme (b) has K rounds over K devices, and K runs to the thousands in
-    # predict-only scaling sweeps.
+    # dense head: model parallel, fraction 1/K of neurons each
     frac = 1.0 / K
     per_update = options.dense_batch == "worker"
     kinds, kind_of = distinct(devices)
-
-    subs: dict[tuple[float, bool], tuple[float, list[LayerTime]]] = {}
-    inner: dict[float, float] = {}
-
-    def sub(b: float, update: bool) -> tuple[float, list[LayerTime]]:
-        """One dense sub-step of `b` samples: the slowest kind's time, each kind's
-        (once per distinct `b`: the K rounds of schemes b/c take one or two)."""
-        if (b, update) not in subs:
-            parts = [dense_time(dev, network.dense, b, frac) for dev in kinds]
-            subs[b, update] = (max(p.forward + p.backward + (p.update if update else 0.0)
-                                   for p in parts), parts)
-        return subs[b, update]
-
-    def inner_comm(b: float) -> float:
-        if b not in inner:
-            inner[b] = _inner_comm(network, b, K, lk, s)
-        return inner[b]
-
-    F = network.features * s
-    dense_compute = 0.0
-    per_kind_dense = [0.0] * len(kinds)
-    if options.scheme == "a":
-        steps = [float(batch)] if not per_update else [float(b) for b in shares]
-        comm = col.ring_allgather(batch * F, K, lk) + col.ring_reduce_scatter(batch * F, K, lk)
-        for b in steps:
-            t, parts = sub(b, per_update)
-            dense_compute += t
-            comm += inner_comm(b)
-            per_kind_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_kind_dense, parts)]
-    elif options.scheme in ("b", "c"):
-        if options.scheme == "b":
-            rounds = [float(b) for b in shares]
-            send = [col.broadcast(b * F, K, lk, options.broadcast) for b in rounds]
-            back = [col.reduce(b * F, K, lk, options.broadcast) for b in rounds]
-        else:
-            rounds = [batch / K] * K
-            send = [col.ring_allgather(b * F, K, lk) for b in rounds]
-            back = [col.ring_reduce_scatter(b * F, K, lk) for b in rounds]
-        elapsed = send[0]
-        for j, b in enumerate(rounds):
-            t, parts = sub(b, per_update)
-            dense_compute += t
-            nxt = send[j + 1] if j + 1 < K else 0.0
-            elapsed += (max(t, nxt) if options.overlap_dense else t + nxt)
-            elapsed += inner_comm(b) + back[j]
-            per_kind_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_kind_dense, parts)]
-        comm = elapsed - dense_compute
-    else:
-        raise ValueError(f"unknown hybrid scheme {options.scheme!r}")
+    head = _DenseHead(network, kinds, K, lk, s)
+    dense_compute, comm, per_kind_dense = _dense_rounds(head, batch, shares, options)
     final_update = 0.0
     if not per_update:
         ups = [dense_time(dev, network.dense, 1, frac).update for dev in kinds]
@@ -135,3 +117,43 @@ def predict_hybrid(
         "hybrid", step, batch, breakdown,
         details={"batch_shares": shares, "dense_comm": comm, "conv_allreduce": conv_comm},
     )
+
+
+def _dense_rounds(head: _DenseHead, batch: int, shares: Sequence[int], options: Options
+                  ) -> tuple[float, float, list[float]]:
+    """The dense head's sub-steps under the scheme (a, b or c): their compute on the
+    slowest kind, the communication they leave exposed, and each kind's dense time."""
+    K, lk = head.K, head.link
+    per_update = options.dense_batch == "worker"
+    F = head.network.features * head.s
+    dense_compute = 0.0
+    per_kind_dense = [0.0] * len(head.kinds)
+    if options.scheme == "a":
+        steps = [float(batch)] if not per_update else [float(b) for b in shares]
+        comm = col.ring_allgather(batch * F, K, lk) + col.ring_reduce_scatter(batch * F, K, lk)
+        for b in steps:
+            t, parts = head.sub(b, per_update)
+            dense_compute += t
+            comm += head.inner_comm(b)
+            per_kind_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_kind_dense, parts)]
+    elif options.scheme in ("b", "c"):
+        if options.scheme == "b":
+            rounds = [float(b) for b in shares]
+            send = [col.broadcast(b * F, K, lk, options.broadcast) for b in rounds]
+            back = [col.reduce(b * F, K, lk, options.broadcast) for b in rounds]
+        else:
+            rounds = [batch / K] * K
+            send = [col.ring_allgather(b * F, K, lk) for b in rounds]
+            back = [col.ring_reduce_scatter(b * F, K, lk) for b in rounds]
+        elapsed = send[0]
+        for j, b in enumerate(rounds):
+            t, parts = head.sub(b, per_update)
+            dense_compute += t
+            nxt = send[j + 1] if j + 1 < K else 0.0
+            elapsed += (max(t, nxt) if options.overlap_dense else t + nxt)
+            elapsed += head.inner_comm(b) + back[j]
+            per_kind_dense = [a + p.forward + p.backward + (p.update if per_update else 0) for a, p in zip(per_kind_dense, parts)]
+        comm = elapsed - dense_compute
+    else:
+        raise ValueError(f"unknown hybrid scheme {options.scheme!r}")
+    return dense_compute, comm, per_kind_dense

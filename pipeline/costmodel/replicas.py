@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, une
 from .batch_reads import replica_batch_read
 from .network import Network
 from .prediction import Options, Prediction, split_batch
-from .timeline import Timeline, io_time, steady
+from .timeline import Timeline, steady
 from .timeline_fast import FastTimeline, InTurn, Sources
 
 __all__ = ["predict_data_store", "predict_hybrid_store", "hybrid_parts", "even_counts"]
@@ -191,101 +191,23 @@ def _reduce_fast(tl: FastTimeline, length: float, s: int, update: dict[int, floa
 def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
                          link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
     """``hybrid`` through the store, as the engine runs it (see the module doc)."""
-    p, s = len(devices), devices[0].bytes_per_elem
-    shares = _shares(batch, devices, options)
-    split = options.dense_split or [even_counts(layer.out_features, p)
-                                    for layer in network.dense]
-    parts = hybrid_parts(shares, options.scheme)
-    features = network.features
-    conv_params = sum(c.params() for c in network.conv)
-    last = len(network.dense) - 1
-    trunk = [sum(row, LayerTime()) for row in replica_times(devices, network, shares, dense=False)]
-    update = {d: dev.stream_time(UPDATE_ACCESSES * conv_params) for d, dev in enumerate(devices)}
-    if options.dense_batch == "full":  # the dense slices step once, at the end
-        for d, dev in enumerate(devices):
-            update[d] += sum(dev.stream_time(UPDATE_ACCESSES * layer.params(
-                split[j][d] / layer.out_features)) for j, layer in enumerate(network.dense))
-    stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
+    h = _hybrid_setup(network, batch, devices, options)
+    p = len(devices)
     overhead = options.overhead or DaskOverhead()
     links = [dev.link or link for dev in devices]
-    tl = Timeline(links, store, overhead, options.sync, spreads(devices))
-
-    def dense_seconds(d: int, j: int, rows: int, kind: str) -> float:
-        layer, dev = network.dense[j], devices[d]
-        fraction = split[j][d] / layer.out_features
-        if kind == "forward":
-            return dev.gemm_time(layer.forward(rows, fraction), "dense", layer.name or None)
-        seconds = dev.gemm_time(layer.backward_weight(rows, fraction), "dense", layer.name or None)
-        seconds += dev.gemm_time(layer.backward_input(rows, fraction), "dense", layer.name or None)
-        if options.dense_batch == "worker":
-            seconds += dev.stream_time(UPDATE_ACCESSES * layer.params(fraction))
-        return seconds
-
-    def one_step(tl: Timeline) -> None:
-        for d, b in enumerate(shares):
-            tl.run(d, "overhead", tl.overhead.task)
-            if b:
-                if options.dataset is not None:
-                    tl.run(d, "io", replica_batch_read(devices[d], tl.links[d], options.dataset,
-                                                       network, b))
-                tl.run(d, "compute", trunk[d].forward)
-            for k, part in enumerate(parts):
-                for e, rows in part:
-                    if e == d and p > 1:
-                        tl.write(d, f"feat/{k}/{d}", rows * features * s)
-        for k, part in enumerate(parts):
-            n = sum(rows for _, rows in part)
-            for j, layer in enumerate(network.dense):
-                for d in range(p):
-                    if j == 0:
-                        tl.read(d, [(f"feat/{k}/{e}", rows * features * s)
-                                    for e, rows in part if e != d])
-                    else:
-                        tl.read(d, [(f"out/{k}/{j - 1}/{e}", n * split[j - 1][e] * s)
-                                    for e in range(p) if e != d])
-                    tl.run(d, "master", dense_seconds(d, j, n, "forward"))
-                    if p > 1:
-                        tl.write(d, f"out/{k}/{j}/{d}", n * split[j][d] * s)
-            for j in reversed(range(len(network.dense))):
-                for d in range(p):
-                    if j == last:
-                        tl.read(d, [(f"out/{k}/{last}/{e}", n * split[last][e] * s)
-                                    for e in range(p) if e != d])
-                    else:
-                        tl.read(d, [(f"din/{k}/{j + 1}/{e}/{d}", n * split[j][d] * s)
-                                    for e in range(p) if e != d])
-                    tl.run(d, "master", dense_seconds(d, j, n, "backward"))
-                    if j == 0:
-                        for e, rows in part:
-                            if e != d:
-                                tl.write(d, f"din/{k}/0/{d}/{e}", rows * features * s)
-                    else:
-                        for e in range(p):
-                            if e != d:
-                                tl.write(d, f"din/{k}/{j}/{d}/{e}", n * split[j - 1][e] * s)
-        for d, b in enumerate(shares):
-            sources = [(f"din/{k}/0/{e}/{d}", rows * features * s)
-                       for k, part in enumerate(parts) for owner, rows in part if owner == d
-                       for e in range(p) if e != d]
-            tl.read(d, sources)
-            tl.run(d, "compute", trunk[d].backward + devices[d].stream_time(conv_params))
-            _hand_on(tl, d, p, conv_params, s, "grads")
-        _reduce(tl, p, conv_params, s, update, stream, "grads")
-
-    if _hybrid_fast_applies(links, parts, options) and not uneven(devices, store):
-        fast = _HybridFast(network, devices, shares, parts, s, conv_params, trunk, update,
-                           stream, options.dataset, dense_seconds, split)
+    if _hybrid_fast_applies(links, h.parts, options) and not uneven(devices, store):
         result = steady(FastTimeline(links[0], p, store, overhead, options.sync),
-                        lambda tl: _hybrid_step_fast(tl, fast))
+                        lambda tl: _hybrid_step_fast(tl, h))
     else:
-        result = steady(tl, one_step)
-    per_device = [trunk[d].total + sum(dense_seconds(d, j, batch, kind)
-                                       for j in range(len(network.dense))
-                                       for kind in ("forward", "backward"))
+        result = steady(Timeline(links, store, overhead, options.sync, spreads(devices)),
+                        lambda tl: _hybrid_step(tl, h))
+    per_device = [h.trunk[d].total + sum(h.dense_seconds(d, j, batch, kind)
+                                         for j in range(len(network.dense))
+                                         for kind in ("forward", "backward"))
                   for d in range(p)]
     return _finish("hybrid", batch, result, per_device, store,
-                   {"batch_shares": shares, "dense_split": [list(r) for r in split],
-                    "parts": len(parts)})
+                   {"batch_shares": h.shares, "dense_split": [list(r) for r in h.split],
+                    "parts": len(h.parts)})
 
 
 def _hybrid_fast_applies(links: list[LinkSpec], parts: list[list[tuple[int, int]]],
@@ -300,8 +222,8 @@ def _hybrid_fast_applies(links: list[LinkSpec], parts: list[list[tuple[int, int]
 
 
 @dataclass
-class _HybridFast:
-    """`predict_hybrid_store`'s setup, as `_hybrid_step_fast` uses it."""
+class _HybridSetup:
+    """`predict_hybrid_store`'s setup, as `_hybrid_step` and `_hybrid_step_fast` use it."""
 
     network: Network
     devices: Sequence[DeviceSpec]
@@ -313,9 +235,21 @@ class _HybridFast:
     update: dict[int, float]
     stream: dict[int, float]
     dataset: StoreSpec | None
-    dense_seconds: Callable[[int, int, int, str], float]
+    dense_batch: str
     split: Sequence[Sequence[int]]
     _dense: dict[tuple[int, int, str], np.ndarray] = field(default_factory=dict)
+
+    def dense_seconds(self, d: int, j: int, rows: int, kind: str) -> float:
+        """Device `d`'s seconds of its slice of dense layer `j` on `rows` samples."""
+        layer, dev = self.network.dense[j], self.devices[d]
+        fraction = self.split[j][d] / layer.out_features
+        if kind == "forward":
+            return dev.gemm_time(layer.forward(rows, fraction), "dense", layer.name or None)
+        seconds = dev.gemm_time(layer.backward_weight(rows, fraction), "dense", layer.name or None)
+        seconds += dev.gemm_time(layer.backward_input(rows, fraction), "dense", layer.name or None)
+        if self.dense_batch == "worker":
+            seconds += dev.stream_time(UPDATE_ACCESSES * layer.params(fraction))
+        return seconds
 
     def dense(self, j: int, rows: int, kind: str) -> np.ndarray:
         """Every device's seconds of dense layer `j` on `rows` samples (once per part size)."""
@@ -329,7 +263,91 @@ class _HybridFast:
         return rows * np.array(self.split[j], dtype=float) * self.s
 
 
-def _hybrid_step_fast(tl: FastTimeline, h: _HybridFast) -> None:
+def _hybrid_setup(network: Network, batch: int, devices: Sequence[DeviceSpec],
+                  options: Options) -> _HybridSetup:
+    """The batch's shares and parts, the dense split, each device's trunk and update."""
+    p, s = len(devices), devices[0].bytes_per_elem
+    shares = _shares(batch, devices, options)
+    split = options.dense_split or [even_counts(layer.out_features, p)
+                                    for layer in network.dense]
+    conv_params = sum(c.params() for c in network.conv)
+    trunk = [sum(row, LayerTime()) for row in replica_times(devices, network, shares, dense=False)]
+    update = {d: dev.stream_time(UPDATE_ACCESSES * conv_params) for d, dev in enumerate(devices)}
+    if options.dense_batch == "full":  # the dense slices step once, at the end
+        for d, dev in enumerate(devices):
+            update[d] += sum(dev.stream_time(UPDATE_ACCESSES * layer.params(
+                split[j][d] / layer.out_features)) for j, layer in enumerate(network.dense))
+    stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
+    return _HybridSetup(network, devices, shares, hybrid_parts(shares, options.scheme), s,
+                        conv_params, trunk, update, stream, options.dataset,
+                        options.dense_batch, split)
+
+
+def _hybrid_step(tl: Timeline, h: _HybridSetup) -> None:
+    """`predict_hybrid_store`'s step op by op: trunks forward, features written, every
+    part through the dense layers, trunks backward, the conv gradients reduced."""
+    p, s, features = len(h.devices), h.s, h.network.features
+    for d, b in enumerate(h.shares):
+        tl.run(d, "overhead", tl.overhead.task)
+        if b:
+            if h.dataset is not None:
+                tl.run(d, "io", replica_batch_read(h.devices[d], tl.links[d], h.dataset,
+                                                   h.network, b))
+            tl.run(d, "compute", h.trunk[d].forward)
+        for k, part in enumerate(h.parts):
+            for e, rows in part:
+                if e == d and p > 1:
+                    tl.write(d, f"feat/{k}/{d}", rows * features * s)
+    for k, part in enumerate(h.parts):
+        _hybrid_dense_part(tl, h, k, part)
+    for d, b in enumerate(h.shares):
+        sources = [(f"din/{k}/0/{e}/{d}", rows * features * s)
+                   for k, part in enumerate(h.parts) for owner, rows in part if owner == d
+                   for e in range(p) if e != d]
+        tl.read(d, sources)
+        tl.run(d, "compute", h.trunk[d].backward + h.devices[d].stream_time(h.conv_params))
+        _hand_on(tl, d, p, h.conv_params, s, "grads")
+    _reduce(tl, p, h.conv_params, s, h.update, h.stream, "grads")
+
+
+def _hybrid_dense_part(tl: Timeline, h: _HybridSetup, k: int, part: list[tuple[int, int]]
+                       ) -> None:
+    """Part `k` through every device's slice of the dense layers, forward then backward,
+    the input gradients handed on to the rows' or neurons' owners."""
+    p, s, features, split = len(h.devices), h.s, h.network.features, h.split
+    last = len(h.network.dense) - 1
+    n = sum(rows for _, rows in part)
+    for j in range(last + 1):
+        for d in range(p):
+            if j == 0:
+                tl.read(d, [(f"feat/{k}/{e}", rows * features * s)
+                            for e, rows in part if e != d])
+            else:
+                tl.read(d, [(f"out/{k}/{j - 1}/{e}", n * split[j - 1][e] * s)
+                            for e in range(p) if e != d])
+            tl.run(d, "master", h.dense_seconds(d, j, n, "forward"))
+            if p > 1:
+                tl.write(d, f"out/{k}/{j}/{d}", n * split[j][d] * s)
+    for j in reversed(range(last + 1)):
+        for d in range(p):
+            if j == last:
+                tl.read(d, [(f"out/{k}/{last}/{e}", n * split[last][e] * s)
+                            for e in range(p) if e != d])
+            else:
+                tl.read(d, [(f"din/{k}/{j + 1}/{e}/{d}", n * split[j][d] * s)
+                            for e in range(p) if e != d])
+            tl.run(d, "master", h.dense_seconds(d, j, n, "backward"))
+            if j == 0:
+                for e, rows in part:
+                    if e != d:
+                        tl.write(d, f"din/{k}/0/{d}/{e}", rows * features * s)
+            else:
+                for e in range(p):
+                    if e != d:
+                        tl.write(d, f"din/{k}/{j}/{d}/{e}", n * split[j - 1][e] * s)
+
+
+def _hybrid_step_fast(tl: FastTimeline, h: _HybridSetup) -> None:
     """`predict_hybrid_store`'s step a phase of all devices at a time (timeline_fast.py)."""
     p = tl.devices
     everyone = np.arange(p)
@@ -353,7 +371,7 @@ def _hybrid_step_fast(tl: FastTimeline, h: _HybridFast) -> None:
     _reduce_fast(tl, h.conv_params, h.s, h.update, h.stream)
 
 
-def _dense_part(tl: FastTimeline, h: _HybridFast, members: np.ndarray, rows: np.ndarray,
+def _dense_part(tl: FastTimeline, h: _HybridSetup, members: np.ndarray, rows: np.ndarray,
                 feat_ready: np.ndarray) -> InTurn:
     """One part (`rows` samples of each of its `members`) through the dense layers on
     every device, forward then backward; returns the input gradients handed back to

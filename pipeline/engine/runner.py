@@ -30,7 +30,7 @@ from typing import Any, Callable, Literal, NoReturn, Sequence
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster.connect import (ClusterError, ClusterWorker, SchedulerLost, WorkerLost,
+from pipeline.cluster.workers import (ClusterError, ClusterWorker, SchedulerLost, WorkerLost,
                                       fence_workers, live_workers, unresponsive)
 from pipeline.cluster.worker_limits import lost_for_memory
 from storage.liveness import silent_stores

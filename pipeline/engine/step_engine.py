@@ -23,7 +23,7 @@ from typing import Callable
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster.connect import ClusterError, ClusterWorker, all_local, live_workers
+from pipeline.cluster.workers import ClusterError, ClusterWorker, all_local, live_workers
 from pipeline.config.run_config import RunConfig
 from pipeline.cluster.object_store import workspace_url
 from pipeline.placement.split import Placement
@@ -33,8 +33,8 @@ from pipeline.engine.sampler import step_indices
 from pipeline.engine.step_graph import step_tasks
 from pipeline.engine.task_steps import steps_label
 from storage import checkpoints
-from storage.exchange import (Exchange, SlotSpec, create_exchange, remove_exchange,
-                              remove_root_if_empty, remove_stale_exchanges)
+from storage.exchange import Exchange, SlotSpec, create_exchange
+from storage.exchange_folders import remove_exchange, remove_root_if_empty, remove_stale_exchanges
 from storage.private import default_workspace_root
 from storage.space import writing
 from tasks import step_task

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from distributed.comm import get_address_host
 
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.placement.split import ShardCost, calibration_kernels, fit_shard_cost, rough_seconds
 from pipeline.engine.runner import TaskRunner
 from tasks.conv_shard import calibrate_layer

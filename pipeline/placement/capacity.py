@@ -26,8 +26,8 @@ import dask
 import torch
 from distributed import Client
 
-from pipeline.cluster.connect import ClusterWorker, scheduler_address
-from pipeline.config.run_config import ClusterConfig
+from pipeline.cluster.workers import ClusterWorker, scheduler_address
+from pipeline.config.cluster_config import ClusterConfig
 from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.cluster.worker_limits import MemoryRule, memory_rule, memory_rules
 

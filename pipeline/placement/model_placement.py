@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import predict, split_kernels_minmax
 from pipeline.placement.split import (ShardCost, align_to_quanta, choose_calibrated, pick_fastest,

@@ -25,14 +25,14 @@ from distributed import Client
 from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.placement.calibrate import (Points, alike_groups, calibrate, calibrate_replicas,
                                           first_sizes, per_unit, pool_points, shard_costs)
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import element_bytes
 from pipeline.placement.memory_fit import (MemoryModel, MemoryRefused, move_to_fit, overflows,
                                            refusal, split_peaks)
 from pipeline.placement.model_placement import model_placement
 from pipeline.placement.split import Placement, SplitChoice, choose_calibrated, split_even
-from pipeline.probe.results import costmodel_network
+from pipeline.probe.tables import costmodel_network
 from pipeline.engine.runner import TaskRunner
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.schema import ConfigError

@@ -18,10 +18,11 @@ from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
                                   find_cached_probe, links_key, probe_cluster, probe_key,
                                   probe_workspace_dir, worker_identity, workspace_location)
 from pipeline.probe.reference import probe_master
-from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
-                                    ShardTiming, StoreProbe, TrunkTiming, WorkerProbe,
-                                    cluster_probe_from_dict, costmodel_network, dataset_store,
-                                    dense_flops, master_device, network_spec_from_dict)
+from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
+                                    WorkerProbe, cluster_probe_from_dict, master_device)
+from pipeline.probe.tables import (costmodel_network, dataset_store, dense_flops,
+                                   network_spec_from_dict)
+from pipeline.probe.timings import ShardTiming, TrunkTiming
 
 __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTiming",
            "StoreProbe", "TrunkTiming", "WorkerProbe", "cache_dir", "cached_master_probe",

@@ -25,13 +25,14 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from pipeline.cluster.connect import ClusterWorker, all_local, scheduler_in_process
+from pipeline.cluster.workers import ClusterWorker, all_local, scheduler_in_process
 from pipeline.config.run_config import RunConfig
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
-from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe,
-                                    ShardTiming, StoreProbe, WorkerProbe, cluster_probe_from_dict)
+from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
+                                    WorkerProbe, cluster_probe_from_dict)
+from pipeline.probe.timings import ShardTiming
 from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_read_s, dense_s,
                                      relative_spreads, shard_timings, store_fit, sync_s,
                                      task_gap_s, trunk_timings)

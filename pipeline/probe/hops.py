@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.engine.runner import TaskRunner
 
 

@@ -15,7 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline.probe.results import ShardTiming, TrunkTiming, mark_outliers
+from pipeline.probe.tables import mark_outliers
+from pipeline.probe.timings import ShardTiming, TrunkTiming
 from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD

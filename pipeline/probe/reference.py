@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.probe.results import MasterProbe, ShardTiming
+from pipeline.probe.results import MasterProbe
+from pipeline.probe.timings import ShardTiming
 from pipeline.probe.robust import estimate
 from pipeline.placement.split import rough_seconds
-from storage.datasets import open_dataset_info, read_batch
+from storage.datasets.store import open_dataset_info
+from storage.datasets.reader import read_batch
 from tasks.network import build_sequential
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process

@@ -2,21 +2,21 @@
 
 Plain dataclasses (JSON through `dataclasses.asdict` and `cluster_probe_from_dict`),
 so that a probe can be cached and recorded next to the predictions made from it.
+Single timings are pipeline/probe/timings.py; their translation into the model's
+tables and devices pipeline/probe/tables.py.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
-
-from pipeline.costmodel import (DaskOverhead, DeviceSpec, LayerTable, Network, Options,
-                                StoreSpec, TrunkTime, sequential)
+from pipeline.costmodel import DaskOverhead, DeviceSpec, Network, Options, StoreSpec, TrunkTime
 from pipeline.placement.split import split_even
-from pipeline.probe.robust import inconsistent
-from tasks.specs import ConvLayerSpec, NetworkSpec
+from pipeline.probe.tables import (costmodel_network, dataset_store, dense_flops, device_spec,
+                                   network_spec_from_dict)
+from pipeline.probe.timings import ShardTiming, TrunkTiming
+from tasks.specs import NetworkSpec
 
 PROBE_VERSION = 11  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
@@ -25,78 +25,6 @@ PROBE_VERSION = 11  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    earlier probe's compute figures are stale; 11: the workspace
 #                    accesses' spread (`StoreProbe.spread`), and the measured steps
 #                    in one task per worker (runs.py: `PlanEngines.run`)
-
-
-def quartile_factor(total: float, low: float, high: float, bound: str) -> float:
-    """What to scale a timing of `total` seconds by to put it at its steps' lower
-    (``bound="low"``) or upper (``"high"``) quartile: never past the median's side,
-    1.0 for ``"mid"`` or where no spread was kept."""
-    edge = low if bound == "low" else high
-    if bound == "mid" or edge <= 0 or total <= 0:
-        return 1.0
-    return min(edge / total, 1.0) if bound == "low" else max(edge / total, 1.0)
-
-
-@dataclass
-class ShardTiming:
-    """One measured shard: ``kernels`` of ``layer`` while ``active`` workers ran at once.
-
-    ``input_grad_s`` is the first part of ``backward_s``: pool/ReLU backward and the
-    input gradient, which the engine hands on before the weight gradient. Each is the
-    median of the rounds' step medians (`pipeline.probe.robust`); ``low_s`` and
-    ``high_s`` are the quartiles of forward + backward over every step timed (0: not
-    kept, as in a reference probe), ``rounds`` and ``steps`` what they come from.
-    ``settled``: two rounds agreed with the figure (or one round was all there was);
-    ``outlier``: it breaks "time grows with kernels, at most in proportion" against the
-    worker's other sizes even after being timed again, so the model's tables leave it
-    out. ``dataset_s`` (first layer only): the batch read before the forward, figured
-    like the passes (``None``: another layer, or not measured).
-    """
-
-    layer: int
-    kernels: int
-    active: int
-    forward_s: float
-    backward_s: float
-    input_grad_s: float = 0.0
-    rounds: int = 1
-    steps: int = 1
-    low_s: float = 0.0
-    high_s: float = 0.0
-    settled: bool = True
-    outlier: bool = False
-    dataset_s: float | None = None
-
-    def scaled(self, bound: str) -> "ShardTiming":
-        """This timing at the lower (``"low"``) or upper (``"high"``) quartile of its
-        steps: every pass scaled alike; itself where no spread was kept."""
-        f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
-        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
-                       input_grad_s=self.input_grad_s * f)
-
-
-@dataclass
-class TrunkTiming:
-    """The whole conv trunk as a ``data``/``hybrid`` replica runs it on this worker:
-    ``rows`` samples, ``active`` workers' replicas running at once. Figures, spread
-    and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread);
-    ``dataset_s`` the replica's batch read."""
-
-    rows: int
-    active: int
-    forward_s: float
-    backward_s: float
-    rounds: int = 1
-    steps: int = 1
-    low_s: float = 0.0
-    high_s: float = 0.0
-    settled: bool = True
-    dataset_s: float | None = None
-
-    def scaled(self, bound: str) -> "TrunkTiming":
-        """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""
-        f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
-        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f)
 
 
 @dataclass
@@ -242,7 +170,7 @@ class ClusterProbe:
         dense = dense_flops(net, self.batch)
         specs = []
         for w in self.workers[:active]:
-            spec = _device_spec(w.name, w.timings, net, self.batch, active,
+            spec = device_spec(w.name, w.timings, net, self.batch, active,
                                 dense / (self.master.dense_s * first / w.emulated_speed))
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
@@ -290,113 +218,10 @@ class ClusterProbe:
         return out
 
 
-def network_spec_from_dict(data: dict[str, Any]) -> NetworkSpec:
-    """Rebuild a :class:`NetworkSpec` from ``asdict`` output (JSON lists included)."""
-    conv = tuple(ConvLayerSpec(**layer) for layer in data["conv"])
-    return NetworkSpec(conv, tuple(data.get("hidden", ())), int(data["classes"]),
-                       str(data["dtype"]))
-
-
-def costmodel_network(spec: NetworkSpec) -> Network:
-    """The engine's network (conv + ReLU + pool per layer, dense head) for the cost model.
-
-    Layers are named ``conv1``, ``conv2``, ... as the probe's tables are.
-    """
-    first = spec.conv[0]
-    convs = [dict(out_channels=c.kernels, kernel=c.kernel_size, padding=c.padding, pool=c.pool)
-             for c in spec.conv]
-    net = sequential(first.in_channels, (first.in_height, first.in_width), convs,
-                     [*spec.hidden, spec.classes], name="engine")
-    for ours, theirs in zip(net.conv, spec.conv):
-        if (ours.out_hw, ours.in_channels) != ((theirs.out_height, theirs.out_width),
-                                               theirs.in_channels):
-            raise ValueError(f"cost model shapes differ from the engine's at {ours.name}")
-    return net
-
-
-def _view(timings: Sequence[ShardTiming], layer: int, active: int) -> list[ShardTiming]:
-    """The timings of ``layer`` the model uses with ``active`` workers running: those
-    measured so, and other counts' at the kernel counts those lack."""
-    mine = [t for t in timings if t.layer == layer]
-    exact = {t.kernels for t in mine if t.active == active}
-    return [t for t in mine if t.active == active or t.kernels not in exact]
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    """The median of the values given (None: none given)."""
-    given = [v for v in values if v is not None]
-    return float(np.median(given)) if given else None
-
-
-def table_points(timings: Sequence[ShardTiming], layer: int, active: int
-                 ) -> dict[int, tuple[float, float, float, float | None]]:
-    """``kernels -> (forward, backward, input_grad, dataset)`` of one layer as the model
-    sees it with ``active`` workers running (`_view`; several at one count: their
-    median; ``dataset`` None where none was timed), less the points that break "time
-    grows with kernels" (`robust.inconsistent`)."""
-    by_k: dict[int, list[ShardTiming]] = {}
-    for t in _view(timings, layer, active):
-        by_k.setdefault(t.kernels, []).append(t)
-    points = {k: (_median([t.forward_s for t in ts]), _median([t.backward_s for t in ts]),
-                  _median([t.input_grad_s for t in ts]), _median([t.dataset_s for t in ts]))
-              for k, ts in by_k.items()}
-    dropped = inconsistent({k: v[:2] for k, v in points.items()})
-    return {k: v for k, v in sorted(points.items()) if k not in dropped}
-
-
-def mark_outliers(timings: list[ShardTiming]) -> list[ShardTiming]:
-    """``timings`` with ``outlier`` set on each one some table of the model leaves out
-    (`table_points`, for every count of workers running that was measured)."""
-    left_out: set[tuple[int, int, int]] = set()
-    for layer, active in {(t.layer, t.active) for t in timings}:
-        kept = table_points(timings, layer, active)
-        left_out |= {(t.layer, t.kernels, t.active) for t in _view(timings, layer, active)
-                     if t.kernels not in kept}
-    return [replace(t, outlier=(t.layer, t.kernels, t.active) in left_out) for t in timings]
-
-
-def _device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch: int,
-                 active: int, dense_rate: float | None = None) -> DeviceSpec:
-    tables, rates = {}, {}
-    for index, conv in enumerate(net.conv):
-        points = table_points(timings, index, active)
-        if not points:
-            continue
-        table = LayerTable.from_points(batch, [(k, *v) for k, v in points.items()])
-        tables[conv.name] = table
-        k = table.kernels[-1]
-        seconds = table.forward[-1] + table.backward[-1]
-        flops = conv.forward(batch, k).flops + conv.backward_weight(batch, k).flops
-        if index > 0:
-            flops += conv.backward_input(batch, k).flops
-        rates[conv.name] = flops / seconds
-    mean = float(np.mean(list(rates.values()))) if rates else 1e9
-    dense_eff = 1.0 if dense_rate is None else dense_rate / mean
-    return DeviceSpec(flops=mean, dense_efficiency=dense_eff, layer_rates=rates,
-                      layer_tables=tables, name=name)
-
-
-def dense_flops(net: Network, batch: int) -> float:
-    """FLOPs of the dense head's forward and both backward products (as the model counts)."""
-    total = 0.0
-    for i, layer in enumerate(net.dense):
-        total += layer.forward(batch).flops + layer.backward_weight(batch).flops
-        if i > 0 or net.conv:
-            total += layer.backward_input(batch).flops
-    return total
-
-
 def master_device(master: MasterProbe, net: Network) -> DeviceSpec:
     """A master probe as a device: conv tables (if measured) and its measured dense rate."""
     rate = dense_flops(net, master.batch) / master.dense_s
-    return _device_spec("master", master.timings, net, master.batch, 1, dense_rate=rate)
-
-
-def dataset_store(seconds: float | None) -> StoreSpec | None:
-    """The dataset store as a latency per batch read (``None``: not measured)."""
-    if seconds is None:
-        return None
-    return StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=seconds)
+    return device_spec("master", master.timings, net, master.batch, 1, dense_rate=rate)
 
 
 def cluster_probe_from_dict(data: dict[str, Any]) -> ClusterProbe:

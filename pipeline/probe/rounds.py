@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.probe.readings import Cell, shard_timings, trunk_timings
-from pipeline.probe.results import ShardTiming, TrunkTiming
+from pipeline.probe.timings import ShardTiming, TrunkTiming
 from pipeline.probe.runs import (RETIMES, Plan, PlanEngines, PlanRun, ReplicaPlan, plan_rounds,
                                  plan_seconds)
 from tasks.specs import NetworkSpec

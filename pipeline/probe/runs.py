@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from pipeline.engine.checkpointing import prepare_checkpoints
-from pipeline.cluster.connect import ClusterWorker, all_local
+from pipeline.cluster.workers import ClusterWorker, all_local
 from pipeline.config.run_config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConfig,
                                         TrainConfig, WorkspaceConfig)
 from pipeline.placement.split import Placement, rough_seconds, split_even

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
-from pipeline.cluster.connect import ClusterError
+from pipeline.cluster.workers import ClusterError
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
 from pipeline.costmodel import Prediction

@@ -14,12 +14,12 @@ from typing import Any, Sequence
 from distributed import Client
 
 from pipeline.placement.split_choice import choose_kernel_split
-from pipeline.cluster.connect import ClusterWorker, add_master
+from pipeline.cluster.workers import ClusterWorker, add_master
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, Footprint, MemoryConstants,
-                                       kernel_footprint)
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, Footprint, MemoryConstants
+from pipeline.costmodel.kernel_memory import kernel_footprint
 from pipeline.costmodel.strategies import MODELS
 from pipeline.placement.model_placement import calibrated_split, choose_split
 from pipeline.placement.split import Placement, split_even

@@ -11,8 +11,8 @@ from typing import Any, Literal, Sequence
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, Footprint, MemoryConstants,
-                                       reference_footprint)
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, Footprint, MemoryConstants
+from pipeline.costmodel.replica_memory import reference_footprint
 from pipeline.costmodel.strategies import MODELS
 from pipeline.probe import ClusterProbe, MasterProbe, dataset_store, master_device
 from pipeline.strategies.base import Strategy

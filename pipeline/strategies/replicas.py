@@ -16,13 +16,13 @@ from typing import Any, Sequence
 from distributed import Client
 
 from pipeline.placement.split_choice import choose_batch_split
-from pipeline.cluster.connect import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import (IDEAL_LINK, DeviceSpec, LinkSpec, Network, Options, Prediction,
                                 StoreSpec)
-from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, DevicePeak, Footprint,
-                                       MemoryConstants, hybrid_device_peak,
-                                       replica_device_peak, replica_footprint)
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, DevicePeak, Footprint, MemoryConstants
+from pipeline.costmodel.replica_memory import (hybrid_device_peak, replica_device_peak,
+                                               replica_footprint)
 from pipeline.costmodel.strategies import MODELS
 from pipeline.placement.split import Placement, split_even
 from pipeline.probe import ClusterProbe, MasterProbe

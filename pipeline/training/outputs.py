@@ -27,7 +27,8 @@ import yaml
 
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError, to_dict
-from pipeline.records.record import RunRecorder, jsonable, summarize
+from pipeline.records.record import RunRecorder, jsonable
+from pipeline.records.summary import summarize
 from pipeline.records.step_breakdown import compute_error
 from pipeline.training.recovery import History
 from storage import checkpoints

@@ -32,7 +32,7 @@ from typing import Any
 
 from distributed import Client
 
-from pipeline.cluster.connect import (ClusterError, ClusterWorker, WorkerLost, current_workers,
+from pipeline.cluster.workers import (ClusterError, ClusterWorker, WorkerLost, current_workers,
                                       live_workers, scheduler_address)
 from pipeline.config.run_config import RunConfig
 from pipeline.engine.step_engine import StepEngine

@@ -1,0 +1,69 @@
+"""Setting a cluster's workers up for a run (`WorkerSetup`: threads, emulated speeds,
+devices) and taking the setup back after, so that it never outlives the run.
+
+Apart from connect.py because a run sets up whatever cluster it was given, started
+here or not, and the setup's lifetime is the run's, not the client's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from distributed import Client
+
+from pipeline.config.cluster_config import ClusterConfig
+from pipeline.cluster.workers import ClusterError, scheduler_address
+from tasks.worker_state import WorkerSetup
+
+
+def setup_name(client: Client) -> str:
+    """The name `register_setup` gives its plugin: one per client, so that a run that
+    ends removes its own setup and never another run's on the same cluster."""
+    return f"{WorkerSetup.name}-{client.id}"
+
+
+def register_setup(client: Client, config: ClusterConfig) -> None:
+    """Install `WorkerSetup` on every worker (threads, emulated speeds and devices by
+    name, for the embedded cluster's workers). A failed install is taken back
+    (`unregister_setup`): the scheduler keeps a plugin it could not install
+    everywhere, and runs it again on every worker that joins, a restarted one too."""
+    threads, speeds, devices = {}, {}, {}
+    embedded = scheduler_address(config) is None
+    if embedded:
+        for worker in config.worker_list():
+            threads[worker.name] = worker.threads
+            speeds[worker.name] = worker.speed
+            devices[worker.name] = worker.device
+    try:
+        client.register_plugin(WorkerSetup(threads, speeds, devices, embedded),
+                               name=setup_name(client))
+    except Exception as error:  # noqa: BLE001 - the workers' exception arrives as text
+        unregister_setup(client)
+        hint = ""
+        if "No module named" in str(error):
+            hint = "; install this project on every worker's Python (pip install -e .)"
+        raise ClusterError(f"setting up the workers failed: {error}{hint}") from None
+
+
+def unregister_setup(client: Client, timeout: float = 5.0) -> None:
+    """Remove the client's `WorkerSetup` from the cluster, so that it does not outlive
+    the run: a worker restarted later (by its nanny, for memory) would run it again,
+    and with a limit too small for torch, be restarted for ever. The scheduler forgets
+    the plugin as soon as it reads the request; telling the workers is given
+    `timeout` seconds (a stopped worker never answers). Never raises."""
+    if client.status != "running":
+        return
+    with contextlib.suppress(Exception):
+        client.sync(client._unregister_worker_plugin, name=setup_name(client),
+                    callback_timeout=timeout)
+
+
+@contextlib.contextmanager
+def workers_set_up(client: Client, config: ClusterConfig) -> Iterator[None]:
+    """`register_setup` for the block, `unregister_setup` after it, however it ends."""
+    register_setup(client, config)
+    try:
+        yield
+    finally:
+        unregister_setup(client)

@@ -1,0 +1,234 @@
+"""The run's workers as the scheduler lists them: who is there now, which offer the
+run's tags, which one is the master, which no longer answer; and the errors a cluster
+raises.
+
+Apart from connecting (connect.py) because every layer that holds workers (the engine,
+placement, probes, strategies) needs these and nothing of how a cluster was started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+from distributed import Client, SpecCluster
+
+from pipeline.config.cluster_config import ClusterConfig
+
+
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot serve this run (unreachable, missing tag, worker lost)."""
+
+
+class WorkerLost(ClusterError):
+    """Workers of the run left the cluster: their state (shards, replicas) is gone.
+
+    Carries the lost workers' addresses, so that a recovery can re-place their
+    share on the survivors (pipeline/training/recovery.py).
+    """
+
+    def __init__(self, message: str, addresses: list[str], labels: list[str],
+                 stalled: bool = False, memory: bool = False) -> None:
+        super().__init__(message)
+        self.addresses = addresses
+        self.labels = labels
+        self.stalled = stalled  # still in the cluster but frozen: fenced off, not dead
+        self.memory = memory  # lost at its memory limit: a resume would meet it again
+
+
+class SchedulerLost(ClusterError):
+    """The client lost its Dask scheduler: every task and worker of the run is gone."""
+
+
+@dataclass(frozen=True)
+class ClusterWorker:
+    """A worker of the cluster as a run sees it: where it is, the tag it serves under,
+    its torch threads and (embedded clusters) its emulated speed and device."""
+
+    address: str
+    name: str
+    resource: str  # the tag it serves this run under (its tasks ask for one of it)
+    threads: int
+    emulated_speed: float  # 1.0 unless the worker emulates a slower device
+    device: str = ""  # "cpu", "cuda:N" where the config says; "" (external) until set up
+
+    @property
+    def label(self) -> str:
+        if self.emulated_speed < 1.0:
+            return f"{self.name} (emulated {self.emulated_speed:g}x speed)"
+        return self.name
+
+
+def live_workers(client: Client, patience: float = 10.0) -> dict[str, dict]:
+    """The scheduler's workers now, by address; SchedulerLost if it cannot say.
+
+    Asks the scheduler itself: `Client.scheduler_info` answers from a cache when
+    the scheduler is slow to respond, and that cache may list no workers at all,
+    which would read as every worker lost. A busy scheduler is asked again for
+    `patience` seconds.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        if client.status != "running":
+            raise SchedulerLost(f"lost the Dask scheduler ({client.status})")
+        try:
+            return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+        except (OSError, TimeoutError) as error:
+            if time.monotonic() > deadline:
+                raise SchedulerLost(f"lost the Dask scheduler ({type(error).__name__})"
+                                    ) from None
+            time.sleep(0.5)
+
+
+def unresponsive(client: Client, addresses: list[str], timeout: float = 5.0) -> list[str]:
+    """Those of `addresses` whose worker does not answer a direct `identity` call
+    within `timeout` seconds (a stopped or frozen process: its kernel still accepts
+    the connection, but nothing replies). A busy worker answers: its event loop runs
+    beside its task thread."""
+
+    async def answers(address: str) -> bool:
+        try:
+            await asyncio.wait_for(client.rpc(address).identity(), timeout)
+            return True
+        except (asyncio.TimeoutError, OSError):
+            return False
+
+    async def probe() -> list[bool]:
+        return await asyncio.gather(*(answers(a) for a in addresses))
+
+    replies = client.sync(probe)
+    return [address for address, answered in zip(addresses, replies) if not answered]
+
+
+def fence_workers(client: Client, addresses: list[str]) -> None:
+    """Remove workers from the cluster, so that a frozen one that wakes up gets no task
+    of the run again: the scheduler forgets it (its queued tasks are released, and it
+    is told to close, which it does once it runs), and `live_workers` no longer lists
+    it. Nested so that cloudpickle sends it by value: the scheduler's Python need not
+    have this project."""
+
+    async def remove(dask_scheduler: Any) -> None:
+        for address in addresses:
+            await dask_scheduler.remove_worker(address, stimulus_id="run-fenced-stalled-worker",
+                                               close=True)
+
+    client.run_on_scheduler(remove)
+
+
+def all_local(offered: list[ClusterWorker]) -> bool:
+    """Whether every worker runs on this host (so /dev/shm is shared with them)."""
+    local = {"127.0.0.1", "::1", "localhost", socket.gethostname()}
+    for addresses in psutil.net_if_addrs().values():
+        local.update(a.address.split("%")[0] for a in addresses)
+    return all(urlsplit(worker.address).hostname in local for worker in offered)
+
+
+def scheduler_in_process(client: Client) -> bool:
+    """Whether the client's scheduler runs in this process (an embedded or linked
+    cluster started here): then its work per task is this process's CPU."""
+    return isinstance(getattr(client, "cluster", None), SpecCluster)
+
+
+def scheduler_address(config: ClusterConfig) -> str | None:
+    """The scheduler to use: the config's, else $DASK_SCHEDULER_ADDRESS, else None.
+
+    None with `cluster.link`: links shape only the embedded cluster a run starts."""
+    if config.link_rates() is not None:
+        return None
+    return config.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
+
+def _cluster_worker(config: ClusterConfig, address: str, info: dict, tag: str) -> ClusterWorker:
+    """A worker as the run sees it; speeds and torch threads are known only for the
+    workers of an embedded cluster (external workers count as real, full speed)."""
+    name = str(info.get("name"))
+    embedded = {} if scheduler_address(config) else {w.name: w for w in config.worker_list()}
+    worker = embedded.get(name)
+    return ClusterWorker(address, name, tag,
+                         worker.threads if worker else int(info["nthreads"]),
+                         worker.speed if worker else 1.0, worker.device if worker else "")
+
+
+def tagged_workers(workers: dict[str, dict], tags: list[str]) -> list[tuple[str, dict, str]]:
+    """``(address, info, tag)`` of every worker offering one of `tags`, ordered by the
+    first tag it offers (in the order listed), then by name: a pure function of the
+    scheduler's worker table."""
+    found = []
+    for address, info in workers.items():
+        offered = info.get("resources", {})
+        tag = next((t for t in tags if offered.get(t, 0) >= 1), None)
+        if tag is not None:
+            found.append((address, info, tag))
+    return sorted(found, key=lambda item: (tags.index(item[2]), str(item[1].get("name"))))
+
+
+def workers_of(config: ClusterConfig, tagged: list[tuple[str, dict, str]]
+               ) -> list[ClusterWorker]:
+    """The run's workers among `tagged_workers`: the first `use_workers` (all if unset)."""
+    chosen = tagged[: config.use_workers] if config.use_workers else tagged
+    return [_cluster_worker(config, address, info, tag) for address, info, tag in chosen]
+
+
+def current_workers(client: Client, config: ClusterConfig) -> list[ClusterWorker]:
+    """The workers a run of this config would take now (no waiting)."""
+    return workers_of(config, tagged_workers(live_workers(client), config.tags()))
+
+
+def find_workers(client: Client, config: ClusterConfig) -> list[ClusterWorker]:
+    """Wait (at most `wait_timeout` s) for workers offering the config's tags.
+
+    Returns `use_workers` of them (all, if unset), ordered by tag, then by name.
+    Raises a ClusterError naming the tags if too few appear in time: never waits
+    silently.
+    """
+    tags = config.tags()
+    wanted = config.use_workers or 1
+    deadline = time.monotonic() + config.wait_timeout
+    while True:
+        workers = live_workers(client)
+        tagged = tagged_workers(workers, tags)
+        if len(tagged) >= wanted:
+            return workers_of(config, tagged)
+        if time.monotonic() > deadline:
+            offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
+            tag = "' or '".join(tags)
+            raise ClusterError(
+                f"no worker offers resource '{tag}' "
+                f"({len(tagged)} of {wanted} needed after {config.wait_timeout:g} s; "
+                f"{len(workers)} worker(s) connected, offering: {', '.join(offered) or 'none'})"
+            )
+        time.sleep(0.2)
+
+
+def add_master(client: Client, config: ClusterConfig, offered: list[ClusterWorker]
+               ) -> tuple[list[ClusterWorker], int]:
+    """The run's workers and the index of its master (the worker with the dense head).
+
+    `cluster.master` names a worker or a resource tag; unset, the master is the first
+    worker of the run (every CPU worker is alike; the head is a small part of a step).
+    A master outside `offered` (another tag, or beyond `use_workers`) joins the run as
+    a worker that holds no kernels.
+    """
+    wanted = config.master
+    if wanted is None:
+        return offered, 0
+    for index, worker in enumerate(offered):
+        if worker.name == wanted or worker.resource == wanted:
+            return offered, index
+    workers = live_workers(client)
+    for address, info in sorted(workers.items(), key=lambda item: str(item[1].get("name"))):
+        name, tags = str(info.get("name")), info.get("resources", {})
+        if name == wanted or tags.get(wanted, 0) >= 1:
+            tag = wanted if wanted in tags else next(
+                (t for t in config.tags() if t in tags), next(iter(tags), config.resource))
+            return offered + [_cluster_worker(config, address, info, tag)], len(offered)
+    names = ", ".join(sorted(str(info.get("name")) for info in workers.values()))
+    raise ClusterError(f"cluster.master: no worker is named or tagged '{wanted}' "
+                       f"(workers: {names or 'none'})")

@@ -1,0 +1,161 @@
+"""Peak memory of a device holding whole replicas (`data`, `hybrid`'s conv trunk) and
+of the training process running `reference`: autograd's walk of an `nn.Sequential`,
+then the flat gradient's reduction of tasks/data_ops.py.
+
+Apart from the kernel count (kernel_memory.py) because a replica's tensors are
+autograd's and its exchange is the reduction's, not a shard's gathers.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .memory import (DEFAULT_CONSTANTS, DevicePeak, Footprint, Live, MemoryConstants,
+                     alike_once, finish_peak, layer_sizes)
+from .network import Network
+
+
+def _replica_walk(live: Live, network: Network, rows: int, s: int, ws: float) -> None:
+    """Forward and backward of a whole replica (nn.Sequential) on `rows` samples, as
+    autograd keeps it: per conv layer its input, the ReLU output and the pool's
+    indices (the conv output is freed once ReLU ran); the gradients appear during
+    backward (set to None before each step)."""
+    layers = network.conv
+    for l, layer in enumerate(layers):
+        sizes = layer_sizes(layer, rows, layer.out_channels, s)
+        if l == 0:
+            live.alloc("x0", "activations", sizes["input"])
+        live.alloc(f"z{l}", "activations", sizes["z"])
+        live.transient(f"ws{l}", "workspace", ws * sizes["z"])
+        live.alloc(f"relu{l}", "activations", sizes["relu"])
+        if sizes["relu"]:
+            live.free(f"z{l}")
+        live.alloc(f"index{l}", "activations", sizes["index"])
+        live.alloc(f"x{l + 1}", "activations", sizes["y"])
+    live.alloc("dense", "activations", rows * sum(d.out_features for d in network.dense) * s * 2)
+    live.alloc("grads-dense", "gradients", network.dense_params() * s)
+    live.free("dense")
+    last = len(layers)
+    live.alloc(f"grad-x{last}", "backward", layer_sizes(layers[-1], rows, layers[-1].out_channels,
+                                                       s)["y"])
+    for l in reversed(range(len(layers))):
+        layer = layers[l]
+        sizes = layer_sizes(layer, rows, layer.out_channels, s)
+        live.alloc(f"grad-relu{l}", "backward", sizes["relu"] or sizes["z"])
+        live.free(f"grad-x{l + 1}", f"x{l + 1}", f"index{l}")
+        live.alloc(f"grad-z{l}", "backward", sizes["z"])
+        live.free(f"grad-relu{l}", f"relu{l}", f"z{l}")
+        if l > 0:
+            live.alloc(f"grad-x{l}", "backward", sizes["input"])
+        live.transient(f"ws-b{l}", "workspace", ws * (sizes["input"] + sizes["z"]))
+        live.alloc(f"grads{l}", "gradients", layer.params() * s)
+        live.free(f"grad-z{l}")
+    live.free("x0")
+
+
+def _reduction(live: Live, nbytes: float, devices: int) -> None:
+    """tasks/data_ops.py's reduction of a flat gradient of `nbytes` over `devices`
+    (`data`, and `hybrid`'s conv trunk): each other device's range copied out of the
+    parameters' .grad and written, one at a time; the own range copied and the .grad
+    dropped; the other devices' ranges of its own read and summed; every other summed
+    range read and gathered with the own into a flat copy, which becomes the .grad."""
+    share = nbytes / devices
+    grads = [name for name in list(live.sizes) if name.startswith("grads")]
+    for _ in range(devices - 1):
+        live.transient("range-copy", "exchange", share)
+    live.alloc("own", "exchange", share)
+    live.free(*grads)
+    live.alloc("reads", "exchange", share * (devices - 1))
+    live.alloc("own-sum", "exchange", share)
+    live.free("reads", "own")
+    live.alloc("gathered-reads", "exchange", share * (devices - 1))
+    live.alloc("gathered", "gradients", nbytes)
+    live.free("gathered-reads", "own-sum")
+
+
+def _replica_finish(live: Live, network: Network, s: int, constants: MemoryConstants,
+                    gpu: bool) -> tuple[float, dict[str, float]]:
+    """A replica worker's peak: on a GPU its tensors and a CUDA context; on a CPU also
+    the forked worker, its runtime with autograd's engine, and the checkpoint's share
+    it still holds (the whole network's weights and momentum)."""
+    extra = ({"context": constants.gpu_context} if gpu else
+             {"baseline": constants.worker_baseline,
+              "runtime": constants.worker_runtime + constants.autograd_runtime,
+              "load": constants.load_retained * 2 * network.params() * s})
+    return finish_peak(live, extra, 1.0 if gpu else constants.retention, constants.mmap_threshold)
+
+
+def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s: int = 4,
+                        constants: MemoryConstants = DEFAULT_CONSTANTS, gpu: bool = False
+                        ) -> tuple[float, dict[str, float]]:
+    """A `data` device's peak: a whole replica (weights, momentum; gradients from
+    its backward on) on `rows` of the batch, then the reduction of tasks/data_ops.py
+    (`_reduction`)."""
+    live = Live()
+    params = network.params() * s
+    live.alloc("weights", "weights", params)
+    live.alloc("momentum", "momentum", params)
+    if rows:
+        _replica_walk(live, network, rows, s, constants.conv_workspace)
+    else:
+        live.alloc("grads", "gradients", params)
+    _reduction(live, params, devices)
+    return _replica_finish(live, network, s, constants, gpu)
+
+
+def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s: int = 4,
+                       constants: MemoryConstants = DEFAULT_CONSTANTS, gpu: bool = False
+                       ) -> tuple[float, dict[str, float]]:
+    """A `hybrid` device's peak, counted more coarsely than `kernel` and `data` (not
+    validated by measurement): the conv trunk as a `data` replica on `rows` samples,
+    the device's slice (1/devices of the neurons) of every dense layer with its
+    gradients and momentum, the gathered features of the whole batch and their
+    gradient, and the reduction of the trunk's gradients."""
+    live = Live()
+    trunk = network.conv_params() * s
+    dense = network.dense_params() * s / devices
+    for kind in ("weights", "gradients", "momentum"):
+        live.alloc(f"dense-{kind}", kind, dense)
+    live.alloc("weights", "weights", trunk)
+    live.alloc("momentum", "momentum", trunk)
+    features = network.features * s
+    live.alloc("features", "exchange", features * batch)
+    live.alloc("grad-features", "exchange", features * batch / devices)
+    trunk_only = Network(network.conv, (), network.name)
+    if rows:
+        _replica_walk(live, trunk_only, rows, s, constants.conv_workspace)
+    live.free("features", "grad-features")
+    _reduction(live, trunk, devices)
+    return _replica_finish(live, network, s, constants, gpu)
+
+
+def reference_peak(network: Network, batch: int, s: int = 4,
+                   constants: MemoryConstants = DEFAULT_CONSTANTS) -> tuple[float, dict[str, float]]:
+    """Plain PyTorch in the training process: a replica on the whole batch."""
+    live = Live()
+    params = network.params() * s
+    live.alloc("weights", "weights", params)
+    live.alloc("momentum", "momentum", params)
+    _replica_walk(live, network, batch, s, constants.conv_workspace)
+    return finish_peak(live, {"baseline": constants.baseline, "runtime": constants.client_runtime,
+                              "load": constants.load_retained * 2 * network.params() * s},
+                       constants.retention, constants.mmap_threshold)
+
+
+def replica_footprint(device_peak: DevicePeak, network: Network, batch: int,
+                      rows: Sequence[int] | None = None, s: int = 4,
+                      constants: MemoryConstants = DEFAULT_CONSTANTS,
+                      gpu: Sequence[bool] | None = None) -> Footprint:
+    """Each device's peak of replicas counted by `device_peak` (`replica_device_peak`,
+    `hybrid_device_peak`) with `rows` of the batch each (None: the whole batch on one)."""
+    rows = list(rows) if rows else [batch]
+    gpus = list(gpu or [False] * len(rows))
+    return alike_once(list(zip(rows, gpus)), lambda r, on_gpu: device_peak(
+        network, batch, r, len(rows), s, constants, on_gpu))
+
+
+def reference_footprint(network: Network, batch: int, s: int = 4,
+                        constants: MemoryConstants = DEFAULT_CONSTANTS) -> Footprint:
+    """The training process's own peak (`reference_peak`), as a one-device footprint."""
+    peak, parts = reference_peak(network, batch, s, constants)
+    return Footprint([peak], [parts])

@@ -1,0 +1,127 @@
+"""A probe's timings as the cost model sees them: each conv layer's table of points
+(outliers left out), a worker as a `DeviceSpec`, the engine's network, the dense
+head's FLOPs, the dataset store.
+
+Apart from the probe's record (results.py) because this is the translation into
+the model's terms, pure and tested on its own (tests/test_probe_robust.py); the
+record only stores what was measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from pipeline.costmodel import DeviceSpec, LayerTable, Network, StoreSpec, sequential
+from pipeline.probe.robust import inconsistent
+from pipeline.probe.timings import ShardTiming
+from tasks.specs import ConvLayerSpec, NetworkSpec
+
+
+def network_spec_from_dict(data: dict[str, Any]) -> NetworkSpec:
+    """Rebuild a :class:`NetworkSpec` from ``asdict`` output (JSON lists included)."""
+    conv = tuple(ConvLayerSpec(**layer) for layer in data["conv"])
+    return NetworkSpec(conv, tuple(data.get("hidden", ())), int(data["classes"]),
+                       str(data["dtype"]))
+
+
+def costmodel_network(spec: NetworkSpec) -> Network:
+    """The engine's network (conv + ReLU + pool per layer, dense head) for the cost model.
+
+    Layers are named ``conv1``, ``conv2``, ... as the probe's tables are.
+    """
+    first = spec.conv[0]
+    convs = [dict(out_channels=c.kernels, kernel=c.kernel_size, padding=c.padding, pool=c.pool)
+             for c in spec.conv]
+    net = sequential(first.in_channels, (first.in_height, first.in_width), convs,
+                     [*spec.hidden, spec.classes], name="engine")
+    for ours, theirs in zip(net.conv, spec.conv):
+        if (ours.out_hw, ours.in_channels) != ((theirs.out_height, theirs.out_width),
+                                               theirs.in_channels):
+            raise ValueError(f"cost model shapes differ from the engine's at {ours.name}")
+    return net
+
+
+def _view(timings: Sequence[ShardTiming], layer: int, active: int) -> list[ShardTiming]:
+    """The timings of ``layer`` the model uses with ``active`` workers running: those
+    measured so, and other counts' at the kernel counts those lack."""
+    mine = [t for t in timings if t.layer == layer]
+    exact = {t.kernels for t in mine if t.active == active}
+    return [t for t in mine if t.active == active or t.kernels not in exact]
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """The median of the values given (None: none given)."""
+    given = [v for v in values if v is not None]
+    return float(np.median(given)) if given else None
+
+
+def table_points(timings: Sequence[ShardTiming], layer: int, active: int
+                 ) -> dict[int, tuple[float, float, float, float | None]]:
+    """``kernels -> (forward, backward, input_grad, dataset)`` of one layer as the model
+    sees it with ``active`` workers running (`_view`; several at one count: their
+    median; ``dataset`` None where none was timed), less the points that break "time
+    grows with kernels" (`robust.inconsistent`)."""
+    by_k: dict[int, list[ShardTiming]] = {}
+    for t in _view(timings, layer, active):
+        by_k.setdefault(t.kernels, []).append(t)
+    points = {k: (_median([t.forward_s for t in ts]), _median([t.backward_s for t in ts]),
+                  _median([t.input_grad_s for t in ts]), _median([t.dataset_s for t in ts]))
+              for k, ts in by_k.items()}
+    dropped = inconsistent({k: v[:2] for k, v in points.items()})
+    return {k: v for k, v in sorted(points.items()) if k not in dropped}
+
+
+def mark_outliers(timings: list[ShardTiming]) -> list[ShardTiming]:
+    """``timings`` with ``outlier`` set on each one some table of the model leaves out
+    (`table_points`, for every count of workers running that was measured)."""
+    left_out: set[tuple[int, int, int]] = set()
+    for layer, active in {(t.layer, t.active) for t in timings}:
+        kept = table_points(timings, layer, active)
+        left_out |= {(t.layer, t.kernels, t.active) for t in _view(timings, layer, active)
+                     if t.kernels not in kept}
+    return [replace(t, outlier=(t.layer, t.kernels, t.active) in left_out) for t in timings]
+
+
+def device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch: int,
+                active: int, dense_rate: float | None = None) -> DeviceSpec:
+    """A worker's timings as a cost-model device: a `LayerTable` per conv layer
+    measured (`table_points`), their mean rate, and the dense head's efficiency
+    against it (`dense_rate`: its measured FLOP/s; None: as fast as the convs)."""
+    tables, rates = {}, {}
+    for index, conv in enumerate(net.conv):
+        points = table_points(timings, index, active)
+        if not points:
+            continue
+        table = LayerTable.from_points(batch, [(k, *v) for k, v in points.items()])
+        tables[conv.name] = table
+        k = table.kernels[-1]
+        seconds = table.forward[-1] + table.backward[-1]
+        flops = conv.forward(batch, k).flops + conv.backward_weight(batch, k).flops
+        if index > 0:
+            flops += conv.backward_input(batch, k).flops
+        rates[conv.name] = flops / seconds
+    mean = float(np.mean(list(rates.values()))) if rates else 1e9
+    dense_eff = 1.0 if dense_rate is None else dense_rate / mean
+    return DeviceSpec(flops=mean, dense_efficiency=dense_eff, layer_rates=rates,
+                      layer_tables=tables, name=name)
+
+
+def dense_flops(net: Network, batch: int) -> float:
+    """FLOPs of the dense head's forward and both backward products (as the model counts)."""
+    total = 0.0
+    for i, layer in enumerate(net.dense):
+        total += layer.forward(batch).flops + layer.backward_weight(batch).flops
+        if i > 0 or net.conv:
+            total += layer.backward_input(batch).flops
+    return total
+
+
+def dataset_store(seconds: float | None) -> StoreSpec | None:
+    """The dataset store as a latency per batch read (``None``: not measured)."""
+    if seconds is None:
+        return None
+    return StoreSpec(write_bw=math.inf, read_bw=math.inf, latency=seconds)

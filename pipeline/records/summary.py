@@ -1,0 +1,210 @@
+"""A run's summary: its figures over the measured steps (`summarize`) and the lines a
+run prints (`format_summary`, the placement line, one line per worker a placement
+left out).
+
+Apart from the record (record.py) because it reads a finished record and writes
+text for a person; the record is what the loop fills step by step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from pipeline.records.memory import memory_lines, memory_summary
+from pipeline.records.step_breakdown import record_breakdown
+
+
+def client_cpu_summary(tail: xr.Dataset) -> dict:
+    """The client process's CPU per measured step, and as a share of one core: on a
+    machine whose cores the workers fill, this is time taken from them."""
+    if "client_cpu_time" not in tail or not np.isfinite(tail.client_cpu_time.values).any():
+        return {}
+    cpu = tail.client_cpu_time
+    return {"client_cpu_per_step": float(cpu.median()),
+            "client_core_share": float((cpu / tail.step_time).median())}
+
+
+def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = False) -> dict:
+    """Median step time and spread over the measured (post-warm-up) steps
+    (`in_client`: the run trained in the client's process, for its memory figures)."""
+    tail = ds.isel(step=slice(warmup_steps, None)) if ds.sizes["step"] > warmup_steps else ds
+    times = np.asarray(tail.step_time.values, dtype=float)
+    median = float(np.median(times)) if times.size else float("nan")
+
+    def percentile(q: float) -> float:
+        return float(np.percentile(times, q)) if times.size else float("nan")
+
+    return {
+        "measured_steps": int(times.size),
+        "step_time_median": median,
+        "step_time_p25": percentile(25), "step_time_p75": percentile(75),
+        "step_time_min": percentile(0), "step_time_max": percentile(100),
+        "throughput": batch / median if times.size and median > 0 else float("nan"),
+        "final_loss": float(ds.loss.values[-1]) if ds.sizes["step"] else float("nan"),
+        "compute_time_median": float(tail.compute_time.max("worker").median()),
+        "storage_time_median": float((tail.read_time + tail.write_time).max("worker").median()),
+        "wait_time_median": float(tail.wait_time.median()),
+        "master_time_median": float(tail.master_time.median()),
+        **client_cpu_summary(tail),
+        # steps per Dask task (train.steps_per_task); older records lack it
+        **({"task_steps_median": float(tail.task_steps.median())} if "task_steps" in tail
+           else {}),
+        "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
+        # where a step's time goes along its critical worker (pipeline/records/step_breakdown.py)
+        "critical_breakdown": record_breakdown(ds, warmup_steps),
+        **memory_summary(ds, in_client),
+    }
+
+
+def _task_steps(summary: dict) -> str:
+    """", N steps per task" where a run's tasks held several steps."""
+    steps = summary.get("task_steps_median")
+    return f", {steps:g} steps per task (median)" if steps and steps > 1 else ""
+
+
+def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) -> str:
+    """The closing lines a run prints."""
+    spread = (f"IQR {summary['step_time_p25']:.3f}-{summary['step_time_p75']:.3f} s, "
+              f"range {summary['step_time_min']:.3f}-{summary['step_time_max']:.3f} s")
+    lines = [
+        f"run {name}: strategy {strategy} on {', '.join(workers)}",
+        f"  step time   median {summary['step_time_median']:.3f} s over "
+        f"{summary['measured_steps']} measured steps ({spread})",
+        f"  throughput  {summary['throughput']:.1f} samples/s",
+        f"  breakdown   compute {summary['compute_time_median']:.3f} s, exchange "
+        f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
+        f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
+        *([f"  client      {summary['client_cpu_per_step'] * 1e3:.1f} ms CPU per step "
+           f"({summary['client_core_share']:.0%} of a core: the client and an embedded "
+           f"scheduler){_task_steps(summary)}"]
+          if summary.get("client_cpu_per_step") is not None else []),
+        *(["  critical    " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in
+                                          summary["critical_breakdown"].items())
+           + " (medians along each step's critical worker)"]
+          if summary.get("critical_breakdown") else []),
+        f"  exchange    {summary['bytes_per_step'] / 1e6:.2f} MB per step (workspace "
+        "reads and writes)",
+        *memory_lines(summary),
+        f"  loss        {summary['final_loss']:.4f} (last step)",
+    ]
+    if summary.get("test_accuracy") is not None:
+        lines.append(f"  accuracy    {summary['test_accuracy']:.3f} on "
+                     f"{summary['test_samples']} test images")
+    choice = summary.get("strategy_choice")
+    if choice:
+        runner = choice.get("runner_up")
+        lines.append(f"  auto        chose {choice['chosen']} (master {choice['master']}, "
+                     f"placement {choice['placement']}): predicted "
+                     f"{choice['predicted_step_time']:.4f} s/step"
+                     + (f"; runner-up {runner['strategy']} {runner['predicted_step_time']:.4f}"
+                        " s/step" if runner else ""))
+    if summary.get("predicted_step_time") is not None and summary.get("prediction_error") \
+            is not None:
+        compute = summary.get("compute_error")
+        lines.append(f"  predicted   {summary['predicted_step_time']:.4f} s/step by the model "
+                     f"({summary['prediction_error']:+.0%} against the median"
+                     + (f"; its compute {compute:+.0%} against this run's" if compute is not None
+                        else "") + ")")
+    if summary.get("link_bytes_sent"):
+        lines.append(
+            f"  links       {sum(summary['link_bytes_received'].values()) / 1e6:.2f} MB to "
+            f"the workers, {sum(summary['link_bytes_sent'].values()) / 1e6:.2f} MB from them "
+            f"({summary['workspace_transport']} workspace)")
+    for line in summary.get("left_out") or []:
+        lines.append(f"  left out    {line}")
+    for r in summary.get("recoveries", []):
+        lines.append(f"  recovered   {', '.join(r['lost_workers'])} {r.get('cause', 'lost')} "
+                     f"at step {r['lost_at_step']}: back to checkpoint {r['restored_step']}, "
+                     f"{r['replayed_steps']} step(s) replayed on {', '.join(r['workers'])} "
+                     f"({r['seconds']:.1f} s)"
+                     + (f"; {r['late_writes']} late write(s) of the ended attempt discarded"
+                        if r.get("late_writes") else ""))
+    for j in summary.get("joins", []):
+        lines.append(f"  joined      {', '.join(j['joined_workers'])} at step {j['at_step']}: "
+                     f"from then on {', '.join(j['workers'])}")
+    return "\n".join(lines)
+
+
+#: Why a split is what it is, by placement method (the placement line's end).
+PLACEMENT_WHY = {"even": "an even split", "single": "one worker",
+                 "calibrated": "measured speeds (placement: calibrated)",
+                 "model": "the performance model (placement: model)",
+                 "recorded": "a recorded split (placement: recorded)"}
+
+
+def placement_line(method: str, split: dict[str, Any], workers: list[str], master: str,
+                   choice: dict[str, Any]) -> str:
+    """The one line a run prints once its work is placed: each worker's share
+    (kernels per conv layer, or samples of the batch), the master, the predicted step
+    where the placement predicted one, and why (`PLACEMENT_WHY`, the candidate it
+    chose, units moved to fit memory). `split` is the strategy's record of its split
+    (``kernel_split`` ``[layer][worker]`` or ``batch_split`` ``[worker]``), `choice`
+    the placement's (`SplitChoice.record`, with ``memory``)."""
+    if "kernel_split" in split:
+        rows = split["kernel_split"]
+        shares = [f"{name} {'+'.join(str(row[w]) for row in rows)}"
+                  for w, name in enumerate(workers)]
+        what = "kernels per conv layer"
+    else:
+        shares = [f"{name} {count}" for name, count in zip(workers, split["batch_split"])]
+        what = "samples of each batch"
+    why = PLACEMENT_WHY.get(method, method)
+    if choice.get("chosen"):
+        why += f", the {choice['chosen']} split"
+    moved = (choice.get("memory") or {}).get("units_moved") or 0
+    if moved:
+        why += f", {moved} unit(s) moved to fit memory"
+    predicted = choice.get("predicted_step_time")
+    step = f"; predicted {predicted:.4f} s/step" if predicted else ""
+    return f"placed: {what}: {', '.join(shares)} (master {master}){step}; by {why}"
+
+
+def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
+                   seconds_per_unit: dict[str, list[float]], unit: str = "kernel"
+                   ) -> list[str]:
+    """One line per worker a placement gave nothing: which worker, its measured speed
+    against the fastest worker's, and why (the best split that gives it work is
+    predicted slower than the split chosen without it).
+
+    `choice` is the placement's record (`SplitChoice.record`: ``workers``, ``chosen``,
+    ``predicted_step_time``, ``alternatives``, among them every worker alone as
+    ``single:<name>``); `seconds_per_unit` its calibration (seconds per kernel per
+    conv layer, or per sample, by worker); `unit` what they count. Speed is the
+    predicted step of the worker alone, its fixed costs included; without those
+    predictions, the calibration's seconds per unit. A placement that measured
+    nothing (even, recorded) only says it gave the worker none.
+    """
+    alternatives = choice.get("alternatives", {})
+    alone = {key.partition(":")[2]: alt["predicted_step_time"]
+             for key, alt in alternatives.items() if key.startswith("single:")}
+    per_unit = {name: sum(row) for name, row in seconds_per_unit.items() if row}
+    speed, what = ((alone, f"s/step predicted for it alone by the {placement} placement")
+                   if alone else (per_unit, f"s per {unit}" + (
+                       ", summed over conv layers" if unit == "kernel" else "")))
+    kept = {n: t for n, t in speed.items() if n not in left_out and t > 0}
+    fastest = min(kept, key=kept.__getitem__) if kept else None
+    names = list(choice.get("workers", []))
+    chosen, chosen_time = choice.get("chosen"), choice.get("predicted_step_time")
+    lines = []
+    for name in left_out:
+        line = f"worker {name} left out"
+        if fastest is not None and speed.get(name, 0) > 0:
+            line += (f": measured {speed[name] / kept[fastest]:.1f}x slower than {fastest} "
+                     f"({speed[name]:.3g} against {kept[fastest]:.3g} {what})")
+        else:
+            line += f": {placement} placement gave it no work"
+        with_it = {key: alt["predicted_step_time"] for key, alt in alternatives.items()
+                   if name in names and alt.get("predicted_step_time") is not None
+                   and any(row[names.index(name)] > 0 for row in alt["split"])}
+        if with_it and chosen_time is not None:
+            best = min(with_it, key=with_it.__getitem__)
+            why = ("giving it {u}s would lengthen the step" if with_it[best] > chosen_time
+                   else "the split without it was kept (no faster split gives it {u}s)")
+            line += (f"; {why.format(u=unit)} ('{chosen}' without it is predicted "
+                     f"{chosen_time:.3g} s/step, the fastest split with it, '{best}', "
+                     f"{with_it[best]:.3g} s/step)")
+        lines.append(line)
+    return lines
