@@ -144,89 +144,119 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
     placement adds is found again by it). Closes every engine it used. Returns what
     happened.
     """
-    history = History()
-    recoveries = history.recoveries
-    grown: list[ClusterWorker] = []
-
-    def stop_for_joined(step: int) -> bool:
-        grown[:] = joined(client, config, offered)
-        return bool(grown)
-
-    current: StepEngine | None = engine
-    pending: dict[str, Any] | None = None  # a recovery until its engine has started
-    pending_since = 0.0
+    run = _Attempts(config, client, strategy, network, recorder, client_events,
+                    train_samples, engine, offered, from_step)
     try:
         while True:
             try:
-                if current is None:
-                    current = build_engine(client, config, strategy, network, train_samples,
-                                           offered)
-                current.start(from_step)
-                recorder.ensure_workers(current.workers, current.devices)
-                if pending is not None:
-                    recoveries.append(Recovery(
-                        **pending, workers=[w.name for w in current.workers],
-                        split=split_of(strategy, current),
-                        seconds=time.perf_counter() - pending_since))
-                    pending = None
-                reached = train_loop(config, current, recorder, client_events, from_step,
-                                     train_samples, stop_for_joined)
+                reached = run.train()
                 if reached >= config.train.steps:
-                    current.close()
-                    current = None
-                    count_late_writes(config, recoveries)
-                    return history
-                since = time.perf_counter()
-                current.close()
-                current = None
-                new = [s.name for s in grown if s.address not in {x.address for x in offered}]
-                offered, from_step = list(grown), reached
-                client_events.append(ClientEvent(f"joined: {', '.join(new)} at step {reached}",
-                                                 time.time(), time.time()))
-                current = build_engine(client, config, strategy, network, train_samples,
-                                       offered)
-                current.start(from_step)
-                recorder.ensure_workers(current.workers, current.devices)
-                history.joins.append(Join(reached, new, [w.name for w in current.workers],
-                                          split_of(strategy, current),
-                                          time.perf_counter() - since))
+                    run.close()
+                    count_late_writes(config, run.history.recoveries)
+                    return run.history
+                run.take_in_joined(reached)
             except StoreStalled as stalled:
                 raise StoreStalled(f"{stalled}; {kept_checkpoints(config)}",
                                    stalled.paths) from None
             except WorkerLost as lost:
-                noticed = time.perf_counter()
-                lost_at = max(recorder.steps, default=from_step - 1) + 1
-                ended = current.run_id if current is not None else ""
-                if current is not None:
-                    current.close()
-                    current = None
-                if len(recoveries) >= config.train.max_recoveries:
-                    raise WorkerLost(f"{lost} (recovered {len(recoveries)} time(s) already; "
-                                     f"train.max_recoveries={config.train.max_recoveries})"
-                                     if recoveries else str(lost),
-                                     lost.addresses, lost.labels,
-                                     memory=lost.memory) from None
-                if lost.stalled:
-                    print(f"warning: {lost}; recovering", file=sys.stderr)
-                offered = survivors(client, offered, lost)
-                if not offered:
-                    raise ClusterError(f"{lost}, and no worker of the run is left to "
-                                       "continue on") from None
-                restored = checkpoints.latest_complete_step(config.checkpoint_path)
-                assert restored is not None, "a run always has checkpoint 0"
-                recorder.forget_from(restored)
-                client_events.append(ClientEvent(
-                    f"recovery: lost {', '.join(lost.labels)}, back to step {restored}",
-                    time.time(), time.time()))
-                pending = {"lost_at_step": lost_at, "restored_step": restored,
-                           "lost_workers": list(lost.labels),
-                           "cause": "stalled" if lost.stalled else "lost",
-                           "replayed_steps": max(lost_at - restored, 0),
-                           "ended_attempt": ended}
-                pending_since, from_step = noticed, restored
+                run.recover_from(lost)
     finally:
-        if current is not None:
-            current.close()
+        run.close()
+
+
+class _Attempts:
+    """The state `train_with_recovery` carries from one engine (attempt) to the next:
+    the engine now running (None between attempts), the workers it was placed over, the
+    step it starts from, and a recovery waiting for its engine to start (recorded once
+    it has: its seconds run from the loss noticed to that start)."""
+
+    def __init__(self, config: RunConfig, client: Client, strategy: Strategy,
+                 network: NetworkSpec, recorder: RunRecorder,
+                 client_events: list[ClientEvent], train_samples: int, engine: StepEngine,
+                 offered: list[ClusterWorker], from_step: int) -> None:
+        self.config, self.client, self.strategy, self.network = config, client, strategy, network
+        self.recorder, self.client_events, self.train_samples = (recorder, client_events,
+                                                                 train_samples)
+        self.current: StepEngine | None = engine
+        self.offered, self.from_step = offered, from_step
+        self.history = History()
+        self.grown: list[ClusterWorker] = []
+        self.pending: dict[str, Any] | None = None
+        self.pending_since = 0.0
+
+    def _start(self) -> StepEngine:
+        """The engine started at `from_step` (built over `offered` if there is none)."""
+        if self.current is None:
+            self.current = build_engine(self.client, self.config, self.strategy, self.network,
+                                        self.train_samples, self.offered)
+        self.current.start(self.from_step)
+        self.recorder.ensure_workers(self.current.workers, self.current.devices)
+        return self.current
+
+    def _stop_for_joined(self, step: int) -> bool:
+        self.grown[:] = joined(self.client, self.config, self.offered)
+        return bool(self.grown)
+
+    def train(self) -> int:
+        """Start the engine and train until the end or a join; the step reached."""
+        current = self._start()
+        if self.pending is not None:
+            self.history.recoveries.append(Recovery(
+                **self.pending, workers=[w.name for w in current.workers],
+                split=split_of(self.strategy, current),
+                seconds=time.perf_counter() - self.pending_since))
+            self.pending = None
+        return train_loop(self.config, current, self.recorder, self.client_events,
+                          self.from_step, self.train_samples, self._stop_for_joined)
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+
+    def take_in_joined(self, reached: int) -> None:
+        """Place the run again over its workers and those that joined, from `reached`."""
+        since = time.perf_counter()
+        self.close()
+        new = [s.name for s in self.grown if s.address not in {x.address for x in self.offered}]
+        self.offered, self.from_step = list(self.grown), reached
+        self.client_events.append(ClientEvent(f"joined: {', '.join(new)} at step {reached}",
+                                              time.time(), time.time()))
+        current = self._start()
+        self.history.joins.append(Join(reached, new, [w.name for w in current.workers],
+                                       split_of(self.strategy, current),
+                                       time.perf_counter() - since))
+
+    def recover_from(self, lost: WorkerLost) -> None:
+        """Go back to the last complete checkpoint over the survivors of `lost`, or raise
+        when recoveries are used up or no worker is left."""
+        noticed = time.perf_counter()
+        recoveries, config = self.history.recoveries, self.config
+        lost_at = max(self.recorder.steps, default=self.from_step - 1) + 1
+        ended = self.current.run_id if self.current is not None else ""
+        self.close()
+        if len(recoveries) >= config.train.max_recoveries:
+            raise WorkerLost(f"{lost} (recovered {len(recoveries)} time(s) already; "
+                             f"train.max_recoveries={config.train.max_recoveries})"
+                             if recoveries else str(lost),
+                             lost.addresses, lost.labels, memory=lost.memory) from None
+        if lost.stalled:
+            print(f"warning: {lost}; recovering", file=sys.stderr)
+        self.offered = survivors(self.client, self.offered, lost)
+        if not self.offered:
+            raise ClusterError(f"{lost}, and no worker of the run is left to "
+                               "continue on") from None
+        restored = checkpoints.latest_complete_step(config.checkpoint_path)
+        assert restored is not None, "a run always has checkpoint 0"
+        self.recorder.forget_from(restored)
+        self.client_events.append(ClientEvent(
+            f"recovery: lost {', '.join(lost.labels)}, back to step {restored}",
+            time.time(), time.time()))
+        self.pending = {"lost_at_step": lost_at, "restored_step": restored,
+                        "lost_workers": list(lost.labels),
+                        "cause": "stalled" if lost.stalled else "lost",
+                        "replayed_steps": max(lost_at - restored, 0), "ended_attempt": ended}
+        self.pending_since, self.from_step = noticed, restored
 
 
 def count_late_writes(config: RunConfig, recoveries: list[Recovery]) -> None:
