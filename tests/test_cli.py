@@ -290,3 +290,16 @@ def test_the_first_worker_missing_a_folder_is_named():
     line = first_unseen(seen, workers, shown)
     assert line.startswith("worker w1 (tcp://h1:1) does not see the run's output directory "
                            "/runs/x: "), line
+
+
+@pytest.mark.parametrize("module", ["pipeline.train", "experiments.sweep", "experiments.report",
+                                    "experiments.report.trace_plot", "experiments.sweep.reference",
+                                    "storage.datasets"])
+def test_the_documented_commands_start_as_modules(module):
+    """Each `python -m ...` the README and docs give starts (its package's __main__ for a
+    folder) and answers --help with its own usage line; the tests call most mains in
+    their own process, which would not notice a broken __main__.py."""
+    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"python -m {module}" in result.stdout.splitlines()[0], result.stdout

@@ -1,7 +1,7 @@
-"""`python -m experiments.report`: see experiments.report.cli.cli."""
+"""`python -m experiments.report`: see experiments.report.cli."""
 
 import sys
 
-from experiments.report.cli.cli import main
+from experiments.report.cli import main
 
 sys.exit(main())
