@@ -100,12 +100,19 @@ def scheduler(tmp_path_factory):
 
 def _stop_workers(cluster: CliCluster, address: str) -> None:
     """Kill the tests' workers (nanny and child) and wait until the scheduler has
-    none, so that the next test sees only its own."""
+    none, so that the next test sees only its own. Each nanny's resource tracker is
+    left to end by itself once they are gone: it then removes the semaphores they
+    made in /dev/shm, which a SIGKILL of it would leave there for good."""
     for process in cluster.processes[1:]:
+        trackers = []
         for child in psutil.Process(process.pid).children(recursive=True):
-            child.kill()
+            if "resource_tracker" in " ".join(child.cmdline()):
+                trackers.append(child)
+            else:
+                child.kill()
         process.kill()
         process.wait()
+        psutil.wait_procs(trackers, timeout=10)
     del cluster.processes[1:]
     with Client(address, timeout="10s") as client:
         deadline = time.monotonic() + 30
