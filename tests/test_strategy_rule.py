@@ -39,19 +39,16 @@ NAMES = set(STRATEGIES) - {"auto"}
 ALLOWED: dict[tuple[str, str], str] = {
     # A report's paper comparison: the paper measured kernel parallelism, so its figure
     # is set beside the store's rows of that strategy (a name stored in the results).
-    ("experiments/report/markdown.py", "frame['strategy'] == 'kernel'"):
+    ("experiments/report/markdown.py", "frame['strategy'] == PAPER_STRATEGY"):
         "the paper's method, as the store names its rows",
     # The paper's placement claim (calibrated against even) is about kernel parallelism.
-    ("experiments/report/figures.py", "frame['strategy'] == 'kernel'"):
+    ("experiments/report/figures.py", "frame['strategy'] == PAPER_STRATEGY"):
         "the paper's method, as the store names its rows",
     # A legend: the store's `reference` rows are drawn as plain PyTorch's line.
     ("experiments/report/memory.py", "strategy == REFERENCE"):
         "a legend entry and line style of the store's reference rows",
-    ("experiments/report/figures.py",
-     "'reference' in [str(v) for n, v in zip(names, keys) if n == 'strategy']"):
-        "a legend label: the store's reference rows have no workers to describe",
     # A legend: the scaling report marks the baseline's line (named in the sweep's attrs).
-    ("experiments/scaling/report.py", "s == 'single'"):
+    ("experiments/scaling/report.py", "s == BASELINE"):
         "a legend entry and line style of the scaling baseline",
     # The sweep's baseline is a name in its config (`speedup_baseline`): the speedup
     # is available where the points' strategy is that baseline.

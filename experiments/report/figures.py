@@ -27,10 +27,11 @@ import xarray as xr  # noqa: E402
 import yaml  # noqa: E402
 
 from experiments.report.figure_files import legend_beside, save_figure  # noqa: E402
-from experiments.report.view import (COLORS, PAPER_LABEL, PAPER_POINT, StoreView, label_order,
-                                     slice_of_others)  # noqa: E402
+from experiments.report.view import (COLORS, PAPER_LABEL, PAPER_POINT,  # noqa: E402
+                                     PAPER_STRATEGY, StoreView, label_order, slice_of_others)
 from experiments.sweep.store_layout import DONE  # noqa: E402
 from experiments.sweep.axes import value_label  # noqa: E402
+from pipeline.strategies import STRATEGIES  # noqa: E402
 
 BREAKDOWN = [("compute_time", "compute", "#4c72b0"), ("storage_time", "exchange", "#dd8452"),
              ("master_time", "master", "#55a868"), ("wait_time", "wait", "#c44e52")]
@@ -45,9 +46,17 @@ def _base_network(ds: xr.Dataset) -> str:
         return "as configured"
 
 
+def in_one_process(name: str) -> bool:
+    """Whether the store's strategy `name` trains in the client's process, with no
+    workers to describe (its `uses_cluster`); a name this checkout does not register
+    counts as one with workers."""
+    strategy = STRATEGIES.get(name)
+    return strategy is not None and not strategy.uses_cluster
+
+
 def _label(keys: tuple, names: list[str]) -> str:
     parts = []
-    reference = "reference" in [str(v) for n, v in zip(names, keys) if n == "strategy"]
+    reference = any(in_one_process(str(v)) for n, v in zip(names, keys) if n == "strategy")
     for name, value in zip(names, keys):
         if name == "strategy":
             parts.insert(0, str(value))
@@ -206,7 +215,7 @@ def placement_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     if "placement" not in frame:
         return False
     data = frame[(~frame["equal_workers"]) & frame["step_time"].notna()
-                 & (frame["strategy"] == "kernel")]
+                 & (frame["strategy"] == PAPER_STRATEGY)]
     if data.empty or data["placement"].nunique() < 2:
         return False
     pdim = "placement" if "placement" in sweep.dims else None

@@ -22,7 +22,7 @@ from experiments.report.auto import auto_section
 from experiments.report.errors import error_section
 from experiments.report.growth import growth_section
 from experiments.report.links import links_section
-from experiments.report.view import PAPER_POINT, StoreView
+from experiments.report.view import PAPER_POINT, PAPER_STRATEGY, StoreView
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED
 from experiments.sweep.summary import format_table, summary_table
 
@@ -56,7 +56,7 @@ def _provenance(ds: xr.Dataset) -> list[str]:
 
 
 def _paper_comparison(sweep: StoreView, frame: pd.DataFrame) -> str | None:
-    data = frame[(frame["strategy"] == "kernel") & frame["equal_workers"]
+    data = frame[(frame["strategy"] == PAPER_STRATEGY) & frame["equal_workers"]
                  & np.isclose(frame["n_workers"], PAPER_POINT[0])]
     if data.empty or data["speedup"].isna().all():
         return None

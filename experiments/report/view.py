@@ -29,6 +29,7 @@ from experiments.sweep.summary import base_strategy  # noqa: E402
 from pipeline.records.step_breakdown import COMPONENTS  # noqa: E402
 
 PAPER_POINT = (4, 3.28)  # Marques et al. 2018: 3.28x speedup with four CPUs
+PAPER_STRATEGY = "kernel"  # the paper's method, as a store names its rows
 PAPER_LABEL = "Marques et al. 2018: 3.28x on 4 CPUs"
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 POINT_FIGURES = ["step_time", "throughput", "speedup", "efficiency", "compute_time",

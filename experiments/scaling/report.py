@@ -41,6 +41,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.report.figure_files import save_figure, write_figures  # noqa: E402
 from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
+from experiments.scaling.run import BASELINE  # noqa: E402
 from experiments.scaling.view import ScalingView, one_device_only, winners  # noqa: E402
 from experiments.sweep.summary import base_strategy  # noqa: E402
 
@@ -225,8 +226,8 @@ def _speedup_legend(fig: Any, colors: dict[str, Any], batches: list, alphas: np.
     where the batch is not swept) and the mixes' marker, right of the panels."""
     handles = [Line2D([], [], color="0.6", linestyle="--", label="ideal")]
     handles += [Line2D([], [], color=color, linewidth=2,
-                       linestyle=":" if s == "single" else "-",
-                       label=s + (" (baseline)" if s == "single" else ""))
+                       linestyle=":" if s == BASELINE else "-",
+                       label=s + (" (baseline)" if s == BASELINE else ""))
                 for s, color in colors.items()]
     handles += [Line2D([], [], color="black", alpha=a, linewidth=w, label=f"batch {b}")
                 for b, a, w in zip(batches, alphas, widths)]

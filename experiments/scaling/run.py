@@ -103,14 +103,19 @@ class Infeasible(ValueError):
 _SINGLE: dict[tuple, float] = {}
 
 
+#: The strategy every scaling point's speedup is measured against, on one device.
+BASELINE = "single"
+
+
 def _single_time(point: ScalingPoint, kind: str) -> float:
-    """`single` on one device of ``kind`` at the point's network and batch (cached)."""
+    """`single` (`BASELINE`) on one device of ``kind`` at the point's network and
+    batch (cached)."""
     preset = hw.resolve_kind(point.hardware, kind)
     network = network_of(point.network)
     key = (network, point.train.batch, preset)
     if key not in _SINGLE:
         device = hw.device_spec(point.hardware, kind)
-        _SINGLE[key] = predict("single", network, point.train.batch, device).step_time
+        _SINGLE[key] = predict(BASELINE, network, point.train.batch, device).step_time
     return _SINGLE[key]
 
 
@@ -253,7 +258,7 @@ def build_dataset(sweep: ScalingSweep, outcome: Outcome, attrs: dict[str, Any]) 
 
 
 def _attrs(sweep: ScalingSweep, argv: list[str], started: str) -> dict[str, Any]:
-    reference = {"strategy": "single", "devices": "one device of the mix's first kind"}
+    reference = {"strategy": BASELINE, "devices": "one device of the mix's first kind"}
     return {
         "title": f"scaling sweep {sweep.config.name}", "sweep_name": sweep.config.name,
         "mode": "scaling", "speedup_baseline": "single",
