@@ -44,7 +44,7 @@ def measure(config_path: str, batch: int, steps: int) -> dict[str, float]:
     from pipeline.prediction import network_for
     from tasks.conv_shard import ConvShard
     from tasks.dense_head import DenseHead
-    from tasks.network import build_sequential
+    from tasks.network import build_network
     from tasks.specs import ShardRange
 
     torch.set_num_threads(1)
@@ -55,11 +55,11 @@ def measure(config_path: str, batch: int, steps: int) -> dict[str, float]:
 
     config = load_run_config(config_path, [f"train.batch={batch}"])
     spec, optimizer = network_for(config), config.optimizer_spec()
-    weights = {k: v.detach().numpy().copy() for k, v in build_sequential(spec).state_dict().items()}
+    weights = {k: v.detach().numpy().copy() for k, v in build_network(spec).state_dict().items()}
     figures = {"start": rss()}
     shards = []
     for l, layer in enumerate(spec.conv):
-        key = str(spec.conv_module_index(l))
+        key = spec.conv_keys()[l]
         own = {name: weights[f"{key}.{name}"] for name in ("weight", "bias")}
         shards.append(ConvShard(layer, ShardRange(l, 0, layer.kernels), key, own,
                                 {k: np.zeros_like(v) for k, v in own.items()}, optimizer, "cpu"))
@@ -74,7 +74,7 @@ def measure(config_path: str, batch: int, steps: int) -> dict[str, float]:
             grad = shards[l].input_gradient(grad)
             shards[l].update()
     figures["shards"] = rss()
-    dense = {f"{i}.{name}" for i in spec.dense_module_indices() for name in ("weight", "bias")}
+    dense = {f"{n}.{name}" for n in spec.dense_names for name in ("weight", "bias")}
     head = DenseHead(spec, optimizer, {k: weights[k] for k in dense},
                      {k: np.zeros_like(weights[k]) for k in dense}, "cpu")
     labels = torch.zeros(batch, dtype=torch.long)

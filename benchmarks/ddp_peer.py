@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.sampler import step_indices
 from pipeline.engine.dataset import prepare_dataset
-from tasks.network import build_sequential, initial_state
+from tasks.network import build_network, initial_state, to_torch
 from tasks.optim import make_sgd
 from tasks.replica_layout import ranges, split_counts
 from tasks.worker_state import configure_process
@@ -58,9 +58,8 @@ def ddp_steps(rank: int, world: int, rendezvous: str, config_path: str, override
     dist.barrier()
     info = info or prepare_dataset(config)
     network = config.network_spec(info.image_shape)
-    model = build_sequential(network)
-    model.load_state_dict({k: torch.from_numpy(v)
-                           for k, v in initial_state(network, config.train.seed).items()})
+    model = build_network(network)
+    model.load_state_dict(to_torch(initial_state(network, config.train.seed)))
     ddp = DistributedDataParallel(model) if exchange else model
     optimizer = make_sgd(ddp.parameters(), config.optimizer_spec())
     batch = config.train.batch

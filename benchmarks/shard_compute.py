@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pipeline.config.run_config import load_run_config
 from tasks.conv_shard import ConvShard
 from tasks.dense_head import DenseHead
-from tasks.network import build_sequential
+from tasks.network import build_network
 from tasks.optim import make_sgd
 from tasks.specs import NetworkSpec, ShardRange
 from tasks.worker_state import configure_process
@@ -44,7 +44,7 @@ def autograd_step(network: NetworkSpec, optimizer, x: torch.Tensor, y: torch.Ten
                   channels_last: bool = False, fast_pool: bool = False) -> Callable[[], None]:
     """One plain PyTorch step (the reference's arithmetic) as a closure; ``fast_pool``:
     with the workers' pool (tasks/pooling.py), as `data` and `hybrid` replicas run it."""
-    model = build_sequential(network, fast_pool)
+    model = build_network(network, fast_pool)
     if channels_last:
         model, x = model.to(memory_format=torch.channels_last), x.contiguous(
             memory_format=torch.channels_last)
@@ -61,11 +61,11 @@ def shard_step(network: NetworkSpec, optimizer, x: torch.Tensor, y: torch.Tensor
                pieces: dict[str, float]) -> Callable[[], None]:
     """One step as `single` runs it (tasks/kernel_ops.py), less its I/O; adds each
     piece's thread seconds into `pieces`."""
-    weights = {k: v.detach().numpy().copy() for k, v in build_sequential(network)
+    weights = {k: v.detach().numpy().copy() for k, v in build_network(network)
                .state_dict().items()}
     shards = []
     for layer, spec in enumerate(network.conv):
-        key = str(network.conv_module_index(layer))
+        key = network.conv_keys()[layer]
         mine = {name: weights[f"{key}.{name}"] for name in ("weight", "bias")}
         shards.append(ConvShard(spec, ShardRange(layer, 0, spec.kernels), key, mine,
                                 {k: np.zeros_like(v) for k, v in mine.items()}, optimizer,

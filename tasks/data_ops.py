@@ -23,8 +23,8 @@ from torch import nn
 from storage import checkpoints
 from storage.datasets import read_batch
 from tasks.layout import StepOp
-from tasks.network import build_sequential
-from tasks.optim import WorkerSGD, make_sgd, momentum_of, restore_momentum, weights_of
+from tasks.network import build_network, set_dropout, to_arrays, to_torch
+from tasks.optim import WorkerSGD, make_sgd, momentum_of, restore_momentum
 from tasks.receipts import TaskClock
 from tasks.replica_layout import GRAD_REDUCE, GRAD_UPDATE, REPLICA_STEP, DataLayout
 from tasks.run_state import RunState, WorkerSide
@@ -88,6 +88,7 @@ class DataWork:
     optimizer: WorkerSGD
     grads: Gradients
     check_replicas: bool
+    seed: int = 0  # the run's, for the dropout masks
 
     def apply_reduced(self, layout: DataLayout) -> None:
         """The SGD step, once the summed gradient is in every parameter's .grad."""
@@ -100,26 +101,32 @@ class DataWork:
 def load_data(layout: DataLayout, me: int, network: NetworkSpec, checkpoint_path: str,
               step: int, arithmetic: Arithmetic, device: str) -> DataWork:
     """The whole network and its momentum from checkpoint `step` (every replica alike)."""
-    model = build_sequential(network, fast_pool=True)
+    model = build_network(network, fast_pool=True)
     model.load_state_dict(read_tensors(checkpoint_path, step, "weights"))
     model.to(device)
     sgd = make_sgd(model.parameters(), arithmetic.optimizer)
     named = dict(model.named_parameters())
     restore_momentum(sgd, named, checkpoints.read_tensors(checkpoint_path, step, "momentum"))
-    return DataWork(model, sgd, Gradients(list(named.items())), arithmetic.check_replicas)
+    return DataWork(model, sgd, Gradients(list(named.items())), arithmetic.check_replicas,
+                    arithmetic.seed)
 
 
 def save_data(work: DataWork, me: int, checkpoint_path: str, step: int) -> None:
     """Replicas are identical: the first worker writes the whole network."""
     if me == 0:
         named = dict(work.model.named_parameters())
-        write_tensors(checkpoint_path, step, weights_of(named),
+        write_tensors(checkpoint_path, step, to_arrays(work.model.state_dict(), dtype_of(named)),
                       momentum_of(work.optimizer, named), 0)
 
 
 def read_tensors(path: str, step: int, kind: str) -> dict[str, torch.Tensor]:
     """Every tensor of one kind ("weights", "momentum") of checkpoint `step`, as torch."""
-    return {k: torch.from_numpy(v) for k, v in checkpoints.read_tensors(path, step, kind).items()}
+    return to_torch(checkpoints.read_tensors(path, step, kind))
+
+
+def dtype_of(named: dict[str, torch.Tensor]) -> str:
+    """The checkpoint dtype of a model's parameters ("float32", "float64")."""
+    return str(next(iter(named.values())).dtype).removeprefix("torch.")
 
 
 def write_tensors(path: str, step: int, weights: dict[str, np.ndarray],
@@ -148,7 +155,7 @@ def time_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
     generator = torch.Generator().manual_seed(0)
     first = network.conv[0]
     dtype = getattr(torch, network.dtype)
-    model = build_sequential(network, fast_pool=True).to(profile.device)
+    model = build_network(network, fast_pool=True).to(profile.device)
     sgd = make_sgd(model.parameters(), OptimizerSpec(lr=1e-6))
     x = torch.randn(rows, first.in_channels, first.in_height, first.in_width,
                     generator=generator, dtype=dtype).to(profile.device)
@@ -177,6 +184,7 @@ def replica_step(run: RunState, op: StepOp, step: int, indices: np.ndarray,
         if stop > start:
             x, y = _batch_rows(run, indices[start:stop], clock)
             with clock.phase("compute") as phase:
+                set_dropout(work.model, work.seed, step, slice(start, stop), run.batch)
                 loss = F.cross_entropy(work.model(x), y, reduction="sum") / run.batch
                 loss.backward()
                 clock.receipt.loss = float(loss.detach())  # its part of the batch's loss

@@ -1,4 +1,5 @@
-"""The dense head: flatten -> dense layers -> softmax cross-entropy, on the master.
+"""The dense head: flatten -> (dropout ->) dense layers -> softmax cross-entropy, on the
+master.
 
 Dense layers hold most of the parameters and little of the compute, so in
 kernel-parallel training they stay on one device, the *master* (a worker chosen by
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.network import dense_head
+from tasks.network import dense_stack, set_dropout, to_torch
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.specs import NetworkSpec, OptimizerSpec
 
@@ -22,34 +23,29 @@ class DenseHead:
 
     def __init__(self, spec: NetworkSpec, optimizer: OptimizerSpec,
                  weights: dict[str, np.ndarray], momentum: dict[str, np.ndarray],
-                 device: str) -> None:
-        model, full_indices = dense_head(spec)
-        self.model = model.to(device)
-        # head key "1.weight" <-> network key f"{full_indices[1]}.weight"
-        self.to_full = {f"{i}.{name}": f"{full_indices[i]}.{name}"
-                        for i, module in enumerate(self.model) if isinstance(module, nn.Linear)
-                        for name in ("weight", "bias")}
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(weights[v]))
-                                    for k, v in self.to_full.items()})
+                 device: str, seed: int = 0) -> None:
+        self.model = dense_stack(spec).to(device)  # its keys are the network's
+        self.model.load_state_dict(to_torch(weights))
         self.optimizer = make_sgd(self.model.parameters(), optimizer)
-        restore_momentum(self.optimizer, self._named(),
-                         {key: momentum[key] for key in self.to_full.values()})
+        restore_momentum(self.optimizer, self._named(), momentum)
         self.loss_fn = nn.CrossEntropyLoss()
+        self.seed = seed
 
     def _named(self) -> dict[str, torch.Tensor]:
-        """Parameters under the full network's keys ("5.weight", ...)."""
-        params = dict(self.model.named_parameters())
-        return {full: params[key] for key, full in self.to_full.items()}
+        """Parameters under the full network's keys ("5.weight", "fc.bias", ...)."""
+        return dict(self.model.named_parameters())
 
-    def step(self, features: torch.Tensor, labels: torch.Tensor
+    def step(self, features: torch.Tensor, labels: torch.Tensor, step: int = 0
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward/backward/update; the loss (a 0-d tensor) and dLoss/dfeatures."""
-        x = features.detach().flatten(1).requires_grad_(True)
+        """One forward/backward/update; the loss (a 0-d tensor) and dLoss/dfeatures.
+        Dropout masks are those of `step` (tasks/network.py)."""
+        x = features.detach().requires_grad_(True)
+        set_dropout(self.model, self.seed, step)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(x), labels)
+        loss = self.loss_fn(self.model.head(x), labels)
         loss.backward()
         self.optimizer.step()
-        return loss.detach(), x.grad.view(features.shape)
+        return loss.detach(), x.grad
 
     def state(self) -> dict[str, dict[str, np.ndarray]]:
         """Weights and momentum under the full network's keys, as numpy."""

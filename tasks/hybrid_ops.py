@@ -24,10 +24,11 @@ from torch import nn
 
 from storage import checkpoints
 from storage.datasets import read_batch, read_labels
-from tasks.data_ops import (Gradients, grad_reduce, grad_update, hand_on_ranges, read_tensors,
+from tasks.data_ops import (Gradients, dtype_of, grad_reduce, grad_update, hand_on_ranges,
+                            read_tensors,
                             write_tensors)
 from tasks.layout import StepOp
-from tasks.network import conv_trunk
+from tasks.network import conv_trunk, to_arrays
 from tasks.optim import WorkerSGD, make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.receipts import TaskClock
 from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_REDUCE, GRAD_UPDATE,
@@ -85,7 +86,7 @@ def load_hybrid(layout: HybridLayout, me: int, network: NetworkSpec, checkpoint_
     momentum = checkpoints.read_tensors(checkpoint_path, step, "momentum")
     restore_momentum(conv_sgd, named, momentum)
     slices = []
-    for j, key in enumerate(network.dense_module_indices()):
+    for j, key in enumerate(network.dense_names):
         start, stop = layout.neuron_ranges(j)[me]
         rows = {name: torch.from_numpy(checkpoints.read_slice(checkpoint_path, step, "weights",
                                                               f"{key}.{name}", start, stop))
@@ -103,7 +104,7 @@ def save_hybrid(work: HybridWork, me: int, checkpoint_path: str, step: int) -> N
     """The first worker writes the conv layers; each worker its dense rows."""
     if me == 0:
         named = dict(work.trunk.named_parameters())
-        write_tensors(checkpoint_path, step, weights_of(named),
+        write_tensors(checkpoint_path, step, to_arrays(work.trunk.state_dict(), dtype_of(named)),
                       momentum_of(work.conv_optimizer, named), 0)
     for piece in work.dense:
         named = {f"{piece.key}.weight": piece.weight, f"{piece.key}.bias": piece.bias}

@@ -46,7 +46,7 @@ def load(layout: KernelLayout, me: int, network: NetworkSpec, checkpoint_path: s
          arithmetic: Arithmetic, device: str) -> KernelWork:
     """This worker's shards (and the head, on the master) from checkpoint `step`."""
     optimizer = arithmetic.optimizer
-    keys = [str(network.conv_module_index(l)) for l in range(len(network.conv))]
+    keys = network.conv_keys()
     shards = {}
     for layer, row in enumerate(layout.shards):
         shard = row[me]
@@ -60,12 +60,12 @@ def load(layout: KernelLayout, me: int, network: NetworkSpec, checkpoint_path: s
                                       state["momentum"], optimizer, device)
     head = None
     if me == layout.master:  # the dense layers' tensors only, not the whole network's
-        dense = {f"{i}.{name}" for i in network.dense_module_indices()
-                 for name in ("weight", "bias")}
+        dense = {f"{name}.{tensor}" for name in network.dense_names
+                 for tensor in ("weight", "bias")}
         head = DenseHead(network, optimizer,
                          checkpoints.read_tensors(checkpoint_path, step, "weights", dense),
                          checkpoints.read_tensors(checkpoint_path, step, "momentum", dense),
-                         device)
+                         device, arithmetic.seed)
     return KernelWork(shards, head, keys)
 
 
@@ -115,7 +115,8 @@ def dense_head(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             labels = read_labels(run.paths.dataset, "train", indices)
             phase.nbytes = labels.nbytes
         with clock.phase("compute") as phase:
-            loss, grad = work.head.step(features, torch.from_numpy(labels).to(features.device))
+            loss, grad = work.head.step(features, torch.from_numpy(labels).to(features.device),
+                                        step)
         run.emulate(clock, phase.seconds)
         clock.receipt.loss = float(loss)
         for e in layout.holders(last):

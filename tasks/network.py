@@ -1,103 +1,274 @@
-"""The network as torch modules: the one definition every strategy's arithmetic follows,
-and the single source of initial weights and parameter names.
+"""The network as plain torch modules: the one definition every strategy's arithmetic
+follows, and the single source of initial weights and checkpoint names.
 
-It lives in `tasks` because workers build the dense head from it. Every strategy
-starts from `initial_state`, the state_dict of the equivalent `torch.nn.Sequential`
-built with the run's seed, so that kernel-parallel training can be compared with,
-and its checkpoints loaded into, ordinary PyTorch (`load_sequential`).
+`SpecNetwork` holds nn.Conv2d, nn.BatchNorm2d and nn.Linear modules under the names the
+`NetworkSpec` gives them (torchvision's for the zoo, ``tasks/zoo.py``), so that its
+state_dict, and every checkpoint, loads into torchvision's own model; its forward
+follows the spec: per conv layer, conv -> batch norm -> + residual -> ReLU ->
+poolings, then flatten -> (dropout ->) dense (-> ReLU). It lives in `tasks` because
+workers build replicas and the dense head from it. Every strategy starts from
+`initial_state`, built with the run's seed, so that distributed training can be
+compared with, and its checkpoints loaded into, ordinary PyTorch (`load_model`).
+
+Dropout draws its masks from a generator seeded by (run seed, step, dense layer)
+(`dropout_mask`), over the whole batch, so that a replica's rows, the master's head
+and a plain-PyTorch replay all draw the same mask (docs/methods.md).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tasks.pooling import MaxPool
-from tasks.specs import NetworkSpec
+from tasks.specs import ConvLayerSpec, NetworkSpec, PoolSpec
+
+BUFFER_COUNTER = "num_batches_tracked"
 
 
-def build_sequential(spec: NetworkSpec, fast_pool: bool = False) -> nn.Sequential:
-    """conv -> ReLU -> max-pool per conv layer, flatten, dense (+ReLU) layers.
-
-    ``fast_pool``: the pools through `tasks.pooling.MaxPool` (PyTorch's results and
-    gradients, from its faster channels-last kernel), as the workers' replicas run
-    them; without it `nn.MaxPool2d`, as plain PyTorch (the reference) runs them."""
-    modules: list[nn.Module] = []
-    for layer in spec.conv:
-        modules += [nn.Conv2d(layer.in_channels, layer.kernels, layer.kernel_size,
-                              padding=layer.padding), nn.ReLU()]
-        if layer.pool > 1:
-            modules.append(MaxPool(layer.pool) if fast_pool else nn.MaxPool2d(layer.pool))
-    modules.append(nn.Flatten())
-    features = spec.flat_features
-    for width in spec.hidden:
-        modules += [nn.Linear(features, width), nn.ReLU()]
-        features = width
-    modules.append(nn.Linear(features, spec.classes))
-    return nn.Sequential(*modules).to(getattr(torch, spec.dtype))
+def dropout_seed(seed: int, step: int, layer: int) -> int:
+    """The generator seed of dense layer `layer`'s dropout mask at `step`."""
+    return int(np.random.SeedSequence([seed, step, layer]).generate_state(1, np.uint64)[0]
+               >> 1)
 
 
-def dense_head(spec: NetworkSpec) -> tuple[nn.Sequential, list[str]]:
-    """The part of the network after the convs, and its modules' Sequential indices.
-
-    The head's own state_dict keys are renumbered from 0; the second value maps its
-    positions back to the full network's keys.
-    """
-    full = build_sequential(spec)
-    first = spec.conv_module_index(len(spec.conv))  # the Flatten
-    head = nn.Sequential(*list(full.children())[first:])
-    full_indices = [str(first + i) for i in range(len(head))]
-    return head, full_indices
+def dropout_mask(seed: int, step: int, layer: int, shape: tuple[int, ...], p: float,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """Dropout's multiplier for a whole batch of shape `shape`: 1/(1-p) where a unit is
+    kept (a uniform draw >= p), 0 where it is dropped; on the CPU."""
+    generator = torch.Generator().manual_seed(dropout_seed(seed, step, layer))
+    keep = torch.rand(shape, generator=generator, dtype=torch.float64) >= p
+    return keep.to(dtype) * (1.0 / (1.0 - p))
 
 
-def conv_trunk(spec: NetworkSpec, fast_pool: bool = False) -> nn.Sequential:
-    """The conv layers and the Flatten: the equivalent nn.Sequential's modules up to the
-    dense layers, with the same state_dict keys (``fast_pool`` as `build_sequential`)."""
-    full = build_sequential(spec, fast_pool)
-    first = spec.conv_module_index(len(spec.conv))  # the Flatten
-    return nn.Sequential(*list(full.children())[:first + 1])
+class SeededDropout(nn.Module):
+    """Dropout with a mask a replay can draw again: `set_dropout` says the step (and
+    which rows of the batch this module sees); evaluation mode passes through."""
+
+    def __init__(self, p: float, layer: int) -> None:
+        super().__init__()
+        self.p, self.layer = p, layer
+        self.draw: tuple[int, int, slice, int] | None = None  # seed, step, rows, batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if self.draw is None:
+            raise RuntimeError("dropout in training needs set_dropout(model, seed, step)")
+        seed, step, rows, batch = self.draw
+        mask = dropout_mask(seed, step, self.layer, (batch, *x.shape[1:]), self.p, x.dtype)
+        return x * mask[rows].to(x.device)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, layer={self.layer}"
+
+
+def set_dropout(model: nn.Module, seed: int, step: int, rows: slice | None = None,
+                batch: int | None = None) -> None:
+    """Point every dropout of `model` at `step`; `rows` of a batch of `batch` (default:
+    the whole batch the module is given)."""
+    for module in model.modules():
+        if isinstance(module, SeededDropout):
+            module.draw = (seed, step, rows or slice(None), batch or -1)
+
+
+def pool(x: torch.Tensor, spec: PoolSpec, fast: bool = False) -> torch.Tensor:
+    """One pooling as PyTorch's functional ops compute it (`fast`: a max-pool whose
+    window is its stride through the channels-last kernel, tasks/pooling.py)."""
+    if spec.kind == "adaptive_avg":
+        return F.adaptive_avg_pool2d(x, spec.window)
+    if spec.kind == "avg":
+        return F.avg_pool2d(x, spec.window, spec.stride, spec.padding)
+    if fast and spec.window == spec.stride and spec.padding == 0:
+        return MaxPool(spec.window)(x)
+    return F.max_pool2d(x, spec.window, spec.stride, spec.padding)
+
+
+def _attach(root: nn.Module, name: str, module: nn.Module) -> None:
+    """Register `module` at the dotted `name` under `root`, making the parents."""
+    *parents, leaf = name.split(".")
+    for part in parents:
+        if not hasattr(root, part):
+            root.add_module(part, nn.Module())
+        root = getattr(root, part)
+    root.add_module(leaf, module)
+
+
+def make_conv(layer: ConvLayerSpec) -> nn.Conv2d:
+    return nn.Conv2d(layer.in_channels, layer.kernels, layer.kernel_size, layer.stride,
+                     layer.padding, bias=layer.bias)
+
+
+class SpecNetwork(nn.Module):
+    """The network of a `NetworkSpec` (``parts``: the conv ``trunk``, the dense
+    ``head``, or both), its tensors under the spec's names."""
+
+    def __init__(self, spec: NetworkSpec, fast_pool: bool = False,
+                 parts: tuple[str, ...] = ("trunk", "head")) -> None:
+        super().__init__()
+        self.spec, self.fast_pool = spec, fast_pool
+        self.convs: list[nn.Conv2d] = []
+        self.norms: list[nn.BatchNorm2d | None] = []
+        if "trunk" in parts:
+            for layer in spec.conv:
+                self.convs.append(make_conv(layer))
+                _attach(self, layer.name, self.convs[-1])
+                norm = nn.BatchNorm2d(layer.kernels) if layer.batch_norm else None
+                if norm is not None:
+                    _attach(self, layer.bn_name, norm)
+                self.norms.append(norm)
+        self.linears: list[nn.Linear] = []
+        self.dropouts: list[SeededDropout | None] = []
+        if "head" in parts:
+            features = spec.flat_features
+            for j, (name, width) in enumerate(zip(spec.dense_names,
+                                                  [*spec.hidden, spec.classes])):
+                p = spec.dense_dropout(j)
+                self.dropouts.append(SeededDropout(p, j) if p > 0 else None)
+                if p > 0:  # its own name: the dense layers' keep torchvision's
+                    self.add_module(f"dropout{j}", self.dropouts[-1])
+                self.linears.append(nn.Linear(features, width))
+                _attach(self, name, self.linears[-1])
+                features = width
+        _initialise(self, spec.init)
+
+    def layer_output(self, layer: int, x: torch.Tensor,
+                     outputs: list[torch.Tensor | None]) -> torch.Tensor:
+        """Conv layer `layer` from its input `x` (and the earlier `outputs`, for a
+        residual sum): conv -> batch norm -> + residual -> ReLU -> poolings."""
+        spec = self.spec.conv[layer]
+        z = self.convs[layer](x)
+        if self.norms[layer] is not None:
+            z = self.norms[layer](z)
+        if spec.residual is not None:
+            z = z + outputs[spec.residual]
+        if spec.relu:
+            z = F.relu(z)
+        for pooling in spec.pooling:
+            z = pool(z, pooling, self.fast_pool)
+        return z
+
+    def trunk(self, images: torch.Tensor) -> torch.Tensor:
+        """The conv layers: the last one's output (before flattening)."""
+        last_use = _last_uses(self.spec)
+        outputs: list[torch.Tensor | None] = []
+        for layer in range(len(self.spec.conv)):
+            source = self.spec.source(layer)
+            x = images if source < 0 else outputs[source]
+            outputs.append(self.layer_output(layer, x, outputs))
+            for earlier, last in enumerate(last_use):
+                if last == layer and earlier < layer:
+                    outputs[earlier] = None  # no later layer reads it
+        return outputs[-1]
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """Flatten -> (dropout ->) dense (-> ReLU, but the last): the logits."""
+        x = features.flatten(1)
+        for j, linear in enumerate(self.linears):
+            if self.dropouts[j] is not None:
+                x = self.dropouts[j](x)
+            x = linear(x)
+            if j < len(self.linears) - 1:
+                x = F.relu(x)
+        return x
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(images))
+
+
+def _last_uses(spec: NetworkSpec) -> list[int]:
+    """For each conv layer, the last layer that reads or adds its output."""
+    last = list(range(len(spec.conv)))
+    for layer, conv in enumerate(spec.conv):
+        for used in (spec.source(layer), conv.residual):
+            if used is not None and used >= 0:
+                last[used] = max(last[used], layer)
+    return last
+
+
+def _initialise(model: nn.Module, scheme: str) -> None:
+    """torchvision's initialisation for VGG or ResNet; PyTorch's defaults otherwise."""
+    if scheme == "pytorch":
+        return
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            if module.bias is not None:
+                nn.init.constant_(module.bias, 0)
+        elif isinstance(module, nn.BatchNorm2d):
+            nn.init.constant_(module.weight, 1)
+            nn.init.constant_(module.bias, 0)
+        elif isinstance(module, nn.Linear) and scheme == "vgg":
+            nn.init.normal_(module.weight, 0, 0.01)
+            nn.init.constant_(module.bias, 0)
+
+
+def build_network(spec: NetworkSpec, fast_pool: bool = False) -> SpecNetwork:
+    """The whole network in the spec's dtype (``fast_pool``: the workers' replicas'
+    max-pools, `pool`; plain PyTorch's otherwise, as the reference runs them)."""
+    return SpecNetwork(spec, fast_pool).to(getattr(torch, spec.dtype))
+
+
+def conv_trunk(spec: NetworkSpec, fast_pool: bool = False) -> SpecNetwork:
+    """The conv layers alone (call `.trunk`), with the whole network's keys."""
+    return SpecNetwork(spec, fast_pool, ("trunk",)).to(getattr(torch, spec.dtype))
+
+
+def dense_stack(spec: NetworkSpec) -> SpecNetwork:
+    """The dense layers alone (call `.head`), with the whole network's keys."""
+    return SpecNetwork(spec, parts=("head",)).to(getattr(torch, spec.dtype))
+
+
+def to_torch(state: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Checkpoint arrays as a state_dict: batch norm's counter back to a 0-d int64
+    (checkpoints keep every tensor in the network's dtype, the counter as one row)."""
+    return {key: (torch.tensor(int(np.asarray(value).reshape(-1)[0]), dtype=torch.int64)
+                  if key.endswith(BUFFER_COUNTER) else torch.from_numpy(np.asarray(value)))
+            for key, value in state.items()}
+
+
+def to_arrays(state: dict[str, torch.Tensor], dtype: str) -> dict[str, np.ndarray]:
+    """A state_dict as checkpoint arrays (`to_torch`'s inverse)."""
+    return {key: (np.full(1, float(value), dtype=dtype) if key.endswith(BUFFER_COUNTER)
+                  else value.detach().to("cpu").numpy().copy())
+            for key, value in state.items()}
 
 
 def initial_state(spec: NetworkSpec, seed: int) -> dict[str, np.ndarray]:
-    """PyTorch's default initialisation under `seed`, as numpy arrays."""
+    """The initialisation under `seed` (PyTorch's, or torchvision's), as checkpoint
+    arrays: parameters and batch norm's running statistics."""
     torch.manual_seed(seed)
-    model = build_sequential(spec)
-    return {key: value.detach().numpy().copy() for key, value in model.state_dict().items()}
+    return to_arrays(build_network(spec).state_dict(), spec.dtype)
 
 
-def conv_keys(spec: NetworkSpec) -> list[str]:
-    """Module index of each conv layer in the Sequential ("0", "3", ...)."""
-    return [str(spec.conv_module_index(layer)) for layer in range(len(spec.conv))]
-
-
-def checkpoint_row_chunks(spec: NetworkSpec, quanta: list[int]) -> dict[str, int]:
-    """Checkpoint chunking: each conv tensor by its layer's channel quantum, so that a
-    worker writes (and reads) only the chunks of its own kernels."""
-    chunks = {}
-    for key, quantum in zip(conv_keys(spec), quanta):
-        chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = quantum
-    return chunks
-
-
-def load_sequential(spec: NetworkSpec, state: dict[str, np.ndarray]) -> nn.Sequential:
-    """A plain nn.Sequential holding `state` (e.g. from a checkpoint)."""
-    model = build_sequential(spec)
-    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+def load_model(spec: NetworkSpec, state: dict[str, np.ndarray]) -> SpecNetwork:
+    """A plain-PyTorch network holding `state` (e.g. a checkpoint's), strictly."""
+    model = build_network(spec)
+    model.load_state_dict(to_torch(state))
     return model
 
 
-def parameter_shapes(spec: NetworkSpec) -> dict[str, tuple[int, ...]]:
-    """Every parameter's shape under the Sequential's keys, without building it."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for layer, conv in enumerate(spec.conv):
-        key = spec.conv_module_index(layer)
-        shapes[f"{key}.weight"] = (conv.kernels, conv.in_channels, conv.kernel_size,
-                                   conv.kernel_size)
-        shapes[f"{key}.bias"] = (conv.kernels,)
-    features = spec.flat_features
-    for key, width in zip(spec.dense_module_indices(), list(spec.hidden) + [spec.classes]):
-        shapes[f"{key}.weight"] = (width, features)
-        shapes[f"{key}.bias"] = (width,)
-        features = width
-    return shapes
+def checkpoint_shapes(spec: NetworkSpec) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor's shape (parameters, running statistics, the counter as
+    one row), without allocating them."""
+    with torch.device("meta"):
+        state = SpecNetwork(spec).state_dict()
+    return {key: (1,) if key.endswith(BUFFER_COUNTER) else tuple(value.shape)
+            for key, value in state.items()}
+
+
+def checkpoint_row_chunks(spec: NetworkSpec, quanta: list[int]) -> dict[str, int]:
+    """Checkpoint chunking: each conv layer's tensors (and its batch norm's) by the
+    layer's channel quantum, so that a worker writes (and reads) only the chunks of its
+    own kernels."""
+    chunks = {}
+    shapes = checkpoint_shapes(spec)
+    for layer, quantum in zip(spec.conv, quanta):
+        for prefix in (layer.name, layer.bn_name):
+            for key in shapes:
+                if prefix and key.startswith(prefix + ".") and \
+                        not key.endswith(BUFFER_COUNTER):
+                    chunks[key] = quantum
+    return chunks

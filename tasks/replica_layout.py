@@ -50,7 +50,8 @@ SCHEMES = ("a", "b", "c")
 
 
 def conv_parameter_count(network: NetworkSpec) -> int:
-    return sum(c.kernels * (c.in_channels * c.kernel_size ** 2 + 1) for c in network.conv)
+    return sum(c.kernels * (c.in_channels * c.kernel_size ** 2 + c.bias + 2 * c.batch_norm)
+               for c in network.conv)
 
 
 def dense_widths(network: NetworkSpec) -> list[tuple[int, int]]:
@@ -232,6 +233,6 @@ class HybridLayout:
                           ) -> dict[str, int]:
         """Each worker writes its own rows of every dense layer."""
         chunks = dict(chunks)
-        for key, row in zip(network.dense_module_indices(), self.neurons):
+        for key, row in zip(network.dense_names, self.neurons):
             chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = math.gcd(*row)
         return chunks

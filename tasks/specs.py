@@ -7,12 +7,50 @@ and must pickle cheaply.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+
+#: Pooling kinds: PyTorch's max_pool2d and avg_pool2d (count_include_pad, floor mode, as
+#: nn.MaxPool2d and nn.AvgPool2d default to), and adaptive_avg_pool2d to a square.
+POOL_KINDS = ("max", "avg", "adaptive_avg")
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pooling over each channel apart: ``window``/``stride``/``padding`` as
+    nn.MaxPool2d's and nn.AvgPool2d's; for ``adaptive_avg`` the output's side is
+    ``window`` (nn.AdaptiveAvgPool2d(window))."""
+
+    kind: str = "max"
+    window: int = 2
+    stride: int = 2
+    padding: int = 0
+
+    def out_size(self, size: int) -> int:
+        if self.kind == "adaptive_avg":
+            return self.window
+        return (size + 2 * self.padding - self.window) // self.stride + 1
 
 
 @dataclass(frozen=True)
 class ConvLayerSpec:
-    """One convolutional layer: conv -> ReLU -> max-pool (pool 1 means no pooling)."""
+    """One conv layer and what follows it on the same channels, in this order:
+    conv (``stride``, ``padding``, a bias or none) -> batch norm (training mode) ->
+    + the output of layer ``residual`` (a residual block's shortcut) -> ReLU -> each
+    pooling of ``pooling``.
+
+    Everything after the conv works channel by channel, which is why a kernel split
+    carries it with no exchange: a worker that holds kernels [a, b) holds the batch
+    norm, the sum and the pooling of channels [a, b) too (docs/methods.md).
+
+    ``pool`` is the paper's family's shorthand (a max-pool whose window equals its
+    stride; 1: none); ``pools``, when given, replaces it with any poolings. ``source``
+    is the layer whose output the conv reads (None: the layer before; -1: the
+    images), so that a residual block's shortcut can read the block's input. ``name``
+    and ``bn_name`` are the conv's and batch norm's module names in the plain-PyTorch
+    network (their state_dict prefixes, e.g. ``layer1.0.conv1``); `NetworkSpec`
+    fills them in for the paper's family.
+    """
 
     in_channels: int
     kernels: int
@@ -21,22 +59,56 @@ class ConvLayerSpec:
     pool: int = 2
     in_height: int = 32
     in_width: int = 32
+    stride: int = 1
+    bias: bool = True
+    batch_norm: bool = False
+    relu: bool = True
+    pools: tuple[PoolSpec, ...] | None = None
+    source: int | None = None
+    residual: int | None = None
+    name: str = ""
+    bn_name: str = ""
+
+    @property
+    def pooling(self) -> tuple[PoolSpec, ...]:
+        """The poolings after the ReLU, in order."""
+        if self.pools is not None:
+            return self.pools
+        return (PoolSpec("max", self.pool, self.pool),) if self.pool > 1 else ()
+
+    @property
+    def plain(self) -> bool:
+        """Whether the layer is of the paper's family (stride-1 conv with a bias, ReLU,
+        at most one max-pool whose window is its stride, fed by the layer before):
+        the fast path of the shards and what the performance model prices."""
+        pools = self.pooling
+        simple_pool = not pools or (len(pools) == 1 and pools[0].kind == "max"
+                                    and pools[0].window == pools[0].stride
+                                    and pools[0].padding == 0)
+        return (self.stride == 1 and self.bias and not self.batch_norm and self.relu
+                and simple_pool and self.source is None and self.residual is None)
 
     @property
     def conv_height(self) -> int:
-        return self.in_height + 2 * self.padding - self.kernel_size + 1
+        return (self.in_height + 2 * self.padding - self.kernel_size) // self.stride + 1
 
     @property
     def conv_width(self) -> int:
-        return self.in_width + 2 * self.padding - self.kernel_size + 1
+        return (self.in_width + 2 * self.padding - self.kernel_size) // self.stride + 1
 
     @property
     def out_height(self) -> int:
-        return self.conv_height // self.pool
+        size = self.conv_height
+        for pool in self.pooling:
+            size = pool.out_size(size)
+        return size
 
     @property
     def out_width(self) -> int:
-        return self.conv_width // self.pool
+        size = self.conv_width
+        for pool in self.pooling:
+            size = pool.out_size(size)
+        return size
 
     def macs(self, batch: int, kernels: int) -> int:
         """Multiply-accumulates of the forward convolution of `kernels` kernels."""
@@ -46,32 +118,89 @@ class ConvLayerSpec:
 
 @dataclass(frozen=True)
 class NetworkSpec:
-    """A CNN: a stack of conv layers, then flatten -> dense layers -> class logits.
+    """A CNN: conv layers (a chain, or a graph of residual blocks), then flatten ->
+    dense layers -> class logits.
 
-    `sequential_indices` gives the position of every parameterised module in the
-    equivalent `torch.nn.Sequential`, which is how checkpoints name their arrays
-    (e.g. ``"0.weight"``) so that plain PyTorch can load them.
+    Names: every conv and batch norm carries its module name in the plain-PyTorch
+    network (`tasks/network.py`), the checkpoints' keys; ``dense_names`` are the dense
+    layers'. Left empty they are the equivalent `torch.nn.Sequential`'s indices
+    (``"0.weight"``, the paper's family). ``dropout[j]`` is the dropout probability on
+    dense layer j's input (empty: none). ``init`` names the initialisation:
+    ``pytorch`` (the modules' defaults), ``vgg`` or ``resnet`` (torchvision's).
     """
 
     conv: tuple[ConvLayerSpec, ...]
     hidden: tuple[int, ...] = ()
     classes: int = 10
     dtype: str = "float32"
+    dense_names: tuple[str, ...] = ()
+    dropout: tuple[float, ...] = ()
+    init: str = "pytorch"
+    preset: str = ""
+
+    def __post_init__(self) -> None:
+        if self.conv and not self.conv[0].name:
+            object.__setattr__(self, "conv", _sequential_names(self.conv))
+        if not self.dense_names:
+            object.__setattr__(self, "dense_names",
+                               tuple(str(i) for i in self.dense_module_indices()))
+        check_network(self)
 
     @property
     def flat_features(self) -> int:
         last = self.conv[-1]
         return last.kernels * last.out_height * last.out_width
 
+    @property
+    def plain(self) -> bool:
+        """Whether every layer is of the paper's family (`ConvLayerSpec.plain`) and
+        the dense layers have no dropout."""
+        return all(layer.plain for layer in self.conv) and not any(self.dropout)
+
+    def source(self, layer: int) -> int:
+        """The layer whose output conv layer `layer` reads (-1: the images)."""
+        given = self.conv[layer].source
+        return layer - 1 if given is None else given
+
+    def readers(self, layer: int) -> list[int]:
+        """The conv layers that read the whole output of `layer` (-1: the images)."""
+        return [l for l in range(len(self.conv)) if self.source(l) == layer]
+
+    def adders(self, layer: int) -> list[int]:
+        """The conv layers that add the output of `layer` to theirs (its channels)."""
+        return [l for l, spec in enumerate(self.conv) if spec.residual == layer]
+
+    def tied_groups(self) -> list[list[int]]:
+        """Layers that must share one kernel split, because a residual sum adds their
+        channels one to one: each layer with every layer it adds or is added to."""
+        group = list(range(len(self.conv)))
+
+        def root(l: int) -> int:
+            while group[l] != l:
+                l = group[l]
+            return l
+
+        for l, spec in enumerate(self.conv):
+            if spec.residual is not None:
+                group[root(l)] = root(spec.residual)
+        groups: dict[int, list[int]] = {}
+        for l in range(len(self.conv)):
+            groups.setdefault(root(l), []).append(l)
+        return sorted(groups.values())
+
+    def conv_keys(self) -> list[str]:
+        """Each conv layer's module name (its state_dict prefix)."""
+        return [layer.name for layer in self.conv]
+
     def conv_module_index(self, layer: int) -> int:
-        """Index of conv layer `layer` in the equivalent nn.Sequential."""
+        """Index of conv layer `layer` in the paper family's nn.Sequential."""
         index = 0
         for previous in self.conv[:layer]:
-            index += 3 if previous.pool > 1 else 2
+            index += 2 + len(previous.pooling)
         return index
 
     def dense_module_indices(self) -> list[int]:
-        """Indices of the Linear modules in the equivalent nn.Sequential."""
+        """Indices of the Linear modules in the paper family's nn.Sequential."""
         index = self.conv_module_index(len(self.conv)) + 1  # +1 for Flatten
         indices = []
         for _ in self.hidden:
@@ -79,6 +208,47 @@ class NetworkSpec:
             index += 2  # Linear, ReLU
         indices.append(index)
         return indices
+
+    def dense_dropout(self, j: int) -> float:
+        return self.dropout[j] if j < len(self.dropout) else 0.0
+
+
+def _sequential_names(conv: tuple[ConvLayerSpec, ...]) -> tuple[ConvLayerSpec, ...]:
+    """The layers named by their index in the paper family's nn.Sequential."""
+    named, index = [], 0
+    for layer in conv:
+        named.append(replace(layer, name=str(index)))
+        index += 2 + len(layer.pooling)
+    return tuple(named)
+
+
+def check_network(network: NetworkSpec) -> None:
+    """Raise ValueError where the layers do not fit together: a source or residual
+    that is not an earlier layer, channels or sizes that do not match."""
+    for l, layer in enumerate(network.conv):
+        source = network.source(l)
+        if not -1 <= source < l:
+            raise ValueError(f"conv layer {l}: its input must be an earlier layer, "
+                             f"got {source}")
+        if source >= 0:
+            before = network.conv[source]
+            if (before.kernels, before.out_height, before.out_width) != (
+                    layer.in_channels, layer.in_height, layer.in_width):
+                raise ValueError(f"conv layer {l}: its input {layer.in_channels}x"
+                                 f"{layer.in_height}x{layer.in_width} is not layer "
+                                 f"{source}'s output")
+        if layer.conv_height < 1 or layer.conv_width < 1 or layer.out_height < 1 \
+                or layer.out_width < 1:
+            raise ValueError(f"conv layer {l}: the input {layer.in_height}x"
+                             f"{layer.in_width} is too small for its kernel and pooling")
+        if layer.residual is not None:
+            if not 0 <= layer.residual < l:
+                raise ValueError(f"conv layer {l}: the residual must be an earlier layer")
+            added = network.conv[layer.residual]
+            if (added.kernels, added.out_height, added.out_width) != (
+                    layer.kernels, layer.conv_height, layer.conv_width):
+                raise ValueError(f"conv layer {l}: layer {layer.residual}'s output does "
+                                 "not match its channels and size")
 
 
 @dataclass(frozen=True)
@@ -113,6 +283,7 @@ class Arithmetic:
     optimizer: OptimizerSpec
     conv_lr_scale: float = 1.0
     check_replicas: bool = False
+    seed: int = 0  # the run's: dropout masks are drawn from it (tasks/network.py)
 
     def conv_optimizer(self) -> OptimizerSpec:
         o = self.optimizer

@@ -36,7 +36,7 @@ from pipeline.strategies import STRATEGIES, Strategy, register
 from storage import checkpoints
 from storage.datasets import read_batch
 from tasks.layout import StepOp
-from tasks.network import build_sequential
+from tasks.network import build_network
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.run_state import WorkerSide
 from tests.helpers import (max_relative_error, plain_pytorch_sequential, scheduler_args,
@@ -74,7 +74,7 @@ class ToyWork:
 
 def toy_load(layout: ToyLayout, me: int, network, checkpoint_path: str, step: int,
              arithmetic, device: str) -> ToyWork:
-    model = build_sequential(network)
+    model = build_network(network)
     weights = checkpoints.read_tensors(checkpoint_path, step, "weights")
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     optimizer = make_sgd(model.parameters(), arithmetic.optimizer)

@@ -18,39 +18,8 @@ from pipeline.config.cluster_config import (ClusterConfig, JobGroupConfig, Jobqu
 from pipeline.config.schema import (ConfigError, FieldError, check_range, described, from_dict,
                                     load_yaml, parse_override, set_dotted)
 from storage.private import default_workspace_root
-from tasks.specs import ConvLayerSpec, NetworkSpec, OptimizerSpec
-
-
-@dataclass
-class ConvLayerConfig:
-    kernels: int = described(doc="the layer's kernels (output channels)")
-    size: int = described(5, "the kernel's height and width")
-    padding: int = described(2, "zeros added on each side of the input")
-    pool: int = described(2, "the max-pool's window and stride after the ReLU (1: none)")
-
-    def __post_init__(self) -> None:
-        for name in ("kernels", "size", "pool"):
-            check_range(self, name, low=1)
-        check_range(self, "padding", low=0)
-
-
-@dataclass
-class NetworkConfig:
-    conv: list[ConvLayerConfig] = described(
-        factory=lambda: [ConvLayerConfig(32), ConvLayerConfig(64)],
-        doc="the conv layers, in order (conv, ReLU, max-pool each)")
-    hidden: list[int] = described(factory=list, doc="the dense head's hidden layers' widths")
-    classes: int = described(10, "the dense head's outputs")
-    dtype: Literal["float32", "float64"] = described("float32", "the weights' and "
-                                                     "activations' precision")
-
-    def __post_init__(self) -> None:
-        if not self.conv:
-            raise FieldError("conv", "at least one conv layer is needed")
-        for index, width in enumerate(self.hidden):
-            if width < 1:
-                raise FieldError(f"hidden.{index}", f"expected an integer >= 1, got {width}")
-        check_range(self, "classes", low=1)
+from pipeline.config.network_config import NetworkConfig
+from tasks.specs import NetworkSpec, OptimizerSpec
 
 
 @dataclass
@@ -316,20 +285,7 @@ class RunConfig:
 
     def network_spec(self, image_shape: tuple[int, int, int]) -> NetworkSpec:
         """The network's shapes, given the dataset's (channels, height, width)."""
-        channels, height, width = image_shape
-        layers = []
-        for layer in self.network.conv:
-            spec = ConvLayerSpec(channels, layer.kernels, layer.size, layer.padding,
-                                 layer.pool, height, width)
-            if spec.out_height < 1 or spec.out_width < 1:
-                raise ConfigError(
-                    f"network.conv.{len(layers)}: the image is only {height}x{width} here, "
-                    "too small for this kernel/pool"
-                )
-            layers.append(spec)
-            channels, height, width = spec.kernels, spec.out_height, spec.out_width
-        return NetworkSpec(tuple(layers), tuple(self.network.hidden),
-                           self.network.classes, self.network.dtype)
+        return self.network.spec(image_shape)
 
     def channel_quanta(self, network: NetworkSpec) -> list[int]:
         """The chunk quantum of every conv layer (see WorkspaceConfig)."""
@@ -365,6 +321,9 @@ def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConf
         if text.startswith("name=") and len(text) > len("name=''") + NAME_MAX:
             raise FieldError("name", name_problem(text[len("name="):]) or "")  # unparsed
         key, value = parse_override(text)
+        if key == "network.preset" and isinstance(data.get("network"), dict):
+            for replaced in ("conv", "layers", "hidden"):  # the preset is the network
+                data["network"].pop(replaced, None)
         set_dotted(data, key, value)
     return from_dict(RunConfig, data)
 

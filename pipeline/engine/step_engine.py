@@ -39,7 +39,7 @@ from storage.private import default_workspace_root
 from storage.space import writing
 from tasks import step_task
 from tasks.layout import Layout, exchange_slots
-from tasks.network import checkpoint_row_chunks, parameter_shapes
+from tasks.network import checkpoint_row_chunks, checkpoint_shapes
 from tasks.receipts import Receipt
 from tasks.run_state import WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, RunPaths
@@ -192,7 +192,7 @@ class StepEngine:
             self.network,
             checkpoint_row_chunks(self.network, self.config.channel_quanta(self.network)))
         staged = checkpoints.stage_checkpoint(self.paths.checkpoints, self.run_id, done_steps,
-                                              parameter_shapes(self.network), chunks,
+                                              checkpoint_shapes(self.network), chunks,
                                               self.network.dtype)
         futures = [self.runner.submit(step_task.save_run, worker, self.run_id, staged,
                                       done_steps, name=f"save-{done_steps}-w{worker}")

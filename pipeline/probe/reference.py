@@ -20,7 +20,7 @@ from pipeline.probe.robust import estimate
 from pipeline.placement.split import rough_seconds
 from storage.datasets.store import open_dataset_info
 from storage.datasets.reader import read_batch
-from tasks.network import build_sequential
+from tasks.network import build_network
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
 
@@ -87,8 +87,10 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
     input.  The rest (dense head, loss, both passes, and the SGD step over all
     parameters) is the third value.  One row per step after a warm-up.
     """
+    if not network.plain:
+        raise ValueError("the probe times the paper family's layers only")
     torch.manual_seed(0)
-    model = build_sequential(network)
+    model = _sequential(network)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
     blocks, index = [], 0
@@ -152,3 +154,21 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
         for handle in handles:
             handle.remove()
     return [(fwd, bwd, rest) for fwd, bwd, rest, _ in rows]
+
+
+def _sequential(network: NetworkSpec) -> torch.nn.Sequential:
+    """The paper family's network as an nn.Sequential (conv, ReLU, max-pool per layer,
+    flatten, dense): its blocks are module ranges that hooks can time. The weights are
+    `build_network`'s (the same modules made in the same order)."""
+    model = build_network(network)
+    modules: list[torch.nn.Module] = []
+    for layer, conv in zip(network.conv, model.convs):
+        modules += [conv, torch.nn.ReLU()]
+        if layer.pool > 1:
+            modules.append(torch.nn.MaxPool2d(layer.pool))
+    modules.append(torch.nn.Flatten())
+    for j, linear in enumerate(model.linears):
+        modules.append(linear)
+        if j < len(model.linears) - 1:
+            modules.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*modules)

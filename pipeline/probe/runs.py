@@ -46,8 +46,8 @@ import torch
 
 from pipeline.engine.checkpointing import prepare_checkpoints
 from pipeline.cluster.workers import ClusterWorker, all_local
-from pipeline.config.run_config import (ConvLayerConfig, DataConfig, NetworkConfig, RunConfig,
-                                        TrainConfig, WorkspaceConfig)
+from pipeline.config.network_config import ConvLayerConfig, NetworkConfig
+from pipeline.config.run_config import DataConfig, RunConfig, TrainConfig, WorkspaceConfig
 from pipeline.placement.split import Placement, rough_seconds, split_even
 from pipeline.engine.step_engine import RunPlan, StepEngine
 from storage.datasets import open_dataset_info

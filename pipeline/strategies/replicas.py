@@ -123,7 +123,8 @@ class HybridStrategy(DataStrategy):
         """Krizhevsky scaled the conv layers' learning rate with the workers."""
         scaling = config.hybrid.conv_lr_scaling
         scale = {"none": 1.0, "linear": float(workers), "sqrt": math.sqrt(workers)}[scaling]
-        return Arithmetic(config.optimizer_spec(), scale, config.train.check_replicas)
+        return Arithmetic(config.optimizer_spec(), scale, config.train.check_replicas,
+                          config.train.seed)
 
     def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
         assert isinstance(layout, HybridLayout)

@@ -10,14 +10,14 @@ import numpy as np
 import torch
 
 from storage.datasets import read_batch
-from tasks.network import load_sequential
+from tasks.network import load_model
 from tasks.specs import NetworkSpec
 
 
 def test_accuracy(network: NetworkSpec, weights: dict[str, np.ndarray], dataset: str,
                   samples: int, batch: int = 250) -> float:
     """Fraction of the first `samples` test images classified correctly."""
-    model = load_sequential(network, weights).eval()
+    model = load_model(network, weights).eval()
     correct = 0
     with torch.no_grad():
         for start in range(0, samples, batch):

@@ -20,8 +20,8 @@ from pipeline.engine.sampler import step_indices
 from storage import checkpoints
 from storage.datasets import read_batch
 from tasks.memory import current_rss, read_peak, reset_peak
-from tasks.network import load_sequential
-from tasks.optim import momentum_of, restore_momentum, torch_sgd, weights_of
+from tasks.network import checkpoint_shapes, load_model, set_dropout, to_arrays
+from tasks.optim import momentum_of, restore_momentum, torch_sgd
 from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process, release_freed_memory
@@ -36,7 +36,7 @@ class ReferenceTrainer:
         self.config = config
         self.network = network
         self.train_samples = train_samples
-        self.model: nn.Sequential | None = None
+        self.model: nn.Module | None = None
         self.optimizer: torch.optim.SGD | None = None
         self.loss_fn = nn.CrossEntropyLoss()
         self.devices = ["cpu"]
@@ -45,8 +45,8 @@ class ReferenceTrainer:
     def start(self, from_step: int) -> None:
         configure_process(self.config.reference.threads)
         path = self.config.checkpoint_path
-        self.model = load_sequential(self.network,
-                                     checkpoints.read_tensors(path, from_step, "weights"))
+        self.model = load_model(self.network,
+                                checkpoints.read_tensors(path, from_step, "weights"))
         self.optimizer = torch_sgd(self.model.parameters(), self.config.optimizer_spec())
         restore_momentum(self.optimizer, dict(self.model.named_parameters()),
                          checkpoints.read_tensors(path, from_step, "momentum"))
@@ -75,6 +75,7 @@ class ReferenceTrainer:
                 phase.nbytes = images.nbytes + labels.nbytes
             with clock.phase("compute"):
                 self.optimizer.zero_grad(set_to_none=True)
+                set_dropout(self.model, self.config.train.seed, step)
                 loss = self.loss_fn(self.model(torch.from_numpy(images)),
                                     torch.from_numpy(labels))
                 loss.backward()
@@ -89,10 +90,10 @@ class ReferenceTrainer:
         assert self.model is not None and self.optimizer is not None
         path = self.config.checkpoint_path
         named = dict(self.model.named_parameters())
-        checkpoints.create_checkpoint(path, done_steps,
-                                      {k: tuple(v.shape) for k, v in named.items()}, {},
+        checkpoints.create_checkpoint(path, done_steps, checkpoint_shapes(self.network), {},
                                       self.network.dtype)
-        for kind, tensors in (("weights", weights_of(named)),
+        weights = to_arrays(self.model.state_dict(), self.network.dtype)
+        for kind, tensors in (("weights", weights),
                               ("momentum", momentum_of(self.optimizer, named))):
             for key, value in tensors.items():
                 checkpoints.write_slice(path, done_steps, kind, key, 0, value)
