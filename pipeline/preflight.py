@@ -22,7 +22,7 @@ from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
 from pipeline.prediction import network_for
-from pipeline.probe.tables import costmodel_network
+from pipeline.probe.tables import costmodel_network, unpriced
 from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of
@@ -172,7 +172,8 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
     (name, tags, device of each), moved to fit (`move_to_fit`), overflows some
     worker's capacity under the memory model (`constants`). The master is the first
     worker or the one `cluster.master` names; one outside `workers` is left to the
-    split choice, as is a strategy the model does not count."""
+    split choice, as is a strategy the model does not count and a network it does not
+    price (the split choice records that it was not checked)."""
     strategy = strategy_of(config)
     master_wanted = config.cluster.master
     master = next((d for d, (name, tags, _) in enumerate(workers)
@@ -182,8 +183,11 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
     if strategy.one_worker:
         workers, capacities, master = [workers[master]], [capacities[master]], 0
     network = network_for(config)
+    if unpriced(network):
+        return
     counts, quanta = strategy.even_split(config, network, len(workers))
     peaks = split_peaks(strategy, costmodel_network(network), config.train.batch,
                         element_bytes(network.dtype), strategy.split_master(master),
                         [device.startswith("cuda") for _, _, device in workers], constants)
-    move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers])
+    tied = network.tied_groups() if strategy.split_unit == "kernel" else None
+    move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers], tied)

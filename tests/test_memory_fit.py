@@ -18,7 +18,9 @@ from pipeline.costmodel import marques_cifar
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Footprint, Live, fmt_bytes,
                                        retained)
 from pipeline.placement.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
-from pipeline.placement.split import counts_from_shares, split_even
+from pipeline.placement import split_choice
+from pipeline.placement.split import Placement, counts_from_shares, split_even
+from pipeline.prediction import network_for, predict_memory
 from pipeline.run import run_training
 from pipeline.config.schema import FieldError
 from pipeline.strategies import STRATEGIES, strategy_named
@@ -354,3 +356,45 @@ def test_a_run_config_is_predicted_under_the_split_its_run_used():
     assert footprint.per_device[1] > footprint.per_device[0]
     reference = predict_memory(load_run_config("configs/paper.yaml", ["strategy=reference"]))
     assert reference.per_device == peak_memory("reference", PAPER, 32).per_device
+
+
+# Tied layers and networks the memory count does not price ---------------------------------
+
+
+def test_tied_rows_move_together_off_a_device_that_would_overflow():
+    """Rows 0 and 2 are tied (a residual sum adds them): a unit leaves device 0 from
+    both at once, and they stay equal; untied, one row alone would have moved."""
+    weights = [10.0, 1.0, 10.0]  # bytes a kernel of each row holds
+
+    def peaks(counts: list[list[int]]) -> list[float]:
+        return [sum(w * row[d] for w, row in zip(weights, counts)) for d in range(2)]
+
+    counts, capacity = [[8, 8], [8, 8], [8, 8]], [150.0, float("inf")]
+    tied = move_to_fit(counts, [4, 4, 4], capacity, peaks, tied=[[0, 2], [1]])
+    assert tied.counts == [[4, 12], [8, 8], [4, 12]] and tied.moved == 1
+    untied = move_to_fit(counts, [4, 4, 4], capacity, peaks)
+    assert untied.counts[0] != untied.counts[2]
+
+
+def test_memory_checks_skip_a_network_the_count_does_not_price(tmp_path, monkeypatch):
+    """resnet20 (batch norm, residual sums): `--check` with workers far too small
+    passes (the count cannot say), the memory prediction is None, and the split
+    choice records that memory was not checked, and why; never a traceback."""
+    limits = ("cluster.workers=[{name: a, memory_limit: 1MB}, "
+              "{name: b, memory_limit: 1MB}]")
+    status = train_cli.main(["configs/small.yaml", "--check", f"output={tmp_path / 'run'}",
+                             "network.preset=resnet20", "network.width=0.25", limits])
+    assert status == 0
+    config = load_run_config("configs/small.yaml", [f"output={tmp_path / 'run'}",
+                                                    "network.preset=resnet20", limits])
+    assert predict_memory(config) is None
+    network = network_for(config)
+    monkeypatch.setattr(split_choice, "worker_capacities", lambda *_: [1e6, 1e6])
+    even = Placement("even", [split_even(layer.kernels, 2, 4) for layer in network.conv])
+    placed = split_choice.fit_memory(None, config, strategy_named("kernel"), network,
+                                     [], even, [4] * len(network.conv), 0,
+                                     network.tied_groups())
+    assert placed.counts == even.counts
+    assert placed.choice["memory"] == {
+        "note": "not checked: the model prices the paper family's layers only (network "
+                "resnet20 has batch norm, strides, residual sums, other poolings or dropout)"}

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
+from pipeline.config.run_config import build_run_config
+from pipeline.config.schema import ConfigError
+from pipeline.placement import split_choice
 from pipeline.placement.calibrate import alike_groups, pool_points, shard_costs
+from pipeline.placement.ties import (check_tied, choose_tied, group_costs, singleton_groups,
+                                     tied_mismatch)
 from pipeline.cluster.workers import ClusterWorker
 from pipeline.placement.split import (Placement, PlacementError, ShardCost, calibration_kernels,
                                       choose_calibrated, fit_shard_cost, layer_seconds,
                                       predict_split, rough_seconds, split_even, split_minmax,
                                       split_proportional)
 from pipeline.records.summary import left_out_lines
-from tasks.specs import ConvLayerSpec
+from tasks.specs import ConvLayerSpec, NetworkSpec
+from tasks.zoo import build_preset
 
 
 def test_proportional_split_sums_and_keeps_whole_quanta():
@@ -183,3 +190,99 @@ def test_pooled_points_give_alike_workers_one_cost_and_keep_the_measured_ones():
     # a group of one, and workers apart, keep their own points
     assert pool_points(points, [["w0"], ["w1", "w2"]])["w0"] == points["w0"]
     assert pool_points(points, [["w0"], ["w1", "w2"]])["w3"] == points["w3"]
+
+
+# Tied splits: layers a residual sum adds channel by channel share one row --------------
+
+def resnet20(width: float = 0.25) -> NetworkSpec:
+    return build_preset("resnet20", (3, 32, 32), 10, "float32", width, 0.0)
+
+
+def test_a_tied_group_of_three_layers_gets_one_row_from_its_summed_cost():
+    """Layers 0, 1, 2 tied, worker w1 2x, 1x and 3x as slow on them: alone they would
+    take 44/20, 32/32 and 48/16; summed (3 vs 6 per kernel) w1 is half as fast, so the
+    group takes 44/20 everywhere. Layer 3, untied and equal, stays even."""
+    costs = [[ShardCost(0.0, 1.0), ShardCost(0.0, c)] for c in (2.0, 1.0, 3.0, 1.0)]
+    names = ["w0", "w1"]
+    apart = choose_calibrated([64] * 4, costs, [4] * 4, names)
+    assert len({tuple(row) for row in apart.counts[:3]}) > 1  # untied, they differ
+    choice = choose_tied([64] * 4, costs, [4] * 4, names, [[0, 1, 2], [3]])
+    assert choice.counts == [[44, 20], [44, 20], [44, 20], [32, 32]]
+    # predicted on the layers' own costs, so the record's times are the layers'
+    assert choice.predicted[choice.chosen] == predict_split(costs, choice.counts) == 44 + 44 + 60 + 32
+    assert group_costs(costs, [[0, 1, 2], [3]]) == [[ShardCost(0.0, 3.0), ShardCost(0.0, 6.0)],
+                                                    [ShardCost(0.0, 1.0), ShardCost(0.0, 1.0)]]
+    # every layer its own group: the untied choice
+    assert choose_tied([64] * 4, costs, [4] * 4, names, singleton_groups(4)) == apart
+
+
+def test_check_tied_names_the_two_layers_that_differ():
+    network = resnet20()
+    even = [split_even(layer.kernels, 3, 4) for layer in network.conv]
+    check_tied(network, even)  # an even split is tied: same kernels, same quantum
+    untied = [list(row) for row in even]
+    untied[2] = [0, 4, 0]  # layer1.0.conv2, tied to the stem conv1
+    with pytest.raises(PlacementError, match=r"^conv layers conv1 and layer1.0.conv2 .*"
+                                             r"\[4, 0, 0\] and \[0, 4, 0\]$"):
+        check_tied(network, untied)
+
+
+class FakeRunner:
+    """A `TaskRunner` stand-in: the workers calibration times (on two hosts, so that
+    no two are pooled as alike)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.workers = [ClusterWorker(f"tcp://10.0.0.{d + 1}:1", name, "CPU", 1, 1.0, "cpu")
+                        for d, name in enumerate(names)]
+
+
+def test_the_calibrated_split_of_resnet20_is_tied(monkeypatch):
+    """resnet20 from fake timings whose speed ratio between the two workers differs
+    layer by layer (as measured timings do): each layer's own choice would differ
+    inside a residual group; the calibrated placement gives every group one row."""
+    network = resnet20()
+    names = ["w0", "w1"]
+    rng = random.Random(3)
+    rates = {"w0": [1e-3] * len(network.conv),
+             "w1": [1e-3 * rng.choice([0.5, 1.0, 1.7, 3.0]) for _ in network.conv]}
+
+    def fake_calibrate(runner, net, batch, sizes, round_name=""):
+        points = {n: [[[k, 1e-4 + k * rates[n][layer]] for k in sizes[(n, layer)]]
+                      for layer in range(len(net.conv))] for n in names}
+        return points, {n: ("cpu", 1, 1.0) for n in names}
+
+    monkeypatch.setattr(split_choice, "calibrate", fake_calibrate)
+    quanta = [4] * len(network.conv)
+    placement = split_choice.calibrated_kernel_split(FakeRunner(names), network, 16, quanta)
+    groups = [g for g in network.tied_groups() if len(g) > 1]
+    assert groups  # resnet20 has residual groups
+    check_tied(network, placement.counts)
+    for group in groups:
+        assert len({tuple(placement.counts[layer]) for layer in group}) == 1
+    assert any(len(set(row)) > 1 for row in placement.counts)  # not merely even
+    costs = [[ShardCost(1e-4, rates[n][layer]) for n in names] for layer in range(len(quanta))]
+    apart = choose_calibrated([s.kernels for s in network.conv], costs, quanta, names)
+    assert tied_mismatch(network.tied_groups(), apart.counts) is not None  # ties mattered
+
+
+def test_even_placement_is_tied_and_a_recorded_split_that_is_not_is_refused(tmp_path):
+    network = resnet20()
+    workers = FakeRunner(["w0", "w1", "w2"]).workers
+
+    def config(**overrides):
+        return build_run_config({"workspace": {"channel_quantum": 4},
+                                 "network": {"preset": "resnet20", "width": 0.25}},
+                                [f"{k}={v}" for k, v in overrides.items()])
+
+    even = split_choice._kernel_split(None, config(placement="even"), network, workers, "r")
+    check_tied(network, even.counts)
+    recorded = [list(row) for row in even.counts]
+    again = split_choice._kernel_split(None, config(placement="recorded",
+                                                    split_from=json.dumps(recorded)),
+                                       network, workers, "r")
+    assert again.counts == recorded
+    recorded[4] = [0, 4, 0]  # layer1.1.conv2 off its group's row (conv1's)
+    with pytest.raises(ConfigError, match=r"^split_from: conv layers conv1 and layer1.1.conv2"):
+        split_choice._kernel_split(None, config(placement="recorded",
+                                                split_from=json.dumps(recorded)),
+                                   network, workers, "r")

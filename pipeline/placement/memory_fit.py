@@ -81,13 +81,17 @@ def fits(counts: list[list[int]], capacities: Sequence[float], peaks: Peaks) -> 
 
 
 def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequence[float],
-                peaks: Peaks, names: Sequence[str] | None = None) -> Fit:
+                peaks: Peaks, names: Sequence[str] | None = None,
+                tied: Sequence[Sequence[int]] | None = None) -> Fit:
     """`counts` (``[row][device]``, rows of `quanta`-sized units) changed as little as
     the capacities need: while a device overflows, one unit of some row moves from it
     to another device that still fits after taking it, the move leaving the least
-    overflow (then the most room) first. Raises `MemoryRefused` naming the device
-    that cannot be brought within its capacity."""
+    overflow (then the most room) first. The rows of each group of `tied` (layers a
+    residual sum ties, `NetworkSpec.tied_groups`; default: every row alone) are
+    equal and move together, a unit of each at once. Raises `MemoryRefused` naming
+    the device that cannot be brought within its capacity."""
     names = list(names or [f"device {d}" for d in range(len(capacities))])
+    groups = [list(g) for g in tied] if tied else [[r] for r in range(len(counts))]
     current = [list(row) for row in counts]
     shares = [[math.ceil(k / q) for k in row] for row, q in zip(current, quanta)]
     now = peaks(current)
@@ -98,15 +102,18 @@ def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequ
             return Fit(current, now, moved)
         worst = max(over, key=lambda d: (now[d] - capacities[d], -d))
         best: tuple | None = None
-        for r, row in enumerate(shares):
+        for group in groups:
+            r = group[0]
+            row = shares[r]
             if not row[worst]:
                 continue
             for e in range(len(row)):
                 if e == worst:
                     continue
                 trial = [list(x) for x in shares]
-                trial[r][worst] -= 1
-                trial[r][e] += 1
+                for tied_row in group:
+                    trial[tied_row][worst] -= 1
+                    trial[tied_row][e] += 1
                 trial_counts = [counts_from_shares(sum(c), q, sh)
                                 for c, q, sh in zip(current, quanta, trial)]
                 after = peaks(trial_counts)

@@ -19,6 +19,10 @@ emulated on compute only) proportional is already close to the optimum:
 the model's split is predicted a few percent faster, within run-to-run noise
 (``python -m benchmarks.prediction_error placement``); the gain is large where
 per-shard costs do not scale with speed (``tests/test_prediction.py``).
+
+The model prices the paper family's layers only (`pipeline.probe.unpriced`), whose
+layers no residual sum ties: a config asking the model to place another network is
+refused when it is checked (`pipeline.strategies.base.Strategy.check`).
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from typing import Any
 from pipeline.cluster.workers import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import predict, split_kernels_minmax
-from pipeline.placement.split import (ShardCost, align_to_quanta, choose_calibrated, pick_fastest,
+from pipeline.placement.split import (ShardCost, align_to_quanta, pick_fastest,
                                       single_device_splits, split_even)
+from pipeline.placement.ties import tie_counts
 from pipeline.probe import (ClusterProbe, cached_probe, costmodel_network, links_key,
                             probe_workspace_dir)
 from tasks.specs import NetworkSpec
@@ -54,8 +59,7 @@ def calibrated_split(probe: ClusterProbe, active: int) -> list[list[int]]:
     names = [w.name for w in probe.workers[:active]]
     spec = probe.network_spec()
     costs = [[ShardCost(0.0, per_kernel[n][i]) for n in names] for i in range(len(spec.conv))]
-    return choose_calibrated([layer.kernels for layer in spec.conv], costs, probe.quanta,
-                             names).counts
+    return tie_counts(spec, costs, probe.quanta, names).counts
 
 
 def choose_split(probe: ClusterProbe, active: int | None = None) -> dict[str, Any]:

@@ -230,7 +230,16 @@ def choose_calibrated(kernels: list[int], costs: list[list[ShardCost]], quanta: 
                       ) -> SplitChoice:
     """`placement: calibrated`: the even, proportional (seed papers: every worker at
     least one unit, shares by speed), min-max and single-device splits of every layer
-    (``costs[layer][worker]``), predicted by `predict_split`; see `pick_fastest`."""
+    (``costs[layer][worker]``), predicted by `predict_split`; see `pick_fastest`.
+    Layers a residual sum ties are chosen together: pipeline/placement/ties.py."""
+    candidates = calibrated_candidates(kernels, costs, quanta, names)
+    predicted = {name: predict_split(costs, counts) for name, counts in candidates.items()}
+    return pick_fastest(candidates, predicted, tolerance)
+
+
+def calibrated_candidates(kernels: list[int], costs: list[list[ShardCost]],
+                          quanta: list[int], names: list[str]) -> dict[str, list[list[int]]]:
+    """The splits `choose_calibrated` predicts, by name, each ``[layer][worker]``."""
     workers = len(names)
     candidates = {
         "even": [split_even(k, workers, q) for k, q in zip(kernels, quanta)],
@@ -241,8 +250,7 @@ def choose_calibrated(kernels: list[int], costs: list[list[ShardCost]], quanta: 
         candidates["proportional"] = [
             split_proportional(k, [1.0 / c.seconds(k) for c in row], q)
             for k, row, q in zip(kernels, costs, quanta)]
-    predicted = {name: predict_split(costs, counts) for name, counts in candidates.items()}
-    return pick_fastest(candidates, predicted, tolerance)
+    return candidates
 
 
 def calibration_kernels(layer: ConvLayerSpec, batch: int, workers: int, quantum: int,

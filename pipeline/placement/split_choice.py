@@ -31,8 +31,10 @@ from pipeline.costmodel.memory import element_bytes
 from pipeline.placement.memory_fit import (MemoryModel, MemoryRefused, move_to_fit, overflows,
                                            refusal, split_peaks)
 from pipeline.placement.model_placement import model_placement
-from pipeline.placement.split import Placement, SplitChoice, choose_calibrated, split_even
-from pipeline.probe.tables import costmodel_network
+from pipeline.placement.split import (Placement, PlacementError, SplitChoice, choose_calibrated,
+                                      split_even)
+from pipeline.placement.ties import check_tied, tie_counts
+from pipeline.probe.tables import costmodel_network, unpriced
 from pipeline.engine.runner import TaskRunner
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.schema import ConfigError
@@ -50,8 +52,10 @@ def choose_kernel_split(client: Client, config: RunConfig, strategy: MemoryModel
     every worker's memory under `strategy`'s count (`fit_memory`; `master`: the index
     of the worker with the dense head, None where it is not among `workers`)."""
     placement = _kernel_split(client, config, network, workers, run_id)
-    return fit_memory(client, config, strategy, network, workers, placement,
-                      config.channel_quanta(network), master)
+    placement = fit_memory(client, config, strategy, network, workers, placement,
+                           config.channel_quanta(network), master, network.tied_groups())
+    check_tied(network, placement.counts)
+    return placement
 
 
 def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
@@ -63,6 +67,10 @@ def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
         counts = check_recorded(recorded_counts(config, names, "kernel_split"),
                                 [s.kernels for s in layers],
                                 len(workers), "kernel counts for its conv layers", quanta)
+        try:
+            check_tied(network, counts)
+        except PlacementError as untied:
+            raise ConfigError(f"split_from: {untied}") from None
         return Placement("recorded", counts)
     if config.placement == "even" or len(workers) == 1:
         counts = [split_even(s.kernels, len(workers), q) for s, q in zip(layers, quanta)]
@@ -81,7 +89,7 @@ def choose_batch_split(client: Client, config: RunConfig, strategy: MemoryModel,
     (the same choice as kernels, a sample for a kernel) or recorded; kept within
     every worker's memory under `strategy`'s count (`fit_memory`)."""
     placement = _batch_split(client, config, network, workers, run_id)
-    return fit_memory(client, config, strategy, network, workers, placement, [1], None)
+    return fit_memory(client, config, strategy, network, workers, placement, [1], None, [[0]])
 
 
 def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
@@ -105,18 +113,23 @@ def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
 
 def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
                network: NetworkSpec, workers: list[ClusterWorker], placement: Placement,
-               quanta: list[int], master: int | None) -> Placement:
+               quanta: list[int], master: int | None, tied: list[list[int]]) -> Placement:
     """`placement` if every worker's predicted peak (pipeline.costmodel.memory) is
     within its capacity (pipeline.placement.capacity); else the split with units moved to
-    workers with room (`pipeline.placement.memory_fit.move_to_fit`). A recorded split is
-    repeated exactly or refused; a split that fits nowhere is refused
-    (`MemoryRefused`, one line). The capacities and predicted peaks go into the
-    placement's record (``memory``)."""
+    workers with room (`pipeline.placement.memory_fit.move_to_fit`; the rows of each
+    group of `tied` move together). A recorded split is repeated exactly or refused;
+    a split that fits nowhere is refused (`MemoryRefused`, one line). The capacities
+    and predicted peaks go into the placement's record (``memory``); for a network
+    the memory count does not price, a note saying the check was skipped."""
     if not strategy.memory_model:  # a strategy the memory count lacks
         return placement
     capacities = worker_capacities(client, config.cluster, workers)
     if all(c == float("inf") for c in capacities):
         return placement
+    gap = unpriced(network)
+    if gap:
+        return Placement(placement.method, placement.counts, placement.calibration,
+                         {**placement.choice, "memory": {"note": f"not checked: {gap}"}})
     names = [w.name for w in workers]
     peaks = split_peaks(strategy, costmodel_network(network), config.train.batch,
                         element_bytes(network.dtype), master,
@@ -132,7 +145,7 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
             raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst], True))
     else:
         with capacities_explained(config.cluster):
-            fit = move_to_fit(counts, quanta, capacities, peaks, names)
+            fit = move_to_fit(counts, quanta, capacities, peaks, names, tied)
         counts, moved = fit.counts, fit.moved
     record = {"capacity": [None if c == float("inf") else c for c in capacities],
               "predicted_peak": peaks(counts), "units_moved": moved,
@@ -154,7 +167,7 @@ def calibrated_kernel_split(runner: TaskRunner, network: NetworkSpec, batch: int
     groups = alike_groups(runner.workers, kinds)
     pooled = pool_points(points, groups)
     costs = shard_costs(pooled, names, len(kernels))
-    choice = choose_calibrated(kernels, costs, quanta, names)
+    choice = tie_counts(network, costs, quanta, names)
     again = far_from_measured(choice.counts, pooled, names)
     if again:
         extra, _ = calibrate(runner, network, batch,
@@ -164,7 +177,7 @@ def calibrated_kernel_split(runner: TaskRunner, network: NetworkSpec, batch: int
         for (name, layer) in again:
             points[name][layer] += extra[name][layer]
         costs = shard_costs(pool_points(points, groups), names, len(kernels))
-        choice = choose_calibrated(kernels, costs, quanta, names)
+        choice = tie_counts(network, costs, quanta, names)
     return Placement("calibrated", choice.counts, per_unit(costs, names),
                      calibration_record(choice, names, points, groups))
 

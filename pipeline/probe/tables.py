@@ -28,11 +28,40 @@ def network_spec_from_dict(data: dict[str, Any]) -> NetworkSpec:
                        str(data["dtype"]))
 
 
+#: Why the performance and memory models have no figure for a network (one line's core).
+UNPRICED = "the model prices the paper family's layers only"
+
+
+class Unpriced(ValueError):
+    """The network has layers the performance and memory models do not price."""
+
+
+def unpriced(spec: NetworkSpec) -> str:
+    """Why the models cannot price `spec` ("" where they can): they know the paper
+    family's layers only (`NetworkSpec.plain`: stride-1 conv with a bias, ReLU, a
+    max-pool whose window is its stride, no batch norm, residual sum or dropout)."""
+    if spec.plain:
+        return ""
+    what = f"network {spec.preset}" if spec.preset else "this network"
+    return f"{UNPRICED} ({what} has batch norm, strides, residual sums, other poolings " \
+           "or dropout)"
+
+
+def require_priced(spec: NetworkSpec) -> None:
+    """Raise `Unpriced` (one line) for a network the models cannot price: the probe
+    measures, and the models price, the paper family's layers only."""
+    problem = unpriced(spec)
+    if problem:
+        raise Unpriced(problem)
+
+
 def costmodel_network(spec: NetworkSpec) -> Network:
     """The engine's network (conv + ReLU + pool per layer, dense head) for the cost model.
 
-    Layers are named ``conv1``, ``conv2``, ... as the probe's tables are.
+    Layers are named ``conv1``, ``conv2``, ... as the probe's tables are. Raises
+    `Unpriced` for a network with other layers (`unpriced`).
     """
+    require_priced(spec)
     first = spec.conv[0]
     convs = [dict(out_channels=c.kernels, kernel=c.kernel_size, padding=c.padding, pool=c.pool)
              for c in spec.conv]

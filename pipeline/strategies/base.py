@@ -37,14 +37,33 @@ from pipeline.engine.step_engine import RunPlan
 from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, Footprint, MemoryConstants
 from pipeline.placement.split import Placement, split_even
-from pipeline.probe import ClusterProbe, MasterProbe
+from pipeline.probe import ClusterProbe, MasterProbe, unpriced
 from pipeline.config.schema import ConfigError
+from storage.datasets import DatasetError, open_dataset_info
 from tasks.layout import Layout
 from tasks.run_state import WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec
 
 #: Every placement a run config can name (pipeline/placement/split_choice.py).
 PLACEMENTS = ("calibrated", "even", "model", "recorded")
+
+
+def network_for(config: RunConfig) -> NetworkSpec:
+    """The run's network shapes (the dataset's image shape if it exists, else CIFAR's)."""
+    try:
+        shape = open_dataset_info(config.dataset_path).image_shape
+    except DatasetError:
+        shape = (3, 32, 32)
+    return config.network_spec(shape)
+
+
+def refuse_unpriced(config: RunConfig, what: str, instead: str) -> None:
+    """Refuse, in one line naming `what` (e.g. ``placement: 'model'``) and what to
+    use `instead`, a config whose network the performance model cannot price
+    (`pipeline.probe.unpriced`)."""
+    problem = unpriced(network_for(config))
+    if problem:
+        raise ConfigError(f"{what} needs the performance model: {problem}; {instead}")
 
 
 class Strategy:
@@ -79,6 +98,8 @@ class Strategy:
             raise ConfigError(f"placement: {config.placement!r} is not for strategy "
                               f"{self.name!r}, which takes "
                               f"{', '.join(repr(p) for p in self.placements)}")
+        if config.placement == "model":
+            refuse_unpriced(config, "placement: 'model'", "use placement: calibrated")
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
              offered: list[ClusterWorker], run_id: str) -> RunPlan:
