@@ -201,7 +201,8 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
             for layer in network.conv]
     return RunConfig(
         name=f"probe-{uuid.uuid4().hex[:6]}", strategy="kernel", placement="even",
-        network=NetworkConfig(conv, list(network.hidden), network.classes, network.dtype),
+        network=NetworkConfig(conv=conv, hidden=list(network.hidden), classes=network.classes,
+                              dtype=network.dtype),
         data=DataConfig(path=dataset),
         train=TrainConfig(steps=steps, batch=batch, lr=1e-3, warmup_steps=1, eval_samples=0,
                           seed=seed),
