@@ -320,10 +320,13 @@ def test_synthetic_shapes_dtypes_and_balanced_labels(tmp_path, dtype):
         assert np.isfinite(images).all()
 
 
-def test_synthetic_classes_differ_beyond_noise(tmp_path):
-    """Class means are well separated: the data carries a learnable signal."""
+@pytest.mark.parametrize("side", [8, 16, 32])
+def test_synthetic_classes_differ_beyond_noise(tmp_path, side):
+    """Class means are well separated: the data carries a learnable signal, at every
+    image size a config takes."""
     store = str(tmp_path / "s.zarr")
-    create_synthetic_dataset(store, train_samples=400, test_samples=10, classes=4)
+    create_synthetic_dataset(store, train_samples=400, test_samples=10, classes=4,
+                             image_shape=(3, side, side))
     images, labels = _read_all(store, "train")
     means = np.stack([images[labels == k].mean(axis=0) for k in range(4)])
     nearest = np.argmin(((images[:, None] - means[None]) ** 2).sum(axis=(2, 3, 4)), axis=1)

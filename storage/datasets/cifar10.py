@@ -83,6 +83,14 @@ def _parse_batch(raw: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, *CIFAR10_IMAGE_SHAPE), label_array
 
 
+def is_cifar10_folder(folder: str) -> bool:
+    """Whether a folder holds CIFAR-10: its extracted batches (in it or in its
+    ``cifar-10-batches-py``) or its archive."""
+    return os.path.isfile(os.path.join(folder, CIFAR10_ARCHIVE)) or any(
+        os.path.isfile(os.path.join(place, CIFAR10_TRAIN_BATCHES[0]))
+        for place in (folder, os.path.join(folder, CIFAR10_FOLDER)))
+
+
 def _read_cifar_members(source: str) -> tuple[str, dict[str, bytes]]:
     """Locate CIFAR-10 and return (its resolved path, {member name: pickled bytes})."""
     wanted = (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH, CIFAR10_META)
