@@ -463,6 +463,17 @@ def test_ensure_dataset_reuses_matching_store_and_rebuilds_others(tmp_path):
         ensure_dataset("synthetic", store, bogus=1)
 
 
+def test_ensure_dataset_rebuilds_a_store_of_another_image_size(tmp_path):
+    store = str(tmp_path / "s.zarr")
+    assert ensure_dataset("synthetic", store, train_samples=6, test_samples=2,
+                          image_size=16).image_shape == (3, 16, 16)
+    assert ensure_dataset("synthetic", store, train_samples=6, test_samples=2,
+                          image_size=8).image_shape == (3, 8, 8)
+    assert _read_all(store, "train")[0].shape == (6, 3, 8, 8)
+    with pytest.raises(ValueError, match="CIFAR-10 has 10 classes of shape"):
+        ensure_dataset(str(tmp_path / "cifar-10-python.tar.gz"), store, image_size=16)
+
+
 def test_ensure_dataset_imports_cifar(tmp_path):
     batches = _cifar_batches()
     archive = _write_archive(tmp_path / "cifar-10-python.tar.gz", batches)
