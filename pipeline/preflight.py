@@ -21,6 +21,7 @@ from pipeline.cluster.links import link_problem
 from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
+from pipeline.engine.dataset import check_data_source
 from pipeline.prediction import network_for
 from pipeline.probe.tables import costmodel_network, unpriced
 from pipeline.config.schema import ConfigError
@@ -56,7 +57,9 @@ def check_writable_dir(path: str, field: str) -> None:
 
 def check_dataset(config: RunConfig) -> None:
     """The dataset store opens, or can be built where the config says from a source
-    that exists (the store may outlive the archive it was imported from)."""
+    that exists (the store may outlive the archive it was imported from), and the
+    source takes the config's image size and classes."""
+    check_data_source(config)
     path = config.dataset_path
     field = "data.path"
     if os.path.lexists(path):
@@ -65,8 +68,9 @@ def check_dataset(config: RunConfig) -> None:
         return  # a store of other arguments is rebuilt; what is not ours is refused then
     source = config.data.source
     if source != "synthetic" and not os.path.exists(source):
-        raise ConfigError(f"data.source: {source} does not exist (expected 'synthetic' or "
-                          "CIFAR-10's cifar-10-python.tar.gz or its extracted folder)")
+        raise ConfigError(f"data.source: {source} does not exist (expected 'synthetic', a "
+                          "folder of images, or CIFAR-10's cifar-10-python.tar.gz or its "
+                          "extracted folder)")
     check_writable_dir(path, field)
 
 

@@ -85,7 +85,8 @@ class NetworkBuilder:
         pool = PoolSpec(kind, window, window if stride is None else stride, padding)
         last = self.layers[self.tip]
         if kind != "adaptive_avg" and pool.out_size(min(last.out_height, last.out_width)) < 1:
-            raise ValueError(f"a {kind} pool of window {window}: its input is only "
+            raise ValueError(f"the {kind} pool of window {window} after "
+                             f"{last.name or 'a conv layer'}: its input is only "
                              f"{last.out_height}x{last.out_width}")
         self.layers[self.tip] = replace(last, pools=(*last.pooling, pool))
 

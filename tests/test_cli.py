@@ -55,9 +55,12 @@ class CliCluster:
              "--dashboard-address", "127.0.0.1:0"],  # loopback only, as the project's own
             stdout=self.logs, stderr=self.logs, cwd=self.directory))
         deadline = time.monotonic() + 60
-        while not self.scheduler_file.exists() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # the file appears before its text is written
+            text = self.scheduler_file.read_text() if self.scheduler_file.exists() else ""
+            if text.strip():
+                return json.loads(text)["address"]
             time.sleep(0.2)
-        return json.loads(self.scheduler_file.read_text())["address"]
+        raise TimeoutError(f"no scheduler file at {self.scheduler_file} after 60 s")
 
     def stop(self) -> None:
         """Workers first, then the scheduler, SIGKILLed: a test cluster holds nothing to

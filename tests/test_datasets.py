@@ -320,10 +320,13 @@ def test_synthetic_shapes_dtypes_and_balanced_labels(tmp_path, dtype):
         assert np.isfinite(images).all()
 
 
-def test_synthetic_classes_differ_beyond_noise(tmp_path):
-    """Class means are well separated: the data carries a learnable signal."""
+@pytest.mark.parametrize("side", [8, 16, 32])
+def test_synthetic_classes_differ_beyond_noise(tmp_path, side):
+    """Class means are well separated: the data carries a learnable signal, at every
+    image size a config takes."""
     store = str(tmp_path / "s.zarr")
-    create_synthetic_dataset(store, train_samples=400, test_samples=10, classes=4)
+    create_synthetic_dataset(store, train_samples=400, test_samples=10, classes=4,
+                             image_shape=(3, side, side))
     images, labels = _read_all(store, "train")
     means = np.stack([images[labels == k].mean(axis=0) for k in range(4)])
     nearest = np.argmin(((images[:, None] - means[None]) ** 2).sum(axis=(2, 3, 4)), axis=1)
@@ -458,6 +461,17 @@ def test_ensure_dataset_reuses_matching_store_and_rebuilds_others(tmp_path):
     assert zarr.open_group(store, mode="r").attrs["build"]["seed"] == 2
     with pytest.raises(TypeError, match="bogus"):
         ensure_dataset("synthetic", store, bogus=1)
+
+
+def test_ensure_dataset_rebuilds_a_store_of_another_image_size(tmp_path):
+    store = str(tmp_path / "s.zarr")
+    assert ensure_dataset("synthetic", store, train_samples=6, test_samples=2,
+                          image_size=16).image_shape == (3, 16, 16)
+    assert ensure_dataset("synthetic", store, train_samples=6, test_samples=2,
+                          image_size=8).image_shape == (3, 8, 8)
+    assert _read_all(store, "train")[0].shape == (6, 3, 8, 8)
+    with pytest.raises(ValueError, match="CIFAR-10 has 10 classes of shape"):
+        ensure_dataset(str(tmp_path / "cifar-10-python.tar.gz"), store, image_size=16)
 
 
 def test_ensure_dataset_imports_cifar(tmp_path):

@@ -108,8 +108,10 @@ class NetworkConfig:
             if self.layers:
                 return self._custom(image_shape)
         except ValueError as problem:
-            field = "preset" if self.preset is not None else "layers"
-            raise ConfigError(f"network.{field}: {problem}") from None
+            what = f"preset: {self.preset}" if self.preset is not None else "layers: the network"
+            raise ConfigError(f"network.{what} does not fit images of {image_shape[1]}x"
+                              f"{image_shape[2]} ({problem}; data.image_size sets the "
+                              "synthetic images' side)") from None
         return self._paper_family(image_shape)
 
     def _hidden_and_dropout(self) -> tuple[list[int], list[float]]:

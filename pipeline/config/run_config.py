@@ -24,24 +24,37 @@ from tasks.specs import NetworkSpec, OptimizerSpec
 
 @dataclass
 class DataConfig:
-    source: str = described("synthetic", "`synthetic` (a deterministic, learnable "
-                            "CIFAR-shaped set), or a path to `cifar-10-python.tar.gz` / its "
-                            "extracted folder")
+    source: str = described("synthetic", "`synthetic` (a deterministic, learnable set of "
+                            "`image_size` images), a folder of images with one sub-folder "
+                            "per class (PNG, JPEG, BMP, PPM or WebP; `train/` and `test/` "
+                            "or `val/` sub-folders, if present, are the splits), or a path "
+                            "to `cifar-10-python.tar.gz` / its extracted folder")
     path: str | None = described(None, "the dataset's Zarr store, built on first use (null: "
-                                 "`data/<source name>-<counts>-<dtype>.zarr`)")
+                                 "`data/<source name>-<counts>[-<side>px]-<dtype>.zarr`)")
+    image_size: int | None = described(
+        None, "the images' side in pixels, at least 8: synthetic images are drawn at it, "
+        "and an image folder's are resized (shorter side, bilinear) and centre-cropped to "
+        "it (null: 32; CIFAR-10's is 32, and no other value is taken for it)")
     train_samples: int | None = described(None, "training images (null: 5000 synthetic, or "
-                                          "all of CIFAR-10)")
-    test_samples: int | None = described(None, "test images (null: 1000 synthetic, or all of "
-                                         "CIFAR-10)")
-    seed: int = described(0, "the seed of the synthetic set")
+                                          "all of CIFAR-10 or the image folder)")
+    test_samples: int | None = described(
+        None, "test images (null: 1000 synthetic, or all of CIFAR-10 or of an image "
+        "folder's test/ or val/; a folder without them holds out this many images, drawn "
+        "with `seed`, else a sixth of them)")
+    seed: int = described(0, "the seed of the synthetic set, and of the order (and, "
+                          "without test/, the split) of an image folder's images")
 
     SYNTHETIC_DEFAULTS = (5000, 1000)
+    DEFAULT_IMAGE_SIZE = 32
+    MIN_IMAGE_SIZE = 8
 
     def __post_init__(self) -> None:
         if not self.source:
-            raise FieldError("source", "expected 'synthetic' or a path to CIFAR-10, got ''")
+            raise FieldError("source", "expected 'synthetic', a folder of images or a path to "
+                             "CIFAR-10, got ''")
         check_range(self, "train_samples", low=1)
         check_range(self, "test_samples", low=1)
+        check_range(self, "image_size", low=self.MIN_IMAGE_SIZE)
         check_range(self, "seed", low=0)
 
     def sample_counts(self) -> tuple[int | None, int | None]:
@@ -50,6 +63,10 @@ class DataConfig:
             train, test = self.SYNTHETIC_DEFAULTS
             return self.train_samples or train, self.test_samples or test
         return self.train_samples, self.test_samples
+
+    def image_side(self) -> int:
+        """The images' height and width (CIFAR-10's is the default)."""
+        return self.image_size or self.DEFAULT_IMAGE_SIZE
 
 
 @dataclass
@@ -263,12 +280,14 @@ class RunConfig:
         if self.data.path:
             return self.data.path
         train, test = self.data.sample_counts()
+        side = self.data.image_side()
+        size = "" if side == DataConfig.DEFAULT_IMAGE_SIZE else f"-{side}px"
         if self.data.source == "synthetic":
-            return os.path.join(
-                "data", f"synthetic-{train}-{test}-s{self.data.seed}-{self.network.dtype}.zarr")
+            return os.path.join("data", f"synthetic-{train}-{test}-s{self.data.seed}{size}-"
+                                f"{self.network.dtype}.zarr")
         base = os.path.basename(os.path.normpath(self.data.source)).split(".")[0]
         counts = "" if train is None and test is None else f"-{train or 'all'}-{test or 'all'}"
-        return os.path.join("data", f"{base}{counts}-{self.network.dtype}.zarr")
+        return os.path.join("data", f"{base}{counts}{size}-{self.network.dtype}.zarr")
 
     def shared_directories(self) -> list[str]:
         """The absolute directories a run's workers read and write (exchange workspace

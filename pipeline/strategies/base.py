@@ -49,11 +49,13 @@ PLACEMENTS = ("calibrated", "even", "model", "recorded")
 
 
 def network_for(config: RunConfig) -> NetworkSpec:
-    """The run's network shapes (the dataset's image shape if it exists, else CIFAR's)."""
+    """The run's network shapes (the dataset's image shape if it exists, else the
+    config's: RGB images of `data.image_size`)."""
     try:
         shape = open_dataset_info(config.dataset_path).image_shape
     except DatasetError:
-        shape = (3, 32, 32)
+        side = config.data.image_side()
+        shape = (3, side, side)
     return config.network_spec(shape)
 
 

@@ -13,14 +13,14 @@ import os
 import pickle
 import tarfile
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from storage.datasets.store import DatasetError, DatasetInfo
-from storage.datasets.writer import (BlockSource, base_attrs, check_counts, check_dtype,
-                                     check_target, safe_std, shard_rows, write_store)
+from storage.datasets.writer import (base_attrs, check_counts, check_dtype, check_target,
+                                     keep_first, normalised_pixels, pixel_statistics,
+                                     write_store)
 
 CIFAR10_IMAGE_SHAPE = (3, 32, 32)
 CIFAR10_CLASSES = 10
@@ -81,6 +81,14 @@ def _parse_batch(raw: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
         raise DatasetError(f"{where}: b'labels' must be {data.shape[0]} ints in "
                            f"[0, {CIFAR10_CLASSES})")
     return data.reshape(-1, *CIFAR10_IMAGE_SHAPE), label_array
+
+
+def is_cifar10_folder(folder: str) -> bool:
+    """Whether a folder holds CIFAR-10: its extracted batches (in it or in its
+    ``cifar-10-batches-py``) or its archive."""
+    return os.path.isfile(os.path.join(folder, CIFAR10_ARCHIVE)) or any(
+        os.path.isfile(os.path.join(place, CIFAR10_TRAIN_BATCHES[0]))
+        for place in (folder, os.path.join(folder, CIFAR10_FOLDER)))
 
 
 def _read_cifar_members(source: str) -> tuple[str, dict[str, bytes]]:
@@ -160,36 +168,14 @@ def import_cifar10(source: str, path: str, dtype: str = "float32", overwrite: bo
         parts = [_parse_batch(members.pop(name), f"{resolved}:{name}") for name in names]
         images = np.concatenate([p[0] for p in parts])
         labels = np.concatenate([p[1] for p in parts])
-        if keep is not None:
-            if not 0 <= keep <= len(images):
-                raise DatasetError(f"{split}_samples={keep}, but {resolved!r} holds "
-                                   f"{len(images)} {split} samples")
-            images, labels = images[:keep], labels[:keep]
-        return images, labels
+        kept = keep_first(len(images), keep, split, resolved)
+        return images[:kept], labels[:kept]
 
     train = split_arrays(CIFAR10_TRAIN_BATCHES, train_samples, "train")
     test = split_arrays((CIFAR10_TEST_BATCH,), test_samples, "test")
     check_counts(len(train[0]), len(test[0]))
 
-    # Exact per-channel statistics from integer sums (Python ints: no overflow).
-    pixels = train[0].shape[0] * train[0].shape[2] * train[0].shape[3]
-    sums = [int(train[0][:, c].sum(dtype=np.int64)) for c in range(CIFAR10_IMAGE_SHAPE[0])]
-    squares = [int(np.square(train[0][:, c], dtype=np.int64).sum())
-               for c in range(CIFAR10_IMAGE_SHAPE[0])]
-    mean = np.array([s / pixels / 255.0 for s in sums])
-    variance = np.array([(pixels * q - s * s) / (pixels * pixels) / 255.0**2
-                         for s, q in zip(sums, squares)])
-    std = safe_std(variance)
-
-    def blocks_of(images: np.ndarray, labels: np.ndarray) -> BlockSource:
-        def blocks() -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-            shard = shard_rows(len(images))
-            for start in range(0, len(images), shard):
-                block = images[start:start + shard].astype(np.float64) / 255.0
-                yield (start, (block - mean[:, None, None]) / std[:, None, None],
-                       labels[start:start + shard])
-        return blocks
-
+    mean, std = pixel_statistics(train[0])
     attrs = base_attrs("cifar10", resolved, CIFAR10_CLASSES, CIFAR10_IMAGE_SHAPE,
                        len(train[0]), len(test[0]), dtype, mean, std, 1.0 / 255.0,
                        cifar10_build(train_samples, test_samples, dtype))
@@ -197,5 +183,5 @@ def import_cifar10(source: str, path: str, dtype: str = "float32", overwrite: bo
     if names is not None:
         attrs["class_names"] = names
     return write_store(path, overwrite, attrs, CIFAR10_IMAGE_SHAPE, dtype,
-                       {"train": (len(train[0]), blocks_of(*train)),
-                        "test": (len(test[0]), blocks_of(*test))})
+                       {"train": (len(train[0]), normalised_pixels(*train, mean, std)),
+                        "test": (len(test[0]), normalised_pixels(*test, mean, std))})

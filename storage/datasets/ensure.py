@@ -1,8 +1,8 @@
 """Opening a run's dataset: reuse the store at a path if it fits the request, else build it.
 
-Every run names its data as a source (``"synthetic"`` or a CIFAR-10 path) plus build
-arguments, not as a finished store, so that a fresh checkout or a changed config
-just works. This module decides between reusing and rebuilding by comparing the
+Every run names its data as a source (``"synthetic"``, a folder of images or a
+CIFAR-10 path) plus build arguments, not as a finished store, so that a fresh
+checkout or a changed config just works. This module decides between reusing and rebuilding by comparing the
 'build' attribute a store carries with the one the request would write, and
 verifies a reused store whole before the run trusts it.
 """
@@ -17,7 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from storage.datasets.cifar10 import (CIFAR10_CLASSES, CIFAR10_IMAGE_SHAPE, cifar10_build,
-                                      import_cifar10)
+                                      import_cifar10, is_cifar10_folder)
+from storage.datasets.image_folder import (folder_fingerprint, image_folder_build,
+                                           image_folder_classes, import_image_folder)
 from storage.datasets.integrity import verify_dataset
 from storage.datasets.store import DatasetError, DatasetInfo, dataset_attrs, open_dataset_info
 from storage.datasets.synthetic import create_synthetic_dataset, synthetic_build
@@ -26,57 +28,108 @@ from storage.datasets.writer import check_dtype
 log = logging.getLogger(__name__)
 
 
+def source_kind(source: str, recorded: dict[str, Any] | None = None) -> str:
+    """What `source` names: ``synthetic``, ``image_folder`` (a folder that does not hold
+    CIFAR-10) or ``cifar10`` (its archive or folder). A source that is gone is what
+    the store built from it (`recorded`, its 'build') says, else CIFAR-10's archive."""
+    if source == "synthetic":
+        return "synthetic"
+    if os.path.isdir(source):
+        return "cifar10" if is_cifar10_folder(source) else "image_folder"
+    if not os.path.exists(source) and recorded and recorded.get("kind") == "image_folder" \
+            and recorded.get("source") == os.path.abspath(source):
+        return "image_folder"  # the store outlives the folder it was imported from
+    return "cifar10"
+
+
 def ensure_dataset(spec_source: str, path: str, **kwargs: Any) -> DatasetInfo:
     """Open the store at `path` if it was built from the same request, else build it.
 
-    `spec_source` is ``"synthetic"`` (kwargs go to create_synthetic_dataset) or a path
-    to CIFAR-10's archive or folder (kwargs go to import_cifar10; ``seed`` is
-    ignored there and ``classes``/``image_shape`` must match CIFAR-10's). A store
-    built from other arguments is rebuilt in place; a path holding anything other
-    than a dataset store is never replaced. ``overwrite=True`` forces a rebuild.
-    Call this once (on the master): concurrent builders of one path would race.
+    `spec_source` is ``"synthetic"`` (kwargs go to create_synthetic_dataset), a folder
+    of images (import_image_folder; ``classes``, if given, must be its class count)
+    or a path to CIFAR-10's archive or folder (import_cifar10; ``seed`` is ignored
+    there and ``classes``/``image_shape`` must match CIFAR-10's). ``image_size`` is
+    the images' side (None: 32; CIFAR-10's is 32). A store built from other
+    arguments is rebuilt in place; a path holding anything other than a dataset store
+    is never replaced. ``overwrite=True`` forces a rebuild. Call this once (on the
+    master): concurrent builders of one path would race.
     """
     kwargs = dict(kwargs)
     overwrite = bool(kwargs.pop("overwrite", False))
-    if spec_source == "synthetic":
-        builder: Callable[..., DatasetInfo] = create_synthetic_dataset
-        args: tuple[str, ...] = (path,)
-    else:
-        kwargs.pop("seed", None)
-        if kwargs.pop("classes", CIFAR10_CLASSES) != CIFAR10_CLASSES or tuple(
-                kwargs.pop("image_shape", CIFAR10_IMAGE_SHAPE)) != CIFAR10_IMAGE_SHAPE:
-            raise ValueError(f"CIFAR-10 has {CIFAR10_CLASSES} classes of shape "
-                             f"{CIFAR10_IMAGE_SHAPE}; got other classes/image_shape")
-        builder, args = import_cifar10, (spec_source, path)
+    recorded = _recorded_build(path)
+    kind = source_kind(spec_source, recorded)
+    builder, args = _builder(kind, spec_source, path, kwargs)
     try:
         bound = inspect.signature(builder).bind(*args, **kwargs)
     except TypeError as exc:
         raise TypeError(f"ensure_dataset({spec_source!r}): {exc}") from None
     bound.apply_defaults()
-    wanted = _wanted_build(builder, bound.arguments)
+    wanted = _wanted_build(builder, bound.arguments, recorded)
     if not overwrite and os.path.lexists(path):
-        try:
-            attrs = dataset_attrs(path)
-        except DatasetError:
-            attrs = None
-        if attrs is not None and attrs.get("build") == wanted:
+        if recorded == wanted:
             verify_dataset(path)
             return open_dataset_info(path)
         log.info("dataset store %s was built from %s, wanted %s: rebuilding", path,
-                 attrs.get("build") if attrs else "something else", wanted)
+                 recorded or "something else", wanted)
         overwrite = True  # check_target still refuses anything that is not ours
     log.info("building dataset store %s from %s", path, spec_source)
     bound.arguments["overwrite"] = overwrite
     return builder(*bound.args, **bound.kwargs)
 
 
-def _wanted_build(builder: Callable[..., DatasetInfo], arguments: dict[str, Any]) -> dict[str, Any]:
-    """The 'build' attribute a store made from these arguments would carry."""
+def _recorded_build(path: str) -> dict[str, Any] | None:
+    """The 'build' attribute of the store at `path`; None if there is no store of ours."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return dataset_attrs(path).get("build")
+    except DatasetError:
+        return None
+
+
+def _builder(kind: str, source: str, path: str,
+             kwargs: dict[str, Any]) -> tuple[Callable[..., DatasetInfo], tuple[str, ...]]:
+    """The function that builds a store of `kind` and its positional arguments;
+    `kwargs` are turned into its keywords (``image_size``, ``classes`` checked)."""
+    image_size = kwargs.pop("image_size", None)
+    if kind == "synthetic":
+        if image_size is not None:
+            kwargs["image_shape"] = (3, image_size, image_size)
+        return create_synthetic_dataset, (path,)
+    classes = kwargs.pop("classes", None)
+    if kind == "image_folder":
+        found = image_folder_classes(source) if os.path.isdir(source) else None
+        if classes is not None and found is not None and classes != len(found):
+            raise DatasetError(f"{classes} classes asked for, but the image folder {source!r} "
+                               f"has {len(found)} ({', '.join(found)})")
+        if image_size is not None:
+            kwargs["image_size"] = image_size
+        return import_image_folder, (source, path)
+    kwargs.pop("seed", None)
+    side = CIFAR10_IMAGE_SHAPE[1] if image_size is None else image_size
+    if (classes or CIFAR10_CLASSES) != CIFAR10_CLASSES or side != CIFAR10_IMAGE_SHAPE[1] or \
+            tuple(kwargs.pop("image_shape", CIFAR10_IMAGE_SHAPE)) != CIFAR10_IMAGE_SHAPE:
+        raise ValueError(f"CIFAR-10 has {CIFAR10_CLASSES} classes of shape "
+                         f"{CIFAR10_IMAGE_SHAPE}; got other classes/image_shape/image_size")
+    return import_cifar10, (source, path)
+
+
+def _wanted_build(builder: Callable[..., DatasetInfo], arguments: dict[str, Any],
+                  recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The 'build' attribute a store made from these arguments would carry (for an
+    image folder that is gone, the files of the store it left, `recorded`)."""
+    dtype = check_dtype(arguments["dtype"])
     if builder is create_synthetic_dataset:
         build = synthetic_build(arguments["train_samples"], arguments["test_samples"],
                                 list(arguments["image_shape"]), arguments["classes"],
-                                arguments["seed"], check_dtype(arguments["dtype"]))
+                                arguments["seed"], dtype)
+    elif builder is import_image_folder:
+        source = arguments["source"]
+        files = folder_fingerprint(source) if os.path.isdir(source) else \
+            (recorded or {}).get("files", "")
+        build = image_folder_build(source, arguments["image_size"],
+                                   arguments["train_samples"], arguments["test_samples"],
+                                   arguments["seed"], dtype, files)
     else:
-        build = cifar10_build(arguments["train_samples"], arguments["test_samples"],
-                              check_dtype(arguments["dtype"]))
+        build = cifar10_build(arguments["train_samples"], arguments["test_samples"], dtype)
     return json.loads(json.dumps(build))  # the form it takes after a round trip as attrs

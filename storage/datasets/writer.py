@@ -162,6 +162,42 @@ def check_counts(train_samples: int, test_samples: int) -> None:
         raise ValueError(f"test_samples must be >= 0, got {test_samples}")
 
 
+def keep_first(available: int, keep: int | None, split: str, source: str) -> int:
+    """How many samples of a split a cap keeps: all (None) or the first `keep`."""
+    if keep is None:
+        return available
+    if not 0 <= keep <= available:
+        raise DatasetError(f"{split}_samples={keep}, but {source!r} holds {available} "
+                           f"{split} samples")
+    return keep
+
+
+def pixel_statistics(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std of uint8 images (N, C, H, W) scaled to [0, 1], exact:
+    from integer sums (Python ints, so no overflow), whatever the number of images."""
+    pixels = images.shape[0] * images.shape[2] * images.shape[3]
+    sums = [int(images[:, c].sum(dtype=np.int64)) for c in range(images.shape[1])]
+    squares = [int(np.square(images[:, c], dtype=np.int64).sum())
+               for c in range(images.shape[1])]
+    mean = np.array([s / pixels / 255.0 for s in sums])
+    variance = np.array([(pixels * q - s * s) / (pixels * pixels) / 255.0**2
+                         for s, q in zip(sums, squares)])
+    return mean, safe_std(variance)
+
+
+def normalised_pixels(images: np.ndarray, labels: np.ndarray, mean: np.ndarray,
+                      std: np.ndarray) -> BlockSource:
+    """Blocks of uint8 images as stored: ``(pixel / 255 - mean[c]) / std[c]``, a shard
+    at a time (float64 arithmetic, cast to the store's dtype by the writer)."""
+    def blocks() -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        shard = shard_rows(len(images))
+        for start in range(0, len(images), shard):
+            block = images[start:start + shard].astype(np.float64) / 255.0
+            yield (start, (block - mean[:, None, None]) / std[:, None, None],
+                   labels[start:start + shard])
+    return blocks
+
+
 def safe_std(variance: np.ndarray) -> np.ndarray:
     """Per-channel std; a constant channel keeps std 1 so it normalises to zeros."""
     std = np.sqrt(np.maximum(variance, 0.0))
