@@ -28,9 +28,11 @@ from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.axes import value_label
 from experiments.scaling.config import load_scaling_sweep
 from experiments.sweep.config import load_sweep
+from experiments.sweep.measure import predict_only
 from experiments.sweep.points import run_order
 from experiments.sweep.run import run_sweep
 from pipeline.config.schema import ConfigError, load_yaml
+from pipeline.prediction import predict_point
 from pipeline.records.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from tests.helpers import run_main
@@ -265,6 +267,28 @@ def test_dry_run_lists_points_in_run_order(tmp_path, capsys):
     assert "strategy=reference" in lines[0] and "strategy=reference" in lines[2]
     assert "workers=1+0.5" in out and "workers=1+1" in out
     assert not os.path.exists(os.path.join("results", "tiny.zarr"))
+
+
+def test_a_sweep_of_zoo_networks_skips_the_model_and_probes_nothing(tmp_path, capsys,
+                                                                   monkeypatch):
+    """resnet20 and vgg11 points under `CNN_PREDICT_PROBE=auto`: the dry run lists them
+    with no prediction, never probing; `mode: predict`'s point says why it has none."""
+    probed: list[str] = []  # the model's gaps are swallowed: count the probes instead
+    for name in ("cached_master_probe", "probe_for_config"):
+        monkeypatch.setattr(f"pipeline.prediction.{name}",
+                            lambda *_, name=name, **__: probed.append(name))
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "auto")
+    config = write_sweep(tmp_path, str(tmp_path / "unused.zarr"), {
+        "strategy": ["kernel", "reference"], "network.preset": ["resnet20", "vgg11"]},
+        base={"network": {"width": 0.125}})
+    assert sweep_cli.main([config, "--dry-run"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line[:1].isdigit()]
+    assert len(lines) == 4 and all(line.rstrip().endswith("-") for line in lines)
+    assert probed == []
+    point = load_sweep(config).points[0]
+    with pytest.raises(RuntimeError, match=r"no prediction for this point \(the model "
+                                           r"prices the paper family's layers only"):
+        predict_only(point, predict_point)
 
 
 def test_axes_zip_labels_and_cluster_blocks(tmp_path):
