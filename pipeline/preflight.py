@@ -193,5 +193,5 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
     peaks = split_peaks(strategy, costmodel_network(network), config.train.batch,
                         element_bytes(network.dtype), strategy.split_master(master),
                         [device.startswith("cuda") for _, _, device in workers], constants)
-    tied = network.tied_groups() if strategy.split_unit == "kernel" else None
-    move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers], tied)
+    move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers],
+                strategy.tied_rows(network))

@@ -25,6 +25,7 @@ from pipeline.run import run_training
 from pipeline.config.schema import FieldError
 from pipeline.strategies import STRATEGIES, strategy_named
 from storage import checkpoints
+from tasks.zoo import build_preset
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 from tests.test_cli import CliCluster, error_lines, tiny_args
 from tests.test_cli import train as cli_train
@@ -374,6 +375,10 @@ def test_tied_rows_move_together_off_a_device_that_would_overflow():
     assert tied.counts == [[4, 12], [8, 8], [4, 12]] and tied.moved == 1
     untied = move_to_fit(counts, [4, 4, 4], capacity, peaks)
     assert untied.counts[0] != untied.counts[2]
+    # which rows a strategy's split ties: a kernel split's residual groups; no sample's
+    resnet20 = build_preset("resnet20", (3, 32, 32), 10, "float32", 0.25, 0.0)
+    assert strategy_named("kernel").tied_rows(resnet20) == resnet20.tied_groups()
+    assert strategy_named("data").tied_rows(resnet20) is None
 
 
 def test_memory_checks_skip_a_network_the_count_does_not_price(tmp_path, monkeypatch):

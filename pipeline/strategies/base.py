@@ -14,7 +14,8 @@ A strategy says:
   prediction of a run on a probed cluster (`predict_run`), and where the model
   says it cannot run (`infeasible`);
 - its memory per device (`memory_model`, `peak_memory`), what its split divides
-  (`split_unit`: kernels of every conv layer, or samples of the batch) and how the
+  (`split_unit`: kernels of every conv layer, or samples of the batch), which of its
+  rows must stay equal (`tied_rows`: the layers a residual sum ties) and how the
   split is read from a run's summary, from the model's step, or made even
   (`recorded_split`, `split_of_prediction`, `even_split`, `split_master`);
 - how a sweep treats it (`one_worker`, `uses_cluster`), and whether the run
@@ -185,6 +186,13 @@ class Strategy:
         quanta = config.channel_quanta(network)
         return [split_even(layer.kernels, devices, q)
                 for layer, q in zip(network.conv, quanta)], quanta
+
+    def tied_rows(self, network: NetworkSpec) -> list[list[int]] | None:
+        """The rows of its split that must stay equal, and move together when memory
+        moves units (`pipeline.placement.memory_fit.move_to_fit`): the layers a
+        residual sum ties (`NetworkSpec.tied_groups`) where the split is of kernels;
+        None (every row alone) where it is of samples."""
+        return network.tied_groups() if self.split_unit == "kernel" else None
 
     def recorded_split(self, summary: dict[str, Any]) -> list[list[int]] | None:
         """Its split as a run's summary keeps it (`split_key`), in rows; None if none."""
