@@ -289,6 +289,14 @@ def test_a_sweep_of_zoo_networks_skips_the_model_and_probes_nothing(tmp_path, ca
     with pytest.raises(RuntimeError, match=r"no prediction for this point \(the model "
                                            r"prices the paper family's layers only"):
         predict_only(point, predict_point)
+    # `auto` beside a zoo network: that point is not applicable, the others run
+    mixed = write_sweep(tmp_path, str(tmp_path / "unused.zarr"), {
+        "strategy": ["kernel", "auto"], "network.preset": ["marques", "resnet20"]},
+        name="mixed")
+    skips = {tuple(p.labels.values()): p.skip for p in load_sweep(mixed).points}
+    assert skips[("auto", "resnet20")].startswith("strategy: 'auto' needs the performance "
+                                                  "model: the model prices the paper")
+    assert [k for k, why in skips.items() if why] == [("auto", "resnet20")]
 
 
 def test_axes_zip_labels_and_cluster_blocks(tmp_path):

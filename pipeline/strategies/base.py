@@ -60,13 +60,19 @@ def network_for(config: RunConfig) -> NetworkSpec:
     return config.network_spec(shape)
 
 
+class NeedsModel(ConfigError):
+    """The config asks the performance model (`strategy: auto`, `placement: model`)
+    about a network it does not price. A sweep point that combines the two is not
+    applicable rather than a mistake in the sweep (experiments/sweep/config.py)."""
+
+
 def refuse_unpriced(config: RunConfig, what: str, instead: str) -> None:
-    """Refuse, in one line naming `what` (e.g. ``placement: 'model'``) and what to
-    use `instead`, a config whose network the performance model cannot price
-    (`pipeline.probe.unpriced`)."""
+    """Refuse (`NeedsModel`), in one line naming `what` (e.g. ``placement: 'model'``)
+    and what to use `instead`, a config whose network the performance model cannot
+    price (`pipeline.probe.unpriced`)."""
     problem = unpriced(network_for(config))
     if problem:
-        raise ConfigError(f"{what} needs the performance model: {problem}; {instead}")
+        raise NeedsModel(f"{what} needs the performance model: {problem}; {instead}")
 
 
 class Strategy:
