@@ -23,8 +23,9 @@ import os
 import subprocess
 import sys
 
+from benchmarks.nets import NETS, net_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
 def measure(config_path: str, batch: int, steps: int) -> dict[str, float]:
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    config = os.path.join(ROOT, NETS[args.net])
+    config = net_path(args.net)
     if args.child:
         print(json.dumps(measure(config, args.batch, args.steps)))
         return

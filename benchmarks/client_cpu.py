@@ -19,21 +19,19 @@ cluster (`pipeline.cluster.embedded.QUIET`), to compare settings.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 
 import psutil
 
+from benchmarks.nets import NETS, net_path
 from benchmarks.idle_cpu import workers_cpu_seconds
 from pipeline.records import record as records
 from pipeline.cluster.embedded import QUIET
 from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 FIRST = 4  # steps before this one (start-up, warm-up) are left out
 CASES = {"single": ["strategy=single", "cluster.workers=1"],
          **{name: [f"strategy={name}", "cluster.workers=2"]
@@ -55,7 +53,7 @@ def client_cpu_per_step(net: str, batch: int, steps: int, overrides: list[str]) 
     records.RunRecorder.add_step = add_step
     try:
         with tempfile.TemporaryDirectory() as output:
-            config = load_run_config(os.path.join(ROOT, NETS[net]), [
+            config = load_run_config(net_path(net), [
                 f"train.batch={batch}", f"train.steps={steps}", "train.warmup_steps=1",
                 "train.eval_samples=0", "progress=false", "train.checkpoint_every=0",
                 f"output={output}", *overrides])

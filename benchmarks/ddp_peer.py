@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from benchmarks.nets import NETS, net_path
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.sampler import step_indices
 from pipeline.engine.dataset import prepare_dataset
@@ -34,9 +35,7 @@ from tasks.replica_layout import ranges, split_counts
 from tasks.worker_state import configure_process
 from storage.datasets import read_batch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
 def ddp_steps(rank: int, world: int, rendezvous: str, config_path: str, overrides: list[str],
@@ -100,7 +99,7 @@ def measure_ddp(net: str, batch: int, steps: int, workers: int = 2, warmup: int 
     with tempfile.TemporaryDirectory() as folder:
         # daemons: if this process fails, its exit ends the ranks too
         processes = [context.Process(target=_rank, daemon=True, args=(
-            r, workers, rendezvous_file(folder), os.path.join(ROOT, NETS[net]), overrides,
+            r, workers, rendezvous_file(folder), net_path(net), overrides,
             steps, queue)) for r in range(workers)]
         for process in processes:
             process.start()

@@ -34,22 +34,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import tempfile
 from statistics import median
 
+from benchmarks.nets import NETS, net_path
 from benchmarks.ddp_peer import measure_ddp
 from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
 def measure(net: str, batch: int, steps: int, overrides: list[str], workdir: str) -> float:
     """Median step time (warm-up step excluded) of one run."""
-    config = load_run_config(os.path.join(ROOT, NETS[net]), [
+    config = load_run_config(net_path(net), [
         f"train.batch={batch}", f"train.steps={steps}", "train.warmup_steps=1",
         "train.eval_samples=0", "progress=false", "train.checkpoint_every=0",
         f"output={tempfile.mkdtemp(dir=workdir)}", *overrides])

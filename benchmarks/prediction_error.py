@@ -34,6 +34,7 @@ import tempfile
 import time
 from statistics import median
 
+from benchmarks.nets import NETS, net_path
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
@@ -42,16 +43,14 @@ from pipeline.run import run_training
 from pipeline.prediction import network_for, predict_point
 from pipeline.probe import cached_master_probe, cached_probe
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 PROBE_EACH_RUN = False
 SLOW_SPEED = 0.5
 
 
 def config_for(net: str, batch: int, steps: int, warmup: int, workdir: str,
                overrides: list[str]) -> RunConfig:
-    return load_run_config(os.path.join(ROOT, NETS[net]), [
+    return load_run_config(net_path(net), [
         f"train.batch={batch}", f"train.steps={steps}", f"train.warmup_steps={warmup}",
         "train.eval_samples=0", "progress=false", "train.checkpoint_every=0",
         f"output={tempfile.mkdtemp(dir=workdir)}", *overrides])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import time
 from statistics import median
 from typing import Callable
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.nets import NETS, net_path
 from pipeline.config.run_config import load_run_config
 from tasks.conv_shard import ConvShard
 from tasks.dense_head import DenseHead
@@ -35,9 +35,7 @@ from tasks.optim import make_sgd
 from tasks.specs import NetworkSpec, ShardRange
 from tasks.worker_state import configure_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
 def autograd_step(network: NetworkSpec, optimizer, x: torch.Tensor, y: torch.Tensor,
@@ -99,7 +97,7 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true")
     args = parser.parse_args()
     configure_process(1)
-    config = load_run_config(os.path.join(ROOT, NETS[args.net]), [f"train.batch={args.batch}"])
+    config = load_run_config(net_path(args.net), [f"train.batch={args.batch}"])
     network = config.network_spec((3, 32, 32))
     optimizer = config.optimizer_spec()
     generator = torch.Generator().manual_seed(0)

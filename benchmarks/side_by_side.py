@@ -50,8 +50,9 @@ import torch.distributed as dist
 from distributed import Client
 import torch.multiprocessing as mp
 
+from benchmarks.nets import NETS, net_path
 from benchmarks.ddp_peer import ddp_steps, rendezvous_file
-from benchmarks.engine_speedup import NETS, TARGETS, ratio_report, run_order, target_lines
+from benchmarks.engine_speedup import TARGETS, ratio_report, run_order, target_lines
 from pipeline.engine.checkpointing import prepare_checkpoints
 from pipeline.cluster.workers import ClusterWorker, find_workers
 from pipeline.config.run_config import RunConfig, load_run_config
@@ -64,7 +65,6 @@ from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
 from pipeline.cluster.startup import Startup, start_cluster
 from tasks.worker_state import configure_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: ``--one-worker``'s targets: every strategy on one worker within 5 % of the reference.
 ONE_WORKER_TARGETS = [(f"{name} step time / reference 1 thread", "<=", 1.05)
@@ -122,7 +122,7 @@ def run_configs(net: str, batch: int, workers: int, workdir: str) -> Callable[..
             "train.eval_samples=0", "train.steps=1", f"cluster.workers={workers}"]
 
     def config(*overrides: str) -> RunConfig:
-        return load_run_config(os.path.join(ROOT, NETS[net]), [
+        return load_run_config(net_path(net), [
             *base, f"output={tempfile.mkdtemp(dir=workdir)}", *overrides])
     return config
 
@@ -256,7 +256,7 @@ def main() -> None:
             loop_contender(name, config("strategy=reference", f"reference.threads={threads}"))
             for name, threads in (("reference-1-thread", 1), ("reference-2-threads", 2))
             if name in names]
-        contenders += [DDPContender(name, os.path.join(ROOT, NETS[args.net]),
+        contenders += [DDPContender(name, net_path(args.net),
                                     [f"train.batch={args.batch}"], exchange=exchange)
                        for name, exchange in (("ddp-gloo-2", True), (NO_EXCHANGE, False))
                        if name in names]

@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import time
 from statistics import median
 
 import numpy as np
 import torch
 
+from benchmarks.nets import NETS, net_path
 from pipeline.config.run_config import load_run_config
 from tasks.conv_shard import ConvShard
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 from tasks.worker_state import configure_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-NETS = {"paper": "configs/paper.yaml", "small": "configs/small.yaml"}
 
 
 def time_shard(spec: ConvLayerSpec, batch: int, kernels: int, rounds: int) -> list[float]:
@@ -66,7 +64,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    config = load_run_config(os.path.join(ROOT, NETS[args.net]), [f"train.batch={args.batch}"])
+    config = load_run_config(net_path(args.net), [f"train.batch={args.batch}"])
     network = config.network_spec((3, 32, 32))
     layer = max(network.conv, key=lambda spec: spec.macs(args.batch, spec.kernels))
     half = layer.kernels // 2

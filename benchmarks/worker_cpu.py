@@ -25,12 +25,11 @@ import os
 import tempfile
 from statistics import median
 
-from benchmarks.engine_speedup import NETS
+from benchmarks.nets import NETS, net_path
 from benchmarks.side_by_side import DDPContender, engine_contenders, run_configs
 from pipeline.cluster.workers import find_workers
 from pipeline.cluster.startup import Startup, start_cluster
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STRATEGIES = ("single", "kernel", "data", "hybrid")
 DDP = "ddp-gloo-2"
@@ -58,7 +57,7 @@ def main() -> None:
             offered = find_workers(client, shared.cluster)
             names = {w.address: w.name for w in offered}
             contenders = engine_contenders(STRATEGIES, config, client, offered)
-            ddp = DDPContender(DDP, os.path.join(ROOT, NETS[args.net]),
+            ddp = DDPContender(DDP, net_path(args.net),
                                [f"train.batch={args.batch}"])
             for round_ in range(args.rounds):
                 ddp.burst(args.burst)
