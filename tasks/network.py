@@ -58,7 +58,8 @@ class SeededDropout(nn.Module):
         if self.draw is None:
             raise RuntimeError("dropout in training needs set_dropout(model, seed, step)")
         seed, step, rows, batch = self.draw
-        mask = dropout_mask(seed, step, self.layer, (batch, *x.shape[1:]), self.p, x.dtype)
+        whole = batch if batch > 0 else x.shape[0]  # no batch given: x is the whole batch
+        mask = dropout_mask(seed, step, self.layer, (whole, *x.shape[1:]), self.p, x.dtype)
         return x * mask[rows].to(x.device)
 
     def extra_repr(self) -> str:
