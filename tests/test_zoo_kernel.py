@@ -27,7 +27,7 @@ from storage import checkpoints
 from storage.datasets import create_synthetic_dataset, open_dataset_info
 from tasks.conv_shard import make_shard, time_layer
 from tasks.graph_shard import COUNTER, GraphShard, parameter_names
-from tasks.layout import check_tied, exchange_slots, layout_from_counts
+from tasks.layout import check_tied, exchange_slots, layout_from_counts, workspace_bytes
 from tasks.network import pool, to_arrays
 from tasks.specs import ConvLayerSpec, OptimizerSpec, PoolSpec, ShardRange
 from tasks.zoo import build_preset
@@ -230,6 +230,12 @@ def test_kernel_trains_every_preset_as_plain_pytorch(tmp_path, three_worker_clus
     result = _train_and_compare(tmp_path, three_worker_cluster, dataset, preset, width,
                                 placement="recorded", split_from=json.dumps(split))
     assert result.summary["kernel_split"] == split
+    record = result.record  # every worker's workspace bytes are the formula's
+    workers = list(record.worker.values)
+    layout = layout_from_counts(workers, split, workers.index(result.summary["master"]))
+    for w, (read, written) in enumerate(workspace_bytes(layout, network, 8, 8)):
+        np.testing.assert_array_equal(record.read_bytes.isel(worker=w), read)
+        np.testing.assert_array_equal(record.write_bytes.isel(worker=w), written)
 
 
 def test_single_trains_resnet20_as_plain_pytorch(tmp_path, three_worker_cluster,
