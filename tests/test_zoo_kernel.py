@@ -34,9 +34,6 @@ from tasks.zoo import build_preset
 from tests.helpers import max_relative_error, replay_model, tiny_config
 
 TOLERANCE = 1e-10
-#: The channel quantum of the runs: small enough for uneven splits of tiny layers,
-#: large enough that checkpoints are not one Zarr chunk per channel (slow).
-QUANTUM = 2
 POOLS = (PoolSpec("max", 3, 2, 1), PoolSpec("avg", 2, 1, 0), PoolSpec("adaptive_avg", 2))
 
 
@@ -173,7 +170,7 @@ def test_a_block_input_read_by_two_layers_is_read_at_each_readers_first_op():
     assert reads[1].layer == first and reads[2].layer == shortcut
 
 
-def uneven(kernels: int, quantum: int = QUANTUM) -> list[int]:
+def uneven(kernels: int, quantum: int) -> list[int]:
     """An uneven split of a layer's kernels over three workers in whole quanta (the
     last holder's may be short), every worker holding some where there are units."""
     units = -(-kernels // quantum)
@@ -199,10 +196,10 @@ def assert_equal_within_rounding(state: dict[str, np.ndarray], expected: dict[st
         assert error <= bound, f"{key}: |a - b| = {error:.3g}, |b| = {scale:.3g}"
 
 
-PRESETS = {  # preset -> (width, image side)
-    "resnet20": (0.25, 32), "vgg11_bn": (1 / 16, 32), "vgg16": (1 / 16, 32),
-    "alexnet": (1 / 16, 64), "resnet18": (1 / 16, 32), "resnet50": (1 / 16, 32),
-    "marques": (0.02, 32),
+PRESETS = {  # preset -> (width, image side, channel quantum)
+    "resnet20": (0.25, 32, 2), "vgg11_bn": (1 / 16, 32, 2), "vgg16": (1 / 16, 32, 4),
+    "alexnet": (1 / 16, 64, 2), "resnet18": (1 / 16, 32, 4), "resnet50": (1 / 16, 32, 8),
+    "marques": (0.02, 32, 2),
 }
 
 
@@ -219,16 +216,17 @@ def test_kernel_trains_every_preset_as_plain_pytorch(tmp_path, three_worker_clus
                                                      tiny_dataset_factory, side_64_dataset,
                                                      monkeypatch, preset):
     """Three workers, uneven tied splits (recorded), float64: plain PyTorch's numbers."""
-    width, side = PRESETS[preset]
+    width, side, quantum = PRESETS[preset]
     dataset = side_64_dataset if side == 64 else tiny_dataset_factory("float64")
     if side == 64:  # the run takes the store as it is (a config's images are 32 wide)
         monkeypatch.setattr(pipeline.run, "prepare_dataset",
                             lambda config: open_dataset_info(dataset))
     network = build_preset(preset, (3, side, side), 10, "float64", width)
-    split = [uneven(spec.kernels) for spec in network.conv]
+    split = [uneven(spec.kernels, quantum) for spec in network.conv]
     assert any(len(set(row)) > 1 for row in split)
+    assert all(any(row[d] for row in split) for d in range(3))  # no worker left out
     result = _train_and_compare(tmp_path, three_worker_cluster, dataset, preset, width,
-                                placement="recorded", split_from=json.dumps(split))
+                                quantum, placement="recorded", split_from=json.dumps(split))
     assert result.summary["kernel_split"] == split
     record = result.record  # every worker's workspace bytes are the formula's
     workers = list(record.worker.values)
@@ -243,12 +241,12 @@ def test_single_trains_resnet20_as_plain_pytorch(tmp_path, three_worker_cluster,
     """`single`: one worker holds every layer (a block's input gathered once for
     both its readers), no slots."""
     result = _train_and_compare(tmp_path, three_worker_cluster, tiny_dataset_factory("float64"),
-                                "resnet20", PRESETS["resnet20"][0], strategy="single")
+                                "resnet20", *PRESETS["resnet20"][::2], strategy="single")
     assert all(len(row) == 1 for row in result.summary["kernel_split"])
 
 
 def _train_and_compare(tmp_path, cluster, dataset: str, preset: str, width: float,
-                       **overrides):
+                       quantum: int, **overrides):
     """Train `preset` 3 steps of 8 in float64; check the last checkpoint (its keys the
     plain model's; weights, running statistics, counters, momentum) and the losses
     against `replay_model`. The run's result."""
@@ -256,7 +254,7 @@ def _train_and_compare(tmp_path, cluster, dataset: str, preset: str, width: floa
     config = tiny_config(tmp_path, dataset, **{
         "network.preset": preset, "network.width": width, "network.dtype": "float64",
         "data.train_samples": 64, "data.test_samples": 16, "train.eval_samples": 16,
-        "train.steps": 3, "train.batch": 8, "workspace.channel_quantum": QUANTUM,
+        "train.steps": 3, "train.batch": 8, "workspace.channel_quantum": quantum,
         **overrides})
     config.cluster.workers = cluster_config.workers
     register_setup(client, config.cluster)
