@@ -1,12 +1,20 @@
 """One worker's shard of one conv layer: its kernels, their SGD state, its compute.
 
-A shard is the kernels [start, stop) of a conv layer. Its weights, bias and
-momentum live on the worker's device for the whole run (weights never travel in
-kernel-parallel training, docs/methods.md §1). Forward keeps what that step's
-backward needs and no more: the layer input, where the layer's output is positive
-and the pool's indices; the backward runs autograd's own kernels by hand, so the
-arithmetic stays plain PyTorch's bit for bit. Moving tensors in and
-out is the step's business (tasks/step_task.py); this module only computes.
+A shard is the kernels [start, stop) of a conv layer, with everything that follows
+the conv on those channels (batch norm, the residual sum, ReLU, poolings: they work
+channel by channel). Its weights, bias and momentum live on the worker's device for
+the whole run (weights never travel in kernel-parallel training, docs/methods.md §1).
+
+Two kinds (`make_shard` picks): `ConvShard`, the paper family's layer (conv, ReLU,
+a max-pool whose window is its stride), whose forward keeps what that step's
+backward needs and no more (the layer input, where the layer's output is positive
+and the pool's indices) and whose backward runs autograd's own kernels by hand, so
+the arithmetic stays plain PyTorch's bit for bit; and `GraphShard`
+(tasks/graph_shard.py), any other layer (stride, no bias, batch norm in training
+mode, a residual sum, any poolings). Calibration times either as training runs it.
+Moving
+tensors in and out is the step's business (tasks/step_task.py); this module only
+computes.
 """
 
 from __future__ import annotations
@@ -17,29 +25,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tasks.graph_shard import (BN, COUNTER, GraphShard, buffer_names, checkpoint_key,
+                               conv_backward, parameter_names)
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.pooling import max_pool_with_indices
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 from tasks.worker_state import current_profile, release_freed_memory
 
 
-def conv_backward(grad_z: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                  spec: ConvLayerSpec, want: tuple[bool, bool, bool]
-                  ) -> tuple[torch.Tensor | None, ...]:
-    """Input, weight and bias gradients of the conv (those `want` asks for).
-
-    Without autograd: called on a weight that requires grad, the op would record a
-    graph node saving the weight, the input and `grad_z` on its results, and the
-    weight's own gradient pointing back at the weight is a cycle through C++ that
-    Python's collector cannot see. Every calibrated shard then stayed in memory for
-    the worker's life (its weights, gradient, momentum, input and `grad_z`), and each
-    training step kept the last step's inputs and `grad_z` alive.
-    """
-    padding = [spec.padding, spec.padding]
-    with torch.no_grad():
-        return torch.ops.aten.convolution_backward(
-            grad_z, x, weight, [weight.shape[0]], [1, 1], padding, [1, 1], False, [0, 0], 1,
-            want)
+def plain_window(spec: ConvLayerSpec) -> int:
+    """A paper-family layer's max-pool window (= its stride; 1: no pool)."""
+    return spec.pooling[0].window if spec.pooling else 1
 
 
 def relu_pool(z: torch.Tensor, spec: ConvLayerSpec
@@ -47,9 +43,10 @@ def relu_pool(z: torch.Tensor, spec: ConvLayerSpec
     """ReLU in place over the conv output `z` (which then holds the ReLU's output),
     then the max-pool: the pooled output and its indices (None without a pool)."""
     relu = F.relu_(z)
-    if spec.pool <= 1:
+    window = plain_window(spec)
+    if window <= 1:
         return relu, None
-    return max_pool_with_indices(relu, spec.pool)  # PyTorch's results, its faster kernel
+    return max_pool_with_indices(relu, window)  # PyTorch's results, its faster kernel
 
 
 def relu_pool_backward(grad_y: torch.Tensor, positive: torch.Tensor,
@@ -70,7 +67,7 @@ def relu_pool_backward(grad_y: torch.Tensor, positive: torch.Tensor,
     grad = torch.where(positive, grad_y, 0)
     if indices is None:  # no pool: the ReLU's backward alone
         return grad
-    size = [spec.pool] * 2
+    size = [plain_window(spec)] * 2
     return torch.ops.aten.max_pool2d_with_indices_backward(
         grad, grad.new_empty(conv_shape), size, size, [0, 0], [1, 1], False, indices)
 
@@ -92,7 +89,10 @@ class _Saved:
 
 
 class ConvShard:
-    """Kernels [start, stop) of one conv layer, with their optimizer."""
+    """Kernels [start, stop) of one paper-family conv layer, with their optimizer.
+
+    `weights` and `momentum` hold the shard's tensors by name (`parameter_names`,
+    `buffer_names`); `state` gives them back the same way."""
 
     def __init__(self, spec: ConvLayerSpec, shard: ShardRange, key: str,
                  weights: dict[str, np.ndarray], momentum: dict[str, np.ndarray],
@@ -107,8 +107,13 @@ class ConvShard:
     def named(self) -> dict[str, torch.Tensor]:
         return {"weight": self.weight, "bias": self.bias}
 
-    def forward(self, x: torch.Tensor, input_grad: bool) -> torch.Tensor:
+    def checkpoint_key(self, name: str) -> str:
+        return checkpoint_key(self.spec, self.key, name)
+
+    def forward(self, x: torch.Tensor, input_grad: bool,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
         """Conv + ReLU + pool of this shard's kernels; keeps what backward needs."""
+        assert residual is None, "a paper-family layer adds no residual"
         with torch.no_grad():
             z = F.conv2d(x, self.weight, self.bias, padding=self.spec.padding)
             y, indices = relu_pool(z, self.spec)
@@ -139,6 +144,11 @@ class ConvShard:
         saved.grads = (grad_w, grad_b)
         return grad_x
 
+    def residual_gradient(self) -> torch.Tensor | None:
+        """The gradient of the residual term added to this shard's channels (None: the
+        layer adds none), once `input_gradient` ran."""
+        return None
+
     def update(self) -> None:
         """The SGD update with the kernel gradients `input_gradient` computed."""
         saved = self._saved
@@ -155,6 +165,30 @@ class ConvShard:
         """Weights and momentum by parameter name ("weight", "bias"), as numpy."""
         return {"weights": weights_of(self.named()),
                 "momentum": momentum_of(self.optimizer, self.named())}
+
+
+def make_shard(spec: ConvLayerSpec, shard: ShardRange, key: str,
+               weights: dict[str, np.ndarray], momentum: dict[str, np.ndarray],
+               optimizer: OptimizerSpec, device: str) -> ConvShard | GraphShard:
+    """The shard of `spec`'s kernels [start, stop): the paper family's fast path where
+    the layer is of it, the general one otherwise."""
+    kind = ConvShard if spec.plain else GraphShard
+    return kind(spec, shard, key, weights, momentum, optimizer, device)
+
+
+def initial_tensors(spec: ConvLayerSpec, kernels: int, generator: torch.Generator,
+                    dtype: str) -> dict[str, np.ndarray]:
+    """Tensors for a shard of `kernels` kernels that calibration times: small random
+    kernels, zero biases, batch norm at its initialisation."""
+    torch_dtype = getattr(torch, dtype)
+    weights = {"weight": (0.05 * torch.randn(kernels, spec.in_channels, spec.kernel_size,
+                                             spec.kernel_size, generator=generator,
+                                             dtype=torch_dtype)).numpy()}
+    for name in parameter_names(spec)[1:] + buffer_names(spec):
+        one = name in (BN + "weight", BN + "running_var")
+        weights[name] = (np.zeros(1, dtype=dtype) if name == COUNTER
+                         else np.full(kernels, 1.0 if one else 0.0, dtype=dtype))
+    return weights
 
 
 def calibrate_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
@@ -184,19 +218,20 @@ def time_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
                     generator=generator, dtype=torch_dtype).to(profile.device)
     points, rounds = [], []
     for kernels in sizes:
-        weights = {"weight": (0.05 * torch.randn(kernels, spec.in_channels, spec.kernel_size,
-                                                spec.kernel_size, generator=generator,
-                                                dtype=torch_dtype)).numpy(),
-                   "bias": np.zeros(kernels, dtype=dtype)}
-        momentum = {name: np.zeros_like(value) for name, value in weights.items()}
-        shard = ConvShard(spec, ShardRange(0, 0, kernels), "calibration", weights, momentum,
-                          OptimizerSpec(lr=1e-6), profile.device)
+        weights = initial_tensors(spec, kernels, generator, dtype)
+        momentum = {name: np.zeros_like(weights[name]) for name in parameter_names(spec)}
+        shard = make_shard(spec, ShardRange(0, 0, kernels), "calibration", weights, momentum,
+                           OptimizerSpec(lr=1e-6), profile.device)
         grad = torch.ones(batch, kernels, spec.out_height, spec.out_width, dtype=torch_dtype,
                           device=profile.device)
+        residual = None if spec.residual is None else torch.randn(
+            batch, kernels, spec.conv_height, spec.conv_width, generator=generator,
+            dtype=torch_dtype).to(profile.device)
 
         def one_round() -> None:
-            shard.forward(x, input_grad=input_grad)
+            shard.forward(x, input_grad=input_grad, residual=residual)
             shard.input_gradient(grad)
+            shard.residual_gradient()
             shard.update()
 
         times = profile.time_rounds(one_round, repeats)

@@ -1,18 +1,25 @@
 """Kernel-parallel training on a worker: its shards, the dense head, and their ops.
 
 Each op reads its inputs, computes, and hands on its outputs (tasks/layout.py says
-which slots exist; own slices stay in `KernelWork.kept`):
+which slots exist). Own tensors that a later op of the same step on this worker
+needs stay in memory (`KernelWork.kept`), each for as many ops as take it:
 
-- ``conv-forward l``: the layer input is the batch (l = 0, read from the dataset
-  by sample index) or every shard's output of layer l-1 concatenated: its own from
-  memory, the others' from the workspace. Its pooled output stays in memory for its
-  own next op and goes to the workspace only if another worker reads it.
+- ``conv-forward l``: the layer input is the batch (the layer reads the images,
+  read from the dataset by sample index) or the WHOLE output of its source layer,
+  every holder's slice concatenated: its own from memory, the others' from the
+  workspace; where several layers this worker holds read it, the first gathers it
+  and the others reuse it. A layer that adds a residual takes its own channels of
+  that layer's output from memory (tied splits: the same worker holds them). Its
+  output stays in memory for this worker's later ops (readers, adders, the head)
+  and goes to the workspace only if another worker reads it.
 - ``dense-head`` (the master): gathers the last layer's outputs, reads the labels,
   runs forward, loss, backward and SGD, and hands each shard its gradient slice.
-- ``conv-backward l``: takes its channels' gradient (from the head, or the sum of
-  every upper shard's partial input gradient, in shard order), computes pool/ReLU
-  backward and the input and kernel gradients (one call, as autograd), hands the
-  input gradient's slices on to the layer below, then steps SGD.
+- ``conv-backward l``: sums its channels' gradient, in a fixed order: the partial
+  input gradients of each layer reading l (readers in layer order, each reader's
+  holders in worker order), the residual terms' gradients of each layer adding l
+  (local), the head's slice for the last layer; runs the shard's backward (the
+  input and kernel gradients in one call, as autograd), hands the input gradient's
+  slices on to the holders of its source layer, then steps SGD.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import torch
 
 from storage import checkpoints
 from storage.datasets import read_batch, read_labels
-from tasks.conv_shard import ConvShard
+from tasks.conv_shard import ConvShard, make_shard
+from tasks.graph_shard import COUNTER, GraphShard, buffer_names, checkpoint_key, parameter_names
 from tasks.dense_head import DenseHead
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, KernelLayout, StepOp
 from tasks.receipts import TaskClock
@@ -36,10 +44,41 @@ from tasks.specs import Arithmetic, NetworkSpec
 class KernelWork:
     """A worker's work in a kernel-parallel run: its shards and, on the master, the head."""
 
-    shards: dict[int, ConvShard]  # by layer, the layers it holds kernels of
+    shards: dict[int, ConvShard | GraphShard]  # by layer, the layers it holds kernels of
     head: DenseHead | None  # on the master
-    keys: list[str]  # each conv layer's module index in the equivalent nn.Sequential
-    kept: dict[str, torch.Tensor] = field(default_factory=dict)  # own slices between ops
+    keys: list[str]  # each conv layer's module name
+    uses: dict[str, int]  # ops per step on this worker that take each kept tensor
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)  # own tensors between ops
+    left: dict[str, int] = field(default_factory=dict)  # takes left of each kept tensor
+
+    def keep(self, key: str, tensor: torch.Tensor, uses: int = 1) -> None:
+        """Keep `tensor` for the next `uses` takes (none: not kept)."""
+        if uses > 0:
+            self.kept[key], self.left[key] = tensor, uses
+
+    def take(self, key: str) -> torch.Tensor:
+        """A kept tensor, forgotten at its last take."""
+        tensor = self.kept[key]
+        self.left[key] -= 1
+        if not self.left[key]:
+            del self.kept[key], self.left[key]
+        return tensor
+
+
+def kept_uses(layout: KernelLayout, network: NetworkSpec, me: int) -> dict[str, int]:
+    """How many ops of a step on worker `me` take each of its kept tensors:
+    ``act/<l>`` (its own slice of layer l's output: the first of its readers here, each
+    layer adding it, the head for the last layer) and ``input/<l>`` (layer l's whole
+    output, gathered once for every reader of it here; ``input/-1``: the images)."""
+    uses: dict[str, int] = {}
+    last = layout.layers - 1
+    for layer in range(-1, layout.layers):
+        readers = [r for r in network.readers(layer) if me in layout.holders(r)]
+        uses[f"input/{layer}"] = len(readers)
+        if layer >= 0 and me in layout.holders(layer):
+            uses[f"act/{layer}"] = (min(1, len(readers)) + len(network.adders(layer))
+                                    + (layer == last and me == layout.master))
+    return uses
 
 
 def load(layout: KernelLayout, me: int, network: NetworkSpec, checkpoint_path: str, step: int,
@@ -49,15 +88,18 @@ def load(layout: KernelLayout, me: int, network: NetworkSpec, checkpoint_path: s
     keys = network.conv_keys()
     shards = {}
     for layer, row in enumerate(layout.shards):
-        shard = row[me]
+        shard, spec = row[me], network.conv[layer]
         if shard.size:
-            state = {kind: {name: checkpoints.read_slice(checkpoint_path, step, kind,
-                                                         f"{keys[layer]}.{name}", shard.start,
-                                                         shard.stop)
-                            for name in ("weight", "bias")}
-                     for kind in checkpoints.KINDS}
-            shards[layer] = ConvShard(network.conv[layer], shard, keys[layer], state["weights"],
-                                      state["momentum"], optimizer, device)
+            def read(kind: str, name: str) -> np.ndarray:
+                start, stop = (0, 1) if name == COUNTER else (shard.start, shard.stop)
+                return checkpoints.read_slice(checkpoint_path, step, kind,
+                                              checkpoint_key(spec, keys[layer], name),
+                                              start, stop)
+            params = parameter_names(spec)
+            weights = {name: read("weights", name) for name in params + buffer_names(spec)}
+            momentum = {name: read("momentum", name) for name in params}
+            shards[layer] = make_shard(spec, shard, keys[layer], weights, momentum, optimizer,
+                                       device)
     head = None
     if me == layout.master:  # the dense layers' tensors only, not the whole network's
         dense = {f"{name}.{tensor}" for name in network.dense_names
@@ -66,16 +108,20 @@ def load(layout: KernelLayout, me: int, network: NetworkSpec, checkpoint_path: s
                          checkpoints.read_tensors(checkpoint_path, step, "weights", dense),
                          checkpoints.read_tensors(checkpoint_path, step, "momentum", dense),
                          device, arithmetic.seed)
-    return KernelWork(shards, head, keys)
+    return KernelWork(shards, head, keys, kept_uses(layout, network, me))
 
 
 def save(work: KernelWork, me: int, checkpoint_path: str, step: int) -> None:
-    """Write this worker's shards (and the head) into checkpoint `step`."""
+    """Write this worker's shards (and the head) into checkpoint `step`: each tensor's
+    slice of its channels; batch norm's counter (one per layer) by the holder of the
+    first channel."""
     for shard in work.shards.values():
         for kind, tensors in shard.state().items():
             for name, value in tensors.items():
-                checkpoints.write_slice(checkpoint_path, step, kind, f"{shard.key}.{name}",
-                                        shard.shard.start, value)
+                if name == COUNTER and shard.shard.start:
+                    continue
+                checkpoints.write_slice(checkpoint_path, step, kind, shard.checkpoint_key(name),
+                                        0 if name == COUNTER else shard.shard.start, value)
     if work.head is not None:
         for kind, tensors in work.head.state().items():
             for key, value in tensors.items():
@@ -85,22 +131,37 @@ def save(work: KernelWork, me: int, checkpoint_path: str, step: int) -> None:
 def conv_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                  clock: TaskClock) -> None:
     work: KernelWork = run.work
-    layout: KernelLayout = run.layout
-    layer, last = op.layer, layout.layers - 1
+    layer = op.layer
+    spec = run.network.conv[layer]
     with clock.op(CONV_FORWARD, layer):
-        if layer == 0:
-            with clock.phase("dataset") as phase:
-                images = read_batch(run.paths.dataset, "train", indices)[0]
-                phase.nbytes = images.nbytes
-                x = torch.from_numpy(images).to(run.profile.device)
-        else:
-            x = _gather(run, layer - 1, step, clock)
+        x = _layer_input(run, layer, step, indices, clock)
+        residual = None if spec.residual is None else work.take(f"act/{spec.residual}")
         with clock.phase("compute") as phase:
-            y = work.shards[layer].forward(x, input_grad=layer > 0)
+            y = work.shards[layer].forward(x, input_grad=run.network.source(layer) >= 0,
+                                           residual=residual)
         run.emulate(clock, phase.seconds)
-        if (run.me in layout.holders(layer + 1) if layer < last else run.me == layout.master):
-            work.kept[f"act/{layer}"] = y
+        work.keep(f"act/{layer}", y, work.uses[f"act/{layer}"])
         run.mover.write(f"act/{layer}/{run.me}", step, y, clock)
+
+
+def _layer_input(run: RunState, layer: int, step: int, indices: np.ndarray,
+                 clock: TaskClock) -> torch.Tensor:
+    """Conv layer `layer`'s input: the images, or its source layer's whole output;
+    kept for the other readers of it on this worker."""
+    work: KernelWork = run.work
+    source = run.network.source(layer)
+    key = f"input/{source}"
+    if key in work.kept:
+        return work.take(key)
+    if source < 0:
+        with clock.phase("dataset") as phase:
+            images = read_batch(run.paths.dataset, "train", indices)[0]
+            phase.nbytes = images.nbytes
+            x = torch.from_numpy(images).to(run.profile.device)
+    else:
+        x = _gather(run, source, step, clock)
+    work.keep(key, x, work.uses[key] - 1)
+    return x
 
 
 def dense_head(run: RunState, op: StepOp, step: int, indices: np.ndarray,
@@ -123,7 +184,7 @@ def dense_head(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             shard = layout.shards[last][e]
             part = grad[:, shard.start:shard.stop]
             if e == run.me:
-                work.kept["grad"] = part
+                work.keep("grad", part)
             else:
                 run.mover.write(f"grad/{e}", step, part, clock)
 
@@ -132,28 +193,26 @@ def conv_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                   clock: TaskClock) -> None:
     work: KernelWork = run.work
     layout: KernelLayout = run.layout
-    layer, last = op.layer, layout.layers - 1
+    layer = op.layer
     shard = work.shards[layer]
     with clock.op(CONV_BACKWARD, layer):
-        if layer == last:
-            parts = [work.kept.pop("grad") if run.me == layout.master
-                     else run.mover.read(f"grad/{run.me}", step, clock)]
-        else:
-            parts = [work.kept.pop(f"partial/{layer + 1}") if e == run.me
-                     else run.mover.read(f"partial/{layer + 1}/{e}/{run.me}", step, clock)
-                     for e in layout.holders(layer + 1)]
+        parts = _output_gradients(run, layer, step, clock)
         with clock.phase("compute") as phase:
             grad = parts[0]
-            for part in parts[1:]:  # the reduce-scatter's sum, in shard order
+            for part in parts[1:]:  # the reduce-scatter's sum, in a fixed order
                 grad = grad + part
             input_grad = shard.input_gradient(grad)
+            residual_grad = shard.residual_gradient()
         run.emulate(clock, phase.seconds)
+        if residual_grad is not None:  # for the added layer's backward, here (tied)
+            work.keep(f"residual/{layer}", residual_grad)
+        source = run.network.source(layer)
         if input_grad is not None:  # hand it on first: other workers wait for it
-            for e in layout.holders(layer - 1):
-                below = layout.shards[layer - 1][e]
+            for e in layout.holders(source):
+                below = layout.shards[source][e]
                 part = input_grad[:, below.start:below.stop]
                 if e == run.me:
-                    work.kept[f"partial/{layer}"] = part
+                    work.keep(f"partial/{layer}", part)
                 else:
                     run.mover.write(f"partial/{layer}/{run.me}/{e}", step, part, clock)
         with clock.phase("compute") as phase:
@@ -161,10 +220,30 @@ def conv_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
         run.emulate(clock, phase.seconds)
 
 
+def _output_gradients(run: RunState, layer: int, step: int, clock: TaskClock
+                      ) -> list[torch.Tensor]:
+    """The parts of the gradient of this worker's channels of `layer`'s output, in the
+    order they are summed (module doc)."""
+    work: KernelWork = run.work
+    layout: KernelLayout = run.layout
+    parts = []
+    for reader in run.network.readers(layer):
+        parts += [work.take(f"partial/{reader}") if e == run.me
+                  else run.mover.read(f"partial/{reader}/{e}/{run.me}", step, clock)
+                  for e in layout.holders(reader)]
+    parts += [work.take(f"residual/{adder}") for adder in run.network.adders(layer)]
+    if layer == layout.layers - 1:
+        parts.append(work.take("grad") if run.me == layout.master
+                     else run.mover.read(f"grad/{run.me}", step, clock))
+    if not parts:
+        raise RuntimeError(f"conv layer {layer}: no later layer or head uses its output")
+    return parts
+
+
 def _gather(run: RunState, layer: int, step: int, clock: TaskClock) -> torch.Tensor:
     """Every shard's output of `layer` along channels: own from memory, others' read."""
     work: KernelWork = run.work
-    parts = [work.kept.pop(f"act/{layer}") if e == run.me
+    parts = [work.take(f"act/{layer}") if e == run.me
              else run.mover.read(f"act/{layer}/{e}", step, clock)
              for e in run.layout.holders(layer)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

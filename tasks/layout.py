@@ -15,13 +15,17 @@ Per step of kernel-parallel training (docs/methods.md §1), with ``H(l)`` the wo
 holding kernels of conv layer ``l`` and ``m`` the master (the worker with the dense
 head):
 
-- ``act/<l>/<d>``: shard d's pooled output of layer l, read by the other holders
-  of layer l+1 (the last layer's by the master);
+- ``act/<l>/<d>``: shard d's output of layer l, read by the other holders of every
+  layer that reads l's whole output (l+1 in a chain; a residual block's input is
+  read by its first conv and its shortcut), the last layer's by the master; each
+  reader reads it at the first of its ops that needs it;
 - ``grad/<d>``: the dense head's gradient for shard d's channels of the last layer;
-- ``partial/<l>/<d>/<e>``: shard d's partial input gradient of layer l, only the
-  channels of shard e of layer l-1: the reduce-scatter, summed by its reader e.
+- ``partial/<r>/<d>/<e>``: shard d's partial input gradient of layer r, only the
+  channels of shard e of r's source layer: the reduce-scatter, summed by its reader e.
 
-A worker's own slices never enter the workspace.
+A worker's own slices never enter the workspace. Layers a residual sum ties
+(`NetworkSpec.tied_groups`) must hold the same kernel ranges (`check_tied`): the
+sum and its gradient then stay on each channel's owner.
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ class Slot:
     write_op: StepOp
     readers: tuple[int, ...]
     read_op: StepOp
+    read_ops: tuple[StepOp, ...] = ()  # each reader's, where they differ (else read_op)
+
+    def reads(self) -> list[tuple[int, StepOp]]:
+        """Each reader with the op of it that reads the slot."""
+        ops = self.read_ops or (self.read_op,) * len(self.readers)
+        return list(zip(self.readers, ops, strict=True))
 
     def nbytes(self, itemsize: int) -> int:
         count = 1
@@ -167,37 +177,67 @@ def activation_shape(network: NetworkSpec, layer: int, batch: int, channels: int
     return (batch, channels, spec.out_height, spec.out_width)
 
 
+def check_tied(layout: KernelLayout, network: NetworkSpec) -> None:
+    """Raise ValueError, naming them, where two layers a residual sum ties
+    (`NetworkSpec.tied_groups`) hold different kernel ranges on some worker."""
+    names = network.conv_keys()
+    for group in network.tied_groups():
+        first = layout.shards[group[0]]
+        for layer in group[1:]:
+            row = layout.shards[layer]
+            if [(r.start, r.stop) for r in row] != [(r.start, r.stop) for r in first]:
+                raise ValueError(
+                    f"conv layers {names[group[0]]} and {names[layer]} are added channel "
+                    "by channel (a residual sum) and must share one kernel split, got "
+                    f"{[r.size for r in first]} and {[r.size for r in row]}")
+
+
 def _kernel_slots(layout: KernelLayout, network: NetworkSpec, batch: int) -> list[Slot]:
+    check_tied(layout, network)
     last = layout.layers - 1
     slots: list[Slot] = []
     for layer in range(layout.layers):
+        first_reads = _first_reads(layout, network, layer)
         for d in layout.holders(layer):
-            k = layout.shards[layer][d].size
-            shape = activation_shape(network, layer, batch, k)
-            if layer < last:
-                readers = tuple(e for e in layout.holders(layer + 1) if e != d)
-                read_op = StepOp(CONV_FORWARD, layer + 1)
-            else:
-                readers = () if d == layout.master else (layout.master,)
-                read_op = StepOp(DENSE_HEAD)
-            if readers:
+            shape = activation_shape(network, layer, batch, layout.shards[layer][d].size)
+            reads = [(e, op) for e, op in first_reads.items() if e != d]
+            if reads:
+                ops = tuple(op for _, op in reads)
                 slots.append(Slot(f"act/{layer}/{d}", shape, d, StepOp(CONV_FORWARD, layer),
-                                  readers, read_op))
+                                  tuple(e for e, _ in reads), ops[0],
+                                  ops if len(set(ops)) > 1 else ()))
     for d in layout.holders(last):
         if d != layout.master:
             k = layout.shards[last][d].size
             slots.append(Slot(f"grad/{d}", activation_shape(network, last, batch, k),
                               layout.master, StepOp(DENSE_HEAD), (d,),
                               StepOp(CONV_BACKWARD, last)))
-    for layer in range(1, layout.layers):
-        for d in layout.holders(layer):
-            for e in layout.holders(layer - 1):
+    for reader in range(layout.layers):
+        source = network.source(reader)
+        if source < 0:
+            continue
+        for d in layout.holders(reader):
+            for e in layout.holders(source):
                 if e != d:
-                    k = layout.shards[layer - 1][e].size
+                    k = layout.shards[source][e].size
                     slots.append(Slot(
-                        f"partial/{layer}/{d}/{e}", activation_shape(network, layer - 1, batch, k),
-                        d, StepOp(CONV_BACKWARD, layer), (e,), StepOp(CONV_BACKWARD, layer - 1)))
+                        f"partial/{reader}/{d}/{e}", activation_shape(network, source, batch, k),
+                        d, StepOp(CONV_BACKWARD, reader), (e,), StepOp(CONV_BACKWARD, source)))
     return slots
+
+
+def _first_reads(layout: KernelLayout, network: NetworkSpec, layer: int
+                 ) -> dict[int, StepOp]:
+    """Each worker that reads `layer`'s whole output, in worker order, with its first
+    op that does: the forward of the first reader of it that the worker holds, or
+    (the last layer) the master's dense head."""
+    first: dict[int, StepOp] = {}
+    for reader in network.readers(layer):
+        for e in layout.holders(reader):
+            first.setdefault(e, StepOp(CONV_FORWARD, reader))
+    if layer == layout.layers - 1:
+        first.setdefault(layout.master, StepOp(DENSE_HEAD))
+    return dict(sorted(first.items()))
 
 
 def workspace_bytes(layout: Layout, network: NetworkSpec, batch: int, itemsize: int

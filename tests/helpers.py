@@ -24,7 +24,8 @@ from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
 from pipeline.config.run_config import RunConfig, build_run_config
 from pipeline.cluster.security import write_credentials
 from storage import checkpoints
-from storage.datasets import read_batch
+from storage.datasets import open_dataset_info, read_batch
+from tasks.network import load_model, set_dropout, to_arrays
 
 
 @contextmanager
@@ -95,22 +96,30 @@ def plain_pytorch_sequential(conv_widths: list[int], classes: int, dtype: torch.
     return nn.Sequential(*modules).to(dtype)
 
 
-def _plain_model(config: RunConfig) -> nn.Sequential:
+def _plain_model(config: RunConfig, dataset: str | None = None) -> nn.Module:
+    """The run's network in plain PyTorch holding its step-0 checkpoint: written out
+    by hand for the paper family's `conv` list, the project's plain-PyTorch network
+    (tasks/network.py, loaded strictly) for a preset or a user's own `layers`."""
+    initial = checkpoints.read_tensors(config.checkpoint_path, 0)
+    if config.network.preset is not None or config.network.layers:
+        shape = open_dataset_info(dataset or config.dataset_path).image_shape
+        return load_model(config.network_spec(shape), initial)
     model = plain_pytorch_sequential([c.kernels for c in config.network.conv],
                                      config.network.classes, getattr(torch, config.network.dtype),
                                      hidden=tuple(config.network.hidden))
-    initial = checkpoints.read_tensors(config.checkpoint_path, 0)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in initial.items()})
     return model
 
 
-def replay_in_pytorch(config: RunConfig, dataset: str) -> tuple[dict, list[float]]:
-    """Re-run a training in plain single-process PyTorch from its step-0 checkpoint.
+def replay_model(config: RunConfig, dataset: str
+                 ) -> tuple[nn.Module, torch.optim.SGD, list[float]]:
+    """Re-run a training in plain single-process PyTorch from its step-0 checkpoint:
+    the trained model, its optimizer and the per-step losses.
 
-    Uses the checkpoint's recorded sample indices, so the batches are the same.
-    Returns the final state_dict (numpy) and the per-step losses.
+    Uses the checkpoint's recorded sample indices, so the batches are the same, and
+    each step's dropout masks (`set_dropout` with the run's seed and the step).
     """
-    model = _plain_model(config)
+    model = _plain_model(config, dataset)
     t = config.train
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
                                 weight_decay=t.weight_decay)
@@ -119,12 +128,19 @@ def replay_in_pytorch(config: RunConfig, dataset: str) -> tuple[dict, list[float
     for step in range(t.steps):
         images, labels = read_batch(dataset, "train", indices[step])
         optimizer.zero_grad()
+        set_dropout(model, t.seed, step)
         loss = nn.functional.cross_entropy(model(torch.from_numpy(images)),
                                            torch.from_numpy(labels))
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    return {k: v.detach().numpy() for k, v in model.state_dict().items()}, losses
+    return model, optimizer, losses
+
+
+def replay_in_pytorch(config: RunConfig, dataset: str) -> tuple[dict, list[float]]:
+    """`replay_model`'s final state_dict (numpy, as checkpoints keep it) and losses."""
+    model, _, losses = replay_model(config, dataset)
+    return to_arrays(model.state_dict(), config.network.dtype), losses
 
 
 def replay_hybrid_in_pytorch(config: RunConfig, dataset: str, parts: list[list[int]],

@@ -11,6 +11,7 @@ from tasks.layout import (CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, StepOp, excha
                           layout_from_counts, worker_ops, workspace_bytes)
 from tasks.replica_layout import DataLayout, HybridLayout
 from tasks.specs import ConvLayerSpec, NetworkSpec
+from tasks.zoo import build_preset
 
 F, D, B = CONV_FORWARD, DENSE_HEAD, CONV_BACKWARD
 
@@ -33,6 +34,27 @@ LAYOUTS = {
 }
 
 
+def resnet() -> NetworkSpec:
+    """ResNet-20 at a quarter width: residual sums, shortcuts reading a block's input."""
+    return build_preset("resnet20", (3, 32, 32), 10, "float32", width=0.25)
+
+
+def _by_group(network: NetworkSpec, alone, tied) -> list[list[int]]:
+    """Counts per layer: `alone(k)` for a layer tied to no other, `tied(k)` otherwise."""
+    singles = {g[0] for g in network.tied_groups() if len(g) == 1}
+    return [alone(s.kernels) if l in singles else tied(s.kernels)
+            for l, s in enumerate(network.conv)]
+
+
+#: Layouts of a network with residual blocks (`resnet`), tied splits.
+GRAPH_LAYOUTS = {
+    "resnet, three uneven": (lambda net: _by_group(
+        net, *[lambda k: [k // 4, k // 2, k - k // 4 - k // 2]] * 2), 0),
+    "resnet, block convs apart from the sums": (lambda net: _by_group(
+        net, lambda k: [k, 0, 0], lambda k: [0, k // 2, k - k // 2]), 1),
+}
+
+
 NAMES = ("w0", "w1", "w2")
 REPLICAS = {
     "data, one worker": DataLayout(NAMES[:1], (16,)),
@@ -43,10 +65,15 @@ REPLICAS = {
        for scheme in ("a", "b", "c") for batch in ("full", "worker")},
     "hybrid b, two workers": HybridLayout(NAMES[:2], (9, 7), ((8, 8), (5, 5)), "b"),
 }
-ALL = sorted(LAYOUTS) + sorted(REPLICAS)
+ALL = sorted(LAYOUTS) + sorted(REPLICAS) + sorted(GRAPH_LAYOUTS)
 
 
 def make(case: str):
+    if case in GRAPH_LAYOUTS:
+        counts_of, master = GRAPH_LAYOUTS[case]
+        net = resnet()
+        layout = layout_from_counts(list(NAMES), counts_of(net), master)
+        return layout, exchange_slots(layout, net, batch=16)
     if case in REPLICAS:
         layout = REPLICAS[case]
     else:
@@ -186,7 +213,7 @@ def test_scheduler_sync_tasks_carry_every_edge_as_a_dependency(case):
         if a is not b:
             assert task_after(a, b), edge
     # a task is cut only where its first op reads another worker's slot
-    readers = {(r, s.read_op) for s in slots for r in s.readers}
+    readers = {read for s in slots for read in s.reads()}
     for task in names.values():
         assert all((task.worker, op) not in readers for op in task.ops[1:])
     for task in steps[0]:  # the run's first step waits for no earlier step

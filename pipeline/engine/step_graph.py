@@ -78,11 +78,11 @@ def op_graph(layout: Layout, slots: list[Slot], steps: range) -> tuple[list[OpNo
             edges += [Edge(a, b, "order") for a, b in zip(ops, ops[1:])]
             previous_last[worker] = ops[-1]
         for slot in slots:
-            for reader in slot.readers:
+            for reader, read_op in slot.reads():
                 edges.append(Edge(OpNode(step, slot.writer, slot.write_op),
-                                  OpNode(step, reader, slot.read_op), "data", slot.name))
+                                  OpNode(step, reader, read_op), "data", slot.name))
                 if step + 1 in steps:
-                    edges.append(Edge(OpNode(step, reader, slot.read_op),
+                    edges.append(Edge(OpNode(step, reader, read_op),
                                       OpNode(step + 1, slot.writer, slot.write_op), "reuse",
                                       slot.name))
     return nodes, edges
@@ -108,7 +108,7 @@ def step_tasks(layout: Layout, slots: list[Slot], step: int, sync: Sync,
 
     `first_step` is where the run started: its tasks wait for no earlier step.
     """
-    reading = {(reader, slot.read_op) for slot in slots for reader in slot.readers}
+    reading = {read for slot in slots for read in slot.reads()}
     pieces = {worker: _segments(worker_ops(layout, worker), worker, reading, sync)
               for worker in range(len(layout.workers))}
 
@@ -126,7 +126,8 @@ def step_tasks(layout: Layout, slots: list[Slot], step: int, sync: Sync,
                 elif step > first_step:
                     deps.append(f"step-{step - 1}-w{worker}-{len(worker_pieces) - 1}")
                 deps += [task_of(slot.writer, slot.write_op) for slot in slots
-                         if worker in slot.readers and slot.read_op in piece]
+                         for reader, read_op in slot.reads()
+                         if reader == worker and read_op in piece]
             tasks.append(TaskSpec(f"step-{step}-w{worker}-{index}", step, worker, tuple(piece),
                                   tuple(dict.fromkeys(deps)), -(step * PRIORITY_STRIDE + index)))
     return _in_dependency_order(tasks)

@@ -22,12 +22,12 @@ from pipeline.costmodel.memory import DEFAULT_CONSTANTS, Footprint, MemoryConsta
 from pipeline.costmodel.kernel_memory import kernel_footprint
 from pipeline.costmodel.strategies import MODELS
 from pipeline.placement.model_placement import calibrated_split, choose_split
-from pipeline.placement.split import Placement, split_even
+from pipeline.placement.split import Placement, PlacementError, split_even
 from pipeline.probe import ClusterProbe, MasterProbe
 from pipeline.engine.step_engine import RunPlan
 from pipeline.strategies.base import Strategy
 from tasks.kernel_ops import KERNEL_SIDE
-from tasks.layout import KernelLayout, Layout, layout_from_counts
+from tasks.layout import KernelLayout, Layout, check_tied, layout_from_counts
 from tasks.specs import NetworkSpec
 
 
@@ -55,6 +55,10 @@ class KernelStrategy(Strategy):
         workers = [w for w in workers if w.name not in gone]
         names = [w.name for w in workers]
         layout = layout_from_counts(names, counts, names.index(master_name))
+        try:
+            check_tied(layout, network)
+        except ValueError as problem:
+            raise PlacementError(f"placement {placement.method}: {problem}") from None
         return self.make_plan(config, workers, layout, placement)
 
     def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
