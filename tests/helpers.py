@@ -26,6 +26,7 @@ from pipeline.cluster.security import write_credentials
 from storage import checkpoints
 from storage.datasets import open_dataset_info, read_batch
 from tasks.network import load_model, set_dropout, to_arrays
+from tests.zoo_replay import load_torchvision
 
 
 @contextmanager
@@ -98,10 +99,17 @@ def plain_pytorch_sequential(conv_widths: list[int], classes: int, dtype: torch.
 
 def _plain_model(config: RunConfig, dataset: str | None = None) -> nn.Module:
     """The run's network in plain PyTorch holding its step-0 checkpoint: written out
-    by hand for the paper family's `conv` list, the project's plain-PyTorch network
-    (tasks/network.py, loaded strictly) for a preset or a user's own `layers`."""
+    by hand for the paper family's `conv` list, torchvision's (tests/torchvision_models.py,
+    loaded strictly) for a zoo preset, the project's plain-PyTorch network
+    (tasks/network.py, loaded strictly) for the `marques` preset or a user's own
+    `layers`."""
     initial = checkpoints.read_tensors(config.checkpoint_path, 0)
-    if config.network.preset is not None or config.network.layers:
+    network = config.network
+    if network.preset is not None and network.preset != "marques":  # torchvision's own
+        return load_torchvision(network.preset, network.classes, network.width,
+                                0.5 if network.dropout is None else network.dropout,
+                                initial, network.dtype)
+    if network.preset is not None or network.layers:
         shape = open_dataset_info(dataset or config.dataset_path).image_shape
         return load_model(config.network_spec(shape), initial)
     model = plain_pytorch_sequential([c.kernels for c in config.network.conv],
