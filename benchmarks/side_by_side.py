@@ -23,7 +23,11 @@ second-to-second noise still spreads single rounds wider than the margins, so a
 verdict rests on the interval, which narrows as rounds are added), and the run ends
 with a verdict per target (`engine_speedup.TARGETS`). With
 ``--one-worker`` every strategy runs on one worker against `reference` on one
-thread (the target "on one worker every strategy <= 1.05x reference").
+thread (the target "on one worker every strategy <= 1.05x reference"). With
+``--devices`` the engines' workers are those devices (`cluster.devices`, GPU workers
+first) and the yardstick is plain PyTorch on the first CUDA device among them
+(`torch-gpu`: the reference's loop there, cuDNN's autotuning on as on the workers);
+there is no DDP or CPU reference then, and no target, only the ratios.
 
     python -m benchmarks.side_by_side --net small --batch 128 --rounds 15
     python -m benchmarks.side_by_side --net small --batch 64 --one-worker
@@ -31,6 +35,8 @@ thread (the target "on one worker every strategy <= 1.05x reference").
         --only ddp-gloo-2 kernel data hybrid
     python -m benchmarks.side_by_side --net paper --batch 32 --burst 3 --skip 1 --rounds 10 \\
         --only ddp-gloo-2 replicas-no-exchange-2 data
+    python -m benchmarks.side_by_side --net resnet20 --batch 128 --devices cuda:0 cpu cpu \\
+        --threads 4 --rounds 7 --burst 8
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from multiprocessing.connection import Connection
 from statistics import median
 from typing import Callable, Protocol, Sequence
 
+import torch
 import torch.distributed as dist
 from distributed import Client
 import torch.multiprocessing as mp
@@ -55,6 +62,7 @@ from benchmarks.ddp_peer import ddp_steps, rendezvous_file
 from benchmarks.engine_speedup import TARGETS, ratio_report, run_order, target_lines
 from pipeline.engine.checkpointing import prepare_checkpoints
 from pipeline.cluster.workers import ClusterWorker, find_workers
+from pipeline.config.cluster_config import DEVICE_NAME
 from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.training.loop import Trainer, train_loop
@@ -73,6 +81,9 @@ ONE_WORKER_TARGETS = [(f"{name} step time / reference 1 thread", "<=", 1.05)
 
 #: DDP's ranks without the allreduce: the arithmetic alone on the same cores at once.
 NO_EXCHANGE = "replicas-no-exchange-2"
+
+#: ``--devices``' yardstick: plain PyTorch on the first CUDA device.
+TORCH_GPU = "torch-gpu"
 
 
 class Contender(Protocol):
@@ -114,12 +125,16 @@ class LoopContender:
         self.trainer.close()
 
 
-def run_configs(net: str, batch: int, workers: int, workdir: str) -> Callable[..., RunConfig]:
-    """Makes the contenders' run configs: `net` at `batch` on `workers` workers, no
-    checkpoints but the one at a burst's end, no evaluation, each with an output folder
-    of its own in `workdir`; its arguments are further ``key=value`` overrides."""
+def run_configs(net: str, batch: int, workers: int | list[str], workdir: str,
+                threads: int = 1) -> Callable[..., RunConfig]:
+    """Makes the contenders' run configs: `net` at `batch` on `workers` workers (a
+    count of CPU workers, or one worker per device, each CPU one of `threads` threads),
+    no checkpoints but the one at a burst's end, no evaluation, each with an output
+    folder of its own in `workdir`; its arguments are further ``key=value`` overrides."""
+    cluster = ([f"cluster.workers={workers}"] if isinstance(workers, int) else
+               [f"cluster.devices=[{', '.join(workers)}]", f"cluster.threads={threads}"])
     base = [f"train.batch={batch}", "progress=false", "train.checkpoint_every=0",
-            "train.eval_samples=0", "train.steps=1", f"cluster.workers={workers}"]
+            "train.eval_samples=0", "train.steps=1", *cluster]
 
     def config(*overrides: str) -> RunConfig:
         return load_run_config(net_path(net), [
@@ -135,9 +150,11 @@ def engine_contenders(names: Sequence[str], config: Callable[..., RunConfig], cl
 
 
 def loop_contender(name: str, config: RunConfig, client: Client | None = None,
-                   offered: list[ClusterWorker] | None = None) -> LoopContender:
+                   offered: list[ClusterWorker] | None = None,
+                   device: str = "cpu") -> LoopContender:
     """`config`'s trainer, loaded from its initial checkpoint: an engine of its
-    strategy on `offered` of `client`'s workers, or the reference in this process."""
+    strategy on `offered` of `client`'s workers, or the reference in this process (on
+    `device`)."""
     strategy = check_run(config)
     info = prepare_dataset(config)
     network = config.network_spec(info.image_shape)
@@ -150,7 +167,10 @@ def loop_contender(name: str, config: RunConfig, client: Client | None = None,
                                [w.emulated_speed for w in workers])
         threads = 1
     else:
-        trainer = ReferenceTrainer(config, network, info.train_samples)
+        if device.startswith("cuda"):  # as the engine's GPU workers (WorkerSetup)
+            torch.cuda.set_device(torch.device(device))
+            torch.backends.cudnn.benchmark = True
+        trainer = ReferenceTrainer(config, network, info.train_samples, device)
         recorder = RunRecorder([REFERENCE_WORKER], ["in-process"], [1.0])
         threads = config.reference.threads
     trainer.start(start)
@@ -221,7 +241,9 @@ def ratios(times: dict[str, list[float]], one_worker: bool) -> list[dict]:
                *[(f"{name} step time / DDP-gloo's", name, "ddp-gloo-2")
                  for name in ("data", "hybrid", "kernel")],
                *[(f"{name} step time / replicas without exchange", name, NO_EXCHANGE)
-                 for name in ("ddp-gloo-2", "data")]])
+                 for name in ("ddp-gloo-2", "data")],
+               *[(f"{name} step time / torch on the GPU", name, TORCH_GPU)
+                 for name in ("single", "kernel", "data", "hybrid")]])
     return [ratio_report(label, times[top], times[bottom]) for label, top, bottom in wanted
             if top in times and bottom in times]
 
@@ -237,25 +259,38 @@ def main() -> None:
                         help="every strategy on one worker against the reference")
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="time only these contenders (default: all)")
+    parser.add_argument("--devices", nargs="+", metavar="DEVICE",
+                        help="the engines' workers, one per device (cpu, cuda:N; GPU "
+                        "workers first), against plain PyTorch on the first CUDA one")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of each CPU worker --devices makes")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     if not 0 <= args.skip < args.burst:
         parser.error("--skip must be at least 0 and less than --burst")
-    names = ["reference-1-thread", *([] if args.one_worker else
-                                     ["reference-2-threads", "ddp-gloo-2", NO_EXCHANGE]),
-             "single", "kernel", "data", "hybrid"]
+    if args.devices:
+        gpu = check_devices(parser, args)
+        names = [TORCH_GPU, "single", "kernel", "data", "hybrid"]
+    else:
+        names = ["reference-1-thread", *([] if args.one_worker else
+                                         ["reference-2-threads", "ddp-gloo-2", NO_EXCHANGE]),
+                 "single", "kernel", "data", "hybrid"]
     unknown = set(args.only or []) - set(names)
     if unknown:
         parser.error(f"--only: no contender {', '.join(sorted(unknown))} (there are "
                      f"{', '.join(names)})")
     names = [name for name in names if name in (args.only or names)]
     with tempfile.TemporaryDirectory() as workdir:
-        config = run_configs(args.net, args.batch, 1 if args.one_worker else 2, workdir)
+        config = run_configs(args.net, args.batch,
+                             args.devices or (1 if args.one_worker else 2), workdir, args.threads)
         prepare_dataset(config())  # once, before the DDP contenders' ranks look for it
         contenders: list[Contender] = [
             loop_contender(name, config("strategy=reference", f"reference.threads={threads}"))
             for name, threads in (("reference-1-thread", 1), ("reference-2-threads", 2))
             if name in names]
+        if TORCH_GPU in names:
+            contenders.append(loop_contender(TORCH_GPU, config("strategy=reference"),
+                                             device=gpu))
         contenders += [DDPContender(name, net_path(args.net),
                                     [f"train.batch={args.batch}"], exchange=exchange)
                        for name, exchange in (("ddp-gloo-2", True), (NO_EXCHANGE, False))
@@ -271,6 +306,23 @@ def main() -> None:
     report(times, args)
 
 
+def check_devices(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """``--devices``' first CUDA device (plain PyTorch's); a bad list is a usage error."""
+    bad = [device for device in args.devices if not DEVICE_NAME.fullmatch(device)]
+    if bad:
+        parser.error(f"--devices: expected cpu or cuda:N, got {', '.join(bad)}")
+    gpus = [device for device in args.devices if device.startswith("cuda")]
+    if not gpus:
+        parser.error("--devices: name a CUDA device (plain PyTorch runs on the first)")
+    if args.one_worker:
+        parser.error("--one-worker and --devices: choose one")
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
+    if not torch.cuda.is_available():
+        parser.error("--devices: torch sees no CUDA device on this machine")
+    return gpus[0] if ":" in gpus[0] else "cuda:0"
+
+
 def rounds(contenders: list[Contender], args: argparse.Namespace) -> dict[str, list[float]]:
     """Each contender's burst median per round, the rounds in alternating order."""
     times: dict[str, list[float]] = {c.name: [] for c in contenders}
@@ -283,10 +335,17 @@ def rounds(contenders: list[Contender], args: argparse.Namespace) -> dict[str, l
     return times
 
 
+def workers_text(args: argparse.Namespace) -> str:
+    """The engines' workers, as the report's heading names them."""
+    if args.devices:
+        return f"workers on {' '.join(args.devices)} ({args.threads} threads a CPU worker)"
+    return "one worker" if args.one_worker else "2 workers"
+
+
 def report(times: dict[str, list[float]], args: argparse.Namespace) -> None:
     kept = args.burst - args.skip
     print(f"\n{args.net} network, batch {args.batch}, {args.rounds} rounds of bursts of "
-          f"{args.burst} steps ({kept} kept), {'one worker' if args.one_worker else '2 workers'}")
+          f"{args.burst} steps ({kept} kept), {workers_text(args)}")
     for name, values in times.items():
         print(f"  {name:20s} median {median(values):.4f} s  (rounds {min(values):.4f}-"
               f"{max(values):.4f})")
@@ -294,7 +353,8 @@ def report(times: dict[str, list[float]], args: argparse.Namespace) -> None:
     for r in reports:
         print(f"  {r['ratio']}: {r['median']:.3f} (spread {r['min']:.3f}-{r['max']:.3f}, "
               f"95 % interval of the median {r['low']:.3f}-{r['high']:.3f})")
-    targets = ONE_WORKER_TARGETS if args.one_worker else TARGETS[args.net]
+    targets = (ONE_WORKER_TARGETS if args.one_worker else [] if args.devices else
+               TARGETS[args.net])
     print("\n".join(target_lines(targets, reports)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

@@ -203,6 +203,24 @@ def max_relative_error(state: dict[str, np.ndarray], expected: dict[str, np.ndar
                for k in expected)
 
 
+#: A tensor whose norm is below this is zero but for rounding: a conv's bias before batch
+#: norm (the zoo's VGG with batch norm), whose gradient batch norm cancels (its mean is
+#: subtracted), holds ~1e-19 after training, differently rounded on each device.
+ROUNDING_ZERO = 1e-12
+
+
+def assert_equal_within_rounding(state: dict[str, np.ndarray], expected: dict[str, np.ndarray],
+                                 tolerance: float) -> None:
+    """Every tensor within `tolerance` of `expected`'s, relative to its norm; one that is
+    zero but for rounding (`ROUNDING_ZERO`) within `tolerance` absolute. Keys must match."""
+    assert set(state) == set(expected), (sorted(state), sorted(expected))
+    for key, want in expected.items():
+        scale = float(np.linalg.norm(want))
+        error = float(np.linalg.norm(state[key] - want))
+        bound = tolerance * (scale if scale > ROUNDING_ZERO else 1.0)
+        assert error <= bound, f"{key}: |a - b| = {error:.3g}, |b| = {scale:.3g}"
+
+
 def run_main(cli: str, argv: list[str]) -> tuple[int, list[str], str]:
     """(exit status, non-empty stderr lines, stdout) of ``python -m pipeline.train``
     (`cli` "train") or ``python -m experiments.sweep`` ("sweep") run in this process."""

@@ -3,7 +3,8 @@
 No Dask, no workspace: one nn.Sequential and torch.optim.SGD with a chosen number of
 threads, reading the same batches from the same dataset store and starting from the
 same checkpoint as every other strategy. It is both the speedup baseline and the
-arithmetic the distributed strategies must reproduce.
+arithmetic the distributed strategies must reproduce. A run's reference is on the CPU;
+benchmarks/side_by_side.py also runs it on a GPU (`device`), plain PyTorch's loop there.
 """
 
 from __future__ import annotations
@@ -32,21 +33,24 @@ REFERENCE_WORKER = "reference"
 class ReferenceTrainer:
     """The training loop's trainer interface, run synchronously in this process."""
 
-    def __init__(self, config: RunConfig, network: NetworkSpec, train_samples: int) -> None:
+    def __init__(self, config: RunConfig, network: NetworkSpec, train_samples: int,
+                 device: str = "cpu") -> None:
         self.config = config
+        self.device = device
         self.network = network
         self.train_samples = train_samples
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.SGD | None = None
         self.loss_fn = nn.CrossEntropyLoss()
-        self.devices = ["cpu"]
+        self.devices = [device]
         self._submitted: dict[int, int] = {}  # first step -> steps
 
     def start(self, from_step: int) -> None:
         configure_process(self.config.reference.threads)
         path = self.config.checkpoint_path
         self.model = load_model(self.network,
-                                checkpoints.read_tensors(path, from_step, "weights"))
+                                checkpoints.read_tensors(path, from_step, "weights")
+                                ).to(self.device)
         self.optimizer = torch_sgd(self.model.parameters(), self.config.optimizer_spec())
         restore_momentum(self.optimizer, dict(self.model.named_parameters()),
                          checkpoints.read_tensors(path, from_step, "momentum"))
@@ -68,7 +72,7 @@ class ReferenceTrainer:
         receipt = Receipt(f"step-{step}", REFERENCE_WORKER, step, time.time())
         clock = TaskClock(receipt)
         held = current_rss()
-        kind = reset_peak()
+        kind = reset_peak(self.device)
         with clock.op("training-step"):
             with clock.phase("dataset") as phase:
                 images, labels = read_batch(self.config.dataset_path, "train", indices)
@@ -76,12 +80,14 @@ class ReferenceTrainer:
             with clock.phase("compute"):
                 self.optimizer.zero_grad(set_to_none=True)
                 set_dropout(self.model, self.config.train.seed, step)
-                loss = self.loss_fn(self.model(torch.from_numpy(images)),
-                                    torch.from_numpy(labels))
+                loss = self.loss_fn(self.model(torch.from_numpy(images).to(self.device)),
+                                    torch.from_numpy(labels).to(self.device))
                 loss.backward()
                 self.optimizer.step()
+                if self.device != "cpu":  # the step's kernels done, inside its time
+                    torch.cuda.synchronize(self.device)
         receipt.end = time.time()
-        receipt.extra["memory"] = {**read_peak("cpu", kind).as_dict(), "held": held}
+        receipt.extra["memory"] = {**read_peak(self.device, kind).as_dict(), "held": held}
         receipt.loss = float(loss.detach())
         return StepResult(step, receipt.loss, [receipt])
 
