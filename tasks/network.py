@@ -58,6 +58,7 @@ class SeededDropout(nn.Module):
         if self.draw is None:
             raise RuntimeError("dropout in training needs set_dropout(model, seed, step)")
         seed, step, rows, batch = self.draw
+        batch = batch if batch > 0 else len(x)  # -1: the module is given the whole batch
         mask = dropout_mask(seed, step, self.layer, (batch, *x.shape[1:]), self.p, x.dtype)
         return x * mask[rows].to(x.device)
 
