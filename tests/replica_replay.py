@@ -89,14 +89,15 @@ def replay_network(config: RunConfig, dataset: str, replicas: Rows | None = None
     (rows of the batch, in order): hybrid's per-part dense updates, as
     tests/helpers.py's `replay_hybrid_in_pytorch` (each part's mean loss and dense
     SGD step; the conv layers step once on every part's feature gradient weighted by
-    its share of the batch, at `conv_lr_scale` times the learning rate).
+    its share of the batch). The conv layers (and their batch norms) learn at
+    `conv_lr_scale` times the learning rate (hybrid's `conv_lr_scaling`).
     `replicas`: local batch norm over these rows (module doc).
     """
     model = _model(config, dataset)
     dense = {f"{name}.{kind}" for name in model.spec.dense_names for kind in ("weight", "bias")}
     named = dict(model.named_parameters())
     trunk_opt = _sgd([p for n, p in named.items() if n not in dense], config,
-                     config.train.lr * (conv_lr_scale if parts else 1.0))
+                     config.train.lr * conv_lr_scale)
     head_opt = _sgd([p for n, p in named.items() if n in dense], config, config.train.lr)
     statistics = ReplicaStatistics(model, len(replicas)) if replicas else None
     indices = checkpoints.read_sample_indices(config.checkpoint_path)

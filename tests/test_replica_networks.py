@@ -82,18 +82,24 @@ def _rows() -> list[tuple[int, int]]:
     return list(zip(starts[:-1], starts[1:]))
 
 
-@pytest.mark.parametrize("strategy,scheme", [("data", "a"), ("hybrid", "b"), ("hybrid", "c")])
+@pytest.mark.parametrize("strategy,scheme,scaling", [("data", "a", "none"),
+                                                     ("hybrid", "b", "linear"),
+                                                     ("hybrid", "c", "none")])
 def test_sync_batch_norm_equals_sgd_on_the_whole_batch(tmp_path, three_worker_cluster,
-                                                      tiny_dataset_factory, strategy, scheme):
+                                                      tiny_dataset_factory, strategy, scheme,
+                                                      scaling):
     """ResNet-20's 21 batch norms over the replicas. Hybrid's trunk is the same whatever
     the scheme; schemes (b) and (c) feed its dense part in parts ((a), one part, runs on
     AlexNet below): a resnet20 run costs about 5 s here, most of it creating its 128
-    tensors' checkpoint arrays."""
+    tensors' checkpoint arrays. (b) with the conv layers' learning rate (batch norms'
+    included) scaled by the workers."""
     dataset = tiny_dataset_factory("float64")
     config, result = _run(tmp_path, three_worker_cluster, dataset, strategy=strategy,
-                          **RESNET20, **{"hybrid.scheme": scheme})
+                          **RESNET20, **{"hybrid.scheme": scheme,
+                                         "hybrid.conv_lr_scaling": scaling})
     assert result.record.attrs["batch_norm"] == result.summary["batch_norm"] == "sync"
-    _assert_equal(config, result, replay_network(config, dataset))
+    scale = {"none": 1.0, "linear": 3.0}[scaling]
+    _assert_equal(config, result, replay_network(config, dataset, conv_lr_scale=scale))
     names = tuple(result.record.worker.values)
     layout = (DataLayout(names, tuple(SHARES)) if strategy == "data" else
               HybridLayout(names, tuple(SHARES),
