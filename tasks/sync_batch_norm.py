@@ -104,7 +104,7 @@ def local_moments(x: torch.Tensor) -> torch.Tensor:
     total = x.sum(CHANNEL_DIMS)
     if count:
         deviation = x - (total / count)[None, :, None, None]
-        squares = (deviation * deviation).sum(CHANNEL_DIMS)
+        squares = deviation.square_().sum(CHANNEL_DIMS)
     else:
         squares = torch.zeros_like(total)
     return torch.stack([torch.full_like(total, count), total, squares])
@@ -134,7 +134,11 @@ def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 class _WholeBatchNorm(torch.autograd.Function):
-    """Training-mode batch norm with the whole batch's statistics (module doc)."""
+    """Training-mode batch norm with the whole batch's statistics (module doc). The
+    passes over the tensors are PyTorch's own fused batch-norm kernels where they fit:
+    the normalisation is its evaluation-mode forward with the whole batch's mean and
+    variance, the backward's sums its training-mode backward's weight and bias
+    gradients."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -145,32 +149,41 @@ class _WholeBatchNorm(torch.autograd.Function):
             raise ValueError(f"batch norm {norm.layer}: expected more than 1 value per "
                              f"channel when training, got {int(count)}")
         norm.update_running(mean, squares / (count - 1))
-        invstd = torch.rsqrt(squares / count + norm.eps)
-        xhat = (x - mean[None, :, None, None]) * invstd[None, :, None, None]
-        ctx.save_for_backward(xhat, invstd, weight)
+        variance = squares / count
+        y = torch.ops.aten.native_batch_norm(x, weight, bias, mean, variance, False, 0.0,
+                                             norm.eps)[0]
+        ctx.save_for_backward(x, weight, mean, variance)
         ctx.norm, ctx.count = norm, count
-        y = xhat
-        if weight is not None:
-            y = y * weight[None, :, None, None] + bias[None, :, None, None]
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        xhat, invstd, weight = ctx.saved_tensors
+        x, weight, mean, variance = ctx.saved_tensors
         norm: ReplicaBatchNorm2d = ctx.norm
-        sum_dy = dy.sum(CHANNEL_DIMS)
-        sum_dy_xhat = (dy * xhat).sum(CHANNEL_DIMS)
+        invstd = torch.rsqrt(variance + norm.eps)
+        ones = weight if weight is not None else torch.ones_like(mean)
+        if x.numel():
+            _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
+                dy, x, ones, None, None, mean, invstd, True, norm.eps, [False, True, True])
+        else:  # no rows: zero sums (PyTorch's kernels crash on an empty batch)
+            sum_dy_xhat, sum_dy = torch.zeros_like(mean), torch.zeros_like(mean)
         total_dy, total_dy_xhat = sum_in_order(norm.current_exchange().gather(
             BN_BACKWARD, norm.layer, torch.stack([sum_dy, sum_dy_xhat])))
-        scale = invstd if weight is None else invstd * weight
         grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (dy - (total_dy / ctx.count)[None, :, None, None]
-                      - xhat * (total_dy_xhat / ctx.count)[None, :, None, None]
-                      ) * scale[None, :, None, None]
-        grad_weight = sum_dy_xhat if weight is not None else None
-        grad_bias = sum_dy if weight is not None else None
-        return grad_x, grad_weight, grad_bias, None
+        if ctx.needs_input_grad[0] and not x.numel():
+            grad_x = torch.zeros_like(dy)
+        elif ctx.needs_input_grad[0]:
+            scale = invstd * ones
+            # dy * scale, then - scale * (mean dy + xhat * mean(dy * xhat)) over the batch
+            grad_x = torch.ops.aten.native_batch_norm_backward(
+                dy, x, ones, mean, variance, None, None, False, norm.eps,
+                [True, False, False])[0]
+            slope = (-scale * invstd * total_dy_xhat / ctx.count)[None, :, None, None]
+            shift = (-scale * total_dy / ctx.count)[None, :, None, None]
+            grad_x += torch.addcmul(shift, x - mean[None, :, None, None], slope)
+        if weight is None:
+            return grad_x, None, None, None
+        return grad_x, sum_dy_xhat, sum_dy, None
 
 
 class ReplicaBatchNorm2d(nn.BatchNorm2d):
