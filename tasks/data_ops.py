@@ -1,34 +1,41 @@
 """Data-parallel training on a worker: a full replica, and the gradient reduction.
 
 `data` (tasks/replica_layout.py, `DataLayout`): every worker holds the whole network
-as a plain `nn.Sequential`. ``replica-step`` trains it on the worker's rows of the
+(a `SpecNetwork`, plain torch modules). ``replica-step`` trains it on the worker's rows of the
 batch with the loss summed over them and divided by the whole batch, so that the
 workers' gradients add up to the whole batch's; ``grad-reduce`` sums the range of
 the flat gradient this worker owns (its own and every other worker's, in worker
 order) and ``grad-update`` gathers every summed range and steps SGD. Every replica
 applies the very same summed gradient, so the replicas stay identical. `hybrid`
 (tasks/hybrid_ops.py) reduces its conv gradients with the same two ops.
+
+Batch norm: with the layout's ``batch_norm: sync`` the replica's batch norms take the
+whole batch's statistics, exchanged inside ``replica-step`` (tasks/sync_batch_norm.py),
+and a replica without rows still runs the step on no rows, to take part; with
+``local`` each replica normalises by its own rows, as DDP does, and the running
+statistics of the first worker's replica are the checkpoint's.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from storage import checkpoints
 from storage.datasets import read_batch
 from tasks.layout import StepOp
-from tasks.network import build_network, set_dropout, to_arrays, to_torch
+from tasks.network import SpecNetwork, build_network, set_dropout, to_arrays, to_torch
 from tasks.optim import WorkerSGD, make_sgd, momentum_of, restore_momentum
 from tasks.receipts import TaskClock
 from tasks.replica_layout import GRAD_REDUCE, GRAD_UPDATE, REPLICA_STEP, DataLayout
 from tasks.run_state import RunState, WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec, OptimizerSpec
+from tasks.sync_batch_norm import (BatchNormExchange, ComputeSpans, ReplicaBatchNorm2d,
+                                   exchanging, synchronise)
 from tasks.worker_state import current_profile, release_freed_memory
 
 
@@ -72,23 +79,35 @@ class Gradients:
             param.grad = flat[offset:offset + count].view_as(param)
             offset += count
 
-    def digest(self) -> str:
-        """A fingerprint of the parameters' values (replicas must agree on it)."""
+    def digest(self, buffers: list[torch.Tensor] = ()) -> str:
+        """A fingerprint of the parameters' values and of `buffers` (replicas must
+        agree on it)."""
         sha = hashlib.sha1()
-        for _, param in self.params:
-            sha.update(param.detach().to("cpu").numpy().tobytes())
+        for tensor in [param for _, param in self.params] + list(buffers):
+            sha.update(tensor.detach().to("cpu").numpy().tobytes())
         return sha.hexdigest()
+
+
+def synced_buffers(norms: list[ReplicaBatchNorm2d]) -> list[torch.Tensor]:
+    """The running statistics every replica keeps alike under sync batch norm."""
+    return [buffer for norm in norms for buffer in norm.buffers()]
+
+
+def batch_norm_exchange(run: RunState, step: int, spans: ComputeSpans) -> BatchNormExchange:
+    """Where this worker's synchronised batch norms swap partial sums in this op."""
+    return BatchNormExchange(run.mover, run.me, len(run.layout.workers), step, spans)
 
 
 @dataclass
 class DataWork:
     """A full replica and its optimizer."""
 
-    model: nn.Sequential
+    model: SpecNetwork
     optimizer: WorkerSGD
     grads: Gradients
     check_replicas: bool
     seed: int = 0  # the run's, for the dropout masks
+    norms: list[ReplicaBatchNorm2d] = field(default_factory=list)  # sync batch norm's
 
     def apply_reduced(self, layout: DataLayout) -> None:
         """The SGD step, once the summed gradient is in every parameter's .grad."""
@@ -107,8 +126,9 @@ def load_data(layout: DataLayout, me: int, network: NetworkSpec, checkpoint_path
     sgd = make_sgd(model.parameters(), arithmetic.optimizer)
     named = dict(model.named_parameters())
     restore_momentum(sgd, named, checkpoints.read_tensors(checkpoint_path, step, "momentum"))
+    norms = synchronise(model) if layout.batch_norm == "sync" else []
     return DataWork(model, sgd, Gradients(list(named.items())), arithmetic.check_replicas,
-                    arithmetic.seed)
+                    arithmetic.seed, norms)
 
 
 def save_data(work: DataWork, me: int, checkpoint_path: str, step: int) -> None:
@@ -181,14 +201,16 @@ def replica_step(run: RunState, op: StepOp, step: int, indices: np.ndarray,
     start, stop = layout.rows()[run.me]
     with clock.op(REPLICA_STEP):
         work.optimizer.zero_grad(set_to_none=True)
-        if stop > start:
+        if stop > start or work.norms:  # no rows: still a party to batch norm's sums
             x, y = _batch_rows(run, indices[start:stop], clock)
-            with clock.phase("compute") as phase:
+            with ComputeSpans(clock) as spans, \
+                    exchanging(work.norms, batch_norm_exchange(run, step, spans)):
                 set_dropout(work.model, work.seed, step, slice(start, stop), run.batch)
                 loss = F.cross_entropy(work.model(x), y, reduction="sum") / run.batch
                 loss.backward()
+            if stop > start:
                 clock.receipt.loss = float(loss.detach())  # its part of the batch's loss
-            run.emulate(clock, phase.seconds)
+            run.emulate(clock, spans.seconds)
         hand_on_ranges(run, work.grads, work.optimizer, step, clock)
 
 
@@ -226,7 +248,7 @@ def grad_update(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             grads.local = None
         run.emulate(clock, phase.seconds)
         if work.check_replicas:
-            clock.receipt.extra["replica_digest"] = grads.digest()
+            clock.receipt.extra["replica_digest"] = grads.digest(synced_buffers(work.norms))
 
 
 def hand_on_ranges(run: RunState, grads: Gradients, optimizer: WorkerSGD, step: int,

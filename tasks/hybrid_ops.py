@@ -11,6 +11,11 @@ reduced like `data`'s (tasks/data_ops.py). With ``dense_batch: full`` the dense 
 step once with the summed gradient of every part; with ``worker`` after each part, on
 the part's mean loss, and the conv trunk then gets each part's input gradient
 weighted by its share of the batch.
+
+Dropout on a dense layer's input takes, per part, the rows of the part's batch rows
+from the mask of the whole batch (`tasks.network.dropout_mask`), the mask a replica
+or a plain-PyTorch replay draws. Batch norm in the trunk is as `data`'s (sync: the
+whole batch's statistics, exchanged inside ``trunk-forward`` and ``trunk-backward``).
 """
 
 from __future__ import annotations
@@ -20,21 +25,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from storage import checkpoints
 from storage.datasets import read_batch, read_labels
-from tasks.data_ops import (Gradients, dtype_of, grad_reduce, grad_update, hand_on_ranges,
-                            read_tensors,
-                            write_tensors)
+from tasks.data_ops import (Gradients, batch_norm_exchange, dtype_of, grad_reduce, grad_update,
+                            hand_on_ranges, read_tensors, write_tensors)
 from tasks.layout import StepOp
-from tasks.network import conv_trunk, to_arrays
+from tasks.network import SpecNetwork, conv_trunk, dropout_mask, to_arrays
 from tasks.optim import WorkerSGD, make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.receipts import TaskClock
 from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_REDUCE, GRAD_UPDATE,
                                   TRUNK_BACKWARD, TRUNK_FORWARD, HybridLayout)
 from tasks.run_state import RunState, WorkerSide
 from tasks.specs import Arithmetic, NetworkSpec
+from tasks.sync_batch_norm import ComputeSpans, ReplicaBatchNorm2d, exchanging, synchronise
 
 
 @dataclass
@@ -46,20 +50,33 @@ class DenseSlice:
     stop: int
     weight: torch.Tensor
     bias: torch.Tensor
+    dropout: float = 0.0  # on the layer's input
 
 
 @dataclass
 class HybridWork:
     """The conv trunk (a replica), this worker's dense slices, and a step's tensors."""
 
-    trunk: nn.Sequential
+    trunk: SpecNetwork
     conv_optimizer: WorkerSGD
     dense: list[DenseSlice]
     dense_optimizer: WorkerSGD
     grads: Gradients
     check_replicas: bool
+    seed: int = 0  # the run's, for the dropout masks
+    norms: list[ReplicaBatchNorm2d] = field(default_factory=list)  # sync batch norm's
     features: torch.Tensor | None = None  # own rows' conv output, with its graph
     kept: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (step, j)
+
+    def dropout_rows(self, step: int, j: int, rows: np.ndarray, batch: int,
+                     inputs: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` of dense layer j's dropout mask of `step` (drawn over the whole
+        batch once a step, dropped at the next ``trunk-forward``), on the inputs' device."""
+        if (step, j) not in self.masks:
+            self.masks[(step, j)] = dropout_mask(self.seed, step, j, (batch, inputs.shape[1]),
+                                                 self.dense[j].dropout, inputs.dtype)
+        return self.masks[(step, j)][torch.from_numpy(rows)].to(inputs.device)
 
     def apply_reduced(self, layout: HybridLayout) -> None:
         """The conv step once the summed conv gradient is in place; the dense slices'
@@ -91,13 +108,15 @@ def load_hybrid(layout: HybridLayout, me: int, network: NetworkSpec, checkpoint_
         rows = {name: torch.from_numpy(checkpoints.read_slice(checkpoint_path, step, "weights",
                                                               f"{key}.{name}", start, stop))
                 .to(device).requires_grad_(True) for name in ("weight", "bias")}
-        slices.append(DenseSlice(str(key), start, stop, rows["weight"], rows["bias"]))
+        slices.append(DenseSlice(str(key), start, stop, rows["weight"], rows["bias"],
+                                 network.dense_dropout(j)))
     dense_sgd = make_sgd([t for s in slices for t in (s.weight, s.bias)], arithmetic.optimizer)
     restore_momentum(dense_sgd, _dense_named(slices),
                      {f"{s.key}.{name}": momentum[f"{s.key}.{name}"][s.start:s.stop]
                       for s in slices for name in ("weight", "bias")})
+    norms = synchronise(trunk) if layout.batch_norm == "sync" else []
     return HybridWork(trunk, conv_sgd, slices, dense_sgd, Gradients(list(named.items())),
-                      arithmetic.check_replicas)
+                      arithmetic.check_replicas, arithmetic.seed, norms)
 
 
 def save_hybrid(work: HybridWork, me: int, checkpoint_path: str, step: int) -> None:
@@ -127,14 +146,16 @@ def trunk_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
     with clock.op(TRUNK_FORWARD):
         work.conv_optimizer.zero_grad(set_to_none=True)
         work.features = None
-        if stop == start:
+        work.masks.clear()
+        if stop == start and not work.norms:  # with sync batch norm: a party on no rows
             return
         with clock.phase("dataset") as phase:
             images = read_batch(run.paths.dataset, "train", indices[start:stop])[0]
             phase.nbytes = images.nbytes
-        with clock.phase("compute") as phase:
+        with ComputeSpans(clock) as spans, \
+                exchanging(work.norms, batch_norm_exchange(run, step, spans)):
             work.features = work.trunk(torch.from_numpy(images).to(run.profile.device))
-        run.emulate(clock, phase.seconds)
+        run.emulate(clock, spans.seconds)
         mine = work.features.detach()
         for k, part in enumerate(layout.parts()):
             for e, a, b in part:
@@ -160,10 +181,15 @@ def dense_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                                 for d in range(len(layout.workers))], dim=1)
         piece = work.dense[j]
         with clock.phase("compute") as phase:
+            if piece.dropout > 0:
+                mask = work.dropout_rows(step, j, part_rows(layout.parts()[k]), run.batch,
+                                         inputs)
+                inputs = inputs * mask
+                work.kept[("mask", k, j)] = mask
             pre = F.linear(inputs, piece.weight.detach(), piece.bias.detach())
             out = F.relu(pre) if j < last else pre
         run.emulate(clock, phase.seconds)
-        work.kept[("in", k, j)] = inputs
+        work.kept[("in", k, j)] = inputs  # after the dropout: what the layer multiplied
         work.kept[("out", k, j)] = out
         run.mover.write(f"out/{k}/{j}/{run.me}", step, out, clock)
 
@@ -183,7 +209,7 @@ def dense_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                                 else run.mover.read(f"out/{k}/{last}/{d}", step, clock)
                                 for d in workers], dim=1)
             with clock.phase("dataset"):
-                rows = np.concatenate([indices[a:b] for _e, a, b in part])
+                rows = indices[part_rows(part)]
                 labels = torch.from_numpy(read_labels(run.paths.dataset, "train", rows))
             with clock.phase("compute") as phase:
                 grad_out = _logit_gradient(run, logits, labels.to(logits.device), clock)
@@ -199,8 +225,11 @@ def dense_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                 activated = work.kept[("out", k, j)]  # after ReLU: its backward passes
                 grad_pre = torch.where(activated > 0, grad_out, torch.zeros_like(grad_out))
         inputs = work.kept.pop(("in", k, j))
+        mask = work.kept.pop(("mask", k, j), None)
         with clock.phase("compute") as more:
             grad_in = grad_pre @ piece.weight.detach()  # before any update of this layer
+            if mask is not None:
+                grad_in = grad_in * mask
             grad_weight, grad_bias = grad_pre.t() @ inputs, grad_pre.sum(dim=0)
             _add_or_step(work, piece, grad_weight, grad_bias, layout.dense_batch)
         run.emulate(clock, phase.seconds + more.seconds)
@@ -221,6 +250,11 @@ def dense_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                     work.kept[("din", k, j)] = columns
                 else:
                     run.mover.write(f"din/{k}/{j}/{run.me}/{e}", step, columns, clock)
+
+
+def part_rows(part: list[tuple[int, int, int]]) -> np.ndarray:
+    """The batch rows of a part, in its order."""
+    return np.concatenate([np.arange(a, b) for _e, a, b in part])
 
 
 def _logit_gradient(run: RunState, logits: torch.Tensor, labels: torch.Tensor,
@@ -271,10 +305,11 @@ def trunk_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                     if layout.dense_batch == "worker":  # the part's mean loss, as its share
                         total = total * (sum(q - p for _e, p, q in part) / run.batch)
                     grad[a - start:b - start] = total
-            with clock.phase("compute") as phase:
+            with ComputeSpans(clock) as spans, \
+                    exchanging(work.norms, batch_norm_exchange(run, step, spans)):
                 backward_from(work.features, grad)
                 work.features = None
-            run.emulate(clock, phase.seconds)
+            run.emulate(clock, spans.seconds)
         hand_on_ranges(run, work.grads, work.conv_optimizer, step, clock)
 
 

@@ -35,7 +35,7 @@ def max_pool_with_indices(z: torch.Tensor, pool: int) -> tuple[torch.Tensor, tor
     n, c, h, w = z.shape
     y = z.new_empty((n, c, h // pool, w // pool))
     indices = torch.empty(y.shape, dtype=torch.int64, device=z.device)
-    samples = max(1, SLICE_BYTES // max(z[0].numel() * z.element_size(), 1))
+    samples = max(1, SLICE_BYTES // max(c * h * w * z.element_size(), 1))
     for start in range(0, n, samples):
         part = z[start:start + samples].contiguous(memory_format=torch.channels_last)
         values, where = torch.ops.aten.max_pool2d_with_indices(part, [pool] * 2, [pool] * 2)

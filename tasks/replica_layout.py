@@ -20,6 +20,13 @@ trunk's backward, and the conv gradients' reduce-scatter and all-gather. With
 arithmetic is single-process SGD on the whole batch; with ``worker`` they step
 after each part (Krizhevsky's variable batch size).
 
+Batch norm (``train.batch_norm``): ``sync`` (the default) takes each batch-norm
+layer's statistics over the whole batch, every replica's rows
+(tasks/sync_batch_norm.py), so that the arithmetic stays single-process SGD's; ``local``
+takes them over each replica's own rows (DDP's default). Sync's exchanges are
+*collective* slots: written and read by the same op on every worker, which all
+run it at once (pipeline/engine/step_graph.py).
+
 Slots (every one written by one worker, read by others):
 
     grads/<d>/<e>        worker d's gradient, the range worker e owns
@@ -29,6 +36,11 @@ Slots (every one written by one worker, read by others):
     din/<k>/<j>/<d>/<e>  hybrid: worker d's partial gradient of dense layer j's input,
                          the piece worker e needs (j = 0: e's rows; j > 0: e's neurons
                          of layer j-1)
+    bn-fwd/<l>/<d>       sync batch norm: worker d's count, sum and sum of squared
+                         deviations (from its own mean) per channel of conv layer l's
+                         batch-norm input (replica-step / trunk-forward, read by all)
+    bn-bwd/<l>/<d>       sync batch norm: worker d's sums of dy and dy * (x - mean)
+                         per channel (replica-step / trunk-backward, read by all)
 """
 
 from __future__ import annotations
@@ -47,6 +59,35 @@ TRUNK_BACKWARD = "trunk-backward"
 GRAD_REDUCE = "grad-reduce"
 GRAD_UPDATE = "grad-update"
 SCHEMES = ("a", "b", "c")
+BATCH_NORMS = ("sync", "local")
+BN_FORWARD = "bn-fwd"
+BN_BACKWARD = "bn-bwd"
+
+
+def batch_norm_slot(kind: str, layer: int, worker: int) -> str:
+    """The slot of worker `worker`'s partial sums of conv layer `layer`'s batch norm
+    (`kind`: `BN_FORWARD` or `BN_BACKWARD`)."""
+    return f"{kind}/{layer}/{worker}"
+
+
+def batch_norm_slots(network: NetworkSpec, workers: int, forward_op: StepOp,
+                     backward_op: StepOp) -> list[Slot]:
+    """Sync batch norm's collective slots: per batch-norm layer and worker, its partial
+    sums of the forward (3 rows: count, sum, sum of squared deviations) and of the
+    backward (2 rows: sums of dy and dy * (x - mean)), read by every other worker in
+    the same op."""
+    slots = []
+    for l, layer in enumerate(network.conv):
+        if not layer.batch_norm:
+            continue
+        for d in range(workers):
+            others = tuple(e for e in range(workers) if e != d)
+            if others:
+                slots += [Slot(batch_norm_slot(BN_FORWARD, l, d), (3, layer.kernels), d,
+                               forward_op, others, forward_op),
+                          Slot(batch_norm_slot(BN_BACKWARD, l, d), (2, layer.kernels), d,
+                               backward_op, others, backward_op)]
+    return slots
 
 
 def conv_parameter_count(network: NetworkSpec) -> int:
@@ -100,6 +141,14 @@ def _gradient_slots(workers: int, length: int, write_op: StepOp) -> list[Slot]:
     return slots
 
 
+def _check_replicas(workers: tuple[str, ...], shares: tuple[int, ...], batch_norm: str
+                    ) -> None:
+    if len(shares) != len(workers) or min(shares) < 0:
+        raise ValueError(f"batch shares {shares} for {len(workers)} workers")
+    if batch_norm not in BATCH_NORMS:
+        raise ValueError(f"batch_norm {batch_norm!r}, expected one of {BATCH_NORMS}")
+
+
 @dataclass(frozen=True)
 class DataLayout:
     """Every worker a full replica and `shares[d]` samples of each step's batch."""
@@ -107,10 +156,10 @@ class DataLayout:
     workers: tuple[str, ...]
     shares: tuple[int, ...]
     master: int = 0  # reports nothing special: every worker adds its part of the loss
+    batch_norm: str = "sync"  # BATCH_NORMS: statistics over the whole batch, or own rows
 
     def __post_init__(self) -> None:
-        if len(self.shares) != len(self.workers) or min(self.shares) < 0:
-            raise ValueError(f"batch shares {self.shares} for {len(self.workers)} workers")
+        _check_replicas(self.workers, self.shares, self.batch_norm)
 
     def rows(self) -> list[tuple[int, int]]:
         """Each worker's ``(start, stop)`` rows of the step's batch."""
@@ -125,7 +174,10 @@ class DataLayout:
 
     def slots(self, network: NetworkSpec, batch: int) -> list[Slot]:
         length = conv_parameter_count(network) + dense_parameter_count(network)
-        return _gradient_slots(len(self.workers), length, StepOp(REPLICA_STEP))
+        step = StepOp(REPLICA_STEP)
+        synced = (batch_norm_slots(network, len(self.workers), step, step)
+                  if self.batch_norm == "sync" else [])
+        return _gradient_slots(len(self.workers), length, step) + synced
 
     def checkpoint_chunks(self, network: NetworkSpec, chunks: dict[str, int]
                           ) -> dict[str, int]:
@@ -144,10 +196,10 @@ class HybridLayout:
     scheme: str = "a"
     dense_batch: str = "full"
     master: int = 0  # reports the loss
+    batch_norm: str = "sync"  # BATCH_NORMS, as `DataLayout`'s
 
     def __post_init__(self) -> None:
-        if len(self.shares) != len(self.workers) or min(self.shares) < 0:
-            raise ValueError(f"batch shares {self.shares} for {len(self.workers)} workers")
+        _check_replicas(self.workers, self.shares, self.batch_norm)
         if self.scheme not in SCHEMES or self.dense_batch not in ("full", "worker"):
             raise ValueError(f"scheme {self.scheme!r} / dense_batch {self.dense_batch!r}")
         for j, row in enumerate(self.neurons):
@@ -226,6 +278,9 @@ class HybridLayout:
                         if e != d:
                             slots.append(Slot(f"din/{k}/{j}/{d}/{e}", shape, d,
                                               StepOp(DENSE_BACKWARD, j, k), (e,), op))
+        if self.batch_norm == "sync":
+            slots += batch_norm_slots(network, len(self.workers), StepOp(TRUNK_FORWARD),
+                                      StepOp(TRUNK_BACKWARD))
         return slots + _gradient_slots(len(self.workers), conv_parameter_count(network),
                                        StepOp(TRUNK_BACKWARD))
 

@@ -26,6 +26,7 @@ from pipeline.cluster.security import write_credentials
 from storage import checkpoints
 from storage.datasets import open_dataset_info, read_batch
 from tasks.network import load_model, set_dropout, to_arrays
+from tests.replica_replay import replay_network
 from tests.zoo_replay import load_torchvision
 
 
@@ -119,6 +120,13 @@ def _plain_model(config: RunConfig, dataset: str | None = None) -> nn.Module:
     return model
 
 
+def is_spec_network(config: RunConfig) -> bool:
+    """Whether the config's network is the zoo's or a user's own (`network.preset`,
+    `network.layers`), which `tests.replica_replay` replays, rather than the paper
+    family's `conv` list, which these helpers write out by hand."""
+    return config.network.preset is not None or bool(config.network.layers)
+
+
 def replay_model(config: RunConfig, dataset: str
                  ) -> tuple[nn.Module, torch.optim.SGD, list[float]]:
     """Re-run a training in plain single-process PyTorch from its step-0 checkpoint:
@@ -162,6 +170,9 @@ def replay_hybrid_in_pytorch(config: RunConfig, dataset: str, parts: list[list[i
     times the learning rate. Returns the final state_dict and per-step losses (the
     batch's mean loss, each part at the dense weights it met).
     """
+    if is_spec_network(config):
+        replay = replay_network(config, dataset, parts=parts, conv_lr_scale=conv_lr_scale)
+        return replay.weights, replay.losses
     model = _plain_model(config)
     first_dense = next(i for i, m in enumerate(model) if isinstance(m, nn.Flatten)) + 1
     trunk, head = model[:first_dense], model[first_dense:]

@@ -85,6 +85,8 @@ CASES: list[Case] = [
     train_case("train.steps_per_task=sometimes", names="train.steps_per_task"),
     train_case("train.steps_per_task=4", "workspace.sync=scheduler",
                names="train.steps_per_task"),
+    train_case("strategy=data", "network.preset=resnet20", "workspace.sync=scheduler",
+               names="train.batch_norm: sync"),
     train_case("train.seed=-1", names="train.seed"),
     train_case("train.eval_samples=-1", names="train.eval_samples"),
     train_case("train.nesterov=true", "train.momentum=0", names="train.nesterov"),

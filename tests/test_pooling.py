@@ -58,3 +58,12 @@ def test_the_module_trains_as_nn_maxpool2d_does():
     for (name, a), (_, b) in zip(plain.named_parameters(), fast.named_parameters()):
         assert torch.equal(_bits(a.grad), _bits(b.grad)), name
     assert torch.equal(_bits(plain(x)), _bits(fast(x)))
+
+
+def test_an_empty_batch_pools_to_an_empty_batch():
+    """A replica given no rows still runs its trunk (sync batch norm's sums need it)."""
+    x = torch.zeros(0, 3, 8, 8, requires_grad=True)
+    y = MaxPool(2)(x)
+    assert y.shape == (0, 3, 4, 4)
+    y.sum().backward()
+    assert x.grad.shape == x.shape

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+
+from pipeline.config.schema import ConfigError
+from pipeline.strategies import STRATEGIES, strategy_of
 
 from tasks.layout import StepOp, exchange_slots, workspace_bytes
 from tasks.replica_layout import (DataLayout, HybridLayout, conv_parameter_count,
                                   dense_parameter_count, split_counts)
 from tasks.specs import ConvLayerSpec, NetworkSpec
+from tests.helpers import tiny_config
 
 NET = NetworkSpec((ConvLayerSpec(3, 10), ConvLayerSpec(10, 12, in_height=16, in_width=16)),
                   hidden=(16,))
@@ -86,3 +92,48 @@ def test_hybrid_needs_a_neuron_per_worker_and_a_known_scheme():
         HybridLayout(("w0", "w1"), (8, 8), ((16, 0),))
     with pytest.raises(ValueError, match="scheme"):
         HybridLayout(("w0", "w1"), (8, 8), ((8, 8),), "d")
+
+
+BN_NET = NetworkSpec((ConvLayerSpec(3, 10, bias=False, batch_norm=True, name="0", bn_name="1"),
+                      ConvLayerSpec(10, 12, in_height=16, in_width=16, name="4")), hidden=(16,))
+
+
+@pytest.mark.parametrize("layout,forward,backward", [
+    (DataLayout(("w0", "w1", "w2"), (6, 10, 0)), "replica-step", "replica-step"),
+    (HybridLayout(("w0", "w1", "w2"), (6, 10, 0), ((6, 5, 5), (4, 3, 3)), "c"),
+     "trunk-forward", "trunk-backward")])
+def test_sync_batch_norm_slots_are_collective_among_every_replica(layout, forward, backward):
+    """Per batch-norm layer and worker (one without rows too), its partial sums, read by
+    every other worker in the same op; none with `local`, none without batch norm."""
+    slots = {s.name: s for s in exchange_slots(layout, BN_NET, 16)}
+    names = sorted(n for n in slots if n.startswith("bn-"))
+    assert names == [f"bn-{kind}/0/{d}" for kind in ("bwd", "fwd") for d in range(3)]
+    for d in range(3):
+        ahead, back = slots[f"bn-fwd/0/{d}"], slots[f"bn-bwd/0/{d}"]
+        assert ahead.shape == (3, 10) and back.shape == (2, 10)
+        assert ahead.writer == d and ahead.readers == tuple(e for e in range(3) if e != d)
+        assert ahead.write_op == ahead.read_op == StepOp(forward)
+        assert back.write_op == back.read_op == StepOp(backward)
+    local = dataclasses.replace(layout, batch_norm="local")
+    assert not [s for s in exchange_slots(local, BN_NET, 16) if s.name.startswith("bn-")]
+    assert not [s for s in exchange_slots(layout, NET, 16) if s.name.startswith("bn-")]
+    with pytest.raises(ValueError, match="batch_norm"):
+        dataclasses.replace(layout, batch_norm="ghost")
+
+
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+def test_sync_batch_norm_refuses_scheduler_sync(tmp_path, strategy):
+    """`workspace.sync: scheduler` cuts tasks at reads: a collective op would wait for
+    itself. Refused where the network has batch norm; `local` or `markers` run."""
+    changes = {"strategy": strategy, "workspace.sync": "scheduler",
+               "train.steps_per_task": 1}
+    resnet = {"network.preset": "resnet20", "network.width": 0.25}
+    with pytest.raises(ConfigError, match="train.batch_norm: sync .*workspace.sync: markers"):
+        strategy_of(tiny_config(tmp_path, "unused", **changes, **resnet))
+    strategy_of(tiny_config(tmp_path, "unused", **changes))  # no batch norm: no exchange
+    strategy_of(tiny_config(tmp_path, "unused", **changes, **resnet,
+                            **{"train.batch_norm": "local"}))
+    layout = STRATEGIES[strategy].layout(
+        tiny_config(tmp_path, "unused", **changes, **{"train.batch_norm": "local"}),
+        BN_NET, ["w0", "w1"], [8, 8])
+    assert layout.batch_norm == "local"

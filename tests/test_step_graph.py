@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from pipeline.engine.step_graph import op_graph, step_tasks
+from pipeline.engine.step_graph import is_collective, op_graph, step_tasks
 from tasks.layout import (CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, StepOp, exchange_slots,
                           layout_from_counts, worker_ops, workspace_bytes)
 from tasks.replica_layout import DataLayout, HybridLayout
@@ -16,10 +16,12 @@ from tasks.zoo import build_preset
 F, D, B = CONV_FORWARD, DENSE_HEAD, CONV_BACKWARD
 
 
-def network(widths=(10, 12, 8), hidden=(16,)) -> NetworkSpec:
+def network(widths=(10, 12, 8), hidden=(16,), batch_norm=False) -> NetworkSpec:
     layers, channels, size = [], 3, 32
-    for width in widths:
-        layers.append(ConvLayerSpec(channels, width, in_height=size, in_width=size))
+    for l, width in enumerate(widths):
+        layers.append(ConvLayerSpec(channels, width, in_height=size, in_width=size,
+                                    batch_norm=batch_norm, name=f"c{l}",
+                                    bn_name=f"n{l}" if batch_norm else ""))
         channels, size = width, size // 2
     return NetworkSpec(tuple(layers), hidden=hidden)
 
@@ -65,10 +67,15 @@ REPLICAS = {
        for scheme in ("a", "b", "c") for batch in ("full", "worker")},
     "hybrid b, two workers": HybridLayout(NAMES[:2], (9, 7), ((8, 8), (5, 5)), "b"),
 }
+#: Replicas with sync batch norm: collective slots (written and read inside one op).
+SYNCED = {f"{case}, batch norm": layout for case, layout in REPLICAS.items()
+          if len(layout.workers) > 1}
 ALL = sorted(LAYOUTS) + sorted(REPLICAS) + sorted(GRAPH_LAYOUTS)
 
 
 def make(case: str):
+    if case in SYNCED:
+        return SYNCED[case], exchange_slots(SYNCED[case], network(batch_norm=True), batch=16)
     if case in GRAPH_LAYOUTS:
         counts_of, master = GRAPH_LAYOUTS[case]
         net = resnet()
@@ -143,7 +150,7 @@ def test_workspace_bytes_formula_by_hand():
                                                          (w0_writes, w1_writes)]
 
 
-@pytest.mark.parametrize("case", ALL)
+@pytest.mark.parametrize("case", ALL + sorted(SYNCED))
 def test_every_slot_is_written_before_read_and_read_before_rewritten(case):
     """The race-freedom of the exchange, from order and data edges alone."""
     layout, slots = make(case)
@@ -158,7 +165,39 @@ def test_every_slot_is_written_before_read_and_read_before_rewritten(case):
         assert edge.source.worker != edge.target.worker
 
 
-@pytest.mark.parametrize("case", ALL)
+@pytest.mark.parametrize("case", sorted(SYNCED))
+def test_collective_ops_cannot_deadlock(case):
+    """Every worker of a collective op reaches it without waiting for another's op after
+    it: taken as one node per step, the collective ops leave the graph acyclic."""
+    layout, slots = make(case)
+    collective = {(slot.write_op, w) for slot in slots if is_collective(slot)
+                  for w in (slot.writer, *slot.readers)}
+    expected = ({"trunk-forward", "trunk-backward"} if isinstance(layout, HybridLayout)
+                else {"replica-step"})
+    assert {op.kind for op, _w in collective} == expected
+    assert {w for _op, w in collective} == set(range(len(layout.workers)))  # rows or none
+    nodes, edges = op_graph(layout, slots, range(2))
+
+    def merged(node):  # a collective op's workers as one node
+        if (node.op, node.worker) in collective:
+            return (node.step, -1, node.op)
+        return (node.step, node.worker, node.op)
+
+    contracted = [type(e)(merged(e.source), merged(e.target), e.kind) for e in edges
+                  if merged(e.source) != merged(e.target)]
+    for node in {merged(n) for n in nodes}:
+        assert node not in reachable(contracted, node), f"cycle through {node}"
+
+
+@pytest.mark.parametrize("case", sorted(SYNCED))
+def test_scheduler_sync_refuses_collective_slots(case):
+    layout, slots = make(case)
+    assert any(is_collective(slot) for slot in slots)
+    with pytest.raises(ValueError, match="collective.*workspace.sync: markers"):
+        step_tasks(layout, slots, 0, "scheduler")
+
+
+@pytest.mark.parametrize("case", ALL + sorted(SYNCED))
 def test_graph_is_acyclic_and_every_op_runs_once_per_step(case):
     layout, slots = make(case)
     nodes, edges = op_graph(layout, slots, range(2))
@@ -168,7 +207,7 @@ def test_graph_is_acyclic_and_every_op_runs_once_per_step(case):
         assert node not in reachable(edges, node), f"cycle through {node}"
 
 
-@pytest.mark.parametrize("case", ALL)
+@pytest.mark.parametrize("case", ALL + sorted(SYNCED))
 def test_markers_sync_is_one_task_per_worker_without_dask_dependencies(case):
     layout, slots = make(case)
     tasks = step_tasks(layout, slots, 5, "markers")

@@ -100,6 +100,12 @@ class TrainConfig:
     check_replicas: bool = described(
         False, "`data`/`hybrid`: every replica reports a fingerprint of its weights each "
         "step, and the run stops if two differ (costs a hash of the weights per step)")
+    batch_norm: Literal["sync", "local"] = described(
+        "sync", "`data`/`hybrid`: batch norm's statistics over the whole batch (`sync`: "
+        "every replica's rows, the arithmetic of single-process SGD, two small exchanges "
+        "per batch-norm layer and step; needs `workspace.sync: markers`) or over each "
+        "replica's own rows (`local`: DDP's default; the replicas' running statistics "
+        "differ, and the checkpoint keeps the first worker's)")
     max_recoveries: int = described(
         3, "lost workers survived per run: restore the last complete checkpoint, re-place "
         "the lost share on the survivors and replay (0: stop at the first loss)")

@@ -11,6 +11,14 @@ Pure functions, no cluster. The ops of a step per worker come from the layout
   step s+1. The graph never needs these as extra waits: `op_graph` lists them so
   that tests/test_step_graph.py can check they follow from the other two.
 
+A *collective* slot (`is_collective`) is written and read by the same op, which its
+writer and readers run at once, each writing its own slot before it waits for the
+others' (sync batch norm's partial sums, tasks/sync_batch_norm.py). Its write comes
+before its reads inside that op, so it adds no data edge between ops (the edge
+would be a cycle between workers that wait for each other only inside the op); its
+reuse edges stay. With these, a step cannot deadlock when the graph with each
+collective op's workers taken as one node is acyclic (tests/test_step_graph.py).
+
 `step_tasks` turns one step into Dask tasks, in one of two ways (`workspace.sync`):
 
 - ``markers`` (the default): one task per worker and step, holding all its ops;
@@ -20,7 +28,9 @@ Pure functions, no cluster. The ops of a step per worker come from the layout
   instead of a scheduler hop (20-30 ms measured here, docs/benchmarks.md).
 - ``scheduler``: a worker's ops are cut into a new task before every op that reads
   another worker's slot, and every edge that crosses tasks is a Dask dependency.
-  Same ops, same arithmetic; each hop goes through the scheduler.
+  Same ops, same arithmetic; each hop goes through the scheduler. A collective op
+  cannot be had this way (each worker's task would wait for the others' to finish),
+  so a layout with collective slots is refused.
 """
 
 from __future__ import annotations
@@ -62,6 +72,12 @@ class TaskSpec:
     priority: int  # higher runs first on its worker
 
 
+def is_collective(slot: Slot) -> bool:
+    """Whether `slot` is written and read by the same op, run by its writer and
+    readers at once (module doc)."""
+    return slot.write_op == slot.read_op
+
+
 def op_graph(layout: Layout, slots: list[Slot], steps: range) -> tuple[list[OpNode], list[Edge]]:
     """Every op of `steps` and every edge between them (see the module doc)."""
     nodes: list[OpNode] = []
@@ -79,8 +95,9 @@ def op_graph(layout: Layout, slots: list[Slot], steps: range) -> tuple[list[OpNo
             previous_last[worker] = ops[-1]
         for slot in slots:
             for reader, read_op in slot.reads():
-                edges.append(Edge(OpNode(step, slot.writer, slot.write_op),
-                                  OpNode(step, reader, read_op), "data", slot.name))
+                if not is_collective(slot):
+                    edges.append(Edge(OpNode(step, slot.writer, slot.write_op),
+                                      OpNode(step, reader, read_op), "data", slot.name))
                 if step + 1 in steps:
                     edges.append(Edge(OpNode(step, reader, read_op),
                                       OpNode(step + 1, slot.writer, slot.write_op), "reuse",
@@ -107,7 +124,12 @@ def step_tasks(layout: Layout, slots: list[Slot], step: int, sync: Sync,
     """The tasks of one step, each worker's in order (see the module doc).
 
     `first_step` is where the run started: its tasks wait for no earlier step.
+    Raises ValueError for ``scheduler`` with collective slots (module doc).
     """
+    collective = next((slot.name for slot in slots if is_collective(slot)), None)
+    if sync == "scheduler" and collective is not None:
+        raise ValueError(f"slot {collective} is collective (its workers exchange inside one "
+                         "op), which needs workspace.sync: markers")
     reading = {read for slot in slots for read in slot.reads()}
     pieces = {worker: _segments(worker_ops(layout, worker), worker, reading, sync)
               for worker in range(len(layout.workers))}

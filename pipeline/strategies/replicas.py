@@ -5,7 +5,8 @@ neurons over the workers.
 The batch shares come from `pipeline.placement.split_choice.choose_batch_split` (even,
 calibrated or recorded; the model places kernels only); workers given no sample
 leave the run. Worker side: tasks/data_ops.py and tasks/hybrid_ops.py; layouts and
-exchanged slices: tasks/replica_layout.py.
+exchanged slices: tasks/replica_layout.py; batch norm over the replicas
+(``train.batch_norm``): tasks/sync_batch_norm.py.
 """
 
 from __future__ import annotations
@@ -37,6 +38,16 @@ from tasks.replica_layout import DataLayout, HybridLayout, dense_widths, split_c
 from tasks.specs import Arithmetic, NetworkSpec
 
 
+def has_batch_norm(config: RunConfig) -> bool:
+    """Whether the config's network has a batch norm (which does not depend on the
+    image size: built at a size every network fits; a network that does not build is
+    named by the run itself)."""
+    try:
+        return any(layer.batch_norm for layer in config.network_spec((3, 256, 256)).conv)
+    except ConfigError:
+        return False
+
+
 class DataStrategy(Strategy):
     """Data parallel: a full replica per worker, gradients summed through the workspace."""
 
@@ -58,17 +69,30 @@ class DataStrategy(Strategy):
         layout = self.layout(config, network, [w.name for w in workers], shares)
         return self.make_plan(config, workers, layout, placement)
 
+    def check(self, config: RunConfig) -> None:
+        """Besides the placement: sync batch norm has the replicas exchange statistics
+        inside one op, which `workspace.sync: scheduler` cannot order
+        (pipeline/engine/step_graph.py)."""
+        super().check(config)
+        if (config.train.batch_norm == "sync" and config.workspace.sync == "scheduler"
+                and has_batch_norm(config)):
+            raise ConfigError("train.batch_norm: sync has the replicas exchange batch norm's "
+                              "statistics inside one op, which workspace.sync: scheduler "
+                              "cannot order (it cuts tasks at every read): use "
+                              "workspace.sync: markers, or train.batch_norm: local")
+
     def layout(self, config: RunConfig, network: NetworkSpec, workers: list[str],
                shares: list[int]) -> Layout:
         """Its layout over `workers` with these batch shares."""
-        return DataLayout(tuple(workers), tuple(shares))
+        return DataLayout(tuple(workers), tuple(shares), batch_norm=config.train.batch_norm)
 
     def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
         return {"batch_split": list(placement.counts[0])}
 
     def record_attrs(self, config: RunConfig) -> dict[str, Any]:
         return {"gradient_reduction": "workspace: reduce-scatter by range ownership, "
-                                      "then all-gather"}
+                                      "then all-gather",
+                "batch_norm": config.train.batch_norm}
 
     def model(self, network: Network, batch: int, devices: Sequence[DeviceSpec],
               link: LinkSpec, store: StoreSpec | None, options: Options) -> Prediction:
@@ -117,7 +141,7 @@ class HybridStrategy(DataStrategy):
                               f"{len(workers)} workers, but a layer has only {min(widths)}")
         neurons = tuple(tuple(split_counts(width, len(workers))) for width in widths)
         return HybridLayout(tuple(workers), tuple(shares), neurons, config.hybrid.scheme,
-                            config.hybrid.dense_batch)
+                            config.hybrid.dense_batch, batch_norm=config.train.batch_norm)
 
     def arithmetic(self, config: RunConfig, workers: int) -> Arithmetic:
         """Krizhevsky scaled the conv layers' learning rate with the workers."""

@@ -180,6 +180,8 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
         summary[key] = json.loads(attrs[key])
     if "strategy_choice" in attrs:
         summary["strategy_choice"] = json.loads(attrs["strategy_choice"])
+    if "batch_norm" in attrs:  # data and hybrid: the replicas' batch-norm statistics
+        summary["batch_norm"] = attrs["batch_norm"]
     if "link_bytes_sent" in attrs:  # a linked cluster's (run_training's `links`)
         summary["workspace_transport"] = attrs["workspace_transport"]
         for key in ("link_bytes_received", "link_bytes_sent"):
