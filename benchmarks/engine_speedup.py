@@ -100,6 +100,14 @@ TARGETS: dict[str, list[tuple[str, str, float]]] = {
               ("hybrid step time / DDP-gloo's", "<=", 1.0)],
     "paper": [("kernel step time / DDP-gloo's", "<=", 1.0),
               ("data step time / DDP-gloo's", "<=", 0.95)],
+    "resnet20": [("kernel step time / DDP-gloo's", "<=", 1.0),
+                 ("data step time / DDP-gloo's", "<=", 1.0),
+                 ("hybrid step time / DDP-gloo's", "<=", 1.0)],
+    "vgg11": [("kernel speedup over reference 1 thread", ">=", 1.6),
+              ("kernel vs reference 2 threads", ">=", 0.95),
+              ("kernel step time / DDP-gloo's", "<=", 1.0),
+              ("data step time / DDP-gloo's", "<=", 1.0),
+              ("hybrid step time / DDP-gloo's", "<=", 1.0)],
 }
 
 
