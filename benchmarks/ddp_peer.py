@@ -29,7 +29,7 @@ from benchmarks.nets import NETS, net_path
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.sampler import step_indices
 from pipeline.engine.dataset import prepare_dataset
-from tasks.network import build_network, initial_state, to_torch
+from tasks.network import build_network, initial_state, set_dropout, to_torch
 from tasks.optim import make_sgd
 from tasks.replica_layout import ranges, split_counts
 from tasks.worker_state import configure_process
@@ -69,6 +69,7 @@ def ddp_steps(rank: int, world: int, rendezvous: str, config_path: str, override
         t0 = time.perf_counter()
         images, labels = read_batch(info.path, "train", indices[start:stop])
         optimizer.zero_grad(set_to_none=True)
+        set_dropout(model, config.train.seed, number, slice(start, stop), batch)
         F.cross_entropy(ddp(torch.from_numpy(images)), torch.from_numpy(labels)).backward()
         optimizer.step()
         if not exchange:

@@ -176,6 +176,7 @@ def time_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
     first = network.conv[0]
     dtype = getattr(torch, network.dtype)
     model = build_network(network, fast_pool=True).to(profile.device)
+    set_dropout(model, 0, 0)  # a step's masks, as training draws them
     sgd = make_sgd(model.parameters(), OptimizerSpec(lr=1e-6))
     x = torch.randn(rows, first.in_channels, first.in_height, first.in_width,
                     generator=generator, dtype=dtype).to(profile.device)

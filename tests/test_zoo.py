@@ -119,3 +119,11 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
 def test_a_bad_network_is_one_line_naming_the_field(tmp_path, network, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         _config(tmp_path, network, *overrides).network_spec((3, 32, 32))
+
+
+def test_a_replica_is_timed_with_its_dropout_drawn_as_a_step_draws_it():
+    """`placement: calibrated` times a `data` replica in training mode: a network with
+    dropout needs its masks pointed at a step first."""
+    from tasks.data_ops import time_replica
+    network = build_preset("vgg11", (3, 32, 32), 10, "float32", 1 / 16, 0.5)
+    assert time_replica(network, 4, repeats=1)["seconds"] > 0
