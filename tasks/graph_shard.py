@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tasks.network import BUFFER_COUNTER, pool
+from tasks.network import BUFFER_COUNTER, backward_from, pool
 from tasks.optim import make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.specs import ConvLayerSpec, OptimizerSpec, ShardRange
 
@@ -78,14 +78,6 @@ class _GraphSaved:
     input_grad: bool
     grads: dict[str, torch.Tensor] | None = None  # the parameters', by name
     residual_grad: torch.Tensor | None = None
-
-
-def backward_from(output: torch.Tensor, grad: torch.Tensor) -> None:
-    """``output.backward(grad)`` without torch's import of sympy (an explicit
-    gradient's shape is checked with torch.fx's symbolic shapes, about 40 MB in a
-    worker): the gradient of ``sum(output * grad)`` with respect to `output` is
-    ``1.0 * grad``, the same bits."""
-    (output * grad).sum().backward()
 
 
 class GraphShard:

@@ -31,7 +31,7 @@ from storage.datasets import read_batch, read_labels
 from tasks.data_ops import (Gradients, batch_norm_exchange, dtype_of, grad_reduce, grad_update,
                             hand_on_ranges, read_tensors, write_tensors)
 from tasks.layout import StepOp
-from tasks.network import SpecNetwork, conv_trunk, dropout_mask, to_arrays
+from tasks.network import SpecNetwork, backward_from, conv_trunk, dropout_mask, to_arrays
 from tasks.optim import WorkerSGD, make_sgd, momentum_of, restore_momentum, weights_of
 from tasks.receipts import TaskClock
 from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_REDUCE, GRAD_UPDATE,
@@ -311,14 +311,6 @@ def trunk_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                 work.features = None
             run.emulate(clock, spans.seconds)
         hand_on_ranges(run, work.grads, work.conv_optimizer, step, clock)
-
-
-def backward_from(output: torch.Tensor, grad: torch.Tensor) -> None:
-    """``output.backward(grad)`` without its import of sympy: torch checks an explicit
-    gradient's shape with torch.fx's symbolic shapes, whose first use imports sympy,
-    about 40 MB in every worker that does. The gradient of ``sum(output * grad)``
-    with respect to `output` is ``1.0 * grad``: the same bits reach the graph."""
-    (output * grad).sum().backward()
 
 
 #: What `hybrid` runs on a worker.

@@ -75,6 +75,21 @@ def set_dropout(model: nn.Module, seed: int, step: int, rows: slice | None = Non
             module.draw = (seed, step, rows or slice(None), batch or -1)
 
 
+def backward_from(output: torch.Tensor, grad: torch.Tensor) -> None:
+    """``output.backward(grad)``, straight into autograd's engine.
+
+    Why not `Tensor.backward`: it checks an explicit gradient's shape with torch.fx's
+    symbolic shapes, whose first use imports sympy (about 40 MB in every worker that
+    does). The stand-in ``(output * grad).sum().backward()`` hands the graph the same
+    bits but costs two passes over the tensor: 4-5 ms a layer of ResNet-20's first
+    stage at batch 128, about a tenth of `single`'s step. The shape is checked here."""
+    if output.shape != grad.shape:
+        raise ValueError(f"a gradient of shape {tuple(grad.shape)} for an output of shape "
+                         f"{tuple(output.shape)}")
+    torch.autograd.Variable._execution_engine.run_backward(  # what backward() calls
+        (output,), (grad,), False, False, (), True, True)
+
+
 def pool(x: torch.Tensor, spec: PoolSpec, fast: bool = False) -> torch.Tensor:
     """One pooling as PyTorch's functional ops compute it (`fast`: a max-pool whose
     window is its stride through the channels-last kernel, tasks/pooling.py)."""
