@@ -159,7 +159,7 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
     assert FAULTS[f"worker SIGKILLed mid-run, {strategy}, {dtype}"] == "survived"
     cluster = three_cli_workers
     dataset = tiny_dataset_factory(dtype)
-    steps, every = (16, 4) if network == "paper family" else (8, 2)
+    steps, every = (16, 4) if network == "paper family" else (6, 3)
     args = tiny_args(tmp_path / "recovered", dataset) + [
         f"strategy={strategy}", "placement=even", f"network.dtype={dtype}",
         f"train.checkpoint_every={every}", f"train.steps={steps}", "train.eval_samples=0",
