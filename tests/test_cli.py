@@ -60,6 +60,7 @@ class CliCluster:
             if text.strip():
                 return json.loads(text)["address"]
             time.sleep(0.2)
+        self.stop()  # a fixture whose setup fails is not torn down: leave no scheduler
         raise TimeoutError(f"no scheduler file at {self.scheduler_file} after 60 s")
 
     def stop(self) -> None:
