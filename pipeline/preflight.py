@@ -88,6 +88,7 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     strategy = strategy_of(config)
     check_writable_dir(config.output_dir, output_field)
     check_dataset(config)
+    network_for(config)  # the network fits the images (ConfigError naming the layer)
     workspace = config.workspace.path
     if workspace and "://" not in workspace:
         check_writable_dir(workspace, "workspace.path")

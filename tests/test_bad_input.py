@@ -94,6 +94,8 @@ CASES: list[Case] = [
     train_case("network.conv.1.padding=-1", names="network.conv.1.padding"),
     train_case("network.hidden=[64, 0]", names="network.hidden.1"),
     train_case("network.classes=0", names="network.classes"),
+    # A zoo network too big for the images (AlexNet's strided stem wants 63 pixels).
+    train_case("network.preset=alexnet", names="network.preset: alexnet does not fit"),
     train_case("network.conv=[]", names="network.conv"),
     train_case("cluster.workers=0", names="cluster.workers"),
     train_case("cluster.workers=[{speed: 0}]", names="cluster.workers.0.speed"),
