@@ -35,6 +35,8 @@ import sys
 import tempfile
 
 from pipeline.config.run_config import load_run_config
+from pipeline.strategies import strategy_named
+from pipeline.strategies.base import network_for
 from tasks.specs import NetworkSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,14 +110,14 @@ def count(network: NetworkSpec, batch: int, kernels: list[int], head: bool,
 def breakdowns(config: str, case: str, batch: int, summary: dict) -> dict[str, dict]:
     """The count of each worker of a case's run (weights here include gradients)."""
     run = load_run_config(os.path.join(ROOT, config), case_overrides(case))
-    network = run.network_spec((3, 32, 32))
+    network = network_for(run)
     layers = [spec.kernels for spec in network.conv]
-    strategy = case.split("/")[0].split(":")[0]
+    strategy = strategy_named(case.split("/")[0].split(":")[0])
     workers = list(summary["memory_peak"])
-    if strategy in ("reference", "single"):
+    if not strategy.uses_cluster or strategy.one_worker:  # the whole network in one place
         return {w: count(network, batch, layers, True, False) for w in workers}
-    if strategy == "kernel":
-        split = summary["kernel_split"]  # per layer, kernels per worker
+    if strategy.split_unit == "kernel":
+        split = summary[strategy.split_key]  # per layer, kernels per worker
         names = summary.get("split_workers", workers)
         return {w: count(network, batch, [row[i] for row in split], w == summary["master"],
                          True) for i, w in enumerate(names)}

@@ -159,7 +159,8 @@ def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> d
                        reverse=True)
     # the worker processes' names are not known from outside: largest to largest
     # (a worker the nanny restarted shows as one more process: the largest are kept)
-    have_all = sorted([measured["client"]] if strategy == "reference" else measured["workers"],
+    have_all = sorted([measured["client"]] if not strategy_named(strategy).uses_cluster
+                      else measured["workers"],
                       reverse=True)[:len(predicted)]
     rows = []
     for d, (have, (want, base)) in enumerate(zip(have_all, predicted)):

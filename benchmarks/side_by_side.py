@@ -61,6 +61,7 @@ from benchmarks.nets import NETS, net_path
 from benchmarks.ddp_peer import ddp_steps, rendezvous_file
 from benchmarks.engine_speedup import TARGETS, ratio_report, run_order, target_lines
 from pipeline.engine.checkpointing import prepare_checkpoints
+from pipeline.strategies import strategy_named
 from pipeline.cluster.workers import ClusterWorker, find_workers
 from pipeline.config.cluster_config import DEVICE_NAME
 from pipeline.config.run_config import RunConfig, load_run_config
@@ -146,7 +147,8 @@ def engine_contenders(names: Sequence[str], config: Callable[..., RunConfig], cl
                       offered: list[ClusterWorker]) -> list[LoopContender]:
     """An engine of each strategy in `names` on `offered` (``single`` on the first)."""
     return [loop_contender(name, config(f"strategy={name}"), client,
-                           offered[:1] if name == "single" else offered) for name in names]
+                           offered[:1] if strategy_named(name).one_worker else offered)
+            for name in names]
 
 
 def loop_contender(name: str, config: RunConfig, client: Client | None = None,
