@@ -139,8 +139,10 @@ class NetworkSpec:
     preset: str = ""
 
     def __post_init__(self) -> None:
-        if self.conv and not self.conv[0].name:
-            object.__setattr__(self, "conv", _sequential_names(self.conv))
+        if self.conv and not self.conv[0].name:  # the paper family's: Sequential indices
+            object.__setattr__(self, "conv", tuple(
+                replace(layer, name=str(self.conv_module_index(l)))
+                for l, layer in enumerate(self.conv)))
         if not self.dense_names:
             object.__setattr__(self, "dense_names",
                                tuple(str(i) for i in self.dense_module_indices()))
@@ -211,15 +213,6 @@ class NetworkSpec:
 
     def dense_dropout(self, j: int) -> float:
         return self.dropout[j] if j < len(self.dropout) else 0.0
-
-
-def _sequential_names(conv: tuple[ConvLayerSpec, ...]) -> tuple[ConvLayerSpec, ...]:
-    """The layers named by their index in the paper family's nn.Sequential."""
-    named, index = [], 0
-    for layer in conv:
-        named.append(replace(layer, name=str(index)))
-        index += 2 + len(layer.pooling)
-    return tuple(named)
 
 
 def check_network(network: NetworkSpec) -> None:

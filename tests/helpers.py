@@ -110,7 +110,7 @@ def _plain_model(config: RunConfig, dataset: str | None = None) -> nn.Module:
         return load_torchvision(network.preset, network.classes, network.width,
                                 0.5 if network.dropout is None else network.dropout,
                                 initial, network.dtype)
-    if network.preset is not None or network.layers:
+    if is_spec_network(config):
         shape = open_dataset_info(dataset or config.dataset_path).image_shape
         return load_model(config.network_spec(shape), initial)
     model = plain_pytorch_sequential([c.kernels for c in config.network.conv],
