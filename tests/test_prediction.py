@@ -28,7 +28,7 @@ from pipeline.placement.model_placement import choose_split
 from pipeline.placement.split import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             Unpriced, WorkerProbe, cached_master_probe, cached_probe,
-                            cluster_probe_from_dict, costmodel_network, find_cached_probe)
+                            cluster_probe_from_dict, find_cached_probe)
 from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import predict_run, run_training
@@ -411,8 +411,6 @@ def test_a_zoo_run_records_no_prediction_says_why_and_probes_nothing(tmp_path, m
                                                        "prediction_note": UNPRICED_RESNET}
         assert predict_point(config) is None and prediction_gap(config) == UNPRICED_RESNET
         assert predict_memory(config) is None
-    with pytest.raises(Unpriced, match=r"^the model prices the paper family's layers only"):
-        costmodel_network(network_for(config))
 
 
 def test_the_probe_refuses_a_network_the_model_does_not_price():

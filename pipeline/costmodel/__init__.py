@@ -29,14 +29,14 @@ from .collectives import (
 from .devices import (IDEAL_LINK, DaskOverhead, DeviceSpec, LayerTable, LinkSpec, StoreSpec,
                       TrunkTime)
 from .krizhevsky import krizhevsky_k20_setup, krizhevsky_speedups
-from .network import (ConvLayer, DenseLayer, Gemm, Network, alexnet, conv_net, marques_cifar,
+from .network import (ConvLayer, DenseLayer, Gemm, Network, Pool, alexnet, conv_net, marques_cifar,
                       sequential)
 from .prediction import Options, Prediction
 from .splits import apportion, split_kernels_minmax, split_kernels_proportional
 from .strategies import STRATEGIES, predict, speedup
 
 __all__ = [
-    "ConvLayer", "DenseLayer", "Gemm", "Network", "alexnet", "conv_net", "marques_cifar", "sequential",
+    "ConvLayer", "DenseLayer", "Gemm", "Network", "Pool", "alexnet", "conv_net", "marques_cifar", "sequential",
     "DeviceSpec", "LayerTable", "TrunkTime", "LinkSpec", "StoreSpec", "DaskOverhead", "IDEAL_LINK",
     "allreduce", "alltoall", "binomial_broadcast", "linear_broadcast", "rhd_allreduce",
     "ring_allgather", "ring_allreduce", "ring_reduce_scatter",

@@ -15,11 +15,51 @@ from typing import Sequence
 from .devices import DeviceSpec
 from .network import ConvLayer, DenseLayer
 
-__all__ = ["LayerTime", "conv_time", "dense_time", "UPDATE_ACCESSES"]
+__all__ = ["LayerTime", "conv_time", "dense_time", "after_conv_elements", "UPDATE_ACCESSES"]
 
 #: Element accesses per parameter of an SGD-with-momentum update:
 #: read weight, gradient and momentum, write weight and momentum.
 UPDATE_ACCESSES = 5
+
+#: Element accesses per conv-output element of batch norm in training mode: forward, a
+#: statistics pass (read) and the normalisation (read, write); backward, a pass for
+#: the per-channel sums (read the gradient and the input) and one for the input
+#: gradient (read both, write it).
+BATCH_NORM_FORWARD, BATCH_NORM_BACKWARD = 3, 5
+
+#: Element accesses per element of a residual sum forward (read both, write); its
+#: backward hands the same gradient to both operands and costs nothing.
+RESIDUAL_FORWARD = 3
+
+#: Element accesses per dense-input element of dropout: forward, draw the mask, read
+#: the input, write the output; backward, read the gradient, write it masked.
+DROPOUT_FORWARD, DROPOUT_BACKWARD = 3, 2
+
+
+def after_conv_elements(layer: ConvLayer, batch: float, kernels: float,
+                        backward: bool = False) -> float:
+    """Element accesses of what follows a conv on ``kernels`` channels: batch norm,
+    the residual sum, ReLU and the poolings, forward or ``backward``.
+
+    Each is a stream through memory (the roofline's memory side). A ReLU followed by a
+    pooling is fused into the pooling's read (forward: read + write the pre-pool map,
+    write the pooled one; backward: read the pooled gradient, write and mask the
+    pre-pool one), as the paper family's layers have always been priced.
+    """
+    conv_el = layer.conv_elements(batch, kernels)
+    pooled = layer.pooled_elements(batch, kernels)
+    inputs = [conv_el, *pooled[:-1]]
+    total = 0.0
+    if layer.batch_norm:
+        total += (BATCH_NORM_BACKWARD if backward else BATCH_NORM_FORWARD) * conv_el
+    if layer.residual is not None and not backward:
+        total += RESIDUAL_FORWARD * conv_el
+    if layer.relu:
+        total += 2 * conv_el
+    for i, (seen, out) in enumerate(zip(inputs, pooled)):
+        fused = i == 0 and layer.relu  # the pool's read of the ReLU's output
+        total += out + (0.0 if fused else seen)
+    return total
 
 
 @dataclass(frozen=True)
@@ -90,14 +130,11 @@ def conv_time(
     if table is not None:  # measured at the real shapes, update included
         fwd, bwd = table.times(k, batch)
         return LayerTime(fwd, bwd, 0.0, table.input_time(k, batch) if input_grad else 0.0)
-    conv_el = layer.conv_elements(batch, k)
-    out_el = layer.output_elements(batch, k)
-    # forward: product, then ReLU fused into the pool's read (read + write
-    # the pre-pool map, write the pooled map).
-    fwd = dev.gemm_time(layer.forward(batch, k), "conv", name) + dev.stream_time(2 * conv_el + out_el)
-    # backward: pool/ReLU backward (read pooled grad, write + mask the
-    # pre-pool grad), kernel grads, and the col2im input grad.
-    first = dev.stream_time(out_el + 2 * conv_el)
+    fwd = dev.gemm_time(layer.forward(batch, k), "conv", name) + dev.stream_time(
+        after_conv_elements(layer, batch, k))
+    # backward: what follows the conv backwards (pool, ReLU, batch norm), the
+    # kernel grads, and the col2im input grad.
+    first = dev.stream_time(after_conv_elements(layer, batch, k, backward=True))
     if input_grad:
         first += dev.gemm_time(layer.backward_input(batch, k), "conv", name)
         first += dev.stream_time(layer.input_elements(batch))
@@ -112,6 +149,7 @@ def dense_time(
     batch: float,
     fraction: float = 1.0,
     input_grad: bool = True,
+    dropout: Sequence[float] = (),
 ) -> LayerTime:
     """Time of a dense head, or of a model-parallel slice of it.
 
@@ -128,12 +166,17 @@ def dense_time(
     input_grad : bool
         Whether the first dense layer's input gradient is needed (it is
         whenever conv layers sit below).
+    dropout : sequence of float
+        Dropout probability on each layer's input (`Network.dropout`; empty: none).
     """
     if batch <= 0 or fraction <= 0:
         return LayerTime()
     fwd = bwd = upd = 0.0
     for i, layer in enumerate(layers):
         name = layer.name or None
+        if i < len(dropout) and dropout[i] > 0:  # on the input, whole in every slice
+            fwd += dev.stream_time(DROPOUT_FORWARD * batch * layer.in_features)
+            bwd += dev.stream_time(DROPOUT_BACKWARD * batch * layer.in_features)
         fwd += dev.gemm_time(layer.forward(batch, fraction), "dense", name)
         bwd += dev.gemm_time(layer.backward_weight(batch, fraction), "dense", name)
         if i > 0 or input_grad:

@@ -24,9 +24,12 @@ __all__ = ["layer_times", "replica_times", "measured_trunk", "unique_rows", "per
 
 def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = True) -> list[LayerTime]:
     """Per-layer times of a whole replica, in forward order."""
-    out = [conv_time(dev, c, batch, input_grad=i > 0) for i, c in enumerate(network.conv)]
+    out = [conv_time(dev, c, batch, input_grad=network.source(i) >= 0)
+           for i, c in enumerate(network.conv)]
     if dense:
-        out += [dense_time(dev, [d], batch, input_grad=bool(network.conv) or i > 0) for i, d in enumerate(network.dense)]
+        out += [dense_time(dev, [d], batch, input_grad=bool(network.conv) or i > 0,
+                          dropout=(network.dense_dropout(i),))
+                for i, d in enumerate(network.dense)]
     return out
 
 

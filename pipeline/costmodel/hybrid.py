@@ -63,7 +63,8 @@ class _DenseHead:
         """One dense sub-step of `b` samples: the slowest kind's time, each kind's
         (once per distinct `b`: the K rounds of schemes b/c take one or two)."""
         if (b, update) not in self.subs:
-            parts = [dense_time(dev, self.network.dense, b, 1.0 / self.K) for dev in self.kinds]
+            parts = [dense_time(dev, self.network.dense, b, 1.0 / self.K,
+                                dropout=self.network.dropout) for dev in self.kinds]
             self.subs[b, update] = (max(p.forward + p.backward + (p.update if update else 0.0)
                                         for p in parts), parts)
         return self.subs[b, update]

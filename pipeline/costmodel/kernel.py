@@ -112,7 +112,8 @@ def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
                 tl.write(d, f"act/{l}/{d}", ctx.slice_bytes(l, d), len(holders))
     last = ctx.holders(L - 1)
     tl.read(m, [(f"act/{L - 1}/{e}", ctx.slice_bytes(L - 1, e)) for e in last if e != m], 1)
-    tl.run(m, "master", dense_time(ctx.devices[m], ctx.network.dense, ctx.batch).total)
+    tl.run(m, "master", dense_time(ctx.devices[m], ctx.network.dense, ctx.batch,
+                                 dropout=ctx.network.dropout).total)
     for e in last:
         if e != m:
             tl.write(m, f"grad/{e}", ctx.slice_bytes(L - 1, e), 1)
@@ -157,7 +158,7 @@ def predict_kernel(
         result, tables = steady_fast(ctx, _dataset_reads(ctx))
         per_dev = tables.per_device.tolist()
     step, path = result.step, result.path
-    head = dense_time(devs[ctx.master], network.dense, batch).total
+    head = dense_time(devs[ctx.master], network.dense, batch, dropout=network.dropout).total
     per_dev[ctx.master] += head
     io_key = "storage" if store is not None or len(devs) == 1 else "communication"
     breakdown = {"compute": per_dev, "compute_max": max(per_dev),

@@ -104,7 +104,8 @@ def _plan(ctx: KernelContext, dataset_seconds: np.ndarray) -> _Plan:
     slice_bytes = [(counts[l] * (ctx.batch * layer.out_hw[0] * layer.out_hw[1] * ctx.s))
                    .astype(float) for l, layer in enumerate(ctx.network.conv)]
     active = np.flatnonzero((counts > 0).any(axis=0) | (np.arange(P) == ctx.master))
-    head = dense_time(ctx.devices[ctx.master], ctx.network.dense, ctx.batch).total
+    head = dense_time(ctx.devices[ctx.master], ctx.network.dense, ctx.batch,
+                      dropout=ctx.network.dropout).total
     return _Plan(ctx, compute_tables(ctx), dataset_seconds,
                  [np.flatnonzero(row > 0) for row in counts], slice_bytes, active, head,
                  [np.zeros(P) for _ in counts], {}, np.zeros(P))

@@ -18,6 +18,7 @@ from typing import Sequence
 
 __all__ = [
     "Gemm",
+    "Pool",
     "ConvLayer",
     "DenseLayer",
     "Network",
@@ -65,8 +66,26 @@ class Gemm:
 
 
 @dataclass(frozen=True)
+class Pool:
+    """One pooling over each channel apart, as PyTorch's: ``kind`` ``max``, ``avg``
+    (window, stride, padding) or ``adaptive_avg`` (to a ``window`` x ``window`` map)."""
+
+    kind: str = "max"
+    window: int = 2
+    stride: int = 2
+    padding: int = 0
+
+    def out_size(self, size: int) -> int:
+        """The pooled side of a ``size``-long side."""
+        if self.kind == "adaptive_avg":
+            return self.window
+        return (size + 2 * self.padding - self.window) // self.stride + 1
+
+
+@dataclass(frozen=True)
 class ConvLayer:
-    """A 2-D convolution, optionally followed by ReLU and max-pooling.
+    """A 2-D convolution and what follows it on the same channels, in this order:
+    batch norm, + the output of layer ``residual``, ReLU, each pooling.
 
     Parameters
     ----------
@@ -85,6 +104,18 @@ class ConvLayer:
         Used to look up per-layer calibrated rates.
     bias : bool
         Whether the layer has a bias per kernel.
+    pools : tuple of Pool, optional
+        The poolings after the ReLU, replacing ``pool``/``pool_stride`` when given.
+    batch_norm : bool
+        Batch norm (training mode) on the conv's output.
+    relu : bool
+        ReLU after the batch norm and the residual sum.
+    source : int, optional
+        Index of the conv layer whose output this one reads (None: the one before;
+        -1: the images), so that a residual block's shortcut reads the block's input.
+    residual : int, optional
+        Index of the conv layer whose (pre-pool) output is added to this one's before
+        the ReLU: channel ``c`` to channel ``c``, which ties the two layers' splits.
     """
 
     in_channels: int
@@ -97,6 +128,20 @@ class ConvLayer:
     pool_stride: int | None = None
     name: str = ""
     bias: bool = True
+    pools: tuple[Pool, ...] | None = None
+    batch_norm: bool = False
+    relu: bool = True
+    source: int | None = None
+    residual: int | None = None
+
+    @property
+    def pooling(self) -> tuple[Pool, ...]:
+        """The poolings after the ReLU, in order."""
+        if self.pools is not None:
+            return tuple(self.pools)
+        if self.pool <= 1:
+            return ()
+        return (Pool("max", self.pool, self.pool_stride or self.pool),)
 
     @property
     def conv_hw(self) -> tuple[int, int]:
@@ -109,10 +154,9 @@ class ConvLayer:
     def out_hw(self) -> tuple[int, int]:
         """Spatial size after pooling (what the next layer sees)."""
         h, w = self.conv_hw
-        if self.pool <= 1:
-            return (h, w)
-        s = self.pool_stride or self.pool
-        return ((h - self.pool) // s + 1, (w - self.pool) // s + 1)
+        for pool in self.pooling:
+            h, w = pool.out_size(h), pool.out_size(w)
+        return (h, w)
 
     @property
     def patch(self) -> int:
@@ -121,9 +165,26 @@ class ConvLayer:
         return self.in_channels * kh * kw
 
     def params(self, kernels: int | None = None) -> int:
-        """Parameters of ``kernels`` output channels (all by default)."""
+        """Parameters of ``kernels`` output channels (all by default): weights, the
+        bias and batch norm's scale and shift."""
         k = self.out_channels if kernels is None else kernels
-        return k * self.patch + (k if self.bias else 0)
+        return k * self.patch + (k if self.bias else 0) + (2 * k if self.batch_norm else 0)
+
+    def buffers(self, kernels: int | None = None) -> int:
+        """Non-trained state of ``kernels`` channels: batch norm's running mean and
+        variance (its counter is one number, left out)."""
+        k = self.out_channels if kernels is None else kernels
+        return 2 * k if self.batch_norm else 0
+
+    def pooled_elements(self, batch: int, kernels: float | None = None) -> list[float]:
+        """Elements of each pooling's output of ``kernels`` channels, in order."""
+        k = self.out_channels if kernels is None else kernels
+        h, w = self.conv_hw
+        sizes = []
+        for pool in self.pooling:
+            h, w = pool.out_size(h), pool.out_size(w)
+            sizes.append(batch * k * h * w)
+        return sizes
 
     def macs(self, kernels: float | None = None) -> float:
         """Forward MACs per sample for ``kernels`` output channels."""
@@ -209,22 +270,73 @@ class Network:
     conv: tuple[ConvLayer, ...]
     dense: tuple[DenseLayer, ...]
     name: str = ""
+    dropout: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        for a, b in zip(self.conv, self.conv[1:]):
-            if b.in_channels != a.out_channels or tuple(b.in_hw) != a.out_hw:
-                raise ValueError(f"conv layer {b.name!r} does not follow {a.name!r}")
+        for l, b in enumerate(self.conv):
+            src = self.source(l)
+            if not -1 <= src < l:
+                raise ValueError(f"conv layer {b.name!r} must read an earlier layer")
+            if src >= 0:
+                a = self.conv[src]
+                if b.in_channels != a.out_channels or tuple(b.in_hw) != a.out_hw:
+                    raise ValueError(f"conv layer {b.name!r} does not follow {a.name!r}")
+            if b.residual is not None:
+                if not 0 <= b.residual < l:
+                    raise ValueError(f"conv layer {b.name!r}: the residual must be an "
+                                     "earlier layer")
+                added = self.conv[b.residual]
+                if (added.out_channels, added.out_hw) != (b.out_channels, b.conv_hw):
+                    raise ValueError(f"conv layer {b.name!r}: {added.name!r}'s output "
+                                     "does not match its channels and size")
         if self.conv and self.dense and self.dense[0].in_features != self.features:
             raise ValueError("first dense layer must take the flattened conv output")
         for a, b in zip(self.dense, self.dense[1:]):
             if b.in_features != a.out_features:
                 raise ValueError(f"dense layer {b.name!r} does not follow {a.name!r}")
 
+    def source(self, l: int) -> int:
+        """The conv layer whose output layer ``l`` reads (-1: the images)."""
+        given = self.conv[l].source
+        return l - 1 if given is None else given
+
+    def readers(self, l: int) -> list[int]:
+        """The conv layers that read the whole output of layer ``l`` (-1: the images)."""
+        return [r for r in range(len(self.conv)) if self.source(r) == l]
+
+    def adders(self, l: int) -> list[int]:
+        """The conv layers that add layer ``l``'s output to theirs, channel by channel."""
+        return [r for r, layer in enumerate(self.conv) if layer.residual == l]
+
+    def tied_groups(self) -> list[list[int]]:
+        """Layers that must share one kernel split (a residual sum adds their channels
+        one to one), as lists of indices in order; a layer alone is its own group."""
+        # a residual is an earlier layer, whose group is known by then
+        group_of: list[int] = []
+        for l, layer in enumerate(self.conv):
+            group_of.append(l if layer.residual is None else group_of[layer.residual])
+        return [[l for l, g in enumerate(group_of) if g == first]
+                for first in sorted(set(group_of))]
+
+    @property
+    def chain(self) -> bool:
+        """Whether every layer reads the one before and adds nothing (the paper family's
+        shape, which the fast timelines assume)."""
+        return all(layer.source is None and layer.residual is None for layer in self.conv)
+
+    def dense_dropout(self, j: int) -> float:
+        """The dropout probability on dense layer ``j``'s input (0: none)."""
+        return self.dropout[j] if j < len(self.dropout) else 0.0
+
     @property
     def features(self) -> int:
         """Flattened size of the last conv layer's (pooled) output per sample."""
         last = self.conv[-1]
         return last.out_channels * last.out_hw[0] * last.out_hw[1]
+
+    def conv_buffers(self) -> int:
+        """Batch norm's running statistics of all conv layers."""
+        return sum(c.buffers() for c in self.conv)
 
     def conv_params(self) -> int:
         """Parameters of all conv layers."""

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.costmodel import DeviceSpec, LayerTable, Network, StoreSpec, sequential
+from pipeline.costmodel import (ConvLayer, DenseLayer, DeviceSpec, LayerTable, Network, Pool,
+                                StoreSpec)
 from pipeline.probe.robust import inconsistent
 from pipeline.probe.timings import ShardTiming
 from tasks.specs import ConvLayerSpec, NetworkSpec
@@ -56,20 +57,29 @@ def require_priced(spec: NetworkSpec) -> None:
 
 
 def costmodel_network(spec: NetworkSpec) -> Network:
-    """The engine's network (conv + ReLU + pool per layer, dense head) for the cost model.
+    """The engine's network for the cost model: every conv layer with what follows it
+    (batch norm, the residual sum, ReLU, poolings), its source, and the dense head with
+    its dropout.
 
-    Layers are named ``conv1``, ``conv2``, ... as the probe's tables are. Raises
-    `Unpriced` for a network with other layers (`unpriced`).
+    Layers are named ``conv1``, ``conv2``, ... as the probe's tables are, and dense
+    layers ``fc1``, ``fc2``, ... The shapes are checked against the engine's.
     """
-    require_priced(spec)
-    first = spec.conv[0]
-    convs = [dict(out_channels=c.kernels, kernel=c.kernel_size, padding=c.padding, pool=c.pool)
-             for c in spec.conv]
-    net = sequential(first.in_channels, (first.in_height, first.in_width), convs,
-                     [*spec.hidden, spec.classes], name="engine")
+    convs = [ConvLayer(in_channels=c.in_channels, out_channels=c.kernels,
+                       in_hw=(c.in_height, c.in_width), kernel=c.kernel_size,
+                       stride=c.stride, padding=c.padding, pool=c.pool,
+                       pools=None if c.pools is None else tuple(
+                           Pool(p.kind, p.window, p.stride, p.padding) for p in c.pools),
+                       name=f"conv{l + 1}", bias=c.bias, batch_norm=c.batch_norm,
+                       relu=c.relu, source=c.source, residual=c.residual)
+             for l, c in enumerate(spec.conv)]
+    widths = [spec.flat_features, *spec.hidden, spec.classes]
+    dense = [DenseLayer(a, b, name=f"fc{j + 1}") for j, (a, b) in
+             enumerate(zip(widths, widths[1:]))]
+    net = Network(tuple(convs), tuple(dense), name=spec.preset or "engine",
+                  dropout=tuple(spec.dropout))
     for ours, theirs in zip(net.conv, spec.conv):
-        if (ours.out_hw, ours.in_channels) != ((theirs.out_height, theirs.out_width),
-                                               theirs.in_channels):
+        if (ours.out_hw, ours.conv_hw) != ((theirs.out_height, theirs.out_width),
+                                           (theirs.conv_height, theirs.conv_width)):
             raise ValueError(f"cost model shapes differ from the engine's at {ours.name}")
     return net
 
