@@ -232,6 +232,19 @@ def test_shipped_scaling_config_loads():
     assert len(sweep.points) == 4 * 11 * 4 * 4 * 2
 
 
+def test_an_override_changes_a_part_of_an_axis_the_file_has():
+    """`axes.<field>.values=` keeps a named axis's dim (the docs' way of choosing
+    networks); `.dim=` names a plain one; `axes.<field>=` still replaces an axis."""
+    sweep = load_scaling_sweep(os.path.join(ROOT, "experiments", "configs", "scaling.yaml"),
+                               ["axes.network.preset.values=[alexnet]",
+                                "axes.strategy.dim=method", "axes.hardware.devices=[2]",
+                                "axes.train.batch.values=[64]"])
+    assert sweep.dims == ["method", "devices", "batch", "link_gbps", "network"]
+    labels = {axis.dim: axis.labels for axis in sweep.axes}
+    assert labels["network"] == ("alexnet",) and labels["batch"] == ("64",)
+    assert labels["devices"] == ("2",) and len(labels["method"]) == 4
+
+
 def test_a_model_error_is_recorded_and_exits_1(tmp_path, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise ValueError("no model for this")

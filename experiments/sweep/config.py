@@ -79,6 +79,8 @@ class ZipGroup:
 
 #: An ``axes:`` entry's value and a ``zip:`` group, as the schema describes them.
 AXES_CONTENT = dict[str, list[Any] | AxisValues]
+#: The parts of a named axis an override can change (`axes.<field>.values=[...]`).
+AXIS_PARTS = tuple(AxisValues.__dataclass_fields__)
 ZIP_CONTENT = list[ZipGroup | dict[str, list[Any]]]
 
 
@@ -200,7 +202,7 @@ def _route_overrides(data: dict, overrides: list[str],
                 axes = data["axes"] = {}
             if not isinstance(axes, dict):
                 raise ConfigError("axes: expected a mapping of field -> values")
-            axes[key.split(".", 1)[1]] = value
+            _set_axis(axes, key.split(".", 1)[1], value)
         elif head == "base" and "." in key:
             base_overrides.append(text.split(".", 1)[1])
         elif head in sweep_keys and head != "base":
@@ -208,6 +210,23 @@ def _route_overrides(data: dict, overrides: list[str],
         else:
             base_overrides.append(text)
     return data, base_overrides
+
+
+def _set_axis(axes: dict, name: str, value: Any) -> None:
+    """``axes.<field>=[...]`` replaces (or adds) the axis over a field;
+    ``axes.<field>.values=[...]`` and ``axes.<field>.dim=NAME`` change a part of an axis
+    the file already has (a named one keeps its dim)."""
+    field, _, part = name.rpartition(".")
+    if part in AXIS_PARTS and field in axes:
+        if isinstance(axes[field], dict):
+            axes[field][part] = value
+            return
+        if part == "values":
+            axes[field] = value
+            return
+        axes[field] = {"dim": value, "values": axes[field]}
+        return
+    axes[name] = value
 
 
 def _resolve_base(base: dict | str, source: str) -> dict:
