@@ -64,6 +64,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the store's rows other than its baseline's (named in the sweep's attrs)",
     ("experiments/report/growth.py", "frame['strategy'] == strategy"):
         "the store's rows of one strategy coordinate, one line each",
+    ("experiments/scaling/regions.py", "REGION_OF not in view.labels(sdim)"):
+        "the store's rows of the strategy whose winning region the scaling report tabulates",
     # Not strategies: names that happen to equal one.
     ("pipeline/records/summary.py", "unit == 'kernel'"):
         "a split's unit (`Strategy.split_unit`), worded in a left-out line",

@@ -11,7 +11,7 @@ it. The file::
     mode: scaling                  # what makes this a scaling sweep
     base:
       strategy: kernel             # single | kernel | data | hybrid
-      network: {preset: marques}   # marques | alexnet, or {conv: [...], hidden, classes}
+      network: {preset: marques}   # a zoo preset (tasks.zoo), or {conv: [...], hidden, classes}
       train: {batch: 128}          # the whole mini-batch over all devices
       hardware:                    # see experiments.scaling.hardware
         devices: 4                 # or {cpu: 2, gpu: 6}
@@ -44,7 +44,8 @@ import yaml
 from experiments.scaling import hardware as hw
 from experiments.sweep.axes import Axis, build_axes, point_data
 from experiments.sweep.config import AXES_CONTENT, ZIP_CONTENT, _resolve_base, _route_overrides
-from pipeline.costmodel import Network, Options, alexnet, conv_net, sequential
+from experiments.scaling.networks import ConvDesc, NetworkDesc, check_network, network_of
+from pipeline.costmodel import Options
 from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
                                     set_dotted, to_dict)
 from pipeline.strategies import Strategy, strategy_named
@@ -55,39 +56,6 @@ __all__ = ["ScalingPoint", "ScalingSweepConfig", "ScalingSweep", "ScalingPointRu
 
 #: Variables a scaling store adds to the measured sweeps' names (dims may not take them).
 SCALING_VARIABLES = {"communication_time", "overhead_time", "baseline_step_time"}
-
-
-@dataclass
-class ConvDesc:
-    """One conv layer (as ``network.conv`` of a run config, plus strides for AlexNet-like nets)."""
-
-    kernels: int = described(doc="the layer's kernels (output channels)")
-    size: int = described(5, "the kernel's height and width")
-    padding: int = described(2, "zeros added on each side of the input")
-    pool: int = described(2, "the max-pool's window (1: none)")
-    stride: int = described(1, "the convolution's stride")
-    pool_stride: int | None = described(None, "the max-pool's stride (null: its window)")
-
-
-@dataclass
-class NetworkDesc:
-    """The network: a ``preset`` (``marques``, ``alexnet``) or conv layers.
-
-    Neither given: Marques et al.'s 500/1500 network (5x5 convolutions with
-    padding 2, ReLU, 2x2 max-pool). ``hidden``, ``classes``, ``image`` and
-    ``channels`` apply to conv layers and to ``marques``; ``alexnet``
-    (3x224x224) takes only ``classes``.
-    """
-
-    preset: Literal["marques", "alexnet"] | None = described(
-        None, "`marques` (the paper's 500/1500 network) or `alexnet` (3x224x224); null with "
-        "no `conv`: `marques`")
-    conv: list[ConvDesc] | None = described(None, "conv layers, instead of a preset")
-    hidden: list[int] = described(factory=list, doc="the dense head's hidden widths (not "
-                                  "for alexnet)")
-    classes: int | None = described(None, "the outputs (null: 10, alexnet 1000)")
-    image: int = described(32, "the input's height and width (not for alexnet)")
-    channels: int = described(3, "the input's channels (not for alexnet)")
 
 
 @dataclass
@@ -206,56 +174,6 @@ class ScalingSweep:
 # The point ----------------------------------------------------------------------------
 
 
-def _check_network(desc: NetworkDesc) -> None:
-    if desc.preset is not None and desc.conv is not None:
-        raise ConfigError("network.conv: give either network.preset or conv layers, not both")
-    if desc.preset == "alexnet" and desc.hidden:
-        raise ConfigError("network.hidden: alexnet has its own dense layers (4096, 4096)")
-    if desc.conv is not None and not desc.conv:
-        raise ConfigError("network.conv: at least one conv layer is needed")
-    for i, layer in enumerate(desc.conv or []):
-        for name in ("kernels", "size", "pool", "stride"):
-            if getattr(layer, name) < 1:
-                raise ConfigError(f"network.conv.{i}.{name}: expected at least 1, got "
-                                  f"{getattr(layer, name)}")
-        if layer.padding < 0:
-            raise ConfigError(f"network.conv.{i}.padding: expected >= 0, got {layer.padding}")
-        if layer.pool_stride is not None and layer.pool_stride < 1:
-            raise ConfigError(f"network.conv.{i}.pool_stride: expected at least 1, got "
-                              f"{layer.pool_stride}")
-    for i, size in enumerate(desc.hidden):
-        if size < 1:
-            raise ConfigError(f"network.hidden.{i}: expected at least 1, got {size}")
-    if desc.classes is not None and desc.classes < 1:
-        raise ConfigError(f"network.classes: expected at least 1, got {desc.classes}")
-    if desc.image < 1 or desc.channels < 1:
-        raise ConfigError("network.image, network.channels: expected at least 1")
-
-
-_NETWORKS: dict[str, Network] = {}
-
-
-def _build_network(desc: NetworkDesc) -> Network:
-    if desc.preset == "alexnet":
-        return alexnet(classes=desc.classes or 1000)
-    if desc.conv is None:  # Marques et al.'s network (pipeline.costmodel.marques_cifar)
-        return conv_net([500, 1500], in_channels=desc.channels, image=desc.image,
-                        hidden=desc.hidden, classes=desc.classes or 10, name="marques_500_1500")
-    specs = [dict(out_channels=c.kernels, kernel=c.size, padding=c.padding, pool=c.pool,
-                  stride=c.stride, pool_stride=c.pool_stride) for c in desc.conv]
-    return sequential(desc.channels, (desc.image, desc.image), specs,
-                      [*desc.hidden, desc.classes or 10],
-                      name="/".join(str(c.kernels) for c in desc.conv))
-
-
-def network_of(desc: NetworkDesc) -> Network:
-    """The cost model's network (cached: the points of a sweep share a few networks)."""
-    key = json.dumps(to_dict(desc), sort_keys=True)
-    if key not in _NETWORKS:
-        _NETWORKS[key] = _build_network(desc)
-    return _NETWORKS[key]
-
-
 def options_of(point: ScalingPoint) -> Options:
     """The cost model's options for a point."""
     o = point.options
@@ -282,7 +200,7 @@ def build_point(data: dict) -> ScalingPoint:
         raise ConfigError(f"train.batch: expected at least 1, got {point.train.batch}")
     if point.options.quantum < 1:
         raise ConfigError(f"options.quantum: expected at least 1, got {point.options.quantum}")
-    _check_network(point.network)
+    check_network(point.network)
     hw.check_hardware(point.hardware)
     try:
         net = network_of(point.network)
@@ -291,7 +209,8 @@ def build_point(data: dict) -> ScalingPoint:
     for i, layer in enumerate(net.conv):
         if min(layer.conv_hw) < 1 or min(layer.out_hw) < 1:
             raise ConfigError(f"network.conv.{i}: the {layer.in_hw[0]}x{layer.in_hw[1]} input "
-                              f"shrinks to nothing (network.image is {point.network.image})")
+                              f"shrinks to nothing (network.image is "
+                              f"{point.network.image or 32})")
     return point
 
 

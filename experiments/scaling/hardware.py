@@ -50,7 +50,9 @@ class DevicePreset:
     Attributes
     ----------
     flops : float
-        Peak (or, where noted, effective) FP32 rate, FLOP/s.
+        The rate convolutions and dense layers run at, FLOP/s: peak FP32, or where
+        noted an effective FP32 rate or the TF32 tensor-core peak (the model prices
+        both kinds of layer at this rate, everything else by memory bandwidth).
     mem_bw : float
         Memory bandwidth, B/s.
     conv_efficiency, dense_efficiency, mem_efficiency : float
@@ -101,6 +103,30 @@ PRESETS: dict[str, DevicePreset] = {
         "large SGEMMs about 80 %, streaming kernels 80 % of bandwidth",
         memory=40e9, accelerator=True),
     "k20": _k20(),
+    "cpu_node": DevicePreset(
+        1.004e13, 4.096e11, 0.5, 0.7, 0.8,
+        "a 2-socket AMD EPYC 7763 server node (AMD datasheet: 2 x 64 cores at 2.45 GHz "
+        "base, two 256-bit FMA units a core, i.e. 32 FP32 FLOP a cycle: 10.0 TFLOP/s; 2 x 8 "
+        "channels of DDR4-3200: 409.6 GB/s); the node is one device (one process, its "
+        "cores as threads); 512 GB of memory (one 32 GB DIMM a channel); efficiencies are "
+        "our assumption: oneDNN convolutions about half of peak, large SGEMMs 70 %, STREAM "
+        "about 80 % of bandwidth",
+        memory=512e9),
+    "a100": DevicePreset(
+        1.56e14, 2.039e12, 0.5, 0.6, 0.8,
+        "NVIDIA A100 SXM4 80GB (datasheet: 156 TFLOP/s TF32 tensor-core dense, 2039 GB/s "
+        "HBM2e, 80 GB), training in TF32; efficiencies are our assumption, not fitted: "
+        "cuDNN tensor-core convolutions about half of peak at large batches, GEMMs 60 %, "
+        "streaming kernels (batch norm, ReLU, pooling) 80 % of bandwidth; checked against "
+        "NVIDIA's published ResNet-50 training rate (about 1,400 images/s at batch 256 in "
+        "TF32) by the scaling report's anchor",
+        memory=80e9, accelerator=True),
+    "h100": DevicePreset(
+        4.95e14, 3.35e12, 0.5, 0.6, 0.8,
+        "NVIDIA H100 SXM5 80GB (datasheet: 495 TFLOP/s TF32 tensor-core dense, 3.35 TB/s "
+        "HBM3, 80 GB), training in TF32; efficiencies as the a100 preset's (our "
+        "assumption)",
+        memory=80e9, accelerator=True),
 }
 
 
@@ -108,9 +134,10 @@ PRESETS: dict[str, DevicePreset] = {
 class DeviceKindConfig:
     """A device kind: a preset (by default the kind's own name) with fields replaced."""
 
-    preset: str | None = described(None, "the preset it starts from: `cpu`, `gpu`, `k20` "
-                                   "(null: the kind's own name)")
-    flops: float | None = described(None, "peak FP32 rate, FLOP/s")
+    preset: str | None = described(None, "the preset it starts from: `cpu`, `gpu`, `k20`, "
+                                   "`cpu_node`, `a100`, `h100` (null: the kind's own name)")
+    flops: float | None = described(None, "the rate of convolutions and dense layers, FLOP/s "
+                                    "(a preset's: FP32, or TF32 tensor cores)")
     mem_bw: float | None = described(None, "memory bandwidth, B/s")
     conv_efficiency: float | None = described(None, "the fraction of `flops` convolutions "
                                               "reach")
@@ -162,7 +189,8 @@ class HardwareConfig:
     devices: int | dict[str, int] = described(
         1, "how many devices of `device`, or a mix in order: `{cpu: 2, gpu: 6}`")
     device: str = described("cpu", "the device kind: a preset (`cpu`: a core here, `gpu`: "
-                            "A100-class, `k20`) or a kind of `kinds`")
+                            "A100 in FP32, `k20`, `cpu_node`: a 2-socket server, `a100`, "
+                            "`h100`: in TF32) or a kind of `kinds`")
     kinds: dict[str, DeviceKindConfig] = described(
         factory=dict, doc="device kinds by name: a preset's fields replaced "
         "(`{gpu: {conv_efficiency: 0.5}}`), or a new kind (`{preset: gpu, flops: ...}`)")

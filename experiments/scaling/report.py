@@ -42,6 +42,8 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from experiments.report.figure_files import save_figure, write_figures  # noqa: E402
 from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
 from experiments.scaling.run import BASELINE  # noqa: E402
+from experiments.scaling.anchors import anchor_lines  # noqa: E402
+from experiments.scaling.regions import crossover_table, hybrid_region_table  # noqa: E402
 from experiments.scaling.view import ScalingView, one_device_only, winners  # noqa: E402
 from experiments.sweep.summary import base_strategy  # noqa: E402
 
@@ -264,6 +266,13 @@ def _preset_lines(ds: xr.Dataset) -> list[str]:
     return lines
 
 
+def network_figures(view: ScalingView) -> dict[str, str]:
+    """Per network of a swept network dim, the file of its own winner map."""
+    if view.network_dim is None:
+        return {}
+    return {network: f"winner_{network}.png" for network in view.labels(view.network_dim)}
+
+
 def winner_table(view: ScalingView) -> str | None:
     """Markdown: per setting of the other dims, the winner and its speedup per device count."""
     sdim, xdim = view.strategy_dim, view.workers_dim
@@ -312,7 +321,9 @@ def write_markdown(view: ScalingView, figures: list[str], path: str) -> None:
     ]
     lines += _preset_lines(ds)
     lines += ["", "## Figures", ""]
-    captions = {"winner_workers_batch.png": "Fastest strategy over devices and batch",
+    captions = {name: f"Fastest strategy over devices and link bandwidth: {network}"
+                for network, name in network_figures(view).items()}
+    captions |= {"winner_workers_batch.png": "Fastest strategy over devices and batch",
                 "winner_workers_bandwidth.png": "Fastest strategy over devices and bandwidth",
                 "scaling_speedup.png": "Speedup against devices"}
     for name in figures:
@@ -320,6 +331,7 @@ def write_markdown(view: ScalingView, figures: list[str], path: str) -> None:
     table = winner_table(view)
     if table:
         lines += ["## Fastest strategy and its speedup", "", table, ""]
+    lines += _region_sections(view)
     if failures:
         lines += ["## Points without a prediction", ""]
         for reason, count in Counter(_reason_kind(f) for f in failures).most_common():
@@ -327,6 +339,25 @@ def write_markdown(view: ScalingView, figures: list[str], path: str) -> None:
         lines.append("")
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines))
+
+
+def _region_sections(view: ScalingView) -> list[str]:
+    """Where kernel overtakes data, the hybrid's region, and the anchors."""
+    lines = []
+    crossover = crossover_table(view)
+    if crossover:
+        lines += ["## Where kernel parallelism overtakes data parallelism", "",
+                  "The fewest devices at which `kernel`'s predicted step is shorter than "
+                  "`data`'s (both predicted), per link bandwidth; none: never in the grid; -: "
+                  "never both feasible (memory, or a sample per device).",
+                  "", *crossover, ""]
+    region = hybrid_region_table(view)
+    if region:
+        lines += ["## Where the hybrid wins", "",
+                  "The device counts at which `hybrid` is the fastest strategy, per link "
+                  "bandwidth.", "", *region, ""]
+    return lines + ["## Anchors", "", "Published figures against the model's (presets as "
+                    "above; docs/model.md).", "", *anchor_lines(), ""]
 
 
 def _reason_kind(reason: str) -> str:
@@ -346,6 +377,10 @@ def make_scaling_report(ds: xr.Dataset, out_dir: str) -> list[str]:
                                  "devices x link bandwidth")),
         ("scaling_speedup.png", lambda p: speedup_figure(view, p)),
     ]
+    for network, name in network_figures(view).items():
+        makers.append((name, lambda p, n=network: winner_figure(
+            view.of_network(n), view.bandwidth_dim, view.batch_dim, p,
+            f"devices x link bandwidth ({n})")))
     written = write_figures(makers, out_dir)
     report = os.path.join(out_dir, "report.md")
     write_markdown(view, written, report)

@@ -19,16 +19,17 @@ that, and there is nothing worth resuming, so a rerun simply recomputes the grid
 there, so an interrupted run leaves the previous store intact.
 
 A point the strategy cannot run as described (``data`` or ``hybrid`` with fewer
-samples than devices) is recorded as failed with the reason, like a failed
-measured point; such points are expected in a grid and do not make the exit
-status 1 (only a point the model could not evaluate does).
+samples than devices, or a device whose predicted peak memory exceeds its kind's
+``memory``) is recorded as failed with the reason (``Infeasible: ...``), like a
+failed measured point; one out of memory keeps ``peak_memory`` and ``memory_fits``
+(0), so the store says how much it would need. Such points are expected in a grid
+and do not make the exit status 1 (only a point the model could not evaluate does).
 """
 
 from __future__ import annotations
 
 import glob
 import json
-import math
 import os
 import shutil
 import sys
@@ -47,8 +48,9 @@ from experiments.sweep.results import (STORE_FORMAT, ResultStore, StoreMismatch,
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, network_of, options_of,
                                         point_strategy)
+from experiments.scaling.memory_fit import memory_verdict
 from experiments.scaling.view import one_device_only
-from pipeline.costmodel import Prediction, predict
+from pipeline.costmodel import predict
 from pipeline.records.record import software_versions
 from storage.labelled import write_dataset
 from storage.locks import now_text
@@ -82,8 +84,11 @@ SCALING_MEASURES: dict[str, tuple[str, str]] = {
     "peak_memory": ("B", "the model's largest peak memory of a device under the point's split "
                     "(pipeline.costmodel.memory; a CPU device's process, a GPU's device memory)"),
     "memory_fits": ("1", "1 where every device's predicted peak is within its kind's memory "
-                    "(hardware presets, `hardware.kinds.<kind>.memory`), else 0"),
+                    "(hardware presets, `hardware.kinds.<kind>.memory`), else 0 (the point is "
+                    "then infeasible: status 2); NaN where the memory model gives no figure"),
 }
+#: What a point that does not fit its devices' memory keeps (the rest is NaN).
+MEMORY_MEASURES = ("peak_memory", "memory_fits")
 BREAKDOWN_KEYS = {"compute_time": "compute_critical", "communication_time": "communication",
                   "storage_time": "storage", "master_time": "master",
                   "overhead_time": "overhead"}
@@ -95,6 +100,10 @@ FIELD_UNITS = {"train.batch": "samples", "hardware.devices": "devices",
 
 class Infeasible(ValueError):
     """The strategy cannot run the point as described (an expected gap in a grid)."""
+
+
+#: How the failure of a point that does not fit its devices' memory begins.
+OUT_OF_MEMORY = f"{Infeasible.__name__}: out of memory"
 
 
 # One point ----------------------------------------------------------------------------
@@ -120,7 +129,8 @@ def _single_time(point: ScalingPoint, kind: str) -> float:
 
 
 def evaluate_point(point: ScalingPoint) -> dict[str, float]:
-    """The model's figures for one point (see :data:`SCALING_MEASURES`).
+    """The model's figures for one point (see :data:`SCALING_MEASURES`), whether or
+    not they fit the devices' memory (`assess_point` says).
 
     Raises
     ------
@@ -128,6 +138,12 @@ def evaluate_point(point: ScalingPoint) -> dict[str, float]:
         ``data``/``hybrid`` with fewer samples than devices: a data-parallel
         replica needs at least one sample.
     """
+    return assess_point(point)[0]
+
+
+def assess_point(point: ScalingPoint) -> tuple[dict[str, float], str]:
+    """The point's figures, and why it cannot run ("" where it can): a device whose
+    predicted peak exceeds its kind's memory. Raises `Infeasible` as `evaluate_point`."""
     strategy = point_strategy(point)
     devices, kinds = hw.device_list(point.hardware)
     batch = point.train.batch
@@ -149,26 +165,9 @@ def evaluate_point(point: ScalingPoint) -> dict[str, float]:
               "n_workers": float(len(used)), "capacity": capacity}
     for name, key in BREAKDOWN_KEYS.items():
         values[name] = float(prediction.breakdown.get(key, 0.0))
-    values.update(memory_figures(point, prediction, kinds))
-    return values
-
-
-def memory_figures(point: ScalingPoint, prediction: Prediction, kinds: list[str]
-                   ) -> dict[str, float]:
-    """The largest predicted peak per device under the split the model used, and
-    whether every device's fits its kind's memory."""
-    strategy = point_strategy(point)
-    if not strategy.memory_model:  # a strategy the memory count does not know
-        return {"peak_memory": math.nan, "memory_fits": math.nan}
-    network = network_of(point.network)
-    presets = {kind: hw.resolve_kind(point.hardware, kind) for kind in set(kinds)}
-    kinds = kinds[:strategy.devices_used(len(kinds))]
-    footprint = strategy.peak_memory(network, point.train.batch,
-                                     strategy.split_of_prediction(prediction),
-                                     master=int(prediction.details.get("master", 0)),
-                                     gpu=[presets[k].accelerator for k in kinds])
-    fits = all(peak <= presets[k].memory for peak, k in zip(footprint.per_device, kinds))
-    return {"peak_memory": footprint.largest, "memory_fits": float(fits)}
+    verdict = memory_verdict(point, prediction, kinds)
+    values.update(peak_memory=verdict.largest, memory_fits=verdict.fits)
+    return values, verdict.shortfall
 
 
 # The store ----------------------------------------------------------------------------
@@ -188,6 +187,10 @@ class Outcome:
         return int(sum(1 for f in self.failure.ravel() if str(f).startswith("Infeasible")))
 
     @property
+    def out_of_memory(self) -> int:
+        return int(sum(1 for f in self.failure.ravel() if str(f).startswith(OUT_OF_MEMORY)))
+
+    @property
     def errors(self) -> int:
         return int((self.status == FAILED).sum()) - self.infeasible
 
@@ -201,15 +204,18 @@ def evaluate_grid(sweep: ScalingSweep) -> Outcome:
     began = time.perf_counter()
     for run in sweep.points:
         try:
-            figures = evaluate_point(run.point)
+            figures, shortfall = assess_point(run.point)
         except Exception as error:  # noqa: BLE001 - recorded per point, the grid goes on
             text = " ".join(str(error).split()) or repr(error)
             failure[run.region] = f"{type(error).__name__}: {text}"[:500]
             status[run.region] = FAILED
             continue
+        if shortfall:  # no prediction, but the memory it would need
+            figures = {name: figures[name] for name in MEMORY_MEASURES}
+            failure[run.region] = f"{Infeasible.__name__}: {shortfall}"
         for name, value in figures.items():
             values[name][run.region] = value
-        status[run.region] = DONE
+        status[run.region] = FAILED if shortfall else DONE
     return Outcome(values, status, failure, time.perf_counter() - began)
 
 
@@ -248,7 +254,8 @@ def build_dataset(sweep: ScalingSweep, outcome: Outcome, attrs: dict[str, Any]) 
             "flag_values": [0, DONE, FAILED], "flag_meanings": "pending done failed"}),
         "failure": (dims, outcome.failure, {
             "units": "1", "description": "why the point has no prediction (empty unless "
-            "status is 2; 'Infeasible: ...' for what the strategy cannot run)"}),
+            "status is 2; 'Infeasible: ...' for what the strategy cannot run, 'Infeasible: "
+            "out of memory: ...' for what does not fit its devices' memory)"}),
     }
     for name, (units, description) in SCALING_MEASURES.items():
         data[name] = (dims, outcome.values[name], {"units": units, "description": description})
@@ -354,8 +361,9 @@ def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | No
     print(f"\nresults: {sweep.store_path}  (xr.open_zarr; report: python -m "
           f"experiments.report.cli {sweep.store_path})", file=out)
     if outcome.infeasible:
-        print(f"{outcome.infeasible} point(s) are infeasible as described (their reasons "
-              "are in the store's `failure` variable).", file=out)
+        print(f"{outcome.infeasible} point(s) are infeasible as described, "
+              f"{outcome.out_of_memory} of them out of memory (their reasons are in the "
+              "store's `failure` variable).", file=out)
     if outcome.errors:
         reasons = sorted({str(f) for f, s in zip(outcome.failure.ravel(),
                                                  outcome.status.ravel())
@@ -375,7 +383,9 @@ def dry_run_scaling(sweep: ScalingSweep, out: TextIO) -> None:
     rows = []
     for number, run in enumerate(sweep.points, start=1):
         try:
-            predicted = f"{evaluate_point(run.point)['predicted_step_time']:.4g} s"
+            figures, shortfall = assess_point(run.point)
+            predicted = ("infeasible: " + shortfall if shortfall
+                         else f"{figures['predicted_step_time']:.4g} s")
         except Infeasible:
             predicted = "infeasible"
         except Exception as error:  # noqa: BLE001

@@ -53,6 +53,15 @@ class ScalingView:
     def bandwidth_dim(self) -> str | None:
         return self.dim_with("hardware.link.gbps")
 
+    @property
+    def network_dim(self) -> str | None:
+        return self.dim_with("network.preset")
+
+    def of_network(self, network: str) -> "ScalingView":
+        """The view of one network's points (its dim kept, of length one)."""
+        index = self.labels(self.network_dim).index(network)
+        return ScalingView(self.ds.isel({self.network_dim: [index]}))
+
     def plain_counts(self, dim: str) -> np.ndarray:
         """Per position of the devices dim: whether it is a device count (not a mix)."""
         if self.ds[dim].dtype.kind in "iu":

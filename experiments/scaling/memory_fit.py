@@ -1,0 +1,59 @@
+"""Whether a scaling point fits its devices' memory: each device's predicted peak
+(the strategy's `peak_memory`, under the split the model used) against its kind's
+``memory`` (`experiments.scaling.hardware`).
+
+Why it decides feasibility: a point whose shares do not fit would not run at all,
+so a step time for it would answer a question nobody can ask; the scaling run
+records such a point as infeasible, with the line this module writes, and keeps
+the peak so the store says how much memory it would need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from experiments.scaling import hardware as hw
+from experiments.scaling.config import ScalingPoint, network_of, point_strategy
+from pipeline.costmodel import Prediction
+
+__all__ = ["MemoryVerdict", "memory_verdict"]
+
+
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """The largest predicted peak per device, whether every device's fits its kind's
+    memory (NaN: the strategy's memory model gave no figure), and if not, the one
+    line saying which kind falls short by how much."""
+
+    largest: float
+    fits: float
+    shortfall: str = ""
+
+
+def memory_verdict(point: ScalingPoint, prediction: Prediction, kinds: list[str]
+                   ) -> MemoryVerdict:
+    """Each used device's predicted peak under the split the model used, against its
+    kind's memory. A peak the memory model cannot give (NaN) leaves the point
+    predicted, its fit unknown."""
+    strategy = point_strategy(point)
+    if not strategy.memory_model:  # a strategy the memory count does not know
+        return MemoryVerdict(math.nan, math.nan)
+    network = network_of(point.network)
+    presets = {kind: hw.resolve_kind(point.hardware, kind) for kind in set(kinds)}
+    kinds = kinds[:strategy.devices_used(len(kinds))]
+    footprint = strategy.peak_memory(network, point.train.batch,
+                                     strategy.split_of_prediction(prediction),
+                                     master=int(prediction.details.get("master", 0)),
+                                     gpu=[presets[k].accelerator for k in kinds])
+    peaks = [float(peak) for peak in footprint.per_device]
+    if not peaks or any(math.isnan(peak) for peak in peaks):
+        return MemoryVerdict(math.nan, math.nan)
+    over = [(peak - presets[k].memory, peak, k) for peak, k in zip(peaks, kinds)
+            if peak > presets[k].memory]
+    if not over:
+        return MemoryVerdict(max(peaks), 1.0)
+    _, peak, kind = max(over)
+    return MemoryVerdict(max(peaks), 0.0, f"out of memory: a device needs {peak / 1e9:.3g} GB, "
+                         f"more than the {presets[kind].memory / 1e9:.3g} GB of a `{kind}` "
+                         f"(hardware.kinds.{kind}.memory)")

@@ -1,0 +1,160 @@
+"""The network of a scaling point: a zoo preset at its own image size, or conv layers.
+
+A scaling sweep names what is trained as a run config does (``network.preset``,
+``network.width``), and the cost model gets the network the engine would build:
+`tasks.zoo.build_preset` converted by `pipeline.probe.tables.costmodel_network`,
+its shapes checked against the engine's. The zoo trains at ImageNet's 3x224x224
+and 1000 classes (``resnet20`` at CIFAR's 3x32x32 and 10), as the networks were
+designed; ``marques`` and conv layers take ``image``, ``channels`` and ``hidden``.
+
+Why apart from :mod:`experiments.scaling.config`: the file's schema and its loading
+are one job, which network a description means is another.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeline.config.schema import ConfigError, described, to_dict
+from pipeline.costmodel import Network, alexnet, conv_net, sequential
+from pipeline.probe.tables import costmodel_network
+from tasks.zoo import PRESETS, build_preset, scaled
+
+__all__ = ["ConvDesc", "NetworkDesc", "check_network", "network_of", "zoo_shape"]
+
+
+@dataclass
+class ConvDesc:
+    """One conv layer (as ``network.conv`` of a run config, plus strides for AlexNet-like nets)."""
+
+    kernels: int = described(doc="the layer's kernels (output channels)")
+    size: int = described(5, "the kernel's height and width")
+    padding: int = described(2, "zeros added on each side of the input")
+    pool: int = described(2, "the max-pool's window (1: none)")
+    stride: int = described(1, "the convolution's stride")
+    pool_stride: int | None = described(None, "the max-pool's stride (null: its window)")
+
+
+@dataclass
+class NetworkDesc:
+    """The network: a ``preset`` of the zoo (`tasks.zoo.PRESETS`) or conv layers.
+
+    Neither given: Marques et al.'s 500/1500 network (5x5 convolutions with
+    padding 2, ReLU, 2x2 max-pool). ``hidden``, ``image`` and ``channels`` apply to
+    conv layers and to ``marques``; the other presets take their own images
+    (`ZOO_IMAGES`: ImageNet's 3x224x224, ``resnet20`` CIFAR's 3x32x32) and
+    ``width`` scales their channels as in training (`tasks.zoo.scaled`).
+    """
+
+    preset: Literal[PRESETS] | None = described(
+        None, "a zoo network (`marques`, `alexnet`, `vgg11`, `vgg16`, `vgg11_bn`, `vgg16_bn`, "
+        "`resnet18`, `resnet50`, `resnet20`) at its own image size; null with no `conv`: "
+        "`marques`")
+    conv: list[ConvDesc] | None = described(None, "conv layers, instead of a preset")
+    hidden: list[int] = described(factory=list, doc="the dense head's hidden widths (conv "
+                                  "layers and marques only)")
+    classes: int | None = described(None, "the outputs (null: the preset's: 1000 at ImageNet "
+                                    "size, else 10)")
+    image: int | None = described(None, "the input's height and width (conv layers and "
+                                  "marques only; null: 32)")
+    channels: int | None = described(None, "the input's channels (conv layers and marques "
+                                     "only; null: 3)")
+    width: float = described(1.0, "a preset's channels and hidden widths scaled by this "
+                             "(as `network.width` of a run)")
+
+
+
+# The network -----------------------------------------------------------------------
+
+
+#: The zoo presets' own images (channels, side) and classes; the rest take ImageNet's.
+ZOO_IMAGES = {"resnet20": (3, 32, 10)}
+IMAGENET = (3, 224, 1000)
+#: Presets that take ``hidden``, ``image`` and ``channels`` (as conv layers do).
+SHAPED_PRESETS = (None, "marques")
+
+
+def zoo_shape(preset: str) -> tuple[int, int, int]:
+    """A zoo preset's (channels, image side, classes): ImageNet's unless it has its own."""
+    return ZOO_IMAGES.get(preset, IMAGENET)
+
+
+def check_network(desc: NetworkDesc) -> None:
+    if desc.preset is not None and desc.conv is not None:
+        raise ConfigError("network.conv: give either network.preset or conv layers, not both")
+    if desc.preset not in SHAPED_PRESETS:
+        channels, side, _ = zoo_shape(desc.preset)
+        if desc.hidden:
+            raise ConfigError(f"network.hidden: {desc.preset} has its own dense layers")
+        if desc.image not in (None, side) or desc.channels not in (None, channels):
+            raise ConfigError(f"network.image: {desc.preset} takes its own {channels}x{side}x"
+                              f"{side} images (image and channels are for marques and conv "
+                              "layers)")
+    if not math.isfinite(desc.width) or desc.width <= 0:
+        raise ConfigError(f"network.width: expected a positive number, got {desc.width!r}")
+    if desc.conv is not None and desc.width != 1:
+        raise ConfigError("network.width: scales a preset; conv layers give their kernels")
+    if desc.conv is not None and not desc.conv:
+        raise ConfigError("network.conv: at least one conv layer is needed")
+    for i, layer in enumerate(desc.conv or []):
+        for name in ("kernels", "size", "pool", "stride"):
+            if getattr(layer, name) < 1:
+                raise ConfigError(f"network.conv.{i}.{name}: expected at least 1, got "
+                                  f"{getattr(layer, name)}")
+        if layer.padding < 0:
+            raise ConfigError(f"network.conv.{i}.padding: expected >= 0, got {layer.padding}")
+        if layer.pool_stride is not None and layer.pool_stride < 1:
+            raise ConfigError(f"network.conv.{i}.pool_stride: expected at least 1, got "
+                              f"{layer.pool_stride}")
+    for i, size in enumerate(desc.hidden):
+        if size < 1:
+            raise ConfigError(f"network.hidden.{i}: expected at least 1, got {size}")
+    if desc.classes is not None and desc.classes < 1:
+        raise ConfigError(f"network.classes: expected at least 1, got {desc.classes}")
+    if (desc.image or 1) < 1 or (desc.channels or 1) < 1:
+        raise ConfigError("network.image, network.channels: expected at least 1")
+
+
+_NETWORKS: dict[str, Network] = {}
+
+
+def _zoo_network(desc: NetworkDesc) -> Network:
+    """A zoo preset as the engine builds it (`tasks.zoo.build_preset`), at its own
+    image size, converted for the cost model."""
+    channels, side, classes = zoo_shape(desc.preset)
+    spec = build_preset(desc.preset, (channels, side, side), desc.classes or classes,
+                        "float32", desc.width)
+    return costmodel_network(spec)
+
+
+def _build_network(desc: NetworkDesc) -> Network:
+    """The cost model's network. ``alexnet`` at full width is the network of the
+    Krizhevsky check (`pipeline.costmodel.alexnet`: the zoo's without its dropout,
+    which costs 0.1 % of a step), and ``marques`` keeps its ``hidden``, ``image`` and
+    ``channels``; every other preset is the zoo's."""
+    if desc.preset == "alexnet" and desc.width == 1:
+        return alexnet(classes=desc.classes or 1000)
+    if desc.preset not in SHAPED_PRESETS:
+        return _zoo_network(desc)
+    if desc.conv is None:  # Marques et al.'s network (pipeline.costmodel.marques_cifar)
+        return conv_net([scaled(500, desc.width), scaled(1500, desc.width)],
+                        in_channels=desc.channels or 3, image=desc.image or 32,
+                        hidden=desc.hidden,
+                        classes=desc.classes or 10, name="marques_500_1500")
+    specs = [dict(out_channels=c.kernels, kernel=c.size, padding=c.padding, pool=c.pool,
+                  stride=c.stride, pool_stride=c.pool_stride) for c in desc.conv]
+    image = desc.image or 32
+    return sequential(desc.channels or 3, (image, image), specs,
+                      [*desc.hidden, desc.classes or 10],
+                      name="/".join(str(c.kernels) for c in desc.conv))
+
+
+def network_of(desc: NetworkDesc) -> Network:
+    """The cost model's network (cached: the points of a sweep share a few networks)."""
+    key = json.dumps(to_dict(desc), sort_keys=True)
+    if key not in _NETWORKS:
+        _NETWORKS[key] = _build_network(desc)
+    return _NETWORKS[key]

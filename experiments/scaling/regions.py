@@ -1,0 +1,97 @@
+"""Where a strategy wins, as tables: the device count at which kernel (model)
+parallelism overtakes data parallelism, and the device counts where the hybrid is
+the fastest strategy, per network, batch, device kind (whatever else is swept) and
+link bandwidth.
+
+Why tables beside the maps: a map shows a region's shape, a table gives its edge as
+a number to quote. Both read the same predicted times and the same rule for ties
+(:mod:`experiments.scaling.view`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from experiments.scaling.view import TIE, ScalingView, winners
+
+__all__ = ["first_overtaking", "count_ranges", "crossover_table", "hybrid_region_table"]
+
+#: The strategies the crossover compares: the one that overtakes, the one overtaken.
+OVERTAKES = ("kernel", "data")
+#: The strategy whose winning region the second table gives.
+REGION_OF = "hybrid"
+
+
+def first_overtaking(challenger: np.ndarray, holder: np.ndarray, counts: list[int]) -> str:
+    """The fewest devices at which `challenger`'s step is shorter than `holder`'s, both
+    predicted (NaN: not); "none" where it never is; "-" where they never both are."""
+    both = np.isfinite(challenger) & np.isfinite(holder)
+    if not both.any():
+        return "-"
+    faster = both & (challenger < holder * (1 - TIE))
+    return str(counts[int(np.argmax(faster))]) if faster.any() else "none"
+
+
+def count_ranges(counts: list[int], chosen: np.ndarray) -> str:
+    """The chosen device counts as runs of neighbours in the grid ("4-256, 4096");
+    "none" where none is chosen."""
+    runs: list[list[int]] = []
+    previous = False
+    for count, on in zip(counts, chosen):
+        if on and previous:
+            runs[-1].append(count)
+        elif on:
+            runs.append([count])
+        previous = bool(on)
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
+
+
+def _settings_table(view: ScalingView, cell) -> list[str] | None:
+    """Markdown rows: one per setting of the dims other than strategy, devices and link
+    bandwidth; a column per link bandwidth; `cell(times, strategies, counts)` fills a
+    cell from the times of every strategy (strategy x devices)."""
+    sdim, xdim, bdim = view.strategy_dim, view.workers_dim, view.bandwidth_dim
+    if sdim is None or xdim is None or not view.plain_counts(xdim).all():
+        return None
+    times = view.times()
+    strategies = view.labels(sdim)
+    counts = [int(c) for c in view.ds[xdim].values]
+    others = [d for d in view.dims if d not in (sdim, xdim, bdim)]
+    links = view.labels(bdim) if bdim else ["-"]
+    lines = ["| " + " | ".join(others + [f"{link} Gb/s" for link in links]) + " |",
+             "|" + "|".join(["---"] * len(others) + ["--:"] * len(links)) + "|"]
+    for position in np.ndindex(*(view.ds.sizes[d] for d in others)):
+        pick = dict(zip(others, position))
+        cells = []
+        for li in range(len(links)):
+            at = {**pick, bdim: li} if bdim else pick
+            cells.append(cell(times.isel(at).transpose(sdim, xdim).values, strategies,
+                              counts))
+        labels = [view.labels(d)[i] for d, i in zip(others, position)]
+        lines.append("| " + " | ".join(labels + cells) + " |")
+    return lines
+
+
+def crossover_table(view: ScalingView) -> list[str] | None:
+    """Markdown: where kernel overtakes data, or None where the store lacks either."""
+    sdim = view.strategy_dim
+    if sdim is None or not set(OVERTAKES) <= set(view.labels(sdim)):
+        return None
+
+    def cell(t: np.ndarray, strategies: list[str], counts: list[int]) -> str:
+        challenger, holder = (t[strategies.index(s)] for s in OVERTAKES)
+        return first_overtaking(challenger, holder, counts)
+
+    return _settings_table(view, cell)
+
+
+def hybrid_region_table(view: ScalingView) -> list[str] | None:
+    """Markdown: the device counts where the hybrid is fastest, or None without it."""
+    sdim = view.strategy_dim
+    if sdim is None or REGION_OF not in view.labels(sdim):
+        return None
+
+    def cell(t: np.ndarray, strategies: list[str], counts: list[int]) -> str:
+        return count_ranges(counts, winners(t) == strategies.index(REGION_OF))
+
+    return _settings_table(view, cell)
