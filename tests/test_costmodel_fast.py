@@ -24,7 +24,7 @@ import pytest
 
 from pipeline.costmodel import (DaskOverhead, DeviceSpec, LinkSpec, Options, Prediction,
                                 StoreSpec, alexnet, marques_cifar, predict)
-from pipeline.costmodel.network import conv_net
+from pipeline.costmodel.builders import conv_net
 
 GPU = DeviceSpec(flops=1.95e13, mem_bw=1.555e12, conv_efficiency=0.6, dense_efficiency=0.8,
                  mem_efficiency=0.8, name="gpu")
