@@ -13,7 +13,9 @@ from pipeline.config.run_config import load_run_config
 from pipeline.costmodel import DeviceSpec, LinkSpec, Options, StoreSpec, predict
 from pipeline.costmodel import collectives as col
 from pipeline.costmodel.compute import DROPOUT_BACKWARD, DROPOUT_FORWARD, LayerTime
-from pipeline.costmodel.data import replica_pass
+from pipeline.costmodel.compute import conv_time
+from pipeline.costmodel.data import GRADIENT_SUM, gradient_sums, layer_times, replica_pass
+from pipeline.costmodel.network import marques_cifar
 from pipeline.strategies import strategy_named
 from tests.test_costmodel_zoo import zoo_network
 from tests.test_prediction import _synthetic_probe
@@ -101,6 +103,26 @@ def test_replicas_meet_at_every_exchange():
     assert met.forward == 2.5
     # backward: b's layer 1 (2 s), the exchange, a's layer 0 (2 s)
     assert met.ready == [7.0, 4.5] and met.end == 7.0 and met.exchanges == 1.0
+
+
+def test_a_residual_blocks_input_gradient_is_summed_over_its_consumers():
+    """A block's input feeds its first conv and its shortcut (the sum, or a projection):
+    autograd sums the two gradients before the layer's backward; a chain sums none."""
+    net = zoo_network("resnet18")
+    sums = gradient_sums(net)
+    projection = next(l for l, c in enumerate(net.conv) if c.kernel == 1)
+    assert sums[0] == 1  # the stem: read by layer1.0's conv1, added by its conv2
+    assert sums[net.source(projection)] == 1  # read by conv1 and the projection
+    assert sums[projection] == 0 and sums[-1] == 0  # added once; read by the head only
+    assert sum(sums) == 8  # one per block
+    assert gradient_sums(marques_cifar()) == [0, 0]
+    device, batch = DeviceSpec(flops=1e12, mem_bw=1e10), 8
+    for l, (layer, timed) in enumerate(zip(net.conv, layer_times(device, net, batch))):
+        alone = conv_time(device, layer, batch, input_grad=l > 0)
+        extra = device.stream_time(GRADIENT_SUM * sums[l] * layer.output_elements(batch))
+        assert timed.forward == alone.forward
+        assert timed.backward == pytest.approx(alone.backward + extra, rel=1e-12)
+        assert timed.backward_input == pytest.approx(alone.backward_input + extra, rel=1e-12)
 
 
 def test_one_replica_and_local_batch_norm_exchange_nothing():

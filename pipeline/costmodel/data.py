@@ -21,15 +21,39 @@ from .batch_reads import shard_batch_read
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
-__all__ = ["layer_times", "replica_times", "measured_trunk", "unique_rows", "per_device_totals",
+__all__ = ["GRADIENT_SUM", "gradient_sums", "layer_times", "replica_times", "measured_trunk", "unique_rows", "per_device_totals",
            "ReplicaPass", "replica_pass", "batch_norm_exchanges", "allreduce_schedule",
            "predict_single", "predict_data", "comm_link"]
 
 
+#: Element accesses of summing one more consumer's gradient into a layer's output
+#: gradient, as autograd accumulates it (read both, write).
+GRADIENT_SUM = 3
+
+
+def gradient_sums(network: Network) -> list[int]:
+    """How many times each conv layer's output gradient is summed in the backward: once
+    per consumer beyond the first (a layer reading the output, or adding it), as where a
+    residual block's input feeds the block and its shortcut; 0 in a chain."""
+    consumers = [0] * len(network.conv)
+    for l, layer in enumerate(network.conv):
+        if network.source(l) >= 0:
+            consumers[network.source(l)] += 1
+        if layer.residual is not None:
+            consumers[layer.residual] += 1
+    return [max(count - 1, 0) for count in consumers]
+
+
 def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = True) -> list[LayerTime]:
-    """Per-layer times of a whole replica, in forward order."""
-    out = [conv_time(dev, c, batch, input_grad=network.source(i) >= 0)
-           for i, c in enumerate(network.conv)]
+    """Per-layer times of a whole replica, in forward order: each layer's backward
+    starts with the sums of its output's gradients (`gradient_sums`)."""
+    out = []
+    for i, (c, sums) in enumerate(zip(network.conv, gradient_sums(network))):
+        t = conv_time(dev, c, batch, input_grad=network.source(i) >= 0)
+        if sums:
+            extra = dev.stream_time(GRADIENT_SUM * sums * c.output_elements(batch))
+            t = LayerTime(t.forward, t.backward + extra, t.update, t.backward_input + extra)
+        out.append(t)
     if dense:
         out += [dense_time(dev, [d], batch, input_grad=bool(network.conv) or i > 0,
                           dropout=(network.dense_dropout(i),))
