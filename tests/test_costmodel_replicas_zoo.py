@@ -15,7 +15,7 @@ from pipeline.costmodel import collectives as col
 from pipeline.costmodel.compute import DROPOUT_BACKWARD, DROPOUT_FORWARD, LayerTime
 from pipeline.costmodel.compute import conv_time
 from pipeline.costmodel.data import GRADIENT_SUM, gradient_sums, layer_times, replica_pass
-from pipeline.costmodel.network import marques_cifar
+from pipeline.costmodel.builders import marques_cifar
 from pipeline.strategies import strategy_named
 from tests.test_costmodel_zoo import zoo_network
 from tests.test_prediction import _synthetic_probe
