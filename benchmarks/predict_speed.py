@@ -11,6 +11,10 @@ simulation (``Options(timeline="reference")``) up to ``--reference-max`` devices
 
     python -m benchmarks.predict_speed
     python -m benchmarks.predict_speed --network alexnet --store --reference-max 64
+    python -m benchmarks.predict_speed --network resnet50 --strategies kernel --devices 1024 4096
+
+``--network``: the cost model's own ``marques`` (500/1500) or ``alexnet``, or any other
+zoo preset (tasks/zoo.py) at 3x224x224, 1000 classes (a layer graph for the ResNets).
 
 To time an older pipeline/costmodel (one without ``Options.timeline``: it then times
 that one's only path), copy this file into that tree's benchmarks/ and run it there
@@ -25,8 +29,10 @@ import time
 from statistics import median
 from typing import Callable
 
-from pipeline.costmodel import (DeviceSpec, LinkSpec, Options, StoreSpec,
+from pipeline.costmodel import (DeviceSpec, LinkSpec, Network, Options, StoreSpec,
                                 alexnet, marques_cifar, predict)
+from pipeline.probe.tables import costmodel_network
+from tasks.zoo import PRESETS, build_preset
 
 STRATEGIES = ("single", "kernel", "data", "hybrid")
 DEVICES = (8, 64, 512, 1024, 4096)
@@ -52,8 +58,16 @@ def seconds_per_call(call: Callable[[], object], repeats: int) -> float:
     return median(times)
 
 
+def network_named(name: str) -> Network:
+    """The cost model's network `name`: its own marques or alexnet, else the zoo preset's
+    at ImageNet size."""
+    if name in ("marques", "alexnet"):
+        return alexnet() if name == "alexnet" else marques_cifar()
+    return costmodel_network(build_preset(name, (3, 224, 224), 1000, "float32"))
+
+
 def _row(strategy: str, p: int, args: argparse.Namespace) -> list[str]:
-    network = alexnet() if args.network == "alexnet" else marques_cifar()
+    network = network_named(args.network)
     store = STORE if args.store else None
     devices = [GPU] * p
 
@@ -72,7 +86,7 @@ def _row(strategy: str, p: int, args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--network", choices=("marques", "alexnet"), default="marques")
+    parser.add_argument("--network", choices=PRESETS, default="marques")
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--store", action="store_true",
                         help="through a shared store (data and hybrid then follow the "

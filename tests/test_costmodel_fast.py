@@ -24,7 +24,10 @@ import pytest
 
 from pipeline.costmodel import (DaskOverhead, DeviceSpec, LinkSpec, Options, Prediction,
                                 StoreSpec, alexnet, marques_cifar, predict)
-from pipeline.costmodel.network import conv_net
+from pipeline.costmodel.builders import conv_net
+from pipeline.probe.tables import costmodel_network
+from tasks.zoo import build_preset
+from tests.test_costmodel_zoo import tied_counts, zoo_network
 
 GPU = DeviceSpec(flops=1.95e13, mem_bw=1.555e12, conv_efficiency=0.6, dense_efficiency=0.8,
                  mem_efficiency=0.8, name="gpu")
@@ -174,6 +177,26 @@ def test_equal_replicas_through_the_store(p: int, mix: str, strategy: str, optio
     _same(fast, reference)
 
 
+@pytest.mark.parametrize("p", [2, 5])
+@pytest.mark.parametrize("mix", ["equal", "unequal"])
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+@pytest.mark.parametrize("option", [{"scheme": "a"}, {"scheme": "c", "batch_split": "proportional"},
+                                    {"scheme": "b", "sync": "scheduler"}],
+                         ids=lambda o: "-".join(map(str, o.values())))
+def test_sync_batch_norm_through_the_store(p: int, mix: str, strategy: str, option: dict) -> None:
+    """Every batch-norm layer's exchanges, forward and backward, a phase of all devices
+    at a time as op by op (ResNet-20 at a quarter width: 19 batch norms, residual sums)."""
+    net = costmodel_network(build_preset("resnet20", (3, 32, 32), 10, "float32", 0.25, 0.5))
+    devices = _devices(p, mix)
+    kw = {"overhead": DASK, "dataset": STORE, **option}
+    fast = predict(strategy, net, 16, devices, LINK, STORE, **kw)
+    reference = predict(strategy, net, 16, _one_by_one(devices), LINK, STORE,
+                        timeline="reference", **kw)
+    _same(fast, reference)
+    local = predict(strategy, net, 16, devices, LINK, STORE, batch_norm="local", **kw)
+    assert fast.step_time > local.step_time
+
+
 def test_a_step_that_takes_no_time() -> None:
     """Infinitely fast devices on free links: no segment at all, a zero step."""
     free = DeviceSpec(flops=float("inf"))
@@ -183,3 +206,37 @@ def test_a_step_that_takes_no_time() -> None:
                         timeline="reference")
     assert fast.step_time == reference.step_time == 0.0
     assert fast.breakdown == reference.breakdown
+
+
+#: Zoo networks at test widths: residual graphs (a block's input read by its first conv
+#: and its projection, tied splits) and chains with batch norm, strides and dropout.
+ZOO = {"resnet20": zoo_network("resnet20", 0.25), "resnet18": zoo_network("resnet18", 0.125),
+       "vgg11_bn": zoo_network("vgg11_bn", 0.125), "alexnet": zoo_network("alexnet", 0.25)}
+
+ZOO_OPTIONS = KERNEL_OPTIONS[:4] + [{"split": "minmax", "quantum": 2}, {"master": -1},
+                                    {"uneven": True}]
+
+
+#: Devices, their mix and the store: each option takes two of them in turn.
+ZOO_CLUSTERS = [(1, "equal", STORE), (2, "unequal", None), (5, "unequal", STORE),
+                (16, "equal", None)]
+
+
+@pytest.mark.parametrize("preset", sorted(ZOO))
+@pytest.mark.parametrize("at", range(len(ZOO_OPTIONS)),
+                         ids=["-".join(o) or "plain" for o in ZOO_OPTIONS])
+def test_kernel_fast_timeline_is_the_simulation_on_the_zoo(preset: str, at: int) -> None:
+    """The layer graph phase at a time equals it op by op, at 1 to 16 devices, equal and
+    unequal, with and without a store; `uneven`: tied splits leaving devices idle."""
+    network = ZOO[preset]
+    for p, mix, store in (ZOO_CLUSTERS[at % 4], ZOO_CLUSTERS[(at + 1) % 4]):
+        kw = dict(ZOO_OPTIONS[at])
+        if kw.pop("uneven", False):
+            kw["kernel_counts"] = tied_counts(network, p, (2, 0, 1, 3))
+            kw["master"] = p - 1
+        kw = _kernel_options(kw, p, network)
+        devices = _devices(p, mix)
+        fast = predict("kernel", network, 8, devices, LINK, store, **kw)
+        reference = predict("kernel", network, 8, devices, LINK, store, timeline="reference",
+                            **kw)
+        _same(fast, reference)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.costmodel import DeviceSpec, Network, Pool
+from pipeline.costmodel import (DeviceSpec, LinkSpec, Network, Pool, apportion, predict,
+                                split_kernels_minmax, split_kernels_proportional)
 from pipeline.costmodel.compute import (BATCH_NORM_BACKWARD, BATCH_NORM_FORWARD,
                                         RESIDUAL_FORWARD, after_conv_elements, conv_time,
                                         dense_time)
-from pipeline.costmodel.network import ConvLayer, DenseLayer, marques_cifar
+from pipeline.costmodel.builders import marques_cifar
+from pipeline.costmodel.kernel import workspace_bytes
+from pipeline.costmodel.network import ConvLayer, DenseLayer
 from pipeline.probe.tables import costmodel_network
+from tasks.layout import layout_from_counts
+from tasks.layout import workspace_bytes as engine_bytes
 from tasks.zoo import build_preset
 
 #: torchvision's parameter counts and forward multiply-adds at 3x224x224, 1000 classes
@@ -89,3 +94,102 @@ def test_dropout_costs_the_dense_head_its_stream():
     dropped = dense_time(device, head, 64, dropout=(0.5, 0.5))
     assert dropped.forward > bare.forward and dropped.backward > bare.backward
     assert dense_time(device, head, 64, dropout=(0.0,)) == bare
+
+
+def tied_counts(net: Network, devices: int, pattern: tuple[int, ...]) -> list[list[int]]:
+    """An uneven split of every tied group's kernels over `devices`, the same row for
+    each layer of a group: weights `pattern` in turn (a 0 leaves a device idle)."""
+    weights = [pattern[(d + g) % len(pattern)] for g in range(len(net.conv))
+               for d in range(devices)]
+    rows: list[list[int]] = [[] for _ in net.conv]
+    for g, group in enumerate(net.tied_groups()):
+        mine = weights[g * devices:(g + 1) * devices]
+        if not any(mine):
+            mine = [1] * devices
+        row = apportion(net.conv[group[0]].out_channels, mine)
+        for l in group:
+            rows[l] = row
+    return rows
+
+
+#: Uneven splits (device weights in turn; 0: idle) and the master for each.
+UNEVEN = [(3, (1, 2, 3), 0), (3, (3, 0, 1), 2), (4, (1, 0, 0, 2), 1), (2, (0, 1), 0)]
+
+
+@pytest.mark.parametrize("preset", ["marques", "alexnet", "vgg11", "vgg16", "vgg11_bn",
+                                    "vgg16_bn", "resnet18", "resnet50", "resnet20"])
+def test_kernel_bytes_equal_the_engines_slots_on_the_zoo(preset):
+    """The model's traffic on the layer graph (each layer reads its source, a block's
+    input goes to its first conv and its shortcut, gradients come back from every
+    reader) equals the engine's slots (tasks.layout.workspace_bytes) at uneven splits."""
+    spec = build_preset(preset, (3, 32, 32) if preset in ("resnet20", "marques")
+                        else (3, 64, 64), 10, "float32", 0.125, 0.5)
+    net, batch = costmodel_network(spec), 2
+    for p, pattern, master in UNEVEN:
+        counts = tied_counts(net, p, pattern)
+        layout = layout_from_counts([f"w{i}" for i in range(p)], counts, master)
+        expected = sum(r + w for r, w in engine_bytes(layout, spec, batch, 4))
+        assert workspace_bytes(net, batch, counts, master) == expected
+
+
+def test_kernel_counts_that_untie_a_residual_sum_are_refused_naming_the_layers():
+    net = zoo_network("resnet20", 0.25)
+    group = next(g for g in net.tied_groups() if len(g) > 1)
+    counts = tied_counts(net, 2, (1, 1))
+    counts[group[1]] = [counts[group[1]][0] + 1, counts[group[1]][1] - 1]
+    first, other = net.conv[group[0]].name, net.conv[group[1]].name
+    with pytest.raises(ValueError, match=f"conv layers {first} and {other} are added"):
+        predict("kernel", net, 8, [DeviceSpec(flops=1e12)] * 2, kernel_counts=counts)
+
+
+def _calibrated_pair(net: Network) -> list[DeviceSpec]:
+    """Two devices whose calibrated rates differ from layer to layer (the second twice
+    as fast as the first on every third layer, slower on the others)."""
+    return [DeviceSpec(flops=1e12, layer_rates={c.name: 1e12 for c in net.conv}),
+            DeviceSpec(flops=1e12, layer_rates={c.name: 2e12 if l % 3 == 1 else 0.6e12
+                                                for l, c in enumerate(net.conv)})]
+
+
+@pytest.mark.parametrize("split", ["proportional", "minmax"])
+def test_every_split_gives_a_tied_group_one_row(split):
+    """Tied layers timed apart would get different rows; one row per group, from the
+    group's summed cost, so the split predicts and places as the engine runs it."""
+    net = zoo_network("resnet18", 0.125)
+    devices = _calibrated_pair(net)
+    if split == "proportional":
+        counts = split_kernels_proportional(net, devices, quantum=2)
+    else:
+        counts = split_kernels_minmax(net, 8, devices, LinkSpec.from_bandwidth(1e9), None, 2)
+    for group in net.tied_groups():
+        assert all(counts[l] == counts[group[0]] for l in group)
+        assert sum(counts[group[0]]) == net.conv[group[0]].out_channels
+    assert any(len(set(row)) > 1 for row in counts)  # the devices differ: uneven rows
+    assert predict("kernel", net, 8, devices, kernel_counts=counts).step_time > 0
+
+
+def test_a_tied_groups_proportional_row_follows_its_summed_seconds():
+    """Two layers of a group, one device faster on each: the row is in proportion to the
+    inverse of each device's seconds over both layers."""
+    net = zoo_network("resnet20", 0.25)
+    group = next(g for g in net.tied_groups() if len(g) > 1)
+    devices = _calibrated_pair(net)
+    seconds = [sum(net.conv[l].macs() / d.rate("conv", net.conv[l].name) for l in group)
+               for d in devices]
+    row = split_kernels_proportional(net, devices)[group[0]]
+    alone = apportion(net.conv[group[0]].out_channels, [1e12, 0.6e12])
+    assert row != alone  # the first layer's rates alone would give another row
+    assert row == apportion(net.conv[group[0]].out_channels, [1 / s for s in seconds])
+
+
+def test_single_prices_the_whole_resnet_layer_by_layer():
+    """`single` on resnet20: each conv as its own (no input gradient for the stem, which
+    reads the images), the dense head, summed."""
+    net = zoo_network("resnet20")
+    device = DeviceSpec(flops=1e11, mem_bw=2e10)
+    by_hand = sum(conv_time(device, c, 32, input_grad=l > 0).total
+                  for l, c in enumerate(net.conv))
+    head = dense_time(device, net.dense, 32).total
+    one = predict("single", net, 32, device)
+    assert one.step_time == pytest.approx(by_hand + head, rel=1e-12)
+    assert one.breakdown["master"] == pytest.approx(head, rel=1e-9)
+    assert sum(c.batch_norm for c in net.conv) == len(net.conv)  # batch norm priced too

@@ -4,16 +4,22 @@ Device ``d`` holds ``k[l][d]`` kernels of conv layer ``l`` (possibly none);
 device ``master`` also runs the dense head. Per step each device runs its ops
 in order (tasks/layout.py, tasks/step_task.py):
 
-- forward of each layer it holds: the layer input is the batch (layer 1, read
-  from the dataset) or every shard's output of the layer below; its own shard
-  comes from memory, each other shard is one read of that shard's slot. Then
-  conv + ReLU + pool, then one write of its output if another device reads it;
+- forward of each layer it holds, in layer order: the layer input is the batch
+  (a layer reading the images: one read from the dataset) or every shard's output
+  of its source layer (`Network.source`; the layer below in a chain), gathered at
+  the first layer the device holds that reads it and reused by the others: its own
+  shard from memory, each other shard one read of that shard's slot. Then conv,
+  batch norm, the residual sum (its own channels of the added layer, from memory:
+  tied splits), ReLU and poolings, then one write of its output if another device
+  reads it (a holder of a layer reading it, or the master for the last layer);
 - the dense head (master): a read per other shard of the last layer, forward,
   backward, update, then one write per other shard of its gradient slice;
-- backward of each layer it holds, top down: a read per other source (the
-  master's gradient slice, or every other upper shard's partial slice), the sum,
-  pool/ReLU backward and the input gradient, one write per other shard of the
-  layer below (its channels of the partial), then the weight gradient + update.
+- backward of each layer it holds, top down: a read per other source (every
+  other holder's partial slice of each layer reading it, in layer then device
+  order, and the master's gradient slice for the last layer), the sum (with the
+  residual gradients of the layers adding it, local), the tail's backward and the
+  input gradient, one write per other holder of its source layer (that holder's
+  channels of the partial), then the weight gradient + update.
 
 A device starts an op when it is free and, for each read, once the slot is
 written and its reader has noticed (``DaskOverhead.sync`` with ready markers,
@@ -45,11 +51,13 @@ from .network import Network
 from .prediction import Options, Prediction
 from .timeline import Timeline, io_time, steady
 
-__all__ = ["io_time", "predict_kernel", "check_counts", "layer_cost", "workspace_bytes"]
+__all__ = ["io_time", "predict_kernel", "check_counts", "group_cost", "layer_cost",
+           "workspace_bytes"]
 
 
 def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> list[list[int]]:
-    """Validate ``k[l][d]``: one row per conv layer, ``p`` entries, exact sums."""
+    """Validate ``k[l][d]``: one row per conv layer, ``p`` entries, exact sums, one
+    row for every layer of a tied group (`Network.tied_groups`)."""
     rows = [list(map(int, r)) for r in counts]
     if len(rows) != len(network.conv):
         raise ValueError(f"need {len(network.conv)} rows of kernel counts, got {len(rows)}")
@@ -57,6 +65,14 @@ def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> l
         if len(row) != p or min(row) < 0 or sum(row) != layer.out_channels:
             raise ValueError(f"counts {row} do not split {layer.out_channels} kernels "
                              f"over {p} devices")
+    for group in network.tied_groups():
+        for l in group[1:]:
+            if rows[l] != rows[group[0]]:
+                first, other = network.conv[group[0]], network.conv[l]
+                raise ValueError(
+                    f"conv layers {first.name or group[0]} and {other.name or l} are added "
+                    "channel by channel (a residual sum) and must share one kernel split, "
+                    f"got {rows[group[0]]} and {rows[l]}")
     return rows
 
 
@@ -65,24 +81,28 @@ def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> l
 
 def _conv(ctx: KernelContext, l: int, d: int) -> LayerTime:
     return conv_time(ctx.devices[d], ctx.network.conv[l], ctx.batch, ctx.counts[l][d],
-                     input_grad=l > 0)
+                     input_grad=ctx.network.source(l) >= 0)
 
 
-def _dataset_seconds(ctx: KernelContext, d: int) -> float:
-    """Device `d` reading the batch from the dataset (layer 1's input; batch_reads.py)."""
+def _dataset_seconds(ctx: KernelContext, d: int, l: int) -> float:
+    """Device `d` reading the batch from the dataset for its kernels of layer `l`, a
+    layer reading the images (batch_reads.py)."""
     return shard_batch_read(ctx.devices[d], ctx.link_of(d), ctx.dataset, ctx.network,
-                            ctx.batch, ctx.counts[0][d])
+                            ctx.batch, ctx.counts[l][d])
 
 
-def _dataset_reads(ctx: KernelContext) -> np.ndarray:
-    """`_dataset_seconds` of every device, once per distinct device and count (the fast
-    timeline's devices share one link)."""
+def _dataset_reads(ctx: KernelContext) -> dict[int, np.ndarray]:
+    """`_dataset_seconds` of every device for each layer reading the images, once per
+    distinct device and count (the fast timeline's devices share one link)."""
     kinds, kind_of = distinct(ctx.devices)
-    seconds: dict[tuple[int, int], float] = {}
-    for d, k in enumerate(ctx.counts[0]):
-        if (kind_of[d], k) not in seconds:
-            seconds[kind_of[d], k] = _dataset_seconds(ctx, d)
-    return np.array([seconds[kind_of[d], k] for d, k in enumerate(ctx.counts[0])])
+    out = {}
+    for l in ctx.network.readers(-1):
+        seconds: dict[tuple[int, int], float] = {}
+        for d, k in enumerate(ctx.counts[l]):
+            if (kind_of[d], k) not in seconds:
+                seconds[kind_of[d], k] = _dataset_seconds(ctx, d, l)
+        out[l] = np.array([seconds[kind_of[d], k] for d, k in enumerate(ctx.counts[l])])
+    return out
 
 
 def _timeline(ctx: KernelContext) -> Timeline:
@@ -91,47 +111,50 @@ def _timeline(ctx: KernelContext) -> Timeline:
 
 
 def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
-    """One step of every device, op by op in the engine's order."""
-    L, m = len(ctx.network.conv), ctx.master
+    """One step of every device, op by op in the engine's order (the module doc)."""
+    net, L, m = ctx.network, len(ctx.network.conv), ctx.master
     for d in range(len(ctx.devices)):
         if any(ctx.counts[l][d] for l in range(L)) or d == m:
             tl.run(d, "overhead", ctx.overhead.task)
     for l in range(L):
-        holders = ctx.holders(l)
+        holders, src = ctx.holders(l), net.source(l)
+        gathering, reading = set(ctx.gatherers[l].tolist()), set(ctx.output_readers[l].tolist())
         for d in holders:
-            if l == 0:
-                if ctx.dataset is not None:
-                    tl.run(d, "io", _dataset_seconds(ctx, d))
-            else:
-                tl.read(d, [(f"act/{l - 1}/{e}", ctx.slice_bytes(l - 1, e))
-                            for e in ctx.holders(l - 1) if e != d], len(holders))
+            if d in gathering:
+                if src < 0:
+                    if ctx.dataset is not None:
+                        tl.run(d, "io", _dataset_seconds(ctx, d, l))
+                else:
+                    tl.read(d, [(f"act/{src}/{e}", ctx.slice_bytes(src, e))
+                                for e in ctx.holders(src) if e != d], len(holders))
             tl.run(d, "compute", _conv(ctx, l, d).forward)
-            readers = ([e for e in ctx.holders(l + 1) if e != d] if l < L - 1
-                       else ([m] if d != m else []))
-            if readers:
+            if len(reading) - (d in reading) > 0:
                 tl.write(d, f"act/{l}/{d}", ctx.slice_bytes(l, d), len(holders))
     last = ctx.holders(L - 1)
     tl.read(m, [(f"act/{L - 1}/{e}", ctx.slice_bytes(L - 1, e)) for e in last if e != m], 1)
-    tl.run(m, "master", dense_time(ctx.devices[m], ctx.network.dense, ctx.batch,
-                                 dropout=ctx.network.dropout).total)
+    tl.run(m, "master", dense_time(ctx.devices[m], net.dense, ctx.batch,
+                                 dropout=net.dropout).total)
     for e in last:
         if e != m:
             tl.write(m, f"grad/{e}", ctx.slice_bytes(L - 1, e), 1)
     for l in reversed(range(L)):
-        holders = ctx.holders(l)
+        holders, src = ctx.holders(l), net.source(l)
+        parts = ctx.gradient_parts(l)
         for d in holders:
-            sources = ([] if d == m else [f"grad/{d}"]) if l == L - 1 else \
-                [f"partial/{l + 1}/{e}/{d}" for e in ctx.holders(l + 1) if e != d]
+            sources = [f"partial/{r}/{e}/{d}" for r in ctx.readers[l]
+                       for e in ctx.holders(r) if e != d]
+            if l == L - 1 and d != m:
+                sources.append(f"grad/{d}")
             tl.read(d, [(slot, ctx.slice_bytes(l, d)) for slot in sources], len(holders))
             t = _conv(ctx, l, d)
-            parts = 1 if l == L - 1 else len(ctx.holders(l + 1))
-            summing = ctx.devices[d].stream_time(parts * ctx.network.conv[l].output_elements(
+            summing = ctx.devices[d].stream_time(parts * net.conv[l].output_elements(
                 ctx.batch, ctx.counts[l][d])) if parts > 1 else 0.0
             tl.run(d, "compute", summing + t.backward_input)
-            if l > 0:
-                for e in ctx.holders(l - 1):
+            if src >= 0:
+                for e in ctx.holders(src):
                     if e != d:
-                        tl.write(d, f"partial/{l}/{d}/{e}", ctx.slice_bytes(l - 1, e), len(holders))
+                        tl.write(d, f"partial/{l}/{d}/{e}", ctx.slice_bytes(src, e),
+                                 len(holders))
             tl.run(d, "compute", t.backward - t.backward_input + t.update)
 
 
@@ -184,19 +207,28 @@ def workspace_bytes(network: Network, batch: int, counts: Sequence[Sequence[int]
 
 def layer_cost(ctx: KernelContext, l: int, d: int, k: int, sources: int) -> float:
     """A device's seconds for ``k`` kernels of layer ``l`` (compute and its traffic),
-    with the layer's other shards held elsewhere and ``sources`` devices active in
-    the layer above: what min-max placement balances (``splits.py``)."""
+    with the layer's other shards held elsewhere and ``sources`` devices handing it a
+    gradient part (the holders of the layers reading it; the master for the last):
+    what min-max placement balances (``splits.py``)."""
     if k <= 0:
         return 0.0
     layer, dev, link, s = ctx.network.conv[l], ctx.devices[d], ctx.link_of(d), ctx.s
-    t = conv_time(dev, layer, ctx.batch, k, input_grad=l > 0)
+    reads = ctx.network.source(l) >= 0
+    t = conv_time(dev, layer, ctx.batch, k, input_grad=reads)
     P = len(ctx.devices)
-    others_in = layer.input_elements(ctx.batch) * s * (1 - 1 / P) if l > 0 else 0.0
+    others_in = layer.input_elements(ctx.batch) * s * (1 - 1 / P) if reads else 0.0
     out = layer.output_elements(ctx.batch, k) * s
-    io = io_time(link, ctx.store, others_in, P - 1 if l > 0 else 0, "read", P - 1, P)
+    io = io_time(link, ctx.store, others_in, P - 1 if reads else 0, "read", P - 1, P)
     io += io_time(link, ctx.store, out, 1, "write", 1, P) if P > 1 else 0.0
     io += io_time(link, ctx.store, out * max(sources - 1, 0), max(sources - 1, 0), "read",
                   max(sources - 1, 0), P)
-    if l > 0 and P > 1:
+    if reads and P > 1:
         io += io_time(link, ctx.store, others_in, P - 1, "write", P - 1, P)
     return t.total + io
+
+
+def group_cost(ctx: KernelContext, group: Sequence[int], d: int, k: int,
+               sources: Sequence[int]) -> float:
+    """`layer_cost` summed over a tied group (`Network.tied_groups`): at ``k`` kernels a
+    device runs every layer of the group at ``k`` kernels; ``sources`` per layer."""
+    return sum(layer_cost(ctx, l, d, k, n) for l, n in zip(group, sources))

@@ -1,10 +1,21 @@
 """What the simulation of one kernel-parallel step works from (kernel.py, and the same
 step on the fast timeline, kernel_fast.py): the network, the batch, the devices and
-how many kernels of each conv layer each holds, and where the slices go."""
+how many kernels of each conv layer each holds, and where the slices go.
+
+The engine's ops follow the network's layer graph (tasks/kernel_ops.py): a layer reads
+the whole output of its source layer (`Network.source`), gathered once per device at
+the first layer it holds that reads it; a layer's output goes to every holder of each
+layer reading it (and to the master, for the last layer); its gradient is the sum of
+the partial input gradients of every reader's holders, the residual gradients of the
+layers adding it (local: tied splits) and, for the last layer, the head's slice.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
 from .network import Network
@@ -36,8 +47,58 @@ class KernelContext:
         return self.devices[0].bytes_per_elem
 
     def holders(self, l: int) -> list[int]:
-        return [d for d, k in enumerate(self.counts[l]) if k > 0]
+        """The devices holding kernels of layer ``l``, in device order (do not modify)."""
+        return self._holders[l]
 
     def slice_bytes(self, l: int, d: int) -> float:
         """Bytes of device ``d``'s share of conv layer ``l``'s pooled output."""
         return self.network.conv[l].output_elements(self.batch, self.counts[l][d]) * self.s
+
+    @cached_property
+    def _held(self) -> np.ndarray:
+        """Whether each device (columns) holds kernels of each layer (rows)."""
+        return np.array(self.counts, dtype=np.int64).reshape(len(self.counts), -1) > 0
+
+    @cached_property
+    def _holders(self) -> tuple[list[int], ...]:
+        return tuple(np.flatnonzero(row).tolist() for row in self._held)
+
+    @cached_property
+    def readers(self) -> tuple[tuple[int, ...], ...]:
+        """Per conv layer, the layers reading its whole output, in layer order."""
+        return tuple(tuple(self.network.readers(l)) for l in range(len(self.network.conv)))
+
+    @cached_property
+    def gatherers(self) -> tuple[np.ndarray, ...]:
+        """Per conv layer, its holders that gather its source's output at its forward
+        (those holding no earlier layer that reads the same source: they reuse that),
+        in device order."""
+        seen: dict[int, np.ndarray] = {}
+        out = []
+        for l, held in enumerate(self._held):
+            src = self.network.source(l)
+            mine = held & ~seen[src] if src in seen else held
+            seen[src] = seen[src] | mine if src in seen else mine
+            out.append(np.flatnonzero(mine))
+        return tuple(out)
+
+    @cached_property
+    def output_readers(self) -> tuple[np.ndarray, ...]:
+        """Per conv layer, the devices reading its output: every holder of each layer
+        reading it, and the master for the last layer; in device order."""
+        last = len(self.network.conv) - 1
+        out = []
+        for l, readers in enumerate(self.readers):
+            reads = np.zeros(len(self.devices), dtype=bool)
+            for r in readers:
+                reads |= self._held[r]
+            if l == last:
+                reads[self.master] = True
+            out.append(np.flatnonzero(reads))
+        return tuple(out)
+
+    def gradient_parts(self, l: int) -> int:
+        """Tensors summed into a holder's gradient of layer ``l``'s output: one partial
+        per holder of each reader, one residual gradient per adder, the head's slice."""
+        return (sum(len(self.holders(r)) for r in self.readers[l])
+                + len(self.network.adders(l)) + (l == len(self.network.conv) - 1))

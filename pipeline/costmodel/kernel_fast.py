@@ -1,8 +1,10 @@
 """kernel.py's step on the fast timeline: each phase of the step for all devices at once.
 
-The ops and their order are kernel.py's (`_simulate_step`); this module only groups
-them by phase (a layer's forward, the dense head, a layer's backward) so that
-timeline_fast.py can run a phase's reads and writes as arrays. It is used where every
+The ops and their order are kernel.py's (`_simulate_step`), on the layer graph
+(kernel_context.py: who gathers a layer's input, who reads its output, how many
+gradient parts a holder sums); this module only groups them by phase (a layer's
+forward, the dense head, a layer's backward) so that timeline_fast.py can run a
+phase's reads and writes as arrays. It is used where every
 device has the same link (the read and write seconds are then sums of a part per
 reader and a part per source, which the fast timeline needs); otherwise kernel.py
 runs its op-by-op simulation. Compute times are taken once per distinct device and
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compute import LayerTime, conv_time, dense_time
+from .compute import conv_time, dense_time
 from .devices import DeviceSpec, distinct, uneven
 from .kernel_context import KernelContext
 from .timeline import Steady, steady
@@ -34,44 +36,48 @@ class ComputeTables:
     per_device: np.ndarray  # all conv work of each device (the dense head apart)
 
 
-def _layer_times(ctx: KernelContext, l: int, kind_of: list[int],
-                 kinds: list[DeviceSpec]) -> list[LayerTime]:
-    """`conv_time` of every device's shard of layer `l`, once per (device kind, count)."""
-    cache: dict[tuple[int, int], LayerTime] = {}
-    out = []
-    for d, k in enumerate(ctx.counts[l]):
-        key = (kind_of[d], k)
-        if key not in cache:
-            cache[key] = conv_time(kinds[kind_of[d]], ctx.network.conv[l], ctx.batch, k,
-                                   input_grad=l > 0)
-        out.append(cache[key])
-    return out
+def _distinct_shards(counts: np.ndarray, kind_of: np.ndarray
+                     ) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The distinct (device kind, kernel count) pairs of one layer's shards, and for each
+    device the index of its pair: equal shards are timed once."""
+    keys = kind_of * (int(counts.max(initial=0)) + 1) + counts
+    unique, index = np.unique(keys, return_inverse=True)
+    first = np.zeros(len(unique), dtype=np.int64)
+    first[index[::-1]] = np.arange(len(keys))[::-1]  # a device of each pair
+    return [(int(kind_of[d]), int(counts[d])) for d in first], index.reshape(-1)
 
 
-def _summing(ctx: KernelContext, l: int, parts: int, kind_of: list[int],
-             kinds: list[DeviceSpec]) -> np.ndarray:
-    """Seconds each device spends summing the partial gradients it read for layer `l`."""
-    if parts <= 1:
-        return np.zeros(len(ctx.devices))
+def _layer_tables(ctx: KernelContext, l: int, kind_of: np.ndarray,
+                  kinds: list[DeviceSpec]) -> tuple[np.ndarray, ...]:
+    """Per device: layer `l`'s forward, the first part of its backward (summing the
+    gradient parts and the input gradient), the rest (weight gradient and update), and
+    all of it; each timed once per distinct device and kernel count."""
     layer = ctx.network.conv[l]
-    return np.array([kinds[kind_of[d]].stream_time(parts * layer.output_elements(ctx.batch, k))
-                     for d, k in enumerate(ctx.counts[l])])
+    parts = ctx.gradient_parts(l)
+    pairs, index = _distinct_shards(np.array(ctx.counts[l], dtype=np.int64), kind_of)
+    rows = []
+    for kind, k in pairs:
+        t = conv_time(kinds[kind], layer, ctx.batch, k, input_grad=ctx.network.source(l) >= 0)
+        summing = (kinds[kind].stream_time(parts * layer.output_elements(ctx.batch, k))
+                   if parts > 1 else 0.0)
+        rows.append((t.forward, summing + t.backward_input,
+                     t.backward - t.backward_input + t.update, t.total))
+    table = np.array(rows, dtype=float).reshape(len(pairs), 4)
+    return tuple(table[index, column] for column in range(4))
 
 
 def compute_tables(ctx: KernelContext) -> ComputeTables:
     """Every device's compute per layer, as kernel.py's ops use it."""
-    kinds, kind_of = distinct(ctx.devices)
-    L = len(ctx.network.conv)
+    kinds, kind_list = distinct(ctx.devices)
+    kind_of = np.array(kind_list, dtype=np.int64)
     forward, first, rest = [], [], []
     per_device = np.zeros(len(ctx.devices))
-    for l in range(L):
-        times = _layer_times(ctx, l, kind_of, kinds)
-        parts = 1 if l == L - 1 else sum(1 for k in ctx.counts[l + 1] if k > 0)
-        forward.append(np.array([t.forward for t in times]))
-        first.append(_summing(ctx, l, parts, kind_of, kinds)
-                     + np.array([t.backward_input for t in times]))
-        rest.append(np.array([t.backward - t.backward_input + t.update for t in times]))
-        per_device = per_device + np.array([t.total for t in times])
+    for l in range(len(ctx.network.conv)):
+        fwd, back_first, back_rest, total = _layer_tables(ctx, l, kind_of, kinds)
+        forward.append(fwd)
+        first.append(back_first)
+        rest.append(back_rest)
+        per_device = per_device + total
     return ComputeTables(forward, first, rest, per_device)
 
 
@@ -88,8 +94,10 @@ class _Plan:
 
     ctx: KernelContext
     tables: ComputeTables
-    dataset_seconds: np.ndarray  # per device: its read of the batch (layer 1's holders)
+    dataset_seconds: dict[int, np.ndarray]  # per layer reading the images, per device
     holders: list[np.ndarray]
+    gatherers: list[np.ndarray]  # per layer: its holders gathering its source's output
+    writers: list[np.ndarray]  # per layer: its holders whose output another device reads
     slice_bytes: list[np.ndarray]  # per layer, per device: bytes of its pooled output
     active: np.ndarray
     head: float
@@ -98,7 +106,13 @@ class _Plan:
     grad_ready: np.ndarray  # per device: when the master wrote its gradient slice
 
 
-def _plan(ctx: KernelContext, dataset_seconds: np.ndarray) -> _Plan:
+def _writers(ctx: KernelContext, holders: np.ndarray, l: int) -> np.ndarray:
+    """Holders of layer `l` whose output slice another device reads."""
+    readers = ctx.output_readers[l]
+    return holders[len(readers) - np.isin(holders, readers) > 0]
+
+
+def _plan(ctx: KernelContext, dataset_seconds: dict[int, np.ndarray]) -> _Plan:
     counts = np.array(ctx.counts, dtype=np.int64).reshape(len(ctx.network.conv), -1)
     P = len(ctx.devices)
     slice_bytes = [(counts[l] * (ctx.batch * layer.out_hw[0] * layer.out_hw[1] * ctx.s))
@@ -106,29 +120,27 @@ def _plan(ctx: KernelContext, dataset_seconds: np.ndarray) -> _Plan:
     active = np.flatnonzero((counts > 0).any(axis=0) | (np.arange(P) == ctx.master))
     head = dense_time(ctx.devices[ctx.master], ctx.network.dense, ctx.batch,
                       dropout=ctx.network.dropout).total
-    return _Plan(ctx, compute_tables(ctx), dataset_seconds,
-                 [np.flatnonzero(row > 0) for row in counts], slice_bytes, active, head,
+    holders = [np.flatnonzero(row > 0) for row in counts]
+    writers = [_writers(ctx, h, l) for l, h in enumerate(holders)]
+    return _Plan(ctx, compute_tables(ctx), dataset_seconds, holders, list(ctx.gatherers), writers,
+                 slice_bytes, active, head,
                  [np.zeros(P) for _ in counts], {}, np.zeros(P))
 
 
 def _forward(plan: _Plan, tl: FastTimeline, l: int) -> None:
-    """Layer `l`'s forward on its holders: gather the input, compute, write the output."""
-    ctx, H = plan.ctx, plan.holders[l]
-    L = len(plan.holders)
-    if l == 0:
+    """Layer `l`'s forward on its holders: gather the input (those reading it first),
+    compute, write the output where another device reads it."""
+    ctx, H, G = plan.ctx, plan.holders[l], plan.gatherers[l]
+    src = ctx.network.source(l)
+    if src < 0:
         if ctx.dataset is not None:
-            tl.run(H, "io", plan.dataset_seconds[H])
+            tl.run(G, "io", plan.dataset_seconds[l][G])
     else:
-        below = plan.holders[l - 1]
-        tl.read(H, Sources(below, plan.act_ready[l - 1][below], plan.slice_bytes[l - 1][below]),
-                len(H), np.zeros(len(H)), np.zeros(len(H)))
+        below = plan.holders[src]
+        tl.read(G, Sources(below, plan.act_ready[src][below], plan.slice_bytes[src][below]),
+                len(H), np.zeros(len(G)), np.zeros(len(G)))
     tl.run(H, "compute", plan.tables.forward[l][H])
-    if l < L - 1:
-        above = plan.holders[l + 1]
-        read = len(above) - np.isin(H, above) > 0
-    else:
-        read = H != ctx.master
-    writers = H[read]
+    writers = plan.writers[l]
     plan.act_ready[l][writers] = tl.write_each(writers, plan.slice_bytes[l][writers], len(H))
 
 
@@ -150,25 +162,28 @@ def _head(plan: _Plan, tl: FastTimeline) -> None:
 
 
 def _backward_reads(plan: _Plan, tl: FastTimeline, l: int) -> None:
-    """Layer `l`'s holders read their gradient: the master's slice, or every other
-    upper holder's partial (written in turn, in device order)."""
+    """Layer `l`'s holders read their gradient: every other holder's partial of each
+    layer reading it (each written in turn, in device order), and the master's slice
+    for the last layer."""
     H, m = plan.holders[l], plan.ctx.master
+    written = [plan.partials[r] for r in plan.ctx.readers[l]]
+    if written:
+        tl.read_each_in_turn(H, written, plan.slice_bytes[l][H], len(H))
     if l == len(plan.holders) - 1:
         readers = H[H != m]
         tl.read_own(readers, m, plan.grad_ready[readers], plan.slice_bytes[l][readers], len(H))
-        return
-    tl.read_in_turn(H, plan.partials[l + 1], plan.slice_bytes[l][H], len(H))
 
 
 def _backward(plan: _Plan, tl: FastTimeline, l: int) -> None:
-    """Layer `l`'s backward on its holders: read, input gradient, hand partials down,
-    weight gradient and update."""
+    """Layer `l`'s backward on its holders: read, input gradient, hand partials to the
+    holders of its source layer, weight gradient and update."""
     H = plan.holders[l]
     _backward_reads(plan, tl, l)
     tl.run(H, "compute", plan.tables.backward_first[l][H])
-    if l > 0:
-        below = plan.holders[l - 1]
-        plan.partials[l] = tl.write_in_turn(H, below, plan.slice_bytes[l - 1][below], len(H))
+    src = plan.ctx.network.source(l)
+    if src >= 0:
+        below = plan.holders[src]
+        plan.partials[l] = tl.write_in_turn(H, below, plan.slice_bytes[src][below], len(H))
     tl.run(H, "compute", plan.tables.backward_rest[l][H])
 
 
@@ -183,12 +198,12 @@ def _step(plan: _Plan, tl: FastTimeline) -> None:
         _backward(plan, tl, l)
 
 
-def steady_fast(ctx: KernelContext, dataset_seconds: np.ndarray
+def steady_fast(ctx: KernelContext, dataset_seconds: dict[int, np.ndarray]
                 ) -> tuple[Steady, ComputeTables]:
     """The steady step of kernel.py on the fast timeline, and the compute it used.
 
-    `dataset_seconds`: each device's read of the batch from the dataset (layer 1's
-    holders read it).
+    `dataset_seconds`: per layer reading the images, each device's read of the batch
+    from the dataset.
     """
     plan = _plan(ctx, dataset_seconds)
     tl = FastTimeline(ctx.link_of(0), len(ctx.devices), ctx.store, ctx.overhead, ctx.sync)

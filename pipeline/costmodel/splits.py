@@ -14,8 +14,12 @@ to the device whose time after taking it is least, is optimal for
 ``min max_d t_d(k_d)`` subject to ``sum_d k_d = K`` with non-decreasing
 ``t_d``: if some pick exceeded the optimum ``T*``, every device would already
 hold at least what it can take within ``T*``, and those counts already sum
-to ``K``.  Layers are visited last to first because a layer's backward reads
-one partial per device active in the layer above.  The store's shared
+to ``K``.  Layers a residual sum ties (`Network.tied_groups`) get one row:
+a group is split as one layer whose cost is the sum of its layers' (both
+splits).  Groups are visited last first because a layer's backward reads one
+partial per device active in each layer reading it (in a residual network a
+reader's group may come later in that order: it counts as many devices as
+could hold a quantum each).  The store's shared
 bandwidth couples devices; as a guard the result is compared with the
 proportional split under the full model and the better one is returned, so it
 is never worse.
@@ -27,8 +31,10 @@ import dataclasses
 import heapq
 from typing import Sequence
 
-from .devices import DeviceSpec, LinkSpec, StoreSpec
-from .kernel import layer_cost, predict_kernel
+import numpy as np
+
+from .devices import DeviceSpec, LinkSpec, StoreSpec, distinct
+from .kernel import group_cost, predict_kernel
 from .kernel_context import KernelContext
 from .network import Network
 from .prediction import Options, layer_quantum
@@ -45,15 +51,16 @@ def apportion(total: int, weights: Sequence[float], quantum: int = 1) -> list[in
     """
     units, rest = divmod(total, quantum)
     wsum = float(sum(weights))
-    raw = [units * w / wsum for w in weights]
-    base = [int(r) for r in raw]
-    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - base[i]), -weights[i], i))
-    for i in order[: units - sum(base)]:
-        base[i] += 1
-    counts = [b * quantum for b in base]
+    w = np.asarray(weights, dtype=float)
+    raw = units * w / wsum
+    base = raw.astype(np.int64)  # the whole quanta, rounded down (raw >= 0)
+    # largest remainder first, then the heavier device, then the lower index
+    order = np.lexsort((np.arange(len(w)), -w, -(raw - base)))
+    base[order[: units - int(base.sum())]] += 1
+    counts = base * quantum
     if rest:
-        counts[max(range(len(weights)), key=lambda i: weights[i])] += rest
-    return counts
+        counts[int(np.argmax(w))] += rest
+    return counts.tolist()
 
 
 def split_kernels_proportional(
@@ -62,29 +69,66 @@ def split_kernels_proportional(
     """Kernels of each layer in proportion to each device's rate for that layer.
 
     The rate is the calibrated one for the layer's name if the device has it,
-    else its effective conv rate.  ``quantum``: one value or one per layer.
+    else its effective conv rate.  ``quantum``: one value or one per layer (a tied
+    group takes its first layer's).  Layers a residual sum ties share one row, in
+    proportion to each device's speed over the whole group (`_group_rates`).
     """
-    return [
-        apportion(layer.out_channels, [d.rate("conv", layer.name or None) for d in devices],
-                  layer_quantum(quantum, l))
-        for l, layer in enumerate(network.conv)
-    ]
+    kinds, kind_of = distinct(devices)
+    rows: list[list[int]] = [[] for _ in network.conv]
+    for group in network.tied_groups():
+        rates = _group_rates(network, group, kinds)
+        row = apportion(network.conv[group[0]].out_channels, [rates[k] for k in kind_of],
+                        layer_quantum(quantum, group[0]))
+        for l in group:
+            rows[l] = list(row)
+    return rows
 
 
-def _greedy_layer(ctx: KernelContext, l: int, sources: int, quantum: int, min_units: int = 0) -> list[int]:
-    """Min-max kernel counts of one layer, one quantum at a time.
+def _group_rates(network: Network, group: Sequence[int],
+                 devices: Sequence[DeviceSpec]) -> list[float]:
+    """Each device's speed on a tied group: its rate for a layer alone; for several,
+    the inverse of its seconds per sample over the group's forward work (its layers
+    hold the same kernels on a device)."""
+    if len(group) == 1:
+        layer = network.conv[group[0]]
+        return [d.rate("conv", layer.name or None) for d in devices]
+    layers = [network.conv[l] for l in group]
+    work = [layer.macs() for layer in layers]
+    return [1.0 / sum(w / d.rate("conv", layer.name or None) for w, layer in zip(work, layers))
+            for d in devices]
+
+
+def _gradient_sources(network: Network, rows: Sequence[Sequence[int]], l: int,
+                      devices: int, quantum: int | Sequence[int]) -> int:
+    """Devices handing layer ``l``'s backward a gradient part: the holders of each layer
+    reading it (where its split is not chosen yet, as many as could hold a quantum
+    each), and the master for the last layer."""
+    total = int(l == len(network.conv) - 1)
+    for r in network.readers(l):
+        if rows[r]:
+            total += sum(1 for k in rows[r] if k > 0)
+        else:
+            q = layer_quantum(quantum, r)
+            total += min(devices, -(-network.conv[r].out_channels // q))
+    return total
+
+
+def _greedy_group(ctx: KernelContext, group: Sequence[int], sources: Sequence[int],
+                  quantum: int, min_units: int = 0) -> list[int]:
+    """Min-max kernel counts of one tied group (one layer in a chain), one quantum at a
+    time, on the group's summed cost (`group_cost`).
 
     Every device first takes ``min_units`` quanta (as far as there are
     quanta); the rest go one at a time to whoever is least loaded after
     taking it.
     """
-    K, P = ctx.network.conv[l].out_channels, len(ctx.devices)
+    K, P = ctx.network.conv[group[0]].out_channels, len(ctx.devices)
     if K <= 0:
         return [0] * P
     units = [quantum] * (K // quantum) + ([K % quantum] if K % quantum else [])
 
     def t(d: int, k: int) -> float:
-        return layer_cost(ctx, l, d, k, sources)
+        return group_cost(ctx, group, d, k, sources)
 
     counts = [0] * P
     start = 0
@@ -145,11 +189,12 @@ def split_kernels_minmax(
     devs = tuple(devices)
     opts = options or Options()
     ctx = KernelContext(network, batch, devs, link, store, (), opts.master, opts.dataset)
-    L = len(network.conv)
-    rows: list[list[int]] = [[] for _ in range(L)]
-    for l in reversed(range(L)):
-        sources = 1 if l == L - 1 else sum(1 for k in rows[l + 1] if k > 0)
-        rows[l] = _greedy_layer(ctx, l, sources, layer_quantum(quantum, l), min_units)
+    rows: list[list[int]] = [[] for _ in network.conv]
+    for group in sorted(network.tied_groups(), key=lambda g: g[0], reverse=True):
+        sources = [_gradient_sources(network, rows, l, len(devs), quantum) for l in group]
+        row = _greedy_group(ctx, group, sources, layer_quantum(quantum, group[0]), min_units)
+        for l in group:
+            rows[l] = list(row)
     prop = split_kernels_proportional(network, devs, quantum)
     if min_units and any(
         k < min_units * min(layer_quantum(quantum, l), layer.out_channels)

@@ -27,6 +27,7 @@ last wait as one I/O stretch. Clocks agree with `Timeline` up to rounding; ties
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -120,6 +121,7 @@ class FastTimeline:
     clock: np.ndarray = field(default_factory=lambda: np.zeros(0))
     moved: float = 0.0
     _columns: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    _in_order: tuple[np.ndarray, ...] | None = None  # `_sorted`'s, until a segment is added
 
     def __post_init__(self) -> None:
         self.clock = np.zeros(self.devices)
@@ -132,6 +134,7 @@ class FastTimeline:
         if not keep.any():
             return
         n = int(keep.sum())
+        self._in_order = None
         self._columns.append((
             devs[keep], start[keep], end[keep], np.full(n, kind),
             (np.full(n, -1) if writer is None else writer[keep]),
@@ -159,16 +162,30 @@ class FastTimeline:
         n = len(src.devices)
         if n == 0 or len(readers) == 0:
             return
-        per_op, per_chunk, per_byte = io_rates(self.link, self.store, "read", sharing)
-        fixed = per_op + (per_chunk if self.store is not None else 0.0)
-        if self.sync != "scheduler":  # every marked read checks its marker (`Timeline.read`)
-            fixed += self.overhead.sync
         own = self._holds_own(readers, src)
         if n == 1:  # a reader whose only source is itself reads nothing (`Timeline.read`)
             keep = ~own
             readers, own_bytes, shift, own = readers[keep], own_bytes[keep], shift[keep], own[keep]
             if len(readers) == 0:
                 return
+        pos, total, p, q, q_own = self._read_seconds(readers, src, sharing, own_bytes, own)
+        start = self.clock[readers]
+        if self.sync == "scheduler":
+            latest, writer, tol = self._latest_slot(readers, src, pos, own, shift, start)
+            self._scheduled_wait(readers, start, total, latest, writer, tol)
+        else:
+            self._marked_reads(readers, src, pos, own, shift, start, total, p, q, q_own)
+
+    def _read_seconds(self, readers: np.ndarray, src: Sources, sharing: int,
+                      own_bytes: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each reader's place among the sources and seconds of all its reads (counting
+        the bytes into `moved`), with the parts of a read: ``p`` per reader, ``q`` per
+        source, ``q_own`` the reader's own source's (0 where it is none)."""
+        n = len(src.devices)
+        per_op, per_chunk, per_byte = io_rates(self.link, self.store, "read", sharing)
+        fixed = per_op + (per_chunk if self.store is not None else 0.0)
+        if self.sync != "scheduler":  # every marked read checks its marker (`Timeline.read`)
+            fixed += self.overhead.sync
         pos = np.searchsorted(src.devices, readers)
         count = n - own
         q = src.bytes * per_byte  # seconds per source, the reader's part apart
@@ -177,11 +194,7 @@ class FastTimeline:
         total = p * count + (q.sum() - q_own)
         self.moved += float(own_bytes @ count + src.bytes.sum() * len(readers)
                             - np.where(own, src.bytes[np.minimum(pos, n - 1)], 0.0).sum())
-        start = self.clock[readers]
-        if self.sync == "scheduler":
-            self._scheduled_reads(readers, src, pos, own, shift, start, total)
-        else:
-            self._marked_reads(readers, src, pos, own, shift, start, total, p, q, q_own)
+        return pos, total, p, q, q_own
 
     @staticmethod
     def _holds_own(readers: np.ndarray, src: Sources) -> np.ndarray:
@@ -220,12 +233,12 @@ class FastTimeline:
                                      suf_first[np.minimum(right_at, n - 1)]))
         self._reads_done(readers, src, pos, own, shift, start, end, binding, p, q, q_own)
 
-    def _scheduled_reads(self, readers: np.ndarray, src: Sources, pos: np.ndarray,
-                         own: np.ndarray, shift: np.ndarray, start: np.ndarray,
-                         total: np.ndarray) -> None:
-        """Through the scheduler: one wait (`overhead.hop`) for the latest slot, then
-        the reads back to back."""
-        n, hop = len(src.devices), self.overhead.hop
+    def _latest_slot(self, readers: np.ndarray, src: Sources, pos: np.ndarray,
+                     own: np.ndarray, shift: np.ndarray, start: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Through the scheduler: when each reader's latest slot is ready (-inf: it
+        reads none), its writer (the first of equal ones), and the tie tolerance."""
+        n = len(src.devices)
         tol = _tolerance(src.base, start - shift)
         pre, pre_first = _first_prefix_max(src.base - src.lower, tol)
         suf, suf_first = _first_suffix_max(src.base, tol)
@@ -235,7 +248,13 @@ class FastTimeline:
         latest = np.maximum(left, right)
         writer = src.devices[np.where(left >= latest - tol, pre_first[np.maximum(pos - 1, 0)],
                                       suf_first[np.minimum(right_at, n - 1)])]
-        ready = latest + shift
+        return latest + shift, writer, tol
+
+    def _scheduled_wait(self, readers: np.ndarray, start: np.ndarray, total: np.ndarray,
+                        ready: np.ndarray, writer: np.ndarray, tol: float) -> None:
+        """Through the scheduler: one wait (`overhead.hop`) for the latest slot (ready
+        at `ready`, written by `writer`), then the reads back to back."""
+        hop = self.overhead.hop
         mine = start >= ready - tol
         writer, ready = np.where(mine, readers, writer), np.where(mine, start, ready)
         waits = ready + hop > start + tol
@@ -274,13 +293,43 @@ class FastTimeline:
                      sharing: int) -> None:
         """Each reader (one of `written`'s targets) reads the slot every other writer
         wrote it; a slot holds `n_bytes` of its reader."""
+        src, shift = self._in_turn_sources(readers, written)
+        self.read(readers, src, sharing, n_bytes, shift)
+
+    def read_each_in_turn(self, readers: np.ndarray, written: Sequence[InTurn],
+                          n_bytes: np.ndarray, sharing: int) -> None:
+        """`read_in_turn` of each of `written` one after the other (a layer that several
+        layers read gathers their partial gradients); through the scheduler, one wait
+        for the latest slot of them all, as `Timeline.read` waits once per task."""
+        if self.sync != "scheduler" or len(written) == 1:
+            for group in written:
+                self.read_in_turn(readers, group, n_bytes, sharing)
+            return
+        start = self.clock[readers]
+        total, ready = np.zeros(len(readers)), np.full(len(readers), -np.inf)
+        writer, tol = np.full(len(readers), -1), 0.0
+        for group in written:
+            src, shift = self._in_turn_sources(readers, group)
+            own = self._holds_own(readers, src)
+            pos, seconds, *_ = self._read_seconds(readers, src, sharing, n_bytes, own)
+            latest, by, group_tol = self._latest_slot(readers, src, pos, own, shift, start)
+            tol = max(tol, group_tol)
+            later = latest > ready + tol  # the first of equal slots, as `Timeline.read`
+            total, ready, writer = total + seconds, np.where(later, latest, ready), \
+                np.where(later, by, writer)
+        reads = np.isfinite(ready)
+        self._scheduled_wait(readers[reads], start[reads], total[reads], ready[reads],
+                             writer[reads], tol)
+
+    @staticmethod
+    def _in_turn_sources(readers: np.ndarray, written: InTurn) -> tuple[Sources, np.ndarray]:
+        """`written` as the sources of `read` for `readers`, and each reader's shift."""
         seconds = written.seconds
         at = np.searchsorted(written.targets, written.writers)
         held = _found(written.targets, written.writers, at)
         lower = np.where(held, seconds[np.minimum(at, len(seconds) - 1)], 0.0)
         shift = np.cumsum(seconds)[np.searchsorted(written.targets, readers)]
-        self.read(readers, Sources(written.writers, written.start, np.zeros(len(lower)), lower),
-                  sharing, n_bytes, shift)
+        return Sources(written.writers, written.start, np.zeros(len(lower)), lower), shift
 
     # -- writes ----------------------------------------------------------------------
 
@@ -332,15 +381,18 @@ class FastTimeline:
         if not self._columns:  # nothing took any time
             empty = np.zeros(0)
             return (empty.astype(int), empty, empty, empty.astype(int), empty.astype(int), empty)
-        columns = [np.concatenate(c) for c in zip(*self._columns)]
-        order = np.argsort(columns[0], kind="stable")
-        return tuple(c[order] for c in columns)
+        if self._in_order is None:
+            columns = [np.concatenate(c) for c in zip(*self._columns)]
+            order = np.argsort(columns[0], kind="stable")
+            self._in_order = tuple(c[order] for c in columns)
+        return self._in_order
 
     def lanes_since(self, t: float) -> list[list[tuple[float, float, str]]]:
         """Each device's segments starting at or after `t`: ``(start, end, kind)``."""
         devs, begin, stop, kind, _, _ = self._sorted()
-        lanes: list[list[tuple[float, float, str]]] = [[] for _ in range(self.devices)]
-        for d, s, e, k in zip(devs.tolist(), begin.tolist(), stop.tolist(), kind.tolist()):
-            if s >= t:
-                lanes[d].append((s, e, KINDS[k]))
-        return lanes
+        since = begin >= t
+        bounds = np.searchsorted(devs[since], np.arange(self.devices + 1)).tolist()
+        starts, ends = begin[since].tolist(), stop[since].tolist()
+        kinds = np.array(KINDS)[kind[since]].tolist()
+        return [list(zip(starts[a:b], ends[a:b], kinds[a:b]))
+                for a, b in zip(bounds[:-1], bounds[1:])]
