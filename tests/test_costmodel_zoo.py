@@ -11,6 +11,7 @@ from pipeline.costmodel.compute import (BATCH_NORM_BACKWARD, BATCH_NORM_FORWARD,
                                         RESIDUAL_FORWARD, after_conv_elements, conv_time,
                                         dense_time)
 from pipeline.costmodel.builders import marques_cifar
+from pipeline.costmodel.data import GRADIENT_SUM, gradient_sums
 from pipeline.costmodel.kernel import workspace_bytes
 from pipeline.costmodel.network import ConvLayer, DenseLayer
 from pipeline.probe.tables import costmodel_network
@@ -183,11 +184,14 @@ def test_a_tied_groups_proportional_row_follows_its_summed_seconds():
 
 def test_single_prices_the_whole_resnet_layer_by_layer():
     """`single` on resnet20: each conv as its own (no input gradient for the stem, which
-    reads the images), the dense head, summed."""
+    reads the images), the sums of gradients where an output has two consumers (a
+    block's input feeds the block and its shortcut), the dense head, summed."""
     net = zoo_network("resnet20")
     device = DeviceSpec(flops=1e11, mem_bw=2e10)
     by_hand = sum(conv_time(device, c, 32, input_grad=l > 0).total
-                  for l, c in enumerate(net.conv))
+                  + device.stream_time(GRADIENT_SUM * sums * c.output_elements(32))
+                  for l, (c, sums) in enumerate(zip(net.conv, gradient_sums(net))))
+    assert sum(gradient_sums(net)) == 9  # every block's input: 9 blocks
     head = dense_time(device, net.dense, 32).total
     one = predict("single", net, 32, device)
     assert one.step_time == pytest.approx(by_hand + head, rel=1e-12)
