@@ -159,6 +159,8 @@ def test_overtaking_and_ranges_read_the_grid_in_order():
     assert first_overtaking(kernel, data, counts) == "16"
     assert first_overtaking(data[:2], kernel[:2], counts[:2]) == "4"
     assert first_overtaking(kernel[:2], data[:2], counts[:2]) == "none"  # a tie is not
+    # one device is no parallelism, whatever the two strategies' prices there
+    assert first_overtaking(np.array([0.9, 0.5]), np.array([1.0, 0.4]), [1, 4]) == "none"
     assert first_overtaking(np.array([nan, 1.0]), np.array([1.0, nan]), [1, 4]) == "-"
     assert count_ranges(counts, np.array([False, True, True, False])) == "4-16"
     assert count_ranges(counts, np.array([True, False, True, True])) == "1, 16-64"

@@ -23,9 +23,10 @@ REGION_OF = "hybrid"
 
 
 def first_overtaking(challenger: np.ndarray, holder: np.ndarray, counts: list[int]) -> str:
-    """The fewest devices at which `challenger`'s step is shorter than `holder`'s, both
-    predicted (NaN: not); "none" where it never is; "-" where they never both are."""
-    both = np.isfinite(challenger) & np.isfinite(holder)
+    """The fewest devices (two or more: on one, every strategy trains the same step) at
+    which `challenger`'s step is shorter than `holder`'s, both predicted (NaN: not);
+    "none" where it never is; "-" where they never both are."""
+    both = np.isfinite(challenger) & np.isfinite(holder) & (np.asarray(counts) > 1)
     if not both.any():
         return "-"
     faster = both & (challenger < holder * (1 - TIE))

@@ -347,8 +347,8 @@ def _region_sections(view: ScalingView) -> list[str]:
     crossover = crossover_table(view)
     if crossover:
         lines += ["## Where kernel parallelism overtakes data parallelism", "",
-                  "The fewest devices at which `kernel`'s predicted step is shorter than "
-                  "`data`'s (both predicted), per link bandwidth; none: never in the grid; -: "
+                  "The fewest devices (two or more) at which `kernel`'s predicted step is "
+                  "shorter than `data`'s (both predicted), per link bandwidth; none: never in the grid; -: "
                   "never both feasible (memory, or a sample per device).",
                   "", *crossover, ""]
     region = hybrid_region_table(view)
