@@ -20,7 +20,7 @@ from experiments.report import cli as report
 from experiments.scaling.anchors import ANCHOR_BAND, a100_resnet50, krizhevsky_anchors
 from experiments.scaling.config import build_point, load_scaling_sweep, network_of
 from experiments.scaling.regions import count_ranges, first_overtaking
-from experiments.scaling.run import evaluate_grid, run_scaling_sweep
+from experiments.scaling.run import evaluate_grid, evaluate_point, run_scaling_sweep
 from experiments.sweep.store_layout import DONE, FAILED
 from pipeline.config.schema import ConfigError
 from pipeline.costmodel import alexnet, marques_cifar
@@ -173,3 +173,17 @@ def test_the_a100_preset_trains_resnet50_near_nvidias_rate():
     assert anchor.published == 1400.0
     assert all(0.8 < a.ratio < 1.25 for a in krizhevsky_anchors())
 
+
+
+def test_local_batch_norm_drops_the_statistics_exchanges():
+    """`train.batch_norm: local`: ResNet-50's replicas exchange no batch-norm statistics
+    (two small all-reduces a layer and step under `sync`); AlexNet has none to drop."""
+    def step(preset: str, batch_norm: str) -> float:
+        return evaluate_point(build_point({
+            "strategy": "data", "network": {"preset": preset},
+            "train": {"batch": 256, "batch_norm": batch_norm},
+            "hardware": {"devices": 64, "device": "a100", "link": {"gbps": 10}}}))[
+                "predicted_step_time"]
+
+    assert step("resnet50", "local") < step("resnet50", "sync")
+    assert step("alexnet", "local") == step("alexnet", "sync")

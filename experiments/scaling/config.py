@@ -60,9 +60,14 @@ SCALING_VARIABLES = {"communication_time", "overhead_time", "baseline_step_time"
 
 @dataclass
 class TrainDesc:
-    """The step: ``batch`` samples over all devices (strong scaling)."""
+    """The step: ``batch`` samples over all devices (strong scaling), and how
+    replicas take batch norm's statistics."""
 
     batch: int = described(128, "the whole mini-batch over all devices (strong scaling)")
+    batch_norm: Literal["sync", "local"] = described(
+        "sync", "`data`/`hybrid`: batch norm's statistics over the whole batch (two small "
+        "all-reduces per batch-norm layer and step) or each replica's own, as a run's "
+        "`train.batch_norm`")
 
 
 @dataclass
@@ -180,6 +185,7 @@ def options_of(point: ScalingPoint) -> Options:
     return Options(split=o.split, quantum=o.quantum, allreduce=o.allreduce, overlap=o.overlap,
                    batch_split=o.batch_split, scheme=o.scheme, dense_batch=o.dense_batch,
                    broadcast=o.broadcast, overlap_dense=o.overlap_dense,
+                   batch_norm=point.train.batch_norm,
                    overhead=hw.overhead_spec(point.hardware.dask))
 
 
