@@ -62,9 +62,8 @@ class NetworkDesc:
                                   "marques only; null: 32)")
     channels: int | None = described(None, "the input's channels (conv layers and marques "
                                      "only; null: 3)")
-    width: float = described(1.0, "a preset's channels and hidden widths scaled by this "
-                             "(as `network.width` of a run)")
-
+    width: float = described(1.0, "a preset's channels and its own hidden widths scaled by "
+                             "this (as `network.width` of a run)")
 
 
 # The network -----------------------------------------------------------------------
@@ -83,23 +82,44 @@ def zoo_shape(preset: str) -> tuple[int, int, int]:
 
 
 def check_network(desc: NetworkDesc) -> None:
+    """Raise a ConfigError naming the field for a network the model cannot build, or
+    for a field the chosen network does not take (a silently ignored field would
+    predict another network than the one the user described)."""
     if desc.preset is not None and desc.conv is not None:
         raise ConfigError("network.conv: give either network.preset or conv layers, not both")
     if desc.preset not in SHAPED_PRESETS:
-        channels, side, _ = zoo_shape(desc.preset)
-        if desc.hidden:
-            raise ConfigError(f"network.hidden: {desc.preset} has its own dense layers")
-        if desc.image not in (None, side) or desc.channels not in (None, channels):
-            raise ConfigError(f"network.image: {desc.preset} takes its own {channels}x{side}x"
-                              f"{side} images (image and channels are for marques and conv "
-                              "layers)")
+        _check_zoo_fields(desc)
     if not math.isfinite(desc.width) or desc.width <= 0:
         raise ConfigError(f"network.width: expected a positive number, got {desc.width!r}")
-    if desc.conv is not None and desc.width != 1:
+    if desc.conv is not None:
+        _check_conv_layers(desc.conv, desc.width)
+    for i, size in enumerate(desc.hidden):
+        if size < 1:
+            raise ConfigError(f"network.hidden.{i}: expected at least 1, got {size}")
+    if desc.classes is not None and desc.classes < 1:
+        raise ConfigError(f"network.classes: expected at least 1, got {desc.classes}")
+    if (desc.image or 1) < 1 or (desc.channels or 1) < 1:
+        raise ConfigError("network.image, network.channels: expected at least 1")
+
+
+def _check_zoo_fields(desc: NetworkDesc) -> None:
+    """A zoo preset has its own dense layers and images."""
+    channels, side, _ = zoo_shape(desc.preset)
+    if desc.hidden:
+        raise ConfigError(f"network.hidden: {desc.preset} has its own dense layers")
+    for name, own in (("image", side), ("channels", channels)):
+        if getattr(desc, name) not in (None, own):
+            raise ConfigError(f"network.{name}: {desc.preset} takes its own {channels}x"
+                              f"{side}x{side} images (image and channels are for marques "
+                              "and conv layers)")
+
+
+def _check_conv_layers(layers: list[ConvDesc], width: float) -> None:
+    if width != 1:
         raise ConfigError("network.width: scales a preset; conv layers give their kernels")
-    if desc.conv is not None and not desc.conv:
+    if not layers:
         raise ConfigError("network.conv: at least one conv layer is needed")
-    for i, layer in enumerate(desc.conv or []):
+    for i, layer in enumerate(layers):
         for name in ("kernels", "size", "pool", "stride"):
             if getattr(layer, name) < 1:
                 raise ConfigError(f"network.conv.{i}.{name}: expected at least 1, got "
@@ -109,13 +129,6 @@ def check_network(desc: NetworkDesc) -> None:
         if layer.pool_stride is not None and layer.pool_stride < 1:
             raise ConfigError(f"network.conv.{i}.pool_stride: expected at least 1, got "
                               f"{layer.pool_stride}")
-    for i, size in enumerate(desc.hidden):
-        if size < 1:
-            raise ConfigError(f"network.hidden.{i}: expected at least 1, got {size}")
-    if desc.classes is not None and desc.classes < 1:
-        raise ConfigError(f"network.classes: expected at least 1, got {desc.classes}")
-    if (desc.image or 1) < 1 or (desc.channels or 1) < 1:
-        raise ConfigError("network.image, network.channels: expected at least 1")
 
 
 _NETWORKS: dict[str, Network] = {}
