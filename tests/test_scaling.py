@@ -215,6 +215,8 @@ def test_mix_axis_and_dry_run(tmp_path, capsys):
      ["hardware.dask.steps_per_task", "at least 1"]),
     ({}, {"network": {"preset": "alexnet", "conv": [{"kernels": 4}]}},
      ["network.conv", "either network.preset or conv layers"]),
+    ({"network.preset": ["resnet20", "vgg16"]}, {"network": {"image": 32}},
+     ["network.image", "vgg16 takes its own 3x224x224 images", "value #2 of 2"]),
 ])
 def test_bad_scaling_configs_exit_2_with_one_line(tmp_path, capsys, axes, base, expected):
     config = write_scaling(tmp_path, axes, base=base)
