@@ -139,7 +139,6 @@ def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
             tl.write(m, f"grad/{e}", ctx.slice_bytes(L - 1, e), 1)
     for l in reversed(range(L)):
         holders, src = ctx.holders(l), net.source(l)
-        parts = ctx.gradient_parts(l)
         for d in holders:
             sources = [f"partial/{r}/{e}/{d}" for r in ctx.readers[l]
                        for e in ctx.holders(r) if e != d]
@@ -147,8 +146,7 @@ def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
                 sources.append(f"grad/{d}")
             tl.read(d, [(slot, ctx.slice_bytes(l, d)) for slot in sources], len(holders))
             t = _conv(ctx, l, d)
-            summing = ctx.devices[d].stream_time(parts * net.conv[l].output_elements(
-                ctx.batch, ctx.counts[l][d])) if parts > 1 else 0.0
+            summing = ctx.devices[d].stream_time(ctx.summing_elements(l, ctx.counts[l][d]))
             tl.run(d, "compute", summing + t.backward_input)
             if src >= 0:
                 for e in ctx.holders(src):

@@ -97,6 +97,15 @@ class KernelContext:
             out.append(np.flatnonzero(reads))
         return tuple(out)
 
+    def summing_elements(self, l: int, kernels: float) -> float:
+        """Element accesses of summing a holder's gradient parts of layer ``l``'s output
+        (`gradient_parts`) on ``kernels`` channels: read each, write the sum (none for
+        a single part), as a replica's autograd sums them (`data.GRADIENT_SUM`)."""
+        parts = self.gradient_parts(l)
+        if parts <= 1:
+            return 0.0
+        return (parts + 1) * self.network.conv[l].output_elements(self.batch, kernels)
+
     def gradient_parts(self, l: int) -> int:
         """Tensors summed into a holder's gradient of layer ``l``'s output: one partial
         per holder of each reader, one residual gradient per adder, the head's slice."""

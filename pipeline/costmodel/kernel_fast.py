@@ -53,13 +53,11 @@ def _layer_tables(ctx: KernelContext, l: int, kind_of: np.ndarray,
     gradient parts and the input gradient), the rest (weight gradient and update), and
     all of it; each timed once per distinct device and kernel count."""
     layer = ctx.network.conv[l]
-    parts = ctx.gradient_parts(l)
     pairs, index = _distinct_shards(np.array(ctx.counts[l], dtype=np.int64), kind_of)
     rows = []
     for kind, k in pairs:
         t = conv_time(kinds[kind], layer, ctx.batch, k, input_grad=ctx.network.source(l) >= 0)
-        summing = (kinds[kind].stream_time(parts * layer.output_elements(ctx.batch, k))
-                   if parts > 1 else 0.0)
+        summing = kinds[kind].stream_time(ctx.summing_elements(l, k))
         rows.append((t.forward, summing + t.backward_input,
                      t.backward - t.backward_input + t.update, t.total))
     table = np.array(rows, dtype=float).reshape(len(pairs), 4)
