@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import time
 from dataclasses import asdict
 
+import psutil
 import pytest
 
 import pipeline.probe.cache as cache
@@ -25,7 +29,7 @@ from pipeline.cluster.workers import find_workers
 from pipeline.costmodel.contention import cores_filled
 from pipeline.placement.ties import check_tied
 from pipeline.probe import cached_probe, costmodel_network, find_cached_probe, probe_master
-from pipeline.probe.client_share import median_share, pair_share, step_spans
+from pipeline.probe.client_share import burner_code, median_share, pair_share, step_spans
 from pipeline.probe.tables import network_spec_from_dict
 from tasks.receipts import Receipt
 from tasks.zoo import PRESETS, build_preset
@@ -119,3 +123,24 @@ def test_a_probe_of_resnet20_on_two_workers_times_every_layer(shared_cluster, pr
     else:  # the client has a core of its own: the share is never used
         assert share is None and probe.dask.contention_shares == []
     assert find_cached_probe(probe.key) == probe  # its JSON record comes back whole
+
+
+def test_a_burner_ends_with_the_probe_that_started_it():
+    """A probe SIGKILLed while it measures the share leaves no spinning process."""
+    code = burner_code(-1)  # the parent's own pid in place of -1, without torch's import
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import os, subprocess, sys, time\n"
+         f"code = {code!r}.replace('== -1', f'== {{os.getpid()}}')\n"
+         "child = subprocess.Popen([sys.executable, '-c', code])\n"
+         "print(child.pid, flush=True)\ntime.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
+    burner = psutil.Process(int(parent.stdout.readline()))
+    assert burner.is_running() and burner.status() != psutil.STATUS_ZOMBIE
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        if not burner.is_running() or burner.status() == psutil.STATUS_ZOMBIE:
+            return
+        time.sleep(0.05)
+    burner.kill()
+    pytest.fail("the burner outlived the probe that started it")

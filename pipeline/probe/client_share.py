@@ -25,6 +25,7 @@ at all the probe records None and the prediction falls back to
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -43,14 +44,14 @@ PAIRS = 2
 BURN_ON_S = 0.001
 BURN_OFF_S = 0.005
 
-_BURNER = f"""
-import sys, time
-while True:
-    end = time.perf_counter() + {BURN_ON_S}
-    while time.perf_counter() < end:
-        pass
-    time.sleep({BURN_OFF_S})
-"""
+def burner_code(parent: int) -> str:
+    """The burner's code: it spins and sleeps by the duty cycle until its parent
+    `parent` (the probe's process) is gone, so that a killed probe leaves no spinning
+    process behind (the pid is given, not read at its start: the parent may die first)."""
+    return (f"import os, time\nwhile os.getppid() == {parent}:\n"
+            f"    end = time.perf_counter() + {BURN_ON_S}\n"
+            "    while time.perf_counter() < end:\n        pass\n"
+            f"    time.sleep({BURN_OFF_S})\n")
 
 
 def step_spans(receipts: Sequence[Receipt]) -> list[float]:
@@ -84,8 +85,9 @@ def burner() -> Iterator[list[float]]:
     """A burner process for the block; yields a list that holds, after the block, its
     CPU per second of wall time over the block."""
     rate: list[float] = []
-    process = subprocess.Popen([sys.executable, "-c", _BURNER], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-c", burner_code(os.getpid())],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     try:
         handle = psutil.Process(process.pid)
         time.sleep(0.05)  # past the interpreter's start
