@@ -38,8 +38,9 @@ from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_rea
                                      relative_spreads, shard_timings, store_fit, sync_s,
                                      task_gap_s, trunk_timings)
 from pipeline.probe.rounds import calibrate
-from pipeline.probe.client_share import median_share
-from pipeline.probe.runs import Plan, ProbePlan, ReplicaPlan, plans_for, replica_plan
+from pipeline.probe.client_share import SHARE_BELOW_S, median_share
+from pipeline.probe.runs import (Plan, ProbePlan, ReplicaPlan, plan_seconds, plans_for,
+                                 replica_plan)
 from pipeline.cluster.startup import usable_cores
 from storage.datasets import create_synthetic_dataset
 from storage.private import default_workspace_root
@@ -132,7 +133,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
     replicas = replica_plan(network, batch, len(offered))
     plans += [replicas] if replicas else []
-    shared = share_plans(plans, offered) if scheduler_in_process(client) else []
+    shared = share_plans(plans, offered, network, batch) if scheduler_in_process(client) \
+        else []
     with _dataset_for(network, batch, dataset) as path:
         runs, again, shares = calibrate(client, offered, network, batch, path, plans,
                                         workspace_dir, output_root, shared)
@@ -162,16 +164,19 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
                         {"runs": ran - started, "hops": done - ran, "timed_again": again})
 
 
-def share_plans(plans: Sequence[Plan], offered: Sequence[ClusterWorker]) -> list[Plan]:
+def share_plans(plans: Sequence[Plan], offered: Sequence[ClusterWorker], network: NetworkSpec,
+                batch: int) -> list[Plan]:
     """The plans the client's share of the cores is measured on: the even kernel plan
-    and the replica plan over every worker, where the workers' threads fill the cores
-    this process may run on (elsewhere the client has a core of its own and the share
-    is never used); none for one worker."""
+    and the replica plan over every worker, of less than `SHARE_BELOW_S` a step (the
+    client's milliseconds are lost in a longer one), where the workers' threads fill
+    the cores this process may run on (elsewhere the client has a core of its own and
+    the share is never used); none for one worker."""
     threads = [w.threads for w in offered]
     if len(offered) < 2 or not cores_filled(threads, usable_cores()):
         return []
     even = [p for p in plans if isinstance(p, ProbePlan) and p.workers == len(offered)][:1]
-    return even + [p for p in plans if isinstance(p, ReplicaPlan)]
+    return [p for p in even + [p for p in plans if isinstance(p, ReplicaPlan)]
+            if plan_seconds(network, batch, p) < SHARE_BELOW_S]
 
 
 def _load(path: str) -> dict[str, Any] | None:

@@ -39,6 +39,9 @@ from tasks.receipts import Receipt
 
 #: Rounds beside the burner on each plan the share is measured on.
 PAIRS = 2
+#: Plans of this many seconds a step or more are not timed for the share: the
+#: client's few milliseconds a step are lost in them, and ten rounds would cost minutes.
+SHARE_BELOW_S = 1.0
 #: The burner's duty cycle: this long spinning, then this long asleep (about a sixth
 #: of a core, in bursts of a millisecond or so as the scheduler's work comes).
 BURN_ON_S = 0.001
