@@ -77,6 +77,8 @@ def test_the_share_is_the_median_pair_clipped_and_none_without_a_measurement():
     assert median_share([0.2, None, 0.4, 0.9]) == pytest.approx(0.4)
     assert median_share([-0.3, -0.1]) == 0.0 and median_share([1.5, 2.0]) == 1.0
     assert median_share([None]) is None and median_share([]) is None
+    # figures a loaded machine gave (a quick sweep's probe at load 7 on 2 cores): noise
+    assert median_share([3.89, -0.91, 0.32, 1.93]) is None
 
 
 def test_the_reference_probe_times_every_layer_of_a_graph_network():
@@ -117,9 +119,10 @@ def test_a_probe_of_resnet20_on_two_workers_times_every_layer(shared_cluster, pr
     assert probe.master.dense_s > 0
     share = probe.dask.contention_share
     if cores_filled([w.threads for w in offered], usable_cores()):  # as on 2 cores
-        assert share is not None and 0.0 <= share <= 1.0
         assert len(probe.dask.contention_shares) == 2  # the even plan's and the replicas'
         assert all(math.isfinite(s) for s in probe.dask.contention_shares)
+        assert share == median_share(probe.dask.contention_shares)  # None: drowned
+        assert share is None or 0.0 <= share <= 1.0
     else:  # the client has a core of its own: the share is never used
         assert share is None and probe.dask.contention_shares == []
     assert find_cached_probe(probe.key) == probe  # its JSON record comes back whole

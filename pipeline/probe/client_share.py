@@ -18,8 +18,9 @@ over every worker): the gaps between tasks are priced apart. Each busy round,
 against the idle rounds either side of it, gives one figure; the share is their
 median (`PAIRS` busy rounds on each plan timed), clipped to [0, 1]: at most all of
 the client's CPU lands on the step. A round that timed no step gives none; with none
-at all the probe records None and the prediction falls back to
-`contention.DEFAULT_CONTENTION_SHARE`.
+at all, or figures that disagree by `SHARE_SPREAD` or more (on a machine other work
+loads, where the burner's effect is lost in theirs), the probe records None and the
+prediction falls back to `contention.DEFAULT_CONTENTION_SHARE`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ from tasks.receipts import Receipt
 
 #: Rounds beside the burner on each plan the share is measured on.
 PAIRS = 2
+#: The widest middle half of the busy rounds' figures that still gives a share (half
+#: the range a share can take).
+SHARE_SPREAD = 0.5
 #: Plans of this many seconds a step or more are not timed for the share: the
 #: client's few milliseconds a step are lost in them, and ten rounds would cost minutes.
 SHARE_BELOW_S = 1.0
@@ -76,9 +80,14 @@ def pair_share(idle_s: float, busy_s: float, burner_rate: float) -> float | None
 
 
 def median_share(shares: Sequence[float | None]) -> float | None:
-    """The pairs' median share, clipped to [0, 1] (None: no pair gave one)."""
+    """The busy rounds' median share, clipped to [0, 1]; None where no round gave one,
+    or where their middle half spans `SHARE_SPREAD` or more (the machine's other load
+    drowned the burner's: the figure would be noise)."""
     given = [s for s in shares if s is not None and np.isfinite(s)]
     if not given:
+        return None
+    low, high = np.percentile(given, [25, 75])
+    if high - low >= SHARE_SPREAD:
         return None
     return float(min(max(np.median(given), 0.0), 1.0))
 
