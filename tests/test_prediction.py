@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from pipeline.costmodel import Prediction
-from pipeline.costmodel.contention import DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step
+from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step,
+                                          cores_filled)
 from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
                                  predict_config, predict_memory, predict_point, prediction_gap,
                                  with_contention)
@@ -29,6 +30,7 @@ from pipeline.placement.split import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_master_probe, cached_probe,
                             cluster_probe_from_dict, find_cached_probe)
+from pipeline.probe.client_share import PAIRS, median_share
 from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import predict_run, run_training
@@ -137,6 +139,13 @@ def test_probe_measures_positive_finite_constants(probe):
     assert store.spread == s.spread[2]
     overhead = probe.overhead()
     assert (overhead.task, overhead.sync, overhead.hop) == (d.task_s, d.sync_s, d.hop_s)
+    # the client's share of the cores, measured where two single-thread workers fill them
+    if cores_filled([w.threads for w in probe.workers], d.host_cores):
+        assert len(d.contention_shares) == 2 * PAIRS  # the even plan's and the replicas'
+        assert all(s is None or math.isfinite(s) for s in d.contention_shares)
+        assert d.contention_share == median_share(d.contention_shares)  # None: drowned
+    else:  # the client has a core of its own: the share is never used
+        assert d.contention_share is None and d.contention_shares == []
 
 
 def test_probe_is_json_and_cached(probe):

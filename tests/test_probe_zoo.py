@@ -10,7 +10,6 @@ over both; its checks are on completeness and sanity, not on accuracy.
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
@@ -20,13 +19,10 @@ import psutil
 import pytest
 
 import pipeline.probe.cache as cache
-import pipeline.probe.client_share as client_share
 import pipeline.probe.rounds as rounds
 import pipeline.probe.runs as runs
-from pipeline.cluster.startup import usable_cores
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
-from pipeline.costmodel.contention import cores_filled
 from pipeline.placement.ties import check_tied
 from pipeline.probe import cached_probe, costmodel_network, find_cached_probe, probe_master
 from pipeline.probe.client_share import burner_code, median_share, pair_share, step_spans
@@ -98,9 +94,9 @@ def probe_cache(tmp_path, monkeypatch):
 
 def test_a_probe_of_resnet20_on_two_workers_times_every_layer(shared_cluster, probe_cache,
                                                               monkeypatch):
-    # seconds, not a minute: one round of the even plans and the replicas', one busy
-    # round each for the share (the probe's robustness is tests/test_probe_robust.py's)
-    monkeypatch.setattr(client_share, "PAIRS", 1)
+    # seconds, not a minute: one round of the even plans and the replicas' (the probe's
+    # robustness is tests/test_probe_robust.py's, the share's tests/test_prediction.py's)
+    monkeypatch.setattr(cache, "share_plans", lambda *args: [])
     monkeypatch.setattr(runs, "ROUNDS", 1)
     monkeypatch.setattr(rounds, "RETIMES", 0)
     monkeypatch.setattr(cache, "plans_for", lambda *args: runs.plans_for(*args, budget_s=0.0))
@@ -117,14 +113,6 @@ def test_a_probe_of_resnet20_on_two_workers_times_every_layer(shared_cluster, pr
     for worker in probe.workers:
         assert worker.trunk is not None and worker.trunk.forward_s > 0
     assert probe.master.dense_s > 0
-    share = probe.dask.contention_share
-    if cores_filled([w.threads for w in offered], usable_cores()):  # as on 2 cores
-        assert len(probe.dask.contention_shares) == 2  # the even plan's and the replicas'
-        assert all(math.isfinite(s) for s in probe.dask.contention_shares)
-        assert share == median_share(probe.dask.contention_shares)  # None: drowned
-        assert share is None or 0.0 <= share <= 1.0
-    else:  # the client has a core of its own: the share is never used
-        assert share is None and probe.dask.contention_shares == []
     assert find_cached_probe(probe.key) == probe  # its JSON record comes back whole
 
 
