@@ -51,6 +51,7 @@ SHARE_BELOW_S = 1.0
 BURN_ON_S = 0.001
 BURN_OFF_S = 0.005
 
+
 def burner_code(parent: int) -> str:
     """The burner's code: it spins and sleeps by the duty cycle until its parent
     `parent` (the probe's process) is gone, so that a killed probe leaves no spinning
