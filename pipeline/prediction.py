@@ -38,11 +38,12 @@ from pipeline.cluster.worker_setup import workers_set_up
 from pipeline.cluster.workers import ClusterError, all_local, find_workers, scheduler_address
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import Prediction
-from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
+from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step,
+                                          cores_filled)
 from pipeline.costmodel.memory import Footprint, element_bytes
-from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
-                            costmodel_network, find_cached_probe, links_key, probe_key,
-                            probe_workspace_dir, unpriced, worker_identity,
+from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_probe,
+                            cached_probe, costmodel_network, find_cached_probe, links_key,
+                            probe_key, probe_workspace_dir, unpriced, worker_identity,
                             workspace_location)
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
@@ -146,17 +147,32 @@ def with_contention(prediction: Prediction, probe: ClusterProbe) -> Prediction:
     """The prediction with the client's share of the cores (pipeline/costmodel/
     contention.py) added as ``breakdown["contention"]``, where the probed cluster's
     scheduler ran in the client's process and the workers the step uses fill the
-    cores it had; unchanged otherwise."""
+    cores it had; unchanged otherwise. The share is the probe's measurement
+    (`DaskProbe.contention_share`), else `DEFAULT_CONTENTION_SHARE`; the details say
+    which (``contention_share``, ``contention_share_source``)."""
     compute = prediction.breakdown.get("compute")
     workers = len(compute) if isinstance(compute, list) else 1
     dask = probe.dask
     threads = [w.threads for w in probe.workers[:workers]]
     if not dask.scheduler_here or not cores_filled(threads, dask.host_cores):
         return prediction
+    share, source = contention_share(dask)
     load = ClientLoad(dask.client_cpu_per_task_s, dask.client_cpu_rate)
-    step = contended_step(prediction.step_time, workers, load)
+    step = contended_step(prediction.step_time, workers, load, share)
     breakdown = {**prediction.breakdown, "contention": step - prediction.step_time}
-    return dataclasses.replace(prediction, step_time=step, breakdown=breakdown)
+    details = {**prediction.details, "contention_share": share,
+               "contention_share_source": source}
+    return dataclasses.replace(prediction, step_time=step, breakdown=breakdown,
+                               details=details)
+
+
+def contention_share(dask: DaskProbe) -> tuple[float, str]:
+    """The share of the client's CPU that delays the step, and where it comes from:
+    ``"probe"`` (measured on this machine) or ``"default"`` (the probe could not
+    measure it: `DEFAULT_CONTENTION_SHARE`)."""
+    if dask.contention_share is None:
+        return DEFAULT_CONTENTION_SHARE, "default"
+    return dask.contention_share, "probe"
 
 
 def probe_policy() -> str:
@@ -250,7 +266,9 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         ``compute_critical``, ``master``, ``storage``, ``communication``,
         ``overhead``; ``compute`` per worker), ``kernel_split``, ``task_steps``
         (steps per Dask task assumed; None for ``reference``),
-        ``probe_key``, ``constants`` and, with a summary, ``measured_step_time``
+        ``probe_key``, ``constants``, ``contention_share`` and its
+        ``contention_share_source`` (``probe`` or ``default``; None where the client
+        had a core of its own) and, with a summary, ``measured_step_time``
         and ``prediction_error``; ``None`` where no probe can be had, or where the
         model cannot price the network (`prediction_gap` says why; nothing is probed).
     """
@@ -281,7 +299,9 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         kernel_split=prediction.kernel_counts,
         bytes_moved=prediction.details.get("bytes_moved"),
         task_steps=prediction.details.get("task_steps"), probe_key=probe.key,
-        constants=constants(probe))
+        constants=constants(probe),
+        contention_share=prediction.details.get("contention_share"),
+        contention_share_source=prediction.details.get("contention_share_source"))
     measured = summary.get("step_time_median")
     if measured:
         out["measured_step_time"] = float(measured)
@@ -317,6 +337,7 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
             "hop_s": d.hop_s, "client_round_trip_s": d.round_trip_s,
             "client_cpu_per_task_s": d.client_cpu_per_task_s,
             "client_cpu_rate": d.client_cpu_rate, "host_cores": d.host_cores,
+            "contention_share": d.contention_share,
             "master_dense_s": probe.master.dense_s,
             "calibration_s_per_kernel": probe.calibration()}
 

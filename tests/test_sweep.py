@@ -33,6 +33,7 @@ from experiments.sweep.points import run_order
 from experiments.sweep.run import run_sweep
 from pipeline.config.schema import ConfigError, load_yaml
 from pipeline.prediction import predict_point
+from pipeline.probe.machine import cpu_model
 from pipeline.records.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from tests.helpers import run_main
@@ -124,6 +125,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     for key in ("config", "versions", "machine", "code_revision", "started", "finished"):
         assert ds.attrs.get(key), key
     assert json.loads(ds.attrs["machine"])["cores"] == os.cpu_count()
+    assert json.loads(ds.attrs["machine"])["cpu"] == cpu_model()  # what error figures hold for
     assert "strategy" in ds.attrs["config"] and "torch" in json.loads(ds.attrs["versions"])
 
     assert (ds.status == DONE).all()

@@ -18,13 +18,15 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, dense_flops
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 11  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 12  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
 #                    earlier probe's compute figures are stale; 11: the workspace
 #                    accesses' spread (`StoreProbe.spread`), and the measured steps
-#                    in one task per worker (runs.py: `PlanEngines.run`)
+#                    in one task per worker (runs.py: `PlanEngines.run`); 12: the
+#                    client's share of the cores (`DaskProbe.contention_share`), and
+#                    zoo networks' records whole (tables.network_spec_from_dict)
 
 
 @dataclass
@@ -74,7 +76,10 @@ class DaskProbe:
     step as ``per_task * tasks + rate * seconds`` (readings.client_cpu_fit);
     ``scheduler_here``: whether the scheduler ran in that process (an embedded
     cluster), so that its work is in those figures; ``host_cores``: the cores that
-    process could run on.
+    process could run on. ``contention_share``: how much of that CPU delays the step
+    where the workers fill the cores, measured (pipeline/probe/client_share.py;
+    ``contention_shares`` each pair's figure); None where it was not (one worker, a
+    core left over, an external scheduler).
     """
 
     task_s: float
@@ -85,6 +90,8 @@ class DaskProbe:
     client_cpu_rate: float = 0.0
     scheduler_here: bool = False
     host_cores: int = 0
+    contention_share: float | None = None
+    contention_shares: list[float | None] = field(default_factory=list)
 
 
 @dataclass

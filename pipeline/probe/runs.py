@@ -219,7 +219,10 @@ class PlanEngines:
     Each plan orders the batches by a seed of its own. A worker keeps the dataset's
     files open from plan to plan, so with one order for all, every plan after the
     first read rows its page cache held: behind links the probe's batch reads took 5-10
-    ms where a run's first pass over them took 16-20 ms (docs/benchmarks.md)."""
+    ms where a run's first pass over them took 16-20 ms (docs/benchmarks.md). The
+    plans share one initial checkpoint (every plan's chunks are whole multiples of
+    `quantum`, and no calibration run writes one): writing it took 3-5 s a plan for
+    resnet20's 21 layers and their batch norms."""
 
     def __init__(self, client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec,
                  batch: int, dataset: str, plans: Sequence[Plan],
@@ -256,7 +259,8 @@ class PlanEngines:
             # read (`PlanEngines` doc)
             config = probe_config(self.network, self.batch, self.dataset, self.base, PROBE_STEPS,
                                   self.workspace_dir, self.quantum, seed=len(self.engines) + 1)
-            prepare_checkpoints(config, self.network)
+            if not self.engines:  # one initial checkpoint for every plan (`PlanEngines` doc)
+                prepare_checkpoints(config, self.network)
             workers = self.offered[:plan.workers]
             names = [w.name for w in workers]
             arithmetic = Arithmetic(config.optimizer_spec())

@@ -19,14 +19,26 @@ from pipeline.costmodel import (ConvLayer, DenseLayer, DeviceSpec, LayerTable, N
                                 StoreSpec)
 from pipeline.probe.robust import inconsistent
 from pipeline.probe.timings import ShardTiming
-from tasks.specs import ConvLayerSpec, NetworkSpec
+from tasks.specs import ConvLayerSpec, NetworkSpec, PoolSpec
 
 
 def network_spec_from_dict(data: dict[str, Any]) -> NetworkSpec:
-    """Rebuild a :class:`NetworkSpec` from ``asdict`` output (JSON lists included)."""
-    conv = tuple(ConvLayerSpec(**layer) for layer in data["conv"])
-    return NetworkSpec(conv, tuple(data.get("hidden", ())), int(data["classes"]),
-                       str(data["dtype"]))
+    """Rebuild a :class:`NetworkSpec` from ``asdict`` output (JSON lists included):
+    every field, so that a zoo network (poolings, sources, residual sums, names,
+    dropout) comes back equal to the spec it was made from."""
+    conv = tuple(ConvLayerSpec(**{**layer, "pools": _pools(layer.get("pools"))})
+                 for layer in data["conv"])
+    tuples = {name: tuple(data[name]) for name in ("hidden", "dense_names", "dropout")
+              if name in data}
+    rest = {name: data[name] for name in ("init", "preset") if name in data}
+    return NetworkSpec(conv, classes=int(data["classes"]), dtype=str(data["dtype"]),
+                       **tuples, **rest)
+
+
+def _pools(pools: Sequence[dict[str, Any]] | None) -> tuple[PoolSpec, ...] | None:
+    """A layer's poolings from JSON (a list of dicts), None where the layer has the
+    paper family's ``pool``."""
+    return None if pools is None else tuple(PoolSpec(**pool) for pool in pools)
 
 
 #: Why the performance and memory models have no figure for a network (one line's core).
@@ -46,14 +58,6 @@ def unpriced(spec: NetworkSpec) -> str:
     what = f"network {spec.preset}" if spec.preset else "this network"
     return f"{UNPRICED} ({what} has batch norm, strides, residual sums, other poolings " \
            "or dropout)"
-
-
-def require_priced(spec: NetworkSpec) -> None:
-    """Raise `Unpriced` (one line) for a network the models cannot price: the probe
-    measures, and the models price, the paper family's layers only."""
-    problem = unpriced(spec)
-    if problem:
-        raise Unpriced(problem)
 
 
 def costmodel_network(spec: NetworkSpec) -> Network:
