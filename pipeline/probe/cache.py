@@ -32,7 +32,6 @@ from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
                                     WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.tables import require_priced
 from pipeline.probe.timings import ShardTiming
 from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_read_s, dense_s,
                                      relative_spreads, shard_timings, store_fit, sync_s,
@@ -126,9 +125,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
     part: the store's figures are measured across them), ``output_root`` where the
     calibration runs' checkpoints go (a directory the workers reach: over a link, one
-    that is mounted on their side). Refuses a network the model cannot price
-    (`Unpriced`): callers skip the probe for it."""
-    require_priced(network)
+    that is mounted on their side)."""
     started = time.perf_counter()
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
     replicas = replica_plan(network, batch, len(offered))
@@ -183,7 +180,6 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
                  cache: bool = True, links: str = "",
                  output_root: str | None = None) -> ClusterProbe:
     """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe."""
-    require_priced(network)
     where = workspace_location(all_local(list(offered)), workspace_dir)
     key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
     path = os.path.join(cache_dir(), f"cluster-{key}.json")
@@ -213,7 +209,6 @@ def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
 
     ``measure=False``: only the cache (``None`` if it has no such probe).
     """
-    require_priced(network)
     key = probe_key(network, batch, [], [("master", threads)], "none", dataset)
     path = os.path.join(cache_dir(), f"master-{key}.json")
     if cache and not refresh:
