@@ -38,10 +38,13 @@ from pipeline.costmodel.compute import conv_time
 from pipeline.costmodel.kernel import workspace_bytes
 from pipeline.costmodel.krizhevsky import PUBLISHED_SINGLE_STEP, PUBLISHED_SPEEDUPS
 from pipeline.costmodel.replicas import hybrid_parts
+from pipeline.costmodel.network import Network
+from pipeline.probe.tables import costmodel_network
 from tasks.layout import layout_from_counts
 from tasks.layout import workspace_bytes as engine_bytes
 from tasks.replica_layout import DataLayout, HybridLayout
 from tasks.specs import ConvLayerSpec, NetworkSpec
+from tasks.zoo import build_preset
 
 CPU = DeviceSpec(flops=90e9, mem_bw=10e9, name="cpu")
 STORE = StoreSpec(write_bw=1.9e9, read_bw=0.8e9, latency=1e-3)
@@ -532,26 +535,38 @@ def test_minmax_keeps_a_minimum_per_device():
 
 # -- data and hybrid through the store, as the engine runs them --------------------------
 
+def _replica_networks(name: str) -> tuple[Network, NetworkSpec]:
+    """The cost model's network and the engine's spec of the same network."""
+    if name == "resnet20":  # batch norm after every conv, residual sums
+        spec = build_preset("resnet20", (3, 32, 32), 10, "float32", 0.25, 0.5)
+        return costmodel_network(spec), spec
+    spec = NetworkSpec((ConvLayerSpec(3, 8), ConvLayerSpec(8, 16, in_height=16, in_width=16)))
+    return marques_cifar(8, 16), spec  # conv 8 and 16, one dense layer to 10 classes
+
+
+@pytest.mark.parametrize("network,batch_norm", [("paper", "sync"), ("resnet20", "sync"),
+                                                ("resnet20", "local")])
 @pytest.mark.parametrize("strategy,shares,scheme", [
     ("data", [6, 5, 5], "a"), ("data", [16], "a"),
     ("hybrid", [7, 5, 4], "a"), ("hybrid", [7, 5, 4], "b"), ("hybrid", [9, 7, 0], "c")])
-def test_replica_strategies_move_the_engines_bytes(strategy, shares, scheme):
+def test_replica_strategies_move_the_engines_bytes(strategy, shares, scheme, network,
+                                                   batch_norm):
     """The model's traffic through the store, derived on its own, equals the engine's
-    slots (tasks.layout.workspace_bytes), and its parts are the engine's parts."""
-
-    net = marques_cifar(8, 16)  # conv 8 and 16, one dense layer to 10 classes
-    spec = NetworkSpec((ConvLayerSpec(3, 8), ConvLayerSpec(8, 16, in_height=16, in_width=16)))
+    slots (tasks.layout.workspace_bytes: sync batch norm's exchanges included), and its
+    parts are the engine's parts."""
+    net, spec = _replica_networks(network)
     names = tuple(f"w{i}" for i in range(len(shares)))
     split = [[4, 3, 3]] if len(shares) == 3 else [[10]]
     if strategy == "data":
-        layout = DataLayout(names, tuple(shares))
+        layout = DataLayout(names, tuple(shares), batch_norm=batch_norm)
     else:
-        layout = HybridLayout(names, tuple(shares), tuple(map(tuple, split)), scheme)
+        layout = HybridLayout(names, tuple(shares), tuple(map(tuple, split)), scheme,
+                              batch_norm=batch_norm)
         assert hybrid_parts(shares, scheme) == [[(e, b - a) for e, a, b in part]
                                                 for part in layout.parts()]
     expected = sum(r + w for r, w in engine_bytes(layout, spec, sum(shares), 4))
     p = predict(strategy, net, sum(shares), [CPU] * len(shares), LAN, STORE,
-                batch_shares=shares, dense_split=split, scheme=scheme)
+                batch_shares=shares, dense_split=split, scheme=scheme, batch_norm=batch_norm)
     assert p.details["bytes_moved"] == expected
     parts = ("compute_critical", "master", "communication", "storage", "overhead")
     assert sum(p.breakdown[k] for k in parts) == pytest.approx(p.step_time)

@@ -24,7 +24,9 @@ import pytest
 
 from pipeline.costmodel import (DaskOverhead, DeviceSpec, LinkSpec, Options, Prediction,
                                 StoreSpec, alexnet, marques_cifar, predict)
-from pipeline.costmodel.network import conv_net
+from pipeline.costmodel.builders import conv_net
+from pipeline.probe.tables import costmodel_network
+from tasks.zoo import build_preset
 
 GPU = DeviceSpec(flops=1.95e13, mem_bw=1.555e12, conv_efficiency=0.6, dense_efficiency=0.8,
                  mem_efficiency=0.8, name="gpu")
@@ -172,6 +174,26 @@ def test_equal_replicas_through_the_store(p: int, mix: str, strategy: str, optio
     reference = predict(strategy, SMALL, 32, _one_by_one(devices), LINK, STORE,
                         timeline="reference", **kw)
     _same(fast, reference)
+
+
+@pytest.mark.parametrize("p", [2, 5])
+@pytest.mark.parametrize("mix", ["equal", "unequal"])
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+@pytest.mark.parametrize("option", [{"scheme": "a"}, {"scheme": "c", "batch_split": "proportional"},
+                                    {"scheme": "b", "sync": "scheduler"}],
+                         ids=lambda o: "-".join(map(str, o.values())))
+def test_sync_batch_norm_through_the_store(p: int, mix: str, strategy: str, option: dict) -> None:
+    """Every batch-norm layer's exchanges, forward and backward, a phase of all devices
+    at a time as op by op (ResNet-20 at a quarter width: 19 batch norms, residual sums)."""
+    net = costmodel_network(build_preset("resnet20", (3, 32, 32), 10, "float32", 0.25, 0.5))
+    devices = _devices(p, mix)
+    kw = {"overhead": DASK, "dataset": STORE, **option}
+    fast = predict(strategy, net, 16, devices, LINK, STORE, **kw)
+    reference = predict(strategy, net, 16, _one_by_one(devices), LINK, STORE,
+                        timeline="reference", **kw)
+    _same(fast, reference)
+    local = predict(strategy, net, 16, devices, LINK, STORE, batch_norm="local", **kw)
+    assert fast.step_time > local.step_time
 
 
 def test_a_step_that_takes_no_time() -> None:

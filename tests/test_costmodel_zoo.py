@@ -9,7 +9,8 @@ from pipeline.costmodel import DeviceSpec, Network, Pool
 from pipeline.costmodel.compute import (BATCH_NORM_BACKWARD, BATCH_NORM_FORWARD,
                                         RESIDUAL_FORWARD, after_conv_elements, conv_time,
                                         dense_time)
-from pipeline.costmodel.network import ConvLayer, DenseLayer, marques_cifar
+from pipeline.costmodel.builders import marques_cifar
+from pipeline.costmodel.network import ConvLayer, DenseLayer
 from pipeline.probe.tables import costmodel_network
 from tasks.zoo import build_preset
 

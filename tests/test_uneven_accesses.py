@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, LinkSpec, Options, StoreSpec, predict
-from pipeline.costmodel.network import conv_net
+from pipeline.costmodel.builders import conv_net
 from pipeline.costmodel.timeline import Timeline
 from pipeline.probe.readings import access_spreads
 from pipeline.probe.results import cluster_probe_from_dict

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, LinkSpec, Options, predict
-from pipeline.costmodel.network import conv_net
+from pipeline.costmodel.builders import conv_net
 from pipeline.costmodel.timeline import Timeline, expected_max
 from pipeline.probe.readings import relative_spreads
 from pipeline.probe.results import cluster_probe_from_dict

@@ -29,8 +29,8 @@ from .collectives import (
 from .devices import (IDEAL_LINK, DaskOverhead, DeviceSpec, LayerTable, LinkSpec, StoreSpec,
                       TrunkTime)
 from .krizhevsky import krizhevsky_k20_setup, krizhevsky_speedups
-from .network import (ConvLayer, DenseLayer, Gemm, Network, Pool, alexnet, conv_net, marques_cifar,
-                      sequential)
+from .builders import alexnet, conv_net, marques_cifar, sequential
+from .network import ConvLayer, DenseLayer, Gemm, Network, Pool
 from .prediction import Options, Prediction
 from .splits import apportion, split_kernels_minmax, split_kernels_proportional
 from .strategies import STRATEGIES, predict, speedup

@@ -23,6 +23,8 @@ __all__ = [
     "ring_allreduce",
     "rhd_allreduce",
     "allreduce",
+    "recursive_doubling_allreduce",
+    "fastest_allreduce",
     "ring_allgather",
     "ring_reduce_scatter",
     "binomial_broadcast",
@@ -66,6 +68,24 @@ def allreduce(n: float, p: int, link: LinkSpec, algorithm: str = "ring") -> floa
     if algorithm in ("rhd", "recursive", "halving_doubling"):
         return rhd_allreduce(n, p, link)
     raise ValueError(f"unknown allreduce algorithm {algorithm!r}")
+
+
+def recursive_doubling_allreduce(n: float, p: int, link: LinkSpec) -> float:
+    """Recursive doubling, whole vectors each round: ``ceil(log2 p)(alpha + n beta + n gamma)``.
+
+    The fewest messages of all: MPI libraries use it for short vectors, where the
+    latency term is the whole cost (Thakur et al. 2005).
+    """
+    if _trivial(n, p):
+        return 0.0
+    return _log2(p) * (link.alpha + n * (link.beta + link.gamma))
+
+
+def fastest_allreduce(n: float, p: int, link: LinkSpec) -> float:
+    """The fastest of ring, recursive halving-doubling and recursive doubling for ``n``
+    bytes: an MPI library's choice by size (short vectors go by recursive doubling)."""
+    return min(ring_allreduce(n, p, link), rhd_allreduce(n, p, link),
+               recursive_doubling_allreduce(n, p, link))
 
 
 def ring_allgather(n: float, p: int, link: LinkSpec) -> float:

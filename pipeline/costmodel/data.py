@@ -4,11 +4,14 @@ Every device holds a replica and processes its share of the batch; after the
 backward pass the weight gradients are summed with an allreduce whose
 volume is the parameter count, independent of the batch.  With ``overlap``
 each layer's gradients go as soon as every replica has them, on one
-communication channel, while the backward pass goes on.
+communication channel, while the backward pass goes on. Synchronised batch norm
+(``Options.batch_norm``) adds a small allreduce per batch-norm layer, forward and
+backward, at which the replicas wait for each other (`replica_pass`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from . import collectives
@@ -18,14 +21,39 @@ from .batch_reads import shard_batch_read
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
-__all__ = ["layer_times", "replica_times", "measured_trunk", "unique_rows", "per_device_totals",
-           "allreduce_schedule", "predict_single", "predict_data", "comm_link"]
+__all__ = ["GRADIENT_SUM", "gradient_sums", "layer_times", "replica_times", "measured_trunk", "unique_rows", "per_device_totals",
+           "ReplicaPass", "replica_pass", "batch_norm_exchanges", "allreduce_schedule",
+           "predict_single", "predict_data", "comm_link"]
+
+
+#: Element accesses of summing one more consumer's gradient into a layer's output
+#: gradient, as autograd accumulates it (read both, write).
+GRADIENT_SUM = 3
+
+
+def gradient_sums(network: Network) -> list[int]:
+    """How many times each conv layer's output gradient is summed in the backward: once
+    per consumer beyond the first (a layer reading the output, or adding it), as where a
+    residual block's input feeds the block and its shortcut; 0 in a chain."""
+    consumers = [0] * len(network.conv)
+    for l, layer in enumerate(network.conv):
+        if network.source(l) >= 0:
+            consumers[network.source(l)] += 1
+        if layer.residual is not None:
+            consumers[layer.residual] += 1
+    return [max(count - 1, 0) for count in consumers]
 
 
 def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = True) -> list[LayerTime]:
-    """Per-layer times of a whole replica, in forward order."""
-    out = [conv_time(dev, c, batch, input_grad=network.source(i) >= 0)
-           for i, c in enumerate(network.conv)]
+    """Per-layer times of a whole replica, in forward order: each layer's backward
+    starts with the sums of its output's gradients (`gradient_sums`)."""
+    out = []
+    for i, (c, sums) in enumerate(zip(network.conv, gradient_sums(network))):
+        t = conv_time(dev, c, batch, input_grad=network.source(i) >= 0)
+        if sums:
+            extra = dev.stream_time(GRADIENT_SUM * sums * c.output_elements(batch))
+            t = LayerTime(t.forward, t.backward + extra, t.update, t.backward_input + extra)
+        out.append(t)
     if dense:
         out += [dense_time(dev, [d], batch, input_grad=bool(network.conv) or i > 0,
                           dropout=(network.dense_dropout(i),))
@@ -73,19 +101,90 @@ def comm_link(devices: Sequence[DeviceSpec], link: LinkSpec) -> LinkSpec:
     return LinkSpec.slowest([d.link or link for d in devices])
 
 
+def batch_norm_exchanges(network: Network, p: int, link: LinkSpec, s: int,
+                         batch_norm: str) -> list[float]:
+    """Seconds of synchronised batch norm's exchange at each conv layer (0: none), the
+    same forward and backward: an allreduce of two values per channel (forward: the
+    sum and the sum of squares; backward: the sums of dy and of dy * x-hat), by the
+    fastest algorithm for so short a vector. None under ``local`` or with one replica."""
+    if batch_norm == "local" or p <= 1:
+        return []
+    return [collectives.fastest_allreduce(2 * c.out_channels * s, p, link) if c.batch_norm
+            else 0.0 for c in network.conv]
+
+
+@dataclass(frozen=True)
+class ReplicaPass:
+    """The replicas' forward and backward on their shares of the batch.
+
+    Sync batch norm makes every replica wait for all at each batch-norm layer, forward
+    and backward (its exchange), so the replicas then go in lockstep: each stretch
+    between two exchanges ends with the slowest replica's.
+
+    Attributes
+    ----------
+    devices : int
+        Replicas.
+    forward : float
+        When the last replica ends its forward pass.
+    ready : list of float
+        When every replica has ended layer ``i``'s backward (its gradient complete).
+    end : float
+        When the last replica ends its backward pass.
+    exchanges : float
+        Seconds of batch norm's exchanges in ``end``.
+    """
+
+    devices: int
+    forward: float
+    ready: list[float]
+    end: float
+    exchanges: float = 0.0
+
+
+def replica_pass(times: list[list[LayerTime]], norms: Sequence[float] = ()) -> ReplicaPass:
+    """The pass of replicas timed ``times[d][i]`` (device ``d``, layer ``i`` in forward
+    order), with batch norm's exchange of ``norms[i]`` seconds after layer ``i``'s
+    forward and before its backward (`batch_norm_exchanges`; empty: no exchange)."""
+    p, rows = len(times), unique_rows(times)
+    n = len(rows[0]) if rows else 0
+    if not any(norms):
+        ready = [0.0] * n
+        for row in rows:
+            clock = sum(t.forward for t in row)
+            for i in reversed(range(n)):
+                clock += row[i].backward
+                ready[i] = max(ready[i], clock)
+        return ReplicaPass(p, max(sum(t.forward for t in row) for row in rows), ready,
+                           max(sum(t.forward + t.backward for t in row) for row in rows))
+    exchange = list(norms) + [0.0] * (n - len(norms))
+    clocks = [0.0] * len(rows)
+    for i in range(n):
+        clocks = [c + row[i].forward for c, row in zip(clocks, rows)]
+        if exchange[i]:
+            clocks = [max(clocks) + exchange[i]] * len(rows)
+    forward, ready = max(clocks), [0.0] * n
+    for i in reversed(range(n)):
+        if exchange[i]:
+            clocks = [max(clocks) + exchange[i]] * len(rows)
+        clocks = [c + row[i].backward for c, row in zip(clocks, rows)]
+        ready[i] = max(clocks)
+    return ReplicaPass(p, forward, ready, max(clocks), 2 * sum(exchange))
+
+
 def allreduce_schedule(
-    times: list[list[LayerTime]],
+    replicas: ReplicaPass,
     grad_bytes: list[float],
     link: LinkSpec,
     algorithm: str,
     overlap: bool,
-) -> tuple[float, float]:
-    """End of forward+backward+allreduce, and the compute part of it.
+) -> float:
+    """End of forward+backward+allreduce.
 
     Parameters
     ----------
-    times : list of list of LayerTime
-        ``times[d][i]``: device ``d``, layer ``i`` in forward order.
+    replicas : ReplicaPass
+        The replicas' forward and backward (`replica_pass`).
     grad_bytes : list of float
         Gradient bytes of each layer.
     link : LinkSpec
@@ -99,26 +198,17 @@ def allreduce_schedule(
 
     Returns
     -------
-    end, compute : float
-        Seconds until the last gradient is summed; slowest replica's
-        forward + backward.
+    float
+        Seconds until the last gradient is summed.
     """
-    p = len(times)
-    times = unique_rows(times)
-    compute = max(sum(t.forward + t.backward for t in row) for row in times)
+    p = replicas.devices
     if not overlap:
-        return compute + collectives.allreduce(sum(grad_bytes), p, link, algorithm), compute
-    n = len(grad_bytes)
-    ready = [0.0] * n
-    for row in times:
-        clock = sum(t.forward for t in row)
-        for i in reversed(range(n)):
-            clock += row[i].backward
-            ready[i] = max(ready[i], clock)
+        return replicas.end + collectives.allreduce(sum(grad_bytes), p, link, algorithm)
     channel = 0.0
-    for i in reversed(range(n)):
-        channel = max(channel, ready[i]) + collectives.allreduce(grad_bytes[i], p, link, algorithm)
-    return max(channel, compute), compute
+    for i in reversed(range(len(grad_bytes))):
+        channel = (max(channel, replicas.ready[i])
+                   + collectives.allreduce(grad_bytes[i], p, link, algorithm))
+    return max(channel, replicas.end)
 
 
 def unique_rows(times: list[list[LayerTime]]) -> list[list[LayerTime]]:
@@ -164,7 +254,10 @@ def predict_data(
     s = devices[0].bytes_per_elem
     grads = [c.params() * s for c in network.conv] + [d.params() * s for d in network.dense]
     lk = comm_link(devices, link)
-    end, compute = allreduce_schedule(times, grads, lk, options.allreduce, options.overlap)
+    replicas = replica_pass(times, batch_norm_exchanges(network, len(devices), lk, s,
+                                                        options.batch_norm))
+    end = allreduce_schedule(replicas, grads, lk, options.allreduce, options.overlap)
+    compute = replicas.end - replicas.exchanges
     update = max(sum(t.update for t in row) for row in unique_rows(times))
     per_dev = per_device_totals(times)
     breakdown = {
@@ -173,5 +266,6 @@ def predict_data(
     }
     return Prediction(
         "data", end + update, batch, breakdown,
-        details={"batch_shares": shares, "allreduce_bytes": sum(grads)},
+        details={"batch_shares": shares, "allreduce_bytes": sum(grads),
+                 "batch_norm_exchanges": replicas.exchanges},
     )

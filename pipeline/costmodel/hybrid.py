@@ -3,6 +3,8 @@
 Conv layers are data-parallel (each of ``K`` workers runs its share of the
 batch, conv weight gradients are allreduced); dense layers are
 model-parallel (each worker holds ``1/K`` of every dense layer's neurons).
+Synchronised batch norm in the conv layers exchanges as `data`'s replicas do
+(data.py, `replica_pass`).
 Between the two, the last conv activations reach the dense layers by
 
 - (a) an all-gather of all of them, then the dense work on the whole batch
@@ -25,7 +27,8 @@ from typing import Sequence
 
 from . import collectives as col
 from .compute import LayerTime, dense_time
-from .data import allreduce_schedule, comm_link, per_device_totals, replica_times, unique_rows
+from .data import (allreduce_schedule, batch_norm_exchanges, comm_link, per_device_totals,
+                   replica_pass, replica_times, unique_rows)
 from .devices import DeviceSpec, LinkSpec, distinct
 from .network import Network
 from .prediction import Options, Prediction, split_batch
@@ -87,8 +90,10 @@ def predict_hybrid(
     # conv trunk: data parallel
     conv = replica_times(devices, network, shares, dense=False)
     grads = [c.params() * s for c in network.conv]
-    fwd = max(sum(t.forward for t in row) for row in unique_rows(conv))
-    end, conv_compute = allreduce_schedule(conv, grads, lk, options.allreduce, options.overlap)
+    replicas = replica_pass(conv, batch_norm_exchanges(network, K, lk, s, options.batch_norm))
+    fwd = replicas.forward
+    end = allreduce_schedule(replicas, grads, lk, options.allreduce, options.overlap)
+    conv_compute = replicas.end - replicas.exchanges
     conv_bwd_and_comm = end - fwd
     conv_update = max(sum(t.update for t in row) for row in unique_rows(conv))
 
@@ -116,7 +121,8 @@ def predict_hybrid(
     }
     return Prediction(
         "hybrid", step, batch, breakdown,
-        details={"batch_shares": shares, "dense_comm": comm, "conv_allreduce": conv_comm},
+        details={"batch_shares": shares, "dense_comm": comm, "conv_allreduce": conv_comm,
+                 "batch_norm_exchanges": replicas.exchanges},
     )
 
 

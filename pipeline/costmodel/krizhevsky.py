@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .devices import DeviceSpec, LinkSpec
-from .network import Network, alexnet
+from .builders import alexnet
+from .network import Network
 from .prediction import Options
 from .strategies import predict
 

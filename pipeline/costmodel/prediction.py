@@ -7,7 +7,10 @@ from typing import Any, Sequence
 
 from .devices import DaskOverhead, StoreSpec
 
-__all__ = ["Options", "Prediction", "split_batch", "layer_quantum"]
+__all__ = ["Options", "Prediction", "split_batch", "layer_quantum", "BATCH_NORMS"]
+
+#: How replicas take batch norm's statistics (`Options.batch_norm`).
+BATCH_NORMS = ("sync", "local")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,11 @@ class Options:
     overlap_dense : bool
         ``hybrid`` schemes (b)/(c): send the next part while the dense
         layers work on the current one.
+    batch_norm : str
+        ``data`` and ``hybrid``: ``"sync"`` (batch norm's statistics over the whole
+        batch: two small exchanges per batch-norm layer and step, forward and
+        backward) or ``"local"`` (each replica's own rows: no exchange), as the run's
+        ``train.batch_norm``.
     timeline : str
         ``kernel``, and ``data`` and ``hybrid`` through a store: ``"auto"``
         computes the step's timeline a phase of all devices at a time where that is
@@ -91,7 +99,12 @@ class Options:
     dense_batch: str = "worker"
     broadcast: str = "binomial"
     overlap_dense: bool = True
+    batch_norm: str = "sync"
     timeline: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.batch_norm not in BATCH_NORMS:
+            raise ValueError(f"batch_norm {self.batch_norm!r}: expected one of {BATCH_NORMS}")
 
 
 @dataclass

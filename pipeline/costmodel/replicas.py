@@ -31,24 +31,18 @@ from typing import Sequence
 
 import numpy as np
 
-from .compute import UPDATE_ACCESSES, LayerTime
+from .compute import UPDATE_ACCESSES, LayerTime, dense_time
 from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, uneven
 from .batch_reads import replica_batch_read
 from .network import Network
+from .replica_exchanges import (Stretches, even_counts, exchange_ops, exchange_phases, hand_on,
+                                norm_slots, reduce_ops, reduce_phases, stretches)
 from .prediction import Options, Prediction, split_batch
 from .timeline import Timeline, steady
 from .timeline_fast import FastTimeline, InTurn, Sources
 
 __all__ = ["predict_data_store", "predict_hybrid_store", "hybrid_parts", "even_counts"]
-
-
-def even_counts(total: int, parts: int) -> list[int]:
-    """`total` into `parts` counts as equal as can be, the larger ones first (as
-    tasks.replica_layout.split_counts: the cost model imports nothing of the engine;
-    tests/test_costmodel.py checks the two agree through the bytes they move)."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def hybrid_parts(shares: Sequence[int], scheme: str) -> list[list[tuple[int, int]]]:
@@ -81,28 +75,6 @@ def _shares(batch: int, devices: Sequence[DeviceSpec], options: Options) -> list
     return split_batch(batch, weights)
 
 
-def _reduce(tl: Timeline, devices: int, length: float, s: int, update: dict[int, float],
-            stream: dict[int, float], tag: str) -> None:
-    """The reduce-scatter by range ownership and the all-gather of a flat gradient of
-    `length` values, each device having written its ranges before (see `_hand_on`)."""
-    owned = [n * s for n in even_counts(int(length), devices)]
-    for e in range(devices):
-        tl.read(e, [(f"{tag}/{d}/{e}", owned[e]) for d in range(devices) if d != e])
-        tl.run(e, "compute", stream[e] * devices * owned[e] / s)
-        if devices > 1:
-            tl.write(e, f"{tag}-sum/{e}", owned[e])
-    for d in range(devices):
-        tl.read(d, [(f"{tag}-sum/{e}", owned[e]) for e in range(devices) if e != d])
-        tl.run(d, "compute", update[d])
-
-
-def _hand_on(tl: Timeline, d: int, devices: int, length: float, s: int, tag: str) -> None:
-    owned = [n * s for n in even_counts(int(length), devices)]
-    for e in range(devices):
-        if e != d:
-            tl.write(d, f"{tag}/{d}/{e}", owned[e])
-
-
 def _finish(strategy: str, batch: int, result, per_device: list[float], store: StoreSpec | None,
             details: dict) -> Prediction:
     path = result.path
@@ -122,6 +94,8 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     shares = _shares(batch, devices, options)
     params = sum(c.params() for c in network.conv) + sum(d.params() for d in network.dense)
     times = replica_times(devices, network, shares)
+    cut = stretches(times, *norm_slots(network, p, devices[0].bytes_per_elem,
+                                       options.batch_norm))
     update = {d: dev.stream_time(UPDATE_ACCESSES * params) for d, dev in enumerate(devices)}
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     overhead = options.overhead or DaskOverhead()
@@ -130,31 +104,33 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
             and not uneven(devices, store) else _data_step)  # the fast one keeps no variances
     timeline = (FastTimeline(links[0], p, store, overhead, options.sync) if step is _data_step_fast
                 else Timeline(links, store, overhead, options.sync, spreads(devices)))
-    result = steady(timeline, lambda tl: step(tl, network, devices, shares, times, params,
+    result = steady(timeline, lambda tl: step(tl, network, devices, shares, cut, params,
                                               update, stream, options.dataset))
     per_device = per_device_totals(times)
     return _finish("data", batch, result, per_device, store, {"batch_shares": shares})
 
 
 def _data_step(tl: Timeline, network: Network, devices: Sequence[DeviceSpec],
-               shares: list[int], times: list[list[LayerTime]], params: int,
+               shares: list[int], cut: Stretches, params: int,
                update: dict[int, float], stream: dict[int, float],
                dataset: StoreSpec | None) -> None:
-    """`predict_data_store`'s step op by op: each device's replica and hand-on of its
-    ranges, then the reduce-scatter and all-gather (the reference of `_data_step_fast`)."""
+    """`predict_data_store`'s step op by op: each device's replica (batch norm's
+    exchanges in it) and hand-on of its ranges, then the reduce-scatter and all-gather
+    (the reference of `_data_step_fast`)."""
     p, s = len(devices), devices[0].bytes_per_elem
     for d, (dev, b) in enumerate(zip(devices, shares)):
         tl.run(d, "overhead", tl.overhead.task)
         if dataset is not None and b:
             tl.run(d, "io", replica_batch_read(dev, tl.links[d], dataset, network, b))
-        tl.run(d, "compute", sum(t.forward + t.backward for t in times[d])
-               + dev.stream_time(params))
-        _hand_on(tl, d, p, params, s, "grads")
-    _reduce(tl, p, params, s, update, stream, "grads")
+    exchange_ops(tl, cut)
+    for d, dev in enumerate(devices):
+        tl.run(d, "compute", float(cut.last[d]) + dev.stream_time(params))
+        hand_on(tl, d, p, params, s, "grads")
+    reduce_ops(tl, p, params, s, update, stream, "grads")
 
 
 def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[DeviceSpec],
-                    shares: list[int], times: list[list[LayerTime]], params: int,
+                    shares: list[int], cut: Stretches, params: int,
                     update: dict[int, float], stream: dict[int, float],
                     dataset: StoreSpec | None) -> None:
     """`predict_data_store`'s step for all devices at once (timeline_fast.py): the
@@ -166,26 +142,9 @@ def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[Device
         reading = np.array([d for d, b in enumerate(shares) if b])
         tl.run(reading, "io", np.array([replica_batch_read(devices[d], tl.link, dataset, network,
                                                            shares[d]) for d in reading]))
-    tl.run(everyone, "compute", np.array([sum(t.forward + t.backward for t in times[d])
-                                          + dev.stream_time(params)
-                                          for d, dev in enumerate(devices)]))
-    _reduce_fast(tl, params, s, update, stream)
-
-
-def _reduce_fast(tl: FastTimeline, length: float, s: int, update: dict[int, float],
-                 stream: dict[int, float]) -> None:
-    """`_hand_on` and `_reduce` for all devices at once: every device writes the others'
-    ranges in turn, reads and sums its own, writes the sum, reads the others' sums."""
-    p = tl.devices
-    everyone = np.arange(p)
-    owned = np.array(even_counts(int(length), p), dtype=float) * s
-    grads = tl.write_in_turn(everyone, everyone, owned, 1)
-    tl.read_in_turn(everyone, grads, owned, 1)
-    tl.run(everyone, "compute", np.array([stream[e] for e in range(p)]) * p * owned / s)
-    if p > 1:
-        sums = tl.write_each(everyone, owned, 1)
-        tl.read(everyone, Sources(everyone, sums, owned), 1, np.zeros(p), np.zeros(p))
-    tl.run(everyone, "compute", np.array([update[d] for d in range(p)]))
+    exchange_phases(tl, cut)
+    tl.run(everyone, "compute", cut.last + np.array([dev.stream_time(params) for dev in devices]))
+    reduce_phases(tl, params, s, update, stream)
 
 
 def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
@@ -232,6 +191,8 @@ class _HybridSetup:
     s: int
     conv_params: int
     trunk: list[LayerTime]
+    forward: Stretches  # the trunk's forward, cut at batch norm's exchanges
+    backward: Stretches  # and its backward
     update: dict[int, float]
     stream: dict[int, float]
     dataset: StoreSpec | None
@@ -241,15 +202,12 @@ class _HybridSetup:
 
     def dense_seconds(self, d: int, j: int, rows: int, kind: str) -> float:
         """Device `d`'s seconds of its slice of dense layer `j` on `rows` samples."""
-        layer, dev = self.network.dense[j], self.devices[d]
-        fraction = self.split[j][d] / layer.out_features
+        layer = self.network.dense[j]
+        times = dense_time(self.devices[d], [layer], rows, self.split[j][d] / layer.out_features,
+                           dropout=(self.network.dense_dropout(j),))  # on the part's rows
         if kind == "forward":
-            return dev.gemm_time(layer.forward(rows, fraction), "dense", layer.name or None)
-        seconds = dev.gemm_time(layer.backward_weight(rows, fraction), "dense", layer.name or None)
-        seconds += dev.gemm_time(layer.backward_input(rows, fraction), "dense", layer.name or None)
-        if self.dense_batch == "worker":
-            seconds += dev.stream_time(UPDATE_ACCESSES * layer.params(fraction))
-        return seconds
+            return times.forward
+        return times.backward + (times.update if self.dense_batch == "worker" else 0.0)
 
     def dense(self, j: int, rows: int, kind: str) -> np.ndarray:
         """Every device's seconds of dense layer `j` on `rows` samples (once per part size)."""
@@ -271,7 +229,9 @@ def _hybrid_setup(network: Network, batch: int, devices: Sequence[DeviceSpec],
     split = options.dense_split or [even_counts(layer.out_features, p)
                                     for layer in network.dense]
     conv_params = sum(c.params() for c in network.conv)
-    trunk = [sum(row, LayerTime()) for row in replica_times(devices, network, shares, dense=False)]
+    rows = replica_times(devices, network, shares, dense=False)
+    trunk = [sum(row, LayerTime()) for row in rows]
+    after_forward, before_backward = norm_slots(network, p, s, options.batch_norm)
     update = {d: dev.stream_time(UPDATE_ACCESSES * conv_params) for d, dev in enumerate(devices)}
     if options.dense_batch == "full":  # the dense slices step once, at the end
         for d, dev in enumerate(devices):
@@ -279,8 +239,9 @@ def _hybrid_setup(network: Network, batch: int, devices: Sequence[DeviceSpec],
                 split[j][d] / layer.out_features)) for j, layer in enumerate(network.dense))
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     return _HybridSetup(network, devices, shares, hybrid_parts(shares, options.scheme), s,
-                        conv_params, trunk, update, stream, options.dataset,
-                        options.dense_batch, split)
+                        conv_params, trunk, stretches(rows, after_forward, None),
+                        stretches(rows, None, before_backward), update, stream,
+                        options.dataset, options.dense_batch, split)
 
 
 def _hybrid_step(tl: Timeline, h: _HybridSetup) -> None:
@@ -289,25 +250,28 @@ def _hybrid_step(tl: Timeline, h: _HybridSetup) -> None:
     p, s, features = len(h.devices), h.s, h.network.features
     for d, b in enumerate(h.shares):
         tl.run(d, "overhead", tl.overhead.task)
-        if b:
-            if h.dataset is not None:
-                tl.run(d, "io", replica_batch_read(h.devices[d], tl.links[d], h.dataset,
-                                                   h.network, b))
-            tl.run(d, "compute", h.trunk[d].forward)
+        if b and h.dataset is not None:
+            tl.run(d, "io", replica_batch_read(h.devices[d], tl.links[d], h.dataset,
+                                               h.network, b))
+    exchange_ops(tl, h.forward)
+    for d in range(p):
+        tl.run(d, "compute", float(h.forward.last[d]))
         for k, part in enumerate(h.parts):
             for e, rows in part:
                 if e == d and p > 1:
                     tl.write(d, f"feat/{k}/{d}", rows * features * s)
     for k, part in enumerate(h.parts):
         _hybrid_dense_part(tl, h, k, part)
-    for d, b in enumerate(h.shares):
+    for d in range(p):
         sources = [(f"din/{k}/0/{e}/{d}", rows * features * s)
                    for k, part in enumerate(h.parts) for owner, rows in part if owner == d
                    for e in range(p) if e != d]
         tl.read(d, sources)
-        tl.run(d, "compute", h.trunk[d].backward + h.devices[d].stream_time(h.conv_params))
-        _hand_on(tl, d, p, h.conv_params, s, "grads")
-    _reduce(tl, p, h.conv_params, s, h.update, h.stream, "grads")
+    exchange_ops(tl, h.backward)
+    for d, dev in enumerate(h.devices):
+        tl.run(d, "compute", float(h.backward.last[d]) + dev.stream_time(h.conv_params))
+        hand_on(tl, d, p, h.conv_params, s, "grads")
+    reduce_ops(tl, p, h.conv_params, s, h.update, h.stream, "grads")
 
 
 def _hybrid_dense_part(tl: Timeline, h: _HybridSetup, k: int, part: list[tuple[int, int]]
@@ -356,7 +320,8 @@ def _hybrid_step_fast(tl: FastTimeline, h: _HybridSetup) -> None:
         busy = np.array([d for d, b in enumerate(h.shares) if b])
         tl.run(busy, "io", np.array([replica_batch_read(h.devices[d], tl.link, h.dataset,
                                                         h.network, h.shares[d]) for d in busy]))
-    tl.run(everyone, "compute", np.array([t.forward for t in h.trunk]))
+    exchange_phases(tl, h.forward)
+    tl.run(everyone, "compute", h.forward.last)
     row_bytes = h.network.features * h.s
     pieces = [(np.array([e for e, _ in part]), np.array([r for _, r in part], dtype=float))
               for part in h.parts]
@@ -366,9 +331,10 @@ def _hybrid_step_fast(tl: FastTimeline, h: _HybridSetup) -> None:
               in zip(pieces, feats)]
     for (members, rows), first in zip(pieces, firsts):
         tl.read_in_turn(members, first, rows * row_bytes, 1)
-    tl.run(everyone, "compute", np.array([t.backward + dev.stream_time(h.conv_params)
-                                          for t, dev in zip(h.trunk, h.devices)]))
-    _reduce_fast(tl, h.conv_params, h.s, h.update, h.stream)
+    exchange_phases(tl, h.backward)
+    tl.run(everyone, "compute", h.backward.last + np.array([dev.stream_time(h.conv_params)
+                                                            for dev in h.devices]))
+    reduce_phases(tl, h.conv_params, h.s, h.update, h.stream)
 
 
 def _dense_part(tl: FastTimeline, h: _HybridSetup, members: np.ndarray, rows: np.ndarray,

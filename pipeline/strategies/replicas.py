@@ -109,13 +109,14 @@ class DataStrategy(Strategy):
     def predict_run(self, config: RunConfig, probe: ClusterProbe | MasterProbe,
                     network: Network, split: dict[str, Any]) -> Prediction:
         """The engine's replicas on the probed workers, with the recorded batch shares
-        (an even split if none)."""
+        (an even split if none) and the run's batch norm (sync: its exchanges)."""
         probe = self.cluster_probe(probe)
         active = self.workers_used(config, probe)
         shares = split.get("batch_split") or split_even(config.train.batch, active, 1)
         options = probe.kernel_options(batch_shares=shares, scheme=config.hybrid.scheme,
                                        dense_batch=config.hybrid.dense_batch,
-                                       sync=config.workspace.sync)
+                                       sync=config.workspace.sync,
+                                       batch_norm=config.train.batch_norm)
         return self.model(network, config.train.batch, probe.device_specs(active), IDEAL_LINK,
                           probe.store_spec(active), options)
 
