@@ -43,7 +43,7 @@ from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad,
 from pipeline.costmodel.memory import Footprint, element_bytes
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_probe,
                             cached_probe, costmodel_network, find_cached_probe, links_key,
-                            probe_key, probe_workspace_dir, unpriced, worker_identity,
+                            probe_key, probe_workspace_dir, worker_identity,
                             workspace_location)
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
@@ -52,7 +52,7 @@ from pipeline.engine.task_steps import steps_per_task
 from storage.datasets import DatasetError
 
 __all__ = ["PointPrediction", "band", "predict_config", "predict_point", "network_for",
-           "prediction_gap", "probe_for_config", "probe_policy", "with_contention"]
+           "probe_for_config", "probe_policy", "with_contention"]
 
 
 class PointPrediction(dict):
@@ -64,13 +64,6 @@ class PointPrediction(dict):
 
     def __float__(self) -> float:
         return float(self["predicted_step_time"])
-
-
-def prediction_gap(config: RunConfig) -> str:
-    """Why the model gives no prediction for `config` ("" where it can): a network
-    with layers it does not price (`pipeline.probe.unpriced`). The probe is never run
-    for such a network."""
-    return unpriced(network_for(config))
 
 
 def _dataset(config: RunConfig) -> str | None:
@@ -196,8 +189,6 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     policy = policy or probe_policy()
     if policy == "never" or config.cluster.workspace_transport() == "s3":
         return None  # the probe's calibration runs exchange over sftp: not s3's costs
-    if prediction_gap(config):
-        return None  # the probe times the paper family's layers only
     if policy == "auto" and _dataset(config) is None:
         _prepare_dataset(config)  # the calibration runs train on it, as the run would
     spec, batch = network_for(config), config.train.batch
@@ -269,11 +260,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         ``probe_key``, ``constants``, ``contention_share`` and its
         ``contention_share_source`` (``probe`` or ``default``; None where the client
         had a core of its own) and, with a summary, ``measured_step_time``
-        and ``prediction_error``; ``None`` where no probe can be had, or where the
-        model cannot price the network (`prediction_gap` says why; nothing is probed).
+        and ``prediction_error``; ``None`` where no probe can be had.
     """
-    if prediction_gap(config):
-        return None
     summary = result_summary or {}
     policy = policy or probe_policy()
     if not strategy_named(config.strategy).uses_cluster:  # timed in this process
@@ -346,13 +334,11 @@ def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint 
     """The model's peak memory per worker for a run config (docs/model.md, "Memory per
     device"): under the split its run used (`summary`'s split, with its master), else
     the even split over the config's workers. None for a strategy the memory count
-    does not know, or a network it does not price (`prediction_gap`)."""
+    does not know."""
     strategy = strategy_named(config.strategy)
     if not strategy.memory_model:
         return None
     spec = network_for(config)
-    if unpriced(spec):
-        return None
     network, s = costmodel_network(spec), element_bytes(spec.dtype)
     batch, summary = config.train.batch, summary or {}
     if not strategy.uses_cluster:  # the training process itself

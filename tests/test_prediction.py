@@ -21,24 +21,23 @@ from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step,
                                           cores_filled)
 from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
-                                 predict_config, predict_memory, predict_point, prediction_gap,
-                                 with_contention)
+                                 predict_config, predict_point, with_contention)
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.placement.model_placement import choose_split
 from pipeline.placement.split import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
-                            WorkerProbe, cached_master_probe, cached_probe,
+                            WorkerProbe, cached_probe,
                             cluster_probe_from_dict, find_cached_probe)
 from pipeline.probe.client_share import PAIRS, median_share
 from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
-from pipeline.run import predict_run, run_training
+from pipeline.run import run_training
 from pipeline.strategies import strategy_named
 from pipeline.strategies.auto import pick
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
-from tests.helpers import (assert_one_error_line, max_relative_error, replay_in_pytorch,
+from tests.helpers import (max_relative_error, replay_in_pytorch,
                            run_main, shared_workers, tiny_config)
 
 
@@ -418,42 +417,13 @@ def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_da
     assert auto.details["task_steps"] == steps_per_task("auto", one.step_time) > 1
 
 
-# Networks the model does not price ----------------------------------------------------------
+# Zoo networks -------------------------------------------------------------------------------
 
-UNPRICED_RESNET = ("the model prices the paper family's layers only (network resnet20 has "
-                   "batch norm, strides, residual sums, other poolings or dropout)")
-
-
-def test_a_zoo_run_records_no_prediction_says_why_and_probes_nothing(tmp_path, monkeypatch):
-    """resnet20 under `prediction: auto`: what a finished run records of the model
-    (`pipeline.run.predict_run`) is no predicted step and the note saying why, for
-    every strategy; no probe is made or looked up, and no memory is predicted."""
-    def no_probe(*_, **__):
-        raise AssertionError("a network the model does not price was probed")
-
-    for name in ("cached_master_probe", "probe_for_config"):
-        monkeypatch.setattr(f"pipeline.prediction.{name}", no_probe)
-    for strategy in ("reference", "kernel", "data"):
-        config = tiny_config(tmp_path, str(tmp_path / "none.zarr"), strategy=strategy,
-                             prediction="auto", **{"network.preset": "resnet20",
-                                                   "network.width": 0.25})
-        assert predict_run(config, {}, None, None) == {"predicted_step_time": None,
-                                                       "prediction_note": UNPRICED_RESNET}
-        assert predict_point(config) is None and prediction_gap(config) == UNPRICED_RESNET
-        assert predict_memory(config) is None
-
-
-@pytest.mark.parametrize("setting, names", [("strategy=auto", "strategy: 'auto' needs the "
-                                             "performance model"),
-                                            ("placement=model", "placement: 'model' needs "
-                                             "the performance model")])
-def test_auto_and_model_placement_refuse_a_zoo_network_in_one_line(tmp_path, setting, names):
+@pytest.mark.parametrize("setting", ["strategy=auto", "placement=model"])
+def test_auto_and_model_placement_take_a_zoo_network(tmp_path, setting):
+    """The model prices the zoo: `--check` passes resnet20 under `strategy: auto` and
+    `placement: model`, as it passes the paper family."""
     argv = ["configs/small.yaml", f"output={tmp_path / 'run'}", "network.preset=resnet20",
-            "network.width=0.25", setting]
-    for check in (["--check"], []):
-        status, lines, _ = run_main("train", argv + check)
-        assert_one_error_line(status, lines, 2, names)
-        assert UNPRICED_RESNET in lines[0]
-    status, lines, _ = run_main("train", ["configs/small.yaml", "--check",
-                                          f"output={tmp_path / 'run'}", setting])
-    assert status == 0, lines  # the paper family: the model prices it
+            "network.width=0.25", setting, "--check"]
+    status, lines, _ = run_main("train", argv)
+    assert status == 0, lines

@@ -41,25 +41,6 @@ def _pools(pools: Sequence[dict[str, Any]] | None) -> tuple[PoolSpec, ...] | Non
     return None if pools is None else tuple(PoolSpec(**pool) for pool in pools)
 
 
-#: Why the performance and memory models have no figure for a network (one line's core).
-UNPRICED = "the model prices the paper family's layers only"
-
-
-class Unpriced(ValueError):
-    """The network has layers the performance and memory models do not price."""
-
-
-def unpriced(spec: NetworkSpec) -> str:
-    """Why the models cannot price `spec` ("" where they can): they know the paper
-    family's layers only (`NetworkSpec.plain`: stride-1 conv with a bias, ReLU, a
-    max-pool whose window is its stride, no batch norm, residual sum or dropout)."""
-    if spec.plain:
-        return ""
-    what = f"network {spec.preset}" if spec.preset else "this network"
-    return f"{UNPRICED} ({what} has batch norm, strides, residual sums, other poolings " \
-           "or dropout)"
-
-
 def costmodel_network(spec: NetworkSpec) -> Network:
     """The engine's network for the cost model: every conv layer with what follows it
     (batch norm, the residual sum, ReLU, poolings), its source, and the dense head with
