@@ -56,6 +56,21 @@ def test_the_probes_plans_keep_every_tied_group_on_one_split():
         check_tied(spec, plan.counts)
 
 
+def test_every_worker_is_timed_on_every_layer_of_a_narrow_network():
+    """resnet20 at width 1/4 has layers of one channel quantum (4 kernels): the even
+    split over 2 workers leaves the second without them, so its rotation gives them to
+    it; every worker's plans then cover every layer (the calibrated split and `auto`
+    read each worker's table of each layer)."""
+    spec = _spec("resnet20", 0.25)
+    plans = runs.plans_for(spec, 8, [4] * len(spec.conv), 2, budget_s=0.0)
+    for worker in range(2):
+        held = {l for plan in plans if plan.workers == 2
+                for l, row in enumerate(plan.counts) if row[worker]}
+        assert held == set(range(len(spec.conv)))
+    for plan in plans:
+        check_tied(spec, plan.counts)
+
+
 def _receipt(worker: str, step: int, start: float, end: float) -> Receipt:
     return Receipt("run-ops", worker, step, start, end)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, Network, Options, StoreSpec, TrunkTime
+from pipeline.costmodel.compute import conv_time
 from pipeline.placement.split import split_even
 from pipeline.probe.tables import (costmodel_network, dataset_store, dense_flops, device_spec,
                                    network_spec_from_dict)
@@ -210,17 +211,18 @@ class ClusterProbe:
                        overhead=self.overhead(), **extra)
 
     def calibration(self, active: int | None = None) -> dict[str, list[float]]:
-        """Seconds per kernel per layer and worker at the even share, like calibration."""
+        """Seconds per kernel per layer and worker at the even share, like calibration
+        (a worker the even share leaves without a layer: at one quantum of it)."""
         active = len(self.workers) if active is None else active
         spec = self.network_spec()
         net = self.costmodel_network()
         out: dict[str, list[float]] = {}
         for index, (worker, device) in enumerate(zip(self.workers, self.device_specs(active))):
             row = []
-            for layer, conv, quantum in zip(spec.conv, net.conv, self.quanta):
-                k = split_even(layer.kernels, active, quantum)[index]
-                f, b = device.layer_tables[conv.name].times(k, self.batch)
-                row.append((f + b) / k)
+            for l, (layer, conv, quantum) in enumerate(zip(spec.conv, net.conv, self.quanta)):
+                k = split_even(layer.kernels, active, quantum)[index] or quantum
+                seconds = conv_time(device, conv, self.batch, k, input_grad=net.source(l) >= 0)
+                row.append(seconds.total / k)
             out[worker.name] = row
         return out
 

@@ -154,12 +154,19 @@ def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
 
 def plans_for(network: NetworkSpec, batch: int, quanta: Sequence[int], n: int,
               budget_s: float = 1.0) -> list[ProbePlan]:
-    """Even splits over 1..n workers, then tilted splits if a step is cheap."""
+    """Even splits over 1..n workers, then tilted splits if a step is cheap.
+
+    Where a layer has fewer channel quanta than workers (a narrow network: resnet20 at
+    width 1/4 has 4-kernel layers), the even split leaves some workers without it; its
+    rotations give each worker every layer in turn, so that every worker's table has
+    every layer."""
     plans = []
     for p in range(1, n + 1):
-        if all(math.ceil(layer.kernels / q) >= p for layer, q in zip(network.conv, quanta)):
-            plans.append(ProbePlan([split_even(layer.kernels, p, q)
-                               for layer, q in zip(network.conv, quanta)]))
+        even = [split_even(layer.kernels, p, q) for layer, q in zip(network.conv, quanta)]
+        plans.append(ProbePlan(even))
+        if any(0 in row for row in even):
+            plans += [ProbePlan([row[-turn:] + row[:-turn] for row in even])
+                      for turn in range(1, p)]
     if n >= 2:  # one worker holds most of each layer: where uneven splits land
         for fraction in (0.75, 1.0):
             tilted = _tilted(network, quanta, n, fraction)
