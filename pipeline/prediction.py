@@ -333,9 +333,14 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
 def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint | None:
     """The model's peak memory per worker for a run config (docs/model.md, "Memory per
     device"): under the split its run used (`summary`'s split, with its master), else
-    the even split over the config's workers. None for a strategy the memory count
-    does not know."""
+    the even split over the config's workers; for `auto`, of the strategy the run
+    chose (`summary`'s ``strategy_choice``). None for a strategy the memory count does
+    not know."""
     strategy = strategy_named(config.strategy)
+    choice = (summary or {}).get("strategy_choice")
+    if strategy.chosen_by_model and choice:
+        config = dataclasses.replace(config, strategy=choice["chosen"])
+        strategy = strategy_named(config.strategy)
     if not strategy.memory_model:
         return None
     spec = network_for(config)

@@ -394,3 +394,10 @@ def test_memory_checks_refuse_a_zoo_network_too_big_for_its_workers(tmp_path):
                                                     "strategy=kernel", limits])
     peaks = predict_memory(config).per_device
     assert len(peaks) == 2 and all(peak > 100e6 for peak in peaks)
+    # `auto`'s run is counted as the strategy it chose
+    auto = load_run_config("configs/small.yaml", [f"output={tmp_path / 'run'}",
+                                                  "network.preset=resnet20",
+                                                  "strategy=auto", limits])
+    chosen = {"strategy_choice": {"chosen": "kernel"}}
+    assert predict_memory(auto) is None
+    assert predict_memory(auto, chosen).per_device == peaks

@@ -72,7 +72,8 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store):
     assert "working MB |" in text  # the fullest worker's memory, per point
     # `single` runs on one worker: measured on the first device set only, the other 4
     # points recorded as not applicable and left out of the table
-    assert text.count("| kernel |") == 6 and text.count("| single |") == 2
+    # (and one row each in the two error tables: step time, memory)
+    assert text.count("| kernel |") == 7 and text.count("| single |") == 3
     assert "8 done, 0 failed, 0 pending, 4 not applicable" in text
     assert "1+0.5/even" in text and "code revision" in text and "cores" in text
     ds = xr.open_zarr(store)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from experiments.report.errors import error_rows, error_section
+from experiments.report.errors import error_rows, error_section, memory_error_rows
 from experiments.sweep.store_layout import DONE, FAILED
 
 
@@ -49,3 +49,18 @@ def test_the_error_table_names_the_cpu_it_was_measured_on():
     lines = error_section(_store().assign_attrs(machine=json.dumps(machine)))
     assert any("Measured on AMD EPYC 7B13, 2 cores (host vm)" in line for line in lines)
     assert any("an unrecorded CPU" in line for line in error_section(_store()))
+
+
+def test_the_memory_models_error_is_tabled_beside_the_step_times():
+    store = _store()
+    measured = xr.full_like(store.prediction_error, 400e6)
+    store = store.assign(memory_peak=measured, predicted_peak_memory=measured * 1.1)
+    store["predicted_peak_memory"][0, 0, 0] = 300e6  # kernel's first run: -25 %
+    rows = memory_error_rows(store).set_index("strategy")
+    assert rows.loc["kernel", "runs"] == 4 and rows.loc["data", "runs"] == 3
+    assert rows.loc["kernel", "max_abs"] == pytest.approx(0.25)
+    assert rows.loc["data", "median"] == pytest.approx(0.10)
+    lines = error_section(store)
+    assert "## The memory model's error per strategy" in lines
+    assert "| data | 3 | 10.0% | +10.0% | 10.0% |" in lines
+    assert memory_error_rows(_store()).empty  # no memory figures: no table

@@ -28,7 +28,20 @@ def error_rows(ds: xr.Dataset) -> pd.DataFrame:
     ``prediction_error`` over its done runs with a prediction (empty without any)."""
     if "prediction_error" not in ds or "status" not in ds:
         return pd.DataFrame()
-    errors = ds.prediction_error.where(ds.status == DONE)
+    return _rows(ds, ds.prediction_error)
+
+
+def memory_error_rows(ds: xr.Dataset) -> pd.DataFrame:
+    """As `error_rows`, of the memory model: the largest predicted peak of a worker
+    (``predicted_peak_memory``) over the fullest worker's measured peak
+    (``memory_peak``), less 1."""
+    if not {"predicted_peak_memory", "memory_peak", "status"} <= set(ds.variables):
+        return pd.DataFrame()
+    return _rows(ds, ds.predicted_peak_memory / ds.memory_peak - 1.0)
+
+
+def _rows(ds: xr.Dataset, errors: xr.DataArray) -> pd.DataFrame:
+    errors = errors.where(ds.status == DONE)
     strategies = (list(ds.strategy.values) if "strategy" in ds.dims
                   else [str(ds.attrs.get("strategy", "?"))])
     rows = []
@@ -53,16 +66,25 @@ def measured_on(ds: xr.Dataset) -> str:
 
 
 def error_section(ds: xr.Dataset) -> list[str]:
-    """report.md's table of the model's error per strategy (none without predictions)."""
-    rows = error_rows(ds)
-    if rows.empty:
-        return []
-    table = [[row["strategy"], str(row["runs"]), f"{row['median_abs']:.1%}",
-              f"{row['median']:+.1%}", f"{row['max_abs']:.1%}"] for _, row in rows.iterrows()]
-    return ["## The model's error per strategy", "",
-            "Over every done run with a prediction (points and repeats): predicted / "
-            "measured - 1 against the run's median step. A signed median away from 0 is "
-            f"a bias. Measured on {measured_on(ds)}: the error holds for that machine, "
-            "after its own probe.", "",
-            *markdown_rows(["strategy", "runs", "median abs. error", "median error",
-                            "largest abs. error"], table), ""]
+    """report.md's tables of the model's error per strategy, step time and then peak
+    memory (none without predictions)."""
+    lines = []
+    for rows, title, what in (
+            (error_rows(ds), "The model's error per strategy",
+             "predicted / measured - 1 against the run's median step"),
+            (memory_error_rows(ds), "The memory model's error per strategy",
+             "the largest predicted peak of a worker / the fullest worker's measured "
+             "peak - 1 (resident memory, a bare process included)")):
+        if rows.empty:
+            continue
+        table = [[row["strategy"], str(row["runs"]), f"{row['median_abs']:.1%}",
+                  f"{row['median']:+.1%}", f"{row['max_abs']:.1%}"]
+                 for _, row in rows.iterrows()]
+        lines += [f"## {title}", "",
+                  f"Over every done run with a prediction (points and repeats): {what}. "
+                  "A signed median away from 0 is a bias. Measured on "
+                  f"{measured_on(ds)}: the error holds for that machine, after its own "
+                  "probe.", "",
+                  *markdown_rows(["strategy", "runs", "median abs. error", "median error",
+                                  "largest abs. error"], table), ""]
+    return lines
