@@ -378,11 +378,15 @@ def distinct(devices: Sequence[DeviceSpec]) -> tuple[list[DeviceSpec], list[int]
     """
     kinds: list[DeviceSpec] = []
     kind_of: list[int] = []
+    seen: dict[int, int] = {}  # id of a device object met before -> its index
     for dev in devices:
-        index = next((i for i, k in enumerate(kinds) if k is dev or k == dev), None)
+        index = seen.get(id(dev))
+        if index is None:
+            index = next((i for i, k in enumerate(kinds) if k is dev or k == dev), None)
         if index is None:
             kinds.append(dev)
             index = len(kinds) - 1
+        seen[id(dev)] = index
         kind_of.append(index)
     return kinds, kind_of
 
