@@ -64,6 +64,14 @@ def _first_suffix_max(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.nd
     return running, first
 
 
+def _equal_groups(values: np.ndarray) -> list[tuple[float, np.ndarray | slice]]:
+    """Each distinct value, ascending, with the indices holding it (all of them as a
+    slice where every value is the same, as is usual)."""
+    if values[0] == values.min() == values.max():
+        return [(values[0], slice(None))]
+    return [(value, np.flatnonzero(values == value)) for value in np.unique(values)]
+
+
 def _tolerance(*arrays: np.ndarray) -> float:
     """`TIE` relative to the largest finite instant among `arrays`."""
     finite = [np.abs(a[np.isfinite(a)]).max() for a in arrays if np.isfinite(a).any()]
@@ -215,8 +223,7 @@ class FastTimeline:
         left_of = np.arange(n, 0, -1)  # sources from each index on
         end = np.empty(len(readers))
         binding = np.full(len(readers), -1)
-        for value in np.unique(p):  # readers reading equal bytes share the maxima
-            group = np.flatnonzero(p == value)
+        for value, group in _equal_groups(p):  # readers reading equal bytes share the maxima
             after = src.base + suffix_q + value * left_of
             before = after - src.lower
             tol = _tolerance(after, start[group] - shift[group])
@@ -422,10 +429,11 @@ class _Segments:
                        empty.astype(int), np.zeros(devices + 1, dtype=int), empty)
         devs, begin, stop, kinds, writers, readies = zip(*columns)
         sizes = [len(d) for d in devs]
-        writer = np.concatenate([np.full(n, -1) if w is None else w
-                                 for n, w in zip(sizes, writers)])
-        ready = np.concatenate([np.full(n, np.nan) if r is None else r
-                                for n, r in zip(sizes, readies)])
+        ends = np.cumsum(sizes).tolist()
+        writer, ready = np.full(ends[-1], -1), np.full(ends[-1], np.nan)
+        for c in (c for c, w in enumerate(writers) if w is not None):  # the waits
+            writer[ends[c] - sizes[c]:ends[c]] = writers[c]
+            ready[ends[c] - sizes[c]:ends[c]] = readies[c]
         dev = np.concatenate(devs)
         by_device = dev.astype(np.uint16) if devices <= 1 << 16 else dev
         order = np.argsort(by_device, kind="stable")  # small ints: numpy's radix sort
