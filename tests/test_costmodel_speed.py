@@ -89,3 +89,16 @@ def test_distinct_finds_equal_devices_by_identity_and_by_comparison() -> None:
     assert kind_of == [0, 1, 0, 0, 1, 0, 0]
     odd = DeviceSpec(flops=1e12, name="odd")
     assert distinct([odd, GPU, odd]) == ([odd, GPU], [0, 1, 0])
+
+
+def test_a_fast_predictions_lanes_read_as_the_lists_they_stand_for() -> None:
+    """`details["timeline"]` on the fast path is built when read: each lane, a slice,
+    a negative index and equality give what a list of the lanes gives."""
+    lanes = predict("kernel", marques_cifar(48, 96), 16, [GPU] * 3, LINK, STORE).details[
+        "timeline"]
+    as_list = [lanes[d] for d in range(len(lanes))]
+    assert len(lanes) == 3 and lanes == as_list and as_list == lanes
+    assert lanes[-1] == as_list[2] and lanes[1:] == as_list[1:]
+    assert all(kind in ("compute", "io", "wait", "overhead", "master")
+               for lane in lanes for _, _, kind in lane)
+    assert all(start < end for lane in as_list for start, end, _ in lane)
