@@ -38,11 +38,12 @@ from pipeline.cluster.worker_setup import workers_set_up
 from pipeline.cluster.workers import ClusterError, all_local, find_workers, scheduler_address
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import Prediction
-from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
+from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step,
+                                          cores_filled)
 from pipeline.costmodel.memory import Footprint, element_bytes
-from pipeline.probe import (ClusterProbe, MasterProbe, cached_master_probe, cached_probe,
-                            costmodel_network, find_cached_probe, links_key, probe_key,
-                            probe_workspace_dir, unpriced, worker_identity,
+from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_probe,
+                            cached_probe, costmodel_network, find_cached_probe, links_key,
+                            probe_key, probe_workspace_dir, worker_identity,
                             workspace_location)
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
@@ -51,7 +52,7 @@ from pipeline.engine.task_steps import steps_per_task
 from storage.datasets import DatasetError
 
 __all__ = ["PointPrediction", "band", "predict_config", "predict_point", "network_for",
-           "prediction_gap", "probe_for_config", "probe_policy", "with_contention"]
+           "probe_for_config", "probe_policy", "with_contention"]
 
 
 class PointPrediction(dict):
@@ -63,13 +64,6 @@ class PointPrediction(dict):
 
     def __float__(self) -> float:
         return float(self["predicted_step_time"])
-
-
-def prediction_gap(config: RunConfig) -> str:
-    """Why the model gives no prediction for `config` ("" where it can): a network
-    with layers it does not price (`pipeline.probe.unpriced`). The probe is never run
-    for such a network."""
-    return unpriced(network_for(config))
 
 
 def _dataset(config: RunConfig) -> str | None:
@@ -146,17 +140,32 @@ def with_contention(prediction: Prediction, probe: ClusterProbe) -> Prediction:
     """The prediction with the client's share of the cores (pipeline/costmodel/
     contention.py) added as ``breakdown["contention"]``, where the probed cluster's
     scheduler ran in the client's process and the workers the step uses fill the
-    cores it had; unchanged otherwise."""
+    cores it had; unchanged otherwise. The share is the probe's measurement
+    (`DaskProbe.contention_share`), else `DEFAULT_CONTENTION_SHARE`; the details say
+    which (``contention_share``, ``contention_share_source``)."""
     compute = prediction.breakdown.get("compute")
     workers = len(compute) if isinstance(compute, list) else 1
     dask = probe.dask
     threads = [w.threads for w in probe.workers[:workers]]
     if not dask.scheduler_here or not cores_filled(threads, dask.host_cores):
         return prediction
+    share, source = contention_share(dask)
     load = ClientLoad(dask.client_cpu_per_task_s, dask.client_cpu_rate)
-    step = contended_step(prediction.step_time, workers, load)
+    step = contended_step(prediction.step_time, workers, load, share)
     breakdown = {**prediction.breakdown, "contention": step - prediction.step_time}
-    return dataclasses.replace(prediction, step_time=step, breakdown=breakdown)
+    details = {**prediction.details, "contention_share": share,
+               "contention_share_source": source}
+    return dataclasses.replace(prediction, step_time=step, breakdown=breakdown,
+                               details=details)
+
+
+def contention_share(dask: DaskProbe) -> tuple[float, str]:
+    """The share of the client's CPU that delays the step, and where it comes from:
+    ``"probe"`` (measured on this machine) or ``"default"`` (the probe could not
+    measure it: `DEFAULT_CONTENTION_SHARE`)."""
+    if dask.contention_share is None:
+        return DEFAULT_CONTENTION_SHARE, "default"
+    return dask.contention_share, "probe"
 
 
 def probe_policy() -> str:
@@ -180,8 +189,6 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     policy = policy or probe_policy()
     if policy == "never" or config.cluster.workspace_transport() == "s3":
         return None  # the probe's calibration runs exchange over sftp: not s3's costs
-    if prediction_gap(config):
-        return None  # the probe times the paper family's layers only
     if policy == "auto" and _dataset(config) is None:
         _prepare_dataset(config)  # the calibration runs train on it, as the run would
     spec, batch = network_for(config), config.train.batch
@@ -250,12 +257,11 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         ``compute_critical``, ``master``, ``storage``, ``communication``,
         ``overhead``; ``compute`` per worker), ``kernel_split``, ``task_steps``
         (steps per Dask task assumed; None for ``reference``),
-        ``probe_key``, ``constants`` and, with a summary, ``measured_step_time``
-        and ``prediction_error``; ``None`` where no probe can be had, or where the
-        model cannot price the network (`prediction_gap` says why; nothing is probed).
+        ``probe_key``, ``constants``, ``contention_share`` and its
+        ``contention_share_source`` (``probe`` or ``default``; None where the client
+        had a core of its own) and, with a summary, ``measured_step_time``
+        and ``prediction_error``; ``None`` where no probe can be had.
     """
-    if prediction_gap(config):
-        return None
     summary = result_summary or {}
     policy = policy or probe_policy()
     if not strategy_named(config.strategy).uses_cluster:  # timed in this process
@@ -281,7 +287,9 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         kernel_split=prediction.kernel_counts,
         bytes_moved=prediction.details.get("bytes_moved"),
         task_steps=prediction.details.get("task_steps"), probe_key=probe.key,
-        constants=constants(probe))
+        constants=constants(probe),
+        contention_share=prediction.details.get("contention_share"),
+        contention_share_source=prediction.details.get("contention_share_source"))
     measured = summary.get("step_time_median")
     if measured:
         out["measured_step_time"] = float(measured)
@@ -317,6 +325,7 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
             "hop_s": d.hop_s, "client_round_trip_s": d.round_trip_s,
             "client_cpu_per_task_s": d.client_cpu_per_task_s,
             "client_cpu_rate": d.client_cpu_rate, "host_cores": d.host_cores,
+            "contention_share": d.contention_share,
             "master_dense_s": probe.master.dense_s,
             "calibration_s_per_kernel": probe.calibration()}
 
@@ -325,13 +334,11 @@ def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint 
     """The model's peak memory per worker for a run config (docs/model.md, "Memory per
     device"): under the split its run used (`summary`'s split, with its master), else
     the even split over the config's workers. None for a strategy the memory count
-    does not know, or a network it does not price (`prediction_gap`)."""
+    does not know."""
     strategy = strategy_named(config.strategy)
     if not strategy.memory_model:
         return None
     spec = network_for(config)
-    if unpriced(spec):
-        return None
     network, s = costmodel_network(spec), element_bytes(spec.dtype)
     batch, summary = config.train.batch, summary or {}
     if not strategy.uses_cluster:  # the training process itself

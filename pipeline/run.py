@@ -37,7 +37,7 @@ from pipeline.engine.checkpointing import prepare_checkpoints
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.engine.step_engine import StepEngine
 from pipeline.placement.capacity import capacities_explained, worker_capacities
-from pipeline.prediction import (predict_config, predict_point, prediction_gap,
+from pipeline.prediction import (predict_config, predict_point,
                                  probe_for_config)
 from pipeline.preflight import check_before_start, check_run, fit_even_split
 from pipeline.probe.machine import machine_identity
@@ -336,9 +336,6 @@ def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
     probe it came from. A gap in the model never fails a finished run."""
     if config.prediction == "never":
         return {"predicted_step_time": None, "prediction_note": "prediction: never"}
-    gap = prediction_gap(config)
-    if gap:
-        return {"predicted_step_time": None, "prediction_note": gap}
     try:
         predicted = predict_point(config, split, client=client, offered=offered,
                                   policy="cached" if changed else config.prediction)

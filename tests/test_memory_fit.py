@@ -18,9 +18,8 @@ from pipeline.costmodel import marques_cifar
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Footprint, Live, fmt_bytes,
                                        retained)
 from pipeline.placement.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
-from pipeline.placement import split_choice
-from pipeline.placement.split import Placement, counts_from_shares, split_even
-from pipeline.prediction import network_for, predict_memory
+from pipeline.placement.split import counts_from_shares, split_even
+from pipeline.prediction import predict_memory
 from pipeline.run import run_training
 from pipeline.config.schema import FieldError
 from pipeline.strategies import STRATEGIES, strategy_named
@@ -381,25 +380,17 @@ def test_tied_rows_move_together_off_a_device_that_would_overflow():
     assert strategy_named("data").tied_rows(resnet20) is None
 
 
-def test_memory_checks_skip_a_network_the_count_does_not_price(tmp_path, monkeypatch):
-    """resnet20 (batch norm, residual sums): `--check` with workers far too small
-    passes (the count cannot say), the memory prediction is None, and the split
-    choice records that memory was not checked, and why; never a traceback."""
+def test_memory_checks_refuse_a_zoo_network_too_big_for_its_workers(tmp_path):
+    """resnet20 (batch norm, residual sums) on workers far too small: `--check`
+    refuses it in one line naming a worker, as for the paper family; the memory
+    prediction gives every worker's peak."""
     limits = ("cluster.workers=[{name: a, memory_limit: 1MB}, "
               "{name: b, memory_limit: 1MB}]")
     status = train_cli.main(["configs/small.yaml", "--check", f"output={tmp_path / 'run'}",
                              "network.preset=resnet20", "network.width=0.25", limits])
-    assert status == 0
+    assert status == 2
     config = load_run_config("configs/small.yaml", [f"output={tmp_path / 'run'}",
-                                                    "network.preset=resnet20", limits])
-    assert predict_memory(config) is None
-    network = network_for(config)
-    monkeypatch.setattr(split_choice, "worker_capacities", lambda *_: [1e6, 1e6])
-    even = Placement("even", [split_even(layer.kernels, 2, 4) for layer in network.conv])
-    placed = split_choice.fit_memory(None, config, strategy_named("kernel"), network,
-                                     [], even, [4] * len(network.conv), 0,
-                                     network.tied_groups())
-    assert placed.counts == even.counts
-    assert placed.choice["memory"] == {
-        "note": "not checked: the model prices the paper family's layers only (network "
-                "resnet20 has batch norm, strides, residual sums, other poolings or dropout)"}
+                                                    "network.preset=resnet20",
+                                                    "strategy=kernel", limits])
+    peaks = predict_memory(config).per_device
+    assert len(peaks) == 2 and all(peak > 100e6 for peak in peaks)

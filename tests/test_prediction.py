@@ -18,26 +18,26 @@ import numpy as np
 import pytest
 
 from pipeline.costmodel import Prediction
-from pipeline.costmodel.contention import ClientLoad, contended_step
+from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step,
+                                          cores_filled)
 from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
-                                 predict_config, predict_memory, predict_point, prediction_gap,
-                                 with_contention)
+                                 predict_config, predict_point, with_contention)
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.placement.model_placement import choose_split
 from pipeline.placement.split import align_to_quanta
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
-                            Unpriced, WorkerProbe, cached_master_probe, cached_probe,
+                            WorkerProbe, cached_probe,
                             cluster_probe_from_dict, find_cached_probe)
+from pipeline.probe.client_share import PAIRS, median_share
 from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
-from pipeline.run import predict_run, run_training
+from pipeline.run import run_training
 from pipeline.strategies import strategy_named
 from pipeline.strategies.auto import pick
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
-from tasks.zoo import build_preset
-from tests.helpers import (assert_one_error_line, max_relative_error, replay_in_pytorch,
+from tests.helpers import (max_relative_error, replay_in_pytorch,
                            run_main, shared_workers, tiny_config)
 
 
@@ -109,7 +109,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 11 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 12 and probe.phase_seconds["timed_again"] >= 0
     for worker in probe.workers:  # the batch read before the first layer, per size
         for t in worker.timings:
             assert (t.dataset_s is not None) == (t.layer == 0), t
@@ -138,6 +138,13 @@ def test_probe_measures_positive_finite_constants(probe):
     assert store.spread == s.spread[2]
     overhead = probe.overhead()
     assert (overhead.task, overhead.sync, overhead.hop) == (d.task_s, d.sync_s, d.hop_s)
+    # the client's share of the cores, measured where two single-thread workers fill them
+    if cores_filled([w.threads for w in probe.workers], d.host_cores):
+        assert len(d.contention_shares) == 2 * PAIRS  # the even plan's and the replicas'
+        assert all(s is None or math.isfinite(s) for s in d.contention_shares)
+        assert d.contention_share == median_share(d.contention_shares)  # None: drowned
+    else:  # the client has a core of its own: the share is never used
+        assert d.contention_share is None and d.contention_shares == []
 
 
 def test_probe_is_json_and_cached(probe):
@@ -366,6 +373,28 @@ def test_the_clients_share_of_the_cores_is_added_only_where_the_workers_fill_the
     assert with_contention(plain, four_cores) is plain
 
 
+def test_the_contention_share_the_probe_measured_is_the_one_the_prediction_uses():
+    """The share of the client's CPU that delays the step is the probe's
+    (`DaskProbe.contention_share`); only a probe that could not measure it falls back
+    to the default, and the details say which."""
+    probe = _synthetic_probe(fixed_s=0.002, per_kernel_s=0.0005, slow=1.0)
+    here = dataclasses.replace(probe.dask, client_cpu_per_task_s=0.004, client_cpu_rate=0.02,
+                               scheduler_here=True, host_cores=2)
+    plain = Prediction("kernel", 0.050, 128, {"compute": [0.04, 0.04], "overhead": 0.01})
+    load = ClientLoad(0.004, 0.02)
+    for measured in (0.0, 0.55, 1.0):
+        probe = dataclasses.replace(probe, dask=dataclasses.replace(
+            here, contention_share=measured))
+        contended = with_contention(plain, probe)
+        assert contended.step_time == pytest.approx(contended_step(0.050, 2, load, measured))
+        assert contended.details["contention_share"] == measured
+        assert contended.details["contention_share_source"] == "probe"
+    unmeasured = with_contention(plain, dataclasses.replace(probe, dask=here))
+    assert unmeasured.step_time == pytest.approx(
+        contended_step(0.050, 2, load, DEFAULT_CONTENTION_SHARE))
+    assert unmeasured.details["contention_share_source"] == "default"
+
+
 @pytest.mark.parametrize("strategy, workers", [("single", 1), ("kernel", 2), ("data", 2)])
 def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_dataset_factory,
                                                      tmp_path, strategy, workers):
@@ -388,53 +417,13 @@ def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_da
     assert auto.details["task_steps"] == steps_per_task("auto", one.step_time) > 1
 
 
-# Networks the model does not price ----------------------------------------------------------
+# Zoo networks -------------------------------------------------------------------------------
 
-UNPRICED_RESNET = ("the model prices the paper family's layers only (network resnet20 has "
-                   "batch norm, strides, residual sums, other poolings or dropout)")
-
-
-def test_a_zoo_run_records_no_prediction_says_why_and_probes_nothing(tmp_path, monkeypatch):
-    """resnet20 under `prediction: auto`: what a finished run records of the model
-    (`pipeline.run.predict_run`) is no predicted step and the note saying why, for
-    every strategy; no probe is made or looked up, and no memory is predicted."""
-    def no_probe(*_, **__):
-        raise AssertionError("a network the model does not price was probed")
-
-    for name in ("cached_master_probe", "probe_for_config"):
-        monkeypatch.setattr(f"pipeline.prediction.{name}", no_probe)
-    for strategy in ("reference", "kernel", "data"):
-        config = tiny_config(tmp_path, str(tmp_path / "none.zarr"), strategy=strategy,
-                             prediction="auto", **{"network.preset": "resnet20",
-                                                   "network.width": 0.25})
-        assert predict_run(config, {}, None, None) == {"predicted_step_time": None,
-                                                       "prediction_note": UNPRICED_RESNET}
-        assert predict_point(config) is None and prediction_gap(config) == UNPRICED_RESNET
-        assert predict_memory(config) is None
-
-
-def test_the_probe_refuses_a_network_the_model_does_not_price():
-    spec = build_preset("vgg11", (3, 32, 32), 10, "float32", 1 / 16, 0.5)
-    for probe in (lambda: cached_probe(None, [], spec, 8, [4] * len(spec.conv)),
-                  lambda: cached_master_probe(spec, 8, 1)):
-        with pytest.raises(Unpriced) as refused:
-            probe()
-        assert str(refused.value) == ("the model prices the paper family's layers only "
-                                      "(network vgg11 has batch norm, strides, residual "
-                                      "sums, other poolings or dropout)")
-
-
-@pytest.mark.parametrize("setting, names", [("strategy=auto", "strategy: 'auto' needs the "
-                                             "performance model"),
-                                            ("placement=model", "placement: 'model' needs "
-                                             "the performance model")])
-def test_auto_and_model_placement_refuse_a_zoo_network_in_one_line(tmp_path, setting, names):
+@pytest.mark.parametrize("setting", ["strategy=auto", "placement=model"])
+def test_auto_and_model_placement_take_a_zoo_network(tmp_path, setting):
+    """The model prices the zoo: `--check` passes resnet20 under `strategy: auto` and
+    `placement: model`, as it passes the paper family."""
     argv = ["configs/small.yaml", f"output={tmp_path / 'run'}", "network.preset=resnet20",
-            "network.width=0.25", setting]
-    for check in (["--check"], []):
-        status, lines, _ = run_main("train", argv + check)
-        assert_one_error_line(status, lines, 2, names)
-        assert UNPRICED_RESNET in lines[0]
-    status, lines, _ = run_main("train", ["configs/small.yaml", "--check",
-                                          f"output={tmp_path / 'run'}", setting])
-    assert status == 0, lines  # the paper family: the model prices it
+            "network.width=0.25", setting, "--check"]
+    status, lines, _ = run_main("train", argv)
+    assert status == 0, lines

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -40,3 +42,10 @@ def test_error_section_is_a_table_or_nothing():
     empty = _store().assign(prediction_error=lambda ds: ds.prediction_error * np.nan)
     assert error_section(empty) == []
     assert error_section(_store().drop_vars("prediction_error")) == []
+
+
+def test_the_error_table_names_the_cpu_it_was_measured_on():
+    machine = {"host": "vm", "cpu": "AMD EPYC 7B13", "cores": 2}
+    lines = error_section(_store().assign_attrs(machine=json.dumps(machine)))
+    assert any("Measured on AMD EPYC 7B13, 2 cores (host vm)" in line for line in lines)
+    assert any("an unrecorded CPU" in line for line in error_section(_store()))

@@ -2,7 +2,8 @@
 
 `error_rows` gathers, per strategy, every done run (point and repeat) that has a
 prediction: how many, the median absolute error, the signed median (a bias shows
-as a sign) and the largest; `error_section` writes them as a report.md table. The
+as a sign) and the largest; `error_section` writes them as a report.md table, with the
+CPU model the runs and their probes were measured on (`measured_on`). The
 error is the store's ``prediction_error`` (predicted / measured - 1), against each
 run's median step. Pure functions of the store.
 
@@ -11,6 +12,8 @@ papers; a table per strategy says where it can be trusted and which way it errs.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pandas as pd
@@ -41,6 +44,14 @@ def error_rows(ds: xr.Dataset) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def measured_on(ds: xr.Dataset) -> str:
+    """The machine the store's runs were measured (and its probes made) on, from its
+    ``machine`` attr: the CPU model first, as the error holds for that machine."""
+    machine = json.loads(ds.attrs.get("machine", "{}"))
+    return (f"{machine.get('cpu', 'an unrecorded CPU')}, {machine.get('cores', '?')} cores "
+            f"(host {machine.get('host', '?')})")
+
+
 def error_section(ds: xr.Dataset) -> list[str]:
     """report.md's table of the model's error per strategy (none without predictions)."""
     rows = error_rows(ds)
@@ -51,6 +62,7 @@ def error_section(ds: xr.Dataset) -> list[str]:
     return ["## The model's error per strategy", "",
             "Over every done run with a prediction (points and repeats): predicted / "
             "measured - 1 against the run's median step. A signed median away from 0 is "
-            "a bias.", "",
+            f"a bias. Measured on {measured_on(ds)}: the error holds for that machine, "
+            "after its own probe.", "",
             *markdown_rows(["strategy", "runs", "median abs. error", "median error",
                             "largest abs. error"], table), ""]

@@ -54,8 +54,7 @@ from pipeline.cluster.workers import scheduler_address
 from pipeline.config.run_config import RunConfig, build_run_config
 from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
                                     set_dotted, to_dict)
-from pipeline.strategies import Strategy, strategy_named, strategy_of
-from pipeline.strategies.base import NeedsModel
+from pipeline.strategies import Strategy, strategy_of
 
 
 @dataclass
@@ -277,8 +276,6 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
         for index in range(len(axis)):
             try:
                 checked_config(point_data(base, [axis], (index,)))
-            except NeedsModel:
-                pass  # a matter of the point's other values: not applicable there
             except ConfigError as error:
                 raise ConfigError(f"{error} (in {axis.where}, value #{index + 1} of "
                                   f"{len(axis)})") from None
@@ -298,13 +295,11 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
         data = point_data(base, axes, position)
         labels = {axis.dim: axis.labels[i] for axis, i in zip(axes, position)}
         try:
-            strategy, unpriced = checked_config(data)[1], ""
-        except NeedsModel as error:  # e.g. auto on resnet20: the model cannot choose
-            strategy, unpriced = strategy_named(build_run_config(data).strategy), str(error)
+            strategy = checked_config(data)[1]
         except ConfigError as error:
             where = " ".join(f"{dim}={label}" for dim, label in labels.items())
             raise ConfigError(f"{error} (at point {where})") from None
-        skip = unpriced or fit_point_to_strategy(data, axes, position, strategy)
+        skip = fit_point_to_strategy(data, axes, position, strategy)
         if external:
             for axis, index in zip(axes, position):
                 if "cluster.workers" in axis.fields:  # a count: use that many of the cluster

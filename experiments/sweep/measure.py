@@ -27,7 +27,7 @@ import xarray as xr
 from experiments.sweep.results import PointResult
 from experiments.sweep.store_layout import PREDICTED_COMPONENTS
 from experiments.sweep.points import Point
-from pipeline.prediction import predict_memory, prediction_gap, probe_policy
+from pipeline.prediction import predict_memory, probe_policy
 from pipeline.run import run_training
 from pipeline.records.step_breakdown import model_breakdown
 
@@ -191,8 +191,8 @@ def predict_only(point: Point, predictor: Predictor) -> PointResult:
     predicted, low, high = prediction_band(predictor, point, None)
     finished = time.time()
     if np.isnan(predicted):
-        why = prediction_gap(point.config) or "no probe of its cluster: see CNN_PREDICT_PROBE"
-        raise RuntimeError(f"the performance model gave no prediction for this point ({why})")
+        raise RuntimeError("the performance model gave no prediction for this point (no "
+                           "probe of its cluster: see CNN_PREDICT_PROBE)")
     return PointResult({"predicted_step_time": predicted, "predicted_low": low,
                         "predicted_high": high,
                         "predicted_peak_memory": predicted_peak_memory(point, None),

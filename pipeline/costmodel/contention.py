@@ -9,10 +9,11 @@ threads fill every core, it runs in their place: a worker it displaces falls beh
 and since workers wait for each other at every exchange, the step waits with it.
 
 Not all of it lands on the step: part runs while the workers wait for their next
-task or for each other. `CONTENTION_SHARE`, the part that does, is fitted on this
-machine's quiet sweeps (docs/model.md, "The client's share of the cores"); the
-client's CPU itself is measured by the probe (`DaskProbe.client_cpu_per_task_s`,
-`client_cpu_rate`). The measured twin is the critical breakdown's ``wait``.
+task or for each other. The part that does, the *share*, and the client's CPU itself
+are measured by the probe on the machine at hand (pipeline/probe/client_share.py;
+docs/model.md, "The client's share of the cores"); `DEFAULT_CONTENTION_SHARE` stands
+in only where the probe could not measure it. The measured twin is the critical
+breakdown's ``wait``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: The part of the client's CPU per step that delays the step when the workers fill
-#: every core (fitted; docs/model.md).
-CONTENTION_SHARE = 0.3
+#: every core, where the probe did not measure it (a quiet 2-core Intel Xeon's,
+#: docs/benchmarks.md).
+DEFAULT_CONTENTION_SHARE = 0.3
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def cores_filled(worker_threads: list[int], cores: int) -> bool:
 
 
 def contended_step(step_s: float, tasks: int, load: ClientLoad,
-                   share: float = CONTENTION_SHARE) -> float:
+                   share: float = DEFAULT_CONTENTION_SHARE) -> float:
     """The step once `share` of the client's CPU over it delays it.
 
     The client's CPU grows with the step it delays (``rate``), so the step solves

@@ -4,6 +4,11 @@ of tasks/kernel_ops.py and tasks/conv_shard.py, op by op.
 Apart from the replicas' count (replica_memory.py) because a shard's walk (inputs
 gathered from the other holders, partial gradients summed, the master's dense head)
 shares nothing with a whole replica's but the bookkeeping in memory.py.
+
+Two walks: the paper family's (a chain of fast-path layers, `ConvShard`), as measured
+and fitted; and `GraphWalk` for every other network (the zoo: `GraphShard` layers with
+batch norm, residual sums, strides and any poolings, a layer graph, dense dropout),
+which walks fast-path layers as `ConvShard` holds them too.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from .memory import (DEFAULT_CONSTANTS, Footprint, Live, MemoryConstants, alike_once,
-                     finish_peak, layer_sizes)
+                     fast_path, finish_peak, layer_sizes, paper_family)
+from .kernel_memory_graph import GraphWalk
 from .network import ConvLayer, Network
 
 
@@ -42,14 +48,23 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     live = Live()
     conv_params, read = _parameters(live, network, counts, master, s)
     ws = constants.conv_workspace
-    _forward(live, network.conv, batch, counts, holders, master, s, ws)
-    if master:
-        _dense_head(live, network, batch, counts, holders, s)
-    _backward(live, network.conv, batch, counts, holders, master, conv_params, s, ws)
-    live.free("partial0")
+    if paper_family(network):
+        _forward(live, network.conv, batch, counts, holders, master, s, ws)
+        if master:
+            _dense_head(live, network, batch, counts, holders, s)
+        _backward(live, network.conv, batch, counts, holders, master, conv_params, s, ws)
+        live.free("partial0")
+    else:
+        walk = GraphWalk(live, network, batch, counts, holders, master, s, ws)
+        walk.forward()
+        if master:
+            walk.dense_head()
+        walk.backward(conv_params)
     if gpu:
         return finish_peak(live, {"context": constants.gpu_context})
-    runtime = constants.worker_runtime + (constants.autograd_runtime if master else 0.0)
+    # the master's head and a `GraphShard`'s tail run autograd's engine
+    autograd = master or any(k and not fast_path(layer) for layer, k in zip(network.conv, counts))
+    runtime = constants.worker_runtime + (constants.autograd_runtime if autograd else 0.0)
     return finish_peak(live, {"baseline": constants.worker_baseline, "runtime": runtime,
                               "load": constants.load_retained * read}, constants.retention,
                        constants.mmap_threshold)
@@ -62,7 +77,9 @@ def _parameters(live: Live, network: Network, counts: Sequence[float], master: b
     conv layer's parameters and the bytes the device reads from the checkpoint."""
     conv_params = [layer.params(int(k)) if k else 0 for layer, k in zip(network.conv, counts)]
     params = sum(conv_params)
-    read = 2 * s * params
+    buffers = sum(layer.buffers(int(k)) for layer, k in zip(network.conv, counts) if k)
+    read = 2 * s * params + s * buffers
+    live.alloc("buffers", "weights", buffers * s)  # batch norm's running statistics
     dense = network.dense_params() if master else 0
     params += dense
     read += 2 * s * dense

@@ -54,11 +54,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .network import ConvLayer
+from .network import ConvLayer, Network
 
 __all__ = ["MIB", "MB", "PROCESS_BASELINE", "WORKER_BASELINE", "MemoryConstants", "Footprint",
-           "Live", "DevicePeak", "layer_sizes", "retained", "finish_peak", "alike_once",
-           "element_bytes", "fmt_bytes", "DEFAULT_CONSTANTS"]
+           "Live", "Holds", "DevicePeak", "layer_sizes", "tail_sizes", "fast_path",
+           "paper_family", "retained", "finish_peak", "alike_once", "element_bytes",
+           "fmt_bytes", "DEFAULT_CONSTANTS"]
 
 MIB = 2 ** 20
 MB = 10 ** 6
@@ -200,6 +201,76 @@ def layer_sizes(layer: ConvLayer, batch: int, kernels: float, s: int) -> dict[st
             "index": (layer.output_elements(batch, kernels) * INDEX_BYTES
                       if layer.pool > 1 else 0.0),
             "mask": layer.output_elements(batch, kernels) * MASK_BYTES}
+
+
+def fast_path(layer: ConvLayer) -> bool:
+    """Whether the engine runs `layer` on its paper-family fast path (tasks/conv_shard.py's
+    `ConvShard`: a stride-1 conv with a bias, ReLU, at most one max-pool whose window is
+    its stride, fed by the layer before, nothing added), which keeps less than autograd;
+    every other layer runs as a `GraphShard` (tasks/graph_shard.py)."""
+    pools = layer.pooling
+    simple_pool = not pools or (len(pools) == 1 and pools[0].kind == "max"
+                                and pools[0].window == pools[0].stride
+                                and pools[0].padding == 0)
+    return (layer.stride in (1, (1, 1)) and layer.bias and not layer.batch_norm
+            and layer.relu and simple_pool and layer.source is None and layer.residual is None)
+
+
+def paper_family(network: Network) -> bool:
+    """Whether every layer is on the fast path and the dense head has no dropout: the
+    networks the walks counted first, whose figures were measured and stay as they are."""
+    return all(fast_path(layer) for layer in network.conv) and not any(network.dropout)
+
+
+def tail_sizes(layer: ConvLayer, batch: int, kernels: float, s: int) -> dict[str, list[float]]:
+    """The bytes of what follows a conv on `kernels` channels, in order (`tail`: batch
+    norm's output, the residual sum, the ReLU's output, each pooling's output; `saved`:
+    whether the tail's own backward keeps it, as autograd saves it; `index`: each max
+    pool's int64 indices), and batch norm's per-channel mean and inverse deviation
+    (`stats`). The last tensor of `tail` is the layer's output."""
+    conv = layer.conv_elements(batch, kernels) * s
+    tail: list[float] = []
+    saved: list[bool] = []
+    if layer.batch_norm:
+        tail.append(conv)
+        saved.append(False)
+    if layer.residual is not None:
+        tail.append(conv)
+        saved.append(False)
+    if layer.relu:
+        tail.append(conv)
+        saved.append(True)  # the ReLU's backward reads its output
+    index = []
+    for pool, pooled in zip(layer.pooling, layer.pooled_elements(batch, kernels)):
+        if tail:
+            saved[-1] = True  # every pooling's backward reads its input
+        tail.append(pooled * s)
+        saved.append(False)
+        index.append(pooled * INDEX_BYTES if pool.kind == "max" else 0.0)
+    stats = 2 * kernels * s if layer.batch_norm else 0.0
+    return {"tail": tail, "saved": saved, "index": index, "stats": [stats]}
+
+
+class Holds:
+    """Tensors of a `Live` that several later ops hold (a layer's output its readers
+    keep as their input): each is freed when the last holder lets go."""
+
+    def __init__(self, live: Live) -> None:
+        self.live = live
+        self.count: dict[str, int] = {}
+
+    def alloc(self, name: str, kind: str, nbytes: float, holders: int) -> None:
+        """Allocate `name`, freed at once if nothing holds it (written and dropped)."""
+        self.live.alloc(name, kind, nbytes)
+        self.count[name] = holders
+        if holders <= 0:
+            self.release(name)
+
+    def release(self, name: str) -> None:
+        left = self.count.get(name, 0) - 1
+        self.count[name] = left
+        if left <= 0:
+            self.live.free(name)
 
 
 #: Kinds held for the whole run; every other kind comes and goes within a step.

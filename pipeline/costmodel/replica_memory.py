@@ -1,5 +1,6 @@
 """Peak memory of a device holding whole replicas (`data`, `hybrid`'s conv trunk) and
-of the training process running `reference`: autograd's walk of an `nn.Sequential`,
+of the training process running `reference`: autograd's walk of the network
+(`_replica_walk` for the paper family's chain, `_graph_replica_walk` for any other),
 then the flat gradient's reduction of tasks/data_ops.py.
 
 Apart from the kernel count (kernel_memory.py) because a replica's tensors are
@@ -10,9 +11,111 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .memory import (DEFAULT_CONSTANTS, DevicePeak, Footprint, Live, MemoryConstants,
-                     alike_once, finish_peak, layer_sizes)
+from .memory import (DEFAULT_CONSTANTS, MASK_BYTES, DevicePeak, Footprint, Holds, Live,
+                     MemoryConstants, alike_once, finish_peak, layer_sizes, paper_family,
+                     tail_sizes)
 from .network import Network
+
+
+def _walk(live: Live, network: Network, rows: int, s: int, ws: float,
+          sync_batch_norm: bool) -> None:
+    """A whole replica's forward and backward: the paper family's walk as measured
+    (`_replica_walk`), any other network's by `_graph_replica_walk`."""
+    if paper_family(network):
+        _replica_walk(live, network, rows, s, ws)
+    else:
+        _graph_replica_walk(live, network, rows, s, ws, sync_batch_norm)
+
+
+def _graph_replica_walk(live: Live, network: Network, rows: int, s: int, ws: float,
+                        sync_batch_norm: bool) -> None:
+    """Autograd's walk of `SpecNetwork` (tasks/network.py) on any layer graph, `rows`
+    samples: per layer, the conv keeps its input (the source layer's output, one tensor
+    for all its readers), batch norm the conv output and per-channel statistics, the
+    ReLU its output, every pooling its input and a max pool its indices; what no
+    backward reads is freed once the next tensor exists (a residual term's layer output
+    once the last adder ran). Synchronised batch norm (`data`, `hybrid`) also makes a
+    conv-sized deviation in forward and two conv-sized temporaries in backward. The
+    dense head: the dropped inputs and their masks (a float64 draw). Backward: each
+    layer's output gradient (summed over its readers and adders as they come), its
+    tail's, the conv output's, the input gradient and the parameters' gradients."""
+    holds = Holds(live)
+    layers = network.conv
+    readers = [len(network.readers(l)) for l in range(-1, len(layers))]  # [l + 1]
+    last = len(layers) - 1
+    holds.alloc("y-1", "activations", layers[0].input_elements(rows) * s, readers[0])
+    for l, layer in enumerate(layers):
+        conv = layer_sizes(layer, rows, layer.out_channels, s)["z"]
+        live.alloc(f"z{l}", "activations", conv)
+        live.transient(f"ws{l}", "workspace", ws * conv)
+        if layer.batch_norm and sync_batch_norm:
+            live.transient(f"deviation{l}", "workspace", conv)
+        tail = tail_sizes(layer, rows, layer.out_channels, s)
+        sizes, saved, index = tail["tail"], tail["saved"], tail["index"]
+        live.alloc(f"stats{l}", "activations", tail["stats"][0])
+        names = [f"z{l}"] + [f"t{l}.{i}" for i in range(len(sizes) - 1)] + [f"y{l}"]
+        keeps = [layer.batch_norm] + saved
+        first_pool = len(sizes) - len(index)
+        uses = readers[l + 1] + len(network.adders(l)) + (l == last)
+        for i, nbytes in enumerate(sizes):
+            if i < len(sizes) - 1:
+                live.alloc(names[i + 1], "activations", nbytes)
+            else:
+                holds.alloc(f"y{l}", "activations", nbytes, uses + (1 if saved[i] else 0))
+            if i >= first_pool:
+                live.alloc(f"index{l}.{i}", "activations", index[i - first_pool])
+            if not keeps[i]:
+                live.free(names[i])
+        if not sizes:
+            holds.alloc(f"y{l}", "activations", conv, uses)
+            live.free(f"z{l}")
+        if layer.residual is not None:  # the term's last adder has run
+            for adder in network.adders(layer.residual)[-1:]:
+                if adder == l:
+                    holds.release(f"y{layer.residual}")
+    _dense_walk(live, network, rows, s)
+    holds.release(f"y{last}")
+    live.alloc(f"grad-y{last}", "backward", layers[-1].output_elements(rows) * s)
+    for l in reversed(range(len(layers))):
+        layer = layers[l]
+        conv = layer_sizes(layer, rows, layer.out_channels, s)["z"]
+        live.alloc(f"tail-grad{l}", "backward", conv)
+        live.free(f"grad-y{l}", *[f"t{l}.{i}" for i in range(len(layer.pooling) + 3)],
+                  *[f"index{l}.{i}" for i in range(len(layer.pooling) + 3)])
+        if layer.residual is not None and f"grad-y{layer.residual}" not in live.sizes:
+            live.alloc(f"grad-y{layer.residual}", "backward",
+                       layers[layer.residual].output_elements(rows) * s)
+        live.alloc(f"grad-z{l}", "backward", conv)
+        if layer.batch_norm and sync_batch_norm:
+            live.transient(f"bn-temporaries{l}", "backward", 2 * conv)
+        live.free(f"tail-grad{l}", f"z{l}", f"stats{l}")
+        src = network.source(l)
+        if src >= 0:
+            name = f"grad-y{src}"
+            nbytes = layer.input_elements(rows) * s
+            if name in live.sizes:  # accumulated into the gradient already there
+                live.transient(f"grad-x{l}", "backward", nbytes)
+            else:
+                live.alloc(name, "backward", nbytes)
+        live.transient(f"ws-b{l}", "workspace", ws * (layer.input_elements(rows) * s + conv))
+        live.alloc(f"grads{l}", "gradients", layer.params() * s)
+        live.free(f"grad-z{l}")
+        holds.release(f"y{src}")
+        if holds.count.get(f"y{l}", 0) > 0:  # the ReLU's output, read by its backward
+            holds.release(f"y{l}")
+
+
+def _dense_walk(live: Live, network: Network, rows: int, s: int) -> None:
+    """The dense head on `rows` samples under autograd: what it keeps (the layers'
+    inputs and outputs, a dropout's mask and dropped input, its float64 draw for a
+    moment) until its backward, then the dense gradients."""
+    for j, dense in enumerate(network.dense):
+        if network.dense_dropout(j) > 0:
+            live.transient(f"draw{j}", "activations", rows * dense.in_features * (8 + MASK_BYTES))
+            live.alloc(f"dropout{j}", "activations", 2 * rows * dense.in_features * s)
+    live.alloc("dense", "activations", rows * sum(d.out_features for d in network.dense) * s * 2)
+    live.alloc("grads-dense", "gradients", network.dense_params() * s)
+    live.free("dense", *[f"dropout{j}" for j in range(len(network.dense))])
 
 
 def _replica_walk(live: Live, network: Network, rows: int, s: int, ws: float) -> None:
@@ -81,8 +184,14 @@ def _replica_finish(live: Live, network: Network, s: int, constants: MemoryConst
     extra = ({"context": constants.gpu_context} if gpu else
              {"baseline": constants.worker_baseline,
               "runtime": constants.worker_runtime + constants.autograd_runtime,
-              "load": constants.load_retained * 2 * network.params() * s})
+              "load": constants.load_retained * _checkpoint_bytes(network, s)})
     return finish_peak(live, extra, 1.0 if gpu else constants.retention, constants.mmap_threshold)
+
+
+def _checkpoint_bytes(network: Network, s: int) -> float:
+    """What a replica reads from the checkpoint: weights and momentum, and batch norm's
+    running statistics."""
+    return (2 * network.params() + network.conv_buffers()) * s
 
 
 def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s: int = 4,
@@ -94,9 +203,10 @@ def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s
     live = Live()
     params = network.params() * s
     live.alloc("weights", "weights", params)
+    live.alloc("buffers", "weights", network.conv_buffers() * s)
     live.alloc("momentum", "momentum", params)
     if rows:
-        _replica_walk(live, network, rows, s, constants.conv_workspace)
+        _walk(live, network, rows, s, constants.conv_workspace, True)
     else:
         live.alloc("grads", "gradients", params)
     _reduction(live, params, devices)
@@ -117,13 +227,14 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     for kind in ("weights", "gradients", "momentum"):
         live.alloc(f"dense-{kind}", kind, dense)
     live.alloc("weights", "weights", trunk)
+    live.alloc("buffers", "weights", network.conv_buffers() * s)
     live.alloc("momentum", "momentum", trunk)
     features = network.features * s
     live.alloc("features", "exchange", features * batch)
     live.alloc("grad-features", "exchange", features * batch / devices)
     trunk_only = Network(network.conv, (), network.name)
     if rows:
-        _replica_walk(live, trunk_only, rows, s, constants.conv_workspace)
+        _walk(live, trunk_only, rows, s, constants.conv_workspace, True)
     live.free("features", "grad-features")
     _reduction(live, trunk, devices)
     return _replica_finish(live, network, s, constants, gpu)
@@ -135,10 +246,11 @@ def reference_peak(network: Network, batch: int, s: int = 4,
     live = Live()
     params = network.params() * s
     live.alloc("weights", "weights", params)
+    live.alloc("buffers", "weights", network.conv_buffers() * s)
     live.alloc("momentum", "momentum", params)
-    _replica_walk(live, network, batch, s, constants.conv_workspace)
+    _walk(live, network, batch, s, constants.conv_workspace, False)
     return finish_peak(live, {"baseline": constants.baseline, "runtime": constants.client_runtime,
-                              "load": constants.load_retained * 2 * network.params() * s},
+                              "load": constants.load_retained * _checkpoint_bytes(network, s)},
                        constants.retention, constants.mmap_threshold)
 
 

@@ -20,9 +20,8 @@ the model's split is predicted a few percent faster, within run-to-run noise
 (``python -m benchmarks.prediction_error placement``); the gain is large where
 per-shard costs do not scale with speed (``tests/test_prediction.py``).
 
-The model prices the paper family's layers only (`pipeline.probe.unpriced`), whose
-layers no residual sum ties: a config asking the model to place another network is
-refused when it is checked (`pipeline.strategies.base.Strategy.check`).
+The model's split gives every layer of a tied group (a residual sum's layers) one
+row of counts (`pipeline.costmodel.splits`), as the engine needs.
 """
 
 from __future__ import annotations

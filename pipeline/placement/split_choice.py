@@ -34,7 +34,7 @@ from pipeline.placement.model_placement import model_placement
 from pipeline.placement.split import (Placement, PlacementError, SplitChoice, choose_calibrated,
                                       split_even)
 from pipeline.placement.ties import check_tied, tie_counts
-from pipeline.probe.tables import costmodel_network, unpriced
+from pipeline.probe.tables import costmodel_network
 from pipeline.engine.runner import TaskRunner
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.schema import ConfigError
@@ -126,10 +126,6 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
     capacities = worker_capacities(client, config.cluster, workers)
     if all(c == float("inf") for c in capacities):
         return placement
-    gap = unpriced(network)
-    if gap:
-        return Placement(placement.method, placement.counts, placement.calibration,
-                         {**placement.choice, "memory": {"note": f"not checked: {gap}"}})
     names = [w.name for w in workers]
     peaks = split_peaks(strategy, costmodel_network(network), config.train.batch,
                         element_bytes(network.dtype), master,

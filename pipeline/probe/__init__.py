@@ -8,6 +8,8 @@ latencies. A probe measures them where the step will run:
   replica plan), `rounds`: those runs in rounds, timing again what they did not
   settle (`robust`: the statistic and the check), `readings`: what their receipts
   say;
+- `client_share`: how much of the client's CPU lands on the step where the workers
+  fill the cores, against a burner;
 - `hops`: Dask's client round trip and dependency hop (for ``sync: scheduler``);
 - `reference`: plain PyTorch in this process, for ``strategy: reference``;
 - `results`: what a probe holds and how it becomes cost-model objects;
@@ -20,11 +22,11 @@ from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
                                     WorkerProbe, cluster_probe_from_dict, master_device)
-from pipeline.probe.tables import (UNPRICED, Unpriced, costmodel_network, dataset_store,
-                                   dense_flops, network_spec_from_dict, unpriced)
+from pipeline.probe.tables import (costmodel_network, dataset_store, dense_flops,
+                                   network_spec_from_dict)
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 
-__all__ = ["PROBE_VERSION", "UNPRICED", "Unpriced", "unpriced", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTiming",
+__all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTiming",
            "StoreProbe", "TrunkTiming", "WorkerProbe", "cache_dir", "cached_master_probe",
            "cached_probe", "cluster_probe_from_dict", "costmodel_network", "dataset_store", "dense_flops",
            "find_cached_probe", "master_device", "network_spec_from_dict", "probe_cluster",

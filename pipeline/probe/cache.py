@@ -27,18 +27,20 @@ import torch
 
 from pipeline.cluster.workers import ClusterWorker, all_local, scheduler_in_process
 from pipeline.config.run_config import RunConfig
+from pipeline.costmodel.contention import cores_filled
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
                                     WorkerProbe, cluster_probe_from_dict)
-from pipeline.probe.tables import require_priced
 from pipeline.probe.timings import ShardTiming
 from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_read_s, dense_s,
                                      relative_spreads, shard_timings, store_fit, sync_s,
                                      task_gap_s, trunk_timings)
 from pipeline.probe.rounds import calibrate
-from pipeline.probe.runs import Plan, plans_for, replica_plan
+from pipeline.probe.client_share import SHARE_BELOW_S, median_share
+from pipeline.probe.runs import (Plan, ProbePlan, ReplicaPlan, plan_seconds, plans_for,
+                                 replica_plan)
 from pipeline.cluster.startup import usable_cores
 from storage.datasets import create_synthetic_dataset
 from storage.private import default_workspace_root
@@ -126,16 +128,16 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
     part: the store's figures are measured across them), ``output_root`` where the
     calibration runs' checkpoints go (a directory the workers reach: over a link, one
-    that is mounted on their side). Refuses a network the model cannot price
-    (`Unpriced`): callers skip the probe for it."""
-    require_priced(network)
+    that is mounted on their side)."""
     started = time.perf_counter()
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
     replicas = replica_plan(network, batch, len(offered))
     plans += [replicas] if replicas else []
+    shared = share_plans(plans, offered, network, batch) if scheduler_in_process(client) \
+        else []
     with _dataset_for(network, batch, dataset) as path:
-        runs, again = calibrate(client, offered, network, batch, path, plans, workspace_dir,
-                                output_root)
+        runs, again, shares = calibrate(client, offered, network, batch, path, plans,
+                                        workspace_dir, output_root, shared)
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
     timings, trunks, spreads = shard_timings(runs), trunk_timings(runs), relative_spreads(runs)
@@ -148,7 +150,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
                        write_bw, dataset_read_s(runs), access_spreads(runs, fits))
     per_task, rate = client_cpu_fit(runs)
     dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip, per_task, rate,
-                     scheduler_in_process(client), usable_cores())
+                     scheduler_in_process(client), usable_cores(), median_share(shares),
+                     shares)
     dense = dense_s(runs)
     master = MasterProbe(1, batch, dense.value, created=time.time(), dense_low_s=dense.low,
                          dense_high_s=dense.high)
@@ -159,6 +162,21 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     return ClusterProbe(key, time.time(), machine_identity(), plain, batch, list(quanta),
                         workers, store, dask, master, done - started,
                         {"runs": ran - started, "hops": done - ran, "timed_again": again})
+
+
+def share_plans(plans: Sequence[Plan], offered: Sequence[ClusterWorker], network: NetworkSpec,
+                batch: int) -> list[Plan]:
+    """The plans the client's share of the cores is measured on: the even kernel plan
+    and the replica plan over every worker, of less than `SHARE_BELOW_S` a step (the
+    client's milliseconds are lost in a longer one), where the workers' threads fill
+    the cores this process may run on (elsewhere the client has a core of its own and
+    the share is never used); none for one worker."""
+    threads = [w.threads for w in offered]
+    if len(offered) < 2 or not cores_filled(threads, usable_cores()):
+        return []
+    even = [p for p in plans if isinstance(p, ProbePlan) and p.workers == len(offered)][:1]
+    return [p for p in even + [p for p in plans if isinstance(p, ReplicaPlan)]
+            if plan_seconds(network, batch, p) < SHARE_BELOW_S]
 
 
 def _load(path: str) -> dict[str, Any] | None:
@@ -183,7 +201,6 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
                  cache: bool = True, links: str = "",
                  output_root: str | None = None) -> ClusterProbe:
     """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe."""
-    require_priced(network)
     where = workspace_location(all_local(list(offered)), workspace_dir)
     key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
     path = os.path.join(cache_dir(), f"cluster-{key}.json")
@@ -213,7 +230,6 @@ def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
 
     ``measure=False``: only the cache (``None`` if it has no such probe).
     """
-    require_priced(network)
     key = probe_key(network, batch, [], [("master", threads)], "none", dataset)
     path = os.path.join(cache_dir(), f"master-{key}.json")
     if cache and not refresh:

@@ -9,7 +9,7 @@ SGD), and a batch read.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from pipeline.probe.robust import estimate
 from pipeline.placement.split import rough_seconds
 from storage.datasets.store import open_dataset_info
 from storage.datasets.reader import read_batch
-from tasks.network import build_network
+from tasks.network import SpecNetwork, build_network, set_dropout
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process
 
@@ -79,25 +79,19 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
                  threads: int = 1) -> list[tuple[list[float], list[float], float]]:
     """Per step timed: per-layer forward and backward seconds inside it, and the rest.
 
-    Timed per conv layer within real steps of the plain ``nn.Sequential``
-    (as ``strategy: reference`` trains it), so that each layer meets the
-    memory state a real step leaves it (timing layers alone in a loop reads
-    10-15 % fast).  Hooks stamp the clock where each conv block's forward
-    starts and ends and where the gradient reaches each block's output and
-    input.  The rest (dense head, loss, both passes, and the SGD step over all
-    parameters) is the third value.  One row per step after a warm-up.
+    Timed per conv layer within real steps of the network as ``strategy: reference``
+    trains it (the paper family as a plain ``nn.Sequential``, any other network as
+    `build_network`'s), so that each layer meets the memory state a real step leaves
+    it (timing layers alone in a loop reads 10-15 % fast). Hooks stamp the clock
+    where each layer's forward starts and ends and where its backward starts and ends
+    (`_chain_hooks`, `_graph_hooks`). The rest (dense head, loss, both passes, and the
+    SGD step over all parameters) is the third value. One row per step after a
+    warm-up.
     """
-    if not network.plain:
-        raise ValueError("the probe times the paper family's layers only")
     torch.manual_seed(0)
-    model = _sequential(network)
+    model = _sequential(network) if network.plain else build_network(network)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
-    blocks, index = [], 0
-    for layer in network.conv:
-        size = 3 if layer.pool > 1 else 2
-        blocks.append((model[index], model[index + size - 1]))
-        index += size
     if dataset:
         samples = open_dataset_info(dataset).train_samples
         images, labels = read_batch(dataset, "train", np.arange(batch) % samples)
@@ -108,52 +102,104 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
                         dtype=getattr(torch, network.dtype))
         y = torch.randint(0, network.classes, (batch,))
     stamps: dict[str, float] = {}
-    outputs: list[torch.Tensor] = []
-
-    def stamp(name: str) -> Any:
-        def hook(*_: Any) -> None:
-            stamps[name] = time.perf_counter()
-        return hook
-
-    handles = []
-    for i, (first_module, last_module) in enumerate(blocks):
-        handles.append(first_module.register_forward_pre_hook(stamp(f"f{i}")))
-
-        def keep(module: Any, inputs: Any, output: torch.Tensor, i: int = i) -> None:
-            stamps[f"F{i}"] = time.perf_counter()
-            outputs.append(output)
-            if output.requires_grad:
-                output.register_hook(stamp(f"g{i}"))  # the gradient reached block i's output
-        handles.append(last_module.register_forward_hook(keep))
+    hooks = _chain_hooks if network.plain else _graph_hooks
+    handles, layer_times = hooks(network, model, stamps)
     seconds = rough_seconds(network.conv[-1], batch, network.conv[-1].kernels) / threads
     repeats, warmup = repeats_for(seconds)
     rows = []
     try:
         for attempt in range(repeats + (1 if warmup else 0)):
-            outputs.clear()
             stamps.clear()
+            set_dropout(model, 0, attempt)  # each step its masks, as in training
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
-            t1 = time.perf_counter()
             loss.backward()
             t2 = time.perf_counter()
             optimizer.step()
             t3 = time.perf_counter()
             if warmup and not attempt:
                 continue
-            L = len(blocks)
-            fwd = [stamps[f"F{i}"] - stamps[f"f{i}"] for i in range(L)]
-            # block i's backward: from the gradient at its output to the gradient at its
-            # input (the output of block i - 1), the first block until backward returns
-            ends = [stamps[f"g{i - 1}"] if i else t2 for i in range(L)]
-            bwd = [ends[i] - stamps[f"g{i}"] for i in range(L)]
-            rest = (t3 - t0) - sum(fwd) - sum(bwd)
-            rows.append((fwd, bwd, rest, t1))
+            fwd, bwd = layer_times(t2)
+            rows.append((fwd, bwd, (t3 - t0) - sum(fwd) - sum(bwd)))
     finally:
         for handle in handles:
             handle.remove()
-    return [(fwd, bwd, rest) for fwd, bwd, rest, _ in rows]
+    return rows
+
+
+#: Per conv layer, its forward and backward seconds in the step just run, given the
+#: moment backward returned.
+LayerTimes = Callable[[float], tuple[list[float], list[float]]]
+
+
+def _stamp(stamps: dict[str, float], name: str) -> Callable[..., None]:
+    def hook(*_: Any) -> None:
+        stamps[name] = time.perf_counter()
+    return hook
+
+
+def _chain_hooks(network: NetworkSpec, model: torch.nn.Sequential, stamps: dict[str, float]
+                 ) -> tuple[list[Any], LayerTimes]:
+    """The paper family's blocks (conv, ReLU, max-pool) as module ranges: a block's
+    forward from its first module's start to its last's end; its backward from the
+    gradient at its output to the gradient at its input (the output of the block
+    before; the first block's until backward returns)."""
+    blocks, index = [], 0
+    for layer in network.conv:
+        size = 3 if layer.pool > 1 else 2
+        blocks.append((model[index], model[index + size - 1]))
+        index += size
+    handles, outputs = [], []  # the step's block outputs, held until the next step's
+    for i, (first_module, last_module) in enumerate(blocks):
+        handles.append(first_module.register_forward_pre_hook(_stamp(stamps, f"f{i}")))
+
+        def keep(module: Any, inputs: Any, output: torch.Tensor, i: int = i) -> None:
+            stamps[f"F{i}"] = time.perf_counter()
+            if not i:
+                outputs.clear()
+            outputs.append(output)
+            if output.requires_grad:
+                output.register_hook(_stamp(stamps, f"g{i}"))  # grad at block i's output
+        handles.append(last_module.register_forward_hook(keep))
+
+    def layer_times(backward_end: float) -> tuple[list[float], list[float]]:
+        count = len(blocks)
+        fwd = [stamps[f"F{i}"] - stamps[f"f{i}"] for i in range(count)]
+        ends = [stamps[f"g{i - 1}"] if i else backward_end for i in range(count)]
+        return fwd, [ends[i] - stamps[f"g{i}"] for i in range(count)]
+
+    return handles, layer_times
+
+
+def _graph_hooks(network: NetworkSpec, model: SpecNetwork, stamps: dict[str, float]
+                 ) -> tuple[list[Any], LayerTimes]:
+    """Any network's layers (`SpecNetwork.layer_output`: conv, batch norm, residual sum,
+    ReLU, poolings): a layer's forward is its `layer_output` call; its backward runs
+    from the gradient at its output to its conv's weight gradient, which autograd makes
+    in the same node as the input gradient and hands to the weight's hook at once.
+    Autograd runs a layer's nodes one after another (a later layer's are never ready
+    in between), so the stamps bound that layer's backward alone."""
+    handles = [conv.weight.register_hook(_stamp(stamps, f"w{l}"))
+               for l, conv in enumerate(model.convs)]
+    layer_output = model.layer_output
+
+    def timed(layer: int, x: torch.Tensor, outputs: list[torch.Tensor | None]) -> torch.Tensor:
+        stamps[f"f{layer}"] = time.perf_counter()
+        z = layer_output(layer, x, outputs)
+        stamps[f"F{layer}"] = time.perf_counter()
+        if z.requires_grad:
+            z.register_hook(_stamp(stamps, f"g{layer}"))
+        return z
+
+    model.layer_output = timed  # type: ignore[method-assign]  # this model's only
+
+    def layer_times(backward_end: float) -> tuple[list[float], list[float]]:
+        count = len(network.conv)
+        return ([stamps[f"F{l}"] - stamps[f"f{l}"] for l in range(count)],
+                [stamps[f"w{l}"] - stamps[f"g{l}"] for l in range(count)])
+
+    return handles, layer_times
 
 
 def _sequential(network: NetworkSpec) -> torch.nn.Sequential:

@@ -12,19 +12,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, Network, Options, StoreSpec, TrunkTime
+from pipeline.costmodel.compute import conv_time
 from pipeline.placement.split import split_even
 from pipeline.probe.tables import (costmodel_network, dataset_store, dense_flops, device_spec,
                                    network_spec_from_dict)
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 11  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 12  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
 #                    earlier probe's compute figures are stale; 11: the workspace
 #                    accesses' spread (`StoreProbe.spread`), and the measured steps
-#                    in one task per worker (runs.py: `PlanEngines.run`)
+#                    in one task per worker (runs.py: `PlanEngines.run`); 12: the
+#                    client's share of the cores (`DaskProbe.contention_share`), and
+#                    zoo networks' records whole (tables.network_spec_from_dict)
 
 
 @dataclass
@@ -74,7 +77,10 @@ class DaskProbe:
     step as ``per_task * tasks + rate * seconds`` (readings.client_cpu_fit);
     ``scheduler_here``: whether the scheduler ran in that process (an embedded
     cluster), so that its work is in those figures; ``host_cores``: the cores that
-    process could run on.
+    process could run on. ``contention_share``: how much of that CPU delays the step
+    where the workers fill the cores, measured (pipeline/probe/client_share.py;
+    ``contention_shares`` each pair's figure); None where it was not (one worker, a
+    core left over, an external scheduler).
     """
 
     task_s: float
@@ -85,6 +91,8 @@ class DaskProbe:
     client_cpu_rate: float = 0.0
     scheduler_here: bool = False
     host_cores: int = 0
+    contention_share: float | None = None
+    contention_shares: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -203,17 +211,18 @@ class ClusterProbe:
                        overhead=self.overhead(), **extra)
 
     def calibration(self, active: int | None = None) -> dict[str, list[float]]:
-        """Seconds per kernel per layer and worker at the even share, like calibration."""
+        """Seconds per kernel per layer and worker at the even share, like calibration
+        (a worker the even share leaves without a layer: at one quantum of it)."""
         active = len(self.workers) if active is None else active
         spec = self.network_spec()
         net = self.costmodel_network()
         out: dict[str, list[float]] = {}
         for index, (worker, device) in enumerate(zip(self.workers, self.device_specs(active))):
             row = []
-            for layer, conv, quantum in zip(spec.conv, net.conv, self.quanta):
-                k = split_even(layer.kernels, active, quantum)[index]
-                f, b = device.layer_tables[conv.name].times(k, self.batch)
-                row.append((f + b) / k)
+            for l, (layer, conv, quantum) in enumerate(zip(spec.conv, net.conv, self.quanta)):
+                k = split_even(layer.kernels, active, quantum)[index] or quantum
+                seconds = conv_time(device, conv, self.batch, k, input_grad=net.source(l) >= 0)
+                row.append(seconds.total / k)
             out[worker.name] = row
         return out
 

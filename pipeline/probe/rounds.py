@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from pipeline.cluster.workers import ClusterWorker
+from pipeline.probe.client_share import measure_share
 from pipeline.probe.readings import Cell, shard_timings, trunk_timings
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from pipeline.probe.runs import (RETIMES, Plan, PlanEngines, PlanRun, ReplicaPlan, plan_rounds,
@@ -47,10 +48,13 @@ def plans_holding(plans: Sequence[Plan], cells: set[Cell], names: Sequence[str]
 
 def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
               dataset: str, plans: Sequence[Plan], workspace_dir: str | None = None,
-              output_root: str | None = None) -> tuple[list[PlanRun], int]:
+              output_root: str | None = None, share_plans: Sequence[Plan] = ()
+              ) -> tuple[list[PlanRun], int, list[float | None]]:
     """Every plan in rounds (`plan_rounds`, one round after the other), then up to
-    `RETIMES` more rounds of the plans holding an unsettled or inconsistent size.
-    Returns the runs and how many plan rounds were timing again."""
+    `RETIMES` more rounds of the plans holding an unsettled or inconsistent size, then
+    the client's share of the cores measured on `share_plans` (pipeline/probe/
+    client_share.py; their rounds are not the runs'). Returns the runs, how many plan
+    rounds were timing again, and each measured pair's share."""
     names = [w.name for w in offered]
     rounds = [plan_rounds(plan_seconds(network, batch, plan)) for plan in plans]
     runs: list[PlanRun] = []
@@ -66,4 +70,5 @@ def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpe
                 break
             runs += [engines.run(plan, max(rounds) + extra) for plan in again]
             again_runs += len(again)
-    return runs, again_runs
+        shares = measure_share(engines, share_plans, max(rounds, default=0) + RETIMES)
+    return runs, again_runs, shares

@@ -154,12 +154,19 @@ def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
 
 def plans_for(network: NetworkSpec, batch: int, quanta: Sequence[int], n: int,
               budget_s: float = 1.0) -> list[ProbePlan]:
-    """Even splits over 1..n workers, then tilted splits if a step is cheap."""
+    """Even splits over 1..n workers, then tilted splits if a step is cheap.
+
+    Where a layer has fewer channel quanta than workers (a narrow network: resnet20 at
+    width 1/4 has 4-kernel layers), the even split leaves some workers without it; its
+    rotations give each worker every layer in turn, so that every worker's table has
+    every layer."""
     plans = []
     for p in range(1, n + 1):
-        if all(math.ceil(layer.kernels / q) >= p for layer, q in zip(network.conv, quanta)):
-            plans.append(ProbePlan([split_even(layer.kernels, p, q)
-                               for layer, q in zip(network.conv, quanta)]))
+        even = [split_even(layer.kernels, p, q) for layer, q in zip(network.conv, quanta)]
+        plans.append(ProbePlan(even))
+        if any(0 in row for row in even):
+            plans += [ProbePlan([row[-turn:] + row[:-turn] for row in even])
+                      for turn in range(1, p)]
     if n >= 2:  # one worker holds most of each layer: where uneven splits land
         for fraction in (0.75, 1.0):
             tilted = _tilted(network, quanta, n, fraction)
@@ -219,7 +226,10 @@ class PlanEngines:
     Each plan orders the batches by a seed of its own. A worker keeps the dataset's
     files open from plan to plan, so with one order for all, every plan after the
     first read rows its page cache held: behind links the probe's batch reads took 5-10
-    ms where a run's first pass over them took 16-20 ms (docs/benchmarks.md)."""
+    ms where a run's first pass over them took 16-20 ms (docs/benchmarks.md). The
+    plans share one initial checkpoint (every plan's chunks are whole multiples of
+    `quantum`, and no calibration run writes one): writing it took 3-5 s a plan for
+    resnet20's 21 layers and their batch norms."""
 
     def __init__(self, client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec,
                  batch: int, dataset: str, plans: Sequence[Plan],
@@ -256,7 +266,8 @@ class PlanEngines:
             # read (`PlanEngines` doc)
             config = probe_config(self.network, self.batch, self.dataset, self.base, PROBE_STEPS,
                                   self.workspace_dir, self.quantum, seed=len(self.engines) + 1)
-            prepare_checkpoints(config, self.network)
+            if not self.engines:  # one initial checkpoint for every plan (`PlanEngines` doc)
+                prepare_checkpoints(config, self.network)
             workers = self.offered[:plan.workers]
             names = [w.name for w in workers]
             arithmetic = Arithmetic(config.optimizer_spec())

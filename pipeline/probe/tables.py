@@ -19,41 +19,26 @@ from pipeline.costmodel import (ConvLayer, DenseLayer, DeviceSpec, LayerTable, N
                                 StoreSpec)
 from pipeline.probe.robust import inconsistent
 from pipeline.probe.timings import ShardTiming
-from tasks.specs import ConvLayerSpec, NetworkSpec
+from tasks.specs import ConvLayerSpec, NetworkSpec, PoolSpec
 
 
 def network_spec_from_dict(data: dict[str, Any]) -> NetworkSpec:
-    """Rebuild a :class:`NetworkSpec` from ``asdict`` output (JSON lists included)."""
-    conv = tuple(ConvLayerSpec(**layer) for layer in data["conv"])
-    return NetworkSpec(conv, tuple(data.get("hidden", ())), int(data["classes"]),
-                       str(data["dtype"]))
+    """Rebuild a :class:`NetworkSpec` from ``asdict`` output (JSON lists included):
+    every field, so that a zoo network (poolings, sources, residual sums, names,
+    dropout) comes back equal to the spec it was made from."""
+    conv = tuple(ConvLayerSpec(**{**layer, "pools": _pools(layer.get("pools"))})
+                 for layer in data["conv"])
+    tuples = {name: tuple(data[name]) for name in ("hidden", "dense_names", "dropout")
+              if name in data}
+    rest = {name: data[name] for name in ("init", "preset") if name in data}
+    return NetworkSpec(conv, classes=int(data["classes"]), dtype=str(data["dtype"]),
+                       **tuples, **rest)
 
 
-#: Why the performance and memory models have no figure for a network (one line's core).
-UNPRICED = "the model prices the paper family's layers only"
-
-
-class Unpriced(ValueError):
-    """The network has layers the performance and memory models do not price."""
-
-
-def unpriced(spec: NetworkSpec) -> str:
-    """Why the models cannot price `spec` ("" where they can): they know the paper
-    family's layers only (`NetworkSpec.plain`: stride-1 conv with a bias, ReLU, a
-    max-pool whose window is its stride, no batch norm, residual sum or dropout)."""
-    if spec.plain:
-        return ""
-    what = f"network {spec.preset}" if spec.preset else "this network"
-    return f"{UNPRICED} ({what} has batch norm, strides, residual sums, other poolings " \
-           "or dropout)"
-
-
-def require_priced(spec: NetworkSpec) -> None:
-    """Raise `Unpriced` (one line) for a network the models cannot price: the probe
-    measures, and the models price, the paper family's layers only."""
-    problem = unpriced(spec)
-    if problem:
-        raise Unpriced(problem)
+def _pools(pools: Sequence[dict[str, Any]] | None) -> tuple[PoolSpec, ...] | None:
+    """A layer's poolings from JSON (a list of dicts), None where the layer has the
+    paper family's ``pool``."""
+    return None if pools is None else tuple(PoolSpec(**pool) for pool in pools)
 
 
 def costmodel_network(spec: NetworkSpec) -> Network:

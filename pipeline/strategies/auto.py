@@ -27,7 +27,7 @@ from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
 from pipeline.costmodel import Prediction
 from pipeline.probe import ClusterProbe
-from pipeline.strategies.base import Strategy, refuse_unpriced
+from pipeline.strategies.base import Strategy
 
 #: The model's step of a run config on a probe (`pipeline.prediction.predict_config`).
 Predict = Callable[[RunConfig, ClusterProbe], Prediction]
@@ -74,8 +74,6 @@ class AutoStrategy(Strategy):
         return out
 
     def check(self, config: RunConfig) -> None:
-        refuse_unpriced(config, "strategy: 'auto'", "name the strategy (kernel, data, "
-                        "hybrid, single)")
         candidates = self.candidates(config)
         if not any(isinstance(c, RunConfig) for c in candidates.values()):
             reasons = "; ".join(f"{name}: {why}" for name, why in candidates.items())

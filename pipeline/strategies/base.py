@@ -38,7 +38,7 @@ from pipeline.engine.step_engine import RunPlan
 from pipeline.costmodel import DeviceSpec, LinkSpec, Network, Options, Prediction, StoreSpec
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, Footprint, MemoryConstants
 from pipeline.placement.split import Placement, split_even
-from pipeline.probe import ClusterProbe, MasterProbe, unpriced
+from pipeline.probe import ClusterProbe, MasterProbe
 from pipeline.config.schema import ConfigError
 from storage.datasets import DatasetError, open_dataset_info
 from tasks.layout import Layout
@@ -58,21 +58,6 @@ def network_for(config: RunConfig) -> NetworkSpec:
         side = config.data.image_side()
         shape = (3, side, side)
     return config.network_spec(shape)
-
-
-class NeedsModel(ConfigError):
-    """The config asks the performance model (`strategy: auto`, `placement: model`)
-    about a network it does not price. A sweep point that combines the two is not
-    applicable rather than a mistake in the sweep (experiments/sweep/config.py)."""
-
-
-def refuse_unpriced(config: RunConfig, what: str, instead: str) -> None:
-    """Refuse (`NeedsModel`), in one line naming `what` (e.g. ``placement: 'model'``)
-    and what to use `instead`, a config whose network the performance model cannot
-    price (`pipeline.probe.unpriced`)."""
-    problem = unpriced(network_for(config))
-    if problem:
-        raise NeedsModel(f"{what} needs the performance model: {problem}; {instead}")
 
 
 class Strategy:
@@ -107,8 +92,6 @@ class Strategy:
             raise ConfigError(f"placement: {config.placement!r} is not for strategy "
                               f"{self.name!r}, which takes "
                               f"{', '.join(repr(p) for p in self.placements)}")
-        if config.placement == "model":
-            refuse_unpriced(config, "placement: 'model'", "use placement: calibrated")
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
              offered: list[ClusterWorker], run_id: str) -> RunPlan:
