@@ -18,9 +18,12 @@ import pytest
 
 from experiments.report import cli as report
 from experiments.scaling.anchors import ANCHOR_BAND, a100_resnet50, krizhevsky_anchors
-from experiments.scaling.config import build_point, load_scaling_sweep, network_of
+from experiments.scaling import hardware as hw
+from experiments.scaling import memory_fit
+from experiments.scaling.config import build_point, load_scaling_sweep, network_of, options_of
 from experiments.scaling.regions import count_ranges, first_overtaking
-from experiments.scaling.run import evaluate_grid, evaluate_point, run_scaling_sweep
+from experiments.scaling.run import (assess_point, evaluate_grid, evaluate_point,
+                                     run_scaling_sweep)
 from experiments.sweep.store_layout import DONE, FAILED
 from pipeline.config.schema import ConfigError
 from pipeline.costmodel import alexnet, marques_cifar
@@ -187,3 +190,31 @@ def test_local_batch_norm_drops_the_statistics_exchanges():
 
     assert step("resnet50", "local") < step("resnet50", "sync")
     assert step("alexnet", "local") == step("alexnet", "sync")
+
+
+def test_points_differing_in_link_share_one_memory_walk_with_the_same_peaks():
+    """The footprint is kept for the next points (memory_fit.py); what it gives is the
+    strategy's own count for each point."""
+    memory_fit._footprint.cache_clear()
+    peaks = []
+    for gbps in (1, 100, 400):
+        point = build_point({"strategy": "kernel", "network": {"preset": "resnet20"},
+                             "train": {"batch": 64},
+                             "hardware": {"devices": 8, "device": "a100", "link": {"gbps": gbps}}})
+        figures, _ = assess_point(point)
+        strategy = STRATEGIES["kernel"]
+        prediction = strategy.model(network_of(point.network), 64, *_model_inputs(point))
+        direct = strategy.peak_memory(network_of(point.network), 64,
+                                      strategy.split_of_prediction(prediction),
+                                      gpu=[True] * 8)
+        assert figures["peak_memory"] == direct.largest
+        peaks.append(figures["peak_memory"])
+    assert len(set(peaks)) == 1
+    assert memory_fit._footprint.cache_info().misses == 1
+
+
+def _model_inputs(point):
+    """`Strategy.model`'s devices, link, store and options for `point`."""
+    devices, _ = hw.device_list(point.hardware)
+    return (devices, hw.link_spec(point.hardware.link), hw.store_spec(point.hardware.store),
+            options_of(point))

@@ -10,12 +10,15 @@ the peak so the store says how much memory it would need.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from experiments.scaling import hardware as hw
 from experiments.scaling.config import ScalingPoint, network_of, point_strategy
-from pipeline.costmodel import Prediction
+from pipeline.costmodel import Network, Prediction
+from pipeline.costmodel.memory import Footprint
 
 __all__ = ["MemoryVerdict", "memory_verdict"]
 
@@ -31,6 +34,18 @@ class MemoryVerdict:
     shortfall: str = ""
 
 
+@functools.lru_cache(maxsize=16)
+def _footprint(peak_memory: Callable[..., Footprint], network: Network, batch: int,
+               split: tuple[tuple[int, ...], ...] | None, master: int,
+               gpu: tuple[bool, ...]) -> Footprint:
+    """A strategy's `peak_memory`, kept for the next points: a sweep's points that
+    differ only in link bandwidth or in the rate of equal devices (its innermost axes,
+    here) share the split and so the footprint, which at thousands of devices costs
+    more than the step."""
+    return peak_memory(network, batch, None if split is None else [list(row) for row in split],
+                       master=master, gpu=list(gpu))
+
+
 def memory_verdict(point: ScalingPoint, prediction: Prediction, kinds: list[str]
                    ) -> MemoryVerdict:
     """Each used device's predicted peak under the split the model used, against its
@@ -42,10 +57,11 @@ def memory_verdict(point: ScalingPoint, prediction: Prediction, kinds: list[str]
     network = network_of(point.network)
     presets = {kind: hw.resolve_kind(point.hardware, kind) for kind in set(kinds)}
     kinds = kinds[:strategy.devices_used(len(kinds))]
-    footprint = strategy.peak_memory(network, point.train.batch,
-                                     strategy.split_of_prediction(prediction),
-                                     master=int(prediction.details.get("master", 0)),
-                                     gpu=[presets[k].accelerator for k in kinds])
+    split = strategy.split_of_prediction(prediction)
+    footprint = _footprint(strategy.peak_memory, network, point.train.batch,
+                           None if split is None else tuple(map(tuple, split)),
+                           int(prediction.details.get("master", 0)),
+                           tuple(presets[k].accelerator for k in kinds))
     peaks = [float(peak) for peak in footprint.per_device]
     if not peaks or any(math.isnan(peak) for peak in peaks):
         return MemoryVerdict(math.nan, math.nan)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -378,12 +379,18 @@ def distinct(devices: Sequence[DeviceSpec]) -> tuple[list[DeviceSpec], list[int]
     """
     kinds: list[DeviceSpec] = []
     kind_of: list[int] = []
-    for dev in devices:
-        index = next((i for i, k in enumerate(kinds) if k is dev or k == dev), None)
+    seen: dict[int, int] = {}  # id of a device object met before -> its index
+    for _, same in groupby(devices, key=id):  # a run of one object: one look-up
+        run = list(same)
+        dev = run[0]
+        index = seen.get(id(dev))
+        if index is None:
+            index = next((i for i, k in enumerate(kinds) if k is dev or k == dev), None)
         if index is None:
             kinds.append(dev)
             index = len(kinds) - 1
-        kind_of.append(index)
+        seen[id(dev)] = index
+        kind_of += [index] * len(run)
     return kinds, kind_of
 
 

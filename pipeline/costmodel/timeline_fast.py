@@ -34,7 +34,7 @@ import numpy as np
 from .devices import DaskOverhead, LinkSpec, StoreSpec
 from .timeline import io_rates
 
-__all__ = ["FastTimeline", "InTurn", "KINDS", "Sources", "TIE"]
+__all__ = ["FastTimeline", "InTurn", "KINDS", "Lanes", "Sources", "TIE"]
 
 #: Segment kinds, by their code in `FastTimeline`'s columns.
 KINDS = ("compute", "master", "io", "overhead", "wait")
@@ -62,6 +62,14 @@ def _first_suffix_max(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.nd
     record = values >= after - tol
     first = np.minimum.accumulate(np.where(record, index, len(values))[::-1])[::-1]
     return running, first
+
+
+def _equal_groups(values: np.ndarray) -> list[tuple[float, np.ndarray | slice]]:
+    """Each distinct value, ascending, with the indices holding it (all of them as a
+    slice where every value is the same, as is usual)."""
+    if values[0] == values.min() == values.max():
+        return [(values[0], slice(None))]
+    return [(value, np.flatnonzero(values == value)) for value in np.unique(values)]
 
 
 def _tolerance(*arrays: np.ndarray) -> float:
@@ -120,8 +128,8 @@ class FastTimeline:
     sync: str = "markers"
     clock: np.ndarray = field(default_factory=lambda: np.zeros(0))
     moved: float = 0.0
-    _columns: list[tuple[np.ndarray, ...]] = field(default_factory=list)
-    _in_order: tuple[np.ndarray, ...] | None = None  # `_sorted`'s, until a segment is added
+    _columns: list[tuple] = field(default_factory=list)  # `_add`'s, in the order added
+    _in_order: _Segments | None = None  # `_segments`'s, until a segment is added
 
     def __post_init__(self) -> None:
         self.clock = np.zeros(self.devices)
@@ -130,20 +138,23 @@ class FastTimeline:
 
     def _add(self, devs: np.ndarray, start: np.ndarray, end: np.ndarray, kind: int,
              writer: np.ndarray | None = None, ready: np.ndarray | None = None) -> None:
+        """Segments of `devs` from `start` to `end` (those taking no time left out);
+        a wait's `writer` and `ready` (None: -1 and NaN, filled in by `_Segments.of`)."""
         keep = end > start
-        if not keep.any():
+        n = int(np.count_nonzero(keep))
+        if n == 0:
             return
-        n = int(keep.sum())
         self._in_order = None
-        self._columns.append((
-            devs[keep], start[keep], end[keep], np.full(n, kind),
-            (np.full(n, -1) if writer is None else writer[keep]),
-            (np.full(n, np.nan) if ready is None else ready[keep])))
+        if n < len(keep):
+            devs, start, end = devs[keep], start[keep], end[keep]
+            writer = None if writer is None else writer[keep]
+            ready = None if ready is None else ready[keep]
+        self._columns.append((devs, start, end, kind, writer, ready))
 
     def run(self, devs: np.ndarray, kind: str, seconds: np.ndarray | float) -> None:
         """Each of `devs` spends `seconds` (its own, or the same) on `kind`."""
         start = self.clock[devs]
-        end = start + np.broadcast_to(np.asarray(seconds, dtype=float), start.shape)
+        end = start + seconds
         self._add(devs, start, end, _CODE[kind])
         self.clock[devs] = end
 
@@ -212,8 +223,7 @@ class FastTimeline:
         left_of = np.arange(n, 0, -1)  # sources from each index on
         end = np.empty(len(readers))
         binding = np.full(len(readers), -1)
-        for value in np.unique(p):  # readers reading equal bytes share the maxima
-            group = np.flatnonzero(p == value)
+        for value, group in _equal_groups(p):  # readers reading equal bytes share the maxima
             after = src.base + suffix_q + value * left_of
             before = after - src.lower
             tol = _tolerance(after, start[group] - shift[group])
@@ -357,42 +367,104 @@ class FastTimeline:
     def critical_path(self, start: float, end: float) -> dict[str, float]:
         """Seconds per kind on the critical path between `start` and `end`, walked as
         `Timeline.critical_path` walks it."""
-        devs, begin, stop, kind, writer, ready = self._sorted()
-        offsets = np.searchsorted(devs, np.arange(self.devices + 1))
+        seg = self._segments()
+        begin = seg.begin_in_order
         totals = {"compute": 0.0, "master": 0.0, "io": 0.0, "overhead": 0.0}
         top = self.clock.max()
         d = int(np.flatnonzero(self.clock >= top - TIE * abs(top))[0])
         t = end
         while t > start + 1e-15:
-            lo, hi = offsets[d], offsets[d + 1]
+            lo, hi = seg.offsets[d], seg.offsets[d + 1]
             at = lo + int(np.searchsorted(begin[lo:hi], t - 1e-15, side="left")) - 1
             if at < lo:
                 break
-            if kind[at] == _WAIT:
-                totals["overhead"] += max(min(stop[at], t) - max(ready[at], start), 0.0)
-                d, t = int(writer[at]), float(ready[at])
+            i = seg.order[at]
+            if seg.kind[i] == _WAIT:
+                totals["overhead"] += max(min(seg.stop[i], t) - max(seg.ready[i], start), 0.0)
+                d, t = int(seg.writer[i]), float(seg.ready[i])
                 continue
-            totals[KINDS[kind[at]]] += min(stop[at], t) - max(begin[at], start)
+            totals[KINDS[seg.kind[i]]] += min(seg.stop[i], t) - max(begin[at], start)
             t = float(begin[at])
         return totals
 
-    def _sorted(self) -> tuple[np.ndarray, ...]:
-        """The columns, each device's segments together and in time order."""
-        if not self._columns:  # nothing took any time
-            empty = np.zeros(0)
-            return (empty.astype(int), empty, empty, empty.astype(int), empty.astype(int), empty)
+    def _segments(self) -> _Segments:
+        """The columns as added, and the order putting each device's segments together
+        and in time order (only the start instants are kept in that order: the walk
+        and the lanes read a few of the rest)."""
         if self._in_order is None:
-            columns = [np.concatenate(c) for c in zip(*self._columns)]
-            order = np.argsort(columns[0], kind="stable")
-            self._in_order = tuple(c[order] for c in columns)
+            self._in_order = _Segments.of(self._columns, self.devices)
         return self._in_order
 
-    def lanes_since(self, t: float) -> list[list[tuple[float, float, str]]]:
+    def lanes_since(self, t: float) -> Lanes:
         """Each device's segments starting at or after `t`: ``(start, end, kind)``."""
-        devs, begin, stop, kind, _, _ = self._sorted()
-        since = begin >= t
-        bounds = np.searchsorted(devs[since], np.arange(self.devices + 1)).tolist()
-        starts, ends = begin[since].tolist(), stop[since].tolist()
-        kinds = np.array(KINDS)[kind[since]].tolist()
-        return [list(zip(starts[a:b], ends[a:b], kinds[a:b]))
-                for a, b in zip(bounds[:-1], bounds[1:])]
+        seg = self._segments()
+        since = seg.begin_in_order >= t
+        picked = seg.order[since]
+        bounds = np.searchsorted(seg.devs[picked], np.arange(self.devices + 1))
+        return Lanes(seg.begin_in_order[since], seg.stop[picked], seg.kind[picked], bounds)
+
+
+@dataclass(frozen=True)
+class _Segments:
+    """`FastTimeline`'s segments as columns in the order added, with ``order`` (each
+    device's together, in time order), ``offsets`` (where each device's begin in it)
+    and the start instants in that order."""
+
+    devs: np.ndarray
+    stop: np.ndarray
+    kind: np.ndarray
+    writer: np.ndarray
+    ready: np.ndarray
+    order: np.ndarray
+    offsets: np.ndarray
+    begin_in_order: np.ndarray
+
+    @classmethod
+    def of(cls, columns: list[tuple], devices: int) -> _Segments:
+        """From `FastTimeline._add`'s chunks: ``(devs, start, end, kind, writer, ready)``,
+        writer and ready None where the chunk holds no wait."""
+        if not columns:  # nothing took any time
+            empty = np.zeros(0)
+            return cls(empty.astype(int), empty, empty.astype(int), empty.astype(int), empty,
+                       empty.astype(int), np.zeros(devices + 1, dtype=int), empty)
+        devs, begin, stop, kinds, writers, readies = zip(*columns)
+        sizes = [len(d) for d in devs]
+        ends = np.cumsum(sizes).tolist()
+        writer, ready = np.full(ends[-1], -1), np.full(ends[-1], np.nan)
+        for c in (c for c, w in enumerate(writers) if w is not None):  # the waits
+            writer[ends[c] - sizes[c]:ends[c]] = writers[c]
+            ready[ends[c] - sizes[c]:ends[c]] = readies[c]
+        dev = np.concatenate(devs)
+        by_device = dev.astype(np.uint16) if devices <= 1 << 16 else dev
+        order = np.argsort(by_device, kind="stable")  # small ints: numpy's radix sort
+        offsets = np.concatenate(([0], np.cumsum(np.bincount(dev, minlength=devices))))
+        return cls(dev, np.concatenate(stop), np.repeat(np.array(kinds), sizes), writer, ready,
+                   order, offsets, np.concatenate(begin)[order])
+
+
+class Lanes(Sequence[list[tuple[float, float, str]]]):
+    """Each device's segments ``(start, end, kind)``, as `Timeline.lanes_since` lists
+    them, a lane built when it is read: a prediction for thousands of devices carries
+    its timeline, and a sweep reads none of it."""
+
+    def __init__(self, begin: np.ndarray, end: np.ndarray, kind: np.ndarray,
+                 bounds: np.ndarray) -> None:
+        self._begin, self._end, self._kind, self._bounds = begin, end, kind, bounds
+
+    def __len__(self) -> int:
+        return len(self._bounds) - 1
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[d] for d in range(len(self))[index]]
+        d = range(len(self))[index]
+        a, b = self._bounds[d], self._bounds[d + 1]
+        kinds = [KINDS[code] for code in self._kind[a:b].tolist()]
+        return list(zip(self._begin[a:b].tolist(), self._end[a:b].tolist(), kinds))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
