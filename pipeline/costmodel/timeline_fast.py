@@ -33,50 +33,10 @@ import numpy as np
 
 from .devices import DaskOverhead, LinkSpec, StoreSpec
 from .timeline import io_rates
+from .timeline_columns import (CODE, KINDS, TIE, WAIT, Lanes, Segments, equal_groups,
+                               first_prefix_max, first_suffix_max, found, tolerance)
 
 __all__ = ["FastTimeline", "InTurn", "KINDS", "Lanes", "Sources", "TIE"]
-
-#: Segment kinds, by their code in `FastTimeline`'s columns.
-KINDS = ("compute", "master", "io", "overhead", "wait")
-_CODE = {kind: code for code, kind in enumerate(KINDS)}
-_WAIT = _CODE["wait"]
-
-#: Relative difference under which two instants count as the same (a tie).
-TIE = 1e-10
-
-
-def _first_prefix_max(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """Running maximum of `values` and, at each index, the first index reaching it."""
-    running = np.maximum.accumulate(values)
-    before = np.concatenate(([-np.inf], running[:-1]))
-    index = np.arange(len(values))
-    record = values > before + tol
-    return running, np.maximum.accumulate(np.where(record, index, 0))
-
-
-def _first_suffix_max(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """Maximum of `values` from each index on, and the first index reaching it."""
-    running = np.maximum.accumulate(values[::-1])[::-1]
-    after = np.concatenate((running[1:], [-np.inf]))
-    index = np.arange(len(values))
-    record = values >= after - tol
-    first = np.minimum.accumulate(np.where(record, index, len(values))[::-1])[::-1]
-    return running, first
-
-
-def _equal_groups(values: np.ndarray) -> list[tuple[float, np.ndarray | slice]]:
-    """Each distinct value, ascending, with the indices holding it (all of them as a
-    slice where every value is the same, as is usual)."""
-    if values[0] == values.min() == values.max():
-        return [(values[0], slice(None))]
-    return [(value, np.flatnonzero(values == value)) for value in np.unique(values)]
-
-
-def _tolerance(*arrays: np.ndarray) -> float:
-    """`TIE` relative to the largest finite instant among `arrays`."""
-    finite = [np.abs(a[np.isfinite(a)]).max() for a in arrays if np.isfinite(a).any()]
-    return TIE * max(finite + [1e-300])
-
 
 @dataclass
 class Sources:
@@ -109,14 +69,6 @@ class InTurn:
     seconds: np.ndarray  # a write of each target's slot
 
 
-def _found(sorted_values: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Whether each of `values` sits at its insertion point `at` in `sorted_values`."""
-    if len(sorted_values) == 0:
-        return np.zeros(len(values), dtype=bool)
-    return (at < len(sorted_values)) & (sorted_values[np.minimum(at, len(sorted_values) - 1)]
-                                        == values)
-
-
 @dataclass
 class FastTimeline:
     """Devices' clocks as an array, segments as columns (see the module doc)."""
@@ -129,7 +81,7 @@ class FastTimeline:
     clock: np.ndarray = field(default_factory=lambda: np.zeros(0))
     moved: float = 0.0
     _columns: list[tuple] = field(default_factory=list)  # `_add`'s, in the order added
-    _in_order: _Segments | None = None  # `_segments`'s, until a segment is added
+    _in_order: Segments | None = None  # `_segments`'s, until a segment is added
 
     def __post_init__(self) -> None:
         self.clock = np.zeros(self.devices)
@@ -139,7 +91,7 @@ class FastTimeline:
     def _add(self, devs: np.ndarray, start: np.ndarray, end: np.ndarray, kind: int,
              writer: np.ndarray | None = None, ready: np.ndarray | None = None) -> None:
         """Segments of `devs` from `start` to `end` (those taking no time left out);
-        a wait's `writer` and `ready` (None: -1 and NaN, filled in by `_Segments.of`)."""
+        a wait's `writer` and `ready` (None: -1 and NaN, filled in by `Segments.of`)."""
         keep = end > start
         n = int(np.count_nonzero(keep))
         if n == 0:
@@ -155,7 +107,7 @@ class FastTimeline:
         """Each of `devs` spends `seconds` (its own, or the same) on `kind`."""
         start = self.clock[devs]
         end = start + seconds
-        self._add(devs, start, end, _CODE[kind])
+        self._add(devs, start, end, CODE[kind])
         self.clock[devs] = end
 
     def io(self, direction: str, n_bytes: np.ndarray, sharing: int) -> np.ndarray:
@@ -210,7 +162,7 @@ class FastTimeline:
     @staticmethod
     def _holds_own(readers: np.ndarray, src: Sources) -> np.ndarray:
         """Whether each reader is among the sources (it skips its own slot)."""
-        return _found(src.devices, readers, np.searchsorted(src.devices, readers))
+        return found(src.devices, readers, np.searchsorted(src.devices, readers))
 
     def _marked_reads(self, readers: np.ndarray, src: Sources, pos: np.ndarray,
                       own: np.ndarray, shift: np.ndarray, start: np.ndarray,
@@ -223,12 +175,12 @@ class FastTimeline:
         left_of = np.arange(n, 0, -1)  # sources from each index on
         end = np.empty(len(readers))
         binding = np.full(len(readers), -1)
-        for value, group in _equal_groups(p):  # readers reading equal bytes share the maxima
+        for value, group in equal_groups(p):  # readers reading equal bytes share the maxima
             after = src.base + suffix_q + value * left_of
             before = after - src.lower
-            tol = _tolerance(after, start[group] - shift[group])
-            pre, pre_first = _first_prefix_max(before, tol)
-            suf, suf_first = _first_suffix_max(after, tol)
+            tol = tolerance(after, start[group] - shift[group])
+            pre, pre_first = first_prefix_max(before, tol)
+            suf, suf_first = first_suffix_max(after, tol)
             g_pos, g_own = pos[group], own[group]
             left = np.where(g_pos > 0, pre[np.maximum(g_pos - 1, 0)]
                             - g_own * (value + q_own[group]), -np.inf)
@@ -249,9 +201,9 @@ class FastTimeline:
         """Through the scheduler: when each reader's latest slot is ready (-inf: it
         reads none), its writer (the first of equal ones), and the tie tolerance."""
         n = len(src.devices)
-        tol = _tolerance(src.base, start - shift)
-        pre, pre_first = _first_prefix_max(src.base - src.lower, tol)
-        suf, suf_first = _first_suffix_max(src.base, tol)
+        tol = tolerance(src.base, start - shift)
+        pre, pre_first = first_prefix_max(src.base - src.lower, tol)
+        suf, suf_first = first_suffix_max(src.base, tol)
         left = np.where(pos > 0, pre[np.maximum(pos - 1, 0)], -np.inf)
         right_at = pos + own
         right = np.where(right_at < n, suf[np.minimum(right_at, n - 1)], -np.inf)
@@ -269,8 +221,8 @@ class FastTimeline:
         writer, ready = np.where(mine, readers, writer), np.where(mine, start, ready)
         waits = ready + hop > start + tol
         begin = np.where(waits, ready + hop, start)
-        self._add(readers[waits], start[waits], begin[waits], _WAIT, writer[waits], ready[waits])
-        self._add(readers, begin, begin + total, _CODE["io"])
+        self._add(readers[waits], start[waits], begin[waits], WAIT, writer[waits], ready[waits])
+        self._add(readers, begin, begin + total, CODE["io"])
         self.clock[readers] = begin + total
 
     def _reads_done(self, readers: np.ndarray, src: Sources, pos: np.ndarray, own: np.ndarray,
@@ -285,10 +237,10 @@ class FastTimeline:
         ready = src.base[i] + shift - np.where(i < pos, src.lower[i], 0.0)
         resume = ready
         io_end = np.where(waits, start + io_before, start)
-        self._add(readers, start, io_end, _CODE["io"])
-        self._add(readers[waits], io_end[waits], resume[waits], _WAIT, src.devices[i][waits],
+        self._add(readers, start, io_end, CODE["io"])
+        self._add(readers[waits], io_end[waits], resume[waits], WAIT, src.devices[i][waits],
                   ready[waits])
-        self._add(readers, np.where(waits, resume, start), end, _CODE["io"])
+        self._add(readers, np.where(waits, resume, start), end, CODE["io"])
         self.clock[readers] = end
 
     def read_own(self, readers: np.ndarray, writer: int, ready: np.ndarray,
@@ -336,7 +288,7 @@ class FastTimeline:
         """`written` as the sources of `read` for `readers`, and each reader's shift."""
         seconds = written.seconds
         at = np.searchsorted(written.targets, written.writers)
-        held = _found(written.targets, written.writers, at)
+        held = found(written.targets, written.writers, at)
         lower = np.where(held, seconds[np.minimum(at, len(seconds) - 1)], 0.0)
         shift = np.cumsum(seconds)[np.searchsorted(written.targets, readers)]
         return Sources(written.writers, written.start, np.zeros(len(lower)), lower), shift
@@ -355,7 +307,7 @@ class FastTimeline:
         slot for a target holds `n_bytes` of that target."""
         seconds = self.io("write", n_bytes, sharing)
         at = np.searchsorted(targets, writers)
-        own = _found(targets, writers, at)
+        own = found(targets, writers, at)
         at = np.minimum(at, len(targets) - 1)
         start = self.clock[writers].copy()
         self.run(writers, "io", np.where(own, seconds.sum() - seconds[at], seconds.sum()))
@@ -379,7 +331,7 @@ class FastTimeline:
             if at < lo:
                 break
             i = seg.order[at]
-            if seg.kind[i] == _WAIT:
+            if seg.kind[i] == WAIT:
                 totals["overhead"] += max(min(seg.stop[i], t) - max(seg.ready[i], start), 0.0)
                 d, t = int(seg.writer[i]), float(seg.ready[i])
                 continue
@@ -387,12 +339,12 @@ class FastTimeline:
             t = float(begin[at])
         return totals
 
-    def _segments(self) -> _Segments:
+    def _segments(self) -> Segments:
         """The columns as added, and the order putting each device's segments together
         and in time order (only the start instants are kept in that order: the walk
         and the lanes read a few of the rest)."""
         if self._in_order is None:
-            self._in_order = _Segments.of(self._columns, self.devices)
+            self._in_order = Segments.of(self._columns, self.devices)
         return self._in_order
 
     def lanes_since(self, t: float) -> Lanes:
@@ -402,69 +354,3 @@ class FastTimeline:
         picked = seg.order[since]
         bounds = np.searchsorted(seg.devs[picked], np.arange(self.devices + 1))
         return Lanes(seg.begin_in_order[since], seg.stop[picked], seg.kind[picked], bounds)
-
-
-@dataclass(frozen=True)
-class _Segments:
-    """`FastTimeline`'s segments as columns in the order added, with ``order`` (each
-    device's together, in time order), ``offsets`` (where each device's begin in it)
-    and the start instants in that order."""
-
-    devs: np.ndarray
-    stop: np.ndarray
-    kind: np.ndarray
-    writer: np.ndarray
-    ready: np.ndarray
-    order: np.ndarray
-    offsets: np.ndarray
-    begin_in_order: np.ndarray
-
-    @classmethod
-    def of(cls, columns: list[tuple], devices: int) -> _Segments:
-        """From `FastTimeline._add`'s chunks: ``(devs, start, end, kind, writer, ready)``,
-        writer and ready None where the chunk holds no wait."""
-        if not columns:  # nothing took any time
-            empty = np.zeros(0)
-            return cls(empty.astype(int), empty, empty.astype(int), empty.astype(int), empty,
-                       empty.astype(int), np.zeros(devices + 1, dtype=int), empty)
-        devs, begin, stop, kinds, writers, readies = zip(*columns)
-        sizes = [len(d) for d in devs]
-        ends = np.cumsum(sizes).tolist()
-        writer, ready = np.full(ends[-1], -1), np.full(ends[-1], np.nan)
-        for c in (c for c, w in enumerate(writers) if w is not None):  # the waits
-            writer[ends[c] - sizes[c]:ends[c]] = writers[c]
-            ready[ends[c] - sizes[c]:ends[c]] = readies[c]
-        dev = np.concatenate(devs)
-        by_device = dev.astype(np.uint16) if devices <= 1 << 16 else dev
-        order = np.argsort(by_device, kind="stable")  # small ints: numpy's radix sort
-        offsets = np.concatenate(([0], np.cumsum(np.bincount(dev, minlength=devices))))
-        return cls(dev, np.concatenate(stop), np.repeat(np.array(kinds), sizes), writer, ready,
-                   order, offsets, np.concatenate(begin)[order])
-
-
-class Lanes(Sequence[list[tuple[float, float, str]]]):
-    """Each device's segments ``(start, end, kind)``, as `Timeline.lanes_since` lists
-    them, a lane built when it is read: a prediction for thousands of devices carries
-    its timeline, and a sweep reads none of it."""
-
-    def __init__(self, begin: np.ndarray, end: np.ndarray, kind: np.ndarray,
-                 bounds: np.ndarray) -> None:
-        self._begin, self._end, self._kind, self._bounds = begin, end, kind, bounds
-
-    def __len__(self) -> int:
-        return len(self._bounds) - 1
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[d] for d in range(len(self))[index]]
-        d = range(len(self))[index]
-        a, b = self._bounds[d], self._bounds[d + 1]
-        kinds = [KINDS[code] for code in self._kind[a:b].tolist()]
-        return list(zip(self._begin[a:b].tolist(), self._end[a:b].tolist(), kinds))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
