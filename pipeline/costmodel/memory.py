@@ -101,32 +101,21 @@ class MemoryConstants:
         time, on the heap): a shard its slices, the master also the dense layers,
         a replica and `reference` the whole network's weights and momentum.
     The runtimes, the workspace, the retention and the checkpoint's share kept were
-    fitted together (benchmarks/memory_fit.py, docs/model.md): the runtimes on the
-    small network, whose tensors are a few MB; the others on the paper network;
-    refitted after shrink 9 (workers without torch.optim, whose import of
-    torch._dynamo had been 74-76 MB of every worker's runtime; a shard's kernel
-    gradients and ReLU mask; a replica's gradient range by range) on both networks at
-    batch 32 and the small one at 128, and again with autograd's engine and the mmap
-    threshold counted, on the median of three or more runs per case
-    (docs/benchmarks.md, "Memory per worker"); refitted again with the workers forked
-    from one server, which no
-    longer hold the command's own modules (about 60 MB each), on the medians of
-    three runs of every case, the paper network at batch 32 and the small one at 128
-    (docs/benchmarks.md, "Memory per worker"); and again once the workers
-    no longer ran the command's main module and their baseline was a forked child (a
-    worker's runtime now includes the library pages its work touches), on the medians
-    of two runs of every case, both networks at batch 32 and the small one at 128
-    (docs/benchmarks.md, "Memory per worker").
+    fitted together (`python -m benchmarks.memory_fit --compare FILES --fit`) on the
+    medians of two runs of every case of the small network at batch 32 and 128, the
+    paper network at 32 and resnet20 (width 1 and 0.5) and vgg11 at 32 and 128, each
+    case measured with the environment's libraries read from disk, not from the page
+    cache pip left them in (docs/model.md, "Memory per device").
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
 
     baseline: float = PROCESS_BASELINE
     worker_baseline: float = WORKER_BASELINE
-    worker_runtime: float = 45 * 10 ** 6
-    client_runtime: float = 130 * 10 ** 6
-    conv_workspace: float = 0.25
-    retention: float = 1.75
+    worker_runtime: float = 50 * 10 ** 6
+    client_runtime: float = 140 * 10 ** 6
+    conv_workspace: float = 0.5
+    retention: float = 1.7
     load_retained: float = 0.5
     autograd_runtime: float = 5.5 * 10 ** 6
     mmap_threshold: float = 32 * MIB
