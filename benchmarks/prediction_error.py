@@ -34,7 +34,7 @@ import tempfile
 import time
 from statistics import median
 
-from benchmarks.nets import NETS, net_path
+from benchmarks.nets import net_path
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
@@ -42,6 +42,7 @@ from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.run import run_training
 from pipeline.prediction import network_for, predict_point
 from pipeline.probe import cached_master_probe, cached_probe
+from pipeline.strategies import strategy_named
 
 
 PROBE_EACH_RUN = False
@@ -164,8 +165,9 @@ def report(rows: list[dict]) -> dict[str, float]:
         errors = [abs(r["error"]) for r in mine]
         out[strategy] = median(errors)
         inside = sum(r["low"] <= r["measured"] <= r["high"] for r in mine)
-        if strategy.split("/")[0] in ("data", "hybrid") and \
-                all(r["predicted_from_tables"] for r in mine):
+        measured = strategy_named(strategy.split("/")[0])  # replicas on a cluster: trunks
+        replicas = measured.uses_cluster and measured.split_unit == "sample"
+        if replicas and all(r["predicted_from_tables"] for r in mine):
             tables = median(abs(r["predicted_from_tables"] / r["measured"] - 1) for r in mine)
             print(f"  {strategy:18s} from layer tables instead of replica trunks: median "
                   f"|error| {tables:6.1%}")

@@ -317,12 +317,6 @@ class Network:
         return [[l for l, g in enumerate(group_of) if g == first]
                 for first in sorted(set(group_of))]
 
-    @property
-    def chain(self) -> bool:
-        """Whether every layer reads the one before and adds nothing (the paper family's
-        shape, which the fast timelines assume)."""
-        return all(layer.source is None and layer.residual is None for layer in self.conv)
-
     def dense_dropout(self, j: int) -> float:
         """The dropout probability on dense layer ``j``'s input (0: none)."""
         return self.dropout[j] if j < len(self.dropout) else 0.0
