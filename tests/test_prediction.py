@@ -109,7 +109,12 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 12 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 13 and probe.phase_seconds["timed_again"] >= 0
+    for worker, device in zip(probe.workers, probe.device_specs()):
+        # a replica's update timed on every worker at once: a memory rate a CPU can have,
+        # and the rate the model prices every element-wise pass at
+        assert 1e8 < worker.memory_bw < 1e13, worker.memory_bw
+        assert device.mem_bw == worker.memory_bw
     for worker in probe.workers:  # the batch read before the first layer, per size
         for t in worker.timings:
             assert (t.dataset_s is not None) == (t.layer == 0), t

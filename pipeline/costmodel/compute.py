@@ -15,11 +15,32 @@ from typing import Sequence
 from .devices import DeviceSpec
 from .network import ConvLayer, DenseLayer
 
-__all__ = ["LayerTime", "conv_time", "dense_time", "after_conv_elements", "UPDATE_ACCESSES"]
+__all__ = ["LayerTime", "conv_time", "dense_time", "after_conv_elements", "UPDATE_ACCESSES",
+           "GATHER_ACCESSES", "FLATTEN_ACCESSES", "REPLICA_UPDATE_ACCESSES", "sum_accesses",
+           "dense_stream_elements"]
 
-#: Element accesses per parameter of an SGD-with-momentum update:
-#: read weight, gradient and momentum, write weight and momentum.
-UPDATE_ACCESSES = 5
+#: Element accesses per parameter of an SGD-with-momentum update as the engine steps
+#: it (tasks/optim.py, torch's single-tensor SGD): scale the momentum (read, write),
+#: add the gradient to it (read both, write), step the weight (read both, write).
+UPDATE_ACCESSES = 8
+
+#: Element accesses per parameter of a replica's concatenation of the summed ranges
+#: into one flat gradient before its update (read, write: ``grad-update``).
+GATHER_ACCESSES = 2
+
+#: A replica's update in all: what the probe times to find a worker's memory rate
+#: (tasks/update_rate.py).
+REPLICA_UPDATE_ACCESSES = GATHER_ACCESSES + UPDATE_ACCESSES
+
+#: Element accesses per parameter of copying a replica's gradients out into the flat
+#: ranges it hands on (read, write: ``replica-step``'s hand-on).
+FLATTEN_ACCESSES = 2
+
+
+def sum_accesses(parts: int) -> int:
+    """Element accesses per element of summing ``parts`` tensors one after the other,
+    as the engine's reductions do: each addition reads two and writes one."""
+    return 3 * max(parts - 1, 0)
 
 #: Element accesses per conv-output element of batch norm in training mode: forward, a
 #: statistics pass (read) and the normalisation (read, write); backward, a pass for
@@ -171,15 +192,26 @@ def dense_time(
     """
     if batch <= 0 or fraction <= 0:
         return LayerTime()
-    fwd = bwd = upd = 0.0
+    fwd, bwd, upd = (dev.stream_time(n) for n in
+                     dense_stream_elements(layers, batch, fraction, dropout))
     for i, layer in enumerate(layers):
         name = layer.name or None
-        if i < len(dropout) and dropout[i] > 0:  # on the input, whole in every slice
-            fwd += dev.stream_time(DROPOUT_FORWARD * batch * layer.in_features)
-            bwd += dev.stream_time(DROPOUT_BACKWARD * batch * layer.in_features)
         fwd += dev.gemm_time(layer.forward(batch, fraction), "dense", name)
         bwd += dev.gemm_time(layer.backward_weight(batch, fraction), "dense", name)
         if i > 0 or input_grad:
             bwd += dev.gemm_time(layer.backward_input(batch, fraction), "dense", name)
-        upd += dev.stream_time(UPDATE_ACCESSES * layer.params(fraction))
     return LayerTime(fwd, bwd, upd)
+
+
+def dense_stream_elements(layers: Sequence[DenseLayer], batch: float, fraction: float = 1.0,
+                          dropout: Sequence[float] = ()) -> tuple[float, float, float]:
+    """Element accesses of a dense head's element-wise work, forward, backward and
+    update: dropout on each layer's input (whole in every slice) and the SGD step of
+    the ``fraction`` of each layer's parameters held."""
+    fwd = bwd = upd = 0.0
+    for i, layer in enumerate(layers):
+        if i < len(dropout) and dropout[i] > 0:
+            fwd += DROPOUT_FORWARD * batch * layer.in_features
+            bwd += DROPOUT_BACKWARD * batch * layer.in_features
+        upd += UPDATE_ACCESSES * layer.params(fraction)
+    return fwd, bwd, upd

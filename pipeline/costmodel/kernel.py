@@ -146,7 +146,7 @@ def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
                 sources.append(f"grad/{d}")
             tl.read(d, [(slot, ctx.slice_bytes(l, d)) for slot in sources], len(holders))
             t = _conv(ctx, l, d)
-            summing = ctx.devices[d].stream_time(ctx.summing_elements(l, ctx.counts[l][d]))
+            summing = ctx.summing_time(ctx.devices[d], l, ctx.counts[l][d])
             tl.run(d, "compute", summing + t.backward_input)
             if src >= 0:
                 for e in ctx.holders(src):

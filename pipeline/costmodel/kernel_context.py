@@ -106,6 +106,13 @@ class KernelContext:
             return 0.0
         return (parts + 1) * self.network.conv[l].output_elements(self.batch, kernels)
 
+    def summing_time(self, dev: DeviceSpec, l: int, kernels: float) -> float:
+        """Seconds of `summing_elements` on ``dev``; none where ``dev`` has layer ``l``'s
+        measured table: the probe times a shard's backward with its sum of the parts."""
+        if self.network.conv[l].name in dev.layer_tables:
+            return 0.0
+        return dev.stream_time(self.summing_elements(l, kernels))
+
     def gradient_parts(self, l: int) -> int:
         """Tensors summed into a holder's gradient of layer ``l``'s output: one partial
         per holder of each reader, one residual gradient per adder, the head's slice."""

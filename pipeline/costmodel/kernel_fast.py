@@ -57,7 +57,7 @@ def _layer_tables(ctx: KernelContext, l: int, kind_of: np.ndarray,
     rows = []
     for kind, k in pairs:
         t = conv_time(kinds[kind], layer, ctx.batch, k, input_grad=ctx.network.source(l) >= 0)
-        summing = kinds[kind].stream_time(ctx.summing_elements(l, k))
+        summing = ctx.summing_time(kinds[kind], l, k)
         rows.append((t.forward, summing + t.backward_input,
                      t.backward - t.backward_input + t.update, t.total))
     table = np.array(rows, dtype=float).reshape(len(pairs), 4)

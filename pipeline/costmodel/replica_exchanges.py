@@ -33,7 +33,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .compute import LayerTime
+from .compute import LayerTime, sum_accesses
 from .network import Network
 from .timeline import Timeline
 from .timeline_fast import FastTimeline, Sources
@@ -65,7 +65,7 @@ def reduce_ops(tl: Timeline, devices: int, length: float, s: int, update: dict[i
     owned = [n * s for n in even_counts(int(length), devices)]
     for e in range(devices):
         tl.read(e, [(f"{tag}/{d}/{e}", owned[e]) for d in range(devices) if d != e])
-        tl.run(e, "compute", stream[e] * devices * owned[e] / s)
+        tl.run(e, "compute", stream[e] * sum_accesses(devices) * owned[e] / s)
         if devices > 1:
             tl.write(e, f"{tag}-sum/{e}", owned[e])
     for d in range(devices):
@@ -82,7 +82,7 @@ def reduce_phases(tl: FastTimeline, length: float, s: int, update: dict[int, flo
     owned = np.array(even_counts(int(length), p), dtype=float) * s
     grads = tl.write_in_turn(everyone, everyone, owned, 1)
     tl.read_in_turn(everyone, grads, owned, 1)
-    tl.run(everyone, "compute", np.array([stream[e] for e in range(p)]) * p * owned / s)
+    tl.run(everyone, "compute", np.array([stream[e] for e in range(p)]) * sum_accesses(p) * owned / s)
     if p > 1:
         sums = tl.write_each(everyone, owned, 1)
         tl.read(everyone, Sources(everyone, sums, owned), 1, np.zeros(p), np.zeros(p))

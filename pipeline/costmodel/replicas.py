@@ -31,7 +31,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .compute import UPDATE_ACCESSES, LayerTime, dense_time
+from .compute import (FLATTEN_ACCESSES, REPLICA_UPDATE_ACCESSES, UPDATE_ACCESSES, LayerTime,
+                      dense_time)
 from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, uneven
 from .batch_reads import replica_batch_read
@@ -62,6 +63,14 @@ def hybrid_parts(shares: Sequence[int], scheme: str) -> list[list[tuple[int, int
         if piece:
             parts.append(piece)
     return parts
+
+
+def flatten_time(dev: DeviceSpec, conv_params: float, dense_params: float = 0.0) -> float:
+    """Seconds of copying a replica's gradients out into the flat ranges it hands on:
+    the conv trunk's only where no measured trunk holds them already (the probe times
+    a trunk's backward with its flattening, tasks/hybrid_ops.py)."""
+    conv = conv_params if dev.trunk is None else 0.0
+    return dev.stream_time(FLATTEN_ACCESSES * (conv + dense_params))
 
 
 def _shares(batch: int, devices: Sequence[DeviceSpec], options: Options) -> list[int]:
@@ -96,7 +105,8 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     times = replica_times(devices, network, shares)
     cut = stretches(times, *norm_slots(network, p, devices[0].bytes_per_elem,
                                        options.batch_norm))
-    update = {d: dev.stream_time(UPDATE_ACCESSES * params) for d, dev in enumerate(devices)}
+    update = {d: dev.stream_time(REPLICA_UPDATE_ACCESSES * params)
+              for d, dev in enumerate(devices)}
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     overhead = options.overhead or DaskOverhead()
     links = [dev.link or link for dev in devices]
@@ -118,13 +128,14 @@ def _data_step(tl: Timeline, network: Network, devices: Sequence[DeviceSpec],
     exchanges in it) and hand-on of its ranges, then the reduce-scatter and all-gather
     (the reference of `_data_step_fast`)."""
     p, s = len(devices), devices[0].bytes_per_elem
+    conv = sum(c.params() for c in network.conv)
     for d, (dev, b) in enumerate(zip(devices, shares)):
         tl.run(d, "overhead", tl.overhead.task)
         if dataset is not None and b:
             tl.run(d, "io", replica_batch_read(dev, tl.links[d], dataset, network, b))
     exchange_ops(tl, cut)
     for d, dev in enumerate(devices):
-        tl.run(d, "compute", float(cut.last[d]) + dev.stream_time(params))
+        tl.run(d, "compute", float(cut.last[d]) + flatten_time(dev, conv, params - conv))
         hand_on(tl, d, p, params, s, "grads")
     reduce_ops(tl, p, params, s, update, stream, "grads")
 
@@ -143,7 +154,9 @@ def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[Device
         tl.run(reading, "io", np.array([replica_batch_read(devices[d], tl.link, dataset, network,
                                                            shares[d]) for d in reading]))
     exchange_phases(tl, cut)
-    tl.run(everyone, "compute", cut.last + np.array([dev.stream_time(params) for dev in devices]))
+    conv = sum(c.params() for c in network.conv)
+    tl.run(everyone, "compute", cut.last + np.array([flatten_time(dev, conv, params - conv)
+                                                     for dev in devices]))
     reduce_phases(tl, params, s, update, stream)
 
 
@@ -232,7 +245,8 @@ def _hybrid_setup(network: Network, batch: int, devices: Sequence[DeviceSpec],
     rows = replica_times(devices, network, shares, dense=False)
     trunk = [sum(row, LayerTime()) for row in rows]
     after_forward, before_backward = norm_slots(network, p, s, options.batch_norm)
-    update = {d: dev.stream_time(UPDATE_ACCESSES * conv_params) for d, dev in enumerate(devices)}
+    update = {d: dev.stream_time(REPLICA_UPDATE_ACCESSES * conv_params)
+              for d, dev in enumerate(devices)}
     if options.dense_batch == "full":  # the dense slices step once, at the end
         for d, dev in enumerate(devices):
             update[d] += sum(dev.stream_time(UPDATE_ACCESSES * layer.params(
@@ -269,7 +283,7 @@ def _hybrid_step(tl: Timeline, h: _HybridSetup) -> None:
         tl.read(d, sources)
     exchange_ops(tl, h.backward)
     for d, dev in enumerate(h.devices):
-        tl.run(d, "compute", float(h.backward.last[d]) + dev.stream_time(h.conv_params))
+        tl.run(d, "compute", float(h.backward.last[d]) + flatten_time(dev, h.conv_params))
         hand_on(tl, d, p, h.conv_params, s, "grads")
     reduce_ops(tl, p, h.conv_params, s, h.update, h.stream, "grads")
 
@@ -332,7 +346,7 @@ def _hybrid_step_fast(tl: FastTimeline, h: _HybridSetup) -> None:
     for (members, rows), first in zip(pieces, firsts):
         tl.read_in_turn(members, first, rows * row_bytes, 1)
     exchange_phases(tl, h.backward)
-    tl.run(everyone, "compute", h.backward.last + np.array([dev.stream_time(h.conv_params)
+    tl.run(everyone, "compute", h.backward.last + np.array([flatten_time(dev, h.conv_params)
                                                             for dev in h.devices]))
     reduce_phases(tl, h.conv_params, h.s, h.update, h.stream)
 

@@ -29,6 +29,7 @@ from pipeline.cluster.workers import ClusterWorker, all_local, scheduler_in_proc
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.contention import cores_filled
 from pipeline.probe.hops import probe_hops
+from pipeline.probe.memory_rate import probe_memory_rates
 from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
@@ -122,8 +123,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
                   dataset: str | None = None, links: str = "",
                   output_root: str | None = None) -> ClusterProbe:
     """Calibration runs of the engine on ``offered`` in rounds, sizes timed again
-    where the rounds disagree (pipeline/probe/runs.py, rounds.py, readings.py), and
-    hops.
+    where the rounds disagree (pipeline/probe/runs.py, rounds.py, readings.py), hops,
+    and the workers' memory rates (memory_rate.py).
 
     ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
     part: the store's figures are measured across them), ``output_root`` where the
@@ -140,9 +141,11 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
                                         workspace_dir, output_root, shared)
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
+    memory = probe_memory_rates(client, offered, network)
     timings, trunks, spreads = shard_timings(runs), trunk_timings(runs), relative_spreads(runs)
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
-                           timings.get(s.name, []), trunks.get(s.name), spreads.get(s.name, {}))
+                           timings.get(s.name, []), trunks.get(s.name), spreads.get(s.name, {}),
+                           memory.get(s.name))
                for s in offered]
     fits = {kind: store_fit(runs, kind) for kind in ("read", "write")}
     (read_latency, read_bw), (write_latency, write_bw) = fits["read"], fits["write"]
@@ -161,7 +164,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     done = time.perf_counter()
     return ClusterProbe(key, time.time(), machine_identity(), plain, batch, list(quanta),
                         workers, store, dask, master, done - started,
-                        {"runs": ran - started, "hops": done - ran, "timed_again": again})
+                        {"runs": ran - started, "hops and memory": done - ran,
+                         "timed_again": again})
 
 
 def share_plans(plans: Sequence[Plan], offered: Sequence[ClusterWorker], network: NetworkSpec,

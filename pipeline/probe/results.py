@@ -8,18 +8,19 @@ tables and devices pipeline/probe/tables.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, Network, Options, StoreSpec, TrunkTime
 from pipeline.costmodel.compute import conv_time
 from pipeline.placement.split import split_even
-from pipeline.probe.tables import (costmodel_network, dataset_store, dense_flops, device_spec,
+from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec, head_rate,
                                    network_spec_from_dict)
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 12  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 13  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -27,7 +28,8 @@ PROBE_VERSION = 12  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    accesses' spread (`StoreProbe.spread`), and the measured steps
 #                    in one task per worker (runs.py: `PlanEngines.run`); 12: the
 #                    client's share of the cores (`DaskProbe.contention_share`), and
-#                    zoo networks' records whole (tables.network_spec_from_dict)
+#                    zoo networks' records whole (tables.network_spec_from_dict);
+#                    13: each worker's memory rate (`WorkerProbe.memory_bw`)
 
 
 @dataclass
@@ -44,6 +46,9 @@ class WorkerProbe:
     #: its ops' compute spread against its peers', per number of workers running
     #: (`readings.relative_spreads`): the cost model's `DeviceSpec.spread`
     spread: dict[int, float] = field(default_factory=dict)
+    #: its memory rate, B/s, with every worker streaming at once (memory_rate.py):
+    #: the cost model's `DeviceSpec.mem_bw` (None: not measured, streams cost nothing)
+    memory_bw: float | None = None
 
 
 @dataclass
@@ -170,16 +175,18 @@ class ClusterProbe:
         worker's is scaled by its emulated speed. A worker whose replica trunk was
         timed with ``active`` workers running gets it as its `TrunkTime`, and its
         spread against its peers with ``active`` running as its `DeviceSpec.spread`
-        (0 where none was measured, as alone).
+        (0 where none was measured, as alone), and its memory rate (`memory_bw`) as
+        the rate of every element-wise pass.
         """
         active = len(self.workers) if active is None else active
         net = self.costmodel_network()
         first = self.workers[0].emulated_speed
-        dense = dense_flops(net, self.batch)
         specs = []
         for w in self.workers[:active]:
+            mem_bw = w.memory_bw or math.inf
+            head_s = self.master.dense_s * first / w.emulated_speed
             spec = device_spec(w.name, w.timings, net, self.batch, active,
-                                dense / (self.master.dense_s * first / w.emulated_speed))
+                               head_rate(net, self.batch, head_s, mem_bw), mem_bw)
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s))
@@ -227,10 +234,11 @@ class ClusterProbe:
         return out
 
 
-def master_device(master: MasterProbe, net: Network) -> DeviceSpec:
-    """A master probe as a device: conv tables (if measured) and its measured dense rate."""
-    rate = dense_flops(net, master.batch) / master.dense_s
-    return device_spec("master", master.timings, net, master.batch, 1, dense_rate=rate)
+def master_device(master: MasterProbe, net: Network, mem_bw: float = math.inf) -> DeviceSpec:
+    """A master probe as a device: conv tables (if measured), its measured dense rate,
+    and the memory rate `mem_bw` (B/s; inf: not measured)."""
+    rate = head_rate(net, master.batch, master.dense_s, mem_bw)
+    return device_spec("master", master.timings, net, master.batch, 1, rate, mem_bw)
 
 
 def cluster_probe_from_dict(data: dict[str, Any]) -> ClusterProbe:

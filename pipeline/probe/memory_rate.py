@@ -1,0 +1,64 @@
+"""Each worker's memory rate, as the cost model prices element-wise work.
+
+The conv layers' and the dense head's times come from the engine's own ops; what no
+plan times alone is the element-wise work around them that grows with the parameter
+count, not the batch: a replica's update (the gathered flat gradient and SGD with
+momentum), the copy of its gradients into the ranges it hands on, the sums of the
+reduction. On a CPU these are bound by memory, and the workers share the memory bus:
+two replicas updating at once each stream slower than one alone. So the probe times
+a replica's update (tasks/update_rate.py) on every worker at once, at the network's
+parameter count (capped at `MAX_ELEMENTS`: past every cache, a figure that no longer
+changes with size), and the model's `DeviceSpec.mem_bw` is its bytes over its time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Sequence
+
+import torch
+
+from pipeline.cluster.workers import ClusterWorker
+from pipeline.costmodel.compute import REPLICA_UPDATE_ACCESSES
+from pipeline.engine.runner import TaskRunner
+from pipeline.probe.tables import costmodel_network
+from tasks.specs import NetworkSpec
+from tasks.update_rate import time_update
+
+#: The most parameters timed: 64 MB a tensor in float32, far past a CPU's caches.
+MAX_ELEMENTS = 1 << 24
+#: How long before the workers start, so that every one of them has its task.
+START_DELAY_S = 0.3
+
+
+def replica_parameters(network: NetworkSpec) -> int:
+    """Parameters a replica updates: every conv layer's (batch norm's included) and the
+    dense head's."""
+    net = costmodel_network(network)
+    return int(sum(c.params() for c in net.conv) + sum(d.params() for d in net.dense))
+
+
+def memory_bandwidth(seconds_per_element: float, dtype: str) -> float:
+    """Bytes per second of a worker whose replica update took `seconds_per_element` a
+    parameter: the model's accesses of that update (`REPLICA_UPDATE_ACCESSES`) in
+    bytes, over the time."""
+    if seconds_per_element <= 0:
+        raise ValueError("a replica's update cannot take no time")
+    itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    return REPLICA_UPDATE_ACCESSES * itemsize / seconds_per_element
+
+
+def probe_memory_rates(client, offered: Sequence[ClusterWorker], network: NetworkSpec
+                       ) -> dict[str, float]:
+    """Each worker's memory bandwidth (B/s, `memory_bandwidth`) with every worker
+    updating a replica at once."""
+    elements = min(replica_parameters(network), MAX_ELEMENTS)
+    runner = TaskRunner(client, offered, f"memory-rate-{uuid.uuid4().hex[:8]}")
+    start_at = time.time() + START_DELAY_S
+    futures = [runner.submit(time_update, index, elements, len(offered), network.dtype,
+                             start_at, name=f"update-{worker.name}")
+               for index, worker in enumerate(offered)]
+    timed = runner.gather(futures, "probe memory rates")
+    return {worker.name: memory_bandwidth(result["seconds_per_element"], network.dtype)
+            for worker, result in zip(offered, timed)}

@@ -1,0 +1,109 @@
+"""A worker's memory rate (pipeline/probe/memory_rate.py, tasks/update_rate.py) and
+what the model prices by it: a replica's update, its gradients' flattening and the
+reduction's sums, and the dense head's element-wise part taken out of its rate."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import pytest
+
+from pipeline.costmodel import DeviceSpec, predict
+from pipeline.costmodel.builders import marques_cifar
+from pipeline.costmodel.compute import (FLATTEN_ACCESSES, REPLICA_UPDATE_ACCESSES,
+                                        dense_stream_elements, dense_time, sum_accesses)
+from pipeline.costmodel.kernel_context import KernelContext
+from pipeline.probe.memory_rate import memory_bandwidth, replica_parameters
+from pipeline.probe.results import WorkerProbe, master_device
+from pipeline.probe.tables import MIN_PRODUCT_SHARE, dense_flops, head_rate
+from tasks.update_rate import time_update
+from tasks.zoo import build_preset
+from tests.test_costmodel_replicas_zoo import STORE, _link
+from tests.test_prediction import _synthetic_probe
+
+NET = marques_cifar()
+CPU = DeviceSpec(flops=5e10, bytes_per_elem=4)
+
+
+def test_an_update_timed_in_process_gives_a_memory_rate_a_cpu_can_have():
+    timed = time_update(1 << 18, 2, "float32", start_at=time.time())
+    assert timed["loops"] >= 1 and timed["elements"] == 1 << 18
+    rate = memory_bandwidth(timed["seconds_per_element"], "float32")
+    assert 1e8 < rate < 1e13
+
+
+def test_the_rate_is_the_updates_bytes_over_its_time():
+    assert memory_bandwidth(1e-9, "float32") == pytest.approx(REPLICA_UPDATE_ACCESSES * 4 / 1e-9)
+    assert memory_bandwidth(1e-9, "float64") == pytest.approx(REPLICA_UPDATE_ACCESSES * 8 / 1e-9)
+    with pytest.raises(ValueError, match="no time"):
+        memory_bandwidth(0.0, "float32")
+
+
+def test_a_replica_updates_every_parameter_of_the_network():
+    spec = build_preset("resnet20", (3, 32, 32), 10, "float32")
+    # torchvision's resnet20 for CIFAR: 0.27 M parameters (batch norm's weights included)
+    assert 265_000 < replica_parameters(spec) < 275_000
+
+
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+def test_a_finite_memory_rate_prices_the_replicas_update_and_sums(strategy):
+    """The same devices, streams free against streams at 10 GB/s: each replica's step
+    grows by at least its update (gather and SGD over every parameter it reduces)."""
+    slow = dataclasses.replace(CPU, mem_bw=1e10)
+    free, priced = (predict(strategy, NET, 64, [dev] * 2, _link(1e-5), STORE, scheme="b")
+                    for dev in (CPU, slow))
+    params = (sum(c.params() for c in NET.conv)
+              + (sum(d.params() for d in NET.dense) if strategy == "data" else 0))
+    update = slow.stream_time(REPLICA_UPDATE_ACCESSES * params)
+    assert priced.step_time - free.step_time >= update
+
+
+def test_sums_read_two_and_write_one_per_addition():
+    assert [sum_accesses(p) for p in (1, 2, 3, 4)] == [0, 3, 6, 9]
+
+
+def test_a_measured_trunk_holds_its_flattening_a_dense_head_does_not():
+    from pipeline.costmodel.devices import TrunkTime
+    from pipeline.costmodel.replicas import flatten_time
+    dev = dataclasses.replace(CPU, mem_bw=1e10)
+    measured = dataclasses.replace(dev, trunk=TrunkTime(64, 0.01, 0.02))
+    assert flatten_time(dev, 1000, 500) == dev.stream_time(FLATTEN_ACCESSES * 1500)
+    assert flatten_time(measured, 1000, 500) == dev.stream_time(FLATTEN_ACCESSES * 500)
+
+
+def test_a_tabled_layers_sum_of_gradient_parts_is_in_its_table():
+    probe = _synthetic_probe(fixed_s=0.001, per_kernel_s=0.0001, slow=1.0)
+    devices = [dataclasses.replace(d, mem_bw=1e9) for d in probe.device_specs()]
+    net = probe.costmodel_network()
+    ctx = KernelContext(net, 32, tuple(devices), _link(1e-5), STORE, ((16, 16), (32, 32)))
+    assert ctx.summing_elements(0, 16) > 0  # layer 2's two holders hand partials back
+    assert ctx.summing_time(devices[0], 0, 16) == 0.0  # in the measured backward
+    untabled = dataclasses.replace(devices[0], layer_tables={})
+    assert ctx.summing_time(untabled, 0, 16) == untabled.stream_time(ctx.summing_elements(0, 16))
+
+
+def test_the_dense_heads_rate_leaves_out_its_element_wise_part():
+    """Priced back at the same memory rate, the head takes exactly the time measured."""
+    net = marques_cifar()
+    seconds, mem_bw = 1.0, 2e9  # products compute-bound at this rate (no roofline)
+    rate = head_rate(net, 128, seconds, mem_bw)
+    assert rate > dense_flops(net, 128) / seconds
+    dev = DeviceSpec(flops=rate, mem_bw=mem_bw)
+    assert dense_time(dev, net.dense, 128, dropout=net.dropout).total == pytest.approx(seconds)
+    # a memory rate measured far too low cannot make the products free
+    floor = head_rate(net, 128, seconds, 1e3)
+    assert floor == pytest.approx(dense_flops(net, 128) / (MIN_PRODUCT_SHARE * seconds))
+    assert head_rate(net, 128, seconds) == pytest.approx(dense_flops(net, 128) / seconds)
+    assert sum(dense_stream_elements(net.dense, 128, dropout=net.dropout)) > 0
+
+
+def test_a_probe_without_memory_rates_prices_streams_as_free():
+    probe = _synthetic_probe(fixed_s=0.001, per_kernel_s=0.0001, slow=1.0)
+    assert all(math.isinf(d.mem_bw) for d in probe.device_specs())
+    rated = dataclasses.replace(probe, workers=[dataclasses.replace(w, memory_bw=3e9)
+                                                for w in probe.workers])
+    assert [d.mem_bw for d in rated.device_specs()] == [3e9, 3e9]
+    assert master_device(probe.master, probe.costmodel_network(), 3e9).mem_bw == 3e9
+    assert WorkerProbe("w", "a", 1, 1.0).memory_bw is None
