@@ -12,10 +12,11 @@ step once with the summed gradient of every part; with ``worker`` after each par
 the part's mean loss, and the conv trunk then gets each part's input gradient
 weighted by its share of the batch.
 
-Dropout on a dense layer's input takes, per part, the rows of the part's batch rows
-from the mask of the whole batch (`tasks.network.dropout_mask`), the mask a replica
-or a plain-PyTorch replay draws. Batch norm in the trunk is as `data`'s (sync: the
-whole batch's statistics, exchanged inside ``trunk-forward`` and ``trunk-backward``).
+Dropout on a dense layer's input draws, per part, the mask of the part's batch rows
+alone (`tasks.network.dropout_mask`): those rows of the whole batch's mask, the mask
+a replica or a plain-PyTorch replay draws. Batch norm in the trunk is as `data`'s
+(sync: the whole batch's statistics, exchanged inside ``trunk-forward`` and
+``trunk-backward``).
 """
 
 from __future__ import annotations
@@ -67,16 +68,14 @@ class HybridWork:
     norms: list[ReplicaBatchNorm2d] = field(default_factory=list)  # sync batch norm's
     features: torch.Tensor | None = None  # own rows' conv output, with its graph
     kept: dict[tuple, torch.Tensor] = field(default_factory=dict)
-    masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (step, j)
 
     def dropout_rows(self, step: int, j: int, rows: np.ndarray, batch: int,
                      inputs: torch.Tensor) -> torch.Tensor:
-        """Rows `rows` of dense layer j's dropout mask of `step` (drawn over the whole
-        batch once a step, dropped at the next ``trunk-forward``), on the inputs' device."""
-        if (step, j) not in self.masks:
-            self.masks[(step, j)] = dropout_mask(self.seed, step, j, (batch, inputs.shape[1]),
-                                                 self.dense[j].dropout, inputs.dtype)
-        return self.masks[(step, j)][torch.from_numpy(rows)].to(inputs.device)
+        """Rows `rows` of dense layer j's dropout mask of `step` for a batch of `batch`,
+        drawn for those rows alone (`dropout_mask`), on the inputs' device."""
+        mask = dropout_mask(self.seed, step, j, (batch, inputs.shape[1]),
+                            self.dense[j].dropout, inputs.dtype, rows)
+        return mask.to(inputs.device)
 
     def apply_reduced(self, layout: HybridLayout) -> None:
         """The conv step once the summed conv gradient is in place; the dense slices'
@@ -146,7 +145,6 @@ def trunk_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
     with clock.op(TRUNK_FORWARD):
         work.conv_optimizer.zero_grad(set_to_none=True)
         work.features = None
-        work.masks.clear()
         if stop == start and not work.norms:  # with sync batch norm: a party on no rows
             return
         with clock.phase("dataset") as phase:
