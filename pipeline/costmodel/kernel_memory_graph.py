@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .memory import MASK_BYTES, Holds, Live, fast_path, layer_sizes, tail_sizes
+from .memory import Holds, Live, fast_path, layer_sizes, mask_draw_bytes, tail_sizes
 from .network import Network
 
 __all__ = ["GraphWalk"]
@@ -146,7 +146,7 @@ class GraphWalk:
         dropped = [d.in_features for j, d in enumerate(network.dense)
                    if network.dense_dropout(j) > 0]
         for j, width in enumerate(dropped):
-            live.transient(f"draw{j}", "backward", batch * width * (8 + MASK_BYTES))
+            live.transient(f"draw{j}", "backward", batch * width * mask_draw_bytes(s))
             live.alloc(f"dropout{j}", "backward", 2 * batch * width * s)
         live.alloc("dense", "backward", batch * sum(d.out_features for d in network.dense) * s * 3)
         live.alloc("grad-features", "backward", whole)

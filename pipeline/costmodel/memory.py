@@ -76,6 +76,15 @@ WORKER_BASELINE = 182 * 10 ** 6
 INDEX_BYTES = 8
 #: Bytes per element of a shard's mask of where its output is positive (bool).
 MASK_BYTES = 1
+#: Bytes per element of a dropout mask's draw: float32 uniforms (tasks/network.py).
+DRAW_BYTES = 4
+
+
+def mask_draw_bytes(s: int) -> int:
+    """Bytes per element a dropout mask's draw holds for a moment beside the mask of
+    ``s``-byte elements: none where the mask is float32 (the draw is compared and
+    scaled in place into it), the float32 draw where the mask is another dtype."""
+    return 0 if s == DRAW_BYTES else DRAW_BYTES
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .memory import (DEFAULT_CONSTANTS, MASK_BYTES, DevicePeak, Footprint, Holds, Live,
+from .memory import (DEFAULT_CONSTANTS, DevicePeak, Footprint, Holds, Live, mask_draw_bytes,
                      MemoryConstants, alike_once, finish_peak, layer_sizes, paper_family,
                      tail_sizes)
 from .network import Network
@@ -107,11 +107,11 @@ def _graph_replica_walk(live: Live, network: Network, rows: int, s: int, ws: flo
 
 def _dense_walk(live: Live, network: Network, rows: int, s: int) -> None:
     """The dense head on `rows` samples under autograd: what it keeps (the layers'
-    inputs and outputs, a dropout's mask and dropped input, its float64 draw for a
-    moment) until its backward, then the dense gradients."""
+    inputs and outputs, a dropout's mask and dropped input, its float32 draw for a
+    moment where the mask is of another dtype) until its backward, then the dense gradients."""
     for j, dense in enumerate(network.dense):
         if network.dense_dropout(j) > 0:
-            live.transient(f"draw{j}", "activations", rows * dense.in_features * (8 + MASK_BYTES))
+            live.transient(f"draw{j}", "activations", rows * dense.in_features * mask_draw_bytes(s))
             live.alloc(f"dropout{j}", "activations", 2 * rows * dense.in_features * s)
     live.alloc("dense", "activations", rows * sum(d.out_features for d in network.dense) * s * 2)
     live.alloc("grads-dense", "gradients", network.dense_params() * s)
