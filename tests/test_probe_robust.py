@@ -186,6 +186,28 @@ def test_the_replica_plan_times_each_workers_trunk_and_replicas_use_it():
     assert probe.at("high").workers[1].trunk.forward_s == pytest.approx(0.012)  # no spread
 
 
+def test_alike_workers_trunks_are_figured_together_each_at_its_own_rows():
+    """Two alike workers whose few steps read 15 % apart: together, one figure per row
+    for both (not each its own, of which the model would wait for the slower); a
+    worker of another kind keeps its own."""
+    network = NetworkSpec((ConvLayerSpec(3, 32, in_height=32, in_width=32),))
+    plan = replica_plan(network, 99, 3)
+    assert plan.shares == [33, 33, 33]
+    plan = dataclasses.replace(plan, shares=[40, 40, 19])
+    seconds = {"cpu-0": 0.0115, "cpu-1": 0.0100, "gpu-0": 0.001}  # for their rows
+    runs = [PlanRun(plan, ["cpu-0", "cpu-1", "gpu-0"],
+                    [_trunk_receipt(w, s, f, 2 * f) for w, f in seconds.items()
+                     for s in (2, 3, 4)], r) for r in (0, 1)]
+    alone = trunk_timings(runs)
+    pooled = trunk_timings(runs, [["cpu-0", "cpu-1"], ["gpu-0"]])
+    assert alone["cpu-0"].forward_s == pytest.approx(0.0115)
+    assert pooled["cpu-0"].forward_s == pooled["cpu-1"].forward_s
+    assert 0.0100 < pooled["cpu-0"].forward_s < 0.0115
+    assert pooled["cpu-0"].steps == 12 and pooled["cpu-0"].rows == 40
+    assert pooled["gpu-0"] == alone["gpu-0"]
+    assert pooled["gpu-0"].rows == 19
+
+
 def _read_then_compute(name: str, read: float | None, compute: float) -> OpEvent:
     phases = [Phase("dataset", 0.0, read)] if read is not None else []
     return OpEvent(name, 0 if name == CONV_FORWARD else -1, 0.0, (read or 0.0) + compute,

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from typing import Any, Iterator, Sequence
 
 import torch
+from distributed.comm import get_address_host
 
 from pipeline.cluster.workers import ClusterWorker, all_local, scheduler_in_process
 from pipeline.config.run_config import RunConfig
@@ -100,6 +101,17 @@ def worker_identity(offered: Sequence[ClusterWorker]) -> list[tuple]:
     return [(s.name, s.threads, s.emulated_speed, s.resource) for s in offered]
 
 
+def alike_workers(offered: Sequence[ClusterWorker]) -> list[list[str]]:
+    """Names of workers that are the same hardware as far as the probe can tell: the
+    same host, tag, device, torch threads and emulated speed (as
+    `pipeline.placement.calibrate.alike_groups` groups them for a split)."""
+    groups: dict[tuple, list[str]] = {}
+    for w in offered:
+        key = (get_address_host(w.address), w.resource, w.device, w.threads, w.emulated_speed)
+        groups.setdefault(key, []).append(w.name)
+    return list(groups.values())
+
+
 @contextlib.contextmanager
 def _dataset_for(network: NetworkSpec, batch: int, dataset: str | None) -> Iterator[str]:
     """The dataset to calibrate on: the run's, or a small synthetic one of its shape."""
@@ -142,7 +154,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
     memory = probe_memory_rates(client, offered, network)
-    timings, trunks, spreads = shard_timings(runs), trunk_timings(runs), relative_spreads(runs)
+    timings, spreads = shard_timings(runs), relative_spreads(runs)
+    trunks = trunk_timings(runs, alike_workers(offered))
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
                            timings.get(s.name, []), trunks.get(s.name), spreads.get(s.name, {}),
                            memory.get(s.name))

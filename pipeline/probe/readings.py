@@ -20,7 +20,7 @@ from pipeline.probe.timings import ShardTiming, TrunkTiming
 from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD
-from tasks.receipts import OpEvent, Receipt
+from tasks.receipts import OpEvent
 from tasks.replica_layout import TRUNK_BACKWARD, TRUNK_FORWARD
 
 
@@ -96,12 +96,21 @@ def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[ShardTiming]]:
     return {worker: mark_outliers(timings) for worker, timings in out.items()}
 
 
-def trunk_timings(runs: Sequence[PlanRun]) -> dict[str, TrunkTiming]:
+def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
+                  ) -> dict[str, TrunkTiming]:
     """Per worker, its replica's conv trunk from the replica plan's rounds: the
     trunk-forward's compute and the trunk-backward's (its backward and the gradient's
-    flattening, as a replica-step has them), each the median of its rounds' medians."""
-    cells: dict[tuple[str, int, int], dict[int, list[tuple[float, float, float | None]]]] = \
-        defaultdict(lambda: defaultdict(list))
+    flattening, as a replica-step has them), each the median of its rounds' medians.
+
+    Workers in one group of `alike` (the same hardware as far as the probe can tell:
+    `alike_workers`) are figured together, every step per row of all of them, each
+    then at its own rows: such workers differ only by which of them the host's
+    scheduler ran, and a model taking each its own few steps would wait for whichever
+    read slowest (two alike workers' trunks read 15 % apart where their runs' steps
+    were 2 % apart)."""
+    samples: dict[tuple[str, int], dict[int, list[tuple[float, float, float | None]]]] = \
+        defaultdict(lambda: defaultdict(list))  # (worker, workers running) -> round -> per row
+    rows_of: dict[tuple[str, int], int] = {}
     for run in runs:
         if not isinstance(run.plan, ReplicaPlan):
             continue
@@ -110,12 +119,22 @@ def trunk_timings(runs: Sequence[PlanRun]) -> dict[str, TrunkTiming]:
                    if e.name in (TRUNK_FORWARD, TRUNK_BACKWARD)}
             rows = run.plan.shares[run.workers.index(receipt.worker)]
             if rows and len(ops) == 2:
-                cells[(receipt.worker, rows, run.plan.workers)][run.round].append(
-                    (_busy(ops[TRUNK_FORWARD]), _busy(ops[TRUNK_BACKWARD]),
-                     _dataset_read(ops[TRUNK_FORWARD])))
+                read = _dataset_read(ops[TRUNK_FORWARD])
+                key = (receipt.worker, run.plan.workers)
+                rows_of[key] = rows
+                samples[key][run.round].append(
+                    (_busy(ops[TRUNK_FORWARD]) / rows, _busy(ops[TRUNK_BACKWARD]) / rows,
+                     None if read is None else read / rows))
+    group_of = {name: tuple(group) for group in alike for name in group}
     out = {}
-    for (worker, rows, active), by_round in cells.items():
-        rounds = [by_round[r] for r in sorted(by_round)]
+    for (worker, active), rows in rows_of.items():
+        peers = [name for name in group_of.get(worker, (worker,)) if (name, active) in samples]
+        by_round: dict[int, list[tuple[float, float, float | None]]] = defaultdict(list)
+        for name in peers:
+            for r, steps in samples[(name, active)].items():
+                by_round[r] += steps
+        rounds = [[(f * rows, b * rows, None if d is None else d * rows) for f, b, d in
+                   by_round[r]] for r in sorted(by_round)]
         f, b = (estimate([[step[n] for step in r] for r in rounds]) for n in range(2))
         total = estimate([[step[0] + step[1] for step in r] for r in rounds])
         both = f.value + b.value
