@@ -79,11 +79,11 @@ def test_the_models_breakdown_in_the_same_components():
     assert all(math.isnan(v) for v in model_breakdown(None).values())
 
 
-def test_the_compute_error_is_the_models_critical_compute_against_the_runs():
+def test_the_compute_error_is_the_models_critical_compute_against_the_busiest_workers():
     """The dense head counts as compute on both sides (the master's critical path)."""
     predicted = {"compute_critical": 0.15, "master": 0.01, "storage": 0.03, "overhead": 0.004}
-    assert math.isclose(compute_error(predicted, {"compute": 0.08, "exchange": 0.02}), 1.0)
-    assert math.isclose(compute_error(predicted, {"compute": 0.32}), -0.5)
-    assert compute_error(None, {"compute": 0.08}) is None  # no prediction
-    assert compute_error(predicted, None) is None and compute_error(predicted, {}) is None
-    assert compute_error(predicted, {"compute": 0.0}) is None  # an emulated or empty run
+    assert math.isclose(compute_error(predicted, 0.08), 1.0)
+    assert math.isclose(compute_error(predicted, 0.32), -0.5)
+    assert compute_error(None, 0.08) is None  # no prediction
+    assert compute_error(predicted, None) is None
+    assert compute_error(predicted, 0.0) is None  # an emulated or empty run

@@ -113,17 +113,23 @@ def model_breakdown(breakdown: Mapping[str, object] | None) -> dict[str, float]:
 
 
 def compute_error(predicted: Mapping[str, object] | None,
-                  measured: Mapping[str, float] | None) -> float | None:
-    """The model's compute on the critical path against the run's (the median
-    `record_breakdown`'s): ``predicted / measured - 1``; None without both.
+                  measured_compute: float | None) -> float | None:
+    """The model's compute on the critical path against the run's busiest worker's
+    (the summary's ``compute_time_median``: per step the most any worker computed,
+    median over the steps): ``predicted / measured - 1``; None without both.
 
     Why beside the step's error: the model's compute is the probe's timings of the
     same shards replayed, so where the two errors agree, the miss is how fast the
     machine ran the arithmetic now against when it was probed (this project's 2-core
     machines moved by 1.5x within an hour, and a probe is cached for days), not the
-    model's exchange, waits or overheads (docs/model.md)."""
+    model's exchange, waits or overheads (docs/model.md). Why the busiest worker and
+    not the critical breakdown's: the critical worker is the one that accounted for
+    the most time, its waits included, and under ``kernel`` that is often a worker
+    that waited for the master's dense head, whose compute is the model's (conv and
+    head) less the head (vgg11's ``kernel``/2 read +84 % against it, -4 % against the
+    busiest)."""
     model = model_breakdown(predicted)["compute"]
-    run = float((measured or {}).get("compute", float("nan")))
+    run = float("nan") if measured_compute is None else float(measured_compute)
     if not (np.isfinite(model) and np.isfinite(run)) or model <= 0 or run <= 0:
         return None
     return model / run - 1.0

@@ -195,7 +195,7 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     if predicted is not None and measured:
         prediction["prediction_error"] = predicted / measured - 1.0
         prediction["compute_error"] = compute_error(prediction.get("predicted_breakdown"),
-                                                    summary.get("critical_breakdown"))
+                                                    summary.get("compute_time_median"))
     summary.update(prediction)
     record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
     record.attrs["prediction"] = jsonable(prediction)
