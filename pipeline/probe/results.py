@@ -189,7 +189,8 @@ class ClusterProbe:
                                head_rate(net, self.batch, head_s, mem_bw), mem_bw)
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
-                                                     w.trunk.backward_s, w.trunk.dataset_s))
+                                                     w.trunk.backward_s, w.trunk.dataset_s,
+                                                     w.trunk.spread))
             specs.append(replace(spec, spread=w.spread.get(active, 0.0)))
         return specs
 

@@ -64,7 +64,9 @@ class TrunkTiming:
     """The whole conv trunk as a ``data``/``hybrid`` replica runs it on this worker:
     ``rows`` samples, ``active`` workers' replicas running at once. Figures, spread
     and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread);
-    ``dataset_s`` the replica's batch read."""
+    ``dataset_s`` the replica's batch read; ``spread`` how much it varies from step to
+    step against its peers' (`readings.relative_spreads` of the trunk's ops; None: not
+    measured)."""
 
     rows: int
     active: int
@@ -76,6 +78,7 @@ class TrunkTiming:
     high_s: float = 0.0
     settled: bool = True
     dataset_s: float | None = None
+    spread: float | None = None
 
     def scaled(self, bound: str) -> "TrunkTiming":
         """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""
