@@ -147,9 +147,8 @@ NETWORKS = {"paper family": ["network.conv.0.kernels=12", "network.conv.1.kernel
 
 
 @pytest.mark.parametrize("strategy, dtype, victim, tolerance, network", [
-    ("kernel", "float64", "w1", 1e-10, "paper family"),
     ("data", "float64", "w0", 1e-10, "paper family"),
-    ("kernel", "float64", "w2", 1e-10, "resnet20"),
+    ("kernel", "float64", "w2", 1e-10, "resnet20"),  # kernel's re-placed shards, tied
 ])
 def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dataset_factory,
                                            strategy, dtype, victim, tolerance, network):

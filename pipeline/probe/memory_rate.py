@@ -29,7 +29,7 @@ from tasks.update_rate import time_update
 #: The most parameters timed: 64 MB a tensor in float32, far past a CPU's caches.
 MAX_ELEMENTS = 1 << 24
 #: How long before the workers start, so that every one of them has its task.
-START_DELAY_S = 0.3
+START_DELAY_S = 0.1
 
 
 def replica_parameters(network: NetworkSpec) -> int:
