@@ -6,7 +6,7 @@ flat gradient and steps SGD with momentum over every parameter: element-wise pas
 over the whole parameter count, each bound by memory, not arithmetic. Its time per
 parameter, measured on every worker at once (as the replicas run it, sharing the
 memory bus), is the probe's figure of a worker's memory rate (pipeline/probe/
-memory_rate.py); the cost model prices every element-wise pass by it.
+replica_rates.py); the cost model prices every element-wise pass by it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A worker's memory rate (pipeline/probe/memory_rate.py, tasks/update_rate.py) and
+"""A worker's memory rate (pipeline/probe/replica_rates.py, tasks/update_rate.py) and
 what the model prices by it: a replica's update, its gradients' flattening and the
 reduction's sums, and the dense head's element-wise part taken out of its rate."""
 
@@ -15,7 +15,7 @@ from pipeline.costmodel.builders import marques_cifar
 from pipeline.costmodel.compute import (FLATTEN_ACCESSES, REPLICA_UPDATE_ACCESSES,
                                         dense_stream_elements, dense_time, sum_accesses)
 from pipeline.costmodel.kernel_context import KernelContext
-from pipeline.probe.memory_rate import memory_bandwidth, replica_parameters
+from pipeline.probe.replica_rates import memory_bandwidth, replica_parameters
 from pipeline.probe.results import WorkerProbe, master_device
 from pipeline.probe.tables import MIN_PRODUCT_SHARE, dense_flops, head_rate
 from tasks.update_rate import time_update
@@ -107,3 +107,29 @@ def test_a_probe_without_memory_rates_prices_streams_as_free():
     assert [d.mem_bw for d in rated.device_specs()] == [3e9, 3e9]
     assert master_device(probe.master, probe.costmodel_network(), 3e9).mem_bw == 3e9
     assert WorkerProbe("w", "a", 1, 1.0).memory_bw is None
+
+
+def test_the_dense_head_timed_on_a_replicas_rows_grows_with_them():
+    from tasks.dense_head import time_dense_head
+    spec = build_preset("vgg11", (3, 32, 32), 10, "float32", 1 / 16)
+    few, many = (time_dense_head(spec, rows, start_at=time.time())["seconds"] for rows in (4, 64))
+    assert 0 < few < many
+
+
+def test_a_replica_takes_its_dense_layers_from_the_head_timed_on_its_rows():
+    """The trunk's timing of the head replaces the dense rate's, in proportion to the
+    rows, each dense layer keeping its share; without one the rate stands."""
+    from pipeline.costmodel.data import replica_times
+    from pipeline.costmodel.devices import TrunkTime
+    net = marques_cifar()
+    convs = len(NET.conv)
+    timed = dataclasses.replace(CPU, trunk=TrunkTime(32, 0.01, 0.02, dense=0.004))
+    untimed = dataclasses.replace(CPU, trunk=TrunkTime(32, 0.01, 0.02))
+    (with_head,), (without,) = (replica_times([d], net, [16]) for d in (timed, untimed))
+    assert sum(t.forward + t.backward for t in with_head[convs:]) == pytest.approx(0.002)
+    assert sum(t.forward + t.backward for t in with_head[:convs]) == pytest.approx(0.015)
+    assert with_head[:convs] == without[:convs]
+    plain = dense_time(CPU, net.dense[:1], 16, input_grad=True)
+    assert without[convs].forward == pytest.approx(plain.forward)
+    shares = [t.forward / (t.forward + t.backward) for t in (with_head[convs], without[convs])]
+    assert shares[0] == pytest.approx(shares[1])

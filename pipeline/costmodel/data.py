@@ -81,19 +81,30 @@ def measured_trunk(dev: DeviceSpec, times: list[LayerTime], convs: int, batch: f
                    ) -> list[LayerTime]:
     """A replica's per-layer ``times`` with its conv layers rescaled to the device's
     measured trunk (`TrunkTime`), where it has one: each conv layer keeps its share of
-    the forward and of the backward as the layer tables give them."""
+    the forward and of the backward as the layer tables give them; likewise its dense
+    layers to the trunk's timing of the head on the replica's rows, where it has one."""
     if dev.trunk is None or batch <= 0 or not convs:
         return times
-    forward, backward = dev.trunk.times(batch)
-    conv = times[:convs]
-    f_sum, b_sum = sum(t.forward for t in conv), sum(t.backward for t in conv)
+    conv = _rescaled(times[:convs], *dev.trunk.times(batch))
+    dense, head = times[convs:], dev.trunk.dense_time(batch)
+    if head is not None and dense:
+        total = sum(t.forward + t.backward for t in dense)
+        share = sum(t.forward for t in dense) / total if total > 0 else 0.5
+        dense = _rescaled(dense, head * share, head * (1.0 - share))
+    return conv + dense
+
+
+def _rescaled(times: list[LayerTime], forward: float, backward: float) -> list[LayerTime]:
+    """``times`` scaled to ``forward`` and ``backward`` seconds in all, each layer
+    keeping its share of each (the first layer all of it where none has any)."""
+    f_sum, b_sum = sum(t.forward for t in times), sum(t.backward for t in times)
     scaled = []
-    for i, t in enumerate(conv):
+    for i, t in enumerate(times):
         f = t.forward / f_sum if f_sum > 0 else float(i == 0)
         b = t.backward / b_sum if b_sum > 0 else float(i == 0)
         first = t.backward_input / t.backward if t.backward > 0 else 0.0
         scaled.append(LayerTime(forward * f, backward * b, t.update, backward * b * first))
-    return scaled + times[convs:]
+    return scaled
 
 
 def comm_link(devices: Sequence[DeviceSpec], link: LinkSpec) -> LinkSpec:

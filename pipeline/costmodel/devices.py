@@ -96,6 +96,16 @@ class TrunkTime:
     #: how much the trunk varies from step to step against its peers' (None: not
     #: measured; the device's `DeviceSpec.spread` stands): a replica's spread
     spread: float | None = None
+    #: the dense head's forward and backward on ``batch`` rows, every replica at once
+    #: (None: not measured; the dense rate stands)
+    dense: float | None = None
+
+    def dense_time(self, batch: float) -> float | None:
+        """Seconds of the dense head on ``batch`` rows (in proportion to the rows timed;
+        ``None``: not timed)."""
+        if self.dense is None or batch <= 0:
+            return None
+        return self.dense * batch / self.batch
 
     def times(self, batch: float) -> tuple[float, float]:
         """``(forward, backward)`` seconds of the trunk on ``batch`` rows."""

@@ -30,7 +30,7 @@ from pipeline.cluster.workers import ClusterWorker, all_local, scheduler_in_proc
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.contention import cores_filled
 from pipeline.probe.hops import probe_hops
-from pipeline.probe.memory_rate import probe_memory_rates
+from pipeline.probe.replica_rates import probe_memory_rates, probe_replica_heads
 from pipeline.probe.machine import machine_identity
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
@@ -136,7 +136,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
                   output_root: str | None = None) -> ClusterProbe:
     """Calibration runs of the engine on ``offered`` in rounds, sizes timed again
     where the rounds disagree (pipeline/probe/runs.py, rounds.py, readings.py), hops,
-    and the workers' memory rates (memory_rate.py).
+    and what a replica runs beyond its trunk: its update (each worker's memory rate)
+    and its dense head on its rows (replica_rates.py).
 
     ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
     part: the store's figures are measured across them), ``output_root`` where the
@@ -154,9 +155,11 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
     memory = probe_memory_rates(client, offered, network)
+    heads = probe_replica_heads(client, offered, network, replicas.shares) if replicas else {}
     timings, spreads = shard_timings(runs), relative_spreads(runs)
     trunk_spreads = relative_spreads(runs, TRUNK_OPS)
-    trunks = {name: replace(trunk, spread=trunk_spreads.get(name, {}).get(trunk.active))
+    trunks = {name: replace(trunk, spread=trunk_spreads.get(name, {}).get(trunk.active),
+                            dense_s=heads.get(name))
               for name, trunk in trunk_timings(runs, alike_workers(offered)).items()}
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
                            timings.get(s.name, []), trunks.get(s.name), spreads.get(s.name, {}),

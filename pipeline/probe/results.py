@@ -46,7 +46,7 @@ class WorkerProbe:
     #: its ops' compute spread against its peers', per number of workers running
     #: (`readings.relative_spreads`): the cost model's `DeviceSpec.spread`
     spread: dict[int, float] = field(default_factory=dict)
-    #: its memory rate, B/s, with every worker streaming at once (memory_rate.py):
+    #: its memory rate, B/s, with every worker streaming at once (replica_rates.py):
     #: the cost model's `DeviceSpec.mem_bw` (None: not measured, streams cost nothing)
     memory_bw: float | None = None
 
@@ -190,7 +190,7 @@ class ClusterProbe:
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s,
-                                                     w.trunk.spread))
+                                                     w.trunk.spread, w.trunk.dense_s))
             specs.append(replace(spec, spread=w.spread.get(active, 0.0)))
         return specs
 

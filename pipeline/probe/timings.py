@@ -66,7 +66,8 @@ class TrunkTiming:
     and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread);
     ``dataset_s`` the replica's batch read; ``spread`` how much it varies from step to
     step against its peers' (`readings.relative_spreads` of the trunk's ops; None: not
-    measured)."""
+    measured); ``dense_s`` the dense head's forward and backward on the same rows, every
+    replica at once (replica_rates.py; None: not measured)."""
 
     rows: int
     active: int
@@ -79,6 +80,7 @@ class TrunkTiming:
     settled: bool = True
     dataset_s: float | None = None
     spread: float | None = None
+    dense_s: float | None = None
 
     def scaled(self, bound: str) -> "TrunkTiming":
         """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""

@@ -1,4 +1,5 @@
-"""Each worker's memory rate, as the cost model prices element-wise work.
+"""What a replica runs beyond its trunk, timed on every worker at once: its update,
+the figure of each worker's memory rate, and its dense head on its rows.
 
 The conv layers' and the dense head's times come from the engine's own ops; what no
 plan times alone is the element-wise work around them that grows with the parameter
@@ -9,6 +10,11 @@ two replicas updating at once each stream slower than one alone. So the probe ti
 a replica's update (tasks/update_rate.py) on every worker at once, at the network's
 parameter count (capped at `MAX_ELEMENTS`: past every cache, a figure that no longer
 changes with size), and the model's `DeviceSpec.mem_bw` is its bytes over its time.
+
+The dense head is timed on the master at the whole batch; a ``data`` replica runs it
+on its own rows, where its products stream the same weights for fewer rows, and with
+every other replica at once. So each worker also times the head on its share of the
+replica plan (`tasks.dense_head.time_dense_head`): its trunk's `TrunkTiming.dense_s`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pipeline.costmodel.compute import REPLICA_UPDATE_ACCESSES
 from pipeline.engine.runner import TaskRunner
 from pipeline.probe.tables import costmodel_network
 from tasks.specs import NetworkSpec
+from tasks.dense_head import time_dense_head
 from tasks.update_rate import time_update
 
 #: The most parameters timed: 64 MB a tensor in float32, far past a CPU's caches.
@@ -62,3 +69,16 @@ def probe_memory_rates(client, offered: Sequence[ClusterWorker], network: Networ
     timed = runner.gather(futures, "probe memory rates")
     return {worker.name: memory_bandwidth(result["seconds_per_element"], network.dtype)
             for worker, result in zip(offered, timed)}
+
+
+def probe_replica_heads(client, offered: Sequence[ClusterWorker], network: NetworkSpec,
+                        shares: Sequence[int]) -> dict[str, float]:
+    """Each worker's seconds of the dense head's forward and backward on its rows of
+    `shares` (the replica plan's), every worker at once; none for a worker without rows."""
+    runner = TaskRunner(client, offered, f"replica-heads-{uuid.uuid4().hex[:8]}")
+    start_at = time.time() + START_DELAY_S
+    futures = {worker.name: runner.submit(time_dense_head, index, network, rows, start_at,
+                                          name=f"head-{worker.name}")
+               for index, (worker, rows) in enumerate(zip(offered, shares)) if rows > 0}
+    timed = runner.gather(list(futures.values()), "probe replica heads")
+    return {name: result["seconds"] for name, result in zip(futures, timed)}
