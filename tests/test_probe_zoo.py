@@ -86,7 +86,9 @@ def test_the_share_is_the_median_pair_clipped_and_none_without_a_measurement():
     assert pair_share(0.100, 0.110, 0.2) == pytest.approx(0.010 / 0.022)
     assert pair_share(0.100, 0.110, 0.0) is None and pair_share(0.0, 0.110, 0.2) is None
     assert median_share([0.2, None, 0.4, 0.9]) == pytest.approx(0.4)
-    assert median_share([-0.3, -0.1]) == 0.0 and median_share([1.5, 2.0]) == 1.0
+    assert median_share([-0.3, -0.1]) == 0.0 and median_share([0.9, 1.0, 1.05]) == 1.0
+    # a burner that slowed the step by more than its own CPU measured no share
+    assert median_share([1.5, 2.0]) is None and median_share([1.03, 1.0, 0.81, 1.3]) is None
     assert median_share([None]) is None and median_share([]) is None
     # figures a loaded machine gave (a quick sweep's probe at load 7 on 2 cores): noise
     assert median_share([3.89, -0.91, 0.32, 1.93]) is None
