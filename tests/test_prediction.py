@@ -124,8 +124,7 @@ def test_probe_measures_positive_finite_constants(probe):
         assert t is not None and (t.rows, t.active) == (probe.batch // 2, 2), t
         assert t.forward_s > 0 and t.backward_s > 0 and t.rounds >= 2
         assert _finite_positive(t.dataset_s), t
-        # the dense head on the same rows, and the trunk's own spread against its peer's
-        assert _finite_positive(t.dense_s) and 0 <= t.spread < 1, t
+        assert _finite_positive(t.dense_s), t  # the dense head on the same rows
     assert all(d.trunk is not None for d in probe.device_specs(2))
     assert [d.trunk.dense for d in probe.device_specs(2)] == [w.trunk.dense_s
                                                               for w in probe.workers]

@@ -111,30 +111,3 @@ def test_the_probes_devices_take_the_spread_with_as_many_workers_running():
     again = cluster_probe_from_dict(json.loads(json.dumps(dataclasses.asdict(probe))))
     assert again.workers[0].spread == {2: 0.12, 3: 0.2}  # through the JSON cache
 
-
-def test_replicas_take_their_trunks_spread_and_shards_their_own():
-    """A shard of one layer jitters more than a whole trunk: replicas (data, hybrid) wait
-    by the trunk's spread where the probe timed it, `kernel` by the shards'."""
-    from pipeline.costmodel.devices import TrunkTime, as_replicas
-    from pipeline.probe.readings import TRUNK_OPS
-    from tasks.replica_layout import TRUNK_BACKWARD
-
-    draws = np.random.default_rng(2).normal(1.0, 0.1, 200)
-    receipts = [_receipt(w, s, {(CONV_FORWARD, 0): 0.01 * (draws[s] if w == "b" else 1.0),
-                                (TRUNK_BACKWARD, -1): 0.05})
-                for s in range(200) for w in ("a", "b")]
-    runs = [PlanRun(ProbePlan([[4, 4]]), ["a", "b"], receipts)]
-    assert relative_spreads(runs, (CONV_FORWARD,))["b"][2] > 0.05  # the shards' jitter
-    assert relative_spreads(runs, TRUNK_OPS)["b"][2] == pytest.approx(0.0)  # the trunk's none
-    shard = DeviceSpec(flops=1e10, spread=0.1)
-    trunk = dataclasses.replace(shard, trunk=TrunkTime(32, 0.01, 0.02, spread=0.02))
-    unmeasured = dataclasses.replace(shard, trunk=TrunkTime(32, 0.01, 0.02))
-    assert [d.spread for d in as_replicas([shard, trunk, unmeasured])] == [0.1, 0.02, 0.1]
-    net = conv_net([8, 16], image=16, hidden=[32], name="tiny")
-    link = LinkSpec.from_bandwidth(1e10)
-    from tests.test_costmodel_replicas_zoo import STORE
-    jittery, steady = (predict("data", net, 64, [dev] * 2, link, STORE).step_time
-                       for dev in (dataclasses.replace(shard, trunk=TrunkTime(32, 0.01, 0.02)),
-                                   dataclasses.replace(shard, trunk=TrunkTime(32, 0.01, 0.02,
-                                                                              spread=0.0))))
-    assert jittery > steady

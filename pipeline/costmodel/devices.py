@@ -16,7 +16,7 @@ count), so a single FLOP rate mispredicts small shards.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Mapping, Sequence
 
@@ -93,9 +93,6 @@ class TrunkTime:
     forward: float
     backward: float
     dataset: float | None = None  # the replica's batch read, timed in the same runs
-    #: how much the trunk varies from step to step against its peers' (None: not
-    #: measured; the device's `DeviceSpec.spread` stands): a replica's spread
-    spread: float | None = None
     #: the dense head's forward and backward on ``batch`` rows, every replica at once
     #: (None: not measured; the dense rate stands)
     dense: float | None = None
@@ -305,14 +302,6 @@ def spreads(devices: Sequence[DeviceSpec]) -> tuple[float, ...]:
     (then the fast timelines, which keep no variances, give the same step)."""
     values = tuple(device.spread for device in devices)
     return values if any(values) else ()
-
-
-def as_replicas(devices: Sequence[DeviceSpec]) -> list[DeviceSpec]:
-    """The devices as replicas run on them: each with its trunk's spread, where one was
-    measured. A shard of one layer, what `DeviceSpec.spread` mostly measures, varies
-    more from step to step than a whole trunk of them does."""
-    return [replace(d, spread=d.trunk.spread)
-            if d.trunk is not None and d.trunk.spread is not None else d for d in devices]
 
 
 def uneven(devices: Sequence[DeviceSpec], store: StoreSpec | None) -> bool:

@@ -34,7 +34,7 @@ import numpy as np
 from .compute import (FLATTEN_ACCESSES, REPLICA_UPDATE_ACCESSES, UPDATE_ACCESSES, LayerTime,
                       dense_time)
 from .data import per_device_totals, replica_times
-from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, as_replicas, spreads, uneven
+from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, uneven
 from .batch_reads import replica_batch_read
 from .network import Network
 from .replica_exchanges import (Stretches, even_counts, exchange_ops, exchange_phases, hand_on,
@@ -99,7 +99,6 @@ def _finish(strategy: str, batch: int, result, per_device: list[float], store: S
 def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
                        link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
     """``data`` through the store, as the engine runs it (see the module doc)."""
-    devices = as_replicas(devices)
     p = len(devices)
     shares = _shares(batch, devices, options)
     params = sum(c.params() for c in network.conv) + sum(d.params() for d in network.dense)
@@ -164,7 +163,6 @@ def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[Device
 def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
                          link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
     """``hybrid`` through the store, as the engine runs it (see the module doc)."""
-    devices = as_replicas(devices)
     h = _hybrid_setup(network, batch, devices, options)
     p = len(devices)
     overhead = options.overhead or DaskOverhead()

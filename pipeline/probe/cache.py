@@ -36,7 +36,7 @@ from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
                                     WorkerProbe, cluster_probe_from_dict)
 from pipeline.probe.timings import ShardTiming
-from pipeline.probe.readings import (TRUNK_OPS, access_spreads, client_cpu_fit, dataset_read_s, dense_s,
+from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_read_s, dense_s,
                                      relative_spreads, shard_timings, store_fit, sync_s,
                                      task_gap_s, trunk_timings)
 from pipeline.probe.rounds import calibrate
@@ -157,9 +157,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     memory = probe_memory_rates(client, offered, network)
     heads = probe_replica_heads(client, offered, network, replicas.shares) if replicas else {}
     timings, spreads = shard_timings(runs), relative_spreads(runs)
-    trunk_spreads = relative_spreads(runs, TRUNK_OPS)
-    trunks = {name: replace(trunk, spread=trunk_spreads.get(name, {}).get(trunk.active),
-                            dense_s=heads.get(name))
+    trunks = {name: replace(trunk, dense_s=heads.get(name))
               for name, trunk in trunk_timings(runs, alike_workers(offered)).items()}
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
                            timings.get(s.name, []), trunks.get(s.name), spreads.get(s.name, {}),

@@ -158,15 +158,11 @@ def iqr_sigma(values: Sequence[float]) -> float:
 
 #: The ops whose compute `relative_spreads` compares between workers.
 _SPREAD_OPS = (CONV_FORWARD, CONV_BACKWARD, TRUNK_FORWARD, TRUNK_BACKWARD)
-#: A replica trunk's ops: a whole trunk varies less than a shard of one layer does.
-TRUNK_OPS = (TRUNK_FORWARD, TRUNK_BACKWARD)
 
 
-def relative_spreads(runs: Sequence[PlanRun], ops: Sequence[str] = _SPREAD_OPS
-                     ) -> dict[str, dict[int, float]]:
+def relative_spreads(runs: Sequence[PlanRun]) -> dict[str, dict[int, float]]:
     """Per worker and number of workers running, how much its ops' compute varies
-    from step to step against its peers' (the cost model's `DeviceSpec.spread`; of
-    the replica trunk's ops alone, `TRUNK_OPS`: its `TrunkTime.spread`).
+    from step to step against its peers' (the cost model's `DeviceSpec.spread`).
 
     Each op's seconds (per worker, op and layer, in one run) over their median in
     that run; at each step, the workers' figures for the same op less their mean,
@@ -183,7 +179,7 @@ def relative_spreads(runs: Sequence[PlanRun], ops: Sequence[str] = _SPREAD_OPS
         for receipt in run.receipts:
             for event in receipt.events:
                 busy = _busy(event)
-                if event.name in ops and busy > 0:
+                if event.name in _SPREAD_OPS and busy > 0:
                     seconds[(receipt.worker, event.name, event.layer)][receipt.step] = busy
         peers: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
         for (worker, op, layer), by_step in seconds.items():

@@ -190,7 +190,7 @@ class ClusterProbe:
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s,
-                                                     w.trunk.spread, w.trunk.dense_s))
+                                                     w.trunk.dense_s))
             specs.append(replace(spec, spread=w.spread.get(active, 0.0)))
         return specs
 

@@ -64,9 +64,7 @@ class TrunkTiming:
     """The whole conv trunk as a ``data``/``hybrid`` replica runs it on this worker:
     ``rows`` samples, ``active`` workers' replicas running at once. Figures, spread
     and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread);
-    ``dataset_s`` the replica's batch read; ``spread`` how much it varies from step to
-    step against its peers' (`readings.relative_spreads` of the trunk's ops; None: not
-    measured); ``dense_s`` the dense head's forward and backward on the same rows, every
+    ``dataset_s`` the replica's batch read; ``dense_s`` the dense head's forward and backward on the same rows, every
     replica at once (replica_rates.py; None: not measured)."""
 
     rows: int
@@ -79,7 +77,6 @@ class TrunkTiming:
     high_s: float = 0.0
     settled: bool = True
     dataset_s: float | None = None
-    spread: float | None = None
     dense_s: float | None = None
 
     def scaled(self, bound: str) -> "TrunkTiming":
