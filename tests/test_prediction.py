@@ -30,6 +30,7 @@ from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, S
                             WorkerProbe, cached_probe,
                             cluster_probe_from_dict, find_cached_probe)
 from pipeline.probe.client_share import PAIRS, median_share
+from pipeline.probe.runs import REPLICA_ROUNDS, ROUNDS
 from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import run_training
@@ -122,7 +123,8 @@ def test_probe_measures_positive_finite_constants(probe):
     for worker in probe.workers:  # each replica's conv trunk, both replicas running
         t = worker.trunk
         assert t is not None and (t.rows, t.active) == (probe.batch // 2, 2), t
-        assert t.forward_s > 0 and t.backward_s > 0 and t.rounds >= 2
+        assert t.forward_s > 0 and t.backward_s > 0
+        assert t.rounds >= REPLICA_ROUNDS > ROUNDS  # its trunk is all of a replica's convs
         assert _finite_positive(t.dataset_s), t
         assert _finite_positive(t.dense_s), t  # the dense head on the same rows
     assert all(d.trunk is not None for d in probe.device_specs(2))

@@ -115,6 +115,7 @@ def test_a_probe_of_resnet20_on_two_workers_times_every_layer(shared_cluster, pr
     # robustness is tests/test_probe_robust.py's, the share's tests/test_prediction.py's)
     monkeypatch.setattr(cache, "share_plans", lambda *args: [])
     monkeypatch.setattr(runs, "ROUNDS", 1)
+    monkeypatch.setattr(runs, "REPLICA_ROUNDS", 1)
     monkeypatch.setattr(rounds, "RETIMES", 0)
     monkeypatch.setattr(cache, "plans_for", lambda *args: runs.plans_for(*args, budget_s=0.0))
     client, cluster = shared_workers(shared_cluster, "PROBE")

@@ -56,7 +56,8 @@ def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpe
     client_share.py; their rounds are not the runs'). Returns the runs, how many plan
     rounds were timing again, and each measured pair's share."""
     names = [w.name for w in offered]
-    rounds = [plan_rounds(plan_seconds(network, batch, plan)) for plan in plans]
+    rounds = [plan_rounds(plan_seconds(network, batch, plan), isinstance(plan, ReplicaPlan))
+              for plan in plans]
     runs: list[PlanRun] = []
     again_runs = 0
     with PlanEngines(client, offered, network, batch, dataset, plans, workspace_dir,
