@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Sequence
-
-import torch
+from typing import Callable, Sequence
 
 from pipeline.cluster.workers import ClusterWorker
 from pipeline.costmodel.compute import REPLICA_UPDATE_ACCESSES
+from pipeline.costmodel.memory import element_bytes
 from pipeline.engine.runner import TaskRunner
 from pipeline.probe.tables import costmodel_network
 from tasks.specs import NetworkSpec
@@ -52,8 +51,7 @@ def memory_bandwidth(seconds_per_element: float, dtype: str) -> float:
     bytes, over the time."""
     if seconds_per_element <= 0:
         raise ValueError("a replica's update cannot take no time")
-    itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-    return REPLICA_UPDATE_ACCESSES * itemsize / seconds_per_element
+    return REPLICA_UPDATE_ACCESSES * element_bytes(dtype) / seconds_per_element
 
 
 def probe_memory_rates(client, offered: Sequence[ClusterWorker], network: NetworkSpec
@@ -61,24 +59,29 @@ def probe_memory_rates(client, offered: Sequence[ClusterWorker], network: Networ
     """Each worker's memory bandwidth (B/s, `memory_bandwidth`) with every worker
     updating a replica at once."""
     elements = min(replica_parameters(network), MAX_ELEMENTS)
-    runner = TaskRunner(client, offered, f"memory-rate-{uuid.uuid4().hex[:8]}")
-    start_at = time.time() + START_DELAY_S
-    futures = [runner.submit(time_update, index, elements, len(offered), network.dtype,
-                             start_at, name=f"update-{worker.name}")
-               for index, worker in enumerate(offered)]
-    timed = runner.gather(futures, "probe memory rates")
-    return {worker.name: memory_bandwidth(result["seconds_per_element"], network.dtype)
-            for worker, result in zip(offered, timed)}
+    timed = _at_once(client, offered, "update", time_update,
+                     {w.name: (elements, len(offered), network.dtype) for w in offered})
+    return {name: memory_bandwidth(result["seconds_per_element"], network.dtype)
+            for name, result in timed.items()}
 
 
 def probe_replica_heads(client, offered: Sequence[ClusterWorker], network: NetworkSpec,
                         shares: Sequence[int]) -> dict[str, float]:
     """Each worker's seconds of the dense head's forward and backward on its rows of
     `shares` (the replica plan's), every worker at once; none for a worker without rows."""
-    runner = TaskRunner(client, offered, f"replica-heads-{uuid.uuid4().hex[:8]}")
+    timed = _at_once(client, offered, "head", time_dense_head,
+                     {w.name: (network, rows) for w, rows in zip(offered, shares) if rows > 0})
+    return {name: result["seconds"] for name, result in timed.items()}
+
+
+def _at_once(client, offered: Sequence[ClusterWorker], what: str, timing: Callable[..., dict],
+             args: dict[str, tuple]) -> dict[str, dict]:
+    """`timing(*args[name], start_at)` on each named worker, every one given the same
+    wall-clock start `START_DELAY_S` from now; its results by worker name."""
+    runner = TaskRunner(client, offered, f"{what}-{uuid.uuid4().hex[:8]}")
     start_at = time.time() + START_DELAY_S
-    futures = {worker.name: runner.submit(time_dense_head, index, network, rows, start_at,
-                                          name=f"head-{worker.name}")
-               for index, (worker, rows) in enumerate(zip(offered, shares)) if rows > 0}
-    timed = runner.gather(list(futures.values()), "probe replica heads")
-    return {name: result["seconds"] for name, result in zip(futures, timed)}
+    futures = {w.name: runner.submit(timing, index, *args[w.name], start_at,
+                                     name=f"{what}-{w.name}")
+               for index, w in enumerate(offered) if w.name in args}
+    timed = runner.gather(list(futures.values()), f"probe {what} timings")
+    return dict(zip(futures, timed))

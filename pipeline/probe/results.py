@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, Network, Options, StoreSpec, TrunkTime
 from pipeline.costmodel.compute import conv_time
+from pipeline.costmodel.memory import element_bytes
 from pipeline.placement.split import split_even
 from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec, head_rate,
                                    network_spec_from_dict)
@@ -180,13 +181,14 @@ class ClusterProbe:
         """
         active = len(self.workers) if active is None else active
         net = self.costmodel_network()
+        s = element_bytes(self.network_spec().dtype)  # what `memory_bw` was figured in
         first = self.workers[0].emulated_speed
         specs = []
         for w in self.workers[:active]:
             mem_bw = w.memory_bw or math.inf
             head_s = self.master.dense_s * first / w.emulated_speed
             spec = device_spec(w.name, w.timings, net, self.batch, active,
-                               head_rate(net, self.batch, head_s, mem_bw), mem_bw)
+                               head_rate(net, self.batch, head_s, mem_bw, s), mem_bw, s)
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s,

@@ -112,12 +112,13 @@ def mark_outliers(timings: list[ShardTiming]) -> list[ShardTiming]:
 
 
 def device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch: int,
-                active: int, dense_rate: float | None = None, mem_bw: float = math.inf
-                ) -> DeviceSpec:
+                active: int, dense_rate: float | None = None, mem_bw: float = math.inf,
+                bytes_per_elem: int = 4) -> DeviceSpec:
     """A worker's timings as a cost-model device: a `LayerTable` per conv layer
     measured (`table_points`), their mean rate, the dense head's efficiency against
     it (`dense_rate`: its products' measured FLOP/s, `head_rate`; None: as fast as
-    the convs), and its memory rate (`mem_bw`, B/s; inf: not measured)."""
+    the convs), and its memory rate (`mem_bw`, B/s; inf: not measured) over elements
+    of `bytes_per_elem` bytes (the network's dtype)."""
     tables, rates = {}, {}
     for index, conv in enumerate(net.conv):
         points = table_points(timings, index, active)
@@ -133,8 +134,9 @@ def device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch: 
         rates[conv.name] = flops / seconds
     mean = float(np.mean(list(rates.values()))) if rates else 1e9
     dense_eff = 1.0 if dense_rate is None else dense_rate / mean
-    return DeviceSpec(flops=mean, mem_bw=mem_bw, dense_efficiency=dense_eff, layer_rates=rates,
-                      layer_tables=tables, name=name)
+    return DeviceSpec(flops=mean, mem_bw=mem_bw, bytes_per_elem=bytes_per_elem,
+                      dense_efficiency=dense_eff, layer_rates=rates, layer_tables=tables,
+                      name=name)
 
 
 #: The least part of a dense head's measured time left to its products once its
@@ -142,13 +144,14 @@ def device_spec(name: str, timings: Sequence[ShardTiming], net: Network, batch: 
 MIN_PRODUCT_SHARE = 0.5
 
 
-def head_rate(net: Network, batch: int, seconds: float, mem_bw: float = math.inf) -> float:
+def head_rate(net: Network, batch: int, seconds: float, mem_bw: float = math.inf,
+              bytes_per_elem: int = 4) -> float:
     """FLOP/s of the dense head's products, from `seconds` of the whole head as the
     master's ``dense-head`` op runs it (dropout and SGD step included): the model
     prices that element-wise work at the memory rate `mem_bw` (`dense_time`), so it
     comes out of the time first, leaving at least `MIN_PRODUCT_SHARE` of it."""
     elements = sum(dense_stream_elements(net.dense, batch, dropout=net.dropout))
-    streams = DeviceSpec(flops=math.inf, mem_bw=mem_bw).stream_time(elements)
+    streams = bytes_per_elem * elements / mem_bw
     return dense_flops(net, batch) / max(seconds - streams, MIN_PRODUCT_SHARE * seconds)
 
 
