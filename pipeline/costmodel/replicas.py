@@ -101,7 +101,7 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     """``data`` through the store, as the engine runs it (see the module doc)."""
     p = len(devices)
     shares = _shares(batch, devices, options)
-    params = sum(c.params() for c in network.conv) + sum(d.params() for d in network.dense)
+    params = network.params()
     times = replica_times(devices, network, shares)
     cut = stretches(times, *norm_slots(network, p, devices[0].bytes_per_elem,
                                        options.batch_norm))
@@ -128,7 +128,7 @@ def _data_step(tl: Timeline, network: Network, devices: Sequence[DeviceSpec],
     exchanges in it) and hand-on of its ranges, then the reduce-scatter and all-gather
     (the reference of `_data_step_fast`)."""
     p, s = len(devices), devices[0].bytes_per_elem
-    conv = sum(c.params() for c in network.conv)
+    conv = network.conv_params()
     for d, (dev, b) in enumerate(zip(devices, shares)):
         tl.run(d, "overhead", tl.overhead.task)
         if dataset is not None and b:
@@ -154,7 +154,7 @@ def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[Device
         tl.run(reading, "io", np.array([replica_batch_read(devices[d], tl.link, dataset, network,
                                                            shares[d]) for d in reading]))
     exchange_phases(tl, cut)
-    conv = sum(c.params() for c in network.conv)
+    conv = network.conv_params()
     tl.run(everyone, "compute", cut.last + np.array([flatten_time(dev, conv, params - conv)
                                                      for dev in devices]))
     reduce_phases(tl, params, s, update, stream)
@@ -241,7 +241,7 @@ def _hybrid_setup(network: Network, batch: int, devices: Sequence[DeviceSpec],
     shares = _shares(batch, devices, options)
     split = options.dense_split or [even_counts(layer.out_features, p)
                                     for layer in network.dense]
-    conv_params = sum(c.params() for c in network.conv)
+    conv_params = network.conv_params()
     rows = replica_times(devices, network, shares, dense=False)
     trunk = [sum(row, LayerTime()) for row in rows]
     after_forward, before_backward = norm_slots(network, p, s, options.batch_norm)

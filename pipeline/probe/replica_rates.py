@@ -41,8 +41,7 @@ START_DELAY_S = 0.1
 def replica_parameters(network: NetworkSpec) -> int:
     """Parameters a replica updates: every conv layer's (batch norm's included) and the
     dense head's."""
-    net = costmodel_network(network)
-    return int(sum(c.params() for c in net.conv) + sum(d.params() for d in net.dense))
+    return int(costmodel_network(network).params())
 
 
 def memory_bandwidth(seconds_per_element: float, dtype: str) -> float:
