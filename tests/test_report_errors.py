@@ -37,11 +37,29 @@ def test_error_rows_per_strategy_over_done_runs_with_a_prediction():
 def test_error_section_is_a_table_or_nothing():
     lines = error_section(_store())
     assert lines[0] == "## The model's error per strategy"
-    assert "| kernel | 3 | 4.0% | +2.0% | 10.0% |" in lines
-    assert "| data | 3 | 20.0% | -20.0% | 30.0% |" in lines
+    # no compute errors and no step times in this store: dashes, not made-up figures
+    assert "| kernel | 3 | 4.0% | +2.0% | 10.0% | - | - |" in lines
+    assert "| data | 3 | 20.0% | -20.0% | 30.0% | - | - |" in lines
     empty = _store().assign(prediction_error=lambda ds: ds.prediction_error * np.nan)
     assert error_section(empty) == []
     assert error_section(_store().drop_vars("prediction_error")) == []
+
+
+def test_the_error_table_sets_the_compute_error_and_the_repeats_spread_beside_it():
+    store = _store()
+    store["compute_error"] = store.prediction_error * 0.5
+    # kernel: workers 1 repeats 1.0 / 1.1 s (spread 1/10.5), workers 2 one done repeat
+    # only (the other has no time); data: 2.0 / 2.4 (0.4 / 2.2) and 3.0 / one failed
+    steps = np.array([[[1.0, 1.1], [5.0, np.nan]], [[2.0, 2.4], [3.0, 9.0]]])
+    store["step_time"] = (store.prediction_error.dims, steps)
+    rows = error_rows(store).set_index("strategy")
+    assert rows.loc["kernel", "compute_median"] == pytest.approx(0.01)
+    assert rows.loc["kernel", "repeat_spread"] == pytest.approx(0.1 / 1.05)
+    assert rows.loc["data", "repeat_spread"] == pytest.approx(0.4 / 2.2)  # failed run out
+    assert "| data | 3 | 20.0% | -20.0% | 30.0% | -10.0% | 18.2% |" in error_section(store)
+    one_repeat = store.isel(repeat=[0])
+    assert np.isnan(error_rows(one_repeat).set_index("strategy").loc["kernel",
+                                                                       "repeat_spread"])
 
 
 def test_the_error_table_names_the_cpu_it_was_measured_on():

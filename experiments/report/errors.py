@@ -2,10 +2,14 @@
 
 `error_rows` gathers, per strategy, every done run (point and repeat) that has a
 prediction: how many, the median absolute error, the signed median (a bias shows
-as a sign) and the largest; `error_section` writes them as a report.md table, with the
-CPU model the runs and their probes were measured on (`measured_on`). The
-error is the store's ``prediction_error`` (predicted / measured - 1), against each
-run's median step. Pure functions of the store.
+as a sign) and the largest; beside them the signed median of ``compute_error`` (the
+model's compute against the run's: where it carries the miss, the machine ran at
+another speed than at its probe) and how far repeats of one point measured apart
+(`repeat_spread`: the machine's own noise, below which no error can be told from
+it). `error_section` writes them as a report.md table, with the CPU model the runs
+and their probes were measured on (`measured_on`). The error is the store's
+``prediction_error`` (predicted / measured - 1), against each run's median step.
+Pure functions of the store.
 
 Why: users choose a strategy by the model (``strategy: auto``) and put its figures in
 papers; a table per strategy says where it can be trusted and which way it errs.
@@ -28,7 +32,40 @@ def error_rows(ds: xr.Dataset) -> pd.DataFrame:
     ``prediction_error`` over its done runs with a prediction (empty without any)."""
     if "prediction_error" not in ds or "status" not in ds:
         return pd.DataFrame()
-    return _rows(ds, ds.prediction_error)
+    rows = _rows(ds, ds.prediction_error)
+    if rows.empty:
+        return rows
+    compute = _rows(ds, ds.compute_error) if "compute_error" in ds else pd.DataFrame()
+    medians = dict(zip(compute.get("strategy", []), compute.get("median", [])))
+    spreads = repeat_spread(ds)
+    return rows.assign(compute_median=[medians.get(n, np.nan) for n in rows.strategy],
+                       repeat_spread=[spreads.get(n, np.nan) for n in rows.strategy])
+
+
+def repeat_spread(ds: xr.Dataset) -> dict[str, float]:
+    """Per strategy, the median over its points of how far the point's done repeats
+    measured apart: (largest - smallest) / median of their median steps; points with
+    fewer than two done repeats count for nothing, and a strategy without any such
+    point is left out. A model error below this is within the machine's own noise."""
+    if "step_time" not in ds or "repeat" not in ds.dims or ds.sizes["repeat"] < 2:
+        return {}
+    times = ds.step_time.where(ds.status == DONE)
+    strategies = list(ds.strategy.values) if "strategy" in ds.dims else [None]
+    out = {}
+    for name in strategies:
+        values = times.sel(strategy=name) if name is not None else times
+        other = [d for d in values.dims if d != "repeat"]
+        per_point = np.asarray(values.transpose(*other, "repeat").values, dtype=float)
+        per_point = per_point.reshape(-1, values.sizes["repeat"])
+        spreads = []
+        for repeats in per_point:
+            repeats = repeats[np.isfinite(repeats)]
+            if repeats.size >= 2:
+                spreads.append((repeats.max() - repeats.min()) / np.median(repeats))
+        if spreads:
+            out[str(name if name is not None else ds.attrs.get("strategy", "?"))] = (
+                float(np.median(spreads)))
+    return out
 
 
 def memory_error_rows(ds: xr.Dataset) -> pd.DataFrame:
@@ -71,14 +108,21 @@ def error_section(ds: xr.Dataset) -> list[str]:
     lines = []
     for rows, title, what in (
             (error_rows(ds), "The model's error per strategy",
-             "predicted / measured - 1 against the run's median step"),
+             "predicted / measured - 1 against the run's median step; the compute "
+             "error is the model's compute against the run's (where it carries the "
+             "error, the machine ran at another speed than at its probe), and the "
+             "repeat spread how far repeats of one point measured apart, (largest - "
+             "smallest) / median, the median over points: an error within it cannot be "
+             "told from the machine's own noise"),
             (memory_error_rows(ds), "The memory model's error per strategy",
              "the largest predicted peak of a worker / the fullest worker's measured "
              "peak - 1 (resident memory, a bare process included)")):
         if rows.empty:
             continue
+        extra = [c for c in ("compute_median", "repeat_spread") if c in rows]
         table = [[row["strategy"], str(row["runs"]), f"{row['median_abs']:.1%}",
-                  f"{row['median']:+.1%}", f"{row['max_abs']:.1%}"]
+                  f"{row['median']:+.1%}", f"{row['max_abs']:.1%}",
+                  *(_percent(row[c], signed=c == "compute_median") for c in extra)]
                  for _, row in rows.iterrows()]
         lines += [f"## {title}", "",
                   f"Over every done run with a prediction (points and repeats): {what}. "
@@ -86,5 +130,17 @@ def error_section(ds: xr.Dataset) -> list[str]:
                   f"{measured_on(ds)}: the error holds for that machine, after its own "
                   "probe.", "",
                   *markdown_rows(["strategy", "runs", "median abs. error", "median error",
-                                  "largest abs. error"], table), ""]
+                                  "largest abs. error",
+                                  *(EXTRA_COLUMNS[c] for c in extra)], table), ""]
     return lines
+
+
+#: The step-time table's columns beyond the error's own.
+EXTRA_COLUMNS = {"compute_median": "median compute error", "repeat_spread": "repeat spread"}
+
+
+def _percent(value: float, signed: bool) -> str:
+    """A table cell: a per cent, or a dash where there is no figure."""
+    if not np.isfinite(value):
+        return "-"
+    return f"{value:+.1%}" if signed else f"{value:.1%}"
