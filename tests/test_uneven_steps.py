@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, LinkSpec, Options, predict
 from pipeline.costmodel.builders import conv_net
-from pipeline.costmodel.timeline import Timeline, expected_max
+from pipeline.costmodel.timeline import Timeline, expected_max, later_of
 from pipeline.probe.readings import relative_spreads
 from pipeline.probe.results import cluster_probe_from_dict
 from pipeline.probe.runs import PlanRun, ProbePlan
@@ -53,6 +53,43 @@ def test_two_equal_uneven_devices_meeting_wait_a_known_amount():
     assert steady_tl.clock[0] == pytest.approx(1.0)
     assert uneven_tl.clock[0] == pytest.approx(1.0 + 0.1 / math.sqrt(math.pi))
     assert uneven_tl.segments[0][-1].kind == "wait"
+
+
+def test_devices_that_just_met_do_not_wait_again_for_the_same_spread():
+    """Two devices compute 1 s (spread 0.1) and swap slots, then swap again with nothing
+    in between: the second swap waits for nothing new (their clocks now share what
+    varied); taken as independent, the second would wait again, and more each step."""
+    link = LinkSpec.from_bandwidth(1e12)
+    tl = Timeline([link, link], None, DaskOverhead(), spread=(0.1, 0.1))
+    for d in (0, 1):
+        tl.run(d, "compute", 1.0)
+    for round_ in ("first", "second"):
+        for d in (0, 1):
+            tl.write(d, f"{round_}/{d}", 0.0)
+        for d in (0, 1):
+            tl.read(d, [(f"{round_}/{1 - d}", 0.0)])
+        if round_ == "first":
+            met = list(tl.clock)
+            assert met[0] == pytest.approx(1.0 + 0.1 / math.sqrt(math.pi))
+    assert tl.clock == pytest.approx(met, rel=1e-6)
+    # a step later each has varied apart by one more second of compute: the same wait
+    for d in (0, 1):
+        tl.run(d, "compute", 1.0)
+        tl.write(d, f"third/{d}", 0.0)
+    tl.read(0, [("third/1", 0.0)])
+    assert tl.clock[0] == pytest.approx(met[0] + 1.0 + 0.1 / math.sqrt(math.pi), rel=1e-3)
+
+
+def test_the_later_of_correlated_times_matches_sampling():
+    """a = x + y, b = x + z with x shared: only y - z decides which is later."""
+    mean, noise = later_of(1.0, {1: 0.3, 2: 0.1}, 1.05, {1: 0.3, 3: 0.05}, fresh=9)
+    draws = np.random.default_rng(0).normal(0.0, 1.0, (400_000, 3))
+    a = 1.0 + 0.3 * draws[:, 0] + 0.1 * draws[:, 1]
+    b = 1.05 + 0.3 * draws[:, 0] + 0.05 * draws[:, 2]
+    later = np.maximum(a, b)
+    assert mean == pytest.approx(later.mean(), abs=1e-3)
+    assert sum(c * c for c in noise.values()) == pytest.approx(later.var(), rel=0.02)
+    assert noise[1] == pytest.approx(0.3)  # the shared deviation is carried whole
 
 
 def _kernel(spread: float, timeline: str = "fast"):

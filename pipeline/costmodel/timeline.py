@@ -12,14 +12,21 @@ to the step time.
 Devices whose compute time varies from step to step (``spread``, which the probe
 measures against each worker's peers) meet at every read of a peer's slot, and a reader waits for the later of
 its own clock and the slot's: the expected later of two uncertain times is later
-than the later expected time, by most where they are close. So each clock carries a
-variance (its compute and workspace accesses since it last waited, each op's
-``(spread * seconds)^2``, an access's spread the store's), and
-a wait goes to Clark's expected maximum of the two as normals (`expected_max`),
-whose variance the clock then keeps. Where every spread is 0 this is the plain
-maximum: the timeline as without it. Why it matters: several single-thread
-workers on fewer cores take turns on them, their ops' times spread by a quarter,
-and every exchange waits for the slowest (docs/model.md, "Uneven steps").
+than the later expected time, by most where they are close. So each clock carries
+its uncertainty as a sum of independent deviations (`Noise`, the first-order
+canonical form of statistical timing analysis): each stretch of a device's compute
+and workspace accesses between two meetings is one deviation of its own, of variance
+the sum of its ops' ``(spread * seconds)^2`` (an access's spread the store's), and a
+slot keeps the writer's deviations as they were when it was written. A wait goes to
+Clark's expected maximum of the two as correlated normals (`later_of`): what both
+times owe to the same deviations (the reader's and the writer's common past: the
+meetings they both waited for) cancels, so two devices that met at the last
+exchange wait at the next for what varied since, not again for what they already
+waited for; two devices that each waited for the other's slot end at one time
+(`Timeline.later`). Where every spread is 0 this is the plain maximum: the timeline as
+without it. Why it matters: several single-thread workers on fewer cores take turns
+on them, their ops' times spread by a quarter, and every exchange waits for the
+slowest (docs/model.md, "Uneven steps").
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .devices import DaskOverhead, LinkSpec, StoreSpec
 
-__all__ = ["Timeline", "expected_max", "io_rates", "io_time", "steady", "SIMULATED_STEPS"]
+__all__ = ["Timeline", "Noise", "expected_max", "later_of", "io_rates", "io_time", "steady",
+           "SIMULATED_STEPS"]
 
 #: Steps simulated; the step time is the mean period of the last two.
 SIMULATED_STEPS = 4
@@ -54,6 +62,44 @@ def expected_max(mean_a: float, var_a: float, mean_b: float, var_b: float
     second = ((mean_a ** 2 + var_a) * above + (mean_b ** 2 + var_b) * below
               + (mean_a + mean_b) * theta * density)
     return mean, max(second - mean * mean, 0.0)
+
+
+#: A time's deviations from its mean: coefficient (seconds) per independent source.
+Noise = dict[int, float]
+
+
+def _variance(noise: Noise) -> float:
+    return sum(c * c for c in noise.values())
+
+
+def later_of(mean_a: float, noise_a: Noise, mean_b: float, noise_b: Noise, fresh: int
+             ) -> tuple[float, Noise]:
+    """The later of two normal times that may share deviations (Clark 1961 with the
+    correlation: theta^2 = var(a - b)); its deviations are each input's weighted by
+    the chance it is the later, plus a new one, source `fresh`, for the variance
+    that weighting leaves out (Visweswariah et al., DAC 2004)."""
+    pairs = [(k, noise_a.get(k, 0.0), noise_b.get(k, 0.0))
+             for k in noise_a.keys() | noise_b.keys()]
+    spread = sum((a - b) ** 2 for _, a, b in pairs)
+    if spread <= 1e-30:
+        return (mean_a, dict(noise_a)) if mean_a >= mean_b else (mean_b, dict(noise_b))
+    theta = math.sqrt(spread)
+    alpha = (mean_a - mean_b) / theta
+    above = 0.5 * math.erfc(-alpha / math.sqrt(2.0))  # P(A is the later)
+    below = 1.0 - above
+    density = math.exp(-0.5 * alpha * alpha) / math.sqrt(2.0 * math.pi)
+    var_a, var_b = sum(a * a for _, a, _ in pairs), sum(b * b for _, _, b in pairs)
+    mean = mean_a * above + mean_b * below + theta * density
+    second = ((mean_a ** 2 + var_a) * above + (mean_b ** 2 + var_b) * below
+              + (mean_a + mean_b) * theta * density)
+    # a deviation weighted down to nothing is dropped (below 1e-4 of the time's
+    # standard deviation: at most 1e-8 of its variance), or the sums grow every meeting
+    floor = 1e-8 * (second - mean * mean)
+    noise = {k: c for k, a, b in pairs if (c := above * a + below * b) ** 2 > floor}
+    left = second - mean * mean - _variance(noise)
+    if left > 0.0:
+        noise[fresh] = math.sqrt(left)
+    return mean, noise
 
 
 def io_time(link: LinkSpec, store: StoreSpec | None, n_bytes: float, ops: int, direction: str,
@@ -107,15 +153,22 @@ class Timeline:
     sync: str = "markers"
     spread: Sequence[float] = ()
     clock: list[float] = field(default_factory=list)
-    variance: list[float] = field(default_factory=list)  # of each clock (module doc)
+    noise: list[Noise] = field(default_factory=list)  # each clock's deviations (module doc)
+    state: list[int] = field(default_factory=list)  # which uncertain time each clock is
+    own: list[int] = field(default_factory=list)  # the source a device's next op adds to
     segments: list[list[_Segment]] = field(default_factory=list)
     ready: dict[str, tuple[int, float]] = field(default_factory=dict)  # slot -> (writer, t)
-    ready_variance: dict[str, float] = field(default_factory=dict)  # slot -> its variance
+    ready_noise: dict[str, tuple[int, Noise]] = field(default_factory=dict)  # slot -> time
+    later: dict[tuple[int, int], int] = field(default_factory=dict)  # two times -> the later
+    sources: int = 0  # deviations and times made so far
+    meetings: int = 0  # waits for another device so far
     moved: float = 0.0  # bytes read + written in the current step
 
     def __post_init__(self) -> None:
         self.clock = [0.0] * len(self.links)
-        self.variance = [0.0] * len(self.links)
+        self.noise = [{} for _ in self.links]
+        self.state = [self._fresh() for _ in self.links]
+        self.own = [self._fresh() for _ in self.links]
         self.segments = [[] for _ in self.links]
 
     def run(self, d: int, kind: str, seconds: float) -> None:
@@ -127,17 +180,54 @@ class Timeline:
             else:
                 share = self.spread[d] if self.spread and kind in ("compute", "master") else 0.0
             if share:
-                self.variance[d] += (share * seconds) ** 2
+                noise, own = self.noise[d], self.own[d]
+                noise[own] = math.hypot(noise.get(own, 0.0), share * seconds)
+                self.state[d] = self._fresh()
+
+    def _fresh(self) -> int:
+        self.sources += 1
+        return self.sources
+
+    def _forget_common(self) -> None:
+        """Drop the deviations every clock and every slot holds alike: they cancel in
+        every difference, so no later wait depends on them (the clocks' common past:
+        without this the sums grow with every step simulated)."""
+        holders = [*self.noise, *(noise for _, noise in self.ready_noise.values())]
+        # alike within 1e-4 of the largest clock's deviation: what dropping it moves
+        # any difference by is far below what that difference varies
+        tolerance = 1e-4 * math.sqrt(max(_variance(n) for n in self.noise))
+        keys = set().union(*holders)
+        common = [k for k in keys
+                  if max(values := [h.get(k, 0.0) for h in holders]) - min(values) <= tolerance]
+        for holder in holders:
+            for k in common:
+                holder.pop(k, None)
+
+    def variance(self, d: int) -> float:
+        """The variance of device `d`'s clock."""
+        return _variance(self.noise[d])
 
     def wait(self, d: int, writer: int, ready: float, latency: float,
-             variance: float = 0.0) -> None:
+             written: tuple[int, Noise] | None = None) -> None:
         """Device `d` idles until `ready + latency` (data written by `writer` at `ready`,
-        a time of `variance`): until the expected later of that and its own clock."""
+        `written` that time's identity and deviations): until the expected later of
+        that and its own clock."""
         if writer == d:  # after its own work: one clock, nothing uncertain between
             until = max(self.clock[d], ready + latency)
         else:
-            until, self.variance[d] = expected_max(self.clock[d], self.variance[d],
-                                                   ready + latency, variance)
+            self.meetings += 1
+            if self.meetings % 32 == 0:
+                self._forget_common()
+            state, noise = written or (self._fresh(), {})
+            # two devices that wait for the same two times (each for the other's slot)
+            # end at the same time: one identity, one new deviation for both
+            pair = (min(self.state[d], state), max(self.state[d], state))
+            if pair not in self.later:
+                self.later[pair] = self._fresh()
+            self.state[d] = self.later[pair]
+            until, self.noise[d] = later_of(self.clock[d], self.noise[d], ready + latency,
+                                            noise, self.state[d])
+            self.own[d] = self._fresh()  # what it does next varies apart from both
         if until > self.clock[d]:
             self.segments[d].append(_Segment(self.clock[d], until, "wait", (writer, ready)))
             self.clock[d] = until
@@ -156,15 +246,15 @@ class Timeline:
             return
         if self.sync == "scheduler":
             slot = max((slot for slot, _ in sources), key=lambda slot: self.ready[slot][1])
-            (writer, ready), variance = self.ready[slot], self.ready_variance[slot]
+            (writer, ready), written = self.ready[slot], self.ready_noise[slot]
             if self.clock[d] >= ready:
-                writer, ready, variance = d, self.clock[d], self.variance[d]
-            self.wait(d, writer, ready, self.overhead.hop, variance)
+                writer, ready = d, self.clock[d]
+            self.wait(d, writer, ready, self.overhead.hop, written)
         marked = self.sync != "scheduler"
         check = self.overhead.sync if marked else 0.0
         for slot, n_bytes in sources:
             if marked:
-                self.wait(d, *self.ready[slot], 0.0, self.ready_variance[slot])
+                self.wait(d, *self.ready[slot], 0.0, self.ready_noise[slot])
             self.run(d, "io", check + io_time(self.links[d], self.store, n_bytes, 1, "read", 1,
                                               sharing))
             self.moved += n_bytes
@@ -172,7 +262,8 @@ class Timeline:
     def write(self, d: int, slot: str, n_bytes: float, sharing: int = 1) -> None:
         self.run(d, "io", io_time(self.links[d], self.store, n_bytes, 1, "write", 1, sharing))
         self.ready[slot] = (d, self.clock[d])
-        self.ready_variance[slot] = self.variance[d]
+        self.ready_noise[slot] = (self.state[d], dict(self.noise[d]))
+        self.own[d] = self._fresh()  # what it does next is not in the slot
         self.moved += n_bytes
 
     def lanes_since(self, t: float) -> list[list[tuple[float, float, str]]]:
