@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import xarray as xr
 import yaml
 
@@ -29,11 +30,12 @@ from experiments.sweep.axes import value_label
 from experiments.scaling.config import load_scaling_sweep
 from experiments.sweep.config import load_sweep
 from experiments.sweep.points import run_order
-from experiments.sweep.run import run_sweep
+from experiments.sweep.run import ClusterPool, run_sweep
 from pipeline.config.schema import ConfigError, load_yaml
 from pipeline.probe.machine import cpu_model
 from pipeline.records.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
+from tasks.memory import current_rss
 from tests.helpers import run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,6 +160,37 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     assert status == 0, errors
     assert "8 done before, 0 to run" in again and "s/step" not in again
     assert (open_clean(store).run_id.values == ds.run_id.values).all()
+
+
+def test_each_point_that_reuses_an_embedded_cluster_starts_on_fresh_workers(
+        tmp_path, tiny_dataset_factory):
+    """What one point leaves in its workers (here 50 MB kept in a module) is gone
+    when the next point gets the same cluster: new worker processes under the same
+    names, set up again (one thread each), back to a fresh worker's memory."""
+    dataset = tiny_dataset_factory("float32")
+    config = write_sweep(tmp_path, dataset, {"strategy": ["single", "kernel"]},
+                         base={"cluster": {"workers": 2}})
+    points = load_sweep(config, out=str(tmp_path / "fresh.zarr")).points
+    assert points[0].cluster_key == points[1].cluster_key
+    pool = ClusterPool(lambda line: None)
+    try:
+        client = pool.client_for(points[0])
+        fresh = client.run(current_rss)
+        client.run(lambda: setattr(sys, "_left_over", bytes(range(256)) * 200_000))
+        left = client.run(current_rss)
+        assert all(left[w] > fresh[w] + 40e6 for w in left)
+        before = {info["name"] for info in client.scheduler_info()["workers"].values()}
+        pids = set(client.run(os.getpid).values())
+
+        assert pool.client_for(points[1]) is client  # the same cluster, its workers new
+        after = client.run(current_rss)
+        assert set(client.run(os.getpid).values()).isdisjoint(pids)
+        names = {info["name"] for info in client.scheduler_info()["workers"].values()}
+        assert names == before
+        assert max(after.values()) < min(fresh.values()) + 20e6
+        assert set(client.run(torch.get_num_threads).values()) == {1}  # set up again
+    finally:
+        pool.close()
 
 
 # Refusals and failures --------------------------------------------------------------

@@ -11,7 +11,9 @@ configs; the performance model predicts every point and nothing trains (see
 
 Points run one at a time (timings must not share the cluster). With no scheduler,
 an embedded cluster is started per distinct worker set and reused by the
-consecutive points that share it; `reference` points need none and run first.
+consecutive points that share it, its worker processes replaced by fresh ones
+before each (so that no point inherits what an earlier one left in them);
+`reference` points need none and run first.
 Results go to one Zarr store (default ``results/<name>.zarr``), one point at a
 time, so running the same command again resumes; ``--fresh`` starts over.
 

@@ -2,7 +2,8 @@
 
 Points run one at a time (timings must not share the cluster), in the sweep's
 run order; `ClusterPool` keeps one client open and replaces it only when a point
-needs another worker set (or after a failed point). The store is made from its
+needs another worker set (or after a failed point); an embedded cluster's workers
+are restarted before each point it serves again. The store is made from its
 template on the first run and checked against the sweep on later ones; each
 point's cells are written as it finishes, a failure with its one-line reason
 (`one_line`), and the sweep goes on. A progress line per point goes to `out` and
@@ -38,6 +39,7 @@ from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
 from pipeline.cluster.connect import open_client
+from pipeline.cluster.embedded import restart_workers
 from pipeline.cluster.worker_setup import workers_set_up
 from pipeline.cluster.workers import SchedulerLost, WorkerLost, live_workers
 from pipeline.config.run_config import RunConfig
@@ -90,7 +92,8 @@ class ClusterPool:
         if point.cluster_key is None:
             return None
         if self.client is not None and self.key == point.cluster_key:
-            return self.client
+            if not self._fresh_workers(point):
+                return self.client
         self.close()
         stack = ExitStack()
         workers = point.config.cluster.worker_list()
@@ -112,6 +115,24 @@ class ClusterPool:
         self._stack, self.client, self.key = stack, client, point.cluster_key
         self.echo(self._describe(point, client))
         return client
+
+    def _fresh_workers(self, point: Point) -> bool:
+        """Before a point that reuses an embedded cluster, its workers replaced by fresh
+        ones (`restart_workers`: each point starts from the workers a standalone run
+        has); True where that failed and the cluster must be started again. An
+        external scheduler's workers, batch jobs and workers behind links are left as
+        they are (not this sweep's to restart, or not measured)."""
+        cluster = point.config.cluster
+        if (point.cluster_key == "external" or cluster.jobqueue is not None
+                or cluster.link_rates() is not None):
+            return False
+        try:
+            restart_workers(self.client)
+        except Exception as error:  # noqa: BLE001 - any failure: start the cluster again
+            self.echo(f"restarting the workers failed ({type(error).__name__}: {error}); "
+                      "starting the cluster again")
+            return True
+        return False
 
     @staticmethod
     def _describe(point: Point, client: Any) -> str:
