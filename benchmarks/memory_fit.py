@@ -159,7 +159,8 @@ def _case(config_path: str, args: tuple[str, ...], name: str) -> tuple:
     config = load_run_config(config_path, list(args))
     spec = network_for(config)
     split, _ = strategy_named(strategy).even_split(config, spec, workers)
-    return (strategy, costmodel_network(spec), config.train.batch, split,
+    return (strategy, costmodel_network(spec, config.train.momentum > 0), config.train.batch,
+            split,
             element_bytes(spec.dtype))
 
 

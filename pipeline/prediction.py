@@ -344,7 +344,8 @@ def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint 
     if not strategy.memory_model:
         return None
     spec = network_for(config)
-    network, s = costmodel_network(spec), element_bytes(spec.dtype)
+    network = costmodel_network(spec, momentum=config.train.momentum > 0)
+    s = element_bytes(spec.dtype)
     batch, summary = config.train.batch, summary or {}
     if not strategy.uses_cluster:  # the training process itself
         return strategy.peak_memory(network, batch, s=s)

@@ -4,9 +4,11 @@ terms and their gradients, dropout's masks, every preset under every strategy, a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
+import torch
 
 from pipeline.costmodel.memory import MemoryConstants, Live, tail_sizes
 from pipeline.costmodel.network import ConvLayer, DenseLayer, Network, Pool
@@ -65,6 +67,32 @@ def test_every_strategy_counts_more_for_batch_norm_than_its_parameters():
                                   ("kernel", [[4, 4], [4, 4]], 0)):
         plain, normed = (peak(strategy, two_layers(bn), split) for bn in (False, True))
         assert all(b > a + more for a, b in zip(plain, normed)), strategy
+
+
+def test_without_momentum_no_device_holds_a_momentum_buffer():
+    """SGD without momentum keeps no buffer (torch's SGD and the workers' `WorkerSGD`
+    alike, checked here): every strategy's peak drops by its devices' parameter bytes
+    at most, by the momentum part exactly, and no part is named momentum any more."""
+    from tasks.optim import WorkerSGD, torch_sgd
+    from tasks.specs import OptimizerSpec
+    spec = OptimizerSpec(lr=0.1, momentum=0.0, weight_decay=1e-4, nesterov=False)
+    for make in (WorkerSGD, torch_sgd):
+        param = torch.nn.Parameter(torch.ones(3))
+        param.grad = torch.ones(3)
+        optimizer = make([param], spec)
+        optimizer.step()
+        assert not any(optimizer.state.get(param, {}).values()), make
+    plain = two_layers(True)
+    without = dataclasses.replace(plain, momentum=False)
+    for strategy, split in (("reference", None), ("single", None), ("data", [[2, 2]]),
+                            ("hybrid", [[2, 2]]), ("kernel", [[4, 4], [4, 4]])):
+        model = strategy_named(strategy)
+        kept, none = (model.peak_memory(n, BATCH, split, S, 0, constants=TENSORS)
+                      for n in (plain, without))
+        for device, (a, b) in enumerate(zip(kept.parts, none.parts)):
+            assert a.get("momentum", 0) > 0 and b.get("momentum", 0) == 0, strategy
+            assert none.per_device[device] == pytest.approx(
+                kept.per_device[device] - a["momentum"]), strategy
 
 
 def test_a_tied_splits_devices_hold_their_residual_channels():

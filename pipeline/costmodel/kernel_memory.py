@@ -84,7 +84,7 @@ def _parameters(live: Live, network: Network, counts: Sequence[float], master: b
     params += dense
     read += 2 * s * dense
     live.alloc("weights", "weights", params * s)
-    live.alloc("momentum", "momentum", params * s)
+    live.alloc("momentum", "momentum", network.momentum_elements(params) * s)
     live.alloc("gradients", "gradients", dense * s)
     return conv_params, read
 

@@ -264,12 +264,21 @@ class Network:
         The head, starting from the flattened last conv output.
     name : str
         Free label.
+    momentum : bool
+        Whether training keeps a momentum buffer per parameter (SGD with momentum
+        above 0; torch's SGD and the workers' keep none without): the memory model
+        holds one beside the weights.
     """
 
     conv: tuple[ConvLayer, ...]
     dense: tuple[DenseLayer, ...]
     name: str = ""
     dropout: tuple[float, ...] = ()
+    momentum: bool = True
+
+    def momentum_elements(self, params: float) -> float:
+        """The momentum buffers' elements for `params` parameters: as many, or none."""
+        return params if self.momentum else 0.0
 
     def __post_init__(self) -> None:
         for l, b in enumerate(self.conv):

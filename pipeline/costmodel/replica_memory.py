@@ -204,7 +204,7 @@ def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s
     params = network.params() * s
     live.alloc("weights", "weights", params)
     live.alloc("buffers", "weights", network.conv_buffers() * s)
-    live.alloc("momentum", "momentum", params)
+    live.alloc("momentum", "momentum", network.momentum_elements(params))
     if rows:
         _walk(live, network, rows, s, constants.conv_workspace, True)
     else:
@@ -225,10 +225,11 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     trunk = network.conv_params() * s
     dense = network.dense_params() * s / devices
     for kind in ("weights", "gradients", "momentum"):
-        live.alloc(f"dense-{kind}", kind, dense)
+        live.alloc(f"dense-{kind}", kind,
+                   network.momentum_elements(dense) if kind == "momentum" else dense)
     live.alloc("weights", "weights", trunk)
     live.alloc("buffers", "weights", network.conv_buffers() * s)
-    live.alloc("momentum", "momentum", trunk)
+    live.alloc("momentum", "momentum", network.momentum_elements(trunk))
     features = network.features * s
     live.alloc("features", "exchange", features * batch)
     live.alloc("grad-features", "exchange", features * batch / devices)
@@ -247,7 +248,7 @@ def reference_peak(network: Network, batch: int, s: int = 4,
     params = network.params() * s
     live.alloc("weights", "weights", params)
     live.alloc("buffers", "weights", network.conv_buffers() * s)
-    live.alloc("momentum", "momentum", params)
+    live.alloc("momentum", "momentum", network.momentum_elements(params))
     _walk(live, network, batch, s, constants.conv_workspace, False)
     return finish_peak(live, {"baseline": constants.baseline, "runtime": constants.client_runtime,
                               "load": constants.load_retained * _checkpoint_bytes(network, s)},

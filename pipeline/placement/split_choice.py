@@ -127,7 +127,8 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
     if all(c == float("inf") for c in capacities):
         return placement
     names = [w.name for w in workers]
-    peaks = split_peaks(strategy, costmodel_network(network), config.train.batch,
+    peaks = split_peaks(strategy, costmodel_network(network, config.train.momentum > 0),
+                        config.train.batch,
                         element_bytes(network.dtype), master,
                         [w.device.startswith("cuda") for w in workers],
                         worker_constants(client, config.cluster, workers))

@@ -42,10 +42,11 @@ def _pools(pools: Sequence[dict[str, Any]] | None) -> tuple[PoolSpec, ...] | Non
     return None if pools is None else tuple(PoolSpec(**pool) for pool in pools)
 
 
-def costmodel_network(spec: NetworkSpec) -> Network:
+def costmodel_network(spec: NetworkSpec, momentum: bool = True) -> Network:
     """The engine's network for the cost model: every conv layer with what follows it
     (batch norm, the residual sum, ReLU, poolings), its source, and the dense head with
-    its dropout.
+    its dropout; `momentum`: whether training keeps momentum buffers (the memory
+    model's count: a config's ``train.momentum`` above 0).
 
     Layers are named ``conv1``, ``conv2``, ... as the probe's tables are, and dense
     layers ``fc1``, ``fc2``, ... The shapes are checked against the engine's.
@@ -62,7 +63,7 @@ def costmodel_network(spec: NetworkSpec) -> Network:
     dense = [DenseLayer(a, b, name=f"fc{j + 1}") for j, (a, b) in
              enumerate(zip(widths, widths[1:]))]
     net = Network(tuple(convs), tuple(dense), name=spec.preset or "engine",
-                  dropout=tuple(spec.dropout))
+                  dropout=tuple(spec.dropout), momentum=momentum)
     for ours, theirs in zip(net.conv, spec.conv):
         if (ours.out_hw, ours.conv_hw) != ((theirs.out_height, theirs.out_width),
                                            (theirs.conv_height, theirs.conv_width)):
