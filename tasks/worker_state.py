@@ -203,6 +203,21 @@ class _DropClosingHeartbeats(logging.Filter):
                                               "heartbeat")
 
 
+class _DropSetupNeverInstalled(logging.Filter):
+    """Hide "Worker plugin cnn-worker-setup-... failed to teardown" where the worker
+    never had that setup (a KeyError): a worker that joined while a run removed its
+    setup, as a sweep's freshly restarted workers do when a signal stops the sweep
+    mid-restart (pipeline/cluster/embedded.restart_workers). There was nothing to
+    take down; the run says in one line why it stopped. Added when this module is
+    imported, as the fork server does before any worker exists: a setup's own
+    filters come only with the setup."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (str(record.msg).startswith("Worker plugin %s failed to teardown")
+                    and record.args and str(record.args[0]).startswith(WorkerSetup.name)
+                    and record.exc_info and record.exc_info[0] is KeyError)
+
+
 def _add_filter(logger: str, kind: type[logging.Filter]) -> None:
     """Add a filter of `kind` to `logger` once (setup runs again for each run)."""
     log = logging.getLogger(logger)
@@ -243,6 +258,9 @@ class WorkerSetup(WorkerPlugin):
             device=device,
         )
         freeze_heap()
+
+
+_add_filter("distributed.worker", _DropSetupNeverInstalled)
 
 
 def freeze_heap() -> None:
