@@ -203,10 +203,6 @@ class Timeline:
             for k in common:
                 holder.pop(k, None)
 
-    def variance(self, d: int) -> float:
-        """The variance of device `d`'s clock."""
-        return _variance(self.noise[d])
-
     def wait(self, d: int, writer: int, ready: float, latency: float,
              written: tuple[int, Noise] | None = None) -> None:
         """Device `d` idles until `ready + latency` (data written by `writer` at `ready`,
