@@ -29,7 +29,9 @@ from experiments.sweep.summary import markdown_rows
 
 def error_rows(ds: xr.Dataset) -> pd.DataFrame:
     """Per strategy: ``runs``, ``median_abs``, ``median``, ``max_abs`` of
-    ``prediction_error`` over its done runs with a prediction (empty without any)."""
+    ``prediction_error`` over its done runs with a prediction (empty without any),
+    ``compute_median`` (the signed median of ``compute_error``) and ``repeat_spread``
+    (`repeat_spread`); NaN where the store has no such figures."""
     if "prediction_error" not in ds or "status" not in ds:
         return pd.DataFrame()
     rows = _rows(ds, ds.prediction_error)
