@@ -45,15 +45,11 @@ __all__ = ["Timeline", "Noise", "expected_max", "later_of", "io_rates", "io_time
 SIMULATED_STEPS = 4
 
 
-def expected_max(mean_a: float, var_a: float, mean_b: float, var_b: float
-                 ) -> tuple[float, float]:
-    """Mean and variance of the later of two independent normal times (Clark 1961,
-    "The greatest of a finite set of random variables"); with no variance, the later
-    time itself."""
-    spread = var_a + var_b
-    if spread <= 0.0:
-        return (mean_a, var_a) if mean_a >= mean_b else (mean_b, var_b)
-    theta = math.sqrt(spread)
+def _clark(mean_a: float, var_a: float, mean_b: float, var_b: float, theta: float
+           ) -> tuple[float, float, float]:
+    """Clark's (1961, "The greatest of a finite set of random variables") mean and
+    variance of the later of two normal times whose difference has standard
+    deviation `theta` > 0, and the chance that the first is the later."""
     alpha = (mean_a - mean_b) / theta
     above = 0.5 * math.erfc(-alpha / math.sqrt(2.0))  # P(A is the later)
     below = 1.0 - above
@@ -61,7 +57,18 @@ def expected_max(mean_a: float, var_a: float, mean_b: float, var_b: float
     mean = mean_a * above + mean_b * below + theta * density
     second = ((mean_a ** 2 + var_a) * above + (mean_b ** 2 + var_b) * below
               + (mean_a + mean_b) * theta * density)
-    return mean, max(second - mean * mean, 0.0)
+    return mean, max(second - mean * mean, 0.0), above
+
+
+def expected_max(mean_a: float, var_a: float, mean_b: float, var_b: float
+                 ) -> tuple[float, float]:
+    """Mean and variance of the later of two independent normal times (`_clark`);
+    with no variance, the later time itself."""
+    spread = var_a + var_b
+    if spread <= 0.0:
+        return (mean_a, var_a) if mean_a >= mean_b else (mean_b, var_b)
+    mean, variance, _ = _clark(mean_a, var_a, mean_b, var_b, math.sqrt(spread))
+    return mean, variance
 
 
 #: A time's deviations from its mean: coefficient (seconds) per independent source.
@@ -74,7 +81,7 @@ def _variance(noise: Noise) -> float:
 
 def later_of(mean_a: float, noise_a: Noise, mean_b: float, noise_b: Noise, fresh: int
              ) -> tuple[float, Noise]:
-    """The later of two normal times that may share deviations (Clark 1961 with the
+    """The later of two normal times that may share deviations (`_clark` with the
     correlation: theta^2 = var(a - b)); its deviations are each input's weighted by
     the chance it is the later, plus a new one, source `fresh`, for the variance
     that weighting leaves out (Visweswariah et al., DAC 2004)."""
@@ -83,20 +90,13 @@ def later_of(mean_a: float, noise_a: Noise, mean_b: float, noise_b: Noise, fresh
     spread = sum((a - b) ** 2 for _, a, b in pairs)
     if spread <= 1e-30:
         return (mean_a, dict(noise_a)) if mean_a >= mean_b else (mean_b, dict(noise_b))
-    theta = math.sqrt(spread)
-    alpha = (mean_a - mean_b) / theta
-    above = 0.5 * math.erfc(-alpha / math.sqrt(2.0))  # P(A is the later)
-    below = 1.0 - above
-    density = math.exp(-0.5 * alpha * alpha) / math.sqrt(2.0 * math.pi)
-    var_a, var_b = sum(a * a for _, a, _ in pairs), sum(b * b for _, _, b in pairs)
-    mean = mean_a * above + mean_b * below + theta * density
-    second = ((mean_a ** 2 + var_a) * above + (mean_b ** 2 + var_b) * below
-              + (mean_a + mean_b) * theta * density)
+    mean, variance, above = _clark(mean_a, sum(a * a for _, a, _ in pairs), mean_b,
+                                   sum(b * b for _, _, b in pairs), math.sqrt(spread))
     # a deviation weighted down to nothing is dropped (below 1e-4 of the time's
     # standard deviation: at most 1e-8 of its variance), or the sums grow every meeting
-    floor = 1e-8 * (second - mean * mean)
-    noise = {k: c for k, a, b in pairs if (c := above * a + below * b) ** 2 > floor}
-    left = second - mean * mean - _variance(noise)
+    noise = {k: c for k, a, b in pairs
+             if (c := above * a + (1.0 - above) * b) ** 2 > 1e-8 * variance}
+    left = variance - _variance(noise)
     if left > 0.0:
         noise[fresh] = math.sqrt(left)
     return mean, noise

@@ -64,8 +64,9 @@ class TrunkTiming:
     """The whole conv trunk as a ``data``/``hybrid`` replica runs it on this worker:
     ``rows`` samples, ``active`` workers' replicas running at once. Figures, spread
     and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread);
-    ``dataset_s`` the replica's batch read; ``dense_s`` the dense head's forward and backward on the same rows, every
-    replica at once (replica_rates.py; None: not measured)."""
+    ``dataset_s`` the replica's batch read; ``dense_s`` the dense head's forward and
+    backward on the same rows, every replica at once (replica_rates.py; None: not
+    measured)."""
 
     rows: int
     active: int
