@@ -92,7 +92,7 @@ class ClusterPool:
         if point.cluster_key is None:
             return None
         if self.client is not None and self.key == point.cluster_key:
-            if not self._fresh_workers(point):
+            if self._renew_workers(point):
                 return self.client
         self.close()
         stack = ExitStack()
@@ -116,23 +116,23 @@ class ClusterPool:
         self.echo(self._describe(point, client))
         return client
 
-    def _fresh_workers(self, point: Point) -> bool:
+    def _renew_workers(self, point: Point) -> bool:
         """Before a point that reuses an embedded cluster, its workers replaced by fresh
         ones (`restart_workers`: each point starts from the workers a standalone run
-        has); True where that failed and the cluster must be started again. An
+        has); False where that failed and the cluster must be started again. An
         external scheduler's workers, batch jobs and workers behind links are left as
         they are (not this sweep's to restart, or not measured)."""
         cluster = point.config.cluster
         if (point.cluster_key == "external" or cluster.jobqueue is not None
                 or cluster.link_rates() is not None):
-            return False
+            return True
         try:
             restart_workers(self.client)
         except Exception as error:  # noqa: BLE001 - any failure: start the cluster again
             self.echo(f"restarting the workers failed ({type(error).__name__}: {error}); "
                       "starting the cluster again")
-            return True
-        return False
+            return False
+        return True
 
     @staticmethod
     def _describe(point: Point, client: Any) -> str:
