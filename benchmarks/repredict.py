@@ -42,7 +42,7 @@ def main() -> None:
         config = load_run_config(os.path.join(run, "config.yaml"))
         with open(os.path.join(run, "summary.json"), encoding="utf-8") as handle:
             summary = json.load(handle)
-        probe = find_cached_probe(summary.get("prediction_probe") or "")
+        probe = find_cached_probe(summary.get("prediction_probe") or "", any_age=True)
         if probe is None:
             print(f"{run}: its probe ({summary.get('prediction_probe')}) is not cached")
             continue

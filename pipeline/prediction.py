@@ -18,10 +18,12 @@ of the engine's step, access by access (see :mod:`pipeline.costmodel.kernel`):
 :func:`predict_point` is what the sweep calls after each point (and, with no
 summary, in ``mode: predict`` and dry runs).  Without a probe it takes one
 from the cache, or measures one (policy ``$CNN_PREDICT_PROBE``: ``auto``
-measures when none is cached, starting the config's embedded cluster or
+measures when none is cached or the cached one is older than
+``$CNN_PROBE_MAX_AGE`` (:func:`pipeline.probe.cache.probe_max_age`), starting the config's embedded cluster or
 connecting to its scheduler, and timing ``reference`` in this process;
 ``never`` probes no cluster (``None`` for kernel/single) but still times
-``reference`` in this process; ``cached`` measures nothing).  Dry runs of a
+``reference`` in this process; ``cached`` measures nothing, and takes a cached probe
+at any age).  Dry runs of a
 sweep call it too: set ``CNN_PREDICT_PROBE=cached`` there to measure nothing.
 It returns a dict, which converts to ``float`` (the predicted seconds) for
 callers that only want the number.
@@ -31,19 +33,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.worker_setup import workers_set_up
 from pipeline.cluster.workers import ClusterError, all_local, find_workers, scheduler_address
 from pipeline.config.run_config import RunConfig
+from pipeline.config.schema import ConfigError
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step,
                                           cores_filled)
 from pipeline.costmodel.memory import Footprint, element_bytes
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_probe,
                             cached_probe, costmodel_network, find_cached_probe, links_key,
-                            probe_key, probe_workspace_dir, worker_identity,
+                            probe_key, probe_max_age, probe_workspace_dir, worker_identity,
                             workspace_location)
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
@@ -51,8 +55,9 @@ from pipeline.strategies.base import network_for
 from pipeline.engine.task_steps import steps_per_task
 from storage.datasets import DatasetError
 
-__all__ = ["PointPrediction", "band", "predict_config", "predict_point", "network_for",
-           "probe_for_config", "probe_policy", "with_contention"]
+__all__ = ["PointPrediction", "band", "check_probe_environment", "predict_config",
+           "predict_point", "network_for", "probe_for_config", "probe_policy",
+           "with_contention"]
 
 
 class PointPrediction(dict):
@@ -168,9 +173,26 @@ def contention_share(dask: DaskProbe) -> tuple[float, str]:
     return dask.contention_share, "probe"
 
 
+#: The values of ``$CNN_PREDICT_PROBE`` (module doc).
+PROBE_POLICIES = ("auto", "cached", "never")
+
+
 def probe_policy() -> str:
-    """The sweeps' probe policy: ``$CNN_PREDICT_PROBE`` (module doc), default ``auto``."""
-    return os.environ.get("CNN_PREDICT_PROBE", "auto").lower()
+    """The sweeps' probe policy: ``$CNN_PREDICT_PROBE`` (module doc), default ``auto``;
+    another value is a `ConfigError` naming it."""
+    policy = os.environ.get("CNN_PREDICT_PROBE", "auto").strip().lower() or "auto"
+    if policy not in PROBE_POLICIES:
+        raise ConfigError(f"CNN_PREDICT_PROBE={policy!r}: expected one of "
+                          f"{', '.join(PROBE_POLICIES)}")
+    return policy
+
+
+def check_probe_environment() -> None:
+    """Before a run or sweep starts: the probe's environment variables
+    (``$CNN_PREDICT_PROBE``, ``$CNN_PROBE_MAX_AGE``) hold values they can take, so a
+    typo is one line now rather than a failure at the first prediction."""
+    probe_policy()
+    probe_max_age()
 
 
 def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
@@ -205,7 +227,7 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
         identity = [(w.name, w.threads, w.speed, cluster.resource) for w in tagged]
         location = workspace_location(not links, where)  # linked workers: other hosts
         cached = find_cached_probe(probe_key(spec, batch, quanta, identity, location, dataset,
-                                             links))
+                                             links), any_age=policy == "cached")
         if cached is not None or policy == "cached":
             return cached
     elif policy == "cached":
@@ -214,7 +236,7 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
         offered = offered or find_workers(client, cluster)
         location = workspace_location(all_local(list(offered)), where)
         return find_cached_probe(probe_key(spec, batch, quanta, worker_identity(offered),
-                                           location, dataset, links))
+                                           location, dataset, links), any_age=True)
     try:
         if client is not None:
             offered = offered or find_workers(client, cluster)
@@ -257,7 +279,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         ``compute_critical``, ``master``, ``storage``, ``communication``,
         ``overhead``; ``compute`` per worker), ``kernel_split``, ``task_steps``
         (steps per Dask task assumed; None for ``reference``),
-        ``probe_key``, ``constants``, ``contention_share`` and its
+        ``probe_key`` and ``probe_age_s`` (seconds since it was measured),
+        ``constants``, ``contention_share`` and its
         ``contention_share_source`` (``probe`` or ``default``; None where the client
         had a core of its own) and, with a summary, ``measured_step_time``
         and ``prediction_error``; ``None`` where no probe can be had.
@@ -287,6 +310,7 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         kernel_split=prediction.kernel_counts,
         bytes_moved=prediction.details.get("bytes_moved"),
         task_steps=prediction.details.get("task_steps"), probe_key=probe.key,
+        probe_age_s=time.time() - probe.created,
         constants=constants(probe),
         contention_share=prediction.details.get("contention_share"),
         contention_share_source=prediction.details.get("contention_share_source"))

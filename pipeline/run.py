@@ -350,4 +350,5 @@ def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
             "predicted_low": predicted.get("predicted_low"),
             "predicted_high": predicted.get("predicted_high"),
             "prediction_probe": predicted["probe_key"],
+            "prediction_probe_age_s": predicted["probe_age_s"],
             "predicted_breakdown": predicted["breakdown"]}

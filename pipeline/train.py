@@ -24,6 +24,7 @@ from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost
 from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.training.outputs import OutputBusy, RunComplete, check_earlier_results
 from pipeline.placement.split import PlacementError
+from pipeline.prediction import check_probe_environment
 from pipeline.preflight import check_before_start
 from pipeline.records.summary import format_summary
 from pipeline.run import run_training
@@ -67,6 +68,7 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
     if args.scheduler:
         overrides.append(f"cluster.scheduler={args.scheduler}")
     config = load_run_config(args.config, overrides)
+    check_probe_environment()
     if args.check:
         check_before_start(config)
     return config, args.check

@@ -60,8 +60,9 @@ def train_case(*args: str, names: str, status: int = 2, **env: str) -> Case:
     return Case("train", (SMALL, "output={tmp}/run", *args), status, names, env)
 
 
-def sweep_case(*args: str, names: str, config: str = QUICK, status: int = 2) -> Case:
-    return Case("sweep", (config, *args), status, names)
+def sweep_case(*args: str, names: str, config: str = QUICK, status: int = 2, **env: str
+               ) -> Case:
+    return Case("sweep", (config, *args), status, names, env)
 
 
 CASES: list[Case] = [
@@ -122,6 +123,11 @@ CASES: list[Case] = [
     train_case("--scheduler", "foo://host:8786", names="cluster.scheduler"),
     train_case("--scheduler", "tcp://host:99999", names="cluster.scheduler"),
     train_case(names="DASK_SCHEDULER_ADDRESS", DASK_SCHEDULER_ADDRESS="not a url"),
+    # The probe's environment: its policy and how long a cached probe stands.
+    train_case(names="CNN_PROBE_MAX_AGE='soon'", CNN_PROBE_MAX_AGE="soon"),
+    train_case(names="CNN_PREDICT_PROBE='sometimes'", CNN_PREDICT_PROBE="sometimes"),
+    sweep_case("--out", "{tmp}/q.zarr", names="CNN_PROBE_MAX_AGE='-1h'",
+               CNN_PROBE_MAX_AGE="-1h"),
     # The command line itself.
     train_case("--bogus", names="--bogus"),
     train_case("--scheduler", names="--scheduler"),

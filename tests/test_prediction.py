@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -26,9 +27,10 @@ from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.placement.model_placement import choose_split
 from pipeline.placement.split import align_to_quanta
+import pipeline.probe.cache
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
-                            WorkerProbe, cached_probe,
-                            cluster_probe_from_dict, find_cached_probe)
+                            WorkerProbe, cached_probe, cluster_probe_from_dict,
+                            find_cached_probe, probe_max_age)
 from pipeline.probe.client_share import PAIRS, median_share
 from pipeline.probe.runs import REPLICA_ROUNDS, ROUNDS
 from pipeline.records.summary import format_summary
@@ -163,6 +165,53 @@ def test_probe_is_json_and_cached(probe):
     assert find_cached_probe(probe.key) == probe
 
 
+@pytest.mark.parametrize("text, seconds", [("", 6 * 3600), ("90", 90), ("30m", 1800),
+                                           ("2d", 2 * 86400), ("inf", math.inf), ("0", 0)])
+def test_the_max_age_of_a_cached_probe_is_read_from_the_environment(monkeypatch, text,
+                                                                   seconds):
+    monkeypatch.setenv("CNN_PROBE_MAX_AGE", text)
+    assert probe_max_age() == seconds
+
+
+def test_a_probe_older_than_its_max_age_is_measured_again(probe, two_workers,
+                                                         tiny_dataset_factory, tmp_path,
+                                                         monkeypatch):
+    """A probe of 7 hours ago: a policy that may measure probes the cluster again (its
+    speed may have drifted) and keeps the new one; `cached`, which measures nothing,
+    takes the old one and says how old it is."""
+    client, cluster = two_workers
+    dataset = tiny_dataset_factory("float32")
+    config = _config(tmp_path, dataset, cluster)
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    monkeypatch.delenv("CNN_PROBE_MAX_AGE", raising=False)
+    old = dataclasses.replace(probe, created=time.time() - 7 * 3600)
+    os.makedirs(tmp_path / "probes")
+    (tmp_path / "probes" / f"cluster-{probe.key}.json").write_text(
+        json.dumps(dataclasses.asdict(old)))
+    assert find_cached_probe(probe.key) is None
+    assert find_cached_probe(probe.key, any_age=True) == old
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "cached")
+    prediction = predict_point(config, None)
+    assert prediction["probe_key"] == probe.key
+    assert 7 * 3600 <= prediction["probe_age_s"] < 7 * 3600 + 600
+    monkeypatch.setenv("CNN_PROBE_MAX_AGE", "8h")
+    assert find_cached_probe(probe.key) == old
+
+    monkeypatch.setenv("CNN_PROBE_MAX_AGE", "6h")
+    measured: list[tuple] = []
+    monkeypatch.setattr(pipeline.probe.cache, "probe_cluster",
+                        lambda *args, **kwargs: measured.append(args) or probe)
+    offered, spec = find_workers(client, config.cluster), network_for(config)
+
+    def cached() -> ClusterProbe:
+        return cached_probe(client, offered, spec, config.train.batch,
+                            config.channel_quanta(spec), None, dataset)
+
+    assert cached() == probe and len(measured) == 1  # measured again
+    assert cached() == probe and len(measured) == 1  # and the new one kept
+    assert find_cached_probe(probe.key) == probe
+
+
 def test_predict_point_finds_the_cached_probe_from_the_config(probe, two_workers,
                                                               tiny_dataset_factory, tmp_path,
                                                               monkeypatch):
@@ -218,6 +267,10 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
     summary = result.summary
     assert summary["predicted_step_time"] == prediction["predicted_step_time"]
     assert summary["prediction_probe"] == probe.key
+    assert 0 <= summary["prediction_probe_age_s"] < 3600  # the module's probe, just made
+    assert "h old" not in format_summary("r", "kernel", summary, ["cpu-0", "cpu-1"])
+    assert "; from a probe 7.0 h old)" in format_summary(
+        "r", "kernel", {**summary, "prediction_probe_age_s": 7 * 3600}, ["cpu-0", "cpu-1"])
     assert summary["prediction_error"] == pytest.approx(prediction["prediction_error"])
     # and its compute's part: the model's compute on the critical path against the
     # run's busiest worker's

@@ -51,7 +51,7 @@ from experiments.sweep.run import STORE, run_sweep
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
-from pipeline.prediction import predict_point
+from pipeline.prediction import check_probe_environment, predict_point
 from pipeline.preflight import check_run, check_writable_dir
 from pipeline.config.schema import ConfigError
 from storage.space import NoSpace, is_full
@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             return scaling_main(args, argv)
         sweep = load_sweep(args.config, args.overrides, args.scheduler, args.out)
         check_sweep_paths(sweep, "--out" if args.out else "output")
+        check_probe_environment()
     except (UsageError, ConfigError) as error:
         return fail(error, CONFIG_ERROR)
     if args.dry_run:

@@ -7,7 +7,8 @@ pipeline/probe/machine.py), torch version, network shapes, batch, per-layer chan
 set (names, threads, emulated speeds, resource tag), workspace location and
 dataset. The cache directory is ``$CNN_PROBE_CACHE`` or ``~/.cache/dask-cnn/probes``;
 delete a file (or pass ``refresh=True``) to measure again, e.g. after the
-machine's load changed.
+machine's load changed. A probe older than ``$CNN_PROBE_MAX_AGE`` (`probe_max_age`)
+is measured again where it can be; only measuring nothing takes an older one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -24,10 +26,12 @@ from dataclasses import asdict, replace
 from typing import Any, Iterator, Sequence
 
 import torch
+from dask.utils import parse_timedelta
 from distributed.comm import get_address_host
 
 from pipeline.cluster.workers import ClusterWorker, all_local, scheduler_in_process
 from pipeline.config.run_config import RunConfig
+from pipeline.config.schema import ConfigError
 from pipeline.costmodel.contention import cores_filled
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.replica_rates import probe_memory_rates, probe_replica_heads
@@ -65,6 +69,37 @@ def links_key(rates: dict[str, str] | None) -> str:
     """The shaped links of the workers (``cluster.link_rates()``) as a cache-key part,
     "" for none: a probe measured across links holds for those links only."""
     return "" if rates is None else json.dumps({"link_rates": rates}, sort_keys=True)
+
+
+#: How long a cached probe stands for its machine, where ``$CNN_PROBE_MAX_AGE`` does
+#: not say: a machine's speed drifts (a shared VM's neighbours come and go), and the
+#: README's quick sweep read 10-12 % slow from a probe days old, within 5 % from
+#: a fresh one. A probe costs seconds to a couple of minutes; a sweep's points, more.
+DEFAULT_MAX_AGE_S = 6 * 3600.0
+
+
+def probe_max_age() -> float:
+    """Seconds a cached probe is reused for: ``$CNN_PROBE_MAX_AGE`` (``90``, ``30m``,
+    ``6h``, ``2d``; ``inf`` reuses it for ever, ``0`` never), default
+    `DEFAULT_MAX_AGE_S`. A value that is none of these is a `ConfigError`."""
+    text = os.environ.get("CNN_PROBE_MAX_AGE", "").strip()
+    if not text:
+        return DEFAULT_MAX_AGE_S
+    if text.lower() in ("inf", "never"):
+        return math.inf
+    try:
+        seconds = float(parse_timedelta(text))
+    except (KeyError, ValueError, TypeError):
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ConfigError(f"CNN_PROBE_MAX_AGE={text!r}: expected a duration such as 90, 30m, "
+                          "6h or 2d, or inf")
+    return seconds
+
+
+def fresh_enough(created: float, now: float | None = None) -> bool:
+    """Whether a probe made at ``created`` (epoch seconds) is young enough to reuse."""
+    return (time.time() if now is None else now) - created <= probe_max_age()
 
 
 def cache_dir() -> str:
@@ -226,7 +261,8 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
     path = os.path.join(cache_dir(), f"cluster-{key}.json")
     if cache and not refresh:
         data = _load(path)
-        if data is not None and data.get("version") == PROBE_VERSION:
+        if data is not None and data.get("version") == PROBE_VERSION and \
+                fresh_enough(data.get("created", 0.0)):
             return cluster_probe_from_dict(data)
     result = probe_cluster(client, offered, network, batch, quanta, workspace_dir, dataset,
                            links, output_root)
@@ -235,10 +271,13 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
     return result
 
 
-def find_cached_probe(key: str) -> ClusterProbe | None:
-    """A cached cluster probe by key, or None."""
+def find_cached_probe(key: str, any_age: bool = False) -> ClusterProbe | None:
+    """A cached cluster probe by key, or None; one older than `probe_max_age` only with
+    ``any_age`` (where nothing may be measured instead)."""
     data = _load(os.path.join(cache_dir(), f"cluster-{key}.json"))
     if data is None or data.get("version") != PROBE_VERSION:
+        return None
+    if not any_age and not fresh_enough(data.get("created", 0.0)):
         return None
     return cluster_probe_from_dict(data)
 
@@ -248,13 +287,14 @@ def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
                         cache: bool = True, measure: bool = True) -> MasterProbe | None:
     """:func:`probe_master` for ``strategy: reference``, reusing an earlier identical probe.
 
-    ``measure=False``: only the cache (``None`` if it has no such probe).
+    ``measure=False``: only the cache, at any age (``None`` if it has no such probe).
     """
     key = probe_key(network, batch, [], [("master", threads)], "none", dataset)
     path = os.path.join(cache_dir(), f"master-{key}.json")
     if cache and not refresh:
         data = _load(path)
-        if data is not None and data.get("key") == key:
+        if data is not None and data.get("key") == key and \
+                (not measure or fresh_enough(data.get("created", 0.0))):
             return MasterProbe(**{**data, "timings": [ShardTiming(**t) for t in data["timings"]]})
     if not measure:
         return None

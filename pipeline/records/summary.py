@@ -65,6 +65,13 @@ def _task_steps(summary: dict) -> str:
     return f", {steps:g} steps per task (median)" if steps and steps > 1 else ""
 
 
+def _probe_age(seconds: float | None) -> str:
+    """The probe's age where it is an hour or more (a machine's speed drifts)."""
+    if seconds is None or seconds < 3600:
+        return ""
+    return f"; from a probe {seconds / 3600:.1f} h old"
+
+
 def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) -> str:
     """The closing lines a run prints."""
     spread = (f"IQR {summary['step_time_p25']:.3f}-{summary['step_time_p75']:.3f} s, "
@@ -107,7 +114,7 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         lines.append(f"  predicted   {summary['predicted_step_time']:.4f} s/step by the model "
                      f"({summary['prediction_error']:+.0%} against the median"
                      + (f"; its compute {compute:+.0%} against this run's" if compute is not None
-                        else "") + ")")
+                        else "") + _probe_age(summary.get("prediction_probe_age_s")) + ")")
     if summary.get("link_bytes_sent"):
         lines.append(
             f"  links       {sum(summary['link_bytes_received'].values()) / 1e6:.2f} MB to "
