@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from experiments.scaling.config import load_scaling_sweep
 from experiments.sweep.config import load_sweep
 from experiments.sweep.points import run_order
 from experiments.sweep.run import ClusterPool, run_sweep
+from pipeline.cluster import embedded
 from pipeline.config.schema import ConfigError, load_yaml
 from pipeline.probe.machine import cpu_model
 from pipeline.records.step_breakdown import COMPONENTS
@@ -163,10 +165,12 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
 
 
 def test_each_point_that_reuses_an_embedded_cluster_starts_on_fresh_workers(
-        tmp_path, tiny_dataset_factory):
+        tmp_path, tiny_dataset_factory, monkeypatch):
     """What one point leaves in its workers (here 50 MB kept in a module) is gone
     when the next point gets the same cluster: new worker processes under the same
-    names, set up again (one thread each), back to a fresh worker's memory."""
+    names, set up again (one thread each), back to a fresh worker's memory. A
+    restart whose workers do not come back in time is one line, and the point gets
+    the cluster started again."""
     dataset = tiny_dataset_factory("float32")
     config = write_sweep(tmp_path, dataset, {"strategy": ["single", "kernel"]},
                          base={"cluster": {"workers": 2}})
@@ -189,6 +193,22 @@ def test_each_point_that_reuses_an_embedded_cluster_starts_on_fresh_workers(
         assert names == before
         assert max(after.values()) < min(fresh.values()) + 20e6
         assert set(client.run(torch.get_num_threads).values()) == {1}  # set up again
+
+        dask_log: list[logging.LogRecord] = []
+        collect = logging.Handler()
+        collect.emit = dask_log.append  # type: ignore[method-assign]
+        logging.getLogger("distributed").addHandler(collect)  # what reaches its handlers
+        monkeypatch.setattr(embedded, "restart_timeout", lambda workers: 0.001)
+        lines: list[str] = []
+        pool.echo = lines.append
+        try:
+            again = pool.client_for(points[1])
+        finally:
+            logging.getLogger("distributed").removeHandler(collect)
+        assert again is not client and len(again.scheduler_info()["workers"]) == 2
+        assert lines[0] == ("restarting the workers failed (they did not all come back in "
+                            "time); starting the cluster again"), lines
+        assert not [r for r in dask_log if r.levelno >= logging.ERROR], dask_log  # kept off
     finally:
         pool.close()
 

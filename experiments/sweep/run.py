@@ -129,8 +129,9 @@ class ClusterPool:
         try:
             restart_workers(self.client)
         except Exception as error:  # noqa: BLE001 - any failure: start the cluster again
-            self.echo(f"restarting the workers failed ({type(error).__name__}: {error}); "
-                      "starting the cluster again")
+            why = ("they did not all come back in time" if isinstance(error, TimeoutError)
+                   else one_line(error))
+            self.echo(f"restarting the workers failed ({why}); starting the cluster again")
             return False
         return True
 
