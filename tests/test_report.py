@@ -114,6 +114,14 @@ def test_report_refuses_what_is_not_a_sweep_store(tmp_path, capsys):
     assert "not a sweep results store" in lines[1]
 
 
+def test_a_report_folder_that_cannot_be_made_is_one_line(store, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    assert report.main([store, "--out", str(tmp_path / "a-file")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'a-file'}: "), lines
+    assert "--out" in lines[0]
+
+
 def test_speedup_labels_and_range_fit_what_was_measured():
     """The 2-thread `reference` is named by its threads, never 'unequal workers'; the
     x axis ends at the sweep's capacities, and the paper's 4-CPU point, beyond a

@@ -90,7 +90,11 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
     if "status" not in ds:
         raise ReportError(f"{store}: not a sweep results store")
     out_dir = out_dir or default_out_dir(store)
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as error:  # a file of that name, no permission, no space
+        raise ReportError(f"{out_dir}: cannot hold the report ({error.strerror or error}); "
+                          "pass --out DIR") from None
     if ds.attrs.get("mode") == "scaling":  # predicted over hypothetical clusters
         return make_scaling_report(ds, out_dir)
     sweep = StoreView(ds)
