@@ -43,7 +43,7 @@ from pipeline.config.run_config import load_run_config
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MB, MemoryConstants, element_bytes
 from pipeline.cluster.embedded import is_worker_process
 from pipeline.prediction import network_for
-from pipeline.probe.tables import costmodel_network
+from pipeline.probe.tables import model_network
 from pipeline.strategies import strategy_named
 
 #: The constants `--fit` tries (MemoryConstants' fields, bytes or factors).
@@ -159,7 +159,7 @@ def _case(config_path: str, args: tuple[str, ...], name: str) -> tuple:
     config = load_run_config(config_path, list(args))
     spec = network_for(config)
     split, _ = strategy_named(strategy).even_split(config, spec, workers)
-    return (strategy, costmodel_network(spec, config.train.momentum > 0), config.train.batch,
+    return (strategy, model_network(config, spec), config.train.batch,
             split,
             element_bytes(spec.dtype))
 

@@ -46,7 +46,7 @@ from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad,
                                           cores_filled)
 from pipeline.costmodel.memory import Footprint, element_bytes
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_probe,
-                            cached_probe, costmodel_network, find_cached_probe, links_key,
+                            cached_probe, find_cached_probe, links_key, model_network,
                             probe_key, probe_max_age, probe_workspace_dir, worker_identity,
                             workspace_location)
 from pipeline.engine.dataset import prepare_dataset
@@ -116,7 +116,7 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
 
     def predict(on: ClusterProbe | MasterProbe) -> Prediction:
         prediction = strategy_named(config.strategy).predict_run(
-            config, on, costmodel_network(spec), splits)
+            config, on, model_network(config, spec), splits)
         return with_contention(prediction, on) if isinstance(on, ClusterProbe) else prediction
 
     prediction = predict(probe)
@@ -368,7 +368,7 @@ def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint 
     if not strategy.memory_model:
         return None
     spec = network_for(config)
-    network = costmodel_network(spec, momentum=config.train.momentum > 0)
+    network = model_network(config, spec)
     s = element_bytes(spec.dtype)
     batch, summary = config.train.batch, summary or {}
     if not strategy.uses_cluster:  # the training process itself

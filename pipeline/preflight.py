@@ -23,7 +23,7 @@ from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
 from pipeline.engine.dataset import check_data_source
 from pipeline.prediction import network_for
-from pipeline.probe.tables import costmodel_network
+from pipeline.probe.tables import model_network
 from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of
@@ -189,7 +189,7 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
         workers, capacities, master = [workers[master]], [capacities[master]], 0
     network = network_for(config)
     counts, quanta = strategy.even_split(config, network, len(workers))
-    peaks = split_peaks(strategy, costmodel_network(network, config.train.momentum > 0),
+    peaks = split_peaks(strategy, model_network(config, network),
                         config.train.batch,
                         element_bytes(network.dtype), strategy.split_master(master),
                         [device.startswith("cuda") for _, _, device in workers], constants)

@@ -9,15 +9,20 @@ import math
 import time
 
 import pytest
+import torch
 
 from pipeline.costmodel import DeviceSpec, predict
 from pipeline.costmodel.builders import marques_cifar
-from pipeline.costmodel.compute import (FLATTEN_ACCESSES, REPLICA_UPDATE_ACCESSES,
-                                        dense_stream_elements, dense_time, sum_accesses)
+from pipeline.costmodel.compute import (DEFAULT_UPDATE_ACCESSES, FLATTEN_ACCESSES,
+                                        REPLICA_UPDATE_ACCESSES, UPDATE_ACCESSES,
+                                        dense_stream_elements, dense_time, sum_accesses,
+                                        update_accesses)
 from pipeline.costmodel.kernel_context import KernelContext
 from pipeline.probe.replica_rates import memory_bandwidth, replica_parameters
 from pipeline.probe.results import WorkerProbe, master_device
-from pipeline.probe.tables import MIN_PRODUCT_SHARE, dense_flops, head_rate
+from pipeline.config.run_config import build_run_config
+from pipeline.probe.tables import MIN_PRODUCT_SHARE, dense_flops, head_rate, model_network
+from pipeline.strategies.base import network_for
 from tasks.update_rate import time_update
 from tasks.zoo import build_preset
 from tests.test_costmodel_replicas_zoo import STORE, _link
@@ -58,6 +63,34 @@ def test_a_finite_memory_rate_prices_the_replicas_update_and_sums(strategy):
               + (sum(d.params() for d in NET.dense) if strategy == "data" else 0))
     update = slow.stream_time(REPLICA_UPDATE_ACCESSES * params)
     assert priced.step_time - free.step_time >= update
+
+
+def test_the_update_streams_a_pass_per_part_of_the_sgd_step():
+    """WorkerSGD's passes (tasks/optim.py): the weight's step (3 accesses), weight
+    decay added into the gradient (3), the momentum buffer scaled and added to (2 + 3),
+    Nesterov's look-ahead (3); the probe times momentum without weight decay."""
+    assert update_accesses() == DEFAULT_UPDATE_ACCESSES == 11
+    assert update_accesses(momentum=True, weight_decay=False) == UPDATE_ACCESSES == 8
+    assert update_accesses(momentum=False, weight_decay=False) == 3
+    assert update_accesses(momentum=False, weight_decay=True) == 6
+    assert update_accesses(True, True, nesterov=True) == 14
+    config = build_run_config({"train": {"momentum": 0.0, "weight_decay": 0.0}})
+    assert model_network(config, network_for(config)).update_accesses() == 3
+
+
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+def test_weight_decay_costs_a_replica_its_pass_over_the_parameters(strategy):
+    """The same replicas with and without weight decay: each step differs by the
+    decay's pass (3 accesses) over what a worker updates (`data`: its whole replica;
+    `hybrid`, scheme a: its trunk and its half of each dense layer), at the memory rate."""
+    slow = dataclasses.replace(CPU, mem_bw=1e10)
+    plain = dataclasses.replace(NET, weight_decay=False)
+    with_decay, without = (predict(strategy, net, 64, [slow] * 2, _link(1e-5), STORE, scheme="a")
+                           for net in (NET, plain))
+    dense = sum(d.params() for d in NET.dense)
+    params = sum(c.params() for c in NET.conv) + (dense if strategy == "data" else dense / 2)
+    assert with_decay.step_time - without.step_time == pytest.approx(
+        slow.stream_time(3 * params), rel=1e-6)
 
 
 def test_sums_read_two_and_write_one_per_addition():
@@ -110,9 +143,17 @@ def test_a_probe_without_memory_rates_prices_streams_as_free():
 
 
 def test_the_dense_head_timed_on_a_replicas_rows_grows_with_them():
+    """On one thread, as a worker times it: torch's threads waiting for each other on
+    a loaded machine once read 4 and 64 rows alike (72 ms each, not 1 and 2)."""
     from tasks.dense_head import time_dense_head
     spec = build_preset("vgg11", (3, 32, 32), 10, "float32", 1 / 16)
-    few, many = (time_dense_head(spec, rows, start_at=time.time())["seconds"] for rows in (4, 64))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        few, many = (time_dense_head(spec, rows, start_at=time.time())["seconds"]
+                     for rows in (4, 256))
+    finally:
+        torch.set_num_threads(threads)
     assert 0 < few < many
 
 

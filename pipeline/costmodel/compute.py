@@ -13,23 +13,27 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .devices import DeviceSpec
-from .network import ConvLayer, DenseLayer
+from .network import ConvLayer, DenseLayer, update_accesses
 
 __all__ = ["LayerTime", "conv_time", "dense_time", "after_conv_elements", "UPDATE_ACCESSES",
+           "update_accesses", "DEFAULT_UPDATE_ACCESSES",
            "GATHER_ACCESSES", "FLATTEN_ACCESSES", "REPLICA_UPDATE_ACCESSES", "sum_accesses",
            "dense_stream_elements"]
 
-#: Element accesses per parameter of an SGD-with-momentum update as the engine steps
-#: it (tasks/optim.py, torch's single-tensor SGD): scale the momentum (read, write),
-#: add the gradient to it (read both, write), step the weight (read both, write).
-UPDATE_ACCESSES = 8
+#: The update's accesses at the config's defaults (momentum, weight decay): what a
+#: model call prices where it is not told the run's optimizer.
+DEFAULT_UPDATE_ACCESSES = update_accesses()
+
+#: Element accesses per parameter of the update the probe times for a worker's memory
+#: rate (tasks/update_rate.py: SGD with momentum, no weight decay).
+UPDATE_ACCESSES = update_accesses(momentum=True, weight_decay=False)
 
 #: Element accesses per parameter of a replica's concatenation of the summed ranges
 #: into one flat gradient before its update (read, write: ``grad-update``).
 GATHER_ACCESSES = 2
 
-#: A replica's update in all: what the probe times to find a worker's memory rate
-#: (tasks/update_rate.py).
+#: A replica's update in all, as the probe times it to find a worker's memory rate
+#: (tasks/update_rate.py); a run's is `GATHER_ACCESSES` plus its own `update_accesses`.
 REPLICA_UPDATE_ACCESSES = GATHER_ACCESSES + UPDATE_ACCESSES
 
 #: Element accesses per parameter of copying a replica's gradients out into the flat
@@ -126,6 +130,7 @@ def conv_time(
     batch: float,
     kernels: float | None = None,
     input_grad: bool = True,
+    accesses: int = DEFAULT_UPDATE_ACCESSES,
 ) -> LayerTime:
     """Time of ``kernels`` output channels of a conv layer at ``batch``.
 
@@ -142,6 +147,8 @@ def conv_time(
     input_grad : bool
         Whether the (partial) input gradient is computed (not for layer 1).
         A measured :class:`~.devices.LayerTable` already reflects this.
+    accesses : int
+        Element accesses per parameter of the update (`Network.update_accesses`).
     """
     k = layer.out_channels if kernels is None else kernels
     if k <= 0 or batch <= 0:
@@ -160,7 +167,7 @@ def conv_time(
         first += dev.gemm_time(layer.backward_input(batch, k), "conv", name)
         first += dev.stream_time(layer.input_elements(batch))
     bwd = first + dev.gemm_time(layer.backward_weight(batch, k), "conv", name)
-    upd = dev.stream_time(UPDATE_ACCESSES * layer.params(int(round(k))))
+    upd = dev.stream_time(accesses * layer.params(int(round(k))))
     return LayerTime(fwd, bwd, upd, first if input_grad else 0.0)
 
 
@@ -171,6 +178,7 @@ def dense_time(
     fraction: float = 1.0,
     input_grad: bool = True,
     dropout: Sequence[float] = (),
+    accesses: int = DEFAULT_UPDATE_ACCESSES,
 ) -> LayerTime:
     """Time of a dense head, or of a model-parallel slice of it.
 
@@ -189,11 +197,13 @@ def dense_time(
         whenever conv layers sit below).
     dropout : sequence of float
         Dropout probability on each layer's input (`Network.dropout`; empty: none).
+    accesses : int
+        Element accesses per parameter of the update (`Network.update_accesses`).
     """
     if batch <= 0 or fraction <= 0:
         return LayerTime()
     fwd, bwd, upd = (dev.stream_time(n) for n in
-                     dense_stream_elements(layers, batch, fraction, dropout))
+                     dense_stream_elements(layers, batch, fraction, dropout, accesses))
     for i, layer in enumerate(layers):
         name = layer.name or None
         fwd += dev.gemm_time(layer.forward(batch, fraction), "dense", name)
@@ -204,7 +214,9 @@ def dense_time(
 
 
 def dense_stream_elements(layers: Sequence[DenseLayer], batch: float, fraction: float = 1.0,
-                          dropout: Sequence[float] = ()) -> tuple[float, float, float]:
+                          dropout: Sequence[float] = (),
+                          accesses: int = DEFAULT_UPDATE_ACCESSES
+                          ) -> tuple[float, float, float]:
     """Element accesses of a dense head's element-wise work, forward, backward and
     update: dropout on each layer's input (whole in every slice) and the SGD step of
     the ``fraction`` of each layer's parameters held."""
@@ -213,5 +225,5 @@ def dense_stream_elements(layers: Sequence[DenseLayer], batch: float, fraction: 
         if i < len(dropout) and dropout[i] > 0:
             fwd += DROPOUT_FORWARD * batch * layer.in_features
             bwd += DROPOUT_BACKWARD * batch * layer.in_features
-        upd += UPDATE_ACCESSES * layer.params(fraction)
+        upd += accesses * layer.params(fraction)
     return fwd, bwd, upd

@@ -49,14 +49,16 @@ def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = T
     starts with the sums of its output's gradients (`gradient_sums`)."""
     out = []
     for i, (c, sums) in enumerate(zip(network.conv, gradient_sums(network))):
-        t = conv_time(dev, c, batch, input_grad=network.source(i) >= 0)
+        t = conv_time(dev, c, batch, input_grad=network.source(i) >= 0,
+                      accesses=network.update_accesses())
         if sums:
             extra = dev.stream_time(GRADIENT_SUM * sums * c.output_elements(batch))
             t = LayerTime(t.forward, t.backward + extra, t.update, t.backward_input + extra)
         out.append(t)
     if dense:
         out += [dense_time(dev, [d], batch, input_grad=bool(network.conv) or i > 0,
-                          dropout=(network.dense_dropout(i),))
+                          dropout=(network.dense_dropout(i),),
+                          accesses=network.update_accesses())
                 for i, d in enumerate(network.dense)]
     return out
 

@@ -67,7 +67,9 @@ class _DenseHead:
         (once per distinct `b`: the K rounds of schemes b/c take one or two)."""
         if (b, update) not in self.subs:
             parts = [dense_time(dev, self.network.dense, b, 1.0 / self.K,
-                                dropout=self.network.dropout) for dev in self.kinds]
+                                dropout=self.network.dropout,
+                                accesses=self.network.update_accesses())
+                     for dev in self.kinds]
             self.subs[b, update] = (max(p.forward + p.backward + (p.update if update else 0.0)
                                         for p in parts), parts)
         return self.subs[b, update]
@@ -105,7 +107,8 @@ def predict_hybrid(
     dense_compute, comm, per_kind_dense = _dense_rounds(head, batch, shares, options)
     final_update = 0.0
     if not per_update:
-        ups = [dense_time(dev, network.dense, 1, frac).update for dev in kinds]
+        ups = [dense_time(dev, network.dense, 1, frac,
+                          accesses=network.update_accesses()).update for dev in kinds]
         final_update = max(ups)
         per_kind_dense = [a + u for a, u in zip(per_kind_dense, ups)]
     per_dev_dense = [per_kind_dense[k] for k in kind_of]

@@ -81,7 +81,8 @@ def check_counts(network: Network, counts: Sequence[Sequence[int]], p: int) -> l
 
 def _conv(ctx: KernelContext, l: int, d: int) -> LayerTime:
     return conv_time(ctx.devices[d], ctx.network.conv[l], ctx.batch, ctx.counts[l][d],
-                     input_grad=ctx.network.source(l) >= 0)
+                     input_grad=ctx.network.source(l) >= 0,
+                     accesses=ctx.network.update_accesses())
 
 
 def _dataset_seconds(ctx: KernelContext, d: int, l: int) -> float:
@@ -132,8 +133,8 @@ def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
                 tl.write(d, f"act/{l}/{d}", ctx.slice_bytes(l, d), len(holders))
     last = ctx.holders(L - 1)
     tl.read(m, [(f"act/{L - 1}/{e}", ctx.slice_bytes(L - 1, e)) for e in last if e != m], 1)
-    tl.run(m, "master", dense_time(ctx.devices[m], net.dense, ctx.batch,
-                                 dropout=net.dropout).total)
+    tl.run(m, "master", dense_time(ctx.devices[m], net.dense, ctx.batch, dropout=net.dropout,
+                                 accesses=net.update_accesses()).total)
     for e in last:
         if e != m:
             tl.write(m, f"grad/{e}", ctx.slice_bytes(L - 1, e), 1)
@@ -179,7 +180,8 @@ def predict_kernel(
         result, tables = steady_fast(ctx, _dataset_reads(ctx))
         per_dev = tables.per_device.tolist()
     step, path = result.step, result.path
-    head = dense_time(devs[ctx.master], network.dense, batch, dropout=network.dropout).total
+    head = dense_time(devs[ctx.master], network.dense, batch, dropout=network.dropout,
+                      accesses=network.update_accesses()).total
     per_dev[ctx.master] += head
     io_key = "storage" if store is not None or len(devs) == 1 else "communication"
     breakdown = {"compute": per_dev, "compute_max": max(per_dev),
@@ -212,7 +214,8 @@ def layer_cost(ctx: KernelContext, l: int, d: int, k: int, sources: int) -> floa
         return 0.0
     layer, dev, link, s = ctx.network.conv[l], ctx.devices[d], ctx.link_of(d), ctx.s
     reads = ctx.network.source(l) >= 0
-    t = conv_time(dev, layer, ctx.batch, k, input_grad=reads)
+    t = conv_time(dev, layer, ctx.batch, k, input_grad=reads,
+                  accesses=ctx.network.update_accesses())
     P = len(ctx.devices)
     others_in = layer.input_elements(ctx.batch) * s * (1 - 1 / P) if reads else 0.0
     out = layer.output_elements(ctx.batch, k) * s

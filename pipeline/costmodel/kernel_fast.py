@@ -56,7 +56,8 @@ def _layer_tables(ctx: KernelContext, l: int, kind_of: np.ndarray,
     pairs, index = _distinct_shards(np.array(ctx.counts[l], dtype=np.int64), kind_of)
     rows = []
     for kind, k in pairs:
-        t = conv_time(kinds[kind], layer, ctx.batch, k, input_grad=ctx.network.source(l) >= 0)
+        t = conv_time(kinds[kind], layer, ctx.batch, k, input_grad=ctx.network.source(l) >= 0,
+                      accesses=ctx.network.update_accesses())
         summing = ctx.summing_time(kinds[kind], l, k)
         rows.append((t.forward, summing + t.backward_input,
                      t.backward - t.backward_input + t.update, t.total))
@@ -117,7 +118,8 @@ def _plan(ctx: KernelContext, dataset_seconds: dict[int, np.ndarray]) -> _Plan:
                    .astype(float) for l, layer in enumerate(ctx.network.conv)]
     active = np.flatnonzero((counts > 0).any(axis=0) | (np.arange(P) == ctx.master))
     head = dense_time(ctx.devices[ctx.master], ctx.network.dense, ctx.batch,
-                      dropout=ctx.network.dropout).total
+                      dropout=ctx.network.dropout,
+                      accesses=ctx.network.update_accesses()).total
     holders = [np.flatnonzero(row > 0) for row in counts]
     writers = [_writers(ctx, h, l) for l, h in enumerate(holders)]
     return _Plan(ctx, compute_tables(ctx), dataset_seconds, holders, list(ctx.gatherers), writers,

@@ -252,6 +252,23 @@ class DenseLayer:
         return Gemm(m=fraction * self.out_features, n=self.in_features, k=batch)
 
 
+def update_accesses(momentum: bool = True, weight_decay: bool = True,
+                    nesterov: bool = False) -> int:
+    """Element accesses per parameter of an SGD step as the engine takes it
+    (tasks/optim.py `WorkerSGD`, torch's single-tensor SGD): with weight decay, the
+    weight added into the gradient (read both, write: 3); with momentum, the buffer
+    scaled (read, write: 2) and the gradient added to it (3), and for Nesterov the
+    gradient plus the scaled buffer into a new tensor (3); then the weight stepped
+    (read both, write: 3). The config's defaults (momentum 0.9, weight decay 5e-4):
+    11; the probe's timed update (`UPDATE_ACCESSES`, no weight decay): 8."""
+    accesses = 3
+    if weight_decay:
+        accesses += 3
+    if momentum:
+        accesses += 5 + (3 if nesterov else 0)
+    return accesses
+
+
 @dataclass(frozen=True)
 class Network:
     """Convolutional trunk followed by a dense head.
@@ -267,7 +284,10 @@ class Network:
     momentum : bool
         Whether training keeps a momentum buffer per parameter (SGD with momentum
         above 0; torch's SGD and the workers' keep none without): the memory model
-        holds one beside the weights.
+        holds one beside the weights, the time model streams it at each update.
+    weight_decay, nesterov : bool
+        Whether the SGD step adds weight decay, and Nesterov's look-ahead: passes of
+        the update over every parameter (`update_accesses`).
     """
 
     conv: tuple[ConvLayer, ...]
@@ -275,6 +295,12 @@ class Network:
     name: str = ""
     dropout: tuple[float, ...] = ()
     momentum: bool = True
+    weight_decay: bool = True
+    nesterov: bool = False
+
+    def update_accesses(self) -> int:
+        """Element accesses per parameter of this training's SGD step."""
+        return update_accesses(self.momentum, self.weight_decay, self.nesterov)
 
     def momentum_elements(self, params: float) -> float:
         """The momentum buffers' elements for `params` parameters: as many, or none."""

@@ -31,8 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .compute import (FLATTEN_ACCESSES, REPLICA_UPDATE_ACCESSES, UPDATE_ACCESSES, LayerTime,
-                      dense_time)
+from .compute import FLATTEN_ACCESSES, GATHER_ACCESSES, LayerTime, dense_time
 from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, uneven
 from .batch_reads import replica_batch_read
@@ -105,7 +104,7 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     times = replica_times(devices, network, shares)
     cut = stretches(times, *norm_slots(network, p, devices[0].bytes_per_elem,
                                        options.batch_norm))
-    update = {d: dev.stream_time(REPLICA_UPDATE_ACCESSES * params)
+    update = {d: dev.stream_time((GATHER_ACCESSES + network.update_accesses()) * params)
               for d, dev in enumerate(devices)}
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     overhead = options.overhead or DaskOverhead()
@@ -217,7 +216,8 @@ class _HybridSetup:
         """Device `d`'s seconds of its slice of dense layer `j` on `rows` samples."""
         layer = self.network.dense[j]
         times = dense_time(self.devices[d], [layer], rows, self.split[j][d] / layer.out_features,
-                           dropout=(self.network.dense_dropout(j),))  # on the part's rows
+                           dropout=(self.network.dense_dropout(j),),
+                           accesses=self.network.update_accesses())  # on the part's rows
         if kind == "forward":
             return times.forward
         return times.backward + (times.update if self.dense_batch == "worker" else 0.0)
@@ -245,11 +245,12 @@ def _hybrid_setup(network: Network, batch: int, devices: Sequence[DeviceSpec],
     rows = replica_times(devices, network, shares, dense=False)
     trunk = [sum(row, LayerTime()) for row in rows]
     after_forward, before_backward = norm_slots(network, p, s, options.batch_norm)
-    update = {d: dev.stream_time(REPLICA_UPDATE_ACCESSES * conv_params)
+    accesses = network.update_accesses()
+    update = {d: dev.stream_time((GATHER_ACCESSES + accesses) * conv_params)
               for d, dev in enumerate(devices)}
     if options.dense_batch == "full":  # the dense slices step once, at the end
         for d, dev in enumerate(devices):
-            update[d] += sum(dev.stream_time(UPDATE_ACCESSES * layer.params(
+            update[d] += sum(dev.stream_time(accesses * layer.params(
                 split[j][d] / layer.out_features)) for j, layer in enumerate(network.dense))
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     return _HybridSetup(network, devices, shares, hybrid_parts(shares, options.scheme), s,

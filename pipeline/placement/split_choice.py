@@ -34,7 +34,7 @@ from pipeline.placement.model_placement import model_placement
 from pipeline.placement.split import (Placement, PlacementError, SplitChoice, choose_calibrated,
                                       split_even)
 from pipeline.placement.ties import check_tied, tie_counts
-from pipeline.probe.tables import costmodel_network
+from pipeline.probe.tables import model_network
 from pipeline.engine.runner import TaskRunner
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.schema import ConfigError
@@ -127,7 +127,7 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
     if all(c == float("inf") for c in capacities):
         return placement
     names = [w.name for w in workers]
-    peaks = split_peaks(strategy, costmodel_network(network, config.train.momentum > 0),
+    peaks = split_peaks(strategy, model_network(config, network),
                         config.train.batch,
                         element_bytes(network.dtype), master,
                         [w.device.startswith("cuda") for w in workers],

@@ -24,12 +24,13 @@ from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
                                     WorkerProbe, cluster_probe_from_dict, master_device)
 from pipeline.probe.tables import (costmodel_network, dataset_store, dense_flops,
-                                   network_spec_from_dict)
+                                   model_network, network_spec_from_dict)
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 
 __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTiming",
            "StoreProbe", "TrunkTiming", "WorkerProbe", "cache_dir", "cached_master_probe",
            "cached_probe", "cluster_probe_from_dict", "costmodel_network", "dataset_store",
-           "dense_flops", "find_cached_probe", "master_device", "network_spec_from_dict",
+           "dense_flops", "find_cached_probe", "master_device", "model_network",
+           "network_spec_from_dict",
            "probe_cluster", "links_key", "probe_key", "probe_max_age", "probe_master",
            "probe_workspace_dir", "worker_identity", "workspace_location"]

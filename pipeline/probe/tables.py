@@ -17,6 +17,7 @@ import numpy as np
 
 from pipeline.costmodel import (ConvLayer, DenseLayer, DeviceSpec, LayerTable, Network, Pool,
                                 StoreSpec)
+from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.compute import dense_stream_elements
 from pipeline.probe.robust import inconsistent
 from pipeline.probe.timings import ShardTiming
@@ -42,11 +43,21 @@ def _pools(pools: Sequence[dict[str, Any]] | None) -> tuple[PoolSpec, ...] | Non
     return None if pools is None else tuple(PoolSpec(**pool) for pool in pools)
 
 
-def costmodel_network(spec: NetworkSpec, momentum: bool = True) -> Network:
+def model_network(config: RunConfig, spec: NetworkSpec) -> Network:
+    """A run's network (``spec``: `pipeline.strategies.base.network_for`) for the cost
+    model, with the SGD it trains with: what the update streams, what memory holds."""
+    train = config.train
+    return costmodel_network(spec, momentum=train.momentum > 0,
+                             weight_decay=train.weight_decay > 0, nesterov=train.nesterov)
+
+
+def costmodel_network(spec: NetworkSpec, momentum: bool = True, weight_decay: bool = True,
+                      nesterov: bool = False) -> Network:
     """The engine's network for the cost model: every conv layer with what follows it
     (batch norm, the residual sum, ReLU, poolings), its source, and the dense head with
-    its dropout; `momentum`: whether training keeps momentum buffers (the memory
-    model's count: a config's ``train.momentum`` above 0).
+    its dropout; the SGD it trains with: `momentum` (momentum buffers, held and
+    streamed: a config's ``train.momentum`` above 0), `weight_decay` (above 0) and
+    `nesterov`, each a pass of the update (`Network.update_accesses`).
 
     Layers are named ``conv1``, ``conv2``, ... as the probe's tables are, and dense
     layers ``fc1``, ``fc2``, ... The shapes are checked against the engine's.
@@ -63,7 +74,8 @@ def costmodel_network(spec: NetworkSpec, momentum: bool = True) -> Network:
     dense = [DenseLayer(a, b, name=f"fc{j + 1}") for j, (a, b) in
              enumerate(zip(widths, widths[1:]))]
     net = Network(tuple(convs), tuple(dense), name=spec.preset or "engine",
-                  dropout=tuple(spec.dropout), momentum=momentum)
+                  dropout=tuple(spec.dropout), momentum=momentum,
+                  weight_decay=weight_decay, nesterov=nesterov and momentum)
     for ours, theirs in zip(net.conv, spec.conv):
         if (ours.out_hw, ours.conv_hw) != ((theirs.out_height, theirs.out_width),
                                            (theirs.conv_height, theirs.conv_width)):
