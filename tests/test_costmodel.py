@@ -466,6 +466,22 @@ def test_measured_table_replaces_rate_in_every_strategy():
     assert split.breakdown["compute_critical"] == pytest.approx(0.01 + 0.02 + conv2)
 
 
+def test_a_measured_table_holds_the_probes_update_and_another_optimizer_adjusts_it():
+    """The probe's runs step with the config's default SGD (11 accesses a parameter);
+    plain SGD (3) takes 8 passes of the layer's parameters out of the measured backward,
+    at the device's memory rate; the defaults leave the table as measured."""
+    layer = marques_cifar(8, 16).conv[1]
+    table = LayerTable(32, (4, 16), (0.01, 0.03), (0.02, 0.07))
+    dev = DeviceSpec(flops=1e9, mem_bw=1e10, bytes_per_elem=4,
+                     layer_tables={layer.name: table})
+    as_measured = conv_time(dev, layer, 32, 16)
+    assert as_measured.backward == pytest.approx(0.07)
+    plain = conv_time(dev, layer, 32, 16, accesses=3)
+    assert as_measured.backward - plain.backward == pytest.approx(
+        dev.stream_time(8 * layer.params(16)))
+    assert plain.forward == as_measured.forward
+
+
 def test_every_access_is_one_operation_and_own_slices_are_free():
     """Each read or write of a slot pays the store's latency and one chunk; a device's
     own slices cost nothing; layer 1 and nothing else reads the dataset."""

@@ -157,6 +157,8 @@ def conv_time(
     table = dev.layer_tables.get(name) if name is not None else None
     if table is not None:  # measured at the real shapes, update included
         fwd, bwd = table.times(k, batch)
+        # the probe's runs step with the config's default SGD: another's passes differ
+        bwd += dev.stream_time((accesses - DEFAULT_UPDATE_ACCESSES) * layer.params(int(round(k))))
         return LayerTime(fwd, bwd, 0.0, table.input_time(k, batch) if input_grad else 0.0)
     fwd = dev.gemm_time(layer.forward(batch, k), "conv", name) + dev.stream_time(
         after_conv_elements(layer, batch, k))
