@@ -121,7 +121,8 @@ def measure(net: str, point: dict, client, offered, repeats: int, steps: int, wa
         fresh = PROBE_EACH_RUN and repeat > 0
         if client is None:
             probe = cached_master_probe(spec, config.train.batch, config.reference.threads,
-                                        config.dataset_path, refresh=fresh)
+                                        config.dataset_path, refresh=fresh,
+                                        optimizer=config.optimizer_spec())
         else:
             probe = cached_probe(client, offered, spec, config.train.batch,
                                  config.channel_quanta(spec), None, config.dataset_path,

@@ -291,7 +291,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         if not isinstance(probe, MasterProbe) or probe.threads != config.reference.threads:
             probe = cached_master_probe(network_for(config), config.train.batch,
                                         config.reference.threads, _dataset(config),
-                                        measure=policy != "cached")
+                                        measure=policy != "cached",
+                                        optimizer=config.optimizer_spec())
             if probe is None:
                 return None
     elif not isinstance(probe, ClusterProbe):

@@ -13,21 +13,24 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import psutil
 import pytest
 
 import pipeline.probe.cache as cache
+import pipeline.probe.reference as reference
 import pipeline.probe.rounds as rounds
 import pipeline.probe.runs as runs
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.placement.ties import check_tied
 from pipeline.probe import cached_probe, costmodel_network, find_cached_probe, probe_master
+from pipeline.probe.cache import cached_master_probe, optimizer_key
 from pipeline.probe.client_share import burner_code, median_share, pair_share, step_spans
 from pipeline.probe.tables import network_spec_from_dict
 from tasks.receipts import Receipt
+from tasks.specs import OptimizerSpec
 from tasks.zoo import PRESETS, build_preset
 from tests.helpers import shared_workers
 from tests.test_costmodel_zoo import zoo_network
@@ -92,6 +95,26 @@ def test_the_share_is_the_median_pair_clipped_and_none_without_a_measurement():
     assert median_share([None]) is None and median_share([]) is None
     # figures a loaded machine gave (a quick sweep's probe at load 7 on 2 cores): noise
     assert median_share([3.89, -0.91, 0.32, 1.93]) is None
+
+
+def test_the_reference_probe_steps_with_the_runs_sgd(tmp_path, monkeypatch):
+    """One cached reference probe per kind of SGD (momentum, weight decay, Nesterov: the
+    passes of its update), each timed with that SGD; the learning rate is not one."""
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    stepped: list[OptimizerSpec] = []
+    real = reference.torch_sgd
+    monkeypatch.setattr(reference, "torch_sgd",
+                        lambda params, spec: stepped.append(spec) or real(params, spec))
+    spec = _spec("resnet20", 0.25)
+    plain = OptimizerSpec(lr=0.1, momentum=0.0, weight_decay=0.0)
+    default = cached_master_probe(spec, 8, 1)
+    without = cached_master_probe(spec, 8, 1, optimizer=plain)
+    assert without.key != default.key
+    assert stepped == [reference.DEFAULT_OPTIMIZER, plain]
+    assert cached_master_probe(spec, 8, 1, optimizer=replace(plain, lr=0.01)).key == without.key
+    assert cached_master_probe(spec, 8, 1, optimizer=OptimizerSpec(lr=0.2)).key == default.key
+    assert len(stepped) == 2  # both cached: neither timed again
+    assert optimizer_key(OptimizerSpec(lr=1.0)) == ""
 
 
 def test_the_reference_probe_times_every_layer_of_a_graph_network():

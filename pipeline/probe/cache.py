@@ -3,12 +3,14 @@
 A probe costs seconds for the small network and a minute or two for the paper's,
 so `cached_probe` keeps them keyed by everything that changes the figures: the
 machine (host name, CPU model, usable cores, torch's instruction set, GPU models:
-pipeline/probe/machine.py), torch version, network shapes, batch, per-layer channel quanta, dtype, the worker
-set (names, threads, emulated speeds, resource tag), workspace location and
-dataset. The cache directory is ``$CNN_PROBE_CACHE`` or ``~/.cache/dask-cnn/probes``;
-delete a file (or pass ``refresh=True``) to measure again, e.g. after the
-machine's load changed. A probe older than ``$CNN_PROBE_MAX_AGE`` (`probe_max_age`)
-is measured again where it can be; only measuring nothing takes an older one.
+pipeline/probe/machine.py), torch version, network shapes, batch, per-layer channel
+quanta, dtype, the worker set (names, threads, emulated speeds, resource tag),
+workspace location and dataset; a reference probe also by the kind of SGD it steps
+(`optimizer_key`). The cache directory is ``$CNN_PROBE_CACHE`` or
+``~/.cache/dask-cnn/probes``; delete a file (or pass ``refresh=True``) to measure
+again, e.g. after the machine's load changed. A probe older than
+``$CNN_PROBE_MAX_AGE`` (`probe_max_age`) is measured again where it can be; only
+measuring nothing takes an older one.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pipeline.costmodel.contention import cores_filled
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.replica_rates import probe_memory_rates, probe_replica_heads
 from pipeline.probe.machine import machine_identity
-from pipeline.probe.reference import probe_master
+from pipeline.probe.reference import DEFAULT_OPTIMIZER, probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
                                     WorkerProbe, cluster_probe_from_dict)
 from pipeline.probe.timings import ShardTiming
@@ -50,7 +52,7 @@ from pipeline.probe.runs import (Plan, ProbePlan, ReplicaPlan, plan_seconds, pla
 from pipeline.cluster.startup import usable_cores
 from storage.datasets import create_synthetic_dataset
 from storage.private import default_workspace_root
-from tasks.specs import NetworkSpec
+from tasks.specs import NetworkSpec, OptimizerSpec
 
 
 def probe_key(network: NetworkSpec, batch: int, quanta: Sequence[int], workers: Sequence[Any],
@@ -282,14 +284,25 @@ def find_cached_probe(key: str, any_age: bool = False) -> ClusterProbe | None:
     return cluster_probe_from_dict(data)
 
 
+def optimizer_key(optimizer: OptimizerSpec) -> str:
+    """What of an SGD changes a step's time, as a cache-key part ("" for the defaults
+    the probes step with): whether it keeps momentum, decays weights, looks ahead."""
+    passes = (optimizer.momentum > 0, optimizer.weight_decay > 0,
+              optimizer.nesterov and optimizer.momentum > 0)
+    return "" if passes == (True, True, False) else json.dumps({"sgd": passes})
+
+
 def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
                         dataset: str | None = None, refresh: bool = False,
-                        cache: bool = True, measure: bool = True) -> MasterProbe | None:
-    """:func:`probe_master` for ``strategy: reference``, reusing an earlier identical probe.
+                        cache: bool = True, measure: bool = True,
+                        optimizer: OptimizerSpec = DEFAULT_OPTIMIZER) -> MasterProbe | None:
+    """:func:`probe_master` for ``strategy: reference``, reusing an earlier identical probe
+    (one per kind of SGD: `optimizer_key`).
 
     ``measure=False``: only the cache, at any age (``None`` if it has no such probe).
     """
-    key = probe_key(network, batch, [], [("master", threads)], "none", dataset)
+    key = probe_key(network, batch, [], [("master", threads)], "none", dataset,
+                    optimizer_key(optimizer))
     path = os.path.join(cache_dir(), f"master-{key}.json")
     if cache and not refresh:
         data = _load(path)
@@ -298,7 +311,7 @@ def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
             return MasterProbe(**{**data, "timings": [ShardTiming(**t) for t in data["timings"]]})
     if not measure:
         return None
-    result = probe_master(network, batch, threads, dataset=dataset)
+    result = probe_master(network, batch, threads, dataset=dataset, optimizer=optimizer)
     result.key = key
     if cache:
         _save(path, asdict(result))

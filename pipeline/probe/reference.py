@@ -21,20 +21,28 @@ from pipeline.placement.split import rough_seconds
 from storage.datasets.store import open_dataset_info
 from storage.datasets.reader import read_batch
 from tasks.network import SpecNetwork, build_network, set_dropout
-from tasks.specs import NetworkSpec
+from tasks.optim import torch_sgd
+from tasks.specs import NetworkSpec, OptimizerSpec
 from tasks.worker_state import configure_process
 
 
+#: The SGD the reference probe steps with where it is not told the run's: the
+#: config's defaults (the learning rate changes no time).
+DEFAULT_OPTIMIZER = OptimizerSpec(lr=1e-3, momentum=0.9, weight_decay=5e-4)
+
+
 def probe_master(network: NetworkSpec, batch: int, threads: int = 1,
-                 dataset: str | None = None) -> MasterProbe:
+                 dataset: str | None = None,
+                 optimizer: OptimizerSpec = DEFAULT_OPTIMIZER) -> MasterProbe:
     """Time whole training steps of the plain network in this process with ``threads``
-    torch threads (what ``strategy: reference`` runs), split by layer
-    (:func:`time_network`). The process's torch thread count is restored afterwards.
+    torch threads and the run's ``optimizer`` (what ``strategy: reference`` runs), split
+    by layer (:func:`time_network`). The process's torch thread count is restored
+    afterwards.
     """
     before = torch.get_num_threads()
     configure_process(threads)
     try:
-        rows = time_network(network, batch, dataset, threads)
+        rows = time_network(network, batch, dataset, threads, optimizer)
         timings = []
         for i, layer in enumerate(network.conv):
             f, b = (estimate([[row[n][i] for row in rows]]) for n in (0, 1))
@@ -76,7 +84,8 @@ def repeats_for(seconds: float) -> tuple[int, bool]:
 
 
 def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
-                 threads: int = 1) -> list[tuple[list[float], list[float], float]]:
+                 threads: int = 1, optimizer: OptimizerSpec = DEFAULT_OPTIMIZER
+                 ) -> list[tuple[list[float], list[float], float]]:
     """Per step timed: per-layer forward and backward seconds inside it, and the rest.
 
     Timed per conv layer within real steps of the network as ``strategy: reference``
@@ -90,7 +99,7 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
     """
     torch.manual_seed(0)
     model = _sequential(network) if network.plain else build_network(network)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    sgd = torch_sgd(model.parameters(), optimizer)
     loss_fn = torch.nn.CrossEntropyLoss()
     if dataset:
         samples = open_dataset_info(dataset).train_samples
@@ -112,11 +121,11 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
             stamps.clear()
             set_dropout(model, 0, attempt)  # each step its masks, as in training
             t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
+            sgd.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
             t2 = time.perf_counter()
-            optimizer.step()
+            sgd.step()
             t3 = time.perf_counter()
             if warmup and not attempt:
                 continue
