@@ -165,7 +165,7 @@ def test_probe_is_json_and_cached(probe):
     assert find_cached_probe(probe.key) == probe
 
 
-@pytest.mark.parametrize("text, seconds", [("", 6 * 3600), ("90", 90), ("30m", 1800),
+@pytest.mark.parametrize("text, seconds", [("", 3600), ("90", 90), ("30m", 1800),
                                            ("2d", 2 * 86400), ("inf", math.inf), ("0", 0)])
 def test_the_max_age_of_a_cached_probe_is_read_from_the_environment(monkeypatch, text,
                                                                    seconds):
@@ -197,7 +197,7 @@ def test_a_probe_older_than_its_max_age_is_measured_again(probe, two_workers,
     monkeypatch.setenv("CNN_PROBE_MAX_AGE", "8h")
     assert find_cached_probe(probe.key) == old
 
-    monkeypatch.setenv("CNN_PROBE_MAX_AGE", "6h")
+    monkeypatch.setenv("CNN_PROBE_MAX_AGE", "1h")
     measured: list[tuple] = []
     monkeypatch.setattr(pipeline.probe.cache, "probe_cluster",
                         lambda *args, **kwargs: measured.append(args) or probe)

@@ -74,10 +74,12 @@ def links_key(rates: dict[str, str] | None) -> str:
 
 
 #: How long a cached probe stands for its machine, where ``$CNN_PROBE_MAX_AGE`` does
-#: not say: a machine's speed drifts (a shared VM's neighbours come and go), and the
-#: README's quick sweep read 10-12 % slow from a probe days old, within 5 % from
-#: a fresh one. A probe costs seconds to a couple of minutes; a sweep's points, more.
-DEFAULT_MAX_AGE_S = 6 * 3600.0
+#: not say: a machine's speed drifts (a shared VM's neighbours come and go). Here the
+#: README's quick sweep read 10-12 % slow from a probe days old, two probes of one
+#: cluster 40 minutes apart predicted 4-8 % apart, and probes 20 minutes old (taken
+#: right after a test run) read 9-22 % slow. A probe costs seconds to a couple of
+#: minutes; a sweep's points, more.
+DEFAULT_MAX_AGE_S = 3600.0
 
 
 def probe_max_age() -> float:
