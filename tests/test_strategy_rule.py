@@ -44,9 +44,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The paper's placement claim (calibrated against even) is about kernel parallelism.
     ("experiments/report/figures.py", "frame['strategy'] == PAPER_STRATEGY"):
         "the paper's method, as the store names its rows",
-    # A legend: the store's `reference` rows are drawn as plain PyTorch's line.
-    ("experiments/report/memory.py", "strategy == REFERENCE"):
-        "a legend entry and line style of the store's reference rows",
     # A legend: the scaling report marks the baseline's line (named in the sweep's attrs).
     ("experiments/scaling/report.py", "s == BASELINE"):
         "a legend entry and line style of the scaling baseline",

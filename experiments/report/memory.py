@@ -17,9 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.report.figure_files import legend_beside, save_figure  # noqa: E402
+from experiments.report.figures import in_one_process  # noqa: E402
 from experiments.report.view import COLORS, StoreView, slice_of_others  # noqa: E402
-
-REFERENCE = "reference"
 
 
 def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
@@ -45,13 +44,14 @@ def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         for strategy, rows in data.groupby("strategy", sort=False):
             rows = rows.sort_values("x")
             mb = rows["memory_working"] / 1e6
-            if strategy == REFERENCE and dim == sweep.worker_dim:
+            alone = in_one_process(str(strategy))  # plain PyTorch, no workers
+            if alone and dim == sweep.worker_dim:
                 ax.axhline(float(mb.median()), color="black", linestyle="--", linewidth=1.2,
                            label="reference (plain PyTorch)")
                 continue
             ax.plot(rows["x"], mb, marker="o", color=colors[strategy],
-                    linestyle="--" if strategy == REFERENCE else "-",
-                    label="reference (plain PyTorch)" if strategy == REFERENCE else strategy)
+                    linestyle="--" if alone else "-",
+                    label="reference (plain PyTorch)" if alone else strategy)
         ax.set_xlabel(label)
         ax.set_ylabel("working memory of the fullest worker (MB)")
         ax.set_title(f"memory against {label}" + (f" ({fixed})" if fixed else ""),
