@@ -159,8 +159,7 @@ def _case(config_path: str, args: tuple[str, ...], name: str) -> tuple:
     config = load_run_config(config_path, list(args))
     spec = network_for(config)
     split, _ = strategy_named(strategy).even_split(config, spec, workers)
-    return (strategy, model_network(config, spec), config.train.batch,
-            split,
+    return (strategy, model_network(config, spec), config.train.batch, split,
             element_bytes(spec.dtype))
 
 

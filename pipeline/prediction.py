@@ -18,13 +18,12 @@ of the engine's step, access by access (see :mod:`pipeline.costmodel.kernel`):
 :func:`predict_point` is what the sweep calls after each point (and, with no
 summary, in ``mode: predict`` and dry runs).  Without a probe it takes one
 from the cache, or measures one (policy ``$CNN_PREDICT_PROBE``: ``auto``
-measures when none is cached or the cached one is older than
-``$CNN_PROBE_MAX_AGE`` (:func:`pipeline.probe.cache.probe_max_age`), starting the config's embedded cluster or
-connecting to its scheduler, and timing ``reference`` in this process;
-``never`` probes no cluster (``None`` for kernel/single) but still times
-``reference`` in this process; ``cached`` measures nothing, and takes a cached probe
-at any age).  Dry runs of a
-sweep call it too: set ``CNN_PREDICT_PROBE=cached`` there to measure nothing.
+measures when none is cached or the cached one is older than ``$CNN_PROBE_MAX_AGE``
+(:func:`pipeline.probe.cache.probe_max_age`), starting the config's embedded cluster
+or connecting to its scheduler, and timing ``reference`` in this process; ``never``
+probes no cluster (``None`` for kernel/single) but still times ``reference`` in this
+process; ``cached`` measures nothing, and takes a cached probe at any age).  Dry runs
+of a sweep call it too: set ``CNN_PREDICT_PROBE=cached`` there to measure nothing.
 It returns a dict, which converts to ``float`` (the predicted seconds) for
 callers that only want the number.
 """

@@ -189,8 +189,7 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
         workers, capacities, master = [workers[master]], [capacities[master]], 0
     network = network_for(config)
     counts, quanta = strategy.even_split(config, network, len(workers))
-    peaks = split_peaks(strategy, model_network(config, network),
-                        config.train.batch,
+    peaks = split_peaks(strategy, model_network(config, network), config.train.batch,
                         element_bytes(network.dtype), strategy.split_master(master),
                         [device.startswith("cuda") for _, _, device in workers], constants)
     move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers],

@@ -266,6 +266,12 @@ class OptimizerSpec:
     weight_decay: float = 5e-4
     nesterov: bool = False
 
+    @property
+    def kind(self) -> tuple[bool, bool, bool]:
+        """What of this SGD changes a step's time, not its numbers: whether it keeps
+        momentum, decays weights, and looks ahead (Nesterov, with momentum only)."""
+        return self.momentum > 0, self.weight_decay > 0, self.nesterov and self.momentum > 0
+
 
 @dataclass(frozen=True)
 class Arithmetic:

@@ -127,8 +127,7 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
     if all(c == float("inf") for c in capacities):
         return placement
     names = [w.name for w in workers]
-    peaks = split_peaks(strategy, model_network(config, network),
-                        config.train.batch,
+    peaks = split_peaks(strategy, model_network(config, network), config.train.batch,
                         element_bytes(network.dtype), master,
                         [w.device.startswith("cuda") for w in workers],
                         worker_constants(client, config.cluster, workers))

@@ -31,6 +31,6 @@ __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTi
            "StoreProbe", "TrunkTiming", "WorkerProbe", "cache_dir", "cached_master_probe",
            "cached_probe", "cluster_probe_from_dict", "costmodel_network", "dataset_store",
            "dense_flops", "find_cached_probe", "master_device", "model_network",
-           "network_spec_from_dict",
-           "probe_cluster", "links_key", "probe_key", "probe_max_age", "probe_master",
-           "probe_workspace_dir", "worker_identity", "workspace_location"]
+           "network_spec_from_dict", "probe_cluster", "links_key", "probe_key",
+           "probe_max_age", "probe_master", "probe_workspace_dir", "worker_identity",
+           "workspace_location"]

@@ -289,9 +289,8 @@ def find_cached_probe(key: str, any_age: bool = False) -> ClusterProbe | None:
 def optimizer_key(optimizer: OptimizerSpec) -> str:
     """What of an SGD changes a step's time, as a cache-key part ("" for the defaults
     the probes step with): whether it keeps momentum, decays weights, looks ahead."""
-    passes = (optimizer.momentum > 0, optimizer.weight_decay > 0,
-              optimizer.nesterov and optimizer.momentum > 0)
-    return "" if passes == (True, True, False) else json.dumps({"sgd": passes})
+    kind = optimizer.kind
+    return "" if kind == DEFAULT_OPTIMIZER.kind else json.dumps({"sgd": kind})
 
 
 def cached_master_probe(network: NetworkSpec, batch: int, threads: int,

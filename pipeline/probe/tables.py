@@ -46,9 +46,7 @@ def _pools(pools: Sequence[dict[str, Any]] | None) -> tuple[PoolSpec, ...] | Non
 def model_network(config: RunConfig, spec: NetworkSpec) -> Network:
     """A run's network (``spec``: `pipeline.strategies.base.network_for`) for the cost
     model, with the SGD it trains with: what the update streams, what memory holds."""
-    train = config.train
-    return costmodel_network(spec, momentum=train.momentum > 0,
-                             weight_decay=train.weight_decay > 0, nesterov=train.nesterov)
+    return costmodel_network(spec, *config.optimizer_spec().kind)
 
 
 def costmodel_network(spec: NetworkSpec, momentum: bool = True, weight_decay: bool = True,
