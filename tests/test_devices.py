@@ -193,7 +193,17 @@ def test_data_parallel_leaves_the_slow_worker_out_too(mixed_cluster, tmp_path,
     assert json.loads(result.record.attrs["left_out"]) == [SLOW]
     [said] = result.summary["left_out"]
     assert said.startswith(f"worker {SLOW} left out: measured ") and \
-        "predicted for it alone" in said and "giving it samples would lengthen" in said
+        "predicted for it alone" in said, said
+    # why it was left out follows the recorded predictions: a split giving it samples is
+    # predicted slower, or (a tiny share off the critical path) no faster
+    slot = choice["workers"].index(SLOW)
+    with_it = [alt["predicted_step_time"] for alt in choice["alternatives"].values()
+               if alt.get("predicted_step_time") is not None
+               and any(row[slot] > 0 for row in alt["split"])]
+    assert with_it and min(with_it) >= choice["predicted_step_time"], choice
+    why = ("giving it samples would lengthen" if min(with_it) > choice["predicted_step_time"]
+           else "no faster split gives it samples")
+    assert why in said, said
     assert sum(result.summary["batch_split"]) == config.train.batch
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)
