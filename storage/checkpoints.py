@@ -41,7 +41,7 @@ from collections.abc import Collection
 import numpy as np
 import zarr
 
-from storage.arrays import create_array
+from storage.arrays import ArrayLayout, create_array, create_arrays
 from storage.checksums import ALGORITHM, crc32c
 
 KINDS = ("weights", "momentum")
@@ -71,11 +71,13 @@ def create_checkpoint(root_path: str, step: int, shapes: dict[str, tuple[int, ..
     root = zarr.open_group(root_path, mode="a")
     group = root.require_group(step_group(step))
     group.attrs["complete"] = False
+    layouts = {}
     for kind in KINDS:
         for key, shape in shapes.items():
             rows = row_chunks.get(key, shape[0])
             chunks = (max(1, min(rows, shape[0])),) + tuple(shape[1:])
-            create_array(group, f"{kind}/{key}", tuple(shape), chunks, dtype)
+            layouts[f"{kind}/{key}"] = ArrayLayout(tuple(shape), chunks, dtype)
+    create_arrays(group, layouts)
 
 
 def write_slice(root_path: str, step: int, kind: str, key: str, start: int,

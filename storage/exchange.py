@@ -61,7 +61,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec
 
-from storage.arrays import create_array, open_cached
+from storage.arrays import ArrayLayout, create_arrays, open_cached
 from storage.exchange_folders import is_local, local_path, write_owner
 
 ABORT = "ABORT"
@@ -87,8 +87,8 @@ def create_exchange(path: str, slots: list[SlotSpec]) -> None:
     if is_local(path):
         write_owner(local_path(path))
     root = zarr.open_group(f"{path.rstrip('/')}/data", mode="w")
-    for slot in slots:
-        create_array(root, slot.name, slot.shape, slot.shape, slot.dtype)
+    create_arrays(root, {slot.name: ArrayLayout(slot.shape, slot.shape, slot.dtype)
+                         for slot in slots})
     if is_local(path):
         os.makedirs(os.path.join(local_path(path), "ready"), exist_ok=True)
 

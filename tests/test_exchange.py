@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import zarr
 
+from storage.arrays import ArrayLayout, create_array, create_arrays
 from storage.exchange import Exchange, ExchangeError, SlotSpec, _chunk_file, create_exchange
 from storage.exchange_folders import remove_exchange
 
@@ -20,6 +21,32 @@ def workspace(tmp_path):
     create_exchange(path, [SlotSpec("act/0/1", (4, 3, 2, 2), "float32"),
                            SlotSpec("grad/1", (2, 5), "float64")])
     return path
+
+
+def test_arrays_made_at_once_are_those_made_one_by_one(tmp_path):
+    """`create_arrays` (one concurrent write of metadata) makes what `create_array` makes,
+    replaces an array's chunks as it does, and keeps the attributes of groups above."""
+    root = zarr.open_group(str(tmp_path / "a.zarr"), mode="w")
+    root.attrs["made_for"] = "kept"
+    group = root.require_group("step/0000004")
+    group.attrs["complete"] = False
+    old = create_array(group, "weights/conv.0", (6, 3), (2, 3), "float64")
+    old[...] = 7.0
+    layouts = {"weights/conv.0": ArrayLayout((6, 3), (2, 3), "float64"),
+               "momentum/conv.0": ArrayLayout((5,), (5,), "float32"),
+               "act/0/1": ArrayLayout((2, 3, 4, 4), (2, 3, 4, 4), "int64")}
+    create_arrays(group, layouts)
+    alone = create_array(zarr.open_group(str(tmp_path / "b.zarr"), mode="w"), "x",
+                         (5,), (5,), "float32")
+    for name, layout in layouts.items():
+        array = zarr.open_array(str(tmp_path / "a.zarr"), path=f"step/0000004/{name}")
+        assert (array.shape, array.chunks, str(array.dtype)) == tuple(layout)
+        np.testing.assert_array_equal(array[...], np.zeros(layout.shape))  # old chunks gone
+    made = zarr.open_array(str(tmp_path / "a.zarr"), path="step/0000004/momentum/conv.0")
+    assert made.metadata.to_dict() == alone.metadata.to_dict()
+    reopened = zarr.open_group(str(tmp_path / "a.zarr"), mode="r")
+    assert reopened.attrs["made_for"] == "kept"
+    assert reopened["step/0000004"].attrs["complete"] is False
 
 
 def test_written_slot_reads_back_and_is_a_plain_zarr_array(workspace):
