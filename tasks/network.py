@@ -263,8 +263,10 @@ def _last_uses(spec: NetworkSpec) -> list[int]:
 
 
 def _initialise(model: nn.Module, scheme: str) -> None:
-    """torchvision's initialisation for VGG or ResNet; PyTorch's defaults otherwise."""
-    if scheme == "pytorch":
+    """torchvision's initialisation for VGG or ResNet; PyTorch's defaults otherwise.
+    Nothing on the meta device (`checkpoint_shapes`): it holds no values, and
+    `kaiming_normal_` there imports torch's compiler (1 s and 76 MB a process)."""
+    if scheme == "pytorch" or any(p.is_meta for p in model.parameters()):
         return
     for module in model.modules():
         if isinstance(module, nn.Conv2d):

@@ -38,6 +38,19 @@ def test_checkpoint_names_and_shapes_are_torchvisions(preset):
     assert ours == theirs
 
 
+def test_shapes_alone_initialise_nothing(monkeypatch):
+    """`checkpoint_shapes` builds the network on the meta device, which holds no values:
+    torchvision's initialisation there would only import torch's compiler (1 s and
+    76 MB in the client of every run)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("initialised a network that holds no values")
+    monkeypatch.setattr(torch.nn.init, "kaiming_normal_", refuse)
+    network = build_preset("resnet20", (3, 32, 32), 10, "float32")
+    assert checkpoint_shapes(network)["conv1.weight"] == (16, 3, 3, 3)
+    with pytest.raises(AssertionError, match="no values"):  # a real network is initialised
+        initial_state(network, seed=0)
+
+
 @pytest.mark.parametrize("preset", TORCHVISION)
 def test_a_training_step_equals_torchvisions_on_the_same_weights(preset):
     """float64, train mode, dropout 0.5 where the network has it: two SGD steps of
