@@ -95,6 +95,38 @@ def test_without_momentum_no_device_holds_a_momentum_buffer():
                 kept.per_device[device] - a["momentum"]), strategy
 
 
+def test_the_reference_process_keeps_copies_of_its_largest_tensor():
+    """`reference` runs torch's SGD, whose weight decay (and Nesterov's look-ahead) makes
+    a new tensor where the workers' SGD adds in place (checked here), and completes
+    its checkpoints itself, reading each tensor back: copies of the largest weight
+    tensor, kept on the heap below glibc's mmap threshold, handed back above it."""
+    from tasks.optim import WorkerSGD, torch_sgd
+    from tasks.specs import OptimizerSpec
+    spec = OptimizerSpec(lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=False)
+    for make, in_place in ((WorkerSGD, True), (torch_sgd, False)):
+        param = torch.nn.Parameter(torch.ones(3))
+        param.grad = torch.ones(3)
+        make([param], spec).step()
+        assert (param.grad[0].item() != 1.0) == in_place, make
+    network = two_layers()
+    largest = 8 * 8 * 9 * S  # the second conv's kernels
+    assert network.largest_tensor() * S == largest
+    parts = strategy_named("reference").peak_memory(network, BATCH, constants=TENSORS).parts[0]
+    assert parts["update copies"] == largest and parts["checksum reads"] == 2 * largest
+    for changes, copies in (({"weight_decay": False}, 0), ({"nesterov": True}, 2),
+                            ({"nesterov": True, "momentum": False}, 1)):
+        varied = dataclasses.replace(network, **changes)
+        parts = strategy_named("reference").peak_memory(varied, BATCH,
+                                                        constants=TENSORS).parts[0]
+        assert parts["update copies"] == copies * largest, changes
+    mapped = dataclasses.replace(TENSORS, mmap_threshold=largest - 1)
+    parts = strategy_named("reference").peak_memory(network, BATCH, constants=mapped).parts[0]
+    assert "update copies" not in parts and "checksum reads" not in parts
+    # a worker's replica makes neither copy
+    data = strategy_named("data").peak_memory(network, BATCH, [[2, 2]], S, 0, constants=TENSORS)
+    assert not any("copies" in name or "checksum" in name for p in data.parts for name in p)
+
+
 def test_a_tied_splits_devices_hold_their_residual_channels():
     """The residual term's gradient is kept from the adder's backward to the added
     layer's, on the device holding those channels (the split is tied): with more of

@@ -378,6 +378,12 @@ class Network:
         """Total parameter count."""
         return self.conv_params() + self.dense_params()
 
+    def largest_tensor(self) -> int:
+        """Elements of the largest weight tensor (a conv layer's kernels, a dense
+        layer's matrix): what a loop over the tensors holds at most at once."""
+        return max([c.out_channels * c.patch for c in self.conv]
+                   + [d.in_features * d.out_features for d in self.dense])
+
     def conv_macs(self) -> float:
         """Forward MACs of the conv layers per sample."""
         return sum(c.macs() for c in self.conv)
