@@ -41,7 +41,7 @@ from pipeline.training.outputs import LOCK_NAME, OutputBusy, OutputLock
 from pipeline.config.schema import ConfigError, to_dict
 from pipeline.run import run_training
 from storage import checkpoints
-from storage.checksums import file_crc32c
+from storage.checksums import crc32c, file_crc32c
 from storage.datasets import (DatasetDamaged, DatasetError, ensure_dataset, read_batch,
                               verify_dataset)
 from storage.datasets.writer import write_store
@@ -420,3 +420,22 @@ def test_reliability_page_lists_these_faults():
                         r"lost", text)
     assert figures, "the section's summary line is missing"
     assert [int(v) for v in figures.groups()] == [len(FAULTS), len(FAULTS), 0]
+
+
+def test_an_arrays_checksum_is_of_its_bytes_in_c_order_and_copies_no_contiguous_array():
+    """A checkpoint's tensors are checksummed as their C-order bytes: the same value for
+    any dtype, view or shape as the bytes themselves, read in place when contiguous."""
+    import tracemalloc
+    rng = np.random.default_rng(0)
+    for dtype in ("float32", "float64", "int64", "uint8", "bool"):
+        array = (rng.random((7, 5, 3)) * 100).astype(dtype)
+        for view in (array, array[:, 1], array.T, array[0, 0, 0], array[:0]):
+            assert crc32c(view) == crc32c(np.asarray(view).tobytes()), (dtype, view.shape)
+    big = np.ones(2_000_000, dtype="float32")  # 8 MB
+    tracemalloc.start()
+    try:
+        crc32c(big)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, peak

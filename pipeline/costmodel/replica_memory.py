@@ -268,7 +268,7 @@ def reference_extras(network: Network, s: int = 4,
     chunk bytes and the array decoded from them (storage/checkpoints.mark_complete),
     which for `reference` runs in the training process. VGG-11 at a quarter width
     (one 25.7 MB dense matrix) measured 23-31 MB more per step under torch's SGD with
-    weight decay than without, and 26-52 MB more once its checkpoint was complete."""
+    weight decay than without, and 26-30 MB more once its checkpoint was complete."""
     largest = network.largest_tensor() * s
     if largest > constants.mmap_threshold:
         return {}
