@@ -183,6 +183,12 @@ def median_of_repeats(measurements: list[dict]) -> list[dict]:
     return merged
 
 
+def _in_client(measured: dict) -> bool:
+    """Whether a measured case trained in the client's process (no cluster): its
+    figure is the client's, fitted with the client's runtime."""
+    return not strategy_named(CASES[measured["case"]][0]).uses_cluster
+
+
 def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> dict:
     """The model's peak per device for a measured case, and its error on working memory."""
     strategy, network, batch, split, s = _case(measured["config"], tuple(measured["args"]),
@@ -233,9 +239,9 @@ def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
         # the runtimes shift every worker's (client's) figure alike: pick each best
         picked = {}
         for runtime, cases in (("worker_runtime", [m for m in measurements
-                                                   if m["case"] != "reference"]),
+                                                   if not _in_client(m)]),
                                ("client_runtime", [m for m in measurements
-                                                   if m["case"] == "reference"])):
+                                                   if _in_client(m)])):
             scores = []
             for value in FIT_GRID[runtime]:
                 constants = MemoryConstants(**base, **{runtime: value})
