@@ -28,7 +28,7 @@ from tasks.worker_state import configure_process
 
 #: The SGD the reference probe steps with where it is not told the run's: the
 #: config's defaults (the learning rate changes no time).
-DEFAULT_OPTIMIZER = OptimizerSpec(lr=1e-3, momentum=0.9, weight_decay=5e-4)
+DEFAULT_OPTIMIZER = OptimizerSpec(lr=1e-3)
 
 
 def probe_master(network: NetworkSpec, batch: int, threads: int = 1,
