@@ -195,7 +195,7 @@ def check_probe_environment() -> None:
 
 
 def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
-                     policy: str | None = None) -> ClusterProbe | None:
+                     policy: str | None = None, sample: bool = False) -> ClusterProbe | None:
     """A cluster probe for ``config``'s cluster: cached, or measured per ``policy``.
 
     The probe covers every worker offering the config's resource tag (a
@@ -206,8 +206,13 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     (``cluster.link``) are probed across them: the store's figures then hold the
     link's rate and the transport's per-access cost, and the probe is cached for
     those links only.
+
+    ``sample=True`` (policy ``auto`` only) measures one more sample of the cluster
+    however fresh its cached probe, and gives the median of every figure over its
+    recent samples (pipeline/probe/samples.py): what a sweep does at each repeat.
     """
     policy = policy or probe_policy()
+    sample = sample and policy == "auto"
     if policy == "never" or config.cluster.workspace_transport() == "s3":
         return None  # the probe's calibration runs exchange over sftp: not s3's costs
     if policy == "auto" and _dataset(config) is None:
@@ -227,7 +232,7 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
         location = workspace_location(not links, where)  # linked workers: other hosts
         cached = find_cached_probe(probe_key(spec, batch, quanta, identity, location, dataset,
                                              links), any_age=policy == "cached")
-        if cached is not None or policy == "cached":
+        if (cached is not None and not sample) or policy == "cached":
             return cached
     elif policy == "cached":
         if client is None:
@@ -240,13 +245,13 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
         if client is not None:
             offered = offered or find_workers(client, cluster)
             return cached_probe(client, offered, spec, batch, quanta, where, dataset,
-                                links=links, output_root=output_root)
+                                links=links, output_root=output_root, sample=sample)
         if output_root:
             os.makedirs(output_root, exist_ok=True)
         with open_client(cluster, config.shared_directories()) as own, \
                 workers_set_up(own, cluster):
             return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
-                                dataset, links=links, output_root=output_root)
+                                dataset, links=links, output_root=output_root, sample=sample)
     except (ClusterError, OSError, TimeoutError):
         return None
 
@@ -278,7 +283,9 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         ``compute_critical``, ``master``, ``storage``, ``communication``,
         ``overhead``; ``compute`` per worker), ``kernel_split``, ``task_steps``
         (steps per Dask task assumed; None for ``reference``),
-        ``probe_key`` and ``probe_age_s`` (seconds since it was measured),
+        ``probe_key`` and ``probe_age_s`` (seconds since it, or its newest sample,
+        was measured), ``probe_samples`` (how many probes its figures are the
+        medians of),
         ``constants``, ``contention_share`` and its
         ``contention_share_source`` (``probe`` or ``default``; None where the client
         had a core of its own) and, with a summary, ``measured_step_time``
@@ -311,6 +318,7 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         bytes_moved=prediction.details.get("bytes_moved"),
         task_steps=prediction.details.get("task_steps"), probe_key=probe.key,
         probe_age_s=time.time() - probe.created,
+        probe_samples=len(probe.created_times()),
         constants=constants(probe),
         contention_share=prediction.details.get("contention_share"),
         contention_share_source=prediction.details.get("contention_share_source"))

@@ -351,4 +351,5 @@ def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
             "predicted_high": predicted.get("predicted_high"),
             "prediction_probe": predicted["probe_key"],
             "prediction_probe_age_s": predicted["probe_age_s"],
+            "prediction_probe_samples": predicted["probe_samples"],
             "predicted_breakdown": predicted["breakdown"]}

@@ -13,11 +13,13 @@ latencies. A probe measures them where the step will run:
 - `hops`: Dask's client round trip and dependency hop (for ``sync: scheduler``);
 - `reference`: plain PyTorch in this process, for ``strategy: reference``;
 - `results`: what a probe holds and how it becomes cost-model objects;
-- `cache`: probing a cluster and keeping the result as JSON.
+- `samples`: several probes of one cluster as one, the median of each figure;
+- `cache`: probing a cluster and keeping the result (and its samples) as JSON.
 """
 
 from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
-                                  find_cached_probe, links_key, probe_cluster, probe_key,
+                                  cached_samples, find_cached_probe, links_key, probe_cluster,
+                                  probe_key,
                                   probe_max_age, probe_workspace_dir, worker_identity,
                                   workspace_location)
 from pipeline.probe.reference import probe_master
@@ -29,8 +31,8 @@ from pipeline.probe.timings import ShardTiming, TrunkTiming
 
 __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTiming",
            "StoreProbe", "TrunkTiming", "WorkerProbe", "cache_dir", "cached_master_probe",
-           "cached_probe", "cluster_probe_from_dict", "costmodel_network", "dataset_store",
-           "dense_flops", "find_cached_probe", "master_device", "model_network",
+           "cached_probe", "cached_samples", "cluster_probe_from_dict", "costmodel_network",
+           "dataset_store", "dense_flops", "find_cached_probe", "master_device", "model_network",
            "network_spec_from_dict", "probe_cluster", "links_key", "probe_key",
            "probe_max_age", "probe_master", "probe_workspace_dir", "worker_identity",
            "workspace_location"]

@@ -11,6 +11,11 @@ workspace location and dataset; a reference probe also by the kind of SGD it ste
 again, e.g. after the machine's load changed. A probe older than
 ``$CNN_PROBE_MAX_AGE`` (`probe_max_age`) is measured again where it can be; only
 measuring nothing takes an older one.
+
+A probe may stand for several samples (``sample=True``, what a sweep asks at each
+repeat): ``<kind>-<key>.samples.json`` keeps each as measured, and
+``<kind>-<key>.json`` the median of every figure over them (samples.py), which is
+what predictions read.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import asdict, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from dask.utils import parse_timedelta
@@ -46,6 +51,7 @@ from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_rea
                                      relative_spreads, shard_timings, store_fit, sync_s,
                                      task_gap_s, trunk_timings)
 from pipeline.probe.rounds import calibrate
+from pipeline.probe.samples import MAX_SAMPLES, merge_master_samples, merge_samples
 from pipeline.probe.client_share import SHARE_BELOW_S, median_share
 from pipeline.probe.runs import (Plan, ProbePlan, ReplicaPlan, plan_seconds, plans_for,
                                  replica_plan)
@@ -258,32 +264,85 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
                  quanta: Sequence[int], workspace_dir: str | None = None,
                  dataset: str | None = None, refresh: bool = False,
                  cache: bool = True, links: str = "",
-                 output_root: str | None = None) -> ClusterProbe:
-    """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe."""
+                 output_root: str | None = None, sample: bool = False) -> ClusterProbe:
+    """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe.
+
+    ``sample=True`` measures one more sample however fresh the cached probe is, and
+    returns (and caches) the median of every figure over the samples taken within
+    `probe_max_age`, the newest `MAX_SAMPLES` of them (samples.py: why a sweep spreads
+    its probes over its repeats). ``refresh=True`` measures afresh and forgets the
+    samples before it."""
     where = workspace_location(all_local(list(offered)), workspace_dir)
     key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
-    path = os.path.join(cache_dir(), f"cluster-{key}.json")
-    if cache and not refresh:
-        data = _load(path)
-        if data is not None and data.get("version") == PROBE_VERSION and \
-                fresh_enough(data.get("created", 0.0)):
-            return cluster_probe_from_dict(data)
+    if cache and not refresh and not sample:
+        cached = find_cached_probe(key)
+        if cached is not None:
+            return cached
     result = probe_cluster(client, offered, network, batch, quanta, workspace_dir, dataset,
                            links, output_root)
-    if cache:
-        _save(path, asdict(result))
-    return result
+    if not cache:
+        return result
+    kept = [] if refresh else cached_samples(key)
+    return _keep_sample(CLUSTER, key, kept, result, merge_samples)
+
+
+#: The cache's two kinds of probe: of a cluster, and of this process (`reference`).
+CLUSTER, MASTER = "cluster", "master"
+
+
+def _probe_path(kind: str, key: str) -> str:
+    """The probe predictions are made from (its samples' medians)."""
+    return os.path.join(cache_dir(), f"{kind}-{key}.json")
+
+
+def _samples_path(kind: str, key: str) -> str:
+    """The samples behind `_probe_path`'s probe, each as it was measured."""
+    return os.path.join(cache_dir(), f"{kind}-{key}.samples.json")
+
+
+P = TypeVar("P", ClusterProbe, MasterProbe)
+
+
+def _keep_sample(kind: str, key: str, kept: list[P], result: P,
+                 merge: Callable[[Sequence[P]], P]) -> P:
+    """Cache `result` as the newest sample beside those `kept` that are fresh enough (at
+    most `MAX_SAMPLES` in all), and their merge as the probe; returns the merge."""
+    samples = ([p for p in kept if fresh_enough(p.created)] + [result])[-MAX_SAMPLES:]
+    _save(_samples_path(kind, key), [asdict(p) for p in samples])
+    merged = merge(samples)
+    _save(_probe_path(kind, key), asdict(merged))
+    return merged
+
+
+def _stored_samples(kind: str, key: str, load: Callable[[dict[str, Any]], P | None],
+                    alone: P | None) -> list[P]:
+    """The samples cached for `key`, oldest first, those `load` takes; without a samples
+    file (a cache from before samples were kept), the probe `alone` as its one sample."""
+    data = _load(_samples_path(kind, key))
+    if data is None:
+        return [alone] if alone is not None and not alone.samples_created else []
+    found = [load(d) for d in data if isinstance(d, dict)]
+    return [p for p in found if p is not None]
+
+
+def cached_samples(key: str) -> list[ClusterProbe]:
+    """The samples of the cluster probe `key`, oldest first: those of this probe
+    version (a probe cached without its samples file is its own one sample)."""
+    return _stored_samples(CLUSTER, key, _cluster_probe, find_cached_probe(key, any_age=True))
+
+
+def _cluster_probe(data: dict[str, Any]) -> ClusterProbe | None:
+    """A cached cluster probe, or None where it is of another probe version."""
+    return cluster_probe_from_dict(data) if data.get("version") == PROBE_VERSION else None
 
 
 def find_cached_probe(key: str, any_age: bool = False) -> ClusterProbe | None:
     """A cached cluster probe by key, or None; one older than `probe_max_age` only with
     ``any_age`` (where nothing may be measured instead)."""
-    data = _load(os.path.join(cache_dir(), f"cluster-{key}.json"))
-    if data is None or data.get("version") != PROBE_VERSION:
+    data = _load(_probe_path(CLUSTER, key))
+    if data is None or (not any_age and not fresh_enough(data.get("created", 0.0))):
         return None
-    if not any_age and not fresh_enough(data.get("created", 0.0)):
-        return None
-    return cluster_probe_from_dict(data)
+    return _cluster_probe(data)
 
 
 def optimizer_key(optimizer: OptimizerSpec) -> str:
@@ -296,24 +355,46 @@ def optimizer_key(optimizer: OptimizerSpec) -> str:
 def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
                         dataset: str | None = None, refresh: bool = False,
                         cache: bool = True, measure: bool = True,
-                        optimizer: OptimizerSpec = DEFAULT_OPTIMIZER) -> MasterProbe | None:
+                        optimizer: OptimizerSpec = DEFAULT_OPTIMIZER,
+                        sample: bool = False) -> MasterProbe | None:
     """:func:`probe_master` for ``strategy: reference``, reusing an earlier identical probe
     (one per kind of SGD: `optimizer_key`).
 
     ``measure=False``: only the cache, at any age (``None`` if it has no such probe).
+    ``sample=True``: one more sample, the probe the median of the recent ones (as
+    `cached_probe`'s).
     """
-    key = probe_key(network, batch, [], [("master", threads)], "none", dataset,
-                    optimizer_key(optimizer))
-    path = os.path.join(cache_dir(), f"master-{key}.json")
-    if cache and not refresh:
-        data = _load(path)
-        if data is not None and data.get("key") == key and \
-                (not measure or fresh_enough(data.get("created", 0.0))):
-            return MasterProbe(**{**data, "timings": [ShardTiming(**t) for t in data["timings"]]})
+    key = master_key(network, batch, threads, dataset, optimizer)
+    if cache and not refresh and not (sample and measure):
+        cached = _master_probe(_load(_probe_path(MASTER, key)) or {}, key)
+        if cached is not None and (not measure or fresh_enough(cached.created)):
+            return cached
     if not measure:
         return None
     result = probe_master(network, batch, threads, dataset=dataset, optimizer=optimizer)
     result.key = key
-    if cache:
-        _save(path, asdict(result))
-    return result
+    if not cache:
+        return result
+    kept = [] if refresh else cached_master_samples(key)
+    return _keep_sample(MASTER, key, kept, result, merge_master_samples)
+
+
+def master_key(network: NetworkSpec, batch: int, threads: int, dataset: str | None,
+               optimizer: OptimizerSpec) -> str:
+    """The cache key of a probe of this process training `network` (`reference`)."""
+    return probe_key(network, batch, [], [("master", threads)], "none", dataset,
+                     optimizer_key(optimizer))
+
+
+def cached_master_samples(key: str) -> list[MasterProbe]:
+    """The samples of the master probe `key`, oldest first (as `cached_samples`)."""
+    alone = _master_probe(_load(_probe_path(MASTER, key)) or {}, key)
+    return _stored_samples(MASTER, key, lambda d: _master_probe(d, key), alone)
+
+
+def _master_probe(data: dict[str, Any], key: str) -> MasterProbe | None:
+    """A cached master probe, or None where it is not of `key` (the key holds the probe
+    version)."""
+    if data.get("key") != key:
+        return None
+    return MasterProbe(**{**data, "timings": [ShardTiming(**t) for t in data["timings"]]})

@@ -119,6 +119,12 @@ class MasterProbe:
     created: float = 0.0
     dense_low_s: float = 0.0
     dense_high_s: float = 0.0
+    #: when each sample merged into this probe was taken (as `ClusterProbe`'s)
+    samples_created: list[float] = field(default_factory=list)
+
+    def created_times(self) -> list[float]:
+        """When the samples this probe stands for were taken (itself alone: `created`)."""
+        return list(self.samples_created) or [self.created]
 
     def at(self, bound: str) -> "MasterProbe":
         """This probe with every timing at its lower or upper quartile (`bound`
@@ -148,6 +154,13 @@ class ClusterProbe:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     method: str = "runs"
     version: int = PROBE_VERSION
+    #: when each probe sample merged into this one was taken (samples.py: every figure
+    #: the median over them); empty for a single probe, taken at `created`
+    samples_created: list[float] = field(default_factory=list)
+
+    def created_times(self) -> list[float]:
+        """When the samples this probe stands for were taken (itself alone: `created`)."""
+        return list(self.samples_created) or [self.created]
 
     def network_spec(self) -> NetworkSpec:
         return network_spec_from_dict(self.network)
