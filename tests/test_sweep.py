@@ -213,6 +213,54 @@ def test_each_point_that_reuses_an_embedded_cluster_starts_on_fresh_workers(
         pool.close()
 
 
+def test_a_sweep_with_repeats_probes_each_cluster_again_at_each_repeat(
+        tmp_path, tiny_dataset_factory, monkeypatch):
+    """`probe_samples: per_repeat`: repeat 0 is predicted from one probe; before repeat
+    1's first point on a probe (the cluster's; this process's for `reference`) the
+    sweep takes one more sample, says so, and repeat 1's points are predicted from the
+    median over both (the cache keeps both samples); with `probe_samples: once`,
+    nothing more is measured."""
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "auto")
+    dataset = tiny_dataset_factory("float32")
+    base = {"train": {"batch": 16, "eval_samples": 0, "checkpoint_every": 0}}
+    config = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel", "data"]},
+                         repeats=2, base=base)
+    store = tmp_path / "samples.zarr"
+    status, errors, out = run_main("sweep", [config, "--out", str(store)])
+    assert status == 0, errors
+    def event(line: str) -> str:  # "kernel1" for a point's line, "sample ..." for a sample's
+        if line.startswith("probe sample of "):
+            return "sample " + line.split("probe sample of ")[1].split(" for repeat 1")[0]
+        return line.split("strategy=")[1].split()[0] + line.split("repeat=")[1].split()[0]
+
+    order = [event(line) for line in out.splitlines() if line.startswith("probe sample")
+             or ("strategy=" in line and "s/step" in line)]
+    assert order == ["reference0", "sample this process", "reference1", "kernel0", "data0",
+                     "sample this cluster", "kernel1", "data1"], order
+    assert out.count("median over 2 sample(s)") == 2
+    samples: dict[str, list[int]] = {}
+    runs = store.parent / "samples.runs"
+    for run in sorted(os.listdir(runs)):
+        with open(runs / run / "summary.json", encoding="utf-8") as handle:
+            summary = json.load(handle)
+        strategy, repeat = run.split("strategy=")[1][0], run.split("repeat=")[1]
+        samples.setdefault(strategy + repeat, []).append(summary["prediction_probe_samples"])
+    assert samples == {"r0": [1], "r1": [2], "k0": [1], "k1": [2], "d0": [1], "d1": [2]}, \
+        samples
+    cache = os.environ["CNN_PROBE_CACHE"]
+    for kind in ("cluster", "master"):
+        kept = [n for n in os.listdir(cache) if n.startswith(kind) and n.endswith(".samples.json")]
+        assert len(kept) == 1, (kind, os.listdir(cache))
+        with open(os.path.join(cache, kept[0]), encoding="utf-8") as handle:
+            assert len(json.load(handle)) == 2
+
+    once = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel"]}, repeats=2,
+                       name="once", base=base, probe_samples="once")
+    status, errors, out = run_main("sweep", [once, "--out", str(tmp_path / "once.zarr")])
+    assert status == 0, errors
+    assert "probe sample" not in out
+
+
 # Refusals and failures --------------------------------------------------------------
 
 

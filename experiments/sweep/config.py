@@ -130,6 +130,10 @@ class SweepConfig:
     output: str | None = described(None, "the results store (null: `results/<name>.zarr`)")
     keep_checkpoints: bool = described(False, "keep each point's checkpoints (large: the "
                                        "paper's network ~300 MB a point)")
+    probe_samples: Literal["per_repeat", "once"] = described(
+        "per_repeat", "how a measured sweep probes each cluster for the model: `per_repeat` "
+        "once more before each repeat after the first, every prediction from the median of "
+        "each figure over the samples so far (pipeline/probe/samples.py); `once`: one probe")
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -318,7 +322,8 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
     resolved = to_dict(config)
     resolved["base"] = base
     text = yaml.safe_dump(resolved, sort_keys=False)
-    identity = {k: v for k, v in resolved.items() if k not in ("output", "keep_checkpoints")}
+    identity = {k: v for k, v in resolved.items() if k not in ("output", "keep_checkpoints",
+                                                                 "probe_samples")}
     identity["base"] = copy.deepcopy(base)
     identity["base"].get("cluster", {}).pop("scheduler", None)
     return Sweep(config, path, base, axes, run_order(points), text, _fingerprint(identity),

@@ -38,6 +38,7 @@ from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
 from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
+from experiments.sweep.probe_samples import ProbeSampler
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.embedded import restart_workers
 from pipeline.cluster.worker_setup import workers_set_up
@@ -258,6 +259,8 @@ def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
     session = {"started": now_text(), "pid": os.getpid(), "host": os.uname().nodename,
                "code_revision": code_revision(), "points_run": 0, "interrupted": True}
     pool = ClusterPool(echo)
+    sampler = ProbeSampler(sweep.config.mode == "measure"
+                           and sweep.config.probe_samples == "per_repeat", echo)
     begun = time.perf_counter()
     bar = tqdm(total=len(todo), unit="point", desc=sweep.config.name, file=err,
                disable=None, leave=False, dynamic_ncols=True)
@@ -265,7 +268,7 @@ def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
         for done, point in enumerate(todo, start=1):
             bar.set_postfix_str(point.describe()[:60])
             t0 = time.perf_counter()
-            result, reason, scheduler_lost = _run_point(sweep, store, pool, point)
+            result, reason, scheduler_lost = _run_point(sweep, store, pool, sampler, point)
             stopped = len(todo) - done if scheduler_lost else 0
             session["points_run"] = done
             bar.update(1)
@@ -282,17 +285,21 @@ def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
         _end_session(store, session)
 
 
-def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, point: Point
-               ) -> tuple[PointResult | None, str | None, bool]:
-    """Run one point and write what it gave: its figures, or its failure (the reason,
-    its times). Returns the result, the reason it failed, and whether an external
-    scheduler was lost (the points left stay pending)."""
+def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, sampler: ProbeSampler,
+               point: Point) -> tuple[PointResult | None, str | None, bool]:
+    """Run one point (a probe sample first where `sampler` wants one) and write what it
+    gave: its figures, or its failure (the reason, its times). Returns the result, the
+    reason it failed, and whether an external scheduler was lost (the points left stay
+    pending)."""
     started = time.time()
     try:
         if sweep.config.mode == "predict":
             result = predict_only(point, predict_point)
         else:
             client = pool.client_for(point)
+            if sampler.wanted(point):
+                sampler.take(point, client)
+                client = pool.client_for(point)  # the run on fresh workers again
             result = measure_point(point, client, sweep.config.keep_checkpoints)
     except (KeyboardInterrupt, NoSpace):  # a full disk is no fault of the
         raise  # point: it stays pending, and the sweep stops (one line)
