@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from pipeline.probe import cache, machine
+from pipeline.probe import keys, machine
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
 NETWORK = NetworkSpec((ConvLayerSpec(3, 8, 5, 2, 2, 32, 32),), (), 10, "float32")
@@ -40,14 +40,14 @@ def test_the_identity_names_the_host_cpu_cores_and_instruction_set():
 def test_a_probe_of_another_cpu_under_the_same_name_is_not_reused(monkeypatch):
     """The key changes with the CPU (or cores), not only with the host name."""
     def key() -> str:
-        return cache.probe_key(NETWORK, 32, [4], [("cpu-0", 1, 1.0, "CPU")], "shm", None)
+        return keys.probe_key(NETWORK, 32, [4], [("cpu-0", 1, 1.0, "CPU")], "shm", None)
 
-    monkeypatch.setattr(cache, "machine_identity", lambda: "vm: AMD EPYC 7B13, 2 cores, AVX2")
+    monkeypatch.setattr(keys, "machine_identity", lambda: "vm: AMD EPYC 7B13, 2 cores, AVX2")
     amd = key()
     assert key() == amd  # the same machine: the same key
-    monkeypatch.setattr(cache, "machine_identity",
+    monkeypatch.setattr(keys, "machine_identity",
                         lambda: "vm: Intel(R) Xeon(R) Processor, 2 cores, AVX512")
     intel = key()
-    monkeypatch.setattr(cache, "machine_identity",
+    monkeypatch.setattr(keys, "machine_identity",
                         lambda: "vm: Intel(R) Xeon(R) Processor, 4 cores, AVX512")
     assert len({amd, intel, key()}) == 3

@@ -17,10 +17,11 @@ import time
 import pytest
 
 import pipeline.probe.cache
-from pipeline.cluster.workers import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker, all_local
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             TrunkTiming, WorkerProbe, cached_master_probe, cached_probe,
                             cluster_probe_from_dict, find_cached_probe)
+from pipeline.probe.keys import probe_key, worker_identity, workspace_location
 from pipeline.probe.samples import MAX_SAMPLES, merge_samples
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
@@ -134,10 +135,8 @@ def measured(tmp_path, monkeypatch):
     calls: list[ClusterProbe] = []
 
     def probe_cluster(client, offered, network, batch, quanta, *rest):
-        cache = pipeline.probe.cache
-        where = cache.workspace_location(cache.all_local(list(offered)), None)
-        key = cache.probe_key(network, batch, quanta, cache.worker_identity(offered), where,
-                              None, "")
+        where = workspace_location(all_local(list(offered)), None)
+        key = probe_key(network, batch, quanta, worker_identity(offered), where, None, "")
         calls.append(made_up_probe(next(speeds), time.time(), key))
         return calls[-1]
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 import psutil
 import pytest
 
-import pipeline.probe.cache as cache
+import pipeline.probe.cluster as cluster_probe
 import pipeline.probe.reference as reference
 import pipeline.probe.rounds as rounds
 import pipeline.probe.runs as runs
@@ -26,7 +26,8 @@ from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.placement.ties import check_tied
 from pipeline.probe import cached_probe, costmodel_network, find_cached_probe, probe_master
-from pipeline.probe.cache import cached_master_probe, optimizer_key
+from pipeline.probe.cache import cached_master_probe
+from pipeline.probe.keys import optimizer_key
 from pipeline.probe.client_share import burner_code, median_share, pair_share, step_spans
 from pipeline.probe.tables import network_spec_from_dict
 from tasks.receipts import Receipt
@@ -136,11 +137,12 @@ def test_a_probe_of_resnet20_on_two_workers_times_every_layer(shared_cluster, pr
                                                               monkeypatch):
     # seconds, not a minute: one round of the even plans and the replicas' (the probe's
     # robustness is tests/test_probe_robust.py's, the share's tests/test_prediction.py's)
-    monkeypatch.setattr(cache, "share_plans", lambda *args: [])
+    monkeypatch.setattr(cluster_probe, "share_plans", lambda *args: [])
     monkeypatch.setattr(runs, "ROUNDS", 1)
     monkeypatch.setattr(runs, "REPLICA_ROUNDS", 1)
     monkeypatch.setattr(rounds, "RETIMES", 0)
-    monkeypatch.setattr(cache, "plans_for", lambda *args: runs.plans_for(*args, budget_s=0.0))
+    monkeypatch.setattr(cluster_probe, "plans_for",
+                        lambda *args: runs.plans_for(*args, budget_s=0.0))
     client, cluster = shared_workers(shared_cluster, "PROBE")
     register_setup(client, cluster)
     offered = find_workers(client, cluster)

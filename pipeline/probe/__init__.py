@@ -13,15 +13,17 @@ latencies. A probe measures them where the step will run:
 - `hops`: Dask's client round trip and dependency hop (for ``sync: scheduler``);
 - `reference`: plain PyTorch in this process, for ``strategy: reference``;
 - `results`: what a probe holds and how it becomes cost-model objects;
+- `cluster`: a cluster's probe measured whole, from all of the above;
+- `keys`: what identifies a probe (its cache key);
 - `samples`: several probes of one cluster as one, the median of each figure;
-- `cache`: probing a cluster and keeping the result (and its samples) as JSON.
+- `cache`: keeping probes (and their samples) as JSON, measuring where none is fresh.
 """
 
 from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
-                                  cached_samples, find_cached_probe, links_key, probe_cluster,
-                                  probe_key,
-                                  probe_max_age, probe_workspace_dir, worker_identity,
-                                  workspace_location)
+                                  cached_samples, find_cached_probe, probe_max_age)
+from pipeline.probe.cluster import probe_cluster
+from pipeline.probe.keys import (links_key, probe_key, probe_workspace_dir, worker_identity,
+                                 workspace_location)
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
                                     WorkerProbe, cluster_probe_from_dict, master_device)
