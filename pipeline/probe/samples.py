@@ -1,8 +1,8 @@
 """Several probes of one cluster as one: the median of each figure over the samples.
 
-Why: a host's speed moves by about 5 % within minutes (docs/benchmarks.md, "The same,
-2026-11-29": three probes of one cluster in a row read its replica trunk at 482, 459
-and 466 ms, each settled within 4 %), and every prediction made from one probe
+Why: a host's speed moves by about 5 % within minutes (docs/benchmarks.md, "The model's
+error": three probes of one cluster in a row read its replica trunk at 482, 459 and
+466 ms, each settled within 4 %), and every prediction made from one probe
 inherits the minute it ran in. A measured sweep with repeats therefore probes each
 cluster again at each repeat (`experiments.sweep`, ``probe_samples``), and predicts
 from the median of every figure over the samples taken so far: a sample of the
