@@ -218,13 +218,13 @@ def test_a_sweep_with_repeats_probes_each_cluster_again_at_each_repeat(
     """`probe_samples: per_repeat`: repeat 0 is predicted from one probe; before repeat
     1's first point on a probe (the cluster's; this process's for `reference`) the
     sweep takes one more sample, says so, and repeat 1's points are predicted from the
-    median over both (the cache keeps both samples); with `probe_samples: once`,
-    nothing more is measured."""
+    median over both (the cache keeps both samples); with `probe_samples: once` (the
+    default), nothing more is measured."""
     monkeypatch.setenv("CNN_PREDICT_PROBE", "auto")
     dataset = tiny_dataset_factory("float32")
     base = {"train": {"batch": 16, "eval_samples": 0, "checkpoint_every": 0}}
     config = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel", "data"]},
-                         repeats=2, base=base)
+                         repeats=2, base=base, probe_samples="per_repeat")
     store = tmp_path / "samples.zarr"
     status, errors, out = run_main("sweep", [config, "--out", str(store)])
     assert status == 0, errors
@@ -255,7 +255,7 @@ def test_a_sweep_with_repeats_probes_each_cluster_again_at_each_repeat(
             assert len(json.load(handle)) == 2
 
     once = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel"]}, repeats=2,
-                       name="once", base=base, probe_samples="once")
+                       name="once", base=base)
     status, errors, out = run_main("sweep", [once, "--out", str(tmp_path / "once.zarr")])
     assert status == 0, errors
     assert "probe sample" not in out

@@ -130,10 +130,11 @@ class SweepConfig:
     output: str | None = described(None, "the results store (null: `results/<name>.zarr`)")
     keep_checkpoints: bool = described(False, "keep each point's checkpoints (large: the "
                                        "paper's network ~300 MB a point)")
-    probe_samples: Literal["per_repeat", "once"] = described(
-        "per_repeat", "how a measured sweep probes each cluster for the model: `per_repeat` "
-        "once more before each repeat after the first, every prediction from the median of "
-        "each figure over the samples so far (pipeline/probe/samples.py); `once`: one probe")
+    probe_samples: Literal["once", "per_repeat"] = described(
+        "once", "how a measured sweep probes each cluster for the model: `once`; "
+        "`per_repeat`, once more before each repeat after the first, every later prediction "
+        "from the median of each figure over the samples so far (pipeline/probe/samples.py; "
+        "on the 2-core hosts it did not lower the error: docs/benchmarks.md)")
 
     def __post_init__(self) -> None:
         if self.repeats < 1:

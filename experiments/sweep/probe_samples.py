@@ -1,16 +1,17 @@
 """A measured sweep's probe samples: each cluster (and this process, for `reference`)
-probed once more at each repeat.
+probed once more at each repeat, where the sweep asks (``probe_samples: per_repeat``).
 
 Why: the machine's speed moves by a few per cent within minutes, and a prediction made
 from one probe carries the minute that probe ran in into every point predicted from it
-(pipeline/probe/samples.py). With ``probe_samples: per_repeat`` (the default) the
-sweep takes one more sample of a point's cluster probe before the first point of each
-repeat after the first that uses it, on freshly restarted workers, and every later
-prediction is made from the median of each figure over the samples so far; the same
-for `reference` points, whose probe times this process. Repeat 0's points are
-predicted from the first probe (taken where the first of them finishes, as in a
-single run); so only sweeps with repeats pay for samples, one probe per cluster (or
-reference thread count) and repeat, and only under the ``auto`` probe policy.
+(pipeline/probe/samples.py). With ``per_repeat`` the sweep takes one more sample of a
+point's probe before the first point of each repeat after the first that uses it, on
+freshly restarted workers, and every later prediction is made from the median of each
+figure over the samples so far; the same for `reference` points, whose probe times
+this process. Repeat 0's points are predicted from the first probe (taken where the
+first of them finishes, as in a single run); so only sweeps with repeats pay for
+samples, one probe per cluster (or reference thread count) and repeat, and only under
+the ``auto`` probe policy. ``once`` is the default: on this project's 2-core hosts the
+samples did not lower the model's error (docs/benchmarks.md, "Probe samples").
 """
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 Why: a host's speed moves by about 5 % within minutes (docs/benchmarks.md, "The model's
 error": three probes of one cluster in a row read its replica trunk at 482, 459 and
 466 ms, each settled within 4 %), and every prediction made from one probe
-inherits the minute it ran in. A measured sweep with repeats therefore probes each
-cluster again at each repeat (`experiments.sweep`, ``probe_samples``), and predicts
+inherits the minute it ran in. A measured sweep with repeats can probe each cluster
+again at each repeat (`experiments.sweep`, ``probe_samples: per_repeat``) and predict
 from the median of every figure over the samples taken so far: a sample of the
-machine spread over the sweep's time instead of one stretch of it. Nothing here
-looks at a run's measured steps.
+machine spread over the sweep's time instead of one stretch of it. (On this project's
+2-core hosts it did not lower the error: there the runs themselves moved as much
+between repeats, docs/benchmarks.md, "Probe samples".) Nothing here looks at a run's
+measured steps.
 
 `merge_samples` is a pure function of the probes. Figures are matched by what they
 measure (a shard timing by layer, kernels and workers running; a worker by name; a
