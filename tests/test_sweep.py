@@ -31,6 +31,7 @@ from experiments.sweep.axes import value_label
 from experiments.scaling.config import load_scaling_sweep
 from experiments.sweep.config import load_sweep
 from experiments.sweep.points import run_order
+from experiments.sweep.probe_samples import ProbeSampler
 from experiments.sweep.run import ClusterPool, run_sweep
 from pipeline.cluster import embedded
 from pipeline.config.schema import ConfigError, load_yaml
@@ -218,16 +219,17 @@ def test_a_sweep_with_repeats_probes_each_cluster_again_at_each_repeat(
     """`probe_samples: per_repeat`: repeat 0 is predicted from one probe; before repeat
     1's first point on a probe (the cluster's; this process's for `reference`) the
     sweep takes one more sample, says so, and repeat 1's points are predicted from the
-    median over both (the cache keeps both samples); with `probe_samples: once` (the
-    default), nothing more is measured."""
+    median over both (the cache keeps both samples). Which points get a sample is
+    `test_samples_are_taken_before_the_first_point_of_each_later_repeat`'s."""
     monkeypatch.setenv("CNN_PREDICT_PROBE", "auto")
     dataset = tiny_dataset_factory("float32")
     base = {"train": {"batch": 16, "eval_samples": 0, "checkpoint_every": 0}}
-    config = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel", "data"]},
+    config = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel"]},
                          repeats=2, base=base, probe_samples="per_repeat")
     store = tmp_path / "samples.zarr"
     status, errors, out = run_main("sweep", [config, "--out", str(store)])
     assert status == 0, errors
+
     def event(line: str) -> str:  # "kernel1" for a point's line, "sample ..." for a sample's
         if line.startswith("probe sample of "):
             return "sample " + line.split("probe sample of ")[1].split(" for repeat 1")[0]
@@ -235,18 +237,17 @@ def test_a_sweep_with_repeats_probes_each_cluster_again_at_each_repeat(
 
     order = [event(line) for line in out.splitlines() if line.startswith("probe sample")
              or ("strategy=" in line and "s/step" in line)]
-    assert order == ["reference0", "sample this process", "reference1", "kernel0", "data0",
-                     "sample this cluster", "kernel1", "data1"], order
+    assert order == ["reference0", "sample this process", "reference1", "kernel0",
+                     "sample this cluster", "kernel1"], order
     assert out.count("median over 2 sample(s)") == 2
-    samples: dict[str, list[int]] = {}
+    samples: dict[str, int] = {}
     runs = store.parent / "samples.runs"
-    for run in sorted(os.listdir(runs)):
+    for run in os.listdir(runs):
         with open(runs / run / "summary.json", encoding="utf-8") as handle:
             summary = json.load(handle)
         strategy, repeat = run.split("strategy=")[1][0], run.split("repeat=")[1]
-        samples.setdefault(strategy + repeat, []).append(summary["prediction_probe_samples"])
-    assert samples == {"r0": [1], "r1": [2], "k0": [1], "k1": [2], "d0": [1], "d1": [2]}, \
-        samples
+        samples[strategy + repeat] = summary["prediction_probe_samples"]
+    assert samples == {"r0": 1, "r1": 2, "k0": 1, "k1": 2}, samples
     cache = os.environ["CNN_PROBE_CACHE"]
     for kind in ("cluster", "master"):
         kept = [n for n in os.listdir(cache) if n.startswith(kind) and n.endswith(".samples.json")]
@@ -254,11 +255,28 @@ def test_a_sweep_with_repeats_probes_each_cluster_again_at_each_repeat(
         with open(os.path.join(cache, kept[0]), encoding="utf-8") as handle:
             assert len(json.load(handle)) == 2
 
-    once = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel"]}, repeats=2,
-                       name="once", base=base)
-    status, errors, out = run_main("sweep", [once, "--out", str(tmp_path / "once.zarr")])
-    assert status == 0, errors
-    assert "probe sample" not in out
+
+def test_samples_are_taken_before_the_first_point_of_each_later_repeat(tmp_path, monkeypatch):
+    """Pure: in run order, a sample before the first point of repeat 1, 2, ... of each
+    probe (a worker set with a network and batch; `reference`'s process by its threads
+    too); none under `probe_samples: once` (the default) or a policy that may not
+    measure."""
+    config = write_sweep(tmp_path, "data.zarr", {"strategy": ["reference", "kernel", "data"],
+                                                 "train.batch": [8, 16]}, repeats=3)
+    points = load_sweep(config, out=str(tmp_path / "s.zarr")).points
+    assert load_sweep(config, out=str(tmp_path / "s.zarr")).config.probe_samples == "once"
+
+    def sampled(per_repeat: bool) -> list[str]:
+        sampler = ProbeSampler(per_repeat, lambda line: None)
+        return [f"{p.strategy.name}{p.config.train.batch}r{p.repeat}" for p in points
+                if sampler.wanted(p)]
+
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "auto")
+    assert sampled(True) == ["reference8r1", "reference16r1", "reference8r2", "reference16r2",
+                             "kernel8r1", "kernel16r1", "kernel8r2", "kernel16r2"]
+    assert sampled(False) == []
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "cached")
+    assert sampled(True) == []
 
 
 # Refusals and failures --------------------------------------------------------------
