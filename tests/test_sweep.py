@@ -26,7 +26,7 @@ from experiments.sweep import cli as sweep_cli
 from experiments.sweep.results import ResultStore, SweepLock
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
 from experiments.sweep.speedup import compute_speedup
-from experiments.sweep.summary import format_table, summary_table
+from experiments.sweep.summary import format_table, repeat_spread_of, summary_table
 from experiments.sweep.axes import value_label
 from experiments.scaling.config import load_scaling_sweep
 from experiments.sweep.config import load_sweep
@@ -109,6 +109,7 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     assert "dask dashboard" in result.stdout
     assert result.stdout.count("s/step") == 4  # one line per finished point
     assert "speedup" in result.stdout and "samples/s" in result.stdout  # the closing table
+    assert "rep. spread" in result.stdout  # two repeats: how far they measured apart
 
     ds = open_clean(store)
     assert dict(ds.sizes) == {"strategy": 2, "batch": 1, "repeat": 2, "step": 3}
@@ -537,6 +538,27 @@ def test_the_table_puts_the_computes_error_beside_the_steps():
     assert lines[1].split()[-2:] == ["+43%", "+50%"]
     assert lines[2].split()[-2:] == ["+0%", "-"]
     assert "compute err" not in format_table(table.drop(columns="compute_error"))
+
+
+def test_the_table_says_how_far_repeats_measured_apart_beside_the_errors():
+    """An error of 18 % beside repeats 25 % apart is the machine's noise as much as the
+    model's: the spread is the last column wherever a point has two done repeats."""
+    assert repeat_spread_of(np.array([1.0, 1.25, np.nan])) == pytest.approx(0.25 / 1.125)
+    assert np.isnan(repeat_spread_of(np.array([1.0, np.nan])))
+    table = pd.DataFrame([
+        {"strategy": "data", "runs": "3/3", "step_time": 0.05, "predicted_step_time": 0.059,
+         "prediction_error": 0.18, "compute_error": 0.1, "repeat_spread": 0.25,
+         "failure": ""},
+        {"strategy": "kernel", "runs": "1/3", "step_time": 0.07, "predicted_step_time": 0.07,
+         "prediction_error": 0.0, "compute_error": 0.0, "repeat_spread": float("nan"),
+         "failure": ""}])
+    lines = format_table(table).splitlines()
+    assert lines[0].split()[-2:] == ["rep.", "spread"]
+    assert lines[1].split()[-3:] == ["+18%", "+10%", "25%"]
+    assert lines[2].split()[-1] == "-"
+    unpredicted = table.assign(predicted_step_time=float("nan"))
+    assert format_table(unpredicted).splitlines()[0].split()[-2:] == ["rep.", "spread"]
+    assert "spread" not in format_table(table.assign(repeat_spread=float("nan")))
 
 
 SHIPPED = os.path.join(ROOT, "experiments", "configs")

@@ -24,7 +24,7 @@ import pandas as pd
 import xarray as xr
 
 from experiments.sweep.store_layout import DONE
-from experiments.sweep.summary import markdown_rows
+from experiments.sweep.summary import markdown_rows, repeat_spread_of
 
 
 def error_rows(ds: xr.Dataset) -> pd.DataFrame:
@@ -59,11 +59,7 @@ def repeat_spread(ds: xr.Dataset) -> dict[str, float]:
         other = [d for d in values.dims if d != "repeat"]
         per_point = np.asarray(values.transpose(*other, "repeat").values, dtype=float)
         per_point = per_point.reshape(-1, values.sizes["repeat"])
-        spreads = []
-        for repeats in per_point:
-            repeats = repeats[np.isfinite(repeats)]
-            if repeats.size >= 2:
-                spreads.append((repeats.max() - repeats.min()) / np.median(repeats))
+        spreads = [spread for spread in map(repeat_spread_of, per_point) if np.isfinite(spread)]
         if spreads:
             out[str(name if name is not None else ds.attrs.get("strategy", "?"))] = (
                 float(np.median(spreads)))

@@ -26,11 +26,23 @@ def _labels(ds: xr.Dataset, dim: str) -> list[str]:
     return [str(v) for v in ds[dim].values]
 
 
+def repeat_spread_of(times: np.ndarray) -> float:
+    """How far one point's repeats measured apart: (largest - smallest) / median of
+    their step times (the NaNs of runs not done left out); NaN with fewer than two.
+    A model error within it cannot be told from the machine's own noise."""
+    times = np.asarray(times, dtype=float)
+    times = times[np.isfinite(times)]
+    if times.size < 2:
+        return float("nan")
+    return float((times.max() - times.min()) / np.median(times))
+
+
 def summary_table(ds: xr.Dataset) -> pd.DataFrame:
     """One row per grid point (repeats pooled): the main figures, for print and report
     (the fullest worker's working memory among them, where the store has it).
 
-    Figures are medians over the done repeats; ``runs`` counts done/all repeats.
+    Figures are medians over the done repeats; ``runs`` counts done/all repeats, and
+    ``repeat_spread`` how far they measured apart (`repeat_spread_of`).
     """
     dims = [d for d in ds.status.dims if d != "repeat"]
     status = ds.status.values
@@ -54,6 +66,7 @@ def summary_table(ds: xr.Dataset) -> pd.DataFrame:
             for name, values in figures.items():
                 picked = values[position][done]
                 row[name] = float(np.nanmedian(picked)) if picked.size else np.nan
+            row["repeat_spread"] = repeat_spread_of(figures["step_time"][position][done])
             reasons = sorted({str(r) for r, s in zip(failures[position], status[position])
                               if s == FAILED and str(r)})
             row["failure"] = "; ".join(reasons)
@@ -65,24 +78,27 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
     """The main figures as aligned text (or a markdown table)."""
     columns = [c for c in table.columns if c not in (
         "step_time_p25", "step_time_p75", "predicted_step_time", "prediction_error",
-        "compute_error", "failure")]
+        "compute_error", "repeat_spread", "failure")]
     if "memory_working" in table and table["memory_working"].isna().all():
         columns.remove("memory_working")
     if table["predicted_step_time"].notna().any():
         columns += ["predicted_step_time", "prediction_error"]
         if "compute_error" in table and table["compute_error"].notna().any():
             columns.append("compute_error")
+    if "repeat_spread" in table and table["repeat_spread"].notna().any():
+        columns.append("repeat_spread")  # last, beside any errors: the noise they sit in
     names = {"step_time": "step s", "throughput": "samples/s", "speedup": "speedup",
              "efficiency": "effic.", "compute_time": "compute s", "storage_time": "exchange s",
              "master_time": "master s", "wait_time": "wait s", "bytes_moved": "MB/step",
              "loss": "loss", "accuracy": "acc.", "predicted_step_time": "predicted s",
              "prediction_error": "pred. err", "memory_working": "working MB",
-             "compute_error": "compute err"}
+             "compute_error": "compute err", "repeat_spread": "rep. spread"}
     formats = {"step_time": "{:.4f}", "throughput": "{:.1f}", "speedup": "{:.2f}",
                "efficiency": "{:.2f}", "compute_time": "{:.4f}", "storage_time": "{:.4f}",
                "master_time": "{:.4f}", "wait_time": "{:.4f}", "loss": "{:.3f}",
                "accuracy": "{:.3f}", "predicted_step_time": "{:.4f}",
-               "prediction_error": "{:+.0%}", "compute_error": "{:+.0%}"}
+               "prediction_error": "{:+.0%}", "compute_error": "{:+.0%}",
+               "repeat_spread": "{:.0%}"}
     header = [names.get(c, c) for c in columns]
     body = []
     for _, row in table.iterrows():
