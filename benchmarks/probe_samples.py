@@ -4,7 +4,8 @@ samples before each run (what the runs recorded), and from every sample of the s
     CNN_PROBE_CACHE=DIR python -m benchmarks.probe_samples RUNS_DIR
 
 ``RUNS_DIR`` is a measured sweep's ``<name>.runs`` folder (`probe_samples:
-per_repeat`, more than one repeat), ``DIR`` the probe cache it ran with. For every
+per_repeat`, 2 to 5 repeats: the cache keeps the newest `MAX_SAMPLES` = 5 samples, so
+a longer sweep's first ones are gone), ``DIR`` the probe cache it ran with. For every
 run predicted from a cluster probe, the probe's samples (pipeline/probe/samples.py)
 predict it again at the split and steps per task it ran:
 
