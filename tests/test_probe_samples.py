@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import time
 
 import pytest
@@ -168,6 +169,9 @@ def test_a_sample_adds_to_the_cached_probe_and_the_median_is_kept(measured):
     assert len(newest.created_times()) == MAX_SAMPLES  # the newest MAX_SAMPLES only
     assert newest.created_times() == [m.created for m in measured[-MAX_SAMPLES:]]
     assert len(_cached(refresh=True).created_times()) == 1  # a refresh starts anew
+    _cached(sample=True)
+    os.remove(os.path.join(os.environ["CNN_PROBE_CACHE"], f"cluster-{first.key}.json"))
+    assert len(_cached().created_times()) == 1  # so does measuring where it was deleted
 
 
 def test_a_sample_leaves_out_samples_older_than_the_max_age(measured, monkeypatch):
@@ -187,7 +191,7 @@ def test_a_probe_cached_before_samples_were_kept_is_the_first_sample(measured):
     """A cache written before samples were kept has a probe and no samples file: sampling
     keeps that probe as the first sample instead of forgetting it."""
     first = _cached()
-    pipeline.probe.cache.os.remove(pipeline.probe.cache._samples_path("cluster", first.key))
+    os.remove(pipeline.probe.cache._samples_path("cluster", first.key))
     assert _cached(sample=True).created_times() == [first.created, measured[-1].created]
 
 

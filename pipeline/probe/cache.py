@@ -107,8 +107,8 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
     ``sample=True`` measures one more sample however fresh the cached probe is, and
     returns (and caches) the median of every figure over the samples taken within
     `probe_max_age`, the newest `MAX_SAMPLES` of them (samples.py: why a sweep spreads
-    its probes over its repeats). ``refresh=True`` measures afresh and forgets the
-    samples before it."""
+    its probes over its repeats). Any other measurement (nothing fresh cached, its file
+    deleted, or ``refresh=True``) starts anew and forgets the samples before it."""
     where = workspace_location(all_local(list(offered)), workspace_dir)
     key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
     if cache and not refresh and not sample:
@@ -119,7 +119,7 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
                            links, output_root)
     if not cache:
         return result
-    kept = [] if refresh else cached_samples(key)
+    kept = cached_samples(key) if sample and not refresh else []
     return _keep_sample(CLUSTER, key, kept, result, merge_samples)
 
 
@@ -205,7 +205,7 @@ def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
     result.key = key
     if not cache:
         return result
-    kept = [] if refresh else cached_master_samples(key)
+    kept = cached_master_samples(key) if sample and not refresh else []
     return _keep_sample(MASTER, key, kept, result, merge_master_samples)
 
 
