@@ -152,12 +152,14 @@ def _keep_sample(kind: str, key: str, kept: list[P], result: P,
 
 
 def _stored_samples(kind: str, key: str, load: Callable[[dict[str, Any]], P | None],
-                    alone: P | None) -> list[P]:
+                    alone: Callable[[], P | None]) -> list[P]:
     """The samples cached for `key`, oldest first, those `load` takes; without a samples
-    file (a cache from before samples were kept), the probe `alone` as its one sample."""
+    file (a cache from before samples were kept), the cached probe (`alone()`) as its
+    one sample."""
     data = _load(_samples_path(kind, key))
     if data is None:
-        return [alone] if alone is not None and not alone.samples_created else []
+        probe = alone()
+        return [probe] if probe is not None and not probe.samples_created else []
     found = [load(d) for d in data if isinstance(d, dict)]
     return [p for p in found if p is not None]
 
@@ -165,7 +167,8 @@ def _stored_samples(kind: str, key: str, load: Callable[[dict[str, Any]], P | No
 def cached_samples(key: str) -> list[ClusterProbe]:
     """The samples of the cluster probe `key`, oldest first: those of this probe
     version (a probe cached without its samples file is its own one sample)."""
-    return _stored_samples(CLUSTER, key, _cluster_probe, find_cached_probe(key, any_age=True))
+    return _stored_samples(CLUSTER, key, _cluster_probe,
+                           lambda: find_cached_probe(key, any_age=True))
 
 
 def _cluster_probe(data: dict[str, Any]) -> ClusterProbe | None:
@@ -196,7 +199,7 @@ def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
     """
     key = master_key(network, batch, threads, dataset, optimizer)
     if cache and not refresh and not (sample and measure):
-        cached = _master_probe(_load(_probe_path(MASTER, key)) or {}, key)
+        cached = _cached_master(key)
         if cached is not None and (not measure or fresh_enough(cached.created)):
             return cached
     if not measure:
@@ -211,8 +214,13 @@ def cached_master_probe(network: NetworkSpec, batch: int, threads: int,
 
 def cached_master_samples(key: str) -> list[MasterProbe]:
     """The samples of the master probe `key`, oldest first (as `cached_samples`)."""
-    alone = _master_probe(_load(_probe_path(MASTER, key)) or {}, key)
-    return _stored_samples(MASTER, key, lambda d: _master_probe(d, key), alone)
+    return _stored_samples(MASTER, key, lambda d: _master_probe(d, key),
+                           lambda: _cached_master(key))
+
+
+def _cached_master(key: str) -> MasterProbe | None:
+    """The master probe cached as `key` (any age), or None."""
+    return _master_probe(_load(_probe_path(MASTER, key)) or {}, key)
 
 
 def _master_probe(data: dict[str, Any], key: str) -> MasterProbe | None:

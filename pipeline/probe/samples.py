@@ -37,20 +37,17 @@ __all__ = ["merge_samples", "merge_master_samples", "MAX_SAMPLES"]
 MAX_SAMPLES = 5
 
 T = TypeVar("T")
+P = TypeVar("P", ClusterProbe, MasterProbe)
 
 
 def merge_samples(samples: Sequence[ClusterProbe]) -> ClusterProbe:
     """One probe whose every figure is the median of `samples`' (probes of one cluster,
     one key). It carries the newest sample's key, identity and time, and in
     ``samples_created`` when each sample was taken; one sample is returned as it is."""
-    if not samples:
-        raise ValueError("no probe samples to merge")
-    samples = sorted(samples, key=lambda p: p.created)  # the newest last
+    samples = _newest_last(samples, "clusters")
     newest = samples[-1]
     if len(samples) == 1:
         return newest
-    if len({p.key for p in samples}) != 1:
-        raise ValueError("probe samples of different clusters cannot be merged")
     names = [w.name for w in newest.workers]
     workers = [_worker([w for p in samples for w in p.workers if w.name == name])
                for name in names]
@@ -64,15 +61,20 @@ def merge_samples(samples: Sequence[ClusterProbe]) -> ClusterProbe:
 def merge_master_samples(samples: Sequence[MasterProbe]) -> MasterProbe:
     """As `merge_samples`, of probes of this process training the whole network
     (``strategy: reference``): its dense head's and every layer's medians."""
-    if not samples:
-        raise ValueError("no probe samples to merge")
-    samples = sorted(samples, key=lambda p: p.created)
+    samples = _newest_last(samples, "processes")
     if len(samples) == 1:
         return samples[0]
-    if len({p.key for p in samples}) != 1:
-        raise ValueError("probe samples of different processes cannot be merged")
     return replace(_master(samples), created=samples[-1].created,
                    samples_created=sorted(t for p in samples for t in p.created_times()))
+
+
+def _newest_last(samples: Sequence[P], what: str) -> list[P]:
+    """`samples` oldest first, checked to be samples of one probe (one key)."""
+    if not samples:
+        raise ValueError("no probe samples to merge")
+    if len({p.key for p in samples}) != 1:
+        raise ValueError(f"probe samples of different {what} cannot be merged")
+    return sorted(samples, key=lambda p: p.created)
 
 
 def _middle(values: Sequence[float | None]) -> float | None:
