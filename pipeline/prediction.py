@@ -70,10 +70,6 @@ class PointPrediction(dict):
         return float(self["predicted_step_time"])
 
 
-def _dataset(config: RunConfig) -> str | None:
-    return config.dataset_path if os.path.exists(config.dataset_path) else None
-
-
 def _prepare_dataset(config: RunConfig) -> None:
     """Build the config's dataset store if it can be (else the probe falls back)."""
     try:
@@ -215,10 +211,10 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     sample = sample and policy == "auto"
     if policy == "never" or config.cluster.workspace_transport() == "s3":
         return None  # the probe's calibration runs exchange over sftp: not s3's costs
-    if policy == "auto" and _dataset(config) is None:
+    if policy == "auto" and config.built_dataset() is None:
         _prepare_dataset(config)  # the calibration runs train on it, as the run would
     spec, batch = network_for(config), config.train.batch
-    quanta, dataset = config.channel_quanta(spec), _dataset(config)
+    quanta, dataset = config.channel_quanta(spec), config.built_dataset()
     cluster = dataclasses.replace(config.cluster, use_workers=None)
     where = probe_workspace_dir(config)
     links = links_key(config.cluster.link_rates())
@@ -296,7 +292,7 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
     if not strategy_named(config.strategy).uses_cluster:  # timed in this process
         if not isinstance(probe, MasterProbe) or probe.threads != config.reference.threads:
             probe = cached_master_probe(network_for(config), config.train.batch,
-                                        config.reference.threads, _dataset(config),
+                                        config.reference.threads, config.built_dataset(),
                                         measure=policy != "cached",
                                         optimizer=config.optimizer_spec())
             if probe is None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from typing import Any, Callable
 
@@ -88,7 +87,6 @@ def _sample(point: Point, client: Any) -> ClusterProbe | MasterProbe | None:
     config = point.config
     if point.strategy.uses_cluster:
         return probe_for_config(config, client, policy="auto", sample=True)
-    dataset = config.dataset_path if os.path.exists(config.dataset_path) else None
     return cached_master_probe(network_for(config), config.train.batch,
-                               config.reference.threads, dataset, sample=True,
+                               config.reference.threads, config.built_dataset(), sample=True,
                                optimizer=config.optimizer_spec())

@@ -282,6 +282,11 @@ class RunConfig:
     def dataset_path(self) -> str:
         return os.path.abspath(self._dataset_path())
 
+    def built_dataset(self) -> str | None:
+        """`dataset_path` where its store exists, else None: what a probe of this run
+        trains on (without one it makes a small synthetic store of the same shape)."""
+        return self.dataset_path if os.path.exists(self.dataset_path) else None
+
     def _dataset_path(self) -> str:
         if self.data.path:
             return self.data.path

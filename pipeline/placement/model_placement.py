@@ -26,7 +26,6 @@ row of counts (`pipeline.costmodel.splits`), as the engine needs.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from typing import Any
 
@@ -103,7 +102,7 @@ def model_placement(client: Any, config: RunConfig, network: NetworkSpec,
     for the run's attrs: the choice, every candidate's predicted step time and the
     probe itself.
     """
-    dataset = config.dataset_path if os.path.exists(config.dataset_path) else None
+    dataset = config.built_dataset()
     links = links_key(config.cluster.link_rates())  # over links: probed across them
     probe = cached_probe(client, workers, network, config.train.batch,
                          config.channel_quanta(network), probe_workspace_dir(config), dataset,
