@@ -41,7 +41,7 @@ from pipeline.cluster.workers import ClusterError, all_local, find_workers, sche
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
 from pipeline.costmodel import Prediction
-from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step,
+from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
                                           cores_filled)
 from pipeline.costmodel.memory import Footprint, element_bytes
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_probe,
@@ -140,9 +140,11 @@ def with_contention(prediction: Prediction, probe: ClusterProbe) -> Prediction:
     """The prediction with the client's share of the cores (pipeline/costmodel/
     contention.py) added as ``breakdown["contention"]``, where the probed cluster's
     scheduler ran in the client's process and the workers the step uses fill the
-    cores it had; unchanged otherwise. The share is the probe's measurement
-    (`DaskProbe.contention_share`), else `DEFAULT_CONTENTION_SHARE`; the details say
-    which (``contention_share``, ``contention_share_source``)."""
+    cores it had; unchanged otherwise. What is added is the client's CPU per task
+    (one task per worker, shared out over the run's steps per task) times the share of
+    it that lands on the step: the probe's measurement (`DaskProbe.contention_share`),
+    else the bound `UNMEASURED_SHARE`; the details say which (``contention_share``,
+    ``contention_share_source``)."""
     compute = prediction.breakdown.get("compute")
     workers = len(compute) if isinstance(compute, list) else 1
     dask = probe.dask
@@ -150,8 +152,7 @@ def with_contention(prediction: Prediction, probe: ClusterProbe) -> Prediction:
     if not dask.scheduler_here or not cores_filled(threads, dask.host_cores):
         return prediction
     share, source = contention_share(dask)
-    load = ClientLoad(dask.client_cpu_per_task_s, dask.client_cpu_rate)
-    step = contended_step(prediction.step_time, workers, load, share)
+    step = contended_step(prediction.step_time, workers, dask.client_cpu_per_task_s, share)
     breakdown = {**prediction.breakdown, "contention": step - prediction.step_time}
     details = {**prediction.details, "contention_share": share,
                "contention_share_source": source}
@@ -161,10 +162,10 @@ def with_contention(prediction: Prediction, probe: ClusterProbe) -> Prediction:
 
 def contention_share(dask: DaskProbe) -> tuple[float, str]:
     """The share of the client's CPU that delays the step, and where it comes from:
-    ``"probe"`` (measured on this machine) or ``"default"`` (the probe could not
-    measure it: `DEFAULT_CONTENTION_SHARE`)."""
+    ``"probe"`` (measured on this machine) or ``"bound"`` (the probe could not
+    measure it: `UNMEASURED_SHARE`, all of it)."""
     if dask.contention_share is None:
-        return DEFAULT_CONTENTION_SHARE, "default"
+        return UNMEASURED_SHARE, "bound"
     return dask.contention_share, "probe"
 
 
@@ -283,7 +284,7 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         was measured), ``probe_samples`` (how many probes its figures are the
         medians of),
         ``constants``, ``contention_share`` and its
-        ``contention_share_source`` (``probe`` or ``default``; None where the client
+        ``contention_share_source`` (``probe`` or ``bound``; None where the client
         had a core of its own) and, with a summary, ``measured_step_time``
         and ``prediction_error``; ``None`` where no probe can be had.
     """

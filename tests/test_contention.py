@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.costmodel.contention import ClientLoad, contended_step, cores_filled
+from pipeline.costmodel.contention import contended_step, cores_filled
 from pipeline.probe.readings import client_cpu_fit, task_gap_s
 from pipeline.probe.runs import PlanRun, ProbePlan
 
@@ -13,14 +13,13 @@ def test_the_workers_fill_the_cores_only_without_a_core_for_the_client():
     assert not cores_filled([1, 1], 0)  # cores unknown: no contention
 
 
-def test_the_contended_step_solves_for_the_cpu_that_grows_with_it():
-    load = ClientLoad(per_task=0.004, rate=0.05)
-    step = contended_step(0.030, tasks=2, load=load, share=0.5)
-    assert step == pytest.approx(0.030 + 0.5 * load.cpu_s(2, step))  # its own fixed point
-    assert contended_step(0.030, 2, ClientLoad(0.0, 0.0), 0.5) == 0.030
-    assert contended_step(0.030, 2, load, share=0.0) == 0.030
-    with pytest.raises(ValueError, match="core per second"):
-        contended_step(0.030, 2, ClientLoad(0.0, 2.5), share=0.5)
+def test_the_contended_step_adds_the_share_of_the_clients_cpu_for_its_tasks():
+    """Two tasks a step (two workers, a task per step) of 4 ms of the client's CPU each:
+    half of it lands on the step; the bound where the share is unmeasured is all of it."""
+    assert contended_step(0.030, 2, 0.004, share=0.5) == pytest.approx(0.034)
+    assert contended_step(0.030, 0.2, 0.004) == pytest.approx(0.030 + 0.0008)  # 10 steps a task
+    assert contended_step(0.030, 2, 0.0, 0.5) == 0.030
+    assert contended_step(0.030, 2, 0.004, share=0.0) == 0.030
 
 
 def _run(workers: int, steps: int, wall_s: float, cpu_s: float) -> PlanRun:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pipeline.costmodel import Prediction
-from pipeline.costmodel.contention import (DEFAULT_CONTENTION_SHARE, ClientLoad, contended_step,
+from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
                                           cores_filled)
 from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
                                  predict_config, predict_point, with_contention)
@@ -429,8 +429,9 @@ def test_the_clients_share_of_the_cores_is_added_only_where_the_workers_fill_the
                                scheduler_here=True, host_cores=2)
     probe = dataclasses.replace(probe, dask=here)
     contended = with_contention(plain, probe)
-    load = ClientLoad(0.004, 0.02)
-    assert contended.step_time == pytest.approx(contended_step(0.050, 2, load))
+    # the per-task CPU of two workers' tasks, all of it where the share is unmeasured; the
+    # CPU that comes with time passing (client_cpu_rate) sits in the probe's timings
+    assert contended.step_time == pytest.approx(0.050 + 2 * 0.004)
     assert contended.breakdown["contention"] == pytest.approx(contended.step_time - 0.050)
     assert model_breakdown(contended.breakdown)["wait"] == contended.breakdown["contention"]
     one = Prediction("single", 0.050, 128, {"compute": [0.04], "overhead": 0.01})
@@ -442,23 +443,21 @@ def test_the_clients_share_of_the_cores_is_added_only_where_the_workers_fill_the
 def test_the_contention_share_the_probe_measured_is_the_one_the_prediction_uses():
     """The share of the client's CPU that delays the step is the probe's
     (`DaskProbe.contention_share`); only a probe that could not measure it falls back
-    to the default, and the details say which."""
+    to the bound (all of it), and the details say which."""
     probe = _synthetic_probe(fixed_s=0.002, per_kernel_s=0.0005, slow=1.0)
     here = dataclasses.replace(probe.dask, client_cpu_per_task_s=0.004, client_cpu_rate=0.02,
                                scheduler_here=True, host_cores=2)
     plain = Prediction("kernel", 0.050, 128, {"compute": [0.04, 0.04], "overhead": 0.01})
-    load = ClientLoad(0.004, 0.02)
     for measured in (0.0, 0.55, 1.0):
         probe = dataclasses.replace(probe, dask=dataclasses.replace(
             here, contention_share=measured))
         contended = with_contention(plain, probe)
-        assert contended.step_time == pytest.approx(contended_step(0.050, 2, load, measured))
+        assert contended.step_time == pytest.approx(0.050 + measured * 2 * 0.004)
         assert contended.details["contention_share"] == measured
         assert contended.details["contention_share_source"] == "probe"
     unmeasured = with_contention(plain, dataclasses.replace(probe, dask=here))
-    assert unmeasured.step_time == pytest.approx(
-        contended_step(0.050, 2, load, DEFAULT_CONTENTION_SHARE))
-    assert unmeasured.details["contention_share_source"] == "default"
+    assert unmeasured.step_time == pytest.approx(contended_step(0.050, 2, 0.004, UNMEASURED_SHARE))
+    assert unmeasured.details["contention_share_source"] == "bound"
 
 
 @pytest.mark.parametrize("strategy, workers", [("single", 1), ("kernel", 2), ("data", 2)])

@@ -3,7 +3,8 @@
 Where the workers' threads fill every core, the client's process (an embedded
 cluster's scheduler, the client's polls) runs in a worker's place; part of that CPU
 delays the step, part lands while the workers wait anyway (pipeline/costmodel/
-contention.py). That part, the *share*, depends on the machine (its scheduler of
+contention.py, which adds that part of the client's CPU per task). That part, the
+*share*, depends on the machine (its scheduler of
 threads, its cores, how long the workers wait), so the probe measures it rather than
 taking a figure fitted on another machine.
 
@@ -11,8 +12,9 @@ How: the probe runs its multi-worker plans again, rounds as they are alternating
 with rounds beside a *burner*: a process on the same cores that spins for
 `BURN_ON_S` and sleeps for `BURN_OFF_S`, a known load in bursts like the client's.
 The burner's extra CPU per step, and how much longer the step got, give the share:
-``busy = idle + share * rate * busy``, the form the prediction solves
-(`contention.contended_step`), with ``rate`` the burner's CPU per second. A step is
+``busy = idle + share * rate * busy``, with ``rate`` the burner's CPU per second: the
+seconds a step lost per second of CPU taken in bursts, as the prediction prices the
+client's per-task CPU (`contention.contended_step`). A step is
 its workers' span in the measured task (the first op's start to the last op's end
 over every worker): the gaps between tasks are priced apart. Each busy round,
 against the idle rounds either side of it, gives one figure; the share is their
@@ -20,7 +22,7 @@ median (`PAIRS` busy rounds on each plan timed), clipped to [0, 1]: at most all 
 the client's CPU lands on the step. A round that timed no step gives none; with none
 at all, or figures that disagree by `SHARE_SPREAD` or more (on a machine other work
 loads, where the burner's effect is lost in theirs), the probe records None and the
-prediction falls back to `contention.DEFAULT_CONTENTION_SHARE`.
+prediction takes the bound, `contention.UNMEASURED_SHARE` (all of it).
 """
 
 from __future__ import annotations
@@ -87,10 +89,9 @@ def median_share(shares: Sequence[float | None]) -> float | None:
 
     Why a median above 1 is no figure: then the burner slowed the step by more than
     its own CPU, which no share of the client's CPU can do. It contended for more
-    than a core's time (a hyperthread's sibling, shared caches): not as the client
-    does, whose work mostly lands while the workers wait. On the 2-core Intel Xeon the
-    rounds read 0.8-2.4, and a share clipped to 1 priced the quick sweep's 2-worker
-    steps 5 points slower than the default did."""
+    than a core's time (a hyperthread's sibling, shared caches); the prediction then
+    takes the bound, all of the client's CPU (on the 2-core Intel Xeon some rounds
+    read 0.8-2.4)."""
     given = [s for s in shares if s is not None and np.isfinite(s)]
     if not given:
         return None

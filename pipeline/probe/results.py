@@ -83,7 +83,7 @@ class DaskProbe:
     step as ``per_task * tasks + rate * seconds`` (readings.client_cpu_fit);
     ``scheduler_here``: whether the scheduler ran in that process (an embedded
     cluster), so that its work is in those figures; ``host_cores``: the cores that
-    process could run on. ``contention_share``: how much of that CPU delays the step
+    process could run on. ``contention_share``: how much of its CPU per task delays the step
     where the workers fill the cores, measured (pipeline/probe/client_share.py;
     ``contention_shares`` each pair's figure); None where it was not (one worker, a
     core left over, an external scheduler).
