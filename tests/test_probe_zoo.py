@@ -10,12 +10,9 @@ over both; its checks are on completeness and sanity, not on accuracy.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from dataclasses import asdict, replace
 
-import psutil
 import pytest
 
 import pipeline.probe.cluster as cluster_probe
@@ -28,9 +25,9 @@ from pipeline.placement.ties import check_tied
 from pipeline.probe import cached_probe, costmodel_network, find_cached_probe, probe_master
 from pipeline.probe.cache import cached_master_probe
 from pipeline.probe.keys import optimizer_key
-from pipeline.probe.client_share import burner_code, median_share, pair_share, step_spans
+from pipeline.probe.client_share import busy_spans, cpu_timeline, landed_share, median_share
 from pipeline.probe.tables import network_spec_from_dict
-from tasks.receipts import Receipt
+from tasks.receipts import OpEvent, Phase, Receipt
 from tasks.specs import OptimizerSpec
 from tasks.zoo import PRESETS, build_preset
 from tests.helpers import shared_workers
@@ -75,27 +72,70 @@ def test_every_worker_is_timed_on_every_layer_of_a_narrow_network():
         check_tied(spec, plan.counts)
 
 
-def _receipt(worker: str, step: int, start: float, end: float) -> Receipt:
-    return Receipt("run-ops", worker, step, start, end)
+def _receipt(worker: str, start: float, end: float,
+             waits: tuple[tuple[float, float], ...] = ()) -> Receipt:
+    phases = [Phase("wait", a, b) for a, b in waits]
+    return Receipt("run-ops", worker, 1, start, end, [OpEvent("conv-forward", 0, start, end,
+                                                              phases)])
 
 
-def test_a_steps_span_runs_from_its_first_op_to_its_last_over_every_worker():
-    receipts = [_receipt("a", 1, 10.0, 10.2), _receipt("b", 1, 10.05, 10.3),
-                _receipt("a", 2, 10.3, 10.5), _receipt("b", 2, 10.31, 10.45)]
-    assert step_spans(receipts) == pytest.approx([0.3, 0.2])
+def test_a_worker_is_busy_in_its_tasks_but_not_while_it_waits_for_a_peer():
+    receipts = [_receipt("a", 10.5, 11.0), _receipt("a", 10.0, 10.4, ((10.1, 10.2),)),
+                _receipt("b", 10.0, 10.3, ((10.0, 10.1), (10.25, 10.3)))]
+    spans = busy_spans(receipts)
+    flat = {worker: [t for span in mine for t in span] for worker, mine in spans.items()}
+    assert flat["a"] == pytest.approx([10.0, 10.1, 10.2, 10.4, 10.5, 11.0])
+    assert flat["b"] == pytest.approx([10.1, 10.25])
 
 
-def test_the_share_is_the_median_pair_clipped_and_none_without_a_measurement():
-    # a burner of 0.2 core made a 0.100 s step 0.110 s: 0.010 of its 0.022 s landed
-    assert pair_share(0.100, 0.110, 0.2) == pytest.approx(0.010 / 0.022)
-    assert pair_share(0.100, 0.110, 0.0) is None and pair_share(0.0, 0.110, 0.2) is None
-    assert median_share([0.2, None, 0.4, 0.9]) == pytest.approx(0.4)
-    assert median_share([-0.3, -0.1]) == 0.0 and median_share([0.9, 1.0, 1.05]) == 1.0
-    # a burner that slowed the step by more than its own CPU measured no share
-    assert median_share([1.5, 2.0]) is None and median_share([1.03, 1.0, 0.81, 1.3]) is None
+def test_the_share_is_the_clients_cpu_spent_while_the_workers_filled_the_cores():
+    """Two single-thread workers on two cores, busy together from 10.0 to 10.2; worker b
+    waits from 10.2 on. The client spends 1 ms of CPU in each 10 ms before 10.2 and
+    3 ms in each after: 20 of its 50 ms land while both cores are busy."""
+    receipts = [_receipt("a", 10.0, 10.3), _receipt("b", 10.0, 10.3, ((10.2, 10.3),))]
+    samples, cpu = [], 0.0
+    for i in range(31):
+        at = 10.0 + i * 0.01
+        samples.append((at, cpu))
+        cpu += 0.001 if at < 10.195 else 0.003
+    share = landed_share(samples, receipts, {"a": 1, "b": 1}, cores=2)
+    assert share == pytest.approx(0.020 / 0.050)
+    # one worker of two threads fills both cores alone: all of it landed
+    assert landed_share(samples, receipts, {"a": 2, "b": 1}, cores=2) == pytest.approx(1.0)
+    # a core left over: none did
+    assert landed_share(samples, receipts, {"a": 1, "b": 1}, cores=3) == 0.0
+    # CPU before the first task and after the last is not the round's
+    outside = [(9.0, 0.0), (9.99, 1.0)] + [(t, c + 1.0) for t, c in samples] + [(11.0, 5.0)]
+    assert landed_share(outside, receipts, {"a": 1, "b": 1}, cores=2) == pytest.approx(share)
+    # nothing to tell: a client that did nothing, or no samples or receipts
+    idle = [(10.0 + i * 0.01, 0.0) for i in range(31)]
+    assert landed_share(idle, receipts, {"a": 1, "b": 1}, 2) is None
+    assert landed_share(samples[:1], receipts, {"a": 1, "b": 1}, 2) is None
+    assert landed_share(samples, [], {"a": 1, "b": 1}, 2) is None
+
+
+def test_the_client_cpu_timeline_reads_this_process_cpu_less_the_samplers_own():
+    with cpu_timeline(0.001) as samples:
+        spun = time.thread_time() + 0.05
+        while time.thread_time() < spun:  # 50 ms of this thread's CPU
+            pass
+        spin_end = time.time()
+        time.sleep(0.05)  # and then none
+    assert len(samples) > 10
+    clock = [t for t, _ in samples]
+    assert clock == sorted(clock)
+    cpu = samples[-1][1] - samples[0][1]
+    assert 0.04 <= cpu < 0.075  # the spin (a first ms before the first read), no reads
+    after = [c for t, c in samples if t > spin_end + 0.002]
+    assert after and after[-1] - after[0] < 0.01  # none of it while the thread slept
+
+
+def test_the_share_is_the_median_round_and_none_without_a_measurement():
+    assert median_share([0.2, None, 0.4, 0.5]) == pytest.approx(0.4)
+    assert median_share([0.9, 1.0, 1.0]) == 1.0
     assert median_share([None]) is None and median_share([]) is None
-    # figures a loaded machine gave (a quick sweep's probe at load 7 on 2 cores): noise
-    assert median_share([3.89, -0.91, 0.32, 1.93]) is None
+    # rounds that disagree: the median would be noise
+    assert median_share([0.0, 0.1, 0.9, 1.0]) is None
 
 
 def test_the_reference_probe_steps_with_the_runs_sgd(tmp_path, monkeypatch):
@@ -157,24 +197,3 @@ def test_a_probe_of_resnet20_on_two_workers_times_every_layer(shared_cluster, pr
         assert worker.trunk is not None and worker.trunk.forward_s > 0
     assert probe.master.dense_s > 0
     assert find_cached_probe(probe.key) == probe  # its JSON record comes back whole
-
-
-def test_a_burner_ends_with_the_probe_that_started_it():
-    """A probe SIGKILLed while it measures the share leaves no spinning process."""
-    code = burner_code(-1)  # the parent's own pid in place of -1, without torch's import
-    parent = subprocess.Popen(
-        [sys.executable, "-c", "import os, subprocess, sys, time\n"
-         f"code = {code!r}.replace('== -1', f'== {{os.getpid()}}')\n"
-         "child = subprocess.Popen([sys.executable, '-c', code])\n"
-         "print(child.pid, flush=True)\ntime.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
-    burner = psutil.Process(int(parent.stdout.readline()))
-    assert burner.is_running() and burner.status() != psutil.STATUS_ZOMBIE
-    parent.kill()
-    parent.wait()
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        if not burner.is_running() or burner.status() == psutil.STATUS_ZOMBIE:
-            return
-        time.sleep(0.05)
-    burner.kill()
-    pytest.fail("the burner outlived the probe that started it")

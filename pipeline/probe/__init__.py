@@ -9,7 +9,7 @@ latencies. A probe measures them where the step will run:
   settle (`robust`: the statistic and the check), `readings`: what their receipts
   say;
 - `client_share`: how much of the client's CPU lands on the step where the workers
-  fill the cores, against a burner;
+  fill the cores, by the client's own CPU clock;
 - `hops`: Dask's client round trip and dependency hop (for ``sync: scheduler``);
 - `reference`: plain PyTorch in this process, for ``strategy: reference``;
 - `results`: what a probe holds and how it becomes cost-model objects;

@@ -1,144 +1,166 @@
-"""How much of the client's CPU lands on the step, measured on this machine.
+"""How much of the client's CPU lands on the step, measured by its own timing.
 
 Where the workers' threads fill every core, the client's process (an embedded
 cluster's scheduler, the client's polls) runs in a worker's place; part of that CPU
 delays the step, part lands while the workers wait anyway (pipeline/costmodel/
 contention.py, which adds that part of the client's CPU per task). That part, the
-*share*, depends on the machine (its scheduler of
-threads, its cores, how long the workers wait), so the probe measures it rather than
-taking a figure fitted on another machine.
+*share*, depends on the machine (its scheduler of threads, its cores, how long the
+workers wait for each other), so the probe measures it rather than taking a figure
+fitted on another machine.
 
-How: the probe runs its multi-worker plans again, rounds as they are alternating
-with rounds beside a *burner*: a process on the same cores that spins for
-`BURN_ON_S` and sleeps for `BURN_OFF_S`, a known load in bursts like the client's.
-The burner's extra CPU per step, and how much longer the step got, give the share:
-``busy = idle + share * rate * busy``, with ``rate`` the burner's CPU per second: the
-seconds a step lost per second of CPU taken in bursts, as the prediction prices the
-client's per-task CPU (`contention.contended_step`). A step is
-its workers' span in the measured task (the first op's start to the last op's end
-over every worker): the gaps between tasks are priced apart. Each busy round,
-against the idle rounds either side of it, gives one figure; the share is their
-median (`PAIRS` busy rounds on each plan timed), clipped to [0, 1]: at most all of
-the client's CPU lands on the step. A round that timed no step gives none; with none
-at all, or figures that disagree by `SHARE_SPREAD` or more (on a machine other work
-loads, where the burner's effect is lost in theirs), the probe records None and the
-prediction takes the bound, `contention.UNMEASURED_SHARE` (all of it).
+How: the probe runs its multi-worker plans again (`ROUNDS` rounds each: a warm-up
+task and the measured task queued behind it, as runs queue theirs), while a thread of
+its own reads the process's CPU clock every `SAMPLE_S` (`cpu_timeline`; its own CPU is
+taken off). The workers' receipts say when each one was busy: inside a task and not
+waiting for a peer's slot (`busy_spans`). A round's share is the part of the client's
+CPU, from the first task's start to the last one's end, that it spent while the busy
+workers' threads filled every core (`landed_share`): that CPU took a worker's place;
+the rest ran on a core a waiting worker had left. The probe keeps each round's figure
+and their median (`median_share`). Where no round gave one (the client used under
+`MIN_CPU_S` inside a round), the prediction takes the bound,
+`contention.UNMEASURED_SHARE` (all of it).
+
+Why not a known load beside the step (a *burner* spinning in bursts, the step's
+slowdown over its CPU): its bursts come at any moment and read the share of a load
+that is not the client's; its rounds drowned in the machine's own noise in 6 of 11
+two-worker probes on the 2-core Intel Xeon (rounds spread by 0.5 or more), and some
+read above 1 (a hyperthread's sibling, shared caches).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
+import threading
 import time
 from typing import Iterator, Sequence
 
 import numpy as np
-import psutil
 
-from pipeline.probe.runs import Plan, PlanEngines, PlanRun
+from pipeline.probe.runs import Plan, PlanEngines
 from tasks.receipts import Receipt
 
-#: Rounds beside the burner on each plan the share is measured on.
-PAIRS = 2
-#: The widest middle half of the busy rounds' figures that still gives a share (half
-#: the range a share can take).
+#: Rounds of each plan the share is measured on.
+ROUNDS = 2
+#: How often the sampling thread reads the process's CPU clock: fine enough to tell a
+#: millisecond's wait from work, coarse enough that its own CPU (tens of microseconds
+#: a read) stays near a hundredth of a core.
+SAMPLE_S = 0.001
+#: The widest middle half of the rounds' figures that still gives a share (half the
+#: range a share can take).
 SHARE_SPREAD = 0.5
+#: A round whose client used less CPU than this inside it gives no figure.
+MIN_CPU_S = 0.0005
 #: Plans of this many seconds a step or more are not timed for the share: the
-#: client's few milliseconds a step are lost in them, and ten rounds would cost minutes.
+#: client's few milliseconds a step are lost in them, and the rounds would cost minutes.
 SHARE_BELOW_S = 1.0
-#: The burner's duty cycle: this long spinning, then this long asleep (about a sixth
-#: of a core, in bursts of a millisecond or so as the scheduler's work comes).
-BURN_ON_S = 0.001
-BURN_OFF_S = 0.005
+
+#: (wall clock ``time.time()``, the process's CPU seconds less the sampler's own)
+CpuSample = tuple[float, float]
 
 
-def burner_code(parent: int) -> str:
-    """The burner's code: it spins and sleeps by the duty cycle until its parent
-    `parent` (the probe's process) is gone, so that a killed probe leaves no spinning
-    process behind (the pid is given, not read at its start: the parent may die first)."""
-    return (f"import os, time\nwhile os.getppid() == {parent}:\n"
-            f"    end = time.perf_counter() + {BURN_ON_S}\n"
-            "    while time.perf_counter() < end:\n        pass\n"
-            f"    time.sleep({BURN_OFF_S})\n")
+@contextlib.contextmanager
+def cpu_timeline(period_s: float = SAMPLE_S) -> Iterator[list[CpuSample]]:
+    """This process's CPU clock read every `period_s` by a thread of its own for the
+    block; yields the list of samples, complete once the block has ended. The
+    sampler's own CPU is taken off each reading."""
+    samples: list[CpuSample] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        own = time.thread_time()
+        while True:
+            samples.append((time.time(), time.process_time() - (time.thread_time() - own)))
+            if stop.wait(period_s):
+                samples.append((time.time(), time.process_time() - (time.thread_time() - own)))
+                return
+
+    thread = threading.Thread(target=sample, name="client-cpu-sampler", daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
 
 
-def step_spans(receipts: Sequence[Receipt]) -> list[float]:
-    """Each step's span over its workers: the first receipt's start to the last one's
-    end (receipts of one step, one per worker)."""
-    by_step: dict[int, list[Receipt]] = {}
-    for receipt in receipts:
-        by_step.setdefault(receipt.step, []).append(receipt)
-    return [max(r.end for r in rs) - min(r.start for r in rs)
-            for _, rs in sorted(by_step.items())]
+def busy_spans(receipts: Sequence[Receipt]) -> dict[str, list[tuple[float, float]]]:
+    """Per worker, when it was busy: each task's span less its ``wait`` phases (the
+    worker polling for a peer's slot, its core free), in time order."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for receipt in sorted(receipts, key=lambda r: r.start):
+        waits = sorted((p.start, p.end) for e in receipt.events for p in e.phases
+                       if p.kind == "wait")
+        start = receipt.start
+        mine = spans.setdefault(receipt.worker, [])
+        for wait_start, wait_end in waits:
+            if wait_start > start:
+                mine.append((start, wait_start))
+            start = max(start, wait_end)
+        if receipt.end > start:
+            mine.append((start, receipt.end))
+    return spans
 
 
-def pair_share(idle_s: float, busy_s: float, burner_rate: float) -> float | None:
-    """One pair's share: ``(busy - idle) / (burner_rate * busy)`` (None where the
-    burner used no CPU or no step was timed)."""
-    if burner_rate <= 0 or busy_s <= 0 or idle_s <= 0:
+def _busy_at(spans: list[tuple[float, float]], moments: np.ndarray) -> np.ndarray:
+    """Whether each of `moments` (sorted or not) falls in one of `spans` (in order,
+    not overlapping)."""
+    if not spans:
+        return np.zeros(len(moments), dtype=bool)
+    starts = np.array([s for s, _ in spans])
+    ends = np.array([e for _, e in spans])
+    index = np.searchsorted(starts, moments, side="right") - 1
+    inside = index >= 0
+    inside[inside] = moments[inside] < ends[index[inside]]
+    return inside
+
+
+def landed_share(samples: Sequence[CpuSample], receipts: Sequence[Receipt],
+                 threads: dict[str, int], cores: int) -> float | None:
+    """The part of the client's CPU, from the first receipt's start to the last one's
+    end, spent while the busy workers' threads (`threads` per worker) filled `cores`;
+    each interval between samples counted at its middle. None where the client used
+    under `MIN_CPU_S` there (nothing to tell) or nothing was timed."""
+    if len(samples) < 2 or not receipts or cores <= 0:
         return None
-    return (busy_s - idle_s) / (burner_rate * busy_s)
+    first, last = min(r.start for r in receipts), max(r.end for r in receipts)
+    clock = np.array(samples, dtype=float)
+    middles = (clock[1:, 0] + clock[:-1, 0]) / 2
+    cpu = np.diff(clock[:, 1])
+    inside = (middles >= first) & (middles <= last)
+    middles, cpu = middles[inside], cpu[inside]
+    total = float(cpu.sum())
+    if total < MIN_CPU_S:
+        return None
+    busy_threads = np.zeros(len(middles))
+    for worker, spans in busy_spans(receipts).items():
+        busy_threads += threads.get(worker, 1) * _busy_at(spans, middles)
+    return float(cpu[busy_threads >= cores].sum() / total)
 
 
 def median_share(shares: Sequence[float | None]) -> float | None:
-    """The busy rounds' median share, at least 0; None where no round gave one, where
-    their middle half spans `SHARE_SPREAD` or more (the machine's other load drowned
-    the burner's: the figure would be noise), or where the median is above 1.
-
-    Why a median above 1 is no figure: then the burner slowed the step by more than
-    its own CPU, which no share of the client's CPU can do. It contended for more
-    than a core's time (a hyperthread's sibling, shared caches); the prediction then
-    takes the bound, all of the client's CPU (on the 2-core Intel Xeon some rounds
-    read 0.8-2.4)."""
+    """The rounds' median share; None where no round gave one or where their middle
+    half spans `SHARE_SPREAD` or more (the figures disagree: what the client did
+    moved between rounds, and the median would be noise)."""
     given = [s for s in shares if s is not None and np.isfinite(s)]
     if not given:
         return None
     low, high = np.percentile(given, [25, 75])
-    median = float(np.median(given))
-    if high - low >= SHARE_SPREAD or median > 1.0:
+    if high - low >= SHARE_SPREAD:
         return None
-    return max(median, 0.0)
+    return float(np.clip(np.median(given), 0.0, 1.0))
 
 
-@contextlib.contextmanager
-def burner() -> Iterator[list[float]]:
-    """A burner process for the block; yields a list that holds, after the block, its
-    CPU per second of wall time over the block."""
-    rate: list[float] = []
-    process = subprocess.Popen([sys.executable, "-c", burner_code(os.getpid())],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    try:
-        handle = psutil.Process(process.pid)
-        time.sleep(0.05)  # past the interpreter's start
-        before, started = sum(handle.cpu_times()[:2]), time.perf_counter()
-        yield rate
-        used, wall = sum(handle.cpu_times()[:2]) - before, time.perf_counter() - started
-        rate.append(used / wall if wall > 0 else 0.0)
-    finally:
-        process.kill()
-        process.wait()
-
-
-def _median_span(run: PlanRun) -> float:
-    spans = step_spans(run.receipts)
-    return float(np.median(spans)) if spans else 0.0
-
-
-def measure_share(engines: PlanEngines, plans: Sequence[Plan], round_index: int
-                  ) -> list[float | None]:
-    """`PAIRS` rounds of each plan beside the burner, each between two rounds as it
-    is (idle, busy, idle, busy, idle: a busy round against the mean of the idle ones
-    either side of it, so that the machine's drift drops out), numbered from
-    `round_index` on; one share per busy round (`pair_share`)."""
+def measure_share(engines: PlanEngines, plans: Sequence[Plan], round_index: int,
+                  cores: int) -> list[float | None]:
+    """`ROUNDS` rounds of each plan with the client's CPU sampled, numbered from
+    `round_index` on; one share per round (`landed_share`, the rounds' receipts with
+    their warm-up tasks: the client's work for a task lands as the next one runs)."""
+    threads = {w.name: w.threads for w in engines.offered}
     shares = []
     for plan in plans:
-        idle = [_median_span(engines.run(plan, round_index))]
-        for pair in range(PAIRS):
-            with burner() as rate:
-                busy = _median_span(engines.run(plan, round_index + 2 * pair + 1))
-            idle.append(_median_span(engines.run(plan, round_index + 2 * pair + 2)))
-            shares.append(pair_share((idle[-2] + idle[-1]) / 2, busy, rate[0]))
+        for index in range(ROUNDS):
+            with cpu_timeline() as samples:
+                run = engines.run(plan, round_index + index)
+            shares.append(landed_share(samples, run.warmup_receipts + run.receipts,
+                                       threads, cores))
     return shares

@@ -129,10 +129,10 @@ def plan_rounds(seconds: float, replica: bool = False) -> int:
 
 @dataclass
 class PlanRun:
-    """One plan's receipts (warm-up steps excluded), the workers it ran on, and the
-    round it was timed in; this process's CPU and the wall time over the round's
-    steps (warm-up included) and the step tasks they took; and each worker's gap
-    between its last warm-up task and the measured one queued behind it."""
+    """One plan's receipts (warm-up steps excluded: ``warmup_receipts``), the workers
+    it ran on, and the round it was timed in; this process's CPU and the wall time over
+    the round's steps (warm-up included) and the step tasks they took; and each
+    worker's gap between its last warm-up task and the measured one queued behind it."""
 
     plan: Plan
     workers: list[str]
@@ -143,6 +143,7 @@ class PlanRun:
     steps: int = 0
     tasks: int = 0  # step tasks over those steps (0: one per worker and step)
     task_gaps: list[float] = field(default_factory=list)
+    warmup_receipts: list[Receipt] = field(default_factory=list)
 
     @property
     def tasks_per_step(self) -> float:
@@ -329,8 +330,9 @@ class PlanEngines:
                 if r.worker in warm_end]
         self.engines[id(plan)] = (engine, names, first + steps)
         receipts = [r for result in results[-1] for r in result.receipts]
+        warmup = [r for task in results[:-1] for result in task for r in result.receipts]
         return PlanRun(plan, names, receipts, round_index, cpu, wall, steps,
-                       len(tasks) * plan.workers, gaps)
+                       len(tasks) * plan.workers, gaps, warmup)
 
 
 def _output_root(offered: Sequence[ClusterWorker]) -> str | None:
