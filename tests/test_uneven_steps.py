@@ -17,8 +17,9 @@ from pipeline.costmodel.builders import conv_net
 from pipeline.costmodel.timeline import Timeline, expected_max, later_of
 from pipeline.probe.readings import relative_spreads
 from pipeline.probe.results import cluster_probe_from_dict
-from pipeline.probe.runs import PlanRun, ProbePlan
+from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD
+from tasks.replica_layout import TRUNK_FORWARD
 from tasks.receipts import OpEvent, Phase, Receipt
 from tests.test_probe_robust import _probe
 
@@ -138,6 +139,27 @@ def test_a_workers_own_jitter_is_its_spread_and_alone_there_is_none():
     assert both["a"][2] == pytest.approx(both["b"][2])
     alone = [r for r in receipts if r.worker == "a"]
     assert relative_spreads([PlanRun(ProbePlan([[8]]), ["a"], alone)]) == {}
+
+
+def test_a_replica_trunk_is_read_stretch_by_stretch_between_its_meetings():
+    """A trunk op meeting its peer 15 times a step (synchronised batch norm): worker b's
+    16 stretches each take 0.8-1.2x their median at random, independently. Each
+    stretch's jitter is the spread the timeline gives each stretch; the whole op's
+    would be a quarter of it."""
+    draws = np.random.default_rng(2).normal(1.0, 0.1, (200, 16))
+
+    def trunk(worker: str, step: int) -> Receipt:
+        phases = []
+        for index in range(16):
+            t = 0.004 * (draws[step, index] if worker == "b" else 1.0)
+            phases += [Phase("compute", 0.0, t)] + ([Phase("wait", 0.0, 0.001)]
+                                                    if index < 15 else [])
+        return Receipt("t", worker, step, 0.0, 1.0,
+                       [OpEvent(TRUNK_FORWARD, -1, 0.0, 0.1, phases)])
+
+    receipts = [trunk(w, s) for s in range(200) for w in ("a", "b")]
+    spreads = relative_spreads([PlanRun(ReplicaPlan([8, 8]), ["a", "b"], receipts)])
+    assert spreads["b"][2] == pytest.approx(0.1 / math.sqrt(2), rel=0.15)
 
 
 def test_the_probes_devices_take_the_spread_with_as_many_workers_running():

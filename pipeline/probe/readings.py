@@ -28,6 +28,20 @@ def _busy(event: OpEvent) -> float:
     return sum(p.seconds for p in event.phases if p.kind in ("compute", "emulated"))
 
 
+def _stretches(event: OpEvent) -> list[float]:
+    """An op's compute (and emulated) seconds between its waits for a peer: the
+    stretches a timeline's meetings cut it into. A kernel shard's op is one (it waits
+    for its inputs, then computes); a replica's trunk meets its peers at every
+    synchronised batch norm, forward and backward."""
+    stretches = [0.0]
+    for phase in event.phases:
+        if phase.kind == "wait":
+            stretches.append(0.0)
+        elif phase.kind in ("compute", "emulated"):
+            stretches[-1] += phase.seconds
+    return stretches
+
+
 def _first_part(event: OpEvent) -> float:
     """A backward's compute before its last compute phase (the input-gradient part)."""
     computes = [i for i, p in enumerate(event.phases) if p.kind == "compute"]
@@ -164,8 +178,11 @@ def relative_spreads(runs: Sequence[PlanRun]) -> dict[str, dict[int, float]]:
     """Per worker and number of workers running, how much its ops' compute varies
     from step to step against its peers' (the cost model's `DeviceSpec.spread`).
 
-    Each op's seconds (per worker, op and layer, in one run) over their median in
-    that run; at each step, the workers' figures for the same op less their mean,
+    Each stretch of an op between two meetings with its peers (`_stretches`), per
+    worker, op, layer and stretch in one run, over its median in that run: the
+    timeline gives each stretch its own deviation, so the spread is read at that
+    grain (a ResNet-20 replica's trunk, 45 stretches a step, varied 3.1 % a step but
+    7.1 % a stretch). At each step, the workers' figures for the same stretch less their mean,
     so that what moves every worker alike (the machine's drift, another tenant)
     drops out: it costs no wait. A worker's spread is the interquartile range of its
     residuals over 1.349 (a normal's, in standard deviations), scaled by
@@ -175,17 +192,20 @@ def relative_spreads(runs: Sequence[PlanRun]) -> dict[str, dict[int, float]]:
     for run in runs:
         if len(run.workers) < 2:
             continue
-        seconds: dict[tuple[str, str, int], dict[int, float]] = defaultdict(dict)
+        seconds: dict[tuple[str, str, int, int], dict[int, float]] = defaultdict(dict)
         for receipt in run.receipts:
             for event in receipt.events:
-                busy = _busy(event)
-                if event.name in _SPREAD_OPS and busy > 0:
-                    seconds[(receipt.worker, event.name, event.layer)][receipt.step] = busy
-        peers: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
-        for (worker, op, layer), by_step in seconds.items():
+                if event.name not in _SPREAD_OPS:
+                    continue
+                for index, busy in enumerate(_stretches(event)):
+                    if busy > 0:
+                        seconds[(receipt.worker, event.name, event.layer, index)][
+                            receipt.step] = busy
+        peers: dict[tuple[str, int, int, int], dict[str, float]] = defaultdict(dict)
+        for (worker, op, layer, index), by_step in seconds.items():
             typical = float(np.median(list(by_step.values())))
             for step, value in by_step.items():
-                peers[(op, layer, step)][worker] = value / typical
+                peers[(op, layer, index, step)][worker] = value / typical
         for figures in peers.values():
             n = len(figures)
             if n < 2:
