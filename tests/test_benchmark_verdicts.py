@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+from benchmarks.core_pairs import summary as core_pairs_summary
 from benchmarks.engine_speedup import (TARGETS, median_interval, ratio_report, run_order,
                                        target_lines)
 from benchmarks.side_by_side import NO_EXCHANGE, ratios
@@ -69,3 +70,13 @@ def test_the_side_by_side_reports_ddp_and_data_against_the_no_exchange_floor():
     assert by_name["data step time / DDP-gloo's"]["median"] == 0.9
     del times[NO_EXCHANGE]
     assert not any("without exchange" in r["ratio"] for r in ratios(times, one_worker=False))
+
+
+def test_core_pairs_counts_the_trials_where_two_loops_shared_the_cores():
+    alone, pair = [0.2, 0.2, 0.2, 0.25, 0.2], [0.2, 0.204, 0.26, 0.245, 0.3]
+    line = core_pairs_summary(alone, pair)
+    assert "alone: median 200.0 ms (range 200.0-250.0)" in line
+    assert "pair: median 245.0 ms (range 200.0-300.0)" in line
+    assert "median 1.02" in line and "range 0.98-1.50" in line
+    assert "2 of 5 at 1.15 or more" in line
+    assert "0 of 2" in core_pairs_summary([0.2, 0.2], [0.2, 0.22])
