@@ -296,14 +296,43 @@ def test_the_first_worker_missing_a_folder_is_named():
                            "/runs/x: "), line
 
 
-@pytest.mark.parametrize("module", ["pipeline.train", "experiments.sweep", "experiments.report",
-                                    "experiments.report.trace_plot", "experiments.sweep.reference",
-                                    "storage.datasets"])
-def test_the_documented_commands_start_as_modules(module):
+#: The `python -m` commands the README and docs give, each a module or a package.
+DOCUMENTED_MODULES = ["pipeline.train", "experiments.sweep", "experiments.report",
+                      "experiments.report.trace_plot", "experiments.sweep.reference",
+                      "storage.datasets"]
+
+#: Runs each module named on its command line as `python -m NAME --help` does (a
+#: package's __main__), one after the other in this one interpreter (so that torch and
+#: Dask are imported once, not once a module); prints a JSON object of each name's exit
+#: code and the first line it printed.
+HELP_ALL = """
+import contextlib, io, json, runpy, sys, traceback, warnings
+warnings.simplefilter("ignore", RuntimeWarning)  # runpy: "found in sys.modules"
+answers = {}
+for name in sys.argv[1:]:
+    sys.argv, printed, code = [name, "--help"], io.StringIO(), None
+    try:
+        with contextlib.redirect_stdout(printed):
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        code = "returned without exiting"
+    except SystemExit as done:
+        code = done.code or 0
+    except BaseException:
+        code = traceback.format_exc().strip().splitlines()[-1]
+    answers[name] = [code, (printed.getvalue().splitlines() or [""])[0]]
+print(json.dumps(answers))
+"""
+
+
+def test_the_documented_commands_start_as_modules():
     """Each `python -m ...` the README and docs give starts (its package's __main__ for a
     folder) and answers --help with its own usage line; the tests call most mains in
     their own process, which would not notice a broken __main__.py."""
-    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", HELP_ALL, *DOCUMENTED_MODULES], cwd=ROOT,
+                            capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
-    assert f"python -m {module}" in result.stdout.splitlines()[0], result.stdout
+    answers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert sorted(answers) == sorted(DOCUMENTED_MODULES)
+    for module, (code, first_line) in answers.items():
+        assert code == 0, (module, code)
+        assert f"python -m {module}" in first_line, (module, first_line)
