@@ -19,6 +19,7 @@ import multiprocessing
 import time
 
 import numpy as np
+import torch
 
 #: A ratio at or above this counts as a trial where the cores shared their work (the
 #: pairs of a machine with cores of its own read 0.95-1.05).
@@ -26,15 +27,13 @@ SHARED = 1.15
 
 
 def _shapes():
-    """The loop's operands: the small network's second layer at batch 16."""
-    import torch
+    """The loop's operands: the small network's second layer at batch 16 (one thread)."""
     torch.set_num_threads(1)
     return torch.randn(16, 32, 16, 16), torch.randn(64, 32, 5, 5)
 
 
 def conv_loop(rounds: int, result: multiprocessing.Queue) -> None:
     """`rounds` single-thread convolutions; puts their wall seconds."""
-    import torch
     images, weight = _shapes()
     start = time.perf_counter()
     for _ in range(rounds):
@@ -44,7 +43,6 @@ def conv_loop(rounds: int, result: multiprocessing.Queue) -> None:
 
 def rounds_for(seconds: float) -> int:
     """How many rounds of the loop take about `seconds` alone (timed here)."""
-    import torch
     images, weight = _shapes()
     torch.nn.functional.conv2d(images, weight, padding=2)  # past the first call's set-up
     start = time.perf_counter()

@@ -36,6 +36,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipeline.cluster.startup import usable_cores
 from pipeline.probe.runs import Plan, PlanEngines
 from tasks.receipts import Receipt
 
@@ -68,11 +69,11 @@ def cpu_timeline(period_s: float = SAMPLE_S) -> Iterator[list[CpuSample]]:
 
     def sample() -> None:
         own = time.thread_time()
-        while True:
+        while True:  # a reading, a wait; once stopped, one reading more
             samples.append((time.time(), time.process_time() - (time.thread_time() - own)))
-            if stop.wait(period_s):
-                samples.append((time.time(), time.process_time() - (time.thread_time() - own)))
+            if stop.is_set():
                 return
+            stop.wait(period_s)
 
     thread = threading.Thread(target=sample, name="client-cpu-sampler", daemon=True)
     thread.start()
@@ -147,15 +148,16 @@ def median_share(shares: Sequence[float | None]) -> float | None:
     low, high = np.percentile(given, [25, 75])
     if high - low >= SHARE_SPREAD:
         return None
-    return float(np.clip(np.median(given), 0.0, 1.0))
+    return float(np.median(given))
 
 
-def measure_share(engines: PlanEngines, plans: Sequence[Plan], round_index: int,
-                  cores: int) -> list[float | None]:
+def measure_share(engines: PlanEngines, plans: Sequence[Plan], round_index: int
+                  ) -> list[float | None]:
     """`ROUNDS` rounds of each plan with the client's CPU sampled, numbered from
-    `round_index` on; one share per round (`landed_share`, the rounds' receipts with
-    their warm-up tasks: the client's work for a task lands as the next one runs)."""
-    threads = {w.name: w.threads for w in engines.offered}
+    `round_index` on; one share per round (`landed_share` against the cores this process
+    may run on, the rounds' receipts with their warm-up tasks: the client's work for a
+    task lands as the next one runs)."""
+    threads, cores = {w.name: w.threads for w in engines.offered}, usable_cores()
     shares = []
     for plan in plans:
         for index in range(ROUNDS):

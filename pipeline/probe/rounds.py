@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from pipeline.cluster.workers import ClusterWorker
-from pipeline.cluster.startup import usable_cores
 from pipeline.probe.client_share import measure_share
 from pipeline.probe.readings import Cell, shard_timings, trunk_timings
 from pipeline.probe.timings import ShardTiming, TrunkTiming
@@ -72,6 +71,5 @@ def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpe
                 break
             runs += [engines.run(plan, max(rounds) + extra) for plan in again]
             again_runs += len(again)
-        shares = measure_share(engines, share_plans, max(rounds, default=0) + RETIMES,
-                               usable_cores())
+        shares = measure_share(engines, share_plans, max(rounds, default=0) + RETIMES)
     return runs, again_runs, shares

@@ -16,7 +16,7 @@ measure (a shard timing by layer, kernels and workers running; a worker by name;
 trunk by rows and workers running); one that only some samples hold takes the median
 of those. Counts (rounds, steps) add up; a timing stays settled only if every sample
 settled it, and is an outlier where most samples marked it one. The client's share
-of the cores is figured again from every sample's busy rounds together.
+of the cores is figured again from every sample's rounds together.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _store(stores: Sequence[StoreProbe]) -> StoreProbe:
 
 def _dask(probes: Sequence[DaskProbe]) -> DaskProbe:
     """Medians of the orchestration costs; the client's share of the cores is figured
-    again from every sample's busy rounds together (`median_share`), not as a median
+    again from every sample's rounds together (`median_share`), not as a median
     of the samples' own shares: a sample whose rounds were too spread to give one
     still adds them, and so does one taken where no share is measured (none)."""
     numeric = [f.name for f in fields(DaskProbe)
