@@ -9,8 +9,10 @@ kernel/2, kernel/3 and kernel/4 even, data/2 and hybrid/2 even; batch 32 unless
 the training process and of every worker process it spawned (psutil, every 20 ms),
 and keeps each process's peak. Beside it: the peak the model predicts (the
 strategy's `peak_memory`, pipeline/costmodel/memory.py) for the same split, and the
-error against the measured *working* memory (the peak minus the bare process of its kind:
-`memory.WORKER_BASELINE` for a worker, `memory.PROCESS_BASELINE` for the client).
+error against the measured *working* memory (the peak minus the bare process of its kind,
+as the run's own summary measures it: a forked worker's or the client's,
+`pipeline.records.memory.machine_memory_constants`; each measurement keeps the two it
+was taken beside, and an older one without them is read against this machine's).
 The worker processes' names cannot be told from outside, so measured and predicted
 peaks are compared largest to largest. `--out` appends the
 measurements as JSON lines; `--compare FILE...` compares them with the model again, and
@@ -27,6 +29,7 @@ Not a timed test: a paper-network case takes a minute or two on two cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -40,7 +43,8 @@ import time
 import psutil
 
 from pipeline.config.run_config import load_run_config
-from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MB, MemoryConstants, element_bytes
+from pipeline.costmodel.memory import MB, MemoryConstants, element_bytes
+from pipeline.records.memory import machine_memory_constants
 from pipeline.cluster.embedded import is_worker_process
 from pipeline.prediction import network_for
 from pipeline.probe.tables import model_network
@@ -145,11 +149,13 @@ def measure_case(config_path: str, name: str, steps: int, extra: list[str]) -> d
         if process.wait() != 0:
             raise SystemExit(f"{name}: run failed:\n{output[-2000:]}")
     client = peaks.pop(process.pid)
+    here = machine_memory_constants()
     worker_peaks = [v["peak"] for _, v in sorted(peaks.items(),
                                                  key=lambda kv: kv[1]["first_seen"])
                     if v["worker"]]
     return {"config": config_path, "case": name, "args": args, "client": client["peak"],
-            "workers": worker_peaks}
+            "workers": worker_peaks,
+            "baselines": {"client": here.baseline, "worker": here.worker_baseline}}
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,10 +195,20 @@ def _in_client(measured: dict) -> bool:
     return not strategy_named(CASES[measured["case"]][0]).uses_cluster
 
 
-def compare(measured: dict, constants: MemoryConstants = DEFAULT_CONSTANTS) -> dict:
-    """The model's peak per device for a measured case, and its error on working memory."""
+def beside(measured: dict, constants: MemoryConstants) -> MemoryConstants:
+    """`constants` on the bare processes the measurement was taken beside (where it
+    kept them; else as they are)."""
+    kept = measured.get("baselines") or {}
+    return dataclasses.replace(constants, baseline=kept.get("client", constants.baseline),
+                               worker_baseline=kept.get("worker", constants.worker_baseline))
+
+
+def compare(measured: dict, constants: MemoryConstants | None = None) -> dict:
+    """The model's peak per device for a measured case, and its error on working memory
+    (`constants`: this machine's by default, on the measurement's own baselines)."""
     strategy, network, batch, split, s = _case(measured["config"], tuple(measured["args"]),
                                                measured["case"])
+    constants = beside(measured, constants or machine_memory_constants())
     footprint = strategy_named(strategy).peak_memory(network, batch, split, s,
                                                      constants=constants)
     # each device's peak with the bare process the model counted for it (the client's
@@ -233,6 +249,7 @@ def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
     between repeats (the small network's `single` at batch 128: 140-155 MB working)
     would then pull every other figure its way."""
     fields = ["conv_workspace", "retention", "load_retained"]
+    here = machine_memory_constants()
     best: tuple[tuple[int, float], MemoryConstants] | None = None
     for values in itertools.product(*(FIT_GRID[f] for f in fields)):
         base = dict(zip(fields, values))
@@ -244,12 +261,12 @@ def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
                                                    if _in_client(m)])):
             scores = []
             for value in FIT_GRID[runtime]:
-                constants = MemoryConstants(**base, **{runtime: value})
+                constants = dataclasses.replace(here, **base, **{runtime: value})
                 errors = [abs(row["error"]) for m in cases
                           for row in compare(m, constants)["devices"]]
                 scores.append((_score(errors), -value))
             picked[runtime] = -max(scores)[1]
-        constants = MemoryConstants(**base, **picked)
+        constants = dataclasses.replace(here, **base, **picked)
         score = _score([abs(row["error"]) for m in measurements
                         for row in compare(m, constants)["devices"]])
         if best is None or score > best[0]:
@@ -288,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             with open(path, encoding="utf-8") as handle:
                 measurements += [json.loads(line) for line in handle if line.strip()]
         measurements = median_of_repeats(measurements)
-        constants = DEFAULT_CONSTANTS
+        constants = machine_memory_constants()
         if args.fit:
             constants, worst = fit(measurements)
             print(f"fitted: {constants} (largest error {100 * worst:.1f} %)")

@@ -44,6 +44,7 @@ from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
                                           cores_filled)
 from pipeline.costmodel.memory import Footprint, element_bytes
+from pipeline.records.memory import machine_memory_constants
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_probe,
                             cached_probe, find_cached_probe, links_key, model_network,
                             probe_key, probe_max_age, probe_workspace_dir, worker_identity,
@@ -363,8 +364,8 @@ def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint 
     """The model's peak memory per worker for a run config (docs/model.md, "Memory per
     device"): under the split its run used (`summary`'s split, with its master), else
     the even split over the config's workers; for `auto`, of the strategy the run
-    chose (`summary`'s ``strategy_choice``). None for a strategy the memory count does
-    not know."""
+    chose (`summary`'s ``strategy_choice``); on this machine's bare processes
+    (`machine_memory_constants`). None for a strategy the memory count does not know."""
     strategy = strategy_named(config.strategy)
     choice = (summary or {}).get("strategy_choice")
     if strategy.chosen_by_model and choice:
@@ -376,8 +377,9 @@ def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint 
     network = model_network(config, spec)
     s = element_bytes(spec.dtype)
     batch, summary = config.train.batch, summary or {}
+    constants = machine_memory_constants()
     if not strategy.uses_cluster:  # the training process itself
-        return strategy.peak_memory(network, batch, s=s)
+        return strategy.peak_memory(network, batch, s=s, constants=constants)
     names = summary.get("split_workers") or [
         w.name for w in config.cluster.worker_list()][:config.cluster.use_workers or None]
     names = names[:strategy.devices_used(len(names))]
@@ -386,4 +388,4 @@ def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint 
              or strategy.even_split(config, spec, len(names))[0])
     devices = {w.name: w.device for w in config.cluster.worker_list()}
     gpu = [devices.get(name, "cpu").startswith("cuda") for name in names]
-    return strategy.peak_memory(network, batch, split, s, master, gpu=gpu)
+    return strategy.peak_memory(network, batch, split, s, master, constants, gpu=gpu)

@@ -17,6 +17,7 @@ from pipeline.config.addresses import address_problem
 from pipeline.cluster.workers import scheduler_address, tagged_workers
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants, element_bytes
+from pipeline.records.memory import machine_memory_constants
 from pipeline.cluster.links import link_problem
 from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
@@ -167,7 +168,8 @@ def check_embedded_memory(config: RunConfig) -> None:
                                for w in workers}, cluster.tags())
     chosen = [by_name[address] for address, _, _ in offering][:cluster.use_workers or None]
     fit_even_split(config, [(w.name, w.resources or {}, w.device) for w in chosen],
-                   [w.memory_bytes() or float("inf") for w in chosen])
+                   [w.memory_bytes() or float("inf") for w in chosen],
+                   machine_memory_constants())
 
 
 def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],

@@ -133,6 +133,22 @@ def test_the_reference_in_process_records_its_own_peak(tmp_path, tiny_dataset_fa
     assert summary["client_memory_peak"] >= summary["memory_peak"]["reference"]
 
 
+def test_the_models_baselines_are_this_machines_bare_processes(monkeypatch):
+    """The memory model starts a prediction from the bare processes measured here (the
+    ones a run's working memory is measured against); one that cannot be measured (0)
+    leaves the constant's figure."""
+    from pipeline.costmodel.memory import DEFAULT_CONSTANTS
+    from pipeline.records import memory as records_memory
+    measured = {memory.CLIENT_IMPORTS: 301_000_000, memory.WORKER_IMPORTS: 177_000_000}
+    monkeypatch.setattr(records_memory, "memory_baseline", lambda imports: measured[imports])
+    here = records_memory.machine_memory_constants()
+    assert (here.baseline, here.worker_baseline) == (301e6, 177e6)
+    assert here.worker_runtime == DEFAULT_CONSTANTS.worker_runtime  # the rest as they were
+    measured[memory.WORKER_IMPORTS] = 0
+    here = records_memory.machine_memory_constants()
+    assert (here.baseline, here.worker_baseline) == (301e6, DEFAULT_CONSTANTS.worker_baseline)
+
+
 @pytest.mark.parametrize("pool", [2, 1])
 def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
     """The shard keeps where its output is positive (a bool per output element) and the

@@ -18,6 +18,7 @@ from pipeline.config.run_config import load_run_config
 from pipeline.costmodel import marques_cifar
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Footprint, Live, fmt_bytes,
                                        retained)
+from pipeline.records.memory import machine_memory_constants, memory_baseline
 from pipeline.placement.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
 from pipeline.placement.split import counts_from_shares, split_even
 from pipeline.prediction import predict_memory
@@ -25,6 +26,7 @@ from pipeline.run import run_training
 from pipeline.config.schema import FieldError
 from pipeline.strategies import STRATEGIES, strategy_named
 from storage import checkpoints
+from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS
 from tasks.zoo import build_preset
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
 from tests.test_cli import CliCluster, error_lines, tiny_args
@@ -213,12 +215,14 @@ def test_memory_limit_is_validated_at_the_edge():
 
 
 def _limits(tmp_path, dataset, names):
-    """cpu-0's limit: its predicted peak holding one unit of each layer; cpu-1: ample."""
+    """cpu-0's limit: its predicted peak holding one unit of each layer (on this machine's
+    bare processes, as a run predicts it); cpu-1: ample."""
     config = tiny_config(tmp_path, dataset)
     from pipeline.prediction import network_for
     from pipeline.probe.tables import costmodel_network
     spec = network_for(config)
-    peaks = split_peaks(strategy_named("kernel"), costmodel_network(spec), config.train.batch)
+    peaks = split_peaks(strategy_named("kernel"), costmodel_network(spec), config.train.batch,
+                        constants=machine_memory_constants())
     small = [[4, layer.kernels - 4] for layer in spec.conv]
     return peaks, {names[0]: {"memory_limit": int(peaks(small)[0]) + 1},
                    names[1]: {"memory_limit": "20GB"}}
@@ -346,20 +350,27 @@ def test_capacities_come_from_the_config_the_scheduler_or_the_gpu():
 
 
 def test_a_run_config_is_predicted_under_the_split_its_run_used():
-    """What measured and `mode: predict` sweeps store as `predicted_peak_memory`."""
+    """What measured and `mode: predict` sweeps store as `predicted_peak_memory`: on
+    this machine's bare processes, the same ones a run's working memory is measured
+    against (pipeline/records/memory.py)."""
     from pipeline.prediction import predict_memory
+    here = machine_memory_constants()
     config = load_run_config("configs/paper.yaml", ["cluster.workers=2", "train.batch=32"])
     even_split = predict_memory(config)
     by_quanta = [[256, 244], [752, 748]]  # even in the config's channel quanta (16, 47)
-    assert even_split.per_device == peak_memory("kernel", PAPER, 32, by_quanta).per_device
+    assert even_split.per_device == peak_memory("kernel", PAPER, 32, by_quanta,
+                                                constants=here).per_device
+    assert [p["baseline"] for p in even_split.parts] == [memory_baseline(WORKER_IMPORTS)] * 2
     lopsided = {"kernel_split": [[96, 404], [282, 1218]], "split_workers": ["cpu-0", "cpu-1"],
                 "master": "cpu-1"}
     footprint = predict_memory(config, lopsided)
     assert footprint.per_device == peak_memory("kernel", PAPER, 32, lopsided["kernel_split"],
-                                               master=1).per_device
+                                               master=1, constants=here).per_device
     assert footprint.per_device[1] > footprint.per_device[0]
     reference = predict_memory(load_run_config("configs/paper.yaml", ["strategy=reference"]))
-    assert reference.per_device == peak_memory("reference", PAPER, 32).per_device
+    assert reference.per_device == peak_memory("reference", PAPER, 32,
+                                               constants=here).per_device
+    assert reference.parts[0]["baseline"] == memory_baseline(CLIENT_IMPORTS)
 
 
 # Tied layers and networks the memory count does not price ---------------------------------

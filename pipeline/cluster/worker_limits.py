@@ -12,7 +12,7 @@ setup plugin still registered, again on every restart. So, before the setup:
   measured once on this machine and cached: pipeline/records/memory.py), in one line;
 - `worker_constants`: once set up, the model's per-worker baseline is what the
   workers hold then (an unforked worker holds more than the embedded cluster's
-  forked ones the model's constant describes), so predicted peaks are theirs;
+  forked ones, whose bare process the model measures), so predicted peaks are theirs;
 - `memory_loss_notes`: a worker lost while it was near its limit (its nanny's
   ``worker-restart-memory`` event, or its last reported memory) is said to be lost
   for memory, which resuming cannot help.
@@ -30,8 +30,8 @@ from distributed import Client
 
 from pipeline.cluster.workers import ClusterWorker, scheduler_address
 from pipeline.config.cluster_config import ClusterConfig
-from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants, fmt_bytes
-from pipeline.records.memory import memory_baseline
+from pipeline.costmodel.memory import MemoryConstants, fmt_bytes
+from pipeline.records.memory import machine_memory_constants, memory_baseline
 from pipeline.placement.memory_fit import MemoryRefused
 from tasks.memory import EXTERNAL_WORKER_IMPORTS, current_rss
 
@@ -130,21 +130,23 @@ def check_worker_limits(client: Client, config: ClusterConfig,
 
 def worker_constants(client: Client, config: ClusterConfig,
                      workers: Sequence[ClusterWorker]) -> MemoryConstants:
-    """The memory model's constants for this run's workers: the defaults on an
-    embedded or linked cluster (forked workers, which the constants describe); on a
-    cluster the user started, the baseline is the most any of its workers holds now,
-    once set up (measured on each: an unforked `dask worker` holds Dask's worker and
-    everything it imported, over 100 MB more than a forked one)."""
+    """The memory model's constants for this run's workers: on an embedded or linked
+    cluster (forked workers, which the constants describe), this machine's
+    (`machine_memory_constants`: its bare processes measured); on a cluster the user
+    started, the baseline is the most any of its workers holds now, once set up
+    (measured on each: an unforked `dask worker` holds Dask's worker and everything it
+    imported, over 100 MB more than a forked one)."""
+    constants = machine_memory_constants()
     if scheduler_address(config) is None or not workers:
-        return DEFAULT_CONSTANTS
+        return constants
     try:
         held = client.run(current_rss, workers=[w.address for w in workers])
     except (OSError, TimeoutError):
-        return DEFAULT_CONSTANTS
+        return constants
     most = max((float(v) for v in held.values() if isinstance(v, int)), default=0.0)
-    if most <= DEFAULT_CONSTANTS.worker_baseline:
-        return DEFAULT_CONSTANTS
-    return dataclasses.replace(DEFAULT_CONSTANTS, worker_baseline=most)
+    if most <= constants.worker_baseline:
+        return constants
+    return dataclasses.replace(constants, worker_baseline=most)
 
 
 def memory_loss_notes(addresses: Sequence[str], events: Sequence[tuple[float, dict]],

@@ -14,10 +14,11 @@ holds before any tensor, is the prediction.
 
 Per device, by kind (`Footprint.parts` at the peak):
 
-- ``baseline``: a bare Python process that imported torch, dask, zarr and xarray
-  (286 MB measured here: `PROCESS_BASELINE`); for a worker, a child forked from one
-  that imported what a worker imports, as the workers are forked (182 MB:
-  `WORKER_BASELINE`);
+- ``baseline``: a bare Python process that imported the pipeline, as the client does
+  (310 MB on the Intel host: `PROCESS_BASELINE`); for a worker, a child forked from one
+  that imported what a worker imports, as the workers are forked (184 MB:
+  `WORKER_BASELINE`); a run's prediction measures both on its own machine
+  (pipeline/records/memory.py);
 - ``runtime``: what the project's process holds beyond that with no network to
   speak of (a Dask worker running the tasks; or the training process itself for
   `reference`): measured (`MemoryConstants`); a process that runs autograd's engine
@@ -63,15 +64,18 @@ __all__ = ["MIB", "MB", "PROCESS_BASELINE", "WORKER_BASELINE", "MemoryConstants"
 
 MIB = 2 ** 20
 MB = 10 ** 6
-#: A bare process that imported torch, dask, zarr and xarray (measured on this
-#: project's machine): subtracted from a peak to give "working" memory.
-PROCESS_BASELINE = 286 * 10 ** 6
+#: A bare process that imported the pipeline (`tasks.memory.CLIENT_IMPORTS`), the
+#: client's baseline: measured on the Intel host with the libraries read from disk. A
+#: run's prediction takes the machine's own (pipeline/records/memory.py's
+#: `machine_memory_constants`); this figure is the fallback, and predict-only sweeps'.
+PROCESS_BASELINE = 310 * 10 ** 6
 #: A child forked from a bare process that imported what a worker imports
 #: (`tasks.memory.WORKER_MODULES`: no xarray or pandas; pipeline/records/memory.py's worker
 #: baseline, Intel host): what a worker forked from the embedded cluster's fork server
 #: starts with. Less than the unforked process (259 MB): a forked child maps its
-#: parent's library pages only once it touches them.
-WORKER_BASELINE = 182 * 10 ** 6
+#: parent's library pages only once it touches them. Measured per machine as the
+#: client's is.
+WORKER_BASELINE = 184 * 10 ** 6
 #: Bytes of a max-pool index (int64).
 INDEX_BYTES = 8
 #: Bytes per element of a shard's mask of where its output is positive (bool).
@@ -114,15 +118,20 @@ class MemoryConstants:
     medians of two runs of every case of the small network at batch 32 and 128, the
     paper network at 32 and resnet20 (width 1 and 0.5) and vgg11 at 32 and 128, each
     case measured with the environment's libraries read from disk, not from the page
-    cache pip left them in (docs/model.md, "Memory per device").
+    cache pip left them in (docs/model.md, "Memory per device"). The runtimes are
+    beyond the bare processes measured on the machine at hand
+    (`pipeline.records.memory.machine_memory_constants`): fitted as 50 and 140 MB beyond
+    the constants 182 and 286 MB (a bare client that imported the libraries, not the
+    pipeline), they are 48 and 116 MB beyond the 184 and 310 MB measured on the same
+    machine on 2026-11-29 (the same predicted peaks there).
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """
 
     baseline: float = PROCESS_BASELINE
     worker_baseline: float = WORKER_BASELINE
-    worker_runtime: float = 50 * 10 ** 6
-    client_runtime: float = 140 * 10 ** 6
+    worker_runtime: float = 48 * 10 ** 6
+    client_runtime: float = 116 * 10 ** 6
     conv_workspace: float = 0.5
     retention: float = 1.7
     load_retained: float = 0.5

@@ -9,10 +9,16 @@ figures are kept in ``~/.cache/dask-cnn/memory-baseline.json`` (or
 ``$CNN_MEMORY_CACHE``), keyed by the interpreter, the libraries' versions, the import
 line and `BASELINE_METHOD`, and measured again when any changes. `reference` trains
 in the client process, so its peak is set against the client's baseline.
+
+The memory model's prediction starts from the same two figures
+(`machine_memory_constants`): the machine at hand's bare processes, not the ones
+measured where the model was written, so that a predicted and a measured peak stand on
+one baseline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -25,6 +31,7 @@ import torch
 import xarray as xr
 import zarr
 
+from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants
 from storage.space import replace_file
 from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
 
@@ -64,6 +71,22 @@ def memory_baseline(imports: str = WORKER_IMPORTS) -> int:
         except OSError:
             pass  # a cache that cannot be written: measured again next time
     return measured
+
+
+def machine_memory_constants(constants: MemoryConstants = DEFAULT_CONSTANTS
+                             ) -> MemoryConstants:
+    """`constants` with this machine's bare processes as the model's baselines: the
+    client's (`CLIENT_IMPORTS`) for a process that trains in itself, a forked worker's
+    (`WORKER_IMPORTS`) for a worker, each `memory_baseline` (measured once, cached).
+
+    Why: a bare process's resident size is the machine's and its environment's, not
+    the model's (the libraries' pages a process maps follow how the page cache holds
+    their files: 50-90 MB a process apart between a fresh install and files read back
+    from disk, docs/benchmarks.md), and a run's working memory is its peak less these
+    same figures. Where one cannot be measured, `constants`' own stays."""
+    client, worker = memory_baseline(CLIENT_IMPORTS), memory_baseline(WORKER_IMPORTS)
+    return dataclasses.replace(constants, baseline=float(client or constants.baseline),
+                               worker_baseline=float(worker or constants.worker_baseline))
 
 
 def memory_summary(ds: xr.Dataset, in_client: bool = False) -> dict:
