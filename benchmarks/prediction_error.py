@@ -126,7 +126,7 @@ def measure(net: str, point: dict, client, offered, repeats: int, steps: int, wa
         else:
             probe = cached_probe(client, offered, spec, config.train.batch,
                                  config.channel_quanta(spec), None, config.dataset_path,
-                                 refresh=fresh)
+                                 refresh=fresh, batch_norm=config.train.batch_norm)
         summary = result.summary
         prediction = predict_point(config, summary, probe)
         # what the model gave before it took replicas' conv trunks from the probe's

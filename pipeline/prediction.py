@@ -220,6 +220,7 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     cluster = dataclasses.replace(config.cluster, use_workers=None)
     where = probe_workspace_dir(config)
     links = links_key(config.cluster.link_rates())
+    batch_norm = config.train.batch_norm  # the replica plan's trunk, as the run's replicas
     # over a link, the calibration runs' checkpoints go where the workers reach
     output_root = config.output_dir if links else None
     if client is None and scheduler_address(cluster) is None:
@@ -229,7 +230,7 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
         identity = [(w.name, w.threads, w.speed, cluster.resource) for w in tagged]
         location = workspace_location(not links, where)  # linked workers: other hosts
         cached = find_cached_probe(probe_key(spec, batch, quanta, identity, location, dataset,
-                                             links), any_age=policy == "cached")
+                                             links, batch_norm), any_age=policy == "cached")
         if (cached is not None and not sample) or policy == "cached":
             return cached
     elif policy == "cached":
@@ -238,18 +239,20 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
         offered = offered or find_workers(client, cluster)
         location = workspace_location(all_local(list(offered)), where)
         return find_cached_probe(probe_key(spec, batch, quanta, worker_identity(offered),
-                                           location, dataset, links), any_age=True)
+                                           location, dataset, links, batch_norm), any_age=True)
     try:
         if client is not None:
             offered = offered or find_workers(client, cluster)
             return cached_probe(client, offered, spec, batch, quanta, where, dataset,
-                                links=links, output_root=output_root, sample=sample)
+                                links=links, output_root=output_root, sample=sample,
+                                batch_norm=batch_norm)
         if output_root:
             os.makedirs(output_root, exist_ok=True)
         with open_client(cluster, config.shared_directories()) as own, \
                 workers_set_up(own, cluster):
             return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
-                                dataset, links=links, output_root=output_root, sample=sample)
+                                dataset, links=links, output_root=output_root, sample=sample,
+                                batch_norm=batch_norm)
     except (ClusterError, OSError, TimeoutError):
         return None
 

@@ -106,7 +106,8 @@ def model_placement(client: Any, config: RunConfig, network: NetworkSpec,
     links = links_key(config.cluster.link_rates())  # over links: probed across them
     probe = cached_probe(client, workers, network, config.train.batch,
                          config.channel_quanta(network), probe_workspace_dir(config), dataset,
-                         links=links, output_root=config.output_dir if links else None)
+                         links=links, output_root=config.output_dir if links else None,
+                         batch_norm=config.train.batch_norm)
     choice = choose_split(probe)
     for layer, row in zip(network.conv, choice["kernel_split"]):
         assert sum(row) == layer.kernels and min(row) >= 0, (row, layer.kernels)

@@ -101,7 +101,8 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
                  quanta: Sequence[int], workspace_dir: str | None = None,
                  dataset: str | None = None, refresh: bool = False,
                  cache: bool = True, links: str = "",
-                 output_root: str | None = None, sample: bool = False) -> ClusterProbe:
+                 output_root: str | None = None, sample: bool = False,
+                 batch_norm: str = "sync") -> ClusterProbe:
     """:func:`probe_cluster`, reusing a JSON file of an earlier identical probe.
 
     ``sample=True`` measures one more sample however fresh the cached probe is, and
@@ -110,13 +111,14 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
     its probes over its repeats). Any other measurement (nothing fresh cached, its file
     deleted, or ``refresh=True``) starts anew and forgets the samples before it."""
     where = workspace_location(all_local(list(offered)), workspace_dir)
-    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
+    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links,
+                    batch_norm)
     if cache and not refresh and not sample:
         cached = find_cached_probe(key)
         if cached is not None:
             return cached
     result = probe_cluster(client, offered, network, batch, quanta, workspace_dir, dataset,
-                           links, output_root)
+                           links, output_root, batch_norm)
     if not cache:
         return result
     kept = cached_samples(key) if sample and not refresh else []

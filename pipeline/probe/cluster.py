@@ -72,7 +72,7 @@ def _dataset_for(network: NetworkSpec, batch: int, dataset: str | None) -> Itera
 def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
                   quanta: Sequence[int], workspace_dir: str | None = None,
                   dataset: str | None = None, links: str = "",
-                  output_root: str | None = None) -> ClusterProbe:
+                  output_root: str | None = None, batch_norm: str = "sync") -> ClusterProbe:
     """Calibration runs of the engine on ``offered`` in rounds, sizes timed again
     where the rounds disagree (pipeline/probe/runs.py, rounds.py, readings.py), hops,
     and what a replica runs beyond its trunk: its update (each worker's memory rate)
@@ -81,7 +81,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
     part: the store's figures are measured across them), ``output_root`` where the
     calibration runs' checkpoints go (a directory the workers reach: over a link, one
-    that is mounted on their side)."""
+    that is mounted on their side), ``batch_norm`` the replicas' (``train.batch_norm``)
+    in the replica plan, whose trunk is the runs' replicas'."""
     started = time.perf_counter()
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
     replicas = replica_plan(network, batch, len(offered))
@@ -90,7 +91,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
         else []
     with _dataset_for(network, batch, dataset) as path:
         runs, again, shares = calibrate(client, offered, network, batch, path, plans,
-                                        workspace_dir, output_root, shared)
+                                        workspace_dir, output_root, shared, batch_norm)
     ran = time.perf_counter()
     round_trip, hop = probe_hops(client, offered)
     memory = probe_memory_rates(client, offered, network)
@@ -114,7 +115,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     master = MasterProbe(1, batch, dense.value, created=time.time(), dense_low_s=dense.low,
                          dense_high_s=dense.high)
     where = workspace_location(all_local(list(offered)), workspace_dir)
-    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links)
+    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links,
+                    batch_norm)
     plain = json.loads(json.dumps(asdict(network)))  # as it comes back from the cache
     done = time.perf_counter()
     return ClusterProbe(key, time.time(), machine_identity(), plain, batch, list(quanta),

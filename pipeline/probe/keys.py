@@ -1,7 +1,9 @@
 """What identifies a probe: its cache key and the parts a key is made of.
 
 A probe's figures hold for one machine (pipeline/probe/machine.py), torch version,
-network, batch, channel quanta, worker set, workspace location, dataset and links;
+network, batch, channel quanta, worker set, workspace location, dataset and links,
+and, for a network with batch norm, the replicas' batch norm (``train.batch_norm``: the
+replica plan's trunk exchanges statistics under ``sync`` and not under ``local``);
 a probe of this process for ``strategy: reference`` also for its threads and kind of
 SGD. `probe_key` hashes them; the rest turn a config or a worker set into parts of it.
 Apart from the cache (cache.py) because the measurement (cluster.py) names its probe
@@ -28,13 +30,16 @@ from tasks.specs import NetworkSpec, OptimizerSpec
 
 
 def probe_key(network: NetworkSpec, batch: int, quanta: Sequence[int], workers: Sequence[Any],
-              workspace: str, dataset: str | None, extra: str = "") -> str:
+              workspace: str, dataset: str | None, extra: str = "",
+              batch_norm: str = "sync") -> str:
     """Cache key: everything that changes the probe's figures (see the module doc)."""
     identity = {"version": PROBE_VERSION, "machine": machine_identity(),
                 "network": asdict(network), "batch": batch, "quanta": list(quanta),
                 "workers": [list(w) for w in workers], "workspace": workspace,
                 "dataset": os.path.abspath(dataset) if dataset else None, "extra": extra,
                 "torch": torch.__version__}
+    if batch_norm != "sync" and any(layer.batch_norm for layer in network.conv):
+        identity["batch_norm"] = batch_norm  # (a sync probe keeps the key it had)
     text = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

@@ -48,8 +48,8 @@ def plans_holding(plans: Sequence[Plan], cells: set[Cell], names: Sequence[str]
 
 def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
               dataset: str, plans: Sequence[Plan], workspace_dir: str | None = None,
-              output_root: str | None = None, share_plans: Sequence[Plan] = ()
-              ) -> tuple[list[PlanRun], int, list[float | None]]:
+              output_root: str | None = None, share_plans: Sequence[Plan] = (),
+              batch_norm: str = "sync") -> tuple[list[PlanRun], int, list[float | None]]:
     """Every plan in rounds (`plan_rounds`, one round after the other), then up to
     `RETIMES` more rounds of the plans holding an unsettled or inconsistent size, then
     the client's share of the cores measured on `share_plans` (pipeline/probe/
@@ -61,7 +61,7 @@ def calibrate(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpe
     runs: list[PlanRun] = []
     again_runs = 0
     with PlanEngines(client, offered, network, batch, dataset, plans, workspace_dir,
-                     output_root) as engines:
+                     output_root, batch_norm) as engines:
         for r in range(max(rounds, default=0)):
             runs += [engines.run(plan, r) for plan, n in zip(plans, rounds) if n > r]
         for extra in range(RETIMES):

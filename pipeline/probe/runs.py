@@ -205,9 +205,10 @@ def _tilted(network: NetworkSpec, quanta: Sequence[int], n: int, fraction: float
 
 
 def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, steps: int,
-                 workspace: str | None = None, quantum: int = 1, seed: int = 0) -> RunConfig:
+                 workspace: str | None = None, quantum: int = 1, seed: int = 0,
+                 batch_norm: str = "sync") -> RunConfig:
     """A run config for calibration runs of ``network`` (weights and the batches' order
-    from `seed`).
+    from `seed`; the replicas' batch norm `batch_norm`, as the run's).
 
     `quantum` chunks the (throwaway) checkpoint: every plan's shards must own whole
     chunks of it.
@@ -220,7 +221,7 @@ def probe_config(network: NetworkSpec, batch: int, dataset: str, output: str, st
                               dtype=network.dtype),
         data=DataConfig(path=dataset),
         train=TrainConfig(steps=steps, batch=batch, lr=1e-3, warmup_steps=1, eval_samples=0,
-                          seed=seed),
+                          seed=seed, batch_norm=batch_norm),
         workspace=WorkspaceConfig(path=workspace, channel_quantum=quantum), output=output,
         progress=False)
 
@@ -241,8 +242,10 @@ class PlanEngines:
 
     def __init__(self, client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec,
                  batch: int, dataset: str, plans: Sequence[Plan],
-                 workspace_dir: str | None = None, output_root: str | None = None) -> None:
+                 workspace_dir: str | None = None, output_root: str | None = None,
+                 batch_norm: str = "sync") -> None:
         self.client, self.offered, self.network, self.batch = client, list(offered), network, batch
+        self.batch_norm = batch_norm  # the replica plan's, as the run's replicas
         self.dataset, self.workspace_dir = dataset, workspace_dir
         self.output_root = output_root  # where checkpoints go (None: `_output_root`)
         self.samples = open_dataset_info(dataset).train_samples
@@ -273,7 +276,8 @@ class PlanEngines:
             # a seed of its own: each plan reads other rows than the plans before it
             # read (`PlanEngines` doc)
             config = probe_config(self.network, self.batch, self.dataset, self.base, PROBE_STEPS,
-                                  self.workspace_dir, self.quantum, seed=len(self.engines) + 1)
+                                  self.workspace_dir, self.quantum, seed=len(self.engines) + 1,
+                                  batch_norm=self.batch_norm)
             if not self.engines:  # one initial checkpoint for every plan (`PlanEngines` doc)
                 prepare_checkpoints(config, self.network)
             workers = self.offered[:plan.workers]
@@ -282,7 +286,8 @@ class PlanEngines:
             if isinstance(plan, ReplicaPlan):
                 neurons = tuple(tuple(split_counts(out, plan.workers))
                                 for _in, out in dense_widths(self.network))
-                layout = HybridLayout(tuple(names), tuple(plan.shares), neurons, "a", "full")
+                layout = HybridLayout(tuple(names), tuple(plan.shares), neurons, "a", "full",
+                                      batch_norm=self.batch_norm)
                 run_plan = RunPlan(workers, layout, Placement("even", [list(plan.shares)]),
                                    HYBRID_SIDE, arithmetic)
             else:
