@@ -161,16 +161,19 @@ def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_fact
 
 
 def test_trains_from_a_cifar10_archive(tmp_path):
-    """CIFAR-10's python archive format, imported on first use, then trained on."""
+    """CIFAR-10's python archive format, imported on first use, then trained on. The
+    command's `main` in this process (about the archive, not the process: the other
+    tests here run `python -m pipeline.train` as a process)."""
     from tests.test_datasets import _cifar_batches, _write_archive
 
     archive = _write_archive(tmp_path / "cifar-10-python.tar.gz", _cifar_batches())
     store = tmp_path / "cifar.zarr"
-    result = train(os.path.join(ROOT, "configs", "small.yaml"), f"data.source={archive}",
-                   f"data.path={store}", f"output={tmp_path / 'run'}", "train.steps=2",
-                   "train.batch=8", "train.eval_samples=8", "progress=false",
-                   "cluster.workers=1", "placement=even")  # about the archive, not placement
-    assert result.returncode == 0, result.stderr
+    status, lines, _out = run_main("train", [
+        os.path.join(ROOT, "configs", "small.yaml"), f"data.source={archive}",
+        f"data.path={store}", f"output={tmp_path / 'run'}", "train.steps=2",
+        "train.batch=8", "train.eval_samples=8", "progress=false",
+        "cluster.workers=1", "placement=even"])  # about the archive, not placement
+    assert status == 0, lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert record.attrs["dataset_source"].endswith("cifar-10-python.tar.gz")
     assert record.sizes["step"] == 2
