@@ -18,7 +18,7 @@ from pipeline.cluster.workers import ClusterWorker, WorkerLost, live_workers
 from pipeline.engine.runner import TaskRunner
 from pipeline.train import lost_line
 from pipeline.cluster.worker_limits import MemoryRule, limit_problem, memory_loss_notes, memory_rule
-from tests.helpers import reliability_rows
+from tests.helpers import reliability_rows, run_main
 from tests.test_cli import CliCluster, error_lines, tiny_args, train
 
 MB = 10 ** 6
@@ -155,14 +155,17 @@ def test_a_too_small_limit_is_refused_before_the_setup(tmp_path, scheduler,
 def test_the_setup_does_not_outlive_the_run(tmp_path, scheduler, tiny_dataset_factory):
     """After a run on workers the user started, the scheduler holds none of its
     plugins: a worker that joins or restarts later is not set up by a run that
-    ended."""
+    ended. The command's `main` in this process (its client, the one that registered
+    the plugins, gone when it returns; one interpreter start less): what is checked is
+    the scheduler's, a process of its own."""
     cluster, address = scheduler
     cluster.start_worker("--name", "plain")
     try:
         _wait_for_workers(address, 1)
-        result = train(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
-                       "placement=even", "--scheduler", address, timeout=120)
-        assert result.returncode == 0, result.stderr
+        status, lines, _out = run_main("train", [
+            *tiny_args(tmp_path, tiny_dataset_factory("float32")), "placement=even",
+            "--scheduler", address])
+        assert status == 0, lines
         with Client(address, timeout="10s") as client:
             plugins = client.run_on_scheduler(
                 lambda dask_scheduler: sorted(dask_scheduler.worker_plugins))
