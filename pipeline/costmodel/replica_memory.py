@@ -35,7 +35,8 @@ def _graph_replica_walk(live: Live, network: Network, rows: int, s: int, ws: flo
     ReLU its output, every pooling its input and a max pool its indices; what no
     backward reads is freed once the next tensor exists (a residual term's layer output
     once the last adder ran). Synchronised batch norm (`data`, `hybrid`) also makes a
-    conv-sized deviation in forward and two conv-sized temporaries in backward. The
+    conv-sized deviation in forward (its backward writes the input gradient in place,
+    with no temporary of that size). The
     dense head: the dropped inputs and their masks (a float64 draw). Backward: each
     layer's output gradient (summed over its readers and adders as they come), its
     tail's, the conv output's, the input gradient and the parameters' gradients."""
@@ -86,8 +87,6 @@ def _graph_replica_walk(live: Live, network: Network, rows: int, s: int, ws: flo
             live.alloc(f"grad-y{layer.residual}", "backward",
                        layers[layer.residual].output_elements(rows) * s)
         live.alloc(f"grad-z{l}", "backward", conv)
-        if layer.batch_norm and sync_batch_norm:
-            live.transient(f"bn-temporaries{l}", "backward", 2 * conv)
         live.free(f"tail-grad{l}", f"z{l}", f"stats{l}")
         src = network.source(l)
         if src >= 0:
