@@ -105,7 +105,8 @@ class TrainConfig:
         "every replica's rows, the arithmetic of single-process SGD, two small exchanges "
         "per batch-norm layer and step; needs `workspace.sync: markers`) or over each "
         "replica's own rows (`local`: DDP's default; the replicas' running statistics "
-        "differ, and the checkpoint keeps the first worker's)")
+        "differ, and the checkpoint keeps the first worker's). On a CPU `sync`'s batch "
+        "norms compute about 1.3x `local`'s (`python -m benchmarks.sync_batch_norm`)")
     max_recoveries: int = described(
         3, "lost workers survived per run: restore the last complete checkpoint, re-place "
         "the lost share on the survivors and replay (0: stop at the first loss)")
