@@ -51,13 +51,11 @@ class OneNorm(nn.Module):
         self.norms = [self.norm]
 
 
-def median_ms(run, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+def elapsed_ms(run) -> float:
+    """Milliseconds of one call of `run`."""
+    start = time.perf_counter()
+    run()
+    return 1e3 * (time.perf_counter() - start)
 
 
 def time_layer(channels: int, height: int, width: int, rows: int, repeats: int
@@ -85,8 +83,8 @@ def time_layer(channels: int, height: int, width: int, rows: int, repeats: int
         run()
     local_ms, synced_ms = [], []
     for _ in range(repeats):  # in turn, so that a slow moment of the machine hits both
-        local_ms.append(median_ms(run_local, 1))
-        synced_ms.append(median_ms(run_synced, 1))
+        local_ms.append(elapsed_ms(run_local))
+        synced_ms.append(elapsed_ms(run_synced))
     return statistics.median(local_ms), statistics.median(synced_ms)
 
 
