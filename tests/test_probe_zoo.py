@@ -113,6 +113,11 @@ def test_the_share_is_the_clients_cpu_spent_while_the_workers_filled_the_cores()
     assert landed_share(idle, receipts, {"a": 1, "b": 1}, 2) is None
     assert landed_share(samples[:1], receipts, {"a": 1, "b": 1}, 2) is None
     assert landed_share(samples, [], {"a": 1, "b": 1}, 2) is None
+    # a reading a hair low (the sampler caught mid-step) makes the interval before it
+    # read below zero: no CPU given back, or the share of what follows passes the whole
+    late = [_receipt("a", 10.0, 10.3), _receipt("b", 10.0, 10.3, ((10.0, 10.1),))]
+    dipped = [(10.0, 0.0), (10.05, 0.0), (10.1, -0.001), (10.15, 0.001), (10.3, 0.001)]
+    assert landed_share(dipped, late, {"a": 1, "b": 1}, cores=2) == pytest.approx(1.0)
 
 
 def test_the_client_cpu_timeline_reads_this_process_cpu_less_the_samplers_own():

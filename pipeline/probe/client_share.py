@@ -126,7 +126,10 @@ def landed_share(samples: Sequence[CpuSample], receipts: Sequence[Receipt],
     first, last = min(r.start for r in receipts), max(r.end for r in receipts)
     clock = np.array(samples, dtype=float)
     middles = (clock[1:, 0] + clock[:-1, 0]) / 2
-    cpu = np.diff(clock[:, 1])
+    # a reading takes the sampler's own CPU off after the process's, so one that
+    # catches the sampler mid-step reads a hair low and the next interval below zero:
+    # no CPU runs backwards, and a share must stay a part of the whole
+    cpu = np.clip(np.diff(clock[:, 1]), 0.0, None)
     inside = (middles >= first) & (middles <= last)
     middles, cpu = middles[inside], cpu[inside]
     total = float(cpu.sum())
