@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,6 +15,8 @@ import zarr
 from storage.arrays import ArrayLayout, create_array, create_arrays
 from storage.exchange import Exchange, ExchangeError, SlotSpec, _chunk_file, create_exchange
 from storage.exchange_folders import remove_exchange
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture()
@@ -152,3 +156,31 @@ def test_closed_says_when_the_client_ended_the_run(tmp_path, where):
     assert exchange.closed() == "the run is closing"
     remove_exchange(path)
     assert exchange.closed() == "the run's workspace is gone"
+
+
+def test_arrays_made_on_a_full_disk_fail_once_with_every_write_heard(tmp_path):
+    """A disk that fills while many arrays are made: one error, the disk's, and no
+    write's failure left unretrieved, which asyncio prints as a traceback each when
+    the process ends (a full disk under a checkpoint printed dozens). In a process
+    of its own, which must end for those to show."""
+    script = f"""
+import errno, zarr
+from zarr.storage import LocalStore
+from storage.arrays import ArrayLayout, create_arrays
+
+class FullDisk(LocalStore):
+    async def set(self, key, value, *args, **kwargs):
+        if key.startswith("step/"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return await super().set(key, value, *args, **kwargs)
+
+group = zarr.open_group(store=FullDisk({str(tmp_path / "a.zarr")!r}), mode="w")
+try:
+    create_arrays(group, {{f"step/{{i}}": ArrayLayout((4,), (4,), "float32") for i in range(40)}})
+except OSError as error:
+    print("raised", error.errno == errno.ENOSPC)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.stdout.strip() == "raised True", done.stdout + done.stderr
+    assert done.stderr == "", done.stderr
