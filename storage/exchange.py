@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -59,9 +58,9 @@ from typing import Callable
 import fsspec
 import numpy as np
 import zarr
-from zarr.codecs import BytesCodec
 
 from storage.arrays import ArrayLayout, create_arrays, open_cached
+from storage.chunk_files import native_dtype, plain_rows
 from storage.exchange_folders import is_local, local_path, write_owner
 
 ABORT = "ABORT"
@@ -172,19 +171,14 @@ class _ChunkFile:
     @classmethod
     def of(cls, data_root: str, slot: str) -> _ChunkFile | None:
         """The fast path for `slot`, or None where Zarr must do the work."""
-        if not is_local(data_root) or sys.byteorder != "little":
+        if not is_local(data_root):
             return None
         meta = open_cached(data_root, slot).metadata
-        chunks = getattr(meta.chunk_grid, "chunk_shape", None)
-        codecs = getattr(meta, "codecs", ())
-        if (tuple(chunks or ()) != tuple(meta.shape) or len(codecs) != 1
-                or not isinstance(codecs[0], BytesCodec)
-                or getattr(codecs[0].endian, "value", "little") != "little"):
+        if not meta.shape or plain_rows(meta) != meta.shape[0]:  # one raw chunk? (chunk_files)
             return None
         key = meta.encode_chunk_key((0,) * len(meta.shape))
-        dtype = np.dtype(meta.data_type.to_native_dtype()).newbyteorder("<")
         folder = os.path.join(local_path(data_root), slot)
-        return cls(os.path.join(folder, key), tuple(meta.shape), dtype, folder)
+        return cls(os.path.join(folder, key), tuple(meta.shape), native_dtype(meta), folder)
 
     def write(self, data: np.ndarray) -> None:
         data = np.ascontiguousarray(data, dtype=self.dtype)
