@@ -181,8 +181,8 @@ class DataLayout:
 
     def checkpoint_chunks(self, network: NetworkSpec, chunks: dict[str, int]
                           ) -> dict[str, int]:
-        """The first replica writes the whole network: any chunking will do."""
-        return chunks
+        """The first replica writes the whole network: one chunk per tensor."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -286,8 +286,9 @@ class HybridLayout:
 
     def checkpoint_chunks(self, network: NetworkSpec, chunks: dict[str, int]
                           ) -> dict[str, int]:
-        """Each worker writes its own rows of every dense layer."""
-        chunks = dict(chunks)
+        """Each worker writes its own rows of every dense layer; the first replica
+        writes the conv trunk, one chunk per tensor."""
+        chunks = {}
         for key, row in zip(network.dense_names, self.neurons):
             chunks[f"{key}.weight"] = chunks[f"{key}.bias"] = math.gcd(*row)
         return chunks

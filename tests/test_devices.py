@@ -98,12 +98,14 @@ def test_recorded_placement_needs_its_split():
 
 def test_three_tags_with_zero_kernel_shards_train_exactly(mixed_cluster, tmp_path,
                                                           tiny_dataset_factory):
-    """`mid` holds nothing of layer 1 and `slow` nothing of layer 0: float64 weights
-    equal single-process PyTorch's; every worker's tag and device are recorded. A
-    second run reusing the first's split from its directory repeats it bit for bit."""
+    """`mid` holds nothing of layer 1 and `slow` nothing of layer 0, and layer 0 is
+    split off its channel quanta (6 of 4-channel quanta: its checkpoint is chunked
+    at the split's boundary): float64 weights equal single-process PyTorch's; every
+    worker's tag and device are recorded. A second run reusing the first's split
+    from its directory repeats it bit for bit."""
     client, cluster = mixed_cluster
     dataset = tiny_dataset_factory("float64")
-    split = [[8, 2, 0], [4, 0, 8]]
+    split = [[6, 4, 0], [4, 0, 8]]
     config, result = run(tmp_path, dataset, client, cluster, ["FAST", "MID", "SLOW"], "first",
                          placement="recorded", split_from=json.dumps(split),
                          **{"network.dtype": "float64"})
@@ -135,9 +137,6 @@ def test_a_recorded_split_that_does_not_fit_is_one_config_error(mixed_cluster, t
         run(tmp_path, dataset, client, cluster, ["FAST", "SLOW"], "bad",
             placement="recorded", split_from="[[6, 4], [12, 0]]",
             **{"network.conv.0.kernels": 11})
-    with pytest.raises(ConfigError, match=r"split_from: \[6, 4\]: every shard but the last"):
-        run(tmp_path, dataset, client, cluster, ["FAST", "SLOW"], "unaligned",
-            placement="recorded", split_from="[[6, 4], [12, 0]]")
 
 
 def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,

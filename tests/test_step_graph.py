@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from pipeline.engine.step_graph import is_collective, op_graph, step_tasks
 from tasks.layout import (CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD, StepOp, exchange_slots,
                           layout_from_counts, worker_ops, workspace_bytes)
+from tasks.network import checkpoint_row_chunks, checkpoint_shapes
 from tasks.replica_layout import DataLayout, HybridLayout
 from tasks.specs import ConvLayerSpec, NetworkSpec
 from tasks.zoo import build_preset
@@ -258,3 +260,51 @@ def test_scheduler_sync_tasks_carry_every_edge_as_a_dependency(case):
     for task in steps[0]:  # the run's first step waits for no earlier step
         if task.name.endswith("-0") and (task.worker, task.ops[0]) not in readers:
             assert task.deps == ()
+
+
+# Checkpoint chunks: no two workers ever write one chunk ------------------------------
+
+
+def chunk_owners(rows: int, length: int, ranges: list[tuple[int, int]]) -> list[set[int]]:
+    """Which writers write into each chunk of a `length`-row tensor chunked by `rows`."""
+    owners = [set() for _ in range(-(-length // rows))]
+    for writer, (start, stop) in enumerate(ranges):
+        for row in range(start, stop):
+            owners[row // rows].add(writer)
+    return owners
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS) + sorted(GRAPH_LAYOUTS))
+def test_kernel_checkpoints_give_each_worker_whole_chunks_and_no_more_chunks(case):
+    """Every conv and batch-norm tensor is chunked so that each chunk has one writer
+    (the worker holding its channels), in the fewest chunks that allows: the split's
+    boundaries are chunk boundaries and nothing else is."""
+    net = resnet() if case in GRAPH_LAYOUTS else network(batch_norm=True)
+    layout, _ = make(case) if case in GRAPH_LAYOUTS else (None, None)
+    if layout is None:
+        counts, master = LAYOUTS[case]
+        layout = layout_from_counts([f"w{i}" for i in range(len(counts[0]))], counts, master)
+    quanta = checkpoint_row_chunks(net, [1] * len(net.conv))
+    chunks = layout.checkpoint_chunks(net, quanta)
+    assert set(chunks) <= set(quanta)
+    shapes = checkpoint_shapes(net)
+    layer_of = {key: l for l, spec in enumerate(net.conv) for key in quanta
+                if key.startswith((f"{spec.name}.", f"{spec.bn_name}."))}
+    for key, layer in layer_of.items():
+        length = shapes[key][0]
+        rows = chunks.get(key, length)
+        ranges = [(s.start, s.stop) for s in layout.shards[layer]]
+        owners = chunk_owners(rows, length, ranges)
+        assert all(len(who) == 1 for who in owners), (key, rows, ranges)
+        boundaries = {stop for start, stop in ranges if stop > start} - {length}
+        # the most rows for which every boundary between shards is a chunk boundary
+        assert rows == (math.gcd(*boundaries) if boundaries else length), (key, rows, ranges)
+
+
+def test_a_replica_writes_its_trunk_whole_and_hybrid_splits_only_dense_layers():
+    net = network(batch_norm=True)
+    quanta = checkpoint_row_chunks(net, [4] * len(net.conv))
+    assert DataLayout(NAMES, (7, 5, 4)).checkpoint_chunks(net, quanta) == {}
+    hybrid = HybridLayout(NAMES, (7, 5, 4), ((6, 4, 6), (4, 3, 3)))
+    assert hybrid.checkpoint_chunks(net, quanta) == {
+        "10.weight": 2, "10.bias": 2, "12.weight": 1, "12.bias": 1}

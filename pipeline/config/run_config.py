@@ -134,10 +134,10 @@ class WorkspaceConfig:
         None, "the exchange workspace's folder or fsspec URL, one every worker's host "
         "shares (null: `/dev/shm` when all workers are local)")
     channel_quantum: int | Literal["auto"] = described(
-        "auto", "shards own whole multiples of this many channels (one Zarr chunk each); "
-        "`auto`: about 1/32 of each layer's kernels, at least 4: fine enough for a split "
-        "that follows speeds to within ~2 %, and few enough chunks that Zarr's per-chunk "
-        "cost (~0.3 ms on /dev/shm) stays small")
+        "auto", "the unit a split is made of: a placement gives each worker whole multiples "
+        "of this many channels of a layer (the last holder the rest); `auto`: about 1/32 "
+        "of each layer's kernels, at least 4: fine enough for a split that follows speeds "
+        "to within ~2 %, and few enough units that the search over splits stays quick")
     sync: Literal["markers", "scheduler"] = described(
         "markers", "how a task waits for another worker's data: `markers`, by polling its "
         "ready marker in the workspace, one task per worker and `train.steps_per_task` "

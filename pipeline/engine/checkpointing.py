@@ -15,7 +15,7 @@ from pipeline.engine.sampler import step_indices
 from pipeline.config.schema import ConfigError
 from storage import checkpoints
 from storage.space import writing
-from tasks.network import checkpoint_row_chunks, initial_state, checkpoint_shapes
+from tasks.network import initial_state, checkpoint_shapes
 from tasks.specs import NetworkSpec
 
 
@@ -59,9 +59,9 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
         return latest
     with writing("checkpoint store", path):
         checkpoints.start_fresh(path, fingerprint)
-        checkpoints.create_checkpoint(
-            path, 0, checkpoint_shapes(network),
-            checkpoint_row_chunks(network, config.channel_quanta(network)), network.dtype)
+        # one chunk per tensor: this process writes them whole, and a worker reading
+        # its slice reads only its rows' bytes (storage/chunk_files.py)
+        checkpoints.create_checkpoint(path, 0, checkpoint_shapes(network), {}, network.dtype)
         for key, value in initial_state(network, config.train.seed).items():
             checkpoints.write_slice(path, 0, "weights", key, 0, value)
             checkpoints.write_slice(path, 0, "momentum", key, 0, np.zeros_like(value))

@@ -158,8 +158,8 @@ def split_minmax(kernels: int, costs: list[ShardCost], quantum: int) -> list[int
 
 def align_to_quanta(row: list[int], quantum: int) -> list[int]:
     """Keep each worker's number of units, moving a layer's short unit (if any) to
-    the last holder: shards are contiguous in worker order and must start on a
-    chunk boundary, so only the last may hold a partial quantum."""
+    the last holder: shards are contiguous in worker order and made of whole quanta
+    (a split's unit), so only the last may hold a partial quantum."""
     return counts_from_shares(sum(row), quantum, [math.ceil(k / quantum) for k in row])
 
 

@@ -66,7 +66,7 @@ def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
         names = [w.name for w in workers]
         counts = check_recorded(recorded_counts(config, names, "kernel_split"),
                                 [s.kernels for s in layers],
-                                len(workers), "kernel counts for its conv layers", quanta)
+                                len(workers), "kernel counts for its conv layers")
         try:
             check_tied(network, counts)
         except PlacementError as untied:
@@ -228,21 +228,17 @@ def recorded_counts(config: RunConfig, names: list[str], key: str) -> list[list[
     return [[row[recorded.index(n)] if n in recorded else 0 for n in names] for row in rows]
 
 
-def check_recorded(counts: list[list[int]], totals: list[int], workers: int, what: str,
-                   quanta: list[int] | None = None) -> list[list[int]]:
-    """The recorded split, if it fits this run: one row per layer (or the batch),
-    one count per worker, each row adding up, and every shard but the last holder's
-    whole channel quanta (shards own whole chunks of the workspace and checkpoints:
-    two shards in one chunk would overwrite each other's part of it)."""
+def check_recorded(counts: list[list[int]], totals: list[int], workers: int, what: str
+                   ) -> list[list[int]]:
+    """The recorded split, if it fits this run: one row per layer (or the batch), one
+    count per worker, each row adding up. Any counts will do, channel quanta or not:
+    a checkpoint is chunked at its split's boundaries (`KernelLayout.checkpoint_chunks`),
+    so no two shards ever share a chunk."""
     if len(counts) != len(totals):
         raise ConfigError(f"split_from: {len(counts)} rows, but this run has {len(totals)} "
                           f"{what}")
-    for layer, (row, total) in enumerate(zip(counts, totals)):
+    for row, total in zip(counts, totals):
         if len(row) != workers or sum(row) != total or min(row) < 0:
             raise ConfigError(f"split_from: {row} does not split {total} {what} over this "
                               f"run's {workers} worker(s)")
-        held = [k for k in row if k]
-        if quanta and any(k % quanta[layer] for k in held[:-1]):
-            raise ConfigError(f"split_from: {row}: every shard but the last must hold whole "
-                              f"channel quanta of {quanta[layer]} (workspace.channel_quantum)")
     return counts
