@@ -99,7 +99,9 @@ def test_the_reference_process_keeps_copies_of_its_largest_tensor():
     """`reference` runs torch's SGD, whose weight decay (and Nesterov's look-ahead) makes
     a new tensor where the workers' SGD adds in place (checked here), and completes
     its checkpoints itself, reading each tensor back: copies of the largest weight
-    tensor, kept on the heap below glibc's mmap threshold, handed back above it."""
+    tensor, kept on the heap below glibc's mmap threshold, handed back above it. The
+    heap keeps the largest of those and of what the start's checkpoint read left,
+    not their sum: each one's freed bytes serve the next."""
     from tasks.optim import WorkerSGD, torch_sgd
     from tasks.specs import OptimizerSpec
     spec = OptimizerSpec(lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=False)
@@ -111,17 +113,22 @@ def test_the_reference_process_keeps_copies_of_its_largest_tensor():
     network = two_layers()
     largest = 8 * 8 * 9 * S  # the second conv's kernels
     assert network.largest_tensor() * S == largest
-    parts = strategy_named("reference").peak_memory(network, BATCH, constants=TENSORS).parts[0]
-    assert parts["update copies"] == largest and parts["checksum reads"] == 2 * largest
-    for changes, copies in (({"weight_decay": False}, 0), ({"nesterov": True}, 2),
-                            ({"nesterov": True, "momentum": False}, 1)):
-        varied = dataclasses.replace(network, **changes)
+
+    def kept(varied=network, constants=TENSORS) -> dict[str, float]:
         parts = strategy_named("reference").peak_memory(varied, BATCH,
-                                                        constants=TENSORS).parts[0]
-        assert parts["update copies"] == copies * largest, changes
+                                                        constants=constants).parts[0]
+        return {name: parts[name] for name in ("load", "update copies", "checksum read")
+                if name in parts}
+
+    assert kept() == {"update copies": largest}  # one update copy, one checksum read
+    for changes, held in (({"weight_decay": False}, {"checksum read": largest}),
+                          ({"nesterov": True}, {"update copies": 2 * largest}),
+                          ({"nesterov": True, "momentum": False}, {"update copies": largest})):
+        assert kept(dataclasses.replace(network, **changes)) == held, changes
     mapped = dataclasses.replace(TENSORS, mmap_threshold=largest - 1)
-    parts = strategy_named("reference").peak_memory(network, BATCH, constants=mapped).parts[0]
-    assert "update copies" not in parts and "checksum reads" not in parts
+    assert kept(constants=mapped) == {"load": 0.0}
+    loaded = dataclasses.replace(TENSORS, load_retained=1.0)  # the read left more
+    assert kept(constants=loaded) == {"load": pytest.approx(2 * network.params() * S)}
     # a worker's replica makes neither copy
     data = strategy_named("data").peak_memory(network, BATCH, [[2, 2]], S, 0, constants=TENSORS)
     assert not any("copies" in name or "checksum" in name for p in data.parts for name in p)

@@ -242,17 +242,24 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
 
 def reference_peak(network: Network, batch: int, s: int = 4,
                    constants: MemoryConstants = DEFAULT_CONSTANTS) -> tuple[float, dict[str, float]]:
-    """Plain PyTorch in the training process: a replica on the whole batch, and what
-    this process does that a worker does not (`reference_extras`)."""
+    """Plain PyTorch in the training process: a replica on the whole batch, and the
+    heap it keeps from what it does that a worker does not (`reference_extras`)
+    beside what its checkpoint's read at the start left (``load``). Those come one
+    after another and each one's freed bytes serve the next, so the heap keeps the
+    largest of them, not their sum: VGG-11 at a quarter width measured 259-285 MB
+    working at batch 32 and 294-295 at 128, where their sum predicted 337 and 388
+    and the largest 260 and 311 (`memory-peaks-zoo-2026-11-29-run*.jsonl`)."""
     live = Live()
     params = network.params() * s
     live.alloc("weights", "weights", params)
     live.alloc("buffers", "weights", network.conv_buffers() * s)
     live.alloc("momentum", "momentum", network.momentum_elements(params))
     _walk(live, network, batch, s, constants.conv_workspace, False)
+    kept = {"load": constants.load_retained * _checkpoint_bytes(network, s),
+            **reference_extras(network, s, constants)}
+    largest = max(kept, key=lambda name: kept[name])
     return finish_peak(live, {"baseline": constants.baseline, "runtime": constants.client_runtime,
-                              "load": constants.load_retained * _checkpoint_bytes(network, s),
-                              **reference_extras(network, s, constants)},
+                              largest: kept[largest]},
                        constants.retention, constants.mmap_threshold)
 
 
@@ -263,16 +270,16 @@ def reference_extras(network: Network, s: int = 4,
     is mapped apart and handed back): torch.optim's SGD step makes ``grad +
     weight_decay * param`` a new tensor (and Nesterov's look-ahead another, both
     alive at once), where the workers' SGD adds the decay in place (tasks/optim.py);
-    and a checkpoint's completion reads each tensor back for its checksum, Zarr's
-    chunk bytes and the array decoded from them (storage/checkpoints.mark_complete),
-    which for `reference` runs in the training process. VGG-11 at a quarter width
-    (one 25.7 MB dense matrix) measured 23-31 MB more per step under torch's SGD with
-    weight decay than without, and 26-30 MB more once its checkpoint was complete."""
+    and a checkpoint's completion reads each tensor back for its checksum, one array
+    at a time (storage/checkpoints.mark_complete), which for `reference` runs in the
+    training process. Each is one hole of the heap `reference_peak` counts once: VGG-11
+    at a quarter width (one 25.7 MB dense matrix) measured 263-264 MB working without
+    weight decay and 259-285 MB with it (`memory-peaks-vgg11-weight-decay-2026-11-29.jsonl`)."""
     largest = network.largest_tensor() * s
     if largest > constants.mmap_threshold:
         return {}
     copies = int(network.weight_decay) + int(network.momentum and network.nesterov)
-    return {"update copies": copies * largest, "checksum reads": 2 * largest}
+    return {"update copies": copies * largest, "checksum read": largest}
 
 
 def replica_footprint(device_peak: DevicePeak, network: Network, batch: int,
