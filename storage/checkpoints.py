@@ -14,11 +14,12 @@ leaves an incomplete step that `latest_complete_step` ignores. Marking it comple
 also records a CRC-32C of every tensor (attribute ``checksums``), so that a resume
 can tell a complete checkpoint damaged later (a truncated or bit-flipped chunk)
 from a good one and fall back to the newest valid one (`latest_valid_step`).
-Tensors are chunked along their first axis by `row_chunks[key]` rows (conv tensors
-by their layer's channel quantum), so that each worker writes whole chunks of its
-own kernels. Their chunk files are written and read as plain files
-(storage/chunk_files.py): ResNet-50's 5,399 chunks through Zarr's array machinery
-took seconds.
+Tensors are chunked along their first axis by `row_chunks[key]` rows, as the run's
+layout asks (`Layout.checkpoint_chunks`: at a kernel split's boundaries, so that each
+worker writes whole chunks of its own kernels; one chunk for a tensor one process
+writes whole). Their chunk files are written and read as plain files
+(storage/chunk_files.py): through Zarr's array machinery a chunk costs about 1.2 ms
+of CPU.
 
 Fencing: a distributed run's workers never write into ``step/<N>``. Each attempt
 (one engine: the run's first, or one after a recovery or a join; `A` is its run

@@ -134,7 +134,7 @@ class KernelLayout:
         as few chunks as leave each worker's kernels whole chunks of their own
         (`shared_rows`: two chunks per tensor on two workers, against one per channel
         quantum in `chunks`); a layer one worker holds, and the dense head the master
-        writes, in one chunk. Every chunk is a file: ResNet-50 has 16,600 by quanta."""
+        writes, in one chunk. Each chunk is a file: fewer chunks, fewer files to make."""
         layer_of = {f"{name}.": layer for layer, spec in enumerate(network.conv)
                     for name in (spec.name, spec.bn_name) if name}
         rows = {}
@@ -172,7 +172,9 @@ def layout_from_counts(workers: list[str], counts: list[list[int]], master: int
 class Layout(Protocol):
     """What every strategy's layout answers: the ops of each worker in a step, the
     slots that cross workers, and how to chunk checkpoints so that no two workers
-    ever write one chunk (`chunks` maps a tensor to rows per chunk; adjust or keep).
+    ever write one chunk (`chunks` maps each conv layer's tensors to its channel
+    quantum; the answer maps a tensor to rows per chunk, a tensor left out is one
+    chunk).
     `master` is the worker that reports the step's loss."""
 
     workers: tuple[str, ...]
