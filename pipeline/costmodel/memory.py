@@ -110,15 +110,18 @@ class MemoryConstants:
         (its dynamic threshold rises to at most 32 MiB): the surplus of `retention`
         falls away there (`retained`; measured, not fitted).
     load_retained : the fraction of the checkpoint it read at the start that a
-        process still holds (Zarr decodes it chunk by chunk, a channel quantum at a
-        time, on the heap): a shard its slices, the master also the dense layers,
-        a replica and `reference` the whole network's weights and momentum.
+        process still holds (read tensor by tensor into fresh arrays on the heap,
+        storage/chunk_files.py): a shard its slices, the master also the dense
+        layers, a replica and `reference` the whole network's weights and momentum.
     The runtimes, the workspace, the retention and the checkpoint's share kept were
     fitted together (`python -m benchmarks.memory_fit --compare FILES --fit`) on the
     medians of two runs of every case of the small network at batch 32 and 128, the
     paper network at 32 and resnet20 (width 1 and 0.5) and vgg11 at 32 and 128, each
     case measured with the environment's libraries read from disk, not from the page
-    cache pip left them in (docs/model.md, "Memory per device"). The runtimes are
+    cache pip left them in (docs/model.md, "Memory per device"); measured again after
+    checkpoints were read as chunk files (2026-11-29), 92 of those 93 figures stay
+    within 15 % (a refit reaches 93 with a workspace of 1.5 and a retention of 1.6: a
+    flat optimum, so these were kept). The runtimes are
     beyond the bare processes measured on the machine at hand
     (`pipeline.records.memory.machine_memory_constants`): fitted as 50 and 140 MB beyond
     the constants 182 and 286 MB (a bare client that imported the libraries, not the
