@@ -336,9 +336,9 @@ def checkpoint_shapes(spec: NetworkSpec) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_row_chunks(spec: NetworkSpec, quanta: list[int]) -> dict[str, int]:
-    """Checkpoint chunking: each conv layer's tensors (and its batch norm's) by the
-    layer's channel quantum, so that a worker writes (and reads) only the chunks of its
-    own kernels."""
+    """Each conv layer's tensors (and its batch norm's) at `quanta[l]` rows a chunk: the
+    map from a layer's tensors to rows that a layout's `checkpoint_chunks` starts from
+    (a kernel layout chunks them at its split's boundaries, tasks/layout.py)."""
     chunks = {}
     shapes = checkpoint_shapes(spec)
     for layer, quantum in zip(spec.conv, quanta):

@@ -319,7 +319,7 @@ class RunConfig:
         return self.network.spec(image_shape)
 
     def channel_quanta(self, network: NetworkSpec) -> list[int]:
-        """The chunk quantum of every conv layer (see WorkspaceConfig)."""
+        """The channel quantum of every conv layer: a placement's unit (see WorkspaceConfig)."""
         quantum = self.workspace.channel_quantum
         if quantum == "auto":
             return [max(4, -(-layer.kernels // 32)) for layer in network.conv]
