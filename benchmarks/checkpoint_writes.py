@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 import zarr
 
+from pipeline.config.run_config import auto_channel_quanta
 from storage import checkpoints
 from storage.checksums import crc32c
 from tasks.layout import layout_from_counts
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                            "float32")
     state = initial_state(network, seed=0)
     shapes = checkpoint_shapes(network)
-    quanta = checkpoint_row_chunks(network, [max(4, -(-c.kernels // 32))
-                                             for c in network.conv])
+    quanta = checkpoint_row_chunks(network, auto_channel_quanta(network))
     halves = [[c.kernels // 2, c.kernels - c.kernels // 2] for c in network.conv]
     split = layout_from_counts(["w0", "w1"], halves, 0)
     chunkings = {"quanta": quanta, "split/2": split.checkpoint_chunks(network, quanta),

@@ -185,9 +185,11 @@ def _rows(root_path: str, path: str, start: int = 0, stop: int | None = None) ->
 
 
 def _whole(array: zarr.Array) -> np.ndarray:
-    """Every value of an array of a checkpoint store."""
+    """Every value of an array of a checkpoint store, its metadata as Zarr read it."""
     root = getattr(array.store, "root", None)  # a local store's folder
-    return array[...] if root is None else _rows(str(root), array.path)
+    chunks = None if root is None else RowChunks.of(
+        os.path.join(str(root), *array.path.split("/")), array.metadata)
+    return array[...] if chunks is None else chunks.read()
 
 
 def damage(root_path: str, step: int) -> str | None:

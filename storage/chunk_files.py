@@ -4,10 +4,10 @@ Every array the project makes (storage/arrays.py) is uncompressed (one ``bytes``
 codec, little-endian) and chunked along its first axis only, on a local disk. A
 chunk of such an array is a file holding the chunk's values in C order, nothing
 else; an edge chunk is stored whole, its rows past the array's end holding the fill
-value. Zarr's array machinery costs about 1.2 ms of CPU per chunk here, and the
-checkpoints of a real CNN hold thousands of small chunks (ResNet-50's 5,399: a
-chunk per channel quantum, so that each worker writes whole chunks of its own
-kernels), which made a checkpoint take seconds where its bytes take milliseconds.
+value. Zarr's array machinery costs about 1.2 ms of CPU per chunk here, and a real
+CNN's checkpoint is hundreds to thousands of files (ResNet-50 at 64x64: 16,595 by
+channel quanta, 1,815 at a two-worker split, metadata included): through Zarr,
+seconds where its bytes take milliseconds (`benchmarks.checkpoint_writes`).
 `RowChunks` writes and reads those files itself, the same bytes under the same
 names as Zarr would (each file made whole under a temporary name, then renamed
 into place, as Zarr's local store does), so the arrays stay plain Zarr arrays any
@@ -74,6 +74,12 @@ class RowChunks:
                 meta = ArrayV3Metadata.from_dict(json.load(handle))
         except (OSError, ValueError, TypeError, KeyError):
             return None
+        return cls.of(folder, meta)
+
+    @classmethod
+    def of(cls, folder: str, meta: ArrayV3Metadata) -> RowChunks | None:
+        """The array in `folder` whose metadata is already read (`meta`), or None for
+        a layout Zarr must handle."""
         rows = plain_rows(meta)
         return None if rows is None else cls(folder, meta, rows, native_dtype(meta))
 

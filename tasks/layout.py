@@ -135,12 +135,11 @@ class KernelLayout:
         (`shared_rows`: two chunks per tensor on two workers, against one per channel
         quantum in `chunks`); a layer one worker holds, and the dense head the master
         writes, in one chunk. Each chunk is a file: fewer chunks, fewer files to make."""
-        layer_of = {f"{name}.": layer for layer, spec in enumerate(network.conv)
+        layer_of = {name: layer for layer, spec in enumerate(network.conv)
                     for name in (spec.name, spec.bn_name) if name}
         rows = {}
-        for key in chunks:
-            layer = next(l for prefix, l in layer_of.items() if key.startswith(prefix))
-            shared = shared_rows(self.shards[layer])
+        for key in chunks:  # "<module>.<tensor>", e.g. "layer1.0.bn2.running_mean"
+            shared = shared_rows(self.shards[layer_of[key.rsplit(".", 1)[0]]])
             if shared is not None:
                 rows[key] = shared
         return rows

@@ -322,7 +322,7 @@ class RunConfig:
         """The channel quantum of every conv layer: a placement's unit (see WorkspaceConfig)."""
         quantum = self.workspace.channel_quantum
         if quantum == "auto":
-            return [max(4, -(-layer.kernels // 32)) for layer in network.conv]
+            return auto_channel_quanta(network)
         return [quantum] * len(network.conv)
 
     def steps_per_task(self) -> int | Literal["auto"]:
@@ -343,6 +343,12 @@ class RunConfig:
         if self.train.checkpoint_every:
             steps.update(range(0, self.train.steps, self.train.checkpoint_every))
         return steps
+
+
+def auto_channel_quanta(network: NetworkSpec) -> list[int]:
+    """`workspace.channel_quantum: auto`: about 1/32 of each conv layer's kernels, at
+    least 4 (WorkspaceConfig's description says why)."""
+    return [max(4, -(-layer.kernels // 32)) for layer in network.conv]
 
 
 def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConfig:
