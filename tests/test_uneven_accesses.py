@@ -15,7 +15,7 @@ import pytest
 from pipeline.costmodel import DaskOverhead, DeviceSpec, LinkSpec, Options, StoreSpec, predict
 from pipeline.costmodel.builders import conv_net
 from pipeline.costmodel.timeline import Timeline
-from pipeline.probe.readings import access_spreads
+from pipeline.probe.readings import access_spreads, store_fit
 from pipeline.probe.results import cluster_probe_from_dict
 from pipeline.probe.runs import PlanRun, ProbePlan
 from tasks.layout import CONV_FORWARD
@@ -86,6 +86,28 @@ def _access_run(workers: int, seconds: list[list[float]]) -> PlanRun:
         [Phase("read", 0.0, t, 1_000_000, f"act/0/{i}") for i, t in enumerate(times)])])
         for step, times in enumerate(seconds)]
     return PlanRun(ProbePlan([[1] * workers]), [f"w{i}" for i in range(workers)], receipts)
+
+
+def _sized_run(accesses: list[tuple[int, float]]) -> PlanRun:
+    """A run of one step whose writes are ``(bytes, seconds)`` each."""
+    phases = [Phase("write", 0.0, t, n, f"act/0/{i}") for i, (n, t) in enumerate(accesses)]
+    receipt = Receipt("t", "a", 0, 0.0, 1.0, [OpEvent(CONV_FORWARD, 0, 0.0, 1.0, phases)])
+    return PlanRun(ProbePlan([[1, 1]]), ["w0", "w1"], [receipt])
+
+
+def test_a_few_preempted_accesses_do_not_set_the_stores_constants():
+    """Writes of 100 us + bytes at 5 GB/s, 60 at each of four sizes, jittered by 5 %;
+    three of the largest preempted for 15 ms, as on a busy host: the fit still gives
+    the typical access (a plain least squares: 40 us and 0.47 GB/s)."""
+    jitter = np.random.default_rng(0).normal(1.0, 0.05, 240)
+    sizes = [1_000, 10_000, 100_000, 400_000]
+    accesses = [(n, (100e-6 + n / 5e9) * jitter[i * 60 + k]) for i, n in enumerate(sizes)
+                for k in range(60)]
+    accesses[-3:] = [(400_000, 15e-3)] * 3
+    latency, bandwidth = store_fit([_sized_run(accesses)], "write")
+    assert latency == pytest.approx(100e-6, rel=0.1)
+    assert bandwidth == pytest.approx(5e9, rel=0.1)
+    assert store_fit([_sized_run(accesses)], "read") == (0.0, math.inf)  # none made
 
 
 def test_an_access_spread_is_measured_against_its_own_steps_accesses():

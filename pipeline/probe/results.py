@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 15  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 16  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -32,7 +32,9 @@ PROBE_VERSION = 15  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    zoo networks' records whole (tables.network_spec_from_dict);
 #                    13: each worker's memory rate (`WorkerProbe.memory_bw`); 14: the
 #                    share by the client's own CPU clock (client_share.py), not a burner;
-#                    15: the spread read stretch by stretch (readings.relative_spreads)
+#                    15: the spread read stretch by stretch (readings.relative_spreads);
+#                    16: the workspace's latency and bandwidth fitted to each access
+#                    size's median (readings.store_fit)
 
 
 @dataclass
