@@ -44,6 +44,12 @@ def scaled(channels: int, width: float) -> int:
     return max(1, math.floor(channels * width + 0.5))
 
 
+def _conv_label(name: str) -> str:
+    """A conv layer as a message names it: by its module name (``features.0``, or a
+    custom network's index ``3``), which alone reads as a number."""
+    return f"conv layer {name}" if name else "a conv layer"
+
+
 @dataclass
 class NetworkBuilder:
     """Builds a network layer by layer, tracking the running output's shape.
@@ -71,7 +77,7 @@ class NetworkBuilder:
                               pools=(), source=None if source == before else source, residual=residual, name=name,
                               bn_name=bn_name)
         if layer.conv_height < 1 or layer.conv_width < 1:
-            raise ValueError(f"{name or 'a conv layer'}: its input is only {height}x{width}, "
+            raise ValueError(f"{_conv_label(name)}: its input is only {height}x{width}, "
                              f"too small for a {size}x{size} kernel with stride {stride}")
         self.layers.append(layer)
         self.tip = len(self.layers) - 1
@@ -86,7 +92,7 @@ class NetworkBuilder:
         last = self.layers[self.tip]
         if kind != "adaptive_avg" and pool.out_size(min(last.out_height, last.out_width)) < 1:
             raise ValueError(f"the {kind} pool of window {window} after "
-                             f"{last.name or 'a conv layer'}: its input is only "
+                             f"{_conv_label(last.name)}: its input is only "
                              f"{last.out_height}x{last.out_width}")
         self.layers[self.tip] = replace(last, pools=(*last.pooling, pool))
 

@@ -73,6 +73,7 @@ def test_cli_writes_a_store_that_reads_like_a_measured_sweep(tiny_store):
     store, result = tiny_store
     assert result.returncode == 0, result.stderr  # infeasible points are not errors
     assert "48 points" in result.stdout and "44 predicted, 4 infeasible, 0 failed" in result.stdout
+    assert f"report: python -m experiments.report {store})" in result.stdout  # as documented
     ds = open_clean(store)
     assert dict(ds.sizes) == {"strategy": 4, "devices": 3, "batch": 2, "link_gbps": 2,
                               "repeat": 1}

@@ -126,8 +126,10 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
     ({"layers": [{"conv": 8, "pool": "max"}]}, [], "network.layers.0.conv: each layer is one"),
     ({"layers": [{"block": "basic"}]}, [], "network.layers.0.planes: a block needs"),
     ({"preset": "alexnet"}, [], "network.preset: alexnet does not fit images of 32x32 (the "
-                                "max pool of window 3 after features.10: its input is only 1x1"),
+                                "max pool of window 3 after conv layer features.10: its input is only 1x1"),
     ({"conv": [{"kernels": 4}]}, ["network.width=0"], "network.width: expected"),
+    ({"layers": [{"conv": 4, "size": 3, "stride": 8}, {"conv": 4, "size": 5, "padding": 0}]},
+     [], "(network.layers.1: conv layer 2: its input is only 4x4, too small for a 5x5 kernel"),
 ])
 def test_a_bad_network_is_one_line_naming_the_field(tmp_path, network, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -359,7 +359,7 @@ def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | No
     for line in _summary(ds):
         print(line, file=out)
     print(f"\nresults: {sweep.store_path}  (xr.open_zarr; report: python -m "
-          f"experiments.report.cli {sweep.store_path})", file=out)
+          f"experiments.report {sweep.store_path})", file=out)
     if outcome.infeasible:
         print(f"{outcome.infeasible} point(s) are infeasible as described, "
               f"{outcome.out_of_memory} of them out of memory (their reasons are in the "
