@@ -128,6 +128,10 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
     ({"preset": "alexnet"}, [], "network.preset: alexnet does not fit images of 32x32 (the "
                                 "max pool of window 3 after conv layer features.10: its input is only 1x1"),
     ({"conv": [{"kernels": 4}]}, ["network.width=0"], "network.width: expected"),
+    ({"preset": "resnet20"}, ["network.conv.0.kernels=8"],
+     "network.conv.0.kernels: network.preset resnet20 gives the layers"),
+    ({"conv": [{"kernels": 4}]}, ["network.conv.0.kernels=8", "network.preset=resnet20"],
+     "network.conv.0.kernels: network.preset resnet20 gives the layers"),  # not dropped
     ({"layers": [{"conv": 4, "size": 3, "stride": 8}, {"conv": 4, "size": 5, "padding": 0}]},
      [], "(network.layers.1: conv layer 2: its input is only 4x4, too small for a 5x5 kernel"),
 ])

@@ -351,17 +351,30 @@ def auto_channel_quanta(network: NetworkSpec) -> list[int]:
     return [max(4, -(-layer.kernels // 32)) for layer in network.conv]
 
 
+#: The network fields a preset takes the place of (`build_run_config`).
+PRESET_REPLACES = ("conv", "layers", "hidden")
+
+
 def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConfig:
     """Validate raw config data after applying ``key=value`` overrides."""
     data = copy.deepcopy(data)
+    layer_keys = []  # overrides inside the layer lists a preset replaces
     for text in overrides:
         if text.startswith("name=") and len(text) > len("name=''") + NAME_MAX:
             raise FieldError("name", name_problem(text[len("name="):]) or "")  # unparsed
         key, value = parse_override(text)
         if key == "network.preset" and isinstance(data.get("network"), dict):
-            for replaced in ("conv", "layers", "hidden"):  # the preset is the network
+            for replaced in PRESET_REPLACES:  # the preset is the network
                 data["network"].pop(replaced, None)
+        if key.split(".")[:2] in (["network", name] for name in PRESET_REPLACES):
+            layer_keys.append(key)
         set_dotted(data, key, value)
+    network = data.get("network")
+    preset = network.get("preset") if isinstance(network, dict) else None
+    if preset and layer_keys:  # else set on nothing, or dropped by a later preset
+        raise FieldError(layer_keys[0], f"network.preset {preset} gives the layers "
+                         "(network.width scales their channels; network.layers, without a "
+                         "preset, builds a network of your own)")
     return from_dict(RunConfig, data)
 
 
