@@ -128,6 +128,11 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
     ({"preset": "alexnet"}, [], "network.preset: alexnet does not fit images of 32x32 (the "
                                 "max pool of window 3 after conv layer features.10: its input is only 1x1"),
     ({"conv": [{"kernels": 4}]}, ["network.width=0"], "network.width: expected"),
+    ({"layers": [{"conv": 8, "planes": 4}]}, [],
+     "network.layers.0.planes: a conv layer has no planes (it is a field of block)"),
+    ({"layers": [{"block": "basic", "planes": 4, "size": 5}]}, [],
+     "network.layers.0.size: a block layer has no size"),
+    ({"layers": []}, [], "network.layers: at least one conv layer or block is needed"),
     ({"preset": "resnet20"}, ["network.conv.0.kernels=8"],
      "network.conv.0.kernels: network.preset resnet20 gives the layers"),
     ({"conv": [{"kernels": 4}]}, ["network.conv.0.kernels=8", "network.preset=resnet20"],

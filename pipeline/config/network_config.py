@@ -29,6 +29,12 @@ class ConvLayerConfig:
         check_range(self, "padding", low=0)
 
 
+#: The fields of `LayerConfig` each kind of layer has no use for.
+IGNORED_BY = {"conv": ("planes",),
+              "pool": ("planes", "bias", "batch_norm", "relu"),
+              "block": ("size", "padding", "bias", "batch_norm", "relu")}
+
+
 @dataclass
 class LayerConfig:
     """One entry of a user's own network: a conv layer, a pooling or a residual block."""
@@ -57,6 +63,11 @@ class LayerConfig:
                              f"`block: kind`, got {given or 'none'}")
         if self.block is not None and self.planes is None:
             raise FieldError("planes", "a block needs its planes")
+        kind = "conv" if self.conv is not None else "pool" if self.pool is not None else "block"
+        for name in IGNORED_BY[kind]:  # given, it would do nothing: say so
+            if getattr(self, name) != getattr(LayerConfig, name):
+                raise FieldError(name, f"a {kind} layer has no {name} (it is a field of "
+                                 f"{', '.join(k for k, v in IGNORED_BY.items() if name not in v)})")
         for name in ("conv", "planes", "size", "stride"):
             check_range(self, name, low=1)
         check_range(self, "padding", low=0)
@@ -91,6 +102,9 @@ class NetworkConfig:
                              f"{self.preset!r}")
         if self.preset is not None and self.layers:
             raise FieldError("layers", "give a preset or your own layers, not both")
+        if self.layers is not None and not self.layers:
+            raise FieldError("layers", "at least one conv layer or block is needed (null: "
+                             "the `conv` layers)")
         if not self.conv and not self.layers and self.preset is None:
             raise FieldError("conv", "at least one conv layer is needed")
         for index, width in enumerate(self.hidden):
