@@ -217,8 +217,8 @@ class RunConfig:
     placement: Literal["calibrated", "even", "model", "recorded"] = described(
         "calibrated", "`calibrated` (kernels, or for `data`/`hybrid` the batch's samples, by "
         "measured speed where that clearly beats an even split; a worker may get nothing), "
-        "`even`, `model` (the split the performance model predicts fastest), or `recorded` "
-        "(the split `split_from` gives)")
+        "`even`, `model` (the split the performance model predicts fastest; `data` and "
+        "`hybrid` refuse it), or `recorded` (the split `split_from` gives)")
     split_from: str | list[list[int]] | None = described(
         None, "`placement: recorded`: an earlier run's directory (its `summary.json`), or the "
         "split itself as a run's summary holds it (`kernel_split`, or `batch_split` for "
