@@ -29,6 +29,7 @@ from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, strategy_of
 from storage.private import default_workspace_root, folder_problem
+from tasks.specs import NetworkSpec, batch_norm_name, batch_norm_rows, lone_batch_norm
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
 
@@ -83,13 +84,34 @@ def check_scheduler_variable() -> None:
         raise ConfigError(f"{SCHEDULER_VARIABLE}: {problem}")
 
 
+def check_batch_rows(config: RunConfig, network: NetworkSpec) -> None:
+    """The whole batch gives every batch norm more than one value per channel
+    (`tasks.specs.lone_batch_norm`), else a ConfigError naming ``train.batch`` and the
+    layer.
+
+    Why the whole batch, for every strategy: `reference`, `single` and `kernel`
+    normalise over it, and so do `data` and `hybrid` replicas with synchronised batch
+    norm; with ``train.batch_norm: local`` each replica normalises over its own rows,
+    and the batch split keeps those at none or at least `batch_norm_rows`
+    (pipeline/placement/split.py, `merge_short_shares`), which a batch this small
+    cannot give any replica either. Without the check PyTorch fails inside the first
+    step, a traceback from the process or from every worker."""
+    batch = config.train.batch
+    layer = lone_batch_norm(network, batch)
+    if layer is not None:
+        raise ConfigError(f"train.batch: a batch of {batch} gives "
+                          f"{batch_norm_name(network, layer)} one value per channel, "
+                          "which batch norm cannot normalise in training: use "
+                          f"train.batch >= {batch_norm_rows(network)}")
+
+
 def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     """Everything about one run that can be checked without starting it: its strategy
     takes the config (returned), and every path and address it names can be had."""
     strategy = strategy_of(config)
     check_writable_dir(config.output_dir, output_field)
     check_dataset(config)
-    network_for(config)  # the network fits the images (ConfigError naming the layer)
+    check_batch_rows(config, network_for(config))  # network_for: it fits the images
     workspace = config.workspace.path
     if workspace and "://" not in workspace:
         check_writable_dir(workspace, "workspace.path")

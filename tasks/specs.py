@@ -244,6 +244,41 @@ def check_network(network: NetworkSpec) -> None:
                                  "not match its channels and size")
 
 
+def lone_batch_norm(network: NetworkSpec, rows: int) -> int | None:
+    """The first conv layer whose batch norm, trained on `rows` samples, would see one
+    value per channel; None where every batch norm sees more.
+
+    Why: a batch norm in training normalises each channel by its mean and variance
+    over rows x height x width values, and PyTorch refuses one value ("Expected more
+    than 1 value per channel when training"), which has no variance. Batch norm
+    follows the conv (`ConvLayerSpec`), so its input is the conv's output,
+    ``conv_height`` x ``conv_width``; a network whose features reach 1x1 (ResNets on
+    32-pixel images: layer4) needs two rows there. No rows run no batch norm.
+    """
+    if rows < 1:
+        return None
+    for l, layer in enumerate(network.conv):
+        if layer.batch_norm and rows * layer.conv_height * layer.conv_width == 1:
+            return l
+    return None
+
+
+def batch_norm_rows(network: NetworkSpec) -> int:
+    """The fewest samples the network can train on (`lone_batch_norm`): 2 where a batch
+    norm's input is 1x1, else 1. A replica that normalises over its own rows, and any
+    timing of the network on a few rows, needs at least this many."""
+    return 1 if lone_batch_norm(network, 1) is None else 2
+
+
+def batch_norm_name(network: NetworkSpec, layer: int) -> str:
+    """How a message names conv layer `layer`'s batch norm: its module name (the
+    checkpoint's key), the conv layer's index and its input's size."""
+    spec = network.conv[layer]
+    name = spec.bn_name or spec.name
+    return (f"batch norm {name} (after conv layer {layer}, on "
+            f"{spec.conv_height}x{spec.conv_width} features)")
+
+
 @dataclass(frozen=True)
 class ShardRange:
     """The kernels [start, stop) of one conv layer that one worker owns."""

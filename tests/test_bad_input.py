@@ -88,6 +88,14 @@ CASES: list[Case] = [
                names="train.steps_per_task"),
     train_case("strategy=data", "network.preset=resnet20", "workspace.sync=scheduler",
                names="train.batch_norm: sync"),
+    # Batch norm on one value per channel: ResNet-18's layer4 sees 1x1 features on
+    # 32-pixel images, so a batch of one cannot train it, whatever the strategy.
+    *[train_case("network.preset=resnet18", "network.width=0.125", f"strategy={strategy}",
+                 "train.batch=1", *more, names="train.batch: a batch of 1 gives batch "
+                 "norm layer4.0.bn1")
+      for strategy, more in (("reference", ()), ("single", ()), ("kernel", ()),
+                             ("data", ()), ("hybrid", ()),
+                             ("data", ("train.batch_norm=local",)))],
     train_case("train.seed=-1", names="train.seed"),
     train_case("train.eval_samples=-1", names="train.eval_samples"),
     train_case("train.nesterov=true", "train.momentum=0", names="train.nesterov"),
@@ -244,6 +252,9 @@ SUBPROCESS_CASES = [
          "cluster.scheduler"),
     Case("sweep", (QUICK, "--dry-run", "--out", "/dev/null/x", "axes.train.batch=[32,64]"),
          2, "--out"),
+    Case("train", (SMALL, "network.preset=resnet18", "network.width=0.125",
+                   "strategy=reference", "train.batch=1", "output=run"), 2,
+         "train.batch: a batch of 1 gives batch norm layer4.0.bn1"),
 ]
 
 
