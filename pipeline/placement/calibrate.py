@@ -20,7 +20,7 @@ from pipeline.placement.split import ShardCost, calibration_kernels, fit_shard_c
 from pipeline.engine.runner import TaskRunner
 from tasks.conv_shard import calibrate_layer
 from tasks.data_ops import calibrate_replica
-from tasks.specs import NetworkSpec
+from tasks.specs import NetworkSpec, batch_norm_rows
 
 #: Rounds per shard size that must agree (within 10 %) after the warm-up; more are
 #: timed, up to three times as many, until they do (`WorkerProfile.time_rounds`).
@@ -114,23 +114,37 @@ def per_unit(costs: list[list[ShardCost]], names: list[str]) -> dict[str, list[f
 
 def replica_rows(network: NetworkSpec, batch: int, workers: int, budget_s: float = 0.5) -> int:
     """Samples a worker times a replica on: its even share, halved until a round of the
-    conv layers fits the budget."""
-    rows = max(1, -(-batch // workers))
-    while rows > 1 and sum(rough_seconds(layer, rows, layer.kernels)
-                           for layer in network.conv) > budget_s:
-        rows = max(1, rows // 2)
+    conv layers fits the budget, never below `batch_norm_rows` (`replica_sizes`)."""
+    least = batch_norm_rows(network)
+    rows = max(least, -(-batch // workers))
+    while rows > least and sum(rough_seconds(layer, rows, layer.kernels)
+                               for layer in network.conv) > budget_s:
+        rows = max(least, rows // 2)
     return rows
+
+
+def replica_sizes(network: NetworkSpec, batch: int, workers: int) -> list[int]:
+    """The two batch shares a replica is timed at: `replica_rows` and a quarter of it,
+    neither below `batch_norm_rows`.
+
+    Why the floor: the timing trains the network as it is (`tasks.data_ops.time_replica`,
+    batch norm over the rows timed), and where a batch norm's input is 1x1 one row is
+    one value per channel, which PyTorch refuses: a quarter of a 13-sample batch's
+    share over 3 workers is one row, and ResNet-18 on 32-pixel images failed its
+    calibration on every worker. Where the run gives a worker one row (synchronised
+    batch norm normalises over the whole batch), its cost is read off the line fitted
+    through the sizes timed."""
+    rows = replica_rows(network, batch, workers)
+    return sorted({max(batch_norm_rows(network), rows // 4), rows})
 
 
 def calibrate_replicas(runner: TaskRunner, network: NetworkSpec, batch: int
                        ) -> tuple[Points, Kinds]:
-    """Seconds of a whole replica's step at two batch shares, per worker name (all at
-    once): ``{name: [[[rows, seconds], [rows, seconds]]]}``."""
-    rows = replica_rows(network, batch, len(runner.workers))
-    sizes = sorted({max(1, rows // 4), rows})
+    """Seconds of a whole replica's step at two batch shares (`replica_sizes`), per
+    worker name (all at once): ``{name: [[[rows, seconds], [rows, seconds]]]}``."""
     points: Points = {worker.name: [[]] for worker in runner.workers}
     kinds: Kinds = {}
-    for size in sizes:
+    for size in replica_sizes(network, batch, len(runner.workers)):
         futures = [runner.submit(calibrate_replica, index, network, size,
                                  name=f"calibrate-replica-{worker.name}-{size}")
                    for index, worker in enumerate(runner.workers)]

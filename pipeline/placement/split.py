@@ -163,6 +163,34 @@ def align_to_quanta(row: list[int], quantum: int) -> list[int]:
     return counts_from_shares(sum(row), quantum, [math.ceil(k / quantum) for k in row])
 
 
+def merge_short_shares(row: list[int], least: int) -> list[int]:
+    """`row` (samples per worker) with every share of fewer than `least` samples (but
+    none) handed on whole, so that each worker has none or at least `least`.
+
+    Why: with ``train.batch_norm: local`` a replica normalises over its own rows, and
+    where a batch norm's input is 1x1 one row is one value per channel, which PyTorch
+    refuses (`tasks.specs.batch_norm_rows` says `least`). A worker given nothing leaves
+    the run, as calibrated placement may already decide. The last short share moves
+    first: to another short share (the fewest samples, then the later worker), so two
+    lone rows make one replica; the last one left to the holder with the fewest
+    samples, the one the extra row slows least. Raises ValueError where the whole row
+    is fewer than `least` (the config's check, `pipeline.preflight.check_batch_rows`,
+    refuses such a batch first).
+    """
+    shares = list(row)
+    if 0 < sum(shares) < least:
+        raise ValueError(f"{sum(shares)} sample(s) cannot give any worker {least}")
+    while True:
+        short = [d for d, k in enumerate(shares) if 0 < k < least]
+        if not short:
+            return shares
+        moving = short[-1]
+        takers = short[:-1] or [d for d, k in enumerate(shares) if k >= least]
+        taker = min(takers, key=lambda d: (shares[d], -d))
+        shares[taker] += shares[moving]
+        shares[moving] = 0
+
+
 def counts_from_shares(total: int, quantum: int, shares: list[int]) -> list[int]:
     """Counts for `shares` units each, in worker order, of `total` in units of
     `quantum`; only the last holder's unit may be short."""

@@ -32,13 +32,13 @@ from pipeline.placement.memory_fit import (MemoryModel, MemoryRefused, move_to_f
                                            refusal, split_peaks)
 from pipeline.placement.model_placement import model_placement
 from pipeline.placement.split import (Placement, PlacementError, SplitChoice, choose_calibrated,
-                                      split_even)
+                                      merge_short_shares, split_even)
 from pipeline.placement.ties import check_tied, tie_counts
 from pipeline.probe.tables import model_network
 from pipeline.engine.runner import TaskRunner
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.schema import ConfigError
-from tasks.specs import NetworkSpec
+from tasks.specs import NetworkSpec, batch_norm_rows
 
 #: A worker whose chosen share is this many times off the sizes it was timed at is
 #: timed again at its share (small shards run far below a device's rate).
@@ -87,33 +87,68 @@ def choose_batch_split(client: Client, config: RunConfig, strategy: MemoryModel,
                        ) -> Placement:
     """Samples of each step's batch per worker (`data`, `hybrid`): even, calibrated
     (the same choice as kernels, a sample for a kernel) or recorded; kept within
-    every worker's memory under `strategy`'s count (`fit_memory`)."""
-    placement = _batch_split(client, config, network, workers, run_id)
-    return fit_memory(client, config, strategy, network, workers, placement, [1], None, [[0]])
+    every worker's memory under `strategy`'s count (`fit_memory`). With
+    ``train.batch_norm: local`` every replica gets no samples or at least
+    `least_replica_rows` (`merge_short_shares`; a recorded split that breaks this is
+    refused)."""
+    least = least_replica_rows(config, network)
+    placement = _batch_split(client, config, network, workers, run_id, least)
+    return fit_memory(client, config, strategy, network, workers, placement, [1], None, [[0]],
+                      least)
+
+
+def least_replica_rows(config: RunConfig, network: NetworkSpec) -> int:
+    """The fewest samples a replica with any may hold: `batch_norm_rows` where each
+    replica normalises over its own rows (``train.batch_norm: local``), else 1 (sync
+    batch norm normalises over the whole batch, whose size the config's check keeps
+    large enough: `pipeline.preflight.check_batch_rows`)."""
+    return batch_norm_rows(network) if config.train.batch_norm == "local" else 1
+
+
+def with_rows_merged(placement: Placement, least: int, names: list[str]) -> Placement:
+    """`placement` (one row: samples per worker `names`) with its short shares merged
+    (`merge_short_shares`); where that moved any, the split before it is kept in the
+    record (``batch_norm_merged``), which says why a worker left
+    (`pipeline.records.summary.left_out_lines`)."""
+    row = placement.counts[0]
+    merged = merge_short_shares(row, least)
+    if merged == row:
+        return placement
+    record = {"least_rows": least, "split_before": [row], "workers": list(names)}
+    return Placement(placement.method, [merged], placement.calibration,
+                     {**placement.choice, "batch_norm_merged": record})
 
 
 def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
-                 workers: list[ClusterWorker], run_id: str) -> Placement:
+                 workers: list[ClusterWorker], run_id: str, least: int) -> Placement:
     batch = config.train.batch
     names = [w.name for w in workers]
     if config.placement == "recorded":
         counts = check_recorded(recorded_counts(config, names, "batch_split"), [batch],
                                 len(workers), "batch (samples)")
+        short = [k for k in counts[0] if 0 < k < least]
+        if short:
+            raise ConfigError(f"split_from: {counts[0]} gives a replica {short[0]} sample(s), "
+                              "but with train.batch_norm: local each replica's batch norm "
+                              f"needs at least {least} (its input is 1x1): give each worker "
+                              f"none or at least {least}, or use train.batch_norm: sync")
         return Placement("recorded", counts)
     if config.placement == "even" or len(workers) == 1:
-        return Placement("even" if len(workers) > 1 else "single",
-                         [split_even(batch, len(workers), 1)])
+        return with_rows_merged(Placement("even" if len(workers) > 1 else "single",
+                                          [split_even(batch, len(workers), 1)]), least, names)
     points, kinds = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
     groups = alike_groups(workers, kinds)
     costs = shard_costs(pool_points(points, groups), names, 1)
     choice = choose_calibrated([batch], costs, [1], names)
-    return Placement("calibrated", choice.counts, per_unit(costs, names),
-                     calibration_record(choice, names, points, groups))
+    return with_rows_merged(Placement("calibrated", choice.counts, per_unit(costs, names),
+                                      calibration_record(choice, names, points, groups)),
+                            least, names)
 
 
 def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
                network: NetworkSpec, workers: list[ClusterWorker], placement: Placement,
-               quanta: list[int], master: int | None, tied: list[list[int]]) -> Placement:
+               quanta: list[int], master: int | None, tied: list[list[int]],
+               least_rows: int = 1) -> Placement:
     """`placement` if every worker's predicted peak (pipeline.costmodel.memory) is
     within its capacity (pipeline.placement.capacity); else the split with units moved to
     workers with room (`pipeline.placement.memory_fit.move_to_fit`; the rows of each
@@ -143,6 +178,13 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
         with capacities_explained(config.cluster):
             fit = move_to_fit(counts, quanta, capacities, peaks, names, tied)
         counts, moved = fit.counts, fit.moved
+        merged = [merge_short_shares(counts[0], least_rows)] if least_rows > 1 else counts
+        if merged != counts:  # the moves left a replica too few rows
+            counts, now = merged, peaks(merged)
+            over = overflows(now, capacities)
+            if over:
+                worst = max(over, key=lambda d: now[d] - capacities[d])
+                raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst]))
     record = {"capacity": [None if c == float("inf") else c for c in capacities],
               "predicted_peak": peaks(counts), "units_moved": moved,
               "split_before": placement.counts if moved else None}

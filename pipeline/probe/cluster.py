@@ -85,7 +85,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     in the replica plan, whose trunk is the runs' replicas'."""
     started = time.perf_counter()
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
-    replicas = replica_plan(network, batch, len(offered))
+    replicas = replica_plan(network, batch, len(offered), batch_norm)
     plans += [replicas] if replicas else []
     shared = share_plans(plans, offered, network, batch) if scheduler_in_process(client) \
         else []

@@ -56,7 +56,7 @@ from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import layout_from_counts
 from tasks.receipts import Receipt
 from tasks.replica_layout import HybridLayout, dense_widths, split_counts
-from tasks.specs import Arithmetic, NetworkSpec
+from tasks.specs import Arithmetic, NetworkSpec, batch_norm_rows
 from tasks.worker_state import configure_process
 
 @dataclass
@@ -87,10 +87,15 @@ class ReplicaPlan:
 Plan = ProbePlan | ReplicaPlan
 
 
-def replica_plan(network: NetworkSpec, batch: int, n: int) -> ReplicaPlan | None:
+def replica_plan(network: NetworkSpec, batch: int, n: int, batch_norm: str = "sync"
+                 ) -> ReplicaPlan | None:
     """The replica plan over ``n`` workers, or None where hybrid cannot split the
-    network (a dense layer narrower than ``n``) or the batch (fewer rows than ``n``)."""
-    if n < 1 or batch < n or min(out for _in, out in dense_widths(network)) < n:
+    network (a dense layer narrower than ``n``) or the batch (fewer rows than ``n``;
+    with ``batch_norm: local``, fewer than `batch_norm_rows` a replica: each replica's
+    batch norm would see one value per channel, which PyTorch refuses, and the run
+    itself never gives a replica so few, `pipeline.placement.split.merge_short_shares`)."""
+    least = batch_norm_rows(network) if batch_norm == "local" else 1
+    if n < 1 or batch < least * n or min(out for _in, out in dense_widths(network)) < n:
         return None
     return ReplicaPlan(split_counts(batch, n))
 

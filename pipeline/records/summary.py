@@ -182,7 +182,8 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
     conv layer, or per sample, by worker); `unit` what they count. Speed is the
     predicted step of the worker alone, its fixed costs included; without those
     predictions, the calibration's seconds per unit. A placement that measured
-    nothing (even, recorded) only says it gave the worker none.
+    nothing (even, recorded) only says it gave the worker none. A worker whose few
+    samples were handed to another replica (``batch_norm_merged``) is said so.
     """
     alternatives = choice.get("alternatives", {})
     alone = {key.partition(":")[2]: alt["predicted_step_time"]
@@ -196,7 +197,15 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
     names = list(choice.get("workers", []))
     chosen, chosen_time = choice.get("chosen"), choice.get("predicted_step_time")
     lines = []
+    merged = choice.get("batch_norm_merged", {})  # `split_choice.with_rows_merged`
+    before = dict(zip(merged.get("workers", []), merged.get("split_before", [[]])[0]))
     for name in left_out:
+        if before.get(name):
+            lines.append(f"worker {name} left out: its {before[name]} {unit}(s) of the "
+                         f"{placement} split went to another replica (train.batch_norm: "
+                         "local, and a batch norm's input is 1x1: a replica needs at least "
+                         f"{merged['least_rows']})")
+            continue
         line = f"worker {name} left out"
         if fastest is not None and speed.get(name, 0) > 0:
             line += (f": measured {speed[name] / kept[fastest]:.1f}x slower than {fastest} "
