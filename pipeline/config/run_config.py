@@ -72,7 +72,8 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     steps: int = described(20, "SGD steps of the run (warm-up steps included)")
-    batch: int = described(64, "the mini-batch: samples a step, over all workers")
+    batch: int = described(64, "the mini-batch: samples a step, over all workers (at least "
+                           "2 where a batch norm sees 1x1 features, docs/networks.md)")
     lr: float = described(0.05, "the learning rate (> 0)")
     momentum: float = described(0.9, "SGD momentum, in [0, 1)")
     weight_decay: float = described(5e-4, "L2 weight decay (>= 0)")
@@ -105,7 +106,8 @@ class TrainConfig:
         "every replica's rows, the arithmetic of single-process SGD, two small exchanges "
         "per batch-norm layer and step; needs `workspace.sync: markers`) or over each "
         "replica's own rows (`local`: DDP's default; the replicas' running statistics "
-        "differ, and the checkpoint keeps the first worker's). On a CPU `sync`'s batch "
+        "differ, and the checkpoint keeps the first worker's; where a batch norm's input is 1x1 each "
+        "replica gets no samples or at least 2, docs/networks.md). On a CPU `sync`'s batch "
         "norms compute about 1.3x `local`'s (`python -m benchmarks.sync_batch_norm`)")
     max_recoveries: int = described(
         3, "lost workers survived per run: restore the last complete checkpoint, re-place "
