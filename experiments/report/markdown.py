@@ -142,7 +142,7 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
     lines += mixes_section(ds, sweep)
     lines += links_section(sweep, frame)
     lines += error_section(ds)
-    lines += auto_section(ds, frame, sweep.dims)
+    lines += auto_section(ds, frame, sweep.dims, sweep.worker_dim)
     failures = table[table["failure"] != ""]
     if not failures.empty:
         lines += ["## Failed points", ""]
