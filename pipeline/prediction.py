@@ -25,7 +25,9 @@ probes no cluster (``None`` for kernel/single) but still times ``reference`` in 
 process; ``cached`` measures nothing, and takes a cached probe at any age).  Dry runs
 of a sweep call it too: set ``CNN_PREDICT_PROBE=cached`` there to measure nothing.
 It returns a dict, which converts to ``float`` (the predicted seconds) for
-callers that only want the number.
+callers that only want the number. A config of ``strategy: auto`` (which never runs
+as itself) is predicted as the strategy it would pick on the same probe, that
+choice recorded beside it as a run of it records its own.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_
                             workspace_location)
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.strategies import strategy_named
+from pipeline.strategies.auto import choose_strategy
 from pipeline.strategies.base import network_for
 from pipeline.engine.task_steps import steps_per_task
 from storage.datasets import DatasetError
@@ -290,10 +293,22 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         ``constants``, ``contention_share`` and its
         ``contention_share_source`` (``probe`` or ``bound``; None where the client
         had a core of its own) and, with a summary, ``measured_step_time``
-        and ``prediction_error``; ``None`` where no probe can be had.
+        and ``prediction_error``; ``None`` where no probe can be had. For ``auto``,
+        the prediction of the strategy it would pick on the probe
+        (`pipeline.strategies.auto.choose_strategy`, as a run of it picks), with
+        that choice's record as ``strategy_choice`` and the chosen one as
+        ``strategy``.
     """
     summary = result_summary or {}
     policy = policy or probe_policy()
+    strategy = strategy_named(config.strategy)
+    choice = None
+    if strategy.chosen_by_model:  # `auto`: predicted as what it would pick on the probe
+        if not isinstance(probe, ClusterProbe):
+            probe = probe_for_config(config, client, offered, policy)
+            if probe is None:
+                return None
+        config, _chosen, choice = choose_strategy(config, strategy, probe, predict_config)
     if not strategy_named(config.strategy).uses_cluster:  # timed in this process
         if not isinstance(probe, MasterProbe) or probe.threads != config.reference.threads:
             probe = cached_master_probe(network_for(config), config.train.batch,
@@ -323,6 +338,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
         constants=constants(probe),
         contention_share=prediction.details.get("contention_share"),
         contention_share_source=prediction.details.get("contention_share_source"))
+    if choice is not None:
+        out["strategy_choice"] = choice
     measured = summary.get("step_time_median")
     if measured:
         out["measured_step_time"] = float(measured)

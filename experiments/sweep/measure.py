@@ -51,13 +51,27 @@ def prediction_band(predictor: Predictor | None, point: Point, summary: dict | N
     nan = float("nan")
     if predictor is None:
         return nan, nan, nan
+    try:
+        value = ask_predictor(predictor, point, summary, client)
+    except Exception:  # noqa: BLE001 - a model's gap must not fail a measured point
+        return nan, nan, nan
+    return band_of(value)
+
+
+def ask_predictor(predictor: Predictor, point: Point, summary: dict | None,
+                  client: Any = None) -> Any:
+    """What `predictor` gives for the point (a number, a dict or None); its errors
+    pass to the caller. A live client is handed on when the model takes one."""
     kwargs = {}
     if client is not None and "client" in inspect.signature(predictor).parameters:
         kwargs["client"] = client
-    try:
-        value = predictor(point.config, summary, **kwargs)
-    except Exception:  # noqa: BLE001 - a model's gap must not fail a measured point
-        return nan, nan, nan
+    return predictor(point.config, summary, **kwargs)
+
+
+def band_of(value: Any) -> tuple[float, float, float]:
+    """A predictor's answer as ``(step, low, high)``, NaN where it has none (the band
+    too where it is a bare number)."""
+    nan = float("nan")
     try:
         step = nan if value is None else float(value)
     except (TypeError, ValueError):
@@ -186,16 +200,23 @@ def memory_values(summary: dict) -> dict[str, float]:
 
 
 def predict_only(point: Point, predictor: Predictor) -> PointResult:
-    """`mode: predict`: the model's step time, no training."""
+    """`mode: predict`: the model's step time, no training. An error of the model
+    is the point's failure, in its own words (no measured figure to keep here); an
+    `auto` point is its choice's prediction, the choice stored in ``strategy_choice``
+    as a measured sweep stores the run's."""
     started = time.time()
-    predicted, low, high = prediction_band(predictor, point, None)
+    value = ask_predictor(predictor, point, None)
+    predicted, low, high = band_of(value)
     finished = time.time()
     if np.isnan(predicted):
         raise RuntimeError("the performance model gave no prediction for this point (no "
                            "probe of its cluster: see CNN_PREDICT_PROBE)")
+    choice = value.get("strategy_choice") if isinstance(value, dict) else None
+    summary = {"strategy_choice": choice} if choice else None
     return PointResult({"predicted_step_time": predicted, "predicted_low": low,
                         "predicted_high": high,
-                        "predicted_peak_memory": predicted_peak_memory(point, None),
+                        "predicted_peak_memory": predicted_peak_memory(point, summary),
                         "started": started,
                         "finished": finished, "wall_time": finished - started},
-                       {"failure": "", "run_id": uuid.uuid4().hex}, {})
+                       {"failure": "", "run_id": uuid.uuid4().hex,
+                        "strategy_choice": json.dumps(choice) if choice else ""}, {})

@@ -202,7 +202,9 @@ def _point_line(done: int, total: int, elapsed: float, point: Point, result: Poi
     values = result.values if result else {}
     if "step_time" not in values:
         predicted = values.get("predicted_step_time", float("nan"))
-        return f"{head}  predicted {predicted:.4f} s/step"
+        choice = (result.texts.get("strategy_choice") if result else "") or ""
+        picks = f" (auto picks {json.loads(choice)['chosen']})" if choice else ""
+        return f"{head}  predicted {predicted:.4f} s/step{picks}"
     text = (f"{head}  {values['step_time']:.4f} s/step (IQR {values['step_time_p25']:.4f}-"
             f"{values['step_time_p75']:.4f})  {values['throughput']:.0f} samples/s  "
             f"loss {values['loss']:.3f}")
