@@ -1,15 +1,20 @@
 """`mode: predict` end to end: a real sweep of the model alone (one probe of a real
-embedded cluster, nothing trained) and its `auto` points."""
+embedded cluster, nothing trained), its `auto` points, and the report of its store."""
 
 from __future__ import annotations
 
 import io
 import json
+import warnings
 
 import numpy as np
 import pytest
 import xarray as xr
 
+from experiments.report import cli as report
+from experiments.report.markdown import mixes_section
+from experiments.report.view import StoreView
+from experiments.sweep.store_layout import DONE
 from experiments.sweep.config import load_sweep
 from experiments.sweep.run import run_sweep
 from tests.test_sweep import write_sweep
@@ -52,3 +57,33 @@ def test_auto_points_are_predicted_as_the_strategy_they_would_pick(predicted):
     assert np.isfinite(float(ds.predicted_peak_memory.sel(strategy="auto", repeat=0)))
     assert f"(auto picks {choice['chosen']})" in output
 
+
+def test_a_predict_store_reports_its_predictions_without_warnings(predicted, tmp_path):
+    path, _ = predicted
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = report.make_report(path, str(tmp_path / "report"))
+    names = [p.rsplit("/", 1)[-1] for p in written]
+    assert "predicted.png" in names
+    text = open(tmp_path / "report" / "report.md", encoding="utf-8").read()
+    assert "nan" not in text.lower()
+    assert "![Predicted step time](predicted.png)" in text
+    assert "## Device mixes" not in text  # nothing measured to share out
+    assert "`mode: predict`" in text  # says why the measured figures are not there
+
+
+def test_points_with_no_measured_step_have_no_device_mix_row():
+    """A predict store over workers (a sweep that varies its devices): every point done,
+    none measured. The device-mix table had a `nan` row per point, and a warning."""
+    shape = (2, 2, 1)  # strategy x workers x repeat
+    texts = {name: (("strategy", "workers", "repeat"), np.full(shape, "", dtype=object))
+             for name in ("kernel_split", "batch_split", "worker_devices")}
+    ds = xr.Dataset({"status": (("strategy", "workers", "repeat"), np.full(shape, DONE)),
+                     "step_time": (("strategy", "workers", "repeat"), np.full(shape, np.nan)),
+                     **texts},
+                    coords={"strategy": ["kernel", "auto"], "workers": [1, 2], "repeat": [0]},
+                    attrs={"axes": json.dumps({"strategy": ["strategy"],
+                                               "workers": ["cluster.workers"]})})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mixes_section(ds, StoreView(ds)) == []

@@ -19,10 +19,14 @@ Writes, into ``<store>.report/`` next to the store (or ``--out DIR``):
   per strategy, beside plain PyTorch's (`reference`), where the store has memory;
 - ``step_times.png``: the spread of every point's measured steps;
 - ``prediction.png``: predicted against measured step time (once predicted);
+- ``predicted.png``: a ``mode: predict`` store's step times, the model's alone, with
+  their band, against workers (the only figure such a store gets: the others draw
+  measured steps);
 - ``growth_<strategy>.png``: how a strategy's step time and its parts (compute,
   exchange, dataset, wait, client) grow with batch and workers, beside the model's
   (:mod:`experiments.report.growth`; stores with the parts and a batch or workers dim);
-- ``report.md``: provenance, the figures, the main table and any failures.
+- ``report.md``: provenance, the figures, the main table and any failures (of a
+  ``mode: predict`` store, the predicted figure and table, saying what is left out).
 
 The store's checksums are verified first: a damaged file (a point's, the
 coordinates', the metadata's) is one line naming it and exit 1, and nothing is
@@ -52,7 +56,8 @@ import xarray as xr
 
 from experiments.report.figure_files import write_figures
 from experiments.report.figures import (batch_figure, breakdown_figure, placement_figure,
-                                        prediction_figure, speedup_figure, step_times_figure)
+                                        predicted_figure, prediction_figure, speedup_figure,
+                                        step_times_figure)
 from experiments.report.growth import growth_figure, growth_strategies
 from experiments.report.links import link_figure
 from experiments.report.markdown import write_markdown
@@ -108,6 +113,7 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
         ("memory.png", lambda p: memory_figure(sweep, frame, p)),
         ("step_times.png", lambda p: step_times_figure(sweep, p)),
         ("prediction.png", lambda p: prediction_figure(frame, p)),
+        ("predicted.png", lambda p: predicted_figure(sweep, frame, p)),
         ("links.png", lambda p: link_figure(sweep, frame, p)),
         *((f"growth_{s}.png", lambda p, s=s: growth_figure(sweep, frame, s, p))
           for s in growth_strategies(sweep, frame)),

@@ -1,5 +1,5 @@
 """The measured sweep's figures, one function each: speedup, breakdown, batch,
-placement, step-time spread, prediction.
+placement, step-time spread, prediction; and a predicted sweep's (`predicted_figure`).
 
 Each takes the store's view (:mod:`experiments.report.view`) and the points'
 table, draws its figure to `path` and returns True, or returns False where the
@@ -304,5 +304,46 @@ def prediction_figure(frame: pd.DataFrame, path: str) -> bool:
     ax.set_title("performance model against measurement (per point)")
     ax.legend()
     ax.grid(alpha=0.3)
+    save_figure(fig, path)
+    return True
+
+
+def predicted_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
+    """The model's step time of a sweep that measured nothing (`mode: predict`), with
+    its band as bars: against the workers (else the strategies), one line per strategy
+    and other setting. Not drawn where steps were measured: `prediction_figure` and
+    the strategies figure show the model beside them there."""
+    if frame["step_time"].notna().any():
+        return False
+    data = frame[frame["predicted_step_time"].notna()]
+    if data.empty:
+        return False
+    wdim = sweep.worker_dim
+    x_dim = wdim if wdim in sweep.dims else ("strategy" if "strategy" in sweep.dims else None)
+    labels = label_order(frame, x_dim, sweep.ds) if x_dim else ["the point"]
+    group = [d for d in sweep.dims if d != x_dim]
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.9 * len(labels) + 3), 4.6))
+    lines_of = data.groupby(group, sort=False) if group else [((), data)]
+    for index, (keys, lines) in enumerate(lines_of):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        x = [labels.index(str(v)) for v in lines[x_dim]] if x_dim else [0] * len(lines)
+        order = np.argsort(x, kind="stable")
+        step = lines["predicted_step_time"].to_numpy(dtype=float)[order]
+        bounds = [lines.get(name, pd.Series(np.nan, index=lines.index)).to_numpy(dtype=float)
+                  [order] for name in ("predicted_low", "predicted_high")]
+        error = [np.clip(np.nan_to_num(step - bounds[0]), 0, None),
+                 np.clip(np.nan_to_num(bounds[1] - step), 0, None)]
+        ax.errorbar(np.asarray(x)[order], step, yerr=error, marker="o", capsize=3,
+                    color=COLORS[index % len(COLORS)], label=_label(keys, group))
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel(x_dim or "")
+    ax.set_ylabel("predicted step time (s)")
+    top, bottom = float(data["predicted_step_time"].max()), float(
+        data["predicted_step_time"].min())
+    if bottom > 0 and top / bottom > 20:  # networks of very different sizes
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.set_title("the model's step time (predicted, nothing measured; bars: its band)")
+    legend_beside(fig, [ax])
     save_figure(fig, path)
     return True

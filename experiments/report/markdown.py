@@ -26,6 +26,14 @@ from experiments.report.view import PAPER_POINT, PAPER_STRATEGY, StoreView
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED
 from experiments.sweep.summary import format_table, summary_table
 
+#: What report.md says of a `mode: predict` store, under "Figures".
+PREDICT_ONLY = ("This sweep ran the performance model alone (`mode: predict`): nothing "
+                "was measured, so every figure here is the model's. What only measured "
+                "steps give is left out: speedup, breakdown, batch, placement, memory, "
+                "step spread and predicted-against-measured figures, the device-mix table "
+                "and auto against the measured best (an `auto` point is the prediction of "
+                "the strategy it would pick, named in its `strategy_choice`).")
+
 
 def _provenance(ds: xr.Dataset) -> list[str]:
     machine = json.loads(ds.attrs.get("machine", "{}"))
@@ -85,7 +93,8 @@ def device_shares(kernel_split: str, batch_split: str, worker_devices: str
 def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
     """report.md's table of step time and each device's share, point by point (first
     done repeat), where the sweep varies its devices (a `cluster.devices`, `resources`
-    or `workers` axis) or runs whose workers differ in device or tag."""
+    or `workers` axis) or runs whose workers differ in device or tag. Points with no
+    measured step (`mode: predict`) have no row: nothing ran to share the work."""
     if "worker_devices" not in ds:
         return []
     status, texts = ds.status.values, {n: ds[n].values for n in (
@@ -94,13 +103,14 @@ def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
     rows, kinds = [], set()
     for position in np.ndindex(*status.shape[:-1]):
         done = np.flatnonzero(status[position] == DONE)
-        if not done.size:
+        steps = ds.step_time.values[position][done]
+        if not np.isfinite(steps).any():  # nothing measured (`mode: predict`)
             continue
         cell = position + (int(done[0]),)
         shares = device_shares(*(str(texts[n][cell]) for n in texts))
         kinds.update(kind for _n, kind, _s in shares)
         where = ", ".join(f"{d} {labels[d][i]}" for d, i in zip(sweep.dims, position))
-        step = float(np.nanmedian(ds.step_time.values[position][done]))
+        step = float(np.nanmedian(steps))
         rows.append(f"| {where or 'the point'} | {step * 1e3:.1f} | " + ", ".join(
             f"{name} ({kind}) {share:.0%}" for name, kind, share in shares) + " |")
     mixed = sweep.dim_with("cluster.devices", "cluster.resources", "cluster.workers") \
@@ -128,11 +138,14 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
                            for s, a in accuracies)
         lines += ["", f"Test accuracy by strategy (distribution must not change it): {spread}."]
     lines += ["", "## Figures", ""]
+    if ds.attrs.get("mode") == "predict":
+        lines += [PREDICT_ONLY, ""]
     captions = {"speedup.png": "Speedup against workers", "breakdown.png": "Time breakdown",
                 "batch.png": "Batch size", "placement.png": "Placement on unequal workers",
                 "memory.png": "Memory per worker (working, the fullest worker)",
                 "step_times.png": "Spread of measured steps",
                 "prediction.png": "Predicted against measured",
+                "predicted.png": "Predicted step time",
                 "links.png": "Step time against link rate"}
     for name in figures:
         if not name.startswith("growth_"):  # those have a section of their own

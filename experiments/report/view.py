@@ -36,7 +36,7 @@ POINT_FIGURES = ["step_time", "throughput", "speedup", "efficiency", "compute_ti
                  "storage_time", "master_time", "wait_time", "bytes_moved", "loss", "accuracy",
                  "n_workers", "capacity", "predicted_step_time"]
 #: Figures a store may lack (written before they existed).
-OPTIONAL_FIGURES = ["offered_workers", "client_cpu_per_step"]
+OPTIONAL_FIGURES = ["offered_workers", "client_cpu_per_step", "predicted_low", "predicted_high"]
 #: A step's critical breakdown, measured and predicted (pipeline/records/step_breakdown.py),
 #: where a store has it.
 BREAKDOWN_FIGURES = [*(f"critical_{p}" for p in COMPONENTS),
