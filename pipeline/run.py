@@ -43,6 +43,7 @@ from pipeline.preflight import check_before_start, check_run, fit_even_split
 from pipeline.probe.machine import machine_identity
 from pipeline.records.record import (RunRecorder, code_revision, jsonable, link_attrs,
                                      software_versions)
+from pipeline.records.starts import EarlierRecord, read_earlier
 from pipeline.records.summary import left_out_lines, placement_line
 from pipeline.records.trace import ClientEvent, write_trace
 from pipeline.strategies.base import Strategy
@@ -122,6 +123,8 @@ class Start:
     attrs: dict[str, Any]  # the record's attributes; the placement adds its own
     client_events: list[ClientEvent]  # the trace's client-side events
     say: Callable[[str], None]  # one line to stderr and the record's notes
+    notes: list[str]  # the lines `say` said
+    earlier: EarlierRecord | None = None  # a resumed run's steps of its earlier starts
 
 
 @dataclass
@@ -144,7 +147,7 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
            say: Callable[[str], None], notes: list[str]) -> RunResult:
     """The run, top to bottom: prepare, train (on the cluster, or in this process for
     a strategy that uses none), then the results."""
-    start = _prepare(config, say)
+    start = _prepare(config, say, notes)
     finish = ResultsFirst()  # once every step is done, the results are written first
     with finish, ExitStack() as stack:
         if strategy.uses_cluster:
@@ -158,9 +161,11 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
         return _finish(trained, start, finish, notes)
 
 
-def _prepare(config: RunConfig, say: Callable[[str], None]) -> Start:
+def _prepare(config: RunConfig, say: Callable[[str], None], notes: list[str]) -> Start:
     """The dataset (built if missing) and the checkpoint every strategy starts from
-    (written, or found for a resume), checked against the config."""
+    (written, or found for a resume), checked against the config; for a resume, the
+    record of the run's earlier starts (read now: one it cannot read is refused before
+    any training)."""
     started = time.time()
     os.makedirs(config.output_dir, exist_ok=True)
     info = prepare_dataset(config)
@@ -178,7 +183,8 @@ def _prepare(config: RunConfig, say: Callable[[str], None]) -> Start:
                              "versions": jsonable(software_versions()),
                              "machine": machine_identity(),
                              "code_revision": code_revision(), "resumed_from_step": from_step}
-    return Start(started, info, network, from_step, attrs, [], say)
+    earlier = read_earlier(config.output_dir, from_step, say) if config.train.resume else None
+    return Start(started, info, network, from_step, attrs, [], say, notes, earlier)
 
 
 def _train_in_process(config: RunConfig, start: Start, client: Client | None,
@@ -187,13 +193,14 @@ def _train_in_process(config: RunConfig, start: Start, client: Client | None,
     trainer = ReferenceTrainer(config, start.network, start.info.train_samples)
     recorder = RunRecorder([REFERENCE_WORKER],
                            [f"in-process, {config.reference.threads} thread(s)"], [1.0])
-    with _trace_if_stopped(config, recorder, start):
+    trained = Trained(config, recorder, client=client, offered=offered, in_client=True)
+    with _kept_if_stopped(trained, start):
         trainer.start(start.from_step)
         recorder.devices = list(trainer.devices)
         train_loop(config, trainer, recorder, start.client_events, start.from_step,
                    start.info.train_samples)
         trainer.close()
-    return Trained(config, recorder, client=client, offered=offered, in_client=True)
+    return trained
 
 
 def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
@@ -218,11 +225,12 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
     recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                            [w.emulated_speed for w in workers],
                            tags=[w.resource for w in workers])
-    with _trace_if_stopped(config, recorder, start):
-        history = train_with_recovery(config, client, strategy, start.network, engine,
-                                      offered, recorder, start.client_events,
-                                      start.from_step, start.info.train_samples)
-    return Trained(config, recorder, history, split, client, offered, links, counted)
+    trained = Trained(config, recorder, History(), split, client, offered, links, counted)
+    with _kept_if_stopped(trained, start):
+        train_with_recovery(config, client, strategy, start.network, engine, offered,
+                            recorder, start.client_events, start.from_step,
+                            start.info.train_samples, trained.history)
+    return trained
 
 
 def _resolve_auto(config: RunConfig, auto: Strategy, client: Client,
@@ -265,16 +273,40 @@ def _write_trace(config: RunConfig, recorder: RunRecorder, start: Start) -> None
 
 
 @contextlib.contextmanager
-def _trace_if_stopped(config: RunConfig, recorder: RunRecorder, start: Start
-                      ) -> Iterator[None]:
+def _kept_if_stopped(trained: Trained, start: Start) -> Iterator[None]:
     """Around a run's steps: a run stopped by an error keeps its trace so far, if there
-    is room (the error that stopped it is the one to report)."""
+    is room (the error that stopped it is the one to report). One stopped by a signal
+    (Ctrl-C, SIGTERM, SIGHUP) also writes its record and summary over the steps it ran,
+    with the earlier starts' (`write_results`), so that its resume keeps what it
+    measured; a write that fails is said in one line and the stop goes on."""
     try:
         yield
+    except KeyboardInterrupt as stop:
+        with contextlib.suppress(OSError):
+            _write_trace(trained.config, trained.recorder, start)
+        try:
+            _write_stopped(trained, start, getattr(stop, "name", "KeyboardInterrupt"))
+        except Exception as error:  # noqa: BLE001 - the stop is what to report
+            print(f"warning: the record of the steps before the stop was not written: "
+                  f"{type(error).__name__}: {error}", file=sys.stderr)
+        raise
     except BaseException:
         with contextlib.suppress(OSError):
-            _write_trace(config, recorder, start)
+            _write_trace(trained.config, trained.recorder, start)
         raise
+
+
+def _write_stopped(trained: Trained, start: Start, signal_name: str) -> None:
+    """The results of a start stopped by `signal_name` before its last step: its record
+    and summary over the steps it ran (none: nothing is written), without a test
+    accuracy or a prediction (neither is made on a stop)."""
+    if not trained.recorder.steps:
+        return
+    write_results(trained.config, start.info, start.attrs, list(trained.split),
+                  trained.recorder, trained.history, start.notes, start.started, None,
+                  {"predicted_step_time": None,
+                   "prediction_note": f"stopped ({signal_name}) before the last step"},
+                  in_client=trained.in_client, earlier=start.earlier, ended=signal_name)
 
 
 def _finish(trained: Trained, start: Start, finish: ResultsFirst,
@@ -300,7 +332,7 @@ def _finish(trained: Trained, start: Start, finish: ResultsFirst,
         accuracy = test_accuracy(start.network, weights, start.info.path, samples)
     return write_results(config, start.info, attrs, list(trained.split), recorder,
                          trained.history, notes, start.started, accuracy, prediction,
-                         in_client=trained.in_client)
+                         in_client=trained.in_client, earlier=start.earlier)
 
 
 def prediction_stopped(signal_name: str) -> dict[str, Any]:

@@ -241,7 +241,11 @@ def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(
                                              "train.resume=true"])
     assert status == 0, lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    # the failed start wrote no record (only a signal's stop writes one): its steps are
+    # missing, and the resume says so
     assert list(record.step.values) == [last, last + 1, last + 2]
+    assert any(line.startswith(f"warning: record: steps 0-{last - 1} are missing from the "
+                               "record") for line in lines), lines
 
 
 def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(

@@ -49,6 +49,7 @@ from storage.exchange import SlotSpec, create_exchange
 from storage.exchange_folders import make_folder, remove_stale_exchanges
 from storage.private import default_workspace_root
 from tests.helpers import max_relative_error, tiny_config
+from tests.test_cli import run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "reliability.md")
@@ -70,6 +71,7 @@ FAULTS = {
     "truncated latest checkpoint": "test_resume_falls_back_past_damaged_checkpoints",
     "bit-flipped checkpoint": "test_resume_falls_back_past_damaged_checkpoints",
     "every checkpoint damaged": "test_resume_falls_back_past_damaged_checkpoints",
+    "unreadable record at a resume": "test_resume_refuses_an_unreadable_record",
 }
 
 
@@ -377,8 +379,12 @@ def test_resume_falls_back_past_damaged_checkpoints(tmp_path, tiny_dataset_facto
     assert len(lines) == 1, lines
     assert re.search(r"step 6: it cannot be read .*; step 4: tensor momentum/3.bias does not "
                      r"match its checksum\); resuming from step 2", lines[0]), lines[0]
-    assert list(resumed.record.step.values) == list(range(2, 8))
-    assert json.loads(resumed.record.attrs["notes"]) == lines
+    # the first run's steps before checkpoint 2, then the resumed start's
+    assert list(resumed.record.step.values) == list(range(8))
+    assert list(resumed.record.start.values) == [0, 0] + [1] * 6
+    assert json.loads(resumed.record.attrs["notes"]) == [
+        *lines, "record: steps 2-5 of start 0 ran past checkpoint 2, which this start "
+        "resumes from; its own steps replace them"]
     for kind in ("weights", "momentum"):  # the fallback lost nothing but time
         assert max_relative_error(checkpoints.read_tensors(config.checkpoint_path, 8, kind),
                                   checkpoints.read_tensors(straight.checkpoint_path, 8, kind)
@@ -389,6 +395,27 @@ def test_resume_falls_back_past_damaged_checkpoints(tmp_path, tiny_dataset_facto
     code, lines = main_lines(capsys, [write_config(tmp_path, config), "train.resume=true"])
     assert code == 1 and len(lines) == 1, lines
     assert "no checkpoint in" in lines[0] and "train.fresh=true" in lines[0]
+
+
+def test_resume_refuses_an_unreadable_record(tmp_path, tiny_dataset_factory, capsys):
+    """A resume continues the record of the run's earlier starts; one it cannot read
+    is refused before any training (one line, exit 2), and left as it is, rather than
+    replaced by the resume's steps alone."""
+    config = reference_config(tmp_path, tiny_dataset_factory("float32"), **{
+        "train.steps": 4, "train.checkpoint_every": 2})
+    run_training(config)
+    metadata = os.path.join(config.output_dir, "record.zarr", "zarr.json")
+    with open(metadata, "w", encoding="utf-8") as handle:
+        handle.write("{ torn")
+    before = run_files(tmp_path / "run" / "record.zarr")
+    code, lines = main_lines(capsys, [write_config(tmp_path, config), "train.resume=true",
+                                      "train.steps=6"])
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: train.resume: the record of the run's earlier "
+                               f"start(s), {config.output_dir}/record.zarr, cannot be read")
+    assert "--fresh" in lines[0], lines[0]
+    assert run_files(tmp_path / "run" / "record.zarr") == before
+    assert checkpoints.latest_complete_step(config.checkpoint_path) == 4  # nothing trained
 
 
 def test_config_rejects_fresh_with_resume(tmp_path, tiny_dataset_factory):

@@ -96,7 +96,10 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
     status, err_lines, _out = run_main("train", command[3:])  # its main, in this process
     assert status == 0, err_lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
-    assert list(record.step.values) == list(range(last, steps))  # a resumed run's record
+    # the whole run's record: the stopped start's steps up to its checkpoint, then the
+    # resumed start's
+    assert list(record.step.values) == list(range(steps))
+    assert list(record.start.values) == [0] * last + [1] * (steps - last)
     assert checkpoints.latest_complete_step(path) == steps
     # exactly: every step's batch is the seed's, and the weights are plain PyTorch's on them
     config = load_run_config(args[0], [a for a in args[1:] if not a.startswith("--")])
@@ -105,6 +108,81 @@ def test_sigterm_stops_cleanly_and_the_printed_command_resumes(tmp_path, tiny_da
         [step_indices(train.seed, s, train.batch, 512) for s in range(steps)])).all()
     expected, _ = replay_in_pytorch(config, dataset)
     assert max_relative_error(checkpoints.read_tensors(path, steps), expected) <= 1e-10
+
+
+def interrupt_after_checkpoint(args: list[str], checkpoint: int, path: str) -> int:
+    """Start ``python -m pipeline.train ARGS``, SIGINT it once checkpoint `checkpoint`
+    (or a later one) is complete, and check that it stops as a stopped run does: one
+    line naming its last complete checkpoint, exit 130, within seconds. Returns that
+    checkpoint's step."""
+    run = train_process(*args)
+    try:
+        wait_for_checkpoint(path, checkpoint, run)
+        run.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        _out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err
+    assert time.monotonic() - signalled < 20, err  # writing the record keeps it quick
+    last = checkpoints.latest_complete_step(path)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"interrupted (SIGINT): the last complete checkpoint is "
+                                f"step {last} "), lines
+    return last
+
+
+def test_a_run_stopped_twice_and_resumed_keeps_every_step_once(tmp_path, tiny_dataset_factory,
+                                                               monkeypatch):
+    """A run SIGINTed after a checkpoint, resumed and SIGINTed again, then resumed to its
+    end: its record holds every step its final weights went through, once and in
+    order, each marked with the start that ran it; the steps of the earlier starts
+    keep the figures they were recorded with, and those an earlier start ran past the
+    checkpoint resumed from are the later start's. The summary covers them all, less
+    each start's warm-up step. Before, a stopped run wrote no record and a resume
+    replaced the record with its own steps: the steps of earlier starts were lost."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    args = [*tiny_args(tmp_path, tiny_dataset_factory("float32")), "strategy=reference",
+            "train.checkpoint_every=4", "train.eval_samples=0", "train.warmup_steps=1"]
+    output = tmp_path / "run"
+    path = str(output / "checkpoints.zarr")
+
+    def record() -> xr.Dataset:
+        with xr.open_zarr(output / "record.zarr") as stored:
+            return stored.load()
+
+    first = interrupt_after_checkpoint([*args, "train.steps=100000"], 4, path)
+    stopped_first = record()  # every step it measured, those past its checkpoint too
+    assert list(stopped_first.step.values) == list(range(stopped_first.sizes["step"]))
+    assert stopped_first.sizes["step"] >= first and set(stopped_first.start.values) == {0}
+    second = interrupt_after_checkpoint([*args, "train.steps=100000", "train.resume=true"],
+                                        first + 8, path)
+    stopped_second = record()
+    steps = second + 3
+    status, lines, _out = run_main("train", [*args, f"train.steps={steps}",
+                                             "train.resume=true"])
+    assert status == 0, lines
+    if stopped_second.step.values.max() >= second:  # ran past its checkpoint: replaced
+        assert any(line.startswith(f"record: steps {second}") and "of start 1 ran past "
+                   f"checkpoint {second}" in line for line in lines), lines
+    final = record()
+    assert list(final.step.values) == list(range(steps))  # every step once, in order
+    assert list(final.start.values) == [0] * first + [1] * (second - first) + [2] * 3
+    for earlier, (begin, end) in ((stopped_first, (0, first)),
+                                  (stopped_second, (first, second))):
+        for name in ("loss", "step_time", "compute_time", "client_cpu_time"):
+            np.testing.assert_array_equal(final[name].sel(step=slice(begin, end - 1)).values,
+                                          earlier[name].sel(step=slice(begin, end - 1)).values)
+    starts = json.loads(final.attrs["starts"])
+    assert [(s["start"], s["from_step"], s["ended"]) for s in starts] == [
+        (0, 0, "SIGINT"), (1, first, "SIGINT"), (2, second, "complete")]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["recorded_steps"] == steps and summary["ended"] == "complete"
+    assert summary["warmup_steps_left_out"] == [0, first, second]
+    assert summary["measured_steps"] == steps - 3
+    assert summary["step_time_median"] == float(np.median(np.delete(
+        final.step_time.values, [0, first, second])))
 
 
 def test_sigterm_stops_a_sweep_cleanly_and_the_same_command_resumes(tmp_path,

@@ -61,7 +61,8 @@ def test_resume_continues_exactly(tmp_path, three_worker_cluster, tiny_dataset_f
                                                      "train.resume": True,
                                                      "cluster.use_workers": 2})
     result = _run(resumed, three_worker_cluster)
-    assert list(result.record.step.values) == [4, 5, 6]
+    assert list(result.record.step.values) == list(range(7))  # both starts' steps
+    assert list(result.record.start.values) == [0] * 4 + [1] * 3
     for kind in ("weights", "momentum"):
         error = max_relative_error(
             checkpoints.read_tensors(resumed.checkpoint_path, 7, kind),

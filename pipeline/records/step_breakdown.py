@@ -38,6 +38,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import xarray as xr
 
+from pipeline.records.starts import measured
 from tasks.receipts import Receipt
 
 #: The components of a step, in the order plots stack them.
@@ -87,10 +88,10 @@ def _with_client(step_time: float, accounted: dict[str, float]) -> dict[str, flo
 
 def record_breakdown(record: xr.Dataset, warmup_steps: int) -> dict[str, float]:
     """Each component's median over the record's measured steps (after
-    `warmup_steps`), from its per-step, per-worker phase times. The medians need not
-    add up to the median step exactly; each step's components do."""
-    steps = record.sizes.get("step", 0)
-    tail = record.isel(step=slice(warmup_steps, None)) if steps > warmup_steps else record
+    each start's first `warmup_steps`: `pipeline.records.starts.measured`), from its
+    per-step, per-worker phase times. The medians need not add up to the median step
+    exactly; each step's components do."""
+    tail = measured(record, warmup_steps)
     if not tail.sizes.get("step", 0):
         return {name: float("nan") for name in COMPONENTS}
     accounted = {name: sum(np.asarray(tail[v].values, dtype=float) for v in variables)

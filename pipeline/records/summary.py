@@ -8,12 +8,14 @@ text for a person; the record is what the loop fills step by step.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from pipeline.records.memory import memory_lines, memory_summary
+from pipeline.records.starts import measured, step_ranges
 from pipeline.records.step_breakdown import record_breakdown
 
 
@@ -28,9 +30,13 @@ def client_cpu_summary(tail: xr.Dataset) -> dict:
 
 
 def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = False) -> dict:
-    """Median step time and spread over the measured (post-warm-up) steps
-    (`in_client`: the run trained in the client's process, for its memory figures)."""
-    tail = ds.isel(step=slice(warmup_steps, None)) if ds.sizes["step"] > warmup_steps else ds
+    """Median step time and spread over the measured steps: the record's steps less
+    each start's first `warmup_steps` (`starts.measured`; ``warmup_steps_left_out``
+    lists them), as a start times its first steps with its warm-up in them
+    (`in_client`: the run trained in the client's process, for its memory figures).
+    ``starts`` is the record's list of the run's starts (resumes add one each)."""
+    tail = measured(ds, warmup_steps)
+    left_out = sorted(set(ds.step.values.tolist()) - set(tail.step.values.tolist()))
     times = np.asarray(tail.step_time.values, dtype=float)
     median = float(np.median(times)) if times.size else float("nan")
 
@@ -38,7 +44,10 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = F
         return float(np.percentile(times, q)) if times.size else float("nan")
 
     return {
+        "recorded_steps": int(ds.sizes["step"]),
         "measured_steps": int(times.size),
+        "warmup_steps_left_out": left_out,
+        **({"starts": json.loads(ds.attrs["starts"])} if "starts" in ds.attrs else {}),
         "step_time_median": median,
         "step_time_p25": percentile(25), "step_time_p75": percentile(75),
         "step_time_min": percentile(0), "step_time_max": percentile(100),
@@ -54,7 +63,7 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = F
            else {}),
         "bytes_per_step": float(tail.workspace_bytes.sum("worker").median()),
         # where a step's time goes along its critical worker (pipeline/records/step_breakdown.py)
-        "critical_breakdown": record_breakdown(ds, warmup_steps),
+        "critical_breakdown": record_breakdown(ds, warmup_steps),  # the same steps
         **memory_summary(ds, in_client),
     }
 
@@ -63,6 +72,19 @@ def _task_steps(summary: dict) -> str:
     """", N steps per task" where a run's tasks held several steps."""
     steps = summary.get("task_steps_median")
     return f", {steps:g} steps per task (median)" if steps and steps > 1 else ""
+
+
+def _starts_line(summary: dict) -> list[str]:
+    """The line of a run resumed at least once: where its starts began and which steps
+    the medians leave out as warm-up."""
+    starts = summary.get("starts") or []
+    if len(starts) < 2:
+        return []
+    left_out = summary.get("warmup_steps_left_out") or []
+    return [f"  starts      {len(starts)} (resumed at step(s) "
+            f"{', '.join(str(s['from_step']) for s in starts[1:])}); the medians leave out "
+            + (f"steps {step_ranges(left_out)} (each start's warm-up)" if left_out
+               else "no step")]
 
 
 def _probe_age(seconds: float | None) -> str:
@@ -80,6 +102,7 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"run {name}: strategy {strategy} on {', '.join(workers)}",
         f"  step time   median {summary['step_time_median']:.3f} s over "
         f"{summary['measured_steps']} measured steps ({spread})",
+        *_starts_line(summary),
         f"  throughput  {summary['throughput']:.1f} samples/s",
         f"  breakdown   compute {summary['compute_time_median']:.3f} s, exchange "
         f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"

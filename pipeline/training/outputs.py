@@ -28,6 +28,7 @@ import yaml
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError, to_dict
 from pipeline.records.record import RunRecorder, jsonable
+from pipeline.records.starts import EarlierRecord, continue_record
 from pipeline.records.summary import summarize
 from pipeline.records.step_breakdown import compute_error
 from pipeline.training.recovery import History
@@ -156,9 +157,15 @@ class RunResult:
 def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
                   split_keys: list[str], recorder: RunRecorder, history: History,
                   notes: list[str], started: float, accuracy: float | None,
-                  prediction: dict[str, Any], in_client: bool) -> RunResult:
+                  prediction: dict[str, Any], in_client: bool,
+                  earlier: EarlierRecord | None = None, ended: str = "complete") -> RunResult:
     """The record, the summary and the config, written to the output directory
-    (`in_client`: the run trained in this process, as `reference` does)."""
+    (`in_client`: the run trained in this process, as `reference` does).
+
+    The record is the whole run's: the steps `earlier` starts of a resumed run kept,
+    then this start's (pipeline/records/starts.py). `ended` says how this start ended:
+    "complete", or the signal that stopped it before its last step (its steps so far
+    are written then, so that a resume keeps them)."""
     attrs["checkpoint_time_s"] = recorder.checkpoint_s
     changes = history.as_json()  # recoveries, joins
     attrs.update({key: jsonable(value) for key, value in changes.items()})
@@ -166,10 +173,16 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "batch": config.train.batch, "inflight": config.train.inflight})
-    record = recorder.to_dataset(attrs)
+    from_step = int(attrs.get("resumed_from_step", 0))
+    record = continue_record(earlier, recorder.to_dataset(attrs), {
+        "from_step": from_step, "to_step": max(recorder.steps, default=from_step - 1) + 1,
+        "ended": ended, "started": attrs["started"], "finished": attrs["finished"],
+        "strategy": attrs.get("strategy"), "code_revision": attrs.get("code_revision"),
+        "workers": list(recorder.workers), "notes": notes, **changes})
     summary = summarize(record, config.train.warmup_steps, config.train.batch, in_client)
-    summary.update({"test_accuracy": accuracy,
-                    "test_samples": min(config.train.eval_samples, info.test_samples),
+    summary.update({"ended": ended, "test_accuracy": accuracy,
+                    "test_samples": 0 if accuracy is None else min(config.train.eval_samples,
+                                                                   info.test_samples),
                     "strategy": config.strategy, "workers": list(record.worker_label.values),
                     "worker_devices": [
                         {"name": str(name), "tag": str(tag), "device": str(device)}

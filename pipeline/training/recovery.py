@@ -136,16 +136,17 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                         network: NetworkSpec, engine: StepEngine,
                         offered: list[ClusterWorker], recorder: RunRecorder,
                         client_events: list[ClientEvent], from_step: int,
-                        train_samples: int) -> History:
+                        train_samples: int, history: History | None = None) -> History:
     """Train from `from_step` to the end with `engine`, recovering from lost workers
     and taking in joined ones.
 
     `offered` are the workers the run was placed over (a master that the strategy's
     placement adds is found again by it). Closes every engine it used. Returns what
-    happened.
+    happened, in `history` where one is passed: the caller then has it even when the
+    run is stopped (its record keeps the recoveries and joins so far).
     """
     run = _Attempts(config, client, strategy, network, recorder, client_events,
-                    train_samples, engine, offered, from_step)
+                    train_samples, engine, offered, from_step, history or History())
     try:
         while True:
             try:
@@ -173,13 +174,13 @@ class _Attempts:
     def __init__(self, config: RunConfig, client: Client, strategy: Strategy,
                  network: NetworkSpec, recorder: RunRecorder,
                  client_events: list[ClientEvent], train_samples: int, engine: StepEngine,
-                 offered: list[ClusterWorker], from_step: int) -> None:
+                 offered: list[ClusterWorker], from_step: int, history: History) -> None:
         self.config, self.client, self.strategy, self.network = config, client, strategy, network
         self.recorder, self.client_events, self.train_samples = (recorder, client_events,
                                                                  train_samples)
         self.current: StepEngine | None = engine
         self.offered, self.from_step = offered, from_step
-        self.history = History()
+        self.history = history
         self.grown: list[ClusterWorker] = []
         self.pending: dict[str, Any] | None = None
         self.pending_since = 0.0
