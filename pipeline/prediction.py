@@ -17,13 +17,10 @@ of the engine's step, access by access (see :mod:`pipeline.costmodel.kernel`):
 
 :func:`predict_point` is what the sweep calls after each point (and, with no
 summary, in ``mode: predict`` and dry runs).  Without a probe it takes one
-from the cache, or measures one (policy ``$CNN_PREDICT_PROBE``: ``auto``
-measures when none is cached or the cached one is older than ``$CNN_PROBE_MAX_AGE``
-(:func:`pipeline.probe.cache.probe_max_age`), starting the config's embedded cluster
-or connecting to its scheduler, and timing ``reference`` in this process; ``never``
-probes no cluster (``None`` for kernel/single) but still times ``reference`` in this
-process; ``cached`` measures nothing, and takes a cached probe at any age).  Dry runs
-of a sweep call it too: set ``CNN_PREDICT_PROBE=cached`` there to measure nothing.
+from the cache, or measures one, as the policy ``$CNN_PREDICT_PROBE`` says
+(pipeline/model_probe.py); ``reference`` is timed in this process, ``never``
+included.  Dry runs of a sweep call it too: set ``CNN_PREDICT_PROBE=cached`` there
+to measure nothing.
 It returns a dict, which converts to ``float`` (the predicted seconds) for
 callers that only want the number. A config of ``strategy: auto`` (which never runs
 as itself) is predicted as the strategy it would pick on the same probe, that
@@ -33,30 +30,21 @@ choice recorded beside it as a run of it records its own.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any
 
-from pipeline.cluster.connect import open_client
-from pipeline.cluster.worker_setup import workers_set_up
-from pipeline.cluster.workers import ClusterError, all_local, find_workers, scheduler_address
 from pipeline.config.run_config import RunConfig
-from pipeline.config.schema import ConfigError
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
                                           cores_filled)
 from pipeline.costmodel.memory import Footprint, element_bytes
 from pipeline.records.memory import machine_memory_constants
-from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, cached_master_probe,
-                            cached_probe, find_cached_probe, links_key, model_network,
-                            probe_key, probe_max_age, probe_workspace_dir, worker_identity,
-                            workspace_location)
-from pipeline.engine.dataset import prepare_dataset
+from pipeline.model_probe import check_probe_environment, probe_for_config, probe_policy
+from pipeline.probe import ClusterProbe, DaskProbe, MasterProbe, cached_master_probe, model_network
 from pipeline.strategies import strategy_named
 from pipeline.strategies.auto import choose_strategy
 from pipeline.strategies.base import network_for
 from pipeline.engine.task_steps import steps_per_task
-from storage.datasets import DatasetError
 
 __all__ = ["PointPrediction", "band", "check_probe_environment", "predict_config",
            "predict_point", "network_for", "probe_for_config", "probe_policy",
@@ -72,14 +60,6 @@ class PointPrediction(dict):
 
     def __float__(self) -> float:
         return float(self["predicted_step_time"])
-
-
-def _prepare_dataset(config: RunConfig) -> None:
-    """Build the config's dataset store if it can be (else the probe falls back)."""
-    try:
-        prepare_dataset(config)
-    except (DatasetError, OSError):
-        pass
 
 
 def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
@@ -171,93 +151,6 @@ def contention_share(dask: DaskProbe) -> tuple[float, str]:
     if dask.contention_share is None:
         return UNMEASURED_SHARE, "bound"
     return dask.contention_share, "probe"
-
-
-#: The values of ``$CNN_PREDICT_PROBE`` (module doc).
-PROBE_POLICIES = ("auto", "cached", "never")
-
-
-def probe_policy() -> str:
-    """The sweeps' probe policy: ``$CNN_PREDICT_PROBE`` (module doc), default ``auto``;
-    another value is a `ConfigError` naming it."""
-    policy = os.environ.get("CNN_PREDICT_PROBE", "auto").strip().lower() or "auto"
-    if policy not in PROBE_POLICIES:
-        raise ConfigError(f"CNN_PREDICT_PROBE={policy!r}: expected one of "
-                          f"{', '.join(PROBE_POLICIES)}")
-    return policy
-
-
-def check_probe_environment() -> None:
-    """Before a run or sweep starts: the probe's environment variables
-    (``$CNN_PREDICT_PROBE``, ``$CNN_PROBE_MAX_AGE``) hold values they can take, so a
-    typo is one line now rather than a failure at the first prediction."""
-    probe_policy()
-    probe_max_age()
-
-
-def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
-                     policy: str | None = None, sample: bool = False) -> ClusterProbe | None:
-    """A cluster probe for ``config``'s cluster: cached, or measured per ``policy``.
-
-    The probe covers every worker offering the config's resource tag (a
-    point using fewer is predicted on the first of them).  With ``client``
-    (and optionally ``offered``) it probes that cluster; otherwise, under the
-    ``auto`` policy, it connects to the config's scheduler or starts the
-    config's embedded cluster for the probe.  Workers behind shaped links
-    (``cluster.link``) are probed across them: the store's figures then hold the
-    link's rate and the transport's per-access cost, and the probe is cached for
-    those links only.
-
-    ``sample=True`` (policy ``auto`` only) measures one more sample of the cluster
-    however fresh its cached probe, and gives the median of every figure over its
-    recent samples (pipeline/probe/samples.py): what a sweep does at each repeat.
-    """
-    policy = policy or probe_policy()
-    sample = sample and policy == "auto"
-    if policy == "never" or config.cluster.workspace_transport() == "s3":
-        return None  # the probe's calibration runs exchange over sftp: not s3's costs
-    if policy == "auto" and config.built_dataset() is None:
-        _prepare_dataset(config)  # the calibration runs train on it, as the run would
-    spec, batch = network_for(config), config.train.batch
-    quanta, dataset = config.channel_quanta(spec), config.built_dataset()
-    cluster = dataclasses.replace(config.cluster, use_workers=None)
-    where = probe_workspace_dir(config)
-    links = links_key(config.cluster.link_rates())
-    batch_norm = config.train.batch_norm  # the replica plan's trunk, as the run's replicas
-    # over a link, the calibration runs' checkpoints go where the workers reach
-    output_root = config.output_dir if links else None
-    if client is None and scheduler_address(cluster) is None:
-        # an embedded cluster: its worker set is known without starting it
-        tagged = sorted((w for w in cluster.worker_list() if w.resources.get(cluster.resource, 0) >= 1),
-                        key=lambda w: str(w.name))
-        identity = [(w.name, w.threads, w.speed, cluster.resource) for w in tagged]
-        location = workspace_location(not links, where)  # linked workers: other hosts
-        cached = find_cached_probe(probe_key(spec, batch, quanta, identity, location, dataset,
-                                             links, batch_norm), any_age=policy == "cached")
-        if (cached is not None and not sample) or policy == "cached":
-            return cached
-    elif policy == "cached":
-        if client is None:
-            return None
-        offered = offered or find_workers(client, cluster)
-        location = workspace_location(all_local(list(offered)), where)
-        return find_cached_probe(probe_key(spec, batch, quanta, worker_identity(offered),
-                                           location, dataset, links, batch_norm), any_age=True)
-    try:
-        if client is not None:
-            offered = offered or find_workers(client, cluster)
-            return cached_probe(client, offered, spec, batch, quanta, where, dataset,
-                                links=links, output_root=output_root, sample=sample,
-                                batch_norm=batch_norm)
-        if output_root:
-            os.makedirs(output_root, exist_ok=True)
-        with open_client(cluster, config.shared_directories()) as own, \
-                workers_set_up(own, cluster):
-            return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
-                                dataset, links=links, output_root=output_root, sample=sample,
-                                batch_norm=batch_norm)
-    except (ClusterError, OSError, TimeoutError):
-        return None
 
 
 def predict_point(config: RunConfig, result_summary: dict | None = None,
