@@ -22,7 +22,9 @@ from pipeline.cluster.links import link_problem
 from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
-from pipeline.engine.dataset import check_data_source
+from pipeline.engine.checkpointing import check_resumed_network
+from pipeline.engine.dataset import check_data_source, check_dataset_fits, expected_dataset
+from pipeline.placement.split_choice import recorded_summary
 from pipeline.prediction import network_for
 from pipeline.probe.tables import model_network
 from pipeline.config.schema import ConfigError
@@ -76,6 +78,17 @@ def check_dataset(config: RunConfig) -> None:
     check_writable_dir(path, field)
 
 
+def check_split_source(config: RunConfig, strategy: Strategy) -> None:
+    """`placement: recorded`'s run summary (`split_from` naming a run directory or its
+    summary.json) can be read and records the split the strategy reuses, as the
+    placement will read it once the cluster is up. `auto` reads it only if the model
+    picks a strategy that takes it (on the cluster), and `reference` never: left out."""
+    source = config.split_from
+    if (config.placement == "recorded" and isinstance(source, str)
+            and strategy.uses_cluster and not strategy.chosen_by_model):
+        recorded_summary(source, strategy.split_key)
+
+
 def check_scheduler_variable() -> None:
     """$DASK_SCHEDULER_ADDRESS, when it is what names the scheduler, has an address's form."""
     address = os.environ.get(SCHEDULER_VARIABLE)
@@ -107,11 +120,18 @@ def check_batch_rows(config: RunConfig, network: NetworkSpec) -> None:
 
 def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     """Everything about one run that can be checked without starting it: its strategy
-    takes the config (returned), and every path and address it names can be had."""
+    takes the config (returned), every path and address it names can be had, and what
+    files alone say fits it (the dataset's classes and samples, the checkpoints a
+    resume continues, the summary `split_from` names). The run makes these checks
+    again where they meet the real thing, in the same words."""
     strategy = strategy_of(config)
     check_writable_dir(config.output_dir, output_field)
     check_dataset(config)
-    check_batch_rows(config, network_for(config))  # network_for: it fits the images
+    check_dataset_fits(config, *expected_dataset(config))  # its classes, a batch's samples
+    network = network_for(config)  # the network fits the images (ConfigError naming the layer)
+    check_batch_rows(config, network)
+    check_resumed_network(config, network)
+    check_split_source(config, strategy)
     workspace = config.workspace.path
     if workspace and "://" not in workspace:
         check_writable_dir(workspace, "workspace.path")
@@ -136,12 +156,13 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     return strategy
 
 
-def check_before_start(config: RunConfig) -> Strategy:
+def check_before_start(config: RunConfig, output_field: str = "output") -> Strategy:
     """Everything a run that starts its own cluster can check before it starts:
     `check_run` (the strategy, returned), then, for a strategy that uses a cluster,
     the embedded workers' tags and memory. `pipeline.run.run_training` runs it once
-    per run; `python -m pipeline.train --check` runs it alone."""
-    strategy = check_run(config)
+    per run; `python -m pipeline.train --check` runs it alone, and a sweep for each
+    of its measured points."""
+    strategy = check_run(config, output_field)
     if strategy.uses_cluster:
         check_embedded_tags(config)
         check_embedded_memory(config)

@@ -32,9 +32,9 @@ from pipeline.cluster.shared_paths import check_workers_see
 from pipeline.cluster.startup import Startup, start_cluster
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.run_config import RunConfig
-from pipeline.config.schema import ConfigError, to_dict
+from pipeline.config.schema import to_dict
 from pipeline.engine.checkpointing import prepare_checkpoints
-from pipeline.engine.dataset import prepare_dataset
+from pipeline.engine.dataset import check_dataset_fits, prepare_dataset
 from pipeline.engine.step_engine import StepEngine
 from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.prediction import (predict_config, predict_point,
@@ -170,12 +170,7 @@ def _prepare(config: RunConfig, say: Callable[[str], None], notes: list[str]) ->
     os.makedirs(config.output_dir, exist_ok=True)
     info = prepare_dataset(config)
     network = config.network_spec(info.image_shape)
-    if config.network.classes != info.classes:
-        raise ConfigError(f"network.classes: {config.network.classes}, but the dataset has "
-                          f"{info.classes} classes")
-    if config.train.batch > info.train_samples:
-        raise ConfigError(f"train.batch: {config.train.batch} is larger than the "
-                          f"{info.train_samples} training samples")
+    check_dataset_fits(config, info.classes, info.train_samples)
     from_step = prepare_checkpoints(config, network, say)
     attrs: dict[str, Any] = {"name": config.name, "strategy": config.strategy,
                              "config": yaml.safe_dump(to_dict(config), sort_keys=False),

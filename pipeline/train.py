@@ -59,8 +59,9 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
                         "cluster, or $DASK_SCHEDULER_ADDRESS)")
     parser.add_argument("--fresh", action="store_true", help="replace the results of an "
                         "earlier run in the output directory (train.fresh=true)")
-    parser.add_argument("--check", action="store_true", help="check the config, its paths "
-                        "and the scheduler address, then exit without training")
+    parser.add_argument("--check", action="store_true", help="check the config, its paths, "
+                        "the dataset and files it names and the scheduler address, as "
+                        "the run would before it starts, then exit without training")
     args = parser.parse_intermixed_args(argv)
     overrides = list(args.overrides)
     if args.fresh:

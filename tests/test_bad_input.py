@@ -116,6 +116,13 @@ CASES: list[Case] = [
     train_case("workspace.channel_quantum=0", names="workspace.channel_quantum"),
     train_case("reference.threads=0", names="reference.threads"),
     train_case("data.train_samples=0", names="data.train_samples"),
+    # What the dataset and a recorded split's summary say, known from files alone: once
+    # refused only after the dataset was built, or the cluster started.
+    train_case("network.classes=5", names="network.classes: 5, but the dataset has 10 classes"),
+    train_case("train.batch=6000",
+               names="train.batch: 6000 is larger than the 5000 training samples"),
+    train_case("placement=recorded", "split_from={tmp}/nowhere",
+               names="split_from: cannot read a run summary at {tmp}/nowhere"),
     # Wrong keys, types and values.
     train_case("train.stepz=3", names="train.stepz: unknown key"),
     train_case("train.steps=many", names="train.steps: expected an integer"),
@@ -255,6 +262,11 @@ SUBPROCESS_CASES = [
     Case("train", (SMALL, "network.preset=resnet18", "network.width=0.125",
                    "strategy=reference", "train.batch=1", "output=run"), 2,
          "train.batch: a batch of 1 gives batch norm layer4.0.bn1"),
+    # `--check` refuses, in the run's words (the table above), what files alone tell.
+    Case("train", (SMALL, "network.classes=5", "--check"), 2,
+         "network.classes: 5, but the dataset has 10 classes"),
+    Case("train", (SMALL, "placement=recorded", "split_from=/nonexistent", "--check"), 2,
+         "split_from: cannot read a run summary at /nonexistent"),
 ]
 
 

@@ -31,6 +31,22 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def network_fingerprint(network: NetworkSpec) -> str:
+    """What a checkpoint store records of the network its tensors were made for."""
+    return json.dumps(asdict(network), sort_keys=True)
+
+
+def check_resumed_network(config: RunConfig, network: NetworkSpec) -> None:
+    """A resume (`train.resume`) of checkpoints made for another network is refused:
+    their tensors would not fit. Reads only the store's attributes, so `--check` asks
+    it too (`pipeline.preflight.check_run`)."""
+    path = config.checkpoint_path
+    if (config.train.resume and checkpoints.complete_steps(path)
+            and checkpoints.made_for(path) != network_fingerprint(network)):
+        raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
+                          "different network")
+
+
 def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
                         say: Callable[[str], None] = _to_stderr) -> int:
     """The step to start from: the newest valid checkpoint if resuming, else 0.
@@ -42,11 +58,9 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
     which every strategy then loads.
     """
     path = config.checkpoint_path
-    fingerprint = json.dumps(asdict(network), sort_keys=True)
+    fingerprint = network_fingerprint(network)
     if config.train.resume and checkpoints.complete_steps(path):
-        if checkpoints.made_for(path) != fingerprint:
-            raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
-                              "different network")
+        check_resumed_network(config, network)
         checkpoints.discard_attempts(path)  # staging areas a killed run left: never read
         latest, passed = checkpoints.latest_valid_step(path)
         damaged = "; ".join(f"step {step}: {problem}" for step, problem in passed)

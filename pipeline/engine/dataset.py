@@ -11,7 +11,10 @@ import os
 
 from pipeline.config.run_config import DataConfig, RunConfig
 from pipeline.config.schema import ConfigError
-from storage.datasets import DatasetInfo, ensure_dataset, image_folder_classes, source_kind
+from storage.datasets import (DatasetError, DatasetInfo, ensure_dataset, image_folder_classes,
+                              open_dataset_info, source_kind)
+from storage.datasets.cifar10 import CIFAR10_CLASSES
+from storage.datasets.synthetic import SYNTHETIC_CLASSES
 from storage.space import writing
 
 
@@ -33,6 +36,43 @@ def check_data_source(config: RunConfig) -> None:
             raise ConfigError(f"network.classes: {config.network.classes}, but the image "
                               f"folder {source} has {len(classes)} classes "
                               f"({', '.join(classes)})")
+
+
+def expected_dataset(config: RunConfig) -> tuple[int | None, int | None]:
+    """(classes, training samples) of the store the run will train on, known from
+    files alone, without building it; None for what only the build would tell.
+
+    Why not the store's own metadata: a store built from other arguments is rebuilt
+    (`ensure_dataset`), so what the source and the config fix is what the run gets.
+    Only a store whose source is gone (it outlived its archive or folder) speaks for
+    itself."""
+    source = config.data.source
+    train_samples = config.data.sample_counts()[0]
+    if source == "synthetic":
+        return SYNTHETIC_CLASSES, train_samples
+    if not os.path.exists(source):
+        try:
+            info = open_dataset_info(config.dataset_path)
+        except DatasetError:
+            return None, None  # no source and no store: preflight names the source
+        return info.classes, info.train_samples
+    if source_kind(source) == "cifar10":
+        return CIFAR10_CLASSES, train_samples  # None: all of CIFAR-10's, more than a batch
+    return len(image_folder_classes(source)), train_samples
+
+
+def check_dataset_fits(config: RunConfig, classes: int | None,
+                       train_samples: int | None) -> None:
+    """The network's classes are the dataset's, and a batch fits in its training
+    samples (None: not known, not checked). One function for both callers so that
+    `--check` (with `expected_dataset`) and the run (with the store it opened) refuse
+    in the same words."""
+    if classes is not None and config.network.classes != classes:
+        raise ConfigError(f"network.classes: {config.network.classes}, but the dataset has "
+                          f"{classes} classes")
+    if train_samples is not None and config.train.batch > train_samples:
+        raise ConfigError(f"train.batch: {config.train.batch} is larger than the "
+                          f"{train_samples} training samples")
 
 
 def prepare_dataset(config: RunConfig) -> DatasetInfo:

@@ -242,6 +242,27 @@ def far_from_measured(counts: list[list[int]], points: Points, names: list[str]
     return again
 
 
+def recorded_summary(source: str, key: str | None) -> tuple[str, dict]:
+    """The summary.json that `split_from` names (a run directory or the file itself)
+    and its path; ConfigError if it cannot be read or (`key` given: ``kernel_split``
+    or ``batch_split``) records no such split with its workers. Needs only the file,
+    so `--check` asks it too (`pipeline.preflight.check_split_source`)."""
+    path = os.path.join(source, "summary.json") if os.path.isdir(source) else source
+    try:
+        with open(path, encoding="utf-8") as handle:
+            summary = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"split_from: cannot read a run summary at {path} "
+                          f"({type(error).__name__})") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"split_from: cannot read a run summary at {path} "
+                          "(not a JSON object)")
+    if key is not None and (key not in summary or "split_workers" not in summary):
+        raise ConfigError(f"split_from: {path} records no {key} with its workers "
+                          f"(a {summary.get('strategy')} run, or an older one)")
+    return path, summary
+
+
 def recorded_counts(config: RunConfig, names: list[str], key: str) -> list[list[int]]:
     """The split `placement: recorded` reuses over the workers `names`: `split_from`'s
     counts as given (one per worker, in order), or those in the summary.json of the
@@ -251,16 +272,7 @@ def recorded_counts(config: RunConfig, names: list[str], key: str) -> list[list[
     source = config.split_from
     if not isinstance(source, str):
         return [list(row) for row in source or []]
-    path = os.path.join(source, "summary.json") if os.path.isdir(source) else source
-    try:
-        with open(path, encoding="utf-8") as handle:
-            summary = json.load(handle)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"split_from: cannot read a run summary at {path} "
-                          f"({type(error).__name__})") from None
-    if key not in summary or "split_workers" not in summary:
-        raise ConfigError(f"split_from: {path} records no {key} with its workers "
-                          f"(a {summary.get('strategy')} run, or an older one)")
+    path, summary = recorded_summary(source, key)
     rows = summary[key] if key == "kernel_split" else [summary[key]]
     recorded = summary["split_workers"]
     missing = [n for n, count in zip(recorded, zip(*rows)) if any(count) and n not in names]

@@ -95,8 +95,14 @@ def synthetic_build(train_samples: int, test_samples: int, image_shape: tuple[in
             "generator_version": SYNTHETIC_GENERATOR_VERSION}
 
 
+#: The classes of a synthetic store a run builds (runs never pass `classes`): named so
+#: that a run's checks can know them before the store exists (pipeline/engine/dataset.py).
+SYNTHETIC_CLASSES = 10
+
+
 def create_synthetic_dataset(path: str, train_samples: int = 5000, test_samples: int = 1000,
-                             image_shape: tuple[int, int, int] = (3, 32, 32), classes: int = 10,
+                             image_shape: tuple[int, int, int] = (3, 32, 32),
+                             classes: int = SYNTHETIC_CLASSES,
                              seed: int = 0, dtype: str = "float32",
                              overwrite: bool = False) -> DatasetInfo:
     """Build a learnable, CIFAR-shaped synthetic dataset at `path`.
