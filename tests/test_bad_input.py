@@ -20,6 +20,9 @@ import pytest
 import yaml
 
 from experiments.sweep import cli as sweep_cli
+from experiments.sweep.config import load_sweep
+from experiments.sweep.results import ResultStore
+from experiments.sweep.store_layout import build_template
 from pipeline import train as train_cli
 from pipeline.config.run_config import load_run_config
 from pipeline.placement.split import PlacementError
@@ -279,6 +282,65 @@ def test_bad_input_through_the_real_command(case, tmp_path):
                             capture_output=True, text=True, timeout=120, env=env)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert_one_line(result.returncode, lines, case)
+
+
+def sweep_process(*args: str, cwd: str) -> subprocess.CompletedProcess:
+    """``python -m experiments.sweep ARGS`` as a user runs it, from `cwd`."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "CNN_PREDICT_PROBE": "never"}
+    env.pop("DASK_SCHEDULER_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "experiments.sweep", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def write_zoo_sweep(tmp_path, presets: list[str]) -> str:
+    """A sweep over zoo networks on 32-pixel synthetic images, in this process only
+    (`reference`: no cluster), small enough that a run of it takes seconds."""
+    config = {"name": "zoo",
+              "base": {"strategy": "reference",
+                       "network": {"preset": "resnet20", "width": 0.125},
+                       "data": {"source": "synthetic", "path": str(tmp_path / "zoo-data.zarr"),
+                                "train_samples": 64, "test_samples": 16},
+                       "train": {"batch": 13, "eval_samples": 0, "checkpoint_every": 0}},
+              "measure": {"warmup_steps": 1, "steps": 1},
+              "axes": {"network.preset": {"dim": "network", "values": presets},
+                       "train.lr": [0.05, 0.1]}}
+    path = tmp_path / "zoo.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(path)
+
+
+def test_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path):
+    """The dry run once listed the points (without their status) and exited 0 where
+    the run refuses the store: it checks the store first, in the run's line."""
+    config = write_zoo_sweep(tmp_path, ["resnet20"])
+    store = str(tmp_path / "zoo.zarr")
+    sweep = load_sweep(config, out=store)
+    ResultStore(store).create(build_template(sweep, {"fingerprint": sweep.fingerprint,
+                                                     "config": sweep.text}))
+    before = sorted(p.name for p in (tmp_path / "zoo.zarr").iterdir())
+    for override, difference in [("train.batch=12", "'batch: 13' there, 'batch: 12' here"),
+                                 ("measure.steps=4", "'steps: 2' there, 'steps: 5' here")]:
+        result = sweep_process(config, "--out", store, override, "--dry-run", cwd=str(tmp_path))
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert_one_error_line(result.returncode, lines, 2,
+                              f"holds a different sweep (first difference: {difference})")
+        assert result.stdout == ""  # no list of points
+    assert sorted(p.name for p in (tmp_path / "zoo.zarr").iterdir()) == before
+    # --fresh would replace it: the dry run lists the points, as the run would run them
+    status, lines, out = run_main("sweep", [config, "--out", store, "train.batch=12",
+                                            "--dry-run", "--fresh"])
+    assert status == 0 and "2 points" in out, lines
+
+
+def test_scaling_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path):
+    store = str(tmp_path / "scale.zarr")
+    config = write_scaling(tmp_path, {"strategy": ["single", "kernel"]})
+    assert run_main("sweep", [config, "--out", store])[0] == 0
+    other = write_scaling(tmp_path, {"strategy": ["single", "data"]}, name="other")
+    for argv in ([other, "--out", store], [other, "--out", store, "--dry-run"]):
+        status, lines, out = run_main("sweep", argv)
+        assert_one_error_line(status, lines, 2, "holds a different sweep")
+    assert "2 points" in run_main("sweep", [other, "--out", store, "--dry-run", "--fresh"])[2]
 
 
 # YAML numbers as YAML 1.2 reads them, in files and in overrides.

@@ -43,7 +43,7 @@ import xarray as xr
 from experiments.scaling import hardware as hw
 from pipeline.records.record import code_revision
 from experiments.sweep.provenance import machine_info
-from experiments.sweep.results import (STORE_FORMAT, ResultStore, StoreMismatch, SweepLock,
+from experiments.sweep.results import (STORE_FORMAT, ResultStore, SweepLock,
                                        record_whole_store)
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, network_of, options_of,
@@ -336,14 +336,8 @@ def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | No
     sweep store at all) and StoreBusy (another sweep holds the lock).
     """
     out = out or sys.stdout
-    store = ResultStore(sweep.store_path)
     with SweepLock(sweep.store_path):
-        if store.exists():
-            if not store.is_sweep_store():
-                raise StoreMismatch(f"{store.path} is not a sweep results store; choose "
-                                    "another --out")
-            if not fresh:
-                store.check(sweep.fingerprint, sweep.text)
+        ResultStore(sweep.store_path).check_rewrite(sweep.fingerprint, sweep.text, fresh)
         started = now_text()
         shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
         print(f"scaling sweep {sweep.config.name}: {len(sweep.points)} points ({shape}), "
@@ -375,8 +369,10 @@ def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | No
     return 0
 
 
-def dry_run_scaling(sweep: ScalingSweep, out: TextIO) -> None:
-    """List the points with their predicted step times; write nothing."""
+def dry_run_scaling(sweep: ScalingSweep, out: TextIO, fresh: bool = False) -> None:
+    """List the points with their predicted step times; write nothing. A store the
+    run would refuse is refused first, in its words (`ResultStore.check_rewrite`)."""
+    ResultStore(sweep.store_path).check_rewrite(sweep.fingerprint, sweep.text, fresh)
     shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
     print(f"scaling sweep {sweep.config.name}: {len(sweep.points)} points ({shape}) -> "
           f"{sweep.store_path}", file=out)

@@ -47,7 +47,7 @@ from experiments.sweep.results_checksums import point_key
 from experiments.scaling.run import dry_run_scaling, run_scaling_sweep
 from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
 from experiments.sweep.config import Sweep, load_sweep
-from experiments.sweep.run import STORE, run_sweep
+from experiments.sweep.run import STORE, check_store, run_sweep
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
@@ -82,22 +82,16 @@ def contention_warning(sweep: Sweep) -> str | None:
 STATUS_WORDS = {0: "pending", 1: "done", 2: "failed", 3: "not applicable"}
 
 
-def dry_run(sweep: Sweep, out: TextIO) -> None:
+def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False) -> None:
     """Print the points in run order (with the model's predicted time if there is one).
 
     A dry run runs nothing: a model that would measure the cluster first is asked
-    to use only what it measured before (CNN_PREDICT_PROBE=cached, unless set).
+    to use only what it measured before (CNN_PREDICT_PROBE=cached, unless set). A
+    store the run would refuse is refused here first, in the run's words
+    (`store_status`); the caller turns that into the run's exit status.
     """
     os.environ.setdefault("CNN_PREDICT_PROBE", "cached")
-    status, damaged = None, {}
-    store = ResultStore(sweep.store_path)
-    if store.exists():
-        try:
-            store.check(sweep.fingerprint, sweep.text)
-            found = store.record.verify()  # changes nothing: the run mends the damage
-            status, damaged = found.status, found.damaged
-        except (StoreMismatch, StoreDamaged, KeyError):
-            status = None
+    status, damaged = store_status(sweep, fresh)
     shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
     print(f"sweep {sweep.config.name}: {len(sweep.points)} points ({shape} x "
           f"{sweep.config.repeats} repeat(s)) -> {sweep.store_path}", file=out)
@@ -117,6 +111,25 @@ def dry_run(sweep: Sweep, out: TextIO) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for row in [header] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
+
+
+def store_status(sweep: Sweep, fresh: bool) -> tuple[np.ndarray | None, dict]:
+    """What the store says of each point, checked as the run checks it before it
+    writes anything (`experiments.sweep.run._prepare_store`): the status array (None
+    where no kept store has one) and the damaged points.
+
+    Raises what the run raises: StoreMismatch (another sweep's store, or not a sweep
+    store) and StoreDamaged (damaged metadata of a finished store): a dry run that
+    listed the points without a status would say "fine" (exit 0) to a command the
+    run refuses."""
+    store = ResultStore(sweep.store_path)
+    if not check_store(store, sweep, fresh):
+        return None, {}  # none yet, replaced, or left half-made: every point runs
+    try:
+        found = store.verify()  # changes nothing: the run mends a damaged point
+    except KeyError:  # a record without a part the verdict needs
+        return None, {}
+    return found.status, found.damaged
 
 
 def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
@@ -148,15 +161,21 @@ def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
     sweep = load_scaling_sweep(args.config, args.overrides, args.out)
     check_sweep_paths(sweep, "--out" if args.out else "output")
     if args.dry_run:
-        return _print_dry_run(dry_run_scaling, sweep)
+        return _print_dry_run(dry_run_scaling, sweep, args.fresh)
     return _run_store_guarded(
         lambda: run_scaling_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
         "interrupted: the previous store, if any, is unchanged", sweep.store_path)
 
 
-def _print_dry_run(printer: Callable[[Any, Any], None], sweep: Any) -> int:
+def _print_dry_run(printer: Callable[[Any, Any, bool], None], sweep: Any, fresh: bool) -> int:
+    """Run a dry-run printer; a store the run would refuse gets the run's line and
+    exit status (the printer checks it before it prints anything)."""
     try:
-        printer(sweep, sys.stdout)
+        printer(sweep, sys.stdout, fresh)
+    except StoreMismatch as error:
+        return fail(error, CONFIG_ERROR)
+    except StoreDamaged as error:  # the data, not the input, as in the run
+        return fail(error, RUNTIME_ERROR)
     except BrokenPipeError:  # `... --dry-run | head`
         sys.stdout = open(os.devnull, "w", encoding="utf-8")
     return 0
@@ -226,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError) as error:
         return fail(error, CONFIG_ERROR)
     if args.dry_run:
-        return _print_dry_run(dry_run, sweep)
+        return _print_dry_run(dry_run, sweep, args.fresh)
     warning = contention_warning(sweep) if sweep.config.mode == "measure" else None
     if warning:
         print(warning, file=sys.stderr)

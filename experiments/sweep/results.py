@@ -204,6 +204,17 @@ class ResultStore:
                                 f"{first[0].strip()!r} there, {first[1].strip()!r} here); "
                                 "pass --fresh to start over or --out for a new store")
 
+    def check_rewrite(self, fingerprint: str, text: str, fresh: bool) -> None:
+        """Before a sweep that rewrites the whole store (`mode: scaling`) does, and in
+        its dry run: StoreMismatch for a path that holds no sweep store, or, without
+        `fresh`, another sweep's store (`check`)."""
+        if self.exists():
+            if not self.is_sweep_store():
+                raise StoreMismatch(f"{self.path} is not a sweep results store; choose "
+                                    "another --out")
+            if not fresh:
+                self.check(fingerprint, text)
+
     def is_sweep_store(self) -> bool:
         """Whether the path holds a sweep store (possibly half-made, or with damaged
         root metadata beside its checksums): safe to replace."""
@@ -236,9 +247,9 @@ class ResultStore:
 
     # Verifying -----------------------------------------------------------------------
 
-    def _verify(self) -> Verification:
-        """The record's verdict; StoreDamaged (with what mends it) for damage to the
-        record, the metadata or the coordinates."""
+    def verify(self) -> Verification:
+        """The record's verdict, changing nothing (what the dry run shows); StoreDamaged
+        (with what mends it) for damage to the record, the metadata or the coordinates."""
         try:
             return self.record.verify()
         except StoreDamaged as error:
@@ -252,7 +263,7 @@ class ResultStore:
         derived figures are recomputed. Returns the verified status and one warning
         line per damaged point (at most `SHOWN_DAMAGE`, then a count). StoreDamaged
         for damaged metadata or coordinates (nothing to run again would mend them)."""
-        found = self._verify()
+        found = self.verify()
         lines = [f"warning: {self.path}: point ({self.record.describe(key)}) is damaged: "
                  f"{damage}; it runs again" for key, damage in found.damaged.items()]
         hidden = len(lines) - SHOWN_DAMAGE
@@ -284,7 +295,7 @@ class ResultStore:
                     "checksums (store format 2): its figures are reported unchecked")
         if found_format != STORE_FORMAT:
             raise StoreMismatch(f"{self.path}: not a sweep results store")
-        found = self._verify()
+        found = self.verify()
         if found.damaged:
             key, damage = next(iter(found.damaged.items()))
             more = len(found.damaged) - 1

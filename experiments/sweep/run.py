@@ -165,18 +165,29 @@ class ClusterPool:
 # The sweep --------------------------------------------------------------------------
 
 
-def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str]) -> list[str]:
-    """Make the store, or check the one there and its checksums (a damaged point is
-    made pending again); returns the warnings naming the damage."""
+def check_store(store: ResultStore, sweep: Sweep, fresh: bool) -> bool:
+    """The run's refusals of the store at the sweep's path, before anything is written
+    (the dry run makes them too): StoreMismatch for another sweep's store, or, with
+    `fresh`, for a path that holds no sweep store at all. Returns whether the store
+    is kept and goes on (a finished store of this sweep, not replaced by `fresh`)."""
     if fresh:
         if store.exists() and not store.is_sweep_store():
             raise StoreMismatch(f"{store.path} is not a sweep results store; --fresh replaces "
                                 "only those: choose another --out")
+        return False
+    if not store.exists():
+        return False
+    store.check(sweep.fingerprint, sweep.text)
+    return store.is_complete()
+
+
+def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str]) -> list[str]:
+    """Make the store, or check the one there and its checksums (a damaged point is
+    made pending again); returns the warnings naming the damage."""
+    if check_store(store, sweep, fresh):
+        return store.verify_for_resume()[1]
+    if fresh:
         shutil.rmtree(sweep.runs_dir, ignore_errors=True)
-    elif store.exists():
-        store.check(sweep.fingerprint, sweep.text)
-        if store.is_complete():
-            return store.verify_for_resume()[1]
     started = now_text()
     attrs = {
         "title": f"sweep {sweep.config.name}", "sweep_name": sweep.config.name,
