@@ -343,6 +343,24 @@ def test_scaling_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path):
     assert "2 points" in run_main("sweep", [other, "--out", store, "--dry-run", "--fresh"])[2]
 
 
+def test_a_sweep_with_a_point_its_run_would_refuse_runs_no_point(tmp_path):
+    """AlexNet does not fit 32-pixel images: `pipeline.train --check` refuses it alone,
+    and a sweep with it among its points once ran the others and recorded it as
+    failed. Now the sweep (and its dry run) stops first, naming the point, and
+    writes no store."""
+    config = write_zoo_sweep(tmp_path, ["resnet20", "alexnet"])
+    store = tmp_path / "zoo.zarr"
+    for dry in (["--dry-run"], []):
+        result = sweep_process(config, "--out", str(store), *dry, cwd=str(tmp_path))
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert_one_error_line(result.returncode, lines, 2,
+                              "network.preset: alexnet does not fit images of 32x32")
+        assert lines[0].endswith("(at point network=alexnet lr=0.05)"), lines
+        assert result.stdout == ""
+        assert not store.exists() and not (tmp_path / "zoo.runs").exists()
+    assert not (tmp_path / "zoo-data.zarr").exists()  # no dataset built either
+
+
 # YAML numbers as YAML 1.2 reads them, in files and in overrides.
 
 def test_yaml_12_floats_in_config_files_and_overrides(tmp_path):

@@ -33,6 +33,7 @@ one point's measurement :mod:`experiments.sweep.measure`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any, Callable, TextIO
@@ -47,13 +48,14 @@ from experiments.sweep.results_checksums import point_key
 from experiments.scaling.run import dry_run_scaling, run_scaling_sweep
 from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
 from experiments.sweep.config import Sweep, load_sweep
+from experiments.sweep.points import Point
 from experiments.sweep.run import STORE, check_store, run_sweep
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
 from pipeline.prediction import check_probe_environment, predict_point
-from pipeline.preflight import check_run, check_writable_dir
-from pipeline.config.schema import ConfigError
+from pipeline.preflight import check_before_start, check_run, check_writable_dir
+from pipeline.config.schema import ConfigError, to_dict
 from storage.space import NoSpace, is_full
 
 
@@ -133,21 +135,41 @@ def store_status(sweep: Sweep, fresh: bool) -> tuple[np.ndarray | None, dict]:
 
 
 def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
-    """Before anything runs (dry runs too): the store and the points' run directories
-    can be written, and each distinct dataset and workspace can be had, so a bad path
-    is one line now rather than a traceback, or a failure recorded at every point.
-    `field` is what named the store (``--out`` or ``output``)."""
+    """Before anything runs (dry runs too): the store can be written, and every point
+    passes the checks `python -m pipeline.train --check` makes of a single run
+    (`check_point`), so a bad path or a point its run would refuse is one line now,
+    naming the point, rather than a traceback or a failure recorded point by point.
+    `field` is what named the store (``--out`` or ``output``). A scaling sweep's
+    points are hypothetical clusters, with no run config to check."""
     check_writable_dir(sweep.store_path, field)
     if isinstance(sweep, ScalingSweep):
         return
-    checked: set[tuple] = set()
-    for point in sweep.points:
-        config = point.config
-        key = (config.dataset_path, config.data.source, config.workspace.path,
-               point.strategy.uses_cluster)
-        if key not in checked:
-            checked.add(key)
-            check_run(config, output_field=field)
+    checked: set[str] = set()
+    for point in sorted(sweep.points, key=lambda p: p.order):  # the first in grid order
+        # Points that differ only in their name and run directory (repeats, and most
+        # points of a big grid share a few configs) are checked once: the directories
+        # are siblings in the sweep's runs folder, all writable if one is.
+        same = {k: v for k, v in to_dict(point.config).items() if k not in ("name", "output")}
+        key = json.dumps(same, sort_keys=True, default=str)
+        if key in checked:
+            continue
+        checked.add(key)
+        try:
+            check_point(point, sweep.config.mode, field)
+        except ConfigError as error:
+            where = " ".join(f"{dim}={label}" for dim, label in point.labels.items())
+            raise ConfigError(f"{error} (at point {where})") from None
+
+
+def check_point(point: Point, mode: str, field: str) -> None:
+    """What `--check` checks of the point's run (`pipeline.preflight`): a measured
+    point whose sweep starts its cluster gets `check_before_start` (its workers' tags
+    and memory too); a predicted one (`mode: predict`) starts none, so `check_run`.
+    `field` names the store in the line of an unwritable run directory."""
+    if mode == "measure":
+        check_before_start(point.config, output_field=field)
+    else:
+        check_run(point.config, output_field=field)
 
 
 def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
