@@ -111,6 +111,10 @@ def test_a_preset_on_the_command_line_replaces_the_files_network(tmp_path):
     network = config.network_spec((3, 32, 32))
     assert network.preset == "resnet20" and network.conv[0].name == "conv1"
     assert network.conv[0].kernels == 4  # 16 x 0.25
+    # the last word: a preset after overrides of the layers replaces them too
+    again = load_run_config("configs/small.yaml", ["network.conv.0.kernels=8",
+                                                   "network.preset=resnet20"])
+    assert again.network_spec((3, 32, 32)).conv[0].kernels == 16
 
 
 def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
@@ -135,8 +139,8 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
     ({"layers": []}, [], "network.layers: at least one conv layer or block is needed"),
     ({"preset": "resnet20"}, ["network.conv.0.kernels=8"],
      "network.conv.0.kernels: network.preset resnet20 gives the layers"),
-    ({"conv": [{"kernels": 4}]}, ["network.conv.0.kernels=8", "network.preset=resnet20"],
-     "network.conv.0.kernels: network.preset resnet20 gives the layers"),  # not dropped
+    ({"conv": [{"kernels": 4}]}, ["network.preset=resnet20", "network.hidden.0=8"],
+     "network.hidden.0: network.preset resnet20 gives the layers"),
     ({"layers": [{"conv": 4, "size": 3, "stride": 8}, {"conv": 4, "size": 5, "padding": 0}]},
      [], "(network.layers.1: conv layer 2: its input is only 4x4, too small for a 5x5 kernel"),
 ])

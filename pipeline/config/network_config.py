@@ -77,8 +77,9 @@ class LayerConfig:
 class NetworkConfig:
     preset: str | None = described(
         None, "a network of the zoo: " + ", ".join(f"`{p}`" for p in PRESETS) + " (with "
-        "torchvision's names; on the command line it replaces the file's network, and "
-        "an override of its layers is refused: `network.width` scales them)")
+        "torchvision's names; on the command line it replaces the file's network and the "
+        "overrides before it, and an override of its layers after it is refused: "
+        "`network.width` scales them)")
     conv: list[ConvLayerConfig] = described(
         factory=lambda: [ConvLayerConfig(32), ConvLayerConfig(64)],
         doc="the conv layers, in order (conv, ReLU, max-pool each)")

@@ -366,14 +366,15 @@ def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConf
             raise FieldError("name", name_problem(text[len("name="):]) or "")  # unparsed
         key, value = parse_override(text)
         if key == "network.preset" and isinstance(data.get("network"), dict):
-            for replaced in PRESET_REPLACES:  # the preset is the network
+            for replaced in PRESET_REPLACES:  # the preset is the network, as it comes last
                 data["network"].pop(replaced, None)
+            layer_keys = []
         if key.split(".")[:2] in (["network", name] for name in PRESET_REPLACES):
             layer_keys.append(key)
         set_dotted(data, key, value)
     network = data.get("network")
     preset = network.get("preset") if isinstance(network, dict) else None
-    if preset and layer_keys:  # else set on nothing, or dropped by a later preset
+    if preset and layer_keys:  # a layer set after the preset: on nothing it has
         raise FieldError(layer_keys[0], f"network.preset {preset} gives the layers "
                          "(network.width scales their channels; network.layers, without a "
                          "preset, builds a network of your own)")
