@@ -257,7 +257,9 @@ def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
     cluster = three_cli_workers
     cluster.kill("w2")
     dataset = tiny_dataset_factory("float64")
-    steps, every = 100, 10  # long enough for a worker to start (2-3 s here)
+    # long enough for a worker to start (2-3 s here; 100 steps were once done first
+    # on a loaded machine, so that no join was seen)
+    steps, every = 200, 10
     args = tiny_args(tmp_path, dataset) + [
         "placement=even", "network.dtype=float64", f"train.checkpoint_every={every}",
         f"train.steps={steps}", "train.eval_samples=0",
