@@ -72,6 +72,24 @@ def test_resume_continues_exactly(tmp_path, three_worker_cluster, tiny_dataset_f
                                   checkpoints.read_sample_indices(straight.checkpoint_path))
 
 
+def test_a_resume_with_nothing_to_resume_starts_over_and_says_so(tmp_path,
+                                                                 tiny_dataset_factory):
+    """A resume into a folder with no checkpoint (a mistyped output) starts at step 0,
+    saying so in one line rather than silently."""
+    from pipeline.engine.checkpointing import prepare_checkpoints
+    from storage.datasets import open_dataset_info
+    dataset = tiny_dataset_factory("float32")
+    config = tiny_config(tmp_path / "typo", dataset, **{"train.resume": True})
+    said: list[str] = []
+    network = config.network_spec(open_dataset_info(dataset).image_shape)
+    assert prepare_checkpoints(config, network, said.append) == 0
+    assert said == [f"train.resume: no complete checkpoint in {config.checkpoint_path} to "
+                    "resume from; starting at step 0"]
+    said.clear()
+    assert prepare_checkpoints(config, network, said.append) == 0  # step 0's checkpoint
+    assert said == []  # is there now, to resume from
+
+
 def test_reference_strategy_matches_kernel(tmp_path, three_worker_cluster,
                                            tiny_dataset_factory):
     dataset = tiny_dataset_factory("float32")

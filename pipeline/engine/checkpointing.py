@@ -49,7 +49,8 @@ def check_resumed_network(config: RunConfig, network: NetworkSpec) -> None:
 
 def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
                         say: Callable[[str], None] = _to_stderr) -> int:
-    """The step to start from: the newest valid checkpoint if resuming, else 0.
+    """The step to start from: the newest valid checkpoint if resuming, else 0 (a
+    resume with no complete checkpoint starts over, and says so through `say`).
 
     A resume passes over complete checkpoints that fail their checksums (a torn or
     flipped chunk), saying so in one line through `say`; if every one is damaged it
@@ -71,6 +72,9 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
             say(f"warning: train.resume: passed over damaged checkpoint(s) in {path} "
                 f"({damaged}); resuming from step {latest}, the newest valid one")
         return latest
+    if config.train.resume:  # a mistyped output would otherwise start over unnoticed
+        say(f"train.resume: no complete checkpoint in {path} to resume from; starting at "
+            "step 0")
     with writing("checkpoint store", path):
         checkpoints.start_fresh(path, fingerprint)
         # one chunk per tensor: this process writes them whole, and a worker reading
