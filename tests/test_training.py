@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+import xarray as xr
 
 from pipeline import preflight
 from pipeline.cluster.workers import find_workers
@@ -41,6 +42,7 @@ def test_default_small_run_learns_far_above_chance(tmp_path, three_worker_cluste
                                                     "train.steps=30"])
     result = _run(config, three_worker_cluster)
     assert result.summary["test_accuracy"] > 3 * CHANCE, result.summary
+    assert result.record.attrs["test_accuracy"] == result.summary["test_accuracy"]
     losses = result.record.loss.values
     assert losses[-5:].mean() < 0.7 * losses[:5].mean()
 
@@ -123,6 +125,8 @@ def test_the_command_line_checks_its_run_once(tmp_path, monkeypatch):
         "progress=false"])
     assert status == 0, lines
     assert checked == [output]
+    # no test images evaluated: no accuracy in the record, as the summary's is null
+    assert "test_accuracy" not in xr.open_zarr(os.path.join(output, "record.zarr")).attrs
 
 
 def test_a_library_run_refuses_what_the_command_line_refuses(tmp_path):

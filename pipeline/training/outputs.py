@@ -210,7 +210,8 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
         prediction["compute_error"] = compute_error(prediction.get("predicted_breakdown"),
                                                     summary.get("compute_time_median"))
     summary.update(prediction)
-    record.attrs["test_accuracy"] = -1.0 if accuracy is None else accuracy
+    if accuracy is not None:  # none measured: no attribute, as the summary's is null
+        record.attrs["test_accuracy"] = accuracy
     record.attrs["prediction"] = jsonable(prediction)
     if predicted is not None:
         record.attrs["predicted_step_time"] = float(predicted)
