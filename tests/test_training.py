@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -127,6 +128,21 @@ def test_the_command_line_checks_its_run_once(tmp_path, monkeypatch):
     assert checked == [output]
     # no test images evaluated: no accuracy in the record, as the summary's is null
     assert "test_accuracy" not in xr.open_zarr(os.path.join(output, "record.zarr")).attrs
+
+
+def test_a_run_all_of_whose_steps_are_warm_up_says_its_medians_include_them(tmp_path):
+    """`train.warmup_steps` at or past `train.steps` leaves no step to measure: the
+    medians take every step, and the summary and the closing line say so."""
+    output = str(tmp_path / "run")
+    status, lines, out = run_main("train", [
+        os.path.join(ROOT, "configs", "small.yaml"), "strategy=reference",
+        f"output={output}", f"data.path={tmp_path / 'data'}", "data.train_samples=128",
+        "data.test_samples=32", "train.steps=2", "train.warmup_steps=5",
+        "train.eval_samples=0", "progress=false"])
+    assert status == 0, lines
+    summary = json.loads(open(os.path.join(output, "summary.json")).read())
+    assert summary["warmup_included"] and summary["measured_steps"] == 2
+    assert "over 2 measured steps" in out and "warm-up included: train.warmup_steps" in out
 
 
 def test_a_library_run_refuses_what_the_command_line_refuses(tmp_path):

@@ -47,6 +47,8 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = F
         "recorded_steps": int(ds.sizes["step"]),
         "measured_steps": int(times.size),
         "warmup_steps_left_out": left_out,
+        # every step a warm-up one: the medians fall back to them all, and say so
+        "warmup_included": bool(warmup_steps > 0 and ds.sizes["step"] and not left_out),
         **({"starts": json.loads(ds.attrs["starts"])} if "starts" in ds.attrs else {}),
         "step_time_median": median,
         "step_time_p25": percentile(25), "step_time_p75": percentile(75),
@@ -101,7 +103,9 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
     lines = [
         f"run {name}: strategy {strategy} on {', '.join(workers)}",
         f"  step time   median {summary['step_time_median']:.3f} s over "
-        f"{summary['measured_steps']} measured steps ({spread})",
+        f"{summary['measured_steps']} measured steps ({spread})"
+        + ("; warm-up included: train.warmup_steps leaves none to measure"
+           if summary.get("warmup_included") else ""),
         *_starts_line(summary),
         f"  throughput  {summary['throughput']:.1f} samples/s",
         f"  breakdown   compute {summary['compute_time_median']:.3f} s, exchange "
