@@ -133,7 +133,8 @@ def test_a_recorded_split_that_does_not_fit_is_one_config_error(mixed_cluster, t
                                                                 tiny_dataset_factory):
     client, cluster = mixed_cluster
     dataset = tiny_dataset_factory("float32")
-    with pytest.raises(ConfigError, match=r"split_from: \[6, 4\] does not split 11 kernel"):
+    with pytest.raises(ConfigError, match=r"split_from: \[6, 4\] splits conv layer 0's "
+                                          r"11 kernels: they add up to 10"):
         run(tmp_path, dataset, client, cluster, ["FAST", "SLOW"], "bad",
             placement="recorded", split_from="[[6, 4], [12, 0]]",
             **{"network.conv.0.kernels": 11})

@@ -286,3 +286,21 @@ def test_even_placement_is_tied_and_a_recorded_split_that_is_not_is_refused(tmp_
         split_choice._kernel_split(None, config(placement="recorded",
                                                 split_from=json.dumps(recorded)),
                                    network, workers, "r")
+
+
+@pytest.mark.parametrize("counts, message", [
+    ([[8, 8], [16, 17]], "split_from: [16, 17] splits conv layer 1's 32 kernels: they add up "
+                         "to 33"),
+    ([[8, 8, 0], [16, 16]], "split_from: [8, 8, 0] splits conv layer 0's 16 kernels: 3 "
+                            "count(s), but this run has 2 worker(s)"),
+    ([[20, -4], [16, 16]], "split_from: [20, -4] splits conv layer 0's 16 kernels: a "
+                           "negative count"),
+    ([[16, 0]], "split_from: 1 row(s), but this run splits 2: conv layer 0's 16 kernels, "
+                "conv layer 1's 32 kernels"),
+])
+def test_a_recorded_split_that_does_not_fit_names_the_row_and_why(counts, message):
+    rows = ["conv layer 0's 16 kernels", "conv layer 1's 32 kernels"]
+    with pytest.raises(ConfigError) as refused:
+        split_choice.check_recorded(counts, [16, 32], 2, rows)
+    assert str(refused.value) == message
+    assert split_choice.check_recorded([[6, 10], [0, 32]], [16, 32], 2, rows) == [[6, 10], [0, 32]]

@@ -65,8 +65,9 @@ def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
     if config.placement == "recorded":
         names = [w.name for w in workers]
         counts = check_recorded(recorded_counts(config, names, "kernel_split"),
-                                [s.kernels for s in layers],
-                                len(workers), "kernel counts for its conv layers")
+                                [s.kernels for s in layers], len(workers),
+                                [f"conv layer {l}'s {s.kernels} kernels"
+                                 for l, s in enumerate(layers)])
         try:
             check_tied(network, counts)
         except PlacementError as untied:
@@ -125,7 +126,7 @@ def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
     names = [w.name for w in workers]
     if config.placement == "recorded":
         counts = check_recorded(recorded_counts(config, names, "batch_split"), [batch],
-                                len(workers), "batch (samples)")
+                                len(workers), [f"the batch's {batch} samples"])
         short = [k for k in counts[0] if 0 < k < least]
         if short:
             raise ConfigError(f"split_from: {counts[0]} gives a replica {short[0]} sample(s), "
@@ -282,17 +283,24 @@ def recorded_counts(config: RunConfig, names: list[str], key: str) -> list[list[
     return [[row[recorded.index(n)] if n in recorded else 0 for n in names] for row in rows]
 
 
-def check_recorded(counts: list[list[int]], totals: list[int], workers: int, what: str
-                   ) -> list[list[int]]:
+def check_recorded(counts: list[list[int]], totals: list[int], workers: int,
+                   rows: list[str]) -> list[list[int]]:
     """The recorded split, if it fits this run: one row per layer (or the batch), one
-    count per worker, each row adding up. Any counts will do, channel quanta or not:
-    a checkpoint is chunked at its split's boundaries (`KernelLayout.checkpoint_chunks`),
-    so no two shards ever share a chunk."""
+    count per worker, each row adding up; `rows` names what each row splits, for the
+    message. Any counts will do, channel quanta or not: a checkpoint is chunked at its
+    split's boundaries (`KernelLayout.checkpoint_chunks`), so no two shards ever share
+    a chunk."""
     if len(counts) != len(totals):
-        raise ConfigError(f"split_from: {len(counts)} rows, but this run has {len(totals)} "
-                          f"{what}")
-    for row, total in zip(counts, totals):
-        if len(row) != workers or sum(row) != total or min(row) < 0:
-            raise ConfigError(f"split_from: {row} does not split {total} {what} over this "
-                              f"run's {workers} worker(s)")
+        raise ConfigError(f"split_from: {len(counts)} row(s), but this run splits "
+                          f"{len(totals)}: {', '.join(rows)}")
+    for row, total, what in zip(counts, totals, rows):
+        if len(row) != workers:
+            problem = f"{len(row)} count(s), but this run has {workers} worker(s)"
+        elif min(row) < 0:
+            problem = "a negative count"
+        elif sum(row) != total:
+            problem = f"they add up to {sum(row)}"
+        else:
+            continue
+        raise ConfigError(f"split_from: {row} splits {what}: {problem}")
     return counts
