@@ -154,7 +154,8 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
     within its capacity (pipeline.placement.capacity); else the split with units moved to
     workers with room (`pipeline.placement.memory_fit.move_to_fit`; the rows of each
     group of `tied` move together). A recorded split is repeated exactly or refused;
-    a split that fits nowhere is refused (`MemoryRefused`, one line). The capacities
+    a split that fits nowhere is refused (`MemoryRefused`, one line). A share the
+    moves leave under `least_rows` is merged (`merge_short_shares`; 1: none is). The capacities
     and predicted peaks go into the placement's record (``memory``); for a network
     the memory count does not price, a note saying the check was skipped."""
     if not strategy.memory_model:  # a strategy the memory count lacks
@@ -179,7 +180,7 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
         with capacities_explained(config.cluster):
             fit = move_to_fit(counts, quanta, capacities, peaks, names, tied)
         counts, moved = fit.counts, fit.moved
-        merged = [merge_short_shares(counts[0], least_rows)] if least_rows > 1 else counts
+        merged = [merge_short_shares(row, least_rows) for row in counts]
         if merged != counts:  # the moves left a replica too few rows
             counts, now = merged, peaks(merged)
             over = overflows(now, capacities)
