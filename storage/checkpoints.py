@@ -234,9 +234,10 @@ def complete_steps(root_path: str) -> list[int]:
     with warnings.catch_warnings():
         # read while a run writes (a resume, or someone watching a run): Zarr writes
         # each metadata file as NAME.<hex>.partial and renames it into place, and a
-        # listing that meets one warns that it is no Zarr component, which is true
-        # and harmless: a checkpoint counts only once marked complete
-        warnings.filterwarnings("ignore", message=r"Object at .*\.partial is not recognized")
+        # new step's folder exists a moment before its zarr.json; a listing that meets
+        # either warns that it is no Zarr component, which is true and harmless: a
+        # checkpoint counts only once marked complete
+        warnings.filterwarnings("ignore", message=r"Object at \S+ is not recognized")
         return sorted(int(name) for name, group in root["step"].groups()
                       if group.attrs.get("complete"))
 

@@ -97,3 +97,11 @@ def test_listing_while_zarr_writes_a_metadata_file_neither_warns_nor_miscounts(t
         warnings.simplefilter("error")
         assert checkpoints.complete_steps(path) == [4]
         assert checkpoints.latest_complete_step(path) == 4
+    # a new step's folder before its zarr.json is written (seen in a resume test)
+    os.remove(os.path.join(path, "step", "zarr.0123456789abcdef.partial"))
+    os.makedirs(os.path.join(path, "step", "0000008"))
+    with pytest.warns(UserWarning, match="Object at 0000008 is not recognized"):
+        list(zarr.open_group(path, mode="r")["step"].groups())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert checkpoints.complete_steps(path) == [4]
