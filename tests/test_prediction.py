@@ -112,7 +112,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 16 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 17 and probe.phase_seconds["timed_again"] >= 0
     for worker, device in zip(probe.workers, probe.device_specs()):
         # a replica's update timed on every worker at once: a memory rate a CPU can have,
         # and the rate the model prices every element-wise pass at
@@ -129,9 +129,14 @@ def test_probe_measures_positive_finite_constants(probe):
         assert t.rounds >= REPLICA_ROUNDS > ROUNDS  # its trunk is all of a replica's convs
         assert _finite_positive(t.dataset_s), t
         assert _finite_positive(t.dense_s), t  # the dense head on the same rows
+        # a data replica's whole step on the same rows: more than its trunk's forward
+        # alone, less than trunk, head and a margin together
+        assert t.forward_s < t.data_step_s < 2 * (t.forward_s + t.backward_s + t.dense_s), t
     assert all(d.trunk is not None for d in probe.device_specs(2))
     assert [d.trunk.dense for d in probe.device_specs(2)] == [w.trunk.dense_s
                                                               for w in probe.workers]
+    assert [d.trunk.data_step for d in probe.device_specs(2)] == [w.trunk.data_step_s
+                                                                  for w in probe.workers]
     # each worker's spread against its peer's, with both running (not alone)
     assert all(set(w.spread) == {2} and 0 < w.spread[2] < 1 for w in probe.workers)
     assert [d.spread for d in probe.device_specs(2)] == [w.spread[2] for w in probe.workers]

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import collectives
-from .compute import LayerTime, conv_time, dense_time
+from .compute import FLATTEN_ACCESSES, LayerTime, conv_time, dense_time
 from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec, distinct
 from .batch_reads import shard_batch_read
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
-__all__ = ["GRADIENT_SUM", "gradient_sums", "layer_times", "replica_times", "measured_trunk", "unique_rows", "per_device_totals",
+__all__ = ["GRADIENT_SUM", "gradient_sums", "layer_times", "replica_times", "measured_trunk", "whole_step", "unique_rows", "per_device_totals",
            "ReplicaPass", "replica_pass", "batch_norm_exchanges", "allreduce_schedule",
            "predict_single", "predict_data", "comm_link"]
 
@@ -64,17 +64,21 @@ def layer_times(dev: DeviceSpec, network: Network, batch: float, dense: bool = T
 
 
 def replica_times(devices: Sequence[DeviceSpec], network: Network, shares: Sequence[float],
-                  dense: bool = True) -> list[list[LayerTime]]:
+                  dense: bool = True, data_step: bool = False) -> list[list[LayerTime]]:
     """`layer_times` of every device at its share, timed once per distinct device and
     share: equal devices get the very same list, which `allreduce_schedule` and a
-    thousand-device sweep then count once."""
+    thousand-device sweep then count once. ``data_step``: a ``data`` replica's, brought
+    to its measured whole step where the device has one (`whole_step`)."""
     kinds, kind_of = distinct(devices)
     cache: dict[tuple[int, float], list[LayerTime]] = {}
     out = []
     for kind, share in zip(kind_of, shares):
         if (kind, share) not in cache:
             rows = layer_times(kinds[kind], network, share, dense)
-            cache[kind, share] = measured_trunk(kinds[kind], rows, len(network.conv), share)
+            times = measured_trunk(kinds[kind], rows, len(network.conv), share)
+            if data_step:
+                times = whole_step(kinds[kind], times, network, share)
+            cache[kind, share] = times
         out.append(cache[kind, share])
     return out
 
@@ -94,6 +98,26 @@ def measured_trunk(dev: DeviceSpec, times: list[LayerTime], convs: int, batch: f
         share = sum(t.forward for t in dense) / total if total > 0 else 0.5
         dense = _rescaled(dense, head * share, head * (1.0 - share))
     return conv + dense
+
+
+def whole_step(dev: DeviceSpec, times: list[LayerTime], network: Network, batch: float
+               ) -> list[LayerTime]:
+    """A ``data`` replica's per-layer ``times`` (conv and dense) scaled alike so that
+    they and the flattening of the dense gradients the store model adds
+    (`replicas.flatten_time`: the trunk's is in its backward) come to the device's
+    measured whole replica step (`TrunkTime.data_step`), where it has one: each layer
+    keeps its share of the forward and of the backward, as `measured_trunk` gives them.
+    Where the figure leaves nothing for the layers, ``times`` stand."""
+    step = dev.trunk.data_step_time(batch) if dev.trunk is not None else None
+    modelled = sum(t.forward + t.backward for t in times)
+    if step is None or modelled <= 0:
+        return times
+    flatten = dev.stream_time(FLATTEN_ACCESSES * (network.params() - network.conv_params()))
+    if step <= flatten:
+        return times
+    factor = (step - flatten) / modelled
+    return [LayerTime(t.forward * factor, t.backward * factor, t.update,
+                      t.backward_input * factor) for t in times]
 
 
 def _rescaled(times: list[LayerTime], forward: float, backward: float) -> list[LayerTime]:

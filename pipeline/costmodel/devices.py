@@ -96,6 +96,17 @@ class TrunkTime:
     #: the dense head's forward and backward on ``batch`` rows, every replica at once
     #: (None: not measured; the dense rate stands)
     dense: float | None = None
+    #: a ``data`` replica's whole step on ``batch`` rows (trunk and head, forward and
+    #: backward, its gradient's hand-on copies), every replica at once: the same
+    #: layers run a few percent faster in ``data``'s one autograd pass than in
+    #: ``hybrid``'s trunk ops (None: not measured; trunk and head stand)
+    data_step: float | None = None
+
+    def data_step_time(self, batch: float) -> float | None:
+        """Seconds of a ``data`` replica's step on ``batch`` rows (``None``: not timed)."""
+        if self.data_step is None or batch <= 0:
+            return None
+        return self.data_step * batch / self.batch
 
     def dense_time(self, batch: float) -> float | None:
         """Seconds of the dense head on ``batch`` rows (in proportion to the rows timed;

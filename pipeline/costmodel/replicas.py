@@ -101,7 +101,7 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     p = len(devices)
     shares = _shares(batch, devices, options)
     params = network.params()
-    times = replica_times(devices, network, shares)
+    times = replica_times(devices, network, shares, data_step=True)
     cut = stretches(times, *norm_slots(network, p, devices[0].bytes_per_elem,
                                        options.batch_norm))
     update = {d: dev.stream_time((GATHER_ACCESSES + network.update_accesses()) * params)

@@ -76,7 +76,9 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     """Calibration runs of the engine on ``offered`` in rounds, sizes timed again
     where the rounds disagree (pipeline/probe/runs.py, rounds.py, readings.py), hops,
     and what a replica runs beyond its trunk: its update (each worker's memory rate)
-    and its dense head on its rows (replica_rates.py).
+    and its dense head on its rows (replica_rates.py). The data replica plan runs
+    only beside the hybrid one: its step is read as an adjustment of the trunk
+    (`readings.trunk_timings`).
 
     ``links`` names the shaped links the workers sit behind ("" for none; a cache-key
     part: the store's figures are measured across them), ``output_root`` where the
@@ -86,7 +88,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     started = time.perf_counter()
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
     replicas = replica_plan(network, batch, len(offered), batch_norm)
-    plans += [replicas] if replicas else []
+    data_replicas = replica_plan(network, batch, len(offered), batch_norm, "data")
+    plans += [plan for plan in (replicas, data_replicas) if plan is not None and replicas]
     shared = share_plans(plans, offered, network, batch) if scheduler_in_process(client) \
         else []
     with _dataset_for(network, batch, dataset) as path:
@@ -136,5 +139,6 @@ def share_plans(plans: Sequence[Plan], offered: Sequence[ClusterWorker], network
     if len(offered) < 2 or not cores_filled(threads, usable_cores()):
         return []
     even = [p for p in plans if isinstance(p, ProbePlan) and p.workers == len(offered)][:1]
-    return [p for p in even + [p for p in plans if isinstance(p, ReplicaPlan)]
+    hybrid = [p for p in plans if isinstance(p, ReplicaPlan) and p.step == "hybrid"]
+    return [p for p in even + hybrid
             if plan_seconds(network, batch, p) < SHARE_BELOW_S]

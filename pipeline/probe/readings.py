@@ -1,7 +1,8 @@
 """Reading calibration runs' receipts: the constants the model needs.
 
 Per worker, the shard timings (one robust figure per layer, kernel count and
-workers running: pipeline/probe/robust.py) and the replica plan's conv trunk; the
+workers running: pipeline/probe/robust.py) and the replica plans' conv trunk and whole
+replica step; the
 workspace's per-access cost and its spread; the dense head; the dataset read; the gap between a
 worker's queued step tasks; and how long a waiting reader takes to notice a
 slot's ready marker.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -20,8 +21,8 @@ from pipeline.probe.timings import ShardTiming, TrunkTiming
 from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD
-from tasks.receipts import OpEvent
-from tasks.replica_layout import TRUNK_BACKWARD, TRUNK_FORWARD
+from tasks.receipts import OpEvent, Receipt
+from tasks.replica_layout import REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
 
 
 def _busy(event: OpEvent) -> float:
@@ -110,11 +111,17 @@ def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[ShardTiming]]:
     return {worker: mark_outliers(timings) for worker, timings in out.items()}
 
 
-def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
-                  ) -> dict[str, TrunkTiming]:
-    """Per worker, its replica's conv trunk from the replica plan's rounds: the
-    trunk-forward's compute and the trunk-backward's (its backward and the gradient's
-    flattening, as a replica-step has them), each the median of its rounds' medians.
+#: One replica's step as the replica plan timed it, per row: compute figures, then its
+#: batch read (None: it read none).
+RowSample = tuple[tuple[float, ...], float | None]
+
+
+def _replica_rounds(runs: Sequence[PlanRun], step: str, read: Callable[[Receipt], tuple[
+        tuple[float, ...], OpEvent] | None], alike: Sequence[Sequence[str]]
+        ) -> dict[str, tuple[int, int, list[list[RowSample]]]]:
+    """Per worker, the rows it ran in the replica plan of `step`, the workers running,
+    and its steps by round, each step `read` off its receipt (compute figures and the
+    op holding the batch read; None: the receipt lacks the ops).
 
     Workers in one group of `alike` (the same hardware as far as the probe can tell:
     `alike_workers`) are figured together, every step per row of all of them, each
@@ -122,40 +129,73 @@ def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
     scheduler ran, and a model taking each its own few steps would wait for whichever
     read slowest (two alike workers' trunks read 15 % apart where their runs' steps
     were 2 % apart)."""
-    samples: dict[tuple[str, int], dict[int, list[tuple[float, float, float | None]]]] = \
+    samples: dict[tuple[str, int], dict[int, list[RowSample]]] = \
         defaultdict(lambda: defaultdict(list))  # (worker, workers running) -> round -> per row
     rows_of: dict[tuple[str, int], int] = {}
     for run in runs:
-        if not isinstance(run.plan, ReplicaPlan):
+        if not isinstance(run.plan, ReplicaPlan) or run.plan.step != step:
             continue
         for receipt in run.receipts:
-            ops = {e.name: e for e in receipt.events
-                   if e.name in (TRUNK_FORWARD, TRUNK_BACKWARD)}
-            rows = run.plan.shares[run.workers.index(receipt.worker)]
-            if rows and len(ops) == 2:
-                read = _dataset_read(ops[TRUNK_FORWARD])
+            rows, figures = run.plan.shares[run.workers.index(receipt.worker)], read(receipt)
+            if rows and figures is not None:
+                values, reader = figures
+                batch_read = _dataset_read(reader)
                 key = (receipt.worker, run.plan.workers)
                 rows_of[key] = rows
                 samples[key][run.round].append(
-                    (_busy(ops[TRUNK_FORWARD]) / rows, _busy(ops[TRUNK_BACKWARD]) / rows,
-                     None if read is None else read / rows))
+                    (tuple(v / rows for v in values),
+                     None if batch_read is None else batch_read / rows))
     group_of = {name: tuple(group) for group in alike for name in group}
     out = {}
     for (worker, active), rows in rows_of.items():
         peers = [name for name in group_of.get(worker, (worker,)) if (name, active) in samples]
-        by_round: dict[int, list[tuple[float, float, float | None]]] = defaultdict(list)
+        by_round: dict[int, list[RowSample]] = defaultdict(list)
         for name in peers:
             for r, steps in samples[(name, active)].items():
                 by_round[r] += steps
-        rounds = [[(f * rows, b * rows, None if d is None else d * rows) for f, b, d in
-                   by_round[r]] for r in sorted(by_round)]
-        f, b = (estimate([[step[n] for step in r] for r in rounds]) for n in range(2))
-        total = estimate([[step[0] + step[1] for step in r] for r in rounds])
+        out[worker] = (rows, active, [[(tuple(v * rows for v in values),
+                                        None if d is None else d * rows)
+                                       for values, d in by_round[r]] for r in sorted(by_round)])
+    return out
+
+
+def _trunk_ops(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
+    """A hybrid replica's trunk-forward and trunk-backward compute."""
+    ops = {e.name: e for e in receipt.events if e.name in (TRUNK_FORWARD, TRUNK_BACKWARD)}
+    if len(ops) < 2:
+        return None
+    return (_busy(ops[TRUNK_FORWARD]), _busy(ops[TRUNK_BACKWARD])), ops[TRUNK_FORWARD]
+
+
+def _replica_step_op(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
+    """A data replica's replica-step compute: forward and backward, its gradient's
+    hand-on copies."""
+    ops = [e for e in receipt.events if e.name == REPLICA_STEP]
+    return ((_busy(ops[0]),), ops[0]) if ops else None
+
+
+def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
+                  ) -> dict[str, TrunkTiming]:
+    """Per worker, its replica's conv trunk from the hybrid replica plan's rounds: the
+    trunk-forward's compute and the trunk-backward's (its backward and the gradient's
+    flattening, as a replica-step has them), each the median of its rounds' medians;
+    and from the data replica plan's rounds, where it ran, the whole replica-step's
+    compute (`TrunkTiming.data_step_s`). Alike workers pool their steps
+    (`_replica_rounds`)."""
+    steps = _replica_rounds(runs, "data", _replica_step_op, alike)
+    out = {}
+    for worker, (rows, active, rounds) in _replica_rounds(runs, "hybrid", _trunk_ops,
+                                                          alike).items():
+        f, b = (estimate([[values[n] for values, _ in r] for r in rounds]) for n in range(2))
+        total = estimate([[values[0] + values[1] for values, _ in r] for r in rounds])
         both = f.value + b.value
+        data = steps.get(worker)
+        data_step = (estimate([[values[0] for values, _ in r] for r in data[2]]).value
+                     if data is not None and data[:2] == (rows, active) else None)
         out[worker] = TrunkTiming(rows, active, f.value, b.value, total.rounds, total.samples,
                                   min(total.low, both), max(total.high, both), total.settled,
-                                  dataset_s=_read_figure([[step[2] for step in r]
-                                                          for r in rounds]))
+                                  dataset_s=_read_figure([[d for _, d in r] for r in rounds]),
+                                  data_step_s=data_step)
     return out
 
 

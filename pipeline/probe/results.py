@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 16  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 17  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -34,7 +34,8 @@ PROBE_VERSION = 16  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    share by the client's own CPU clock (client_share.py), not a burner;
 #                    15: the spread read stretch by stretch (readings.relative_spreads);
 #                    16: the workspace's latency and bandwidth fitted to each access
-#                    size's median (readings.store_fit)
+#                    size's median (readings.store_fit); 17: a data replica's whole
+#                    step (`TrunkTiming.data_step_s`, runs.ReplicaPlan)
 
 
 @dataclass
@@ -209,7 +210,7 @@ class ClusterProbe:
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s,
-                                                     w.trunk.dense_s))
+                                                     w.trunk.dense_s, w.trunk.data_step_s))
             specs.append(replace(spec, spread=w.spread.get(active, 0.0)))
         return specs
 

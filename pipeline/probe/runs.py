@@ -19,8 +19,9 @@ Plans: the even split over the first ``P`` workers for ``P = 1..n`` (what
 worker holds three quarters or all but one quantum of each layer (and the same
 turned round), so that the shard tables span the counts another split may use.
 Every plan covers each layer: a layer's input is every shard's output. And one
-*replica plan* (`ReplicaPlan`): every worker a whole replica on its even share of
-the batch, all at once, the conv trunk that ``data`` and ``hybrid`` run.
+*replica plan* per replica step (`ReplicaPlan`): every worker a whole replica on its
+even share of the batch, all at once, as ``hybrid`` runs it (its conv trunk's ops) and
+as ``data`` runs it (the whole replica's step).
 
 Rounds: every plan runs a few steps, then every plan again (`ROUNDS`), each plan's
 engine kept between its rounds, so that each size is timed at moments seconds
@@ -51,11 +52,12 @@ from pipeline.config.run_config import DataConfig, RunConfig, TrainConfig, Works
 from pipeline.placement.split import Placement, rough_seconds, split_even
 from pipeline.engine.step_engine import RunPlan, StepEngine
 from storage.datasets import open_dataset_info
+from tasks.data_ops import DATA_SIDE
 from tasks.hybrid_ops import HYBRID_SIDE
 from tasks.kernel_ops import KERNEL_SIDE
 from tasks.layout import layout_from_counts
 from tasks.receipts import Receipt
-from tasks.replica_layout import HybridLayout, dense_widths, split_counts
+from tasks.replica_layout import DataLayout, HybridLayout, dense_widths, split_counts
 from tasks.specs import Arithmetic, NetworkSpec, batch_norm_rows
 from tasks.worker_state import configure_process
 
@@ -70,14 +72,25 @@ class ProbePlan:
         return len(self.counts[0])
 
 
+#: The replica steps a replica plan runs: ``hybrid``'s (scheme a), whose trunk ops time
+#: the conv trunk alone, and ``data``'s, whose one replica-step times the whole replica.
+REPLICA_STEPS = ("hybrid", "data")
+
+
 @dataclass
 class ReplicaPlan:
-    """Every worker a whole replica on its even share of the batch, all at once: the
-    ``hybrid`` step (scheme a), whose conv trunk is what ``data`` and ``hybrid``
-    replicas run and which no kernel plan times (whole layers there run on worker 0
-    alone, at the whole batch)."""
+    """Every worker a whole replica on its even share of the batch, all at once, as
+    the ``hybrid`` step (scheme a) or the ``data`` step runs it (`REPLICA_STEPS`): what
+    no kernel plan times (whole layers there run on worker 0 alone, at the whole
+    batch).
+
+    Why both: the same trunk runs a few percent faster inside a ``data`` replica's one
+    autograd pass than as ``hybrid``'s separate trunk ops (compute per step on the
+    small network at 2 workers: 24.8-25.0 ms in ``data``'s runs, 25.4-25.8 in
+    ``hybrid``'s), so each strategy's replica is timed as it runs."""
 
     shares: list[int]
+    step: str = "hybrid"
 
     @property
     def workers(self) -> int:
@@ -87,17 +100,20 @@ class ReplicaPlan:
 Plan = ProbePlan | ReplicaPlan
 
 
-def replica_plan(network: NetworkSpec, batch: int, n: int, batch_norm: str = "sync"
-                 ) -> ReplicaPlan | None:
-    """The replica plan over ``n`` workers, or None where hybrid cannot split the
-    network (a dense layer narrower than ``n``) or the batch (fewer rows than ``n``;
+def replica_plan(network: NetworkSpec, batch: int, n: int, batch_norm: str = "sync",
+                 step: str = "hybrid") -> ReplicaPlan | None:
+    """The replica plan of `step` over ``n`` workers, or None where hybrid cannot split
+    the network (a dense layer narrower than ``n``) or the batch (fewer rows than ``n``;
     with ``batch_norm: local``, fewer than `batch_norm_rows` a replica: each replica's
     batch norm would see one value per channel, which PyTorch refuses, and the run
     itself never gives a replica so few, `pipeline.placement.split.merge_short_shares`)."""
+    if step not in REPLICA_STEPS:
+        raise ValueError(f"no replica step {step!r}: one of {REPLICA_STEPS}")
     least = batch_norm_rows(network) if batch_norm == "local" else 1
-    if n < 1 or batch < least * n or min(out for _in, out in dense_widths(network)) < n:
+    narrow = step == "hybrid" and min(out for _in, out in dense_widths(network)) < n
+    if n < 1 or batch < least * n or narrow:
         return None
-    return ReplicaPlan(split_counts(batch, n))
+    return ReplicaPlan(split_counts(batch, n), step)
 
 
 def plan_steps(seconds: float) -> tuple[int, int]:
@@ -288,7 +304,12 @@ class PlanEngines:
             workers = self.offered[:plan.workers]
             names = [w.name for w in workers]
             arithmetic = Arithmetic(config.optimizer_spec())
-            if isinstance(plan, ReplicaPlan):
+            if isinstance(plan, ReplicaPlan) and plan.step == "data":
+                run_plan = RunPlan(workers, DataLayout(tuple(names), tuple(plan.shares),
+                                                       batch_norm=self.batch_norm),
+                                   Placement("even", [list(plan.shares)]), DATA_SIDE,
+                                   arithmetic)
+            elif isinstance(plan, ReplicaPlan):
                 neurons = tuple(tuple(split_counts(out, plan.workers))
                                 for _in, out in dense_widths(self.network))
                 layout = HybridLayout(tuple(names), tuple(plan.shares), neurons, "a", "full",

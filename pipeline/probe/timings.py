@@ -66,7 +66,9 @@ class TrunkTiming:
     and ``settled`` as in :class:`ShardTiming` (forward + backward for the spread);
     ``dataset_s`` the replica's batch read; ``dense_s`` the dense head's forward and
     backward on the same rows, every replica at once (replica_rates.py; None: not
-    measured)."""
+    measured); ``data_step_s`` a ``data`` replica's whole replica-step on the same rows
+    (trunk and head, forward and backward, its gradient's hand-on copies; the data
+    replica plan's, pipeline/probe/runs.py: None where it did not run)."""
 
     rows: int
     active: int
@@ -79,8 +81,12 @@ class TrunkTiming:
     settled: bool = True
     dataset_s: float | None = None
     dense_s: float | None = None
+    data_step_s: float | None = None
 
     def scaled(self, bound: str) -> "TrunkTiming":
-        """At the lower or upper quartile of its steps (see `ShardTiming.scaled`)."""
+        """At the lower or upper quartile of its steps (see `ShardTiming.scaled`; the
+        data step by the trunk's spread)."""
         f = quartile_factor(self.forward_s + self.backward_s, self.low_s, self.high_s, bound)
-        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f)
+        data_step = None if self.data_step_s is None else self.data_step_s * f
+        return replace(self, forward_s=self.forward_s * f, backward_s=self.backward_s * f,
+                       data_step_s=data_step)
