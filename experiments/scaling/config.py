@@ -48,7 +48,7 @@ from experiments.scaling.networks import ConvDesc, NetworkDesc, check_network, n
 from pipeline.costmodel import Options
 from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
                                     set_dotted, to_dict)
-from pipeline.strategies import Strategy, strategy_named
+from pipeline.strategies import STRATEGIES, Strategy, strategy_named
 
 __all__ = ["ScalingPoint", "ScalingSweepConfig", "ScalingSweep", "ScalingPointRun",
            "NetworkDesc", "ConvDesc", "OptionsDesc", "is_scaling_sweep", "load_scaling_sweep",
@@ -192,10 +192,19 @@ def options_of(point: ScalingPoint) -> Options:
 def point_strategy(point: ScalingPoint) -> Strategy:
     """The point's strategy: one that runs on a cluster, which the model can scale."""
     strategy = strategy_named(point.strategy)
-    if not strategy.uses_cluster:
-        raise ConfigError(f"strategy: {point.strategy!r} trains in one process; a scaling "
-                          "sweep predicts strategies that run on devices")
+    if not strategy.uses_cluster or strategy.chosen_by_model:
+        why = ("trains in one process" if not strategy.uses_cluster else
+               "is chosen by the model when a run starts on a real cluster")
+        raise ConfigError(f"strategy: {point.strategy!r} {why}; a scaling sweep predicts "
+                          f"{', '.join(scaling_strategies())}")
     return strategy
+
+
+def scaling_strategies() -> list[str]:
+    """The strategies a scaling sweep predicts: those that run on devices, by name
+    (``single``, the one-device baseline, first)."""
+    names = [name for name, s in STRATEGIES.items() if s.uses_cluster and not s.chosen_by_model]
+    return sorted(names, key=lambda name: not STRATEGIES[name].one_worker)
 
 
 def build_point(data: dict) -> ScalingPoint:
