@@ -20,7 +20,7 @@ from pipeline.engine.checkpointing import CheckpointError
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
-from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost
+from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
 from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.training.outputs import OutputBusy, RunComplete, check_earlier_results
 from pipeline.placement.split import PlacementError
@@ -180,7 +180,8 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
     except (UsageError, ConfigError, DatasetError, PlacementError) as error:
         return fail(error, CONFIG_ERROR)
     print(format_summary(config.name, result.summary["strategy"], result.summary,
-                         result.summary["workers"]))
+                         result.summary["workers"],
+                         embedded_scheduler=scheduler_address(config.cluster) is None))
     print(f"  record      {os.path.join(result.output_dir, 'record.zarr')}")
     return 0
 

@@ -42,10 +42,46 @@ def test_the_placement_line_says_each_worker_s_share_and_why():
                             {"chosen": "minmax", "predicted_step_time": 0.0512,
                              "memory": {"units_moved": 2}})
     assert kernel == ("placed: kernels per conv layer: cpu-0 16+40, cpu-1 16+24 (master "
-                      "cpu-0); predicted 0.0512 s/step; by measured speeds (placement: "
+                      "cpu-0); predicted 0.0512 s/step at one step per task, without the "
+                      "client's share of the cores; by measured speeds (placement: "
                       "calibrated), the minmax split, 2 unit(s) moved to fit memory")
     data = placement_line("even", {"batch_split": [32, 32]}, ["a", "b"], "a", {})
     assert data == "placed: samples of each batch: a 32, b 32 (master a); by an even split"
+
+
+#: The least summary `format_summary` prints.
+BARE_SUMMARY = {"step_time_median": 0.01, "measured_steps": 3, "step_time_p25": 0.01,
+                "step_time_p75": 0.01, "step_time_min": 0.01, "step_time_max": 0.01,
+                "throughput": 1.0, "compute_time_median": 0.0, "storage_time_median": 0.0,
+                "master_time_median": 0.0, "wait_time_median": 0.0, "bytes_per_step": 0.0,
+                "final_loss": 1.0, "client_cpu_per_step": 0.001, "client_core_share": 0.1}
+
+
+def test_the_closing_prediction_says_what_it_prices_beside_the_placement_s():
+    """The placement line's figure is the split's step at one step per task without
+    the client's share; the closing one's adds both, and says so."""
+    summary = {**BARE_SUMMARY, "predicted_step_time": 0.0062, "prediction_error": -0.4,
+               "task_steps_median": 4.0, "predicted_breakdown": {"contention": 0.0002}}
+    assert ("predicted   0.0062 s/step by the model at 4 steps per task, the client's share "
+            "of the cores included (-40% against the median)"
+            in format_summary("x", "kernel", summary, ["a"]))
+    alone = {**summary, "task_steps_median": 1.0, "predicted_breakdown": {"contention": 0.0}}
+    assert ("0.0062 s/step by the model at 1 step per task (-40%"
+            in format_summary("x", "kernel", alone, ["a"]))
+
+
+def test_the_client_line_names_an_embedded_scheduler_only_where_there_is_one():
+    embedded = format_summary("x", "kernel", BARE_SUMMARY, ["a"])
+    assert "(10% of a core: the client and an embedded scheduler)" in embedded
+    external = format_summary("x", "kernel", BARE_SUMMARY, ["a"], embedded_scheduler=False)
+    assert "(10% of a core: the client)" in external
+
+
+def test_a_run_without_a_prediction_says_why_in_its_closing_summary():
+    note = "no probe of this cluster is cached: set prediction: auto to probe it once"
+    closing = format_summary("x", "kernel", {**BARE_SUMMARY, "predicted_step_time": None,
+                                             "prediction_note": note}, ["a"])
+    assert f"  predicted   none: {note}" in closing.splitlines()
 
 
 @pytest.mark.parametrize("progress", [True, False])

@@ -89,6 +89,18 @@ def _starts_line(summary: dict) -> list[str]:
                else "no step")]
 
 
+def _prediction_basis(summary: dict) -> str:
+    """What the closing prediction prices beyond the split: the run's steps per task
+    (the per-task costs shared out over them) and the client's share of the cores.
+    The placement line's figure (placement: model) prices neither, which is why
+    the two differ."""
+    steps = summary.get("task_steps_median") or 1
+    basis = f" at {steps:g} step{'s' if steps != 1 else ''} per task"
+    if (summary.get("predicted_breakdown") or {}).get("contention"):
+        basis += ", the client's share of the cores included"
+    return basis
+
+
 def _probe_age(seconds: float | None) -> str:
     """The probe's age where it is an hour or more (a machine's speed drifts)."""
     if seconds is None or seconds < 3600:
@@ -96,8 +108,10 @@ def _probe_age(seconds: float | None) -> str:
     return f"; from a probe {seconds / 3600:.1f} h old"
 
 
-def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) -> str:
-    """The closing lines a run prints."""
+def format_summary(name: str, strategy: str, summary: dict, workers: list[str],
+                   embedded_scheduler: bool = True) -> str:
+    """The closing lines a run prints; `embedded_scheduler`: whether the scheduler ran
+    in the client's process (an embedded cluster), which the client line counts."""
     spread = (f"IQR {summary['step_time_p25']:.3f}-{summary['step_time_p75']:.3f} s, "
               f"range {summary['step_time_min']:.3f}-{summary['step_time_max']:.3f} s")
     lines = [
@@ -112,8 +126,9 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
         f"{summary['storage_time_median']:.3f} s, dense head {summary['master_time_median']:.3f}"
         f" s, wait {summary['wait_time_median']:.3f} s (medians per step)",
         *([f"  client      {summary['client_cpu_per_step'] * 1e3:.1f} ms CPU per step "
-           f"({summary['client_core_share']:.0%} of a core: the client and an embedded "
-           f"scheduler){_task_steps(summary)}"]
+           f"({summary['client_core_share']:.0%} of a core: the client"
+           + (" and an embedded scheduler" if embedded_scheduler else "")
+           + f"){_task_steps(summary)}"]
           if summary.get("client_cpu_per_step") is not None else []),
         *(["  critical    " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in
                                           summary["critical_breakdown"].items())
@@ -138,10 +153,13 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str]) 
     if summary.get("predicted_step_time") is not None and summary.get("prediction_error") \
             is not None:
         compute = summary.get("compute_error")
-        lines.append(f"  predicted   {summary['predicted_step_time']:.4f} s/step by the model "
+        lines.append(f"  predicted   {summary['predicted_step_time']:.4f} s/step by the model"
+                     f"{_prediction_basis(summary)} "
                      f"({summary['prediction_error']:+.0%} against the median"
                      + (f"; its compute {compute:+.0%} against this run's" if compute is not None
                         else "") + _probe_age(summary.get("prediction_probe_age_s")) + ")")
+    elif summary.get("predicted_step_time") is None and summary.get("prediction_note"):
+        lines.append(f"  predicted   none: {summary['prediction_note']}")
     if summary.get("link_bytes_sent"):
         lines.append(
             f"  links       {sum(summary['link_bytes_received'].values()) / 1e6:.2f} MB to "
@@ -192,7 +210,10 @@ def placement_line(method: str, split: dict[str, Any], workers: list[str], maste
     if moved:
         why += f", {moved} unit(s) moved to fit memory"
     predicted = choice.get("predicted_step_time")
-    step = f"; predicted {predicted:.4f} s/step" if predicted else ""
+    # the split's step alone: the closing summary's prediction adds the run's steps per
+    # task and the client's share of the cores (`_prediction_basis`)
+    step = (f"; predicted {predicted:.4f} s/step at one step per task, without the client's "
+            "share of the cores" if predicted else "")
     return f"placed: {what}: {', '.join(shares)} (master {master}){step}; by {why}"
 
 
