@@ -14,7 +14,7 @@ from multiprocessing import spawn
 import psutil
 import pytest
 
-from pipeline.cluster.workers import ClusterError, add_master, find_workers
+from pipeline.cluster.workers import ClusterError, add_master, find_workers, too_few_workers
 from pipeline.cluster.embedded import is_worker_process
 from pipeline.cluster.forked_main import adopt_parent_main, parent_main
 from tests.conftest import ROOT
@@ -26,6 +26,20 @@ def mixed_cluster(shared_cluster):
     torch device is the CPU here), with a config of its own to change."""
     client, config = shared_cluster
     return client, dataclasses.replace(config)
+
+
+def test_too_few_workers_says_none_or_how_many_offer_the_tag():
+    """"no worker offers" only where none does (an external CPU and GPU worker, two
+    CPU workers wanted, said "no worker offers resource 'CPU'")."""
+    table = {"a": {"resources": {"CPU": 1}}, "b": {"resources": {"GPU": 1}}}
+    assert too_few_workers(["CPU"], 1, 2, 10, table) == (
+        "only 1 of the 2 workers needed offer resource 'CPU' after 10 s (2 connected, "
+        "offering: CPU, GPU)")
+    assert too_few_workers(["TPU"], 0, 1, 10, table) == (
+        "no worker offers resource 'TPU' after 10 s (1 needed; 2 connected, offering: "
+        "CPU, GPU)")
+    assert too_few_workers(["CPU"], 0, 1, 2.5, {}).endswith("(1 needed; 0 connected, "
+                                                           "offering: none)")
 
 
 def test_embedded_cluster_listens_on_loopback_only_in_tls(mixed_cluster):

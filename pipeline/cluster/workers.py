@@ -197,14 +197,23 @@ def find_workers(client: Client, config: ClusterConfig) -> list[ClusterWorker]:
         if len(tagged) >= wanted:
             return workers_of(config, tagged)
         if time.monotonic() > deadline:
-            offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
-            tag = "' or '".join(tags)
-            raise ClusterError(
-                f"no worker offers resource '{tag}' "
-                f"({len(tagged)} of {wanted} needed after {config.wait_timeout:g} s; "
-                f"{len(workers)} worker(s) connected, offering: {', '.join(offered) or 'none'})"
-            )
+            raise ClusterError(too_few_workers(tags, len(tagged), wanted, config.wait_timeout,
+                                               workers))
         time.sleep(0.2)
+
+
+def too_few_workers(tags: list[str], found: int, wanted: int, waited_s: float,
+                    workers: dict[str, dict]) -> str:
+    """What a run says when fewer than `wanted` workers offer its `tags` after
+    `waited_s` seconds: none, or only some; `workers` is the scheduler's table."""
+    offered = sorted({t for info in workers.values() for t in info.get("resources", {})})
+    tag = "' or '".join(tags)
+    connected = (f"{len(workers)} connected, offering: {', '.join(offered) or 'none'}")
+    if found == 0:
+        return (f"no worker offers resource '{tag}' after {waited_s:g} s ({wanted} needed; "
+                f"{connected})")
+    return (f"only {found} of the {wanted} workers needed offer resource '{tag}' after "
+            f"{waited_s:g} s ({connected})")
 
 
 def add_master(client: Client, config: ClusterConfig, offered: list[ClusterWorker]
