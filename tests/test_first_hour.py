@@ -42,9 +42,13 @@ def test_the_placement_line_says_each_worker_s_share_and_why():
                             {"chosen": "minmax", "predicted_step_time": 0.0512,
                              "memory": {"units_moved": 2}})
     assert kernel == ("placed: kernels per conv layer: cpu-0 16+40, cpu-1 16+24 (master "
-                      "cpu-0); predicted 0.0512 s/step at one step per task, without the "
-                      "client's share of the cores; by measured speeds (placement: "
+                      "cpu-0); predicted 0.0512 s/step of the calibrated shards' compute "
+                      "alone; by measured speeds (placement: "
                       "calibrated), the minmax split, 2 unit(s) moved to fit memory")
+    model = placement_line("model", {"kernel_split": [[16, 16]]}, ["a", "b"], "a",
+                           {"chosen": "minmax", "predicted_step_time": 0.0071})
+    assert ("predicted 0.0071 s/step at one step per task, without the client's share of "
+            "the cores; by the performance model" in model)
     data = placement_line("even", {"batch_split": [32, 32]}, ["a", "b"], "a", {})
     assert data == "placed: samples of each batch: a 32, b 32 (master a); by an even split"
 

@@ -187,6 +187,13 @@ PLACEMENT_WHY = {"even": "an even split", "single": "one worker",
                  "recorded": "a recorded split (placement: recorded)"}
 
 
+#: What a placement's predicted step prices, by placement method: less than the
+#: closing summary's prediction, which adds the run's steps per task and the client's
+#: share of the cores (`_prediction_basis`).
+PREDICTED_WHAT = {"model": "at one step per task, without the client's share of the cores",
+                  "calibrated": "of the calibrated shards' compute alone"}
+
+
 def placement_line(method: str, split: dict[str, Any], workers: list[str], master: str,
                    choice: dict[str, Any]) -> str:
     """The one line a run prints once its work is placed: each worker's share
@@ -210,10 +217,8 @@ def placement_line(method: str, split: dict[str, Any], workers: list[str], maste
     if moved:
         why += f", {moved} unit(s) moved to fit memory"
     predicted = choice.get("predicted_step_time")
-    # the split's step alone: the closing summary's prediction adds the run's steps per
-    # task and the client's share of the cores (`_prediction_basis`)
-    step = (f"; predicted {predicted:.4f} s/step at one step per task, without the client's "
-            "share of the cores" if predicted else "")
+    step = (f"; predicted {predicted:.4f} s/step {PREDICTED_WHAT.get(method, '')}".rstrip()
+            if predicted else "")
     return f"placed: {what}: {', '.join(shares)} (master {master}){step}; by {why}"
 
 
