@@ -158,6 +158,23 @@ def test_a_worker_left_out_is_said_in_one_line_with_its_speed_and_why():
     assert left_out_lines("calibrated", [], choice, calibration) == []
 
 
+def test_a_worker_left_out_for_want_of_samples_is_said_so():
+    """`data` at train.batch=1 on two alike workers: the one sample goes to one of
+    them; the other is not slower (it said "measured 1.0x slower")."""
+    alone = {"split": [[0, 1]], "predicted_step_time": 0.004}
+    choice = {"workers": ["cpu-0", "cpu-1"], "chosen": "even", "predicted_step_time": 0.004,
+              "split": [[1, 0]], "alternatives": {
+                  "even": {"split": [[1, 0]], "predicted_step_time": 0.004},
+                  "single:cpu-0": {"split": [[1, 0]], "predicted_step_time": 0.004},
+                  "single:cpu-1": alone}}
+    assert left_out_lines("calibrated", ["cpu-1"], choice, {}, "sample") == [
+        "worker cpu-1 left out: the batch has 1 sample(s) for 2 workers, and a worker "
+        "gets whole samples"]
+    # 3 samples on a fast worker of 3: its speed is the reason, not the batch
+    three = {**choice, "workers": ["a", "b", "c"], "split": [[3, 0, 0]]}
+    assert "the batch has" not in left_out_lines("calibrated", ["b"], three, {}, "sample")[0]
+
+
 def test_alike_workers_are_the_same_host_device_threads_and_speed():
     """Only which of them the scheduler ran tells alike workers apart: they share one
     cost. A worker elsewhere, on another device, with more threads or slowed is apart."""

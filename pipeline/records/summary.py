@@ -252,6 +252,8 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
     lines = []
     merged = choice.get("batch_norm_merged", {})  # `split_choice.with_rows_merged`
     before = dict(zip(merged.get("workers", []), merged.get("split_before", [[]])[0]))
+    row = (choice.get("split") or [[]])[0]  # a batch split's one row
+    samples = sum(row) if row and max(row) == 1 else 0  # one sample to each worker used
     for name in left_out:
         if before.get(name):
             lines.append(f"worker {name} left out: its {before[name]} {unit}(s) of the "
@@ -260,6 +262,10 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
                          f"{merged['least_rows']})")
             continue
         line = f"worker {name} left out"
+        if unit == "sample" and 0 < samples < len(names):
+            lines.append(f"{line}: the batch has {samples} sample(s) for {len(names)} "
+                         "workers, and a worker gets whole samples")
+            continue
         if fastest is not None and speed.get(name, 0) > 0:
             line += (f": measured {speed[name] / kept[fastest]:.1f}x slower than {fastest} "
                      f"({speed[name]:.3g} against {kept[fastest]:.3g} {what})")
