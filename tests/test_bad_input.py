@@ -318,8 +318,12 @@ def test_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path):
     ResultStore(store).create(build_template(sweep, {"fingerprint": sweep.fingerprint,
                                                      "config": sweep.text}))
     before = sorted(p.name for p in (tmp_path / "zoo.zarr").iterdir())
-    for override, difference in [("train.batch=12", "'batch: 13' there, 'batch: 12' here"),
-                                 ("measure.steps=4", "'steps: 2' there, 'steps: 5' here")]:
+    # each field by its dotted name and the values as the user wrote them: not the
+    # base's derived train.steps (warm-up added in), nor a YAML line of a list
+    for override, difference in [
+            ("train.batch=12", "base.train.batch: 13 there, 12 here"),
+            ("measure.steps=4", "measure.steps: 1 there, 4 here"),
+            ("axes.train.lr=[0.05]", "axes.train.lr: [0.05, 0.1] there, [0.05] here")]:
         result = sweep_process(config, "--out", store, override, "--dry-run", cwd=str(tmp_path))
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert_one_error_line(result.returncode, lines, 2,

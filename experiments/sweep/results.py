@@ -53,7 +53,8 @@ import zarr
 from experiments.sweep.results_checksums import (Checksums, StoreDamaged, Verification,
                                                  encoded_chunk, read_metadata)
 from experiments.sweep.speedup import compute_speedup
-from experiments.sweep.store_layout import ADDED_LATER, DERIVED, DONE, FAILED, PENDING, SKIPPED
+from experiments.sweep.store_layout import (ADDED_LATER, DERIVED, DONE, FAILED, PENDING, SKIPPED,
+                                           first_difference)
 from storage.labelled import write_dataset
 from storage.locks import LockBusy, OwnerLock
 
@@ -196,13 +197,10 @@ class ResultStore:
             raise StoreMismatch(f"{self.path} is not a sweep results store; choose another "
                                 "--out (or --fresh to replace it)")
         if attrs.get("fingerprint") != fingerprint:
-            old = str(attrs.get("config", "")).splitlines()
-            new = text.splitlines()
-            first = next(((a, b) for a, b in zip(old + [""] * len(new), new + [""] * len(old))
-                          if a != b), ("", ""))
+            first = first_difference(str(attrs.get("config", "")), text)
             raise StoreMismatch(f"{self.path} holds a different sweep (first difference: "
-                                f"{first[0].strip()!r} there, {first[1].strip()!r} here); "
-                                "pass --fresh to start over or --out for a new store")
+                                f"{first}); pass --fresh to start over or --out for a new "
+                                "store")
 
     def check_rewrite(self, fingerprint: str, text: str, fresh: bool) -> None:
         """Before a sweep that rewrites the whole store (`mode: scaling`) does, and in

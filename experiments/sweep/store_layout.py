@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import numpy as np
+import yaml
 import xarray as xr
 
 from experiments.sweep.speedup import speedup_reference
@@ -218,3 +219,46 @@ def build_template(sweep: Sweep, attrs: dict[str, Any]) -> xr.Dataset:
     ds.attrs["speedup_reference"] = json.dumps(reference)
     ds.attrs["dims"] = json.dumps(sweep.dims)
     return ds
+
+
+def first_difference(stored: str, current: str) -> str:
+    """The first field in which two sweeps' configs (the YAML a store keeps, and this
+    sweep's) differ, as ``FIELD: VALUE there, VALUE here``, by dotted name and in the
+    user's terms: the sweep's own fields (``measure.steps``, ``axes.strategy``) before
+    its base's, so that what the sweep derives from them (``base.train.steps``, the
+    warm-up added in) is not taken for the change; a list is one value."""
+    try:
+        there, here = yaml.safe_load(stored), yaml.safe_load(current)
+    except yaml.YAMLError:
+        there = here = None
+    if not isinstance(there, dict) or not isinstance(here, dict):
+        return "the store's config cannot be read"
+    old, new = _fields(there), _fields(here)
+    names = list(dict.fromkeys([*new, *old]))
+    names.sort(key=lambda name: name.startswith("base."))
+    missing = "(none)"
+    for name in names:
+        if old.get(name, missing) != new.get(name, missing):
+            return (f"{name}: {_flow(old.get(name, missing))} there, "
+                    f"{_flow(new.get(name, missing))} here")
+    return "the same fields in another order"
+
+
+def _fields(data: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{dotted name: value}``, lists and scalars as values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_fields(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _flow(value: Any) -> str:
+    """A value as one line of YAML (``[single, kernel]``, ``40``, ``null``)."""
+    if isinstance(value, str) and value == "(none)":
+        return value
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix(
+        "\n...").strip()
