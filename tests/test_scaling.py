@@ -234,6 +234,16 @@ def test_bad_scaling_configs_exit_2_with_one_line(tmp_path, capsys, axes, base, 
     assert not (tmp_path / "bad.zarr").exists()
 
 
+def test_a_measured_sweeps_key_on_a_scaling_sweep_names_the_keys_it_takes(tmp_path, capsys):
+    """`repeats=3` (docs/sweeps.md's example override, for measured sweeps) listed the
+    base's keys as if it were one of them."""
+    config = write_scaling(tmp_path, {"hardware.devices": [1, 2]})
+    assert sweep_cli.main([config, "--dry-run", "repeats=3"]) == 2
+    [line] = error_lines(capsys.readouterr().err)
+    assert line.startswith("error: repeats: a measured sweep's key; a scaling sweep "), line
+    assert "axes, base, description, mode, name, output, zip" in line
+
+
 def test_shipped_scaling_config_loads():
     sweep = load_scaling_sweep(os.path.join(ROOT, "experiments", "configs", "scaling.yaml"))
     assert sweep.dims == ["strategy", "devices", "batch", "link_gbps", "network"]

@@ -43,7 +43,8 @@ import yaml
 
 from experiments.scaling import hardware as hw
 from experiments.sweep.axes import Axis, build_axes, point_data
-from experiments.sweep.config import AXES_CONTENT, ZIP_CONTENT, _resolve_base, _route_overrides
+from experiments.sweep.config import (AXES_CONTENT, SWEEP_KEYS, ZIP_CONTENT, _resolve_base,
+                                     _route_overrides)
 from experiments.scaling.networks import ConvDesc, NetworkDesc, check_network, network_of
 from pipeline.costmodel import Options
 from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
@@ -256,6 +257,12 @@ def load_scaling_sweep(path: str, overrides: list[str] = (), out: str | None = N
     base = _resolve_base(config.base, path)
     for text in base_overrides:
         key, value = parse_override(text)
+        head = key.split(".", 1)[0]
+        if head in SWEEP_KEYS - SCALING_KEYS:
+            raise ConfigError(f"{head}: a measured sweep's key; a scaling sweep predicts each "
+                              "point once and takes "
+                              f"{', '.join(sorted(SCALING_KEYS))} (base keys as "
+                              "base.<key> or <key>)")
         set_dotted(base, key, value)
     build_point(copy.deepcopy(base))  # a bad base fails here, before the axes
     axes = build_axes(config)
