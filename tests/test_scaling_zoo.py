@@ -20,6 +20,7 @@ from experiments.report import cli as report
 from experiments.scaling.anchors import ANCHOR_BAND, a100_resnet50, krizhevsky_anchors
 from experiments.scaling import hardware as hw
 from experiments.scaling import memory_fit
+from experiments.scaling.figure_style import speedup_text
 from experiments.scaling.config import build_point, load_scaling_sweep, network_of, options_of
 from experiments.scaling.regions import count_ranges, first_overtaking
 from experiments.scaling.run import (assess_point, evaluate_grid, evaluate_point,
@@ -124,6 +125,38 @@ def test_points_that_do_not_fit_a_device_are_infeasible_with_their_reason(tmp_pa
     assert outcome.out_of_memory > 0 and outcome.errors == 0
 
 
+def test_speedups_over_a_baseline_that_does_not_fit_are_marked(tmp_path):
+    """On a 1.6 GB device alexnet's `single` at batch 256 does not fit: data's speedup
+    there is against a step no device could run, so the store says so
+    (`baseline_fits` 0) and the report's table marks it and says why; at batch 8 the
+    baseline fits and nothing is marked."""
+    store = str(tmp_path / "x.zarr")
+    run_scaling_sweep(load_scaling_sweep(ZOO, SMALL + ["hardware.kinds.a100.memory=1.6e9",
+                                                       "axes.strategy=[single,data]",
+                                                       "axes.network.preset.values=[alexnet]"],
+                                         out=store))
+    ds = open_clean(store)
+    data = ds.sel(strategy="data", devices=4).isel(repeat=0)
+    assert list(data.baseline_fits.sel(batch=256).values.ravel()) == [0.0, 0.0]
+    assert list(data.baseline_fits.sel(batch=8).values.ravel()) == [1.0, 1.0]
+    out_dir = str(tmp_path / "report")
+    report.make_report(store, out_dir)
+    table = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read().split(
+        "## Fastest strategy and its speedup")[1].split("##")[0]
+    rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip()
+            + "/" + line.split("|")[3].strip(): line for line in table.splitlines()
+            if line.startswith("| alexnet")}
+    assert all("x*" in line for key, line in rows.items() if key.endswith("/256")), rows
+    assert not any("*" in line for key, line in rows.items() if key.endswith("/8")), rows
+    assert "`single` does not fit one device's memory" in table
+
+
+def test_a_speedup_keeps_a_significant_figure():
+    assert speedup_text(0.0026) == "0.003" and speedup_text(0.5) == "0.5"
+    assert speedup_text(12.4) == "12" and speedup_text(1.3, 0.0) == "1.3*"
+    assert speedup_text(math.nan) == ""
+
+
 def test_a_memory_model_without_a_figure_leaves_the_point_predicted(monkeypatch):
     """A strategy whose memory model gives NaN: predicted, its fit unknown."""
     monkeypatch.setattr(STRATEGIES["data"], "peak_memory",
@@ -210,7 +243,8 @@ def test_points_differing_in_link_share_one_memory_walk_with_the_same_peaks():
         assert figures["peak_memory"] == direct.largest
         peaks.append(figures["peak_memory"])
     assert len(set(peaks)) == 1
-    assert memory_fit._footprint.cache_info().misses == 1
+    # one walk for kernel's split, one for the speedup's baseline (`single` on a device)
+    assert memory_fit._footprint.cache_info().misses == 2
 
 
 def _model_inputs(point):

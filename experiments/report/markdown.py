@@ -52,9 +52,11 @@ def _provenance(ds: xr.Dataset) -> list[str]:
         + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"- started {ds.attrs.get('started', '?')}, finished {ds.attrs.get('finished', '?')}",
         f"- command: `{ds.attrs.get('command', '')}`",
-        f"- speedup is against `{ds.attrs.get('speedup_baseline', 'single')}` at the same "
-        "other coordinates (median over its repeats); efficiency divides it by the "
-        "workers' summed relative speed over the baseline's.",
+        (f"- speedup is against `{ds.attrs.get('speedup_baseline', 'single')}` at the same "
+         "other coordinates (median over its repeats); efficiency divides it by the "
+         "workers' summed relative speed over the baseline's." if ds.attrs.get("mode") !=
+         "predict" else "- no speedup: it is taken over measured steps, and this sweep "
+         "measured none (`mode: predict`)"),
     ]
     cores = machine.get("cores")
     if cores and "n_workers" in ds and np.nanmax(ds.n_workers.values, initial=0) + 1 > cores:

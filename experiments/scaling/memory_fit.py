@@ -17,10 +17,11 @@ from typing import Callable
 
 from experiments.scaling import hardware as hw
 from experiments.scaling.config import ScalingPoint, network_of, point_strategy
+from pipeline.strategies import strategy_named
 from pipeline.costmodel import Network, Prediction
 from pipeline.costmodel.memory import Footprint
 
-__all__ = ["MemoryVerdict", "memory_verdict"]
+__all__ = ["MemoryVerdict", "memory_verdict", "baseline_fits"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,18 @@ def memory_verdict(point: ScalingPoint, prediction: Prediction, kinds: list[str]
     return MemoryVerdict(max(peaks), 0.0, f"out of memory: a device needs {peak / 1e9:.3g} GB, "
                          f"more than the {presets[kind].memory / 1e9:.3g} GB of a `{kind}` "
                          f"(hardware.kinds.{kind}.memory)")
+
+
+def baseline_fits(point: ScalingPoint, kind: str) -> float:
+    """1 where the speedups' baseline, `single` on one device of ``kind`` at the
+    point's network and batch, fits that device's memory, 0 where it does not, NaN
+    where the memory model gives no figure. A speedup over a baseline that could not
+    run compares with a step no one could measure: the report marks it."""
+    single = strategy_named("single")
+    preset = hw.resolve_kind(point.hardware, kind)
+    footprint = _footprint(single.peak_memory, network_of(point.network), point.train.batch,
+                           None, 0, (preset.accelerator,))
+    peaks = [float(peak) for peak in footprint.per_device]
+    if not peaks or math.isnan(peaks[0]):
+        return math.nan
+    return float(peaks[0] <= preset.memory)

@@ -26,7 +26,6 @@ import json
 import os
 import re
 from collections import Counter
-from typing import Any
 
 import matplotlib
 
@@ -35,41 +34,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.report.figure_files import save_figure, write_figures  # noqa: E402
 from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
-from experiments.scaling.run import BASELINE  # noqa: E402
 from experiments.scaling.anchors import anchor_lines  # noqa: E402
 from experiments.scaling.regions import crossover_table, hybrid_region_table  # noqa: E402
-from experiments.scaling.view import ScalingView, one_device_only, winners  # noqa: E402
-from experiments.sweep.summary import base_strategy  # noqa: E402
+from experiments.scaling.figure_style import (UNFIT_NOTE, baseline_fits, colors,  # noqa: E402
+                                              panel, speedup_text)
+from experiments.scaling.speedup_figure import speedup_figure  # noqa: E402
+from experiments.scaling.view import ScalingView, winners  # noqa: E402
 
 __all__ = ["make_scaling_report"]
-
-#: Light enough for black cell text.
-STRATEGY_COLORS = {"single": "#c9c9c9", "kernel": "#7fb1e3", "data": "#f5ad79",
-                   "hybrid": "#9fd08a"}
-LINE_COLORS = {"single": "#555555", "kernel": "#1f6fc0", "data": "#e06a12",
-               "hybrid": "#3c9a2a"}
-EXTRA_COLORS = ["#d9a0d9", "#e6d37a", "#8fd3d3", "#e39a9a"]
-
-
-def _speedup_text(value: float) -> str:
-    if not np.isfinite(value):
-        return ""
-    return f"{value:.0f}" if value >= 9.95 else f"{value:.1f}"
-
-
-def _colors(strategies: list[str]) -> list[str]:
-    extra = iter(EXTRA_COLORS * 4)
-    return [STRATEGY_COLORS.get(s) or next(extra) for s in strategies]
-
-
-# Winner maps --------------------------------------------------------------------------
-
 
 def winner_figure(view: ScalingView, y_dim: str | None, column_dim: str | None,
                   path: str, what: str) -> bool:
@@ -81,29 +57,33 @@ def winner_figure(view: ScalingView, y_dim: str | None, column_dim: str | None,
     row_dim, fixed, fixed_text = view.layout(shown)
     times = view.times().sel(fixed)
     speedup = view.ds.speedup.where(view.ds.status == DONE).isel(repeat=0).sel(fixed)
+    fits = baseline_fits(view).isel(repeat=0).sel(fixed)
     strategies = view.labels(sdim)
     rows = view.labels(row_dim) if row_dim else [None]
     columns = view.labels(column_dim) if column_dim else [None]
     xs, ys = view.labels(xdim), view.labels(y_dim)
-    cmap = ListedColormap(_colors(strategies)).with_extremes(bad="white")
+    cmap = ListedColormap(colors(strategies)).with_extremes(bad="white")
     width = max(3.2, 0.42 * len(xs) + 1.0)
     height = max(2.2, 0.42 * len(ys) + 1.1)
     fig, axes = plt.subplots(len(rows), len(columns), squeeze=False, sharex=True, sharey=True,
                              figsize=(width * len(columns) + 0.8, height * len(rows) + 1.2))
-    none_feasible = False
+    none_feasible = unfit = False
     for r, row in enumerate(rows):
         for c, column in enumerate(columns):
             ax = axes[r][c]
-            pick = _panel(view, row_dim, r, column_dim, c)
+            pick = panel(view, row_dim, r, column_dim, c)
             t = times.sel(pick).transpose(sdim, y_dim, xdim).values
             s = speedup.sel(pick).transpose(sdim, y_dim, xdim).values
+            f = fits.sel(pick).transpose(sdim, y_dim, xdim).values
             best = winners(t)
             none_feasible = none_feasible or bool((best < 0).any())
+            unfit = unfit or any(f[w, yi, xi] == 0 for (yi, xi), w in np.ndenumerate(best)
+                                 if w >= 0)
             shown_map = np.ma.masked_less(best.astype(float), 0)
             ax.imshow(shown_map, cmap=cmap, vmin=-0.5, vmax=len(strategies) - 0.5,
                       origin="lower", aspect="auto", interpolation="nearest")
             for (yi, xi), w in np.ndenumerate(best):
-                text = _speedup_text(s[w, yi, xi]) if w >= 0 else "-"
+                text = speedup_text(s[w, yi, xi], f[w, yi, xi]) if w >= 0 else "-"
                 ax.text(xi, yi, text, ha="center", va="center", fontsize=6.5)
             long_labels = max(len(x) for x in xs) > 4 and len(xs) > 3
             ax.set_xticks(range(len(xs)), xs, rotation=90 if long_labels else 0, fontsize=7)
@@ -119,7 +99,7 @@ def winner_figure(view: ScalingView, y_dim: str | None, column_dim: str | None,
             if c == 0:
                 ax.set_ylabel(view.axis_name(y_dim), fontsize=8)
     handles = [Patch(facecolor=color, edgecolor="0.5", label=name)
-               for name, color in zip(strategies, _colors(strategies))]
+               for name, color in zip(strategies, colors(strategies))]
     if none_feasible:
         handles.append(Patch(facecolor="white", edgecolor="0.5", label="none can run (-)"))
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
@@ -128,127 +108,14 @@ def winner_figure(view: ScalingView, y_dim: str | None, column_dim: str | None,
              f"{what}; cell: its speedup over one device")
     if fixed_text:
         title += f"\n({fixed_text})"
+    if unfit:
+        title += f"\n{UNFIT_NOTE}"
     fig.suptitle(title, fontsize=10)
     save_figure(fig, path)
     return True
 
 
 # Speedup curves -----------------------------------------------------------------------
-
-
-def speedup_figure(view: ScalingView, path: str) -> bool:
-    """Speedup against devices per strategy (log-log) with the ideal line."""
-    xdim = view.workers_dim
-    if xdim is None:
-        return False
-    sdim, bdim, ldim = view.strategy_dim, view.batch_dim, view.bandwidth_dim
-    column_dim = ldim
-    shown = [d for d in (sdim, xdim, bdim, column_dim) if d]
-    row_dim, fixed, fixed_text = view.layout(shown)
-    figures = view.ds[["speedup", "capacity", "n_workers"]]
-    ds = figures.where(view.ds.status == DONE).isel(repeat=0).sel(fixed)
-    strategies = view.labels(sdim) if sdim else [base_strategy(view.ds)]
-    batches = view.labels(bdim) if bdim else [None]
-    rows = view.labels(row_dim) if row_dim else [None]
-    columns = view.labels(column_dim) if column_dim else [None]
-    counts = view.plain_counts(xdim)  # connected lines; mixes are lone markers
-    mixed = not counts.all()
-    fig, axes = plt.subplots(len(rows), len(columns), squeeze=False, sharex=True, sharey=True,
-                             figsize=(3.6 * len(columns) + 1.0, 3.2 * len(rows) + 1.0))
-    top = float(np.nanmax(ds.capacity.values)) if np.isfinite(ds.capacity.values).any() else 1
-    low = np.nanmin(ds.speedup.values) if np.isfinite(ds.speedup.values).any() else 1
-    high = np.nanmax(ds.speedup.values) if np.isfinite(ds.speedup.values).any() else 1
-    widths = np.linspace(1.0, 2.2, len(batches))
-    alphas = np.linspace(0.35, 1.0, len(batches))
-    extra = iter(EXTRA_COLORS * 4)
-    colors = {s: LINE_COLORS.get(s) or next(extra) for s in strategies}
-    for r, row in enumerate(rows):
-        for c, column in enumerate(columns):
-            ax = axes[r][c]
-            pick = _panel(view, row_dim, r, column_dim, c)
-            panel = ds.sel(pick)
-            ax.plot([1, max(top, 2)], [1, max(top, 2)], color="0.6", linestyle="--",
-                    linewidth=1)
-            for si, strategy in enumerate(strategies):
-                lines = panel.isel({sdim: si}) if sdim else panel
-                _strategy_lines(ax, lines, xdim, bdim, counts, colors[strategy], alphas,
-                                widths)
-            parts = [view.title(d, v) for d, v in ((row_dim, row), (column_dim, column)) if d]
-            _speedup_axes(ax, ", ".join(parts) or "all", r == len(rows) - 1, c == 0, mixed)
-    axes[0][0].set_ylim(max(low / 1.5, 1e-3), max(high, top) * 1.5)
-    _speedup_legend(fig, colors, batches if bdim else [], alphas, widths, mixed)
-    title = (f"{view.ds.attrs.get('sweep_name', '')}: predicted speedup against devices "
-             "(missing points: infeasible)")
-    if fixed_text:
-        title += f"\n({fixed_text})"
-    fig.suptitle(title, fontsize=10)
-    save_figure(fig, path)
-    return True
-
-
-def _strategy_lines(ax: Any, lines: xr.Dataset, xdim: str, bdim: str | None,
-                    counts: np.ndarray, color: Any, alphas: np.ndarray,
-                    widths: np.ndarray) -> None:
-    """One strategy's speedup on a panel: a line per batch over the plain device
-    counts and a lone marker per mix; the baseline (`single`) as its speedup of 1."""
-    if one_device_only(lines):
-        ax.axhline(1.0, color=color, linestyle=":", linewidth=1.2)
-        return
-    for bi in range(len(alphas)):
-        line = (lines.isel({bdim: bi}) if bdim else lines).transpose(xdim)
-        x, y = line.capacity.values, line.speedup.values
-        keep = np.isfinite(x) & np.isfinite(y)
-        order = np.argsort(np.where(keep & counts, x, np.inf))
-        order = order[:int((keep & counts).sum())]
-        ax.plot(x[order], y[order], color=color, alpha=alphas[bi],
-                linewidth=widths[bi], marker="o", markersize=2.5)
-        lone = keep & ~counts
-        ax.plot(x[lone], y[lone], color=color, alpha=alphas[bi],
-                linestyle="none", marker="D", markersize=5)
-
-
-def _speedup_axes(ax: Any, title: str, bottom: bool, left: bool, mixed: bool) -> None:
-    """A panel's log scales, grid, title, and labels on the bottom row and left column."""
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3, which="both")
-    ax.set_title(title, fontsize=9)
-    if bottom:
-        ax.set_xlabel("devices" + (" (mixes: summed relative speed)" if mixed
-                                   else ""), fontsize=8)
-    if left:
-        ax.set_ylabel("speedup over one device", fontsize=8)
-    ax.tick_params(labelsize=7)
-
-
-def _speedup_legend(fig: Any, colors: dict[str, Any], batches: list, alphas: np.ndarray,
-                    widths: np.ndarray, mixed: bool) -> None:
-    """The ideal line, each strategy's colour, each batch's weight (`batches`: none
-    where the batch is not swept) and the mixes' marker, right of the panels."""
-    handles = [Line2D([], [], color="0.6", linestyle="--", label="ideal")]
-    handles += [Line2D([], [], color=color, linewidth=2,
-                       linestyle=":" if s == BASELINE else "-",
-                       label=s + (" (baseline)" if s == BASELINE else ""))
-                for s, color in colors.items()]
-    handles += [Line2D([], [], color="black", alpha=a, linewidth=w, label=f"batch {b}")
-                for b, a, w in zip(batches, alphas, widths)]
-    if mixed:
-        handles.append(Line2D([], [], color="black", linestyle="none", marker="D",
-                              markersize=5, label="a mix (baseline: its first kind)"))
-    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
-               frameon=False)
-
-
-def _panel(view: Any, row_dim: str | None, row: int, column_dim: str | None,
-           column: int) -> dict[str, Any]:
-    """The coordinates that pick one panel of a rows x columns grid of plots."""
-    pick = {}
-    if row_dim:
-        pick[row_dim] = view.ds[row_dim].values[row]
-    if column_dim:
-        pick[column_dim] = view.ds[column_dim].values[column]
-    return pick
 
 
 # The markdown report ------------------------------------------------------------------
@@ -280,22 +147,26 @@ def winner_table(view: ScalingView) -> str | None:
         return None
     times = view.times()
     speedup = view.ds.speedup.where(view.ds.status == DONE).isel(repeat=0)
+    fits = baseline_fits(view).isel(repeat=0)
     # settings such as the network first, then bandwidth and batch (fastest-varying)
     others = [d for d in view.dims if d not in (sdim, xdim, view.bandwidth_dim, view.batch_dim)]
     others += [d for d in (view.bandwidth_dim, view.batch_dim) if d]
     strategies, xs = view.labels(sdim), view.labels(xdim)
+    unfit = False
     lines = ["| " + " | ".join(others + [f"{x} dev." for x in xs]) + " |",
              "|" + "|".join(["---"] * len(others) + ["--:"] * len(xs)) + "|"]
     for position in np.ndindex(*(view.ds.sizes[d] for d in others)):
         pick = {d: i for d, i in zip(others, position)}
         t = times.isel(pick).transpose(sdim, xdim).values
         s = speedup.isel(pick).transpose(sdim, xdim).values
+        f = fits.isel(pick).transpose(sdim, xdim).values
         best = winners(t)
-        cells = [f"{strategies[w]} {_speedup_text(s[w, i])}x" if w >= 0 else "-"
+        cells = [f"{strategies[w]} {speedup_text(s[w, i], f[w, i])}x" if w >= 0 else "-"
                  for i, w in enumerate(best)]
+        unfit = unfit or any(f[w, i] == 0 for i, w in enumerate(best) if w >= 0)
         labels = [view.labels(d)[i] for d, i in zip(others, position)]
         lines.append("| " + " | ".join(labels + cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + (["", UNFIT_NOTE] if unfit else []))
 
 
 def write_markdown(view: ScalingView, figures: list[str], path: str) -> None:

@@ -48,7 +48,7 @@ from experiments.sweep.results import (STORE_FORMAT, ResultStore, SweepLock,
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, network_of, options_of,
                                         point_strategy)
-from experiments.scaling.memory_fit import memory_verdict
+from experiments.scaling.memory_fit import baseline_fits, memory_verdict
 from experiments.scaling.view import one_device_only
 from pipeline.costmodel import predict
 from pipeline.records.record import software_versions
@@ -77,6 +77,10 @@ SCALING_MEASURES: dict[str, tuple[str, str]] = {
                       "hardware.dask; else 0)"),
     "baseline_step_time": ("s", "predicted step time of `single` on one device of the mix's "
                            "first kind, same network and batch"),
+    "baseline_fits": ("1", "1 where that baseline (`single` on one device of the mix's first "
+                      "kind) fits the device's memory, else 0: the speedup is then against a "
+                      "step no such device could run (the report marks it); NaN where the "
+                      "memory model gives no figure"),
     "n_workers": ("1", "devices the strategy uses: the whole mix (idle ones included), "
                   "1 for single"),
     "capacity": ("1", "summed relative speed of those devices: each device's single-device "
@@ -162,6 +166,7 @@ def assess_point(point: ScalingPoint) -> tuple[dict[str, float], str]:
     speedup = baseline / step
     values = {"predicted_step_time": step, "throughput": batch / step, "speedup": speedup,
               "efficiency": speedup / capacity, "baseline_step_time": baseline,
+              "baseline_fits": baseline_fits(point, kinds[0]),
               "n_workers": float(len(used)), "capacity": capacity}
     for name, key in BREAKDOWN_KEYS.items():
         values[name] = float(prediction.breakdown.get(key, 0.0))
