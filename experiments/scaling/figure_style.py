@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from experiments.report.figure_files import save_figure
 from experiments.scaling.view import ScalingView
 
 __all__ = ["STRATEGY_COLORS", "LINE_COLORS", "EXTRA_COLORS", "UNFIT_BASELINE", "UNFIT_NOTE",
-           "speedup_text", "baseline_fits", "colors", "panel"]
+           "speedup_text", "baseline_fits", "colors", "panel", "save_titled"]
 
 #: Light enough for black cell text.
 STRATEGY_COLORS = {"single": "#c9c9c9", "kernel": "#7fb1e3", "data": "#f5ad79",
@@ -60,3 +61,14 @@ def panel(view: Any, row_dim: str | None, row: int, column_dim: str | None,
     if column_dim:
         pick[column_dim] = view.ds[column_dim].values[column]
     return pick
+
+
+def save_titled(fig: Any, path: str, title: str, fixed_text: str, unfit: bool) -> None:
+    """Title a figure (with the dims it fixes, and what a marked speedup means where it
+    shows one) and save it."""
+    if fixed_text:
+        title += f"\n({fixed_text})"
+    if unfit:
+        title += f"\n{UNFIT_NOTE}"
+    fig.suptitle(title, fontsize=10)
+    save_figure(fig, path)

@@ -36,12 +36,12 @@ import xarray as xr  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from experiments.report.figure_files import save_figure, write_figures  # noqa: E402
+from experiments.report.figure_files import write_figures  # noqa: E402
 from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
 from experiments.scaling.anchors import anchor_lines  # noqa: E402
 from experiments.scaling.regions import crossover_table, hybrid_region_table  # noqa: E402
 from experiments.scaling.figure_style import (UNFIT_NOTE, baseline_fits, colors,  # noqa: E402
-                                              panel, speedup_text)
+                                              panel, save_titled, speedup_text)
 from experiments.scaling.speedup_figure import speedup_figure  # noqa: E402
 from experiments.scaling.view import ScalingView, winners  # noqa: E402
 
@@ -106,12 +106,7 @@ def winner_figure(view: ScalingView, y_dim: str | None, column_dim: str | None,
                bbox_to_anchor=(0.5, 0.0), frameon=False)
     title = (f"{view.ds.attrs.get('sweep_name', '')}: fastest strategy (predicted) over "
              f"{what}; cell: its speedup over one device")
-    if fixed_text:
-        title += f"\n({fixed_text})"
-    if unfit:
-        title += f"\n{UNFIT_NOTE}"
-    fig.suptitle(title, fontsize=10)
-    save_figure(fig, path)
+    save_titled(fig, path, title, fixed_text, unfit)
     return True
 
 

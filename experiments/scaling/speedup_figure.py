@@ -15,9 +15,8 @@ import xarray as xr  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.report.figure_files import save_figure  # noqa: E402
-from experiments.scaling.figure_style import (EXTRA_COLORS, LINE_COLORS, UNFIT_NOTE,  # noqa: E402
-                                              baseline_fits, panel)
+from experiments.scaling.figure_style import (EXTRA_COLORS, LINE_COLORS,  # noqa: E402
+                                              baseline_fits, panel, save_titled)
 from experiments.scaling.run import BASELINE  # noqa: E402
 from experiments.scaling.view import ScalingView, one_device_only  # noqa: E402
 from experiments.sweep.store_layout import DONE  # noqa: E402
@@ -71,12 +70,7 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
     _speedup_legend(fig, colors, batches if bdim else [], alphas, widths, mixed)
     title = (f"{view.ds.attrs.get('sweep_name', '')}: predicted speedup against devices "
              "(missing points: infeasible)")
-    if fixed_text:
-        title += f"\n({fixed_text})"
-    if unfit:
-        title += f"\n{UNFIT_NOTE}"
-    fig.suptitle(title, fontsize=10)
-    save_figure(fig, path)
+    save_titled(fig, path, title, fixed_text, unfit)
     return True
 
 
