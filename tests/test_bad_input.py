@@ -114,6 +114,14 @@ CASES: list[Case] = [
     train_case("cluster.workers=[{threads: 0}]", names="cluster.workers.0.threads"),
     train_case("cluster.workers=[{resources: {CPU: -1}}]", names="cluster.workers.0.resources"),
     train_case("cluster.use_workers=0", names="cluster.use_workers"),
+    # Two workers of one name: Dask keeps one, so the run trained on one of two.
+    train_case("cluster.workers=[{name: a}, {name: a}]",
+               names="cluster.workers.1.name: 'a' is already used (by cluster.workers.0)"),
+    train_case("--check", "cluster.workers=[{name: a}, {name: a}]",
+               names="cluster.workers.1.name: 'a' is already used (by cluster.workers.0)"),
+    train_case("cluster.workers=[{name: cpu-1}, {}]",
+               names="cluster.workers.1.name: its default name 'cpu-1' is already used "
+               "(by cluster.workers.0)"),
     train_case("cluster.wait_timeout=-1", names="cluster.wait_timeout"),
     train_case("workspace.wait_timeout=0", names="workspace.wait_timeout"),
     train_case("workspace.channel_quantum=0", names="workspace.channel_quantum"),
@@ -189,6 +197,8 @@ CASES: list[Case] = [
     sweep_case("--out", "{tmp}/q.zarr", "train.lr=-1", names="train.lr"),
     sweep_case("--out", "{tmp}/q.zarr", "axes.train.lr=[0.1, -1]", names="axes.train.lr"),
     sweep_case("--out", "{tmp}/q.zarr", "axes.train.momentum=1", names="axes.train.momentum"),
+    sweep_case("--out", "{tmp}/q.zarr", "axes.cluster.workers=[1, [{name: a}, {name: a}]]",
+               names="cluster.workers.1.name: 'a' is already used (by cluster.workers.0)"),
     sweep_case("--out", "{tmp}/q.zarr", "data.path=/dev/null/x.zarr", names="data.path"),
     sweep_case("--out", "{tmp}/q.zarr", "--fresh", "--bogus", names="--bogus"),
     Case("sweep", ("{tmp}/nobase.yaml", "--dry-run"), 2, "missing.yaml"),

@@ -27,8 +27,8 @@ DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?")
 class WorkerConfig:
     """One worker of the embedded cluster."""
 
-    name: str | None = described(None, "the worker's name (null: its tag and index, "
-                                 "`cpu-0`)")
+    name: str | None = described(None, "the worker's name, one no other worker has "
+                                 "(null: its tag and index, `cpu-0`)")
     resources: dict[str, float] | None = described(
         None, "its Dask resource tags (null: `{GPU: 1}` for a CUDA device, else `{CPU: 1}`)")
     threads: int = described(1, "its torch threads")
@@ -282,8 +282,25 @@ class ClusterConfig:
         if self.tls and self.scheduler and not self.scheduler.startswith("tls://"):
             raise FieldError("tls", f"certificates are for a tls:// scheduler, not "
                              f"{self.scheduler}")
+        self._check_names()
         self._check_links()
         self._check_jobqueue()
+
+    def _check_names(self) -> None:
+        """Every embedded worker's name, given or made (`cpu-1`), is its own: Dask keeps
+        one worker of a name, so two entries of one name would start two processes and
+        train on one, every figure then one worker's under a count of two."""
+        field = "devices" if self.devices is not None else "workers"
+        first: dict[str, int] = {}
+        for index, worker in enumerate(self.worker_list()):
+            if worker.name in first:
+                given = (isinstance(self.workers, list)
+                         and self.workers[index].name is not None)
+                what = repr(worker.name) if given else f"its default name {worker.name!r}"
+                raise FieldError(f"{field}.{index}.name",
+                                 f"{what} is already used (by cluster.{field}."
+                                 f"{first[worker.name]}); give each worker a name of its own")
+            first[worker.name] = index
 
     def _check_jobqueue(self) -> None:
         """Batch jobs are the run's own workers: no other scheduler, links or client
