@@ -22,7 +22,7 @@ from pipeline.cluster.links import link_problem
 from pipeline.placement.memory_fit import move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
-from pipeline.engine.checkpointing import check_resumed_network
+from pipeline.engine.checkpointing import check_resumed_run
 from pipeline.engine.dataset import check_data_source, check_dataset_fits, expected_dataset
 from pipeline.placement.split_choice import recorded_summary
 from pipeline.prediction import network_for
@@ -130,7 +130,7 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     check_dataset_fits(config, *expected_dataset(config))  # its classes, a batch's samples
     network = network_for(config)  # the network fits the images (ConfigError naming the layer)
     check_batch_rows(config, network)
-    check_resumed_network(config, network)
+    check_resumed_run(config, network)
     check_split_source(config, strategy)
     workspace = config.workspace.path
     if workspace and "://" not in workspace:

@@ -52,17 +52,27 @@ KINDS = ("weights", "momentum")
 ATTEMPTS = "attempt"  # the group holding each attempt's staging area
 
 
-def start_fresh(root_path: str, made_for: str) -> None:
+def start_fresh(root_path: str, made_for: str, made_with: dict | None = None) -> None:
     """Replace any earlier checkpoints with an empty store for `made_for` (a text that
-    identifies the network, so that a resume can refuse checkpoints of another)."""
+    identifies the network, so that a resume can refuse checkpoints of another) and
+    `made_with` (the settings that give its steps their arithmetic: batch, SGD, data),
+    so that a resume can refuse other settings too."""
     if os.path.exists(root_path):
         shutil.rmtree(root_path)
-    zarr.open_group(root_path, mode="w").attrs["made_for"] = made_for
+    attrs = zarr.open_group(root_path, mode="w").attrs
+    attrs["made_for"] = made_for
+    if made_with is not None:
+        attrs["made_with"] = made_with
 
 
 def made_for(root_path: str) -> str | None:
     """What `start_fresh` recorded the checkpoints were made for."""
     return zarr.open_group(root_path, mode="r").attrs.get("made_for")
+
+
+def made_with(root_path: str) -> dict | None:
+    """The settings `start_fresh` recorded (None: a store written before they were)."""
+    return zarr.open_group(root_path, mode="r").attrs.get("made_with")
 
 
 def step_group(step: int) -> str:

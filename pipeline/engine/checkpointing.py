@@ -4,15 +4,16 @@ and closing a checkpoint once every worker has written its work."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from pipeline.config.run_config import RunConfig
+from pipeline.config.run_config import RunConfig, build_run_config
 from pipeline.engine.sampler import step_indices
-from pipeline.config.schema import ConfigError
+from pipeline.config.schema import ConfigError, to_dict, yaml_load
 from storage import checkpoints
 from storage.space import writing
 from tasks.network import initial_state, checkpoint_shapes
@@ -36,15 +37,96 @@ def network_fingerprint(network: NetworkSpec) -> str:
     return json.dumps(asdict(network), sort_keys=True)
 
 
-def check_resumed_network(config: RunConfig, network: NetworkSpec) -> None:
-    """A resume (`train.resume`) of checkpoints made for another network is refused:
-    their tensors would not fit. Reads only the store's attributes, so `--check` asks
-    it too (`pipeline.preflight.check_run`)."""
+#: The settings a resume may not change: with any other, the weights it continues
+#: would have come from other arithmetic (batch, SGD, seeds, data, batch norm's rows,
+#: the hybrid's dense updates) and the record would hold two runs' steps under one's
+#: attributes. The rest may change (`train.steps`, checkpoints, the strategy, the
+#: placement, the cluster, the workspace, ...): every strategy's arithmetic is
+#: single-process SGD's, and the record's `starts` says what each start ran on.
+RESUME_FIXED = ("data.source", "data.image_size", "data.train_samples",
+                "data.test_samples", "data.seed", "train.batch", "train.lr",
+                "train.momentum", "train.weight_decay", "train.nesterov", "train.seed",
+                "train.batch_norm", "hybrid.dense_batch", "hybrid.conv_lr_scaling")
+#: Settings only some strategies use, as single-process SGD has them: the value a
+#: strategy that does not use them trains with, whatever the config says.
+_SGD_VALUES = {"train.batch_norm": (("data", "hybrid"), "sync"),
+               "hybrid.dense_batch": (("hybrid",), "full"),
+               "hybrid.conv_lr_scaling": (("hybrid",), "none")}
+_OWN_STRATEGIES = ("single", "kernel", "reference", "data", "hybrid")
+
+
+def made_with(config: RunConfig, network: NetworkSpec) -> dict[str, Any]:
+    """The settings of `RESUME_FIXED` a run trains with (defaults filled in; a setting
+    its strategy, or its network, does not use as single-process SGD has it), and its
+    network section, which names what differs when the network does."""
+    data, train = config.data, config.train
+    train_samples, test_samples = data.sample_counts()
+    values = {"data.source": data.source, "data.image_size": data.image_side(),
+              "data.train_samples": train_samples, "data.test_samples": test_samples,
+              "data.seed": data.seed, "hybrid.dense_batch": config.hybrid.dense_batch,
+              "hybrid.conv_lr_scaling": config.hybrid.conv_lr_scaling,
+              **{f"train.{name}": getattr(train, name) for name in
+                 ("batch", "lr", "momentum", "weight_decay", "nesterov", "seed",
+                  "batch_norm")}}
+    for key, (users, sgd) in _SGD_VALUES.items():
+        if config.strategy in _OWN_STRATEGIES and config.strategy not in users:
+            values[key] = sgd  # `auto` or a strategy of yours: as the config says
+    if not any(layer.batch_norm for layer in network.conv):
+        values["train.batch_norm"] = "sync"  # no batch norm: `local` is the same
+    values["network"] = dotted(to_dict(config.network), "network")
+    return values
+
+
+def dotted(value: Any, prefix: str) -> dict[str, Any]:
+    """A nested mapping (and lists) as dotted keys, `network.conv.0.kernels`."""
+    items = (value.items() if isinstance(value, dict) else enumerate(value)
+             if isinstance(value, list) else None)
+    if items is None:
+        return {prefix: value}
+    return {key: leaf for name, inner in items
+            for key, leaf in dotted(inner, f"{prefix}.{name}").items()}
+
+
+def _earlier_settings(config: RunConfig, network: NetworkSpec) -> dict[str, Any] | None:
+    """What the checkpoints were made with: as the store records it, else (a store
+    written before it did) as the run folder's config.yaml says; None if neither."""
+    recorded = checkpoints.made_with(config.checkpoint_path)
+    if recorded is not None:
+        return recorded
+    try:
+        with open(os.path.join(config.output_dir, "config.yaml"), encoding="utf-8") as file:
+            return made_with(build_run_config(yaml_load(file.read())), network)
+    except (OSError, ConfigError, ValueError):
+        return None
+
+
+def _change(key: str, before: Any, after: Any) -> str:
+    """`train.nesterov=false (now true)`: values as a config writes them."""
+    def shown(value: Any) -> str:
+        return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
+    return f"{key}={shown(before)} (now {shown(after)})"
+
+
+def check_resumed_run(config: RunConfig, network: NetworkSpec) -> None:
+    """A resume (`train.resume`) of checkpoints made for another network or with other
+    settings of `RESUME_FIXED` is refused, in one line naming each setting with the
+    checkpointed value and the new one. Reads only the store's attributes (and the
+    run folder's config.yaml), so `--check` asks it too (`pipeline.preflight.check_run`)."""
     path = config.checkpoint_path
-    if (config.train.resume and checkpoints.complete_steps(path)
-            and checkpoints.made_for(path) != network_fingerprint(network)):
+    if not (config.train.resume and checkpoints.complete_steps(path)):
+        return
+    other_network = checkpoints.made_for(path) != network_fingerprint(network)
+    earlier, now = _earlier_settings(config, network) or {}, made_with(config, network)
+    differ = [_change(key, earlier[key], now[key]) for key in RESUME_FIXED
+              if key in earlier and earlier[key] != now[key]]
+    if other_network:
+        before, after = earlier.get("network", {}), now["network"]
+        named = [_change(key, before.get(key), after.get(key)) for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+        differ[:0] = named or ["the network (now another)"]
+    if differ:
         raise ConfigError(f"train.resume: the checkpoints in {path} were made for a "
-                          "different network")
+                          f"different run: {', '.join(differ)}; resume with the values it "
+                          "had, or set a new `output` to start another run")
 
 
 def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
@@ -61,7 +143,7 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
     path = config.checkpoint_path
     fingerprint = network_fingerprint(network)
     if config.train.resume and checkpoints.complete_steps(path):
-        check_resumed_network(config, network)
+        check_resumed_run(config, network)
         checkpoints.discard_attempts(path)  # staging areas a killed run left: never read
         latest, passed = checkpoints.latest_valid_step(path)
         damaged = "; ".join(f"step {step}: {problem}" for step, problem in passed)
@@ -76,7 +158,7 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
         say(f"train.resume: no complete checkpoint in {path} to resume from; starting at "
             "step 0")
     with writing("checkpoint store", path):
-        checkpoints.start_fresh(path, fingerprint)
+        checkpoints.start_fresh(path, fingerprint, made_with(config, network))
         # one chunk per tensor: this process writes them whole, and a worker reading
         # its slice reads only its rows' bytes (storage/chunk_files.py)
         checkpoints.create_checkpoint(path, 0, checkpoint_shapes(network), {}, network.dtype)

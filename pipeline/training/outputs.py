@@ -177,7 +177,8 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     record = continue_record(earlier, recorder.to_dataset(attrs), {
         "from_step": from_step, "to_step": max(recorder.steps, default=from_step - 1) + 1,
         "ended": ended, "started": attrs["started"], "finished": attrs["finished"],
-        "strategy": attrs.get("strategy"), "code_revision": attrs.get("code_revision"),
+        "strategy": attrs.get("strategy"), "placement": config.placement,
+        "batch": config.train.batch, "code_revision": attrs.get("code_revision"),
         "workers": list(recorder.workers), "notes": notes, **changes})
     summary = summarize(record, config.train.warmup_steps, config.train.batch, in_client)
     summary.update({"ended": ended, "test_accuracy": accuracy,

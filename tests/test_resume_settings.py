@@ -1,0 +1,84 @@
+"""What a resume (`train.resume=true`) may change, and what it refuses.
+
+A resume continues the run's weights and record: with another batch, learning rate,
+seed or dataset it once trained on silently, its record saying the new batch for every
+step and its medians blending both halves. Now `--check` and the run refuse it, one
+line naming each setting with the checkpointed value and the new one; what does not
+touch the arithmetic (steps, checkpoints, warm-up, evaluation, the strategy) may
+change, and the record's `starts` says what each start ran.
+"""
+
+from __future__ import annotations
+
+import json
+
+import xarray as xr
+import zarr
+
+from pipeline.run import run_training
+from storage import checkpoints
+from tests.test_integrity import main_lines, reference_config, write_config
+
+#: Overrides a resume refuses, and what its line must say of them.
+REFUSED = [
+    (["train.batch=32"], ["train.batch=16 (now 32)"]),
+    (["train.lr=0.1"], ["train.lr=0.05 (now 0.1)"]),
+    (["train.momentum=0.5"], ["train.momentum=0.9 (now 0.5)"]),
+    (["train.weight_decay=0"], ["train.weight_decay=0.001 (now 0.0)"]),
+    (["train.nesterov=true"], ["train.nesterov=false (now true)"]),
+    (["train.seed=1"], ["train.seed=0 (now 1)"]),
+    (["data.train_samples=256"], ["data.train_samples=512 (now 256)"]),
+    (["data.test_samples=64"], ["data.test_samples=128 (now 64)"]),
+    (["network.conv.0.kernels=8"], ["network.conv.0.kernels=10 (now 8)"]),
+    (["network.dtype=float64"], ["network.dtype=float32 (now float64)"]),
+    (["train.batch=32", "train.lr=0.1"], ["train.batch=16 (now 32)", "train.lr=0.05 (now 0.1)"]),
+]
+
+
+def test_a_resume_with_other_settings_is_refused_naming_each(tmp_path, tiny_dataset_factory,
+                                                             capsys):
+    dataset = tiny_dataset_factory("float32")
+    config = reference_config(tmp_path, dataset, **{"train.steps": 4,
+                                                   "train.checkpoint_every": 2})
+    run_training(config)
+    path = write_config(tmp_path, config)
+    record = tmp_path / "run" / "record.zarr"
+    before = xr.open_zarr(record).step.values.tolist()
+    for overrides, named in REFUSED:
+        for check in (["--check"], []):
+            code, lines = main_lines(capsys, [path, "train.resume=true", "train.steps=6",
+                                              *overrides, *check])
+            assert code == 2 and len(lines) == 1, (overrides, check, lines)
+            assert lines[0].startswith("error: train.resume: the checkpoints in "), lines
+            for text in named:
+                assert text in lines[0], (overrides, lines)
+            assert "new `output`" in lines[0], lines
+    assert xr.open_zarr(record).step.values.tolist() == before  # nothing trained
+    # a store written before it recorded its settings: the run folder's config.yaml
+    # says them
+    del zarr.open_group(config.checkpoint_path, mode="a").attrs["made_with"]
+    assert checkpoints.made_with(config.checkpoint_path) is None
+    code, lines = main_lines(capsys, [path, "train.resume=true", "train.batch=32", "--check"])
+    assert code == 2 and "train.batch=16 (now 32)" in lines[0], lines
+
+
+def test_a_resume_may_change_what_leaves_the_arithmetic_alone(tmp_path, tiny_dataset_factory,
+                                                              capsys):
+    """More steps, other checkpoints, warm-up and evaluation, and settings the
+    strategy does not use (`train.batch_norm` on a network without batch norm,
+    `hybrid.*` outside `hybrid`) resume; each start's entry says its strategy,
+    placement and batch."""
+    dataset = tiny_dataset_factory("float32")
+    config = reference_config(tmp_path, dataset, **{"train.steps": 4,
+                                                   "train.checkpoint_every": 2})
+    run_training(config)
+    code, lines = main_lines(capsys, [
+        write_config(tmp_path, config), "train.resume=true", "train.steps=6",
+        "train.checkpoint_every=3", "train.warmup_steps=2", "train.eval_samples=32",
+        "train.batch_norm=local", "hybrid.dense_batch=worker", "hybrid.conv_lr_scaling=sqrt"])
+    assert code == 0, lines
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert record.step.values.tolist() == list(range(6))
+    starts = json.loads(record.attrs["starts"])
+    assert [(s["strategy"], s["placement"], s["batch"]) for s in starts] == [
+        ("reference", "even", 16)] * 2
