@@ -24,7 +24,8 @@ from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
 from pipeline.engine.checkpointing import check_resumed_run
 from pipeline.engine.dataset import check_data_source, check_dataset_fits, expected_dataset
-from pipeline.placement.split_choice import recorded_summary
+from pipeline.placement.split_choice import (check_recorded_split, recorded_counts,
+                                             recorded_summary)
 from pipeline.prediction import network_for
 from pipeline.probe.tables import model_network
 from pipeline.config.schema import ConfigError
@@ -78,15 +79,44 @@ def check_dataset(config: RunConfig) -> None:
     check_writable_dir(path, field)
 
 
-def check_split_source(config: RunConfig, strategy: Strategy) -> None:
-    """`placement: recorded`'s run summary (`split_from` naming a run directory or its
-    summary.json) can be read and records the split the strategy reuses, as the
-    placement will read it once the cluster is up. `auto` reads it only if the model
-    picks a strategy that takes it (on the cluster), and `reference` never: left out."""
+def check_split_source(config: RunConfig, strategy: Strategy, network: NetworkSpec,
+                       names: list[str] | None = None) -> None:
+    """`placement: recorded`'s split, as far as files alone tell, in the placement's own
+    words (`check_recorded_split`): `split_from`'s run summary can be read and records
+    the split the strategy reuses; the split, given or recorded, has a row per conv
+    layer (or the batch's), no negative count, and each row adds up to its layer's
+    kernels (the batch); with `names` (the run's workers, where the config fixes them:
+    an embedded cluster's) it has a count per worker, and a recorded one gives work to
+    none the run lacks. `auto` reads it only if the model picks a strategy that takes
+    it (on the cluster), and `reference` never: left out."""
     source = config.split_from
-    if (config.placement == "recorded" and isinstance(source, str)
-            and strategy.uses_cluster and not strategy.chosen_by_model):
-        recorded_summary(source, strategy.split_key)
+    if (config.placement != "recorded" or not strategy.uses_cluster
+            or strategy.chosen_by_model or source is None):
+        return
+    key = strategy.split_key
+    if isinstance(source, str) and names is not None:
+        counts = recorded_counts(config, names, key)
+    elif isinstance(source, str):
+        summary = recorded_summary(source, key)[1]
+        counts = summary[key] if key == "kernel_split" else [summary[key]]
+    else:
+        counts = [list(row) for row in source]
+    if key in ("kernel_split", "batch_split"):
+        check_recorded_split(config, network, key, counts,
+                             None if names is None else len(names))
+
+
+def embedded_workers(config: RunConfig, strategy: Strategy) -> list[str] | None:
+    """The names of the workers an embedded cluster gives the run's split (the
+    tagged ones, `use_workers` of them; a strategy of one worker, its master: one
+    name, unknown and so None); None where the cluster is not the config's."""
+    cluster = config.cluster
+    if (cluster.scheduler or os.environ.get(SCHEDULER_VARIABLE) or cluster.jobqueue
+            or strategy.one_worker):
+        return None
+    offering = tagged_workers({w.name: {"name": w.name, "resources": w.resources}
+                               for w in cluster.worker_list()}, cluster.tags())
+    return [name for name, _, _ in offering][:cluster.use_workers or None]
 
 
 def check_scheduler_variable() -> None:
@@ -131,7 +161,7 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     network = network_for(config)  # the network fits the images (ConfigError naming the layer)
     check_batch_rows(config, network)
     check_resumed_run(config, network)
-    check_split_source(config, strategy)
+    check_split_source(config, strategy, network)
     workspace = config.workspace.path
     if workspace and "://" not in workspace:
         check_writable_dir(workspace, "workspace.path")
@@ -165,6 +195,8 @@ def check_before_start(config: RunConfig, output_field: str = "output") -> Strat
     strategy = check_run(config, output_field)
     if strategy.uses_cluster:
         check_embedded_tags(config)
+        check_split_source(config, strategy, network_for(config),
+                           embedded_workers(config, strategy))
         check_embedded_memory(config)
     return strategy
 

@@ -64,14 +64,9 @@ def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
     layers = network.conv
     if config.placement == "recorded":
         names = [w.name for w in workers]
-        counts = check_recorded(recorded_counts(config, names, "kernel_split"),
-                                [s.kernels for s in layers], len(workers),
-                                [f"conv layer {l}'s {s.kernels} kernels"
-                                 for l, s in enumerate(layers)])
-        try:
-            check_tied(network, counts)
-        except PlacementError as untied:
-            raise ConfigError(f"split_from: {untied}") from None
+        counts = check_recorded_split(config, network, "kernel_split",
+                                      recorded_counts(config, names, "kernel_split"),
+                                      len(workers))
         return Placement("recorded", counts)
     if config.placement == "even" or len(workers) == 1:
         counts = [split_even(s.kernels, len(workers), q) for s, q in zip(layers, quanta)]
@@ -125,8 +120,9 @@ def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
     batch = config.train.batch
     names = [w.name for w in workers]
     if config.placement == "recorded":
-        counts = check_recorded(recorded_counts(config, names, "batch_split"), [batch],
-                                len(workers), [f"the batch's {batch} samples"])
+        counts = check_recorded_split(config, network, "batch_split",
+                                      recorded_counts(config, names, "batch_split"),
+                                      len(workers))
         short = [k for k in counts[0] if 0 < k < least]
         if short:
             raise ConfigError(f"split_from: {counts[0]} gives a replica {short[0]} sample(s), "
@@ -284,18 +280,38 @@ def recorded_counts(config: RunConfig, names: list[str], key: str) -> list[list[
     return [[row[recorded.index(n)] if n in recorded else 0 for n in names] for row in rows]
 
 
-def check_recorded(counts: list[list[int]], totals: list[int], workers: int,
+def check_recorded_split(config: RunConfig, network: NetworkSpec, key: str,
+                         counts: list[list[int]], workers: int | None) -> list[list[int]]:
+    """`check_recorded` for the strategy's split, `key` (``kernel_split``: a row per
+    conv layer, whose tied layers must split alike; ``batch_split``: the batch's row),
+    over `workers` (None: not known yet). The placement and `--check`
+    (`pipeline.preflight.check_split_source`) both ask it, so they refuse alike."""
+    if key != "kernel_split":
+        batch = config.train.batch
+        return check_recorded(counts, [batch], workers, [f"the batch's {batch} samples"])
+    layers = network.conv
+    counts = check_recorded(counts, [s.kernels for s in layers], workers,
+                            [f"conv layer {l}'s {s.kernels} kernels"
+                             for l, s in enumerate(layers)])
+    try:
+        check_tied(network, counts)
+    except PlacementError as untied:
+        raise ConfigError(f"split_from: {untied}") from None
+    return counts
+
+
+def check_recorded(counts: list[list[int]], totals: list[int], workers: int | None,
                    rows: list[str]) -> list[list[int]]:
     """The recorded split, if it fits this run: one row per layer (or the batch), one
-    count per worker, each row adding up; `rows` names what each row splits, for the
-    message. Any counts will do, channel quanta or not: a checkpoint is chunked at its
+    count per worker (`workers`; None: any number), each row adding up; `rows` names
+    what each row splits, for the message. Any counts will do, channel quanta or not: a checkpoint is chunked at its
     split's boundaries (`KernelLayout.checkpoint_chunks`), so no two shards ever share
     a chunk."""
     if len(counts) != len(totals):
         raise ConfigError(f"split_from: {len(counts)} row(s), but this run splits "
                           f"{len(totals)}: {', '.join(rows)}")
     for row, total, what in zip(counts, totals, rows):
-        if len(row) != workers:
+        if workers is not None and len(row) != workers:
             problem = f"{len(row)} count(s), but this run has {workers} worker(s)"
         elif min(row) < 0:
             problem = "a negative count"
