@@ -22,7 +22,8 @@ from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneL
                           stops_on_signals)
 from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
 from pipeline.config.run_config import RunConfig, load_run_config
-from pipeline.training.outputs import OutputBusy, RunComplete, check_earlier_results
+from pipeline.training.outputs import (OutputBusy, RunComplete, check_earlier_results,
+                                       earlier_results)
 from pipeline.placement.split import PlacementError
 from pipeline.prediction import check_probe_environment
 from pipeline.preflight import check_before_start
@@ -94,7 +95,10 @@ def interrupted_line(stop: Interrupted, config: RunConfig | None, argv: list[str
         return (f"interrupted ({stop.name}) after the last step: the run is complete, its "
                 f"record and summary are written ({config.output_dir}); nothing to continue")
     step = checkpoints.latest_complete_step(config.checkpoint_path)
-    if step is None:
+    if step is None or (step == 0 and not earlier_results(config.output_dir)):
+        # only the initial weights, which the seed makes again (a run stopped while it
+        # connected or started its workers): the same command starts over, as the
+        # resume would, and is not refused as an earlier run's results
         return (f"interrupted ({stop.name}) before the first checkpoint; run the same "
                 "command again to start over")
     return (f"interrupted ({stop.name}): the last complete checkpoint is step {step} "

@@ -53,6 +53,7 @@ from experiments.sweep.run import STORE, check_store, run_sweep
 from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
+from pipeline.cluster.workers import SchedulerUnreachable
 from pipeline.prediction import check_probe_environment, predict_point
 from pipeline.preflight import check_before_start, check_run, check_writable_dir
 from pipeline.config.schema import ConfigError, to_dict
@@ -215,6 +216,8 @@ def _run_store_guarded(run: Callable[[], int], interrupted: str, store_path: str
         return fail(error, RUNTIME_ERROR)
     except StoreBusy as error:
         return fail(error, 3)
+    except SchedulerUnreachable as error:  # as a run says it: the points stay pending
+        return fail(error, RUNTIME_ERROR)
     except OSError as error:  # the disk, not the input: the store keeps what it has
         if is_full(error):
             full = error if isinstance(error, NoSpace) else NoSpace(STORE, store_path)

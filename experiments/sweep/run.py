@@ -42,7 +42,8 @@ from experiments.sweep.probe_samples import ProbeSampler
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.embedded import restart_workers
 from pipeline.cluster.worker_setup import workers_set_up
-from pipeline.cluster.workers import SchedulerLost, WorkerLost, live_workers
+from pipeline.cluster.workers import (SchedulerLost, SchedulerUnreachable, WorkerLost,
+                                      live_workers)
 from pipeline.config.run_config import RunConfig
 from pipeline.prediction import predict_point
 from pipeline.records.record import software_versions
@@ -314,8 +315,9 @@ def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, sampler: Pro
                 sampler.take(point, client)
                 client = pool.client_for(point)  # the run on fresh workers again
             result = measure_point(point, client, sweep.config.keep_checkpoints)
-    except (KeyboardInterrupt, NoSpace):  # a full disk is no fault of the
-        raise  # point: it stays pending, and the sweep stops (one line)
+    except (KeyboardInterrupt, NoSpace, SchedulerUnreachable):  # a full disk, or a
+        raise  # scheduler no point can reach, is no fault of the point: it stays
+        # pending, and the sweep stops (one line)
     except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001
         reason = one_line(error)
         finished = time.time()

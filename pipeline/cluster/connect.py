@@ -11,13 +11,14 @@ starting the linked cluster (linked.py) are modules of their own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import socket
-from typing import Iterator, Sequence
-from urllib.parse import urlsplit
+import threading
+from typing import Any, Coroutine, Iterator, Sequence
 
 import torch
-from distributed import Client
+from distributed import Client, Security
+from distributed.comm import Comm, parse_address, registry
 
 from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
 from pipeline.cluster.embedded import Progress, start_embedded_cluster
@@ -25,7 +26,7 @@ from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.security import client_security, connection_problem, tls_problem
 from pipeline.cluster.jobqueue import JobProgress, JobqueueError, open_jobqueue_client
 from pipeline.cluster.linked import open_linked_cluster
-from pipeline.cluster.workers import ClusterError, scheduler_address
+from pipeline.cluster.workers import ClusterError, SchedulerUnreachable, scheduler_address
 
 
 @contextlib.contextmanager
@@ -62,12 +63,13 @@ def open_run_client(config: ClusterConfig, directories: Sequence[str] = (),
     if problem:
         raise ClusterError(problem)
     if address:
+        security = client_security(config.tls)
         try:
-            _refused_at_once(address)
-            client = Client(address, timeout="10s", set_as_default=False,
-                            security=client_security(config.tls))
+            check_handshake(address, security, config.connect_timeout)
+            client = Client(address, timeout=config.connect_timeout, set_as_default=False,
+                            security=security)
         except (OSError, TimeoutError) as error:
-            raise ClusterError(connection_problem(address, error)) from None
+            raise SchedulerUnreachable(connection_problem(address, error)) from None
         with client:
             yield client, None
         return
@@ -106,20 +108,87 @@ def check_devices(workers: list[WorkerConfig]) -> None:
                                    f"this machine has {gpus} CUDA device(s)")
 
 
-def _refused_at_once(address: str) -> None:
-    """Raise at once if nothing listens at a tcp:// address (Dask would retry for its
-    whole timeout); other protocols and any other outcome are left to Dask."""
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError:  # not a number: Dask's own message names the address
-        return
-    if parts.scheme != "tcp" or not host or not port:
-        return
-    try:
-        socket.create_connection((host, port), timeout=2).close()
-    except ConnectionRefusedError:
-        raise
-    except OSError:
-        pass
+def check_handshake(address: str, security: Security | None, seconds: float) -> None:
+    """Raise unless a Dask peer at `address` connects and sends its handshake, each
+    within `seconds`.
 
+    Dask's `Client(timeout=...)` bounds the TCP (and TLS) connect only: its first read,
+    the peer's handshake, has no limit, so an address that accepts but never speaks
+    Dask (a dashboard's HTTP port, a stopped process) held the client for ever. This
+    probe, in a thread and event loop of its own that end with it, bounds both steps:
+    a connect that fails or times out raises OSError (the caller's usual line); a peer
+    that accepted but sent no handshake in time, or something that is not one, raises
+    NotAScheduler."""
+    try:
+        protocol, location = parse_address(address)
+        connector = registry.get_backend(protocol).get_connector()
+    except ValueError:  # not an address Dask knows: its own message says so
+        return
+    arguments = (security or Security()).get_connection_args("client")
+
+    async def probe() -> None:
+        try:
+            comm = await asyncio.wait_for(
+                connector.connect(location, deserialize=False, **arguments), seconds)
+        except asyncio.TimeoutError:
+            raise OSError(f"timed out connecting to {address} after {seconds:g} s") from None
+        try:
+            reply = await asyncio.wait_for(_exchange(comm), seconds)
+        except asyncio.TimeoutError:
+            raise NotAScheduler(address, f"no handshake within {seconds:g} s") from None
+        except OSError as error:
+            if "reset" in str(error).lower():  # a TLS scheduler meeting tcp://: said as such
+                raise
+            raise NotAScheduler(address, f"it closed the connection instead of a "
+                                "handshake") from None
+        except Exception as error:  # noqa: BLE001 - bytes Dask cannot decode
+            raise NotAScheduler(address, f"its reply is not Dask's: "
+                                f"{type(error).__name__}") from None
+        finally:
+            comm.abort()
+        if not isinstance(reply, dict):
+            raise NotAScheduler(address, "its reply is not Dask's handshake")
+
+    _run_apart(probe())
+
+
+def _run_apart(probe: Coroutine[Any, Any, None]) -> None:
+    """Run `probe` to its end in an event loop and thread of its own (a caller's own
+    running loop, in a notebook, is left alone); a signal that stops the caller
+    (Ctrl-C, SIGTERM) cancels it rather than wait for its deadline."""
+    loop = asyncio.new_event_loop()
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(probe)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            outcome.append(error)
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="scheduler-probe", daemon=True)
+    thread.start()
+    try:
+        thread.join()
+    except BaseException:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loop)])
+        raise
+    if outcome:
+        raise outcome[0]
+
+
+async def _exchange(comm: Comm) -> Any:
+    """Dask's handshake, as `distributed.comm.connect` makes it: ours, then the peer's."""
+    await comm.write(comm.handshake_info())
+    return await comm.read()
+
+
+class NotAScheduler(SchedulerUnreachable):
+    """Something at the scheduler's address accepted the connection but does not speak
+    Dask (a dashboard's HTTP port, another service, a stopped process)."""
+
+    def __init__(self, address: str, why: str) -> None:
+        super().__init__(f"{address} answered but is not a Dask scheduler ({why}); is this "
+                         "the dashboard port? the scheduler's port is usually 8786")

@@ -44,6 +44,12 @@ class WorkerLost(ClusterError):
         self.memory = memory  # lost at its memory limit: a resume would meet it again
 
 
+class SchedulerUnreachable(ClusterError):
+    """The scheduler a run was given cannot be connected to (nothing listens, the TLS
+    handshake failed, or what answers is not a Dask scheduler): no run can start there
+    until the address is mended, so a sweep stops rather than fail every point."""
+
+
 class SchedulerLost(ClusterError):
     """The client lost its Dask scheduler: every task and worker of the run is gone."""
 

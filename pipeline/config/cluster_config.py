@@ -187,6 +187,10 @@ class ClusterConfig:
         "each serving under the first tag it offers")
     use_workers: int | None = described(None, "how many tagged workers to use (null: all)")
     wait_timeout: float = described(30.0, "seconds to wait for workers offering the tag")
+    connect_timeout: float = described(
+        10.0, "seconds to connect to a scheduler you started and hear its handshake (an "
+        "address that accepts but does not speak Dask, such as the dashboard's port, is "
+        "refused after this)")
     master: str | None = described(
         None, "the worker with the dense head (the seed papers' master): a worker name or a "
         "resource tag (its first worker by name); null: the run's first worker. A master "
@@ -266,6 +270,7 @@ class ClusterConfig:
         check_range(self, "threads", low=1)
         check_range(self, "use_workers", low=1)
         check_range(self, "wait_timeout", low=0, low_open=True)
+        check_range(self, "connect_timeout", low=0, low_open=True)
         if self.stall_timeout != "auto":
             check_range(self, "stall_timeout", low=0, low_open=True)
         if not self.resource:

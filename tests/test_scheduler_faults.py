@@ -1,0 +1,152 @@
+"""A scheduler address that answers but is not a Dask scheduler, and a scheduler that
+stops answering mid-run: each ends in one line and exit 1 within its limit, never a
+silent wait.
+
+Real listeners (a socket that accepts and stays silent, an HTTP server: a dashboard's
+port) and a real `dask scheduler` process SIGSTOPped, the run or sweep as its own
+process, so that a thread or event loop left behind would show as a process that
+does not exit.
+"""
+
+from __future__ import annotations
+
+import http.server
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Iterator
+
+import pytest
+
+from tests.helpers import error_lines_of
+from tests.test_cli import ROOT, CliCluster, tiny_args
+from tests.test_sweep import write_sweep
+
+#: cluster.connect_timeout in these tests (the default is 10 s).
+CONNECT_S = 2
+
+
+class SilentListener:
+    """A loopback port that accepts connections and never sends a byte (a stopped
+    process's socket, a service that waits for its client to speak first)."""
+
+    def __init__(self) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.socket.settimeout(0.2)
+        self.address = f"tcp://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.accepted: list[float] = []  # monotonic times of accepted connections
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                continue
+            self.accepted.append(time.monotonic())
+            self._held.append(connection)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for connection in self._held:
+            connection.close()
+        self.socket.close()
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[SilentListener]:
+    listener = SilentListener()
+    try:
+        yield listener
+    finally:
+        listener.close()
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    """An HTTP server on loopback, as a scheduler's dashboard port is."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _command(kind: str, tmp_path, dataset: str, address: str) -> list[str]:
+    if kind == "train":
+        return [sys.executable, "-m", "pipeline.train", *tiny_args(tmp_path, dataset),
+                "--scheduler", address, f"cluster.connect_timeout={CONNECT_S}"]
+    sweep = write_sweep(tmp_path, dataset, {"train.batch": [8, 16]})
+    return [sys.executable, "-m", "experiments.sweep", sweep, "--out",
+            str(tmp_path / "sweep.zarr"), "--scheduler", address,
+            f"cluster.connect_timeout={CONNECT_S}"]
+
+
+@pytest.mark.parametrize("kind, listener", [("train", "silent"), ("sweep", "http")])
+def test_an_address_that_is_not_a_scheduler_is_one_line_within_the_limit(
+        kind, listener, tmp_path, tiny_dataset_factory, request, monkeypatch):
+    """Before: Dask's connect timeout covered the TCP connect, not the handshake, and
+    the process waited for ever with no output."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    if listener == "silent":
+        silent = request.getfixturevalue("silent_listener")
+        address = silent.address
+    else:
+        address = request.getfixturevalue("http_server")
+    started = time.monotonic()
+    result = subprocess.run(_command(kind, tmp_path, tiny_dataset_factory("float32"), address),
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    ended = time.monotonic()
+    lines = error_lines_of(result.stderr)
+    assert result.returncode == 1, result.stderr
+    assert lines == [f"error: {address} answered but is not a Dask scheduler (no handshake "
+                     f"within {CONNECT_S} s); is this the dashboard port? the scheduler's "
+                     "port is usually 8786"], result.stderr
+    assert "Traceback" not in result.stderr
+    if listener == "silent":  # from the connection to the exit: the limit and the unwind
+        assert silent.accepted and ended - silent.accepted[0] < CONNECT_S + 15, (
+            ended - silent.accepted[0])
+    assert ended - started < 90
+
+
+def test_a_signal_while_connecting_says_there_is_nothing_to_continue(
+        tmp_path, tiny_dataset_factory, silent_listener, monkeypatch):
+    """SIGTERM while the run waits for a handshake: the run never trained, so its line
+    says to run the same command again, not to resume from step 0 (its initial
+    weights); and it stops at once, not at the connect limit."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    command = _command("train", tmp_path, tiny_dataset_factory("float32"),
+                       silent_listener.address)[:-1] + ["cluster.connect_timeout=60"]
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not silent_listener.accepted:
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        run.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert error_lines_of(err) == [
+        "interrupted (SIGTERM) before the first checkpoint; run the same command again to "
+        "start over"], err
+    assert time.monotonic() - signalled < 30
