@@ -44,6 +44,8 @@ FAULTS = {
     "worker SIGKILLed mid-run, data, float64": "survived",
     "worker SIGKILLed mid-run, recovery off, then resumed": "clean",
     "scheduler SIGKILLed mid-run": "clean",
+    # tests/test_scheduler_faults.py
+    "scheduler SIGSTOPped mid-run, limit 8 s": "clean",
     "worker joins mid-run, kernel, float64": "survived",
     # tests/test_stalls.py
     "worker SIGSTOPped mid-run, woken later, kernel, float64": "survived",

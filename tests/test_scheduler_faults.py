@@ -11,6 +11,8 @@ does not exit.
 from __future__ import annotations
 
 import http.server
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,8 +23,10 @@ from typing import Iterator
 
 import pytest
 
+from storage import checkpoints
 from tests.helpers import error_lines_of
 from tests.test_cli import ROOT, CliCluster, tiny_args
+from tests.test_faults import wait_for_checkpoint
 from tests.test_sweep import write_sweep
 
 #: cluster.connect_timeout in these tests (the default is 10 s).
@@ -150,3 +154,56 @@ def test_a_signal_while_connecting_says_there_is_nothing_to_continue(
         "interrupted (SIGTERM) before the first checkpoint; run the same command again to "
         "start over"], err
     assert time.monotonic() - signalled < 30
+
+
+#: cluster.scheduler_timeout in the frozen-scheduler test (the default is 300 s).
+SCHEDULER_S = 8
+
+
+def test_a_stopped_scheduler_is_said_then_lost_within_its_limit(tmp_path, tiny_dataset_factory,
+                                                                  monkeypatch):
+    """A `dask scheduler` SIGSTOPped mid-run. Before: the run waited silently for as
+    long as it was stopped (its questions to the scheduler had no time limit), then
+    went on. Now: a warning once it has been silent for half the limit, then the lost
+    scheduler's line, exit 1, the checkpoints kept."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    cluster = CliCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_worker("--no-nanny")
+        run = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.train", *tiny_args(tmp_path,
+                                                                 tiny_dataset_factory("float32")),
+             "--scheduler", address, "train.checkpoint_every=4", "train.steps=100000",
+             "train.eval_samples=0", "placement=even",
+             f"cluster.scheduler_timeout={SCHEDULER_S}"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        path = str(tmp_path / "run" / "checkpoints.zarr")
+        wait_for_checkpoint(path, 4, run)
+        os.kill(cluster.processes[0].pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _out, err = run.communicate(timeout=90)
+        took = time.monotonic() - stopped
+    finally:
+        os.kill(cluster.processes[0].pid, signal.SIGCONT)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        cluster.stop()
+    lines = error_lines_of(err)
+    assert run.returncode == 1, err
+    # on a loaded machine the scheduler may answer late before the stop: each such
+    # wait is said, then its end; the stop's are the last two lines
+    earlier, lines = lines[:-2], lines[-2:]
+    assert len(earlier) % 2 == 0 and all(
+        line.startswith("warning: the Dask scheduler") if index % 2 == 0 else
+        " answers again, after " in line for index, line in enumerate(earlier)), err
+    assert re.fullmatch(rf"warning: the Dask scheduler at {re.escape(address)} has not answered "
+                        r"for \d+ s \(stopped, or its host frozen\?\); the run waits for it up "
+                        rf"to cluster.scheduler_timeout \({SCHEDULER_S} s\) in all", lines[0]), err
+    assert re.fullmatch(rf"error: steps? [\d-]+: lost the Dask scheduler at {re.escape(address)} \(it "
+                        rf"did not answer for \d+ s \(cluster.scheduler_timeout: {SCHEDULER_S} "
+                        r"s\)\); the run stopped \(its checkpoints are kept\); start the run "
+                        r"again with train.resume=true .*", lines[1]), err
+    assert took < SCHEDULER_S + 30, took  # the limit, a question's slice, the unwind
+    assert (checkpoints.latest_complete_step(path) or 0) >= 4  # what was saved is kept

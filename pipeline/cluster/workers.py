@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import psutil
@@ -21,6 +22,9 @@ from distributed import Client, SpecCluster
 
 from pipeline.config.cluster_config import ClusterConfig
 
+#: Seconds one question to a watched scheduler may take (`SchedulerWatch`), and the
+#: most seconds of its silence before the run says so.
+ASK_S, WARN_S = 5.0, 30.0
 
 
 
@@ -73,25 +77,103 @@ class ClusterWorker:
         return self.name
 
 
-def live_workers(client: Client, patience: float = 10.0) -> dict[str, dict]:
+class SchedulerSilent(SchedulerLost):
+    """The scheduler's process is there (its connection open) but has not answered for
+    `cluster.scheduler_timeout` seconds: stopped (SIGSTOP), or its host frozen."""
+
+    def __init__(self, seconds: float, limit: float) -> None:
+        super().__init__(f"it did not answer for {seconds:.0f} s (cluster.scheduler_timeout: "
+                         f"{limit:g} s)")
+        self.seconds, self.limit = seconds, limit
+
+
+class SchedulerWatch:
+    """How long a run waits for a scheduler that stops answering.
+
+    Dask's client never times out a question on an open connection, so a stopped
+    scheduler held a run silently until it woke. With a watch, `live_workers` asks in
+    slices of `ask_s`; after `warn_s` without an answer the run says so (once), and
+    after `limit` it counts the scheduler as lost (`SchedulerSilent`). The limit is
+    generous by default: a busy scheduler answers late, a stopped one never."""
+
+    def __init__(self, limit: float | None, address: str,
+                 say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
+                 ) -> None:
+        self.limit, self.address, self.say = limit, address, say
+        self.silent_since: float | None = None
+        self.warned = False
+
+    def ask_s(self) -> float:
+        """Seconds one question has: `ASK_S`, or a quarter of a short limit (so that
+        the warning comes before it)."""
+        return ASK_S if self.limit is None else min(ASK_S, self.limit / 4)
+
+    def warn_s(self) -> float:
+        """Seconds of silence before the warning: `WARN_S`, or half the limit."""
+        return WARN_S if self.limit is None else min(WARN_S, self.limit / 2)
+
+    def unanswered(self) -> None:
+        """A question went unanswered: warn once, or raise past the limit."""
+        now = time.monotonic()
+        self.silent_since = self.silent_since or now - self.ask_s()
+        silent = now - self.silent_since
+        if self.limit is not None and silent >= self.limit:
+            raise SchedulerSilent(silent, self.limit)
+        if not self.warned and silent >= self.warn_s():
+            self.warned = True
+            until = ("for ever (cluster.scheduler_timeout: null)" if self.limit is None else
+                     f"up to cluster.scheduler_timeout ({self.limit:g} s) in all")
+            self.say(f"warning: the Dask scheduler at {self.address} has not answered for "
+                     f"{silent:.0f} s (stopped, or its host frozen?); the run waits for it "
+                     f"{until}")
+
+    def answered(self) -> None:
+        if self.warned:
+            self.say(f"the Dask scheduler at {self.address} answers again, after "
+                     f"{time.monotonic() - (self.silent_since or 0):.0f} s")
+        self.silent_since, self.warned = None, False
+
+
+def live_workers(client: Client, patience: float = 10.0,
+                 watch: SchedulerWatch | None = None) -> dict[str, dict]:
     """The scheduler's workers now, by address; SchedulerLost if it cannot say.
 
     Asks the scheduler itself: `Client.scheduler_info` answers from a cache when
     the scheduler is slow to respond, and that cache may list no workers at all,
     which would read as every worker lost. A busy scheduler is asked again for
-    `patience` seconds.
+    `patience` seconds. With a `watch`, each question has `watch.ask_s()`, and a
+    scheduler that answers none counts as lost after the watch's limit.
     """
     deadline = time.monotonic() + patience
     while True:
         if client.status != "running":
             raise SchedulerLost(f"lost the Dask scheduler ({client.status})")
         try:
-            return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
-        except (OSError, TimeoutError) as error:
+            workers = dict(client.sync(client.scheduler.identity, n_workers=-1,
+                                       callback_timeout=watch.ask_s() if watch else None)["workers"])
+        except OSError as error:
+            if watch is not None and isinstance(error, TimeoutError):  # none in time
+                watch.unanswered()
+                continue
             if time.monotonic() > deadline:
                 raise SchedulerLost(f"lost the Dask scheduler ({type(error).__name__})"
                                     ) from None
             time.sleep(0.5)
+        else:
+            if watch is not None:
+                watch.answered()
+            return workers
+
+
+def abandon_client(client: Client) -> None:
+    """Close `client` towards a scheduler that stopped answering, giving it `ASK_S`:
+    its connection stays open to a silent peer, so what the run's unwinding asks of
+    it (releasing futures, unregistering its setup) would wait for ever; a closed
+    client refuses them at once, as after a scheduler that died."""
+    try:
+        client.sync(client._close, fast=True, callback_timeout=ASK_S)
+    except Exception:  # noqa: BLE001 - closing a client to a frozen peer: best effort
+        pass
 
 
 def unresponsive(client: Client, addresses: list[str], timeout: float = 5.0) -> list[str]:

@@ -205,6 +205,10 @@ class ClusterConfig:
         "from the cluster and recovered from like a lost worker, while stores none of the "
         "workers can list within 5 s stop the run; `auto`: max(30 s, 10x the median task "
         "of `train.steps_per_task` steps), 120 s before the first step; null: never")
+    scheduler_timeout: float | None = described(
+        300.0, "seconds the run waits for a scheduler that stops answering (stopped, its "
+        "host frozen) before it stops as with a lost scheduler, its checkpoints kept; a "
+        "warning comes after 30 s (or half the limit); null: wait for ever")
     tls: TlsConfig | None = described(
         None, "the client's certificates for a `tls://` scheduler (PEM files; "
         "docs/multihost.md); null: Dask's own TLS config, if any")
@@ -271,6 +275,7 @@ class ClusterConfig:
         check_range(self, "use_workers", low=1)
         check_range(self, "wait_timeout", low=0, low_open=True)
         check_range(self, "connect_timeout", low=0, low_open=True)
+        check_range(self, "scheduler_timeout", low=0, low_open=True)
         if self.stall_timeout != "auto":
             check_range(self, "stall_timeout", low=0, low_open=True)
         if not self.resource:

@@ -30,8 +30,10 @@ from typing import Any, Callable, Literal, NoReturn, Sequence
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster.workers import (ClusterError, ClusterWorker, SchedulerLost, WorkerLost,
-                                      fence_workers, live_workers, unresponsive)
+from pipeline.cluster.workers import (ClusterError, ClusterWorker, SchedulerLost,
+                                      SchedulerSilent, SchedulerWatch, WorkerLost,
+                                      abandon_client, fence_workers, live_workers,
+                                      unresponsive)
 from pipeline.cluster.worker_limits import lost_for_memory
 from storage.liveness import silent_stores
 from storage.space import NoSpace
@@ -189,7 +191,8 @@ class TaskRunner:
     def __init__(self, client: Client, workers: Sequence[ClusterWorker], run_id: str,
                  on_failure: Callable[[str], None] = lambda reason: None,
                  watch: StallWatch | None = None, stores: Sequence[str] = (),
-                 on_wait: Callable[[str], None] = lambda note: None) -> None:
+                 on_wait: Callable[[str], None] = lambda note: None,
+                 scheduler_watch: SchedulerWatch | None = None) -> None:
         self.client = client
         self.workers = list(workers)
         self.run_id = run_id
@@ -201,6 +204,7 @@ class TaskRunner:
         self._doing: dict[str, tuple[int, str]] = {}  # key -> (worker, what it does)
         self.on_wait = on_wait  # hears `waiting_note`s (the progress bar)
         self._last_seen: dict[str, dict] = {}  # the scheduler's table, by address
+        self.scheduler_watch = scheduler_watch  # None: ask without a limit
 
     def submit(self, function: Callable[..., Any], worker: int, *args: Any, name: str,
                priority: int = 0, doing: str = "", **kwargs: Any) -> Future:
@@ -267,19 +271,21 @@ class TaskRunner:
                 self.on_wait(note)
             self._check_stall(futures, what, quiet)
 
-    def lost_workers(self) -> list[ClusterWorker]:
+    def lost_workers(self, what: str = "asking for the workers") -> list[ClusterWorker]:
         """The run's workers the scheduler no longer knows (and, of those it knows,
         the scheduler's last word kept: their memory, should they go)."""
         try:
-            alive = live_workers(self.client)
+            alive = live_workers(self.client, watch=self.scheduler_watch)
+        except SchedulerSilent as silent:
+            self._scheduler_lost(what, silent)
         except SchedulerLost:
-            self._scheduler_lost("asking for the workers")
+            self._scheduler_lost(what)
         self._last_seen.update({a: info for a, info in alive.items()
                                 if a in {w.address for w in self.workers}})
         return [worker for worker in self.workers if worker.address not in alive]
 
     def _check_workers(self, what: str) -> None:
-        gone = self.lost_workers()
+        gone = self.lost_workers(what)
         if gone:
             notes = lost_for_memory(self.client, [w.address for w in gone], self._last_seen)
             lost = [f"{w.label} ({notes[w.address]})" if w.address in notes else w.label
@@ -348,10 +354,13 @@ class TaskRunner:
                 holding.setdefault(member.label if labels else member.address, []).append(doing)
         return holding
 
-    def _scheduler_lost(self, what: str) -> None:
+    def _scheduler_lost(self, what: str, silent: SchedulerSilent | None = None) -> None:
         address = getattr(self.client.scheduler, "address", None) or "?"
-        self._fail(SchedulerLost(f"{what}: lost the Dask scheduler at {address}; the run "
-                                 "stopped (its checkpoints are kept)"))
+        if silent is not None:  # its connection is open: calls on it would wait for ever
+            abandon_client(self.client)
+        why = f" ({silent})" if silent is not None else ""
+        self._fail(SchedulerLost(f"{what}: lost the Dask scheduler at {address}{why}; the "
+                                 "run stopped (its checkpoints are kept)"))
 
     def _fail(self, error: ClusterError | NoSpace, abort: bool = True) -> NoReturn:
         """Tell the workers (`on_failure`: the workspace's abort marker; not when the

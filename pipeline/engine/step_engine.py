@@ -23,7 +23,8 @@ from typing import Callable
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster.workers import ClusterError, ClusterWorker, all_local, live_workers
+from pipeline.cluster.workers import (ClusterError, ClusterWorker, SchedulerWatch, all_local,
+                                      live_workers)
 from pipeline.config.run_config import RunConfig
 from pipeline.cluster.object_store import workspace_url
 from pipeline.placement.split import Placement
@@ -104,7 +105,10 @@ class StepEngine:
         self.runner = TaskRunner(client, self.workers, self.run_id,
                                  on_failure=self.exchange.abort, watch=self.watch,
                                  stores=[self.paths.workspace, self.paths.checkpoints,
-                                         self.paths.dataset])
+                                         self.paths.dataset],
+                                 scheduler_watch=SchedulerWatch(
+                                     config.cluster.scheduler_timeout,
+                                     getattr(client.scheduler, "address", "?")))
         self.devices: list[str] = ["cpu"] * len(self.workers)
         self.first_step = 0
         self._submitted: dict[int, tuple[int, list[Future]]] = {}  # first step: (count, tasks)
