@@ -41,8 +41,8 @@ def _runs(step_compute: dict[str, float], rows: list[int]) -> list[PlanRun]:
     """Two rounds of a hybrid replica plan (trunk 10 + 20 ms a worker) and of a data
     one whose replica-step reads its batch, computes, waits for a peer, and computes
     its hand-on copies (the compute split 80/20 around the wait)."""
-    hybrid = replica_plan(NARROW, sum(rows), len(rows), step="hybrid")
-    data = replica_plan(NARROW, sum(rows), len(rows), step="data")
+    hybrid = replica_plan(NARROW, sum(rows), len(rows))
+    data = replica_plan(NARROW, sum(rows), len(rows), whole=True)
     names = list(step_compute)
     out = []
     for r in (0, 1):
@@ -60,12 +60,10 @@ def _runs(step_compute: dict[str, float], rows: list[int]) -> list[PlanRun]:
 
 
 def test_a_data_replica_plan_runs_where_hybrid_cannot_split_the_head():
-    assert replica_plan(NARROW, 16, 4, step="hybrid") is None  # 2 classes over 4 workers
-    plan = replica_plan(NARROW, 16, 4, step="data")
-    assert plan is not None and plan.shares == [4, 4, 4, 4] and plan.step == "data"
-    assert replica_plan(NARROW, 3, 4, step="data") is None  # fewer rows than workers
-    with pytest.raises(ValueError, match="no replica step 'kernel'"):
-        replica_plan(NARROW, 16, 2, step="kernel")
+    assert replica_plan(NARROW, 16, 4) is None  # hybrid's head: 2 classes over 4 workers
+    plan = replica_plan(NARROW, 16, 4, whole=True)
+    assert plan is not None and plan.shares == [4, 4, 4, 4] and plan.whole
+    assert replica_plan(NARROW, 3, 4, whole=True) is None  # fewer rows than workers
 
 
 def test_the_data_step_is_read_off_the_replica_step_compute_alone():
@@ -86,7 +84,7 @@ def test_the_data_step_is_read_off_the_replica_step_compute_alone():
 
 def test_no_data_step_without_a_data_plan_at_the_trunks_rows():
     runs = [run for run in _runs({"cpu-0": 27 * MS, "cpu-1": 33 * MS}, [8, 8])
-            if run.plan.step == "hybrid"]
+            if not run.plan.whole]
     assert trunk_timings(runs)["cpu-0"].data_step_s is None
 
 

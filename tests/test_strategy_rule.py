@@ -45,7 +45,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("experiments/report/figures.py", "frame['strategy'] == PAPER_STRATEGY"):
         "the paper's method, as the store names its rows",
     # A legend: the scaling report marks the baseline's line (named in the sweep's attrs).
-    ("experiments/scaling/report.py", "s == BASELINE"):
+    ("experiments/scaling/speedup_figure.py", "s == BASELINE"):
         "a legend entry and line style of the scaling baseline",
     # The sweep's baseline is a name in its config (`speedup_baseline`): the speedup
     # is available where the points' strategy is that baseline.

@@ -88,7 +88,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     started = time.perf_counter()
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
     replicas = replica_plan(network, batch, len(offered), batch_norm)
-    data_replicas = replica_plan(network, batch, len(offered), batch_norm, "data")
+    data_replicas = replica_plan(network, batch, len(offered), batch_norm, whole=True)
     plans += [plan for plan in (replicas, data_replicas) if plan is not None and replicas]
     shared = share_plans(plans, offered, network, batch) if scheduler_in_process(client) \
         else []
@@ -139,6 +139,6 @@ def share_plans(plans: Sequence[Plan], offered: Sequence[ClusterWorker], network
     if len(offered) < 2 or not cores_filled(threads, usable_cores()):
         return []
     even = [p for p in plans if isinstance(p, ProbePlan) and p.workers == len(offered)][:1]
-    hybrid = [p for p in plans if isinstance(p, ReplicaPlan) and p.step == "hybrid"]
-    return [p for p in even + hybrid
+    trunks = [p for p in plans if isinstance(p, ReplicaPlan) and not p.whole]
+    return [p for p in even + trunks
             if plan_seconds(network, batch, p) < SHARE_BELOW_S]

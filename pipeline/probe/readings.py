@@ -116,10 +116,11 @@ def shard_timings(runs: Sequence[PlanRun]) -> dict[str, list[ShardTiming]]:
 RowSample = tuple[tuple[float, ...], float | None]
 
 
-def _replica_rounds(runs: Sequence[PlanRun], step: str, read: Callable[[Receipt], tuple[
+def _replica_rounds(runs: Sequence[PlanRun], whole: bool, read: Callable[[Receipt], tuple[
         tuple[float, ...], OpEvent] | None], alike: Sequence[Sequence[str]]
         ) -> dict[str, tuple[int, int, list[list[RowSample]]]]:
-    """Per worker, the rows it ran in the replica plan of `step`, the workers running,
+    """Per worker, the rows it ran in the replica plan (`whole`: the one timing a whole
+    replica-step, `ReplicaPlan.whole`; else the trunk ops'), the workers running,
     and its steps by round, each step `read` off its receipt (compute figures and the
     op holding the batch read; None: the receipt lacks the ops).
 
@@ -133,7 +134,7 @@ def _replica_rounds(runs: Sequence[PlanRun], step: str, read: Callable[[Receipt]
         defaultdict(lambda: defaultdict(list))  # (worker, workers running) -> round -> per row
     rows_of: dict[tuple[str, int], int] = {}
     for run in runs:
-        if not isinstance(run.plan, ReplicaPlan) or run.plan.step != step:
+        if not isinstance(run.plan, ReplicaPlan) or run.plan.whole != whole:
             continue
         for receipt in run.receipts:
             rows, figures = run.plan.shares[run.workers.index(receipt.worker)], read(receipt)
@@ -182,9 +183,9 @@ def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
     and from the data replica plan's rounds, where it ran, the whole replica-step's
     compute (`TrunkTiming.data_step_s`). Alike workers pool their steps
     (`_replica_rounds`)."""
-    steps = _replica_rounds(runs, "data", _replica_step_op, alike)
+    steps = _replica_rounds(runs, True, _replica_step_op, alike)
     out = {}
-    for worker, (rows, active, rounds) in _replica_rounds(runs, "hybrid", _trunk_ops,
+    for worker, (rows, active, rounds) in _replica_rounds(runs, False, _trunk_ops,
                                                           alike).items():
         f, b = (estimate([[values[n] for values, _ in r] for r in rounds]) for n in range(2))
         total = estimate([[values[0] + values[1] for values, _ in r] for r in rounds])

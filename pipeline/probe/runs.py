@@ -72,17 +72,13 @@ class ProbePlan:
         return len(self.counts[0])
 
 
-#: The replica steps a replica plan runs: ``hybrid``'s (scheme a), whose trunk ops time
-#: the conv trunk alone, and ``data``'s, whose one replica-step times the whole replica.
-REPLICA_STEPS = ("hybrid", "data")
-
-
 @dataclass
 class ReplicaPlan:
-    """Every worker a whole replica on its even share of the batch, all at once, as
-    the ``hybrid`` step (scheme a) or the ``data`` step runs it (`REPLICA_STEPS`): what
+    """Every worker a whole replica on its even share of the batch, all at once: what
     no kernel plan times (whole layers there run on worker 0 alone, at the whole
-    batch).
+    batch). ``whole``: as the ``data`` step runs it, the whole replica in one op (its
+    replica-step); else as the ``hybrid`` step (scheme a), whose trunk ops time the
+    conv trunk alone.
 
     Why both: the same trunk runs a few percent faster inside a ``data`` replica's one
     autograd pass than as ``hybrid``'s separate trunk ops (compute per step on the
@@ -90,7 +86,7 @@ class ReplicaPlan:
     ``hybrid``'s), so each strategy's replica is timed as it runs."""
 
     shares: list[int]
-    step: str = "hybrid"
+    whole: bool = False
 
     @property
     def workers(self) -> int:
@@ -101,19 +97,17 @@ Plan = ProbePlan | ReplicaPlan
 
 
 def replica_plan(network: NetworkSpec, batch: int, n: int, batch_norm: str = "sync",
-                 step: str = "hybrid") -> ReplicaPlan | None:
-    """The replica plan of `step` over ``n`` workers, or None where hybrid cannot split
-    the network (a dense layer narrower than ``n``) or the batch (fewer rows than ``n``;
+                 whole: bool = False) -> ReplicaPlan | None:
+    """The replica plan over ``n`` workers (``whole``: `ReplicaPlan.whole`), or None
+    where hybrid's trunk ops cannot split the network (a dense layer narrower than ``n``) or the batch (fewer rows than ``n``;
     with ``batch_norm: local``, fewer than `batch_norm_rows` a replica: each replica's
     batch norm would see one value per channel, which PyTorch refuses, and the run
     itself never gives a replica so few, `pipeline.placement.split.merge_short_shares`)."""
-    if step not in REPLICA_STEPS:
-        raise ValueError(f"no replica step {step!r}: one of {REPLICA_STEPS}")
     least = batch_norm_rows(network) if batch_norm == "local" else 1
-    narrow = step == "hybrid" and min(out for _in, out in dense_widths(network)) < n
+    narrow = not whole and min(out for _in, out in dense_widths(network)) < n
     if n < 1 or batch < least * n or narrow:
         return None
-    return ReplicaPlan(split_counts(batch, n), step)
+    return ReplicaPlan(split_counts(batch, n), whole)
 
 
 def plan_steps(seconds: float) -> tuple[int, int]:
@@ -304,7 +298,7 @@ class PlanEngines:
             workers = self.offered[:plan.workers]
             names = [w.name for w in workers]
             arithmetic = Arithmetic(config.optimizer_spec())
-            if isinstance(plan, ReplicaPlan) and plan.step == "data":
+            if isinstance(plan, ReplicaPlan) and plan.whole:
                 run_plan = RunPlan(workers, DataLayout(tuple(names), tuple(plan.shares),
                                                        batch_norm=self.batch_norm),
                                    Placement("even", [list(plan.shares)]), DATA_SIDE,
