@@ -30,7 +30,7 @@ from pipeline.prediction import network_for
 from pipeline.probe.tables import model_network
 from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
-from pipeline.strategies import Strategy, strategy_of
+from pipeline.strategies import Strategy, arithmetic_settings, strategy_of
 from storage.private import default_workspace_root, folder_problem
 from tasks.specs import NetworkSpec, batch_norm_name, batch_norm_rows, lone_batch_norm
 
@@ -160,7 +160,7 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     check_dataset_fits(config, *expected_dataset(config))  # its classes, a batch's samples
     network = network_for(config)  # the network fits the images (ConfigError naming the layer)
     check_batch_rows(config, network)
-    check_resumed_run(config, network)
+    check_resumed_run(config, network, arithmetic_settings)
     check_split_source(config, strategy, network)
     workspace = config.workspace.path
     if workspace and "://" not in workspace:

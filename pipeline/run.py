@@ -46,6 +46,7 @@ from pipeline.records.record import (RunRecorder, code_revision, jsonable, link_
 from pipeline.records.starts import EarlierRecord, read_earlier
 from pipeline.records.summary import left_out_lines, placement_line
 from pipeline.records.trace import ClientEvent, write_trace
+from pipeline.strategies import arithmetic_settings
 from pipeline.strategies.base import Strategy
 from pipeline.strategies.auto import choose_strategy
 from pipeline.training.evaluate import test_accuracy
@@ -171,7 +172,7 @@ def _prepare(config: RunConfig, say: Callable[[str], None], notes: list[str]) ->
     info = prepare_dataset(config)
     network = config.network_spec(info.image_shape)
     check_dataset_fits(config, info.classes, info.train_samples)
-    from_step = prepare_checkpoints(config, network, say)
+    from_step = prepare_checkpoints(config, network, say, arithmetic_settings)
     attrs: dict[str, Any] = {"name": config.name, "strategy": config.strategy,
                              "config": yaml.safe_dump(to_dict(config), sort_keys=False),
                              "dataset": info.path, "dataset_source": info.source,

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from dataclasses import asdict
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Collection, Protocol
 
 import numpy as np
 
@@ -48,14 +48,22 @@ RESUME_FIXED = ("data.source", "data.image_size", "data.train_samples",
                 "train.momentum", "train.weight_decay", "train.nesterov", "train.seed",
                 "train.batch_norm", "hybrid.dense_batch", "hybrid.conv_lr_scaling")
 #: Settings only some strategies use, as single-process SGD has them: the value a
-#: strategy that does not use them trains with, whatever the config says.
-_SGD_VALUES = {"train.batch_norm": (("data", "hybrid"), "sync"),
-               "hybrid.dense_batch": (("hybrid",), "full"),
-               "hybrid.conv_lr_scaling": (("hybrid",), "none")}
-_OWN_STRATEGIES = ("single", "kernel", "reference", "data", "hybrid")
+#: strategy that does not use them trains with, whatever the config says (which a
+#: strategy uses is its `Strategy.arithmetic_settings`).
+SGD_VALUES = {"train.batch_norm": "sync", "hybrid.dense_batch": "full",
+              "hybrid.conv_lr_scaling": "none"}
+#: A strategy's name -> the settings of `SGD_VALUES` its arithmetic uses (None: compare
+#: every one as written): `pipeline.strategies.arithmetic_settings`, which this layer
+#: may not import.
+SettingsOf = Callable[[str], Collection[str] | None]
 
 
-def made_with(config: RunConfig, network: NetworkSpec) -> dict[str, Any]:
+def _as_written(strategy: str) -> None:
+    return None
+
+
+def made_with(config: RunConfig, network: NetworkSpec, settings_of: SettingsOf = _as_written
+              ) -> dict[str, Any]:
     """The settings of `RESUME_FIXED` a run trains with (defaults filled in; a setting
     its strategy, or its network, does not use as single-process SGD has it), and its
     network section, which names what differs when the network does."""
@@ -68,9 +76,10 @@ def made_with(config: RunConfig, network: NetworkSpec) -> dict[str, Any]:
               **{f"train.{name}": getattr(train, name) for name in
                  ("batch", "lr", "momentum", "weight_decay", "nesterov", "seed",
                   "batch_norm")}}
-    for key, (users, sgd) in _SGD_VALUES.items():
-        if config.strategy in _OWN_STRATEGIES and config.strategy not in users:
-            values[key] = sgd  # `auto` or a strategy of yours: as the config says
+    used = settings_of(config.strategy)
+    for key, sgd in SGD_VALUES.items():
+        if used is not None and key not in used:
+            values[key] = sgd
     if not any(layer.batch_norm for layer in network.conv):
         values["train.batch_norm"] = "sync"  # no batch norm: `local` is the same
     values["network"] = dotted(to_dict(config.network), "network")
@@ -87,7 +96,8 @@ def dotted(value: Any, prefix: str) -> dict[str, Any]:
             for key, leaf in dotted(inner, f"{prefix}.{name}").items()}
 
 
-def _earlier_settings(config: RunConfig, network: NetworkSpec) -> dict[str, Any] | None:
+def _earlier_settings(config: RunConfig, network: NetworkSpec, settings_of: SettingsOf
+                      ) -> dict[str, Any] | None:
     """What the checkpoints were made with: as the store records it, else (a store
     written before it did) as the run folder's config.yaml says; None if neither."""
     recorded = checkpoints.made_with(config.checkpoint_path)
@@ -95,7 +105,7 @@ def _earlier_settings(config: RunConfig, network: NetworkSpec) -> dict[str, Any]
         return recorded
     try:
         with open(os.path.join(config.output_dir, "config.yaml"), encoding="utf-8") as file:
-            return made_with(build_run_config(yaml_load(file.read())), network)
+            return made_with(build_run_config(yaml_load(file.read())), network, settings_of)
     except (OSError, ConfigError, ValueError):
         return None
 
@@ -107,7 +117,8 @@ def _change(key: str, before: Any, after: Any) -> str:
     return f"{key}={shown(before)} (now {shown(after)})"
 
 
-def check_resumed_run(config: RunConfig, network: NetworkSpec) -> None:
+def check_resumed_run(config: RunConfig, network: NetworkSpec,
+                      settings_of: SettingsOf = _as_written) -> None:
     """A resume (`train.resume`) of checkpoints made for another network or with other
     settings of `RESUME_FIXED` is refused, in one line naming each setting with the
     checkpointed value and the new one. Reads only the store's attributes (and the
@@ -116,7 +127,8 @@ def check_resumed_run(config: RunConfig, network: NetworkSpec) -> None:
     if not (config.train.resume and checkpoints.complete_steps(path)):
         return
     other_network = checkpoints.made_for(path) != network_fingerprint(network)
-    earlier, now = _earlier_settings(config, network) or {}, made_with(config, network)
+    earlier = _earlier_settings(config, network, settings_of) or {}
+    now = made_with(config, network, settings_of)
     differ = [_change(key, earlier[key], now[key]) for key in RESUME_FIXED
               if key in earlier and earlier[key] != now[key]]
     if other_network:
@@ -130,7 +142,8 @@ def check_resumed_run(config: RunConfig, network: NetworkSpec) -> None:
 
 
 def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
-                        say: Callable[[str], None] = _to_stderr) -> int:
+                        say: Callable[[str], None] = _to_stderr,
+                        settings_of: SettingsOf = _as_written) -> int:
     """The step to start from: the newest valid checkpoint if resuming, else 0 (a
     resume with no complete checkpoint starts over, and says so through `say`).
 
@@ -143,7 +156,7 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
     path = config.checkpoint_path
     fingerprint = network_fingerprint(network)
     if config.train.resume and checkpoints.complete_steps(path):
-        check_resumed_run(config, network)
+        check_resumed_run(config, network, settings_of)
         checkpoints.discard_attempts(path)  # staging areas a killed run left: never read
         latest, passed = checkpoints.latest_valid_step(path)
         damaged = "; ".join(f"step {step}: {problem}" for step, problem in passed)
@@ -158,7 +171,7 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
         say(f"train.resume: no complete checkpoint in {path} to resume from; starting at "
             "step 0")
     with writing("checkpoint store", path):
-        checkpoints.start_fresh(path, fingerprint, made_with(config, network))
+        checkpoints.start_fresh(path, fingerprint, made_with(config, network, settings_of))
         # one chunk per tensor: this process writes them whole, and a worker reading
         # its slice reads only its rows' bytes (storage/chunk_files.py)
         checkpoints.create_checkpoint(path, 0, checkpoint_shapes(network), {}, network.dtype)

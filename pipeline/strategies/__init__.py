@@ -17,7 +17,8 @@ from pipeline.strategies.kernel import KernelStrategy, SingleStrategy
 from pipeline.strategies.reference import ReferenceStrategy
 from pipeline.strategies.replicas import DataStrategy, HybridStrategy
 
-__all__ = ["PLACEMENTS", "STRATEGIES", "Strategy", "register", "strategy_named", "strategy_of"]
+__all__ = ["PLACEMENTS", "STRATEGIES", "Strategy", "register", "strategy_named", "strategy_of",
+           "arithmetic_settings"]
 
 #: Every strategy a config may name, by name.
 STRATEGIES: dict[str, Strategy] = {}
@@ -38,6 +39,13 @@ def strategy_named(name: str) -> Strategy:
     except KeyError:
         raise ConfigError(f"strategy: {name!r} is not a strategy; expected one of "
                           f"{', '.join(repr(n) for n in STRATEGIES)}") from None
+
+
+def arithmetic_settings(name: str) -> tuple[str, ...] | None:
+    """The settings beyond plain SGD the strategy called `name` uses
+    (`Strategy.arithmetic_settings`; None for a name not registered here)."""
+    strategy = STRATEGIES.get(name)
+    return None if strategy is None else strategy.arithmetic_settings
 
 
 def strategy_of(config: RunConfig) -> Strategy:

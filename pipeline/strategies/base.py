@@ -85,6 +85,11 @@ class Strategy:
     #: What its split divides: ``"kernel"`` (every conv layer's kernels, rows
     #: ``[layer][worker]``) or ``"sample"`` (the batch's samples, one row).
     split_unit: str = "kernel"
+    #: The settings beyond plain SGD its arithmetic uses (of
+    #: `pipeline.engine.checkpointing.SGD_VALUES`): a resume compares the rest as plain
+    #: SGD has them, so a strategy that ignores a setting does not hide a change in
+    #: it. None: every one as the config writes it (a strategy that does not say).
+    arithmetic_settings: tuple[str, ...] | None = None
 
     def check(self, config: RunConfig) -> None:
         """Refuse, naming the field, a config this strategy cannot run."""

@@ -35,6 +35,7 @@ class KernelStrategy(Strategy):
     """Kernel-parallel conv layers, dense head on a master (docs/methods.md §1)."""
 
     name = "kernel"
+    arithmetic_settings = ()
     worker_side = KERNEL_SIDE
     memory_model = True
 

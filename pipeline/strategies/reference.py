@@ -22,6 +22,7 @@ class ReferenceStrategy(Strategy):
     """Plain PyTorch in the client's process, `reference.threads` threads."""
 
     name = "reference"
+    arithmetic_settings = ()
     uses_cluster = False
     one_worker = True
     memory_model = True

@@ -52,6 +52,7 @@ class DataStrategy(Strategy):
     """Data parallel: a full replica per worker, gradients summed through the workspace."""
 
     name = "data"
+    arithmetic_settings = ("train.batch_norm",)
     placements = tuple(p for p in PLACEMENTS if p != "model")
     split_key = "batch_split"
     worker_side = DATA_SIDE
@@ -131,6 +132,7 @@ class HybridStrategy(DataStrategy):
     """Conv layers data-parallel, dense layers split by neurons (docs/methods.md §2)."""
 
     name = "hybrid"
+    arithmetic_settings = ("train.batch_norm", "hybrid.dense_batch", "hybrid.conv_lr_scaling")
     worker_side = HYBRID_SIDE
     device_peak: DevicePeak = staticmethod(hybrid_device_peak)
 
