@@ -137,7 +137,10 @@ def check_handshake(address: str, security: Security | None, seconds: float) -> 
         except asyncio.TimeoutError:
             raise NotAScheduler(address, f"no handshake within {seconds:g} s") from None
         except OSError as error:
-            if "reset" in str(error).lower():  # a TLS scheduler meeting tcp://: said as such
+            text = str(error).lower()
+            # a TLS scheduler meeting tcp:// (reset), or refusing this client's
+            # certificate (an SSL alert at the first read): `connection_problem` says so
+            if "reset" in text or "ssl" in text or "certificate" in text:
                 raise
             raise NotAScheduler(address, f"it closed the connection instead of a "
                                 "handshake") from None
