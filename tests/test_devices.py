@@ -143,12 +143,21 @@ def test_a_recorded_split_that_does_not_fit_is_one_config_error(mixed_cluster, t
 def test_a_twenty_times_slower_worker_gets_nothing(mixed_cluster, tmp_path,
                                                    tiny_dataset_factory, capsys):
     """Calibrated placement over `fast` and a 20x slower `slow` leaves `slow` out: the
-    run is `fast` alone, predicted no slower than the best single device."""
+    run is `fast` alone, predicted no slower than the best single device.
+
+    Batch 64, not tiny_config's 16: the emulated slowness is a sleep after the compute
+    (`WorkerProfile.emulate`), so `slow` is busy 1/20 of its rounds and the kernel's
+    scheduler runs it at once when it wakes, while `fast` computes back to back and
+    shares the cores with whatever else runs. At batch 16 a round is 1.5 ms, within
+    one time slice: under load `slow`'s rounds kept their 20x while `fast`'s grew up to
+    10x, and 4 busy processes on this 2-core machine gave `slow` kernels in 3 runs of 8.
+    At batch 64 (5 ms rounds, several slices) load lengthens both alike: 15 runs under
+    6 and 8 busy processes all left `slow` out, measured 13-52x slower."""
     client, cluster = mixed_cluster
     dataset = tiny_dataset_factory("float32")
     config, result = run(tmp_path, dataset, client, cluster, ["FAST", "SLOW"], "calibrated",
-                         placement="calibrated",
-                         **{"network.conv.0.kernels": 16, "network.conv.1.kernels": 24})
+                         placement="calibrated", **{"train.batch": 64,
+                         "network.conv.0.kernels": 16, "network.conv.1.kernels": 24})
     choice = json.loads(result.record.attrs["placement_choice"])
     assert choice["workers"] == [FAST, SLOW]
     assert [row[1] for row in choice["split"]] == [0, 0]
