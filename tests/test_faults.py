@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -254,26 +255,39 @@ def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
         tmp_path, three_cli_workers, tiny_dataset_factory):
     """Two CLI workers train; a third starts once the run has placed its work: at a
     later checkpoint the run re-places over all three and goes on without restarting
-    or replaying, and its float64 weights still equal plain single-process PyTorch's."""
+    or replaying, and its float64 weights still equal plain single-process PyTorch's.
+
+    The run's process is SIGSTOPped from the moment its work is placed until the third
+    worker is in the cluster (its steps already submitted run on), so that the join
+    falls before the run's end however long the worker takes to start: 200 steps
+    running on through the start were once needed (100 were once done first on a
+    loaded machine, and no join was seen), most of this test's time."""
     assert FAULTS["worker joins mid-run, kernel, float64"] == "survived"
     cluster = three_cli_workers
     cluster.kill("w2")
     dataset = tiny_dataset_factory("float64")
-    # long enough for a worker to start (2-3 s here; 100 steps were once done first
-    # on a loaded machine, so that no join was seen)
-    steps, every = 200, 10
+    # the join is seen at checkpoint 10, or a later one if this process is late to
+    # stop the run: up to 40 steps late (over a second of steps, unloaded)
+    steps, every = 60, 10
     args = tiny_args(tmp_path, dataset) + [
         "placement=even", "network.dtype=float64", f"train.checkpoint_every={every}",
         f"train.steps={steps}", "train.eval_samples=0",
         "network.conv.0.kernels=12", "network.conv.1.kernels=12"]
     run = train_process(*args, "--scheduler", cluster.address)
+    path = str(tmp_path / "run" / "checkpoints.zarr")
     try:
         deadline = time.monotonic() + 120
         while not cluster.client.run_on_scheduler(lambda dask_scheduler: len(
                 dask_scheduler.tasks)):  # the run has placed its work and started
             assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-            time.sleep(0.05)
-        cluster.replace("w2")
+            time.sleep(0.02)
+        run.send_signal(signal.SIGSTOP)
+        try:
+            stopped_at = checkpoints.latest_complete_step(path) or 0
+            cluster.replace("w2")
+        finally:
+            run.send_signal(signal.SIGCONT)
+        assert stopped_at < steps - every, f"the run reached step {stopped_at} unstopped"
         _out, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
     finally:
@@ -291,7 +305,6 @@ def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
     assert (after > 0).all()  # w2 computed every step after it joined
     config = load_run_config(args[0], args[1:])
     expected, _ = replay_in_pytorch(config, dataset)
-    path = str(tmp_path / "run" / "checkpoints.zarr")
     assert max_relative_error(checkpoints.read_tensors(path, steps), expected) <= 1e-10
 
 
