@@ -29,6 +29,7 @@ from pipeline.cli import ResultsFirst
 from pipeline.cluster.workers import ClusterWorker, find_workers, scheduler_address
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.shared_paths import check_workers_see
+from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.startup import Startup, start_cluster
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.run_config import RunConfig
@@ -209,14 +210,15 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
     if client is None:
         client, links = stack.enter_context(start_cluster(config, startup, start.say))
     counted = links.counters() if links is not None else {}
-    if offered is None:
-        offered = find_workers(client, config.cluster)
-    if scheduler_address(config.cluster) is not None:  # workers started elsewhere
-        check_workers_see(client, offered, start.info.path, config.output_dir)
-    if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
-        config, strategy = _resolve_auto(config, strategy, client, offered, start)
-    check_memory_before_placing(client, config, offered)
-    engine, split = _place(config, strategy, start, client, offered, startup)
+    with guarded(client, config.cluster.scheduler_timeout, "placing the work"):
+        if offered is None:
+            offered = find_workers(client, config.cluster)
+        if scheduler_address(config.cluster) is not None:  # workers started elsewhere
+            check_workers_see(client, offered, start.info.path, config.output_dir)
+        if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
+            config, strategy = _resolve_auto(config, strategy, client, offered, start)
+        check_memory_before_placing(client, config, offered)
+        engine, split = _place(config, strategy, start, client, offered, startup)
     workers = engine.workers
     recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                            [w.emulated_speed for w in workers],

@@ -156,8 +156,18 @@ def test_a_signal_while_connecting_says_there_is_nothing_to_continue(
     assert time.monotonic() - signalled < 30
 
 
-#: cluster.scheduler_timeout in the frozen-scheduler test (the default is 300 s).
-SCHEDULER_S = 8
+#: cluster.scheduler_timeout in the frozen-scheduler tests (the default is 300 s).
+SCHEDULER_S, PLACING_S = 8, 4
+
+
+def _wake_and_stop(cluster: CliCluster, run: subprocess.Popen) -> None:
+    """After a stopped-scheduler test: the scheduler woken, the run killed if it is
+    still there, the cluster stopped."""
+    os.kill(cluster.processes[0].pid, signal.SIGCONT)
+    if run.poll() is None:
+        run.kill()
+        run.wait()
+    cluster.stop()
 
 
 def test_a_stopped_scheduler_is_said_then_lost_within_its_limit(tmp_path, tiny_dataset_factory,
@@ -185,11 +195,7 @@ def test_a_stopped_scheduler_is_said_then_lost_within_its_limit(tmp_path, tiny_d
         _out, err = run.communicate(timeout=90)
         took = time.monotonic() - stopped
     finally:
-        os.kill(cluster.processes[0].pid, signal.SIGCONT)
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-        cluster.stop()
+        _wake_and_stop(cluster, run)
     lines = error_lines_of(err)
     assert run.returncode == 1, err
     # on a loaded machine the scheduler may answer late before the stop: each such
@@ -207,3 +213,51 @@ def test_a_stopped_scheduler_is_said_then_lost_within_its_limit(tmp_path, tiny_d
                         r"again with train.resume=true .*", lines[1]), err
     assert took < SCHEDULER_S + 30, took  # the limit, a question's slice, the unwind
     assert (checkpoints.latest_complete_step(path) or 0) >= 4  # what was saved is kept
+
+
+
+def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_limit(
+        tmp_path, tiny_dataset_factory, monkeypatch):
+    """Outside the step loop (finding the workers, placing the work, a join check, a
+    recovery) the run's questions to the scheduler have no limit of their own. Before:
+    a `dask scheduler` SIGSTOPped while the run calibrated its placement held the run
+    for as long as it was stopped. Now the run's guard closes its client at the limit,
+    and the line names what the run was doing."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    cluster = CliCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        for _ in range(2):  # one worker's placement needs no calibration
+            cluster.start_worker("--no-nanny")
+        # a batch of 512 makes the calibration last about 2.5 s here; the phase's line
+        # comes 1 s into it
+        run = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.train", *tiny_args(tmp_path,
+                                                                 tiny_dataset_factory("float32")),
+             "--scheduler", address, "progress=true", "placement=calibrated",
+             "train.batch=512", "network.conv.0.kernels=32", "network.conv.1.kernels=32",
+             f"cluster.scheduler_timeout={PLACING_S}"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        err, stopped = [], None
+        for line in run.stderr:
+            err.append(line)
+            if "placing the work on 2 worker(s)" in line:
+                os.kill(cluster.processes[0].pid, signal.SIGSTOP)
+                stopped = time.monotonic()
+                break
+        assert stopped is not None, "".join(err)
+        err.append(run.communicate(timeout=90)[1])
+        took = time.monotonic() - stopped
+    finally:
+        _wake_and_stop(cluster, run)
+    err = "".join(err)
+    lines = error_lines_of(err)
+    assert run.returncode == 1, err
+    assert lines[-2].startswith(f"warning: the Dask scheduler at {address} has not "
+                                "answered for "), err
+    assert re.fullmatch(rf"error: placing the work: lost the Dask scheduler at "
+                        rf"{re.escape(address)} \(it did not answer for \d+ s "
+                        rf"\(cluster.scheduler_timeout: {PLACING_S} s\)\); the run stopped "
+                        r"\(its checkpoints are kept\); start the run again with "
+                        r"train.resume=true .*", lines[-1]), err
+    assert took < PLACING_S + 20, took  # the limit, a question's slice, the unwind

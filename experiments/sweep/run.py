@@ -42,6 +42,7 @@ from experiments.sweep.probe_samples import ProbeSampler
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.embedded import restart_workers
 from pipeline.cluster.worker_setup import workers_set_up
+from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.workers import (SchedulerLost, SchedulerUnreachable, WorkerLost,
                                       live_workers)
 from pipeline.config.run_config import RunConfig
@@ -109,8 +110,10 @@ class ClusterPool:
             client = stack.enter_context(open_client(
                 point.config.cluster, sweep_directories(point.config),
                 batch=start_batch(len(workers), usable_cores())))
-            check_worker_limits(client, point.config.cluster, live_workers(client))
-            stack.enter_context(workers_set_up(client, point.config.cluster))
+            with guarded(client, point.config.cluster.scheduler_timeout,
+                         "setting up the workers"):
+                check_worker_limits(client, point.config.cluster, live_workers(client))
+                stack.enter_context(workers_set_up(client, point.config.cluster))
         except BaseException:
             stack.close()
             raise

@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Sequence, TextIO
 
 from distributed import Client
 
+from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.workers import live_workers, scheduler_address
 from pipeline.cluster.connect import open_jobqueue, open_run_client
 from pipeline.cluster.worker_setup import register_setup, workers_set_up
@@ -149,8 +150,9 @@ def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None
         if scheduler_address(config.cluster) is not None:
             client, links = stack.enter_context(open_run_client(
                 config.cluster, config.shared_directories()))
-            check_worker_limits(client, config.cluster, live_workers(client))
-            stack.enter_context(workers_set_up(client, config.cluster))
+            with guarded(client, config.cluster.scheduler_timeout, "setting up the workers"):
+                check_worker_limits(client, config.cluster, live_workers(client))
+                stack.enter_context(workers_set_up(client, config.cluster))
             yield client, links
             return
         workers = config.cluster.worker_list()

@@ -32,6 +32,7 @@ from typing import Any
 
 from distributed import Client
 
+from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.workers import (ClusterError, ClusterWorker, WorkerLost, current_workers,
                                       live_workers, scheduler_address)
 from pipeline.config.run_config import RunConfig
@@ -188,14 +189,18 @@ class _Attempts:
     def _start(self) -> StepEngine:
         """The engine started at `from_step` (built over `offered` if there is none)."""
         if self.current is None:
-            self.current = build_engine(self.client, self.config, self.strategy, self.network,
-                                        self.train_samples, self.offered)
+            with guarded(self.client, self.config.cluster.scheduler_timeout,
+                         f"step {self.from_step}: placing the work again"):
+                self.current = build_engine(self.client, self.config, self.strategy,
+                                            self.network, self.train_samples, self.offered)
         self.current.start(self.from_step)
         self.recorder.ensure_workers(self.current.workers, self.current.devices)
         return self.current
 
     def _stop_for_joined(self, step: int) -> bool:
-        self.grown[:] = joined(self.client, self.config, self.offered)
+        with guarded(self.client, self.config.cluster.scheduler_timeout,
+                     f"step {step}: asking whether workers joined"):
+            self.grown[:] = joined(self.client, self.config, self.offered)
         return bool(self.grown)
 
     def train(self) -> int:
@@ -243,7 +248,9 @@ class _Attempts:
                              lost.addresses, lost.labels, memory=lost.memory) from None
         if lost.stalled:
             print(f"warning: {lost}; recovering", file=sys.stderr)
-        self.offered = survivors(self.client, self.offered, lost)
+        with guarded(self.client, config.cluster.scheduler_timeout,
+                     f"recovering from {', '.join(lost.labels)}"):
+            self.offered = survivors(self.client, self.offered, lost)
         if not self.offered:
             raise ClusterError(f"{lost}, and no worker of the run is left to "
                                "continue on") from None
