@@ -142,6 +142,10 @@ def check_handshake(address: str, security: Security | None, seconds: float) -> 
             # certificate (an SSL alert at the first read): `connection_problem` says so
             if "reset" in text or "ssl" in text or "certificate" in text:
                 raise
+            if protocol == "tls":  # the alert may come as a bare close: said as TLS's
+                raise OSError("TLS: the peer closed the connection after TLS's own "
+                              "handshake (it refuses this client's certificate, or is not "
+                              "a Dask scheduler)") from None
             raise NotAScheduler(address, f"it closed the connection instead of a "
                                 "handshake") from None
         except Exception as error:  # noqa: BLE001 - bytes Dask cannot decode
