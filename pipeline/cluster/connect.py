@@ -146,7 +146,7 @@ def check_handshake(address: str, security: Security | None, seconds: float) -> 
                 raise OSError("TLS: the peer closed the connection after TLS's own "
                               "handshake (it refuses this client's certificate, or is not "
                               "a Dask scheduler)") from None
-            raise NotAScheduler(address, f"it closed the connection instead of a "
+            raise NotAScheduler(address, "it closed the connection instead of a "
                                 "handshake") from None
         except Exception as error:  # noqa: BLE001 - bytes Dask cannot decode
             raise NotAScheduler(address, f"its reply is not Dask's: "
