@@ -25,14 +25,24 @@ It returns a dict, which converts to ``float`` (the predicted seconds) for
 callers that only want the number. A config of ``strategy: auto`` (which never runs
 as itself) is predicted as the strategy it would pick on the same probe, that
 choice recorded beside it as a run of it records its own.
+
+:func:`predict_run` is what a finished run records: `predict_point` for its own
+split and cluster, as ``prediction`` allows, a note in place of a figure where the
+model cannot give one (no probe cached, a gap in the model, the scheduler silent
+while the model probes); it never fails a finished run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
 
+from distributed import Client
+
+from pipeline.cluster.scheduler_guard import SchedulerSilentThen, guarded
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
@@ -47,8 +57,8 @@ from pipeline.strategies.base import network_for
 from pipeline.engine.task_steps import steps_per_task
 
 __all__ = ["PointPrediction", "band", "check_probe_environment", "predict_config",
-           "predict_point", "network_for", "probe_for_config", "probe_policy",
-           "with_contention"]
+           "predict_point", "predict_run", "prediction_stopped", "network_for",
+           "probe_for_config", "probe_policy", "with_contention"]
 
 
 class PointPrediction(dict):
@@ -302,3 +312,51 @@ def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint 
     devices = {w.name: w.device for w in config.cluster.worker_list()}
     gpu = [devices.get(name, "cpu").startswith("cuda") for name in names]
     return strategy.peak_memory(network, batch, split, s, master, constants, gpu=gpu)
+
+
+def prediction_stopped(signal_name: str) -> dict[str, Any]:
+    """The prediction of a run stopped while the model probed its cluster: none."""
+    return {"predicted_step_time": None,
+            "prediction_note": f"stopped ({signal_name}) while the model probed the cluster; "
+                               "the run's results are complete without its prediction"}
+
+
+def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
+                offered: list[ClusterWorker] | None, changed: bool = False
+                ) -> dict[str, Any]:
+    """The model's step time for this run on its own cluster and links, as
+    `config.prediction` allows (pipeline/prediction.py): ``predicted_step_time``
+    (None where the model has no probe, with ``prediction_note`` saying why) and the
+    probe it came from. A gap in the model never fails a finished run."""
+    if config.prediction == "never":
+        return {"predicted_step_time": None, "prediction_note": "prediction: never"}
+    if client is not None and client.status != "running":  # closed on a silent scheduler
+        return {"predicted_step_time": None,
+                "prediction_note": "the Dask scheduler stopped answering after the last "
+                                   "step; the run's results are complete without its "
+                                   "prediction"}
+    try:
+        with (guarded(client, config.cluster.scheduler_timeout, "predicting the run")
+              if client is not None else contextlib.nullcontext()):
+            predicted = predict_point(config, split, client=client, offered=offered,
+                                      policy="cached" if changed else config.prediction)
+    except SchedulerSilentThen as silent:  # every step is done: the results stand
+        return {"predicted_step_time": None,
+                "prediction_note": f"the Dask scheduler at {silent.address} stopped "
+                                   f"answering while the model probed the cluster "
+                                   f"({silent.silent}); the run's results are complete "
+                                   "without its prediction"}
+    except Exception as error:  # noqa: BLE001 - reported in the summary, not raised
+        return {"predicted_step_time": None,
+                "prediction_note": f"the model failed: {type(error).__name__}: {error}"}
+    if predicted is None:
+        return {"predicted_step_time": None,
+                "prediction_note": "no probe of this cluster is cached: set prediction: auto "
+                                   "to probe it once, or predict it in a sweep"}
+    return {"predicted_step_time": predicted["predicted_step_time"],
+            "predicted_low": predicted.get("predicted_low"),
+            "predicted_high": predicted.get("predicted_high"),
+            "prediction_probe": predicted["probe_key"],
+            "prediction_probe_age_s": predicted["probe_age_s"],
+            "prediction_probe_samples": predicted["probe_samples"],
+            "predicted_breakdown": predicted["breakdown"]}

@@ -38,7 +38,7 @@ from pipeline.engine.checkpointing import prepare_checkpoints
 from pipeline.engine.dataset import check_dataset_fits, prepare_dataset
 from pipeline.engine.step_engine import StepEngine
 from pipeline.placement.capacity import capacities_explained, worker_capacities
-from pipeline.prediction import (predict_config, predict_point,
+from pipeline.prediction import (predict_config, predict_run, prediction_stopped,
                                  probe_for_config)
 from pipeline.preflight import check_before_start, check_run, fit_even_split
 from pipeline.probe.machine import machine_identity
@@ -333,13 +333,6 @@ def _finish(trained: Trained, start: Start, finish: ResultsFirst,
                          in_client=trained.in_client, earlier=start.earlier)
 
 
-def prediction_stopped(signal_name: str) -> dict[str, Any]:
-    """The prediction of a run stopped while the model probed its cluster: none."""
-    return {"predicted_step_time": None,
-            "prediction_note": f"stopped ({signal_name}) while the model probed the cluster; "
-                               "the run's results are complete without its prediction"}
-
-
 def check_memory_before_placing(client: Client, config: RunConfig,
                                 offered: list[ClusterWorker]) -> None:
     """On a cluster the user started, refuse (`MemoryRefused`, one line) a run whose
@@ -355,31 +348,3 @@ def check_memory_before_placing(client: Client, config: RunConfig,
     with capacities_explained(config.cluster):
         fit_even_split(config, [(w.name, {w.resource: 1}, w.device) for w in offered],
                        capacities, worker_constants(client, config.cluster, offered))
-
-
-def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
-                offered: list[ClusterWorker] | None, changed: bool = False
-                ) -> dict[str, Any]:
-    """The model's step time for this run on its own cluster and links, as
-    `config.prediction` allows (pipeline/prediction.py): ``predicted_step_time``
-    (None where the model has no probe, with ``prediction_note`` saying why) and the
-    probe it came from. A gap in the model never fails a finished run."""
-    if config.prediction == "never":
-        return {"predicted_step_time": None, "prediction_note": "prediction: never"}
-    try:
-        predicted = predict_point(config, split, client=client, offered=offered,
-                                  policy="cached" if changed else config.prediction)
-    except Exception as error:  # noqa: BLE001 - reported in the summary, not raised
-        return {"predicted_step_time": None,
-                "prediction_note": f"the model failed: {type(error).__name__}: {error}"}
-    if predicted is None:
-        return {"predicted_step_time": None,
-                "prediction_note": "no probe of this cluster is cached: set prediction: auto "
-                                   "to probe it once, or predict it in a sweep"}
-    return {"predicted_step_time": predicted["predicted_step_time"],
-            "predicted_low": predicted.get("predicted_low"),
-            "predicted_high": predicted.get("predicted_high"),
-            "prediction_probe": predicted["probe_key"],
-            "prediction_probe_age_s": predicted["probe_age_s"],
-            "prediction_probe_samples": predicted["probe_samples"],
-            "predicted_breakdown": predicted["breakdown"]}

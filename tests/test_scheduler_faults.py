@@ -160,6 +160,24 @@ def test_a_signal_while_connecting_says_there_is_nothing_to_continue(
 SCHEDULER_S, PLACING_S = 8, 4
 
 
+def _train(tmp_path, dataset: str, address: str, *overrides: str) -> subprocess.Popen:
+    """A tiny run on the scheduler at `address`, as its own process."""
+    return subprocess.Popen([sys.executable, "-m", "pipeline.train",
+                             *tiny_args(tmp_path, dataset), "--scheduler", address, *overrides],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stop_scheduler_after(cluster: CliCluster, run: subprocess.Popen, path: str,
+                          step: int) -> tuple[str, str, float]:
+    """SIGSTOP the scheduler once checkpoint `step` is complete; the run's stdout and
+    stderr, and the seconds from the stop to its exit."""
+    wait_for_checkpoint(path, step, run)
+    os.kill(cluster.processes[0].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    out, err = run.communicate(timeout=90)
+    return out, err, time.monotonic() - stopped
+
+
 def _wake_and_stop(cluster: CliCluster, run: subprocess.Popen) -> None:
     """After a stopped-scheduler test: the scheduler woken, the run killed if it is
     still there, the cluster stopped."""
@@ -181,19 +199,11 @@ def test_a_stopped_scheduler_is_said_then_lost_within_its_limit(tmp_path, tiny_d
     try:
         address = cluster.start_scheduler()
         cluster.start_worker("--no-nanny")
-        run = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.train", *tiny_args(tmp_path,
-                                                                 tiny_dataset_factory("float32")),
-             "--scheduler", address, "train.checkpoint_every=4", "train.steps=100000",
-             "train.eval_samples=0", "placement=even",
-             f"cluster.scheduler_timeout={SCHEDULER_S}"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        run = _train(tmp_path, tiny_dataset_factory("float32"), address,
+                     "train.checkpoint_every=4", "train.steps=100000", "train.eval_samples=0",
+                     "placement=even", f"cluster.scheduler_timeout={SCHEDULER_S}")
         path = str(tmp_path / "run" / "checkpoints.zarr")
-        wait_for_checkpoint(path, 4, run)
-        os.kill(cluster.processes[0].pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        _out, err = run.communicate(timeout=90)
-        took = time.monotonic() - stopped
+        _out, err, took = _stop_scheduler_after(cluster, run, path, 4)
     finally:
         _wake_and_stop(cluster, run)
     lines = error_lines_of(err)
@@ -231,13 +241,9 @@ def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_li
             cluster.start_worker("--no-nanny")
         # a batch of 512 makes the calibration last about 2.5 s here; the phase's line
         # comes 1 s into it
-        run = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.train", *tiny_args(tmp_path,
-                                                                 tiny_dataset_factory("float32")),
-             "--scheduler", address, "progress=true", "placement=calibrated",
-             "train.batch=512", "network.conv.0.kernels=32", "network.conv.1.kernels=32",
-             f"cluster.scheduler_timeout={PLACING_S}"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        run = _train(tmp_path, tiny_dataset_factory("float32"), address, "progress=true",
+                     "placement=calibrated", "train.batch=512", "network.conv.0.kernels=32",
+                     "network.conv.1.kernels=32", f"cluster.scheduler_timeout={PLACING_S}")
         err, stopped = [], None
         for line in run.stderr:
             err.append(line)
@@ -261,3 +267,30 @@ def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_li
                         r"\(its checkpoints are kept\); start the run again with "
                         r"train.resume=true .*", lines[-1]), err
     assert took < PLACING_S + 20, took  # the limit, a question's slice, the unwind
+
+
+def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
+        tmp_path, tiny_dataset_factory, monkeypatch):
+    """A `dask scheduler` SIGSTOPped once the last checkpoint is complete, while the
+    run closes its engine and the model probes the cluster. Before: both asked the
+    scheduler without a limit, and the finished run waited for as long as it was
+    stopped. Now the run's results are written, without a prediction, and the note
+    says why; exit 0 (every step is done)."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))  # a probe to run
+    cluster = CliCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        for _ in range(2):
+            cluster.start_worker("--no-nanny")
+        run = _train(tmp_path, tiny_dataset_factory("float32"), address, "placement=even",
+                     "prediction=auto", f"cluster.scheduler_timeout={PLACING_S}")
+        out, err, took = _stop_scheduler_after(cluster, run,
+                                               str(tmp_path / "run" / "checkpoints.zarr"), 3)
+    finally:
+        _wake_and_stop(cluster, run)
+    assert run.returncode == 0, err
+    assert re.search(r"^  predicted   none: the Dask scheduler (at \S+ )?stopped answering ",
+                     out, re.M), out
+    assert (tmp_path / "run" / "record.zarr").is_dir()
+    assert took < 2 * PLACING_S + 20, took  # the engine's close, the probe's guard

@@ -26,7 +26,7 @@ from distributed import Client
 from pipeline.cluster.workers import (SchedulerLost, SchedulerSilent, SchedulerWatch,
                                       abandon_client)
 
-__all__ = ["guarded", "SchedulerGuard"]
+__all__ = ["guarded", "SchedulerGuard", "SchedulerSilentThen"]
 
 #: Seconds between two questions to a scheduler that answers.
 ASK_EVERY_S = 1.0
@@ -95,6 +95,15 @@ def guarded(client: Client, limit: float | None, doing: str,
         raise _lost(doing, address, guard.silenced)
 
 
-def _lost(doing: str, address: str, silent: SchedulerSilent) -> SchedulerLost:
-    return SchedulerLost(f"{doing}: lost the Dask scheduler at {address} ({silent}); the "
+class SchedulerSilentThen(SchedulerLost):
+    """A guarded block's scheduler went silent past its limit: what the run was doing,
+    and the silence (a caller that can go on without the block says so its own way)."""
+
+    def __init__(self, doing: str, address: str, silent: SchedulerSilent) -> None:
+        self.doing, self.address, self.silent = doing, address, silent
+        super().__init__(f"{doing}: lost the Dask scheduler at {address} ({silent}); the "
                          "run stopped (its checkpoints are kept)")
+
+
+def _lost(doing: str, address: str, silent: SchedulerSilent) -> SchedulerLost:
+    return SchedulerSilentThen(doing, address, silent)

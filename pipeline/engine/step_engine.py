@@ -23,8 +23,8 @@ from typing import Callable
 
 from distributed import Client, Future, wait
 
-from pipeline.cluster.workers import (ClusterError, ClusterWorker, SchedulerWatch, all_local,
-                                      live_workers)
+from pipeline.cluster.workers import (ClusterError, ClusterWorker, SchedulerSilent,
+                                      SchedulerWatch, abandon_client, all_local, live_workers)
 from pipeline.config.run_config import RunConfig
 from pipeline.cluster.object_store import workspace_url
 from pipeline.placement.split import Placement
@@ -240,7 +240,12 @@ class StepEngine:
             client = self.runner.client
             if pending:
                 client.cancel(pending)
-            alive = {} if stalled else live_workers(client, patience=2.0)
+            try:  # a scheduler silent past its limit: its connection would hold what follows
+                alive = {} if stalled else live_workers(client, patience=2.0,
+                                                        watch=self.runner.scheduler_watch)
+            except SchedulerSilent:
+                abandon_client(client)
+                raise
             futures = [self.runner.submit(step_task.release_run, worker, self.run_id,
                                           name=f"release-w{worker}")
                        for worker, member in enumerate(self.workers) if member.address in alive]
