@@ -34,7 +34,6 @@ while the model probes); it never fails a finished run.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -336,8 +335,7 @@ def predict_run(config: RunConfig, split: dict[str, Any], client: Client | None,
                                    "step; the run's results are complete without its "
                                    "prediction"}
     try:
-        with (guarded(client, config.cluster.scheduler_timeout, "predicting the run")
-              if client is not None else contextlib.nullcontext()):
+        with guarded(client, config.cluster.scheduler_timeout, "predicting the run"):
             predicted = predict_point(config, split, client=client, offered=offered,
                                       policy="cached" if changed else config.prediction)
     except SchedulerSilentThen as silent:  # every step is done: the results stand

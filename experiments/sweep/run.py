@@ -315,7 +315,9 @@ def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, sampler: Pro
         else:
             client = pool.client_for(point)
             if sampler.wanted(point):
-                sampler.take(point, client)
+                with guarded(client, point.config.cluster.scheduler_timeout,
+                             "probing the cluster"):
+                    sampler.take(point, client)
                 client = pool.client_for(point)  # the run on fresh workers again
             result = measure_point(point, client, sweep.config.keep_checkpoints)
     except (KeyboardInterrupt, NoSpace, SchedulerUnreachable):  # a full disk, or a

@@ -72,11 +72,15 @@ class SchedulerGuard:
 
 
 @contextlib.contextmanager
-def guarded(client: Client, limit: float | None, doing: str,
+def guarded(client: Client | None, limit: float | None, doing: str,
             say: Callable[[str], None] | None = None) -> Iterator[None]:
     """Run the block with its scheduler watched (`SchedulerGuard`); a scheduler
     silent for `limit` seconds (`cluster.scheduler_timeout`; None: wait for ever,
-    with the warning) ends it in `SchedulerLost` naming `doing`."""
+    with the warning) ends it in `SchedulerLost` naming `doing`. Without a client
+    (work in this process: `reference`) there is nothing to watch."""
+    if client is None:
+        yield
+        return
     address = getattr(client.scheduler, "address", None) or "?"
     watch = (SchedulerWatch(limit, address) if say is None else
              SchedulerWatch(limit, address, say))
