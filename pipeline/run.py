@@ -30,6 +30,7 @@ from pipeline.cluster.workers import ClusterWorker, find_workers, scheduler_addr
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.shared_paths import check_workers_see
 from pipeline.cluster.scheduler_guard import guarded
+from pipeline.cluster.shared_use import shared_use_warning
 from pipeline.cluster.startup import Startup, start_cluster
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.run_config import RunConfig
@@ -219,6 +220,7 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
             config, strategy = _resolve_auto(config, strategy, client, offered, start)
         check_memory_before_placing(client, config, offered)
         engine, split = _place(config, strategy, start, client, offered, startup)
+        _say_shared_use(client, config, start.say, "as the run starts")
     workers = engine.workers
     recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                            [w.emulated_speed for w in workers],
@@ -228,7 +230,22 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
         train_with_recovery(config, client, strategy, start.network, engine, offered,
                             recorder, start.client_events, start.from_step,
                             start.info.train_samples, trained.history)
+    try:  # every step is done: a scheduler that cannot say costs this line only
+        with guarded(client, config.cluster.scheduler_timeout, "asking for other clients"):
+            _say_shared_use(client, config, start.say, "as its steps ended")
+    except Exception:  # noqa: BLE001 - a lost or silent scheduler: the prediction says so
+        pass
     return trained
+
+
+def _say_shared_use(client: Client, config: RunConfig, say: Callable[[str], None],
+                    when: str) -> None:
+    """On a cluster the user started, warn (into the record's notes) where other
+    clients hold tasks on its scheduler (pipeline/cluster/shared_use.py)."""
+    if scheduler_address(config.cluster) is not None and client.status == "running":
+        line = shared_use_warning(client, when)
+        if line:
+            say(line)
 
 
 def _resolve_auto(config: RunConfig, auto: Strategy, client: Client,

@@ -126,6 +126,29 @@ def test_the_scheduler_is_found_through_the_environment(tmp_path, cli_cluster,
         "float32")), "train.steps=2", "cluster.workers=1", "placement=even"])
     assert status == 0, lines
     assert xr.open_zarr(tmp_path / "env" / "run" / "record.zarr").sizes["worker"] == 2
+    assert not [line for line in lines if "other client" in line], lines  # nobody else
+
+
+def test_another_client_with_work_on_the_scheduler_is_said_and_recorded(
+        tmp_path, cli_cluster, tiny_dataset_factory):
+    """A second client (another run, a notebook) holding tasks on the same scheduler:
+    its work would share the run's workers, so the run says so, as it starts and as
+    its steps end, and its record's notes keep both lines. Its task here asks for a
+    resource no worker has, so it waits and slows nothing."""
+    with Client(cli_cluster, timeout="30s", set_as_default=False) as other:
+        held = other.submit(sum, [1, 2], resources={"NOWHERE": 1}, pure=False)
+        status, lines, _out = run_main("train", [
+            *tiny_args(tmp_path, tiny_dataset_factory("float32")), "train.steps=2",
+            "placement=even", "--scheduler", cli_cluster])
+        other.cancel(held)
+    assert status == 0, lines
+    said = [line for line in lines if "other client" in line]
+    assert said == [f"warning: {when}, 1 other client holds tasks on the Dask scheduler at "
+                    f"{cli_cluster} (another run or sweep?): their work shares this run's "
+                    "workers, so its step times include it"
+                    for when in ("as the run starts", "as its steps ended")], lines
+    notes = json.loads(xr.open_zarr(tmp_path / "run" / "record.zarr").attrs["notes"])
+    assert [note for note in notes if "other client" in note] == said
 
 
 def test_data_and_hybrid_train_on_cli_started_workers(tmp_path, cli_cluster,

@@ -1,0 +1,52 @@
+"""Other users of an external cluster: clients of the same scheduler with work on it.
+
+A run's step times are its workers' times. On a cluster the user started (`dask
+scheduler`, `dask worker`), another client (a second run or sweep, a notebook) may
+hold tasks on the same workers at the same time: their work then slows this run's
+steps, and its figures (and the model's errors against them) include it, with
+nothing in the record to say so. So a run on an external scheduler asks, once its
+work is placed and again when its steps are done, how many other clients hold
+tasks there, and says so in a warning that its record's notes keep. A client that
+is only connected (a dashboard's, an idle notebook's) holds none and is not counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distributed import Client
+
+__all__ = ["other_clients_with_work", "shared_use_warning"]
+
+#: The scheduler's own client of `fire_and_forget` tasks.
+FIRE_AND_FORGET = "fire-and-forget"
+
+
+def other_clients_with_work(client: Client) -> int:
+    """How many clients of `client`'s scheduler, other than `client`, hold tasks
+    there now. Nested so that cloudpickle sends it by value: the scheduler's Python
+    need not have this project."""
+    me = client.id
+
+    def count(dask_scheduler: Any) -> int:
+        return sum(1 for key, state in dask_scheduler.clients.items()
+                   if key not in (me, FIRE_AND_FORGET) and state.wants_what)
+
+    return int(client.run_on_scheduler(count))
+
+
+def shared_use_warning(client: Client, when: str) -> str | None:
+    """A warning line if other clients hold tasks on `client`'s scheduler (`when`:
+    the moment asked, as the line says it), else None; None too where the scheduler
+    cannot be asked (one that refuses to run code sent to it): the run goes on."""
+    try:
+        others = other_clients_with_work(client)
+    except Exception:  # noqa: BLE001 - a question for the record's sake only
+        return None
+    if not others:
+        return None
+    address = getattr(client.scheduler, "address", None) or "?"
+    holds = "client holds" if others == 1 else "clients hold"
+    return (f"warning: {when}, {others} other {holds} tasks on the Dask scheduler at "
+            f"{address} (another run or sweep?): their work shares this run's workers, so "
+            "its step times include it")
