@@ -101,9 +101,12 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
             with _client_event(client_events, f"checkpoint {step}"):
                 save_checkpoint(config, trainer, last_save, step, train_samples)
             last_save, previous_end = step, None
+            # the join check is the checkpoint's, not the next step's (its question to
+            # the scheduler is guarded: a thread beside it, pipeline/cluster/scheduler_guard.py)
+            joined = step < steps and stop_at_checkpoint(step)
             recorder.checkpoint_s += time.perf_counter() - now
             last_end = time.perf_counter()
-            if step < steps and stop_at_checkpoint(step):
+            if joined:
                 return step
         bar.set_postfix(loss=f"{results[-1].loss:.3f}",
                         step_s=f"{recorder.steps[step - 1]['step_time']:.3f}")
