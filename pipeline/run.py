@@ -26,11 +26,12 @@ import yaml
 from distributed import Client
 
 from pipeline.cli import ResultsFirst
-from pipeline.cluster.workers import ClusterWorker, find_workers, scheduler_address
+from pipeline.cluster.workers import (ClusterError, ClusterWorker, WorkerLost, find_workers,
+                                      scheduler_address)
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.shared_paths import check_workers_see
 from pipeline.cluster.scheduler_guard import guarded
-from pipeline.cluster.shared_use import shared_use_warning
+from pipeline.cluster.shared_use import say_shared_use
 from pipeline.cluster.startup import Startup, start_cluster
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.run_config import RunConfig
@@ -55,7 +56,8 @@ from pipeline.training.evaluate import test_accuracy
 from pipeline.training.loop import train_loop
 from pipeline.training.outputs import (RunResult, owned_output, refuse_finished_resume,
                                        write_results)
-from pipeline.training.recovery import History, build_engine, split_of, train_with_recovery
+from pipeline.training.recovery import (History, build_engine, split_of, survivors,
+                                        train_with_recovery)
 from pipeline.training.reference import REFERENCE_WORKER, ReferenceTrainer
 from storage import checkpoints
 from storage.datasets.store import DatasetInfo
@@ -216,11 +218,9 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
             offered = find_workers(client, config.cluster)
         if scheduler_address(config.cluster) is not None:  # workers started elsewhere
             check_workers_see(client, offered, start.info.path, config.output_dir)
-        if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
-            config, strategy = _resolve_auto(config, strategy, client, offered, start)
-        check_memory_before_placing(client, config, offered)
-        engine, split = _place(config, strategy, start, client, offered, startup)
-        _say_shared_use(client, config, start.say, "as the run starts")
+        config, strategy, engine, split, offered = _placed_surviving(
+            config, strategy, start, client, offered, startup)
+        say_shared_use(client, config.cluster, start.say, "as the run starts")
     workers = engine.workers
     recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                            [w.emulated_speed for w in workers],
@@ -232,20 +232,39 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
                             start.info.train_samples, trained.history)
     try:  # every step is done: a scheduler that cannot say costs this line only
         with guarded(client, config.cluster.scheduler_timeout, "asking for other clients"):
-            _say_shared_use(client, config, start.say, "as its steps ended")
+            say_shared_use(client, config.cluster, start.say, "as its steps ended")
     except Exception:  # noqa: BLE001 - a lost or silent scheduler: the prediction says so
         pass
     return trained
 
 
-def _say_shared_use(client: Client, config: RunConfig, say: Callable[[str], None],
-                    when: str) -> None:
-    """On a cluster the user started, warn (into the record's notes) where other
-    clients hold tasks on its scheduler (pipeline/cluster/shared_use.py)."""
-    if scheduler_address(config.cluster) is not None and client.status == "running":
-        line = shared_use_warning(client, when)
-        if line:
-            say(line)
+def _placed_surviving(config: RunConfig, strategy: Strategy, start: Start, client: Client,
+                      offered: list[ClusterWorker], startup: Startup
+                      ) -> tuple[RunConfig, Strategy, StepEngine, dict[str, Any],
+                                 list[ClusterWorker]]:
+    """`auto` resolved, the memory checked and the work placed over `offered`; where a
+    worker is lost meanwhile (killed, or frozen: the calibration is stall-watched),
+    all of it again over the survivors, as often as `train.max_recoveries` allows.
+    Returns the config and strategy chosen, the engine, its split and its workers."""
+    replaced = 0
+    while True:
+        try:
+            chosen, chosen_strategy = config, strategy
+            if strategy.chosen_by_model:  # `auto`: the model's pick on this cluster
+                chosen, chosen_strategy = _resolve_auto(config, strategy, client, offered, start)
+            check_memory_before_placing(client, chosen, offered)
+            engine, split = _place(chosen, chosen_strategy, start, client, offered, startup)
+            return chosen, chosen_strategy, engine, split, offered
+        except WorkerLost as lost:
+            if replaced >= config.train.max_recoveries:
+                raise
+            replaced += 1
+            offered = survivors(client, offered, lost)
+            if not offered:
+                raise ClusterError(f"{lost}, and no worker of the run is left to place its "
+                                   "work on") from None
+            start.say(f"warning: {lost}; placing the work again over {len(offered)} "
+                      "worker(s)")
 
 
 def _resolve_auto(config: RunConfig, auto: Strategy, client: Client,

@@ -104,6 +104,20 @@ def wait_until(condition, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def training_thread(config, client) -> tuple[threading.Thread, dict]:
+    """A thread (not started) that runs `config` on `client`, and the dict that gets
+    its ``result`` or its ``error``."""
+    outcome: dict = {}
+
+    def train() -> None:
+        try:
+            outcome["result"] = run_training(config, client=client)
+        except BaseException as error:  # noqa: BLE001 - reported by the tests' asserts
+            outcome["error"] = error
+
+    return threading.Thread(target=train, daemon=True), outcome
+
+
 def worker_names(client) -> dict[str, str]:
     """The scheduler's workers by name, asked of the scheduler itself (`live_workers`):
     `Client.scheduler_info()` may return Dask's periodic cache, whose "workers" is
@@ -143,15 +157,7 @@ def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factor
     config.cluster = replace(cluster_config, stall_timeout=LIMIT, use_workers=count)
     names = worker_names(client)
     pid = client.run(os.getpid, workers=[names[victim]])[names[victim]]
-    outcome: dict = {}
-
-    def train() -> None:
-        try:
-            outcome["result"] = run_training(config, client=client)
-        except BaseException as error:  # noqa: BLE001 - reported by the asserts below
-            outcome["error"] = error
-
-    runner = threading.Thread(target=train, daemon=True)
+    runner, outcome = training_thread(config, client)
     runner.start()
     wait_until(lambda: (checkpoints.latest_complete_step(config.checkpoint_path) or 0) >= 4
                or not runner.is_alive(), 120, "no checkpoint 4")
@@ -185,6 +191,47 @@ def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factor
     assert checkpoints.latest_valid_step(config.checkpoint_path) == (steps, [])
     assert checkpoints.discard_attempts(config.checkpoint_path) == {}  # nothing landed late
     assert not [name for name in workspaces() - before if ours(name)]
+
+
+
+def test_a_worker_stopped_before_the_placement_is_fenced_off_and_the_work_placed_again(
+        tmp_path, tiny_dataset_factory, cluster):
+    """One of the run's two workers SIGSTOPped before the run starts: the calibration
+    of a `placement: calibrated` run waits on it. Before, the calibration's tasks had
+    no stall watch and the run waited for as long as the worker was stopped. Now the
+    calibration is watched as the steps are: the worker is fenced off, the run says
+    so (into its record's notes) and places its work again over the other, and its
+    float64 weights equal plain PyTorch's."""
+    _, client, cluster_config = cluster
+    run_workers = workers_up(cluster, 2)[:2]
+    victim = run_workers[1]
+    dataset = tiny_dataset_factory("float64")
+    config = tiny_config(tmp_path, dataset, strategy="kernel", placement="calibrated", **{
+        "network.dtype": "float64", "train.steps": 4, "train.eval_samples": 0,
+        "network.conv.0.kernels": 12, "network.conv.1.kernels": 12})
+    config.cluster = replace(cluster_config, stall_timeout=LIMIT, use_workers=2)
+    names = worker_names(client)
+    pid = client.run(os.getpid, workers=[names[victim]])[names[victim]]
+    runner, outcome = training_thread(config, client)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        runner.start()
+        runner.join(90)  # a run that waits for the stopped worker does not end
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    runner.join(60)
+    assert "result" in outcome, outcome
+    result = outcome["result"]
+    wait_until(lambda: not psutil.pid_exists(pid), 30, "the woken worker is still there")
+    notes = json.loads(result.record.attrs["notes"])
+    assert [note for note in notes if "placing the work again" in note] == [
+        note for note in notes if note.startswith(f"warning: calibration: worker {victim} "
+                                                  "stalled: ")], notes
+    assert any("placing the work again over 1 worker(s)" in note for note in notes), notes
+    assert result.summary["workers"] == [run_workers[0]]
+    expected, _ = replay_in_pytorch(config, dataset)
+    got = checkpoints.read_tensors(config.checkpoint_path, 4)
+    assert max_relative_error(got, expected) <= 1e-10
 
 
 def test_stall_limit_follows_the_median_step():

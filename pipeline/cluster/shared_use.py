@@ -12,11 +12,14 @@ is only connected (a dashboard's, an idle notebook's) holds none and is not coun
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from distributed import Client
 
-__all__ = ["other_clients_with_work", "shared_use_warning"]
+from pipeline.cluster.workers import scheduler_address
+from pipeline.config.cluster_config import ClusterConfig
+
+__all__ = ["other_clients_with_work", "say_shared_use", "shared_use_warning"]
 
 #: The scheduler's own client of `fire_and_forget` tasks.
 FIRE_AND_FORGET = "fire-and-forget"
@@ -50,3 +53,14 @@ def shared_use_warning(client: Client, when: str) -> str | None:
     return (f"warning: {when}, {others} other {holds} tasks on the Dask scheduler at "
             f"{address} (another run or sweep?): their work shares this run's workers, so "
             "its step times include it")
+
+
+def say_shared_use(client: Client, config: ClusterConfig, say: Callable[[str], None],
+                   when: str) -> None:
+    """On a cluster the user started (`config` names its scheduler), `say` the
+    warning where other clients hold tasks on it (the run's `say` keeps it in the
+    record's notes)."""
+    if scheduler_address(config) is not None and client.status == "running":
+        line = shared_use_warning(client, when)
+        if line:
+            say(line)

@@ -197,7 +197,7 @@ class TaskRunner:
         self.workers = list(workers)
         self.run_id = run_id
         self.on_failure = on_failure
-        self.watch = watch or StallWatch(None)
+        self.watch = watch or StallWatch("auto")  # a probe's tasks: lost if frozen
         self.stores = list(stores)  # what a stall probe asks the workers to list
         self.stalled_stores: list[str] = []  # set when the run stopped on StoreStalled
         self._store_silence: dict[str, list[str]] = {}  # this stall's last store probe

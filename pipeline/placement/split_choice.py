@@ -35,7 +35,7 @@ from pipeline.placement.split import (Placement, PlacementError, SplitChoice, ch
                                       merge_short_shares, split_even)
 from pipeline.placement.ties import check_tied, tie_counts
 from pipeline.probe.tables import model_network
-from pipeline.engine.runner import TaskRunner
+from pipeline.engine.runner import StallWatch, TaskRunner
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.schema import ConfigError
 from tasks.specs import NetworkSpec, batch_norm_rows
@@ -74,8 +74,16 @@ def _kernel_split(client: Client, config: RunConfig, network: NetworkSpec,
     if config.placement == "model":
         counts, calibration, record = model_placement(client, config, network, workers)
         return Placement("model", counts, calibration, record)
-    return calibrated_kernel_split(TaskRunner(client, workers, run_id), network,
+    return calibrated_kernel_split(_runner(client, config, workers, run_id), network,
                                 config.train.batch, quanta)
+
+
+def _runner(client: Client, config: RunConfig, workers: list[ClusterWorker], run_id: str
+            ) -> TaskRunner:
+    """The calibration's tasks, stall-watched as the run's steps are
+    (`cluster.stall_timeout`): a worker frozen while it calibrates is lost, not waited
+    for."""
+    return TaskRunner(client, workers, run_id, watch=StallWatch(config.cluster.stall_timeout))
 
 
 def choose_batch_split(client: Client, config: RunConfig, strategy: MemoryModel,
@@ -133,7 +141,8 @@ def _batch_split(client: Client, config: RunConfig, network: NetworkSpec,
     if config.placement == "even" or len(workers) == 1:
         return with_rows_merged(Placement("even" if len(workers) > 1 else "single",
                                           [split_even(batch, len(workers), 1)]), least, names)
-    points, kinds = calibrate_replicas(TaskRunner(client, workers, run_id), network, batch)
+    points, kinds = calibrate_replicas(_runner(client, config, workers, run_id), network,
+                                       batch)
     groups = alike_groups(workers, kinds)
     costs = shard_costs(pool_points(points, groups), names, 1)
     choice = choose_calibrated([batch], costs, [1], names)
