@@ -6,15 +6,18 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import xarray as xr
 from distributed import Client
 
+from pipeline.cluster import worker_limits, worker_setup
 from pipeline.probe.machine import machine_identity
 from tests.helpers import error_lines_of, run_main
 
@@ -127,6 +130,39 @@ def test_the_scheduler_is_found_through_the_environment(tmp_path, cli_cluster,
     assert status == 0, lines
     assert xr.open_zarr(tmp_path / "env" / "run" / "record.zarr").sizes["worker"] == 2
     assert not [line for line in lines if "other client" in line], lines  # nobody else
+
+
+def test_a_worker_frozen_before_the_run_is_removed_and_the_run_goes_on(
+        tmp_path, tiny_dataset_factory, monkeypatch):
+    """A `dask worker` SIGSTOPped before the run connects: setting the workers up
+    waits on every worker, and so waited for ever. Now the setup has a limit
+    (`SETUP_S`, shortened here), after which the workers that do not answer are
+    removed from the cluster, said, and the run trains on the others."""
+    monkeypatch.setattr(worker_setup, "SETUP_S", 3.0)
+    monkeypatch.setattr(worker_limits, "ASK_WORKERS_S", 2.0)
+    cluster = CliCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_worker("--no-nanny")
+        frozen = cluster.start_worker("--no-nanny")
+        with Client(address, timeout="30s", set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+        os.kill(frozen.pid, signal.SIGSTOP)
+        ran: list = []
+        run = threading.Thread(target=lambda: ran.append(run_main("train", [
+            *tiny_args(tmp_path, tiny_dataset_factory("float32")), "train.steps=2",
+            "--scheduler", address])), daemon=True)
+        run.start()
+        run.join(120)  # a run that waits on the frozen worker never ends
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+        cluster.stop()
+    assert ran, "the run waited on the frozen worker"
+    status, lines, _out = ran[0]
+    assert status == 0, lines
+    said = [line for line in lines if line.startswith("warning: setting up the workers: ")]
+    assert len(said) == 1 and "did not answer within 3 s" in said[0], lines
+    assert xr.open_zarr(tmp_path / "run" / "record.zarr").sizes["worker"] == 1
 
 
 def test_another_client_with_work_on_the_scheduler_is_said_and_recorded(

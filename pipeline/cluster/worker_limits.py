@@ -41,6 +41,9 @@ RESTART_EVENT = "worker-restart-memory"
 #: memory is taken to have been lost for memory (no nanny event: `--no-nanny`, the
 #: kernel's OOM killer).
 NEAR_LIMIT = 0.9
+#: Seconds the workers have to answer this module's questions (a frozen one never
+#: does: its answer is then taken as unknown, and the run's stall watch finds it).
+ASK_WORKERS_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ def memory_rules(client: Client, workers: dict[str, dict]) -> dict[str, MemoryRu
     here = (dask.config.get("distributed.worker.memory.pause", False),
             dask.config.get("distributed.worker.memory.terminate", False))
     try:
-        answered = client.run(fractions, workers=list(workers), on_error="return")
+        answered = client.run(fractions, workers=list(workers), on_error="return",
+                              callback_timeout=ASK_WORKERS_S)
     except (OSError, TimeoutError):
         answered = {}
     rules = {}
@@ -140,7 +144,8 @@ def worker_constants(client: Client, config: ClusterConfig,
     if scheduler_address(config) is None or not workers:
         return constants
     try:
-        held = client.run(current_rss, workers=[w.address for w in workers])
+        held = client.run(current_rss, workers=[w.address for w in workers],
+                          callback_timeout=ASK_WORKERS_S)
     except (OSError, TimeoutError):
         return constants
     most = max((float(v) for v in held.values() if isinstance(v, int)), default=0.0)

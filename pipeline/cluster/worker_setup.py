@@ -8,13 +8,20 @@ here or not, and the setup's lifetime is the run's, not the client's.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator
 
 from distributed import Client
 
 from pipeline.config.cluster_config import ClusterConfig
-from pipeline.cluster.workers import ClusterError, scheduler_address
+from pipeline.cluster.workers import (ClusterError, fence_workers, live_workers,
+                                      scheduler_address, unresponsive)
 from tasks.worker_state import WorkerSetup
+
+
+#: Seconds the scheduler has to set every worker up (`register_setup`), and a worker
+#: then to answer a direct call.
+SETUP_S, PROBE_S = 60.0, 5.0
 
 
 def setup_name(client: Client) -> str:
@@ -36,14 +43,35 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
             speeds[worker.name] = worker.speed
             devices[worker.name] = worker.device
     try:
-        client.register_plugin(WorkerSetup(threads, speeds, devices, embedded),
-                               name=setup_name(client))
+        client.sync(client._register_worker_plugin,
+                    plugin=WorkerSetup(threads, speeds, devices, embedded),
+                    name=setup_name(client), idempotent=False, callback_timeout=SETUP_S)
+    except TimeoutError:  # the scheduler waits on every worker: a frozen one never answers
+        _fence_silent(client)
     except Exception as error:  # noqa: BLE001 - the workers' exception arrives as text
         unregister_setup(client)
         hint = ""
         if "No module named" in str(error):
             hint = "; install this project on every worker's Python (pip install -e .)"
         raise ClusterError(f"setting up the workers failed: {error}{hint}") from None
+
+
+def _fence_silent(client: Client) -> None:
+    """After the setup outlived `SETUP_S`: the workers that do not answer a direct call
+    (stopped, or their host frozen) are removed from the cluster, as the run's stall
+    watch removes one mid-run, and the run goes on with the others, which the
+    scheduler set up meanwhile; where every worker answers, the setup was only slow,
+    and the run stops."""
+    addresses = list(live_workers(client))
+    silent = unresponsive(client, addresses, PROBE_S)
+    if not silent:
+        unregister_setup(client)
+        raise ClusterError(f"setting up the workers took more than {SETUP_S:g} s, though "
+                           "every worker answers")
+    fence_workers(client, silent)
+    print(f"warning: setting up the workers: {', '.join(silent)} did not answer within "
+          f"{SETUP_S:g} s (stopped, or its host frozen?); removed from the cluster, the run "
+          "goes on without", file=sys.stderr)
 
 
 def unregister_setup(client: Client, timeout: float = 5.0) -> None:

@@ -29,7 +29,7 @@ from distributed import Client
 from pipeline.cluster.workers import ClusterWorker, scheduler_address
 from pipeline.config.cluster_config import ClusterConfig
 from pipeline.placement.memory_fit import MemoryRefused
-from pipeline.cluster.worker_limits import MemoryRule, memory_rule, memory_rules
+from pipeline.cluster.worker_limits import ASK_WORKERS_S, MemoryRule, memory_rule, memory_rules
 
 
 def gpu_total_memory(device: str) -> int:
@@ -45,7 +45,11 @@ def worker_capacities(client: Client, config: ClusterConfig,
     gpus = {}
     for worker in workers:
         if worker.device.startswith("cuda"):
-            total = client.run(gpu_total_memory, worker.device, workers=[worker.address])
+            try:
+                total = client.run(gpu_total_memory, worker.device, workers=[worker.address],
+                                   callback_timeout=ASK_WORKERS_S)
+            except (OSError, TimeoutError):  # frozen: unknown (the stall watch finds it)
+                continue
             gpus[worker.name] = float(next(iter(total.values())))
     reported = client.scheduler_info().get("workers", {})
     ours = {w.address: reported[w.address] for w in workers if w.address in reported}
