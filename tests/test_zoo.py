@@ -143,6 +143,10 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
      "network.hidden.0: network.preset resnet20 gives the layers"),
     ({"layers": [{"conv": 4, "size": 3, "stride": 8}, {"conv": 4, "size": 5, "padding": 0}]},
      [], "(network.layers.1: conv layer 2: its input is only 4x4, too small for a 5x5 kernel"),
+    ({"layers": [{"conv": 4}, {"pool": "max", "size": 3, "padding": 2}]}, [],
+     "network.layers.1.padding: a pooling's padding is at most half its size (3 // 2 = 1)"),
+    ({"layers": [{"conv": 4}, {"pool": "avg", "padding": 2}]}, [],
+     "network.layers.1.padding: a pooling's padding is at most half its size (2 // 2 = 1)"),
 ])
 def test_a_bad_network_is_one_line_naming_the_field(tmp_path, network, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -51,7 +51,8 @@ class LayerConfig:
     size: int | None = described(None, "the kernel's or window's side (conv: 3; pool: 2; "
                                  "adaptive_avg: the output's side, 1)")
     stride: int | None = described(None, "the stride (conv and block: 1; pool: its size)")
-    padding: int | None = described(None, "zeros on each side (conv: size // 2; pool: 0)")
+    padding: int | None = described(None, "zeros on each side (conv: size // 2; pool: 0, "
+                                    "at most size // 2)")
     bias: bool = described(True, "the conv has a bias")
     batch_norm: bool = described(False, "batch norm after the conv")
     relu: bool = described(True, "ReLU after the conv (and batch norm)")
@@ -71,6 +72,10 @@ class LayerConfig:
         for name in ("conv", "planes", "size", "stride"):
             check_range(self, name, low=1)
         check_range(self, "padding", low=0)
+        if self.pool in ("max", "avg") and (self.padding or 0) > (self.size or 2) // 2:
+            raise FieldError("padding", f"a pooling's padding is at most half its "
+                             f"size ({self.size or 2} // 2 = {(self.size or 2) // 2}), as "
+                             f"PyTorch's pooling takes it, got {self.padding}")
 
 
 @dataclass
