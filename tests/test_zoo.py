@@ -147,6 +147,8 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
      "network.layers.1.padding: a pooling's padding is at most half its size (3 // 2 = 1)"),
     ({"layers": [{"conv": 4}, {"pool": "avg", "padding": 2}]}, [],
      "network.layers.1.padding: a pooling's padding is at most half its size (2 // 2 = 1)"),
+    ({"layers": [{"conv": 4}, {"pool": "adaptive_avg", "size": 2, "stride": 2}]}, [],
+     "network.layers.1.stride: an adaptive_avg pool has no stride"),
 ])
 def test_a_bad_network_is_one_line_naming_the_field(tmp_path, network, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -49,7 +49,7 @@ class LayerConfig:
     planes: int | None = described(None, "a block's width (its output: planes, x4 for a "
                                    "bottleneck)")
     size: int | None = described(None, "the kernel's or window's side (conv: 3; pool: 2; "
-                                 "adaptive_avg: the output's side, 1)")
+                                 "adaptive_avg: the output's side, 1, and no stride or padding)")
     stride: int | None = described(None, "the stride (conv and block: 1; pool: its size)")
     padding: int | None = described(None, "zeros on each side (conv: size // 2; pool: 0, "
                                     "at most size // 2)")
@@ -69,6 +69,10 @@ class LayerConfig:
             if getattr(self, name) != getattr(LayerConfig, name):
                 raise FieldError(name, f"a {kind} layer has no {name} (it is a field of "
                                  f"{', '.join(k for k, v in IGNORED_BY.items() if name not in v)})")
+        for name in ("stride", "padding") if self.pool == "adaptive_avg" else ():
+            if getattr(self, name) is not None:  # adaptive pooling takes only its output size
+                raise FieldError(name, f"an adaptive_avg pool has no {name} (its size is "
+                                 "the output's side)")
         for name in ("conv", "planes", "size", "stride"):
             check_range(self, name, low=1)
         check_range(self, "padding", low=0)
