@@ -22,8 +22,8 @@ from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneL
                           stops_on_signals)
 from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
 from pipeline.config.run_config import RunConfig, load_run_config
-from pipeline.training.outputs import (OutputBusy, RunComplete, check_earlier_results,
-                                       earlier_results)
+from pipeline.training.outputs import (OutputBusy, OutputLock, RunComplete,
+                                       check_earlier_results, earlier_results)
 from pipeline.placement.split import PlacementError
 from pipeline.prediction import check_probe_environment
 from pipeline.preflight import check_before_start
@@ -164,6 +164,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         config, check_only = load_checked(argv)
         loaded.append(config)
         if check_only:
+            OutputLock(config.output_dir).check_free()  # as the run would refuse it
             check_earlier_results(config)  # as the run would refuse them
             print(f"{config.name}: config and paths are fine ({config.strategy}, "
                   f"output {config.output_dir})")

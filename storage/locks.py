@@ -109,6 +109,22 @@ class OwnerLock:
             self._fd = fd
             return
 
+    def check_free(self) -> None:
+        """Raise the busy error if a live process holds the lock now; takes nothing (what
+        a check before the real `acquire` asks)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return  # no lock file (or none readable): nobody holds it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise self._busy(self._holder()) from None
+        except OSError:
+            return  # no flock here: `acquire` decides
+        finally:
+            os.close(fd)
+
     def stale_note(self) -> str | None:
         """One line saying a dead holder's lock was taken over, or None."""
         if self.stale is None:
