@@ -135,3 +135,19 @@ def test_speedup_labels_and_range_fit_what_was_measured():
     top, paper_inside = speedup_range([1.0, 1.5, 2.0])
     assert top == pytest.approx(2.16) and not paper_inside
     assert speedup_range([1.0, 4.0]) == (pytest.approx(4.32), True)
+
+
+def test_a_store_without_its_speedup_baseline_says_it_has_no_speedup():
+    """A sweep whose baseline (`single` at the fewest workers) never ran, or never
+    finished, has no speedup: report.md says so rather than what it would be against."""
+    from experiments.report.markdown import _provenance
+    nan = float("nan")
+    ds = xr.Dataset({"status": (("strategy", "repeat"), [[1]]),
+                     "speedup": (("strategy", "repeat"), [[nan]])},
+                    coords={"strategy": ["kernel"]}, attrs={"speedup_baseline": "single"})
+    lines = _provenance(ds)
+    assert "- no speedup: it is taken against `single` (`speedup_baseline`) on the fewest " \
+           "workers, and this store has no done point of it" in lines
+    assert not any(line.startswith("- speedup is against") for line in lines)
+    ds["speedup"] = (("strategy", "repeat"), [[1.5]])
+    assert any(line.startswith("- speedup is against `single`") for line in _provenance(ds))

@@ -52,17 +52,27 @@ def _provenance(ds: xr.Dataset) -> list[str]:
         + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"- started {ds.attrs.get('started', '?')}, finished {ds.attrs.get('finished', '?')}",
         f"- command: `{ds.attrs.get('command', '')}`",
-        (f"- speedup is against `{ds.attrs.get('speedup_baseline', 'single')}` at the same "
-         "other coordinates (median over its repeats); efficiency divides it by the "
-         "workers' summed relative speed over the baseline's." if ds.attrs.get("mode") !=
-         "predict" else "- no speedup: it is taken over measured steps, and this sweep "
-         "measured none (`mode: predict`)"),
+        _speedup_line(ds),
     ]
     cores = machine.get("cores")
     if cores and "n_workers" in ds and np.nanmax(ds.n_workers.values, initial=0) + 1 > cores:
         lines.append(f"- note: some points ran more worker threads (+1 master) than the "
                      f"{cores} cores here; their timings include contention.")
     return lines
+
+
+def _speedup_line(ds: xr.Dataset) -> str:
+    """What speedup is taken against, or why the store has none."""
+    baseline = ds.attrs.get("speedup_baseline", "single")
+    if ds.attrs.get("mode") == "predict":
+        return ("- no speedup: it is taken over measured steps, and this sweep measured "
+                "none (`mode: predict`)")
+    if "speedup" in ds and not np.isfinite(ds.speedup.values).any():
+        return (f"- no speedup: it is taken against `{baseline}` (`speedup_baseline`) on the "
+                "fewest workers, and this store has no done point of it")
+    return (f"- speedup is against `{baseline}` at the same other coordinates (median over "
+            "its repeats); efficiency divides it by the workers' summed relative speed over "
+            "the baseline's.")
 
 
 def _paper_comparison(sweep: StoreView, frame: pd.DataFrame) -> str | None:
