@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 
@@ -287,3 +288,16 @@ def test_the_task_gap_is_paid_once_per_task_of_steps():
     assert one.task == pytest.approx(3e-3) and ten.task == pytest.approx(3e-4)
     assert (ten.sync, ten.hop) == (one.sync, one.hop)  # per exchange, not per task
     assert overhead_spec(None) is None
+
+
+def test_the_commands_a_sweep_prints_and_records_survive_a_shell(tmp_path, capsys):
+    """A store in a folder with a space and an override with one: the closing line's
+    report command and the store's `command` attr are quoted, so that they can be
+    pasted into a shell as they are."""
+    config = write_scaling(tmp_path, {"strategy": ["single", "kernel"]})
+    store = str(tmp_path / "my results" / "tinyscale.zarr")
+    argv = [config, "--out", store, "axes.hardware.devices=[1, 2]"]
+    assert sweep_cli.main(argv) == 0
+    assert f"report: python -m experiments.report {shlex.quote(store)})" in capsys.readouterr().out
+    command = open_clean(store).attrs["command"]
+    assert shlex.split(command) == ["python", "-m", "experiments.sweep", *argv]

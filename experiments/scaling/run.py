@@ -31,6 +31,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -281,7 +282,7 @@ def _attrs(sweep: ScalingSweep, argv: list[str], started: str) -> dict[str, Any]
         "model": "pipeline.costmodel (roofline compute, Hockney links; docs/model.md)",
         "presets": json.dumps(_presets_used(sweep)),
         "versions": json.dumps(software_versions()), "machine": json.dumps(machine_info()),
-        "code_revision": code_revision(), "command": " ".join(argv),
+        "code_revision": code_revision(), "command": shlex.join(argv),
         "started": started, "finished": now_text(), "sessions": "[]",
         "axes": json.dumps({axis.dim: list(axis.fields) for axis in sweep.axes}),
         "store_format": STORE_FORMAT, "complete": True,
@@ -358,7 +359,7 @@ def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | No
     for line in _summary(ds):
         print(line, file=out)
     print(f"\nresults: {sweep.store_path}  (xr.open_zarr; report: python -m "
-          f"experiments.report {sweep.store_path})", file=out)
+          f"experiments.report {shlex.quote(sweep.store_path)})", file=out)
     if outcome.infeasible:
         print(f"{outcome.infeasible} point(s) are infeasible as described, "
               f"{outcome.out_of_memory} of them out of memory (their reasons are in the "

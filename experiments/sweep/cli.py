@@ -81,6 +81,8 @@ def contention_warning(sweep: Sweep) -> str | None:
             "contention as well as the strategy")
 
 
+#: The command, as the store records it (with its arguments, quoted for a shell).
+SWEEP_COMMAND = ("python", "-m", "experiments.sweep")
 #: How the dry run shows a point's status in an existing store.
 STATUS_WORDS = {0: "pending", 1: "done", 2: "failed", 3: "not applicable"}
 
@@ -186,7 +188,7 @@ def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.dry_run:
         return _print_dry_run(dry_run_scaling, sweep, args.fresh)
     return _run_store_guarded(
-        lambda: run_scaling_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
+        lambda: run_scaling_sweep(sweep, args.fresh, argv=[*SWEEP_COMMAND, *argv]),
         "interrupted: the previous store, if any, is unchanged", sweep.store_path)
 
 
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if warning:
         print(warning, file=sys.stderr)
     return _run_store_guarded(
-        lambda: run_sweep(sweep, args.fresh, argv=["python -m experiments.sweep", *argv]),
+        lambda: run_sweep(sweep, args.fresh, argv=[*SWEEP_COMMAND, *argv]),
         "interrupted: finished points are kept; run the same command again to resume",
         sweep.store_path)
 

@@ -19,6 +19,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -199,7 +200,7 @@ def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str
         "config": sweep.text, "config_file": os.path.abspath(sweep.source),
         "fingerprint": sweep.fingerprint, "repeats": sweep.config.repeats,
         "versions": json.dumps(software_versions()), "machine": json.dumps(machine_info()),
-        "code_revision": code_revision(), "command": " ".join(argv),
+        "code_revision": code_revision(), "command": shlex.join(argv),
         "started": started, "finished": "", "sessions": "[]",
         "runs_dir": os.path.abspath(sweep.runs_dir),
         "axes": json.dumps({axis.dim: list(axis.fields) for axis in sweep.axes}),
@@ -361,7 +362,7 @@ def _closing_lines(sweep: Sweep, echo: Callable[[str], None]) -> int:
         echo("")
         echo(format_table(summary_table(ds.load())))
     echo(f"\nresults: {sweep.store_path}  (xr.open_zarr; report: python -m experiments.report "
-         f"{sweep.store_path})")
+         f"{shlex.quote(sweep.store_path)})")
     if failed_total:
         echo(f"{failed_total} point(s) failed; their reasons are in the store's `failure` "
              "variable. Run the same command again to retry them.")
