@@ -151,3 +151,22 @@ def test_a_store_without_its_speedup_baseline_says_it_has_no_speedup():
     assert not any(line.startswith("- speedup is against") for line in lines)
     ds["speedup"] = (("strategy", "repeat"), [[1.5]])
     assert any(line.startswith("- speedup is against `single`") for line in _provenance(ds))
+
+
+def test_a_report_again_leaves_no_figure_of_what_the_store_no_longer_has(tmp_path):
+    """A report written over an earlier one (the same --out) removes the earlier
+    figures it does not draw, those named after a strategy or network included;
+    other files stay."""
+    from experiments.report.figure_files import write_figures
+    for name in ("growth_data.png", "winner_alexnet.png", "speedup.png", "mine.png"):
+        (tmp_path / name).write_bytes(b"old")
+
+    def draw(path: str) -> bool:
+        with open(path, "wb") as handle:
+            handle.write(b"new")
+        return True
+
+    written = write_figures([("growth_kernel.png", draw), ("speedup.png", lambda p: False)],
+                            str(tmp_path))
+    assert written == ["growth_kernel.png"]
+    assert sorted(os.listdir(tmp_path)) == ["growth_kernel.png", "mine.png"]
