@@ -175,6 +175,22 @@ def test_a_worker_left_out_for_want_of_samples_is_said_so():
     assert "the batch has" not in left_out_lines("calibrated", ["b"], three, {}, "sample")[0]
 
 
+def test_a_worker_left_out_for_want_of_kernel_units_is_said_so():
+    """`kernel` with conv layers of 8 kernels (two units of 4) on four alike workers:
+    two of them get nothing because no layer has a unit for them, not because they
+    are slower (it said "measured 1.0x slower")."""
+    two = [[4, 4, 0, 0], [4, 4, 0, 0]]
+    choice = {"workers": ["cpu-0", "cpu-1", "cpu-2", "cpu-3"], "chosen": "even",
+              "predicted_step_time": 0.0047, "split": two, "alternatives": {
+                  "even": {"split": two, "predicted_step_time": 0.0047},
+                  **{f"single:cpu-{i}": {"split": [[8 * (j == i) for j in range(4)]] * 2,
+                                         "predicted_step_time": 0.0094} for i in range(4)}}}
+    [line] = left_out_lines("calibrated", ["cpu-2"], choice, {})
+    assert line.startswith("worker cpu-2 left out: no conv layer has kernels for more than 2 "
+                           "of the 4 workers in whole units (workspace.channel_quantum); ")
+    assert "slower than" not in line
+
+
 def test_alike_workers_are_the_same_host_device_threads_and_speed():
     """Only which of them the scheduler ran tells alike workers apart: they share one
     cost. A worker elsewhere, on another device, with more threads or slowed is apart."""

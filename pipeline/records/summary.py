@@ -266,7 +266,12 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
             lines.append(f"{line}: the batch has {samples} sample(s) for {len(names)} "
                          "workers, and a worker gets whole samples")
             continue
-        if fastest is not None and speed.get(name, 0) > 0:
+        even = alternatives.get("even", {}).get("split") or []
+        holders = max((sum(1 for k in row if k > 0) for row in even), default=len(names))
+        if unit == "kernel" and holders < len(names):  # too few units, not too slow
+            line += (f": no conv layer has kernels for more than {holders} of the "
+                     f"{len(names)} workers in whole units (workspace.channel_quantum)")
+        elif fastest is not None and speed.get(name, 0) > 0:
             line += (f": measured {speed[name] / kept[fastest]:.1f}x slower than {fastest} "
                      f"({speed[name]:.3g} against {kept[fastest]:.3g} {what})")
         else:
