@@ -576,6 +576,27 @@ def test_the_table_says_how_far_repeats_measured_apart_beside_the_errors():
     assert "spread" not in format_table(table.assign(repeat_spread=float("nan")))
 
 
+def test_rates_over_repeats_agree_with_the_median_step():
+    """Two repeats of the baseline, 0.048 and 0.029 s: each repeat's speedup is their
+    median over its own step (0.80, 1.34); the table's is the baseline's median over
+    the point's median step, 1.00, not the median of those two (1.07), and so are its
+    samples/s and efficiency."""
+    steps = np.array([[0.048, 0.029], [0.030, 0.031]])
+    base = np.median(steps[0])
+    ds = xr.Dataset({"status": (("strategy", "repeat"), np.full((2, 2), DONE)),
+                     "failure": (("strategy", "repeat"), np.full((2, 2), "")),
+                     "step_time": (("strategy", "repeat"), steps),
+                     "throughput": (("strategy", "repeat"), 16 / steps),
+                     "speedup": (("strategy", "repeat"), base / steps),
+                     "efficiency": (("strategy", "repeat"), base / steps / 2)},
+                    coords={"strategy": ["single", "kernel"]})
+    table = summary_table(ds).set_index("strategy")
+    assert table.loc["single", "speedup"] == pytest.approx(1.0)
+    assert table.loc["single", "throughput"] == pytest.approx(16 / base)
+    assert table.loc["kernel", "speedup"] == pytest.approx(base / 0.0305)
+    assert table.loc["kernel", "efficiency"] == pytest.approx(base / 0.0305 / 2)
+
+
 SHIPPED = os.path.join(ROOT, "experiments", "configs")
 
 

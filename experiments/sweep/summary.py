@@ -37,6 +37,13 @@ def repeat_spread_of(times: np.ndarray) -> float:
     return float((times.max() - times.min()) / np.median(times))
 
 
+#: Figures that are one number over a point's step time (its samples, the baseline's
+#: median step): pooled over repeats as that number over their median step, so that
+#: they agree with the step time's median (the baseline's own speedup is 1.00) where
+#: the median of an even number of rates, the mean of the middle two, would not.
+RATES = ("throughput", "speedup", "efficiency")
+
+
 def summary_table(ds: xr.Dataset) -> pd.DataFrame:
     """One row per grid point (repeats pooled): the main figures, for print and report
     (the fullest worker's working memory among them, where the store has it).
@@ -63,9 +70,13 @@ def summary_table(ds: xr.Dataset) -> pd.DataFrame:
             done = status[position] == DONE
             row: dict[str, Any] = {dim: labels[dim][i] for dim, i in zip(dims, position)}
             row["runs"] = f"{int(done.sum())}/{done.size}"
+            steps = figures["step_time"][position][done] if "step_time" in figures else None
             for name, values in figures.items():
                 picked = values[position][done]
                 row[name] = float(np.nanmedian(picked)) if picked.size else np.nan
+                if name in RATES and steps is not None and picked.size:
+                    pooled = np.nanmedian(picked * steps) / np.nanmedian(steps)
+                    row[name] = float(pooled) if np.isfinite(pooled) else row[name]
             row["repeat_spread"] = repeat_spread_of(figures["step_time"][position][done])
             reasons = sorted({str(r) for r, s in zip(failures[position], status[position])
                               if s == FAILED and str(r)})
