@@ -114,6 +114,17 @@ def test_report_refuses_what_is_not_a_sweep_store(tmp_path, capsys):
     assert "not a sweep results store" in lines[1]
 
 
+@pytest.mark.parametrize("argv", [[], ["x.zarr", "--bogus"]])
+def test_a_bad_report_command_line_is_one_line(argv, capsys):
+    """No usage block: one line naming the problem, exit 2, as the other commands."""
+    from experiments.report import trace_plot
+    assert report.main(argv) == 2
+    assert trace_plot.main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(lines) == 2 and all(line.startswith("error: ") for line in lines), lines
+    assert "--help)" in lines[0] and "--help)" in lines[1]
+
+
 def test_a_report_folder_that_cannot_be_made_is_one_line(store, tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
     assert report.main([store, "--out", str(tmp_path / "a-file")]) == 2

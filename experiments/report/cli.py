@@ -47,7 +47,6 @@ This module is the command line and the list of files: the figures are drawn by
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Any
@@ -67,6 +66,7 @@ from experiments.report.view import StoreView
 from experiments.sweep.results import ResultStore, StoreMismatch
 from experiments.sweep.results_checksums import StoreDamaged
 from experiments.scaling.report import make_scaling_report
+from pipeline.cli import OneLineParser, UsageError
 
 
 class ReportError(ValueError):
@@ -125,14 +125,14 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.report",
-                                     description="Figures and a table from a sweep's store.")
+    parser = OneLineParser(prog="python -m experiments.report",
+                           description="Figures and a table from a sweep's store.")
     parser.add_argument("results", help="the sweep's Zarr store (results/<name>.zarr)")
     parser.add_argument("--out", help="directory for the files (default <store>.report/)")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         paths = make_report(args.results, args.out)
-    except ReportError as error:
+    except (UsageError, ReportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except StoreDamaged as error:

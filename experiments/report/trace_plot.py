@@ -10,7 +10,6 @@ collections and checkpoints. For a zoomable view, open trace.json in Perfetto
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -19,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+
+from pipeline.cli import OneLineParser, UsageError  # noqa: E402
 
 COLOURS = {"compute": "#4c72b0", "emulated": "#8da0cb", "read": "#dd8452", "write": "#c44e52",
            "wait": "#dddddd", "dataset": "#55a868"}
@@ -77,13 +78,17 @@ def draw(path: str, steps: list[int], output: str, title: str = "") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.report.trace_plot",
-                                     description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m experiments.report.trace_plot",
+                           description=__doc__.split("\n")[0])
     parser.add_argument("trace", help="a run's trace.json")
     parser.add_argument("--steps", type=int, nargs="+", default=[1], help="steps to draw")
     parser.add_argument("-o", "--output", default="trace.png")
     parser.add_argument("--title", default="")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
         draw(args.trace, args.steps, args.output, args.title)
     except (OSError, ValueError, KeyError) as error:
