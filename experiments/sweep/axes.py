@@ -27,7 +27,8 @@ from pipeline.config.schema import ConfigError, set_dotted
 from pipeline.records.step_breakdown import COMPONENTS
 
 #: Run-config fields the sweep sets itself, per point.
-NOT_SWEEPABLE = ("name", "output", "progress", "cluster.scheduler", "train.resume")
+NOT_SWEEPABLE = ("name", "output", "progress", "cluster.scheduler", "train.resume",
+                 "train.fresh")  # every point runs fresh, in its own directory
 #: Names a dim may not take: the store's own dims and variables use them.
 RESERVED_NAMES = {
     "repeat", "step", "warmup", "status", "failure", "run_id", "started", "finished",
