@@ -348,6 +348,7 @@ def test_points_their_run_would_refuse_stop_the_sweep_before_it_starts(tmp_path,
     ({"train.batch": 16}, [], ["axes.train.batch", "list of values"]),
     ({"output": ["a", "b"]}, [], ["axes.output", "cannot be swept"]),
     ({"train.fresh": [True, False]}, [], ["axes.train.fresh", "cannot be swept"]),
+    ({"prediction": ["never", "auto"]}, [], ["axes.prediction", "cannot be swept"]),
     ({}, [{"network.conv.0.kernels": [8, 12], "network.conv.1.kernels": [8]}],
      ["zip.0", "network.conv.1.kernels has 1"]),
 ])

@@ -28,7 +28,8 @@ from pipeline.records.step_breakdown import COMPONENTS
 
 #: Run-config fields the sweep sets itself, per point.
 NOT_SWEEPABLE = ("name", "output", "progress", "cluster.scheduler", "train.resume",
-                 "train.fresh")  # every point runs fresh, in its own directory
+                 "train.fresh",  # every point runs fresh, in its own directory
+                 "prediction")  # the sweep's probe policy, $CNN_PREDICT_PROBE
 #: Names a dim may not take: the store's own dims and variables use them.
 RESERVED_NAMES = {
     "repeat", "step", "warmup", "status", "failure", "run_id", "started", "finished",
