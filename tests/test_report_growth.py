@@ -1,5 +1,6 @@
 """How cost grows in the report (experiments/report/growth.py), on a tiny synthetic
-store: which strategies get a figure, which points each panel shows, the figure."""
+store: which strategies get a figure, which points each panel shows, the figure; and
+the strategies figure on a store without predictions or a baseline."""
 
 from __future__ import annotations
 
@@ -94,3 +95,26 @@ def test_the_growth_figure_and_its_section(tmp_path):
     assert lines[0] == "## How cost grows"
     assert "![How kernel grows](growth_kernel.png)" in lines
     assert growth_section(["speedup.png"]) == []
+
+
+def test_the_strategies_figure_draws_no_prediction_the_store_lacks(monkeypatch, tmp_path):
+    """Without predictions (CNN_PREDICT_PROBE=never) the step-time panel has no
+    "predicted" legend entry, and without a done baseline the speedup panel says so."""
+    from experiments.report import strategies
+    shape, dims = (3, 2, 1), ("strategy", "batch", "repeat")
+    data = {name: (dims, np.full(shape, 1.0)) for name in POINT_FIGURES}
+    data["predicted_step_time"] = (dims, np.full(shape, np.nan))
+    data["speedup"] = (dims, np.full(shape, np.nan))
+    data["status"] = (dims, np.full(shape, DONE, dtype=np.int8))
+    ds = xr.Dataset(data, coords={"strategy": ["kernel", "data", "hybrid"], "batch": [8, 16],
+                                  "repeat": [0]},
+                    attrs={"sweep_name": "s", "speedup_baseline": "single",
+                           "axes": json.dumps({"strategy": ["strategy"],
+                                               "batch": ["train.batch"]})})
+    drawn = []
+    monkeypatch.setattr(strategies, "save_figure", lambda fig, path: drawn.append(fig))
+    sweep = StoreView(ds)
+    assert strategies.strategies_figure(sweep, sweep.points(), str(tmp_path / "s.png"))
+    steps, speedup, _bytes = drawn[0].axes
+    assert [t.get_text() for t in steps.get_legend().get_texts()] == ["batch 8", "batch 16"]
+    assert speedup.get_title() == "speedup over 'single' (none: no done point of it)"

@@ -41,6 +41,7 @@ def strategies_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     strategies = [s for s in label_order(frame, "strategy", sweep.ds)
                   if s in set(data["strategy"])]
     batches = label_order(data, batch, sweep.ds) if batch else [None]
+    predicted = data["predicted_step_time"].notna().any()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     width = 0.8 / len(batches)
     for b, value in enumerate(batches):
@@ -50,12 +51,14 @@ def strategies_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         label = f"batch {value}" if value is not None else "measured"
         color = COLORS[b % len(COLORS)]
         axes[0].bar(x, rows["step_time"], width, color=color, label=label)
-        axes[0].plot(x, rows["predicted_step_time"], "o", color="black", markersize=4,
-                     label="predicted" if b == 0 else None)
+        if predicted:  # no legend entry for dots the store has none of
+            axes[0].plot(x, rows["predicted_step_time"], "o", color="black", markersize=4,
+                         label="predicted" if b == 0 else None)
         axes[1].bar(x, rows["speedup"], width, color=color, label=label)
         axes[2].bar(x, rows["bytes_moved"] / 1e6, width, color=color, label=label)
-    for ax, title in zip(axes, ("step time (s)", f"speedup over '{sweep.baseline}'",
-                                "exchange MB per step")):
+    speedup = f"speedup over '{sweep.baseline}'" + (
+        "" if data["speedup"].notna().any() else " (none: no done point of it)")
+    for ax, title in zip(axes, ("step time (s)", speedup, "exchange MB per step")):
         ax.set_xticks(np.arange(len(strategies)), strategies)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
