@@ -125,6 +125,18 @@ def test_a_bad_report_command_line_is_one_line(argv, capsys):
     assert "--help)" in lines[0] and "--help)" in lines[1]
 
 
+def test_a_report_folder_inside_the_store_is_refused(store, capsys):
+    """Its figures would be files the store's checksums do not know: every later
+    report and resume would call the store damaged."""
+    before = sorted(os.listdir(store))
+    for out in (store, os.path.join(store, "report")):
+        assert report.main([store, "--out", out]) == 2
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line]
+        assert line == f"error: --out: {out} is inside the results store {store}; choose a " \
+                       "directory outside it"
+    assert sorted(os.listdir(store)) == before
+
+
 def test_a_report_folder_that_cannot_be_made_is_one_line(store, tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
     assert report.main([store, "--out", str(tmp_path / "a-file")]) == 2

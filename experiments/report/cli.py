@@ -95,6 +95,10 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
     if "status" not in ds:
         raise ReportError(f"{store}: not a sweep results store")
     out_dir = out_dir or default_out_dir(store)
+    inside = os.path.relpath(os.path.realpath(out_dir), os.path.realpath(store))
+    if inside != os.pardir and not inside.startswith(os.pardir + os.sep):  # read as damage
+        raise ReportError(f"--out: {out_dir} is inside the results store {store}; choose "
+                          "a directory outside it")
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as error:  # a file of that name, no permission, no space
