@@ -35,6 +35,8 @@ from storage.private import default_workspace_root, folder_problem
 from tasks.specs import NetworkSpec, batch_norm_name, batch_norm_rows, lone_batch_norm
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
+#: The files at the root of a Zarr store (format 3, format 2).
+ZARR_MARKERS = ("zarr.json", ".zgroup")
 
 
 def check_writable_dir(path: str, field: str) -> None:
@@ -58,6 +60,21 @@ def check_writable_dir(path: str, field: str) -> None:
         place = "" if existing == target else f" (in {existing})"
         raise ConfigError(f"{field}: cannot write to {path}{place}: "
                           f"{error.strerror or error}") from None
+
+
+def check_outside_stores(path: str, field: str) -> None:
+    """Raise ConfigError naming `field` if `path` is, or is inside, a Zarr store (a
+    sweep's results, a dataset): a run's files there would be read as its damage."""
+    folder = os.path.abspath(path)
+    while True:
+        if any(os.path.isfile(os.path.join(folder, marker)) for marker in ZARR_MARKERS):
+            where = "is" if folder == os.path.abspath(path) else "is inside"
+            raise ConfigError(f"{field}: {path} {where} the Zarr store {folder}, not a run "
+                              "directory; choose another output")
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return
+        folder = parent
 
 
 def check_dataset(config: RunConfig) -> None:
@@ -156,6 +173,7 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     again where they meet the real thing, in the same words."""
     strategy = strategy_of(config)
     check_writable_dir(config.output_dir, output_field)
+    check_outside_stores(config.output_dir, output_field)
     check_dataset(config)
     check_dataset_fits(config, *expected_dataset(config))  # its classes, a batch's samples
     network = network_for(config)  # the network fits the images (ConfigError naming the layer)

@@ -151,6 +151,23 @@ def test_second_run_into_a_locked_dir_is_refused(tmp_path, tiny_dataset_factory,
     assert not os.path.exists(os.path.join(config.output_dir, LOCK_NAME))  # released
 
 
+def test_a_run_into_a_zarr_store_is_refused(tmp_path, tiny_dataset_factory, capsys):
+    """A sweep's results store given as `output` (or a folder in it): the run's files
+    there would be damage to every later report and resume of that store."""
+    store = tmp_path / "results.zarr"
+    store.mkdir()
+    (store / "zarr.json").write_text("{}")
+    config = reference_config(tmp_path, tiny_dataset_factory("float32"))
+    path = write_config(tmp_path, config)
+    for output, where in ((store, "is"), (store / "run", "is inside")):
+        for check in ([], ["--check"]):
+            code, lines = main_lines(capsys, [path, f"output={output}", *check])
+            assert code == 2 and lines == [
+                f"error: output: {output} {where} the Zarr store {store}, not a run "
+                "directory; choose another output"], lines
+    assert sorted(os.listdir(store)) == ["zarr.json"]
+
+
 def test_rerun_over_results_is_refused_or_fresh(tmp_path, tiny_dataset_factory, capsys):
     config = reference_config(tmp_path, tiny_dataset_factory("float32"))
     path = write_config(tmp_path, config)
