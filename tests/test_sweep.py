@@ -363,6 +363,16 @@ def test_bad_sweep_configs_exit_2_with_one_line(tmp_path, capsys, tiny_dataset_f
     assert not (tmp_path / "bad.zarr").exists()
 
 
+def test_a_dry_run_of_a_store_another_sweep_holds_is_refused_as_the_run_is(tmp_path, capsys):
+    config = write_sweep(tmp_path, "unused.zarr", {"train.batch": [8]})
+    store = str(tmp_path / "held.zarr")
+    with SweepLock(store):
+        for dry in ([], ["--dry-run"]):
+            assert sweep_cli.main([config, "--out", store, *dry]) == 3
+            lines = error_lines(capsys.readouterr().err)
+            assert len(lines) == 1 and f"{store} is in use by another sweep (pid " in lines[0]
+
+
 def test_bad_axis_through_the_real_cli(tmp_path):
     config = write_sweep(tmp_path, "unused.zarr", {"strategy": ["kernel", "magic"]})
     result = run_cli(config)

@@ -41,7 +41,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from experiments.sweep.measure import predicted_step_time
-from experiments.sweep.results import ResultStore, StoreBusy, StoreMismatch
+from experiments.sweep.results import ResultStore, StoreBusy, StoreMismatch, SweepLock
 from experiments.sweep.results_checksums import StoreDamaged
 from experiments.sweep.store_layout import DONE, SKIPPED
 from experiments.sweep.results_checksums import point_key
@@ -50,7 +50,7 @@ from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scal
 from experiments.sweep.config import Sweep, load_sweep
 from experiments.sweep.points import Point
 from experiments.sweep.run import STORE, check_store, run_sweep
-from pipeline.cli import (CONFIG_ERROR, RUNTIME_ERROR, Interrupted, OneLineParser,
+from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
 from pipeline.cluster.workers import SchedulerUnreachable
@@ -196,7 +196,10 @@ def _print_dry_run(printer: Callable[[Any, Any, bool], None], sweep: Any, fresh:
     """Run a dry-run printer; a store the run would refuse gets the run's line and
     exit status (the printer checks it before it prints anything)."""
     try:
+        SweepLock(sweep.store_path).check_free()  # as the run would refuse it
         printer(sweep, sys.stdout, fresh)
+    except StoreBusy as error:
+        return fail(error, IN_USE)
     except StoreMismatch as error:
         return fail(error, CONFIG_ERROR)
     except StoreDamaged as error:  # the data, not the input, as in the run
@@ -217,7 +220,7 @@ def _run_store_guarded(run: Callable[[], int], interrupted: str, store_path: str
     except StoreDamaged as error:  # the data, not the input: nothing is changed
         return fail(error, RUNTIME_ERROR)
     except StoreBusy as error:
-        return fail(error, 3)
+        return fail(error, IN_USE)
     except SchedulerUnreachable as error:  # as a run says it: the points stay pending
         return fail(error, RUNTIME_ERROR)
     except OSError as error:  # the disk, not the input: the store keeps what it has
