@@ -103,3 +103,18 @@ def test_a_choice_measured_nowhere_as_a_fixed_strategy_gets_no_comparison():
     lines = auto_section(ds, frame, ["strategy", "workers", "network"], "workers")
     assert "| 1 | vgg11_bn | single | 0.0300 | kernel | 0.0500 | - (single not measured) |" \
         in lines
+
+
+def test_a_store_without_a_strategy_axis_has_its_auto_choices_read():
+    """`strategy: auto` in the base and no strategy axis (every point is auto): the
+    choices are the whole store's, not a strategy dim's (it raised AttributeError
+    and the report stopped with a traceback); a fixed base strategy gives no rows."""
+    choice = np.array([[json.dumps({"chosen": "data"})], [json.dumps({"chosen": "kernel"})]],
+                      dtype=object)
+    ds = xr.Dataset({"strategy_choice": (("workers", "repeat"), choice)},
+                    coords={"workers": [1, 2], "repeat": [0]})
+    frame = pd.DataFrame([{"strategy": "auto", "workers": "1", "step_time": 0.1},
+                          {"strategy": "auto", "workers": "2", "step_time": 0.2}])
+    rows = auto_rows(ds, frame, ["workers"]).set_index("workers")
+    assert list(rows["chosen"]) == ["data", "kernel"]
+    assert auto_section(ds, frame.assign(strategy="single"), ["workers"]) == []

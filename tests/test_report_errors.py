@@ -82,3 +82,13 @@ def test_the_memory_models_error_is_tabled_beside_the_step_times():
     assert "## The memory model's error per strategy" in lines
     assert "| data | 3 | 10.0% | +10.0% | 10.0% |" in lines
     assert memory_error_rows(_store()).empty  # no memory figures: no table
+
+
+def test_a_store_without_a_strategy_axis_names_its_base_strategy():
+    """Its rows are named after the base config's strategy (they said "?")."""
+    ds = xr.Dataset({"status": (("workers", "repeat"), np.full((2, 1), DONE)),
+                     "predicted_peak_memory": (("workers", "repeat"), [[110.0], [120.0]]),
+                     "memory_peak": (("workers", "repeat"), [[100.0], [100.0]])},
+                    coords={"workers": [1, 2], "repeat": [0]},
+                    attrs={"config": "base: {strategy: single}\n"})
+    assert list(memory_error_rows(ds)["strategy"]) == ["single"]

@@ -33,9 +33,14 @@ AUTO = "auto"
 
 def _choices(ds: xr.Dataset, dims: list[str]) -> dict[tuple[str, ...], str]:
     """Auto's chosen strategy per point (labels as text), from any repeat that has one."""
-    if "strategy_choice" not in ds or AUTO not in [str(s) for s in ds.strategy.values]:
+    if "strategy_choice" not in ds:
         return {}
-    texts = ds.strategy_choice.sel(strategy=AUTO).to_dataframe().reset_index()
+    choice = ds.strategy_choice  # no strategy dim: every point runs the base's strategy
+    if "strategy" in ds.dims:
+        if AUTO not in [str(s) for s in ds.strategy.values]:
+            return {}
+        choice = choice.sel(strategy=AUTO)
+    texts = choice.to_dataframe().reset_index()
     out: dict[tuple[str, ...], str] = {}
     for _, row in texts.iterrows():
         text = str(row["strategy_choice"] or "")

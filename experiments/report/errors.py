@@ -24,7 +24,7 @@ import pandas as pd
 import xarray as xr
 
 from experiments.sweep.store_layout import DONE
-from experiments.sweep.summary import markdown_rows, repeat_spread_of
+from experiments.sweep.summary import base_strategy, markdown_rows, repeat_spread_of
 
 
 def error_rows(ds: xr.Dataset) -> pd.DataFrame:
@@ -61,7 +61,7 @@ def repeat_spread(ds: xr.Dataset) -> dict[str, float]:
         per_point = per_point.reshape(-1, values.sizes["repeat"])
         spreads = [spread for spread in map(repeat_spread_of, per_point) if np.isfinite(spread)]
         if spreads:
-            out[str(name if name is not None else ds.attrs.get("strategy", "?"))] = (
+            out[str(name if name is not None else base_strategy(ds))] = (
                 float(np.median(spreads)))
     return out
 
@@ -78,7 +78,7 @@ def memory_error_rows(ds: xr.Dataset) -> pd.DataFrame:
 def _rows(ds: xr.Dataset, errors: xr.DataArray) -> pd.DataFrame:
     errors = errors.where(ds.status == DONE)
     strategies = (list(ds.strategy.values) if "strategy" in ds.dims
-                  else [str(ds.attrs.get("strategy", "?"))])
+                  else [str(base_strategy(ds))])
     rows = []
     for name in strategies:
         values = errors.sel(strategy=name) if "strategy" in ds.dims else errors
