@@ -149,6 +149,8 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
      "network.layers.1.padding: a pooling's padding is at most half its size (2 // 2 = 1)"),
     ({"layers": [{"conv": 4}, {"pool": "adaptive_avg", "size": 2, "stride": 2}]}, [],
      "network.layers.1.stride: an adaptive_avg pool has no stride"),
+    ({"layers": [{"pool": "max"}, {"conv": 4}]}, [],  # not a matter of the images' size
+     "network.layers.0.pool: a pooling follows a conv layer or block, and this is the first"),
 ])
 def test_a_bad_network_is_one_line_naming_the_field(tmp_path, network, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -115,6 +115,9 @@ class NetworkConfig:
         if self.layers is not None and not self.layers:
             raise FieldError("layers", "at least one conv layer or block is needed (null: "
                              "the `conv` layers)")
+        if self.layers and self.layers[0].pool is not None:
+            raise FieldError("layers.0.pool", "a pooling follows a conv layer or block, and "
+                             "this is the first layer")
         if not self.conv and not self.layers and self.preset is None:
             raise FieldError("conv", "at least one conv layer is needed")
         for index, width in enumerate(self.hidden):
