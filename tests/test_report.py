@@ -193,3 +193,16 @@ def test_a_report_again_leaves_no_figure_of_what_the_store_no_longer_has(tmp_pat
                             str(tmp_path))
     assert written == ["growth_kernel.png"]
     assert sorted(os.listdir(tmp_path)) == ["growth_kernel.png", "mine.png"]
+
+
+def test_a_sweep_stopped_with_points_pending_is_not_said_finished():
+    """An interrupted sweep's store: its last session's end is no finish."""
+    from experiments.report.markdown import _provenance
+    ds = xr.Dataset({"status": (("point", "repeat"), [[1], [0]])},
+                    attrs={"started": "T0", "finished": "T1"})
+    assert "- started T0, last session ended T1 with 1 point(s) pending" in _provenance(ds)
+    ds["status"] = (("point", "repeat"), [[1], [2]])
+    assert "- started T0, finished T1" in _provenance(ds)
+    ds.attrs["finished"] = ""  # its first session still running, or killed
+    assert "- started T0, no session ended yet (a sweep running, or one killed)" in \
+        _provenance(ds)

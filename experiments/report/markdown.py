@@ -50,7 +50,7 @@ def _provenance(ds: xr.Dataset) -> list[str]:
         + f" ({machine.get('host', '?')})",
         f"- code revision {ds.attrs.get('code_revision', '?')}; "
         + ", ".join(f"{k} {v}" for k, v in versions.items()),
-        f"- started {ds.attrs.get('started', '?')}, finished {ds.attrs.get('finished', '?')}",
+        f"- started {ds.attrs.get('started', '?')}, {_ended(ds.attrs.get('finished'), status)}",
         f"- command: `{ds.attrs.get('command', '')}`",
         _speedup_line(ds),
     ]
@@ -59,6 +59,16 @@ def _provenance(ds: xr.Dataset) -> list[str]:
         lines.append(f"- note: some points ran more worker threads (+1 master) than the "
                      f"{cores} cores here; their timings include contention.")
     return lines
+
+
+def _ended(finished: str | None, status: np.ndarray) -> str:
+    """When the sweep's last session ended, and whether that finished it."""
+    pending = int((status == 0).sum())
+    if not finished:
+        return "no session ended yet (a sweep running, or one killed)"
+    if pending:
+        return f"last session ended {finished} with {pending} point(s) pending"
+    return f"finished {finished}"
 
 
 def _speedup_line(ds: xr.Dataset) -> str:
