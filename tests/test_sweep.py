@@ -373,6 +373,21 @@ def test_a_dry_run_of_a_store_another_sweep_holds_is_refused_as_the_run_is(tmp_p
             assert len(lines) == 1 and f"{store} is in use by another sweep (pid " in lines[0]
 
 
+def test_a_preset_on_the_sweeps_command_line_replaces_the_base_network(tmp_path):
+    """As `python -m pipeline.train cfg network.preset=...` does: the base's own layers
+    and hidden widths give way (they were kept, and the sweep refused "give a preset
+    or your own layers, not both"); a layer set after the preset is refused."""
+    own = {"network": {"layers": [{"conv": 4}, {"pool": "max"}], "hidden": [8]}}
+    config = write_sweep(tmp_path, "unused.zarr", {"network.width": [0.25]}, base=own)
+    out = str(tmp_path / "p.zarr")
+    sweep = load_sweep(config, ["network.preset=resnet20"], out=out)
+    assert sweep.base["network"] == {"preset": "resnet20"}
+    assert sweep.points[0].config.network.preset == "resnet20"
+    with pytest.raises(ConfigError, match="network.layers.0.conv: network.preset resnet20 "
+                                          "gives the layers"):
+        load_sweep(config, ["network.preset=resnet20", "network.layers.0.conv=3"], out=out)
+
+
 def test_bad_axis_through_the_real_cli(tmp_path):
     config = write_sweep(tmp_path, "unused.zarr", {"strategy": ["kernel", "magic"]})
     result = run_cli(config)

@@ -51,7 +51,7 @@ import yaml
 from experiments.sweep.axes import Axis, build_axes, point_data
 from experiments.sweep.points import Point, cluster_key, fit_point_to_strategy, run_order
 from pipeline.cluster.workers import scheduler_address
-from pipeline.config.run_config import RunConfig, build_run_config
+from pipeline.config.run_config import RunConfig, build_run_config, with_overrides
 from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
                                     set_dotted, to_dict)
 from pipeline.strategies import Strategy, strategy_of
@@ -263,10 +263,7 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
         raise ConfigError("mode: 'scaling' sweeps describe hypothetical clusters, not run "
                           "configs: load them with experiments.scaling.config."
                           "load_scaling_sweep (python -m experiments.sweep does)")
-    base = _resolve_base(config.base, path)
-    for text in base_overrides:
-        key, value = parse_override(text)
-        set_dotted(base, key, value)
+    base = with_overrides(_resolve_base(config.base, path), base_overrides)  # as a run's
     if config.measure is not None:
         set_dotted(base, "train.warmup_steps", config.measure.warmup_steps)
         set_dotted(base, "train.steps", config.measure.warmup_steps + config.measure.steps)

@@ -359,6 +359,13 @@ PRESET_REPLACES = ("conv", "layers", "hidden")
 
 def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConfig:
     """Validate raw config data after applying ``key=value`` overrides."""
+    return from_dict(RunConfig, with_overrides(data, overrides))
+
+
+def with_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A copy of raw config data with ``key=value`` overrides applied as the command
+    line means them: a `network.preset` replaces the network's own layers (its `conv`,
+    `layers`, `hidden`), and a layer set after it is refused (FieldError)."""
     data = copy.deepcopy(data)
     layer_keys = []  # overrides inside the layer lists a preset replaces
     for text in overrides:
@@ -378,7 +385,7 @@ def build_run_config(data: dict[str, Any], overrides: list[str] = ()) -> RunConf
         raise FieldError(layer_keys[0], f"network.preset {preset} gives the layers "
                          "(network.width scales their channels; network.layers, without a "
                          "preset, builds a network of your own)")
-    return from_dict(RunConfig, data)
+    return data
 
 
 def load_run_config(path: str, overrides: list[str] = ()) -> RunConfig:
