@@ -125,6 +125,16 @@ def test_a_bad_report_command_line_is_one_line(argv, capsys):
     assert "--help)" in lines[0] and "--help)" in lines[1]
 
 
+def test_the_help_names_the_report_folder_the_report_writes(capsys):
+    """It said `<store>.report/`: results/quick.zarr.report, where the report is
+    results/quick.report."""
+    with pytest.raises(SystemExit):
+        report.main(["--help"])
+    assert "results/quick.report/ for results/quick.zarr" in " ".join(
+        capsys.readouterr().out.split())
+    assert report.default_out_dir("results/quick.zarr") == "results/quick.report"
+
+
 def test_a_report_folder_inside_the_store_is_refused(store, capsys):
     """Its figures would be files the store's checksums do not know: every later
     report and resume would call the store damaged."""

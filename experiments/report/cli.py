@@ -1,6 +1,6 @@
 """Figures and a table from a sweep's store: ``python -m experiments.report RESULTS``.
 
-Writes, into ``<store>.report/`` next to the store (or ``--out DIR``):
+Writes, into ``<name>.report/`` next to the store ``<name>.zarr`` (or ``--out DIR``):
 
 - ``strategies.png``: every strategy side by side (step time measured and
   predicted, speedup, exchange bytes), if three or more strategies are swept;
@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m experiments.report",
                            description="Figures and a table from a sweep's store.")
     parser.add_argument("results", help="the sweep's Zarr store (results/<name>.zarr)")
-    parser.add_argument("--out", help="directory for the files (default <store>.report/)")
+    parser.add_argument("--out", help="directory for the files (default: beside the store, "
+                        f"e.g. {default_out_dir('results/quick.zarr')}/ for results/quick.zarr)")
     try:
         args = parser.parse_args(argv)
         paths = make_report(args.results, args.out)
