@@ -10,6 +10,7 @@ without side effects.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -67,7 +68,7 @@ def check_outside_stores(path: str, field: str) -> None:
     sweep's results, a dataset): a run's files there would be read as its damage."""
     folder = os.path.abspath(path)
     while True:
-        if any(os.path.isfile(os.path.join(folder, marker)) for marker in ZARR_MARKERS):
+        if any(_zarr_metadata(os.path.join(folder, marker)) for marker in ZARR_MARKERS):
             where = "is" if folder == os.path.abspath(path) else "is inside"
             raise ConfigError(f"{field}: {path} {where} the Zarr store {folder}, not a run "
                               "directory; choose another output")
@@ -75,6 +76,16 @@ def check_outside_stores(path: str, field: str) -> None:
         if parent == folder:
             return
         folder = parent
+
+
+def _zarr_metadata(path: str) -> bool:
+    """Whether `path` is a Zarr metadata file (JSON naming its `zarr_format`), not any
+    file of that name."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return "zarr_format" in json.loads(handle.read(65536))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def check_dataset(config: RunConfig) -> None:

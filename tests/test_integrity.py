@@ -156,7 +156,8 @@ def test_a_run_into_a_zarr_store_is_refused(tmp_path, tiny_dataset_factory, caps
     there would be damage to every later report and resume of that store."""
     store = tmp_path / "results.zarr"
     store.mkdir()
-    (store / "zarr.json").write_text("{}")
+    (store / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    (tmp_path / "zarr.json").write_text("{}")  # a file of that name, not a store
     config = reference_config(tmp_path, tiny_dataset_factory("float32"))
     path = write_config(tmp_path, config)
     for output, where in ((store, "is"), (store / "run", "is inside")):
@@ -166,6 +167,7 @@ def test_a_run_into_a_zarr_store_is_refused(tmp_path, tiny_dataset_factory, caps
                 f"error: output: {output} {where} the Zarr store {store}, not a run "
                 "directory; choose another output"], lines
     assert sorted(os.listdir(store)) == ["zarr.json"]
+    assert main_lines(capsys, [path, "--check"]) == (0, [])  # beside a stray zarr.json
 
 
 def test_rerun_over_results_is_refused_or_fresh(tmp_path, tiny_dataset_factory, capsys):
