@@ -388,6 +388,15 @@ def test_a_preset_on_the_sweeps_command_line_replaces_the_base_network(tmp_path)
         load_sweep(config, ["network.preset=resnet20", "network.layers.0.conv=3"], out=out)
 
 
+def test_a_base_file_that_is_not_there_is_named_by_its_field(tmp_path, capsys):
+    config = tmp_path / "s.yaml"
+    config.write_text("name: s\nbase: configs/nope.yaml\naxes: {strategy: [kernel]}\n")
+    assert sweep_cli.main([str(config), "--dry-run"]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"error: base: no run config configs/nope.yaml beside the sweep file "
+        f"({tmp_path / 'configs' / 'nope.yaml'}) or in the current folder"]
+
+
 def test_bad_axis_through_the_real_cli(tmp_path):
     config = write_sweep(tmp_path, "unused.zarr", {"strategy": ["kernel", "magic"]})
     result = run_cli(config)

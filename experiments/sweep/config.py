@@ -236,7 +236,10 @@ def _set_axis(axes: dict, name: str, value: Any) -> None:
 def _resolve_base(base: dict | str, source: str) -> dict:
     if isinstance(base, str):
         candidates = [os.path.join(os.path.dirname(os.path.abspath(source)), base), base]
-        path = next((c for c in candidates if os.path.exists(c)), candidates[0])
+        path = next((c for c in candidates if os.path.exists(c)), None)
+        if path is None:
+            raise ConfigError(f"base: no run config {base} beside the sweep file "
+                              f"({candidates[0]}) or in the current folder")
         return load_yaml(path)
     return copy.deepcopy(base)
 
