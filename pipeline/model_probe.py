@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any
 
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.worker_setup import workers_set_up
-from pipeline.cluster.workers import ClusterError, all_local, find_workers, scheduler_address
+from pipeline.cluster.workers import (ClusterError, SchedulerLost, WorkerLost, all_local,
+                                      find_workers, scheduler_address)
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
 from pipeline.engine.dataset import prepare_dataset
@@ -121,5 +123,8 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
             return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
                                 dataset, links=links, output_root=output_root, sample=sample,
                                 batch_norm=batch_norm)
-    except (ClusterError, OSError, TimeoutError):
+    except (WorkerLost, SchedulerLost):
+        raise  # the run's to recover from, or to stop on
+    except (ClusterError, OSError, TimeoutError) as error:
+        print(f"warning: the model's probe of this cluster failed: {error}", file=sys.stderr)
         return None

@@ -24,7 +24,7 @@ from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
 from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
                                  predict_config, predict_point, with_contention)
 from pipeline.cluster.worker_setup import register_setup
-from pipeline.cluster.workers import find_workers
+from pipeline.cluster.workers import ClusterError, find_workers
 from pipeline.placement.model_placement import choose_split
 from pipeline.placement.split import align_to_quanta
 import pipeline.probe.cache
@@ -37,7 +37,7 @@ from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named
-from pipeline.strategies.auto import pick
+from pipeline.strategies.auto import choose_strategy, pick
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
 from tests.helpers import (max_relative_error, replay_in_pytorch,
@@ -402,6 +402,18 @@ def test_auto_candidates_let_the_model_split_where_a_strategy_allows_it(tmp_path
     assert "reference" not in candidates and "auto" not in candidates
     assert candidates["kernel"].placement == "model" and candidates["kernel"].strategy == "kernel"
     assert candidates["data"].placement == "even"  # data takes no `model` placement
+
+
+def test_auto_without_a_probe_says_why_none_was_made(tmp_path, tiny_dataset_factory):
+    """`auto` on a cluster the model could not probe: the line says why (the probe's
+    runs failed, said above it; an s3 workspace, which the probe never times), not
+    the probe policy, which a run's `auto` does not follow."""
+    config = tiny_config(tmp_path, tiny_dataset_factory("float32"), strategy="auto")
+    with pytest.raises(ClusterError) as refused:
+        choose_strategy(config, strategy_named("auto"), None, predict_config)
+    assert str(refused.value) == (
+        "strategy: 'auto' needs the model's probe of this cluster, and none could be made: "
+        "its calibration runs failed; the warning above says how")
 
 
 def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(

@@ -97,8 +97,11 @@ def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | Non
     (module doc)."""
     assert isinstance(auto, AutoStrategy)
     if probe is None:
+        why = ("the probe does not time a workspace over s3 (cluster.workspace.transport)"
+               if config.cluster.workspace_transport() == "s3" else
+               "its calibration runs failed; the warning above says how")
         raise ClusterError("strategy: 'auto' needs the model's probe of this cluster, and "
-                           "none could be made (is CNN_PREDICT_PROBE=never or cached set?)")
+                           f"none could be made: {why}")
     masters = [w.name for w in probe.workers]
     configs: dict[tuple[str, str], RunConfig] = {}
     times: dict[tuple[str, str], float] = {}
