@@ -31,7 +31,7 @@ import pipeline.probe.cache
 from pipeline.probe import (ClusterProbe, DaskProbe, MasterProbe, ShardTiming, StoreProbe,
                             WorkerProbe, cached_probe, cluster_probe_from_dict,
                             find_cached_probe, probe_max_age)
-from pipeline.probe.client_share import ROUNDS, median_share
+from pipeline.probe.client_share import ROUNDS as SHARE_ROUNDS, median_share
 from pipeline.probe.runs import REPLICA_ROUNDS, ROUNDS
 from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
@@ -158,7 +158,7 @@ def test_probe_measures_positive_finite_constants(probe):
     assert (overhead.task, overhead.sync, overhead.hop) == (d.task_s, d.sync_s, d.hop_s)
     # the client's share of the cores, measured where two single-thread workers fill them
     if cores_filled([w.threads for w in probe.workers], d.host_cores):
-        assert len(d.contention_shares) == 2 * ROUNDS  # the even plan's and the replicas'
+        assert len(d.contention_shares) == 2 * SHARE_ROUNDS  # the even plan's and the replicas'
         assert all(s is None or 0.0 <= s <= 1.0 for s in d.contention_shares)
         assert d.contention_share == median_share(d.contention_shares)  # None: rounds disagree
     else:  # the client has a core of its own: the share is never used
