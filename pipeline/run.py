@@ -230,11 +230,12 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
         train_with_recovery(config, client, strategy, start.network, engine, offered,
                             recorder, start.client_events, start.from_step,
                             start.info.train_samples, trained.history)
-    try:  # every step is done: a scheduler that cannot say costs this line only
-        with guarded(client, config.cluster.scheduler_timeout, "asking for other clients"):
+    if scheduler_address(config.cluster) is not None:  # only a cluster the user started
+        # every step is done: a lost or silent scheduler costs this line only (the
+        # prediction's note says so)
+        with contextlib.suppress(Exception), guarded(
+                client, config.cluster.scheduler_timeout, "asking for other clients"):
             say_shared_use(client, config.cluster, start.say, "as its steps ended")
-    except Exception:  # noqa: BLE001 - a lost or silent scheduler: the prediction says so
-        pass
     return trained
 
 

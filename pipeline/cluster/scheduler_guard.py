@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Iterator
+from typing import Iterator
 
 from distributed import Client
 
@@ -72,8 +72,7 @@ class SchedulerGuard:
 
 
 @contextlib.contextmanager
-def guarded(client: Client | None, limit: float | None, doing: str,
-            say: Callable[[str], None] | None = None) -> Iterator[None]:
+def guarded(client: Client | None, limit: float | None, doing: str) -> Iterator[None]:
     """Run the block with its scheduler watched (`SchedulerGuard`); a scheduler
     silent for `limit` seconds (`cluster.scheduler_timeout`; None: wait for ever,
     with the warning) ends it in `SchedulerLost` naming `doing`. Without a client
@@ -82,21 +81,19 @@ def guarded(client: Client | None, limit: float | None, doing: str,
         yield
         return
     address = getattr(client.scheduler, "address", None) or "?"
-    watch = (SchedulerWatch(limit, address) if say is None else
-             SchedulerWatch(limit, address, say))
-    guard = SchedulerGuard(client, watch)
+    guard = SchedulerGuard(client, SchedulerWatch(limit, address))
     guard.start()
     try:
         yield
     except Exception as error:
         # `silenced` is set before the client closes, so before anything fails of it
         if guard.silenced is not None:
-            raise _lost(doing, address, guard.silenced) from error
+            raise SchedulerSilentThen(doing, address, guard.silenced) from error
         raise
     finally:
         guard.stop()
     if guard.silenced is not None:  # the block swallowed what the closed client raised
-        raise _lost(doing, address, guard.silenced)
+        raise SchedulerSilentThen(doing, address, guard.silenced)
 
 
 class SchedulerSilentThen(SchedulerLost):
@@ -107,7 +104,3 @@ class SchedulerSilentThen(SchedulerLost):
         self.doing, self.address, self.silent = doing, address, silent
         super().__init__(f"{doing}: lost the Dask scheduler at {address} ({silent}); the "
                          "run stopped (its checkpoints are kept)")
-
-
-def _lost(doing: str, address: str, silent: SchedulerSilent) -> SchedulerLost:
-    return SchedulerSilentThen(doing, address, silent)

@@ -91,10 +91,7 @@ class History:
 
 def joined(client: Client, config: RunConfig, offered: list[ClusterWorker]
            ) -> list[ClusterWorker]:
-    """The run's workers if some joined since it was placed over `offered`, else []:
-    only a cluster the run did not start can grow."""
-    if scheduler_address(config.cluster) is None:
-        return []
+    """The run's workers if some joined since it was placed over `offered`, else []."""
     now = current_workers(client, config.cluster)
     known = {s.address for s in offered}
     return now if any(s.address not in known for s in now) else []
@@ -198,6 +195,11 @@ class _Attempts:
         return self.current
 
     def _stop_for_joined(self, step: int) -> bool:
+        """Whether workers joined (`joined`): only a cluster the run did not start can
+        grow, so only its scheduler is asked, under a guard (a thread, at each
+        checkpoint)."""
+        if scheduler_address(self.config.cluster) is None:
+            return False
         with guarded(self.client, self.config.cluster.scheduler_timeout,
                      f"step {step}: asking whether workers joined"):
             self.grown[:] = joined(self.client, self.config, self.offered)
