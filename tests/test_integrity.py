@@ -156,7 +156,10 @@ def test_a_run_into_a_zarr_store_is_refused(tmp_path, tiny_dataset_factory, caps
     there would be damage to every later report and resume of that store."""
     store = tmp_path / "results.zarr"
     store.mkdir()
-    (store / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    # as a sweep's store holds it: its attributes (the sweep's config, its sessions)
+    # make the metadata file 75 KB and more
+    (store / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group",
+                                                 "attributes": {"config": "x" * 100_000}}))
     (tmp_path / "zarr.json").write_text("{}")  # a file of that name, not a store
     config = reference_config(tmp_path, tiny_dataset_factory("float32"))
     path = write_config(tmp_path, config)
