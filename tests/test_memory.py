@@ -4,6 +4,7 @@ real run records of it (record, summary) on the shared cluster and in-process.""
 from __future__ import annotations
 
 import gc
+import json
 import mmap
 import os
 import subprocess
@@ -134,19 +135,66 @@ def test_the_reference_in_process_records_its_own_peak(tmp_path, tiny_dataset_fa
 
 
 def test_the_models_baselines_are_this_machines_bare_processes(monkeypatch):
-    """The memory model starts a prediction from the bare processes measured here (the
-    ones a run's working memory is measured against); one that cannot be measured (0)
-    leaves the constant's figure."""
+    """The memory model starts a prediction from the bare processes and runtimes
+    measured here (the baselines a run's working memory is measured against); one that
+    cannot be measured (0) leaves the constant's figure."""
     from pipeline.costmodel.memory import DEFAULT_CONSTANTS
     from pipeline.records import memory as records_memory
     measured = {memory.CLIENT_IMPORTS: 301_000_000, memory.WORKER_IMPORTS: 177_000_000}
+    runtimes = [41e6, 97e6]
     monkeypatch.setattr(records_memory, "memory_baseline", lambda imports: measured[imports])
+    monkeypatch.setattr(records_memory, "memory_runtimes", lambda: tuple(runtimes))
     here = records_memory.machine_memory_constants()
     assert (here.baseline, here.worker_baseline) == (301e6, 177e6)
-    assert here.worker_runtime == DEFAULT_CONSTANTS.worker_runtime  # the rest as they were
+    assert (here.worker_runtime, here.client_runtime) == (41e6, 97e6)
+    assert here.conv_workspace == DEFAULT_CONSTANTS.conv_workspace  # the rest as they were
     measured[memory.WORKER_IMPORTS] = 0
+    runtimes[0] = 0.0
     here = records_memory.machine_memory_constants()
     assert (here.baseline, here.worker_baseline) == (301e6, DEFAULT_CONSTANTS.worker_baseline)
+    assert (here.worker_runtime, here.client_runtime) == (DEFAULT_CONSTANTS.worker_runtime, 97e6)
+
+
+def test_the_runtimes_are_a_tiny_runs_working_memory_measured_once(monkeypatch, tmp_path,
+                                                                   capfd):
+    """Two real tiny runs (a worker's, the training process's) give this machine's
+    runtimes, kept in the cache beside the baselines: read back, not measured again;
+    ``$CNN_MEMORY_RUNTIME=fitted`` keeps the fitted constants."""
+    from pipeline.costmodel.memory import DEFAULT_CONSTANTS
+    from pipeline.records import memory as records_memory
+    cache = tmp_path / "memory.json"
+    kept = records_memory._cache_path()
+    if os.path.exists(kept):  # the baselines as measured already: only the runtimes now
+        with open(kept, encoding="utf-8") as handle:
+            baselines = {key: value for key, value in json.load(handle).items()
+                         if "runtimes" not in json.loads(key)}
+        cache.write_text(json.dumps(baselines))
+    monkeypatch.setenv("CNN_MEMORY_CACHE", str(cache))
+    monkeypatch.delenv("CNN_MEMORY_RUNTIME", raising=False)
+    records_memory.memory_runtimes.cache_clear()
+    try:
+        worker, client = records_memory.memory_runtimes()
+        assert "measuring this machine's memory runtimes" in capfd.readouterr().err
+        # a Dask worker that ran the tasks holds more than a bare forked worker, and
+        # less than a process that trained a real network (about 50 and 100 MB here)
+        assert 10 * MB < worker < 400 * MB and 10 * MB < client < 800 * MB
+        assert any("runtimes" in json.loads(key) for key in json.loads(cache.read_text()))
+
+        def measure_again() -> tuple[float, float]:
+            raise AssertionError("measured again")
+        monkeypatch.setattr(records_memory, "measure_runtimes", measure_again)
+        records_memory.memory_runtimes.cache_clear()
+        assert records_memory.memory_runtimes() == (worker, client)
+        here = records_memory.machine_memory_constants()
+        assert (here.worker_runtime, here.client_runtime) == (worker, client)
+
+        monkeypatch.setenv("CNN_MEMORY_RUNTIME", "fitted")
+        records_memory.memory_runtimes.cache_clear()
+        here = records_memory.machine_memory_constants()
+        assert (here.worker_runtime, here.client_runtime) == (
+            DEFAULT_CONSTANTS.worker_runtime, DEFAULT_CONSTANTS.client_runtime)
+    finally:
+        records_memory.memory_runtimes.cache_clear()
 
 
 @pytest.mark.parametrize("pool", [2, 1])

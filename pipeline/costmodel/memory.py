@@ -21,7 +21,8 @@ Per device, by kind (`Footprint.parts` at the peak):
   (pipeline/records/memory.py);
 - ``runtime``: what the project's process holds beyond that with no network to
   speak of (a Dask worker running the tasks; or the training process itself for
-  `reference`): measured (`MemoryConstants`); a process that runs autograd's engine
+  `reference`): a tiny run's working memory, measured per machine as the baselines
+  are (`MemoryConstants`); a process that runs autograd's engine
   (the master's dense head, a replica) holds what its first backward allocated too;
 - ``load``: the checkpoint read at the start (the dense layers' and its shards'
   slices on the master, a shard's slices elsewhere, the whole network's on a replica
@@ -121,12 +122,12 @@ class MemoryConstants:
     cache pip left them in (docs/model.md, "Memory per device"); measured again after
     checkpoints were read as chunk files (2026-11-29), 92 of those 93 figures stay
     within 15 % (a refit reaches 93 with a workspace of 1.5 and a retention of 1.6: a
-    flat optimum, so these were kept). The runtimes are
-    beyond the bare processes measured on the machine at hand
-    (`pipeline.records.memory.machine_memory_constants`): fitted as 50 and 140 MB beyond
-    the constants 182 and 286 MB (a bare client that imported the libraries, not the
-    pipeline), they are 48 and 116 MB beyond the 184 and 310 MB measured on the same
-    machine on 2026-11-29 (the same predicted peaks there).
+    flat optimum, so these were kept). The runtimes here are the fit's (48 and 116 MB
+    beyond the 184 and 310 MB bare processes of that machine): a run's prediction takes
+    its own machine's instead, a tiny run's working memory
+    (`pipeline.records.memory.machine_memory_constants`, records/memory_runtime.py:
+    48 and 92 MB there); these stay for predict-only sweeps and where that cannot be
+    measured.
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
     """

@@ -13,7 +13,9 @@ in the client process, so its peak is set against the client's baseline.
 The memory model's prediction starts from the same two figures
 (`machine_memory_constants`): the machine at hand's bare processes, not the ones
 measured where the model was written, so that a predicted and a measured peak stand on
-one baseline.
+one baseline; and beyond them from the project's runtimes on this machine, a tiny
+run's working memory (`memory_runtimes`, pipeline/records/memory_runtime.py), kept in
+the same cache (key `RUNTIME_METHOD`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import functools
 import json
 import os
 import sys
+from typing import Callable
 
 import dask
 import distributed
@@ -32,6 +35,7 @@ import xarray as xr
 import zarr
 
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants
+from pipeline.records.memory_runtime import measure_runtimes, runtimes_wanted
 from storage.space import replace_file
 from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
 
@@ -39,6 +43,8 @@ from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
 #: Part of the cache's key: bumped when `bare_process_rss` measures differently
 #: (2: the worker's baseline a forked child).
 BASELINE_METHOD = 2
+#: The same for `measure_runtimes` (1: a tiny run's own record).
+RUNTIME_METHOD = 1
 
 
 def _cache_path() -> str:
@@ -46,24 +52,25 @@ def _cache_path() -> str:
         os.path.expanduser("~"), ".cache", "dask-cnn", "memory-baseline.json")
 
 
-@functools.cache
-def memory_baseline(imports: str = WORKER_IMPORTS) -> int:
-    """`tasks.memory.bare_process_rss(imports)`, measured once per interpreter,
-    library versions and import line (cached on disk, see the module); 0 where it
-    cannot be measured."""
+def _cached(what: list, measure: Callable[[], list[float]]) -> list[float]:
+    """`measure()`'s figures, kept in the cache under the interpreter, the libraries'
+    versions and `what`; measured again where none are kept, and kept only where all
+    are measured (positive)."""
     key = json.dumps([sys.executable, torch.__version__, np.__version__, dask.__version__,
-                      distributed.__version__, zarr.__version__, xr.__version__, imports,
-                      BASELINE_METHOD])
+                      distributed.__version__, zarr.__version__, xr.__version__, *what])
     path = _cache_path()
     try:
         with open(path, encoding="utf-8") as handle:
             cached = json.load(handle)
-        if isinstance(cached.get(key), int) and cached[key] > 0:
-            return cached[key]
+        kept = cached.get(key)
+        kept = [kept] if isinstance(kept, (int, float)) else kept
+        if isinstance(kept, list) and kept and all(
+                isinstance(v, (int, float)) and v > 0 for v in kept):
+            return [float(v) for v in kept]
     except (OSError, ValueError, TypeError, AttributeError):
         cached = {}
-    measured = bare_process_rss(imports)
-    if measured > 0:
+    measured = measure()
+    if measured and all(v > 0 for v in measured):
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             kept = {k: v for k, v in cached.items() if k.startswith("[")}
@@ -73,20 +80,51 @@ def memory_baseline(imports: str = WORKER_IMPORTS) -> int:
     return measured
 
 
+@functools.cache
+def memory_baseline(imports: str = WORKER_IMPORTS) -> int:
+    """`tasks.memory.bare_process_rss(imports)`, measured once per interpreter,
+    library versions and import line (cached on disk, see the module); 0 where it
+    cannot be measured."""
+    return int(_cached([imports, BASELINE_METHOD], lambda: [bare_process_rss(imports)])[0])
+
+
+@functools.cache
+def memory_runtimes() -> tuple[float, float]:
+    """This machine's (worker, client) runtimes, `measure_runtimes` measured once per
+    interpreter and library versions (cached with the baselines); (0, 0) where they
+    cannot be measured or ``$CNN_MEMORY_RUNTIME=fitted``."""
+    if not runtimes_wanted():
+        return 0.0, 0.0
+
+    def measure() -> list[float]:
+        print(f"measuring this machine's memory runtimes for the memory model (two tiny "
+              f"runs, once; kept in {_cache_path()})", file=sys.stderr, flush=True)
+        return list(measure_runtimes())
+    worker, client = _cached(["runtimes", RUNTIME_METHOD], measure)
+    return worker, client
+
+
 def machine_memory_constants(constants: MemoryConstants = DEFAULT_CONSTANTS
                              ) -> MemoryConstants:
-    """`constants` with this machine's bare processes as the model's baselines: the
-    client's (`CLIENT_IMPORTS`) for a process that trains in itself, a forked worker's
-    (`WORKER_IMPORTS`) for a worker, each `memory_baseline` (measured once, cached).
+    """`constants` with this machine's own figures: the bare processes as the model's
+    baselines, the client's (`CLIENT_IMPORTS`) for a process that trains in itself, a
+    forked worker's (`WORKER_IMPORTS`) for a worker, each `memory_baseline` (measured
+    once, cached); and the runtimes beyond them, a tiny run's working memory
+    (`memory_runtimes`, pipeline/records/memory_runtime.py).
 
     Why: a bare process's resident size is the machine's and its environment's, not
     the model's (the libraries' pages a process maps follow how the page cache holds
     their files: 50-90 MB a process apart between a fresh install and files read back
     from disk, docs/benchmarks.md), and a run's working memory is its peak less these
-    same figures. Where one cannot be measured, `constants`' own stays."""
+    same figures; what the project's processes hold beyond them follows the machine as
+    much. Where one cannot be measured, `constants`' own stays."""
     client, worker = memory_baseline(CLIENT_IMPORTS), memory_baseline(WORKER_IMPORTS)
-    return dataclasses.replace(constants, baseline=float(client or constants.baseline),
-                               worker_baseline=float(worker or constants.worker_baseline))
+    worker_runtime, client_runtime = memory_runtimes()
+    return dataclasses.replace(
+        constants, baseline=float(client or constants.baseline),
+        worker_baseline=float(worker or constants.worker_baseline),
+        worker_runtime=worker_runtime or constants.worker_runtime,
+        client_runtime=client_runtime or constants.client_runtime)
 
 
 def memory_summary(ds: xr.Dataset, in_client: bool = False) -> dict:
