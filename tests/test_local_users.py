@@ -17,13 +17,21 @@ import os
 import pwd
 import re
 import stat
+import tempfile
 import traceback
 from typing import Any, Callable
 
 import pytest
 from distributed.comm import connect
 
+from distributed import Client
+
 from pipeline import preflight, train
+from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.cluster.linked import open_linked_cluster
+from pipeline.cluster.links import link_problem
+from pipeline.config.cluster_config import WorkerConfig
+from pipeline.config.run_config import build_run_config
 from pipeline.cluster.security import run_security
 from storage.exchange import SlotSpec, create_exchange
 from storage.exchange_folders import remove_exchange
@@ -32,6 +40,8 @@ from storage.private import (UnsafeFolder, default_workspace_root, folder_proble
 from tests.helpers import error_lines_of
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching to user nobody needs root")
+LINK_PROBLEM = link_problem()
+needs_links = pytest.mark.skipif(LINK_PROBLEM is not None, reason=f"cluster.link {LINK_PROBLEM}")
 
 
 def nobody() -> pwd.struct_passwd:
@@ -180,6 +190,69 @@ def test_check_refuses_an_unsafe_default_root_in_one_line(tmp_path, monkeypatch,
     assert train.main([config, "--check", f"output={tmp_path / 'run'}"]) == 2
     lines = error_lines_of(capsys.readouterr().err)
     assert len(lines) == 1 and str(root) in lines[0] and "nobody" in lines[0], lines
+
+
+def planted_dask_scratch(tmp_path, monkeypatch):
+    """``$TMPDIR/dask-scratch-space`` made first by another user (`nobody` where the
+    test is root, else one of the run's user), open to all, $TMPDIR (1777) being
+    `tmp_path`'s; returns that folder."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    planted = shared / "dask-scratch-space"
+    planted.mkdir()
+    os.chmod(planted, 0o777)
+    if os.geteuid() == 0:
+        os.chown(planted, nobody().pw_uid, nobody().pw_gid)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    return planted
+
+
+def check_private_scratch(client: Client, planted) -> str:
+    """Every Dask server of `client`'s cluster keeps its scratch (first on its
+    `sys.path`) in a 0700 folder of this user's, none in `planted`, which stays empty;
+    returns that folder."""
+    folders = {"scheduler": client.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.local_directory),
+        **client.run(lambda dask_worker: dask_worker.local_directory)}
+    paths = client.run(lambda: __import__("sys").path[:2])
+    assert os.listdir(planted) == [], os.listdir(planted)
+    assert all(not p.startswith(str(planted)) for ps in paths.values() for p in ps), paths
+    private = set()
+    for name, folder in folders.items():
+        assert not folder.startswith(str(planted)), (name, folder)
+        up = folder
+        while not os.path.basename(up).startswith("dask-cnn-scratch-"):
+            assert up != "/", (name, folder)
+            up = os.path.dirname(up)
+        info = os.stat(up)
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.getuid(), 0o700), name
+        private.add(up)
+    assert len(private) == 1, private
+    return private.pop()
+
+
+def test_dask_scratch_another_user_made_first_is_not_used(tmp_path, monkeypatch):
+    """Dask's default scratch, ``$TMPDIR/dask-scratch-space``, made first by another
+    user and open to all: the embedded cluster's scheduler and workers keep their
+    scratch in a 0700 folder of the run's own instead, gone once it closes."""
+    planted = planted_dask_scratch(tmp_path, monkeypatch)
+    with start_embedded_cluster([WorkerConfig(name="w", resources={"CPU": 1})]) as cluster:
+        with Client(cluster, set_as_default=False) as client:
+            private = check_private_scratch(client, planted)
+    assert not os.path.exists(private), f"{private} outlived its cluster"
+
+
+@needs_links
+def test_dask_scratch_another_user_made_first_is_not_used_by_linked_workers(
+        tmp_path, monkeypatch):
+    """The same of a `cluster.link` run's cluster: its scheduler, and each `dask worker`
+    on a host of its own behind its link."""
+    planted = planted_dask_scratch(tmp_path, monkeypatch)
+    config = build_run_config({"cluster": {"link": {"rate": "1gbit"}, "workers": 1}})
+    with open_linked_cluster(config.cluster, [str(tmp_path / "run")]) as (client, _):
+        private = check_private_scratch(client, planted)
+    assert not os.path.exists(private), f"{private} outlived its cluster"
 
 
 def test_reliability_page_names_these_tests():

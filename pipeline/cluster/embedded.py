@@ -11,13 +11,23 @@ terminal's Ctrl-C themselves (`_block_ctrl_c`): the run stops them.
 The worker processes are forked from one fork server that imported what a worker
 needs (torch among it) once: pipeline/cluster/fork_server.py says why. The first embedded
 cluster of a process starts it.
+
+Every Dask server keeps a scratch folder and puts it first on its process's
+`sys.path`; Dask's default is ``$TMPDIR/dask-scratch-space``, and Dask uses that
+folder whoever made it, so long as it can write there: another local user who made
+it first (mode 0777) could rename the run's folders in it and put modules of their
+own where the run's processes import from. The run's clusters keep their scratch in
+a folder of their own instead (`PrivateScratchCluster`: made by `tempfile.mkdtemp`,
+mode 0700, removed when the cluster closes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
+import tempfile
 import threading
 from multiprocessing import resource_tracker
 from typing import Callable, Iterator
@@ -70,23 +80,24 @@ def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | Non
     for this cluster (`run_security`): a client without them is refused. Started in
     batches, the workers come up a few at a time rather than (nearly) all at the end.
     """
-    security = run_security()
+    security, scratch = run_security(), private_scratch()
     scheduler = {"cls": Scheduler,
                  "options": {"host": LOOPBACK, "dashboard_address": f"{LOOPBACK}:0",
-                             "protocol": "tls", "security": security}}
+                             "protocol": "tls", "security": security,
+                             "local_directory": scratch}}
     spec = {
         worker.name: {"cls": Nanny, "options": {
             "host": LOOPBACK, "nthreads": 1, "silence_logs": logging.ERROR,
             "resources": dict(worker.resources), "memory_limit": 0,
-            "protocol": "tls", "security": security,
+            "protocol": "tls", "security": security, "local_directory": scratch,
         }}
         for worker in workers
     }
     names, step = list(spec), batch or len(spec) or 1
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     with dask.config.set(QUIET):
-        cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR,
-                              security=security)
+        cluster = PrivateScratchCluster(scratch, workers={}, scheduler=scheduler,
+                                        silence_logs=logging.ERROR, security=security)
         try:
             cluster.sync(_block_ctrl_c)
             for first in range(0, len(names), step):
@@ -97,6 +108,32 @@ def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | Non
             cluster.close()
             raise
         return cluster
+
+
+def private_scratch() -> str:
+    """A fresh folder for a cluster's Dask scratch that only this user can enter
+    (module doc): `tempfile.mkdtemp`'s, mode 0700, under ``$TMPDIR``."""
+    return tempfile.mkdtemp(prefix="dask-cnn-scratch-")
+
+
+class PrivateScratchCluster(SpecCluster):
+    """A SpecCluster whose servers keep their scratch in `scratch` (`private_scratch`,
+    each given it as ``local_directory``), removed when the cluster closes; also when
+    its start fails."""
+
+    def __init__(self, scratch: str, *args, **kwargs) -> None:
+        self.scratch = scratch
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+
+    async def _close(self) -> None:
+        try:
+            await super()._close()
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 async def _block_ctrl_c() -> None:

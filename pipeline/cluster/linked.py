@@ -20,7 +20,7 @@ import dask
 from distributed import Client, Scheduler, SpecCluster
 
 from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
-from pipeline.cluster.embedded import QUIET
+from pipeline.cluster.embedded import QUIET, PrivateScratchCluster, private_scratch
 from pipeline.cluster.links import Host, LinkError, LinkedHosts
 from pipeline.cluster.security import TlsConfig, run_security, tls_flags, write_credentials
 from pipeline.cluster.object_store import client_options, start_server, worker_environment
@@ -28,15 +28,19 @@ from pipeline.cluster.workers import ClusterError
 from storage.private import default_workspace_root
 
 
-def worker_command(scheduler: str, host: Host, worker: WorkerConfig) -> list[str]:
+def worker_command(scheduler: str, host: Host, worker: WorkerConfig,
+                   scratch: str | None = None) -> list[str]:
     """A `dask worker` process as the embedded cluster's: one Dask thread, the
     worker's name and tags, no memory limit, listening on its host's address only
-    (`--no-dashboard` still serves HTTP, on every interface unless placed: loopback)."""
+    (`--no-dashboard` still serves HTTP, on every interface unless placed: loopback);
+    its scratch in `scratch` where given (pipeline/cluster/embedded.py: why not
+    Dask's default)."""
     tags = ",".join(f"{tag}={amount:g}" for tag, amount in (worker.resources or {}).items())
+    place = ["--local-directory", scratch] if scratch else []
     return [sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
             "--host", host.address, "--name", str(worker.name), "--nthreads", "1",
             "--resources", tags, "--memory-limit", "0", "--no-nanny", "--no-dashboard",
-            "--dashboard-address", "127.0.0.1:0"]
+            "--dashboard-address", "127.0.0.1:0", *place]
 
 
 def _quiet_environment() -> dict[str, str]:
@@ -57,13 +61,14 @@ def start_linked_cluster(config: ClusterConfig, directories: Sequence[str]
     try:
         if config.workspace_transport() == "s3":
             links.storage_options = start_server(links)
-        host, security = links.bridge_address, run_security()
+        host, security, scratch = links.bridge_address, run_security(), private_scratch()
         scheduler = {"cls": Scheduler,
                      "options": {"host": host, "dashboard_address": f"{host}:0",
-                                 "protocol": "tls", "security": security}}
+                                 "protocol": "tls", "security": security,
+                                 "local_directory": scratch}}
         with dask.config.set(QUIET):
-            cluster = SpecCluster(workers={}, scheduler=scheduler, silence_logs=logging.ERROR,
-                                  security=security)
+            cluster = PrivateScratchCluster(scratch, workers={}, scheduler=scheduler,
+                                            silence_logs=logging.ERROR, security=security)
         try:
             credentials = write_credentials(security, links.directory)
             _start_linked_workers(cluster, links, config, list(directories), credentials)
@@ -76,7 +81,7 @@ def start_linked_cluster(config: ClusterConfig, directories: Sequence[str]
     return cluster, links
 
 
-def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: ClusterConfig,
+def _start_linked_workers(cluster: PrivateScratchCluster, links: LinkedHosts, config: ClusterConfig,
                           directories: list[str], credentials: TlsConfig) -> None:
     """Start the workers on their hosts, with the cluster's TLS `credentials` (files
     only this user can read), and wait (`wait_timeout`) for all to join; a worker that
@@ -88,7 +93,8 @@ def _start_linked_workers(cluster: SpecCluster, links: LinkedHosts, config: Clus
         env.update(worker_environment(links.storage_options))
     for worker, host in zip(workers, links.hosts):
         command = links.command(host, directories,
-                                worker_command(cluster.scheduler_address, host, worker)
+                                worker_command(cluster.scheduler_address, host, worker,
+                                               cluster.scratch)
                                 + tls_flags(credentials.ca_file, credentials.cert,
                                             credentials.key or credentials.cert))
         logs.append(os.path.join(links.directory, f"worker-{host.namespace}.log"))
