@@ -8,6 +8,13 @@ is taken over without guessing whether a recorded pid is still alive. The file
 holds the holder's pid, host and start time, for the refusal message and for the
 note that a stale lock was taken over. Where flock is unavailable (some network
 file systems) the recorded pid is checked instead.
+
+The lock file is often in a folder others can write in too (a sweep store's sits
+beside it: ``--out /tmp/x.zarr`` puts it in /tmp). It is opened without following a
+symbolic link, and one that is a link, not a plain file, another user's, or a
+second name of a file (a hard link) is refused with one line, never written:
+another user's link planted there would have had the holder's record written over
+whatever file it names.
 """
 
 from __future__ import annotations
@@ -17,10 +24,16 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from typing import Any
 
 import psutil
+
+from storage.private import user_name
+
+#: How the lock file is opened: never through a symbolic link.
+NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class LockBusy(RuntimeError):
@@ -57,10 +70,42 @@ class OwnerLock:
 
     def _holder(self) -> dict[str, Any]:
         try:
-            with open(self.path, encoding="utf-8") as handle:
+            with open(os.open(self.path, os.O_RDONLY | NO_LINK), encoding="utf-8") as handle:
                 return json.loads(handle.read() or "{}")
         except (OSError, ValueError):
             return {}
+
+    def _open(self, flags: int) -> int:
+        """The lock file's descriptor, opened with `flags` (module doc: never through a
+        link). Where it is not a plain file of this user's with one name: the busy error
+        naming its holder if one holds it, else naming the problem."""
+        try:
+            fd = os.open(self.path, flags | NO_LINK, 0o644)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise self._unsafe(f"is a symbolic link (to {os.readlink(self.path)})") from None
+        info = os.fstat(fd)
+        problem = ("is not a plain file" if not stat.S_ISREG(info.st_mode)
+                   else f"belongs to user {user_name(info.st_uid)}"
+                   if info.st_uid != os.geteuid()
+                   else "has another name too (a hard link)" if info.st_nlink != 1 else None)
+        if problem is None:
+            return fd
+        try:
+            if stat.S_ISREG(info.st_mode):
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise self._busy(self._holder()) from None
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        raise self._unsafe(problem)
+
+    def _unsafe(self, problem: str) -> Exception:
+        return self.busy_error(f"{self.what}: its lock file {self.path} {problem}, and is not "
+                               "used: remove it if nothing of its owner's holds it")
 
     def _busy(self, holder: dict[str, Any], extra: str = "") -> Exception:
         return self.busy_error(f"{self.what} is in use by {self.who} ({describe_holder(holder)})"
@@ -70,7 +115,7 @@ class OwnerLock:
     def acquire(self) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -113,7 +158,7 @@ class OwnerLock:
         """Raise the busy error if a live process holds the lock now; takes nothing (what
         a check before the real `acquire` asks)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = self._open(os.O_RDONLY)
         except OSError:
             return  # no lock file (or none readable): nobody holds it
         try:

@@ -12,6 +12,7 @@ attacker.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import pwd
@@ -32,6 +33,9 @@ from pipeline.cluster.linked import open_linked_cluster
 from pipeline.cluster.links import link_problem
 from pipeline.config.cluster_config import WorkerConfig
 from pipeline.config.run_config import build_run_config
+from pipeline.cli import IN_USE
+from pipeline.training.outputs import OutputBusy, OutputLock
+from experiments.sweep.results import StoreBusy, SweepLock
 from pipeline.cluster.security import run_security
 from storage.exchange import SlotSpec, create_exchange
 from storage.exchange_folders import remove_exchange
@@ -253,6 +257,47 @@ def test_dask_scratch_another_user_made_first_is_not_used_by_linked_workers(
     with open_linked_cluster(config.cluster, [str(tmp_path / "run")]) as (client, _):
         private = check_private_scratch(client, planted)
     assert not os.path.exists(private), f"{private} outlived its cluster"
+
+
+def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_kept(tmp_path, capsys):
+    """A symbolic link where a sweep store's lock goes (beside the store: in /tmp for
+    ``--out /tmp/x.zarr``) or a run's (in its output directory): the holder's record
+    was written over the file it names; now the run, the sweep and `--check` refuse it
+    in one line, exit 3, and the file stays as it was."""
+    target = tmp_path / "precious.txt"
+    target.write_text("the user's own file\n")
+    store, output = tmp_path / "x.zarr", tmp_path / "run"
+    output.mkdir()
+    (tmp_path / "x.zarr.lock").symlink_to(target)
+    (output / "run.lock").symlink_to(target)
+    for lock, busy in ((SweepLock(str(store)), StoreBusy), (OutputLock(str(output)), OutputBusy)):
+        for attempt in (lock.acquire, lock.check_free):
+            with pytest.raises(busy, match=f"{lock.path} is a symbolic link .to {target}"):
+                attempt()
+    config = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "small.yaml")
+    assert train.main([config, "--check", f"output={output}"]) == IN_USE
+    lines = error_lines_of(capsys.readouterr().err)
+    assert len(lines) == 1 and "symbolic link" in lines[0], lines
+    assert target.read_text() == "the user's own file\n"
+
+
+@needs_root
+def test_a_lock_file_another_user_made_is_refused_unless_held(tmp_path):
+    """A lock file of user `nobody`'s, open to writes (0666), in a store's folder: not
+    taken over (the run's record never goes into another user's file), one line naming
+    its owner; while something holds it, the usual "in use" line."""
+    lock_path = tmp_path / "x.zarr.lock"
+    lock_path.write_text("{}")
+    os.chmod(lock_path, 0o666)
+    os.chown(lock_path, nobody().pw_uid, nobody().pw_gid)
+    lock = SweepLock(str(tmp_path / "x.zarr"))
+    with pytest.raises(StoreBusy, match="belongs to user nobody"):
+        lock.acquire()
+    assert lock_path.read_text() == "{}"
+    with open(lock_path, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(StoreBusy, match="is in use by another sweep"):
+            lock.acquire()
 
 
 def test_reliability_page_names_these_tests():
