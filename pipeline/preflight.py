@@ -32,7 +32,7 @@ from pipeline.probe.tables import model_network
 from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, arithmetic_settings, strategy_of
-from storage.private import default_workspace_root, folder_problem
+from storage.private import default_workspace_root, folder_problem, owner_problem
 from tasks.specs import NetworkSpec, batch_norm_name, batch_norm_rows, lone_batch_norm
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
@@ -61,6 +61,15 @@ def check_writable_dir(path: str, field: str) -> None:
         place = "" if existing == target else f" (in {existing})"
         raise ConfigError(f"{field}: cannot write to {path}{place}: "
                           f"{error.strerror or error}") from None
+
+
+def check_own_dir(path: str, field: str) -> None:
+    """Raise ConfigError naming `field` if `path` exists and belongs to another user
+    (`storage.private.owner_problem`: made first by them, where the run would write)."""
+    problem = owner_problem(os.path.abspath(path))
+    if problem:
+        raise ConfigError(f"{field}: {problem}: another user's folder could hand the run "
+                          "files of theirs or change its results; choose another path")
 
 
 def check_outside_stores(path: str, field: str) -> None:
@@ -184,6 +193,7 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     again where they meet the real thing, in the same words."""
     strategy = strategy_of(config)
     check_writable_dir(config.output_dir, output_field)
+    check_own_dir(config.output_dir, output_field)
     check_outside_stores(config.output_dir, output_field)
     check_dataset(config)
     check_dataset_fits(config, *expected_dataset(config))  # its classes, a batch's samples

@@ -60,6 +60,22 @@ def folder_problem(path: str) -> str | None:
     return None
 
 
+def owner_problem(path: str) -> str | None:
+    """`path` (not what a link there names) belongs to another user: that as one line
+    naming both users; None if it is this process's user's or does not exist. A run's
+    output directory or a sweep's store of another user's could hand the run files of
+    theirs (checkpoints a resume trusts, links its writes follow) and change its
+    results after it wrote them."""
+    try:
+        owner = os.lstat(path).st_uid
+    except FileNotFoundError:
+        return None
+    if owner == os.getuid():
+        return None
+    return (f"{path} belongs to user {user_name(owner)}, not to this run's user "
+            f"{user_name(os.getuid())}")
+
+
 def make_private_folder(path: str) -> None:
     """Make `path` (its parent must exist) with mode 0700, or check that the existing
     one is safe (`folder_problem`) and narrow it to 0700; UnsafeFolder otherwise."""

@@ -35,6 +35,7 @@ from pipeline.config.cluster_config import WorkerConfig
 from pipeline.config.run_config import build_run_config
 from pipeline.cli import IN_USE
 from pipeline.training.outputs import OutputBusy, OutputLock
+from experiments.sweep import cli as sweep_cli
 from experiments.sweep.results import StoreBusy, SweepLock
 from pipeline.cluster.security import run_security
 from storage.exchange import SlotSpec, create_exchange
@@ -298,6 +299,36 @@ def test_a_lock_file_another_user_made_is_refused_unless_held(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(StoreBusy, match="is in use by another sweep"):
             lock.acquire()
+
+
+@needs_root
+def test_an_output_or_store_another_user_made_first_is_refused(tmp_path, capsys):
+    """A run's output directory, a sweep's store or its runs folder made first by
+    `nobody` (0777, where the run would write its checkpoints and results for them to
+    change or link elsewhere): `--check`, the run and the sweep (dry runs too) refuse
+    it, exit 2, one line naming it and its owner; nothing is written in it."""
+    root = os.path.dirname(os.path.dirname(__file__))
+    taken = []
+    for name in ("run", "x.zarr", "y.runs"):
+        taken.append(tmp_path / name)
+        taken[-1].mkdir(mode=0o777)
+        os.chown(taken[-1], nobody().pw_uid, nobody().pw_gid)
+    run, store, runs = taken
+    config = os.path.join(root, "configs", "small.yaml")
+    quick = os.path.join(root, "experiments", "configs", "quick.yaml")
+    axes = ["axes.strategy=[single]", "axes.cluster.workers=[1]"]
+    attempts = [(run, lambda: train.main([config, "--check", f"output={run}"])),
+                (run, lambda: train.main([config, f"output={run}", "train.steps=1"])),
+                (store, lambda: sweep_cli.main([quick, "--out", str(store), *axes])),
+                (store, lambda: sweep_cli.main([quick, "--out", str(store), "--dry-run",
+                                                *axes])),
+                (runs, lambda: sweep_cli.main([quick, "--out", str(tmp_path / "y.zarr"),
+                                               "--dry-run", *axes]))]
+    for folder, attempt in attempts:
+        assert attempt() == 2, folder
+        lines = error_lines_of(capsys.readouterr().err)
+        assert len(lines) == 1 and f"{folder} belongs to user nobody" in lines[0], lines
+        assert os.listdir(folder) == []
 
 
 def test_reliability_page_names_these_tests():

@@ -55,7 +55,8 @@ from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneL
                           stops_on_signals)
 from pipeline.cluster.workers import SchedulerUnreachable
 from pipeline.prediction import check_probe_environment, predict_point
-from pipeline.preflight import check_before_start, check_run, check_writable_dir
+from pipeline.preflight import (check_before_start, check_own_dir, check_run,
+                                check_writable_dir)
 from pipeline.config.schema import ConfigError, to_dict
 from storage.space import NoSpace, is_full
 
@@ -145,8 +146,10 @@ def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
     `field` is what named the store (``--out`` or ``output``). A scaling sweep's
     points are hypothetical clusters, with no run config to check."""
     check_writable_dir(sweep.store_path, field)
+    check_own_dir(sweep.store_path, field)
     if isinstance(sweep, ScalingSweep):
         return
+    check_own_dir(sweep.runs_dir, field)
     checked: set[str] = set()
     for point in sorted(sweep.points, key=lambda p: p.order):  # the first in grid order
         # Points that differ only in their name and run directory (repeats, and most

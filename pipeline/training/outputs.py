@@ -36,6 +36,7 @@ from storage import checkpoints
 from storage.datasets import DatasetInfo
 from storage.labelled import write_dataset_aside
 from storage.locks import LockBusy, OwnerLock
+from storage.private import owner_problem
 from storage.space import replace_file, writing
 
 LOCK_NAME = "run.lock"
@@ -134,6 +135,9 @@ def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         os.makedirs(output_dir, exist_ok=True)
         lock.acquire()
     try:
+        problem = owner_problem(output_dir)  # made by another user since the preflight
+        if problem:
+            raise ConfigError(f"output: {problem}; choose another path")
         note = lock.stale_note()
         if note:
             say(note)
