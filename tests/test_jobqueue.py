@@ -186,8 +186,11 @@ def test_a_run_on_two_slurm_jobs_equals_plain_pytorch(tmp_path, two_slurm_jobs,
     """Two workers as Slurm jobs (named slurm-0, slurm-1), the scheduler and both on
     loopback over TLS, train the tiny network to single-process PyTorch's weights and
     losses (float64)."""
-    client, _ = two_slurm_jobs
+    client, folder = two_slurm_jobs
     assert client.scheduler.address.startswith("tls://127.0.0.1:")
+    scratch = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.local_directory)
+    assert os.path.basename(os.path.dirname(os.path.dirname(scratch))).startswith(
+        ".hetcnn-jobqueue-") and scratch.startswith(folder), scratch  # not a shared /tmp
     assert "127.0.0.1" in client.dashboard_link
     workers = client.scheduler_info()["workers"]
     assert all(address.startswith("tls://127.0.0.1:") for address in workers)

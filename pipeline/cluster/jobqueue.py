@@ -173,8 +173,9 @@ def job_options(jobqueue: JobqueueConfig, group: JobGroupConfig, security: Secur
 
 def start_jobqueue_cluster(config: ClusterConfig, folder: str) -> Any:
     """A dask-jobqueue cluster of the config's batch system, its scheduler in this
-    process, every job of every group submitted; credentials and job logs in `folder`
-    (this user's, mode 0700). Returns once the jobs are submitted, not joined."""
+    process, every job of every group submitted; credentials, job logs and the
+    scheduler's scratch in `folder` (this user's, mode 0700). Returns once the jobs
+    are submitted, not joined."""
     jobqueue = config.jobqueue
     assert jobqueue is not None
     module = importlib.import_module("dask_jobqueue")
@@ -185,7 +186,9 @@ def start_jobqueue_cluster(config: ClusterConfig, folder: str) -> Any:
              else {"host": jobqueue.host})
     with dask.config.set(QUIET):
         cluster = cls(n_workers=0, name=jobqueue.system, silence_logs=logging.ERROR,
-                      scheduler_options={**where, "dashboard_address": "127.0.0.1:0"},
+                      scheduler_options={**where, "dashboard_address": "127.0.0.1:0",
+                                         # not Dask's shared default (embedded.py's doc)
+                                         "local_directory": folder},
                       **job_options(jobqueue, groups[0], security, folder))
     try:
         for group, names in zip(groups, worker_names(jobqueue.system, groups)):
