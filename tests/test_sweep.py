@@ -424,6 +424,25 @@ def test_store_of_another_sweep_is_not_overwritten(tmp_path, capsys):
     assert float(xr.open_zarr(other).a[0]) == 1.0  # --fresh replaces only sweep stores
 
 
+def test_a_path_that_is_no_sweep_store_is_not_offered_to_fresh(tmp_path, capsys):
+    """A run's output directory (no Zarr store) or another Zarr store given as --out:
+    the line says to choose another --out; it offered --fresh, which replaces only
+    sweep stores and so refused them too. Nothing there changes."""
+    config = write_sweep(tmp_path, "unused.zarr", {"train.batch": [8]})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    other = tmp_path / "other.zarr"
+    write_dataset(xr.Dataset({"a": ("x", [1.0])}), str(other))
+    for path in (run_dir, other):
+        for fresh in ([], ["--fresh"]):
+            assert sweep_cli.main([config, "--out", str(path), "--dry-run", *fresh]) == 2
+            lines = error_lines(capsys.readouterr().err)
+            assert len(lines) == 1 and "not a sweep results store" in lines[0], lines
+            assert "another --out" in lines[0] and "--fresh to" not in lines[0], lines
+    assert os.listdir(run_dir) == ["summary.json"] and float(xr.open_zarr(other).a[0]) == 1.0
+
+
 # The config, without running --------------------------------------------------------
 
 

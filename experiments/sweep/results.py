@@ -178,6 +178,10 @@ class ResultStore:
         try:
             attrs = self.attrs()
         except Exception as error:  # noqa: BLE001 - anything unreadable is not ours
+            if not self.is_sweep_store():  # --fresh would refuse it too (check_store)
+                raise StoreMismatch(f"{self.path} is not a sweep results store (not a "
+                                    f"readable Zarr store: {error}); choose another "
+                                    "--out") from None
             raise StoreMismatch(f"{self.path} is not a readable Zarr store ({error}); "
                                 "pass --fresh to replace it or --out to write elsewhere") \
                 from None
@@ -194,8 +198,9 @@ class ResultStore:
                                 f"(store format {found}, this one writes {STORE_FORMAT}); "
                                 "pass --fresh to start it over or --out to write elsewhere")
         if found != STORE_FORMAT:
+            fresh = " (or --fresh to replace it)" if self.is_sweep_store() else ""
             raise StoreMismatch(f"{self.path} is not a sweep results store; choose another "
-                                "--out (or --fresh to replace it)")
+                                f"--out{fresh}")
         if attrs.get("fingerprint") != fingerprint:
             first = first_difference(str(attrs.get("config", "")), text)
             raise StoreMismatch(f"{self.path} holds a different sweep (first difference: "
