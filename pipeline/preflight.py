@@ -32,7 +32,8 @@ from pipeline.probe.tables import model_network
 from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, arithmetic_settings, strategy_of
-from storage.private import default_workspace_root, folder_problem, owner_problem
+from storage.private import (default_workspace_root, folder_problem, owner_problem,
+                             parent_problem)
 from tasks.specs import NetworkSpec, batch_norm_name, batch_norm_rows, lone_batch_norm
 
 SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
@@ -204,6 +205,11 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     workspace = config.workspace.path
     if workspace and "://" not in workspace:
         check_writable_dir(workspace, "workspace.path")
+        problem = parent_problem(config.workspace.folder())
+        if problem:
+            raise ConfigError(f"workspace.path: {problem}: another user could move the run's "
+                              "workspace aside and feed its workers activations of theirs; "
+                              "choose a folder of your own")
     problem = None if workspace else folder_problem(default_workspace_root())
     if strategy.uses_cluster and problem:
         raise ConfigError(f"workspace.path: the default workspace folder {problem}: remove "

@@ -76,6 +76,24 @@ def owner_problem(path: str) -> str | None:
             f"{user_name(os.getuid())}")
 
 
+def parent_problem(path: str) -> str | None:
+    """What lets another user move aside what the run makes in the existing folder
+    `path` (a `workspace.path`: the run's own 0700 folder in it keeps them out of it, not
+    from renaming it and putting one of theirs in its place): the folder belongs to a
+    user other than this one and root, or every user may write in it without the
+    sticky bit (as /tmp has) keeping them to their own entries. One line, or None."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if info.st_uid not in (os.getuid(), 0):
+        return f"{path} belongs to user {user_name(info.st_uid)}"
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        return (f"{path} is writable by every user (mode {stat.S_IMODE(info.st_mode):o}) "
+                "without the sticky bit")
+    return None
+
+
 def make_private_folder(path: str) -> None:
     """Make `path` (its parent must exist) with mode 0700, or check that the existing
     one is safe (`folder_problem`) and narrow it to 0700; UnsafeFolder otherwise."""

@@ -331,6 +331,28 @@ def test_an_output_or_store_another_user_made_first_is_refused(tmp_path, capsys)
         assert os.listdir(folder) == []
 
 
+@needs_root
+def test_a_workspace_path_others_can_rename_in_is_refused(tmp_path, capsys):
+    """A `workspace.path` of `nobody`'s (say /tmp/ws, made before the run), or one every
+    user may write in without the sticky bit: they could swap the run's own 0700
+    workspace folder there for one of theirs. `--check` (and so the run) refuses it,
+    exit 2, one line naming it; a root-owned 1777 folder such as /tmp is fine."""
+    config = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "small.yaml")
+    theirs, open_to_all, sticky = (tmp_path / "theirs", tmp_path / "open", tmp_path / "tmp")
+    for folder, mode in ((theirs, 0o755), (open_to_all, 0o777), (sticky, 0o1777)):
+        folder.mkdir()
+        os.chmod(folder, mode)
+    os.chown(theirs, nobody().pw_uid, nobody().pw_gid)
+    for folder, expected in ((theirs, "belongs to user nobody"),
+                             (open_to_all, "is writable by every user (mode 777) without")):
+        assert train.main([config, "--check", f"output={tmp_path / 'run'}",
+                           f"workspace.path={folder}"]) == 2
+        lines = error_lines_of(capsys.readouterr().err)
+        assert len(lines) == 1 and f"workspace.path: {folder} {expected}" in lines[0], lines
+    assert train.main([config, "--check", f"output={tmp_path / 'run'}",
+                       f"workspace.path={sticky}"]) == 0
+
+
 def test_reliability_page_names_these_tests():
     """docs/reliability.md's section lists this module's attacks by their tests."""
     page = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "reliability.md")
