@@ -18,6 +18,8 @@ import os
 import pwd
 import re
 import stat
+import subprocess
+import sys
 import tempfile
 import traceback
 from typing import Any, Callable
@@ -351,6 +353,39 @@ def test_a_workspace_path_others_can_rename_in_is_refused(tmp_path, capsys):
         assert len(lines) == 1 and f"workspace.path: {folder} {expected}" in lines[0], lines
     assert train.main([config, "--check", f"output={tmp_path / 'run'}",
                        f"workspace.path={sticky}"]) == 0
+
+
+DASHBOARD_REQUEST = """
+import os, pwd, sys, urllib.error, urllib.request
+from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.config.cluster_config import WorkerConfig
+with start_embedded_cluster([WorkerConfig(name="w", resources={"CPU": 1})]) as cluster:
+    url = f"http://127.0.0.1:{cluster.scheduler.http_server.port}/sitemap.json"
+    pid = os.fork()
+    if pid == 0:  # the request, as user nobody where this runs as root
+        if os.geteuid() == 0:
+            os.setgroups([]); os.setgid(pwd.getpwnam("nobody").pw_gid)
+            os.setuid(pwd.getpwnam("nobody").pw_uid)
+        try:
+            urllib.request.urlopen(url, timeout=10)
+        except urllib.error.HTTPError as error:
+            print("answered", error.code, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_another_users_requests_to_the_dashboard_print_nothing():
+    """The embedded cluster's dashboard (loopback, no authentication) answers any local
+    user; a page Dask fails to make (``/sitemap.json``) had tornado print its traceback
+    in the run's stderr, so anyone could write tracebacks into a run's output at will.
+    They get the error page; the run prints nothing."""
+    root = os.path.dirname(os.path.dirname(__file__))
+    done = subprocess.run([sys.executable, "-c", DASHBOARD_REQUEST], cwd=root,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0 and "answered 500" in done.stdout, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "Uncaught" not in done.stderr, done.stderr
 
 
 def test_reliability_page_names_these_tests():

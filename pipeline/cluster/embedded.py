@@ -81,6 +81,7 @@ def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | Non
     batches, the workers come up a few at a time rather than (nearly) all at the end.
     """
     security, scratch = run_security(), private_scratch()
+    quiet_dashboard_errors()
     scheduler = {"cls": Scheduler,
                  "options": {"host": LOOPBACK, "dashboard_address": f"{LOOPBACK}:0",
                              "protocol": "tls", "security": security,
@@ -108,6 +109,24 @@ def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | Non
             cluster.close()
             raise
         return cluster
+
+
+class _DashboardErrors(logging.Filter):
+    """Drops tornado's report of a dashboard page that failed (`quiet_dashboard_errors`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Uncaught exception")
+
+
+def quiet_dashboard_errors() -> None:
+    """Keep tornado's tracebacks of dashboard pages Dask fails to make (``/sitemap.json``
+    always; ``/json/identity.json`` once tasks ran) out of this process's stderr: the
+    scheduler serves its dashboard from here, any local user may ask it for a page
+    (loopback keeps out other machines, not other users), and each such request printed
+    a traceback into the run's output. The asker still gets the error page."""
+    logger = logging.getLogger("tornado.application")
+    if not any(isinstance(f, _DashboardErrors) for f in logger.filters):
+        logger.addFilter(_DashboardErrors())
 
 
 def private_scratch() -> str:

@@ -45,7 +45,7 @@ import dask
 from distributed import Client, Security
 
 from pipeline.config.cluster_config import ClusterConfig, JobGroupConfig, JobqueueConfig
-from pipeline.cluster.embedded import QUIET
+from pipeline.cluster.embedded import QUIET, quiet_dashboard_errors
 from pipeline.cluster.security import TlsConfig, run_security, write_credentials
 
 #: dask-jobqueue's cluster class for each batch system.
@@ -181,6 +181,7 @@ def start_jobqueue_cluster(config: ClusterConfig, folder: str) -> Any:
     module = importlib.import_module("dask_jobqueue")
     cls = getattr(module, CLUSTER_CLASSES[jobqueue.system])
     security = file_security(write_credentials(run_security(), folder))
+    quiet_dashboard_errors()
     groups = jobqueue.group_list(config.tags()[0])
     where = ({"interface": jobqueue.interface} if jobqueue.interface
              else {"host": jobqueue.host})

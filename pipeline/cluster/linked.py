@@ -20,7 +20,8 @@ import dask
 from distributed import Client, Scheduler, SpecCluster
 
 from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
-from pipeline.cluster.embedded import QUIET, PrivateScratchCluster, private_scratch
+from pipeline.cluster.embedded import (QUIET, PrivateScratchCluster, private_scratch,
+                                       quiet_dashboard_errors)
 from pipeline.cluster.links import Host, LinkError, LinkedHosts
 from pipeline.cluster.security import TlsConfig, run_security, tls_flags, write_credentials
 from pipeline.cluster.object_store import client_options, start_server, worker_environment
@@ -62,6 +63,7 @@ def start_linked_cluster(config: ClusterConfig, directories: Sequence[str]
         if config.workspace_transport() == "s3":
             links.storage_options = start_server(links)
         host, security, scratch = links.bridge_address, run_security(), private_scratch()
+        quiet_dashboard_errors()
         scheduler = {"cls": Scheduler,
                      "options": {"host": host, "dashboard_address": f"{host}:0",
                                  "protocol": "tls", "security": security,
