@@ -176,7 +176,7 @@ def _prepare(config: RunConfig, say: Callable[[str], None], notes: list[str]) ->
     info = prepare_dataset(config)
     network = config.network_spec(info.image_shape)
     check_dataset_fits(config, info.classes, info.train_samples)
-    from_step = prepare_checkpoints(config, network, say, arithmetic_settings)
+    from_step = prepare_checkpoints(config, network, say, arithmetic_settings, info)
     attrs: dict[str, Any] = {"name": config.name, "strategy": config.strategy,
                              "config": yaml.safe_dump(to_dict(config), sort_keys=False),
                              "dataset": info.path, "dataset_source": info.source,

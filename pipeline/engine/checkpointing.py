@@ -15,6 +15,7 @@ from pipeline.config.run_config import RunConfig, build_run_config
 from pipeline.engine.sampler import step_indices
 from pipeline.config.schema import ConfigError, to_dict, yaml_load
 from storage import checkpoints
+from storage.datasets.store import DatasetInfo
 from storage.space import writing
 from tasks.network import initial_state, checkpoint_shapes
 from tasks.specs import NetworkSpec
@@ -141,9 +142,35 @@ def check_resumed_run(config: RunConfig, network: NetworkSpec,
                           "had, or set a new `output` to start another run")
 
 
+def data_made_on(info: DatasetInfo) -> dict[str, Any]:
+    """What a checkpoint store records of the dataset its steps trained on: the store's
+    content identity, and what names it in a refusal."""
+    return {"identity": info.identity, "store": info.path, "source": info.source,
+            "train_samples": info.train_samples, "test_samples": info.test_samples}
+
+
+def check_same_data(config: RunConfig, info: DatasetInfo) -> None:
+    """A resume on other images than its checkpoints trained on is refused: the same
+    `data.*` settings can give another store when the source changed (an image folder
+    with an image added, removed or replaced rebuilds its store). Checked once the
+    store is open, so by the run, not by `--check`; a store that recorded no identity
+    (written before it did) is not checked."""
+    earlier = (checkpoints.made_with(config.checkpoint_path) or {}).get("dataset")
+    if not isinstance(earlier, dict) or not earlier.get("identity") or not info.identity \
+            or earlier["identity"] == info.identity:
+        return
+    counts = (f"{earlier.get('train_samples')}/{earlier.get('test_samples')} train/test "
+              f"images then, {info.train_samples}/{info.test_samples} now")
+    raise ConfigError(f"train.resume: the checkpoints in {config.checkpoint_path} trained on "
+                      f"other images: the dataset store {info.path} holds other images now "
+                      f"(rebuilt from {info.source} since: {counts}); restore the source as "
+                      "it was, or set a new `output` to start another run")
+
+
 def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
                         say: Callable[[str], None] = _to_stderr,
-                        settings_of: SettingsOf = _as_written) -> int:
+                        settings_of: SettingsOf = _as_written,
+                        data: DatasetInfo | None = None) -> int:
     """The step to start from: the newest valid checkpoint if resuming, else 0 (a
     resume with no complete checkpoint starts over, and says so through `say`).
 
@@ -151,12 +178,15 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
     flipped chunk), saying so in one line through `say`; if every one is damaged it
     raises CheckpointError rather than start over on its own. A fresh run replaces
     any old checkpoints and writes step 0 from the seeded PyTorch initialisation,
-    which every strategy then loads.
+    which every strategy then loads. `data`, the store the run opened, is recorded
+    with a fresh run's settings and must be what a resume's checkpoints trained on.
     """
     path = config.checkpoint_path
     fingerprint = network_fingerprint(network)
     if config.train.resume and checkpoints.complete_steps(path):
         check_resumed_run(config, network, settings_of)
+        if data is not None:
+            check_same_data(config, data)
         checkpoints.discard_attempts(path)  # staging areas a killed run left: never read
         latest, passed = checkpoints.latest_valid_step(path)
         damaged = "; ".join(f"step {step}: {problem}" for step, problem in passed)
@@ -171,7 +201,10 @@ def prepare_checkpoints(config: RunConfig, network: NetworkSpec,
         say(f"train.resume: no complete checkpoint in {path} to resume from; starting at "
             "step 0")
     with writing("checkpoint store", path):
-        checkpoints.start_fresh(path, fingerprint, made_with(config, network, settings_of))
+        settings = made_with(config, network, settings_of)
+        if data is not None:
+            settings["dataset"] = data_made_on(data)
+        checkpoints.start_fresh(path, fingerprint, settings)
         # one chunk per tensor: this process writes them whole, and a worker reading
         # its slice reads only its rows' bytes (storage/chunk_files.py)
         checkpoints.create_checkpoint(path, 0, checkpoint_shapes(network), {}, network.dtype)

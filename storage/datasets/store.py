@@ -34,8 +34,10 @@ Stores of format 1 (before checksums) are refused by readers and rebuilt by
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zarr
@@ -66,6 +68,18 @@ class DatasetInfo:
     test_samples: int
     dtype: str
     source: str
+    #: What the store holds, as a digest of its chunks' checksums (`content_identity`):
+    #: equal for stores of the same bytes, whatever their path or when they were built.
+    identity: str = field(default="", compare=False)
+
+
+def content_identity(attrs: dict[str, Any]) -> str:
+    """A digest of a store's recorded chunk checksums (its 'checksums' attribute): two
+    stores with the same images, labels and normalisation have the same one, and a
+    store rebuilt from a changed source (an image added, removed or replaced) another."""
+    arrays = (attrs.get("checksums") or {}).get("arrays") or {}
+    text = json.dumps(arrays, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def open_root(path: str) -> zarr.Group:
@@ -107,6 +121,7 @@ def open_dataset_info(path: str) -> DatasetInfo:
             test_samples=int(attrs["test_samples"]),
             dtype=str(attrs["dtype"]),
             source=str(attrs["source"]),
+            identity=content_identity(attrs),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DatasetError(f"{path!r}: dataset attributes are incomplete ({exc!r})") from exc
