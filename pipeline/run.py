@@ -364,7 +364,8 @@ def _finish(trained: Trained, start: Start, finish: ResultsFirst,
     if config.train.eval_samples:
         samples = min(config.train.eval_samples, start.info.test_samples)
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
-        accuracy = test_accuracy(start.network, weights, start.info.path, samples)
+        accuracy = test_accuracy(start.network, weights, start.info.path, samples,
+                                 identity=start.info.identity)
     return write_results(config, start.info, attrs, list(trained.split), recorder,
                          trained.history, notes, start.started, accuracy, prediction,
                          in_client=trained.in_client, earlier=start.earlier)

@@ -31,7 +31,7 @@ from pipeline.records.summary import format_summary
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
 from storage import checkpoints
-from storage.datasets.store import DatasetDamaged, DatasetError
+from storage.datasets.store import DatasetChanged, DatasetDamaged, DatasetError
 from storage.space import NoSpace
 
 
@@ -179,8 +179,8 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         return fail(no_space_line(error, loaded[0] if loaded else None, argv), RUNTIME_ERROR)
     except (WorkerLost, SchedulerLost) as error:
         return fail(lost_line(error), RUNTIME_ERROR)
-    except (ClusterError, FloatingPointError, DatasetDamaged, CheckpointError,
-            OSError) as error:
+    except (ClusterError, FloatingPointError, DatasetDamaged, DatasetChanged,
+            CheckpointError, OSError) as error:
         return fail(error, RUNTIME_ERROR)
     except (UsageError, ConfigError, DatasetError, PlacementError) as error:
         return fail(error, CONFIG_ERROR)

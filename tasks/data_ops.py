@@ -272,7 +272,8 @@ def hand_on_ranges(run: RunState, grads: Gradients, optimizer: WorkerSGD, step: 
 def _batch_rows(run: RunState, rows: np.ndarray, clock: TaskClock
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     with clock.phase("dataset") as phase:
-        images, labels = read_batch(run.paths.dataset, "train", rows)
+        images, labels = read_batch(run.paths.dataset, "train", rows,
+                                    run.paths.dataset_identity)
         phase.nbytes = images.nbytes + labels.nbytes
     device = run.profile.device
     return torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device)

@@ -148,7 +148,8 @@ def trunk_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
         if stop == start and not work.norms:  # with sync batch norm: a party on no rows
             return
         with clock.phase("dataset") as phase:
-            images = read_batch(run.paths.dataset, "train", indices[start:stop])[0]
+            images = read_batch(run.paths.dataset, "train", indices[start:stop],
+                                run.paths.dataset_identity)[0]
             phase.nbytes = images.nbytes
         with ComputeSpans(clock) as spans, \
                 exchanging(work.norms, batch_norm_exchange(run, step, spans)):
@@ -208,7 +209,8 @@ def dense_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                                 for d in workers], dim=1)
             with clock.phase("dataset"):
                 rows = indices[part_rows(part)]
-                labels = torch.from_numpy(read_labels(run.paths.dataset, "train", rows))
+                labels = torch.from_numpy(read_labels(run.paths.dataset, "train", rows,
+                                                      run.paths.dataset_identity))
             with clock.phase("compute") as phase:
                 grad_out = _logit_gradient(run, logits, labels.to(logits.device), clock)
                 grad_pre = grad_out[:, piece.start:piece.stop]

@@ -155,7 +155,8 @@ def _layer_input(run: RunState, layer: int, step: int, indices: np.ndarray,
         return work.take(key)
     if source < 0:
         with clock.phase("dataset") as phase:
-            images = read_batch(run.paths.dataset, "train", indices)[0]
+            images = read_batch(run.paths.dataset, "train", indices,
+                                run.paths.dataset_identity)[0]
             phase.nbytes = images.nbytes
             x = torch.from_numpy(images).to(run.profile.device)
     else:
@@ -173,7 +174,8 @@ def dense_head(run: RunState, op: StepOp, step: int, indices: np.ndarray,
     with clock.op(DENSE_HEAD):
         features = _gather(run, last, step, clock)
         with clock.phase("dataset") as phase:
-            labels = read_labels(run.paths.dataset, "train", indices)
+            labels = read_labels(run.paths.dataset, "train", indices,
+                                 run.paths.dataset_identity)
             phase.nbytes = labels.nbytes
         with clock.phase("compute") as phase:
             loss, grad = work.head.step(features, torch.from_numpy(labels).to(features.device),

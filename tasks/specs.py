@@ -326,8 +326,10 @@ class Arithmetic:
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Where one run's bytes live: dataset, activation workspace, checkpoints."""
+    """Where one run's bytes live: dataset, activation workspace, checkpoints; and what
+    the dataset store holds (`DatasetInfo.identity`, "" for any), which every read checks."""
 
     dataset: str
     workspace: str
     checkpoints: str
+    dataset_identity: str = ""

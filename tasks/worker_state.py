@@ -178,14 +178,15 @@ class _DropEndedRunFailures(logging.Filter):
     ended its run: a wait aborted by the client (`ExchangeError`, other than a
     timeout or a broken step order, which are the run's own faults) or a save
     refused by a woken worker (`RunEnded`); and of a write refused for a full disk
-    (`NoSpace`, which reaches the client whole). The client reports why the run
+    (`NoSpace`) or a read of a dataset store rebuilt under the run (`DatasetChanged`),
+    which reach the client whole. The client reports why the run
     ended, in one line; these would add a dozen lines per worker to its stderr."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith("Compute Failed") or len(record.args or ()) < 4:
             return True
         text = str(record.args[3])
-        if text.startswith(("RunEnded(", "NoSpace(")):
+        if text.startswith(("RunEnded(", "NoSpace(", "DatasetChanged(")):
             return False
         return not (text.startswith("ExchangeError(") and "wait_timeout" not in text
                     and "order was broken" not in text)

@@ -5,22 +5,29 @@ added, removed or replaced is imported again into the same path. A resume then w
 on training the checkpointed weights on the new images, its record saying nothing.
 Now the checkpoints record the store's content identity (a digest of its chunk
 checksums) and a resume on other images is refused in one line; a store rebuilt to
-the same bytes (the files touched, the folder restored) resumes.
+the same bytes (the files touched, the folder restored) resumes. And a store rebuilt
+in place by another run while this one reads it stops this one, rather than mixing
+the two stores' images in one run.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
+import pytest
 import xarray as xr
 from PIL import Image
 
 from storage import checkpoints
-from storage.datasets import open_dataset_info
+from storage.datasets import (DatasetChanged, ensure_dataset, open_dataset_info, read_batch,
+                              read_labels)
 from tests.helpers import assert_one_error_line, run_main
-from tests.test_image_folder import _train_args, make_folder
+from tests.test_image_folder import ROOT, _train_args, make_folder
 
 
 def _resume_args(tmp_path, source: str, store, steps: int, *extra: str) -> list[str]:
@@ -74,3 +81,57 @@ def test_a_resume_on_a_changed_image_folder_is_refused(tmp_path):
                                                       "train.resume=true"))
     assert status == 0, lines
     assert xr.open_zarr(record).sizes["step"] == 6
+
+
+def test_a_reader_pinned_to_a_store_refuses_it_rebuilt_with_other_images(tmp_path):
+    store = str(tmp_path / "s.zarr")
+    info = ensure_dataset("synthetic", store, train_samples=8, test_samples=2, seed=0)
+    rows = np.arange(4)
+    before = read_batch(store, "train", rows, info.identity)[0]
+    # rebuilt from the same request: the same bytes, read on
+    ensure_dataset("synthetic", store, train_samples=8, test_samples=2, seed=0,
+                   overwrite=True)
+    assert np.array_equal(read_batch(store, "train", rows, info.identity)[0], before)
+    ensure_dataset("synthetic", store, train_samples=8, test_samples=2, seed=1)
+    with pytest.raises(DatasetChanged, match=f"dataset store {store} was rebuilt with other"):
+        read_batch(store, "train", rows, info.identity)
+    with pytest.raises(DatasetChanged):
+        read_labels(store, "train", rows, info.identity)
+    assert not np.array_equal(read_batch(store, "train", rows)[0], before)  # unpinned
+
+
+def test_a_run_whose_store_is_rebuilt_under_it_stops_in_one_line(tmp_path):
+    """Another run at the same `data.path` with other data rebuilds the store in place
+    while this one trains: the workers read the new images from then on, with nothing
+    said. Now the run's reads are pinned to the store it started on: it stops, exit 1,
+    one line naming the store, and no worker's "Compute Failed" block."""
+    store = str(tmp_path / "s.zarr")
+    counts = {"train_samples": 256, "test_samples": 32}
+    ensure_dataset("synthetic", store, seed=0, **counts)
+    output = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.train", os.path.join(ROOT, "configs", "small.yaml"),
+         f"output={output}", "progress=false", "prediction=never", f"data.path={store}",
+         "data.train_samples=256", "data.test_samples=32", "train.steps=1000000",
+         "train.batch=8", "train.checkpoint_every=2", "network.conv.0.kernels=4",
+         "network.conv.1.kernels=4"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        path = str(output / "checkpoints.zarr")
+        while not (os.path.exists(path) and checkpoints.complete_steps(path)[-1:] >= [4]):
+            assert process.poll() is None and time.monotonic() < deadline, \
+                process.communicate(timeout=60)
+            time.sleep(0.1)
+        ensure_dataset("synthetic", store, seed=1, **counts)  # another run's data
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert process.returncode == 1, err
+    assert len(errors) == 1 and f"dataset store {store} was rebuilt with other images" \
+        in errors[0], err
+    assert "Compute Failed" not in err and "Traceback" not in err, err

@@ -149,6 +149,14 @@ def data_made_on(info: DatasetInfo) -> dict[str, Any]:
             "train_samples": info.train_samples, "test_samples": info.test_samples}
 
 
+def data_identity(path: str) -> str:
+    """The identity of the dataset store the checkpoints at `path` trained on ("" if
+    they recorded none): what every read of the run's steps checks it reads."""
+    made = checkpoints.made_with(path) if os.path.exists(path) else None
+    recorded = (made or {}).get("dataset")
+    return str(recorded.get("identity") or "") if isinstance(recorded, dict) else ""
+
+
 def check_same_data(config: RunConfig, info: DatasetInfo) -> None:
     """A resume on other images than its checkpoints trained on is refused: the same
     `data.*` settings can give another store when the source changed (an image folder

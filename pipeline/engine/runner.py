@@ -36,6 +36,7 @@ from pipeline.cluster.workers import (ClusterError, ClusterWorker, SchedulerLost
                                       unresponsive)
 from pipeline.cluster.worker_limits import lost_for_memory
 from storage.liveness import silent_stores
+from storage.datasets.store import DatasetChanged
 from storage.space import NoSpace
 
 #: `cluster.stall_timeout: auto`: the limit is this many median steps, at least
@@ -245,8 +246,8 @@ class TaskRunner:
             if errored:
                 self._check_workers(what)
                 error = errored[0].exception()
-                if isinstance(error, NoSpace):  # the disk, not the cluster: said as it is
-                    self._fail(error)
+                if isinstance(error, (NoSpace, DatasetChanged)):  # the disk or the data,
+                    self._fail(error)  # not the cluster: said as it is
                 self._fail(ClusterError(f"{what}: a task failed: {type(error).__name__}: "
                                         f"{error}"))
             if any(f.cancelled() for f in futures):
@@ -362,7 +363,8 @@ class TaskRunner:
         self._fail(SchedulerLost(f"{what}: lost the Dask scheduler at {address}{why}; the "
                                  "run stopped (its checkpoints are kept)"))
 
-    def _fail(self, error: ClusterError | NoSpace, abort: bool = True) -> NoReturn:
+    def _fail(self, error: ClusterError | NoSpace | DatasetChanged,
+              abort: bool = True) -> NoReturn:
         """Tell the workers (`on_failure`: the workspace's abort marker; not when the
         stores stopped answering, where the write could hang this process) and raise."""
         if abort:

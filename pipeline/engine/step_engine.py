@@ -29,6 +29,7 @@ from pipeline.config.run_config import RunConfig
 from pipeline.cluster.object_store import workspace_url
 from pipeline.placement.split import Placement
 from pipeline.records.record import StepResult
+from pipeline.engine.checkpointing import data_identity
 from pipeline.engine.runner import StallWatch, TaskRunner
 from pipeline.engine.sampler import step_indices
 from pipeline.engine.step_graph import step_tasks
@@ -98,7 +99,7 @@ class StepEngine:
         self.run_id = f"{config.name}-{uuid.uuid4().hex[:8]}"
         self.paths = RunPaths(config.dataset_path,
                               workspace_path(config, self.run_id, self.workers),
-                              config.checkpoint_path)
+                              config.checkpoint_path, data_identity(config.checkpoint_path))
         self.exchange = Exchange(self.paths.workspace)
         self.slots = exchange_slots(self.layout, network, config.train.batch)
         self.watch = StallWatch(config.cluster.stall_timeout)

@@ -17,6 +17,7 @@ from torch import nn
 
 from pipeline.config.run_config import RunConfig
 from pipeline.records.record import StepResult
+from pipeline.engine.checkpointing import data_identity
 from pipeline.engine.sampler import step_indices
 from storage import checkpoints
 from storage.datasets import read_batch
@@ -44,10 +45,12 @@ class ReferenceTrainer:
         self.loss_fn = nn.CrossEntropyLoss()
         self.devices = [device]
         self._submitted: dict[int, int] = {}  # first step -> steps
+        self.data_identity = ""  # the store the checkpoints trained on: `start` reads it
 
     def start(self, from_step: int) -> None:
         configure_process(self.config.reference.threads)
         path = self.config.checkpoint_path
+        self.data_identity = data_identity(path)
         self.model = load_model(self.network,
                                 checkpoints.read_tensors(path, from_step, "weights")
                                 ).to(self.device)
@@ -75,7 +78,8 @@ class ReferenceTrainer:
         kind = reset_peak(self.device)
         with clock.op("training-step"):
             with clock.phase("dataset") as phase:
-                images, labels = read_batch(self.config.dataset_path, "train", indices)
+                images, labels = read_batch(self.config.dataset_path, "train", indices,
+                                            self.data_identity)
                 phase.nbytes = images.nbytes + labels.nbytes
             with clock.phase("compute"):
                 self.optimizer.zero_grad(set_to_none=True)

@@ -19,10 +19,12 @@ from storage.datasets.image_folder import (image_folder_classes, import_image_fo
                                            list_image_folder)
 from storage.datasets.integrity import VerifyReport, verify_dataset
 from storage.datasets.reader import clear_read_cache, read_batch, read_labels
-from storage.datasets.store import DatasetDamaged, DatasetError, DatasetInfo, open_dataset_info
+from storage.datasets.store import (DatasetChanged, DatasetDamaged, DatasetError, DatasetInfo,
+                                    open_dataset_info)
 from storage.datasets.synthetic import create_synthetic_dataset
 
 __all__ = [
+    "DatasetChanged",
     "DatasetDamaged",
     "DatasetError",
     "DatasetInfo",

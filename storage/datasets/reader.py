@@ -16,24 +16,29 @@ import numpy as np
 
 from storage.datasets.integrity import check_label_range
 from storage.datasets.shard_reader import ShardRowReader
-from storage.datasets.store import SPLITS, DatasetError, dataset_attrs, open_root
+from storage.datasets.store import (SPLITS, DatasetChanged, DatasetError, content_identity,
+                                    dataset_attrs, open_root)
 
 
-def read_batch(path: str, split: str, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def read_batch(path: str, split: str, indices: np.ndarray,
+               identity: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Images (B, C, H, W) in the store dtype and int64 labels (B,) for `indices`.
 
     Rows come back in the order of `indices`, which may be unsorted and may repeat.
     Workers call this every step, so the opened arrays (and the labels, which are
     small) are cached per process; the cache key includes the identity of the
-    store's metadata file, so a store rebuilt at the same path is reopened.
+    store's metadata file, so a store rebuilt at the same path is reopened. With
+    `identity` (a run's: `DatasetInfo.identity`), a store that holds other images
+    (rebuilt by another run at the same path while this one reads it) is refused with
+    DatasetChanged instead of read: one run never mixes two stores' images.
     """
-    return _reader(path, split).read(indices)
+    return _reader(path, split, identity).read(indices)
 
 
-def read_labels(path: str, split: str, indices: np.ndarray) -> np.ndarray:
+def read_labels(path: str, split: str, indices: np.ndarray, identity: str = "") -> np.ndarray:
     """Only the int64 labels of `indices` (held in memory once read): what the dense
-    head needs, without the images."""
-    return _reader(path, split).read_labels(indices)
+    head needs, without the images; `identity` as for `read_batch`."""
+    return _reader(path, split, identity).read_labels(indices)
 
 
 def clear_read_cache() -> None:
@@ -41,8 +46,9 @@ def clear_read_cache() -> None:
     _split_reader.cache_clear()
 
 
-def _reader(path: str, split: str) -> _SplitReader:
-    """The cached reader of one split, keyed by the store's current identity."""
+def _reader(path: str, split: str, identity: str = "") -> _SplitReader:
+    """The cached reader of one split, keyed by the store's current identity; with
+    `identity`, DatasetChanged if the store holds other images."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     root = os.path.abspath(path)
@@ -51,7 +57,13 @@ def _reader(path: str, split: str) -> _SplitReader:
     except FileNotFoundError:
         dataset_attrs(path)  # raises the precise error: missing, not Zarr, not ours
         raise DatasetError(f"{path!r} is not a Zarr v3 dataset store") from None
-    return _split_reader(root, split, (stat.st_ino, stat.st_mtime_ns))
+    reader = _split_reader(root, split, (stat.st_ino, stat.st_mtime_ns))
+    if identity and reader.identity != identity:
+        raise DatasetChanged(
+            f"dataset store {root} was rebuilt with other images while this run read it (by "
+            "another run at the same data.path, from other data or a changed source); the "
+            "run stops rather than train on both: give each run its own data.path")
+    return reader
 
 
 @functools.lru_cache(maxsize=16)
@@ -66,6 +78,7 @@ class _SplitReader:
 
     def __init__(self, root: str, split: str) -> None:
         attrs = dataset_attrs(root)
+        self.identity = content_identity(attrs)
         group = open_root(root)
         try:
             self.images = group[f"{split}/images"]

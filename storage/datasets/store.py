@@ -56,6 +56,11 @@ class DatasetDamaged(DatasetError):
     """A store's bytes or labels are not what its build recorded."""
 
 
+class DatasetChanged(DatasetError):
+    """The store at a path holds other images than those a run started on (rebuilt in
+    its place while the run read it)."""
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a store holds, read from its group attributes (no array data touched)."""
