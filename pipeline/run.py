@@ -173,7 +173,7 @@ def _prepare(config: RunConfig, say: Callable[[str], None], notes: list[str]) ->
     any training)."""
     started = time.time()
     os.makedirs(config.output_dir, exist_ok=True)
-    info = prepare_dataset(config)
+    info = prepare_dataset(config, say)
     network = config.network_spec(info.image_shape)
     check_dataset_fits(config, info.classes, info.train_samples)
     from_step = prepare_checkpoints(config, network, say, arithmetic_settings, info)

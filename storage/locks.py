@@ -26,6 +26,7 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -112,15 +113,28 @@ class OwnerLock:
                                f"; wait for it to finish or stop it (lock file {self.path})"
                                + extra)
 
-    def acquire(self) -> None:
+    def acquire(self, on_wait: Callable[[str], None] | None = None) -> None:
+        """Take the lock; held by a live process, refused (the busy error), or with
+        `on_wait`, waited for, after one line to `on_wait` naming the holder."""
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        said = False
         while True:
             fd = self._open(os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                os.close(fd)
-                raise self._busy(self._holder()) from None
+                if on_wait is None:
+                    os.close(fd)
+                    raise self._busy(self._holder()) from None
+                if not said:
+                    on_wait(f"waiting for {self.who} to finish with {self.what} "
+                            f"({describe_holder(self._holder())})")
+                    said = True
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:  # a signal that stops the process meanwhile
+                    os.close(fd)
+                    raise
             except OSError as error:  # no flock here: fall back on the recorded pid
                 if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     os.close(fd)

@@ -8,6 +8,7 @@ cluster (`pipeline.prediction`) train on it, and the run itself records a predic
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from pipeline.config.run_config import DataConfig, RunConfig
 from pipeline.config.schema import ConfigError
@@ -75,12 +76,14 @@ def check_dataset_fits(config: RunConfig, classes: int | None,
                           f"{train_samples} training samples")
 
 
-def prepare_dataset(config: RunConfig) -> DatasetInfo:
-    """Open the run's dataset store, building it from its source if missing."""
+def prepare_dataset(config: RunConfig, say: Callable[[str], None] | None = None
+                    ) -> DatasetInfo:
+    """Open the run's dataset store, building it from its source if missing; `say`
+    hears of a wait for another process's build and of half-built stores removed."""
     check_data_source(config)
     train_samples, test_samples = config.data.sample_counts()
     with writing("dataset store", config.dataset_path):  # a full disk: one clear line
         return ensure_dataset(config.data.source, config.dataset_path,
                               train_samples=train_samples, test_samples=test_samples,
                               seed=config.data.seed, dtype=config.network.dtype,
-                              image_size=config.data.image_size)
+                              image_size=config.data.image_size, say=say)

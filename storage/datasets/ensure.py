@@ -23,7 +23,7 @@ from storage.datasets.image_folder import (folder_fingerprint, image_folder_buil
 from storage.datasets.integrity import verify_dataset
 from storage.datasets.store import DatasetError, DatasetInfo, dataset_attrs, open_dataset_info
 from storage.datasets.synthetic import create_synthetic_dataset, synthetic_build
-from storage.datasets.writer import check_dtype
+from storage.datasets.writer import build_lock, check_dtype
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,19 @@ def ensure_dataset(spec_source: str, path: str, **kwargs: Any) -> DatasetInfo:
     there and ``classes``/``image_shape`` must match CIFAR-10's). ``image_size`` is
     the images' side (None: 32; CIFAR-10's is 32). A store built from other
     arguments is rebuilt in place; a path holding anything other than a dataset store
-    is never replaced. ``overwrite=True`` forces a rebuild. Call this once (on the
-    master): concurrent builders of one path would race.
+    is never replaced. ``overwrite=True`` forces a rebuild. The decision, the check
+    of a reused store and a build hold the path's build lock (`writer.build_lock`):
+    a second process asking for the same store at once waits, saying so in one line
+    to ``say`` (a callable, if given; also its notes), and then reuses the store.
     """
     kwargs = dict(kwargs)
+    say = kwargs.pop("say", None)
+    with build_lock(path, say):
+        return _ensure(spec_source, path, kwargs)
+
+
+def _ensure(spec_source: str, path: str, kwargs: dict[str, Any]) -> DatasetInfo:
+    """`ensure_dataset` under the store's build lock."""
     overwrite = bool(kwargs.pop("overwrite", False))
     recorded = _recorded_build(path)
     kind = source_kind(spec_source, recorded)

@@ -8,15 +8,22 @@ decides the shard size, so both sources get the same layout and the same safety:
   end, so a crashed build never leaves something that looks like a finished store.
 * A path is only replaced when asked to, and only if it holds a store of ours (any
   version) or an empty directory: a typo in a config never deletes other data.
+* One process at a time builds or replaces the store at a path (`build_lock`, an
+  flock on ``.<name>.lock`` beside it, which `ensure_dataset` also holds while it
+  decides and verifies): a second waits, then finds the store built. The lock's
+  holder removes what builds killed before the rename left (``.<name>.building-*``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -25,6 +32,7 @@ import zarr
 from storage.datasets.integrity import check_label_range, record_checksums
 from storage.datasets.store import (FORMAT_NAME, FORMAT_VERSION, DatasetError, DatasetInfo,
                                     open_dataset_info, open_root)
+from storage.locks import OwnerLock
 
 SHARD_SAMPLES = 1000  # ~12 MB of float32 CIFAR images per shard file
 # Skip Zarr's scan for all-fill-value chunks on write (it dominates the write time,
@@ -33,6 +41,44 @@ ARRAY_CONFIG = {"write_empty_chunks": True}
 
 # A split is written from blocks: (start row, normalised images, labels), in order.
 BlockSource = Callable[[], Iterator[tuple[int, np.ndarray, np.ndarray]]]
+
+
+_held: set[tuple[int, str]] = set()  # (thread, store) whose build lock this process holds
+
+
+@contextmanager
+def build_lock(path: str, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold the build lock of the store at `path` (again, if this thread holds it: a
+    no-op), waiting for another process's build after one line to `say`. The holder
+    removes half-built stores killed builds left beside it, saying so. A folder where
+    no lock file can be made (read-only) is read without one."""
+    final = os.path.abspath(path)
+    key = (threading.get_ident(), final)
+    if key in _held:
+        yield
+        return
+    parent, name = os.path.split(final)
+    lock = OwnerLock(os.path.join(parent, f".{name}.lock"), f"dataset store {final}",
+                     "another build")
+    try:
+        lock.acquire(on_wait=say or (lambda line: None))
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        yield
+        return
+    _held.add(key)
+    try:
+        for entry in sorted(os.listdir(parent)):
+            if entry.startswith(f".{name}.building-"):
+                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+                if say is not None:
+                    say(f"note: removed {os.path.join(parent, entry)}, a dataset store "
+                        "a killed build left half-written")
+        yield
+    finally:
+        _held.discard(key)
+        lock.release()
 
 
 def shard_rows(samples: int) -> int:
@@ -53,7 +99,17 @@ def write_store(path: str, overwrite: bool, attrs: dict[str, Any],
     check_target(final, overwrite)
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
-    building = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.building-", dir=parent)
+    with build_lock(final):
+        return _write_store(final, overwrite, attrs, image_shape, dtype, splits)
+
+
+def _write_store(final: str, overwrite: bool, attrs: dict[str, Any],
+                 image_shape: tuple[int, int, int], dtype: str,
+                 splits: dict[str, tuple[int, BlockSource]]) -> DatasetInfo:
+    """`write_store` under the path's build lock."""
+    check_target(final, overwrite)  # again: another build may have made it meanwhile
+    building = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.building-",
+                                dir=os.path.dirname(final))
     try:
         root = zarr.create_group(store=building, zarr_format=3, overwrite=True,
                                  attributes=json.loads(json.dumps(attrs)))

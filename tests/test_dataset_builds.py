@@ -1,0 +1,95 @@
+"""Builds of one dataset store by several processes, and builds killed half-way.
+
+Two runs that found no store at one path built it both, the second deleting the
+first's finished store under it (whose run was already reading it) before renaming
+its own in; a build killed (SIGKILL, an OOM kill) left its half-written temporary
+store beside the path for good, a CIFAR-10 import's up to 739 MB. Now one process at
+a time decides, builds or checks the store at a path (an flock beside it): a second
+waits, saying so in one line, and reuses what the first built; the holder removes
+what killed builds left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from storage.datasets import ensure_dataset
+from tests.test_image_folder import ROOT
+
+HOLDER = """
+import os, sys
+from storage.datasets import ensure_dataset
+from storage.datasets.writer import build_lock
+path = sys.argv[1]
+with build_lock(path):
+    print("ready", flush=True)
+    sys.stdin.readline()
+    ensure_dataset("synthetic", path, train_samples=8, test_samples=2, seed=0)
+    print(os.stat(os.path.join(path, "zarr.json")).st_ino, flush=True)
+"""
+
+
+def _leftovers(folder) -> list[str]:
+    return sorted(name for name in os.listdir(folder) if ".building-" in name)
+
+
+def test_a_second_build_of_one_store_waits_and_reuses_it(tmp_path):
+    store = str(tmp_path / "s.zarr")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, store], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    said: list[str] = []
+    got: list[object] = []
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        second = threading.Thread(target=lambda: got.append(ensure_dataset(
+            "synthetic", store, train_samples=8, test_samples=2, seed=0, say=said.append)))
+        second.start()
+        deadline = time.monotonic() + 60
+        while not said:  # the second build names the first's holder, then waits
+            assert time.monotonic() < deadline and second.is_alive(), (said, got)
+            time.sleep(0.05)
+        assert not got and not os.path.exists(store)
+        assert said[0].startswith(f"waiting for another build to finish with dataset store "
+                                  f"{store} (pid {holder.pid} on "), said
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        built = int(holder.stdout.readline())
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        second.join(timeout=60)
+        assert not second.is_alive()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(timeout=60)
+    assert holder.returncode == 0 and len(got) == 1 and len(said) == 1, said
+    assert os.stat(os.path.join(store, "zarr.json")).st_ino == built  # reused, not rebuilt
+    assert not os.path.exists(tmp_path / ".s.zarr.lock") and not _leftovers(tmp_path)
+
+
+def test_a_killed_builds_half_written_store_is_removed_by_the_next(tmp_path):
+    store = str(tmp_path / "s.zarr")
+    build = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from storage.datasets import ensure_dataset; "
+         "ensure_dataset('synthetic', sys.argv[1], train_samples=5000, test_samples=1000)",
+         store], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not _leftovers(tmp_path):
+            assert build.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        build.send_signal(signal.SIGKILL)
+        build.wait(timeout=60)
+    left = _leftovers(tmp_path)
+    assert len(left) == 1 and not os.path.exists(store)
+    said: list[str] = []
+    info = ensure_dataset("synthetic", store, train_samples=8, test_samples=2, say=said.append)
+    assert info.train_samples == 8 and not _leftovers(tmp_path)
+    assert said == [f"note: removed {tmp_path / left[0]}, a dataset store a killed build "
+                    "left half-written"]
