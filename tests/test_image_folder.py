@@ -285,3 +285,29 @@ def test_synthetic_images_of_side_16_train_with_the_default_network(tmp_path):
     assert status == 0, lines
     assert open_dataset_info(str(store)).image_shape == (3, 16, 16)
     assert xr.open_zarr(tmp_path / "run" / "record.zarr").sizes["step"] == 1
+
+
+def test_check_refuses_what_the_folders_listing_says_the_run_would(tmp_path):
+    """`--check` said "fine" to an image folder the run then refused: a class without
+    images, a sample count larger than the folder holds, a batch larger than its
+    training images. It lists the folder now (no image decoded) and refuses each in
+    the run's words, naming the field."""
+    source = make_folder(tmp_path / "pets")  # 18 images: 15 train, 3 test
+    args = [f"data.source={source}", f"data.path={tmp_path / 'p.zarr'}", "network.classes=3"]
+    cases = [
+        (["data.train_samples=16"], "data.train_samples: 16, but the image folder "
+                                    f"{source} holds 15 train samples"),
+        (["data.test_samples=18"], f"data.test_samples: 18, but the image folder {source} "
+                                   "holds 18 images, and at least one must be left to train"),
+        (["train.batch=16"], "train.batch: 16 is larger than the 15 training samples"),
+    ]
+    for extra, names in cases:
+        for check in (["--check"], []):
+            status, lines, _ = run_main("train", _train_args(tmp_path, *args, *extra, *check))
+            assert_one_error_line(status, lines, 2, names)
+    os.makedirs(os.path.join(source, "fox"))
+    for check in (["--check"], []):
+        status, lines, _ = run_main("train", _train_args(
+            tmp_path, *args[:2], "network.classes=4", *check))
+        assert_one_error_line(status, lines, 2, "class 'fox' holds no images")
+    assert not os.path.exists(tmp_path / "p.zarr")

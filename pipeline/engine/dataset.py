@@ -12,8 +12,10 @@ from collections.abc import Callable
 
 from pipeline.config.run_config import DataConfig, RunConfig
 from pipeline.config.schema import ConfigError
-from storage.datasets import (DatasetError, DatasetInfo, ensure_dataset, image_folder_classes,
+from storage.datasets import (DatasetError, DatasetInfo, ensure_dataset, list_image_folder,
                               open_dataset_info, source_kind)
+from storage.datasets.image_folder import ImageFolderSplits
+from storage.datasets.store import SampleCountError
 from storage.datasets.cifar10 import CIFAR10_CLASSES
 from storage.datasets.synthetic import SYNTHETIC_CLASSES
 from storage.space import writing
@@ -21,7 +23,8 @@ from storage.space import writing
 
 def check_data_source(config: RunConfig) -> None:
     """What the source fixes, against the config, before anything is imported:
-    CIFAR-10's images are 32x32, and an image folder has its own number of classes."""
+    CIFAR-10's images are 32x32, and an image folder has its own number of classes,
+    images in every class and as many images as the sample counts ask (`listed_folder`)."""
     source = config.data.source
     if source == "synthetic" or not os.path.exists(source):
         return  # a missing source is preflight's to name (its store may outlive it)
@@ -32,11 +35,24 @@ def check_data_source(config: RunConfig) -> None:
                           f"{DataConfig.DEFAULT_IMAGE_SIZE}x{DataConfig.DEFAULT_IMAGE_SIZE} "
                           f"(leave it unset or {DataConfig.DEFAULT_IMAGE_SIZE})")
     if kind == "image_folder":
-        classes = image_folder_classes(source)
+        classes = listed_folder(config).classes
         if len(classes) != config.network.classes:
             raise ConfigError(f"network.classes: {config.network.classes}, but the image "
                               f"folder {source} has {len(classes)} classes "
                               f"({', '.join(classes)})")
+
+
+def listed_folder(config: RunConfig) -> ImageFolderSplits:
+    """The images an import of the config's image folder would store, from a listing
+    alone (no image decoded): a class without images, or a sample count larger than
+    the folder holds, is refused as the import would refuse it, naming the field."""
+    data = config.data
+    train, test = data.sample_counts()
+    try:
+        return list_image_folder(data.source, data.seed, train, test)
+    except SampleCountError as error:
+        raise ConfigError(f"data.{error.split}_samples: {error.asked}, but the image folder "
+                          f"{data.source} holds {error.holds}") from None
 
 
 def expected_dataset(config: RunConfig) -> tuple[int | None, int | None]:
@@ -59,7 +75,8 @@ def expected_dataset(config: RunConfig) -> tuple[int | None, int | None]:
         return info.classes, info.train_samples
     if source_kind(source) == "cifar10":
         return CIFAR10_CLASSES, train_samples  # None: all of CIFAR-10's, more than a batch
-    return len(image_folder_classes(source)), train_samples
+    listed = listed_folder(config)
+    return len(listed.classes), len(listed.train)
 
 
 def check_dataset_fits(config: RunConfig, classes: int | None,

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from storage.datasets.store import DatasetError, DatasetInfo
+from storage.datasets.store import DatasetError, DatasetInfo, SampleCountError
 from storage.datasets.writer import (base_attrs, check_counts, check_dtype, check_target,
                                      keep_first, normalised_pixels, pixel_statistics,
                                      write_store)
@@ -142,8 +142,8 @@ def list_image_folder(source: str, seed: int = 0, train_samples: int | None = No
         held_out = int(len(every) * DEFAULT_TEST_SHARE) if test_samples is None \
             else test_samples
         if not 0 <= held_out < len(every):
-            raise DatasetError(f"test_samples={held_out}, but {folder!r} holds {len(every)} "
-                               "images, and at least one must be left to train on")
+            raise SampleCountError("test", held_out, f"{len(every)} images, and at least one "
+                                   "must be left to train on", folder)
         every = _shuffled(every, seed, "split")
         test, train = every[:held_out], every[held_out:]
     train = _shuffled(train, seed, "train")

@@ -56,6 +56,15 @@ class DatasetDamaged(DatasetError):
     """A store's bytes or labels are not what its build recorded."""
 
 
+class SampleCountError(DatasetError):
+    """A split's sample count asks for more images than the source holds: `split`
+    ("train" or "test"), the count `asked`, and what the source `holds` (as words)."""
+
+    def __init__(self, split: str, asked: int, holds: str, source: str) -> None:
+        super().__init__(f"{split}_samples={asked}, but {source!r} holds {holds}")
+        self.split, self.asked, self.holds = split, asked, holds
+
+
 class DatasetChanged(DatasetError):
     """The store at a path holds other images than those a run started on (rebuilt in
     its place while the run read it)."""

@@ -31,7 +31,7 @@ import zarr
 
 from storage.datasets.integrity import check_label_range, record_checksums
 from storage.datasets.store import (FORMAT_NAME, FORMAT_VERSION, DatasetError, DatasetInfo,
-                                    open_dataset_info, open_root)
+                                    SampleCountError, open_dataset_info, open_root)
 from storage.locks import OwnerLock
 
 SHARD_SAMPLES = 1000  # ~12 MB of float32 CIFAR images per shard file
@@ -223,8 +223,7 @@ def keep_first(available: int, keep: int | None, split: str, source: str) -> int
     if keep is None:
         return available
     if not 0 <= keep <= available:
-        raise DatasetError(f"{split}_samples={keep}, but {source!r} holds {available} "
-                           f"{split} samples")
+        raise SampleCountError(split, keep, f"{available} {split} samples", source)
     return keep
 
 
