@@ -311,3 +311,21 @@ def test_check_refuses_what_the_folders_listing_says_the_run_would(tmp_path):
             tmp_path, *args[:2], "network.classes=4", *check))
         assert_one_error_line(status, lines, 2, "class 'fox' holds no images")
     assert not os.path.exists(tmp_path / "p.zarr")
+
+
+def test_a_link_back_up_the_folder_is_refused_not_walked_round(tmp_path):
+    """A class folder holding a link to a folder above it (`cat/up -> ..`) was walked
+    round the loop until the system's limit on links in a path: every image of every
+    class listed again some 40 times under that one class, with nothing said."""
+    source = make_folder(tmp_path / "pets")
+    link = os.path.join(source, "cat", "up")
+    os.symlink("..", link)
+    with pytest.raises(DatasetError, match=f"{link} links to {source}, a folder above it"):
+        list_image_folder(source)
+    status, lines, _ = run_main("train", _train_args(
+        tmp_path, "--check", f"data.source={source}", f"data.path={tmp_path / 'p.zarr'}",
+        "network.classes=3"))
+    assert_one_error_line(status, lines, 2, f"{link} links to {source}")
+    os.remove(link)
+    os.symlink(os.path.join(source, "dog"), link)  # a link elsewhere: followed, as before
+    assert len(list_image_folder(source).train) == 15 + 5

@@ -62,9 +62,18 @@ def _class_folders(folder: str) -> list[str]:
 
 
 def _images_below(folder: str) -> list[str]:
-    """Every image file below `folder` (links followed), sorted by path."""
+    """Every image file below `folder` (links followed), sorted by path; DatasetError
+    for a link to a folder above it, which would list every image below that again
+    and again (until the system's limit on links in a path), under this class."""
     found = []
-    for directory, _, files in os.walk(folder, followlinks=True):
+    for directory, folders, files in os.walk(folder, followlinks=True):
+        here = os.path.realpath(directory)
+        for name in folders:
+            target = os.path.realpath(os.path.join(directory, name))
+            if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
+                raise DatasetError(f"image folder {folder!r}: "
+                                   f"{os.path.join(directory, name)} links to {target}, a "
+                                   "folder above it (a loop): remove the link")
         found += [os.path.join(directory, name) for name in files
                   if name.lower().endswith(IMAGE_EXTENSIONS)]
     return sorted(found)
