@@ -505,3 +505,25 @@ def test_a_forked_child_reads_with_threads_of_its_own(tmp_path, monkeypatch):
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_another_cifar_archive_of_the_same_name_is_imported_not_reused(tmp_path):
+    """Every CIFAR-10 archive is called cifar-10-python.tar.gz, so variants in its format
+    (corrupted or poisoned copies, a subset) share the default store path; the build
+    recorded only the counts and dtype, so the second archive's run trained on the
+    first's store, its attributes naming the first. The build now records the source
+    and its files (path, size, modification time), as an image folder's does."""
+    stores = {}
+    for name, seed in (("clean", 0), ("variant", 1)):
+        os.makedirs(tmp_path / name)
+        stores[name] = _write_archive(tmp_path / name / "cifar-10-python.tar.gz",
+                                      _cifar_batches(seed))
+    store = str(tmp_path / "c.zarr")
+    clean = ensure_dataset(stores["clean"], store)
+    variant = ensure_dataset(stores["variant"], store)
+    assert variant.source == stores["variant"] and variant.identity != clean.identity
+    expected = _expected(_cifar_batches(1))
+    assert np.allclose(_read_all(store, "train")[0], expected[0], atol=1e-6)
+    assert ensure_dataset(stores["clean"], store).identity == clean.identity
+    os.remove(stores["clean"])  # a store still outlives its archive
+    assert ensure_dataset(stores["clean"], store).identity == clean.identity

@@ -8,6 +8,7 @@ streaming pass, and never extracted to disk.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
@@ -137,12 +138,34 @@ def _class_names(raw: bytes | None, where: str) -> list[str] | None:
     return [n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n) for n in names]
 
 
-def cifar10_build(train_samples: int | None, test_samples: int | None,
-                  dtype: str) -> dict[str, Any]:
+def cifar10_fingerprint(source: str) -> str:
+    """A digest of the files CIFAR-10 may be read from at `source` (the archive, or
+    the batches of an extracted folder): their paths, sizes and modification times.
+    Another archive of the same name (a variant in CIFAR-10's format) differs."""
+    folder = os.path.abspath(source)
+    if os.path.isfile(folder):
+        places = [folder]
+    else:
+        names = (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH, CIFAR10_META)
+        places = [os.path.join(folder, CIFAR10_ARCHIVE)] + [
+            os.path.join(place, name) for place in (folder, os.path.join(folder, CIFAR10_FOLDER))
+            for name in names]
+    digest = hashlib.sha256()
+    for place in places:
+        if os.path.isfile(place):
+            status = os.stat(place)
+            digest.update(f"{place}\0{status.st_size}\0{status.st_mtime_ns}\n".encode(
+                "utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def cifar10_build(source: str, train_samples: int | None, test_samples: int | None,
+                  dtype: str, fingerprint: str) -> dict[str, Any]:
     """The 'build' attribute of a CIFAR-10 store: what `ensure_dataset` compares to
-    decide whether a store at a path was made from the same request."""
-    return {"kind": "cifar10", "train_samples": train_samples, "test_samples": test_samples,
-            "dtype": dtype}
+    decide whether a store at a path was made from the same request (the same files:
+    `cifar10_fingerprint`)."""
+    return {"kind": "cifar10", "source": os.path.abspath(source), "files": fingerprint,
+            "train_samples": train_samples, "test_samples": test_samples, "dtype": dtype}
 
 
 def import_cifar10(source: str, path: str, dtype: str = "float32", overwrite: bool = False,
@@ -158,6 +181,7 @@ def import_cifar10(source: str, path: str, dtype: str = "float32", overwrite: bo
     """
     dtype = check_dtype(dtype)
     check_target(os.path.abspath(path), overwrite)
+    fingerprint = cifar10_fingerprint(source)  # before reading: a later change rebuilds
     resolved, members = _read_cifar_members(source)
     missing = [n for n in (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH) if n not in members]
     if missing:
@@ -178,7 +202,8 @@ def import_cifar10(source: str, path: str, dtype: str = "float32", overwrite: bo
     mean, std = pixel_statistics(train[0])
     attrs = base_attrs("cifar10", resolved, CIFAR10_CLASSES, CIFAR10_IMAGE_SHAPE,
                        len(train[0]), len(test[0]), dtype, mean, std, 1.0 / 255.0,
-                       cifar10_build(train_samples, test_samples, dtype))
+                       cifar10_build(source, train_samples, test_samples, dtype,
+                                     fingerprint))
     names = _class_names(members.get(CIFAR10_META), f"{resolved}:{CIFAR10_META}")
     if names is not None:
         attrs["class_names"] = names

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from storage.datasets.cifar10 import (CIFAR10_CLASSES, CIFAR10_IMAGE_SHAPE, cifar10_build,
-                                      import_cifar10, is_cifar10_folder)
+                                      cifar10_fingerprint, import_cifar10, is_cifar10_folder)
 from storage.datasets.image_folder import (folder_fingerprint, image_folder_build,
                                            image_folder_classes, import_image_folder)
 from storage.datasets.integrity import verify_dataset
@@ -126,7 +126,8 @@ def _builder(kind: str, source: str, path: str,
 def _wanted_build(builder: Callable[..., DatasetInfo], arguments: dict[str, Any],
                   recorded: dict[str, Any] | None) -> dict[str, Any]:
     """The 'build' attribute a store made from these arguments would carry (for an
-    image folder that is gone, the files of the store it left, `recorded`)."""
+    image folder or CIFAR-10 source that is gone, the files of the store it left,
+    `recorded`)."""
     dtype = check_dtype(arguments["dtype"])
     if builder is create_synthetic_dataset:
         build = synthetic_build(arguments["train_samples"], arguments["test_samples"],
@@ -140,5 +141,9 @@ def _wanted_build(builder: Callable[..., DatasetInfo], arguments: dict[str, Any]
                                    arguments["train_samples"], arguments["test_samples"],
                                    arguments["seed"], dtype, files)
     else:
-        build = cifar10_build(arguments["train_samples"], arguments["test_samples"], dtype)
+        source = arguments["source"]
+        files = cifar10_fingerprint(source) if os.path.exists(source) else \
+            (recorded or {}).get("files", "")
+        build = cifar10_build(source, arguments["train_samples"], arguments["test_samples"],
+                              dtype, files)
     return json.loads(json.dumps(build))  # the form it takes after a round trip as attrs
