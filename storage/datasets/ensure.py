@@ -54,7 +54,8 @@ def ensure_dataset(spec_source: str, path: str, **kwargs: Any) -> DatasetInfo:
     is never replaced. ``overwrite=True`` forces a rebuild. The decision, the check
     of a reused store and a build hold the path's build lock (`writer.build_lock`):
     a second process asking for the same store at once waits, saying so in one line
-    to ``say`` (a callable, if given; also its notes), and then reuses the store.
+    to ``say`` (a callable taking a line, if given, which also hears of half-built
+    stores removed), and then reuses the store.
     """
     kwargs = dict(kwargs)
     say = kwargs.pop("say", None)

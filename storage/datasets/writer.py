@@ -65,6 +65,10 @@ def build_lock(path: str, say: Callable[[str], None] | None = None) -> Iterator[
     except OSError as error:
         if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
+        locked = False
+    else:
+        locked = True
+    if not locked:
         yield
         return
     _held.add(key)
