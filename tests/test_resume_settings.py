@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import xarray as xr
 import zarr
 
 from pipeline.run import run_training
 from storage import checkpoints
+from tests.helpers import run_main
 from tests.test_integrity import main_lines, reference_config, write_config
 
 #: Overrides a resume refuses, and what its line must say of them.
@@ -82,3 +84,30 @@ def test_a_resume_may_change_what_leaves_the_arithmetic_alone(tmp_path, tiny_dat
     starts = json.loads(record.attrs["starts"])
     assert [(s["strategy"], s["placement"], s["batch"]) for s in starts] == [
         ("reference", "even", 16)] * 2
+
+
+def test_a_resume_on_another_setup_times_only_the_last_starts_steps(tmp_path,
+                                                                    tiny_dataset_factory):
+    """A resume may change the strategy or the workers, but the summary then gave one
+    step-time median over both starts' steps under the last start's strategy (and its
+    prediction error against that blend): `reference` steps timed as `single`'s. The
+    timing figures now cover the steps of the starts set up like the last one, and the
+    summary and its starts line say which steps they leave out."""
+    dataset = tiny_dataset_factory("float32")
+    config = reference_config(tmp_path, dataset, **{"train.steps": 4,
+                                                   "train.checkpoint_every": 2,
+                                                   "train.warmup_steps": 1})
+    run_training(config)
+    status, lines, out = run_main("train", [
+        write_config(tmp_path, config), "train.resume=true", "train.steps=8",
+        "strategy=single", "prediction=never"])
+    assert status == 0, lines
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr").load()
+    assert record.start.values.tolist() == [0] * 4 + [1] * 4
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["other_setup_steps_left_out"] == [0, 1, 2, 3]
+    assert summary["warmup_steps_left_out"] == [4]
+    assert summary["measured_steps"] == 3
+    assert summary["step_time_median"] == float(np.median(record.step_time.values[5:]))
+    assert "the medians leave out steps 4 (each start's warm-up) and steps 0-3 (run with " \
+           "another strategy, placement or workers than the last start's)" in out, out

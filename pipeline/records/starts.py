@@ -163,13 +163,43 @@ def _labels(ds: xr.Dataset, dim: str) -> list:
     return ds[dim].values.tolist() if dim in ds.coords else []
 
 
+#: What a start's step times depend on beyond the run's arithmetic (which a resume
+#: keeps): starts that differ in any of these timed other set-ups.
+SETUP_KEYS = ("strategy", "placement", "workers", "batch")
+
+
+def other_setup_starts(record: xr.Dataset) -> list[int]:
+    """The starts that ran with another strategy, placement, workers or batch than the
+    record's last start (a resume may change them): their step times are another
+    set-up's, which the timing figures leave out."""
+    try:
+        entries = json.loads(record.attrs.get("starts", "[]"))
+    except (TypeError, ValueError):
+        return []
+    if len(entries) < 2:
+        return []
+
+    def setup(entry: dict[str, Any]) -> list[Any]:
+        return [entry.get(key) for key in SETUP_KEYS]
+
+    last = setup(entries[-1])
+    return [int(entry["start"]) for entry in entries
+            if "start" in entry and setup(entry) != last]
+
+
 def measured(record: xr.Dataset, warmup_steps: int) -> xr.Dataset:
     """The record's steps the timing figures cover: each start's steps less its first
-    `warmup_steps` (a start measures its first steps with its warm-up in them); all
-    steps where that leaves none."""
+    `warmup_steps` (a start measures its first steps with its warm-up in them), and
+    less the steps of starts with another set-up than the last start's
+    (`other_setup_starts`); where that leaves none, the warm-up steps are kept, and
+    where still none, every step."""
     starts = (np.asarray(record.start.values) if "start" in record.coords
               else np.zeros(record.sizes.get("step", 0), dtype=int))
-    keep = np.ones(len(starts), dtype=bool)
+    same = ~np.isin(starts, other_setup_starts(record))
+    keep = same.copy()
     for start in np.unique(starts):
         keep[np.flatnonzero(starts == start)[:warmup_steps]] = False
-    return record.isel(step=np.flatnonzero(keep)) if keep.any() else record
+    for chosen in (keep, same):
+        if chosen.any():
+            return record.isel(step=np.flatnonzero(chosen))
+    return record
