@@ -10,6 +10,7 @@ source does not have), each one line; then runs that train on an image folder an
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -219,7 +220,12 @@ def test_the_default_store_path_names_the_side_unless_it_is_32(tmp_path):
     assert path() == "synthetic-5000-1000-s0-float32.zarr"
     assert path(image_size=32) == path()
     assert path(image_size=16) == "synthetic-5000-1000-s0-16px-float32.zarr"
-    assert path(source="/x/pets", image_size=64) == "pets-64px-float32.zarr"
+    pets = path(source="/x/pets", image_size=64)
+    assert re.fullmatch(r"pets-[0-9a-f]{8}-64px-float32\.zarr", pets), pets
+    # another folder of the same name, or another order of the same folder: other stores
+    assert path(source="/y/pets", image_size=64) not in (pets, "")
+    assert path(source="/x/pets", image_size=64, seed=3) == pets.replace("-64px", "-s3-64px")
+    assert path(source="/x/pets/", image_size=64) == pets
     with pytest.raises(ConfigError, match="data.image_size: expected an integer >= 8"):
         build_run_config({"data": {"image_size": 4}})
 

@@ -8,6 +8,7 @@ dotted ``key=value`` overrides from the command line first. Sweeps (in
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ class DataConfig:
                             "or `val/` sub-folders, if present, are the splits), or a path "
                             "to `cifar-10-python.tar.gz` / its extracted folder")
     path: str | None = described(None, "the dataset's Zarr store, built on first use (null: "
-                                 "`data/<source name>-<counts>[-<side>px]-<dtype>.zarr`)")
+                                 "`data/<source name>[-<digest of its path>]-<counts>[-s<seed>]"
+                                 "[-<side>px]-<dtype>.zarr`, the digest for all but synthetic)")
     image_size: int | None = described(
         None, "the images' side in pixels, at least 8: synthetic images are drawn at it, "
         "and an image folder's are resized (shorter side, bilinear) and centre-cropped to "
@@ -299,9 +301,12 @@ class RunConfig:
         if self.data.source == "synthetic":
             return os.path.join("data", f"synthetic-{train}-{test}-s{self.data.seed}{size}-"
                                 f"{self.network.dtype}.zarr")
-        base = os.path.basename(os.path.normpath(self.data.source)).split(".")[0]
+        source = os.path.abspath(self.data.source)  # its digest: CIFAR archives share names
+        where = hashlib.sha256(source.encode()).hexdigest()[:8]
         counts = "" if train is None and test is None else f"-{train or 'all'}-{test or 'all'}"
-        return os.path.join("data", f"{base}{counts}{size}-{self.network.dtype}.zarr")
+        seed = f"-s{self.data.seed}" if self.data.seed else ""  # an image folder's order
+        return os.path.join("data", f"{os.path.basename(source).split('.')[0]}-{where}"
+                            f"{counts}{seed}{size}-{self.network.dtype}.zarr")
 
     def shared_directories(self) -> list[str]:
         """The absolute directories a run's workers read and write (exchange workspace
