@@ -44,7 +44,8 @@ def images_64(tmp_path_factory) -> str:
 def alexnet_dataset(images_64, monkeypatch) -> str:
     """`images_64` as the run's dataset store, as the test built it (a run builds
     synthetic stores of CIFAR's size)."""
-    monkeypatch.setattr(run_module, "prepare_dataset", lambda config: open_dataset_info(images_64))
+    monkeypatch.setattr(run_module, "prepare_dataset",
+                        lambda config, *_: open_dataset_info(images_64))
     return images_64
 
 

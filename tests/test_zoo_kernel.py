@@ -220,7 +220,7 @@ def test_kernel_trains_every_preset_as_plain_pytorch(tmp_path, three_worker_clus
     dataset = side_64_dataset if side == 64 else tiny_dataset_factory("float64")
     if side == 64:  # the run takes the store as it is (a config's images are 32 wide)
         monkeypatch.setattr(pipeline.run, "prepare_dataset",
-                            lambda config: open_dataset_info(dataset))
+                            lambda config, *_: open_dataset_info(dataset))
     network = build_preset(preset, (3, side, side), 10, "float64", width)
     split = [uneven(spec.kernels, quantum) for spec in network.conv]
     assert any(len(set(row)) > 1 for row in split)
