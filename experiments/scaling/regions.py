@@ -56,7 +56,7 @@ def _settings_table(view: ScalingView, cell) -> list[str] | None:
         return None
     times = view.times()
     strategies = view.labels(sdim)
-    counts = [int(c) for c in view.ds[xdim].values]
+    counts = view.device_counts(xdim)
     others = [d for d in view.dims if d not in (sdim, xdim, bdim)]
     links = view.labels(bdim) if bdim else ["-"]
     lines = ["| " + " | ".join(others + [f"{link} Gb/s" for link in links]) + " |",

@@ -24,6 +24,9 @@ from experiments.sweep.store_layout import DONE
 __all__ = ["ScalingView", "winners"]
 
 TIE = 1e-9  # relative difference under which predicted times count as equal
+#: How an axis label names a field of a zipped dim.
+FIELD_NAMES = {"hardware.devices": "devices", "train.batch": "batch",
+               "hardware.link.gbps": "link Gb/s", "network.preset": "network"}
 
 
 class ScalingView:
@@ -37,40 +40,57 @@ class ScalingView:
     def dim_with(self, field: str) -> str | None:
         return next((dim for dim, names in self.axes.items() if field in names), None)
 
+    def _role(self, field: str, before: tuple[str, ...]) -> str | None:
+        """The dim of ``field``, unless a field of ``before`` holds it: a field zipped
+        with the devices (weak scaling: the batch moves with them) rides along that dim
+        and is no dim of its own to lay a figure or a table out by."""
+        dim = self.dim_with(field)
+        taken = {self.dim_with(earlier) for earlier in before}
+        return None if dim in taken else dim
+
     @property
     def strategy_dim(self) -> str | None:
         return self.dim_with("strategy")
 
     @property
     def workers_dim(self) -> str | None:
-        return self.dim_with("hardware.devices")
+        return self._role("hardware.devices", ("strategy",))
 
     @property
     def batch_dim(self) -> str | None:
-        return self.dim_with("train.batch")
+        return self._role("train.batch", ("strategy", "hardware.devices"))
 
     @property
     def bandwidth_dim(self) -> str | None:
-        return self.dim_with("hardware.link.gbps")
+        return self._role("hardware.link.gbps", ("strategy", "hardware.devices", "train.batch"))
 
     @property
     def network_dim(self) -> str | None:
-        return self.dim_with("network.preset")
+        return self._role("network.preset", ("strategy", "hardware.devices", "train.batch",
+                                             "hardware.link.gbps"))
 
     def of_network(self, network: str) -> "ScalingView":
         """The view of one network's points (its dim kept, of length one)."""
         index = self.labels(self.network_dim).index(network)
         return ScalingView(self.ds.isel({self.network_dim: [index]}))
 
+    def device_counts(self, dim: str) -> list[int | None]:
+        """Per position of the devices dim: its device count, or None for a mix (a dim
+        zipping several fields has a coordinate per field)."""
+        coord = self.ds[dim]
+        if len(self.axes.get(dim, [])) > 1:
+            coord = next((c for c in self.ds.coords.values() if c.dims == (dim,)
+                          and c.attrs.get("field") == "hardware.devices"), None)
+        elif coord.dtype.kind not in "iu":
+            coord = self.ds.coords.get(f"{dim}_value")
+        if coord is None:
+            return [None] * self.ds.sizes[dim]
+        values = [v if coord.dtype.kind in "iu" else json.loads(str(v)) for v in coord.values]
+        return [int(v) if isinstance(v, (int, np.integer)) else None for v in values]
+
     def plain_counts(self, dim: str) -> np.ndarray:
         """Per position of the devices dim: whether it is a device count (not a mix)."""
-        if self.ds[dim].dtype.kind in "iu":
-            return np.ones(self.ds.sizes[dim], dtype=bool)
-        companion = f"{dim}_value"
-        if companion not in self.ds.coords:
-            return np.zeros(self.ds.sizes[dim], dtype=bool)
-        values = [json.loads(str(v)) for v in self.ds[companion].values]
-        return np.array([isinstance(v, int) for v in values])
+        return np.array([count is not None for count in self.device_counts(dim)])
 
     def labels(self, dim: str) -> list[str]:
         return [_label(v) for v in self.ds[dim].values]
@@ -81,6 +101,9 @@ class ScalingView:
         return f"{dim} {value}"
 
     def axis_name(self, dim: str) -> str:
+        fields = self.axes.get(dim, [])
+        if len(fields) > 1:  # a zip: its labels read "1/32"
+            return " / ".join(FIELD_NAMES.get(f, f) for f in fields)
         if dim == self.bandwidth_dim:
             return "link bandwidth (Gb/s)"
         if dim == self.workers_dim:
