@@ -143,11 +143,17 @@ def test_speedups_over_a_baseline_that_does_not_fit_are_marked(tmp_path):
     report.make_report(store, out_dir)
     table = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read().split(
         "## Fastest strategy and its speedup")[1].split("##")[0]
-    rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip()
-            + "/" + line.split("|")[3].strip(): line for line in table.splitlines()
-            if line.startswith("| alexnet")}
-    assert all("x*" in line for key, line in rows.items() if key.endswith("/256")), rows
-    assert not any("*" in line for key, line in rows.items() if key.endswith("/8")), rows
+    header = [cell.strip() for cell in table.splitlines()[2].strip("|").split("|")]
+    batch = header.index("batch")
+    rows = {}
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[0] == "alexnet":
+            rows.setdefault(cells[batch], []).append(cells[batch + 1:])
+    assert sorted(rows) == ["256", "8"], rows
+    # the mark follows the speedup and its unit: "data 2.0x*"
+    assert all(cell.endswith("x*") for row in rows["256"] for cell in row[1:]), rows
+    assert not any("*" in cell for row in rows["8"] for cell in row), rows
     assert "`single` does not fit one device's memory" in table
 
 

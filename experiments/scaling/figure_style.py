@@ -29,15 +29,15 @@ UNFIT_NOTE = (f"{UNFIT_BASELINE}: `single` does not fit one device's memory at t
               "and batch; the speedup is against its predicted step as if it did")
 
 
-def speedup_text(value: float, baseline_fits: float = 1.0) -> str:
+def speedup_text(value: float, baseline_fits: float = 1.0, unit: str = "") -> str:
     """A speedup with two figures at most, and at least one significant one (a point
-    hundreds of times slower than one device reads 0.003, not 0.0), marked where its
-    baseline could not run (`UNFIT_BASELINE`)."""
+    hundreds of times slower than one device reads 0.003, not 0.0), then ``unit``
+    ("x" in a table), marked where its baseline could not run (`UNFIT_BASELINE`)."""
     if not np.isfinite(value):
         return ""
     text = (f"{value:.0f}" if value >= 9.95 else f"{value:.1f}" if value >= 0.095
             else f"{value:.1g}")
-    return text + (UNFIT_BASELINE if baseline_fits == 0 else "")
+    return text + unit + (UNFIT_BASELINE if baseline_fits == 0 else "")
 
 
 def baseline_fits(view: ScalingView) -> Any:

@@ -156,7 +156,7 @@ def winner_table(view: ScalingView) -> str | None:
         s = speedup.isel(pick).transpose(sdim, xdim).values
         f = fits.isel(pick).transpose(sdim, xdim).values
         best = winners(t)
-        cells = [f"{strategies[w]} {speedup_text(s[w, i], f[w, i])}x" if w >= 0 else "-"
+        cells = [f"{strategies[w]} {speedup_text(s[w, i], f[w, i], 'x')}" if w >= 0 else "-"
                  for i, w in enumerate(best)]
         unfit = unfit or any(f[w, i] == 0 for i, w in enumerate(best) if w >= 0)
         labels = [view.labels(d)[i] for d, i in zip(others, position)]
