@@ -65,3 +65,56 @@ def test_a_weak_scaling_grid_gets_its_report(tmp_path):
         data = t.sel(strategy="data", link_gbps=link).values
         faster = [n for n, k, d in zip([1, 2, 4, 8], kernel, data) if n > 1 and k < d]
         assert crossover[1][-2 + column] == (str(faster[0]) if faster else "none")
+
+
+def test_the_report_says_what_every_point_stands_on(tmp_path):
+    """Fields not swept (the link's latency, the all-reduce, the device kind and its
+    capacity) are in report.md, swept ones are not repeated there; without a link
+    axis the region tables name the base's link; the anchors say they stand on the
+    stock presets, and that this sweep's `a100` (its rate set by the sweep) is not one."""
+    store = run_sweep(tmp_path, {"strategy": ["single", "kernel", "data"],
+                                 "hardware.devices": [1, 2, 4]},
+                      base={"hardware": {"devices": 1, "device": "a100",
+                                         "kinds": {"a100": {"flops": 5.0e13,
+                                                            "memory": 1.6e9}},
+                                         "link": {"gbps": 25, "latency_us": 7}},
+                            "options": {"allreduce": "rhd"}})
+    out_dir = str(tmp_path / "report")
+    report.make_report(store, out_dir)
+    text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    shared = next(line for line in text.splitlines() if line.startswith("- every point"))
+    for item in ("`hardware.link.latency_us=7.0`", "`hardware.link.gbps=25.0`",
+                 "`options.allreduce=\"rhd\"`", "`hardware.device=\"a100\"`",
+                 "`train.batch=16`", "`hardware.store=null`"):
+        assert item in shared, (item, shared)
+    assert "strategy=" not in shared and "hardware.devices" not in shared
+    assert "hardware.kinds" not in shared  # the device kinds have their own lines
+    kinds = text.split("Device kinds:")[1].split("##")[0]
+    assert "`a100`: 50 TFLOP/s" in kinds and "holds 1.6 GB" in kinds
+    assert section(text, "Where kernel parallelism overtakes data parallelism")[0] == \
+        ["25 Gb/s"]
+    anchors = text.split("## Anchors")[1]
+    assert "on the stock `a100` and `k20` presets" in anchors
+    assert "This sweep's `a100` is not the stock preset" in anchors
+
+
+def test_out_of_memory_points_are_grouped_by_kind_not_by_size(tmp_path):
+    """Alike reasons are one line in report.md, whatever sizes they name (12.2 TB, 80.6
+    GB); sizes from 1000 GB are written in TB."""
+    store = run_sweep(tmp_path, {"strategy": ["single"],
+                                 "train.batch": [2048, 3000, 4096, 65536]},
+                      base={"network": {"preset": "vgg16"},
+                            "hardware": {"devices": 1, "device": "a100"}})
+    ds = open_clean(store)
+    reasons = {str(f) for f in ds.failure.values.ravel() if str(f)}
+    assert len(reasons) >= 3, reasons
+    assert any(" TB, more than the 80 GB of one `a100`" in r for r in reasons), reasons
+    assert not any("e+" in r for r in reasons), reasons
+    out_dir = str(tmp_path / "report")
+    report.make_report(store, out_dir)
+    text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    listed = [line for line in text.split("## Points without a prediction")[1].splitlines()
+              if line.startswith("- ")]
+    assert len(listed) <= 2, listed  # GB and TB
+    assert sum(int(line.split()[1]) for line in listed) == len(
+        [f for f in ds.failure.values.ravel() if str(f)])

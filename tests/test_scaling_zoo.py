@@ -116,7 +116,7 @@ def test_points_that_do_not_fit_a_device_are_infeasible_with_their_reason(tmp_pa
     assert outcome.status[single] == FAILED
     reason = str(outcome.failure[single])
     assert reason.startswith("Infeasible: out of memory: a device needs ")
-    assert "more than the 1.6 GB of a `a100` (hardware.kinds.a100.memory)" in reason
+    assert "more than the 1.6 GB of one `a100` (hardware.kinds.a100.memory)" in reason
     assert outcome.values["peak_memory"][single] > 1.6e9
     assert outcome.values["memory_fits"][single] == 0
     assert math.isnan(outcome.values["predicted_step_time"][single])

@@ -21,10 +21,13 @@ from experiments.scaling.hardware import device_spec
 from pipeline.costmodel import krizhevsky_k20_setup, krizhevsky_speedups, predict
 from pipeline.costmodel.krizhevsky import PUBLISHED_SINGLE_STEP, PUBLISHED_SPEEDUPS
 
-__all__ = ["Anchor", "a100_resnet50", "krizhevsky_anchors", "anchor_lines", "ANCHOR_BAND"]
+__all__ = ["Anchor", "a100_resnet50", "krizhevsky_anchors", "anchor_lines", "ANCHOR_BAND",
+           "ANCHOR_PRESETS"]
 
 #: NVIDIA's published single-A100 ResNet-50 training rate in TF32, images/s.
 A100_RESNET50_IMAGES = 1400.0
+#: The presets the anchors stand on (stock, whatever a sweep sets).
+ANCHOR_PRESETS = ("a100", "k20")
 #: The factor within which a preset's prediction must land of its anchor.
 ANCHOR_BAND = 2.0
 

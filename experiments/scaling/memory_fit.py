@@ -21,7 +21,7 @@ from pipeline.strategies import strategy_named
 from pipeline.costmodel import Network, Prediction
 from pipeline.costmodel.memory import Footprint
 
-__all__ = ["MemoryVerdict", "memory_verdict", "baseline_fits"]
+__all__ = ["MemoryVerdict", "memory_verdict", "baseline_fits", "size_text"]
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,14 @@ def memory_verdict(point: ScalingPoint, prediction: Prediction, kinds: list[str]
     if not over:
         return MemoryVerdict(max(peaks), 1.0)
     _, peak, kind = max(over)
-    return MemoryVerdict(max(peaks), 0.0, f"out of memory: a device needs {peak / 1e9:.3g} GB, "
-                         f"more than the {presets[kind].memory / 1e9:.3g} GB of a `{kind}` "
+    return MemoryVerdict(max(peaks), 0.0, f"out of memory: a device needs {size_text(peak)}, "
+                         f"more than the {size_text(presets[kind].memory)} of one `{kind}` "
                          f"(hardware.kinds.{kind}.memory)")
+
+
+def size_text(size: float) -> str:
+    """Bytes in GB, or TB from 1000 GB (a 4096-sample step needs 12.2 TB, not 1.22e+04 GB)."""
+    return f"{size / 1e12:.3g} TB" if size >= 1e12 else f"{size / 1e9:.3g} GB"
 
 
 def baseline_fits(point: ScalingPoint, kind: str) -> float:

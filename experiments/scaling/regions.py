@@ -58,7 +58,7 @@ def _settings_table(view: ScalingView, cell) -> list[str] | None:
     strategies = view.labels(sdim)
     counts = view.device_counts(xdim)
     others = [d for d in view.dims if d not in (sdim, xdim, bdim)]
-    links = view.labels(bdim) if bdim else ["-"]
+    links = view.labels(bdim) if bdim else [_label_of(view.base_point(), "hardware.link.gbps")]
     lines = ["| " + " | ".join(others + [f"{link} Gb/s" for link in links]) + " |",
              "|" + "|".join(["---"] * len(others) + ["--:"] * len(links)) + "|"]
     for position in np.ndindex(*(view.ds.sizes[d] for d in others)):
@@ -71,6 +71,16 @@ def _settings_table(view: ScalingView, cell) -> list[str] | None:
         labels = [view.labels(d)[i] for d, i in zip(others, position)]
         lines.append("| " + " | ".join(labels + cells) + " |")
     return lines
+
+
+def _label_of(point: dict, field: str) -> str:
+    """A field's value in the base point, as an axis labels it ("?" where it has none)."""
+    value: object = point
+    for key in field.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "?" if value is None else str(value)
 
 
 def crossover_table(view: ScalingView) -> list[str] | None:

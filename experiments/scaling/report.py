@@ -23,6 +23,7 @@ are fixed at their last value, and the figure says so. Both rules live in
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections import Counter
@@ -38,14 +39,18 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from experiments.report.figure_files import write_figures  # noqa: E402
 from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
-from experiments.scaling.anchors import anchor_lines  # noqa: E402
+from experiments.scaling.anchors import ANCHOR_PRESETS, anchor_lines  # noqa: E402
+from experiments.scaling.hardware import PRESETS  # noqa: E402
 from experiments.scaling.regions import crossover_table, hybrid_region_table  # noqa: E402
 from experiments.scaling.figure_style import (UNFIT_NOTE, baseline_fits, colors,  # noqa: E402
                                               panel, save_titled, speedup_text)
 from experiments.scaling.speedup_figure import speedup_figure  # noqa: E402
 from experiments.scaling.view import ScalingView, winners  # noqa: E402
 
-__all__ = ["make_scaling_report"]
+__all__ = ["make_scaling_report", "fixed_settings", "anchor_note"]
+
+#: A preset's fields that set a predicted step time.
+RATE_FIELDS = ("flops", "mem_bw", "conv_efficiency", "dense_efficiency", "mem_efficiency")
 
 def winner_figure(view: ScalingView, y_dim: str | None, column_dim: str | None,
                   path: str, what: str) -> bool:
@@ -121,11 +126,42 @@ def _preset_lines(ds: xr.Dataset) -> list[str]:
     lines = []
     for name, entries in presets.items():
         for entry in entries:
+            holds = entry.get("memory")
+            holds = ("" if holds is None else "; holds unlimited" if holds == math.inf
+                     else f"; holds {holds / 1e9:.4g} GB")
             lines.append(f"- `{name}`: {entry['flops'] / 1e12:.3g} TFLOP/s, conv "
                          f"{entry['conv_efficiency']:.2f} / dense {entry['dense_efficiency']:.2f}"
                          f" of it; memory {entry['mem_bw'] / 1e9:.4g} GB/s x "
-                         f"{entry['mem_efficiency']:.2f}. {entry['source']}.")
+                         f"{entry['mem_efficiency']:.2f}{holds}. {entry['source']}.")
     return lines
+
+
+#: Fields of the base point the report leaves out where they hold nothing.
+_UNSET = (None, [], {})
+
+
+def fixed_settings(view: ScalingView) -> str:
+    """What every point shares (the base point less the swept fields and the device
+    kinds, which have their own lines), as `field=value` items."""
+    swept = view.swept_fields()
+    items = []
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict) and value and prefix != "hardware.devices":
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+            return
+        if prefix == "hardware.kinds" or prefix.startswith("hardware.kinds."):
+            return
+        if any(prefix == f or prefix.startswith(f + ".") or f.startswith(prefix + ".")
+               for f in swept):
+            return
+        if value in _UNSET and prefix != "hardware.store":
+            return
+        items.append(f"`{prefix}={json.dumps(value)}`")
+
+    walk("", view.base_point())
+    return ", ".join(items)
 
 
 def network_figures(view: ScalingView) -> dict[str, str]:
@@ -183,6 +219,13 @@ def write_markdown(view: ScalingView, figures: list[str], path: str) -> None:
         "- speedup: predicted step time of `single` on one device of the mix's first kind "
         "(same network and batch) over the point's; efficiency divides it by the devices' "
         "summed relative speed (their count, for equal devices).",
+    ]
+    fixed = fixed_settings(view)
+    if fixed:
+        lines.append(f"- every point (besides the swept fields): {fixed}"
+                     + ("; `hardware.store=null`: direct links" if "`hardware.store=null`"
+                        in fixed else ""))
+    lines += [
         "", "Device kinds:", "",
     ]
     lines += _preset_lines(ds)
@@ -222,13 +265,26 @@ def _region_sections(view: ScalingView) -> list[str]:
         lines += ["## Where the hybrid wins", "",
                   "The device counts at which `hybrid` is the fastest strategy, per link "
                   "bandwidth.", "", *region, ""]
-    return lines + ["## Anchors", "", "Published figures against the model's (presets as "
-                    "above; docs/model.md).", "", *anchor_lines(), ""]
+    return lines + ["## Anchors", "", anchor_note(view.ds), "", *anchor_lines(), ""]
+
+
+def anchor_note(ds: xr.Dataset) -> str:
+    """What the anchors stand on: the stock presets, which the sweep's may not be."""
+    note = ("Published figures against the model's, on the stock `a100` and `k20` presets "
+            "(experiments/scaling/hardware.py; docs/model.md).")
+    used = json.loads(ds.attrs.get("presets", "{}"))
+    differ = [name for name in ANCHOR_PRESETS for entry in used.get(name, [])
+              if any(entry.get(f) != getattr(PRESETS[name], f) for f in RATE_FIELDS)]
+    if differ:
+        names = ", ".join(f"`{name}`" for name in dict.fromkeys(differ))
+        note += (f" This sweep's {names} is not the stock preset (its rates are set by the "
+                 "sweep): the anchors do not check it.")
+    return note
 
 
 def _reason_kind(reason: str) -> str:
     """A failure reason with its numbers blanked, to group alike points."""
-    return re.sub(r"\b\d+\b", "N", reason)
+    return re.sub(r"\b\d+(?:\.\d+)?(?:e[+-]?\d+)?\b", "N", reason)
 
 
 def make_scaling_report(ds: xr.Dataset, out_dir: str) -> list[str]:

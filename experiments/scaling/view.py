@@ -13,13 +13,17 @@ and on who wins.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import numpy as np
 import xarray as xr
+import yaml
 
+from experiments.scaling.config import build_point
 from experiments.sweep.store_layout import DONE
+from pipeline.config.schema import ConfigError, to_dict
 
 __all__ = ["ScalingView", "winners"]
 
@@ -36,6 +40,23 @@ class ScalingView:
         self.ds = ds
         self.axes: dict[str, list[str]] = json.loads(ds.attrs.get("axes", "{}"))
         self.dims = [d for d in ds.status.dims if d != "repeat"]
+
+    def base_point(self) -> dict[str, Any]:
+        """The point every grid position starts from, with its defaults filled in (as
+        written where this code no longer reads it; empty where the store lacks it)."""
+        try:
+            base = (yaml.safe_load(self.ds.attrs.get("config", "")) or {}).get("base")
+        except (yaml.YAMLError, AttributeError):
+            return {}
+        if not isinstance(base, dict):
+            return {}
+        try:
+            return to_dict(build_point(copy.deepcopy(base)))
+        except (ConfigError, TypeError, ValueError):
+            return base
+
+    def swept_fields(self) -> set[str]:
+        return {field for fields in self.axes.values() for field in fields}
 
     def dim_with(self, field: str) -> str | None:
         return next((dim for dim, names in self.axes.items() if field in names), None)
