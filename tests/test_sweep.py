@@ -397,6 +397,29 @@ def test_a_base_file_that_is_not_there_is_named_by_its_field(tmp_path, capsys):
         f"({tmp_path / 'configs' / 'nope.yaml'}) or in the current folder"]
 
 
+def test_base_on_the_command_line_replaces_the_sweeps_base(tmp_path, capsys):
+    """`base=FILE` swaps the run config a sweep starts from (it was taken for a field
+    of the base and refused as "base: unknown key"); a base that is neither a run
+    config nor a path to one is one line saying so, on the command line as in the
+    file, for measured and scaling sweeps."""
+    config = write_sweep(tmp_path, "unused.zarr", {"strategy": ["kernel"]})
+    other = tmp_path / "other.yaml"
+    other.write_text("train: {batch: 24}\nnetwork: {conv: [{kernels: 4}]}\n")
+    sweep = load_sweep(config, [f"base={other}"], out=str(tmp_path / "b.zarr"))
+    assert sweep.base["train"]["batch"] == 24
+    assert sweep.base["network"]["conv"] == [{"kernels": 4}]
+    assert sweep.points[0].config.train.batch == 24
+    scaling = os.path.join(ROOT, "experiments", "configs", "scaling.yaml")
+    expected = "error: base: expected a run config (a mapping) or a path to one, got 3"
+    for argv in ([config, "base=3", "--dry-run"], [scaling, "base=3", "--dry-run"]):
+        assert sweep_cli.main(argv) == 2
+        assert error_lines(capsys.readouterr().err) == [expected]
+    written = tmp_path / "three.yaml"
+    written.write_text("name: three\nbase: 3\naxes: {strategy: [kernel]}\n")
+    assert sweep_cli.main([str(written), "--dry-run"]) == 2
+    assert error_lines(capsys.readouterr().err) == [expected]
+
+
 def test_bad_axis_through_the_real_cli(tmp_path):
     config = write_sweep(tmp_path, "unused.zarr", {"strategy": ["kernel", "magic"]})
     result = run_cli(config)

@@ -209,10 +209,14 @@ def _route_overrides(data: dict, overrides: list[str],
             _set_axis(axes, key.split(".", 1)[1], value)
         elif head == "base" and "." in key:
             base_overrides.append(text.split(".", 1)[1])
-        elif head in sweep_keys and head != "base":
+        elif head in sweep_keys:  # base=FILE replaces the base, as the file's own key
             set_dotted(data, key, value)
         else:
             base_overrides.append(text)
+    base = data.get("base", {})
+    if not isinstance(base, (dict, str)):
+        raise ConfigError(f"base: expected a run config (a mapping) or a path to one, "
+                          f"got {base!r}")
     return data, base_overrides
 
 
