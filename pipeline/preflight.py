@@ -73,6 +73,17 @@ def check_own_dir(path: str, field: str) -> None:
                           "files of theirs or change its results; choose another path")
 
 
+def check_not_filesystem_root(path: str, field: str) -> None:
+    """Raise ConfigError naming `field` if `path` is a filesystem root: a run writes its
+    files straight into its output directory (and `--fresh` removes them there), so
+    `output=/` would spread them over the root (root may write there)."""
+    folder = os.path.abspath(path)
+    if os.path.dirname(folder) == folder:
+        raise ConfigError(f"{field}: {path} is the filesystem root; a run writes its files "
+                          "(run.lock, record.zarr, checkpoints.zarr, workspace-*.zarr) "
+                          "straight into its output directory: give it a folder of its own")
+
+
 def check_outside_stores(path: str, field: str) -> None:
     """Raise ConfigError naming `field` if `path` is, or is inside, a Zarr store (a
     sweep's results, a dataset): a run's files there would be read as its damage."""
@@ -193,6 +204,7 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
     resume continues, the summary `split_from` names). The run makes these checks
     again where they meet the real thing, in the same words."""
     strategy = strategy_of(config)
+    check_not_filesystem_root(config.output_dir, output_field)
     check_writable_dir(config.output_dir, output_field)
     check_own_dir(config.output_dir, output_field)
     check_outside_stores(config.output_dir, output_field)

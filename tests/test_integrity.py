@@ -173,6 +173,21 @@ def test_a_run_into_a_zarr_store_is_refused(tmp_path, tiny_dataset_factory, caps
     assert main_lines(capsys, [path, "--check"]) == (0, [])  # beside a stray zarr.json
 
 
+def test_a_run_into_the_filesystem_root_is_refused(tmp_path, tiny_dataset_factory, capsys):
+    """`output=/` (a slip for `output=/some/where`): as root the folder is writable, and
+    the run would spread its files over the root; --check refuses it as the run does,
+    and nothing is written there."""
+    config = reference_config(tmp_path, tiny_dataset_factory("float32"))
+    path = write_config(tmp_path, config)
+    before = sorted(os.listdir("/"))
+    expected = ["error: output: / is the filesystem root; a run writes its files (run.lock, "
+                "record.zarr, checkpoints.zarr, workspace-*.zarr) straight into its output "
+                "directory: give it a folder of its own"]
+    for check in (["--check"], []):
+        assert main_lines(capsys, [path, "output=/", *check]) == (2, expected)
+    assert sorted(os.listdir("/")) == before
+
+
 def test_rerun_over_results_is_refused_or_fresh(tmp_path, tiny_dataset_factory, capsys):
     config = reference_config(tmp_path, tiny_dataset_factory("float32"))
     path = write_config(tmp_path, config)
