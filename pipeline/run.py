@@ -85,7 +85,7 @@ def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
             "left_out": jsonable(left_out),
             "left_out_reasons": jsonable(left_out_lines(
                 placement.method, left_out, placement.choice, placement.calibration,
-                strategy.split_unit)),
+                strategy.split_unit, [s.name for s in offered], placement.counts)),
             "dashboard": str(client.dashboard_link or ""),
             "split_workers": jsonable([w.name for w in workers])}  # the split's columns
 

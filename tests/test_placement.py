@@ -18,7 +18,11 @@ from pipeline.placement.split import (Placement, PlacementError, ShardCost, cali
                                       choose_calibrated, fit_shard_cost, layer_seconds,
                                       predict_split, rough_seconds, split_even, split_minmax,
                                       split_proportional)
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
 from pipeline.records.summary import left_out_lines
+from pipeline.run import run_training
+from tests.helpers import tiny_config
 from tasks.specs import ConvLayerSpec, NetworkSpec
 from tasks.zoo import build_preset
 
@@ -189,6 +193,29 @@ def test_a_worker_left_out_for_want_of_kernel_units_is_said_so():
     assert line.startswith("worker cpu-2 left out: no conv layer has kernels for more than 2 "
                            "of the 4 workers in whole units (workspace.channel_quantum); ")
     assert "slower than" not in line
+
+
+def test_even_placement_says_a_worker_had_no_kernel_unit(tmp_path, three_worker_cluster,
+                                                        tiny_dataset_factory):
+    """`placement: even` over three real workers, conv layers of 8 kernels in units of
+    4: the third worker holds nothing because no layer has a unit for it; the summary
+    said only "even placement gave it no work". A batch of 2 over the three under
+    `data` is the same for samples."""
+    client, cluster = three_worker_cluster
+    config = tiny_config(tmp_path, tiny_dataset_factory("float32"), **{
+        "placement": "even", "network.conv.0.kernels": 8, "network.conv.1.kernels": 8,
+        "train.steps": 1, "train.eval_samples": 0})
+    config.cluster.workers = cluster.workers
+    register_setup(client, config.cluster)
+    result = run_training(config, client=client, offered=find_workers(client, config.cluster))
+    assert json.loads(result.record.attrs["left_out"]) == ["cpu-2"]
+    assert result.summary["left_out"] == [
+        "worker cpu-2 left out: no conv layer has kernels for more than 2 of the 3 workers "
+        "in whole units (workspace.channel_quantum)"]
+    names = ["cpu-0", "cpu-1", "cpu-2"]
+    assert left_out_lines("even", ["cpu-2"], {}, {}, "sample", names, [[1, 1, 0]]) == [
+        "worker cpu-2 left out: the batch has 2 sample(s) for 3 workers, and a worker "
+        "gets whole samples"]
 
 
 def test_alike_workers_are_the_same_host_device_threads_and_speed():

@@ -232,8 +232,9 @@ def placement_line(method: str, split: dict[str, Any], workers: list[str], maste
 
 
 def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
-                   seconds_per_unit: dict[str, list[float]], unit: str = "kernel"
-                   ) -> list[str]:
+                   seconds_per_unit: dict[str, list[float]], unit: str = "kernel",
+                   workers: list[str] | None = None,
+                   counts: list[list[int]] | None = None) -> list[str]:
     """One line per worker a placement gave nothing: which worker, its measured speed
     against the fastest worker's, and why (the best split that gives it work is
     predicted slower than the split chosen without it).
@@ -244,8 +245,10 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
     conv layer, or per sample, by worker); `unit` what they count. Speed is the
     predicted step of the worker alone, its fixed costs included; without those
     predictions, the calibration's seconds per unit. A placement that measured
-    nothing (even, recorded) only says it gave the worker none. A worker whose few
-    samples were handed to another replica (``batch_norm_merged``) is said so.
+    nothing (even, recorded) only says it gave the worker none, unless its split
+    (`counts` over `workers`, the placement's) shows the reason: too few samples or
+    kernel units for every worker. A worker whose few samples were handed to another
+    replica (``batch_norm_merged``) is said so.
     """
     alternatives = choice.get("alternatives", {})
     alone = {key.partition(":")[2]: alt["predicted_step_time"]
@@ -256,12 +259,14 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
                        ", summed over conv layers" if unit == "kernel" else "")))
     kept = {n: t for n, t in speed.items() if n not in left_out and t > 0}
     fastest = min(kept, key=kept.__getitem__) if kept else None
-    names = list(choice.get("workers", []))
+    names = list(choice.get("workers") or workers or [])
+    # an even split made without a record of one (placement: even) is the placement's own
+    own_even = counts if placement == "even" and not choice.get("split") else None
     chosen, chosen_time = choice.get("chosen"), choice.get("predicted_step_time")
     lines = []
     merged = choice.get("batch_norm_merged", {})  # `split_choice.with_rows_merged`
     before = dict(zip(merged.get("workers", []), merged.get("split_before", [[]])[0]))
-    row = (choice.get("split") or [[]])[0]  # a batch split's one row
+    row = (choice.get("split") or own_even or [[]])[0]  # a batch split's one row
     samples = sum(row) if row and max(row) == 1 else 0  # one sample to each worker used
     for name in left_out:
         if before.get(name):
@@ -275,7 +280,7 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
             lines.append(f"{line}: the batch has {samples} sample(s) for {len(names)} "
                          "workers, and a worker gets whole samples")
             continue
-        even = alternatives.get("even", {}).get("split") or []
+        even = alternatives.get("even", {}).get("split") or own_even or []
         holders = max((sum(1 for k in row if k > 0) for row in even), default=len(names))
         if unit == "kernel" and holders < len(names):  # too few units, not too slow
             line += (f": no conv layer has kernels for more than {holders} of the "
