@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.costmodel import DeviceSpec, Network, marques_cifar, predict
 from pipeline.costmodel import network as network_module
+from pipeline.costmodel import timeline as timeline_module
 from pipeline.costmodel.devices import distinct
 from pipeline.costmodel.kernel_memory import kernel_footprint
 from pipeline.costmodel.network import ConvLayer
@@ -102,3 +103,25 @@ def test_a_fast_predictions_lanes_read_as_the_lists_they_stand_for() -> None:
     assert all(kind in ("compute", "io", "wait", "overhead", "master")
                for lane in lanes for _, _, kind in lane)
     assert all(start < end for lane in as_list for start, end, _ in lane)
+
+
+def test_the_reference_timeline_without_spread_walks_no_deviations(monkeypatch) -> None:
+    """`kernel` op by op (`timeline="reference"`) on devices whose compute does not
+    spread: no clock carries a deviation, so the periodic pruning of common ones has
+    nothing to do. It walked every clock and every slot all the same, 32 meetings
+    apart: P^2 meetings a step times P clocks and slots grew the reference to P^3
+    (256 devices: 104 s, 6.7 s without the walk; `python -m benchmarks.predict_speed`,
+    whose reference runs to 512 devices, did not finish in 10 minutes). With a
+    spread the pruning runs, and the step is the same either way it is reached."""
+    walked = []
+    real = timeline_module._variance
+    monkeypatch.setattr(timeline_module, "_variance", lambda noise: walked.append(1) or
+                        real(noise))
+    network = marques_cifar(48, 96)
+    plain = predict("kernel", network, 64, [GPU] * 64, LINK, None, timeline="reference")
+    assert walked == []
+    fast = predict("kernel", network, 64, [GPU] * 64, LINK, None)
+    assert plain.step_time == pytest.approx(fast.step_time, rel=1e-9)
+    spread = dataclasses.replace(GPU, spread=0.2)
+    predict("kernel", network, 64, [spread] * 8, LINK, None, timeline="reference")
+    assert walked  # the pruning and Clark's maxima read deviations where there are some

@@ -192,6 +192,8 @@ class Timeline:
         """Drop the deviations every clock and every slot holds alike: they cancel in
         every difference, so no later wait depends on them (the clocks' common past:
         without this the sums grow with every step simulated)."""
+        if not any(self.noise):  # no clock deviates (every spread 0): nothing is common
+            return  # but zeros, and the walk over every slot grew the step as P^3
         holders = [*self.noise, *(noise for _, noise in self.ready_noise.values())]
         # alike within 1e-4 of the largest clock's deviation: what dropping it moves
         # any difference by is far below what that difference varies
