@@ -118,3 +118,24 @@ def test_out_of_memory_points_are_grouped_by_kind_not_by_size(tmp_path):
     assert len(listed) <= 2, listed  # GB and TB
     assert sum(int(line.split()[1]) for line in listed) == len(
         [f for f in ds.failure.values.ravel() if str(f)])
+
+
+def test_a_swept_preset_field_carries_its_units_and_reads_in_the_tables(tmp_path):
+    """An axis over a device kind's memory bandwidth (the zoo sweep's own example):
+    the coordinate says B/s, and report.md's tables read "1e+12 B/s"-like values, not
+    a thirteen-digit integer; a zipped field's coordinate has its units too."""
+    store = run_sweep(tmp_path, {"strategy": ["single", "kernel", "data"],
+                                 "hardware.kinds.cpu.mem_bw": {
+                                     "dim": "mem_bw", "values": [1.0e12, 2.039e12]}},
+                      zip=[{"hardware.devices": [1, 2, 4], "train.batch": [16, 32, 64]}])
+    ds = open_clean(store)
+    assert ds.mem_bw.attrs["units"] == "B/s"
+    assert ds.hardware_devices.attrs["units"] == "devices"
+    assert ds.batch.attrs["units"] == "samples"
+    out_dir = str(tmp_path / "report")
+    report.make_report(store, out_dir)
+    text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    rows = section(text, "Fastest strategy and its speedup")
+    assert rows[0][0] == "mem_bw (B/s)"
+    assert [row[0] for row in rows[1:]] == ["1e+12", "2.039e+12"]
+    assert "1000000000000" not in text

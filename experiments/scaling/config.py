@@ -53,7 +53,7 @@ from pipeline.strategies import STRATEGIES, Strategy, strategy_named
 
 __all__ = ["ScalingPoint", "ScalingSweepConfig", "ScalingSweep", "ScalingPointRun",
            "NetworkDesc", "ConvDesc", "OptionsDesc", "is_scaling_sweep", "load_scaling_sweep",
-           "build_point", "network_of", "options_of", "SCALING_VARIABLES"]
+           "build_point", "network_of", "options_of", "SCALING_VARIABLES", "field_units"]
 
 #: Variables a scaling store adds to the measured sweeps' names (dims may not take them).
 SCALING_VARIABLES = {"communication_time", "overhead_time", "baseline_step_time"}
@@ -175,6 +175,27 @@ class ScalingSweep:
 
     def axis_with_field(self, name: str) -> Axis | None:
         return next((axis for axis in self.axes if name in axis.fields), None)
+
+
+#: Units of a scaling point's numeric fields (the store's coordinates say them).
+FIELD_UNITS = {"train.batch": "samples", "hardware.devices": "devices",
+               "hardware.link.gbps": "Gb/s", "hardware.link.latency_us": "us",
+               "hardware.store.gbps": "Gb/s", "hardware.store.client_gbps": "Gb/s",
+               "hardware.store.latency_us": "us", "hardware.dask.task_ms": "ms",
+               "hardware.dask.sync_ms": "ms", "hardware.dask.hop_ms": "ms",
+               "hardware.dask.steps_per_task": "steps", "options.quantum": "kernels",
+               "network.width": "1", "network.image": "pixels", "network.classes": "classes"}
+#: Units of a device kind's fields (`hardware.kinds.<kind>.<field>`).
+KIND_UNITS = {"flops": "FLOP/s", "mem_bw": "B/s", "memory": "B", "conv_efficiency": "1",
+              "dense_efficiency": "1", "mem_efficiency": "1"}
+
+
+def field_units(field: str) -> str | None:
+    """The units of a point's numeric field, None where it has none."""
+    parts = field.split(".")
+    if len(parts) == 4 and parts[:2] == ["hardware", "kinds"]:
+        return KIND_UNITS.get(parts[3])
+    return FIELD_UNITS.get(field)
 
 
 # The point ----------------------------------------------------------------------------

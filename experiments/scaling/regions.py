@@ -59,7 +59,8 @@ def _settings_table(view: ScalingView, cell) -> list[str] | None:
     counts = view.device_counts(xdim)
     others = [d for d in view.dims if d not in (sdim, xdim, bdim)]
     links = view.labels(bdim) if bdim else [_label_of(view.base_point(), "hardware.link.gbps")]
-    lines = ["| " + " | ".join(others + [f"{link} Gb/s" for link in links]) + " |",
+    columns = [view.header(d) for d in others] + [f"{link} Gb/s" for link in links]
+    lines = ["| " + " | ".join(columns) + " |",
              "|" + "|".join(["---"] * len(others) + ["--:"] * len(links)) + "|"]
     for position in np.ndindex(*(view.ds.sizes[d] for d in others)):
         pick = dict(zip(others, position))

@@ -184,7 +184,8 @@ def winner_table(view: ScalingView) -> str | None:
     others += [d for d in (view.bandwidth_dim, view.batch_dim) if d]
     strategies, xs = view.labels(sdim), view.labels(xdim)
     unfit = False
-    lines = ["| " + " | ".join(others + [f"{x} dev." for x in xs]) + " |",
+    lines = ["| " + " | ".join([view.header(d) for d in others] + [f"{x} dev." for x in xs])
+             + " |",
              "|" + "|".join(["---"] * len(others) + ["--:"] * len(xs)) + "|"]
     for position in np.ndindex(*(view.ds.sizes[d] for d in others)):
         pick = {d: i for d, i in zip(others, position)}

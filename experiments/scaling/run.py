@@ -47,8 +47,8 @@ from experiments.sweep.provenance import machine_info
 from experiments.sweep.results import (STORE_FORMAT, ResultStore, SweepLock,
                                        record_whole_store)
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
-from experiments.scaling.config import (ScalingPoint, ScalingSweep, network_of, options_of,
-                                        point_strategy)
+from experiments.scaling.config import (ScalingPoint, ScalingSweep, field_units, network_of,
+                                        options_of, point_strategy)
 from experiments.scaling.memory_fit import baseline_fits, memory_verdict
 from experiments.scaling.view import one_device_only
 from pipeline.costmodel import predict
@@ -97,10 +97,6 @@ MEMORY_MEASURES = ("peak_memory", "memory_fits")
 BREAKDOWN_KEYS = {"compute_time": "compute_critical", "communication_time": "communication",
                   "storage_time": "storage", "master_time": "master",
                   "overhead_time": "overhead"}
-#: Units of scaling fields, for the coordinates.
-FIELD_UNITS = {"train.batch": "samples", "hardware.devices": "devices",
-               "hardware.link.gbps": "Gb/s", "hardware.link.latency_us": "us",
-               "hardware.store.gbps": "Gb/s"}
 
 
 class Infeasible(ValueError):
@@ -248,10 +244,14 @@ def build_dataset(sweep: ScalingSweep, outcome: Outcome, attrs: dict[str, Any]) 
     taken = set(dims) | set(SCALING_MEASURES) | {"status", "failure"}
     coords: dict[str, Any] = {}
     for axis in sweep.axes:
-        coords.update(axis_coords(axis, taken))
-        field = axis.fields[0]
-        if len(axis.fields) == 1 and field in FIELD_UNITS and axis.plain:
-            coords[axis.dim][2]["units"] = FIELD_UNITS[field]
+        made = axis_coords(axis, taken)
+        for name, (_, values, labels) in made.items():  # a number's units, per field
+            whole = name == axis.dim and len(axis.fields) == 1
+            field = labels.get("field") or (axis.fields[0] if whole else None)
+            units = field_units(field) if field else None
+            if units and np.asarray(values).dtype.kind in "iuf":
+                labels["units"] = units
+        coords.update(made)
     coords["repeat"] = ("repeat", np.arange(1),
                         {"description": "repetition (the model is deterministic: one)"})
     data: dict[str, Any] = {

@@ -119,7 +119,18 @@ class ScalingView:
     def title(self, dim: str, value: str) -> str:
         if dim == self.bandwidth_dim:
             return f"link {value} Gb/s"
-        return f"{dim} {value}"
+        return f"{dim} {value}" + (f" {self.units(dim)}" if self.units(dim) else "")
+
+    def units(self, dim: str) -> str:
+        """A dim's units where its values need them said ("" for counts, names and
+        the roles a figure or table names anyway: devices, batch, link bandwidth)."""
+        units = str(self.ds[dim].attrs.get("units", ""))
+        roles = (self.workers_dim, self.batch_dim, self.bandwidth_dim)
+        return "" if dim in roles or units in ("1", "") else units
+
+    def header(self, dim: str) -> str:
+        """A table's column over `dim`: its name, and its units where needed."""
+        return f"{dim} ({self.units(dim)})" if self.units(dim) else dim
 
     def axis_name(self, dim: str) -> str:
         fields = self.axes.get(dim, [])
@@ -152,8 +163,11 @@ class ScalingView:
 
 
 def _label(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    """A coordinate's value as figures and tables write it: a whole number as one
+    (10, not 10.0), a large or fractional one in four figures (1e+12, 2.039e+12)."""
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return str(int(value)) if value.is_integer() and abs(value) < 1e6 else f"{value:.4g}"
     return str(value)
 
 
