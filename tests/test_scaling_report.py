@@ -13,13 +13,17 @@ import io
 import os
 
 import matplotlib.image
+import pytest
 
 from experiments.report import cli as report
-from experiments.scaling.config import load_scaling_sweep
+from experiments.scaling.config import build_point, load_scaling_sweep, network_of
 from experiments.scaling.run import run_scaling_sweep
 from experiments.sweep.store_layout import DONE
+from pipeline.config.run_config import load_run_config
+from pipeline.config.schema import ConfigError, to_dict
+from pipeline.probe.tables import costmodel_network
 from tests.test_scaling import write_scaling
-from tests.test_sweep import open_clean
+from tests.test_sweep import ROOT, open_clean
 
 #: 8 samples a device: the batch moves with the device count.
 WEAK = [{"hardware.devices": [1, 2, 4, 8], "train.batch": [8, 16, 32, 64]}]
@@ -139,3 +143,29 @@ def test_a_swept_preset_field_carries_its_units_and_reads_in_the_tables(tmp_path
     assert rows[0][0] == "mem_bw (B/s)"
     assert [row[0] for row in rows[1:]] == ["1e+12", "2.039e+12"]
     assert "1000000000000" not in text
+
+
+def test_a_network_of_your_own_layers_is_predicted_as_a_run_builds_it(tmp_path):
+    """`network.layers` as in a run config (configs/custom_resnet.yaml): the scaling
+    point's network is the one the engine trains at that image size (it was refused
+    as an unknown key), a bad layer is named by its path, and the sweep runs."""
+    run = load_run_config(os.path.join(ROOT, "configs", "custom_resnet.yaml"))
+    layers = [to_dict(layer) for layer in run.network.layers]
+    point = build_point({"network": {"layers": layers, "classes": 10}})
+    assert network_of(point.network) == costmodel_network(run.network_spec((3, 32, 32)))
+    wide = build_point({"network": {"layers": layers, "width": 0.5, "image": 64}})
+    run.network.width = 0.5
+    assert network_of(wide.network) == costmodel_network(run.network_spec((3, 64, 64)))
+    for network, words in (({"layers": layers, "conv": [{"kernels": 8}]}, "network.conv"),
+                           ({"layers": layers, "preset": "resnet20"}, "network.layers"),
+                           ({"layers": [{"pool": "max"}]}, "network.layers.0.pool"),
+                           ({"layers": [{"conv": 0}]}, "network.layers.0.conv"),
+                           ({"layers": [{"conv": 8}, {"pool": "max", "size": 4}], "image": 2},
+                            "network.layers: the network does not fit images of 2x2")):
+        with pytest.raises(ConfigError, match="^" + words.replace(".", r"\.")):
+            build_point({"network": network})
+    store = run_sweep(tmp_path, {"strategy": ["single", "kernel", "data"],
+                                 "hardware.devices": [1, 2, 4]},
+                      base={"network": {"layers": layers}})
+    ds = open_clean(store)
+    assert int((ds.status == DONE).sum()) == 9

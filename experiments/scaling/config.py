@@ -241,8 +241,9 @@ def build_point(data: dict) -> ScalingPoint:
     hw.check_hardware(point.hardware)
     try:
         net = network_of(point.network)
-    except ValueError as error:
-        raise ConfigError(f"network: {error}") from None
+    except ValueError as error:  # one that names its network field keeps its words
+        text = str(error)
+        raise ConfigError(text if text.startswith("network.") else f"network: {text}") from None
     for i, layer in enumerate(net.conv):
         if min(layer.conv_hw) < 1 or min(layer.out_hw) < 1:
             raise ConfigError(f"network.conv.{i}: the {layer.in_hw[0]}x{layer.in_hw[1]} input "

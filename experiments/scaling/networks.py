@@ -1,11 +1,15 @@
-"""The network of a scaling point: a zoo preset at its own image size, or conv layers.
+"""The network of a scaling point: a zoo preset at its own image size, conv layers, or
+a network of your own (``layers``, as a run config's ``network.layers``).
 
 A scaling sweep names what is trained as a run config does (``network.preset``,
 ``network.width``), and the cost model gets the network the engine would build:
 `tasks.zoo.build_preset` converted by `pipeline.probe.tables.costmodel_network`,
 its shapes checked against the engine's. The zoo trains at ImageNet's 3x224x224
 and 1000 classes (``resnet20`` at CIFAR's 3x32x32 and 10), as the networks were
-designed; ``marques`` and conv layers take ``image``, ``channels`` and ``hidden``.
+designed; ``marques``, conv layers and ``layers`` take ``image``, ``channels`` and
+``hidden``, and ``layers`` is built by the run config's own builder
+(`pipeline.config.network_config.NetworkConfig.spec`), so it is the network a run of
+those layers trains.
 
 Why apart from :mod:`experiments.scaling.config`: the file's schema and its loading
 are one job, which network a description means is another.
@@ -18,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from pipeline.config.network_config import LayerConfig, NetworkConfig
 from pipeline.config.schema import ConfigError, described, to_dict
 from pipeline.costmodel import Network, alexnet, conv_net, sequential
 from pipeline.probe.tables import costmodel_network
@@ -54,6 +59,9 @@ class NetworkDesc:
         "`resnet18`, `resnet50`, `resnet20`) at its own image size; null with no `conv`: "
         "`marques`")
     conv: list[ConvDesc] | None = described(None, "conv layers, instead of a preset")
+    layers: list[LayerConfig] | None = described(
+        None, "a network of your own, as a run config's `network.layers` (conv layers, "
+        "poolings, residual blocks), instead of a preset or `conv`")
     hidden: list[int] = described(factory=list, doc="the dense head's hidden widths (conv "
                                   "layers and marques only)")
     classes: int | None = described(None, "the outputs (null: the preset's: 1000 at ImageNet "
@@ -87,11 +95,13 @@ def check_network(desc: NetworkDesc) -> None:
     predict another network than the one the user described)."""
     if desc.preset is not None and desc.conv is not None:
         raise ConfigError("network.conv: give either network.preset or conv layers, not both")
+    if desc.layers is not None:
+        _check_own_layers(desc)
     if desc.preset not in SHAPED_PRESETS:
         _check_zoo_fields(desc)
     if not math.isfinite(desc.width) or desc.width <= 0:
         raise ConfigError(f"network.width: expected a positive number, got {desc.width!r}")
-    if desc.conv is not None:
+    if desc.conv is not None and desc.layers is None:
         _check_conv_layers(desc.conv, desc.width)
     for i, size in enumerate(desc.hidden):
         if size < 1:
@@ -112,6 +122,25 @@ def _check_zoo_fields(desc: NetworkDesc) -> None:
             raise ConfigError(f"network.{name}: {desc.preset} takes its own {channels}x"
                               f"{side}x{side} images (image and channels are for marques "
                               "and conv layers)")
+
+
+def _check_own_layers(desc: NetworkDesc) -> None:
+    """``layers`` alone (no preset, no ``conv``), checked as a run config checks them."""
+    if desc.preset is not None:
+        raise ConfigError("network.layers: give either network.preset or your own layers, "
+                          "not both")
+    if desc.conv is not None:
+        raise ConfigError("network.conv: give either conv layers or network.layers, not both")
+    try:
+        _own_config(desc)
+    except ConfigError as error:
+        raise ConfigError(f"network.{error}") from None
+
+
+def _own_config(desc: NetworkDesc) -> NetworkConfig:
+    """The run config's network of these layers (its checks: one line naming the field)."""
+    return NetworkConfig(layers=desc.layers, hidden=list(desc.hidden),
+                         classes=desc.classes or 10, width=desc.width)
 
 
 def _check_conv_layers(layers: list[ConvDesc], width: float) -> None:
@@ -152,6 +181,14 @@ def _build_network(desc: NetworkDesc) -> Network:
         return alexnet(classes=desc.classes or 1000)
     if desc.preset not in SHAPED_PRESETS:
         return _zoo_network(desc)
+    if desc.layers is not None:  # as a run builds them, at this image
+        image = desc.image or 32
+        try:
+            spec = _own_config(desc).spec((desc.channels or 3, image, image))
+        except ConfigError as error:  # a run's words, less its dataset's hint
+            why = str(error).split("; data.image_size")[0].removeprefix("network.")
+            raise ConfigError(f"network.{why}; network.image sets the side)") from None
+        return costmodel_network(spec)
     if desc.conv is None:  # Marques et al.'s network (pipeline.costmodel.marques_cifar)
         return conv_net([scaled(500, desc.width), scaled(1500, desc.width)],
                         in_channels=desc.channels or 3, image=desc.image or 32,
