@@ -185,7 +185,9 @@ def test_mix_axis_and_dry_run(tmp_path, capsys):
                            base={"train": {"batch": 2}})
     assert sweep_cli.main([config, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "4 points" in out and "devices=2cpu+2gpu" in out and "infeasible" in out
+    assert "4 points" in out and "devices=2cpu+2gpu" in out
+    # the reason, as the run records it in `failure`
+    assert "infeasible: batch 2 is smaller than the 4 devices" in out, out
     store = tmp_path / "mix.zarr"
     assert sweep_cli.main([config, "--out", str(store)]) == 0
     ds = open_clean(store)

@@ -388,8 +388,8 @@ def dry_run_scaling(sweep: ScalingSweep, out: TextIO, fresh: bool = False) -> No
             figures, shortfall = assess_point(run.point)
             predicted = ("infeasible: " + shortfall if shortfall
                          else f"{figures['predicted_step_time']:.4g} s")
-        except Infeasible:
-            predicted = "infeasible"
+        except Infeasible as why:  # the reason the run records, as for memory
+            predicted = f"infeasible: {why}"
         except Exception as error:  # noqa: BLE001
             predicted = f"failed: {type(error).__name__}"
         rows.append([str(number), run.describe(), predicted])
