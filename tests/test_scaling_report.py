@@ -18,6 +18,7 @@ import pytest
 from experiments.report import cli as report
 from experiments.scaling.config import build_point, load_scaling_sweep, network_of
 from experiments.scaling.run import run_scaling_sweep
+from experiments.scaling.view import ScalingView
 from experiments.sweep.store_layout import DONE
 from pipeline.config.run_config import load_run_config
 from pipeline.config.schema import ConfigError, to_dict
@@ -169,3 +170,26 @@ def test_a_network_of_your_own_layers_is_predicted_as_a_run_builds_it(tmp_path):
                       base={"network": {"layers": layers}})
     ds = open_clean(store)
     assert int((ds.status == DONE).sum()) == 9
+
+
+def test_a_figure_says_which_device_and_links_it_stands_on(tmp_path):
+    """The figures' subtitle (`ScalingView.layout`'s text): the device kind and the
+    link where they are not swept, and a dim swept over one value (the device here),
+    which the figures left unsaid, as if any device would do."""
+    store = run_sweep(tmp_path, {"strategy": ["single", "kernel"],
+                                 "hardware.devices": [1, 2],
+                                 "hardware.link.latency_us": {"dim": "latency",
+                                                              "values": [5]}},
+                      base={"hardware": {"devices": 1, "device": "a100",
+                                         "link": {"gbps": 25, "latency_us": 5}}})
+    view = ScalingView(open_clean(store))
+    _, _, text = view.layout([view.strategy_dim, view.workers_dim])
+    assert text == "device a100, link 25 Gb/s, latency 5 us", text
+    (tmp_path / "kind").mkdir()
+    store = run_sweep(tmp_path / "kind", {"strategy": ["single", "kernel"],
+                                          "hardware.devices": [1, 2],
+                                          "hardware.device": {"dim": "device",
+                                                              "values": ["h100"]}})
+    view = ScalingView(open_clean(store))
+    _, _, text = view.layout([view.strategy_dim, view.workers_dim])
+    assert text == "link 10 Gb/s, latency 5 us, device h100", text

@@ -152,14 +152,32 @@ class ScalingView:
     def layout(self, shown: list[str]) -> tuple[str | None, dict[str, Any], str]:
         """The dim for panel rows among those not shown, and the others fixed.
 
-        Returns ``(row dim or None, {dim: fixed value}, text naming the fixed ones)``.
+        Returns ``(row dim or None, {dim: fixed value}, text naming the fixed ones)``;
+        the text opens with what every point shares (`stands_on`): a figure on its own,
+        as a paper prints it, says which device and links it is about.
         """
         rest = [d for d in self.dims if d not in shown]
         rows = next((d for d in rest if self.ds.sizes[d] > 1), None)
         fixed = {d: self.ds[d].values[-1] for d in rest if d != rows}
-        text = ", ".join(self.title(d, _label(v)) for d, v in fixed.items()
-                         if self.ds.sizes[d] > 1)
+        text = ", ".join(self.stands_on() + [self.title(d, _label(v))
+                                             for d, v in fixed.items()])
         return rows, fixed, text
+
+    def stands_on(self) -> list[str]:
+        """What every point shares that a figure must say, as it is not swept: the
+        device kind, the link's bandwidth and latency, a shared store."""
+        swept, point = self.swept_fields(), self.base_point()
+        hardware = point.get("hardware") if isinstance(point.get("hardware"), dict) else {}
+        link = hardware.get("link") if isinstance(hardware.get("link"), dict) else {}
+        store = hardware.get("store")
+        said = [("hardware.device", "device {}", hardware.get("device")),
+                ("hardware.link.gbps", "link {} Gb/s", link.get("gbps")),
+                ("hardware.link.latency_us", "latency {} us", link.get("latency_us")),
+                ("hardware.store.gbps", "store {} Gb/s",
+                 store.get("gbps") if isinstance(store, dict) else None)]
+        return [text.format(_label(value)) for field, text, value in said
+                if value is not None and not any(field == f or field.startswith(f + ".")
+                                                 for f in swept)]
 
 
 def _label(value: Any) -> str:
