@@ -193,3 +193,22 @@ def test_a_figure_says_which_device_and_links_it_stands_on(tmp_path):
     view = ScalingView(open_clean(store))
     _, _, text = view.layout([view.strategy_dim, view.workers_dim])
     assert text == "link 10 Gb/s, latency 5 us, device h100", text
+
+
+def test_a_network_zipped_with_its_width_gets_its_maps(tmp_path):
+    """`network.preset` zipped with `network.width`: labels such as "vgg16/0.25" named
+    the per-network map's file, a folder that is not there (a bare traceback)."""
+    store = run_sweep(tmp_path, {"strategy": ["single", "kernel", "data"],
+                                 "hardware.devices": [1, 2],
+                                 "hardware.link.gbps": {"dim": "link_gbps",
+                                                        "values": [10, 100]}},
+                      base={"network": {"preset": "vgg16"},
+                            "hardware": {"devices": 1, "device": "a100"}},
+                      zip=[{"network.preset": ["vgg16", "resnet18"],
+                            "network.width": [0.25, 0.5]}])
+    out_dir = str(tmp_path / "report")
+    paths = [os.path.basename(p) for p in report.make_report(store, out_dir)]
+    assert "winner_vgg16_0.25.png" in paths and "winner_resnet18_0.5.png" in paths, paths
+    text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    assert "](winner_vgg16_0.25.png)" in text
+    assert sorted(os.listdir(out_dir)) == sorted(paths)

@@ -168,7 +168,8 @@ def network_figures(view: ScalingView) -> dict[str, str]:
     """Per network of a swept network dim, the file of its own winner map."""
     if view.network_dim is None:
         return {}
-    return {network: f"winner_{network}.png" for network in view.labels(view.network_dim)}
+    return {network: f"winner_{re.sub(r'[^A-Za-z0-9_.+-]', '_', network)}.png"
+            for network in view.labels(view.network_dim)}  # a zip's "vgg16/0.25": no folder
 
 
 def winner_table(view: ScalingView) -> str | None:
