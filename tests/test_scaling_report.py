@@ -18,6 +18,7 @@ import pytest
 from experiments.report import cli as report
 from experiments.scaling.config import build_point, load_scaling_sweep, network_of
 from experiments.scaling.run import run_scaling_sweep
+from experiments.scaling.speedup_figure import draw_speedup
 from experiments.scaling.view import ScalingView
 from experiments.sweep.store_layout import DONE
 from pipeline.config.run_config import load_run_config
@@ -212,3 +213,25 @@ def test_a_network_zipped_with_its_width_gets_its_maps(tmp_path):
     text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
     assert "](winner_vgg16_0.25.png)" in text
     assert sorted(os.listdir(out_dir)) == sorted(paths)
+
+
+def test_the_speedup_figure_marks_what_its_note_says(tmp_path):
+    """Weak scaling of VGG-16 on 80 GB devices: `single` does not fit one device at the
+    larger batches. The line plot's note said "*: ..." of a mark it never drew; such
+    points are now open markers, and the note says so. One batch (no batch dim) is
+    drawn at full strength, not as the faintest of several."""
+    store = run_sweep(tmp_path, {"strategy": ["single", "data"]},
+                      base={"network": {"preset": "vgg16"},
+                            "hardware": {"devices": 1, "device": "a100"}},
+                      zip=[{"hardware.devices": [1, 4, 16],
+                            "train.batch": [256, 1024, 4096]}])
+    ds = open_clean(store)
+    assert list(ds.baseline_fits.sel(strategy="data").isel(repeat=0).values) == [1, 1, 0]
+    fig = draw_speedup(ScalingView(ds))
+    title = fig._suptitle.get_text()
+    assert "open markers: `single` does not fit" in title and "*" not in title, title
+    lines = [line for line in fig.axes[0].lines if len(line.get_xdata())]
+    open_marks = [line for line in lines if line.get_markerfacecolor() == "white"]
+    assert [list(line.get_ydata()) for line in open_marks] == [
+        [float(ds.speedup.sel(strategy="data", devices="16/4096").item())]]
+    assert all((line.get_alpha() or 1.0) == 1.0 for line in lines if line.get_color() != "0.6")

@@ -13,7 +13,8 @@ from experiments.report.figure_files import save_figure
 from experiments.scaling.view import ScalingView
 
 __all__ = ["STRATEGY_COLORS", "LINE_COLORS", "EXTRA_COLORS", "UNFIT_BASELINE", "UNFIT_NOTE",
-           "speedup_text", "baseline_fits", "colors", "panel", "save_titled"]
+           "speedup_text", "baseline_fits", "colors", "panel", "save_titled", "titled",
+           "UNFIT_LINE_NOTE"]
 
 #: Light enough for black cell text.
 STRATEGY_COLORS = {"single": "#c9c9c9", "kernel": "#7fb1e3", "data": "#f5ad79",
@@ -27,6 +28,9 @@ EXTRA_COLORS = ["#d9a0d9", "#e6d37a", "#8fd3d3", "#e39a9a"]
 UNFIT_BASELINE = "*"
 UNFIT_NOTE = (f"{UNFIT_BASELINE}: `single` does not fit one device's memory at this network "
               "and batch; the speedup is against its predicted step as if it did")
+#: The same on a line plot, which marks such a point with an open marker.
+UNFIT_LINE_NOTE = ("open markers: `single` does not fit one device's memory at that network "
+                   "and batch; the speedup is against its predicted step as if it did")
 
 
 def speedup_text(value: float, baseline_fits: float = 1.0, unit: str = "") -> str:
@@ -63,12 +67,18 @@ def panel(view: Any, row_dim: str | None, row: int, column_dim: str | None,
     return pick
 
 
-def save_titled(fig: Any, path: str, title: str, fixed_text: str, unfit: bool) -> None:
-    """Title a figure (with the dims it fixes, and what a marked speedup means where it
-    shows one) and save it."""
+def titled(fig: Any, title: str, fixed_text: str, unfit: bool, note: str = UNFIT_NOTE
+           ) -> Any:
+    """Title a figure: with the dims it fixes, and `note` (what a marked speedup means)
+    where it shows one; returns it."""
     if fixed_text:
         title += f"\n({fixed_text})"
     if unfit:
-        title += f"\n{UNFIT_NOTE}"
+        title += f"\n{note}"
     fig.suptitle(title, fontsize=10)
-    save_figure(fig, path)
+    return fig
+
+
+def save_titled(fig: Any, path: str, title: str, fixed_text: str, unfit: bool) -> None:
+    """`titled`, then saved."""
+    save_figure(titled(fig, title, fixed_text, unfit), path)

@@ -15,29 +15,37 @@ import xarray as xr  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from experiments.report.figure_files import save_figure  # noqa: E402
 from experiments.scaling.figure_style import (EXTRA_COLORS, LINE_COLORS,  # noqa: E402
-                                              baseline_fits, panel, save_titled)
+                                              UNFIT_LINE_NOTE, baseline_fits, panel, titled)
 from experiments.scaling.run import BASELINE  # noqa: E402
 from experiments.scaling.view import ScalingView, one_device_only  # noqa: E402
 from experiments.sweep.store_layout import DONE  # noqa: E402
 from experiments.sweep.summary import base_strategy  # noqa: E402
 
-__all__ = ["speedup_figure"]
+__all__ = ["speedup_figure", "draw_speedup"]
 
 
 def speedup_figure(view: ScalingView, path: str) -> bool:
     """Speedup against devices per strategy (log-log) with the ideal line."""
+    fig = draw_speedup(view)
+    if fig is not None:
+        save_figure(fig, path)
+    return fig is not None
+
+
+def draw_speedup(view: ScalingView) -> Any:
+    """`speedup_figure`'s figure, titled (None where the store has no devices dim)."""
     xdim = view.workers_dim
     if xdim is None:
-        return False
+        return None
     sdim, bdim, ldim = view.strategy_dim, view.batch_dim, view.bandwidth_dim
     column_dim = ldim
     shown = [d for d in (sdim, xdim, bdim, column_dim) if d]
     row_dim, fixed, fixed_text = view.layout(shown)
-    figures = view.ds[["speedup", "capacity", "n_workers"]]
+    figures = view.ds[["speedup", "capacity", "n_workers"]].assign(fits=baseline_fits(view))
     ds = figures.where(view.ds.status == DONE).isel(repeat=0).sel(fixed)
-    fits = baseline_fits(view).where(view.ds.status == DONE).isel(repeat=0).sel(fixed)
-    unfit = bool((fits == 0).any())
+    unfit = bool((ds.fits == 0).any())
     strategies = view.labels(sdim) if sdim else [base_strategy(view.ds)]
     batches = view.labels(bdim) if bdim else [None]
     rows = view.labels(row_dim) if row_dim else [None]
@@ -49,8 +57,9 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
     top = float(np.nanmax(ds.capacity.values)) if np.isfinite(ds.capacity.values).any() else 1
     low = np.nanmin(ds.speedup.values) if np.isfinite(ds.speedup.values).any() else 1
     high = np.nanmax(ds.speedup.values) if np.isfinite(ds.speedup.values).any() else 1
-    widths = np.linspace(1.0, 2.2, len(batches))
-    alphas = np.linspace(0.35, 1.0, len(batches))
+    # darker and wider for larger batches; one batch as the largest (it was drawn faint)
+    widths = np.linspace(1.0, 2.2, len(batches)) if len(batches) > 1 else np.array([2.0])
+    alphas = np.linspace(0.35, 1.0, len(batches)) if len(batches) > 1 else np.array([1.0])
     extra = iter(EXTRA_COLORS * 4)
     colors = {s: LINE_COLORS.get(s) or next(extra) for s in strategies}
     for r, row in enumerate(rows):
@@ -70,8 +79,7 @@ def speedup_figure(view: ScalingView, path: str) -> bool:
     _speedup_legend(fig, colors, batches if bdim else [], alphas, widths, mixed)
     title = (f"{view.ds.attrs.get('sweep_name', '')}: predicted speedup against devices "
              "(missing points: infeasible)")
-    save_titled(fig, path, title, fixed_text, unfit)
-    return True
+    return titled(fig, title, fixed_text, unfit, UNFIT_LINE_NOTE)
 
 
 def _strategy_lines(ax: Any, lines: xr.Dataset, xdim: str, bdim: str | None,
@@ -93,6 +101,10 @@ def _strategy_lines(ax: Any, lines: xr.Dataset, xdim: str, bdim: str | None,
         lone = keep & ~counts
         ax.plot(x[lone], y[lone], color=color, alpha=alphas[bi],
                 linestyle="none", marker="D", markersize=5)
+        unfit = keep & (line.fits.values == 0)  # against a baseline no device could run
+        for where, marker in ((unfit & counts, "o"), (unfit & ~counts, "D")):
+            ax.plot(x[where], y[where], color=color, alpha=alphas[bi], linestyle="none",
+                    marker=marker, markersize=5.5, markerfacecolor="white")
 
 
 def _speedup_axes(ax: Any, title: str, bottom: bool, left: bool, mixed: bool) -> None:
