@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 
 import matplotlib.image
 import pytest
@@ -44,7 +45,7 @@ def section(text: str, title: str) -> list[list[str]]:
     body = text.split(f"## {title}")[1].split("\n## ")[0]
     return [[cell.strip() for cell in line.strip().strip("|").split("|")]
             for line in body.splitlines()
-            if line.startswith("|") and not set(line) <= set("|-: ")]
+            if line.startswith("|") and not re.fullmatch(r"\|(:?-+:?\|)+", line)]
 
 
 def test_a_weak_scaling_grid_gets_its_report(tmp_path):
@@ -235,3 +236,31 @@ def test_the_speedup_figure_marks_what_its_note_says(tmp_path):
     assert [list(line.get_ydata()) for line in open_marks] == [
         [float(ds.speedup.sel(strategy="data", devices="16/4096").item())]]
     assert all((line.get_alpha() or 1.0) == 1.0 for line in lines if line.get_color() != "0.6")
+
+
+def test_a_small_grid_or_one_point_reports_every_prediction(tmp_path):
+    """A sweep of one point (no axes) printed no prediction and wrote a report.md with
+    an empty Figures heading and no number; a small grid now lists every point's
+    prediction, or why it has none, as the store holds them. A hybrid that can never
+    run is '-' in its region table, as in the crossover table, not 'none'."""
+    store = run_sweep(tmp_path, {}, base={"strategy": "kernel",
+                                          "hardware": {"devices": 4, "device": "a100"}})
+    out_dir = str(tmp_path / "report")
+    assert [os.path.basename(p) for p in report.make_report(store, out_dir)] == ["report.md"]
+    text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    assert "## Figures" not in text
+    [row] = section(text, "Every point")[1:]
+    ds = open_clean(store)
+    assert float(row[0]) == float(f"{ds.predicted_step_time.item():.4g}")
+    assert row[-1] == ""
+    (tmp_path / "none").mkdir()
+    store = run_sweep(tmp_path / "none", {"strategy": ["data", "hybrid"],
+                                          "hardware.devices": [2, 4]},
+                      base={"train": {"batch": 1}})
+    report.make_report(store, out_dir)
+    text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+    rows = section(text, "Every point")
+    assert rows[0][:3] == ["strategy", "devices", "step (s)"] and len(rows) == 5
+    assert all(row[2] == "-" and row[-1].startswith("Infeasible: batch 1 is smaller")
+               for row in rows[1:])
+    assert section(text, "Where the hybrid wins")[1] == ["-"]

@@ -14,7 +14,12 @@ import numpy as np
 
 from experiments.scaling.view import TIE, ScalingView, winners
 
-__all__ = ["first_overtaking", "count_ranges", "crossover_table", "hybrid_region_table"]
+__all__ = ["first_overtaking", "count_ranges", "crossover_table", "hybrid_region_table",
+           "point_table", "POINT_TABLE_MOST"]
+
+#: Grids of at most this many points get a row per point in report.md (a single
+#: point, or a few: the maps and region tables may not apply, the numbers still do).
+POINT_TABLE_MOST = 64
 
 #: The strategies the crossover compares: the one that overtakes, the one overtaken.
 OVERTAKES = ("kernel", "data")
@@ -97,6 +102,32 @@ def crossover_table(view: ScalingView) -> list[str] | None:
     return _settings_table(view, cell)
 
 
+def point_table(view: ScalingView) -> list[str] | None:
+    """Markdown: every point's prediction (or why it has none), for small grids."""
+    ds = view.ds.isel(repeat=0)
+    if ds.status.size > POINT_TABLE_MOST:
+        return None
+    dims = view.dims
+    columns = [view.header(d) for d in dims] + [
+        "step (s)", "samples/s", "speedup", "efficiency", "peak memory (GB)",
+        "no prediction: why"]
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join(["---"] * len(dims) + ["--:"] * 5 + ["---"]) + "|"]
+    for position in np.ndindex(*(ds.sizes[d] for d in dims)):
+        point = ds.isel(dict(zip(dims, position)))
+        figures = [_figure(point[name].item(), scale) for name, scale in (
+            ("predicted_step_time", 1), ("throughput", 1), ("speedup", 1),
+            ("efficiency", 1), ("peak_memory", 1e-9))]
+        labels = [view.labels(d)[i] for d, i in zip(dims, position)]
+        why = str(point.failure.item()).replace("|", "/")
+        lines.append("| " + " | ".join(labels + figures + [why]) + " |")
+    return lines
+
+
+def _figure(value: float, scale: float) -> str:
+    return f"{value * scale:.4g}" if np.isfinite(value) else "-"
+
+
 def hybrid_region_table(view: ScalingView) -> list[str] | None:
     """Markdown: the device counts where the hybrid is fastest, or None without it."""
     sdim = view.strategy_dim
@@ -104,6 +135,8 @@ def hybrid_region_table(view: ScalingView) -> list[str] | None:
         return None
 
     def cell(t: np.ndarray, strategies: list[str], counts: list[int]) -> str:
+        if not np.isfinite(t[strategies.index(REGION_OF)]).any():
+            return "-"  # never feasible here, as the crossover table says it
         return count_ranges(counts, winners(t) == strategies.index(REGION_OF))
 
     return _settings_table(view, cell)

@@ -41,7 +41,8 @@ from experiments.report.figure_files import write_figures  # noqa: E402
 from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
 from experiments.scaling.anchors import ANCHOR_PRESETS, anchor_lines  # noqa: E402
 from experiments.scaling.hardware import PRESETS  # noqa: E402
-from experiments.scaling.regions import crossover_table, hybrid_region_table  # noqa: E402
+from experiments.scaling.regions import (crossover_table, hybrid_region_table,  # noqa: E402
+                                         point_table)
 from experiments.scaling.figure_style import (UNFIT_NOTE, baseline_fits, colors,  # noqa: E402
                                               panel, save_titled, speedup_text)
 from experiments.scaling.speedup_figure import speedup_figure  # noqa: E402
@@ -231,7 +232,7 @@ def write_markdown(view: ScalingView, figures: list[str], path: str) -> None:
         "", "Device kinds:", "",
     ]
     lines += _preset_lines(ds)
-    lines += ["", "## Figures", ""]
+    lines += ["", "## Figures", ""] if figures else [""]
     captions = {name: f"Fastest strategy over devices and link bandwidth: {network}"
                 for network, name in network_figures(view).items()}
     captions |= {"winner_workers_batch.png": "Fastest strategy over devices and batch",
@@ -242,6 +243,9 @@ def write_markdown(view: ScalingView, figures: list[str], path: str) -> None:
     table = winner_table(view)
     if table:
         lines += ["## Fastest strategy and its speedup", "", table, ""]
+    points = point_table(view)
+    if points:
+        lines += ["## Every point", "", *points, ""]
     lines += _region_sections(view)
     if failures:
         lines += ["## Points without a prediction", ""]
@@ -266,7 +270,8 @@ def _region_sections(view: ScalingView) -> list[str]:
     if region:
         lines += ["## Where the hybrid wins", "",
                   "The device counts at which `hybrid` is the fastest strategy, per link "
-                  "bandwidth.", "", *region, ""]
+                  "bandwidth; none: nowhere in the grid; -: `hybrid` never feasible (memory, "
+                  "or a sample per device).", "", *region, ""]
     return lines + ["## Anchors", "", anchor_note(view.ds), "", *anchor_lines(), ""]
 
 
