@@ -10,6 +10,7 @@ networks.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 
@@ -18,7 +19,10 @@ import pytest
 
 from experiments.report import cli as report
 from experiments.scaling.config import build_point, load_scaling_sweep, network_of
-from experiments.scaling.run import run_scaling_sweep
+from experiments.scaling.anchors import anchor_records
+from experiments.scaling.run import _attrs as scaling_attrs
+from experiments.scaling.run import _replace_store as replace_store
+from experiments.scaling.run import build_dataset, evaluate_grid, run_scaling_sweep
 from experiments.scaling.speedup_figure import draw_speedup
 from experiments.scaling.view import ScalingView
 from experiments.sweep.store_layout import DONE
@@ -264,3 +268,34 @@ def test_a_small_grid_or_one_point_reports_every_prediction(tmp_path):
     assert all(row[2] == "-" and row[-1].startswith("Infeasible: batch 1 is smaller")
                for row in rows[1:])
     assert section(text, "Where the hybrid wins")[1] == ["-"]
+
+
+def test_the_anchors_are_the_sweeps_not_the_reports(tmp_path):
+    """The anchors table was computed when the report was written, by whatever code
+    then ran, beside predictions made by the sweep's code (whose revision report.md
+    names). The sweep keeps them in its store and the report prints those; a store
+    without them gets today's, said so with the revision that computed them."""
+    config = write_scaling(tmp_path, {"strategy": ["single", "kernel"],
+                                      "hardware.devices": [1, 2]})
+    sweep = load_scaling_sweep(config, out=str(tmp_path / "s.zarr"))
+    outcome = evaluate_grid(sweep)
+    attrs = scaling_attrs(sweep, ["test"], "2026-01-01T00:00:00+0000")
+    assert json.loads(attrs["anchors"]) == anchor_records()
+    older = [{**record, "predicted": 2 * record["published"]}  # that code's figures
+             for record in anchor_records()]
+    for name, anchors in (("kept", json.dumps(older)), ("none", None)):
+        store = str(tmp_path / f"{name}.zarr")
+        kept = {key: value for key, value in attrs.items() if key != "anchors"}
+        replace_store(build_dataset(sweep, outcome, {**kept, **(
+            {"anchors": anchors} if anchors else {})}), store)
+        out_dir = str(tmp_path / f"{name}-report")
+        report.make_report(store, out_dir)
+        text = open(os.path.join(out_dir, "report.md"), encoding="utf-8").read()
+        rows = section(text, "Anchors")[1:]
+        ratios = [row[-1] for row in rows]
+        if anchors:
+            assert ratios == ["2.00"] * len(older), rows
+            assert "predicted by the sweep's code" in text
+        else:
+            assert ratios != ["2.00"] * len(older), rows
+            assert "predicted now by code revision" in text

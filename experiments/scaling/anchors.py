@@ -22,7 +22,7 @@ from pipeline.costmodel import krizhevsky_k20_setup, krizhevsky_speedups, predic
 from pipeline.costmodel.krizhevsky import PUBLISHED_SINGLE_STEP, PUBLISHED_SPEEDUPS
 
 __all__ = ["Anchor", "a100_resnet50", "krizhevsky_anchors", "anchor_lines", "ANCHOR_BAND",
-           "ANCHOR_PRESETS"]
+           "ANCHOR_PRESETS", "anchor_records"]
 
 #: NVIDIA's published single-A100 ResNet-50 training rate in TF32, images/s.
 A100_RESNET50_IMAGES = 1400.0
@@ -73,11 +73,20 @@ def krizhevsky_anchors() -> list[Anchor]:
     return anchors
 
 
-def anchor_lines() -> list[str]:
-    """report.md's anchors section: a table of published against predicted."""
+def anchor_records() -> list[dict[str, object]]:
+    """The anchors as the sweep's store keeps them (its `anchors` attribute): the model
+    of the sweep's code, beside its predictions, whenever the report is written."""
+    return [vars(anchor) for anchor in [a100_resnet50(), *krizhevsky_anchors()]]
+
+
+def anchor_lines(records: list[dict] | None = None) -> list[str]:
+    """report.md's anchors section: a table of published against predicted (`records`
+    as a store keeps them; None: this code's)."""
     lines = ["| set-up | published | predicted | predicted / published |",
              "|---|--:|--:|--:|"]
-    for anchor in [a100_resnet50(), *krizhevsky_anchors()]:
+    anchors = [Anchor(**record) for record in records] if records is not None else \
+        [a100_resnet50(), *krizhevsky_anchors()]
+    for anchor in anchors:
         lines.append(f"| {anchor.what} | {anchor.published:.4g} {anchor.units} | "
                      f"{anchor.predicted:.4g} {anchor.units} | {anchor.ratio:.2f} |")
     return lines

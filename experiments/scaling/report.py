@@ -41,6 +41,7 @@ from experiments.report.figure_files import write_figures  # noqa: E402
 from experiments.sweep.store_layout import DONE, FAILED  # noqa: E402
 from experiments.scaling.anchors import ANCHOR_PRESETS, anchor_lines  # noqa: E402
 from experiments.scaling.hardware import PRESETS  # noqa: E402
+from pipeline.records.record import code_revision  # noqa: E402
 from experiments.scaling.regions import (crossover_table, hybrid_region_table,  # noqa: E402
                                          point_table)
 from experiments.scaling.figure_style import (UNFIT_NOTE, baseline_fits, colors,  # noqa: E402
@@ -272,13 +273,18 @@ def _region_sections(view: ScalingView) -> list[str]:
                   "The device counts at which `hybrid` is the fastest strategy, per link "
                   "bandwidth; none: nowhere in the grid; -: `hybrid` never feasible (memory, "
                   "or a sample per device).", "", *region, ""]
-    return lines + ["## Anchors", "", anchor_note(view.ds), "", *anchor_lines(), ""]
+    stored = view.ds.attrs.get("anchors")
+    records = json.loads(stored) if stored else None
+    return lines + ["## Anchors", "", anchor_note(view.ds), "", *anchor_lines(records), ""]
 
 
 def anchor_note(ds: xr.Dataset) -> str:
     """What the anchors stand on: the stock presets, which the sweep's may not be."""
     note = ("Published figures against the model's, on the stock `a100` and `k20` presets "
-            "(experiments/scaling/hardware.py; docs/model.md).")
+            "(experiments/scaling/hardware.py; docs/model.md)")
+    note += (", predicted by the sweep's code." if ds.attrs.get("anchors") else
+             f", predicted now by code revision {code_revision()} (the store does not keep "
+             "the sweep's).")
     used = json.loads(ds.attrs.get("presets", "{}"))
     differ = [name for name in ANCHOR_PRESETS for entry in used.get(name, [])
               if any(entry.get(f) != getattr(PRESETS[name], f) for f in RATE_FIELDS)]

@@ -42,7 +42,8 @@ import numpy as np
 import xarray as xr
 
 from experiments.scaling import hardware as hw
-from pipeline.records.record import code_revision
+from pipeline.records.record import code_revision, software_versions
+from experiments.scaling.anchors import anchor_records
 from experiments.sweep.provenance import machine_info
 from experiments.sweep.results import (STORE_FORMAT, ResultStore, SweepLock,
                                        record_whole_store)
@@ -52,7 +53,6 @@ from experiments.scaling.config import (ScalingPoint, ScalingSweep, field_units,
 from experiments.scaling.memory_fit import baseline_fits, memory_verdict
 from experiments.scaling.view import one_device_only
 from pipeline.costmodel import predict
-from pipeline.records.record import software_versions
 from storage.labelled import write_dataset
 from storage.locks import now_text
 
@@ -280,7 +280,7 @@ def _attrs(sweep: ScalingSweep, argv: list[str], started: str) -> dict[str, Any]
         "config": sweep.text, "config_file": os.path.abspath(sweep.source),
         "fingerprint": sweep.fingerprint, "repeats": 1,
         "model": "pipeline.costmodel (roofline compute, Hockney links; docs/model.md)",
-        "presets": json.dumps(_presets_used(sweep)),
+        "presets": json.dumps(_presets_used(sweep)), "anchors": json.dumps(anchor_records()),
         "versions": json.dumps(software_versions()), "machine": json.dumps(machine_info()),
         "code_revision": code_revision(), "command": shlex.join(argv),
         "started": started, "finished": now_text(), "sessions": "[]",
