@@ -14,7 +14,7 @@ training process (its peak less a bare client). Each is the run's own record
 (summary.json's `memory_working`), the same measurement a run's prediction is
 compared with.
 
-Two short runs in subprocesses (about 15 s on a 2-core machine), kept with the bare
+Two short runs in subprocesses, at once (about 10 s on a 2-core machine), kept with the bare
 processes' figures (pipeline/records/memory.py's cache). `$CNN_MEMORY_RUNTIME=fitted`
 skips the measurement and keeps the fitted constants; the tiny runs themselves are
 started so, or each would measure again.
@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import yaml
 
@@ -64,7 +65,7 @@ def _tiny_run_working(strategy: str, folder: str, in_client: bool) -> float:
     config_path = os.path.join(folder, f"{strategy}.yaml")
     config = {**TINY_NETWORK, "strategy": strategy,
               "output": os.path.join(folder, strategy),
-              "data": {**TINY_NETWORK["data"], "path": os.path.join(folder, "data.zarr")}}
+              "data": {**TINY_NETWORK["data"], "path": os.path.join(folder, f"{strategy}-data.zarr")}}
     with open(config_path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(config, handle)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,6 +89,8 @@ def _tiny_run_working(strategy: str, folder: str, in_client: bool) -> float:
 def measure_runtimes() -> tuple[float, float]:
     """(worker, client) runtime in bytes on this machine, each 0 where it could not be
     measured (module doc)."""
-    with tempfile.TemporaryDirectory(prefix="hetcnn-memory-runtime-") as folder:
-        return (_tiny_run_working("single", folder, in_client=False),
-                _tiny_run_working("reference", folder, in_client=True))
+    with tempfile.TemporaryDirectory(prefix="hetcnn-memory-runtime-") as folder, \
+            ThreadPoolExecutor(2) as pool:  # each its own process: the two at once
+        worker = pool.submit(_tiny_run_working, "single", folder, False)
+        client = pool.submit(_tiny_run_working, "reference", folder, True)
+        return worker.result(), client.result()
