@@ -11,6 +11,7 @@ change, and the record's `starts` says what each start ran.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import xarray as xr
@@ -109,5 +110,11 @@ def test_a_resume_on_another_setup_times_only_the_last_starts_steps(tmp_path,
     assert summary["warmup_steps_left_out"] == [4]
     assert summary["measured_steps"] == 3
     assert summary["step_time_median"] == float(np.median(record.step_time.values[5:]))
+    # the strategy the last start ran on its own workers, not every start's
+    labels = record.worker_label.values.tolist()  # both starts': the reference's too
+    assert len(labels) == 2 and any(label.startswith("in-process") for label in labels)
+    assert summary["workers"] == [label for label in labels
+                                  if not label.startswith("in-process")]
+    assert re.search(r"^run \S+: strategy single on (?!.*in-process)", out, re.M), out
     assert "the medians leave out steps 4 (each start's warm-up) and steps 0-3 (run with " \
            "another strategy, placement or workers than the last start's)" in out, out

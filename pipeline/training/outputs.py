@@ -188,7 +188,8 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     summary.update({"ended": ended, "test_accuracy": accuracy,
                     "test_samples": 0 if accuracy is None else min(config.train.eval_samples,
                                                                    info.test_samples),
-                    "strategy": config.strategy, "workers": list(record.worker_label.values),
+                    # the last start's workers: the record's span every start's
+                    "strategy": config.strategy, "workers": list(recorder.worker_labels),
                     "worker_devices": [
                         {"name": str(name), "tag": str(tag), "device": str(device)}
                         for name, tag, device in zip(record.worker.values,
