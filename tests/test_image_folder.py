@@ -210,6 +210,27 @@ def test_ensure_refuses_a_class_count_the_folder_does_not_have(tmp_path):
         ensure_dataset(source, str(tmp_path / "pets.zarr"), classes=10)
 
 
+def test_an_image_replaced_by_one_of_its_size_and_time_rebuilds_the_store(tmp_path):
+    """An uncompressed image (PPM: its size is its side's) replaced by another image of
+    the same side, its modification time set back as ``rsync -a`` or ``touch -r`` do:
+    path, size and time are the old ones, and the store was reused with the old
+    image's pixels. The change time tells them apart."""
+    source = make_folder(tmp_path / "pets")
+    image = os.path.join(source, "emu", "50.ppm")
+    _write_image(image, (12, 12), seed=1)
+    store = str(tmp_path / "pets.zarr")
+    before = ensure_dataset(source, store, image_size=8)
+    old = [_stored(store, split)[0] for split in ("train", "test")]
+    kept = os.stat(image)
+    _write_image(image, (12, 12), seed=2)
+    os.utime(image, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert os.stat(image).st_size == kept.st_size  # all a listing sees is as it was
+    after = ensure_dataset(source, store, image_size=8)
+    assert after.train_samples == before.train_samples
+    new = [_stored(store, split)[0] for split in ("train", "test")]
+    assert not all(np.array_equal(a, b) for a, b in zip(old, new))  # the new image's
+
+
 # --- configs and runs ------------------------------------------------------------------
 
 

@@ -191,14 +191,18 @@ def _load_split(samples: Samples, side: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def folder_fingerprint(source: str) -> str:
-    """A digest of every image file's path, size and modification time below `source`:
-    a store built from the folder before a file was added, removed or changed differs."""
+    """A digest of every image file's path, size, modification and status-change time
+    below `source`: a store built from the folder before a file was added, removed or
+    changed differs. Why the change time too: a file replaced by one of the same size
+    with its modification time set back (``touch -r``, ``rsync -a``, ``cp -p``) keeps
+    those two, but no user can set the change time back."""
     digest = hashlib.sha256()
     folder = os.path.abspath(source)
     for path in _images_below(folder):
         status = os.stat(path)
         digest.update(f"{os.path.relpath(path, folder)}\0{status.st_size}\0"
-                      f"{status.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+                      f"{status.st_mtime_ns}\0{status.st_ctime_ns}\n"
+                      .encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
