@@ -229,6 +229,39 @@ def test_data_overlap_and_algorithms():
     assert rhd.step_time < plain.step_time  # fewer latency terms, same bytes
 
 
+def test_data_gradient_buckets_pay_the_collectives_latency_once_a_bucket():
+    """With overlap, layers' gradients (last layer first) fill buckets of at least
+    `bucket_mb`, as DDP's: one all-reduce a bucket, started when its earliest layer's
+    backward is done. 0 is one a layer; a bucket larger than every gradient is one
+    all-reduce after the last layer's backward."""
+    from pipeline.costmodel.collectives import ring_allreduce
+    from pipeline.costmodel.data import ReplicaPass, allreduce_schedule
+    mib, p, link = 2 ** 20, 1024, LinkSpec.from_bandwidth(1e9, 5e-6)
+    grads = [1 * mib, 3 * mib, 2 * mib, 4 * mib]  # forward order
+    ready = [0.04, 0.03, 0.02, 0.01]  # backward: the last layer's gradient first
+    replicas = ReplicaPass(devices=p, forward=0.005, ready=ready, end=0.04)
+    ring = lambda n: ring_allreduce(n, p, link)  # noqa: E731
+    # one a layer: each waits for its layer and for the one before it on the channel
+    per_layer = 0.0
+    for i in (3, 2, 1, 0):
+        per_layer = max(per_layer, ready[i]) + ring(grads[i])
+    assert allreduce_schedule(replicas, grads, link, "ring", True) == per_layer
+    assert allreduce_schedule(replicas, grads, link, "ring", True, 0.0) == per_layer
+    # 5 MiB buckets: layers 3 and 2 (6 MiB) once layer 2 is done, then 1 and 0 (4 MiB,
+    # what is left) once layer 0 is
+    two = max(ready[2] + ring(6 * mib), ready[0]) + ring(4 * mib)
+    assert allreduce_schedule(replicas, grads, link, "ring", True, 5 * mib) == two
+    one = ready[0] + ring(10 * mib)
+    assert allreduce_schedule(replicas, grads, link, "ring", True, 1e9) == one
+    # at 1024 devices a ring's latencies (10 ms) outlast a layer's backward (10 ms)
+    assert two < per_layer
+    # and through predict(): DDP's 25 MiB on a deep network at many devices
+    net, gpus = alexnet(), [DeviceSpec(flops=3.5e12, mem_bw=2e11, conv_efficiency=0.4)] * 512
+    layered = predict("data", net, 512 * 32, gpus, link, overlap=True)
+    bucketed = predict("data", net, 512 * 32, gpus, link, overlap=True, bucket_mb=25)
+    assert bucketed.step_time < layered.step_time
+
+
 def test_data_proportional_batch_helps_unequal_devices():
     net = marques_cifar(50, 150)
     devs = [CPU, DeviceSpec(flops=3 * 90e9, mem_bw=10e9)]

@@ -47,8 +47,8 @@ from experiments.sweep.config import (AXES_CONTENT, SWEEP_KEYS, ZIP_CONTENT, _re
                                      _route_overrides)
 from experiments.scaling.networks import ConvDesc, NetworkDesc, check_network, network_of
 from pipeline.costmodel import Options
-from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
-                                    set_dotted, to_dict)
+from pipeline.config.schema import (ConfigError, check_range, described, from_dict, load_yaml,
+                                    parse_override, set_dotted, to_dict)
 from pipeline.strategies import STRATEGIES, Strategy, strategy_named
 
 __all__ = ["ScalingPoint", "ScalingSweepConfig", "ScalingSweep", "ScalingPointRun",
@@ -83,6 +83,9 @@ class OptionsDesc:
         "halving-doubling")
     overlap: bool = described(False, "`data`/`hybrid`: the all-reduce overlaps the backward "
                               "pass")
+    bucket_mb: float = described(0.0, "`data`/`hybrid` with `overlap`: the least MiB of "
+                                 "gradients one all-reduce carries, as PyTorch DDP's "
+                                 "`bucket_cap_mb` (25 there); 0: one all-reduce per layer")
     batch_split: Literal["equal", "proportional"] = described(
         "equal", "`data`/`hybrid`: samples per device, equal or in proportion to speed")
     scheme: Literal["a", "b", "c"] = described("b", "`hybrid`: how the dense layers get the "
@@ -93,6 +96,9 @@ class OptionsDesc:
         "binomial", "`hybrid`: how a share of features is broadcast")
     overlap_dense: bool = described(True, "`hybrid`: the dense layers' exchange overlaps "
                                     "their compute")
+
+    def __post_init__(self) -> None:
+        check_range(self, "bucket_mb", low=0)
 
 
 @dataclass
@@ -205,7 +211,7 @@ def options_of(point: ScalingPoint) -> Options:
     """The cost model's options for a point."""
     o = point.options
     return Options(split=o.split, quantum=o.quantum, allreduce=o.allreduce, overlap=o.overlap,
-                   batch_split=o.batch_split, scheme=o.scheme, dense_batch=o.dense_batch,
+                   bucket_mb=o.bucket_mb, batch_split=o.batch_split, scheme=o.scheme, dense_batch=o.dense_batch,
                    broadcast=o.broadcast, overlap_dense=o.overlap_dense,
                    batch_norm=point.train.batch_norm,
                    overhead=hw.overhead_spec(point.hardware.dask))

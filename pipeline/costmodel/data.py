@@ -17,6 +17,7 @@ from typing import Sequence
 from . import collectives
 from .compute import FLATTEN_ACCESSES, LayerTime, conv_time, dense_time
 from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec, distinct
+from .memory import MIB
 from .batch_reads import shard_batch_read
 from .network import Network
 from .prediction import Options, Prediction, split_batch
@@ -215,6 +216,7 @@ def allreduce_schedule(
     link: LinkSpec,
     algorithm: str,
     overlap: bool,
+    bucket_bytes: float = 0.0,
 ) -> float:
     """End of forward+backward+allreduce.
 
@@ -230,8 +232,14 @@ def allreduce_schedule(
         Allreduce algorithm.
     overlap : bool
         ``False``: one allreduce of all gradients after the backward pass.
-        ``True``: one per layer, started when all replicas finished that
-        layer's backward, one at a time.
+        ``True``: one per bucket, started when all replicas finished the backward
+        of the bucket's layers, one at a time.
+    bucket_bytes : float
+        With ``overlap``: the layers' gradients, last layer first, fill buckets of
+        at least this many bytes, as PyTorch DDP's ``bucket_cap_mb`` does, so that
+        the collective's latency is paid per bucket rather than per layer (at
+        thousands of devices a ring's ``2 (p - 1)`` latencies a layer dominate);
+        0: one bucket per layer.
 
     Returns
     -------
@@ -241,10 +249,13 @@ def allreduce_schedule(
     p = replicas.devices
     if not overlap:
         return replicas.end + collectives.allreduce(sum(grad_bytes), p, link, algorithm)
-    channel = 0.0
+    channel, bucket = 0.0, 0.0
     for i in reversed(range(len(grad_bytes))):
-        channel = (max(channel, replicas.ready[i])
-                   + collectives.allreduce(grad_bytes[i], p, link, algorithm))
+        bucket += grad_bytes[i]
+        if bucket >= bucket_bytes or i == 0:  # full, or the last layer's backward is done
+            channel = (max(channel, replicas.ready[i])
+                       + collectives.allreduce(bucket, p, link, algorithm))
+            bucket = 0.0
     return max(channel, replicas.end)
 
 
@@ -293,7 +304,8 @@ def predict_data(
     lk = comm_link(devices, link)
     replicas = replica_pass(times, batch_norm_exchanges(network, len(devices), lk, s,
                                                         options.batch_norm))
-    end = allreduce_schedule(replicas, grads, lk, options.allreduce, options.overlap)
+    end = allreduce_schedule(replicas, grads, lk, options.allreduce, options.overlap,
+                             options.bucket_mb * MIB)
     compute = replicas.end - replicas.exchanges
     update = max(sum(t.update for t in row) for row in unique_rows(times))
     per_dev = per_device_totals(times)

@@ -30,6 +30,7 @@ from .compute import LayerTime, dense_time
 from .data import (allreduce_schedule, batch_norm_exchanges, comm_link, per_device_totals,
                    replica_pass, replica_times, unique_rows)
 from .devices import DeviceSpec, LinkSpec, distinct
+from .memory import MIB
 from .network import Network
 from .prediction import Options, Prediction, split_batch
 
@@ -94,7 +95,8 @@ def predict_hybrid(
     grads = [c.params() * s for c in network.conv]
     replicas = replica_pass(conv, batch_norm_exchanges(network, K, lk, s, options.batch_norm))
     fwd = replicas.forward
-    end = allreduce_schedule(replicas, grads, lk, options.allreduce, options.overlap)
+    end = allreduce_schedule(replicas, grads, lk, options.allreduce, options.overlap,
+                             options.bucket_mb * MIB)
     conv_compute = replicas.end - replicas.exchanges
     conv_bwd_and_comm = end - fwd
     conv_update = max(sum(t.update for t in row) for row in unique_rows(conv))

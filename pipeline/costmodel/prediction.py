@@ -47,7 +47,11 @@ class Options:
     allreduce : str
         ``"ring"`` or ``"rhd"`` for weight-gradient allreduce.
     overlap : bool
-        Overlap per-layer gradient allreduce with the backward pass.
+        Overlap the gradients' allreduce with the backward pass, a bucket of layers
+        at a time.
+    bucket_mb : float
+        With ``overlap``: the least MiB of gradients an allreduce carries (PyTorch
+        DDP's ``bucket_cap_mb``, 25 there); 0: one allreduce per layer.
     batch_split : str
         ``"equal"`` (``B/p`` each) or ``"proportional"`` to conv rate, for
         ``data`` and the conv part of ``hybrid``.
@@ -92,6 +96,7 @@ class Options:
     sync: str = "markers"
     allreduce: str = "ring"
     overlap: bool = False
+    bucket_mb: float = 0.0
     batch_split: str = "equal"
     batch_shares: Sequence[int] | None = None
     dense_split: Sequence[Sequence[int]] | None = None
