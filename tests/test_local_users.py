@@ -215,6 +215,38 @@ def planted_dask_scratch(tmp_path, monkeypatch):
     return planted
 
 
+def test_a_killed_runs_scratch_is_removed_by_the_next_cluster_and_no_other(tmp_path,
+                                                                          monkeypatch):
+    """SIGKILL leaves a run no time to remove its cluster's scratch folder: the next
+    private scratch removes this user's folders whose process is gone, and keeps a
+    live process's, a link, another name, and (as root) another user's."""
+    from pipeline.cluster.embedded import SCRATCH_PREFIX, private_scratch
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"{SCRATCH_PREFIX}{gone.pid}-abc"
+    (stale / "worker-x").mkdir(parents=True)
+    (stale / "worker-x" / "global.lock").write_text("")
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getppid()}-def"
+    live.mkdir()
+    other = tmp_path / f"{SCRATCH_PREFIX}x-ghi"
+    other.mkdir()
+    target = tmp_path / "kept"
+    target.mkdir()
+    link = tmp_path / f"{SCRATCH_PREFIX}{gone.pid}-link"
+    link.symlink_to(target)
+    theirs = tmp_path / f"{SCRATCH_PREFIX}{gone.pid}-jkl"
+    theirs.mkdir()
+    if os.geteuid() == 0:
+        os.chown(theirs, nobody().pw_uid, nobody().pw_gid)
+    made = private_scratch()
+    assert not stale.exists()
+    assert live.is_dir() and other.is_dir() and link.is_symlink() and target.is_dir()
+    assert theirs.is_dir() == (os.geteuid() == 0)
+    assert os.path.basename(made).startswith(f"{SCRATCH_PREFIX}{os.getpid()}-")
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
+
+
 def check_private_scratch(client: Client, planted) -> str:
     """Every Dask server of `client`'s cluster keeps its scratch (first on its
     `sys.path`) in a 0700 folder of this user's, none in `planted`, which stays empty;

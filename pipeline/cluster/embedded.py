@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from multiprocessing import resource_tracker
@@ -129,10 +132,50 @@ def quiet_dashboard_errors() -> None:
         logger.addFilter(_DashboardErrors())
 
 
+#: A cluster's scratch folder: this, the pid of the process that made it, a dash.
+SCRATCH_PREFIX = "dask-cnn-scratch-"
+
+
 def private_scratch() -> str:
     """A fresh folder for a cluster's Dask scratch that only this user can enter
-    (module doc): `tempfile.mkdtemp`'s, mode 0700, under ``$TMPDIR``."""
-    return tempfile.mkdtemp(prefix="dask-cnn-scratch-")
+    (module doc): `tempfile.mkdtemp`'s, mode 0700, under ``$TMPDIR``, named by this
+    process's pid, so that a process killed before it could remove its folder leaves
+    it to the next cluster to remove (`remove_stale_scratch`)."""
+    remove_stale_scratch(tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+
+
+def remove_stale_scratch(folder: str) -> list[str]:
+    """Remove the scratch folders in `folder` that this user's processes made and that
+    no process of that pid holds now (killed: SIGKILL leaves no time to clean); the
+    paths removed. Another user's, a link, and a live process's stay."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        made_by = re.fullmatch(rf"{SCRATCH_PREFIX}(\d+)-.+", entry.name)
+        try:
+            status = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if (made_by and stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid()
+                and not _alive(int(made_by[1]))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of `pid` exists (another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class PrivateScratchCluster(SpecCluster):
