@@ -52,7 +52,7 @@ from pipeline.records.trace import ClientEvent, write_trace
 from pipeline.strategies import arithmetic_settings
 from pipeline.strategies.base import Strategy
 from pipeline.strategies.auto import choose_strategy
-from pipeline.training.evaluate import test_accuracy
+from pipeline.training.evaluate import accuracy_or_why
 from pipeline.training.loop import train_loop
 from pipeline.training.outputs import (RunResult, owned_output, refuse_finished_resume,
                                        write_results)
@@ -364,8 +364,11 @@ def _finish(trained: Trained, start: Start, finish: ResultsFirst,
     if config.train.eval_samples:
         samples = min(config.train.eval_samples, start.info.test_samples)
         weights = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
-        accuracy = test_accuracy(start.network, weights, start.info.path, samples,
-                                 identity=start.info.identity)
+        accuracy, why = accuracy_or_why(start.network, weights, start.info.path, samples,
+                                        identity=start.info.identity)
+        if why:
+            notes.append(why)
+            print(f"warning: {why}", file=sys.stderr, flush=True)
     return write_results(config, start.info, attrs, list(trained.split), recorder,
                          trained.history, notes, start.started, accuracy, prediction,
                          in_client=trained.in_client, earlier=start.earlier)

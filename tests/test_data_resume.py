@@ -135,3 +135,30 @@ def test_a_run_whose_store_is_rebuilt_under_it_stops_in_one_line(tmp_path):
     assert len(errors) == 1 and f"dataset store {store} was rebuilt with other images" \
         in errors[0], err
     assert "Compute Failed" not in err and "Traceback" not in err, err
+
+
+def test_a_store_rebuilt_before_the_test_images_are_read_loses_only_the_score(
+        tmp_path, tiny_dataset_factory, monkeypatch, capsys):
+    """The steps are done when the run reads the test images for its score; a store
+    rebuilt with other images by then (or damaged, or gone) stopped the run before it
+    wrote its record and summary. Now they are written, without the score, and the
+    record's notes and a warning line say why."""
+    import json
+
+    import pipeline.training.evaluate as evaluate
+    from pipeline.run import run_training
+    from tests.test_integrity import reference_config
+
+    def rebuilt(*args, **kwargs):
+        raise DatasetChanged("dataset store X was rebuilt with other images")
+    monkeypatch.setattr(evaluate, "read_batch", rebuilt)
+    config = reference_config(tmp_path, tiny_dataset_factory("float32"),
+                              **{"train.steps": 2, "train.eval_samples": 16})
+    result = run_training(config)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert result.summary["test_accuracy"] is None and summary["test_accuracy"] is None
+    assert summary["recorded_steps"] == 2
+    notes = json.loads(xr.open_zarr(tmp_path / "run" / "record.zarr").attrs["notes"])
+    assert any(note.startswith("test accuracy none: dataset store X was rebuilt")
+               for note in notes), notes
+    assert "warning: test accuracy none: dataset store X" in capsys.readouterr().err
