@@ -418,6 +418,13 @@ def test_base_on_the_command_line_replaces_the_sweeps_base(tmp_path, capsys):
     written.write_text("name: three\nbase: 3\naxes: {strategy: [kernel]}\n")
     assert sweep_cli.main([str(written), "--dry-run"]) == 2
     assert error_lines(capsys.readouterr().err) == [expected]
+    # a sweep file named as the base (it was 'axes: unknown key'), measured or scaling
+    quick = os.path.join(ROOT, "experiments", "configs", "quick.yaml")
+    for argv in ([config, f"base={quick}", "--dry-run"], [scaling, f"base={quick}", "--dry-run"]):
+        assert sweep_cli.main(argv) == 2
+        assert error_lines(capsys.readouterr().err) == [
+            f"error: base: {quick} is a sweep config (it has axes and base), not a base: "
+            "name the base it uses, or write its fields here"]
 
 
 def test_bad_axis_through_the_real_cli(tmp_path):

@@ -244,7 +244,12 @@ def _resolve_base(base: dict | str, source: str) -> dict:
         if path is None:
             raise ConfigError(f"base: no run config {base} beside the sweep file "
                               f"({candidates[0]}) or in the current folder")
-        return load_yaml(path)
+        loaded = load_yaml(path)
+        if isinstance(loaded, dict) and {"axes", "base"} & set(loaded):
+            raise ConfigError(f"base: {base} is a sweep config (it has "
+                              f"{' and '.join(sorted({'axes', 'base'} & set(loaded)))}), not "
+                              "a base: name the base it uses, or write its fields here")
+        return loaded
     return copy.deepcopy(base)
 
 
