@@ -172,8 +172,11 @@ CASES: list[Case] = [
     train_case("data.source={tmp}/nowhere/cifar-10-python.tar.gz",
                "data.path={tmp}/cifar.zarr",
                names="data.source: {tmp}/nowhere/cifar-10-python.tar.gz does not exist"),
-    replace(train_case("data.source={tmp}/junk.tar.gz", "data.path={tmp}/cifar.zarr",
-                       names="junk.tar.gz"), after_start=True),
+    # a file that is no tar archive: refused before the run starts, by --check too
+    train_case("data.source={tmp}/junk.tar.gz", "data.path={tmp}/cifar.zarr",
+               names="data.source: {tmp}/junk.tar.gz is a file but no tar archive"),
+    train_case("--check", "data.source={tmp}/junk.tar.gz",
+               names="data.source: {tmp}/junk.tar.gz is a file but no tar archive"),
     # Runtime (exit 1): nothing listens at the scheduler's address.
     replace(train_case("data.path={dataset}", "data.train_samples=512",
                        "data.test_samples=128", "data.seed=3", "--scheduler",

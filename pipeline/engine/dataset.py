@@ -8,6 +8,7 @@ cluster (`pipeline.prediction`) train on it, and the run itself records a predic
 from __future__ import annotations
 
 import os
+import tarfile
 from collections.abc import Callable
 
 from pipeline.config.run_config import DataConfig, RunConfig
@@ -29,6 +30,10 @@ def check_data_source(config: RunConfig) -> None:
     if source == "synthetic" or not os.path.exists(source):
         return  # a missing source is preflight's to name (its store may outlive it)
     kind = source_kind(source)
+    if kind == "cifar10" and os.path.isfile(source) and not tarfile.is_tarfile(source):
+        raise ConfigError(f"data.source: {source} is a file but no tar archive: expected "
+                          "'synthetic', a folder of images, or CIFAR-10's "
+                          "cifar-10-python.tar.gz or its extracted folder")
     side = config.data.image_size
     if kind == "cifar10" and side not in (None, DataConfig.DEFAULT_IMAGE_SIZE):
         raise ConfigError(f"data.image_size: {side}, but CIFAR-10's images are "
