@@ -22,7 +22,7 @@ from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneL
                           stops_on_signals)
 from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
 from pipeline.config.run_config import RunConfig, load_run_config
-from pipeline.training.outputs import (OutputBusy, OutputLock, RunComplete,
+from pipeline.training.outputs import (OutputLock, RunComplete,
                                        check_earlier_results, earlier_results)
 from pipeline.placement.split import PlacementError
 from pipeline.prediction import check_probe_environment
@@ -31,6 +31,7 @@ from pipeline.records.summary import format_summary
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
 from storage import checkpoints
+from storage.locks import LockBusy
 from storage.datasets.store import DatasetChanged, DatasetDamaged, DatasetError
 from storage.space import NoSpace
 
@@ -173,7 +174,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
     except RunComplete as complete:
         print(complete)
         return 0
-    except OutputBusy as error:
+    except LockBusy as error:  # the output's lock (OutputBusy), or a dataset store's
         return fail(error, IN_USE)
     except NoSpace as error:
         return fail(no_space_line(error, loaded[0] if loaded else None, argv), RUNTIME_ERROR)

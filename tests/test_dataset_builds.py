@@ -93,3 +93,25 @@ def test_a_killed_builds_half_written_store_is_removed_by_the_next(tmp_path):
     assert info.train_samples == 8 and not _leftovers(tmp_path)
     assert said == [f"note: removed {tmp_path / left[0]}, a dataset store a killed build "
                     "left half-written"]
+
+
+def test_a_dataset_lock_file_planted_as_a_link_stops_the_run_in_one_line(tmp_path, capsys,
+                                                                        monkeypatch):
+    """A symbolic link where a dataset store's build lock goes (``.<name>.lock`` beside
+    it): the lock refuses it, and the run says so in one line, exit 3, as it says a
+    run's or a sweep's lock file refused (it stopped with a bare LockBusy traceback)."""
+    from pipeline import train
+    from pipeline.cli import IN_USE
+    from tests.helpers import error_lines_of
+    monkeypatch.setenv("CNN_MEMORY_RUNTIME", "fitted")
+    target = tmp_path / "precious.txt"
+    target.write_text("the user's own file\n")
+    (tmp_path / ".s.zarr.lock").symlink_to(target)
+    config = os.path.join(ROOT, "configs", "small.yaml")
+    assert train.main([config, "strategy=reference", "train.steps=1", "train.eval_samples=0",
+                       "data.train_samples=64", "data.test_samples=8",
+                       f"data.path={tmp_path / 's.zarr'}", f"output={tmp_path / 'run'}",
+                       "prediction=never"]) == IN_USE
+    lines = error_lines_of(capsys.readouterr().err)
+    assert len(lines) == 1 and "is a symbolic link" in lines[0], lines
+    assert target.read_text() == "the user's own file\n"
