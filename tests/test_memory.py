@@ -197,6 +197,18 @@ def test_the_runtimes_are_a_tiny_runs_working_memory_measured_once(monkeypatch, 
         records_memory.memory_runtimes.cache_clear()
 
 
+def test_the_tiny_runs_measure_this_machine_whatever_scheduler_the_environment_names(
+        monkeypatch):
+    """A user who names their own cluster in ``$DASK_SCHEDULER_ADDRESS`` (README: a
+    run without `cluster.scheduler` uses it): the tiny runs measure this machine's
+    embedded worker, not one of that cluster's (an unreachable one gave a worker
+    runtime of 0, so the fitted constant, measured again by every process)."""
+    from pipeline.records.memory_runtime import measure_runtimes
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tls://127.0.0.1:9")
+    worker, client = measure_runtimes()
+    assert 10 * MB < worker < 400 * MB and 10 * MB < client < 800 * MB
+
+
 @pytest.mark.parametrize("pool", [2, 1])
 def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
     """The shard keeps where its output is positive (a bool per output element) and the

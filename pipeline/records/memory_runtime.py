@@ -17,7 +17,8 @@ compared with.
 Two short runs in subprocesses, at once (about 10 s on a 2-core machine), kept with the bare
 processes' figures (pipeline/records/memory.py's cache). `$CNN_MEMORY_RUNTIME=fitted`
 skips the measurement and keeps the fitted constants; the tiny runs themselves are
-started so, or each would measure again.
+started so, or each would measure again; and without ``$DASK_SCHEDULER_ADDRESS``, so
+that they run on this machine's embedded cluster, not on a cluster it names.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ TINY_NETWORK = {
     "cluster": {"workers": 1, "resource": "CPU"},
     "progress": False,
 }
+#: A scheduler the environment names, which a run without `cluster.scheduler` would use:
+#: the tiny runs measure this machine's own embedded worker, so they never see it.
+SCHEDULER_VARIABLE = "DASK_SCHEDULER_ADDRESS"
 #: Longest a tiny run may take before the measurement gives up (fitted constants).
 RUN_TIMEOUT_S = 300
 
@@ -69,7 +73,8 @@ def _tiny_run_working(strategy: str, folder: str, in_client: bool) -> float:
     with open(config_path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(config, handle)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, RUNTIME_VARIABLE: "fitted", "CNN_PREDICT_PROBE": "never",
+    env = {**{k: v for k, v in os.environ.items() if k != SCHEDULER_VARIABLE},
+           RUNTIME_VARIABLE: "fitted", "CNN_PREDICT_PROBE": "never",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", ""))
                                          if p)}
     try:
