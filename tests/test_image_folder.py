@@ -356,3 +356,19 @@ def test_a_link_back_up_the_folder_is_refused_not_walked_round(tmp_path):
     os.remove(link)
     os.symlink(os.path.join(source, "dog"), link)  # a link elsewhere: followed, as before
     assert len(list_image_folder(source).train) == 15 + 5
+
+
+def test_a_loop_of_two_links_is_refused_not_walked_round(tmp_path):
+    """Two class folders linking to each other (`cat/more -> ../dog`, `dog/more ->
+    ../cat`): neither link names a folder above it, and the listing went round the
+    loop to the system's limit, 6 images of 2 classes listed as 246, silently. A link
+    to a folder the walk is already inside is refused, naming it; a link to a sibling
+    that leads nowhere back stays followed."""
+    source = make_folder(tmp_path / "pets")
+    os.symlink(os.path.join("..", "dog"), os.path.join(source, "cat", "more"))
+    back = os.path.join(source, "dog", "more")
+    os.symlink(os.path.join("..", "cat"), back)
+    with pytest.raises(DatasetError, match="links to .*, a folder the listing is already in"):
+        list_image_folder(source)
+    os.remove(back)
+    assert len(list_image_folder(source).train) == 15 + 5

@@ -63,17 +63,27 @@ def _class_folders(folder: str) -> list[str]:
 
 def _images_below(folder: str) -> list[str]:
     """Every image file below `folder` (links followed), sorted by path; DatasetError
-    for a link to a folder above it, which would list every image below that again
-    and again (until the system's limit on links in a path), under this class."""
+    for a link to a folder the walk is already in (above it, or one a link on the way
+    led to: `cat/more -> ../dog` with `dog/more -> ../cat`), which would list every
+    image below it again and again (until the system's limit on links in a path)."""
     found = []
-    for directory, folders, files in os.walk(folder, followlinks=True):
-        here = os.path.realpath(directory)
+    inside = {folder: [os.path.realpath(folder)]}  # each folder walked: the real folders
+    for directory, folders, files in os.walk(folder, followlinks=True):  # it is within
+        chain = inside.pop(directory)
         for name in folders:
             target = os.path.realpath(os.path.join(directory, name))
-            if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
+            above = next((real for real in chain if real == target or real.startswith(
+                target.rstrip(os.sep) + os.sep)), None)
+            if above == chain[-1]:
                 raise DatasetError(f"image folder {folder!r}: "
                                    f"{os.path.join(directory, name)} links to {target}, a "
                                    "folder above it (a loop): remove the link")
+            if above is not None:
+                raise DatasetError(f"image folder {folder!r}: "
+                                   f"{os.path.join(directory, name)} links to {target}, a "
+                                   "folder the listing is already in, through the links "
+                                   "before it (a loop): remove the link")
+            inside[os.path.join(directory, name)] = chain + [target]
         found += [os.path.join(directory, name) for name in files
                   if name.lower().endswith(IMAGE_EXTENSIONS)]
     return sorted(found)
