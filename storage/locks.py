@@ -80,13 +80,19 @@ class OwnerLock:
         """The lock file's descriptor, opened with `flags` (module doc: never through a
         link). Where it is not a plain file of this user's with one name: the busy error
         naming its holder if one holds it, else naming the problem."""
-        try:
-            fd = os.open(self.path, flags | NO_LINK, 0o644)
-        except OSError as error:
-            if error.errno != errno.ELOOP:
-                raise
-            raise self._unsafe(f"is a symbolic link (to {os.readlink(self.path)})") from None
-        info = os.fstat(fd)
+        while True:
+            try:
+                fd = os.open(self.path, flags | NO_LINK, 0o644)
+            except OSError as error:
+                if error.errno != errno.ELOOP:
+                    raise
+                raise self._unsafe(f"is a symbolic link (to {os.readlink(self.path)})") \
+                    from None
+            info = os.fstat(fd)
+            if info.st_nlink or not stat.S_ISREG(info.st_mode):
+                break
+            os.close(fd)  # no name left: its holder released it (removed it) since the
+            # open; open what is at the path now (none: FileNotFoundError, or made anew)
         problem = ("is not a plain file" if not stat.S_ISREG(info.st_mode)
                    else f"belongs to user {user_name(info.st_uid)}"
                    if info.st_uid != os.geteuid()

@@ -115,3 +115,31 @@ def test_a_dataset_lock_file_planted_as_a_link_stops_the_run_in_one_line(tmp_pat
     lines = error_lines_of(capsys.readouterr().err)
     assert len(lines) == 1 and "is a symbolic link" in lines[0], lines
     assert target.read_text() == "the user's own file\n"
+
+
+def test_a_lock_released_while_another_opens_it_is_waited_for_not_refused(tmp_path):
+    """Builds contending for one store's lock: the holder's release removes the lock
+    file, and a contender that opened it just before saw a file with no name left
+    (st_nlink 0), which the lock took for a hard link and refused ('has another name
+    too'), stopping a run that only had to wait. Threads stand for the processes
+    (flock is per open file). Bounded: a fixed number of tries, joined with a timeout."""
+    from storage.locks import LockBusy, OwnerLock
+    path = str(tmp_path / ".s.zarr.lock")
+    refused: list[str] = []
+
+    def contend() -> None:
+        for _ in range(4000):
+            lock = OwnerLock(path, "dataset store s.zarr", "another build")
+            try:
+                lock.acquire(on_wait=lambda line: None)
+            except LockBusy as error:
+                refused.append(str(error))
+                continue
+            lock.release()
+    threads = [threading.Thread(target=contend, daemon=True) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not refused, refused[:1]
