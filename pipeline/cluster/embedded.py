@@ -145,15 +145,14 @@ def private_scratch() -> str:
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
 
 
-def remove_stale_scratch(folder: str) -> list[str]:
+def remove_stale_scratch(folder: str) -> None:
     """Remove the scratch folders in `folder` that this user's processes made and that
-    no process of that pid holds now (killed: SIGKILL leaves no time to clean); the
-    paths removed. Another user's, a link, and a live process's stay."""
-    removed = []
+    no process of that pid holds now (killed: SIGKILL leaves no time to clean).
+    Another user's, a link, and a live process's stay."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
-        return removed
+        return
     for entry in entries:
         made_by = re.fullmatch(rf"{SCRATCH_PREFIX}(\d+)-.+", entry.name)
         try:
@@ -161,21 +160,8 @@ def remove_stale_scratch(folder: str) -> list[str]:
         except OSError:
             continue
         if (made_by and stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid()
-                and not _alive(int(made_by[1]))):
+                and not psutil.pid_exists(int(made_by[1]))):
             shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process of `pid` exists (another user's too)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class PrivateScratchCluster(SpecCluster):

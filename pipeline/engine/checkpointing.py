@@ -149,12 +149,18 @@ def data_made_on(info: DatasetInfo) -> dict[str, Any]:
             "train_samples": info.train_samples, "test_samples": info.test_samples}
 
 
+def recorded_data(path: str) -> dict[str, Any]:
+    """What the checkpoints at `path` recorded of the dataset they trained on
+    (`data_made_on`; empty where they recorded none, or there are none)."""
+    made = checkpoints.made_with(path) if os.path.exists(path) else None
+    recorded = (made or {}).get("dataset")
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def data_identity(path: str) -> str:
     """The identity of the dataset store the checkpoints at `path` trained on ("" if
     they recorded none): what every read of the run's steps checks it reads."""
-    made = checkpoints.made_with(path) if os.path.exists(path) else None
-    recorded = (made or {}).get("dataset")
-    return str(recorded.get("identity") or "") if isinstance(recorded, dict) else ""
+    return str(recorded_data(path).get("identity") or "")
 
 
 def check_same_data(config: RunConfig, info: DatasetInfo) -> None:
@@ -163,9 +169,8 @@ def check_same_data(config: RunConfig, info: DatasetInfo) -> None:
     with an image added, removed or replaced rebuilds its store). Checked once the
     store is open, so by the run, not by `--check`; a store that recorded no identity
     (written before it did) is not checked."""
-    earlier = (checkpoints.made_with(config.checkpoint_path) or {}).get("dataset")
-    if not isinstance(earlier, dict) or not earlier.get("identity") or not info.identity \
-            or earlier["identity"] == info.identity:
+    earlier = recorded_data(config.checkpoint_path)
+    if not earlier.get("identity") or not info.identity or earlier["identity"] == info.identity:
         return
     counts = (f"{earlier.get('train_samples')}/{earlier.get('test_samples')} train/test "
               f"images then, {info.train_samples}/{info.test_samples} now")
