@@ -119,11 +119,14 @@ def remove_stale_exchanges(parent: str) -> list[str]:
 
 
 def remove_own_exchanges(parent: str) -> None:
-    """Remove the workspaces in local folder `parent` that this process made: what an
-    exit without unwinding (a second stop signal) would leave for the next run."""
+    """Remove the workspaces in local folder `parent` that this process made, and
+    `parent` itself if nothing else is left in it (as a run's own end does): what an
+    exit without unwinding (a second stop signal) would leave behind."""
     for path, record in _owned_workspaces(parent):
         if record.get("pid") == os.getpid() and record.get("host") == socket.gethostname():
             shutil.rmtree(path, ignore_errors=True)
+    if is_local(parent):
+        remove_root_if_empty(local_path(parent))
 
 
 def remove_exchange(path: str) -> None:

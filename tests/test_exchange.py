@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import zarr
 
 from storage.arrays import ArrayLayout, create_array, create_arrays
 from storage.exchange import Exchange, ExchangeError, SlotSpec, _chunk_file, create_exchange
-from storage.exchange_folders import remove_exchange
+from storage.exchange_folders import remove_exchange, remove_own_exchanges, write_owner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,6 +115,25 @@ def test_cancelled_task_stops_waiting(workspace):
 def test_remove_exchange(workspace):
     remove_exchange(workspace)
     assert not os.path.exists(workspace)
+
+
+def test_a_process_stopped_at_once_removes_its_workspaces_and_an_emptied_root(tmp_path):
+    """What a second stop signal removes (`remove_own_exchanges`): this process's
+    workspaces, then their root if that leaves it empty; another process's workspace
+    stays, and keeps the root."""
+    root = tmp_path / "dask-cnn-root"
+    own = [str(root / f"own-{i}.zarr") for i in range(2)]
+    for folder in own:
+        write_owner(folder)
+    remove_own_exchanges(str(root))
+    assert not root.exists()
+    other = root / "other.zarr"
+    other.mkdir(parents=True)
+    (other / "owner.json").write_text(json.dumps({"kind": "hetcnn-workspace", "pid": 1,
+                                                  "host": "elsewhere"}))
+    write_owner(own[0])
+    remove_own_exchanges(str(root))
+    assert sorted(os.listdir(root)) == ["other.zarr"]
 
 
 def test_a_late_writer_does_not_keep_a_removed_workspace_alive(tmp_path):
