@@ -367,8 +367,7 @@ def _finish(trained: Trained, start: Start, finish: ResultsFirst,
         accuracy, why = accuracy_or_why(start.network, weights, start.info.path, samples,
                                         identity=start.info.identity)
         if why:
-            notes.append(why)
-            print(f"warning: {why}", file=sys.stderr, flush=True)
+            start.say(f"warning: {why}")
     return write_results(config, start.info, attrs, list(trained.split), recorder,
                          trained.history, notes, start.started, accuracy, prediction,
                          in_client=trained.in_client, earlier=start.earlier)

@@ -159,6 +159,6 @@ def test_a_store_rebuilt_before_the_test_images_are_read_loses_only_the_score(
     assert result.summary["test_accuracy"] is None and summary["test_accuracy"] is None
     assert summary["recorded_steps"] == 2
     notes = json.loads(xr.open_zarr(tmp_path / "run" / "record.zarr").attrs["notes"])
-    assert any(note.startswith("test accuracy none: dataset store X was rebuilt")
+    assert any(note.startswith("warning: test accuracy none: dataset store X was rebuilt")
                for note in notes), notes
     assert "warning: test accuracy none: dataset store X" in capsys.readouterr().err
