@@ -203,7 +203,7 @@ def replica_step(run: RunState, op: StepOp, step: int, indices: np.ndarray,
     with clock.op(REPLICA_STEP):
         work.optimizer.zero_grad(set_to_none=True)
         if stop > start or work.norms:  # no rows: still a party to batch norm's sums
-            x, y = _batch_rows(run, indices[start:stop], clock)
+            x, y = _batch_rows(run, indices[start:stop], step, clock)
             with ComputeSpans(clock) as spans, \
                     exchanging(work.norms, batch_norm_exchange(run, step, spans)):
                 set_dropout(work.model, work.seed, step, slice(start, stop), run.batch)
@@ -269,12 +269,15 @@ def hand_on_ranges(run: RunState, grads: Gradients, optimizer: WorkerSGD, step: 
         optimizer.zero_grad(set_to_none=True)
 
 
-def _batch_rows(run: RunState, rows: np.ndarray, clock: TaskClock
+def _batch_rows(run: RunState, rows: np.ndarray, step: int, clock: TaskClock
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The images (augmented as step `step` trains on them) and labels of sample
+    indices `rows`, on the worker's device."""
     with clock.phase("dataset") as phase:
         images, labels = read_batch(run.paths.dataset, "train", rows,
                                     run.paths.dataset_identity)
         phase.nbytes = images.nbytes + labels.nbytes
+        images = run.augmentation.apply(images, rows, step)
     device = run.profile.device
     return torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device)
 

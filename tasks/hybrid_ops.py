@@ -151,6 +151,7 @@ def trunk_forward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             images = read_batch(run.paths.dataset, "train", indices[start:stop],
                                 run.paths.dataset_identity)[0]
             phase.nbytes = images.nbytes
+            images = run.augmentation.apply(images, indices[start:stop], step)
         with ComputeSpans(clock) as spans, \
                 exchanging(work.norms, batch_norm_exchange(run, step, spans)):
             work.features = work.trunk(torch.from_numpy(images).to(run.profile.device))

@@ -158,6 +158,7 @@ def _layer_input(run: RunState, layer: int, step: int, indices: np.ndarray,
             images = read_batch(run.paths.dataset, "train", indices,
                                 run.paths.dataset_identity)[0]
             phase.nbytes = images.nbytes
+            images = run.augmentation.apply(images, indices, step)
             x = torch.from_numpy(images).to(run.profile.device)
     else:
         x = _gather(run, source, step, clock)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from tasks.augment import Augmentation
 from tasks.layout import Layout, StepOp
 from tasks.moves import Mover
 from tasks.receipts import TaskClock
@@ -61,6 +62,7 @@ class RunState:
     work: Any
     ops: list[StepOp]  # this worker's ops of every step, in order
     next_op: tuple[int, int] | None = None  # (step, index into ops) expected next
+    augmentation: Augmentation = Augmentation()  # of the training images this run reads
 
     def check_order(self, step: int, ops: tuple[StepOp, ...]) -> None:
         """Ops must arrive exactly in step-graph order (tasks are queued by priority)."""

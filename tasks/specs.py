@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tasks.augment import Augmentation
+
 
 #: Pooling kinds: PyTorch's max_pool2d and avg_pool2d (count_include_pad, floor mode, as
 #: nn.MaxPool2d and nn.AvgPool2d default to), and adaptive_avg_pool2d to a square.
@@ -318,6 +320,7 @@ class Arithmetic:
     conv_lr_scale: float = 1.0
     check_replicas: bool = False
     seed: int = 0  # the run's: dropout masks are drawn from it (tasks/network.py)
+    augmentation: Augmentation = Augmentation()  # of the training images (tasks/augment.py)
 
     def conv_optimizer(self) -> OptimizerSpec:
         o = self.optimizer

@@ -52,7 +52,7 @@ def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: Ne
         mover = Mover(Exchange(paths.workspace), slots, device, profile.synchronize,
                       wait_timeout)
     put_run(run_id, RunState(run_id, layout, me, network, batch, paths, profile, mover, side,
-                             work, layout.ops(me)))
+                             work, layout.ops(me), augmentation=arithmetic.augmentation))
     receipt.end = time.time()
     receipt.extra = {"device": device, "threads": profile.threads, "speed": profile.speed}
     return receipt

@@ -26,6 +26,7 @@ from pipeline.cluster.security import write_credentials
 from storage import checkpoints
 from storage.datasets import open_dataset_info, read_batch
 from tasks.network import load_model, set_dropout, to_arrays
+from tests.augment_replay import augmented_batch
 from tests.replica_replay import replay_network
 from tests.zoo_replay import load_torchvision
 
@@ -145,7 +146,8 @@ def replay_model(config: RunConfig, dataset: str
         images, labels = read_batch(dataset, "train", indices[step])
         optimizer.zero_grad()
         set_dropout(model, t.seed, step)
-        loss = nn.functional.cross_entropy(model(torch.from_numpy(images)),
+        loss = nn.functional.cross_entropy(model(augmented_batch(config, images, indices[step],
+                                                                 step)),
                                            torch.from_numpy(labels))
         loss.backward()
         optimizer.step()
@@ -187,7 +189,7 @@ def replay_hybrid_in_pytorch(config: RunConfig, dataset: str, parts: list[list[i
     losses = []
     for step in range(t.steps):
         images, labels = read_batch(dataset, "train", indices[step])
-        x, y = torch.from_numpy(images), torch.from_numpy(labels)
+        x, y = augmented_batch(config, images, indices[step], step), torch.from_numpy(labels)
         conv_opt.zero_grad()
         features = trunk(x)
         grad_features = torch.zeros_like(features)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from pipeline.config.run_config import RunConfig
 from storage import checkpoints
 from storage.datasets import read_batch
+from tests.augment_replay import augmented_batch
 from storage.datasets.store import open_dataset_info
 from tasks.network import SpecNetwork, load_model, set_dropout
 
@@ -104,7 +105,7 @@ def replay_network(config: RunConfig, dataset: str, replicas: Rows | None = None
     seed, losses = config.train.seed, []
     for step in range(config.train.steps):
         images, labels = read_batch(dataset, "train", indices[step])
-        x, y = torch.from_numpy(images), torch.from_numpy(labels)
+        x, y = augmented_batch(config, images, indices[step], step), torch.from_numpy(labels)
         batch = len(y)
         trunk_opt.zero_grad()
         head_opt.zero_grad()

@@ -127,6 +127,10 @@ CASES: list[Case] = [
     train_case("workspace.channel_quantum=0", names="workspace.channel_quantum"),
     train_case("reference.threads=0", names="reference.threads"),
     train_case("data.train_samples=0", names="data.train_samples"),
+    train_case("data.augment=crop", names="data.augment: expected one of 'none', 'crop_flip'"),
+    # A crop from padding as wide as the image may hold none of it.
+    train_case("data.augment=crop_flip", "data.augment_padding=32",
+               names="data.augment_padding: 32 pixels of padding let a crop of a 32x32 image"),
     # What the dataset and a recorded split's summary say, known from files alone: once
     # refused only after the dataset was built, or the cluster started.
     train_case("network.classes=5", names="network.classes: 5, but the dataset has 10 classes"),

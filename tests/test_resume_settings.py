@@ -32,6 +32,8 @@ REFUSED = [
     (["train.seed=1"], ["train.seed=0 (now 1)"]),
     (["data.train_samples=256"], ["data.train_samples=512 (now 256)"]),
     (["data.test_samples=64"], ["data.test_samples=128 (now 64)"]),
+    (["data.augment=crop_flip"], ["data.augment=none (now crop_flip)",
+                                  "data.augment_padding=null (now 4)"]),
     (["network.conv.0.kernels=8"], ["network.conv.0.kernels=10 (now 8)"]),
     (["network.dtype=float64"], ["network.dtype=float32 (now float64)"]),
     (["train.batch=32", "train.lr=0.1"], ["train.batch=16 (now 32)", "train.lr=0.05 (now 0.1)"]),
@@ -57,6 +59,14 @@ def test_a_resume_with_other_settings_is_refused_naming_each(tmp_path, tiny_data
                 assert text in lines[0], (overrides, lines)
             assert "new `output`" in lines[0], lines
     assert xr.open_zarr(record).step.values.tolist() == before  # nothing trained
+    # a store that recorded its settings before augmentation was one of them trained
+    # without it
+    group = zarr.open_group(config.checkpoint_path, mode="a")
+    group.attrs["made_with"] = {key: value for key, value in group.attrs["made_with"].items()
+                                if not key.startswith("data.augment")}
+    code, lines = main_lines(capsys, [path, "train.resume=true", "data.augment=crop_flip",
+                                      "--check"])
+    assert code == 2 and "data.augment=none (now crop_flip)" in lines[0], lines
     # a store written before it recorded its settings: the run folder's config.yaml
     # says them
     del zarr.open_group(config.checkpoint_path, mode="a").attrs["made_with"]
@@ -69,7 +79,7 @@ def test_a_resume_may_change_what_leaves_the_arithmetic_alone(tmp_path, tiny_dat
                                                               capsys):
     """More steps, other checkpoints, warm-up and evaluation, and settings the
     strategy does not use (`train.batch_norm` on a network without batch norm,
-    `hybrid.*` outside `hybrid`) resume; each start's entry says its strategy,
+    `hybrid.*` outside `hybrid`, `data.augment_padding` without `data.augment`) resume; each start's entry says its strategy,
     placement and batch."""
     dataset = tiny_dataset_factory("float32")
     config = reference_config(tmp_path, dataset, **{"train.steps": 4,
@@ -78,7 +88,8 @@ def test_a_resume_may_change_what_leaves_the_arithmetic_alone(tmp_path, tiny_dat
     code, lines = main_lines(capsys, [
         write_config(tmp_path, config), "train.resume=true", "train.steps=6",
         "train.checkpoint_every=3", "train.warmup_steps=2", "train.eval_samples=32",
-        "train.batch_norm=local", "hybrid.dense_batch=worker", "hybrid.conv_lr_scaling=sqrt"])
+        "train.batch_norm=local", "hybrid.dense_batch=worker", "hybrid.conv_lr_scaling=sqrt",
+        "data.augment_padding=2"])  # padding without augmentation changes nothing
     assert code == 0, lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert record.step.values.tolist() == list(range(6))

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pipeline.config.data_config import DataConfig
 from pipeline.config.cluster_config import (ClusterConfig, JobGroupConfig, JobqueueConfig,
                                             LinkConfig, WorkerConfig)
 from pipeline.config.schema import (ConfigError, FieldError, check_range, described, from_dict,
@@ -21,54 +22,6 @@ from pipeline.config.schema import (ConfigError, FieldError, check_range, descri
 from storage.private import default_workspace_root
 from pipeline.config.network_config import NetworkConfig
 from tasks.specs import NetworkSpec, OptimizerSpec
-
-
-@dataclass
-class DataConfig:
-    source: str = described("synthetic", "`synthetic` (a deterministic, learnable set of "
-                            "`image_size` images), a folder of images with one sub-folder "
-                            "per class (PNG, JPEG, BMP, PPM or WebP; `train/` and `test/` "
-                            "or `val/` sub-folders, if present, are the splits), or a path "
-                            "to `cifar-10-python.tar.gz` / its extracted folder")
-    path: str | None = described(None, "the dataset's Zarr store, built on first use (null: "
-                                 "`data/<source name>[-<digest of its path>]-<counts>[-s<seed>]"
-                                 "[-<side>px]-<dtype>.zarr`, the digest for all but synthetic)")
-    image_size: int | None = described(
-        None, "the images' side in pixels, at least 8: synthetic images are drawn at it, "
-        "and an image folder's are resized (shorter side, bilinear) and centre-cropped to "
-        "it (null: 32; CIFAR-10's is 32, and no other value is taken for it)")
-    train_samples: int | None = described(None, "training images (null: 5000 synthetic, or "
-                                          "all of CIFAR-10 or the image folder)")
-    test_samples: int | None = described(
-        None, "test images (null: 1000 synthetic, or all of CIFAR-10 or of an image "
-        "folder's test/ or val/; a folder without them holds out this many images, drawn "
-        "with `seed`, else a sixth of them)")
-    seed: int = described(0, "the seed of the synthetic set, and of the order (and, "
-                          "without test/, the split) of an image folder's images")
-
-    SYNTHETIC_DEFAULTS = (5000, 1000)
-    DEFAULT_IMAGE_SIZE = 32
-    MIN_IMAGE_SIZE = 8
-
-    def __post_init__(self) -> None:
-        if not self.source:
-            raise FieldError("source", "expected 'synthetic', a folder of images or a path to "
-                             "CIFAR-10, got ''")
-        check_range(self, "train_samples", low=1)
-        check_range(self, "test_samples", low=1)
-        check_range(self, "image_size", low=self.MIN_IMAGE_SIZE)
-        check_range(self, "seed", low=0)
-
-    def sample_counts(self) -> tuple[int | None, int | None]:
-        """(train, test) samples to build the store with."""
-        if self.source == "synthetic":
-            train, test = self.SYNTHETIC_DEFAULTS
-            return self.train_samples or train, self.test_samples or test
-        return self.train_samples, self.test_samples
-
-    def image_side(self) -> int:
-        """The images' height and width (CIFAR-10's is the default)."""
-        return self.image_size or self.DEFAULT_IMAGE_SIZE
 
 
 @dataclass

@@ -45,9 +45,13 @@ def network_fingerprint(network: NetworkSpec) -> str:
 #: placement, the cluster, the workspace, ...): every strategy's arithmetic is
 #: single-process SGD's, and the record's `starts` says what each start ran on.
 RESUME_FIXED = ("data.source", "data.image_size", "data.train_samples",
-                "data.test_samples", "data.seed", "train.batch", "train.lr",
+                "data.test_samples", "data.seed", "data.augment", "data.augment_padding",
+                "train.batch", "train.lr",
                 "train.momentum", "train.weight_decay", "train.nesterov", "train.seed",
                 "train.batch_norm", "hybrid.dense_batch", "hybrid.conv_lr_scaling")
+#: Settings of `RESUME_FIXED` added after stores began to record them, as a store
+#: that does not record them trained: without augmentation.
+RECORDED_LATER = {"data.augment": "none", "data.augment_padding": None}
 #: Settings only some strategies use, as single-process SGD has them: the value a
 #: strategy that does not use them trains with, whatever the config says (which a
 #: strategy uses is its `Strategy.arithmetic_settings`).
@@ -72,7 +76,10 @@ def made_with(config: RunConfig, network: NetworkSpec, settings_of: SettingsOf =
     train_samples, test_samples = data.sample_counts()
     values = {"data.source": data.source, "data.image_size": data.image_side(),
               "data.train_samples": train_samples, "data.test_samples": test_samples,
-              "data.seed": data.seed, "hybrid.dense_batch": config.hybrid.dense_batch,
+              "data.seed": data.seed, "data.augment": data.augment,
+              # the padding of no augmentation is none, whatever the config says
+              "data.augment_padding": data.augment_padding if data.augment != "none" else None,
+              "hybrid.dense_batch": config.hybrid.dense_batch,
               "hybrid.conv_lr_scaling": config.hybrid.conv_lr_scaling,
               **{f"train.{name}": getattr(train, name) for name in
                  ("batch", "lr", "momentum", "weight_decay", "nesterov", "seed",
@@ -129,6 +136,8 @@ def check_resumed_run(config: RunConfig, network: NetworkSpec,
         return
     other_network = checkpoints.made_for(path) != network_fingerprint(network)
     earlier = _earlier_settings(config, network, settings_of) or {}
+    if earlier:
+        earlier = {**RECORDED_LATER, **earlier}
     now = made_with(config, network, settings_of)
     differ = [_change(key, earlier[key], now[key]) for key in RESUME_FIXED
               if key in earlier and earlier[key] != now[key]]

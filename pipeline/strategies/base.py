@@ -114,7 +114,7 @@ class Strategy:
     def arithmetic(self, config: RunConfig, workers: int) -> Arithmetic:
         """How its workers compute (SGD settings, the conv learning-rate factor)."""
         return Arithmetic(config.optimizer_spec(), 1.0, config.train.check_replicas,
-                          config.train.seed)
+                          config.train.seed, config.data.augmentation(config.train.seed))
 
     def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
         """Its split as the record and summary keep it, e.g. ``{"kernel_split": ...}``."""

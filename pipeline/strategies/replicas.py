@@ -151,7 +151,7 @@ class HybridStrategy(DataStrategy):
         scaling = config.hybrid.conv_lr_scaling
         scale = {"none": 1.0, "linear": float(workers), "sqrt": math.sqrt(workers)}[scaling]
         return Arithmetic(config.optimizer_spec(), scale, config.train.check_replicas,
-                          config.train.seed)
+                          config.train.seed, config.data.augmentation(config.train.seed))
 
     def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
         assert isinstance(layout, HybridLayout)

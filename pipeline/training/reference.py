@@ -46,6 +46,7 @@ class ReferenceTrainer:
         self.devices = [device]
         self._submitted: dict[int, int] = {}  # first step -> steps
         self.data_identity = ""  # the store the checkpoints trained on: `start` reads it
+        self.augmentation = config.data.augmentation(config.train.seed)  # training images'
 
     def start(self, from_step: int) -> None:
         configure_process(self.config.reference.threads)
@@ -81,6 +82,7 @@ class ReferenceTrainer:
                 images, labels = read_batch(self.config.dataset_path, "train", indices,
                                             self.data_identity)
                 phase.nbytes = images.nbytes + labels.nbytes
+                images = self.augmentation.apply(images, indices, step)
             with clock.phase("compute"):
                 self.optimizer.zero_grad(set_to_none=True)
                 set_dropout(self.model, self.config.train.seed, step)
