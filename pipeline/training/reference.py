@@ -46,7 +46,7 @@ class ReferenceTrainer:
         self.devices = [device]
         self._submitted: dict[int, int] = {}  # first step -> steps
         self.data_identity = ""  # the store the checkpoints trained on: `start` reads it
-        self.augmentation = config.data.augmentation(config.train.seed)  # training images'
+        self.augmentation = config.data.augmentation(config.train.seed)  # of training images
 
     def start(self, from_step: int) -> None:
         configure_process(self.config.reference.threads)
