@@ -144,9 +144,11 @@ def wait_for_checkpoint(path: str, step: int, run: subprocess.Popen,
 
 
 #: The networks a killed worker is survived on: the paper family's, and ResNet-20's
-#: tied splits with batch norm's running statistics replayed.
+#: tied splits with batch norm's running statistics replayed, trained on augmented
+#: images (the replay after the loss draws each step's crops and flips again).
 NETWORKS = {"paper family": ["network.conv.0.kernels=12", "network.conv.1.kernels=12"],
-            "resnet20": ["network.preset=resnet20", "network.width=0.25"]}
+            "resnet20": ["network.preset=resnet20", "network.width=0.25",
+                         "data.augment=crop_flip"]}
 
 
 @pytest.mark.parametrize("strategy, dtype, victim, tolerance, network", [
