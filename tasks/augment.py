@@ -20,9 +20,6 @@ from typing import Literal
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-#: What `data.augment` may say: `none`, or `crop_flip` (crop from the padded image, flip).
-AUGMENTS = ("none", "crop_flip")
-
 #: The first word of each step's key, so that the augmentation's draws are a stream of
 #: their own beside the dropout masks' (`tasks.network.dropout_block_seeds`).
 _STREAM = 0x41554731  # "AUG1"

@@ -57,6 +57,8 @@ def test_padding_zero_without_flips_is_the_identity_and_none_changes_nothing():
     np.testing.assert_array_equal(flipped[flips], images[flips][..., ::-1])
     np.testing.assert_array_equal(flipped[~flips], images[~flips])
     assert Augmentation().apply(images, np.arange(32), 4) is images
+    empty = crop_flip(images[:0], np.arange(0), 3, 4, 4)  # a replica with no rows
+    assert empty.shape == (0, 3, 8, 8) and empty.dtype == images.dtype
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
