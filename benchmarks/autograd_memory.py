@@ -73,7 +73,7 @@ def measure(config_path: str, batch: int, steps: int) -> dict[str, float]:
         grad = torch.ones_like(x)
         for l in reversed(range(len(shards))):
             grad = shards[l].input_gradient(grad)
-            shards[l].update()
+            shards[l].update(0)
     figures["shards"] = rss()
     dense = {f"{n}.{name}" for n in spec.dense_names for name in ("weight", "bias")}
     head = DenseHead(spec, optimizer, {k: weights[k] for k in dense},

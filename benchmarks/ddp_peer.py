@@ -71,7 +71,7 @@ def ddp_steps(rank: int, world: int, rendezvous: str, config_path: str, override
         optimizer.zero_grad(set_to_none=True)
         set_dropout(model, config.train.seed, number, slice(start, stop), batch)
         F.cross_entropy(ddp(torch.from_numpy(images)), torch.from_numpy(labels)).backward()
-        optimizer.step()
+        optimizer.step(number)
         if not exchange:
             dist.barrier()
         return time.perf_counter() - t0

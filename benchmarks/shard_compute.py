@@ -51,7 +51,7 @@ def autograd_step(network: NetworkSpec, optimizer, x: torch.Tensor, y: torch.Ten
     def step() -> None:
         sgd.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
-        sgd.step()
+        sgd.step(0)
     return step
 
 

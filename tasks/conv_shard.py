@@ -149,14 +149,15 @@ class ConvShard:
         layer adds none), once `input_gradient` ran."""
         return None
 
-    def update(self) -> None:
-        """The SGD update with the kernel gradients `input_gradient` computed."""
+    def update(self, step: int) -> None:
+        """Step `step`'s SGD update (its learning rate) with the kernel gradients
+        `input_gradient` computed."""
         saved = self._saved
         if saved is None or saved.grads is None:
             raise RuntimeError(f"update of layer {self.shard.layer} before input_gradient")
         self._saved = None
         self.weight.grad, self.bias.grad = saved.grads
-        self.optimizer.step()
+        self.optimizer.step(step)
         # Dropped now, not at the next step: the next backward's kernel gradient would
         # otherwise be made while this one is still alive (twice the shard's weights).
         self.optimizer.zero_grad()
@@ -232,7 +233,7 @@ def time_layer(spec: ConvLayerSpec, batch: int, sizes: list[int], dtype: str,
             shard.forward(x, input_grad=input_grad, residual=residual)
             shard.input_gradient(grad)
             shard.residual_gradient()
-            shard.update()
+            shard.update(0)
 
         times = profile.time_rounds(one_round, repeats)
         points.append([kernels, float(np.median(times))])

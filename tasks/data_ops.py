@@ -109,9 +109,9 @@ class DataWork:
     seed: int = 0  # the run's, for the dropout masks
     norms: list[ReplicaBatchNorm2d] = field(default_factory=list)  # sync batch norm's
 
-    def apply_reduced(self, layout: DataLayout) -> None:
-        """The SGD step, once the summed gradient is in every parameter's .grad."""
-        self.optimizer.step()
+    def apply_reduced(self, layout: DataLayout, step: int) -> None:
+        """SGD step `step`, once the summed gradient is in every parameter's .grad."""
+        self.optimizer.step(step)
 
 
 # Loading and saving ----------------------------------------------------------------------
@@ -185,7 +185,7 @@ def time_replica(network: NetworkSpec, rows: int, repeats: int = 3) -> dict:
     def one_round() -> None:
         sgd.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y, reduction="sum").backward()
-        sgd.step()
+        sgd.step(0)
 
     times = profile.time_rounds(one_round, repeats)
     return {"worker": profile.name, "seconds": float(np.median(times)), "rows": rows,
@@ -245,7 +245,7 @@ def grad_update(run: RunState, op: StepOp, step: int, indices: np.ndarray,
         with clock.phase("compute") as phase:
             grads.assign(torch.cat(pieces))
             del pieces
-            work.apply_reduced(run.layout)
+            work.apply_reduced(run.layout, step)
             grads.local = None
         run.emulate(clock, phase.seconds)
         if work.check_replicas:

@@ -48,7 +48,7 @@ class DenseHead:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model.head(x), labels)
         loss.backward()
-        self.optimizer.step()
+        self.optimizer.step(step)
         return loss.detach(), x.grad
 
     def state(self) -> dict[str, dict[str, np.ndarray]]:

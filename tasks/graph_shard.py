@@ -176,15 +176,16 @@ class GraphShard:
         grad, saved.residual_grad = saved.residual_grad, None
         return grad
 
-    def update(self) -> None:
-        """The SGD update of every parameter with the gradients `input_gradient` made."""
+    def update(self, step: int) -> None:
+        """Step `step`'s SGD update (its learning rate) of every parameter with the
+        gradients `input_gradient` made."""
         saved = self._saved
         if saved is None or saved.grads is None:
             raise RuntimeError(f"update of layer {self.shard.layer} before input_gradient")
         self._saved = None
         for name, param in self.params.items():
             param.grad = saved.grads[name]
-        self.optimizer.step()
+        self.optimizer.step(step)
         self.optimizer.zero_grad()
 
     def state(self) -> dict[str, dict[str, np.ndarray]]:

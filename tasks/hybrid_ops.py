@@ -77,12 +77,13 @@ class HybridWork:
                             self.dense[j].dropout, inputs.dtype, rows)
         return mask.to(inputs.device)
 
-    def apply_reduced(self, layout: HybridLayout) -> None:
-        """The conv step once the summed conv gradient is in place; the dense slices'
-        too with ``dense_batch: full`` (with ``worker`` they stepped after each part)."""
-        self.conv_optimizer.step()
+    def apply_reduced(self, layout: HybridLayout, step: int) -> None:
+        """Step `step`'s conv update once the summed conv gradient is in place; the
+        dense slices' too with ``dense_batch: full`` (with ``worker`` they stepped after
+        each part, at the same step's rate)."""
+        self.conv_optimizer.step(step)
         if layout.dense_batch == "full":
-            self.dense_optimizer.step()
+            self.dense_optimizer.step(step)
             self.dense_optimizer.zero_grad(set_to_none=True)
 
 
@@ -232,7 +233,7 @@ def dense_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             if mask is not None:
                 grad_in = grad_in * mask
             grad_weight, grad_bias = grad_pre.t() @ inputs, grad_pre.sum(dim=0)
-            _add_or_step(work, piece, grad_weight, grad_bias, layout.dense_batch)
+            _add_or_step(work, piece, grad_weight, grad_bias, layout.dense_batch, step)
         run.emulate(clock, phase.seconds + more.seconds)
         work.kept.pop(("out", k, j), None)
         if j == 0:
@@ -272,15 +273,15 @@ def _logit_gradient(run: RunState, logits: torch.Tensor, labels: torch.Tensor,
 
 
 def _add_or_step(work: HybridWork, piece: DenseSlice, grad_weight: torch.Tensor,
-                 grad_bias: torch.Tensor, dense_batch: str) -> None:
+                 grad_bias: torch.Tensor, dense_batch: str, step: int) -> None:
     """Full batch: add to the slice's gradient (one step after every part); per part:
-    step this slice now."""
+    step this slice now, at step `step`'s rate."""
     if dense_batch == "full":
         for param, grad in ((piece.weight, grad_weight), (piece.bias, grad_bias)):
             param.grad = grad if param.grad is None else param.grad + grad
         return
     piece.weight.grad, piece.bias.grad = grad_weight, grad_bias
-    work.dense_optimizer.step()
+    work.dense_optimizer.step(step)
     piece.weight.grad = piece.bias.grad = None
 
 

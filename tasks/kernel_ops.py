@@ -219,7 +219,7 @@ def conv_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
                 else:
                     run.mover.write(f"partial/{layer}/{run.me}/{e}", step, part, clock)
         with clock.phase("compute") as phase:
-            shard.update()
+            shard.update(step)
         run.emulate(clock, phase.seconds)
 
 

@@ -5,7 +5,9 @@ so that the distributed arithmetic is exactly single-process SGD's: the in-proce
 reference torch's own `torch.optim.SGD` (it is plain PyTorch), the workers (conv
 shards, the dense head, replicas) `WorkerSGD`, the same step without torch.optim's
 import of torch._dynamo. A checkpoint stores each parameter's momentum buffer
-beside its weights (zeros before the first step).
+beside its weights (zeros before the first step). The learning rate follows the
+spec's schedule (tasks/lr_schedule.py): a worker's SGD takes the rate of the step it
+is taking, the reference's from torch's own schedulers (`torch_scheduler`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable, Union
 
+import warnings
+
 import numpy as np
 import torch
+from torch.optim import lr_scheduler
 
 from tasks.specs import OptimizerSpec
 
@@ -23,6 +28,39 @@ def torch_sgd(params: Iterable[torch.Tensor], spec: OptimizerSpec) -> torch.opti
     """torch's own SGD with `spec`'s hyper-parameters: the reference's (plain PyTorch)."""
     return torch.optim.SGD(list(params), lr=spec.lr, momentum=spec.momentum,
                            weight_decay=spec.weight_decay, nesterov=spec.nesterov)
+
+
+def torch_scheduler(optimizer: torch.optim.SGD, spec: OptimizerSpec, from_step: int = 0
+                    ) -> lr_scheduler.LRScheduler | None:
+    """torch's own schedulers for `spec`'s schedule on the reference's SGD (None for a
+    constant rate), stepped on to `from_step`: ``SequentialLR([LinearLR, decay],
+    milestones=[warmup])``, or either alone (tasks/lr_schedule.py says why these).
+
+    Checkpoints hold no scheduler state: a step's rate depends on its number alone, so
+    a resume builds the schedulers afresh and steps them `from_step` times (torch's
+    warning that they step before the optimizer has, which is the point, is silenced)."""
+    schedule = spec.schedule
+    if schedule.constant:
+        return None
+    warmup = schedule.warmup
+    decay = None
+    if schedule.decay == "step":
+        decay = lr_scheduler.MultiStepLR(optimizer, [m - warmup for m in schedule.milestones],
+                                         gamma=schedule.gamma)
+    elif schedule.decay == "cosine":
+        decay = lr_scheduler.CosineAnnealingLR(optimizer, T_max=schedule.steps - warmup,
+                                               eta_min=0.0)
+    scheduler = decay
+    if warmup:
+        ramp = lr_scheduler.LinearLR(optimizer, start_factor=schedule.warmup_factor,
+                                     end_factor=1.0, total_iters=warmup)
+        scheduler = ramp if decay is None else lr_scheduler.SequentialLR(
+            optimizer, [ramp, decay], milestones=[warmup])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(from_step):
+            scheduler.step()
+    return scheduler
 
 
 def make_sgd(params: Iterable[torch.Tensor], spec: OptimizerSpec) -> WorkerSGD:
@@ -52,10 +90,12 @@ class WorkerSGD:
         self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
 
     @torch.no_grad()
-    def step(self) -> None:
-        """One step with each parameter's ``.grad`` (which it consumes: the weight
-        decay is added into it); parameters without one are left as they are."""
+    def step(self, step: int) -> None:
+        """Step `step` of the run (its learning rate is the schedule's at that step)
+        with each parameter's ``.grad`` (which it consumes: the weight decay is added
+        into it); parameters without one are left as they are."""
         spec = self.spec
+        lr = spec.lr_at(step)
         for param in self.params:
             grad = param.grad
             if grad is None:
@@ -69,7 +109,7 @@ class WorkerSGD:
                 else:
                     buffer.mul_(spec.momentum).add_(grad, alpha=1)
                 grad = grad.add(buffer, alpha=spec.momentum) if spec.nesterov else buffer
-            param.add_(grad, alpha=-spec.lr)
+            param.add_(grad, alpha=-lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every parameter's gradient (torch's default, ``set_to_none``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tasks.augment import Augmentation
+from tasks.lr_schedule import LrSchedule, lr_at
 
 
 #: Pooling kinds: PyTorch's max_pool2d and avg_pool2d (count_include_pad, floor mode, as
@@ -296,12 +297,18 @@ class ShardRange:
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """SGD hyper-parameters, applied identically to every shard and the dense head."""
+    """SGD hyper-parameters, applied identically to every shard and the dense head;
+    `lr` is the base rate, which `schedule` moves step by step (tasks/lr_schedule.py)."""
 
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4
     nesterov: bool = False
+    schedule: LrSchedule = LrSchedule()
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of step `step` (the run's, counted from 0)."""
+        return lr_at(step, self.lr, self.schedule)
 
     @property
     def kind(self) -> tuple[bool, bool, bool]:
@@ -323,8 +330,9 @@ class Arithmetic:
     augmentation: Augmentation = Augmentation()  # of the training images (tasks/augment.py)
 
     def conv_optimizer(self) -> OptimizerSpec:
-        o = self.optimizer
-        return OptimizerSpec(o.lr * self.conv_lr_scale, o.momentum, o.weight_decay, o.nesterov)
+        """The conv layers' SGD: the base rate scaled, the same schedule (as torch's
+        schedulers scale every parameter group's own base rate)."""
+        return replace(self.optimizer, lr=self.optimizer.lr * self.conv_lr_scale)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def _timed_rounds(profile: WorkerProfile, elements: int, pieces: int, dtype: tor
 
     def update() -> None:
         param.grad = torch.cat(ranges)
-        optimizer.step()
+        optimizer.step(0)
 
     update()  # the momentum buffer's first step clones the gradient
     loops = _loops_per_round(update, profile)

@@ -232,7 +232,7 @@ def test_a_shard_keeping_less_still_computes_autograds_bits(pool):
     assert kept.dtype == torch.bool and kept.shape == out.shape
     assert kept.any() and not kept.all()  # the ReLU's mask matters somewhere
     assert torch.equal(shard.input_gradient(grad_y.clone()), leaf.grad)
-    shard.update()
+    shard.update(0)
     assert shard.weight.grad is None and shard.bias.grad is None  # dropped once used
     momentum = shard.optimizer.state  # a first step's momentum is its gradient as it was
     assert torch.equal(momentum[shard.weight]["momentum_buffer"], conv.weight.grad)
@@ -258,7 +258,7 @@ def test_a_first_layer_shard_computes_no_input_gradient_and_autograds_kernel_gra
                       OptimizerSpec(lr=0.0, weight_decay=0.0), "cpu")
     shard.forward(x, input_grad=False)
     assert shard.input_gradient(grad_y) is None
-    shard.update()
+    shard.update(0)
     assert shard.weight.grad is None and shard.bias.grad is None  # dropped once used
     momentum = shard.optimizer.state  # a first step's momentum is its gradient as it was
     assert torch.equal(momentum[shard.weight]["momentum_buffer"], conv.weight.grad)
@@ -276,10 +276,11 @@ def test_worker_sgd_steps_as_torchs_sgd_bit_for_bit(nesterov):
     params = [start.clone().requires_grad_(True) for _ in range(2)]
     plain, worker = torch_sgd([params[0]], spec), make_sgd([params[1]], spec)
     assert isinstance(worker, WorkerSGD)
-    for grad in grads:
-        for param, optimizer in zip(params, (plain, worker)):
+    for step, grad in enumerate(grads):
+        for param in params:
             param.grad = grad.clone()
-            optimizer.step()
+        plain.step()
+        worker.step(step)
     assert torch.equal(params[0], params[1])
     assert torch.equal(plain.state[params[0]]["momentum_buffer"],
                        worker.state[params[1]]["momentum_buffer"])
@@ -299,10 +300,10 @@ spec = ConvLayerSpec(in_channels=3, kernels=4, in_height=8, in_width=8)
 zeros = {"weight": np.zeros((4, 3, 5, 5), np.float32), "bias": np.zeros(4, np.float32)}
 shard = ConvShard(spec, ShardRange(0, 0, 4), "0", dict(zeros), dict(zeros), OptimizerSpec(), "cpu")
 y = shard.forward(torch.randn(2, 3, 8, 8), input_grad=True)
-shard.input_gradient(torch.ones_like(y)); shard.update(); shard.state()
+shard.input_gradient(torch.ones_like(y)); shard.update(0); shard.state()
 model = torch.nn.Linear(3, 2)
 sgd = make_sgd(model.parameters(), OptimizerSpec())
-model(torch.randn(4, 3)).sum().backward(); sgd.step(); sgd.zero_grad()
+model(torch.randn(4, 3)).sum().backward(); sgd.step(0); sgd.zero_grad()
 restore_momentum(sgd, dict(model.named_parameters()), momentum_of(sgd, dict(model.named_parameters())))
 from tasks.hybrid_ops import backward_from
 features = model(torch.randn(4, 3))
@@ -327,7 +328,7 @@ def test_a_trained_shard_is_freed_with_its_last_reference():
     shard.forward(torch.ones(2, 3, 8, 8), input_grad=True)
     shard.input_gradient(torch.ones(2, 4, 4, 4))
     assert shard._saved.grads[0].grad_fn is None  # no graph node behind the gradient
-    shard.update()
+    shard.update(0)
     weight = weakref.ref(shard.weight)
     del shard
     gc.collect()

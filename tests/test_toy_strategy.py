@@ -104,7 +104,7 @@ def toy_step(run, op: StepOp, step: int, indices: np.ndarray, clock) -> None:
             loss = F.cross_entropy(run.work.model(torch.from_numpy(images)),
                                    torch.from_numpy(labels))
             loss.backward()
-            run.work.optimizer.step()
+            run.work.optimizer.step(step)
         if run.me == run.layout.master:
             clock.receipt.loss = float(loss.detach())
 

@@ -105,7 +105,7 @@ def test_a_graph_shard_computes_its_channels_as_autograd_does(spec):
         assert torch.equal(shard.residual_gradient(), grad_residual[:, lo:hi])
     else:
         assert shard.residual_gradient() is None
-    shard.update()
+    shard.update(0)
     state = shard.state()
     for name, grad in grads.items():  # a first step's momentum is its gradient
         torch.testing.assert_close(torch.from_numpy(state["momentum"][name]), grad[lo:hi],
