@@ -27,7 +27,7 @@ from storage import checkpoints
 from storage.datasets import open_dataset_info, read_batch
 from tasks.network import load_model, set_dropout, to_arrays
 from tests.augment_replay import augmented_batch
-from tests.replica_replay import replay_network
+from tests.replica_replay import plain_scheduler, replay_network, step_schedulers
 from tests.zoo_replay import load_torchvision
 
 
@@ -133,13 +133,15 @@ def replay_model(config: RunConfig, dataset: str
     """Re-run a training in plain single-process PyTorch from its step-0 checkpoint:
     the trained model, its optimizer and the per-step losses.
 
-    Uses the checkpoint's recorded sample indices, so the batches are the same, and
-    each step's dropout masks (`set_dropout` with the run's seed and the step).
+    Uses the checkpoint's recorded sample indices, so the batches are the same, each
+    step's dropout masks (`set_dropout` with the run's seed and the step), and torch's
+    own schedulers for the learning rate (`plain_scheduler`).
     """
     model = _plain_model(config, dataset)
     t = config.train
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
                                 weight_decay=t.weight_decay)
+    scheduler = plain_scheduler(optimizer, config)
     indices = checkpoints.read_sample_indices(config.checkpoint_path)
     losses = []
     for step in range(t.steps):
@@ -151,6 +153,7 @@ def replay_model(config: RunConfig, dataset: str
                                            torch.from_numpy(labels))
         loss.backward()
         optimizer.step()
+        step_schedulers(scheduler)
         losses.append(float(loss.detach()))
     return model, optimizer, losses
 
@@ -185,6 +188,7 @@ def replay_hybrid_in_pytorch(config: RunConfig, dataset: str, parts: list[list[i
 
     conv_opt = sgd(trunk.parameters(), t.lr * conv_lr_scale)
     dense_opt = sgd(head.parameters(), t.lr)
+    schedulers = [plain_scheduler(conv_opt, config), plain_scheduler(dense_opt, config)]
     indices = checkpoints.read_sample_indices(config.checkpoint_path)
     losses = []
     for step in range(t.steps):
@@ -205,6 +209,7 @@ def replay_hybrid_in_pytorch(config: RunConfig, dataset: str, parts: list[list[i
             grad_features[rows] = part.grad * (len(rows) / len(y))
         features.backward(grad_features)
         conv_opt.step()
+        step_schedulers(*schedulers)
         losses.append(total)
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}, losses
 

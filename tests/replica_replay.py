@@ -3,7 +3,8 @@ zoo's, a user's own): what their checkpoints must equal.
 
 The network is the project's plain-PyTorch `SpecNetwork` (nn.Conv2d, nn.BatchNorm2d,
 nn.Linear under torchvision's names) loaded strictly from the run's step-0 checkpoint;
-the optimizer is torch.optim.SGD; each step's batch is the checkpoint's recorded
+the optimizer is torch.optim.SGD, its learning rate moved by torch's own schedulers
+(`plain_scheduler`, as a plain PyTorch user writes them); each step's batch is the checkpoint's recorded
 sample indices, and its dropout masks are drawn for the step (`set_dropout`). Batch
 norm runs as nn.BatchNorm2d in training mode: on the whole batch (sync batch norm's
 arithmetic), or, with `replicas`, on each replica's rows with that replica's own
@@ -19,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.optim import lr_scheduler
 
 from pipeline.config.run_config import RunConfig
 from storage import checkpoints
@@ -46,6 +48,35 @@ def _sgd(params, config: RunConfig, lr: float) -> torch.optim.SGD:
     t = config.train
     return torch.optim.SGD(list(params), lr=lr, momentum=t.momentum,
                            weight_decay=t.weight_decay, nesterov=t.nesterov)
+
+
+def plain_scheduler(optimizer: torch.optim.SGD, config: RunConfig
+                    ) -> lr_scheduler.LRScheduler | None:
+    """torch's schedulers for the config's learning-rate schedule, written out as a
+    plain PyTorch user would (None: a constant rate): a LinearLR warm-up, then a
+    MultiStepLR or a CosineAnnealingLR over the steps after it, in a SequentialLR,
+    which counts the second scheduler's steps from the warm-up's end (the config's
+    milestones count from the run's start)."""
+    t = config.train
+    decay = None
+    if t.lr_decay == "step":
+        decay = lr_scheduler.MultiStepLR(optimizer, [m - t.lr_warmup for m in t.lr_milestones],
+                                         gamma=t.lr_gamma)
+    elif t.lr_decay == "cosine":
+        decay = lr_scheduler.CosineAnnealingLR(optimizer, T_max=t.steps - t.lr_warmup)
+    if not t.lr_warmup:
+        return decay
+    warmup = lr_scheduler.LinearLR(optimizer, start_factor=t.lr_warmup_factor,
+                                   total_iters=t.lr_warmup)
+    return warmup if decay is None else lr_scheduler.SequentialLR(
+        optimizer, [warmup, decay], milestones=[t.lr_warmup])
+
+
+def step_schedulers(*schedulers: lr_scheduler.LRScheduler | None) -> None:
+    """The end of a training step: each scheduler on to the next step's rate."""
+    for scheduler in schedulers:
+        if scheduler is not None:
+            scheduler.step()
 
 
 class ReplicaStatistics:
@@ -100,6 +131,7 @@ def replay_network(config: RunConfig, dataset: str, replicas: Rows | None = None
     trunk_opt = _sgd([p for n, p in named.items() if n not in dense], config,
                      config.train.lr * conv_lr_scale)
     head_opt = _sgd([p for n, p in named.items() if n in dense], config, config.train.lr)
+    schedulers = [plain_scheduler(trunk_opt, config), plain_scheduler(head_opt, config)]
     statistics = ReplicaStatistics(model, len(replicas)) if replicas else None
     indices = checkpoints.read_sample_indices(config.checkpoint_path)
     seed, losses = config.train.seed, []
@@ -131,6 +163,7 @@ def replay_network(config: RunConfig, dataset: str, replicas: Rows | None = None
             features.backward(grad)
             losses.append(total)
         trunk_opt.step()
+        step_schedulers(*schedulers)
     if statistics is not None:
         statistics.hold(0)
     momentum = {name: trunk_opt.state.get(p, head_opt.state.get(p, {}))

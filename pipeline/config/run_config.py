@@ -21,68 +21,8 @@ from pipeline.config.schema import (ConfigError, FieldError, check_range, descri
                                     load_yaml, parse_override, set_dotted)
 from storage.private import default_workspace_root
 from pipeline.config.network_config import NetworkConfig
+from pipeline.config.train_config import TrainConfig
 from tasks.specs import NetworkSpec, OptimizerSpec
-
-
-@dataclass
-class TrainConfig:
-    steps: int = described(20, "SGD steps of the run (warm-up steps included)")
-    batch: int = described(64, "the mini-batch: samples a step, over all workers (at least "
-                           "2 where a batch norm sees 1x1 features, docs/networks.md)")
-    lr: float = described(0.05, "the learning rate (> 0)")
-    momentum: float = described(0.9, "SGD momentum, in [0, 1)")
-    weight_decay: float = described(5e-4, "L2 weight decay (>= 0)")
-    nesterov: bool = described(False, "Nesterov momentum (needs momentum > 0)")
-    seed: int = described(0, "the seed of the initial weights and of each step's samples")
-    warmup_steps: int = described(1, "first steps left out of the timing summary")
-    checkpoint_every: int = described(0, "steps between checkpoints (0: only step 0 and the "
-                                      "last step)")
-    eval_samples: int = described(1000, "test images scored at the end (0: skip)")
-    resume: bool = described(False, "continue from the output directory's last complete "
-                             "checkpoint")
-    fresh: bool = described(
-        False, "replace an earlier run's results in the output directory (checkpoints, "
-        "record, summary; `--fresh`); without it (or `resume`) a run refuses a directory "
-        "that has them")
-    steps_per_task: int | Literal["auto"] = described(
-        "auto", "consecutive steps one Dask task runs on a worker "
-        "(pipeline/engine/task_steps.py), so that Dask's per-task costs are paid once per "
-        "task: `auto`, tasks of about a second (one step until a step is measured, at most "
-        "32); 1: a task per step. The arithmetic is the same whatever it is; above 1 needs "
-        "`workspace.sync: markers`")
-    inflight: int = described(
-        2, "tasks submitted ahead of the one being collected: the workers find their next "
-        "task queued when they finish one (1: submit each task when the last is done)")
-    check_replicas: bool = described(
-        False, "`data`/`hybrid`: every replica reports a fingerprint of its weights each "
-        "step, and the run stops if two differ (costs a hash of the weights per step)")
-    batch_norm: Literal["sync", "local"] = described(
-        "sync", "`data`/`hybrid`: batch norm's statistics over the whole batch (`sync`: "
-        "every replica's rows, the arithmetic of single-process SGD, two small exchanges "
-        "per batch-norm layer and step; needs `workspace.sync: markers`) or over each "
-        "replica's own rows (`local`: DDP's default; the replicas' running statistics "
-        "differ, and the checkpoint keeps the first worker's; where a batch norm's input is 1x1 each "
-        "replica gets no samples or at least 2, docs/networks.md). On a CPU `sync`'s batch "
-        "norms compute about 1.3x `local`'s (`python -m benchmarks.sync_batch_norm`)")
-    max_recoveries: int = described(
-        3, "lost workers survived per run: restore the last complete checkpoint, re-place "
-        "the lost share on the survivors and replay (0: stop at the first loss)")
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch", "inflight"):
-            check_range(self, name, low=1)
-        if self.steps_per_task != "auto":
-            check_range(self, "steps_per_task", low=1)
-        for name in ("checkpoint_every", "warmup_steps", "eval_samples", "weight_decay", "seed",
-                     "max_recoveries"):
-            check_range(self, name, low=0)
-        check_range(self, "lr", low=0, low_open=True)
-        check_range(self, "momentum", low=0, high=1, high_open=True)
-        if self.nesterov and self.momentum == 0:
-            raise FieldError("nesterov", "Nesterov momentum needs train.momentum > 0")
-        if self.fresh and self.resume:
-            raise FieldError("fresh", "train.fresh: true discards the results that "
-                             "train.resume: true continues from; set one of them")
 
 
 @dataclass
@@ -294,8 +234,9 @@ class RunConfig:
         return self.train.steps_per_task
 
     def optimizer_spec(self) -> OptimizerSpec:
+        """Every SGD of the run: its base rate, momentum, decay and the rate's schedule."""
         t = self.train
-        return OptimizerSpec(t.lr, t.momentum, t.weight_decay, t.nesterov)
+        return OptimizerSpec(t.lr, t.momentum, t.weight_decay, t.nesterov, t.lr_schedule())
 
     def checkpoint_steps(self) -> set[int]:
         """Steps after which a checkpoint is written (0 = the initial weights)."""

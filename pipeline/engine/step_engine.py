@@ -185,7 +185,8 @@ class StepEngine:
         if len(digests) > 1:
             raise ClusterError(f"step {step}: the replicas' weights differ")
         # the master's loss, or each replica's part of the batch's loss
-        return StepResult(step, sum(r.loss for r in receipts if r.loss is not None), receipts)
+        return StepResult(step, sum(r.loss for r in receipts if r.loss is not None), receipts,
+                          self.plan.arithmetic.optimizer.lr_at(step))
 
     def checkpoint(self, done_steps: int) -> str:
         """Save every worker's work as checkpoint `done_steps` (no step may be in flight)

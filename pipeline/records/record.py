@@ -38,11 +38,13 @@ from tasks.receipts import Receipt
 
 @dataclass
 class StepResult:
-    """One finished step: its training loss and the receipts of its tasks."""
+    """One finished step: its training loss, the receipts of its tasks and the learning
+    rate its SGD took (the dense layers' where the hybrid scales the conv layers')."""
 
     step: int
     loss: float
     receipts: list[Receipt]
+    lr: float = float("nan")
 
     @property
     def finished(self) -> float:
@@ -67,6 +69,9 @@ PER_STEP = {
     "step_time": ("s", "wall time of the step, from the previous step's completion to "
                   "its own (steps are submitted ahead; pipeline/engine/task_steps.py)"),
     "loss": ("1", "training cross-entropy loss of the step's batch"),
+    "lr": ("1", "the learning rate of the step's SGD update (train.lr as its schedule "
+           "moves it: train.lr_decay, train.lr_warmup; the dense layers' under "
+           "hybrid.conv_lr_scaling)"),
     "master_time": ("s", "the dense head's compute on the master worker"),
     "wait_time": ("s", "step time the busiest worker spent not working on its own "
                   "compute, workspace I/O or dataset reads (waiting for peers, dispatch)"),
@@ -144,7 +149,7 @@ class RunRecorder:
                 elif event.layer >= 0:
                     key = (result.step, event.layer, receipt.worker)
                     self.by_shard[key] = self.by_shard.get(key, 0.0) + busy
-        self.steps[result.step] = {"step_time": wall_s, "loss": result.loss,
+        self.steps[result.step] = {"step_time": wall_s, "loss": result.loss, "lr": result.lr,
                                    "master_time": dense, "client_cpu_time": client_cpu_s,
                                    "task_steps": task_steps}
 

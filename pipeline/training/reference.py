@@ -1,7 +1,7 @@
 """`strategy: reference`: plain in-process PyTorch, what a user would otherwise run.
 
-No Dask, no workspace: one nn.Sequential and torch.optim.SGD with a chosen number of
-threads, reading the same batches from the same dataset store and starting from the
+No Dask, no workspace: one nn.Sequential, torch.optim.SGD and torch's own
+learning-rate schedulers (torch.optim.lr_scheduler) with a chosen number of threads, reading the same batches from the same dataset store and starting from the
 same checkpoint as every other strategy. It is both the speedup baseline and the
 arithmetic the distributed strategies must reproduce. A run's reference is on the CPU;
 benchmarks/side_by_side.py also runs it on a GPU (`device`), plain PyTorch's loop there.
@@ -23,7 +23,7 @@ from storage import checkpoints
 from storage.datasets import read_batch
 from tasks.memory import current_rss, read_peak, reset_peak
 from tasks.network import checkpoint_shapes, load_model, set_dropout, to_arrays
-from tasks.optim import momentum_of, restore_momentum, torch_sgd
+from tasks.optim import momentum_of, restore_momentum, torch_scheduler, torch_sgd
 from tasks.receipts import Receipt, TaskClock
 from tasks.specs import NetworkSpec
 from tasks.worker_state import configure_process, release_freed_memory
@@ -42,6 +42,7 @@ class ReferenceTrainer:
         self.train_samples = train_samples
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.SGD | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None  # None: constant
         self.loss_fn = nn.CrossEntropyLoss()
         self.devices = [device]
         self._submitted: dict[int, int] = {}  # first step -> steps
@@ -55,7 +56,9 @@ class ReferenceTrainer:
         self.model = load_model(self.network,
                                 checkpoints.read_tensors(path, from_step, "weights")
                                 ).to(self.device)
-        self.optimizer = torch_sgd(self.model.parameters(), self.config.optimizer_spec())
+        spec = self.config.optimizer_spec()
+        self.optimizer = torch_sgd(self.model.parameters(), spec)
+        self.scheduler = torch_scheduler(self.optimizer, spec, from_step)
         restore_momentum(self.optimizer, dict(self.model.named_parameters()),
                          checkpoints.read_tensors(path, from_step, "momentum"))
         release_freed_memory()  # as a worker does after loading (tasks/step_task.py)
@@ -84,18 +87,21 @@ class ReferenceTrainer:
                 phase.nbytes = images.nbytes + labels.nbytes
                 images = self.augmentation.apply(images, indices, step)
             with clock.phase("compute"):
+                lr = self.optimizer.param_groups[0]["lr"]  # this step's
                 self.optimizer.zero_grad(set_to_none=True)
                 set_dropout(self.model, self.config.train.seed, step)
                 loss = self.loss_fn(self.model(torch.from_numpy(images).to(self.device)),
                                     torch.from_numpy(labels).to(self.device))
                 loss.backward()
                 self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
                 if self.device != "cpu":  # the step's kernels done, inside its time
                     torch.cuda.synchronize(self.device)
         receipt.end = time.time()
         receipt.extra["memory"] = {**read_peak(self.device, kind).as_dict(), "held": held}
         receipt.loss = float(loss.detach())
-        return StepResult(step, receipt.loss, [receipt])
+        return StepResult(step, receipt.loss, [receipt], lr)
 
     def checkpoint(self, done_steps: int) -> None:
         """Written in place (one process: no worker can outlive its attempt)."""
