@@ -145,16 +145,18 @@ def wait_for_checkpoint(path: str, step: int, run: subprocess.Popen,
 
 #: The networks a killed worker is survived on: the paper family's, and ResNet-20's
 #: tied splits with batch norm's running statistics replayed, trained on augmented
-#: images (the replay after the loss draws each step's crops and flips again).
+#: images under a warm-up and cosine decay (the replay after the loss draws each step's
+#: crops and flips again, at each step's rate).
 NETWORKS = {"paper family": ["network.conv.0.kernels=12", "network.conv.1.kernels=12"],
             "resnet20": ["network.preset=resnet20", "network.width=0.25",
-                         "data.augment=crop_flip"]}
+                         "data.augment=crop_flip", "train.lr_warmup=2",
+                         "train.lr_decay=cosine"]}
 
 
 @pytest.mark.parametrize("strategy, dtype, victim, tolerance, network", [
     ("data", "float64", "w0", 1e-10, "paper family"),
     ("kernel", "float64", "w2", 1e-10, "resnet20"),  # kernel's re-placed shards, tied
-])
+])  # resnet20 under a learning-rate schedule: the replay takes each step's rate
 def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dataset_factory,
                                            strategy, dtype, victim, tolerance, network):
     """Three CLI workers, one SIGKILLed after checkpoint 4: the run re-places its share on

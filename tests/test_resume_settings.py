@@ -30,6 +30,9 @@ REFUSED = [
     (["train.weight_decay=0"], ["train.weight_decay=0.001 (now 0.0)"]),
     (["train.nesterov=true"], ["train.nesterov=false (now true)"]),
     (["train.seed=1"], ["train.seed=0 (now 1)"]),
+    (["train.lr_decay=step", "train.lr_milestones=[5]"],
+     ["train.lr_decay=none (now step)", "train.lr_milestones=[] (now [5])"]),
+    (["train.lr_warmup=2"], ["train.lr_warmup=0 (now 2)"]),
     (["data.train_samples=256"], ["data.train_samples=512 (now 256)"]),
     (["data.test_samples=64"], ["data.test_samples=128 (now 64)"]),
     (["data.augment=crop_flip"], ["data.augment=none (now crop_flip)",
@@ -89,13 +92,36 @@ def test_a_resume_may_change_what_leaves_the_arithmetic_alone(tmp_path, tiny_dat
         write_config(tmp_path, config), "train.resume=true", "train.steps=6",
         "train.checkpoint_every=3", "train.warmup_steps=2", "train.eval_samples=32",
         "train.batch_norm=local", "hybrid.dense_batch=worker", "hybrid.conv_lr_scaling=sqrt",
-        "data.augment_padding=2"])  # padding without augmentation changes nothing
+        "data.augment_padding=2",  # padding without augmentation changes nothing
+        "train.lr_gamma=0.5", "train.lr_warmup_factor=0.5"])  # no step decay, no warm-up
     assert code == 0, lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert record.step.values.tolist() == list(range(6))
     starts = json.loads(record.attrs["starts"])
     assert [(s["strategy"], s["placement"], s["batch"]) for s in starts] == [
         ("reference", "even", 16)] * 2
+
+
+def test_a_cosine_schedule_fixes_the_runs_steps(tmp_path, tiny_dataset_factory, capsys):
+    """`train.lr_decay: cosine` spreads its decay over `train.steps`: more steps would
+    change the rates the checkpointed steps trained at, so a resume may not extend the
+    run (it may finish it); a store that recorded no schedule trained at a constant rate."""
+    dataset = tiny_dataset_factory("float32")
+    config = reference_config(tmp_path, dataset, **{"train.steps": 4,
+                                                   "train.checkpoint_every": 2,
+                                                   "train.lr_decay": "cosine"})
+    run_training(config)
+    path = write_config(tmp_path, config)
+    code, lines = main_lines(capsys, [path, "train.resume=true", "train.steps=6", "--check"])
+    assert code == 2 and "train.steps=4 (now 6)" in lines[0], lines
+    code, lines = main_lines(capsys, [path, "train.resume=true", "train.lr_gamma=0.5",
+                                      "--check"])
+    assert code == 0, lines
+    made = zarr.open_group(config.checkpoint_path, mode="a")
+    made.attrs["made_with"] = {key: value for key, value in made.attrs["made_with"].items()
+                               if not key.startswith("train.lr_") and key != "train.steps"}
+    code, lines = main_lines(capsys, [path, "train.resume=true", "--check"])
+    assert code == 2 and "train.lr_decay=none (now cosine)" in lines[0], lines
 
 
 def test_a_resume_on_another_setup_times_only_the_last_starts_steps(tmp_path,

@@ -17,6 +17,7 @@ from pipeline.config.schema import ConfigError, to_dict, yaml_load
 from storage import checkpoints
 from storage.datasets.store import DatasetInfo
 from storage.space import writing
+from tasks.lr_schedule import TORCH_WARMUP_FACTOR
 from tasks.network import initial_state, checkpoint_shapes
 from tasks.specs import NetworkSpec
 
@@ -39,19 +40,28 @@ def network_fingerprint(network: NetworkSpec) -> str:
 
 
 #: The settings a resume may not change: with any other, the weights it continues
-#: would have come from other arithmetic (batch, SGD, seeds, data, batch norm's rows,
-#: the hybrid's dense updates) and the record would hold two runs' steps under one's
-#: attributes. The rest may change (`train.steps`, checkpoints, the strategy, the
-#: placement, the cluster, the workspace, ...): every strategy's arithmetic is
-#: single-process SGD's, and the record's `starts` says what each start ran on.
+#: would have come from other arithmetic (batch, SGD and its learning-rate schedule,
+#: seeds, data, batch norm's rows, the hybrid's dense updates) and the record would
+#: hold two runs' steps under one's attributes. The rest may change (`train.steps`,
+#: checkpoints, the strategy, the placement, the cluster, the workspace, ...): every
+#: strategy's arithmetic is single-process SGD's, and the record's `starts` says what
+#: each start ran on. `train.steps` is fixed only under `train.lr_decay: cosine`, whose
+#: rates it spreads the decay over (`made_with` records it only there).
 RESUME_FIXED = ("data.source", "data.image_size", "data.train_samples",
                 "data.test_samples", "data.seed", "data.augment", "data.augment_padding",
                 "train.batch", "train.lr",
                 "train.momentum", "train.weight_decay", "train.nesterov", "train.seed",
+                "train.lr_decay", "train.lr_milestones", "train.lr_gamma", "train.lr_warmup",
+                "train.lr_warmup_factor", "train.steps",
                 "train.batch_norm", "hybrid.dense_batch", "hybrid.conv_lr_scaling")
+#: The schedule a store that recorded none trained with (written before schedules
+#: existed): a constant rate.
+CONSTANT_SCHEDULE = {"train.lr_decay": "none", "train.lr_milestones": [],
+                     "train.lr_gamma": 0.1, "train.lr_warmup": 0,
+                     "train.lr_warmup_factor": TORCH_WARMUP_FACTOR}
 #: Settings of `RESUME_FIXED` added after stores began to record them, as a store
-#: that does not record them trained: without augmentation.
-RECORDED_LATER = {"data.augment": "none", "data.augment_padding": None}
+#: that does not record them trained: without augmentation, at a constant rate.
+RECORDED_LATER = {"data.augment": "none", "data.augment_padding": None, **CONSTANT_SCHEDULE}
 #: Settings only some strategies use, as single-process SGD has them: the value a
 #: strategy that does not use them trains with, whatever the config says (which a
 #: strategy uses is its `Strategy.arithmetic_settings`).
@@ -83,7 +93,8 @@ def made_with(config: RunConfig, network: NetworkSpec, settings_of: SettingsOf =
               "hybrid.conv_lr_scaling": config.hybrid.conv_lr_scaling,
               **{f"train.{name}": getattr(train, name) for name in
                  ("batch", "lr", "momentum", "weight_decay", "nesterov", "seed",
-                  "batch_norm")}}
+                  "batch_norm")},
+              **schedule_settings(config)}
     used = settings_of(config.strategy)
     for key, sgd in SGD_VALUES.items():
         if used is not None and key not in used:
@@ -91,6 +102,24 @@ def made_with(config: RunConfig, network: NetworkSpec, settings_of: SettingsOf =
     if not any(layer.batch_norm for layer in network.conv):
         values["train.batch_norm"] = "sync"  # no batch norm: `local` is the same
     values["network"] = dotted(to_dict(config.network), "network")
+    return values
+
+
+def schedule_settings(config: RunConfig) -> dict[str, Any]:
+    """The learning-rate schedule's settings as they give the rates: a setting its
+    schedule does not use at its default (`lr_gamma` outside `step`, the warm-up's
+    factor without a warm-up), so that changing it alone is no change; `train.steps`
+    under `cosine` only."""
+    train = config.train
+    values = {**CONSTANT_SCHEDULE, "train.lr_decay": train.lr_decay,
+              "train.lr_warmup": train.lr_warmup}
+    if train.lr_decay == "step":
+        values.update({"train.lr_milestones": list(train.lr_milestones),
+                       "train.lr_gamma": train.lr_gamma})
+    if train.lr_warmup:
+        values["train.lr_warmup_factor"] = train.lr_warmup_factor
+    if train.lr_decay == "cosine":
+        values["train.steps"] = train.steps
     return values
 
 
@@ -140,7 +169,7 @@ def check_resumed_run(config: RunConfig, network: NetworkSpec,
         earlier = {**RECORDED_LATER, **earlier}
     now = made_with(config, network, settings_of)
     differ = [_change(key, earlier[key], now[key]) for key in RESUME_FIXED
-              if key in earlier and earlier[key] != now[key]]
+              if key in earlier and key in now and earlier[key] != now[key]]
     if other_network:
         before, after = earlier.get("network", {}), now["network"]
         named = [_change(key, before.get(key), after.get(key)) for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
