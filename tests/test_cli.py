@@ -15,6 +15,7 @@ import time
 
 import pytest
 import xarray as xr
+import yaml
 from distributed import Client
 
 from pipeline.cluster import worker_limits, worker_setup
@@ -220,22 +221,27 @@ def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_fact
 
 
 def test_trains_from_a_cifar10_archive(tmp_path):
-    """CIFAR-10's python archive format, imported on first use, then trained on. The
-    command's `main` in this process (about the archive, not the process: the other
-    tests here run `python -m pipeline.train` as a process)."""
+    """CIFAR-10's python archive format, imported on first use, then trained on by the
+    shipped recipe (configs/resnet20_cifar10.yaml: augmented images, a step decay),
+    shortened. The command's `main` in this process (about the archive and the recipe,
+    not the process: the other tests here run `python -m pipeline.train` as one)."""
     from tests.test_datasets import _cifar_batches, _write_archive
 
     archive = _write_archive(tmp_path / "cifar-10-python.tar.gz", _cifar_batches())
     store = tmp_path / "cifar.zarr"
     status, lines, _out = run_main("train", [
-        os.path.join(ROOT, "configs", "small.yaml"), f"data.source={archive}",
-        f"data.path={store}", f"output={tmp_path / 'run'}", "train.steps=2",
-        "train.batch=8", "train.eval_samples=8", "progress=false",
+        os.path.join(ROOT, "configs", "resnet20_cifar10.yaml"), f"data.source={archive}",
+        f"data.path={store}", f"output={tmp_path / 'run'}", "train.steps=3",
+        "train.lr_milestones=[1,2]", "train.batch=8", "train.eval_samples=8",
+        "progress=false", "network.width=0.25", "strategy=kernel",
         "cluster.workers=1", "placement=even"])  # about the archive, not placement
     assert status == 0, lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert record.attrs["dataset_source"].endswith("cifar-10-python.tar.gz")
-    assert record.sizes["step"] == 2
+    assert record.sizes["step"] == 3
+    assert record.lr.values == pytest.approx([0.1, 0.01, 0.001], rel=1e-12)
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["data"]["augment"] == "crop_flip"
     # which machine gave the figures (its CPU, not only its name: pipeline/probe/machine.py)
     assert record.attrs["machine"] == machine_identity()
 
