@@ -32,7 +32,6 @@ import signal
 import stat
 import tempfile
 import threading
-from multiprocessing import resource_tracker
 from typing import Callable, Iterator
 
 import dask
@@ -42,6 +41,8 @@ from distributed.utils import get_mp_context
 
 from pipeline.config.cluster_config import WorkerConfig
 from pipeline.cluster.fork_server import start_fork_server
+from pipeline.cluster.semaphores import (remove_stale_semaphores, start_resource_tracker,
+                                         tag_semaphores_with_pid)
 from pipeline.cluster.security import run_security
 
 LOOPBACK = "127.0.0.1"
@@ -82,7 +83,12 @@ def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | Non
     other users of this one, so every connection is mutual TLS with credentials made
     for this cluster (`run_security`): a client without them is refused. Started in
     batches, the workers come up a few at a time rather than (nearly) all at the end.
+    The semaphores of the nannies' queues carry this process's pid, and those that
+    processes gone without unlinking theirs left are removed first
+    (pipeline/cluster/semaphores.py).
     """
+    tag_semaphores_with_pid()
+    remove_stale_semaphores()
     security, scratch = run_security(), private_scratch()
     quiet_dashboard_errors()
     scheduler = {"cls": Scheduler,
@@ -191,10 +197,11 @@ async def _block_ctrl_c() -> None:
     stops its workers itself, and each worker that took it printed a
     KeyboardInterrupt traceback. Python runs signal handlers in the main thread
     only, so this thread blocking one changes nothing for this process. The
-    resource tracker is started first: starting it unblocks SIGINT in its caller.
+    resource tracker is started first (`start_resource_tracker`): starting it
+    unblocks SIGINT in its caller.
     Then the fork server (QUIET asks for one), if none runs yet: started from here,
     it inherits the blocked Ctrl-C and hands it on to every worker forked from it."""
-    resource_tracker.ensure_running()
+    start_resource_tracker()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     get_mp_context()  # Dask sets its own list of modules on its first call: before ours
     start_fork_server()

@@ -35,11 +35,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from multiprocessing import forkserver, resource_tracker
+from multiprocessing import forkserver
 
 import dask.config
 
 from pipeline.cluster import forked_main
+from pipeline.cluster.semaphores import start_resource_tracker
 from tasks.memory import WORKER_MODULES
 
 
@@ -53,7 +54,7 @@ def start_fork_server() -> None:
     environment[forked_main.PARENT_MAIN] = forked_main.parent_main()
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         [*WORKER_MODULES, forked_main.__name__])
-    resource_tracker.ensure_running()  # starting it unblocks SIGINT in its caller: first
+    start_resource_tracker()  # starting it unblocks SIGINT in its caller: first
     saved = {name: os.environ.get(name) for name in environment}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     os.environ.update(environment)

@@ -1,0 +1,99 @@
+"""The named semaphores of an embedded cluster's queues (6 a worker, in /dev/shm) are
+gone after its process group is hung up or killed: a real process holding a real
+one-worker embedded cluster, as a test session or a script holds one, in a session
+of its own, its whole group signalled (pipeline/cluster/semaphores.py says why)."""
+
+from __future__ import annotations
+
+import glob
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, remove_stale_semaphores,
+                                         stale_semaphore_pid, tag_semaphores_with_pid)
+from tests.test_cli import ROOT
+
+HOLDER = """
+import sys
+from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.config.cluster_config import WorkerConfig
+cluster = start_embedded_cluster([WorkerConfig(name="w0", resources={"CPU": 1})])
+print("ready", flush=True)
+sys.stdin.read()  # until the test's end closes it, if no signal came first
+"""
+
+
+def semaphores_of(pid: int) -> list[str]:
+    """The semaphore files in /dev/shm that process `pid` made (named after it)."""
+    return glob.glob(os.path.join(SEMAPHORE_FOLDER, f"sem.mp-cnn-{pid}-*"))
+
+
+def wait_for_group_to_end(pgid: int, timeout: float = 60) -> None:
+    """Return once no process of group `pgid` is left (its resource tracker included)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"process group {pgid} still running"
+        time.sleep(0.05)
+
+
+def held_then_group_signalled(signum: int) -> int:
+    """Start a process holding a one-worker embedded cluster in a session of its own,
+    check its 6 semaphores are there, send `signum` to its process group and wait
+    until every process of the group has ended; returns the holder's pid."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready", holder.communicate(timeout=60)
+        assert len(semaphores_of(holder.pid)) == 6  # two queues of three to its worker
+        os.killpg(holder.pid, signum)
+        holder.communicate(timeout=60)
+        wait_for_group_to_end(holder.pid)
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+    return holder.pid
+
+
+def test_a_hang_up_of_the_process_group_leaves_no_semaphore():
+    """SIGHUP (a closed terminal) ends every process of the group, which unwinds
+    nothing; the resource tracker, started with it blocked, outlives them and unlinks
+    the semaphores. Unblocked, the hang-up ends the tracker too and all 6 stay."""
+    pid = held_then_group_signalled(signal.SIGHUP)
+    left = semaphores_of(pid)
+    remove_stale_semaphores()  # whatever the group left: not for later tests to see
+    assert left == []
+
+
+def test_the_next_cluster_removes_what_a_killed_process_group_left():
+    """SIGKILL to the group leaves nobody to unlink the semaphores; the next embedded
+    cluster's sweep (`remove_stale_semaphores`) removes them by the dead pid in their
+    names, and keeps those of a live process (this one's)."""
+    pid = held_then_group_signalled(signal.SIGKILL)
+    left = sorted(os.path.basename(path) for path in semaphores_of(pid))
+    assert len(left) == 6  # the tracker died with the group
+    tag_semaphores_with_pid()
+    own = multiprocessing.get_context("forkserver").Lock()  # a named semaphore of a live pid
+    try:
+        assert len(semaphores_of(os.getpid())) >= 1
+        assert set(left) <= set(remove_stale_semaphores())
+        assert semaphores_of(pid) == [] and len(semaphores_of(os.getpid())) >= 1
+    finally:
+        del own
+
+
+def test_only_a_tagged_name_carries_a_pid():
+    assert stale_semaphore_pid("sem.mp-cnn-4242-a1b2_c3d") == 4242
+    for name in ("sem.mp-a1b2c3d4", "sem.mp-cnn--a1b2", "sem.mp-cnn-42", "sem.mp-cnn-42-x/y",
+                 "mp-cnn-42-abcd", "sem.mp-cnn-4x2-abcd"):
+        assert stale_semaphore_pid(name) is None, name
