@@ -33,6 +33,7 @@ from tasks.worker_state import WorkerSetup, _DropSetupNeverInstalled
 from tests.helpers import max_relative_error, replay_in_pytorch, run_main
 from tests.test_cli import ROOT, run_files, tiny_args
 from tests.test_faults import FAULTS, train_process, wait_for_checkpoint
+from tests.test_semaphores import semaphores_of
 from tests.test_sweep import write_sweep
 
 SHM = f"/dev/shm/dask-cnn-{os.getuid()}"
@@ -65,6 +66,7 @@ def stop_with(process: subprocess.Popen, signum: int) -> list[str]:
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert children and not alive, alive
     assert not workspaces_of(process.pid)
+    assert semaphores_of(process.pid) == []  # of its workers' queues (6 a worker)
     return [line for line in err.splitlines() if line.strip()]
 
 
@@ -263,8 +265,9 @@ def test_ctrl_c_while_the_model_probes_keeps_the_finished_run(tmp_path, tiny_dat
 
 
 SLOW_CLEANUP = """
-import os, time
+import multiprocessing, os, time
 from pipeline.cli import Interrupted, stops_on_signals
+from pipeline.cluster.semaphores import start_resource_tracker, tag_semaphores_with_pid
 from storage.exchange import SlotSpec, create_exchange
 from storage.private import default_workspace_root
 try:
@@ -272,6 +275,9 @@ try:
         try:  # a workspace of this process's, as a run's (or its probe's)
             create_exchange(os.path.join(default_workspace_root(), f"stopped-{os.getpid()}.zarr"),
                             [SlotSpec("act/0/1", (2, 4), "float32")])
+            tag_semaphores_with_pid()  # and a semaphore, as a nanny's queue has, and the
+            start_resource_tracker()  # tracker, a child the second signal kills too
+            queue_lock = multiprocessing.get_context("forkserver").Lock()
             print("ready", flush=True)
             time.sleep(60)
         finally:  # a run's cleanup (closing the cluster) that hangs
@@ -284,7 +290,8 @@ except Interrupted:
 
 def test_a_second_signal_stops_at_once(monkeypatch):
     """SIGHUP starts the unwinding; a SIGTERM during it ends the process at once,
-    exit 143, without waiting for the cleanup, and removes the workspace it made."""
+    exit 143, without waiting for the cleanup, and removes the workspace it made and
+    unlinks its semaphore (its resource tracker, killed with it, cannot)."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
     process = subprocess.Popen([sys.executable, "-c", SLOW_CLEANUP], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -298,6 +305,7 @@ def test_a_second_signal_stops_at_once(monkeypatch):
         assert time.monotonic() - started < 5
         assert "stopped at once by a second signal (SIGTERM)" in process.stderr.read()
         assert not workspaces_of(process.pid)
+        assert semaphores_of(process.pid) == []
     finally:
         if process.poll() is None:
             process.kill()
