@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import psutil
 
+from pipeline.cluster.semaphores import is_resource_tracker
 from storage.exchange_folders import remove_own_exchanges
 from storage.private import default_workspace_root
 
@@ -186,13 +187,17 @@ def stop_now(signum: int) -> NoReturn:
     128 + `signum` without unwinding: what a second signal asks for. The semaphores
     of the workers' queues are unlinked first (`unlink_semaphores`), and the
     workspaces this process made in the default root are removed once its workers
-    are gone (one in `workspace.path` is left to the next run's sweep of stale ones)."""
+    are gone (one in `workspace.path` is left to the next run's sweep of stale ones).
+    The resource tracker is spared: it ends by itself once this process and the
+    killed ones are gone, and unlinks what they made that this process could not
+    (a worker's own semaphores, or one made while this stop ran)."""
     print(f"stopped at once by a second signal ({signal.Signals(signum).name})",
           file=sys.stderr)
     unlink_semaphores()
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            child.kill()
+            if not is_resource_tracker(child):
+                child.kill()
     with contextlib.suppress(OSError):  # its workspaces (the model's probe's too)
         remove_own_exchanges(default_workspace_root())
     os._exit(128 + signum)
@@ -204,9 +209,9 @@ def unlink_semaphores() -> None:
     Every worker of an embedded cluster talks to its nanny (in this process) through
     queues whose named semaphores live in /dev/shm until unlinked; an exit without
     unwinding (`os._exit`) skips that. Left to the resource tracker, they are unlinked
-    with a warning ("There appear to be 384 leaked semaphore objects": 6 a worker);
-    with the tracker killed too, they stayed in /dev/shm. Uses multiprocessing's own
-    finalizers (a private registry: nothing happens where it is missing)."""
+    with a warning ("There appear to be 384 leaked semaphore objects": 6 a worker).
+    Uses multiprocessing's own finalizers (a private registry: nothing happens where
+    it is missing); pipeline/cluster/semaphores.py says who unlinks them otherwise."""
     registry = getattr(multiprocessing.util, "_finalizer_registry", {})
     cleanup = getattr(multiprocessing.synchronize.SemLock, "_cleanup", None)
     for finalizer in list(registry.values()):

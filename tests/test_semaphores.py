@@ -1,7 +1,8 @@
 """The named semaphores of an embedded cluster's queues (6 a worker, in /dev/shm) are
 gone after its process group is hung up or killed: a real process holding a real
 one-worker embedded cluster, as a test session or a script holds one, in a session
-of its own, its whole group signalled (pipeline/cluster/semaphores.py says why)."""
+of its own, its whole group signalled (pipeline/cluster/semaphores.py says why).
+And a child's own semaphore is gone after a second signal stopped its parent at once."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import subprocess
 import sys
 import time
 
-from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, remove_stale_semaphores,
-                                         stale_semaphore_pid, tag_semaphores_with_pid)
-from tests.test_cli import ROOT
+import psutil
+
+from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, is_resource_tracker,
+                                         remove_stale_semaphores, stale_semaphore_pid,
+                                         tag_semaphores_with_pid)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOLDER = """
 import sys
@@ -97,3 +102,55 @@ def test_only_a_tagged_name_carries_a_pid():
     for name in ("sem.mp-a1b2c3d4", "sem.mp-cnn--a1b2", "sem.mp-cnn-42", "sem.mp-cnn-42-x/y",
                  "mp-cnn-42-abcd", "sem.mp-cnn-4x2-abcd"):
         assert stale_semaphore_pid(name) is None, name
+
+
+def hold_a_semaphore() -> None:
+    """A child's own semaphore (as a worker's), said on stdout and held until killed."""
+    lock = multiprocessing.get_context("forkserver").Lock()
+    print(lock._semlock.name.lstrip("/"), flush=True)
+    time.sleep(120)
+
+
+STOPPED_TWICE = """
+import multiprocessing, time
+from pipeline.cli import stops_on_signals
+from pipeline.cluster.semaphores import start_resource_tracker
+from tests.test_semaphores import hold_a_semaphore
+start_resource_tracker()
+with stops_on_signals():
+    try:
+        multiprocessing.get_context("forkserver").Process(target=hold_a_semaphore).start()
+        time.sleep(120)
+    finally:  # a run's cleanup that hangs: the second signal stops it at once
+        print("unwinding", flush=True)
+        time.sleep(120)
+"""
+
+
+def test_a_second_signal_spares_the_tracker_that_unlinks_a_childs_semaphore():
+    """The stop at once (`pipeline.cli.stop_now`) kills the process's children, a
+    semaphore of one of them (not the process's own, which it unlinks itself) with
+    it; the resource tracker, spared, unlinks that one once they are all gone.
+    Killed with them, it left the semaphore in /dev/shm."""
+    process = subprocess.Popen([sys.executable, "-c", STOPPED_TWICE], cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    path = ""
+    try:
+        name = process.stdout.readline().strip()
+        path = os.path.join(SEMAPHORE_FOLDER, f"sem.{name}")
+        assert name and os.path.exists(path), process.communicate(timeout=60)
+        (tracker,) = [child for child in psutil.Process(process.pid).children()
+                      if is_resource_tracker(child)]
+        process.send_signal(signal.SIGHUP)
+        assert process.stdout.readline().strip() == "unwinding"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 128 + signal.SIGTERM
+        _gone, alive = psutil.wait_procs([tracker], timeout=30)
+        assert not alive
+        assert not os.path.exists(path)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if path and os.path.isfile(path):  # a failed check's leftover, for nobody else
+            os.unlink(path)

@@ -55,6 +55,11 @@ def start_resource_tracker() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
+def is_resource_tracker(process: psutil.Process) -> bool:
+    """Whether `process` is a multiprocessing resource tracker (by its command line)."""
+    return "resource_tracker" in " ".join(process.cmdline())
+
+
 def tag_semaphores_with_pid() -> None:
     """Name every semaphore this process makes from now on ``mp-cnn-<pid>-<random>``
     (multiprocessing's ``/mp-<random>`` otherwise), through multiprocessing's
