@@ -17,7 +17,7 @@ import time
 import psutil
 
 from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, is_resource_tracker,
-                                         remove_stale_semaphores, stale_semaphore_pid,
+                                         remove_stale_semaphores, semaphore_maker_pid,
                                          tag_semaphores_with_pid)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,10 +98,10 @@ def test_the_next_cluster_removes_what_a_killed_process_group_left():
 
 
 def test_only_a_tagged_name_carries_a_pid():
-    assert stale_semaphore_pid("sem.mp-cnn-4242-a1b2_c3d") == 4242
+    assert semaphore_maker_pid("sem.mp-cnn-4242-a1b2_c3d") == 4242
     for name in ("sem.mp-a1b2c3d4", "sem.mp-cnn--a1b2", "sem.mp-cnn-42", "sem.mp-cnn-42-x/y",
                  "mp-cnn-42-abcd", "sem.mp-cnn-4x2-abcd"):
-        assert stale_semaphore_pid(name) is None, name
+        assert semaphore_maker_pid(name) is None, name
 
 
 def hold_a_semaphore() -> None:

@@ -69,7 +69,7 @@ def tag_semaphores_with_pid() -> None:
         config["semprefix"] = f"/{TAG}{os.getpid()}"
 
 
-def stale_semaphore_pid(name: str) -> int | None:
+def semaphore_maker_pid(name: str) -> int | None:
     """The pid a tagged semaphore's file name (``sem.mp-cnn-<pid>-<random>``) carries;
     None for any other name."""
     match = re.fullmatch(rf"sem\.{TAG}(\d+)-[A-Za-z0-9_]+", name)
@@ -80,15 +80,16 @@ def remove_stale_semaphores(folder: str = SEMAPHORE_FOLDER) -> list[str]:
     """Unlink the tagged semaphores in `folder` that this user's processes made and
     that no process of that pid holds now (killed with its resource tracker);
     returns their file names. Another user's, a live pid's (its maker, or a later
-    process given its pid) and every untagged one stay. Unlinking only removes the
-    name: a process still holding one goes on using it."""
+    process given its pid) and every untagged one stay. A pid is judged in this
+    process's pid namespace, which a container sharing /dev/shm may not share.
+    Unlinking only removes the name: a process still holding one goes on using it."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return []
     removed = []
     for entry in entries:
-        pid = stale_semaphore_pid(entry.name)
+        pid = semaphore_maker_pid(entry.name)
         if pid is None or psutil.pid_exists(pid):
             continue
         with contextlib.suppress(OSError):
