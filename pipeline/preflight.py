@@ -176,6 +176,27 @@ def check_scheduler_variable() -> None:
         raise ConfigError(f"{SCHEDULER_VARIABLE}: {problem}")
 
 
+def check_external_workers(config: RunConfig) -> None:
+    """A run on a scheduler you started trains on that scheduler's workers as they are:
+    a `cluster.workers` list (names, emulated speeds, threads, devices, memory limits)
+    or `cluster.devices` describes the embedded cluster a run starts, and with a
+    scheduler none of it would apply. Refused (ConfigError naming the field) rather
+    than run on other workers than the config says: a worker listed at `speed: 0.5`
+    trained at full speed, and every worker of the scheduler joined in."""
+    cluster = config.cluster
+    source = ("cluster.scheduler" if cluster.scheduler
+              else SCHEDULER_VARIABLE if os.environ.get(SCHEDULER_VARIABLE) else None)
+    field = ("devices" if cluster.devices is not None
+             else "workers" if isinstance(cluster.workers, list) else None)
+    if source is None or field is None:
+        return
+    raise ConfigError(f"cluster.{field}: lists the workers of the embedded cluster a run "
+                      "starts (names, emulated speeds, threads, devices, memory limits), but "
+                      f"{source} names a scheduler you started, whose workers the run would "
+                      "train on as they are: drop the list (choose its workers with "
+                      f"cluster.resource and cluster.use_workers) or unset {source}")
+
+
 def check_batch_rows(config: RunConfig, network: NetworkSpec) -> None:
     """The whole batch gives every batch norm more than one value per channel
     (`tasks.specs.lone_batch_norm`), else a ConfigError naming ``train.batch`` and the
@@ -228,6 +249,8 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
                           "it, or set workspace.path to a folder of your own")
     if strategy.uses_cluster and not config.cluster.scheduler:
         check_scheduler_variable()
+    if strategy.uses_cluster:
+        check_external_workers(config)
     problem = tls_problem(scheduler_address(config.cluster), config.cluster.tls)
     if strategy.uses_cluster and problem:
         raise ConfigError(problem)

@@ -163,6 +163,14 @@ CASES: list[Case] = [
     train_case("--scheduler", "foo://host:8786", names="cluster.scheduler"),
     train_case("--scheduler", "tcp://host:99999", names="cluster.scheduler"),
     train_case(names="DASK_SCHEDULER_ADDRESS", DASK_SCHEDULER_ADDRESS="not a url"),
+    # Workers listed for the embedded cluster, with a scheduler you started: its workers
+    # trained as they were (a listed `speed: 0.5` at full speed, every worker joining).
+    train_case("--scheduler", "tcp://127.0.0.1:9", "cluster.workers=[{name: a}, {speed: 0.5}]",
+               names="cluster.workers: lists the workers of the embedded cluster a run "
+               "starts (names, emulated speeds, threads, devices, memory limits), but "
+               "cluster.scheduler names a scheduler you started"),
+    train_case("cluster.devices=[cpu, cpu]", names="cluster.devices: lists the workers "
+               "of the embedded cluster a run starts", DASK_SCHEDULER_ADDRESS="tcp://127.0.0.1:9"),
     # The probe's environment: its policy and how long a cached probe stands.
     train_case(names="CNN_PROBE_MAX_AGE='soon'", CNN_PROBE_MAX_AGE="soon"),
     train_case(names="CNN_PREDICT_PROBE='sometimes'", CNN_PREDICT_PROBE="sometimes"),
