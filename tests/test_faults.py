@@ -198,6 +198,13 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
         record = xr.open_zarr(tmp_path / "recovered" / "run" / "record.zarr")
         assert list(record.step.values) == list(range(steps))  # each step once
         assert json.loads(record.attrs["recoveries"]) == summary["recoveries"]
+        # the timing figures are the placed set-up's (its split, its prediction): the
+        # survivors' steps, the re-placement's warm-up first, are left out, and said
+        assert summary["other_setup_steps_left_out"] == list(range(restored, steps))
+        times = record.step_time.values
+        assert summary["step_time_median"] == pytest.approx(np.median(times[1:restored]))
+        assert (f"re-placed   the medians leave out steps 0 (each start's warm-up) and "
+                f"steps {restored}-{steps - 1}") in out
         assert np.isfinite(record.loss.values).all()
 
         got = checkpoints.read_tensors(path, steps)
@@ -305,6 +312,11 @@ def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
     assert summary["kernel_split"] == [[8, 4], [8, 4]]  # as placed at the start
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert list(record.step.values) == list(range(steps))  # nothing replayed
+    # the timing figures are those of the split the summary names (as placed): the
+    # steps on three workers, the new placement's warm-up first, are left out
+    at = join["at_step"]
+    assert summary["other_setup_steps_left_out"] == list(range(at, steps))
+    assert summary["step_time_median"] == pytest.approx(np.median(record.step_time.values[1:at]))
     after = record.compute_time.sel(worker="w2").isel(step=slice(join["at_step"], None))
     assert (after > 0).all()  # w2 computed every step after it joined
     config = load_run_config(args[0], args[1:])

@@ -154,4 +154,5 @@ def test_a_resume_on_another_setup_times_only_the_last_starts_steps(tmp_path,
                                   if not label.startswith("in-process")]
     assert re.search(r"^run \S+: strategy single on (?!.*in-process)", out, re.M), out
     assert "the medians leave out steps 4 (each start's warm-up) and steps 0-3 (run with " \
-           "another strategy, placement or workers than the last start's)" in out, out
+           "another strategy, placement or workers than the last start's as placed, or " \
+           "after a recovery or join)" in out, out

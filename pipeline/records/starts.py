@@ -187,15 +187,58 @@ def other_setup_starts(record: xr.Dataset) -> list[int]:
             if "start" in entry and setup(entry) != last]
 
 
+def changed_setup(record: xr.Dataset) -> np.ndarray:
+    """Per step of the record: whether it ran after a recovery or a join had placed its
+    start's work again on other workers (from the checkpoint the recovery restored, or
+    the one the join came at, on): another set-up than the one the start was placed
+    on, which the summary names (its split, master and prediction), and with the new
+    placement's warm-up in its first steps."""
+    steps = np.asarray(record.step.values) if "step" in record.coords else np.zeros(0, int)
+    starts = (np.asarray(record.start.values) if "start" in record.coords
+              else np.zeros(len(steps), dtype=int))
+    changed = np.zeros(len(steps), dtype=bool)
+    try:
+        entries = json.loads(record.attrs.get("starts", "[]"))
+    except (TypeError, ValueError):
+        entries = []
+    if not entries:  # a record without starts: the attributes are its one start's
+        entries = [{"start": 0, **{key: _attr_list(record, key)
+                                   for key in ("recoveries", "joins")}}]
+    for entry in entries:
+        at = [r.get("restored_step") for r in entry.get("recoveries") or []] \
+            + [j.get("at_step") for j in entry.get("joins") or []]
+        at = [int(step) for step in at if step is not None]
+        if at and "start" in entry:
+            changed |= (starts == int(entry["start"])) & (steps >= min(at))
+    return changed
+
+
+def _attr_list(record: xr.Dataset, key: str) -> list:
+    try:
+        return list(json.loads(record.attrs.get(key, "[]")))
+    except (TypeError, ValueError):
+        return []
+
+
+def other_setup(record: xr.Dataset) -> np.ndarray:
+    """Per step of the record: whether it ran on another set-up than the one the
+    summary names, the last start's as it was placed: a step of a start with another
+    strategy, placement, workers or batch (`other_setup_starts`), or one run after a
+    recovery or join re-placed its start's work (`changed_setup`)."""
+    starts = (np.asarray(record.start.values) if "start" in record.coords
+              else np.zeros(record.sizes.get("step", 0), dtype=int))
+    return np.isin(starts, other_setup_starts(record)) | changed_setup(record)
+
+
 def measured(record: xr.Dataset, warmup_steps: int) -> xr.Dataset:
     """The record's steps the timing figures cover: each start's steps less its first
     `warmup_steps` (a start measures its first steps with its warm-up in them), and
-    less the steps of starts with another set-up than the last start's
-    (`other_setup_starts`); where that leaves none, the warm-up steps are kept, and
-    where still none, every step."""
+    less the steps run on another set-up than the last start's as placed
+    (`other_setup`: another start's, or after a recovery or join); where that leaves
+    none, the warm-up steps are kept, and where still none, every step."""
     starts = (np.asarray(record.start.values) if "start" in record.coords
               else np.zeros(record.sizes.get("step", 0), dtype=int))
-    same = ~np.isin(starts, other_setup_starts(record))
+    same = ~other_setup(record)
     keep = same.copy()
     for start in np.unique(starts):
         keep[np.flatnonzero(starts == start)[:warmup_steps]] = False

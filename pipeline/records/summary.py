@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from pipeline.records.memory import memory_lines, memory_summary
-from pipeline.records.starts import measured, other_setup_starts, step_ranges
+from pipeline.records.starts import measured, other_setup, step_ranges
 from pipeline.records.step_breakdown import record_breakdown
 
 
@@ -36,9 +36,7 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = F
     (`in_client`: the run trained in the client's process, for its memory figures).
     ``starts`` is the record's list of the run's starts (resumes add one each)."""
     tail = measured(ds, warmup_steps)
-    other = other_setup_starts(ds)
-    others = sorted(ds.step.values[np.isin(ds.start.values, other)].tolist()) \
-        if other and "start" in ds.coords else []
+    others = sorted(ds.step.values[other_setup(ds)].tolist()) if "step" in ds.coords else []
     left_out = sorted(set(ds.step.values.tolist()) - set(tail.step.values.tolist())
                       - set(others))
     times = np.asarray(tail.step_time.values, dtype=float)
@@ -51,7 +49,8 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = F
         "recorded_steps": int(ds.sizes["step"]),
         "measured_steps": int(times.size),
         "warmup_steps_left_out": left_out,
-        # steps of starts with another strategy, placement, workers or batch than the last
+        # steps of starts with another strategy, placement, workers or batch than the
+        # last, or run after a recovery or join placed the work again
         "other_setup_steps_left_out": others,
         # every step a warm-up one: the medians fall back to them all, and say so
         "warmup_included": bool(warmup_steps > 0 and ds.sizes["step"] and not left_out),
@@ -83,19 +82,22 @@ def _task_steps(summary: dict) -> str:
 
 
 def _starts_line(summary: dict) -> list[str]:
-    """The line of a run resumed at least once: where its starts began and which steps
-    the medians leave out as warm-up."""
+    """The line of a run resumed at least once, or whose work was placed again (a
+    recovery, a join): where its starts began and which steps the medians leave out,
+    as warm-up or as run on another set-up."""
     starts = summary.get("starts") or []
-    if len(starts) < 2:
+    others = summary.get("other_setup_steps_left_out") or []
+    if len(starts) < 2 and not others:
         return []
     left_out = summary.get("warmup_steps_left_out") or []
-    others = summary.get("other_setup_steps_left_out") or []
     parts = ([f"steps {step_ranges(left_out)} (each start's warm-up)"] if left_out else []) \
         + ([f"steps {step_ranges(others)} (run with another strategy, placement or "
-            "workers than the last start's)"] if others else [])
-    return [f"  starts      {len(starts)} (resumed at step(s) "
-            f"{', '.join(str(s['from_step']) for s in starts[1:])}); the medians leave out "
-            + (" and ".join(parts) or "no step")]
+            "workers than the last start's as placed, or after a recovery or join)"]
+           if others else [])
+    head = (f"  starts      {len(starts)} (resumed at step(s) "
+            f"{', '.join(str(s['from_step']) for s in starts[1:])}); " if len(starts) > 1
+            else "  re-placed   ")
+    return [f"{head}the medians leave out " + (" and ".join(parts) or "no step")]
 
 
 def _prediction_basis(summary: dict) -> str:
