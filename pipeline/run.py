@@ -29,7 +29,7 @@ from pipeline.cli import ResultsFirst
 from pipeline.cluster.workers import (ClusterError, ClusterWorker, WorkerLost, find_workers,
                                       scheduler_address)
 from pipeline.cluster.links import LinkedHosts
-from pipeline.cluster.shared_paths import check_workers_see
+from pipeline.cluster.shared_paths import check_workers_code, check_workers_see
 from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.shared_use import say_shared_use
 from pipeline.cluster.startup import Startup, start_cluster
@@ -218,6 +218,7 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
             offered = find_workers(client, config.cluster)
         if scheduler_address(config.cluster) is not None:  # workers started elsewhere
             check_workers_see(client, offered, start.info.path, config.output_dir)
+            check_workers_code(client, offered)
         config, strategy, engine, split, offered = _placed_surviving(
             config, strategy, start, client, offered, startup)
         say_shared_use(client, config.cluster, start.say, "as the run starts")

@@ -24,6 +24,13 @@ import torch
 from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from tasks.code_identity import code_identity
+
+
+#: Where this worker imported the project from and its code's digest, taken as it loads
+#: the project (a run compares it with its own: pipeline/cluster/shared_paths.py).
+LOADED_CODE = code_identity()
+
 
 @dataclass
 class WorkerProfile:

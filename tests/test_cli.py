@@ -57,7 +57,7 @@ class CliCluster:
             [os.path.join(BIN, "dask"), "scheduler", "--scheduler-file",
              str(self.scheduler_file), "--host", "127.0.0.1", "--port", "0",
              "--dashboard-address", "127.0.0.1:0"],  # loopback only, as the project's own
-            stdout=self.logs, stderr=self.logs, cwd=self.directory))
+            stdout=self.logs, stderr=self.logs, cwd=self.directory, env=self.env()))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the file appears before its text is written
             text = self.scheduler_file.read_text() if self.scheduler_file.exists() else ""
@@ -82,9 +82,15 @@ class CliCluster:
             [os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
              "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
              "--dashboard-address", "127.0.0.1:0", *extra],
-            stdout=self.logs, stderr=self.logs, cwd=self.directory)
+            stdout=self.logs, stderr=self.logs, cwd=self.directory, env=self.env())
         self.processes.append(process)
         return process
+
+    @staticmethod
+    def env() -> dict[str, str]:
+        """This tree's code for the servers, unless the test names other code: an
+        installed copy elsewhere is other code, which the run refuses."""
+        return {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or ROOT}
 
 
 @pytest.fixture(scope="module")

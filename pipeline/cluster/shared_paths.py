@@ -1,4 +1,5 @@
-"""Whether a cluster's workers see the run's folders where this process does.
+"""Whether a cluster's workers see the run's folders where this process does, and
+run the same code of this project (`check_workers_code`, tasks/code_identity.py).
 
 The client hands its workers absolute paths (pipeline/config/run_config.py): the dataset store,
 which they read, and the output directory, where they write their rows of every
@@ -21,6 +22,7 @@ from typing import Iterator
 from distributed import Client
 
 from pipeline.cluster.workers import ClusterError, ClusterWorker
+from tasks.code_identity import code_identity
 
 #: Seconds the workers have to answer (each looks up two paths).
 ANSWER_S = 30.0
@@ -74,3 +76,45 @@ def check_workers_see(client: Client, workers: list[ClusterWorker], dataset: str
                                         "output directory": output_dir})
     if line is not None:
         raise ClusterError(line)
+
+
+def other_code(client: Client, workers: list[ClusterWorker]) -> dict[str, str]:
+    """Each of `workers` (by address) that runs other code of this project than this
+    process, with why: another copy, or the files as they were before they changed (a
+    process keeps what it imported; tasks/code_identity.py)."""
+    root, digest = code_identity()
+    try:
+        answers = client.run(code_identity, workers=[w.address for w in workers],
+                             on_error="return", callback_timeout=ANSWER_S)
+    except TimeoutError:
+        raise ClusterError(f"the run's workers did not say within {ANSWER_S:g} s which code "
+                           "of this project they run") from None
+    other = {}
+    for worker in workers:
+        answer = answers.get(worker.address)
+        if isinstance(answer, (tuple, list)) and answer[1] == digest:
+            continue
+        if not isinstance(answer, (tuple, list)):
+            other[worker.address] = (f"could not say which code it runs "
+                                     f"({type(answer).__name__}: {answer})")
+        elif answer[0] == root:
+            other[worker.address] = (
+                f"runs other code than this run: the project's files at {root} changed "
+                "since it or this process imported them (a process keeps the code it "
+                "imported)")
+        else:
+            other[worker.address] = (f"runs other code than this run: the project at "
+                                     f"{answer[0]}, this run's at {root}")
+    return other
+
+
+def check_workers_code(client: Client, workers: list[ClusterWorker]) -> None:
+    """Raise ClusterError naming the first of `workers` that runs other code of this
+    project than this process (`other_code`)."""
+    other = other_code(client, workers)
+    for worker in workers:
+        if worker.address in other:
+            raise ClusterError(f"worker {worker.name} ({worker.address}) "
+                               f"{other[worker.address]}; start the workers again on this "
+                               "run's code (installed in their Python, or PYTHONPATH), and "
+                               "this run again if it is the older")

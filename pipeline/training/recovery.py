@@ -33,6 +33,7 @@ from typing import Any
 from distributed import Client
 
 from pipeline.cluster.scheduler_guard import guarded
+from pipeline.cluster.shared_paths import other_code
 from pipeline.cluster.workers import (ClusterError, ClusterWorker, WorkerLost, current_workers,
                                       live_workers, scheduler_address)
 from pipeline.config.run_config import RunConfig
@@ -89,11 +90,20 @@ class History:
                 "joins": [asdict(j) for j in self.joins]}
 
 
-def joined(client: Client, config: RunConfig, offered: list[ClusterWorker]
-           ) -> list[ClusterWorker]:
-    """The run's workers if some joined since it was placed over `offered`, else []."""
-    now = current_workers(client, config.cluster)
+def joined(client: Client, config: RunConfig, offered: list[ClusterWorker],
+           refused: set[str]) -> list[ClusterWorker]:
+    """The run's workers if some joined since it was placed over `offered`, else []. A
+    newcomer that runs other code than the run (`other_code`) is left out, said once
+    and kept in `refused` (its address)."""
     known = {s.address for s in offered}
+    now = [s for s in current_workers(client, config.cluster) if s.address not in refused]
+    new = [s for s in now if s.address not in known]
+    for address, why in (other_code(client, new) if new else {}).items():
+        name = next(s.name for s in new if s.address == address)
+        print(f"warning: worker {name} ({address}) joined the cluster but {why}; the run "
+              "goes on without it", file=sys.stderr, flush=True)
+        refused.add(address)
+    now = [s for s in now if s.address not in refused]
     return now if any(s.address not in known for s in now) else []
 
 
@@ -180,6 +190,7 @@ class _Attempts:
         self.offered, self.from_step = offered, from_step
         self.history = history
         self.grown: list[ClusterWorker] = []
+        self.refused: set[str] = set()  # joined workers on other code
         self.pending: dict[str, Any] | None = None
         self.pending_since = 0.0
 
@@ -202,7 +213,7 @@ class _Attempts:
             return False
         with guarded(self.client, self.config.cluster.scheduler_timeout,
                      f"step {step}: asking whether workers joined"):
-            self.grown[:] = joined(self.client, self.config, self.offered)
+            self.grown[:] = joined(self.client, self.config, self.offered, self.refused)
         return bool(self.grown)
 
     def train(self) -> int:
