@@ -6,8 +6,9 @@ arithmetic at worst. The run now asks each of its workers which code it loaded
 (tasks/code_identity.py) and stops before its first step, one line naming the
 worker, exit 1; an identical copy at another path (another host's) is the same code.
 
-Real processes: `dask scheduler` and `dask worker`s started by hand, the project
-copied to a folder of their own, and the run as `python -m pipeline.train`.
+Real processes: `dask scheduler` and `dask worker`s started by hand, one of them
+from a changed copy of the project, and the run as `python -m pipeline.train`; the
+run's side of the check (which worker, and why) on the session's embedded workers.
 """
 
 from __future__ import annotations
@@ -20,72 +21,61 @@ import subprocess
 import sys
 import time
 
+import pytest
 from distributed import Client
 
+from pipeline.cluster.shared_paths import check_workers_code, other_code
+from pipeline.cluster.workers import ClusterError, find_workers
 from storage import checkpoints
-from tasks.code_identity import PACKAGES
-from tests.helpers import error_lines_of, run_main
+from tasks import code_identity
+from tasks.code_identity import PACKAGES, source_digest
+from tests.helpers import run_main
 from tests.test_cli import CliCluster, tiny_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def train_from(copy: str, *args: str) -> subprocess.CompletedProcess:
-    """`python -m pipeline.train` importing the project from `copy`."""
-    return subprocess.run([sys.executable, "-m", "pipeline.train", *args], cwd=copy,
-                          env={**os.environ, "PYTHONPATH": copy, "CNN_PREDICT_PROBE": "never"},
-                          capture_output=True, text=True, timeout=240)
-
-
-def test_workers_on_other_code_stop_the_run_before_its_first_step(tmp_path, monkeypatch,
-                                                                  tiny_dataset_factory):
+def test_a_copy_elsewhere_is_the_same_code_and_a_changed_file_is_not(tmp_path):
+    """The digest is of the files, not of where they are: an identical copy at
+    another path (another host's) is the same code; one changed line is not."""
     copy = tmp_path / "project"
     for package in PACKAGES:
         shutil.copytree(os.path.join(ROOT, package), copy / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setenv("PYTHONPATH", str(copy))  # the scheduler and workers import the copy
-    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
-    (tmp_path / "cluster").mkdir()
-    cluster = CliCluster(tmp_path / "cluster")
-    try:
-        address = cluster.start_scheduler()
-        cluster.start_worker("--name", "w1")
-        args = [*tiny_args(tmp_path, tiny_dataset_factory("float32")), "strategy=single",
-                "--scheduler", address, "cluster.wait_timeout=120"]
-        # the same code, the run's from the copy too: it trains
-        first = train_from(str(copy), *args)
-        assert first.returncode == 0, first.stderr
-        assert (tmp_path / "run" / "summary.json").exists()
+    assert source_digest(str(copy)) == source_digest(ROOT)
+    network = copy / "tasks" / "network.py"
+    network.write_text(network.read_text() + "\n# changed\n")
+    assert source_digest(str(copy)) != source_digest(ROOT)
 
-        # the copy's files change (a pull) while w1 keeps what it imported
-        network = copy / "tasks" / "network.py"
-        network.write_text(network.read_text() + "\n# changed after w1 imported it\n")
-        again = train_from(str(copy), *args, "--fresh")
-        lines = error_lines_of(again.stderr)
-        assert again.returncode == 1 and len(lines) == 1, again.stderr
-        assert lines[0].startswith("error: worker w1 (tcp://127.0.0.1:") and \
-            f"runs other code than this run: the project's files at {copy} changed since " \
-            "it or this process imported them" in lines[0], lines
-        assert not (tmp_path / "run" / "record.zarr").exists()  # refused before it trained
 
-        # a worker started from the changed copy, the run from this tree (identical to
-        # what w1 loaded): w1 is this run's code, w2 is not
-        cluster.start_worker("--name", "w2")
-        monkeypatch.delenv("PYTHONPATH")
-        status, lines, _out = run_main("train", [*args, "cluster.use_workers=2", "--fresh"])
-        assert status == 1 and len(lines) == 1, lines
-        assert lines[0].startswith("error: worker w2 (tcp://127.0.0.1:") and \
-            f"runs other code than this run: the project at {copy}, this run's at {ROOT}" \
-            in lines[0], lines
-    finally:
-        cluster.stop()
+def test_each_worker_on_other_code_is_named_with_why(three_worker_cluster, monkeypatch):
+    """The run's side of the check on real workers (they answer with their own
+    code): the same code passes; where this process's code differs, each worker is
+    named, as files changed since one imported them (the same folder) or as another
+    copy (another folder), and the run stops on the first (ClusterError)."""
+    client, config = three_worker_cluster
+    workers = find_workers(client, config)
+    assert other_code(client, workers) == {}
+    monkeypatch.setattr(code_identity, "DIGEST", "a-later-version")  # this process only
+    said = other_code(client, workers)
+    assert sorted(said) == sorted(w.address for w in workers)
+    assert all(why.startswith("runs other code than this run: the project's files at "
+                              f"{ROOT} changed since it or this process imported them")
+               for why in said.values()), said
+    monkeypatch.setattr(code_identity, "ROOT", "/elsewhere/project")
+    said = other_code(client, workers)
+    assert all(why == f"runs other code than this run: the project at {ROOT}, this run's "
+               "at /elsewhere/project" for why in said.values()), said
+    with pytest.raises(ClusterError, match=rf"^worker {workers[0].name} \("):
+        check_workers_code(client, workers)
 
 
 def test_a_worker_on_other_code_that_joins_mid_run_is_left_out(tmp_path, monkeypatch,
                                                                tiny_dataset_factory):
     """A worker that joins a cluster you started is used from the next checkpoint on
     (docs/training.md); one that runs other code is left out, said once, and the run
-    goes on with its own workers. The run's process is SIGSTOPped from the moment its
+    goes on with its own workers; a run that starts with it stops before its first
+    step, one line naming it, exit 1. The run's process is SIGSTOPped from the moment its
     work is placed until the newcomer is in the cluster, so that the join falls before
     the run's end (tests/test_faults.py's join test does the same)."""
     copy = tmp_path / "project"
@@ -138,6 +128,18 @@ def test_a_worker_on_other_code_that_joins_mid_run_is_left_out(tmp_path, monkeyp
             f"{ROOT}" in said[0] and said[0].endswith("the run goes on without it"), said
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["joins"] == [] and summary["workers"] == ["w1"], summary
+
+        # a run that starts with w2 among its workers is refused before its first step
+        monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+        status, lines, _out = run_main("train", [
+            *tiny_args(tmp_path, tiny_dataset_factory("float32")), "placement=even",
+            f"output={tmp_path / 'refused'}", "--scheduler", address,
+            "cluster.use_workers=2"])
+        assert status == 1 and len(lines) == 1, lines
+        assert lines[0].startswith("error: worker w2 (tcp://127.0.0.1:") and \
+            f"runs other code than this run: the project at {copy}, this run's at {ROOT}" \
+            in lines[0], lines
+        assert not (tmp_path / "refused" / "record.zarr").exists()  # refused before it trained
     finally:
         if client is not None:
             client.close()
