@@ -5,7 +5,9 @@ silent wait.
 Real listeners (a socket that accepts and stays silent, an HTTP server: a dashboard's
 port) and a real `dask scheduler` process SIGSTOPped, the run or sweep as its own
 process, so that a thread or event loop left behind would show as a process that
-does not exit.
+does not exit. One `dask scheduler` with two workers serves the tests that stop it
+(`stoppable_cluster`): each wakes it after, and the next waits until the earlier
+run is gone from it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from typing import Iterator
 
 import pytest
+from distributed import Client
 
 from storage import checkpoints
 from tests.helpers import error_lines_of
@@ -167,6 +170,40 @@ def _train(tmp_path, dataset: str, address: str, *overrides: str) -> subprocess.
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.fixture(scope="module")
+def stoppable_cluster(tmp_path_factory) -> Iterator[tuple[CliCluster, str]]:
+    """`dask scheduler` and two `dask worker --no-nanny`, shared by the tests that
+    SIGSTOP the scheduler under a run (each wakes it after): their starts, and each
+    worker's first import of torch, cost about as much as the runs themselves."""
+    cluster = CliCluster(tmp_path_factory.mktemp("stopped"))
+    try:
+        address = cluster.start_scheduler()
+        for _ in range(2):
+            cluster.start_worker("--no-nanny")
+        yield cluster, address
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def scheduler(stoppable_cluster) -> tuple[CliCluster, str]:
+    """The module's cluster, awake, with its two workers and nothing of an earlier
+    test's run (whose client the stopped scheduler let go only once woken)."""
+    cluster, address = stoppable_cluster
+    os.kill(cluster.processes[0].pid, signal.SIGCONT)  # woken, whatever came before
+    # no task, no client but this one and the scheduler's own (`fire-and-forget`);
+    # a lambda, sent by value: the scheduler does not import the tests
+    idle = lambda dask_scheduler: not dask_scheduler.tasks and len(  # noqa: E731
+        dask_scheduler.clients) <= 2
+    with Client(address, timeout="30s", set_as_default=False) as client:
+        client.wait_for_workers(2, timeout=60)
+        deadline = time.monotonic() + 60
+        while not client.run_on_scheduler(idle):
+            assert time.monotonic() < deadline, "an earlier run is still on the scheduler"
+            time.sleep(0.1)
+    return cluster, address
+
+
 def _stop_scheduler_after(cluster: CliCluster, run: subprocess.Popen, path: str,
                           step: int) -> tuple[str, str, float]:
     """SIGSTOP the scheduler once checkpoint `step` is complete; the run's stdout and
@@ -178,34 +215,31 @@ def _stop_scheduler_after(cluster: CliCluster, run: subprocess.Popen, path: str,
     return out, err, time.monotonic() - stopped
 
 
-def _wake_and_stop(cluster: CliCluster, run: subprocess.Popen) -> None:
+def _wake(cluster: CliCluster, run: subprocess.Popen) -> None:
     """After a stopped-scheduler test: the scheduler woken, the run killed if it is
-    still there, the cluster stopped."""
+    still there (the module's cluster stays for the next test)."""
     os.kill(cluster.processes[0].pid, signal.SIGCONT)
     if run.poll() is None:
         run.kill()
         run.wait()
-    cluster.stop()
 
 
 def test_a_stopped_scheduler_is_said_then_lost_within_its_limit(tmp_path, tiny_dataset_factory,
-                                                                  monkeypatch):
+                                                                  scheduler, monkeypatch):
     """A `dask scheduler` SIGSTOPped mid-run. Before: the run waited silently for as
     long as it was stopped (its questions to the scheduler had no time limit), then
     went on. Now: a warning once it has been silent for half the limit, then the lost
     scheduler's line, exit 1, the checkpoints kept."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
-    cluster = CliCluster(tmp_path)
+    cluster, address = scheduler
     try:
-        address = cluster.start_scheduler()
-        cluster.start_worker("--no-nanny")
         run = _train(tmp_path, tiny_dataset_factory("float32"), address,
                      "train.checkpoint_every=4", "train.steps=100000", "train.eval_samples=0",
                      "placement=even", f"cluster.scheduler_timeout={SCHEDULER_S}")
         path = str(tmp_path / "run" / "checkpoints.zarr")
         _out, err, took = _stop_scheduler_after(cluster, run, path, 4)
     finally:
-        _wake_and_stop(cluster, run)
+        _wake(cluster, run)
     lines = error_lines_of(err)
     assert run.returncode == 1, err
     # on a loaded machine the scheduler may answer late before the stop: each such
@@ -230,18 +264,15 @@ def test_a_stopped_scheduler_is_said_then_lost_within_its_limit(tmp_path, tiny_d
 
 
 def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_limit(
-        tmp_path, tiny_dataset_factory, monkeypatch):
+        tmp_path, tiny_dataset_factory, scheduler, monkeypatch):
     """Outside the step loop (finding the workers, placing the work, a join check, a
     recovery) the run's questions to the scheduler have no limit of their own. Before:
     a `dask scheduler` SIGSTOPped while the run calibrated its placement held the run
     for as long as it was stopped. Now the run's guard closes its client at the limit,
     and the line names what the run was doing."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
-    cluster = CliCluster(tmp_path)
+    cluster, address = scheduler  # two workers: one worker's placement needs no calibration
     try:
-        address = cluster.start_scheduler()
-        for _ in range(2):  # one worker's placement needs no calibration
-            cluster.start_worker("--no-nanny")
         # a batch of 512 makes the calibration last about 2.5 s here; the phase's line
         # comes 1 s into it
         run = _train(tmp_path, tiny_dataset_factory("float32"), address, "progress=true",
@@ -258,7 +289,7 @@ def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_li
         err.append(run.communicate(timeout=90)[1])
         took = time.monotonic() - stopped
     finally:
-        _wake_and_stop(cluster, run)
+        _wake(cluster, run)
     err = "".join(err)
     lines = error_lines_of(err)
     assert run.returncode == 1, err
@@ -273,7 +304,7 @@ def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_li
 
 
 def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
-        tmp_path, tiny_dataset_factory, monkeypatch):
+        tmp_path, tiny_dataset_factory, scheduler, monkeypatch):
     """A `dask scheduler` SIGSTOPped once the last checkpoint is complete, while the
     run closes its engine and the model probes the cluster. Before: both asked the
     scheduler without a limit, and the finished run waited for as long as it was
@@ -281,17 +312,14 @@ def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
     says why; exit 0 (every step is done)."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))  # a probe to run
-    cluster = CliCluster(tmp_path)
+    cluster, address = scheduler
     try:
-        address = cluster.start_scheduler()
-        for _ in range(2):
-            cluster.start_worker("--no-nanny")
         run = _train(tmp_path, tiny_dataset_factory("float32"), address, "placement=even",
                      "prediction=auto", f"cluster.scheduler_timeout={PLACING_S}")
         out, err, took = _stop_scheduler_after(cluster, run,
                                                str(tmp_path / "run" / "checkpoints.zarr"), 3)
     finally:
-        _wake_and_stop(cluster, run)
+        _wake(cluster, run)
     assert run.returncode == 0, err
     assert re.search(r"^  predicted   none: the Dask scheduler (at \S+ )?stopped answering ",
                      out, re.M), out
