@@ -1,13 +1,13 @@
-"""A scheduler address that answers but is not a Dask scheduler, and a scheduler that
-stops answering mid-run: each ends in one line and exit 1 within its limit, never a
-silent wait.
+"""A scheduler address that answers but is not a Dask scheduler, a scheduler that
+stops answering mid-run, and one killed mid-run: each ends in one line and exit 1
+within its limit, never a silent wait.
 
 Real listeners (a socket that accepts and stays silent, an HTTP server: a dashboard's
 port) and a real `dask scheduler` process SIGSTOPped, the run or sweep as its own
 process, so that a thread or event loop left behind would show as a process that
-does not exit. One `dask scheduler` with two workers serves the tests that stop it
-(`stoppable_cluster`): each wakes it after, and the next waits until the earlier
-run is gone from it.
+does not exit. One `dask scheduler` with two workers serves the tests that stop or
+kill it (`SharedCliCluster`): each wakes it after, the next waits until the earlier
+run is gone from it, and a killed one is started again.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from distributed import Client
 from storage import checkpoints
 from tests.helpers import error_lines_of
 from tests.test_cli import ROOT, CliCluster, tiny_args
-from tests.test_faults import wait_for_checkpoint
+from tests.test_faults import FAULTS, wait_for_checkpoint
 from tests.test_sweep import write_sweep
 
 #: cluster.connect_timeout in these tests (the default is 10 s).
@@ -170,38 +170,58 @@ def _train(tmp_path, dataset: str, address: str, *overrides: str) -> subprocess.
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+class SharedCliCluster:
+    """`dask scheduler` and two `dask worker --no-nanny`, shared by the tests that stop
+    or kill the scheduler under a run: their starts, and each worker's first import of
+    torch, cost about as much as the runs themselves. Started again where a test
+    killed the scheduler."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self._folders = tmp_path_factory
+        self.cluster: CliCluster | None = None
+        self.address = ""
+
+    def ready(self) -> tuple[CliCluster, str]:
+        """The cluster, awake, with its two workers and nothing of an earlier test's
+        run (whose client a stopped scheduler let go only once woken)."""
+        if self.cluster is None or self.cluster.processes[0].poll() is not None:
+            self.close()  # killed by a test: its workers go too
+            self.cluster = CliCluster(self._folders.mktemp("stopped"))
+            self.address = self.cluster.start_scheduler()
+            for _ in range(2):
+                self.cluster.start_worker("--no-nanny")
+        os.kill(self.cluster.processes[0].pid, signal.SIGCONT)  # woken, whatever came before
+        # no task, no client but this one and the scheduler's own (`fire-and-forget`);
+        # a lambda, sent by value: the scheduler does not import the tests
+        idle = lambda dask_scheduler: not dask_scheduler.tasks and len(  # noqa: E731
+            dask_scheduler.clients) <= 2
+        with Client(self.address, timeout="30s", set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+            deadline = time.monotonic() + 60
+            while not client.run_on_scheduler(idle):
+                assert time.monotonic() < deadline, "an earlier run is still on the scheduler"
+                time.sleep(0.1)
+        return self.cluster, self.address
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            cluster, self.cluster = self.cluster, None
+            cluster.stop()
+
+
 @pytest.fixture(scope="module")
-def stoppable_cluster(tmp_path_factory) -> Iterator[tuple[CliCluster, str]]:
-    """`dask scheduler` and two `dask worker --no-nanny`, shared by the tests that
-    SIGSTOP the scheduler under a run (each wakes it after): their starts, and each
-    worker's first import of torch, cost about as much as the runs themselves."""
-    cluster = CliCluster(tmp_path_factory.mktemp("stopped"))
+def shared_cli_cluster(tmp_path_factory) -> Iterator[SharedCliCluster]:
+    shared = SharedCliCluster(tmp_path_factory)
     try:
-        address = cluster.start_scheduler()
-        for _ in range(2):
-            cluster.start_worker("--no-nanny")
-        yield cluster, address
+        yield shared
     finally:
-        cluster.stop()
+        shared.close()
 
 
 @pytest.fixture
-def scheduler(stoppable_cluster) -> tuple[CliCluster, str]:
-    """The module's cluster, awake, with its two workers and nothing of an earlier
-    test's run (whose client the stopped scheduler let go only once woken)."""
-    cluster, address = stoppable_cluster
-    os.kill(cluster.processes[0].pid, signal.SIGCONT)  # woken, whatever came before
-    # no task, no client but this one and the scheduler's own (`fire-and-forget`);
-    # a lambda, sent by value: the scheduler does not import the tests
-    idle = lambda dask_scheduler: not dask_scheduler.tasks and len(  # noqa: E731
-        dask_scheduler.clients) <= 2
-    with Client(address, timeout="30s", set_as_default=False) as client:
-        client.wait_for_workers(2, timeout=60)
-        deadline = time.monotonic() + 60
-        while not client.run_on_scheduler(idle):
-            assert time.monotonic() < deadline, "an earlier run is still on the scheduler"
-            time.sleep(0.1)
-    return cluster, address
+def scheduler(shared_cli_cluster) -> tuple[CliCluster, str]:
+    """(cluster, scheduler address) of the module's cluster, ready for a run."""
+    return shared_cli_cluster.ready()
 
 
 def _stop_scheduler_after(cluster: CliCluster, run: subprocess.Popen, path: str,
@@ -325,3 +345,30 @@ def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
                      out, re.M), out
     assert (tmp_path / "run" / "record.zarr").is_dir()
     assert took < 2 * PLACING_S + 20, took  # the engine's close, the probe's guard
+
+
+def test_a_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, tiny_dataset_factory,
+                                                           scheduler, monkeypatch):
+    """A `dask scheduler` SIGKILLed after checkpoint 4: one line naming the lost
+    scheduler and how to resume, exit 1, the checkpoints kept. (The module's cluster
+    is started again for any test after it.)"""
+    assert FAULTS["scheduler SIGKILLed mid-run"] == "clean"
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    cluster, address = scheduler
+    run = _train(tmp_path, tiny_dataset_factory("float32"), address, "train.checkpoint_every=4",
+                 "train.steps=100000", "train.eval_samples=0", "placement=even")
+    path = str(tmp_path / "run" / "checkpoints.zarr")
+    try:
+        wait_for_checkpoint(path, 4, run)
+        cluster.processes[0].kill()  # the scheduler
+        killed = time.monotonic()
+        _out, err = run.communicate(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 1
+    assert len(error_lines_of(err)) == 1, err
+    assert "lost the Dask scheduler" in err and "train.resume=true" in err
+    assert checkpoints.latest_complete_step(path) >= 4  # what was saved is kept
