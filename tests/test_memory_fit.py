@@ -29,8 +29,6 @@ from storage import checkpoints
 from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS
 from tasks.zoo import build_preset
 from tests.helpers import max_relative_error, replay_in_pytorch, shared_workers, tiny_config
-from tests.test_cli import CliCluster, error_lines, tiny_args
-from tests.test_cli import train as cli_train
 
 PAPER = marques_cifar()
 #: What a worker that runs autograd holds whatever its network: its baseline and runtime.
@@ -281,29 +279,6 @@ def test_embedded_config_that_fits_nowhere_is_refused_before_its_cluster_starts(
                              "cluster.workers=[{name: a, memory_limit: 700MB}, "
                              "{name: b, memory_limit: 4GB}]"])
     assert status == 0  # b takes what a (the master: its head and little else) cannot hold
-
-
-def test_external_worker_memory_limit_is_read_from_the_scheduler(tmp_path,
-                                                                 tiny_dataset_factory):
-    """A `dask worker --memory-limit 650MB` gives the capacity, 80 % of it (Dask pauses
-    a worker beyond): the paper network on one worker needs more (806 MB predicted,
-    772 MB measured: docs/model.md), so the run is refused in one line before it
-    calibrates, exit 2."""
-    cluster = CliCluster(tmp_path)
-    try:
-        address = cluster.start_scheduler()
-        cluster.start_worker("--memory-limit", "650MB", "--no-nanny", "--resources", "LIMITED=1")
-        dataset = tiny_dataset_factory("float32")
-        result = cli_train(*tiny_args(tmp_path, dataset), "network.conv.0.kernels=500",
-                           "network.conv.1.kernels=1500", "train.batch=32", "strategy=single",
-                           "cluster.resource=LIMITED", "--scheduler", address, timeout=120)
-    finally:
-        cluster.stop()
-    assert result.returncode == 2, result.stderr
-    lines = error_lines(result)
-    assert len(lines) == 1 and "needs" in lines[0] and "has 520 MB" in lines[0], lines
-    assert "Dask pauses a worker at 80 % of its limit" in lines[0]
-    assert not (tmp_path / "run" / "record.zarr").exists()
 
 
 def test_scaling_points_carry_the_peak_and_whether_it_fits():

@@ -1,5 +1,6 @@
-"""Workers that cannot fit: `dask worker --memory-limit` too small for a set-up worker,
-a worker lost at its limit, and the setup plugin not outliving the run.
+"""Workers that cannot fit: `dask worker --memory-limit` too small for a set-up worker
+or for the run's network, a worker lost at its limit, and the setup plugin not
+outliving the run.
 
 The arithmetic is checked as pure functions; the rest on one `dask scheduler` with
 `dask worker` processes started as a user starts them (tests/test_cli.py's
@@ -150,6 +151,28 @@ def test_a_too_small_limit_is_refused_before_the_setup(tmp_path, scheduler,
         assert [c.pid for c in psutil.Process(worker.pid).children()][-1] == child
     finally:
         _stop_workers(cluster, address)
+
+
+def test_an_external_worker_s_memory_limit_is_read_from_the_scheduler(
+        tmp_path, scheduler, tiny_dataset_factory):
+    """A `dask worker --memory-limit 650MB` gives the capacity, 80 % of it (Dask pauses
+    a worker beyond): the paper network on one worker needs more (806 MB predicted,
+    772 MB measured: docs/model.md), so the run is refused in one line before it
+    calibrates, exit 2."""
+    cluster, address = scheduler
+    cluster.start_worker("--memory-limit", "650MB", "--no-nanny", "--resources", "LIMITED=1")
+    try:  # the run waits for the worker (cluster.wait_timeout) while it starts
+        result = train(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
+                       "network.conv.0.kernels=500", "network.conv.1.kernels=1500",
+                       "train.batch=32", "strategy=single", "cluster.resource=LIMITED",
+                       "--scheduler", address, timeout=120)
+    finally:
+        _stop_workers(cluster, address)
+    assert result.returncode == 2, result.stderr
+    lines = error_lines(result)
+    assert len(lines) == 1 and "needs" in lines[0] and "has 520 MB" in lines[0], lines
+    assert "Dask pauses a worker at 80 % of its limit" in lines[0]
+    assert not (tmp_path / "run" / "record.zarr").exists()
 
 
 def test_the_setup_does_not_outlive_the_run(tmp_path, scheduler, tiny_dataset_factory):
