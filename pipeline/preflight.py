@@ -182,13 +182,16 @@ def check_external_workers(config: RunConfig) -> None:
     or `cluster.devices` describes the embedded cluster a run starts, and with a
     scheduler none of it would apply. Refused (ConfigError naming the field) rather
     than run on other workers than the config says: a worker listed at `speed: 0.5`
-    trained at full speed, and every worker of the scheduler joined in."""
+    trained at full speed, and every worker of the scheduler joined in. With
+    `cluster.link` the run starts its own (linked) cluster whatever
+    $DASK_SCHEDULER_ADDRESS says (`scheduler_address`): its list is that cluster's."""
     cluster = config.cluster
-    source = ("cluster.scheduler" if cluster.scheduler
-              else SCHEDULER_VARIABLE if os.environ.get(SCHEDULER_VARIABLE) else None)
+    if scheduler_address(cluster) is None:
+        return
+    source = "cluster.scheduler" if cluster.scheduler else SCHEDULER_VARIABLE
     field = ("devices" if cluster.devices is not None
              else "workers" if isinstance(cluster.workers, list) else None)
-    if source is None or field is None:
+    if field is None:
         return
     raise ConfigError(f"cluster.{field}: lists the workers of the embedded cluster a run "
                       "starts (names, emulated speeds, threads, devices, memory limits), but "

@@ -27,7 +27,7 @@ from pipeline.cluster.linked import open_linked_cluster
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.config.run_config import build_run_config
 from pipeline.cluster.links import LinkedHosts
-from pipeline.preflight import check_run
+from pipeline.preflight import check_external_workers, check_run
 from pipeline.probe import links_key
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
@@ -139,6 +139,19 @@ def test_link_config_errors_name_the_field(monkeypatch):
     with pytest.raises(ConfigError, match="cluster.link: needs root"):
         check_run(config)
 
+
+
+def test_listed_linked_workers_beside_a_scheduler_variable_are_the_runs_own(monkeypatch):
+    """`cluster.link` runs its own embedded cluster whatever $DASK_SCHEDULER_ADDRESS says
+    (`scheduler_address`), so its `cluster.workers` list (each worker's link, speed) is
+    the cluster the run starts, not a list a scheduler you started would ignore."""
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:9")
+    linked = build_run_config({"cluster": {"link": {"rate": "1gbit"}, "workers": [
+        {"name": "a", "link": "100mbit", "speed": 0.5}, {"name": "b"}]}})
+    check_external_workers(linked)
+    unlinked = build_run_config({"cluster": {"workers": [{"name": "a", "speed": 0.5}]}})
+    with pytest.raises(ConfigError, match="cluster.workers: .* DASK_SCHEDULER_ADDRESS names"):
+        check_external_workers(unlinked)
 
 # Real links (root) ----------------------------------------------------------------
 
