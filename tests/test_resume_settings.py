@@ -17,6 +17,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from pipeline.records.starts import left_out_steps, measured
 from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import run_main
@@ -156,3 +157,18 @@ def test_a_resume_on_another_setup_times_only_the_last_starts_steps(tmp_path,
     assert "the medians leave out steps 4 (each start's warm-up) and steps 0-3 (run with " \
            "another strategy, placement or workers than the last start's as placed, or " \
            "after a recovery or join)" in out, out
+
+
+def test_the_steps_said_left_out_are_those_the_timing_figures_leave_out():
+    """A recovery from checkpoint 0 (the only one under the default
+    train.checkpoint_every: 0) re-places every step: the figures then fall back to all
+    of them, but the summary listed them all as left out (other_setup_steps_left_out,
+    the 're-placed' line) beside medians over every one. Each list now holds only
+    steps the figures leave out; a later restore still leaves its steps out."""
+    def record(restored: int) -> xr.Dataset:
+        return xr.Dataset(coords={"step": np.arange(6), "start": ("step", np.zeros(6, int))},
+                          attrs={"recoveries": json.dumps([{"restored_step": restored}])})
+    for restored, kept, warm, others in ((0, range(6), [], []),
+                                         (3, [1, 2], [0], [3, 4, 5])):
+        assert measured(record(restored), 1).step.values.tolist() == list(kept)
+        assert left_out_steps(record(restored), 1) == (warm, others)

@@ -246,3 +246,15 @@ def measured(record: xr.Dataset, warmup_steps: int) -> xr.Dataset:
         if chosen.any():
             return record.isel(step=np.flatnonzero(chosen))
     return record
+
+
+def left_out_steps(record: xr.Dataset, warmup_steps: int) -> tuple[list[int], list[int]]:
+    """(warm-up steps, steps run on another set-up) that the timing figures
+    (`measured`) leave out, as the summary lists them. Where `measured` falls back to
+    steps it would leave out (a recovery from checkpoint 0 re-placed every step), those
+    are in neither list: the figures include them."""
+    kept = set(measured(record, warmup_steps).step.values.tolist())
+    steps = record.step.values.tolist() if "step" in record.coords else []
+    other = other_setup(record) if steps else np.zeros(0, dtype=bool)
+    others = sorted(s for s, o in zip(steps, other) if o and s not in kept)
+    return sorted(set(steps) - kept - set(others)), others

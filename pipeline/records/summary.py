@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from pipeline.records.memory import memory_lines, memory_summary
-from pipeline.records.starts import measured, other_setup, step_ranges
+from pipeline.records.starts import left_out_steps, measured, step_ranges
 from pipeline.records.step_breakdown import record_breakdown
 
 
@@ -36,9 +36,7 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = F
     (`in_client`: the run trained in the client's process, for its memory figures).
     ``starts`` is the record's list of the run's starts (resumes add one each)."""
     tail = measured(ds, warmup_steps)
-    others = sorted(ds.step.values[other_setup(ds)].tolist()) if "step" in ds.coords else []
-    left_out = sorted(set(ds.step.values.tolist()) - set(tail.step.values.tolist())
-                      - set(others))
+    left_out, others = left_out_steps(ds, warmup_steps)
     times = np.asarray(tail.step_time.values, dtype=float)
     median = float(np.median(times)) if times.size else float("nan")
 
