@@ -35,7 +35,8 @@ class TrainConfig:
         "CosineAnnealingLR, T_max the steps after the warm-up, eta_min 0)")
     lr_milestones: list[int] = described(
         factory=list, doc="`lr_decay: step`: the steps at which the rate is multiplied by "
-        "`lr_gamma`, increasing, counted from the run's start (after the warm-up)")
+        "`lr_gamma`, increasing, counted from the run's start (not from the warm-up's end), "
+        "each after the warm-up")
     lr_gamma: float = described(0.1, "`lr_decay: step`: the factor at each milestone, in "
                                 "(0, 1] (torch's MultiStepLR default)")
     lr_warmup: int = described(
