@@ -14,7 +14,9 @@ PyTorch user gets from them (tests/test_lr_schedule.py checks step by step):
   warm-up torch's ``SequentialLR`` counts its second scheduler's steps from the
   warm-up's end, so there the torch equivalent takes ``milestone - warmup``;
 - ``cosine``: ``CosineAnnealingLR(T_max=steps - warmup, eta_min=0)`` after the
-  warm-up: from ``lr`` down to 0 at the run's last step.
+  warm-up: from ``lr`` down towards 0, which it reaches at step `steps`, just after
+  the run's last (whose rate is ``lr x (1 - cos(pi / T_max)) / 2``, T_max the steps after
+  the warm-up), as torch's gives it.
 
 Together they are ``SequentialLR([LinearLR(...), decay], milestones=[warmup])``
 (`torch_scheduler` in tasks/optim.py builds exactly that for the `reference`).

@@ -31,7 +31,7 @@ class TrainConfig:
     lr_decay: Literal["none", "step", "cosine"] = described(
         "none", "the learning rate's decay after the warm-up (docs/training.md): `none`, "
         "constant; `step`, times `lr_gamma` at each of `lr_milestones` (torch's "
-        "MultiStepLR); `cosine`, from `lr` down to 0 at the last of `steps` (torch's "
+        "MultiStepLR); `cosine`, from `lr` down to 0 at step `steps`, just after the last (torch's "
         "CosineAnnealingLR, T_max the steps after the warm-up, eta_min 0)")
     lr_milestones: list[int] = described(
         factory=list, doc="`lr_decay: step`: the steps at which the rate is multiplied by "
