@@ -20,12 +20,16 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from distributed import Client
 
+from pipeline.cluster import shared_paths
 from pipeline.cluster.shared_paths import check_workers_code, other_code
 from pipeline.cluster.workers import ClusterError, find_workers
+from pipeline.config.run_config import build_run_config
+from pipeline.training.recovery import joined
 from storage import checkpoints
 from tasks import code_identity
 from tasks.code_identity import PACKAGES, source_digest
@@ -144,3 +148,22 @@ def test_a_worker_on_other_code_that_joins_mid_run_is_left_out(tmp_path, monkeyp
         if client is not None:
             client.close()
         cluster.stop()
+
+
+def test_a_newcomer_that_does_not_say_its_code_in_time_is_left_out_for_now(
+        three_worker_cluster, monkeypatch, capsys):
+    """At a checkpoint the run asks a worker that joined which code it runs; one that
+    did not answer in time (busy, stopped) stopped the whole run with a ClusterError.
+    It is now left out at this checkpoint, said, and asked again at the next."""
+    client, cluster = three_worker_cluster
+    workers = find_workers(client, cluster)
+    config = replace(build_run_config({}), cluster=cluster)
+    refused: set[str] = set()
+    monkeypatch.setattr(shared_paths, "ANSWER_S", 1e-6)  # no answer can come in time
+    assert joined(client, config, workers[:2], refused) == []
+    assert refused == set()
+    assert f"worker(s) {workers[2].name} joined the cluster but did not say" \
+        in capsys.readouterr().err
+    monkeypatch.setattr(shared_paths, "ANSWER_S", 30.0)
+    assert {w.address for w in joined(client, config, workers[:2], refused)} == \
+        {w.address for w in workers}

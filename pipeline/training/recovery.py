@@ -94,11 +94,21 @@ def joined(client: Client, config: RunConfig, offered: list[ClusterWorker],
            refused: set[str]) -> list[ClusterWorker]:
     """The run's workers if some joined since it was placed over `offered`, else []. A
     newcomer that runs other code than the run (`other_code`) is left out, said once
-    and kept in `refused` (its address)."""
+    and kept in `refused` (its address). Newcomers that do not say in time which code
+    they run (busy, stopped) are left out this time, said, and asked again next time:
+    the run goes on with its own workers rather than stop."""
     known = {s.address for s in offered}
     now = [s for s in current_workers(client, config.cluster) if s.address not in refused]
     new = [s for s in now if s.address not in known]
-    for address, why in (other_code(client, new) if new else {}).items():
+    try:
+        other = other_code(client, new) if new else {}
+    except ClusterError as error:
+        names = ", ".join(s.name for s in new)
+        print(f"warning: worker(s) {names} joined the cluster but did not say which code "
+              f"they run ({error}); the run goes on without them for now",
+              file=sys.stderr, flush=True)
+        return []
+    for address, why in other.items():
         name = next(s.name for s in new if s.address == address)
         print(f"warning: worker {name} ({address}) joined the cluster but {why}; the run "
               "goes on without it", file=sys.stderr, flush=True)
