@@ -216,7 +216,9 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
     with guarded(client, config.cluster.scheduler_timeout, "placing the work"):
         if offered is None:
             offered = find_workers(client, config.cluster)
-        if scheduler_address(config.cluster) is not None:  # workers started elsewhere
+        if scheduler_address(config.cluster) is not None or config.cluster.jobqueue:
+            # workers started elsewhere: by hand, or batch jobs (which may start after
+            # an edit made while they queued)
             check_workers_see(client, offered, start.info.path, config.output_dir)
             check_workers_code(client, offered)
         config, strategy, engine, split, offered = _placed_surviving(

@@ -12,6 +12,7 @@ lists nothing after any of them.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from pipeline.config.run_config import load_run_config
 from pipeline.cluster.jobqueue import open_jobqueue_client
 from pipeline.run import run_training
 from storage import checkpoints
+from tasks.code_identity import PACKAGES
 from tests.helpers import (assert_one_error_line, max_relative_error, replay_in_pytorch,
                            run_main, tiny_config)
 from tests.slurm_cluster import LocalSlurm, job_workers, slurm_missing
@@ -262,6 +264,29 @@ def test_a_job_that_fails_before_its_worker_joins_is_one_line(tmp_path, slurm,
     assert_one_error_line(status, lines, 1, "before its worker joined; its log: no such venv")
     assert "slurm job" in lines[0] and "(slurm-0) ended" in lines[0]
     assert time.monotonic() - started < 30
+    assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_a_job_on_other_code_stops_the_run_before_its_first_step(tmp_path, slurm,
+                                                                 tiny_dataset_factory):
+    """A job's worker that imports another version of the project (here its prologue
+    points PYTHONPATH at a changed copy, from a folder without the project, which
+    `python -m` would put first; on a cluster, a copy edited while the job queued) is named before the first step, as a hand-started worker is
+    (tests/test_worker_code.py): one line, exit 1, and no job left behind."""
+    copy = tmp_path / "project"
+    for package in PACKAGES:
+        shutil.copytree(os.path.join(ROOT, package), copy / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    network = copy / "tasks" / "network.py"
+    network.write_text(network.read_text() + "\n# edited while the job queued\n")
+    args = tiny_args(tmp_path, tiny_dataset_factory()) + [
+        "cluster.jobqueue.jobs=1", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
+        f"cluster.jobqueue.directory={tmp_path}",
+        f"cluster.jobqueue.prologue=[cd {tmp_path}, export PYTHONPATH={copy}]"]
+    status, lines, _ = run_main("train", args)
+    assert_one_error_line(status, lines, 1, f"runs other code than this run: the project "
+                                            f"at {copy}, this run's at {ROOT}")
+    assert "worker slurm-0 (tls://127.0.0.1:" in lines[0], lines
     assert slurm.left_behind(str(tmp_path)) == []
 
 
