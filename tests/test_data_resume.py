@@ -24,8 +24,8 @@ import xarray as xr
 from PIL import Image
 
 from storage import checkpoints
-from storage.datasets import (DatasetChanged, ensure_dataset, open_dataset_info, read_batch,
-                              read_labels)
+from storage.datasets import (DatasetChanged, DatasetError, clear_read_cache, ensure_dataset,
+                              open_dataset_info, read_batch, read_labels)
 from tests.helpers import assert_one_error_line, run_main
 from tests.test_image_folder import ROOT, _train_args, make_folder
 
@@ -100,6 +100,27 @@ def test_a_reader_pinned_to_a_store_refuses_it_rebuilt_with_other_images(tmp_pat
     assert not np.array_equal(read_batch(store, "train", rows)[0], before)  # unpinned
 
 
+def test_a_reader_pinned_to_a_store_refuses_it_removed_or_half_rebuilt(tmp_path):
+    """A rebuild in place removes the store first: a pinned reader that comes between
+    (the metadata gone, or an array not written yet) is told the store it started on
+    went away, not that the path is no dataset store; an unpinned one is told that."""
+    store = str(tmp_path / "s.zarr")
+    info = ensure_dataset("synthetic", store, train_samples=8, test_samples=2, seed=0)
+    rows = np.arange(4)
+    read_batch(store, "train", rows, info.identity)
+    shutil.rmtree(os.path.join(store, "train", "labels"))  # half written, the metadata there
+    clear_read_cache()
+    with pytest.raises(DatasetChanged, match=f"dataset store {store} was removed or is being "
+                       "rebuilt while this run read it"):
+        read_batch(store, "train", rows, info.identity)
+    shutil.rmtree(store)
+    with pytest.raises(DatasetChanged, match="was removed or is being rebuilt"):
+        read_labels(store, "train", rows, info.identity)
+    with pytest.raises(DatasetError) as unpinned:
+        read_batch(store, "train", rows)
+    assert not isinstance(unpinned.value, DatasetChanged)
+
+
 def test_a_run_whose_store_is_rebuilt_under_it_stops_in_one_line(tmp_path):
     """Another run at the same `data.path` with other data rebuilds the store in place
     while this one trains: the workers read the new images from then on, with nothing
@@ -132,8 +153,9 @@ def test_a_run_whose_store_is_rebuilt_under_it_stops_in_one_line(tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
     assert process.returncode == 1, err
-    assert len(errors) == 1 and f"dataset store {store} was rebuilt with other images" \
-        in errors[0], err
+    assert len(errors) == 1, err  # read after the rebuild, or while it was under way
+    assert f"dataset store {store} was rebuilt with other images" in errors[0] or \
+        f"dataset store {store} was removed or is being rebuilt" in errors[0], err
     assert "Compute Failed" not in err and "Traceback" not in err, err
 
 

@@ -54,10 +54,18 @@ def _reader(path: str, split: str, identity: str = "") -> _SplitReader:
     root = os.path.abspath(path)
     try:
         stat = os.stat(os.path.join(root, "zarr.json"))
-    except FileNotFoundError:
+        reader = _split_reader(root, split, (stat.st_ino, stat.st_mtime_ns))
+    except (OSError, DatasetError) as error:
+        if identity:  # the store this run started on is gone, or half rebuilt
+            raise DatasetChanged(
+                f"dataset store {root} was removed or is being rebuilt while this run read "
+                "it (by another run at the same data.path, or by hand); the run stops rather "
+                "than train on another store's images: give each run its own data.path"
+            ) from None
+        if not isinstance(error, FileNotFoundError):
+            raise
         dataset_attrs(path)  # raises the precise error: missing, not Zarr, not ours
         raise DatasetError(f"{path!r} is not a Zarr v3 dataset store") from None
-    reader = _split_reader(root, split, (stat.st_ino, stat.st_mtime_ns))
     if identity and reader.identity != identity:
         raise DatasetChanged(
             f"dataset store {root} was rebuilt with other images while this run read it (by "
