@@ -12,7 +12,6 @@ lists nothing after any of them.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -28,12 +27,12 @@ from pipeline.config.run_config import load_run_config
 from pipeline.cluster.jobqueue import open_jobqueue_client
 from pipeline.run import run_training
 from storage import checkpoints
-from tasks.code_identity import PACKAGES
 from tests.helpers import (assert_one_error_line, max_relative_error, replay_in_pytorch,
                            run_main, tiny_config)
 from tests.slurm_cluster import LocalSlurm, job_workers, slurm_missing
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS, wait_for_checkpoint
+from tests.test_worker_code import project_copy
 
 # Pure parts ---------------------------------------------------------------------------
 
@@ -273,12 +272,7 @@ def test_a_job_on_other_code_stops_the_run_before_its_first_step(tmp_path, slurm
     points PYTHONPATH at a changed copy, from a folder without the project, which
     `python -m` would put first; on a cluster, a copy edited while the job queued) is named before the first step, as a hand-started worker is
     (tests/test_worker_code.py): one line, exit 1, and no job left behind."""
-    copy = tmp_path / "project"
-    for package in PACKAGES:
-        shutil.copytree(os.path.join(ROOT, package), copy / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    network = copy / "tasks" / "network.py"
-    network.write_text(network.read_text() + "\n# edited while the job queued\n")
+    copy = project_copy(tmp_path, "edited while the job queued")
     args = tiny_args(tmp_path, tiny_dataset_factory()) + [
         "cluster.jobqueue.jobs=1", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
         f"cluster.jobqueue.directory={tmp_path}",

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -39,17 +40,25 @@ from tests.test_cli import CliCluster, tiny_args
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_a_copy_elsewhere_is_the_same_code_and_a_changed_file_is_not(tmp_path):
-    """The digest is of the files, not of where they are: an identical copy at
-    another path (another host's) is the same code; one changed line is not."""
-    copy = tmp_path / "project"
+def project_copy(folder: Path, change: str | None = None) -> Path:
+    """A copy of the project's packages in `folder`/project, with `change` appended
+    to one module as a comment (another version of the code) if given."""
+    copy = folder / "project"
     for package in PACKAGES:
         shutil.copytree(os.path.join(ROOT, package), copy / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    assert source_digest(str(copy)) == source_digest(ROOT)
-    network = copy / "tasks" / "network.py"
-    network.write_text(network.read_text() + "\n# changed\n")
-    assert source_digest(str(copy)) != source_digest(ROOT)
+    if change is not None:
+        network = copy / "tasks" / "network.py"
+        network.write_text(network.read_text() + f"\n# {change}\n")
+    return copy
+
+
+def test_a_copy_elsewhere_is_the_same_code_and_a_changed_file_is_not(tmp_path):
+    """The digest is of the files, not of where they are: an identical copy at
+    another path (another host's) is the same code; one changed line is not."""
+    assert source_digest(str(project_copy(tmp_path / "same"))) == source_digest(ROOT)
+    assert source_digest(str(project_copy(tmp_path / "changed", "changed"))) != \
+        source_digest(ROOT)
 
 
 def test_each_worker_on_other_code_is_named_with_why(three_worker_cluster, monkeypatch):
@@ -82,12 +91,7 @@ def test_a_worker_on_other_code_that_joins_mid_run_is_left_out(tmp_path, monkeyp
     step, one line naming it, exit 1. The run's process is SIGSTOPped from the moment its
     work is placed until the newcomer is in the cluster, so that the join falls before
     the run's end (tests/test_faults.py's join test does the same)."""
-    copy = tmp_path / "project"
-    for package in PACKAGES:
-        shutil.copytree(os.path.join(ROOT, package), copy / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    network = copy / "tasks" / "network.py"
-    network.write_text(network.read_text() + "\n# another version of the project\n")
+    copy = project_copy(tmp_path, "another version of the project")
     monkeypatch.delenv("PYTHONPATH", raising=False)  # the scheduler and w1: this tree
     (tmp_path / "cluster").mkdir()
     cluster = CliCluster(tmp_path / "cluster")
