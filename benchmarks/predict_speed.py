@@ -32,6 +32,7 @@ from typing import Callable
 from pipeline.costmodel import (DeviceSpec, LinkSpec, Network, Options, StoreSpec,
                                 alexnet, marques_cifar, predict)
 from pipeline.probe.tables import costmodel_network
+from pipeline.strategies import strategy_named
 from tasks.zoo import PRESETS, build_preset
 
 STRATEGIES = ("single", "kernel", "data", "hybrid")
@@ -79,7 +80,10 @@ def _row(strategy: str, p: int, args: argparse.Namespace) -> list[str]:
 
     fast = run()
     reference = "-"
-    if strategy == "kernel" and HAS_REFERENCE and p <= args.reference_max:
+    # the reference timeline is the kernel split's over several devices
+    kernel_split = strategy_named(strategy)
+    if kernel_split.split_unit == "kernel" and not kernel_split.one_worker \
+            and HAS_REFERENCE and p <= args.reference_max:
         reference = f"{run(timeline='reference'):.4f}"
     return [strategy, str(p), f"{fast:.4f}", reference]
 
