@@ -20,6 +20,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -129,6 +130,24 @@ def train_process(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def killed_after_checkpoint(run: subprocess.Popen, path: str, step: int,
+                            kill: Callable[[], None]) -> str:
+    """Once checkpoint `step` of the run's store `path` is complete, `kill` (a worker,
+    the scheduler); the run's stderr once it has ended, within 30 s of the kill. The
+    run is killed if the test fails first."""
+    try:
+        wait_for_checkpoint(path, step, run)
+        kill()
+        killed = time.monotonic()
+        _out, err = run.communicate(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    return err
+
+
 def wait_for_checkpoint(path: str, step: int, run: subprocess.Popen,
                         timeout: float = 120) -> int:
     """Poll the checkpoint store until checkpoint `step` (or a later one) is complete."""
@@ -231,14 +250,8 @@ def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(
     run = train_process(*args, "train.steps=100000")
     path = str(tmp_path / "run" / "checkpoints.zarr")
     try:
-        wait_for_checkpoint(path, 4, run)
-        cluster.kill("w1")
-        killed = time.monotonic()
-        _out, err = run.communicate(timeout=60)
-        assert time.monotonic() - killed < 30
+        err = killed_after_checkpoint(run, path, 4, lambda: cluster.kill("w1"))
     finally:
-        if run.poll() is None:
-            run.kill()
         cluster.replace("w1")
     assert run.returncode == 1 and len(error_lines_of(err)) == 1, err
     assert "left the cluster" in err and "train.resume=true" in err

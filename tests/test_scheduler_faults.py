@@ -29,7 +29,7 @@ from distributed import Client
 from storage import checkpoints
 from tests.helpers import error_lines_of
 from tests.test_cli import ROOT, CliCluster, tiny_args
-from tests.test_faults import FAULTS, wait_for_checkpoint
+from tests.test_faults import FAULTS, killed_after_checkpoint, wait_for_checkpoint
 from tests.test_sweep import write_sweep
 
 #: cluster.connect_timeout in these tests (the default is 10 s).
@@ -358,16 +358,7 @@ def test_a_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, tiny_datase
     run = _train(tmp_path, tiny_dataset_factory("float32"), address, "train.checkpoint_every=4",
                  "train.steps=100000", "train.eval_samples=0", "placement=even")
     path = str(tmp_path / "run" / "checkpoints.zarr")
-    try:
-        wait_for_checkpoint(path, 4, run)
-        cluster.processes[0].kill()  # the scheduler
-        killed = time.monotonic()
-        _out, err = run.communicate(timeout=60)
-        assert time.monotonic() - killed < 30
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+    err = killed_after_checkpoint(run, path, 4, cluster.processes[0].kill)  # the scheduler
     assert run.returncode == 1
     assert len(error_lines_of(err)) == 1, err
     assert "lost the Dask scheduler" in err and "train.resume=true" in err
