@@ -41,8 +41,8 @@ from distributed.utils import get_mp_context
 
 from pipeline.config.cluster_config import WorkerConfig
 from pipeline.cluster.fork_server import start_fork_server
-from pipeline.cluster.semaphores import (remove_stale_semaphores, start_resource_tracker,
-                                         tag_semaphores_with_pid)
+from pipeline.cluster.semaphores import (is_resource_tracker, remove_stale_semaphores,
+                                         start_resource_tracker, tag_semaphores_with_pid)
 from pipeline.cluster.security import run_security
 
 LOOPBACK = "127.0.0.1"
@@ -215,7 +215,7 @@ def is_worker_process(process: psutil.Process) -> bool:
     if "multiprocessing.forkserver" in command:
         parent = process.parent()
         return parent is not None and "multiprocessing.forkserver" in " ".join(parent.cmdline())
-    return "spawn_main" in command and "resource_tracker" not in command
+    return "spawn_main" in command and not is_resource_tracker(process)
 
 
 def _kill_new_workers(before: set[int]) -> None:
