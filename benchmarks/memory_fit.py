@@ -50,13 +50,12 @@ from pipeline.prediction import network_for
 from pipeline.probe.tables import model_network
 from pipeline.strategies import strategy_named
 
-#: The constants `--fit` tries (MemoryConstants' fields, bytes or factors).
+#: The constants `--fit` tries (MemoryConstants' factors): those of the code and glibc's
+#: allocator alone; every other one is measured on the machine at hand
+#: (`machine_memory_constants`: the bare processes, the runtimes, the conv workspace).
 FIT_GRID = {
-    "worker_runtime": [m * 10 ** 6 for m in range(0, 161, 5)],
-    "client_runtime": [m * 10 ** 6 for m in range(60, 161, 10)],
-    "conv_workspace": [w / 4 for w in range(0, 11)],
     "retention": [1.0 + r / 20 for r in range(0, 17)],
-    "load_retained": [0.0, 0.5, 1.0],
+    "load_retained": [0.0, 0.25, 0.5, 0.75, 1.0],
 }
 
 #: name -> (strategy, workers, extra overrides)
@@ -189,12 +188,6 @@ def median_of_repeats(measurements: list[dict]) -> list[dict]:
     return merged
 
 
-def _in_client(measured: dict) -> bool:
-    """Whether a measured case trained in the client's process (no cluster): its
-    figure is the client's, fitted with the client's runtime."""
-    return not strategy_named(CASES[measured["case"]][0]).uses_cluster
-
-
 def beside(measured: dict, constants: MemoryConstants) -> MemoryConstants:
     """`constants` on the bare processes the measurement was taken beside (where it
     kept them; else as they are)."""
@@ -242,31 +235,16 @@ def _score(errors: list[float]) -> tuple[int, float]:
 
 def fit(measurements: list[dict]) -> tuple[MemoryConstants, float]:
     """The grid's constants that put the most measured figures within `WITHIN`, of
-    those the one with the smallest largest error (the runtimes each alone, as they
-    touch different processes); and that largest error.
+    those the one with the smallest largest error, with every constant measured on
+    this machine as it measures it (`FIT_GRID`); and that largest error.
 
     Why not the smallest largest error alone: one figure that moves by a quarter
     between repeats (the small network's `single` at batch 128: 140-155 MB working)
     would then pull every other figure its way."""
-    fields = ["conv_workspace", "retention", "load_retained"]
     here = machine_memory_constants()
     best: tuple[tuple[int, float], MemoryConstants] | None = None
-    for values in itertools.product(*(FIT_GRID[f] for f in fields)):
-        base = dict(zip(fields, values))
-        # the runtimes shift every worker's (client's) figure alike: pick each best
-        picked = {}
-        for runtime, cases in (("worker_runtime", [m for m in measurements
-                                                   if not _in_client(m)]),
-                               ("client_runtime", [m for m in measurements
-                                                   if _in_client(m)])):
-            scores = []
-            for value in FIT_GRID[runtime]:
-                constants = dataclasses.replace(here, **base, **{runtime: value})
-                errors = [abs(row["error"]) for m in cases
-                          for row in compare(m, constants)["devices"]]
-                scores.append((_score(errors), -value))
-            picked[runtime] = -max(scores)[1]
-        constants = dataclasses.replace(here, **base, **picked)
+    for values in itertools.product(*FIT_GRID.values()):
+        constants = dataclasses.replace(here, **dict(zip(FIT_GRID, values)))
         score = _score([abs(row["error"]) for m in measurements
                         for row in compare(m, constants)["devices"]])
         if best is None or score > best[0]:

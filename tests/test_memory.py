@@ -136,24 +136,29 @@ def test_the_reference_in_process_records_its_own_peak(tmp_path, tiny_dataset_fa
 
 
 def test_the_models_baselines_are_this_machines_bare_processes(monkeypatch):
-    """The memory model starts a prediction from the bare processes and runtimes
-    measured here (the baselines a run's working memory is measured against); one that
-    cannot be measured (0) leaves the constant's figure."""
+    """The memory model starts a prediction from the bare processes, runtimes and conv
+    workspace measured here (the baselines a run's working memory is measured
+    against); one that cannot be measured (0) leaves the constant's figure."""
     from pipeline.costmodel.memory import DEFAULT_CONSTANTS
     from pipeline.records import memory as records_memory
     measured = {memory.CLIENT_IMPORTS: 301_000_000, memory.WORKER_IMPORTS: 177_000_000}
     runtimes = [41e6, 97e6]
+    workspace = [0.9]
     monkeypatch.setattr(records_memory, "memory_baseline", lambda imports: measured[imports])
     monkeypatch.setattr(records_memory, "memory_runtimes", lambda: tuple(runtimes))
+    monkeypatch.setattr(records_memory, "memory_conv_workspace", lambda: workspace[0])
     here = records_memory.machine_memory_constants()
     assert (here.baseline, here.worker_baseline) == (301e6, 177e6)
     assert (here.worker_runtime, here.client_runtime) == (41e6, 97e6)
-    assert here.conv_workspace == DEFAULT_CONSTANTS.conv_workspace  # the rest as they were
+    assert here.conv_workspace == 0.9
+    assert here.retention == DEFAULT_CONSTANTS.retention  # the rest as they were
     measured[memory.WORKER_IMPORTS] = 0
     runtimes[0] = 0.0
+    workspace[0] = 0.0
     here = records_memory.machine_memory_constants()
     assert (here.baseline, here.worker_baseline) == (301e6, DEFAULT_CONSTANTS.worker_baseline)
     assert (here.worker_runtime, here.client_runtime) == (DEFAULT_CONSTANTS.worker_runtime, 97e6)
+    assert here.conv_workspace == DEFAULT_CONSTANTS.conv_workspace
 
 
 def test_the_runtimes_are_a_tiny_runs_working_memory_measured_once(monkeypatch, tmp_path,

@@ -47,7 +47,7 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     holders = holders or [[c] for c in counts]
     live = Live()
     conv_params, read = _parameters(live, network, counts, master, s)
-    ws = constants.conv_workspace
+    ws = constants.workspace(gpu)
     if paper_family(network):
         _forward(live, network.conv, batch, counts, holders, master, s, ws)
         if master:

@@ -33,12 +33,12 @@ Per device, by kind (`Footprint.parts` at the peak):
 - ``backward``: gradients in flight (pool/ReLU backward, input gradients);
 - ``exchange``: slots read from and copies written to the workspace, and flat
   gradients of the reduction;
-- ``workspace``: the convolution library's scratch, a fitted multiple of a conv
-  op's output (and input gradient) (`MemoryConstants.conv_workspace`).
+- ``workspace``: the convolution library's scratch, a multiple of a conv op's output
+  (and input gradient) measured per machine (`MemoryConstants.conv_workspace`).
 
-What comes and goes within a step is scaled by a fitted retention (the allocator
-keeps freed pages), except what glibc maps apart (tensors above its mmap threshold):
-the peak of resident memory, not of live tensors.
+What comes and goes within a step is scaled by a retention (the allocator keeps freed
+pages; glibc's and the code's, fitted), except what glibc maps apart (tensors above its
+mmap threshold): the peak of resident memory, not of live tensors.
 
 Pure: a function of the network, the batch, the element size and the split. This
 module holds what every count shares (the constants, `Live`, `Footprint`, a layer's
@@ -94,7 +94,8 @@ def mask_draw_bytes(s: int) -> int:
 
 @dataclass(frozen=True)
 class MemoryConstants:
-    """What the count cannot derive from shapes, measured (benchmarks/memory_fit.py).
+    """What the count cannot derive from shapes: measured on the machine at hand where
+    they follow the machine, fitted where they are the code's and glibc's alone.
 
     worker_runtime : bytes a Dask worker process running the project's tasks holds
         beyond `worker_baseline`, whatever the network (the worker's own state, modules the
@@ -102,8 +103,14 @@ class MemoryConstants:
     client_runtime : the same for the training process that runs `reference` in
         itself (it also holds the run's records and the dataset's index).
     conv_workspace : the convolution library's scratch while a conv op runs (oneDNN
-        reorders to and from its blocked layouts): this multiple of the op's output
-        in forward, of its output gradient plus input gradient in backward.
+        reorders the input and the output to and from its blocked layouts, a copy
+        each): this multiple of the op's output in forward, of its output gradient plus
+        input gradient in backward. It follows the CPU (oneDNN picks its kernels and
+        layouts by the instruction set), so a run's prediction measures it on its
+        machine (`pipeline.records.memory.machine_memory_constants`,
+        records/conv_workspace.py: a few layers' passes in a fresh process, pooled);
+        the figure here is the Intel host's, where it measures 1.19-1.33 over eight
+        processes (with oneDNN held to AVX2 1.20, to SSE4.1 0.94-0.98).
     retention : what a process holds of the bytes that come and go within a step,
         per byte counted: glibc keeps freed chunks below its mmap threshold in its
         arenas, so resident memory stays above the live tensors (`retained`).
@@ -114,34 +121,49 @@ class MemoryConstants:
         process still holds (read tensor by tensor into fresh arrays on the heap,
         storage/chunk_files.py): a shard its slices, the master also the dense
         layers, a replica and `reference` the whole network's weights and momentum.
-    The runtimes, the workspace, the retention and the checkpoint's share kept were
-    fitted together (`python -m benchmarks.memory_fit --compare FILES --fit`) on the
-    medians of two runs of every case of the small network at batch 32 and 128, the
-    paper network at 32 and resnet20 (width 1 and 0.5) and vgg11 at 32 and 128, each
-    case measured with the environment's libraries read from disk, not from the page
-    cache pip left them in (docs/model.md, "Memory per device"); measured again after
-    checkpoints were read as chunk files (2026-11-29), 92 of those 93 figures stay
-    within 15 % (a refit reaches 93 with a workspace of 1.5 and a retention of 1.6: a
-    flat optimum, so these were kept). The runtimes here are the fit's (48 and 116 MB
-    beyond the 184 and 310 MB bare processes of that machine): a run's prediction takes
-    its own machine's instead, a tiny run's working memory
-    (`pipeline.records.memory.machine_memory_constants`, records/memory_runtime.py:
-    48 and 92 MB there); these stay for predict-only sweeps and where that cannot be
-    measured.
+    The runtimes are measured per machine too (a tiny run's working memory,
+    records/memory_runtime.py: 48 and 92 MB on the Intel host); the figures here (the
+    fit's 48 and 116 MB beyond the 184 and 310 MB bare processes of that machine) stay
+    for predict-only sweeps and where they cannot be measured.
+    `retention` and `load_retained` are the code's and glibc's, not the machine's: the
+    sizes and order of what a step allocates and frees, and of the arrays a checkpoint
+    is read into, follow the network, the batch and the split; what the heap keeps of
+    them follows glibc's malloc (one arena per worker, `MALLOC_ARENA_MAX=1`; its trim
+    and mmap thresholds), the same on every Linux machine with glibc; the one part of
+    a step that follows the CPU, the conv's scratch, is `conv_workspace`, measured.
+    So they are fitted, once, with every other constant as measured
+    (`python -m benchmarks.memory_fit --compare FILES --fit`), on the medians of two
+    runs of every case of the small network at batch 32 and 128, the paper network at
+    32 and resnet20 (width 1 and 0.5) and vgg11 at 32 and 128, each case measured with
+    the environment's libraries read from disk, not from the page cache pip left them
+    in (docs/model.md, "Memory per device"): 93 of those 93 figures within 15 % with a
+    retention of 1.6 and half the checkpoint kept. (A workspace of 0.5 fitted together
+    with a retention of 1.7 kept 92: it took the scratch as 0.4x what is measured, the
+    larger retention on every other transient making up for it on these runs; the
+    measured workspace beside a retention of 1.7 keeps 91.) A process on another C
+    library (musl, macOS) keeps freed memory otherwise: there these two are assumptions.
     gpu_context : device memory a CUDA context takes before any tensor (an
         assumption, not measured here).
+    gpu_conv_workspace : `conv_workspace` on a GPU, whose convs run in cuDNN, not
+        oneDNN: an assumption (no GPU here), the figure once fitted for the CPU.
     """
 
     baseline: float = PROCESS_BASELINE
     worker_baseline: float = WORKER_BASELINE
     worker_runtime: float = 48 * 10 ** 6
     client_runtime: float = 116 * 10 ** 6
-    conv_workspace: float = 0.5
-    retention: float = 1.7
+    conv_workspace: float = 1.25
+    retention: float = 1.6
     load_retained: float = 0.5
     autograd_runtime: float = 5.5 * 10 ** 6
     mmap_threshold: float = 32 * MIB
     gpu_context: float = 500 * 10 ** 6
+    gpu_conv_workspace: float = 0.5
+
+    def workspace(self, gpu: bool) -> float:
+        """The conv workspace factor of a GPU device or a CPU one (the CPU's measured:
+        it says nothing of cuDNN's)."""
+        return self.gpu_conv_workspace if gpu else self.conv_workspace
 
 
 DEFAULT_CONSTANTS = MemoryConstants()

@@ -205,7 +205,7 @@ def replica_device_peak(network: Network, batch: int, rows: int, devices: int, s
     live.alloc("buffers", "weights", network.conv_buffers() * s)
     live.alloc("momentum", "momentum", network.momentum_elements(params))
     if rows:
-        _walk(live, network, rows, s, constants.conv_workspace, True)
+        _walk(live, network, rows, s, constants.workspace(gpu), True)
     else:
         live.alloc("grads", "gradients", params)
     _reduction(live, params, devices)
@@ -234,7 +234,7 @@ def hybrid_device_peak(network: Network, batch: int, rows: int, devices: int, s:
     live.alloc("grad-features", "exchange", features * batch / devices)
     trunk_only = Network(network.conv, (), network.name)
     if rows:
-        _walk(live, trunk_only, rows, s, constants.conv_workspace, True)
+        _walk(live, trunk_only, rows, s, constants.workspace(gpu), True)
     live.free("features", "grad-features")
     _reduction(live, trunk, devices)
     return _replica_finish(live, network, s, constants, gpu)

@@ -17,11 +17,12 @@ and JIT-compiles their code: those stay for the process's life, the runtime's pa
 then each pass `REPEATS` times on a heap handed back to the kernel (``malloc_trim``),
 between a reset of the resident high-water mark (tasks/memory.py) and its reading:
 what the pass raised the resident size by, less the tensors it returned, the median
-of those, is its scratch (`ConvReading`). `workspace_factor` turns the readings into the model's constant:
-the forward's scratch over the conv outputs, the backward's over the output and input
-gradients, all shapes and both passes pooled, as the model applies one factor to
-both. About 0.4 s of CPU beyond torch's import, kept with the other figures measured
-per machine (pipeline/records/memory.py's cache), keyed by the CPU too (`cpu_signature`).
+of those, is its scratch (`ConvReading`). `workspace_factor` turns the readings into
+the model's constant: the forward's scratch over the conv outputs, the backward's over
+the output and input gradients, all shapes and both passes pooled, as the model
+applies one factor to both. About 0.4 s of CPU beyond torch's import, kept with the
+other figures measured per machine (pipeline/records/memory.py's cache), keyed by the
+CPU too (`cpu_signature`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ The memory model's prediction starts from the same two figures
 (`machine_memory_constants`): the machine at hand's bare processes, not the ones
 measured where the model was written, so that a predicted and a measured peak stand on
 one baseline; and beyond them from the project's runtimes on this machine, a tiny
-run's working memory (`memory_runtimes`, pipeline/records/memory_runtime.py), kept in
-the same cache (key `RUNTIME_METHOD`).
+run's working memory (`memory_runtimes`, pipeline/records/memory_runtime.py), and the
+convolution library's scratch (`memory_conv_workspace`,
+pipeline/records/conv_workspace.py), kept in the same cache (keys `RUNTIME_METHOD`,
+`WORKSPACE_METHOD` and the CPU).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import xarray as xr
 import zarr
 
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants
+from pipeline.records.conv_workspace import cpu_signature, measure_conv_workspace
 from pipeline.records.memory_runtime import measure_runtimes, runtimes_wanted
 from storage.space import replace_file
 from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
@@ -45,6 +48,8 @@ from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
 BASELINE_METHOD = 2
 #: The same for `measure_runtimes` (1: a tiny run's own record).
 RUNTIME_METHOD = 1
+#: The same for `measure_conv_workspace` (1: each pass's scratch in a trimmed heap).
+WORKSPACE_METHOD = 1
 
 
 def _cache_path() -> str:
@@ -104,27 +109,43 @@ def memory_runtimes() -> tuple[float, float]:
     return worker, client
 
 
+@functools.cache
+def memory_conv_workspace() -> float:
+    """This machine's `conv_workspace` (`measure_conv_workspace`,
+    pipeline/records/conv_workspace.py), measured once per interpreter, library
+    versions and CPU (`cpu_signature`: oneDNN picks its kernels by the instruction set;
+    cached with the baselines); 0 where it cannot be measured or
+    ``$CNN_MEMORY_RUNTIME=fitted``."""
+    if not runtimes_wanted():
+        return 0.0
+    return _cached(["conv_workspace", WORKSPACE_METHOD, cpu_signature()],
+                   lambda: [measure_conv_workspace()])[0]
+
+
 def machine_memory_constants(constants: MemoryConstants = DEFAULT_CONSTANTS
                              ) -> MemoryConstants:
     """`constants` with this machine's own figures: the bare processes as the model's
     baselines, the client's (`CLIENT_IMPORTS`) for a process that trains in itself, a
     forked worker's (`WORKER_IMPORTS`) for a worker, each `memory_baseline` (measured
     once, cached); and the runtimes beyond them, a tiny run's working memory
-    (`memory_runtimes`, pipeline/records/memory_runtime.py).
+    (`memory_runtimes`, pipeline/records/memory_runtime.py); and the convolution
+    library's scratch (`memory_conv_workspace`, pipeline/records/conv_workspace.py).
 
     Why: a bare process's resident size is the machine's and its environment's, not
     the model's (the libraries' pages a process maps follow how the page cache holds
     their files: 50-90 MB a process apart between a fresh install and files read back
     from disk, docs/benchmarks.md), and a run's working memory is its peak less these
     same figures; what the project's processes hold beyond them follows the machine as
-    much. Where one cannot be measured, `constants`' own stays."""
+    much, and the scratch with the kernels oneDNN picks for the CPU. Where one cannot
+    be measured, `constants`' own stays."""
     client, worker = memory_baseline(CLIENT_IMPORTS), memory_baseline(WORKER_IMPORTS)
     worker_runtime, client_runtime = memory_runtimes()
     return dataclasses.replace(
         constants, baseline=float(client or constants.baseline),
         worker_baseline=float(worker or constants.worker_baseline),
         worker_runtime=worker_runtime or constants.worker_runtime,
-        client_runtime=client_runtime or constants.client_runtime)
+        client_runtime=client_runtime or constants.client_runtime,
+        conv_workspace=memory_conv_workspace() or constants.conv_workspace)
 
 
 def memory_summary(ds: xr.Dataset, in_client: bool = False) -> dict:

@@ -34,7 +34,8 @@ import yaml
 
 __all__ = ["RUNTIME_VARIABLE", "TINY_NETWORK", "measure_runtimes", "runtimes_wanted"]
 
-#: ``$CNN_MEMORY_RUNTIME``: ``measured`` (default) or ``fitted`` (module doc).
+#: ``$CNN_MEMORY_RUNTIME``: ``measured`` (default) or ``fitted`` (module doc; ``fitted``
+#: keeps the constants' conv workspace too, pipeline/records/conv_workspace.py).
 RUNTIME_VARIABLE = "CNN_MEMORY_RUNTIME"
 #: A network whose own tensors are a few KB: one conv layer of two 3x3 kernels on 8x8
 #: images, a dense layer to 10 classes, batch 32.
