@@ -96,7 +96,14 @@ class TaskClock:
 
     @contextlib.contextmanager
     def phase(self, kind: str, nbytes: int = 0, slot: str = "") -> Iterator[Phase]:
-        assert self.current is not None, "a phase belongs to an op"
+        """Time a phase of the op open now, and add it to that op when it ends.
+
+        The op is the one open at the start, not whichever is open at the end: a stop
+        signal raised inside contextlib's ``__exit__``, before it resumes this
+        generator, leaves the phase suspended while the op closes; garbage collection
+        then ends the phase after its op, and the phase still belongs to that op."""
+        op = self.current
+        assert op is not None, "a phase belongs to an op"
         phase = Phase(kind, time.time(), 0.0, nbytes, slot)
         try:
             yield phase
@@ -104,7 +111,7 @@ class TaskClock:
             if kind == "compute":
                 self.sync()
             phase.end = time.time()
-            self.current.phases.append(phase)
+            op.phases.append(phase)
 
     def add(self, kind: str, start: float, end: float, nbytes: int = 0) -> None:
         """Record a phase timed elsewhere (e.g. an emulated sleep)."""
