@@ -23,12 +23,14 @@ import time
 from pathlib import Path
 from dataclasses import replace
 
+import dask
 import pytest
-from distributed import Client
+from distributed import Client, Worker
+from distributed.comm.core import CommClosedError
 
 from pipeline.cluster import shared_paths
 from pipeline.cluster.shared_paths import check_workers_code, other_code
-from pipeline.cluster.workers import ClusterError, find_workers
+from pipeline.cluster.workers import ClusterError, ClusterWorker, find_workers
 from pipeline.config.run_config import build_run_config
 from pipeline.training.recovery import joined
 from storage import checkpoints
@@ -171,3 +173,51 @@ def test_a_newcomer_that_does_not_say_its_code_in_time_is_left_out_for_now(
     monkeypatch.setattr(shared_paths, "ANSWER_S", 30.0)
     assert {w.address for w in joined(client, config, workers[:2], refused)} == \
         {w.address for w in workers}
+
+
+def test_a_newcomer_that_cannot_be_reached_once_is_asked_again_at_the_next_checkpoint(
+        three_worker_cluster, capsys):
+    """A worker that joined but that the scheduler cannot reach when the run asks which
+    code it runs (its connection refused, dropped, or not made in time) has said nothing
+    about its code, as a slow one. It was refused for the rest of the run ("could not
+    say which code it runs (OSError: ...)"); it is now left out at this checkpoint,
+    said, and asked again at the next. A real newcomer in this process: a worker whose
+    listener is stopped, so that the scheduler's connections to it are refused."""
+    client, cluster = three_worker_cluster
+    workers = find_workers(client, cluster)
+    config = replace(build_run_config({}), cluster=cluster)
+
+    async def join() -> Worker:
+        return await Worker(client.scheduler.address, security=client.security, nthreads=1,
+                            name="unreached", resources={"CPU": 1}, host="127.0.0.1")
+
+    newcomer = client.sync(join)
+    try:
+        async def stop_listening() -> None:
+            newcomer.listener.stop()
+
+        client.sync(stop_listening)
+        refused: set[str] = set()
+        with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+            assert joined(client, config, workers, refused) == []
+        assert refused == set()  # asked again at the next checkpoint
+        err = capsys.readouterr().err
+        assert "warning: worker(s) unreached joined the cluster but did not say which code " \
+            f"they run (worker unreached ({newcomer.address}) could not be reached: " in err, err
+        assert err.rstrip().endswith("the run goes on without them for now"), err
+    finally:
+        client.sync(newcomer.close)
+
+
+def test_only_no_answer_counts_as_unreached_not_an_error_the_worker_raised():
+    """`unreached_for_code`: a connection error (refused, closed, a connect timeout) or
+    no answer at all is no answer; a worker's own error (it cannot import this
+    project) and an identity are answers."""
+    workers = [ClusterWorker(f"tcp://h:{port}", f"w{port}", "CPU", 1, 1.0)
+               for port in (1, 2, 3, 4, 5)]
+    answers = {"tcp://h:1": ("/p", "d"), "tcp://h:2": CommClosedError("in <TCP>: closed"),
+               "tcp://h:3": OSError("Timed out trying to connect"),
+               "tcp://h:4": ModuleNotFoundError("No module named 'tasks'")}
+    assert shared_paths.unreached_for_code(answers, workers) == {
+        "tcp://h:2": "CommClosedError: in <TCP>: closed",
+        "tcp://h:3": "OSError: Timed out trying to connect", "tcp://h:5": "no answer"}

@@ -81,7 +81,8 @@ def check_workers_see(client: Client, workers: list[ClusterWorker], dataset: str
 def other_code(client: Client, workers: list[ClusterWorker]) -> dict[str, str]:
     """Each of `workers` (by address) that runs other code of this project than this
     process, with why: another copy, or the files as they were before they changed (a
-    process keeps what it imported; tasks/code_identity.py)."""
+    process keeps what it imported; tasks/code_identity.py). ClusterError where one
+    could not be asked in time, or not reached (`unreached_for_code`): it did not say."""
     root, digest = code_identity()
     try:
         answers = client.run(code_identity, workers=[w.address for w in workers],
@@ -89,6 +90,11 @@ def other_code(client: Client, workers: list[ClusterWorker]) -> dict[str, str]:
     except TimeoutError:
         raise ClusterError(f"the run's workers did not say within {ANSWER_S:g} s which code "
                            "of this project they run") from None
+    unreached = unreached_for_code(answers, workers)
+    if unreached:
+        raise ClusterError("; ".join(f"worker {worker.name} ({worker.address}) could not be "
+                                     f"reached: {unreached[worker.address]}"
+                                     for worker in workers if worker.address in unreached))
     other = {}
     for worker in workers:
         answer = answers.get(worker.address)
@@ -106,6 +112,23 @@ def other_code(client: Client, workers: list[ClusterWorker]) -> dict[str, str]:
             other[worker.address] = (f"runs other code than this run: the project at "
                                      f"{answer[0]}, this run's at {root}")
     return other
+
+
+def unreached_for_code(answers: dict[str, object], workers: list[ClusterWorker]
+                       ) -> dict[str, str]:
+    """Those of `workers` (by address, with the error) whose answer in `answers` (a
+    `client.run(..., on_error="return")`'s) is no answer: the scheduler could not reach
+    it (a refused or dropped connection, a connect timeout: an OSError) or it has
+    none. Such a worker said nothing about its code, as one too slow to answer, and is
+    asked again; an error it raised itself (it cannot import this project) is its
+    answer."""
+    unreached = {}
+    for worker in workers:
+        answer = answers.get(worker.address)
+        if answer is None or isinstance(answer, OSError):
+            unreached[worker.address] = (f"{type(answer).__name__}: {answer}"
+                                         if answer is not None else "no answer")
+    return unreached
 
 
 def check_workers_code(client: Client, workers: list[ClusterWorker]) -> None:

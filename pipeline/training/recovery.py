@@ -95,8 +95,9 @@ def joined(client: Client, config: RunConfig, offered: list[ClusterWorker],
     """The run's workers if some joined since it was placed over `offered`, else []. A
     newcomer that runs other code than the run (`other_code`) is left out, said once
     and kept in `refused` (its address). Newcomers that do not say in time which code
-    they run (busy, stopped) are left out this time, said, and asked again next time:
-    the run goes on with its own workers rather than stop."""
+    they run (busy, stopped, or the scheduler could not reach them) are left out this
+    time, said, and asked again next time: the run goes on with its own workers rather
+    than stop."""
     known = {s.address for s in offered}
     now = [s for s in current_workers(client, config.cluster) if s.address not in refused]
     new = [s for s in now if s.address not in known]
