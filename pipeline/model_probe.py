@@ -17,8 +17,9 @@ from typing import Any
 
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.worker_setup import workers_set_up
+from pipeline.cluster.shared_paths import check_workers_code
 from pipeline.cluster.workers import (ClusterError, SchedulerLost, WorkerLost, all_local,
-                                      find_workers, scheduler_address)
+                                      find_workers, scheduler_address, started_elsewhere)
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
 from pipeline.engine.dataset import prepare_dataset
@@ -75,6 +76,10 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
     link's rate and the transport's per-access cost, and the probe is cached for
     those links only.
 
+    Workers started elsewhere (a named scheduler's, batch jobs) that run other code of
+    this project than this process are refused as a run refuses them
+    (`check_workers_code`): the probe fails with the run's line naming the worker.
+
     ``sample=True`` (policy ``auto`` only) measures one more sample of the cluster
     however fresh its cached probe, and gives the median of every figure over its
     recent samples (pipeline/probe/samples.py): what a sweep does at each repeat.
@@ -120,8 +125,11 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
             os.makedirs(output_root, exist_ok=True)
         with open_client(cluster, config.shared_directories()) as own, \
                 workers_set_up(own, cluster):
-            return cached_probe(own, find_workers(own, cluster), spec, batch, quanta, where,
-                                dataset, links=links, output_root=output_root, sample=sample,
+            offered = find_workers(own, cluster)
+            if started_elsewhere(cluster):  # as a run checks them: a probe's figures
+                check_workers_code(own, offered)  # from other code mislead, and are cached
+            return cached_probe(own, offered, spec, batch, quanta, where, dataset,
+                                links=links, output_root=output_root, sample=sample,
                                 batch_norm=batch_norm)
     except (WorkerLost, SchedulerLost):
         raise  # the run's to recover from, or to stop on

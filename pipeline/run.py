@@ -27,7 +27,7 @@ from distributed import Client
 
 from pipeline.cli import ResultsFirst
 from pipeline.cluster.workers import (ClusterError, ClusterWorker, WorkerLost, find_workers,
-                                      scheduler_address)
+                                      scheduler_address, started_elsewhere)
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.shared_paths import check_workers_code, check_workers_see
 from pipeline.cluster.scheduler_guard import guarded
@@ -216,9 +216,7 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
     with guarded(client, config.cluster.scheduler_timeout, "placing the work"):
         if offered is None:
             offered = find_workers(client, config.cluster)
-        if scheduler_address(config.cluster) is not None or config.cluster.jobqueue:
-            # workers started elsewhere: by hand, or batch jobs (which may start after
-            # an edit made while they queued)
+        if started_elsewhere(config.cluster):  # by hand, or batch jobs
             check_workers_see(client, offered, start.info.path, config.output_dir)
             check_workers_code(client, offered)
         config, strategy, engine, split, offered = _placed_surviving(

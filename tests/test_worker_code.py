@@ -38,6 +38,7 @@ from tasks import code_identity
 from tasks.code_identity import PACKAGES, source_digest
 from tests.helpers import run_main
 from tests.test_cli import CliCluster, tiny_args
+from tests.test_sweep import write_sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -221,3 +222,40 @@ def test_only_no_answer_counts_as_unreached_not_an_error_the_worker_raised():
     assert shared_paths.unreached_for_code(answers, workers) == {
         "tcp://h:2": "CommClosedError: in <TCP>: closed",
         "tcp://h:3": "OSError: Timed out trying to connect", "tcp://h:5": "no answer"}
+
+
+def test_a_sweeps_dry_run_probes_no_worker_that_runs_other_code(tmp_path, monkeypatch,
+                                                                tiny_dataset_factory):
+    """A sweep's dry run (`mode: predict` too) on a cluster you started probes its
+    workers where no probe is cached (CNN_PREDICT_PROBE=auto). It probed a worker
+    started from another copy of the project and printed, and cached, the figures of
+    other code; the probe now refuses it as a run does: one warning line naming the
+    worker, no prediction, nothing cached."""
+    copy = project_copy(tmp_path, "another version of the project")
+    (tmp_path / "cluster").mkdir()
+    cluster = CliCluster(tmp_path / "cluster")
+    try:
+        address = cluster.start_scheduler()
+        monkeypatch.setenv("PYTHONPATH", str(copy))
+        cluster.start_worker("--name", "other")
+        monkeypatch.delenv("PYTHONPATH")
+        with Client(address, set_as_default=False, timeout="30s") as client:
+            client.wait_for_workers(1, timeout=120)
+        monkeypatch.setenv("CNN_PREDICT_PROBE", "auto")
+        monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+        sweep = write_sweep(tmp_path, tiny_dataset_factory("float32"), {"train.batch": [16]})
+        status, lines, out = run_main("sweep", [sweep, "--out", str(tmp_path / "sweep.zarr"),
+                                                "--dry-run", "--scheduler", address])
+    finally:
+        cluster.stop()
+    assert status == 0, lines
+    said = [line for line in lines if line.startswith("warning: the model's probe")]
+    assert len(said) == 1 and said[0].startswith(
+        "warning: the model's probe of this cluster failed: worker other (tcp://127.0.0.1:"), \
+        lines
+    assert f"runs other code than this run: the project at {copy}, this run's at {ROOT}" \
+        in said[0], said
+    point = out.splitlines()[-1].split()
+    assert point[0] == "1" and point[-1] == "-", out  # no prediction
+    probes = tmp_path / "probes"
+    assert not probes.exists() or not any(probes.iterdir())

@@ -233,6 +233,15 @@ def scheduler_address(config: ClusterConfig) -> str | None:
         return None
     return config.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
 
+
+def started_elsewhere(config: ClusterConfig) -> bool:
+    """Whether the cluster's workers were started by another process than this one: by
+    hand (a scheduler named) or as batch jobs (which may start after an edit made while
+    they queued). Only such workers can run other code than this process, or miss its
+    folders (pipeline/cluster/shared_paths.py)."""
+    return scheduler_address(config) is not None or config.jobqueue is not None
+
+
 def _cluster_worker(config: ClusterConfig, address: str, info: dict, tag: str) -> ClusterWorker:
     """A worker as the run sees it; speeds and torch threads are known only for the
     workers of an embedded cluster (external workers count as real, full speed)."""
