@@ -16,9 +16,9 @@ import time
 
 import psutil
 
-from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, is_resource_tracker,
-                                         remove_stale_semaphores, semaphore_maker_pid,
-                                         tag_semaphores_with_pid)
+from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, is_resource_tracker, maker_gone,
+                                         pid_namespace, remove_stale_semaphores,
+                                         semaphore_maker, tag_semaphores_with_pid)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,11 +97,41 @@ def test_the_next_cluster_removes_what_a_killed_process_group_left():
         del own
 
 
-def test_only_a_tagged_name_carries_a_pid():
-    assert semaphore_maker_pid("sem.mp-cnn-4242-a1b2_c3d") == 4242
+def test_only_a_tagged_name_carries_a_pid_and_its_namespace():
+    assert semaphore_maker("sem.mp-cnn-4242-ns4026531836-a1b2_c3d") == (4242, 4026531836)
     for name in ("sem.mp-a1b2c3d4", "sem.mp-cnn--a1b2", "sem.mp-cnn-42", "sem.mp-cnn-42-x/y",
-                 "mp-cnn-42-abcd", "sem.mp-cnn-4x2-abcd"):
-        assert semaphore_maker_pid(name) is None, name
+                 "mp-cnn-42-ns7-abcd", "sem.mp-cnn-4x2-ns7-abcd", "sem.mp-cnn-42-ns-abcd",
+                 "sem.mp-cnn-42-ns7-x/y", "sem.mp-cnn-4242-a1b2_c3d"):  # the last: pid only
+        assert semaphore_maker(name) is None, name
+
+
+def test_a_maker_is_judged_gone_only_in_its_own_pid_namespace():
+    """`maker_gone`: a container sharing /dev/shm but not the pids would see another's
+    live maker as gone, and unlinking its semaphore fails its next worker. Only a name
+    made in this process's namespace, by a pid none has there now, is gone."""
+    alive = {10}.__contains__
+    assert maker_gone("sem.mp-cnn-11-ns5-abcd", 5, alive)
+    assert not maker_gone("sem.mp-cnn-10-ns5-abcd", 5, alive)  # its maker, or a new holder
+    assert not maker_gone("sem.mp-cnn-11-ns6-abcd", 5, alive)  # another namespace's
+    assert not maker_gone("sem.mp-cnn-11-ns0-abcd", 5, alive)  # its maker's unknown
+    assert not maker_gone("sem.mp-cnn-11-ns5-abcd", None, alive)  # this process's unknown
+    assert not maker_gone("sem.mp-cnn-11-abcd", 5, alive)  # a name without a namespace
+    assert not maker_gone("sem.mp-abcd", 5, alive)
+
+
+def test_the_sweep_keeps_another_namespaces_semaphore_of_a_pid_unknown_here(tmp_path):
+    """Real files in a folder of their own: of three semaphores of a pid no process has
+    here, the one made in this pid namespace is unlinked; the other namespace's, and
+    one whose name carries the pid alone, are kept (both were unlinked by the pid)."""
+    with open("/proc/sys/kernel/pid_max", encoding="ascii") as handle:
+        unused = int(handle.read()) + 1  # above the largest pid: nobody's here
+    here, elsewhere = pid_namespace(), pid_namespace() + 1
+    names = [f"sem.mp-cnn-{unused}-ns{here}-abcd1234",
+             f"sem.mp-cnn-{unused}-ns{elsewhere}-abcd1234", f"sem.mp-cnn-{unused}-abcd1234"]
+    for name in names:
+        (tmp_path / name).write_bytes(bytes(32))
+    assert remove_stale_semaphores(str(tmp_path)) == names[:1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
 
 
 def hold_a_semaphore() -> None:

@@ -14,10 +14,13 @@ of these would leave every semaphore of its cluster in /dev/shm for good
 
 So the tracker is started with those two signals blocked (`start_resource_tracker`:
 it then outlives the hang-up and unlinks them), and every semaphore a process
-that starts an embedded cluster makes carries its pid in its name
-(`tag_semaphores_with_pid`: ``sem.mp-cnn-<pid>-<random>``), so that the next
-embedded cluster on the machine removes those whose process is gone
-(`remove_stale_semaphores`), as it removes a killed run's scratch folder.
+that starts an embedded cluster makes carries its pid and pid namespace in its
+name (`tag_semaphores_with_pid`: ``sem.mp-cnn-<pid>-ns<namespace>-<random>``), so that the next embedded cluster on
+the machine removes those whose process is gone (`remove_stale_semaphores`), as it
+removes a killed run's scratch folder. A pid means something only in its own pid
+namespace: a container that shares /dev/shm but not the pids sees another's live
+maker as gone, so a semaphore made in another namespace (or in one the name does
+not say) is never removed (`maker_gone`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import re
 import signal
 import stat
 from multiprocessing import resource_tracker
+from typing import Callable
 
 import psutil
 
@@ -60,37 +64,62 @@ def is_resource_tracker(process: psutil.Process) -> bool:
     return "resource_tracker" in " ".join(process.cmdline())
 
 
+def pid_namespace() -> int | None:
+    """This process's pid namespace: the inode of /proc/self/ns/pid, which no other
+    namespace on the host has while this one lives; None where /proc does not say."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def tag_semaphores_with_pid() -> None:
-    """Name every semaphore this process makes from now on ``mp-cnn-<pid>-<random>``
-    (multiprocessing's ``/mp-<random>`` otherwise), through multiprocessing's
-    process-wide prefix (a private setting: nothing changes where it is missing)."""
+    """Name every semaphore this process makes from now on
+    ``mp-cnn-<pid>-ns<namespace>-<random>`` (``ns0``: namespace unknown; multiprocessing's
+    ``/mp-<random>`` otherwise), through multiprocessing's process-wide prefix (a
+    private setting: nothing changes where it is missing)."""
     config = getattr(multiprocessing.current_process(), "_config", None)
     if isinstance(config, dict) and "semprefix" in config:
-        config["semprefix"] = f"/{TAG}{os.getpid()}"
+        config["semprefix"] = f"/{TAG}{os.getpid()}-ns{pid_namespace() or 0}"
 
 
-def semaphore_maker_pid(name: str) -> int | None:
-    """The pid a tagged semaphore's file name (``sem.mp-cnn-<pid>-<random>``) carries;
-    None for any other name."""
-    match = re.fullmatch(rf"sem\.{TAG}(\d+)-[A-Za-z0-9_]+", name)
-    return int(match[1]) if match else None
+def semaphore_maker(name: str) -> tuple[int, int] | None:
+    """The pid and pid namespace a tagged semaphore's file name
+    (``sem.mp-cnn-<pid>-ns<namespace>-<random>``) carries; None for any other name
+    (one tagged with its pid only, as before namespaces were recorded, too)."""
+    match = re.fullmatch(rf"sem\.{TAG}(\d+)-ns(\d+)-[A-Za-z0-9_]+", name)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def maker_gone(name: str, namespace: int | None, pid_exists: Callable[[int], bool]) -> bool:
+    """Whether semaphore file `name` was made by a process now gone, as a process in
+    pid namespace `namespace` can tell by `pid_exists`: only a tagged name made in
+    that same namespace, whose pid no process there has. One made in another
+    namespace (a container sharing /dev/shm but not the pids) or in an unknown one
+    (``ns0``, or this process's unknown) may have a live maker this process cannot
+    see, and unlinking it would fail that maker's next worker, which opens the
+    semaphore by name: it is never judged gone."""
+    maker = semaphore_maker(name)
+    if maker is None or not namespace or maker[1] != namespace:
+        return False
+    return not pid_exists(maker[0])
 
 
 def remove_stale_semaphores(folder: str = SEMAPHORE_FOLDER) -> list[str]:
-    """Unlink the tagged semaphores in `folder` that this user's processes made and
-    that no process of that pid holds now (killed with its resource tracker);
-    returns their file names. Another user's, a live pid's (its maker, or a later
-    process given its pid) and every untagged one stay. A pid is judged in this
-    process's pid namespace, which a container sharing /dev/shm may not share.
-    Unlinking only removes the name: a process still holding one goes on using it."""
+    """Unlink the tagged semaphores in `folder` that this user's processes made in this
+    process's pid namespace and that no process of that pid holds now (killed with
+    its resource tracker: `maker_gone`); returns their file names. Another user's, a
+    live pid's (its maker, or a later process given its pid), another namespace's
+    and every untagged one stay. Unlinking only removes the name: a process still
+    holding one goes on using it."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return []
+    namespace = pid_namespace()
     removed = []
     for entry in entries:
-        pid = semaphore_maker_pid(entry.name)
-        if pid is None or psutil.pid_exists(pid):
+        if not maker_gone(entry.name, namespace, psutil.pid_exists):
             continue
         with contextlib.suppress(OSError):
             status = entry.stat(follow_symlinks=False)
