@@ -11,16 +11,22 @@ without side effects.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from typing import Callable
+
+from distributed import Client
 
 from pipeline.config.addresses import address_problem
-from pipeline.cluster.workers import scheduler_address, tagged_workers
+from pipeline.cluster.workers import ClusterWorker, scheduler_address, tagged_workers
+from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants, element_bytes
 from pipeline.records.memory import machine_memory_constants
 from pipeline.cluster.links import link_problem
-from pipeline.placement.memory_fit import move_to_fit, split_peaks
+from pipeline.placement.capacity import capacities_explained, worker_capacities
+from pipeline.placement.memory_fit import MemoryRefused, move_to_fit, split_peaks
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
 from pipeline.engine.checkpointing import check_resumed_run
@@ -338,8 +344,13 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
     worker's capacity under the memory model (`constants`). The master is the first
     worker or the one `cluster.master` names; one outside `workers` is left to the
     split choice, as is a strategy the model does not count and a network it does not
-    price (the split choice records that it was not checked)."""
+    price (the split choice records that it was not checked). For `auto`, the
+    strategies it may choose: refused only where none fits (`AutoStrategy.check_memory`)."""
     strategy = strategy_of(config)
+    if strategy.chosen_by_model:
+        strategy.check_memory(config, lambda candidate: memory_refusal(
+            candidate, workers, capacities, constants))
+        return
     master_wanted = config.cluster.master
     master = next((d for d, (name, tags, _) in enumerate(workers)
                    if master_wanted in (name, *tags)), None) if master_wanted else 0
@@ -354,3 +365,29 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
                         [device.startswith("cuda") for _, _, device in workers], constants)
     move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers],
                 strategy.tied_rows(network))
+
+
+def memory_refusal(config: RunConfig, workers: list[tuple[str, dict, str]],
+                   capacities: list[float], constants: MemoryConstants = DEFAULT_CONSTANTS
+                   ) -> str:
+    """`fit_even_split`'s refusal of `config` on `workers` as a line, "" where it fits:
+    what `auto` asks of each strategy it may choose."""
+    try:
+        with capacities_explained(config.cluster):
+            fit_even_split(config, workers, capacities, constants)
+    except MemoryRefused as refused:
+        return str(refused)
+    return ""
+
+
+def memory_refusal_on(client: Client, config: RunConfig, offered: list[ClusterWorker]
+                      ) -> Callable[[RunConfig], str] | None:
+    """`memory_refusal` on the run's workers (their capacities and baseline, as
+    `pipeline.run.check_memory_before_placing` takes them), for `auto`'s choice; None
+    where no worker has a limit."""
+    capacities = worker_capacities(client, config.cluster, offered)
+    if all(capacity == math.inf for capacity in capacities):
+        return None
+    constants = worker_constants(client, config.cluster, offered)
+    workers = [(w.name, {w.resource: 1}, w.device) for w in offered]
+    return lambda candidate: memory_refusal(candidate, workers, capacities, constants)

@@ -42,7 +42,8 @@ from pipeline.engine.step_engine import StepEngine
 from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.prediction import (predict_config, predict_run, prediction_stopped,
                                  probe_for_config)
-from pipeline.preflight import check_before_start, check_run, fit_even_split
+from pipeline.preflight import (check_before_start, check_run, fit_even_split,
+                                memory_refusal_on)
 from pipeline.probe.machine import machine_identity
 from pipeline.records.record import (RunRecorder, code_revision, jsonable, link_attrs,
                                      software_versions)
@@ -274,7 +275,8 @@ def _resolve_auto(config: RunConfig, auto: Strategy, client: Client,
     """The config and strategy the model picks for `auto` on this cluster, recorded and
     said."""
     probe = probe_for_config(config, client, offered, policy="auto")
-    config, strategy, choice = choose_strategy(config, auto, probe, predict_config)
+    config, strategy, choice = choose_strategy(config, auto, probe, predict_config,
+                                               memory_refusal_on(client, config, offered))
     start.attrs.update(strategy=config.strategy, strategy_choice=json.dumps(choice),
                        config=yaml.safe_dump(to_dict(config), sort_keys=False))
     start.say(f"strategy auto: the model picks {choice['chosen']} (master "

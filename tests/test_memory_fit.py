@@ -7,6 +7,8 @@ split against the limits and the weights against plain PyTorch.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from dataclasses import replace
 
@@ -391,3 +393,30 @@ def test_memory_checks_refuse_a_zoo_network_too_big_for_its_workers(tmp_path):
     chosen = {"strategy_choice": {"chosen": "kernel"}}
     assert predict_memory(auto) is None
     assert predict_memory(auto, chosen).per_device == peaks
+
+def test_auto_is_refused_before_its_cluster_starts_only_where_no_strategy_fits(tmp_path):
+    """`--check` of `strategy=auto` on workers too small for every strategy it may
+    choose: one line naming what each needs, exit 2 (it used to pass, and the run
+    started a cluster and probed it before the chosen strategy was refused); on
+    workers that hold some strategy (here 1 MB more than the least of them), it
+    passes, leaving the choice to the model."""
+    def check(limit: str) -> tuple[int, str]:
+        workers = f"cluster.workers=[{{name: a, memory_limit: {limit}}}, " \
+                  f"{{name: b, memory_limit: {limit}}}]"
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            status = train_cli.main(["configs/small.yaml", "--check", "strategy=auto",
+                                     f"output={tmp_path / 'run'}", workers])
+        return status, err.getvalue()
+
+    status, err = check("1MB")
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: memory: strategy 'auto' found no strategy that fits the workers' memory (")
+    for name in ("kernel", "single", "data", "hybrid"):
+        assert f"{name}: worker a needs " in lines[0]
+    least = min(predict_memory(load_run_config(
+        "configs/small.yaml", [f"strategy={name}", "placement=even"])).largest
+        for name in ("kernel", "single", "data", "hybrid"))
+    assert check(f"{int(least / 1e6) + 1}MB")[0] == 0

@@ -38,6 +38,9 @@ from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named
 from pipeline.strategies.auto import choose_strategy, pick
+from pipeline.config.run_config import RunConfig
+from pipeline.placement.memory_fit import MemoryRefused
+from pipeline.preflight import memory_refusal
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
 from tests.helpers import (max_relative_error, replay_in_pytorch,
@@ -414,6 +417,40 @@ def test_auto_without_a_probe_says_why_none_was_made(tmp_path, tiny_dataset_fact
     assert str(refused.value) == (
         "strategy: 'auto' needs the model's probe of this cluster, and none could be made: "
         "its calibration runs failed; the warning above says how")
+
+
+def test_auto_chooses_only_among_strategies_that_fit_the_workers_memory(
+        probe, two_workers, tiny_dataset_factory, tmp_path):
+    """Workers of the least memory some candidate fits in: `auto` picks among those
+    that fit, and records why each other is none (the memory it needs), where it used
+    to pick the fastest and the run was then refused for memory (`single` on two 262 MB
+    workers of configs/small.yaml, where `kernel` fits)."""
+    _, cluster = two_workers
+    config = _config(tmp_path, tiny_dataset_factory("float32"), cluster, strategy="auto")
+    auto = strategy_named("auto")
+    workers = [(w.name, {}, "cpu") for w in probe.workers]
+
+    def refusal_at(capacity: float):
+        return lambda candidate: memory_refusal(candidate, workers, [capacity] * 2)
+
+    candidates = [c for c in auto.candidates(config).values() if isinstance(c, RunConfig)]
+    capacity = next(c for c in np.arange(50e6, 2e9, 1e6)
+                    if any(not refusal_at(c)(candidate) for candidate in candidates))
+    fits = {c.strategy for c in candidates if not refusal_at(capacity)(c)}
+    refused = {c.strategy for c in candidates} - fits
+    assert fits and refused  # the least capacity that holds some holds not all
+    _, _, choice = choose_strategy(config, auto, probe, predict_config, refusal_at(capacity))
+    assert choice["chosen"] in fits
+    assert {key.split("@")[0] for key in choice["alternatives"]} == fits
+    for name in refused:
+        assert choice["not_candidates"][name].startswith("memory: worker cpu-0 needs ")
+    # where none fits, one line naming what each needs, as a named strategy's refusal
+    with pytest.raises(MemoryRefused) as none_fit:
+        choose_strategy(config, auto, probe, predict_config, refusal_at(1e6))
+    line = str(none_fit.value)
+    assert line.startswith("memory: strategy 'auto' found no strategy that fits the "
+                           "workers' memory (") and "\n" not in line
+    assert all(f"{name}: worker cpu-0 needs " in line for name in fits | refused)
 
 
 def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(

@@ -6,10 +6,15 @@ accepts the config. It never runs: when a run with ``strategy: auto`` has its
 cluster, `choose_strategy` predicts, on a probe of that cluster (cached, else
 measured once: pipeline/prediction.py), every distributed strategy that accepts the
 config (`AutoStrategy.candidates`: kernel with the model's own split, single, data,
-hybrid, and any registered strategy with a model) with each worker as master, and
-the run goes on with the config of the fastest as if it had been named. The choice
-is recorded: the chosen and the runner-up (another strategy) with their predictions,
-and every alternative's. `pick` is that choice on plain numbers.
+hybrid, and any registered strategy with a model) and fits the workers' memory (the
+memory check a run of it would meet first: `pipeline.preflight.memory_refusal`) with
+each worker as master, and the run goes on with the config of the fastest as if it
+had been named. The choice is recorded: the chosen and the runner-up (another
+strategy) with their predictions, every alternative's, and why each other strategy
+was none (its check, or the memory it needs). `pick` is that choice on plain numbers.
+Where no candidate fits the workers' memory, `auto` is refused as a named strategy
+would be (`MemoryRefused`, one line naming what each needs), before the cluster
+starts where the workers' limits are in the config (`AutoStrategy.check_memory`).
 
 Why at the start of the run and not in the config: which strategy wins depends on
 the cluster's measured speeds and store (and links), which only the probe knows.
@@ -26,11 +31,15 @@ from pipeline.cluster.workers import ClusterError
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
 from pipeline.costmodel import Prediction
+from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.probe import ClusterProbe
 from pipeline.strategies.base import Strategy
 
 #: The model's step of a run config on a probe (`pipeline.prediction.predict_config`).
 Predict = Callable[[RunConfig, ClusterProbe], Prediction]
+#: Why a candidate config does not fit the run's workers' memory, "" where it does
+#: (`pipeline.preflight.memory_refusal` on the workers' capacities).
+Refusal = Callable[[RunConfig], str]
 
 
 class AutoStrategy(Strategy):
@@ -80,6 +89,34 @@ class AutoStrategy(Strategy):
             raise ConfigError(f"strategy: 'auto' found no strategy that takes this config "
                               f"({reasons})")
 
+    def fitting(self, config: RunConfig, refusal: Refusal | None
+                ) -> tuple[dict[str, RunConfig], dict[str, str]]:
+        """The candidate configs that fit the workers' memory (`refusal`; None: every
+        one), and why each other distributed strategy is no candidate. Raises
+        `MemoryRefused` where the config suits some strategy but none fits."""
+        fitting: dict[str, RunConfig] = {}
+        skipped: dict[str, str] = {}
+        for name, candidate in self.candidates(config).items():
+            why = candidate if isinstance(candidate, str) else \
+                (refusal(candidate) if refusal else "")
+            if why:
+                skipped[name] = why
+            else:
+                fitting[name] = candidate  # type: ignore[assignment]
+        memory = {n: why for n, why in skipped.items() if why.startswith("memory: ")}
+        if not fitting and memory:
+            needs = "; ".join(f"{n}: {why.removeprefix('memory: ').split('; ')[0]}"
+                              for n, why in memory.items())
+            raise MemoryRefused(f"memory: strategy 'auto' found no strategy that fits the "
+                                f"workers' memory ({needs}): add workers or memory, or "
+                                "lower train.batch")
+        return fitting, skipped
+
+    def check_memory(self, config: RunConfig, refusal: Refusal) -> None:
+        """Refuse (`MemoryRefused`) a config no candidate of which fits the workers'
+        memory, before a cluster starts and a probe runs for a choice that cannot run."""
+        self.fitting(config, refusal)
+
 
 def pick(times: dict[tuple[str, str], float]) -> tuple[tuple[str, str], tuple[str, str] | None]:
     """The fastest ``(strategy, master)`` and the fastest of another strategy (the
@@ -91,9 +128,11 @@ def pick(times: dict[tuple[str, str], float]) -> tuple[tuple[str, str], tuple[st
 
 
 def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | None,
-                    predict: Predict) -> tuple[RunConfig, Strategy, dict[str, Any]]:
+                    predict: Predict, refusal: Refusal | None = None
+                    ) -> tuple[RunConfig, Strategy, dict[str, Any]]:
     """The config of the strategy `predict` finds fastest on `probe` (the run's
-    cluster; None if none could be made), that strategy, and the record of the choice
+    cluster; None if none could be made) among those that fit the workers' memory
+    (`refusal`; None: no limit known), that strategy, and the record of the choice
     (module doc)."""
     assert isinstance(auto, AutoStrategy)
     if probe is None:
@@ -105,11 +144,8 @@ def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | Non
     masters = [w.name for w in probe.workers]
     configs: dict[tuple[str, str], RunConfig] = {}
     times: dict[tuple[str, str], float] = {}
-    skipped: dict[str, str] = {}
-    for name, candidate in auto.candidates(config).items():
-        if isinstance(candidate, str):
-            skipped[name] = candidate
-            continue
+    fitting, skipped = auto.fitting(config, refusal)
+    for name, candidate in fitting.items():
         for master in masters[:auto.registry[name].workers_used(candidate, probe)]:
             trial = dataclasses.replace(
                 candidate, cluster=dataclasses.replace(candidate.cluster, master=master))
