@@ -156,6 +156,24 @@ def test_speedup_and_capacity_of_a_mix_follow_the_model():
     assert value_label("hardware.devices", {"cpu": 1, "gpu": 2}) == "1cpu+2gpu"
 
 
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+def test_replicas_of_a_mix_take_samples_in_proportion_to_speed_by_default(strategy):
+    """An A100 beside a CPU node 9x slower: by default each replica's share follows its
+    speed, as a run's calibrated placement gives it, and the pair beats the A100 alone;
+    with `options.batch_split: equal` (the default before) the CPU node's half of the
+    batch made the pair 4.5x slower than the A100 alone, a map's artefact of the
+    default rather than of data parallelism on unequal devices."""
+    def figures(**options) -> dict:
+        return evaluate_point(build_point({
+            "strategy": strategy, "network": {"preset": "resnet50"}, "train": {"batch": 256},
+            "hardware": {"devices": {"a100": 1, "cpu_node": 1}, "link": {"gbps": 400}},
+            "options": {"overlap": True, **options}}))
+
+    default, equal = figures(), figures(batch_split="equal")
+    assert default == figures(batch_split="proportional")
+    assert default["speedup"] > 1.0 > 4 * equal["speedup"]
+
+
 @pytest.mark.parametrize("strategy", ["kernel", "data", "hybrid"])
 def test_infinite_bandwidth_speedup_approaches_the_device_count(strategy):
     """Marques' network is compute-bound: with free links every strategy nears P.

@@ -87,7 +87,8 @@ class OptionsDesc:
                                  "gradients one all-reduce carries, as PyTorch DDP's "
                                  "`bucket_cap_mb` (25 there); 0: one all-reduce per layer")
     batch_split: Literal["equal", "proportional"] = described(
-        "equal", "`data`/`hybrid`: samples per device, equal or in proportion to speed")
+        "proportional", "`data`/`hybrid`: samples per device in proportion to its speed "
+        "(as a run's `placement: calibrated` shares them), or equal")
     scheme: Literal["a", "b", "c"] = described("b", "`hybrid`: how the dense layers get the "
                                                "conv features (as `hybrid.scheme`)")
     dense_batch: Literal["worker", "full"] = described(
