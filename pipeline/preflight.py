@@ -349,7 +349,7 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
     strategy = strategy_of(config)
     if strategy.chosen_by_model:
         strategy.check_memory(config, lambda candidate: memory_refusal(
-            candidate, workers, capacities, constants))
+            candidate, workers, capacities, constants), [name for name, _, _ in workers])
         return
     master_wanted = config.cluster.master
     master = next((d for d, (name, tags, _) in enumerate(workers)

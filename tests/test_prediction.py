@@ -37,7 +37,7 @@ from pipeline.records.summary import format_summary
 from pipeline.records.step_breakdown import model_breakdown
 from pipeline.run import run_training
 from pipeline.strategies import strategy_named
-from pipeline.strategies.auto import choose_strategy, pick
+from pipeline.strategies.auto import choose_strategy, pick, with_master
 from pipeline.config.run_config import RunConfig
 from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.preflight import memory_refusal
@@ -451,6 +451,15 @@ def test_auto_chooses_only_among_strategies_that_fit_the_workers_memory(
     assert line.startswith("memory: strategy 'auto' found no strategy that fits the "
                            "workers' memory (") and "\n" not in line
     assert all(f"{name}: worker cpu-0 needs " in line for name in fits | refused)
+    # unequal workers: kernel's master holds the dense head, so it fits with the large
+    # worker as master (the small one left with no kernel), not with the small one
+    lopsided = lambda candidate: memory_refusal(candidate, workers, [1e6, math.inf])  # noqa: E731
+    _, _, choice = choose_strategy(config, auto, probe, predict_config, lopsided)
+    assert choice["not_candidates"]["kernel@cpu-0"].startswith("memory: worker cpu-0 needs ")
+    assert "kernel@cpu-1" in choice["alternatives"]
+    assert "kernel@cpu-0" not in choice["alternatives"]
+    chosen = with_master(auto.candidates(config)[choice["chosen"]], choice["master"])
+    assert not lopsided(chosen)
 
 
 def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(

@@ -25,7 +25,7 @@ registry's strategies, so this module cannot import it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.cluster.workers import ClusterError
 from pipeline.config.run_config import RunConfig
@@ -89,33 +89,53 @@ class AutoStrategy(Strategy):
             raise ConfigError(f"strategy: 'auto' found no strategy that takes this config "
                               f"({reasons})")
 
-    def fitting(self, config: RunConfig, refusal: Refusal | None
+    def fitting(self, config: RunConfig, refusal: Refusal | None, masters: Sequence[str] = ()
                 ) -> tuple[dict[str, RunConfig], dict[str, str]]:
         """The candidate configs that fit the workers' memory (`refusal`; None: every
-        one), and why each other distributed strategy is no candidate. Raises
-        `MemoryRefused` where the config suits some strategy but none fits."""
+        one) with their own master or one of `masters`, and why each other
+        distributed strategy is no candidate. Raises `MemoryRefused` where the config
+        suits some strategy but none fits."""
         fitting: dict[str, RunConfig] = {}
         skipped: dict[str, str] = {}
         for name, candidate in self.candidates(config).items():
-            why = candidate if isinstance(candidate, str) else \
-                (refusal(candidate) if refusal else "")
+            if isinstance(candidate, str):
+                skipped[name] = candidate
+                continue
+            why = refusal(candidate) if refusal else ""
+            others = [m for m in masters if m != candidate.cluster.master]
+            if why and any(not refusal(with_master(candidate, m)) for m in others):
+                why = ""  # it fits with another master (which choose_strategy tries)
             if why:
                 skipped[name] = why
             else:
-                fitting[name] = candidate  # type: ignore[assignment]
-        memory = {n: why for n, why in skipped.items() if why.startswith("memory: ")}
-        if not fitting and memory:
-            needs = "; ".join(f"{n}: {why.removeprefix('memory: ').split('; ')[0]}"
-                              for n, why in memory.items())
-            raise MemoryRefused(f"memory: strategy 'auto' found no strategy that fits the "
-                                f"workers' memory ({needs}): add workers or memory, or "
-                                "lower train.batch")
+                fitting[name] = candidate
+        if not fitting:
+            refuse_for_memory(skipped)
         return fitting, skipped
 
-    def check_memory(self, config: RunConfig, refusal: Refusal) -> None:
+    def check_memory(self, config: RunConfig, refusal: Refusal, masters: Sequence[str] = ()
+                     ) -> None:
         """Refuse (`MemoryRefused`) a config no candidate of which fits the workers'
-        memory, before a cluster starts and a probe runs for a choice that cannot run."""
-        self.fitting(config, refusal)
+        memory with any of `masters`, before a cluster starts and a probe runs for a
+        choice that cannot run."""
+        self.fitting(config, refusal, masters)
+
+
+def with_master(config: RunConfig, master: str) -> RunConfig:
+    """`config` with `master` as its cluster's master."""
+    return dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, master=master))
+
+
+def refuse_for_memory(skipped: dict[str, str]) -> None:
+    """Raise `MemoryRefused`, one line naming what each needs, where some of the
+    strategies `auto` left out (`skipped`: name -> why) were left out for memory."""
+    memory = {n: why for n, why in skipped.items() if why.startswith("memory: ")}
+    if memory:
+        needs = "; ".join(f"{n}: {why.removeprefix('memory: ').split('; ')[0]}"
+                          for n, why in memory.items())
+        raise MemoryRefused(f"memory: strategy 'auto' found no strategy that fits the "
+                            f"workers' memory ({needs}): add workers or memory, or lower "
+                            "train.batch")
 
 
 def pick(times: dict[tuple[str, str], float]) -> tuple[tuple[str, str], tuple[str, str] | None]:
@@ -144,11 +164,14 @@ def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | Non
     masters = [w.name for w in probe.workers]
     configs: dict[tuple[str, str], RunConfig] = {}
     times: dict[tuple[str, str], float] = {}
-    fitting, skipped = auto.fitting(config, refusal)
+    fitting, skipped = auto.fitting(config, refusal, masters)
     for name, candidate in fitting.items():
         for master in masters[:auto.registry[name].workers_used(candidate, probe)]:
-            trial = dataclasses.replace(
-                candidate, cluster=dataclasses.replace(candidate.cluster, master=master))
+            trial = with_master(candidate, master)
+            why = refusal(trial) if refusal else ""
+            if why:  # its master holds more (the dense head), or has less memory
+                skipped[f"{name}@{master}"] = why
+                continue
             try:
                 times[name, master] = predict(trial, probe).step_time
             except (NotImplementedError, ValueError) as error:
@@ -156,6 +179,7 @@ def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | Non
                 break
             configs[name, master] = trial
     if not times:
+        refuse_for_memory(skipped)
         raise ClusterError("strategy: 'auto' has no strategy the model can predict here: "
                            + "; ".join(f"{n}: {why}" for n, why in skipped.items()))
     best, runner_up = pick(times)
