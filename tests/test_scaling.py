@@ -174,6 +174,29 @@ def test_replicas_of_a_mix_take_samples_in_proportion_to_speed_by_default(strate
     assert default["speedup"] > 1.0 > 4 * equal["speedup"]
 
 
+@pytest.mark.parametrize("strategy", ["data", "hybrid"])
+def test_a_device_given_no_sample_takes_no_part_in_the_exchanges(strategy):
+    """Two A100s and two CPU nodes 9x slower at batch 4: the split in proportion to speed
+    gives the CPU nodes no sample, and, as in a run, they leave it: the step is the two
+    A100s' (it was priced with all four in every all-reduce and ring, the CPU nodes idle,
+    and at 4096 devices twice the A100s' own step)."""
+    def step(devices: dict) -> float:
+        return evaluate_point(build_point({
+            "strategy": strategy, "network": {"preset": "resnet50"}, "train": {"batch": 4},
+            "hardware": {"devices": devices, "link": {"gbps": 100}},
+            "options": {"overlap": True}}))["predicted_step_time"]
+
+    assert step({"a100": 2, "cpu_node": 2}) == pytest.approx(step({"a100": 2}), rel=1e-12)
+    point = build_point({"strategy": strategy, "network": {"preset": "resnet50"},
+                         "train": {"batch": 4},
+                         "hardware": {"devices": {"a100": 2, "cpu_node": 2}}})
+    devices = [device_spec(point.hardware, k) for k in ("a100", "a100", "cpu_node", "cpu_node")]
+    shares = predict(strategy, network_of(point.network), 4, devices,
+                     link_spec(point.hardware.link), batch_split="proportional"
+                     ).details["batch_shares"]
+    assert shares == [2, 2, 0, 0]  # every device's share, for its memory
+
+
 @pytest.mark.parametrize("strategy", ["kernel", "data", "hybrid"])
 def test_infinite_bandwidth_speedup_approaches_the_device_count(strategy):
     """Marques' network is compute-bound: with free links every strategy nears P.

@@ -20,7 +20,7 @@ from .devices import IDEAL_LINK, DeviceSpec, LinkSpec, StoreSpec, distinct
 from .memory import MIB
 from .batch_reads import shard_batch_read
 from .network import Network
-from .prediction import Options, Prediction, split_batch
+from .prediction import Options, Prediction, split_batch, taking_part
 
 __all__ = ["GRADIENT_SUM", "gradient_sums", "layer_times", "replica_times", "measured_trunk", "whole_step", "unique_rows", "per_device_totals",
            "ReplicaPass", "replica_pass", "batch_norm_exchanges", "allreduce_schedule",
@@ -297,7 +297,8 @@ def predict_data(
 ) -> Prediction:
     """Data parallel: per-device batch, allreduce of every weight gradient."""
     weights = [1.0] * len(devices) if options.batch_split == "equal" else [d.rate("conv") for d in devices]
-    shares = split_batch(batch, weights)
+    every = split_batch(batch, weights)
+    devices, shares = taking_part(devices, every)
     times = replica_times(devices, network, shares)
     s = devices[0].bytes_per_elem
     grads = [c.params() * s for c in network.conv] + [d.params() * s for d in network.dense]
@@ -315,6 +316,6 @@ def predict_data(
     }
     return Prediction(
         "data", end + update, batch, breakdown,
-        details={"batch_shares": shares, "allreduce_bytes": sum(grads),
+        details={"batch_shares": every, "allreduce_bytes": sum(grads),
                  "batch_norm_exchanges": replicas.exchanges},
     )

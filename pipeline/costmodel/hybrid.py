@@ -32,7 +32,7 @@ from .data import (allreduce_schedule, batch_norm_exchanges, comm_link, per_devi
 from .devices import DeviceSpec, LinkSpec, distinct
 from .memory import MIB
 from .network import Network
-from .prediction import Options, Prediction, split_batch
+from .prediction import Options, Prediction, split_batch, taking_part
 
 __all__ = ["predict_hybrid"]
 
@@ -85,9 +85,11 @@ def predict_hybrid(
     network: Network, batch: int, devices: Sequence[DeviceSpec], link: LinkSpec, options: Options
 ) -> Prediction:
     """Hybrid data/model parallel step; ``batch`` is the total conv batch."""
+    weights = ([1.0] * len(devices) if options.batch_split == "equal"
+               else [d.rate("conv") for d in devices])
+    every = split_batch(batch, weights)
+    devices, shares = taking_part(devices, every)
     K, s = len(devices), devices[0].bytes_per_elem
-    weights = [1.0] * K if options.batch_split == "equal" else [d.rate("conv") for d in devices]
-    shares = split_batch(batch, weights)
     lk = comm_link(devices, link)
 
     # conv trunk: data parallel
@@ -126,7 +128,7 @@ def predict_hybrid(
     }
     return Prediction(
         "hybrid", step, batch, breakdown,
-        details={"batch_shares": shares, "dense_comm": comm, "conv_allreduce": conv_comm,
+        details={"batch_shares": every, "dense_comm": comm, "conv_allreduce": conv_comm,
                  "batch_norm_exchanges": replicas.exchanges},
     )
 

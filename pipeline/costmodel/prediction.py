@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from .devices import DaskOverhead, StoreSpec
 
-__all__ = ["Options", "Prediction", "split_batch", "layer_quantum", "BATCH_NORMS"]
+__all__ = ["Options", "Prediction", "split_batch", "taking_part", "layer_quantum",
+           "BATCH_NORMS"]
+
+T = TypeVar("T")
 
 #: How replicas take batch norm's statistics (`Options.batch_norm`).
 BATCH_NORMS = ("sync", "local")
@@ -173,3 +176,12 @@ def split_batch(batch: int, weights: Sequence[float]) -> list[int]:
     for i in order[: batch - sum(base)]:
         base[i] += 1
     return base
+
+
+def taking_part(devices: Sequence[T], shares: Sequence[int]) -> tuple[list[T], list[int]]:
+    """The devices given samples, and their shares. A replica given none leaves the run,
+    as the engine's do (pipeline/strategies/replicas.py), so it takes no part in the
+    all-reduce or the dense layers: a split in proportion to speed gives a device far
+    slower than the others none where the batch is short."""
+    kept = [i for i, n in enumerate(shares) if n > 0]
+    return [devices[i] for i in kept], [shares[i] for i in kept]
