@@ -35,13 +35,14 @@ while the model probes); it never fails a finished run.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
 from distributed import Client
 
 from pipeline.cluster.scheduler_guard import SchedulerSilentThen, guarded
-from pipeline.cluster.workers import ClusterWorker
+from pipeline.cluster.workers import ClusterWorker, scheduler_address
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
@@ -51,7 +52,8 @@ from pipeline.records.memory import machine_memory_constants
 from pipeline.model_probe import check_probe_environment, probe_for_config, probe_policy
 from pipeline.probe import ClusterProbe, DaskProbe, MasterProbe, cached_master_probe, model_network
 from pipeline.strategies import strategy_named
-from pipeline.strategies.auto import choose_strategy
+from pipeline.strategies.auto import Refusal, choose_strategy
+from pipeline.preflight import memory_refusal, memory_refusal_on
 from pipeline.strategies.base import network_for
 from pipeline.engine.task_steps import steps_per_task
 
@@ -210,7 +212,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
             probe = probe_for_config(config, client, offered, policy)
             if probe is None:
                 return None
-        config, _chosen, choice = choose_strategy(config, strategy, probe, predict_config)
+        config, _chosen, choice = choose_strategy(config, strategy, probe, predict_config,
+                                                  auto_refusal(config, probe, client, offered))
     if not strategy_named(config.strategy).uses_cluster:  # timed in this process
         if not isinstance(probe, MasterProbe) or probe.threads != config.reference.threads:
             probe = cached_master_probe(network_for(config), config.train.batch,
@@ -280,6 +283,26 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
             "contention_share": d.contention_share,
             "master_dense_s": probe.master.dense_s,
             "calibration_s_per_kernel": probe.calibration()}
+
+
+def auto_refusal(config: RunConfig, probe: ClusterProbe, client: Client | None,
+                 offered: list[ClusterWorker] | None) -> Refusal | None:
+    """The memory check `auto`'s choice makes in a run (`choose_strategy`): on the
+    cluster's workers where they are at hand, else on the probe's workers with the
+    limits an embedded cluster's config gives them; None where none is known."""
+    if client is not None and offered:
+        return memory_refusal_on(client, config, offered)
+    if scheduler_address(config.cluster) is not None:
+        return None
+    given = {w.name: w for w in config.cluster.worker_list()}
+    known = [given.get(w.name) for w in probe.workers]
+    capacities = [float((w.memory_bytes() if w else None) or math.inf) for w in known]
+    if all(capacity == math.inf for capacity in capacities):
+        return None
+    workers = [(p.name, (w.resources or {}) if w else {}, w.device if w else "cpu")
+               for p, w in zip(probe.workers, known)]
+    constants = machine_memory_constants()
+    return lambda candidate: memory_refusal(candidate, workers, capacities, constants)
 
 
 def predict_memory(config: RunConfig, summary: dict | None = None) -> Footprint | None:

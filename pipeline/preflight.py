@@ -33,11 +33,11 @@ from pipeline.engine.checkpointing import check_resumed_run
 from pipeline.engine.dataset import check_data_source, check_dataset_fits, expected_dataset
 from pipeline.placement.split_choice import (check_recorded_split, recorded_counts,
                                              recorded_summary)
-from pipeline.prediction import network_for
 from pipeline.probe.tables import model_network
 from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, arithmetic_settings, strategy_of
+from pipeline.strategies.base import network_for
 from storage.private import (default_workspace_root, folder_problem, owner_problem,
                              parent_problem)
 from tasks.specs import NetworkSpec, batch_norm_name, batch_norm_rows, lone_batch_norm

@@ -41,6 +41,7 @@ from pipeline.strategies.auto import choose_strategy, pick, with_master
 from pipeline.config.run_config import RunConfig
 from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.preflight import memory_refusal
+from pipeline.records.memory import machine_memory_constants
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
 from tests.helpers import (max_relative_error, replay_in_pytorch,
@@ -426,12 +427,14 @@ def test_auto_chooses_only_among_strategies_that_fit_the_workers_memory(
     to pick the fastest and the run was then refused for memory (`single` on two 262 MB
     workers of configs/small.yaml, where `kernel` fits)."""
     _, cluster = two_workers
-    config = _config(tmp_path, tiny_dataset_factory("float32"), cluster, strategy="auto")
+    dataset = tiny_dataset_factory("float32")
+    config = _config(tmp_path, dataset, cluster, strategy="auto")
     auto = strategy_named("auto")
     workers = [(w.name, {}, "cpu") for w in probe.workers]
+    here = machine_memory_constants()
 
     def refusal_at(capacity: float):
-        return lambda candidate: memory_refusal(candidate, workers, [capacity] * 2)
+        return lambda candidate: memory_refusal(candidate, workers, [capacity] * 2, here)
 
     candidates = [c for c in auto.candidates(config).values() if isinstance(c, RunConfig)]
     capacity = next(c for c in np.arange(50e6, 2e9, 1e6)
@@ -460,6 +463,16 @@ def test_auto_chooses_only_among_strategies_that_fit_the_workers_memory(
     assert "kernel@cpu-0" not in choice["alternatives"]
     chosen = with_master(auto.candidates(config)[choice["chosen"]], choice["master"])
     assert not lopsided(chosen)
+    # a sweep's prediction of an `auto` point (mode: predict, --dry-run) chooses as the
+    # run does, from the limits its config gives an embedded cluster's workers
+    limit = f"{capacity / 1e6:.0f}MB"
+    embedded = tiny_config(tmp_path, dataset, strategy="auto", **{
+        "cluster.workers": f"[{{name: cpu-0, memory_limit: {limit}}}, "
+                           f"{{name: cpu-1, memory_limit: {limit}}}]"})
+    predicted = predict_point(embedded, probe=probe)
+    assert predicted["strategy_choice"]["chosen"] in fits
+    for name in refused:
+        assert predicted["strategy_choice"]["not_candidates"][name].startswith("memory: ")
 
 
 def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(
