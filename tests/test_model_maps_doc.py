@@ -110,3 +110,11 @@ def test_what_fits_80_gb_gpus_at_batch_4096(preset, devices, fits):
         in section()
     figures, why = step("data", preset, 4096, devices, "a100", 100)
     assert (figures["memory_fits"] == 1.0) is fits and (why == "") is fits
+
+
+def test_the_bound_against_collectives_that_overlap_sends_and_receives():
+    """Kernel's slots priced as an all-gather and a reduce-scatter (2 (P-1)/P B A, as
+    data's ring is priced) would cross data's all-reduce at B = W/A."""
+    said = quoted(r"the bound would be `W/A`, about (\d+), (\d+) and (\d+)")
+    for preset, batch in zip(NETWORKS, said):
+        assert network(preset).params() / gathered(preset) == pytest.approx(batch, rel=0.1)
