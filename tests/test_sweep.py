@@ -7,6 +7,7 @@ embedded clusters, not the training, set the pace.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -27,13 +28,14 @@ from experiments.sweep.results import ResultStore, SweepLock
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
 from experiments.sweep.speedup import compute_speedup
 from experiments.sweep.summary import format_table, repeat_spread_of, summary_table
-from experiments.sweep.axes import value_label
-from experiments.scaling.config import load_scaling_sweep
-from experiments.sweep.config import load_sweep
+from experiments.sweep.axes import SWEEP_FILE_KEYS, value_label
+from experiments.scaling.config import ScalingPoint, ScalingSweepConfig, load_scaling_sweep
+from experiments.sweep.config import SweepConfig, load_sweep
 from experiments.sweep.points import run_order
 from experiments.sweep.probe_samples import ProbeSampler
 from experiments.sweep.run import ClusterPool, run_sweep
 from pipeline.cluster import embedded
+from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError, load_yaml
 from pipeline.probe.machine import cpu_model
 from pipeline.records.step_breakdown import COMPONENTS
@@ -351,6 +353,8 @@ def test_points_their_run_would_refuse_stop_the_sweep_before_it_starts(tmp_path,
     ({"prediction": ["never", "auto"]}, [], ["axes.prediction", "cannot be swept"]),
     ({}, [{"network.conv.0.kernels": [8, 12], "network.conv.1.kernels": [8]}],
      ["zip.0", "network.conv.1.kernels has 1"]),
+    ({"zip": [{"fields": {"train.batch": [8, 16]}}]}, [],
+     ["axes.zip: `zip:` is a key of the sweep file itself, beside `axes:`"]),
 ])
 def test_bad_sweep_configs_exit_2_with_one_line(tmp_path, capsys, tiny_dataset_factory, axes,
                                                 zip_groups, expected):
@@ -361,6 +365,17 @@ def test_bad_sweep_configs_exit_2_with_one_line(tmp_path, capsys, tiny_dataset_f
     for text in expected:
         assert text in lines[0], lines[0]
     assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_the_sweep_file_keys_are_the_sweep_configs_own_fields():
+    """`SWEEP_FILE_KEYS` (an `axes:` entry named like one gets its own message) are the
+    measured and scaling sweep files' fields that a run's config and a scaling point
+    do not have: a field added to either sweep config is added there too."""
+    own = ({f.name for f in dataclasses.fields(SweepConfig)}
+           | {f.name for f in dataclasses.fields(ScalingSweepConfig)})
+    shared = ({f.name for f in dataclasses.fields(RunConfig)}
+              | {f.name for f in dataclasses.fields(ScalingPoint)})
+    assert set(SWEEP_FILE_KEYS) == own - shared
 
 
 def test_a_dry_run_of_a_store_another_sweep_holds_is_refused_as_the_run_is(tmp_path, capsys):

@@ -42,6 +42,11 @@ RESERVED_NAMES = {
     "worker_labels", "worker_devices", "step_time_series", "loss_series",
     *(f"critical_{part}" for part in COMPONENTS), *(f"predicted_{part}" for part in COMPONENTS),
 }
+#: A sweep file's own keys that no point has (SweepConfig's and ScalingSweepConfig's
+#: fields less those a run's config shares): written under ``axes:`` by mistake (a
+#: ``zip:`` group indented one level too deep), they get their own message.
+SWEEP_FILE_KEYS = ("axes", "base", "description", "keep_checkpoints", "measure", "mode",
+                   "probe_samples", "repeats", "speedup_baseline", "zip")
 _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -180,6 +185,9 @@ def _parse_axes(config: Any) -> list[tuple[str | None, tuple[str, ...], list[tup
 
     for name, raw in config.axes.items():
         where = f"axes.{name}"
+        if name in SWEEP_FILE_KEYS:
+            raise ConfigError(f"{where}: `{name}:` is a key of the sweep file itself, "
+                              "beside `axes:`, not a field to sweep")
         dim = None
         if isinstance(raw, dict):
             unknown = set(raw) - {"dim", "values"}
