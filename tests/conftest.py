@@ -14,6 +14,10 @@ Its workers, by name and resource tags (a run uses the workers offering its tags
   also tagged FAST, MID, SLOW one each (tests/test_devices.py's device mix) and,
   cpu-0 and cpu-1, PROBE (the pair tests/test_prediction.py probes and predicts);
 * gpu-0: GPU=1 and no CUDA device here (tests/test_cluster.py's master by tag).
+
+`slurm` is a real one-node Slurm per module that asks for it (tests/slurm_cluster.py;
+tests/test_jobqueue.py and tests/test_jobqueue_stops.py), skipped with the reason
+where it cannot start.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ if ROOT not in sys.path:
 from pipeline.config.cluster_config import WorkerConfig  # noqa: E402
 from storage.datasets import create_synthetic_dataset  # noqa: E402
 from tests.helpers import embedded_client, shared_workers  # noqa: E402
+from tests.slurm_cluster import LocalSlurm, slurm_missing  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +75,23 @@ def shared_cluster():
 def three_worker_cluster(shared_cluster):
     """The shared cluster's three CPU workers (cpu-0, cpu-1, cpu-2); yields (client, config)."""
     return shared_workers(shared_cluster, "CPU")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A one-node Slurm for the module (tests/slurm_cluster.py), the batch commands of
+    this process and its children pointed at it; every job cancelled and every daemon
+    stopped after, whatever happened."""
+    reason = slurm_missing()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("dask_jobqueue", reason="needs dask-jobqueue (pip install -e '.[slurm]')")
+    local = LocalSlurm(str(tmp_path_factory.mktemp("slurm")))
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in local.environment.items():
+            patch.setenv(key, value)
+        try:
+            local.start()
+            yield local
+        finally:
+            local.stop(str(tmp_path_factory.getbasetemp()))

@@ -29,7 +29,7 @@ from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import (assert_one_error_line, max_relative_error, replay_in_pytorch,
                            run_main, tiny_config)
-from tests.slurm_cluster import LocalSlurm, job_workers, slurm_missing
+from tests.slurm_cluster import job_workers
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS, wait_for_checkpoint
 from tests.test_worker_code import project_copy
@@ -137,26 +137,6 @@ def test_a_job_script_names_the_credential_files_never_the_key(tmp_path):
 
 
 # Against a real Slurm -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """A one-node Slurm for the module (tests/slurm_cluster.py), the batch commands of
-    this process and its children pointed at it; every job cancelled and every daemon
-    stopped after, whatever happened."""
-    reason = slurm_missing()
-    if reason:
-        pytest.skip(reason)
-    pytest.importorskip("dask_jobqueue", reason="needs dask-jobqueue (pip install -e '.[slurm]')")
-    local = LocalSlurm(str(tmp_path_factory.mktemp("slurm")))
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in local.environment.items():
-            patch.setenv(key, value)
-        try:
-            local.start()
-            yield local
-        finally:
-            local.stop(str(tmp_path_factory.getbasetemp()))
 
 
 def slurm_config(tmp_path, dataset: str, **overrides):

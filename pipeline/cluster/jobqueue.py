@@ -34,9 +34,11 @@ import importlib.util
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from typing import Any, Callable, Iterator
@@ -119,6 +121,26 @@ def batch_command(command: list[str]) -> str:
     return done.stdout
 
 
+_IMPORTING = threading.Lock()
+
+
+def import_dask_jobqueue() -> Any:
+    """dask-jobqueue, imported without what its import does to signals: its `runner`
+    module sets SIGINT's handler to `sys.exit()` (Ctrl-C would then end a run with
+    exit 0, no record and no `interrupted` line) and, outside the main thread, fails
+    (`signal only works in main thread`). Python's `signal.signal` is set aside while
+    it imports, so the handler in place (the run's `stops_on_signals`) stays."""
+    if "dask_jobqueue" in sys.modules:
+        return sys.modules["dask_jobqueue"]
+    with _IMPORTING:
+        real = signal.signal
+        signal.signal = lambda signum, handler: signal.getsignal(signum)
+        try:
+            return importlib.import_module("dask_jobqueue")
+        finally:
+            signal.signal = real
+
+
 def file_security(files: TlsConfig) -> Security:
     """The cluster's `Security` from its credential files: one certificate for every
     role, as `run_security` made it. Jobs get these paths, never the key's text."""
@@ -178,8 +200,7 @@ def start_jobqueue_cluster(config: ClusterConfig, folder: str) -> Any:
     are submitted, not joined."""
     jobqueue = config.jobqueue
     assert jobqueue is not None
-    module = importlib.import_module("dask_jobqueue")
-    cls = getattr(module, CLUSTER_CLASSES[jobqueue.system])
+    cls = getattr(import_dask_jobqueue(), CLUSTER_CLASSES[jobqueue.system])
     security = file_security(write_credentials(run_security(), folder))
     quiet_dashboard_errors()
     groups = jobqueue.group_list(config.tags()[0])

@@ -1,0 +1,84 @@
+"""How a run on batch jobs (`cluster.jobqueue`) stops: Ctrl-C, and its jobs' walltime.
+
+The import of dask-jobqueue must leave the run's signal handlers alone (a fresh
+interpreter, no batch system needed). The rest runs against a real one-node Slurm
+(tests/slurm_cluster.py, as tests/test_jobqueue.py; root and `slurm-wlm`/`munge`
+needed, else skipped with the reason): Ctrl-C mid-run stops it as it stops a run on
+the embedded cluster (one `interrupted (SIGINT)` line, exit 130, its record written,
+no job left), and jobs that reach their walltime together end the run with one line
+saying how to resume, its record kept for the resume.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import xarray as xr
+
+from storage import checkpoints
+from tests.slurm_cluster import LocalSlurm
+from tests.test_cli import ROOT, tiny_args
+from tests.test_faults import wait_for_checkpoint
+
+
+def test_importing_dask_jobqueue_keeps_the_signal_handlers():
+    """dask-jobqueue's import sets SIGINT to `sys.exit()` (a Ctrl-C would end the run
+    with exit 0) and fails outside the main thread; through the project it does
+    neither."""
+    pytest.importorskip("dask_jobqueue")
+    code = ("import signal, threading\n"
+            "from pipeline.cluster import jobqueue\n"
+            "def mine(*_): pass\n"
+            "signal.signal(signal.SIGINT, mine)\n"
+            "errors = []\n"
+            "def load():\n"
+            "    try:\n"
+            "        jobqueue.import_dask_jobqueue()\n"
+            "    except Exception as error:\n"
+            "        errors.append(repr(error))\n"
+            "thread = threading.Thread(target=load)\n"
+            "thread.start(); thread.join()\n"
+            "print(errors, signal.getsignal(signal.SIGINT) is mine,\n"
+            "      jobqueue.import_dask_jobqueue().SLURMCluster.__name__,\n"
+            "      signal.getsignal(signal.SIGINT) is mine, signal.signal is not None)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "True", "SLURMCluster", "True", "True"], done.stdout
+
+
+def test_ctrl_c_stops_a_run_on_slurm_jobs_as_any_run(tmp_path, slurm: LocalSlurm,
+                                                      tiny_dataset_factory):
+    """SIGINT to the run's process group (what Ctrl-C sends) after checkpoint 4: one
+    `interrupted (SIGINT)` line naming the checkpoint, exit 130, the record of the
+    steps it ran written, and no job or worker left."""
+    args = tiny_args(tmp_path, tiny_dataset_factory()) + [
+        "cluster.jobqueue.jobs=2", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
+        f"cluster.jobqueue.directory={tmp_path}", "train.steps=400",
+        "train.checkpoint_every=4", "train.steps_per_task=1"]
+    path = str(tmp_path / "run" / "checkpoints.zarr")
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        wait_for_checkpoint(path, 4, run)
+        os.killpg(run.pid, signal.SIGINT)
+        signalled = time.monotonic()
+        _out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert run.returncode == 130, lines
+    assert time.monotonic() - signalled < 30
+    assert lines[-1].startswith("interrupted (SIGINT): the last complete checkpoint is step "
+                                f"{checkpoints.latest_complete_step(path)} "), lines
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert len(record.step) >= 4 and record.attrs["name"] == "small"
+    assert slurm.left_behind(str(tmp_path)) == []
