@@ -314,16 +314,20 @@ def _write_trace(config: RunConfig, recorder: RunRecorder, start: Start) -> None
 def _kept_if_stopped(trained: Trained, start: Start) -> Iterator[None]:
     """Around a run's steps: a run stopped by an error keeps its trace so far, if there
     is room (the error that stopped it is the one to report). One stopped by a signal
-    (Ctrl-C, SIGTERM, SIGHUP) also writes its record and summary over the steps it ran,
-    with the earlier starts' (`write_results`), so that its resume keeps what it
-    measured; a write that fails is said in one line and the stop goes on."""
+    (Ctrl-C, SIGTERM, SIGHUP), or by losing workers it cannot go on without (no worker
+    left, as when batch jobs reach their walltime together; or `train.max_recoveries`
+    used up), also writes its record and summary over the steps it ran, with the
+    earlier starts' (`write_results`), so that its resume keeps what it measured; a
+    write that fails is said in one line and the stop goes on."""
     try:
         yield
-    except KeyboardInterrupt as stop:
+    except (KeyboardInterrupt, WorkerLost) as stop:
         with contextlib.suppress(OSError):
             _write_trace(trained.config, trained.recorder, start)
+        ended = ("workers lost" if isinstance(stop, WorkerLost)
+                 else getattr(stop, "name", "KeyboardInterrupt"))
         try:
-            _write_stopped(trained, start, getattr(stop, "name", "KeyboardInterrupt"))
+            _write_stopped(trained, start, ended)
         except Exception as error:  # noqa: BLE001 - the stop is what to report
             print(f"warning: the record of the steps before the stop was not written: "
                   f"{type(error).__name__}: {error}", file=sys.stderr)
@@ -335,9 +339,9 @@ def _kept_if_stopped(trained: Trained, start: Start) -> Iterator[None]:
 
 
 def _write_stopped(trained: Trained, start: Start, signal_name: str) -> None:
-    """The results of a start stopped by `signal_name` before its last step: its record
-    and summary over the steps it ran (none: nothing is written), without a test
-    accuracy or a prediction (neither is made on a stop)."""
+    """The results of a start stopped by `signal_name` (or "workers lost") before its
+    last step: its record and summary over the steps it ran (none: nothing is
+    written), without a test accuracy or a prediction (neither is made on a stop)."""
     if not trained.recorder.steps:
         return
     write_results(trained.config, start.info, start.attrs, list(trained.split),

@@ -76,6 +76,9 @@ FAULTS = {
     # tests/test_jobqueue.py (workers as Slurm batch jobs)
     "Slurm job scancelled mid-run, kernel, float64": "survived",
     "Slurm job held in the queue past cluster.wait_timeout": "clean",
+    # tests/test_jobqueue_stops.py
+    "Ctrl-C to the process group of a run on Slurm jobs, mid-run": "clean",
+    "every Slurm job of a run ended mid-run, then resumed": "clean",
 }
 PAGE = os.path.join(ROOT, "docs", "reliability.md")
 
@@ -241,7 +244,8 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
 def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(
         tmp_path, three_cli_workers, tiny_dataset_factory):
     """`train.max_recoveries=0`: a SIGKILLed worker stops the run with one line (no
-    hang), its checkpoints kept, and a resumed run continues from the last one."""
+    hang), its checkpoints and the record of its steps kept, and a resumed run
+    continues from the last one."""
     assert FAULTS["worker SIGKILLed mid-run, recovery off, then resumed"] == "clean"
     cluster = three_cli_workers
     args = [*tiny_args(tmp_path, tiny_dataset_factory("float32")), "--scheduler",
@@ -263,11 +267,10 @@ def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(
                                              "train.resume=true"])
     assert status == 0, lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
-    # the failed start wrote no record (only a signal's stop writes one): its steps are
-    # missing, and the resume says so
-    assert list(record.step.values) == [last, last + 1, last + 2]
-    assert any(line.startswith(f"warning: record: steps 0-{last - 1} are missing from the "
-                               "record") for line in lines), lines
+    # the stopped start wrote its record (as a signal's stop does): every step once
+    assert list(record.step.values) == list(range(last + 3))
+    assert json.loads(record.attrs["starts"])[0]["ended"] == "workers lost"
+    assert not [line for line in lines if "missing from the record" in line], lines
 
 
 def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(

@@ -11,6 +11,7 @@ saying how to resume, its record kept for the resume.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +24,8 @@ import xarray as xr
 from storage import checkpoints
 from tests.slurm_cluster import LocalSlurm
 from tests.test_cli import ROOT, tiny_args
-from tests.test_faults import wait_for_checkpoint
+from tests.helpers import run_main
+from tests.test_faults import FAULTS, wait_for_checkpoint
 
 
 def test_importing_dask_jobqueue_keeps_the_signal_handlers():
@@ -57,6 +59,7 @@ def test_ctrl_c_stops_a_run_on_slurm_jobs_as_any_run(tmp_path, slurm: LocalSlurm
     """SIGINT to the run's process group (what Ctrl-C sends) after checkpoint 4: one
     `interrupted (SIGINT)` line naming the checkpoint, exit 130, the record of the
     steps it ran written, and no job or worker left."""
+    assert FAULTS["Ctrl-C to the process group of a run on Slurm jobs, mid-run"] == "clean"
     args = tiny_args(tmp_path, tiny_dataset_factory()) + [
         "cluster.jobqueue.jobs=2", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
         f"cluster.jobqueue.directory={tmp_path}", "train.steps=400",
@@ -81,4 +84,51 @@ def test_ctrl_c_stops_a_run_on_slurm_jobs_as_any_run(tmp_path, slurm: LocalSlurm
                                 f"{checkpoints.latest_complete_step(path)} "), lines
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert len(record.step) >= 4 and record.attrs["name"] == "small"
+    assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_jobs_that_end_together_stop_the_run_with_its_record_kept(tmp_path, slurm: LocalSlurm,
+                                                                   tiny_dataset_factory):
+    """Every job of the run ending at once mid-run (here `scancel` of both after
+    checkpoint 4; the same SIGTERM, then SIGKILL, that jobs submitted together get when
+    their walltime ends together): one line, exit 1, saying no worker is left and how
+    to resume; the record of the steps it ran is written (`ended`: workers lost), so
+    the resume, on fresh jobs, ends with every step recorded once and none missing."""
+    assert FAULTS["every Slurm job of a run ended mid-run, then resumed"] == "clean"
+    args = tiny_args(tmp_path, tiny_dataset_factory()) + [
+        "cluster.jobqueue.jobs=2", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
+        f"cluster.jobqueue.directory={tmp_path}", "train.checkpoint_every=4",
+        "train.steps_per_task=1", "train.eval_samples=0"]
+    path = str(tmp_path / "run" / "checkpoints.zarr")
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args, "train.steps=400"],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_checkpoint(path, 4, run)
+        jobs = [line.split()[0] for line in slurm.jobs(str(tmp_path))]
+        assert len(jobs) == 2, jobs
+        slurm.command("scancel", *jobs)
+        _out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert run.returncode == 1, lines
+    assert lines[-1].startswith("error: ") and "workers slurm-0, slurm-1 left the cluster; " \
+        "their work in the run is lost, and no worker of the run is left to continue on; " \
+        "start the run again with train.resume=true" in lines[-1], lines
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    ran = [int(step) for step in record.step.values]
+    assert ran == list(range(len(ran))) and len(ran) >= 4
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["ended"] == \
+        "workers lost"
+    assert slurm.left_behind(str(tmp_path)) == []
+    last = checkpoints.latest_complete_step(path)
+    status, lines, _ = run_main("train", args + [f"train.steps={last + 4}",
+                                                 "train.resume=true"])
+    assert status == 0, lines
+    assert not [line for line in lines if "missing from the record" in line], lines
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert list(record.step.values) == list(range(last + 4))
+    assert json.loads(record.attrs["starts"])[0]["ended"] == "workers lost"
     assert slurm.left_behind(str(tmp_path)) == []

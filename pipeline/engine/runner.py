@@ -291,8 +291,10 @@ class TaskRunner:
             notes = lost_for_memory(self.client, [w.address for w in gone], self._last_seen)
             lost = [f"{w.label} ({notes[w.address]})" if w.address in notes else w.label
                     for w in gone]
-            self._fail(WorkerLost(f"{what}: worker {', '.join(lost)} left the cluster; "
-                                  "its work in the run is lost",
+            many = len(lost) > 1  # "worker w1 ... its", "workers w0, w1 ... their"
+            self._fail(WorkerLost(f"{what}: worker{'s' * many} {', '.join(lost)} left the "
+                                  f"cluster; {'their' if many else 'its'} work in the run "
+                                  "is lost",
                                   [worker.address for worker in gone],
                                   [worker.label for worker in gone], memory=bool(notes)))
 

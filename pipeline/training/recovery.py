@@ -275,9 +275,9 @@ class _Attempts:
         with guarded(self.client, config.cluster.scheduler_timeout,
                      f"recovering from {', '.join(lost.labels)}"):
             self.offered = survivors(self.client, self.offered, lost)
-        if not self.offered:
-            raise ClusterError(f"{lost}, and no worker of the run is left to "
-                               "continue on") from None
+        if not self.offered:  # a WorkerLost: the run keeps its record and can resume
+            raise WorkerLost(f"{lost}, and no worker of the run is left to continue on",
+                             lost.addresses, lost.labels, memory=lost.memory) from None
         restored = checkpoints.latest_complete_step(config.checkpoint_path)
         assert restored is not None, "a run always has checkpoint 0"
         self.recorder.forget_from(restored)
