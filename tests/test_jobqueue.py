@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from pipeline.cluster import jobqueue
+from pipeline.cluster import batch_queue, jobqueue
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.config.cluster_config import JobGroupConfig, JobqueueConfig
 from pipeline.config.run_config import load_run_config
@@ -40,15 +40,25 @@ from tests.test_worker_code import project_copy
 def test_pending_jobs_are_counted_with_the_queue_reason():
     states = {"11": ("PENDING", "Resources"), "12": ("PENDING", "Resources"),
               "13": ("PENDING", "BeginTime"), "14": ("RUNNING", "None")}
-    summary = jobqueue.pending_summary(states, ["11", "12", "13", "14"])
+    summary = batch_queue.pending_summary(states, ["11", "12", "13", "14"])
     assert summary == "1 pending (BeginTime), 2 pending (Resources), 1 starting"
-    assert jobqueue.pending_summary(states, []) == ""
+    assert batch_queue.pending_summary(states, []) == ""
 
 
 def test_a_job_that_ended_or_left_the_queue_before_joining_is_named():
     states = {"11": ("PENDING", "Resources"), "12": ("FAILED", "NonZeroExitCode")}
     waiting = {"slurm-0": "11", "slurm-1": "12", "slurm-2": "13"}
-    assert jobqueue.ended_jobs(states, waiting) == ["slurm-1", "slurm-2"]
+    assert batch_queue.ended_jobs(states, waiting) == ["slurm-1", "slurm-2"]
+
+
+def test_a_job_slurm_will_never_start_is_named_with_what_asks_for_it():
+    states = {"11": ("PENDING", "Resources"), "12": ("PENDING", "PartitionTimeLimit"),
+              "13": ("RUNNING", "PartitionConfig")}
+    assert batch_queue.never_starting(states, {"slurm-0": "11", "slurm-2": "13"}) is None
+    assert batch_queue.never_starting(states, {"slurm-0": "11", "slurm-1": "12"}) == (
+        "cluster.jobqueue: slurm job 12 (slurm-1) will never start: Slurm keeps it pending "
+        "(PartitionTimeLimit): it asks for more time than the partition allows: "
+        "cluster.jobqueue.walltime")
 
 
 def test_groups_take_unset_fields_from_the_jobqueue_and_the_run_tag():
@@ -227,6 +237,24 @@ def test_a_job_that_cannot_start_is_reported_with_the_queue_reason(tmp_path, slu
     status, lines, _ = run_main("train", args)
     assert_one_error_line(status, lines, 1, "0 of 1 worker(s) up after 2 s (1 pending "
                                             "(BeginTime))")
+    assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_a_job_slurm_will_never_start_stops_the_run_at_once(tmp_path, slurm,
+                                                           tiny_dataset_factory):
+    """A job asking for more cores than the node has: Slurm accepts it and keeps it
+    pending (PartitionConfig) for ever; the run stops with one line naming it and
+    the field, without waiting out `cluster.wait_timeout`, and cancels it."""
+    args = tiny_args(tmp_path, tiny_dataset_factory()) + [
+        "cluster.jobqueue.jobs=1", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=300",
+        f"cluster.jobqueue.directory={tmp_path}", "cluster.jobqueue.cores=64"]
+    started = time.monotonic()
+    status, lines, _ = run_main("train", args)
+    assert_one_error_line(status, lines, 1, "(slurm-0) will never start: Slurm keeps it "
+                                            "pending (PartitionConfig): it asks for more than "
+                                            "the partition's nodes have: "
+                                            "cluster.jobqueue.cores, memory or extra")
+    assert time.monotonic() - started < 60
     assert slurm.left_behind(str(tmp_path)) == []
 
 

@@ -17,9 +17,10 @@ dashboard on loopback always.
 The edges of a batch system: jobs that wait in the queue are counted, with the
 queue's reason (`squeue`), while the run waits for its workers (at most
 `cluster.wait_timeout`); a job that ends before its worker joins fails the start
-with its state and the end of its log; a job that ends mid-run (its walltime, a
-`scancel`) is a lost worker, recovered from as any other (pipeline/training/recovery.py); a
-partition that does not exist, a missing `sbatch` or a missing dask-jobqueue are
+with its state and the end of its log, and so, at once, does one that Slurm keeps
+pending for a reason no wait clears (pipeline/cluster/batch_queue.py); a job that
+ends mid-run (its walltime, a `scancel`) is a lost worker, recovered from as any
+other (pipeline/training/recovery.py); a partition that does not exist, a missing `sbatch` or a missing dask-jobqueue are
 refused in one line before anything is submitted; and every job is cancelled when
 the run ends, however it ends short of SIGKILL (a worker whose scheduler is gone
 exits, which ends its job).
@@ -35,12 +36,10 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from typing import Any, Callable, Iterator
 
 import dask
@@ -48,26 +47,19 @@ from distributed import Client, Security
 
 from pipeline.config.cluster_config import ClusterConfig, JobGroupConfig, JobqueueConfig
 from pipeline.cluster.embedded import QUIET, quiet_dashboard_errors
+from pipeline.cluster.batch_queue import (JobqueueError, cancel_jobs, ended_jobs, log_tail,
+                                          never_starting, partition_problem,
+                                          pending_summary, slurm_states)
 from pipeline.cluster.security import TlsConfig, run_security, write_credentials
 
 #: dask-jobqueue's cluster class for each batch system.
 CLUSTER_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster"}
 #: The command that submits a job, per batch system.
 SUBMIT_COMMANDS = {"slurm": "sbatch", "pbs": "qsub", "sge": "qsub"}
-#: Slurm job states after which a job's worker will never join.
-ENDED_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-                "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
 #: Seconds a job's worker waits for a scheduler that does not answer before it exits.
 DEATH_TIMEOUT_S = 60
-#: Seconds a batch command (`sinfo`, `squeue`, `scancel`) may take.
-COMMAND_TIMEOUT_S = 20.0
-
 #: (workers up, workers asked for, what the queue says of the rest), while jobs start.
 JobProgress = Callable[[int, int, str], None]
-
-
-class JobqueueError(RuntimeError):
-    """The batch system cannot give the run its workers (one line saying why)."""
 
 
 def jobqueue_problem(config: ClusterConfig) -> str | None:
@@ -87,38 +79,6 @@ def jobqueue_problem(config: ClusterConfig) -> str | None:
     if jobqueue.system == "slurm":
         return partition_problem(jobqueue, config.tags()[0])
     return None
-
-
-def partition_problem(jobqueue: JobqueueConfig, tag: str) -> str | None:
-    """A `queue` of the jobs that Slurm has no partition of, or a Slurm that does not
-    answer, as one line; None if every partition named exists."""
-    wanted = [g.queue for g in jobqueue.group_list(tag) if g.queue]
-    if not wanted:
-        return None
-    try:
-        listed = batch_command(["sinfo", "-h", "-o", "%R"])
-    except JobqueueError as error:
-        return f"cluster.jobqueue: {error}"
-    partitions = sorted(set(listed.split()))
-    for queue in wanted:
-        if queue not in partitions:
-            return (f"cluster.jobqueue.queue: Slurm has no partition '{queue}' (partitions: "
-                    f"{', '.join(partitions) or 'none'})")
-    return None
-
-
-def batch_command(command: list[str]) -> str:
-    """The output of a batch system's command; JobqueueError with its last line of
-    error if it fails or takes longer than `COMMAND_TIMEOUT_S`."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise JobqueueError(f"`{command[0]}` failed ({type(error).__name__}: {error})") from None
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-        raise JobqueueError(f"`{command[0]}` failed (exit {done.returncode}): {lines[-1]}")
-    return done.stdout
 
 
 _IMPORTING = threading.Lock()
@@ -243,54 +203,12 @@ def job_ids(cluster: Any) -> dict[str, str]:
             if getattr(job, "job_id", None)}
 
 
-def slurm_states(ids: list[str]) -> dict[str, tuple[str, str]]:
-    """(state, reason) of each of the Slurm jobs `ids` that `squeue` still lists."""
-    if not ids:
-        return {}
-    listed = batch_command(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %r"])
-    states = {}
-    for line in listed.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) >= 2:
-            states[parts[0]] = (parts[1], parts[2] if len(parts) > 2 else "")
-    return states
-
-
-def pending_summary(states: dict[str, tuple[str, str]], waiting: list[str]) -> str:
-    """What the queue says of the jobs whose workers have not joined (`waiting`, their
-    ids), e.g. ``2 pending (Resources), 1 starting``: a pure function of `squeue`'s
-    answer."""
-    pending = Counter(states[i][1] or "no reason given" for i in waiting
-                      if i in states and states[i][0] == "PENDING")
-    parts = [f"{count} pending ({reason})" for reason, count in sorted(pending.items())]
-    running = sum(1 for i in waiting if i in states and states[i][0] != "PENDING")
-    if running:
-        parts.append(f"{running} starting")
-    return ", ".join(parts)
-
-
-def ended_jobs(states: dict[str, tuple[str, str]], waiting: dict[str, str]) -> list[str]:
-    """Names (of `waiting`: job id by worker name) whose job ended without its worker
-    joining: in an ended state, or no longer listed at all."""
-    return [name for name, job in waiting.items()
-            if job not in states or states[job][0] in ENDED_STATES]
-
-
-def log_tail(folder: str, job: str) -> str:
-    """The last lines of a job's error log in `folder` (dask-jobqueue names it
-    `<job name>-<id>.err`), joined by ' | '."""
-    for name in os.listdir(folder):
-        if name.endswith(f"-{job}.err"):
-            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as log:
-                return " | ".join(log.read().strip().splitlines()[-3:])
-    return "no log"
-
-
 def wait_for_jobs(cluster: Any, jobqueue: JobqueueConfig, wanted: int, timeout: float,
                   folder: str, progress: JobProgress) -> None:
     """Wait until `wanted` workers of the jobs have joined, telling `progress` how many
     are up and what the queue says of the rest; JobqueueError (one line) when a job
-    ends before its worker joined, or after `timeout` seconds."""
+    ends before its worker joined, when Slurm says one will never start, or after
+    `timeout` seconds."""
     total = len(cluster.worker_spec)
     deadline = time.monotonic() + timeout
     while True:
@@ -301,6 +219,9 @@ def wait_for_jobs(cluster: Any, jobqueue: JobqueueConfig, wanted: int, timeout: 
         progress(len(joined), total, detail)
         if len(joined) >= wanted:
             return
+        never = never_starting(states, waiting)
+        if never:  # not worth `timeout`: the job is cancelled with the others
+            raise JobqueueError(never)
         ended = ended_jobs(states, waiting) if jobqueue.system == "slurm" else []
         if ended:
             job = waiting[ended[0]]
@@ -313,15 +234,6 @@ def wait_for_jobs(cluster: Any, jobqueue: JobqueueConfig, wanted: int, timeout: 
                                 f"after {timeout:g} s ({detail or 'no job listed'}); raise "
                                 "cluster.wait_timeout if the queue is busy")
         time.sleep(0.25)
-
-
-def cancel_jobs(system: str, ids: list[str]) -> None:
-    """Cancel batch jobs by id (`scancel`, `qdel`); jobs already gone are no error."""
-    if ids:
-        command = "scancel" if system == "slurm" else "qdel"
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run([command, *ids], capture_output=True, timeout=COMMAND_TIMEOUT_S,
-                           check=False)
 
 
 def close_jobqueue_cluster(cluster: Any) -> None:
