@@ -3,14 +3,20 @@ with a private key, socket, configuration, ports and state in one folder (nothin
 /etc is read or changed), and stopped again.
 
 Needs root (slurmd runs jobs as their user) and Debian's `slurm-wlm` and `munge`
-(`.ci/run` installs them). The daemons' own ports are fresh ones; only holders of the
-munge key in the folder (mode 0700) can talk to them. `SLURM_CONF` points the batch
-commands (`sbatch`, `squeue`, `scancel`) at this Slurm.
+(`.ci/run` installs them). The daemons' own ports are fresh ones, on loopback only:
+`CommunicationParameters=NoCtldInAddrAny,NoInAddrAny` binds slurmctld, slurmd (and
+an `srun`) to the address the machine's host name resolves to instead of 0.0.0.0,
+so the node is that name where it resolves to a loopback address; where it does
+not, the daemons run in a UTS namespace of their own named `localhost`. munged
+listens on a unix socket only, in a folder only root can enter (mode 0700, with the
+key); only holders of that key can talk to the daemons. `SLURM_CONF` points the
+batch commands (`sbatch`, `squeue`, `scancel`) at this Slurm.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import shutil
 import socket
@@ -48,19 +54,56 @@ def job_workers(folder: str) -> list[psutil.Process]:
     return found
 
 
+def loopback_node() -> tuple[str, str, list[str]]:
+    """(node name, its address, the command prefix the daemons run under) such that
+    the daemons' host name resolves to that loopback address, as `NoInAddrAny` binds
+    to what it resolves to: this machine's own name where it does (127.0.0.1 or
+    Debian's 127.0.1.1), else `localhost` in a UTS namespace of the daemons' own."""
+    name = socket.gethostname()
+    with contextlib.suppress(OSError):
+        address = socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+        if ipaddress.ip_address(address).is_loopback:
+            return name.split(".")[0], address, []
+    return "localhost", "127.0.0.1", ["unshare", "--uts", "sh", "-c",
+                                      'hostname localhost && exec "$0" "$@"']
+
+
+def listening(pids: list[int]) -> dict[str, list[str]]:
+    """What the processes `pids` can be reached on, by process name: `ip:port` of each
+    TCP socket they listen on and of each bound UDP one, and each unix socket's path
+    with its folder's mode (`path (700)`)."""
+    found: dict[str, list[str]] = {}
+    for pid in pids:
+        process = psutil.Process(pid)
+        for conn in process.net_connections("all"):
+            if conn.family == socket.AF_UNIX:
+                where = (f"{conn.laddr} ({os.stat(os.path.dirname(conn.laddr)).st_mode & 0o777:o})"
+                         if conn.laddr else "")
+            elif conn.status == psutil.CONN_LISTEN or (conn.type == socket.SOCK_DGRAM
+                                                       and conn.laddr):
+                where = f"{conn.laddr.ip}:{conn.laddr.port}"
+            else:
+                continue
+            if where:
+                found.setdefault(process.name(), []).append(where)
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def slurm_conf(folder: str, host: str, cpus: int) -> str:
+def slurm_conf(folder: str, host: str, address: str, cpus: int) -> str:
     """slurm.conf of a one-node cluster in `folder` (docs/multihost.md, "Trying Slurm
-    on one machine"): no cgroups, root as Slurm's user, the node on loopback, and
-    `cpus` slots on it whatever the machine has (`config_overrides`), so that the
-    module's jobs and a test's own fit at once on a 2-core machine."""
+    on one machine"): no cgroups, root as Slurm's user, the node `host` at the
+    loopback `address`, the daemons bound to it, and `cpus` slots on it whatever the
+    machine has (`config_overrides`), so that the module's jobs and a test's own fit
+    at once on a 2-core machine."""
     return "\n".join([
-        "ClusterName=hetcnntest", f"SlurmctldHost={host}(127.0.0.1)",
+        "ClusterName=hetcnntest", f"SlurmctldHost={host}({address})",
+        "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
         f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
         "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
         f"AuthInfo=socket={folder}/munge/socket", "ProctrackType=proctrack/linuxproc",
@@ -71,7 +114,7 @@ def slurm_conf(folder: str, host: str, cpus: int) -> str:
         f"SlurmctldLogFile={folder}/slurmctld.log", f"SlurmdLogFile={folder}/slurmd.log",
         "ReturnToService=2", "MpiDefault=none", "KillWait=5", "MinJobAge=2",
         "SlurmdParameters=config_overrides",
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=8000 State=UNKNOWN",
+        f"NodeName={host} NodeAddr={address} CPUs={cpus} RealMemory=8000 State=UNKNOWN",
         f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""])
 
 
@@ -99,7 +142,7 @@ class LocalSlurm:
                 if line.strip() and folder in line]
 
     def start(self) -> None:
-        host = socket.gethostname().split(".")[0]
+        host, address, prefix = loopback_node()
         for name in ("munge", "state", "spool"):
             os.makedirs(os.path.join(self.folder, name), mode=0o700)
         key = os.path.join(self.folder, "munge", "munge.key")
@@ -108,18 +151,19 @@ class LocalSlurm:
         os.chmod(key, 0o400)
         conf = os.path.join(self.folder, "slurm.conf")
         with open(conf, "w", encoding="ascii") as handle:
-            handle.write(slurm_conf(self.folder, host, CPU_SLOTS))
+            handle.write(slurm_conf(self.folder, host, address, CPU_SLOTS))
         munge = os.path.join(self.folder, "munge")
         self._spawn("munged", "-F", "-f", f"--key-file={key}", f"--socket={munge}/socket",
                     f"--pid-file={munge}/pid", f"--log-file={munge}/log",
                     f"--seed-file={munge}/seed")
         self._wait(lambda: os.path.exists(f"{munge}/socket"), "munged")
-        self._spawn("slurmctld", "-D", "-f", conf)
-        self._spawn("slurmd", "-D", "-f", conf, "-N", host)
+        self._spawn(*prefix, "slurmctld", "-D", "-f", conf)
+        self._spawn(*prefix, "slurmd", "-D", "-f", conf, "-N", host)
         self._wait(lambda: "idle" in self.command("sinfo", "-h", "-o", "%t"), "slurmd")
 
     def _spawn(self, *command: str) -> None:
-        log = open(os.path.join(self.folder, f"{command[0]}.out"), "w", encoding="utf-8")
+        name = next(word for word in command if word in DAEMONS)
+        log = open(os.path.join(self.folder, f"{name}.out"), "w", encoding="utf-8")
         with log:
             self.processes.append(subprocess.Popen(
                 list(command), stdout=log, stderr=subprocess.STDOUT,

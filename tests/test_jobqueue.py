@@ -5,12 +5,14 @@ script holds) need no batch system. The rest runs against a real one-node Slurm 
 the module starts (tests/slurm_cluster.py; root and `slurm-wlm`/`munge` needed, else
 skipped with the reason): a run on two Slurm jobs ends with plain PyTorch's weights
 (float64), a job `scancel`ed mid-run is recovered from, a job that cannot start yet
-is reported with the queue's reason, an unknown partition is one line, and `squeue`
-lists nothing after any of them.
+is reported with the queue's reason, one that never can stops the run at once, an
+unknown partition is one line, and `squeue` lists nothing after any of them; the
+Slurm's daemons listen on loopback only.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import stat
 import subprocess
@@ -29,7 +31,7 @@ from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import (assert_one_error_line, max_relative_error, replay_in_pytorch,
                            run_main, tiny_config)
-from tests.slurm_cluster import job_workers
+from tests.slurm_cluster import job_workers, listening
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS, wait_for_checkpoint
 from tests.test_worker_code import project_copy
@@ -147,6 +149,19 @@ def test_a_job_script_names_the_credential_files_never_the_key(tmp_path):
 
 
 # Against a real Slurm -------------------------------------------------------------------
+
+
+def test_the_test_slurm_listens_on_loopback_only(slurm):
+    """What the tests start listens on loopback only, as what the project starts does:
+    slurmctld and slurmd on the loopback address their host name resolves to
+    (`NoCtldInAddrAny,NoInAddrAny`), munged on a unix socket in a folder only root
+    can enter."""
+    found = listening([process.pid for process in slurm.processes])
+    for name in ("slurmctld", "slurmd"):
+        assert found.get(name) and all(
+            ipaddress.ip_address(where.rsplit(":", 1)[0]).is_loopback
+            for where in found[name]), found
+    assert found["munged"] == [f"{slurm.folder}/munge/socket (700)"], found
 
 
 def slurm_config(tmp_path, dataset: str, **overrides):
