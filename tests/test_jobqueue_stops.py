@@ -5,8 +5,9 @@ interpreter, no batch system needed). The rest runs against a real one-node Slur
 (tests/slurm_cluster.py, as tests/test_jobqueue.py; root and `slurm-wlm`/`munge`
 needed, else skipped with the reason): Ctrl-C mid-run stops it as it stops a run on
 the embedded cluster (one `interrupted (SIGINT)` line, exit 130, its record written,
-no job left), and jobs that reach their walltime together end the run with one line
-saying how to resume, its record kept for the resume.
+no job left), jobs that reach their walltime together end the run with one line
+saying how to resume, its record kept for the resume, and a sweep whose jobs ended
+between points starts fresh ones for the next.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import time
 import pytest
 import xarray as xr
 
+from experiments.sweep.config import load_sweep
+from experiments.sweep.run import ClusterPool
 from storage import checkpoints
 from tests.slurm_cluster import LocalSlurm
 from tests.test_cli import ROOT, tiny_args
 from tests.helpers import run_main
 from tests.test_faults import FAULTS, wait_for_checkpoint
+from tests.test_sweep import write_sweep
 
 
 def test_importing_dask_jobqueue_keeps_the_signal_handlers():
@@ -131,4 +135,36 @@ def test_jobs_that_end_together_stop_the_run_with_its_record_kept(tmp_path, slur
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert list(record.step.values) == list(range(last + 4))
     assert json.loads(record.attrs["starts"])[0]["ended"] == "workers lost"
+    assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_a_sweep_starts_fresh_jobs_where_its_jobs_ended_between_points(
+        tmp_path, slurm: LocalSlurm, tiny_dataset_factory):
+    """A sweep keeps its batch jobs from point to point; where they ended in between
+    (their walltime; here `scancel`), the next point gets fresh jobs, said in one
+    line, instead of waiting `cluster.wait_timeout` for workers that are gone and
+    failing."""
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["single", "kernel"]}, base={"cluster": {
+                             "jobqueue": {"jobs": 1, "memory": "1GB",
+                                          "directory": str(tmp_path)}}})
+    points = load_sweep(config, out=str(tmp_path / "sweep.zarr")).points
+    assert points[0].cluster_key == points[1].cluster_key
+    lines: list[str] = []
+    pool = ClusterPool(lines.append)
+    try:
+        client = pool.client_for(points[0])
+        assert pool.client_for(points[0]) is client  # its jobs still run: kept
+        (job,) = [line.split()[0] for line in slurm.jobs(str(tmp_path))]
+        slurm.command("scancel", job)
+        deadline = time.monotonic() + 60
+        while client.nthreads() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not client.nthreads()
+        again = pool.client_for(points[1])
+        assert again is not client and len(again.nthreads()) == 1
+        assert "1 of 1 slurm job(s) ended since the last point (their walltime?); starting " \
+               "them again" in lines, lines
+    finally:
+        pool.close()
     assert slurm.left_behind(str(tmp_path)) == []

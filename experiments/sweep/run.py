@@ -126,11 +126,18 @@ class ClusterPool:
         """Before a point that reuses an embedded cluster, its workers replaced by fresh
         ones (`restart_workers`: each point starts from the workers a standalone run
         has); False where that failed and the cluster must be started again. An
-        external scheduler's workers, batch jobs and workers behind links are left as
-        they are (not this sweep's to restart, or not measured)."""
+        external scheduler's workers and workers behind links are left as they are
+        (not this sweep's to restart, or not measured); so are batch jobs, unless a
+        worker of them is gone (its job ended, as at its walltime): then fresh jobs."""
         cluster = point.config.cluster
-        if (point.cluster_key == "external" or cluster.jobqueue is not None
-                or cluster.link_rates() is not None):
+        if cluster.jobqueue is not None:
+            wanted = cluster.use_workers or cluster.jobqueue.job_count()
+            up = len(self.client.nthreads())
+            if up < wanted:
+                self.echo(f"{wanted - up} of {wanted} {cluster.jobqueue.system} job(s) "
+                          "ended since the last point (their walltime?); starting them again")
+            return up >= wanted
+        if point.cluster_key == "external" or cluster.link_rates() is not None:
             return True
         try:
             restart_workers(self.client)
