@@ -84,6 +84,8 @@ def test_groups_take_unset_fields_from_the_jobqueue_and_the_run_tag():
                                               "['GPU'], none of the run's tags (CPU)"),
     (["cluster.jobqueue.system=lsf"], "cluster.jobqueue.system"),
     (["cluster.jobqueue.memory=lots"], "cluster.jobqueue.memory"),
+    (["cluster.use_workers=3"], "cluster.use_workers: 3, but cluster.jobqueue submits 2 "
+                                "job(s) of one worker each"),
 ])
 def test_jobqueue_config_mistakes_are_one_line(tmp_path, tiny_dataset_factory, overrides,
                                                names):
@@ -124,6 +126,32 @@ def test_a_refused_submission_is_one_line(tmp_path, tiny_dataset_factory, monkey
     status, lines, _ = run_main("train", args)
     assert_one_error_line(status, lines, 1, "cluster.jobqueue: submitting the slurm jobs "
                           "failed: sbatch: fatal: Could not establish a configuration source")
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".hetcnn-jobqueue")]
+
+
+@pytest.mark.parametrize("where, names", [
+    ("host=198.51.100.7", "cluster.jobqueue.host: the run's scheduler cannot listen on "
+                          "198.51.100.7: [Errno 99] Cannot assign requested address"),
+    ("interface=nope0", "cluster.jobqueue.interface: the run's scheduler cannot listen on "
+                        "nope0: 'nope0' is not a valid network interface"),
+])
+def test_a_scheduler_address_not_on_this_machine_is_one_line(tmp_path, tiny_dataset_factory,
+                                                             monkeypatch, where, names):
+    """`host` an address this machine does not have (TEST-NET-2), or an `interface` it
+    does not have: one line naming the field and why, exit 1, nothing submitted (a
+    stand-in `sbatch` that would record a call) and the credential folder removed."""
+    pytest.importorskip("dask_jobqueue")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path}/submitted\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    args = tiny_args(tmp_path, tiny_dataset_factory()) + [
+        "cluster.jobqueue.jobs=1", f"cluster.jobqueue.directory={tmp_path}",
+        f"cluster.jobqueue.{where}"]
+    status, lines, _ = run_main("train", args)
+    assert_one_error_line(status, lines, 1, names)
+    assert not (tmp_path / "submitted").exists()
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".hetcnn-jobqueue")]
 
 

@@ -20,10 +20,11 @@ queue's reason (`squeue`), while the run waits for its workers (at most
 with its state and the end of its log, and so, at once, does one that Slurm keeps
 pending for a reason no wait clears (pipeline/cluster/batch_queue.py); a job that
 ends mid-run (its walltime, a `scancel`) is a lost worker, recovered from as any
-other (pipeline/training/recovery.py); a partition that does not exist, a missing `sbatch` or a missing dask-jobqueue are
-refused in one line before anything is submitted; and every job is cancelled when
-the run ends, however it ends short of SIGKILL (a worker whose scheduler is gone
-exits, which ends its job).
+other (pipeline/training/recovery.py); a partition that does not exist, a missing
+`sbatch` or a missing dask-jobqueue are refused in one line before anything is
+submitted, and so is a scheduler address this machine does not have; and every job
+is cancelled when the run ends, however it ends short of SIGKILL (a worker whose
+scheduler is gone exits, which ends its job).
 """
 
 from __future__ import annotations
@@ -166,12 +167,17 @@ def start_jobqueue_cluster(config: ClusterConfig, folder: str) -> Any:
     groups = jobqueue.group_list(config.tags()[0])
     where = ({"interface": jobqueue.interface} if jobqueue.interface
              else {"host": jobqueue.host})
-    with dask.config.set(QUIET):
-        cluster = cls(n_workers=0, name=jobqueue.system, silence_logs=logging.ERROR,
-                      scheduler_options={**where, "dashboard_address": "127.0.0.1:0",
-                                         # not Dask's shared default (embedded.py's doc)
-                                         "local_directory": folder},
-                      **job_options(jobqueue, groups[0], security, folder))
+    try:
+        with dask.config.set(QUIET):
+            cluster = cls(n_workers=0, name=jobqueue.system, silence_logs=logging.ERROR,
+                          scheduler_options={**where, "dashboard_address": "127.0.0.1:0",
+                                             # not Dask's shared default (embedded.py's doc)
+                                             "local_directory": folder},
+                          **job_options(jobqueue, groups[0], security, folder))
+    except Exception as error:  # an address not on this machine, an unknown interface
+        field, value = next(iter(where.items()))
+        raise JobqueueError(f"cluster.jobqueue.{field}: the run's scheduler cannot listen on "
+                            f"{value}: {last_line(first_cause(error))}") from None
     try:
         for group, names in zip(groups, worker_names(jobqueue.system, groups)):
             options = job_options(jobqueue, group, security, folder)
@@ -195,6 +201,16 @@ def last_line(error: BaseException) -> str:
     """The last non-empty line of an error's text (a batch command's own message)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__
+
+
+def first_cause(error: BaseException) -> BaseException:
+    """The error at the bottom of `error`'s chain (what it was raised from, or while
+    handling): Dask's "cannot get address of non-running Server" came of an OSError
+    such as "Cannot assign requested address"."""
+    seen = [error]
+    while (below := seen[-1].__cause__ or seen[-1].__context__) and below not in seen:
+        seen.append(below)
+    return seen[-1]
 
 
 def job_ids(cluster: Any) -> dict[str, str]:

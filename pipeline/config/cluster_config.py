@@ -321,6 +321,10 @@ class ClusterConfig:
             if getattr(self, other) is not None:
                 raise FieldError("jobqueue", f"the run starts its own scheduler for its "
                                  f"batch jobs: unset cluster.{other} or cluster.jobqueue")
+        jobs = self.jobqueue.job_count()
+        if self.use_workers and self.use_workers > jobs:
+            raise FieldError("use_workers", f"{self.use_workers}, but cluster.jobqueue submits "
+                             f"{jobs} job(s) of one worker each")
         tags = self.tags()
         for index, group in enumerate(self.jobqueue.group_list(tags[0])):
             if not any(group.resources.get(tag, 0) >= 1 for tag in tags):
