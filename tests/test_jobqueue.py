@@ -63,6 +63,17 @@ def test_a_job_slurm_will_never_start_is_named_with_what_asks_for_it():
         "cluster.jobqueue.walltime")
 
 
+def test_held_jobs_are_told_to_be_released_not_waited_for():
+    states = {"11": ("PENDING", "Resources"), "12": ("PENDING", "JobHeldUser"),
+              "13": ("PENDING", "JobHeldAdmin")}
+    assert batch_queue.wait_advice(states, {"slurm-0": "11"}) == (
+        "raise cluster.wait_timeout if the queue is busy")
+    assert batch_queue.wait_advice(states, {"slurm-0": "11", "slurm-1": "12",
+                                            "slurm-2": "13"}) == (
+        "job(s) 12, 13 are held: release them (scontrol release 12,13) and start the "
+        "run again")
+
+
 def test_groups_take_unset_fields_from_the_jobqueue_and_the_run_tag():
     config = JobqueueConfig(jobs=2, cores=2, queue="cpu", prologue=["source venv"], groups=[
         JobGroupConfig(jobs=1, queue="gpu", extra=["--gres=gpu:1"], resources={"GPU": 1}),

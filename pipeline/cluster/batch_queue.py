@@ -116,6 +116,18 @@ def never_starting(states: dict[str, tuple[str, str]], waiting: dict[str, str]
     return None
 
 
+def wait_advice(states: dict[str, tuple[str, str]], waiting: dict[str, str]) -> str:
+    """What to do about jobs (`waiting`: job id by worker name) whose workers did not
+    join in time: release the held ones (a held job waits for a person, not for the
+    queue, so a longer wait would not help), else wait longer on a busy queue."""
+    held = [job for job in waiting.values()
+            if states.get(job, ("", ""))[1].startswith("JobHeld")]
+    if held:
+        return (f"job(s) {', '.join(held)} are held: release them "
+                f"(scontrol release {','.join(held)}) and start the run again")
+    return "raise cluster.wait_timeout if the queue is busy"
+
+
 def log_tail(folder: str, job: str) -> str:
     """The last lines of a job's error log in `folder` (dask-jobqueue names it
     `<job name>-<id>.err`), joined by ' | '."""

@@ -50,7 +50,7 @@ from pipeline.config.cluster_config import ClusterConfig, JobGroupConfig, Jobque
 from pipeline.cluster.embedded import QUIET, quiet_dashboard_errors
 from pipeline.cluster.batch_queue import (JobqueueError, cancel_jobs, ended_jobs, log_tail,
                                           never_starting, partition_problem,
-                                          pending_summary, slurm_states)
+                                          pending_summary, slurm_states, wait_advice)
 from pipeline.cluster.security import TlsConfig, run_security, write_credentials
 
 #: dask-jobqueue's cluster class for each batch system.
@@ -247,8 +247,8 @@ def wait_for_jobs(cluster: Any, jobqueue: JobqueueConfig, wanted: int, timeout: 
                                 f"{log_tail(folder, job)}")
         if time.monotonic() > deadline:
             raise JobqueueError(f"cluster.jobqueue: {len(joined)} of {wanted} worker(s) up "
-                                f"after {timeout:g} s ({detail or 'no job listed'}); raise "
-                                "cluster.wait_timeout if the queue is busy")
+                                f"after {timeout:g} s ({detail or 'no job listed'}); "
+                                f"{wait_advice(states, waiting)}")
         time.sleep(0.25)
 
 
