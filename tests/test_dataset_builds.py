@@ -12,11 +12,16 @@ what killed builds left.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from typing import Iterator
+
+import pytest
 
 from storage.datasets import ensure_dataset
 from tests.test_image_folder import ROOT
@@ -32,6 +37,19 @@ with build_lock(path):
     ensure_dataset("synthetic", path, train_samples=8, test_samples=2, seed=0)
     print(os.stat(os.path.join(path, "zarr.json")).st_ino, flush=True)
 """
+
+
+@pytest.fixture
+def memory_folder(tmp_path) -> Iterator[str]:
+    """A private folder on tmpfs (/dev/shm), removed after; `tmp_path` where there is none."""
+    if not os.path.isdir("/dev/shm"):
+        yield str(tmp_path)
+        return
+    folder = tempfile.mkdtemp(prefix="hetcnn-test-lock-", dir="/dev/shm")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _leftovers(folder) -> list[str]:
@@ -117,14 +135,17 @@ def test_a_dataset_lock_file_planted_as_a_link_stops_the_run_in_one_line(tmp_pat
     assert target.read_text() == "the user's own file\n"
 
 
-def test_a_lock_released_while_another_opens_it_is_waited_for_not_refused(tmp_path):
+def test_a_lock_released_while_another_opens_it_is_waited_for_not_refused(memory_folder):
     """Builds contending for one store's lock: the holder's release removes the lock
     file, and a contender that opened it just before saw a file with no name left
     (st_nlink 0), which the lock took for a hard link and refused ('has another name
     too'), stopping a run that only had to wait. Threads stand for the processes
-    (flock is per open file). Bounded: a fixed number of tries, joined with a timeout."""
+    (flock is per open file). Bounded: a fixed number of tries, joined with a timeout.
+    In memory (`memory_folder`): each take of the lock fsyncs its record, 25 s of the
+    16,000 on disk, 1-2 s on tmpfs, where the faster turns also meet the race more
+    often (without the fix: 150-580 refusals in 16,000 here, against 37 on disk)."""
     from storage.locks import LockBusy, OwnerLock
-    path = str(tmp_path / ".s.zarr.lock")
+    path = os.path.join(memory_folder, ".s.zarr.lock")
     refused: list[str] = []
 
     def contend() -> None:
