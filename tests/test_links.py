@@ -156,31 +156,43 @@ def test_listed_linked_workers_beside_a_scheduler_variable_are_the_runs_own(monk
 # Real links (root) ----------------------------------------------------------------
 
 
-def _linked_run(tmp_path, dataset: str, rate: str) -> tuple[dict, dict, xr.Dataset]:
-    """A tiny kernel run behind `rate` links, checked against plain PyTorch: its final
-    weights, the bytes each link carried during the run (to, from the worker), its
-    record; nothing of its links is left after."""
-    config = tiny_config(tmp_path / rate, dataset, **{"cluster.link.rate": rate,
-                                                      "train.eval_samples": 0})
-    with open_linked_cluster(config.cluster, config.shared_directories()) as (client, hosts):
-        register_setup(client, config.cluster)
-        before = hosts.counters()
-        result = run_training(config, client=client)
-        after = hosts.counters()
+def _timed_runs(tmp_path, dataset: str, rates: list[str]
+                ) -> list[tuple[dict, dict, xr.Dataset]]:
+    """A tiny kernel run behind links at each of `rates` in turn, on one set of hosts
+    and workers (`LinkedHosts.set_rate` between runs: starting and closing the links
+    and their workers took 4-6 s here, a run 6 s): each run's final weights, the bytes
+    each link carried during it (to, from the worker) and its record; the first run's
+    weights are checked against plain PyTorch (the test checks the others equal them);
+    nothing of the links is left after."""
+    configs = [tiny_config(tmp_path / rate, dataset, **{"cluster.link.rate": rate,
+                                                         "train.eval_samples": 0})
+               for rate in rates]
+    directories = sorted({d for config in configs for d in config.shared_directories()})
+    results = []
+    with open_linked_cluster(configs[0].cluster, directories) as (client, hosts):
+        for config in configs:
+            hosts.set_rate(config.cluster.link.rate)
+            register_setup(client, config.cluster)
+            before = hosts.counters()
+            result = run_training(config, client=client)
+            after = hosts.counters()
+            crossed = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1])
+                       for n in after}
+            results.append((checkpoints.read_tensors(config.checkpoint_path,
+                                                     config.train.steps),
+                            crossed, result.record))
         run_id = hosts.run_id
     assert link_leftovers(run_id) == []
-    crossed = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in after}
-    trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
-    expected, _ = replay_in_pytorch(config, dataset)
-    assert max_relative_error(trained, expected) <= 1e-5
-    return trained, crossed, result.record
+    expected, _ = replay_in_pytorch(configs[0], dataset)
+    assert max_relative_error(results[0][0], expected) <= 1e-5
+    return results
 
 
 @needs_links
 def test_a_slower_link_costs_what_its_bytes_predict(tmp_path, tiny_dataset_factory):
     dataset = tiny_dataset_factory("float32")
-    fast, fast_crossed, fast_record = _linked_run(tmp_path, dataset, FAST)
-    slow, slow_crossed, slow_record = _linked_run(tmp_path, dataset, SLOW)
+    (fast, fast_crossed, fast_record), (slow, slow_crossed, slow_record) = _timed_runs(
+        tmp_path, dataset, [FAST, SLOW])
     assert all(np.array_equal(fast[k], slow[k]) for k in fast)  # the link changes no bit
     for crossed, record in ((fast_crossed, fast_record), (slow_crossed, slow_record)):
         for name, (received, sent) in crossed.items():

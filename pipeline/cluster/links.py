@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.cluster.link_records import (descendants, kill_started, record_path, remove_leftovers,
                                            started_at, stop_processes, sweep_leftovers,
@@ -193,8 +193,7 @@ def link_problem() -> str | None:
     """Why links cannot be built here (None if they can)."""
     if os.geteuid() != 0:
         return f"needs root (network namespaces and tc; running as uid {os.geteuid()})"
-    missing = missing_tools()
-    if missing:
+    if missing := missing_tools():
         return (f"needs {', '.join(missing)} (Debian: apt-get install -y iproute2 "
                 "openssh-server sshfs)")
     return None
@@ -293,10 +292,20 @@ class LinkedHosts:
             _run(*inside, "ip", "addr", "add", f"{host.address}/24", "dev", inner)
             _run(*inside, "ip", "link", "set", inner, "up")
             _run(*inside, "ip", "link", "set", "lo", "up")
-            for command in (("tc",), (*inside, "tc")):
-                interface = outer if command == ("tc",) else inner
-                _run(*command, "qdisc", "replace", "dev", interface, "root", "tbf", "rate",
-                     host.rate, "burst", str(burst_bytes(host.rate)), "latency", "100ms")
+        self._shape()
+
+    def _shape(self) -> None:
+        """Both ends of every host's veth pair shaped with tbf at its rate (module doc)."""
+        for index, host in enumerate(self.hosts):
+            inside = ("ip", "netns", "exec", host.namespace)
+            for tc, interface in zip((("tc",), (*inside, "tc")), veth_names(self.run_id, index)):
+                _run(*tc, "qdisc", "replace", "dev", interface, "root", "tbf", "rate", host.rate,
+                     "burst", str(burst_bytes(host.rate)), "latency", "100ms")
+
+    def set_rate(self, rate: str) -> None:
+        """Every link shaped at `rate` from now on, workers and mounts kept (tests/test_links.py)."""
+        self.hosts = [replace(host, rate=rate) for host in self.hosts]
+        self._shape()
 
     def _start_sshd(self) -> None:
         d = self.directory
