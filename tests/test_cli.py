@@ -96,7 +96,7 @@ class CliCluster:
 @pytest.fixture(scope="module")
 def cli_cluster(tmp_path_factory):
     """`dask scheduler` and two `dask worker --resources CPU=1` as subprocesses, shared
-    by the module's tests that only train on them."""
+    by the module's tests that train on them (some add a worker of their own)."""
     cluster = CliCluster(tmp_path_factory.mktemp("cli"))
     try:
         address = cluster.start_scheduler()
@@ -140,36 +140,48 @@ def test_the_scheduler_is_found_through_the_environment(tmp_path, cli_cluster,
 
 
 def test_a_worker_frozen_before_the_run_is_removed_and_the_run_goes_on(
-        tmp_path, tiny_dataset_factory, monkeypatch):
+        tmp_path, cli_cluster, tiny_dataset_factory, monkeypatch):
     """A `dask worker` SIGSTOPped before the run connects: setting the workers up
     waits on every worker, and so waited for ever. Now the setup has a limit
     (`SETUP_S`, shortened here), after which the workers that do not answer are
-    removed from the cluster, said, and the run trains on the others."""
+    removed from the cluster, said, and the run trains on the others. The frozen
+    worker joins the module's cluster (its two workers train), and goes after."""
     monkeypatch.setattr(worker_setup, "SETUP_S", 3.0)
     monkeypatch.setattr(worker_limits, "ASK_WORKERS_S", 2.0)
-    cluster = CliCluster(tmp_path)
+    frozen = subprocess.Popen(
+        [os.path.join(BIN, "dask"), "worker", cli_cluster, "--no-nanny", "--name", "frozen",
+         "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
+         "--dashboard-address", "127.0.0.1:0"],
+        cwd=tmp_path, env=CliCluster.env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    client = Client(cli_cluster, timeout="30s", set_as_default=False)
     try:
-        address = cluster.start_scheduler()
-        cluster.start_worker("--no-nanny")
-        frozen = cluster.start_worker("--no-nanny")
-        with Client(address, timeout="30s", set_as_default=False) as client:
-            client.wait_for_workers(2, timeout=60)
+        client.wait_for_workers(3, timeout=60)
+        names = client.run_on_scheduler(lambda dask_scheduler: {  # a lambda: sent by value
+            address: worker.name for address, worker in dask_scheduler.workers.items()})
+        (frozen_address,) = [address for address, name in names.items() if name == "frozen"]
         os.kill(frozen.pid, signal.SIGSTOP)
         ran: list = []
         run = threading.Thread(target=lambda: ran.append(run_main("train", [
             *tiny_args(tmp_path, tiny_dataset_factory("float32")), "train.steps=2",
-            "--scheduler", address])), daemon=True)
+            "--scheduler", cli_cluster])), daemon=True)
         run.start()
         run.join(120)  # a run that waits on the frozen worker never ends
     finally:
-        os.kill(frozen.pid, signal.SIGCONT)
-        cluster.stop()
+        frozen.kill()  # stopped or not
+        frozen.wait()
+        deadline = time.monotonic() + 30  # the module's two workers, for the next test
+        while client.run_on_scheduler(lambda dask_scheduler: len(
+                dask_scheduler.workers)) > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.close()
     assert ran, "the run waited on the frozen worker"
     status, lines, _out = ran[0]
     assert status == 0, lines
     said = [line for line in lines if line.startswith("warning: setting up the workers: ")]
-    assert len(said) == 1 and "did not answer within 3 s" in said[0], lines
-    assert xr.open_zarr(tmp_path / "run" / "record.zarr").sizes["worker"] == 1
+    assert len(said) == 1 and said[0].startswith(
+        f"warning: setting up the workers: {frozen_address} did not answer within 3 s"), lines
+    assert xr.open_zarr(tmp_path / "run" / "record.zarr").sizes["worker"] == 2
 
 
 def test_another_client_with_work_on_the_scheduler_is_said_and_recorded(
