@@ -328,3 +328,9 @@ def get_run(run_id: str) -> Any:
 def drop_run(run_id: str) -> bool:
     """Forget a run's state on this worker; whether it held any."""
     return _RUNS.pop((_address(), run_id), None) is not None
+
+
+def set_up_threads(address: str) -> int | None:
+    """The torch threads the run's setup gave the worker at `address` (None: not set up)."""
+    profile = _PROFILES.get(address)
+    return None if profile is None else profile.threads

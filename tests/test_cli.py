@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Sequence
 
 import pytest
 import xarray as xr
@@ -77,9 +78,11 @@ class CliCluster:
             process.wait()
         self.logs.close()
 
-    def start_worker(self, *extra: str) -> subprocess.Popen:
+    def start_worker(self, *extra: str, prefix: Sequence[str] = ()) -> subprocess.Popen:
+        """A `dask worker` with `extra` arguments, its command after `prefix` (e.g.
+        ``["taskset", "-c", "0"]``: pinned to one core)."""
         process = subprocess.Popen(
-            [os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
+            [*prefix, os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
              "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
              "--dashboard-address", "127.0.0.1:0", *extra],
             stdout=self.logs, stderr=self.logs, cwd=self.directory, env=self.env())

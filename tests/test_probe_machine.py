@@ -1,10 +1,12 @@
-"""A cached probe is reused only on the machine it measured (pipeline/probe/machine.py):
-pure, on small files in the formats /proc uses."""
+"""A cached probe is reused only on the machines it measured (pipeline/probe/machine.py):
+pure, on small files in the formats /proc uses; the workers' own machines on real
+workers are tests/test_worker_machines.py's."""
 
 from __future__ import annotations
 
 import socket
 
+from pipeline.cluster.workers import ClusterWorker
 from pipeline.probe import keys, machine
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
@@ -51,3 +53,20 @@ def test_a_probe_of_another_cpu_under_the_same_name_is_not_reused(monkeypatch):
     monkeypatch.setattr(keys, "machine_identity",
                         lambda: "vm: Intel(R) Xeon(R) Processor, 4 cores, AVX512")
     assert len({amd, intel, key()}) == 3
+
+
+def test_a_worker_on_another_machine_makes_another_key_and_one_on_this_keeps_it():
+    """The workers' part of the key (`worker_identity`) holds each worker's machine, as
+    it said it, where that is not the client's: a worker on the client's machine, or
+    not asked, keeps the part keys had before workers were asked."""
+    worker = ClusterWorker("tcp://10.0.0.7:4000", "slurm-0", "CPU", 1, 1.0)
+    plain = [("slurm-0", 1, 1.0, "CPU")]
+    assert keys.worker_identity([worker]) == plain
+    assert keys.worker_identity([worker], {"slurm-0": machine.machine_identity()}) == plain
+    node = "node17: AMD EPYC 9654, 96 cores, AVX512"
+    assert keys.worker_identity([worker], {"slurm-0": node}) == [(*plain[0], node)]
+    other = "node3: Intel(R) Xeon(R) Gold 6148, 40 cores, AVX512"
+    assert len({keys.probe_key(NETWORK, 32, [4], keys.worker_identity([worker], said), "shm",
+                               None)
+                for said in ({}, {"slurm-0": node}, {"slurm-0": other})}) == 3
+

@@ -15,7 +15,6 @@ seconds while it lasts (with its count, where known), and one when it is done.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -31,17 +30,10 @@ from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.worker_limits import check_worker_limits
 from pipeline.config.run_config import RunConfig
 from pipeline.config.cluster_config import WorkerConfig
+from tasks.machine import usable_cores
 
 #: Seconds between the lines of a phase that goes on.
 HEARTBEAT_S = 15.0
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, else the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def contention_warning(workers: Sequence[WorkerConfig], cores: int) -> str | None:

@@ -2,9 +2,10 @@
 
 A probe costs seconds for the small network and a minute or two for the paper's,
 so `cached_probe` keeps them keyed by everything that changes the figures: the
-machine (host name, CPU model, usable cores, torch's instruction set, GPU models:
-pipeline/probe/machine.py), torch version, network shapes, batch, per-layer channel
-quanta, dtype, the worker set (names, threads, emulated speeds, resource tag),
+client's machine (host name, CPU model, usable cores, torch's instruction set, GPU
+models: tasks/machine.py), torch version, network shapes, batch, per-layer channel
+quanta, dtype, the worker set (names, threads, emulated speeds, resource tag, and
+each worker's machine as it says it where that is not the client's),
 workspace location and dataset; a reference probe also by the kind of SGD it steps
 (keys.py). The cache directory is ``$CNN_PROBE_CACHE`` or
 ``~/.cache/dask-cnn/probes``; delete a file (or pass ``refresh=True``) to measure
@@ -34,6 +35,7 @@ from pipeline.cluster.workers import ClusterWorker, all_local
 from pipeline.config.schema import ConfigError
 from pipeline.probe.cluster import probe_cluster
 from pipeline.probe.keys import master_key, probe_key, worker_identity, workspace_location
+from pipeline.probe.machine import machines_by_name, worker_machines
 from pipeline.probe.reference import DEFAULT_OPTIMIZER, probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, MasterProbe,
                                     cluster_probe_from_dict)
@@ -111,14 +113,15 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
     its probes over its repeats). Any other measurement (nothing fresh cached, its file
     deleted, or ``refresh=True``) starts anew and forgets the samples before it."""
     where = workspace_location(all_local(list(offered)), workspace_dir)
-    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links,
-                    batch_norm)
+    machines = machines_by_name(worker_machines(client, offered))  # each worker says its own
+    key = probe_key(network, batch, quanta, worker_identity(offered, machines), where, dataset,
+                    links, batch_norm)
     if cache and not refresh and not sample:
         cached = find_cached_probe(key)
         if cached is not None:
             return cached
     result = probe_cluster(client, offered, network, batch, quanta, workspace_dir, dataset,
-                           links, output_root, batch_norm)
+                           links, output_root, batch_norm, machines)
     if not cache:
         return result
     kept = cached_samples(key) if sample and not refresh else []

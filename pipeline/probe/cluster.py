@@ -26,7 +26,7 @@ from pipeline.costmodel.contention import cores_filled
 from pipeline.probe.client_share import SHARE_BELOW_S, median_share
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.keys import probe_key, worker_identity, workspace_location
-from pipeline.probe.machine import machine_identity
+from pipeline.probe.machine import machine_identity, machines_by_name, worker_machines
 from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_read_s, dense_s,
                                      relative_spreads, shard_timings, store_fit, sync_s,
                                      task_gap_s, trunk_timings)
@@ -72,7 +72,8 @@ def _dataset_for(network: NetworkSpec, batch: int, dataset: str | None) -> Itera
 def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: NetworkSpec, batch: int,
                   quanta: Sequence[int], workspace_dir: str | None = None,
                   dataset: str | None = None, links: str = "",
-                  output_root: str | None = None, batch_norm: str = "sync") -> ClusterProbe:
+                  output_root: str | None = None, batch_norm: str = "sync",
+                  machines: dict[str, str] | None = None) -> ClusterProbe:
     """Calibration runs of the engine on ``offered`` in rounds, sizes timed again
     where the rounds disagree (pipeline/probe/runs.py, rounds.py, readings.py), hops,
     and what a replica runs beyond its trunk: its update (each worker's memory rate)
@@ -84,8 +85,11 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     part: the store's figures are measured across them), ``output_root`` where the
     calibration runs' checkpoints go (a directory the workers reach: over a link, one
     that is mounted on their side), ``batch_norm`` the replicas' (``train.batch_norm``)
-    in the replica plan, whose trunk is the runs' replicas'."""
+    in the replica plan, whose trunk is the runs' replicas', ``machines`` each worker's
+    machine by name (asked of the workers where not given: pipeline/probe/machine.py)."""
     started = time.perf_counter()
+    if machines is None:
+        machines = machines_by_name(worker_machines(client, offered))
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
     replicas = replica_plan(network, batch, len(offered), batch_norm)
     data_replicas = replica_plan(network, batch, len(offered), batch_norm, whole=True)
@@ -104,7 +108,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
               for name, trunk in trunk_timings(runs, alike_workers(offered)).items()}
     workers = [WorkerProbe(s.name, s.address, s.threads, s.emulated_speed,
                            timings.get(s.name, []), trunks.get(s.name), spreads.get(s.name, {}),
-                           memory.get(s.name))
+                           memory.get(s.name), machines.get(s.name, ""))
                for s in offered]
     fits = {kind: store_fit(runs, kind) for kind in ("read", "write")}
     (read_latency, read_bw), (write_latency, write_bw) = fits["read"], fits["write"]
@@ -118,8 +122,8 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     master = MasterProbe(1, batch, dense.value, created=time.time(), dense_low_s=dense.low,
                          dense_high_s=dense.high)
     where = workspace_location(all_local(list(offered)), workspace_dir)
-    key = probe_key(network, batch, quanta, worker_identity(offered), where, dataset, links,
-                    batch_norm)
+    key = probe_key(network, batch, quanta, worker_identity(offered, machines), where, dataset,
+                    links, batch_norm)
     plain = json.loads(json.dumps(asdict(network)))  # as it comes back from the cache
     done = time.perf_counter()
     return ClusterProbe(key, time.time(), machine_identity(), plain, batch, list(quanta),

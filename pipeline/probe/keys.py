@@ -1,7 +1,8 @@
 """What identifies a probe: its cache key and the parts a key is made of.
 
-A probe's figures hold for one machine (pipeline/probe/machine.py), torch version,
-network, batch, channel quanta, worker set, workspace location, dataset and links,
+A probe's figures hold for one client machine and the workers' machines
+(pipeline/probe/machine.py), torch version, network, batch, channel quanta, worker
+set, workspace location, dataset and links,
 and, for a network with batch norm, the replicas' batch norm (``train.batch_norm``: the
 replica plan's trunk exchanges statistics under ``sync`` and not under ``local``);
 a probe of this process for ``strategy: reference`` also for its threads and kind of
@@ -16,7 +17,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -73,9 +74,22 @@ def workspace_location(all_workers_local: bool, workspace_dir: str | None = None
     return "shm" if shm else "output"
 
 
-def worker_identity(offered: Sequence[ClusterWorker]) -> list[tuple]:
-    """What identifies a worker set for the cache."""
-    return [(s.name, s.threads, s.emulated_speed, s.resource) for s in offered]
+def worker_identity(offered: Sequence[ClusterWorker],
+                    machines: Mapping[str, str] | None = None) -> list[tuple]:
+    """What identifies a worker set for the cache: each worker's name, threads,
+    emulated speed and tag, and its machine as it said it (`machines` by name:
+    pipeline/probe/machine.py, `worker_machines`) where that is not the client's, which
+    the key holds already. A worker on the client's machine (every embedded worker,
+    whose set is known before its cluster starts) or whose machine is not known keeps
+    the part it had before workers were asked; another machine under the same name
+    (another partition's node, a worker pinned to fewer cores) makes another key."""
+    here = machine_identity()
+    rows = []
+    for s in offered:
+        row: tuple = (s.name, s.threads, s.emulated_speed, s.resource)
+        machine = (machines or {}).get(s.name, here)
+        rows.append(row if machine == here else row + (machine,))
+    return rows
 
 
 def optimizer_key(optimizer: OptimizerSpec) -> str:

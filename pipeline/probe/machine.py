@@ -1,68 +1,47 @@
-"""What identifies this machine for a cached probe: its name is not enough.
+"""What identifies a machine for a cached probe and a record: the client's, and each
+worker's as it says it (tasks/machine.py reads them; its doc says why a host name is
+not enough).
 
-A probe's figures are this machine's arithmetic and memory speeds. Cloud machines
-are often all named alike ("vm", "localhost", an image's default), and a machine of
-one name can come back on another CPU: this project's own ran on an AMD EPYC until
-2026-11-25 and on an Intel Xeon on 2026-11-27, named "vm" both times, with the probe
-cache kept in the home directory between them, so a probe cached on one would have
-been taken for the other's. So the cache key holds the host name, the CPU model, the
-cores this process may use, the instruction set torch's kernels use, and the NVIDIA
-GPUs' models: a probe is reused only on a machine that matches it in all of them.
-
-Read from /proc without starting CUDA. The key covers the client's machine; an
-external cluster's workers on other machines are known to it only by name and
-threads (docs/model.md, "Calibration on a real cluster").
+The probe cache's key holds the client's machine and, for each worker whose machine
+is not the client's (an external scheduler's workers elsewhere, Slurm jobs on another
+partition's nodes, a `dask worker` pinned to fewer cores), that worker's: a probe is
+reused only where every machine matches (keys.py, `worker_identity`).
 """
 
 from __future__ import annotations
 
-import functools
-import glob
-import platform
-import socket
+from typing import Any, Sequence
 
-import torch
+from distributed import Client
 
-from pipeline.cluster.startup import usable_cores
+from pipeline.cluster.workers import ClusterWorker
+from tasks.machine import cpu_model, gpu_models, machine_identity, usable_cores, worker_machine
 
-CPUINFO = "/proc/cpuinfo"
-NVIDIA_GPUS = "/proc/driver/nvidia/gpus/*/information"
+__all__ = ["cpu_model", "gpu_models", "machine_identity", "usable_cores", "worker_machines",
+           "machines_by_name"]
+
+#: Seconds the workers have to say their machines: a call on each worker's event loop,
+#: which a busy worker answers at once; a frozen one is the run's to find.
+ASK_S = 30.0
 
 
-def cpu_model(cpuinfo: str = CPUINFO) -> str:
-    """The CPU's model name (the first "model name" line of /proc/cpuinfo), else what
-    `platform` knows."""
+def worker_machines(client: Client | None, offered: Sequence[ClusterWorker]
+                    ) -> dict[str, dict[str, Any]]:
+    """Each worker's machine and torch threads by name (`tasks.machine.worker_machine`,
+    run on the worker), in the order of `offered`; {} without a client. A worker that
+    does not answer in `ASK_S` (or left) is left out: its machine is unknown."""
+    if client is None or not offered:
+        return {}
+    addresses = [w.address for w in offered]
     try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+        said = client.sync(client._run, worker_machine, workers=addresses, on_error="return",
+                           callback_timeout=ASK_S)
+    except (OSError, TimeoutError):
+        return {}
+    return {w.name: said[w.address] for w in offered
+            if isinstance(said.get(w.address), dict)}
 
 
-def gpu_models(pattern: str = NVIDIA_GPUS) -> list[str]:
-    """The NVIDIA driver's model of each GPU, in its order (none without the driver)."""
-    models = []
-    for path in sorted(glob.glob(pattern)):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    key, _, value = line.partition(":")
-                    if key.strip() == "Model":
-                        models.append(value.strip())
-        except OSError:
-            continue
-    return models
-
-
-@functools.cache
-def machine_identity() -> str:
-    """This machine as a probe's cache key and record name it, e.g. "vm: Intel(R)
-    Xeon(R) Processor, 2 cores, AVX512" (read once per process: every cache lookup
-    asks)."""
-    parts = [cpu_model(), f"{usable_cores()} cores", torch.backends.cpu.get_cpu_capability(),
-             *gpu_models()]
-    return f"{socket.gethostname()}: {', '.join(parts)}"
+def machines_by_name(machines: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each worker's machine identity alone (what the cache key holds of it)."""
+    return {name: str(said["machine"]) for name, said in machines.items()}

@@ -55,6 +55,9 @@ class WorkerProbe:
     #: its memory rate, B/s, with every worker streaming at once (replica_rates.py):
     #: the cost model's `DeviceSpec.mem_bw` (None: not measured, streams cost nothing)
     memory_bw: float | None = None
+    #: the machine it ran on, as it said it (tasks/machine.py; "": not asked, as in
+    #: probes cached before workers were asked)
+    machine: str = ""
 
 
 @dataclass
@@ -147,7 +150,8 @@ class ClusterProbe:
 
     key: str
     created: float
-    host: str  # the machine measured (pipeline/probe/machine.py: name, CPU, cores, ...)
+    host: str  # the client's machine (tasks/machine.py: name, CPU, cores, ...); the
+    #            workers' are each `WorkerProbe.machine`
     network: dict[str, Any]
     batch: int
     quanta: list[int]

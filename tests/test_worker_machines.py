@@ -1,0 +1,107 @@
+"""Each worker says its own machine: the probe cache keys the workers',
+not only the client's (tasks/machine.py, pipeline/probe/machine.py).
+
+On a cluster the client runs on one machine (a Slurm login node) and the workers on
+others; a probe cached under the client's machine and the workers' names alone was
+handed to another partition's nodes under the same names. One machine here has one
+CPU, but a `dask worker` started under `taskset -c 0` may use one core of two: a real
+difference in the machine the worker trains on, which the probe's figures follow.
+
+Real processes: `dask scheduler` and `dask worker`s started by hand (tests/test_cli.py's
+`CliCluster`), one of them pinned to a core; a real probe (cut to one round) in a
+private cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from distributed import Client
+
+import pipeline.probe.cluster as cluster_probe
+import pipeline.probe.rounds as rounds
+import pipeline.probe.runs as runs
+from pipeline.cluster.worker_setup import register_setup
+from pipeline.cluster.workers import find_workers
+from pipeline.config.cluster_config import ClusterConfig
+from pipeline.probe import cached_probe, find_cached_probe
+from pipeline.probe.keys import worker_identity
+from pipeline.probe.machine import machine_identity
+from tasks.specs import ConvLayerSpec, NetworkSpec
+from tests.test_cli import CliCluster
+
+NETWORK = NetworkSpec((ConvLayerSpec(3, 8, 5, 2, 2, 32, 32),), (), 10, "float32")
+PINNED = ["taskset", "-c", "0"]  # one core of those this process may use
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,
+    reason="needs taskset and two usable cores (a worker pinned to one is another machine)")
+
+
+@pytest.fixture(scope="module")
+def partitions(tmp_path_factory):
+    """Two clusters as two partitions of a batch system give them: each a `dask
+    scheduler` and one worker named w0, tagged CPU; one's w0 may use every core of this
+    process, the other's is pinned to one. Yields a client of each: (whole, pinned)."""
+    made = [CliCluster(tmp_path_factory.mktemp(name)) for name in ("whole", "pinned")]
+    clients: list[Client] = []
+    try:
+        for cluster, prefix in zip(made, [(), PINNED]):
+            cluster.start_scheduler()
+            cluster.start_worker("--name", "w0", prefix=prefix)
+        for cluster in made:
+            address = json.loads(cluster.scheduler_file.read_text())["address"]
+            clients.append(Client(address, set_as_default=False, timeout="30s"))
+            clients[-1].wait_for_workers(1, timeout=60)
+            register_setup(clients[-1], _cluster_config(clients[-1]))
+        yield tuple(clients)
+    finally:
+        for client in clients:
+            client.close()
+        for cluster in made:
+            cluster.stop()
+
+
+def _cluster_config(client: Client) -> ClusterConfig:
+    return ClusterConfig(scheduler=client.scheduler.address)
+
+
+@pytest.fixture
+def quick_probe(monkeypatch, tmp_path):
+    """A probe of one round in a private cache: the key is what is tested, not the
+    figures (tests/test_probe_zoo.py cuts its probes the same way)."""
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    monkeypatch.setattr(cluster_probe, "share_plans", lambda *args: [])
+    monkeypatch.setattr(runs, "ROUNDS", 1)
+    monkeypatch.setattr(runs, "REPLICA_ROUNDS", 1)
+    monkeypatch.setattr(rounds, "RETIMES", 0)
+    monkeypatch.setattr(cluster_probe, "plans_for",
+                        lambda *args: runs.plans_for(*args, budget_s=0.0))
+
+
+def _probe(client: Client):
+    offered = find_workers(client, _cluster_config(client))
+    return offered, cached_probe(client, offered, NETWORK, 16, [4])
+
+
+def test_a_probe_is_not_handed_to_another_machine_under_the_same_worker_name(partitions,
+                                                                              quick_probe):
+    """w0 on every core is probed and the probe reused; the other partition's w0,
+    pinned to one core, is probed anew: the key holds the machine each worker said, not
+    its name alone."""
+    whole_client, pinned_client = partitions
+    offered, whole = _probe(whole_client)
+    assert whole.workers[0].machine == machine_identity()  # the client's machine
+    # a worker on the client's machine keeps the key it had before workers said theirs
+    assert worker_identity(offered) == worker_identity(offered, {"w0": machine_identity()})
+    assert _probe(whole_client)[1] == whole  # the same machine: the cache, no second probe
+    pinned = _probe(pinned_client)[1]
+    assert pinned.key != whole.key and pinned.created > whole.created, \
+        "a worker pinned to one core was handed the probe of one on every core"
+    assert ", 1 cores, " in pinned.workers[0].machine, pinned.workers[0]
+    assert _probe(pinned_client)[1] == pinned
+    assert find_cached_probe(whole.key) == whole  # both kept, each for its machine
+
