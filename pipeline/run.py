@@ -44,7 +44,7 @@ from pipeline.prediction import (predict_config, predict_run, prediction_stopped
                                  probe_for_config)
 from pipeline.preflight import (check_before_start, check_run, fit_even_split,
                                 memory_refusal_on)
-from pipeline.probe.machine import machine_identity
+from pipeline.probe.machine import machine_identity, worker_machines
 from pipeline.records.record import (RunRecorder, code_revision, jsonable, link_attrs,
                                      software_versions)
 from pipeline.records.starts import EarlierRecord, read_earlier
@@ -88,7 +88,8 @@ def plan_attrs(config: RunConfig, strategy: Strategy, engine: StepEngine,
                 placement.method, left_out, placement.choice, placement.calibration,
                 strategy.split_unit, [s.name for s in offered], placement.counts)),
             "dashboard": str(client.dashboard_link or ""),
-            "split_workers": jsonable([w.name for w in workers])}  # the split's columns
+            "split_workers": jsonable([w.name for w in workers]),  # the split's columns
+            "worker_machines": jsonable(worker_machines(client, workers))}  # as each says
 
 
 def run_training(config: RunConfig, client: Client | None = None,

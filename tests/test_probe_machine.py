@@ -8,6 +8,7 @@ import socket
 
 from pipeline.cluster.workers import ClusterWorker
 from pipeline.probe import keys, machine
+from pipeline.records.summary import machine_lines
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
 NETWORK = NetworkSpec((ConvLayerSpec(3, 8, 5, 2, 2, 32, 32),), (), 10, "float32")
@@ -70,3 +71,14 @@ def test_a_worker_on_another_machine_makes_another_key_and_one_on_this_keeps_it(
                                None)
                 for said in ({}, {"slurm-0": node}, {"slurm-0": other})}) == 3
 
+
+def test_the_closing_summary_names_each_machine_once_with_its_workers():
+    node = "node17: AMD EPYC 9654, 96 cores, AVX512"
+    login = "login1: Intel(R) Xeon(R) Gold 6148, 40 cores, AVX512"
+    said = {"slurm-0": {"machine": node, "torch_threads": 4},
+            "slurm-1": {"machine": node, "torch_threads": 4},
+            "slurm-2": {"machine": login, "torch_threads": 1}}
+    assert machine_lines(said) == [
+        f"  machine     slurm-0, slurm-1: {node}; 4 torch threads each",
+        f"  machine     slurm-2: {login}; 1 torch thread"]
+    assert machine_lines({}) == []

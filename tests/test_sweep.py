@@ -23,6 +23,7 @@ import torch
 import xarray as xr
 import yaml
 
+from experiments.report.markdown import trained_on
 from experiments.sweep import cli as sweep_cli
 from experiments.sweep.results import ResultStore, SweepLock
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
@@ -37,7 +38,7 @@ from experiments.sweep.run import ClusterPool, run_sweep
 from pipeline.cluster import embedded
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError, load_yaml
-from pipeline.probe.machine import cpu_model
+from pipeline.probe.machine import cpu_model, machine_identity
 from pipeline.records.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from tasks.memory import current_rss
@@ -133,6 +134,11 @@ def test_tiny_sweep_end_to_end(tmp_path, tiny_dataset_factory):
     assert json.loads(ds.attrs["machine"])["cores"] == os.cpu_count()
     assert json.loads(ds.attrs["machine"])["cpu"] == cpu_model()  # what error figures hold for
     assert "strategy" in ds.attrs["config"] and "torch" in json.loads(ds.attrs["versions"])
+    # the workers' own machines, point by point (here the client's, one torch thread each)
+    said = {"machine": machine_identity(), "torch_threads": 1}
+    assert json.loads(str(ds.worker_machines.sel(strategy="kernel").values[0, 0])) == {
+        "cpu-0": said, "cpu-1": said}
+    assert trained_on(ds) == [f"- workers' machine: {machine_identity()} (cpu-0, cpu-1)"]
 
     assert (ds.status == DONE).all()
     assert (ds.step_time > 0).all() and ds.accuracy.notnull().all()

@@ -1,4 +1,4 @@
-"""Each worker says its own machine: the probe cache keys the workers',
+"""Each worker says its own machine: the probe cache and the record keep the workers',
 not only the client's (tasks/machine.py, pipeline/probe/machine.py).
 
 On a cluster the client runs on one machine (a Slurm login node) and the workers on
@@ -9,7 +9,7 @@ difference in the machine the worker trains on, which the probe's figures follow
 
 Real processes: `dask scheduler` and `dask worker`s started by hand (tests/test_cli.py's
 `CliCluster`), one of them pinned to a core; a real probe (cut to one round) in a
-private cache.
+private cache; a real run on them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import shutil
 
 import pytest
+import xarray as xr
 from distributed import Client
 
 import pipeline.probe.cluster as cluster_probe
@@ -29,9 +30,10 @@ from pipeline.cluster.workers import find_workers
 from pipeline.config.cluster_config import ClusterConfig
 from pipeline.probe import cached_probe, find_cached_probe
 from pipeline.probe.keys import worker_identity
-from pipeline.probe.machine import machine_identity
+from pipeline.probe.machine import machine_identity, worker_machines
 from tasks.specs import ConvLayerSpec, NetworkSpec
-from tests.test_cli import CliCluster
+from tests.helpers import run_main
+from tests.test_cli import CliCluster, tiny_args
 
 NETWORK = NetworkSpec((ConvLayerSpec(3, 8, 5, 2, 2, 32, 32),), (), 10, "float32")
 PINNED = ["taskset", "-c", "0"]  # one core of those this process may use
@@ -105,3 +107,26 @@ def test_a_probe_is_not_handed_to_another_machine_under_the_same_worker_name(par
     assert _probe(pinned_client)[1] == pinned
     assert find_cached_probe(whole.key) == whole  # both kept, each for its machine
 
+
+def test_the_record_and_summary_say_each_workers_machine(partitions, tmp_path, monkeypatch,
+                                                         tiny_dataset_factory):
+    """A run on the pinned worker keeps its machine (one core, not the client's) and
+    torch threads in its record, its start and its summary, and prints them."""
+    pinned_client = partitions[1]
+    said = worker_machines(pinned_client, find_workers(pinned_client,
+                                                       _cluster_config(pinned_client)))
+    assert said["w0"]["torch_threads"] == 1 and ", 1 cores, " in said["w0"]["machine"], said
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    status, lines, out = run_main("train", [
+        *tiny_args(tmp_path, tiny_dataset_factory("float32")), "placement=even",
+        "train.steps=2", "train.eval_samples=0", "--scheduler",
+        pinned_client.scheduler.address])
+    assert status == 0, lines
+    expected = {"w0": said["w0"]}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["worker_machines"] == expected
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert record.attrs["machine"] == machine_identity()  # the client's, apart
+    assert json.loads(record.attrs["worker_machines"]) == expected
+    assert json.loads(record.attrs["starts"])[-1]["worker_machines"] == expected
+    assert f"  machine     w0: {said['w0']['machine']}; 1 torch thread\n" in out, out

@@ -48,6 +48,7 @@ def _provenance(ds: xr.Dataset) -> list[str]:
         + (f", {memory / 2**30:.0f} GiB" if memory else "")
         + (f", GPUs: {', '.join(machine['gpus'])}" if machine.get("gpus") else ", no GPU")
         + f" ({machine.get('host', '?')})",
+        *trained_on(ds),
         f"- code revision {ds.attrs.get('code_revision', '?')}; "
         + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"- started {ds.attrs.get('started', '?')}, {_ended(ds.attrs.get('finished'), status)}",
@@ -95,6 +96,20 @@ def _paper_comparison(sweep: StoreView, frame: pd.DataFrame) -> str | None:
     return (f"Best kernel-parallel speedup on {PAPER_POINT[0]} equal workers: "
             f"{best['speedup']:.2f}x (efficiency {best['efficiency']:.0%}; {where}); the paper "
             f"reports {PAPER_POINT[1]}x ({PAPER_POINT[1] / PAPER_POINT[0]:.0%}).")
+
+
+def trained_on(ds: xr.Dataset) -> list[str]:
+    """report.md's lines on the machines the workers trained on (the `machine` line
+    above is the client's), one per machine with the workers that ran on it, over
+    every point's `worker_machines`; none in a store written before it was kept."""
+    if "worker_machines" not in ds:
+        return []
+    workers: dict[str, set[str]] = {}
+    for text in ds.worker_machines.values.ravel():
+        for name, said in json.loads(str(text or "") or "{}").items():
+            workers.setdefault(str(said["machine"]), set()).add(str(name))
+    return [f"- workers' machine: {machine} ({', '.join(sorted(names))})"
+            for machine, names in sorted(workers.items())]
 
 
 def device_shares(kernel_split: str, batch_split: str, worker_devices: str

@@ -175,6 +175,7 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
              "worker_labels": ", ".join(str(w) for w in summary.get("workers", [])),
              "worker_devices": json.dumps([[w["name"], w["tag"], w["device"]]
                                            for w in summary.get("worker_devices", [])]),
+             "worker_machines": json.dumps(summary.get("worker_machines", {})),
              "recovery_log": json.dumps(summary.get("recoveries", [])),
              "memory_per_worker": json.dumps({
                  name: [peak, summary["memory_working"][name]]

@@ -115,6 +115,8 @@ TEXTS: dict[str, str] = {
     "batch_split": "samples of each step's batch per worker (JSON; data, hybrid)",
     "worker_labels": "the workers used, with emulated speeds",
     "worker_devices": "the workers used, in split order: JSON [[name, resource tag, device]]",
+    "worker_machines": "the machine each worker trained on, as it said it (JSON {name: "
+                       "{machine, torch_threads}}; the store's `machine` is the client's)",
     "recovery_log": "the run's recoveries (JSON list: lost_at_step, restored_step, "
                     "lost_workers, workers, split, replayed_steps, seconds, cause, "
                     "ended_attempt, late_writes)",
@@ -126,6 +128,7 @@ TEXTS: dict[str, str] = {
 #: Variables added to format 2 after it was first written: older stores lack them,
 #: and a resumed sweep writes them only where they exist.
 ADDED_LATER = ("recoveries", "offered_workers", "recovery_log", "worker_devices",
+               "worker_machines",
                "strategy_choice", "predicted_low", "predicted_high", "memory_peak",
                "memory_working", "client_memory_peak", "memory_per_worker",
                "client_cpu_per_step", "compute_error", "task_steps",

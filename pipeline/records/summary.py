@@ -125,6 +125,7 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str],
               f"range {summary['step_time_min']:.3f}-{summary['step_time_max']:.3f} s")
     lines = [
         f"run {name}: strategy {strategy} on {', '.join(workers)}",
+        *machine_lines(summary.get("worker_machines") or {}),
         f"  step time   median {summary['step_time_median']:.3f} s over "
         f"{summary['measured_steps']} measured steps ({spread})"
         + ("; warm-up included: train.warmup_steps leaves none to measure"
@@ -187,6 +188,18 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str],
         lines.append(f"  joined      {', '.join(j['joined_workers'])} at step {j['at_step']}: "
                      f"from then on {', '.join(j['workers'])}")
     return "\n".join(lines)
+
+
+def machine_lines(worker_machines: dict[str, dict[str, Any]]) -> list[str]:
+    """The closing summary's lines on which machines trained: one per machine and torch
+    threads, naming its workers in their order (`worker_machines` as the record keeps
+    it: {worker: {"machine", "torch_threads"}})."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for name, said in worker_machines.items():
+        groups.setdefault((str(said["machine"]), int(said["torch_threads"])), []).append(name)
+    return [f"  machine     {', '.join(names)}: {machine}; {threads} torch thread"
+            + ("s" if threads != 1 else "") + (" each" if len(names) > 1 else "")
+            for (machine, threads), names in groups.items()]
 
 
 #: Why a split is what it is, by placement method (the placement line's end).

@@ -27,6 +27,7 @@ import yaml
 
 from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError, to_dict
+from pipeline.probe.machine import machine_identity
 from pipeline.records.record import RunRecorder, jsonable
 from pipeline.records.starts import EarlierRecord, continue_record
 from pipeline.records.summary import summarize
@@ -174,6 +175,10 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
     changes = history.as_json()  # recoveries, joins
     attrs.update({key: jsonable(value) for key, value in changes.items()})
     attrs["notes"] = json.dumps(notes)
+    if in_client:  # `reference`: its one worker is this process, on the client's machine
+        attrs["worker_machines"] = jsonable({name: {
+            "machine": machine_identity(), "torch_threads": config.reference.threads}
+            for name in recorder.workers})
     attrs.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "batch": config.train.batch, "inflight": config.train.inflight})
@@ -183,7 +188,8 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
         "ended": ended, "started": attrs["started"], "finished": attrs["finished"],
         "strategy": attrs.get("strategy"), "placement": config.placement,
         "batch": config.train.batch, "code_revision": attrs.get("code_revision"),
-        "workers": list(recorder.workers), "notes": notes, **changes})
+        "workers": list(recorder.workers), "notes": notes, **changes,
+        "worker_machines": json.loads(attrs.get("worker_machines", "{}"))})
     summary = summarize(record, config.train.warmup_steps, config.train.batch, in_client)
     summary.update({"ended": ended, "test_accuracy": accuracy,
                     "test_samples": 0 if accuracy is None else min(config.train.eval_samples,
@@ -205,6 +211,8 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
         summary["workspace_transport"] = attrs["workspace_transport"]
         for key in ("link_bytes_received", "link_bytes_sent"):
             summary[key] = json.loads(attrs[key])
+    if "worker_machines" in attrs:  # which machines trained, as each worker said
+        summary["worker_machines"] = json.loads(attrs["worker_machines"])
     if "master" in attrs:
         summary["master"] = attrs["master"]
         summary["split_workers"] = json.loads(attrs["split_workers"])
