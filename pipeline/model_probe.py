@@ -24,8 +24,8 @@ from pipeline.config.run_config import RunConfig
 from pipeline.config.schema import ConfigError
 from pipeline.engine.dataset import prepare_dataset
 from pipeline.probe import (ClusterProbe, cached_probe, find_cached_probe, links_key,
-                            machines_by_name, probe_key, probe_max_age, probe_workspace_dir,
-                            worker_identity, worker_machines, workspace_location)
+                            probe_key, probe_max_age, probe_workspace_dir,
+                            worker_identities, worker_identity, workspace_location)
 from pipeline.strategies.base import network_for
 from storage.datasets import DatasetError
 
@@ -113,7 +113,7 @@ def probe_for_config(config: RunConfig, client: Any = None, offered: Any = None,
             return None
         offered = offered or find_workers(client, cluster)
         location = workspace_location(all_local(list(offered)), where)
-        identity = worker_identity(offered, machines_by_name(worker_machines(client, offered)))
+        identity = worker_identity(offered, worker_identities(client, offered))
         return find_cached_probe(probe_key(spec, batch, quanta, identity, location, dataset,
                                            links, batch_norm), any_age=True)
     try:

@@ -130,3 +130,27 @@ def test_the_record_and_summary_say_each_workers_machine(partitions, tmp_path, m
     assert json.loads(record.attrs["worker_machines"]) == expected
     assert json.loads(record.attrs["starts"])[-1]["worker_machines"] == expected
     assert f"  machine     w0: {said['w0']['machine']}; 1 torch thread\n" in out, out
+
+
+def test_a_worker_says_its_machine_once_to_a_client(partitions, monkeypatch):
+    """A probe's cache key asks each worker (by address) once per client: the model's
+    probe after training does not wait `ASK_S` on a worker the run stopped or fenced
+    off since (it did, 30 s, in every recovery test), and a worker not yet heard from
+    is asked."""
+    import pipeline.probe.machine as machine
+    whole, pinned = partitions
+    asked: list[list[str]] = []
+
+    def asking(client, offered):
+        asked.append([w.address for w in offered])
+        return worker_machines(client, offered)
+
+    monkeypatch.setattr(machine, "worker_machines", asking)
+    monkeypatch.setattr(machine, "_SAID", type(machine._SAID)())  # this test's own memo
+    offered = find_workers(whole, _cluster_config(whole))
+    first = machine.worker_identities(whole, offered)
+    assert first == {"w0": machine_identity()} and len(asked) == 1
+    assert machine.worker_identities(whole, offered) == first and len(asked) == 1
+    other = find_workers(pinned, _cluster_config(pinned))
+    assert machine.worker_identities(pinned, other)["w0"] != first["w0"]  # another client
+    assert len(asked) == 2 and asked[1] == [other[0].address]

@@ -24,7 +24,7 @@ from pipeline.probe.cache import (cache_dir, cached_master_probe, cached_probe,
 from pipeline.probe.cluster import probe_cluster
 from pipeline.probe.keys import (links_key, probe_key, probe_workspace_dir, worker_identity,
                                  workspace_location)
-from pipeline.probe.machine import machines_by_name, worker_machines
+from pipeline.probe.machine import worker_identities, worker_machines
 from pipeline.probe.reference import probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, DaskProbe, MasterProbe, StoreProbe,
                                     WorkerProbe, cluster_probe_from_dict, master_device)
@@ -38,4 +38,4 @@ __all__ = ["PROBE_VERSION", "ClusterProbe", "DaskProbe", "MasterProbe", "ShardTi
            "dataset_store", "dense_flops", "find_cached_probe", "master_device", "model_network",
            "network_spec_from_dict", "probe_cluster", "links_key", "probe_key",
            "probe_max_age", "probe_master", "probe_workspace_dir", "worker_identity",
-           "workspace_location", "machines_by_name", "worker_machines"]
+           "workspace_location", "worker_identities", "worker_machines"]

@@ -35,7 +35,7 @@ from pipeline.cluster.workers import ClusterWorker, all_local
 from pipeline.config.schema import ConfigError
 from pipeline.probe.cluster import probe_cluster
 from pipeline.probe.keys import master_key, probe_key, worker_identity, workspace_location
-from pipeline.probe.machine import machines_by_name, worker_machines
+from pipeline.probe.machine import worker_identities
 from pipeline.probe.reference import DEFAULT_OPTIMIZER, probe_master
 from pipeline.probe.results import (PROBE_VERSION, ClusterProbe, MasterProbe,
                                     cluster_probe_from_dict)
@@ -113,7 +113,7 @@ def cached_probe(client: Any, offered: Sequence[ClusterWorker], network: Network
     its probes over its repeats). Any other measurement (nothing fresh cached, its file
     deleted, or ``refresh=True``) starts anew and forgets the samples before it."""
     where = workspace_location(all_local(list(offered)), workspace_dir)
-    machines = machines_by_name(worker_machines(client, offered))  # each worker says its own
+    machines = worker_identities(client, offered)  # each worker says its own
     key = probe_key(network, batch, quanta, worker_identity(offered, machines), where, dataset,
                     links, batch_norm)
     if cache and not refresh and not sample:

@@ -26,7 +26,7 @@ from pipeline.costmodel.contention import cores_filled
 from pipeline.probe.client_share import SHARE_BELOW_S, median_share
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.keys import probe_key, worker_identity, workspace_location
-from pipeline.probe.machine import machine_identity, machines_by_name, worker_machines
+from pipeline.probe.machine import machine_identity, worker_identities
 from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_read_s, dense_s,
                                      relative_spreads, shard_timings, store_fit, sync_s,
                                      task_gap_s, trunk_timings)
@@ -89,7 +89,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     machine by name (asked of the workers where not given: pipeline/probe/machine.py)."""
     started = time.perf_counter()
     if machines is None:
-        machines = machines_by_name(worker_machines(client, offered))
+        machines = worker_identities(client, offered)
     plans: list[Plan] = list(plans_for(network, batch, quanta, len(offered)))
     replicas = replica_plan(network, batch, len(offered), batch_norm)
     data_replicas = replica_plan(network, batch, len(offered), batch_norm, whole=True)
