@@ -78,10 +78,7 @@ def main() -> None:
                                        name=f"write-{megabytes}-{repeat}")
                 start, end = runner.gather([writer, reader], "workspace")
                 made = runner.submit(make_array, 0, values, repeat, name=f"make-{megabytes}-{repeat}")
-                # not through the runner, whose sealed calls take no Future's result
-                taken = client.submit(take_array, made, workers=[runner.workers[1].address],
-                                      resources={runner.workers[1].resource: 1},
-                                      key=f"take-{megabytes}-{repeat}", pure=False)
+                taken = runner.submit(take_array, 1, made, name=f"take-{megabytes}-{repeat}")
                 seconds = runner.gather([taken], "dask")[0]
                 if repeat:  # the first of each is a warm-up
                     workspace.append(end - start)

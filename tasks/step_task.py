@@ -59,11 +59,12 @@ def init_run(run_id: str, layout: Layout, side: WorkerSide, me: int, network: Ne
 
 
 def run_ops(run_id: str, steps: tuple[int, ...], ops: tuple[StepOp, ...],
-            indices: list[np.ndarray], tasks: tuple[str, ...]) -> list[Receipt]:
+            indices: list[np.ndarray], tasks: tuple[str, ...], deps: tuple = ()
+            ) -> list[Receipt]:
     """Run `ops` of each of `steps` in turn on this worker (`indices`: each step's
     batch rows; `tasks`: each step's task name, for its receipt): one receipt per
     step. Several steps in one task pay Dask's per-task costs once
-    (pipeline/engine/task_steps.py)."""
+    (pipeline/engine/task_steps.py). `deps` only orders the task (Dask waits)."""
     prepare_thread()
     run: RunState = get_run(run_id)
     return [_run_step(run, step, ops, rows, task)

@@ -229,31 +229,6 @@ def test_data_and_hybrid_train_on_cli_started_workers(tmp_path, cli_cluster,
         assert record.attrs["gradient_reduction"].startswith("workspace")
 
 
-def test_the_scheduler_imports_no_torch(tmp_path, cli_cluster, tiny_dataset_factory,
-                                       monkeypatch):
-    """A `dask scheduler` unpickles every graph it takes, and unpickling a task's
-    function or arguments imports their modules: it imported torch and the task
-    modules with a run's first graph, its event loop blocked meanwhile (1-3 s, 15 s on
-    a loaded machine) and its memory grown from 78 to 271 MB. The calls now travel
-    sealed (tasks/sealed.py). Here every kind of task: each strategy's steps, the
-    calibration of kernel shards and of replicas, and the model's probe (a kernel run
-    placed by the model on a fresh probe: its runs hold kernel shards and the head,
-    data and hybrid replicas, and it times Dask's hops and the replicas' updates)."""
-    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
-    dataset = tiny_dataset_factory("float32")
-    for strategy, placement in (("kernel", "model"), ("kernel", "calibrated"),
-                                ("data", "calibrated"), ("hybrid", "even")):
-        status, lines, _out = run_main("train", [
-            *tiny_args(tmp_path / placement / strategy, dataset), "train.steps=2",
-            f"strategy={strategy}", f"placement={placement}", "--scheduler", cli_cluster])
-        assert status == 0, lines
-    # a lambda, sent by value: asking imports nothing on the scheduler
-    imported = lambda: sorted(m for m in sys.modules if m.split(".")[0] in (  # noqa: E731
-        "torch", "tasks", "storage", "pipeline", "experiments"))
-    with Client(cli_cluster, timeout="30s", set_as_default=False) as client:
-        assert client.run_on_scheduler(imported) == ["tasks", "tasks.sealed"]
-
-
 def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_factory):
     dataset = tiny_dataset_factory("float32")
     started = time.monotonic()

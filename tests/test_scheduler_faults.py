@@ -170,11 +170,24 @@ def _train(tmp_path, dataset: str, address: str, *overrides: str) -> subprocess.
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+#: The module of the run's tasks, which a scheduler imports (torch with it) when it
+#: takes the first graph that names them (`SharedCliCluster`).
+TASK_MODULES = "tasks.step_task"
+
+
 class SharedCliCluster:
     """`dask scheduler` and two `dask worker --no-nanny`, shared by the tests that stop
     or kill the scheduler under a run: their starts, and each worker's first import of
     torch, cost about as much as the runs themselves. Started again where a test
-    killed the scheduler."""
+    killed the scheduler.
+
+    A fresh scheduler imports `TASK_MODULES` before any test's run: one imports them
+    when the first graph that names them arrives, its event loop blocked meanwhile
+    (3.6 s here on a quiet machine, 15 s with the load at 10 on 2 cores), longer than
+    these tests' 4-s `cluster.scheduler_timeout`, so the first run on a fresh scheduler
+    was lost before its stop on a loaded machine ("asking for the workers: lost the
+    Dask scheduler"). Any earlier run on the scheduler pays that import; a test must
+    not depend on being the second."""
 
     def __init__(self, tmp_path_factory) -> None:
         self._folders = tmp_path_factory
@@ -198,6 +211,8 @@ class SharedCliCluster:
             dask_scheduler.clients) <= 2
         with Client(self.address, timeout="30s", set_as_default=False) as client:
             client.wait_for_workers(2, timeout=60)
+            if fresh:  # (a lambda, as `idle` below)
+                client.run_on_scheduler(lambda: bool(__import__(TASK_MODULES)))
             deadline = time.monotonic() + 60
             while not client.run_on_scheduler(idle):
                 assert time.monotonic() < deadline, "an earlier run is still on the scheduler"

@@ -38,7 +38,6 @@ from pipeline.cluster.worker_limits import lost_for_memory
 from storage.liveness import silent_stores
 from storage.datasets.store import DatasetChanged
 from storage.space import NoSpace
-from tasks.sealed import run_sealed, seal
 
 #: `cluster.stall_timeout: auto`: the limit is this many median steps, at least
 #: STALL_FLOOR_S; before any step is measured (loading the shards, the first step),
@@ -209,19 +208,15 @@ class TaskRunner:
         self.scheduler_watch = scheduler_watch  # None: ask without a limit
 
     def submit(self, function: Callable[..., Any], worker: int, *args: Any, name: str,
-               priority: int = 0, doing: str = "", after: Sequence[Future] = (),
-               **kwargs: Any) -> Future:
-        """Run `function(*args, **kwargs)` on worker number `worker` of the run, once
-        the tasks `after` are done (their results are not passed); `doing` names its
-        work in a stall report (default: the task's name). The call travels sealed
-        (tasks/sealed.py), so that the scheduler does not import torch with it."""
+               priority: int = 0, doing: str = "", **kwargs: Any) -> Future:
+        """Run `function(*args, **kwargs)` on worker number `worker` of the run;
+        `doing` names its work in a stall report (default: the task's name)."""
         member = self.workers[worker]
         key = f"{name}-{self.run_id}"
         self._doing[key] = (worker, doing or name)
-        return self.client.submit(run_sealed, seal(function, args, kwargs), *after,
-                                  workers=[member.address], resources={member.resource: 1},
-                                  allow_other_workers=False, pure=False, key=key,
-                                  priority=priority)
+        return self.client.submit(function, *args, workers=[member.address],
+                                  resources={member.resource: 1}, allow_other_workers=False,
+                                  pure=False, key=key, priority=priority, **kwargs)
 
     def gather(self, futures: list[Future], what: str) -> list[Any]:
         """Wait for `futures`; a failed task or a lost worker raises ClusterError.

@@ -157,7 +157,7 @@ class StepEngine:
             deps = [self._by_name[dep] for dep in task.deps]
             future = self.runner.submit(step_task.run_ops, task.worker, self.run_id,
                                         tuple(steps), task.ops, indices,
-                                        tuple(t.name for t in same), after=deps, name=name,
+                                        tuple(t.name for t in same), deps=deps, name=name,
                                         priority=task.priority,
                                         doing=f"{steps_label(first, count)} "
                                               f"({' '.join(map(str, task.ops))})")

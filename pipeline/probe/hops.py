@@ -21,7 +21,7 @@ from pipeline.cluster.workers import ClusterWorker
 from pipeline.engine.runner import TaskRunner
 
 
-def clock_task() -> float:
+def clock_task(*args: Any, deps: Sequence[Any] = ()) -> float:
     """A trivial task that reports when it ran (wall clock)."""
     return time.time()
 
@@ -44,7 +44,7 @@ def probe_hops(client: Any, offered: Sequence[ClusterWorker], round_trips: int =
     gate = runner.submit(sleep_task, 0, 0.05 + 0.002 * links, name="gate")
     chain, previous = [], gate
     for i in range(links):
-        previous = runner.submit(clock_task, i % n, after=[previous], name=f"link-{i}")
+        previous = runner.submit(clock_task, i % n, deps=[previous], name=f"link-{i}")
         chain.append(previous)
     stamps = runner.gather(chain, "probe hops")
     return float(np.median(trips[3:])), float(np.median(np.diff(stamps)))
