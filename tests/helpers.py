@@ -288,3 +288,19 @@ def reliability_rows(section: str) -> list[list[str]]:
     body = text.split(section, 1)[1].split("\n## ", 1)[0]
     return [[cell.strip() for cell in line.strip().strip("|").split("|")]
             for line in body.splitlines() if line.startswith("|")][2:]
+
+
+def cut_probe_to_one_round(monkeypatch) -> None:
+    """The model's probe cut to one round of the even plans and the replicas' (no share
+    plans, no retimes, no plan budget): seconds, not a minute, where a test checks what
+    a probe times or how it is keyed, not its figures (its robustness is
+    tests/test_probe_robust.py's, the client's share tests/test_prediction.py's)."""
+    import pipeline.probe.cluster as cluster_probe
+    import pipeline.probe.rounds as rounds
+    import pipeline.probe.runs as runs
+    monkeypatch.setattr(cluster_probe, "share_plans", lambda *args: [])
+    monkeypatch.setattr(runs, "ROUNDS", 1)
+    monkeypatch.setattr(runs, "REPLICA_ROUNDS", 1)
+    monkeypatch.setattr(rounds, "RETIMES", 0)
+    monkeypatch.setattr(cluster_probe, "plans_for",
+                        lambda *args: runs.plans_for(*args, budget_s=0.0))

@@ -58,16 +58,22 @@ def test_importing_dask_jobqueue_keeps_the_signal_handlers():
     assert done.stdout.split() == ["[]", "True", "SLURMCluster", "True", "True"], done.stdout
 
 
+def _two_job_args(tmp_path, dataset: str, *more: str) -> list[str]:
+    """A tiny run on two Slurm jobs of 1 GB, a checkpoint every 4 steps, a task a step
+    (so that a stop lands between steps), its job logs in `tmp_path`."""
+    return tiny_args(tmp_path, dataset) + [
+        "cluster.jobqueue.jobs=2", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
+        f"cluster.jobqueue.directory={tmp_path}", "train.checkpoint_every=4",
+        "train.steps_per_task=1", *more]
+
+
 def test_ctrl_c_stops_a_run_on_slurm_jobs_as_any_run(tmp_path, slurm: LocalSlurm,
                                                       tiny_dataset_factory):
     """SIGINT to the run's process group (what Ctrl-C sends) after checkpoint 4: one
     `interrupted (SIGINT)` line naming the checkpoint, exit 130, the record of the
     steps it ran written, and no job or worker left."""
     assert FAULTS["Ctrl-C to the process group of a run on Slurm jobs, mid-run"] == "clean"
-    args = tiny_args(tmp_path, tiny_dataset_factory()) + [
-        "cluster.jobqueue.jobs=2", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
-        f"cluster.jobqueue.directory={tmp_path}", "train.steps=400",
-        "train.checkpoint_every=4", "train.steps_per_task=1"]
+    args = _two_job_args(tmp_path, tiny_dataset_factory(), "train.steps=400")
     path = str(tmp_path / "run" / "checkpoints.zarr")
     run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -99,10 +105,7 @@ def test_jobs_that_end_together_stop_the_run_with_its_record_kept(tmp_path, slur
     to resume; the record of the steps it ran is written (`ended`: workers lost), so
     the resume, on fresh jobs, ends with every step recorded once and none missing."""
     assert FAULTS["every Slurm job of a run ended mid-run, then resumed"] == "clean"
-    args = tiny_args(tmp_path, tiny_dataset_factory()) + [
-        "cluster.jobqueue.jobs=2", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
-        f"cluster.jobqueue.directory={tmp_path}", "train.checkpoint_every=4",
-        "train.steps_per_task=1", "train.eval_samples=0"]
+    args = _two_job_args(tmp_path, tiny_dataset_factory(), "train.eval_samples=0")
     path = str(tmp_path / "run" / "checkpoints.zarr")
     run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args, "train.steps=400"],
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -18,7 +18,6 @@ import pytest
 
 import pipeline.probe.cluster as cluster_probe
 import pipeline.probe.reference as reference
-import pipeline.probe.rounds as rounds
 import pipeline.probe.runs as runs
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
@@ -31,7 +30,7 @@ from pipeline.probe.tables import network_spec_from_dict
 from tasks.receipts import OpEvent, Phase, Receipt
 from tasks.specs import NetworkSpec, OptimizerSpec
 from tasks.zoo import PRESETS, NetworkBuilder, build_preset
-from tests.helpers import shared_workers
+from tests.helpers import cut_probe_to_one_round, shared_workers
 from tests.test_costmodel_zoo import zoo_network
 
 
@@ -181,14 +180,7 @@ def probe_cache(tmp_path, monkeypatch):
 
 def test_a_probe_of_resnet20_on_two_workers_times_every_layer(shared_cluster, probe_cache,
                                                               monkeypatch):
-    # seconds, not a minute: one round of the even plans and the replicas' (the probe's
-    # robustness is tests/test_probe_robust.py's, the share's tests/test_prediction.py's)
-    monkeypatch.setattr(cluster_probe, "share_plans", lambda *args: [])
-    monkeypatch.setattr(runs, "ROUNDS", 1)
-    monkeypatch.setattr(runs, "REPLICA_ROUNDS", 1)
-    monkeypatch.setattr(rounds, "RETIMES", 0)
-    monkeypatch.setattr(cluster_probe, "plans_for",
-                        lambda *args: runs.plans_for(*args, budget_s=0.0))
+    cut_probe_to_one_round(monkeypatch)
     client, cluster = shared_workers(shared_cluster, "PROBE")
     register_setup(client, cluster)
     offered = find_workers(client, cluster)

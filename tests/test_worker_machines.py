@@ -22,9 +22,6 @@ import pytest
 import xarray as xr
 from distributed import Client
 
-import pipeline.probe.cluster as cluster_probe
-import pipeline.probe.rounds as rounds
-import pipeline.probe.runs as runs
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.config.cluster_config import ClusterConfig
@@ -32,7 +29,7 @@ from pipeline.probe import cached_probe, find_cached_probe
 from pipeline.probe.keys import worker_identity
 from pipeline.probe.machine import machine_identity, worker_machines
 from tasks.specs import ConvLayerSpec, NetworkSpec
-from tests.helpers import run_main
+from tests.helpers import cut_probe_to_one_round, run_main
 from tests.test_cli import CliCluster, tiny_args
 
 NETWORK = NetworkSpec((ConvLayerSpec(3, 8, 5, 2, 2, 32, 32),), (), 10, "float32")
@@ -76,12 +73,7 @@ def quick_probe(monkeypatch, tmp_path):
     """A probe of one round in a private cache: the key is what is tested, not the
     figures (tests/test_probe_zoo.py cuts its probes the same way)."""
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
-    monkeypatch.setattr(cluster_probe, "share_plans", lambda *args: [])
-    monkeypatch.setattr(runs, "ROUNDS", 1)
-    monkeypatch.setattr(runs, "REPLICA_ROUNDS", 1)
-    monkeypatch.setattr(rounds, "RETIMES", 0)
-    monkeypatch.setattr(cluster_probe, "plans_for",
-                        lambda *args: runs.plans_for(*args, budget_s=0.0))
+    cut_probe_to_one_round(monkeypatch)
 
 
 def _probe(client: Client):
