@@ -7,6 +7,7 @@ And a child's own semaphore is gone after a second signal stopped its parent at 
 from __future__ import annotations
 
 import glob
+import mmap
 import multiprocessing
 import os
 import signal
@@ -18,7 +19,8 @@ import psutil
 
 from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, is_resource_tracker, maker_gone,
                                          pid_namespace, remove_stale_semaphores,
-                                         semaphore_maker, tag_semaphores_with_pid)
+                                         semaphore_maker, tag_semaphores_with_pid,
+                                         untagged_maker, untagged_maker_gone)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,23 +117,43 @@ def test_a_maker_is_judged_gone_only_in_its_own_pid_namespace():
     assert not maker_gone("sem.mp-cnn-11-ns6-abcd", 5, alive)  # another namespace's
     assert not maker_gone("sem.mp-cnn-11-ns0-abcd", 5, alive)  # its maker's unknown
     assert not maker_gone("sem.mp-cnn-11-ns5-abcd", None, alive)  # this process's unknown
-    assert not maker_gone("sem.mp-cnn-11-abcd", 5, alive)  # a name without a namespace
+    assert not maker_gone("sem.mp-cnn-11-abcd", 5, alive)  # no namespace: judged apart
     assert not maker_gone("sem.mp-abcd", 5, alive)
 
 
+def test_a_name_with_the_pid_alone_is_judged_by_its_pid_and_its_mappings():
+    """`untagged_maker_gone`: a name from before the namespace was recorded does not say
+    where its maker ran; gone only when its pid is gone here and no process this one
+    sees maps the file (a live maker in a container below has another pid here)."""
+    assert untagged_maker("sem.mp-cnn-4242-a1b2_c3d") == 4242
+    for name in ("sem.mp-cnn-4242-ns7-a1b2", "sem.mp-a1b2c3d4", "sem.mp-cnn--a1b2",
+                 "sem.mp-cnn-42", "mp-cnn-42-abcd", "sem.mp-cnn-4x2-abcd"):
+        assert untagged_maker(name) is None, name
+    alive, file = {10}.__contains__, (27, 1234)
+    assert untagged_maker_gone("sem.mp-cnn-11-abcd", file, alive, set())
+    assert not untagged_maker_gone("sem.mp-cnn-10-abcd", file, alive, set())  # a live pid
+    assert not untagged_maker_gone("sem.mp-cnn-11-abcd", file, alive, {file})  # mapped
+    assert untagged_maker_gone("sem.mp-cnn-11-abcd", file, alive, {(27, 99)})  # another's
+    assert not untagged_maker_gone("sem.mp-cnn-11-ns5-abcd", file, alive, set())
+
+
 def test_the_sweep_keeps_another_namespaces_semaphore_of_a_pid_unknown_here(tmp_path):
-    """Real files in a folder of their own: of three semaphores of a pid no process has
-    here, the one made in this pid namespace is unlinked; the other namespace's, and
-    one whose name carries the pid alone, are kept (both were unlinked by the pid)."""
+    """Real files in a folder of their own, of a pid no process has here: the one made
+    in this pid namespace is unlinked, the other namespace's kept; of two whose name
+    carries the pid alone, the one no process maps is unlinked, and the one this
+    process maps (as a live maker in a container below this namespace would) kept;
+    one of a live pid stays."""
     with open("/proc/sys/kernel/pid_max", encoding="ascii") as handle:
         unused = int(handle.read()) + 1  # above the largest pid: nobody's here
     here, elsewhere = pid_namespace(), pid_namespace() + 1
-    names = [f"sem.mp-cnn-{unused}-ns{here}-abcd1234",
-             f"sem.mp-cnn-{unused}-ns{elsewhere}-abcd1234", f"sem.mp-cnn-{unused}-abcd1234"]
+    names = [f"sem.mp-cnn-{unused}-ns{here}-abcd1234", f"sem.mp-cnn-{unused}-abcd1234",
+             f"sem.mp-cnn-{unused}-ns{elsewhere}-abcd1234", f"sem.mp-cnn-{unused}-mapped12",
+             f"sem.mp-cnn-{os.getpid()}-abcd1234"]
     for name in names:
         (tmp_path / name).write_bytes(bytes(32))
-    assert remove_stale_semaphores(str(tmp_path)) == names[:1]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+    with open(tmp_path / names[3], "r+b") as handle, mmap.mmap(handle.fileno(), 32):
+        assert sorted(remove_stale_semaphores(str(tmp_path))) == sorted(names[:2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
 
 
 def hold_a_semaphore() -> None:

@@ -19,8 +19,14 @@ name (`tag_semaphores_with_pid`: ``sem.mp-cnn-<pid>-ns<namespace>-<random>``), s
 the machine removes those whose process is gone (`remove_stale_semaphores`), as it
 removes a killed run's scratch folder. A pid means something only in its own pid
 namespace: a container that shares /dev/shm but not the pids sees another's live
-maker as gone, so a semaphore made in another namespace (or in one the name does
-not say) is never removed (`maker_gone`).
+maker as gone, so a semaphore made in another namespace is never removed
+(`maker_gone`). A name that carries the pid alone (``sem.mp-cnn-<pid>-<random>``,
+as made before the namespace was recorded) does not say where it was made: it is
+removed only when, besides its pid being gone here, no process this one can see
+has it mapped (a live semaphore is mapped by every process using it, and a
+container's processes are visible from the namespaces above it:
+`untagged_maker_gone`). What this cannot see is a live maker in a namespace beside
+or above this one that still runs the code before the namespace was recorded.
 """
 
 from __future__ import annotations
@@ -86,9 +92,18 @@ def tag_semaphores_with_pid() -> None:
 def semaphore_maker(name: str) -> tuple[int, int] | None:
     """The pid and pid namespace a tagged semaphore's file name
     (``sem.mp-cnn-<pid>-ns<namespace>-<random>``) carries; None for any other name
-    (one tagged with its pid only, as before namespaces were recorded, too)."""
+    (one tagged with its pid only, as before namespaces were recorded, too:
+    `untagged_maker`)."""
     match = re.fullmatch(rf"sem\.{TAG}(\d+)-ns(\d+)-[A-Za-z0-9_]+", name)
     return (int(match[1]), int(match[2])) if match else None
+
+
+def untagged_maker(name: str) -> int | None:
+    """The pid a semaphore file name tagged with its maker's pid alone carries
+    (``sem.mp-cnn-<pid>-<random>``, as made before the namespace was recorded); None
+    for any other name."""
+    match = re.fullmatch(rf"sem\.{TAG}(\d+)-[A-Za-z0-9_]+", name)
+    return int(match[1]) if match else None
 
 
 def maker_gone(name: str, namespace: int | None, pid_exists: Callable[[int], bool]) -> bool:
@@ -105,25 +120,67 @@ def maker_gone(name: str, namespace: int | None, pid_exists: Callable[[int], boo
     return not pid_exists(maker[0])
 
 
+def untagged_maker_gone(name: str, file: tuple[int, int], pid_exists: Callable[[int], bool],
+                        mapped: set[tuple[int, int]]) -> bool:
+    """Whether semaphore file `name`, tagged with its maker's pid alone, was made by a
+    process now gone: no process here has that pid and none this process can see maps
+    the file (`file`: its device and inode, as in `mapped`). The name does not say
+    its namespace, so the pid alone cannot tell: a live maker in a container below
+    this namespace has another pid here, but its mapping shows (module doc)."""
+    pid = untagged_maker(name)
+    return pid is not None and not pid_exists(pid) and file not in mapped
+
+
+def mapped_files(folder: str) -> set[tuple[int, int]]:
+    """The files in `folder` (device, inode) that some process this one can read the
+    memory map of has mapped: a named semaphore is mapped by each process using it,
+    under the temporary name it was made as (glibc's sem_open: made, mapped, then
+    linked to its name), hence by inode, not by name."""
+    found = set()
+    prefix = folder.rstrip(os.sep) + os.sep
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            with open(f"/proc/{process.pid}/maps", encoding="utf-8",
+                      errors="replace") as handle:
+                for line in handle:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].startswith(prefix):
+                        major, minor = (int(part, 16) for part in fields[3].split(":"))
+                        found.add((os.makedev(major, minor), int(fields[4])))
+    return found
+
+
 def remove_stale_semaphores(folder: str = SEMAPHORE_FOLDER) -> list[str]:
     """Unlink the tagged semaphores in `folder` that this user's processes made in this
     process's pid namespace and that no process of that pid holds now (killed with
-    its resource tracker: `maker_gone`); returns their file names. Another user's, a
-    live pid's (its maker, or a later process given its pid), another namespace's
-    and every untagged one stay. Unlinking only removes the name: a process still
-    holding one goes on using it."""
+    its resource tracker: `maker_gone`), and those tagged with a pid alone whose pid
+    is gone here and which no process this one sees has mapped
+    (`untagged_maker_gone`); returns their file names. Another user's, a live pid's
+    (its maker, or a later process given its pid), another namespace's, a mapped
+    one and every untagged one stay. Unlinking only removes the name: a process
+    still holding one goes on using it."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return []
     namespace = pid_namespace()
+    mapped: set[tuple[int, int]] | None = None  # read once, if any name needs it
     removed = []
     for entry in entries:
-        if not maker_gone(entry.name, namespace, psutil.pid_exists):
+        tagged_gone = maker_gone(entry.name, namespace, psutil.pid_exists)
+        if not tagged_gone and untagged_maker(entry.name) is None:
             continue
         with contextlib.suppress(OSError):
             status = entry.stat(follow_symlinks=False)
-            if stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid():
-                os.unlink(entry.path)
-                removed.append(entry.name)
+            if not (stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid()):
+                continue
+            if not tagged_gone:
+                if psutil.pid_exists(untagged_maker(entry.name) or 0):
+                    continue  # its maker, or a later process given its pid: no scan
+                mapped = mapped_files(folder) if mapped is None else mapped
+                if not untagged_maker_gone(entry.name, (status.st_dev, status.st_ino),
+                                           psutil.pid_exists, mapped):
+                    continue
+            os.unlink(entry.path)
+            removed.append(entry.name)
     return removed
