@@ -41,7 +41,7 @@ from experiments.sweep import cli as sweep_cli
 from experiments.sweep.results import StoreBusy, SweepLock
 from pipeline.cluster.security import run_security
 from storage.exchange import SlotSpec, create_exchange
-from storage.exchange_folders import remove_exchange
+from storage.exchange_folders import remove_exchange, remove_root_if_empty
 from storage.private import (UnsafeFolder, default_workspace_root, folder_problem,
                              make_private_folder)
 from tests.helpers import error_lines_of
@@ -150,8 +150,9 @@ def test_another_user_cannot_read_or_move_a_run_workspace():
             outcome = as_user(nobody(), attack)
             assert outcome.get("error", "").startswith("PermissionError"), (name, outcome)
         assert "value" in as_user(None, attacks["read"])
-    finally:
+    finally:  # as a run's end: the root too, if this test made it and nothing else is there
         remove_exchange(path)
+        remove_root_if_empty(default_workspace_root())
 
 
 @needs_root
