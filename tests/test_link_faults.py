@@ -49,7 +49,7 @@ PROBLEM = links.link_problem()
 needs_links = pytest.mark.skipif(PROBLEM is not None, reason=f"cluster.link {PROBLEM}")
 LIMIT = 2.0  # cluster.stall_timeout, seconds
 WORKERS = "[{name: w0}, {name: w1}, {name: w2}]"
-NAME = "linkfaults"  # the runs' name, so their workspaces are told from others'
+NAME = "linkfaults"  # the runs' names start with it, so their workspaces are told apart
 
 
 # Probes (no root) -------------------------------------------------------------------
@@ -138,9 +138,11 @@ def linked(tmp_path_factory, tiny_dataset_factory):
 
 
 def _config(linked, name: str, steps: int):
+    """The run config of test `name`; the run is named `linkfaults-<name>`, so that
+    each test finds its own run's workspaces (`_workspaces`)."""
     client, hosts, cluster, dataset, base = linked
     config = tiny_config(base / name, dataset, **{
-        "name": NAME, "network.dtype": "float64", "train.steps": steps,
+        "name": f"{NAME}-{name}", "network.dtype": "float64", "train.steps": steps,
         "train.checkpoint_every": 2, "train.eval_samples": 0,
         "network.conv.0.kernels": 12, "network.conv.1.kernels": 12})
     config.cluster = cluster
@@ -180,6 +182,17 @@ def _names(client) -> dict[str, str]:
     return {info["name"]: address for address, info in live_workers(client).items()}
 
 
+def _running_tasks(client) -> dict[str, list[str]]:
+    """The tasks each worker's threads are running (Dask's `active_threads`), for the
+    workers running any: a task the client cancelled runs on until its function
+    returns."""
+
+    def running(dask_worker) -> list[str]:
+        return [str(key) for key in dask_worker.active_threads.values()]
+
+    return {address: keys for address, keys in client.run(running).items() if keys}
+
+
 def _digest(folder: str) -> dict[str, str]:
     found = {}
     for root, _dirs, files in os.walk(folder):
@@ -190,18 +203,21 @@ def _digest(folder: str) -> dict[str, str]:
     return found
 
 
-def _workspaces() -> set[str]:
-    """This module's runs' workspaces (their names start with the runs' name: other
-    processes of this user may be running theirs beside them)."""
+def _workspaces(run_name: str) -> set[str]:
+    """The workspaces of the runs named `run_name` (a workspace's name is its run's
+    name, then the run's id). Other processes of this user may be running theirs
+    beside them: under pytest-xdist another worker may run this module's other test,
+    on a linked cluster of its own, at the same time (worksteal hands it over)."""
     root = default_workspace_root()
-    return {n for n in os.listdir(root) if n.startswith(f"{NAME}-")} if os.path.isdir(
+    return {n for n in os.listdir(root) if n.startswith(f"{run_name}-")} if os.path.isdir(
         root) else set()
 
 
-def _new_workspaces(before: set[str]) -> list[str]:
-    """Workspaces made since `before`, each with some of its files (for the message)."""
+def _new_workspaces(run_name: str, before: set[str]) -> list[str]:
+    """Workspaces of `run_name`'s runs made since `before`, each with some of its files
+    (for the message)."""
     found = []
-    for name in sorted(_workspaces() - before):
+    for name in sorted(_workspaces(run_name) - before):
         folder = os.path.join(default_workspace_root(), name)
         files = [os.path.relpath(os.path.join(d, f), folder)
                  for d, _, names in os.walk(folder) for f in names]
@@ -214,11 +230,13 @@ def test_a_store_that_stops_answering_stops_the_run_with_one_message(linked, cap
     """The links' sshd stopped just after checkpoint 2: every worker's task blocks in
     sshfs, every worker still answers Dask, none can list the stores: the run stops
     (no recovery) within the limit, a poll and two probes, with one line naming the
-    stores and the checkpoint kept; nothing saved changes."""
+    stores and the checkpoint kept, its workspace removed; once the store answers
+    again and the workers' tasks have ended, nothing saved has changed and the
+    workspace has not reappeared."""
     assert FAULTS["store's server (sshd) SIGSTOPped mid-run, 3 workers"] == "clean"
     client, hosts, *_ = linked
     config = _config(linked, "store", steps=30)
-    before = _workspaces()
+    before = _workspaces(config.name)
     runner, outcome = _in_thread(config, client)
     _checkpoint(config, runner, 2)
     server = psutil.Process(hosts.processes[0].pid)  # sshd, and a session per mount
@@ -230,24 +248,30 @@ def test_a_store_that_stops_answering_stops_the_run_with_one_message(linked, cap
         runner.join(60)
         assert not runner.is_alive(), "the run hangs on the stopped store"
         kept = _digest(config.checkpoint_path)
+        left = _new_workspaces(config.name, before)  # removed before the run returned
     finally:
         for process in tree:
             process.resume()
+    answered = time.monotonic()
+    assert not left
     error = outcome.get("error")
     assert isinstance(error, StoreStalled) and isinstance(error, ClusterError), outcome
     noticed = outcome["at"] - stopped
     message = str(error)
-    with capsys.disabled():
-        print(f"\nstore stopped -> run stopped: {noticed:.1f} s; {message}")
     assert noticed < LIMIT + 2 + LIMIT + 5 + 6  # limit, poll, probes, close, a busy host
     assert "\n" not in message and "stopped answering" in message
     assert config.checkpoint_path in message and default_workspace_root() in message
     step = checkpoints.latest_complete_step(config.checkpoint_path)
     assert step >= 2 and f"the last complete checkpoint, step {step}, is kept" in message
     assert "train.resume=true" in message
-    time.sleep(1)  # the workers' tasks run on, now that the store answers: they fail
+    # the workers' tasks run on, now that the store answers, and fail: whatever they
+    # wrote late has landed once none runs
+    wait_until(lambda: not _running_tasks(client), 60, "the workers' tasks still run")
+    with capsys.disabled():
+        print(f"\nstore stopped -> run stopped: {noticed:.1f} s; the workers' tasks ended "
+              f"{time.monotonic() - answered:.1f} s after it answered; {message}")
     assert _digest(config.checkpoint_path) == kept
-    assert not _new_workspaces(before)
+    assert not _new_workspaces(config.name, before)
     assert len(_names(client)) == 3  # nobody was fenced off
 
 
@@ -268,7 +292,7 @@ def test_a_cut_link_and_a_stopped_worker_are_survived(linked, capsys):
     pids = client.run(os.getpid)
     cut = next(h.interface for h in hosts.hosts if h.name == "w1")
     config = _config(linked, "cut", steps=6)
-    before = _workspaces()
+    before = _workspaces(config.name)
     runner, outcome = _in_thread(config, client)
     noticed, victims = [], [psutil.Process(pids[names[n]]) for n in ("w1", "w2")]
     try:
@@ -300,7 +324,7 @@ def test_a_cut_link_and_a_stopped_worker_are_survived(linked, capsys):
     exited = time.monotonic() - ended
     time.sleep(0.5)
     assert _digest(config.checkpoint_path) == kept  # no late write landed
-    assert not _new_workspaces(before)
+    assert not _new_workspaces(config.name, before)
     err = capsys.readouterr().err
     with capsys.disabled():
         print(f"\nnoticed (fault to fenced off): link cut {noticed[0]:.1f} s, SIGSTOP "
