@@ -9,19 +9,23 @@ store that stops answering (the links' sshd and its sessions SIGSTOPped: every
 sshfs call then blocks) stalls every worker at once, which no recovery gets past:
 the run stops with one message naming the stores and the checkpoint kept.
 
-One linked cluster of three workers serves the module: the store test first (all
-three wait on the store), then one run that loses w1 (link cut) and then w2
-(SIGSTOP). These faults are rows of tests/test_faults.py's `FAULTS`. The probe
-helpers (`stall_verdict`, `silent_stores`) and what a woken worker does in its
-ended run's workspace are checked without root.
+One linked cluster of three workers serves the module (one such cluster at a time on
+the machine: `one_cluster_at_once`): the store test first (all three wait on the
+store), then one run that loses w1 (link cut) and then w2 (SIGSTOP). These faults
+are rows of tests/test_faults.py's `FAULTS`. The probe helpers (`stall_verdict`,
+`silent_stores`) and what a woken worker does in its ended run's workspace are
+checked without root.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -50,6 +54,8 @@ needs_links = pytest.mark.skipif(PROBLEM is not None, reason=f"cluster.link {PRO
 LIMIT = 2.0  # cluster.stall_timeout, seconds
 WORKERS = "[{name: w0}, {name: w1}, {name: w2}]"
 NAME = "linkfaults"  # the runs' names start with it, so their workspaces are told apart
+#: Held while a test process holds this module's linked cluster (`one_cluster_at_once`).
+CLUSTER_LOCK = os.path.join(tempfile.gettempdir(), "hetcnn-test-link-faults.lock")
 
 
 # Probes (no root) -------------------------------------------------------------------
@@ -117,9 +123,33 @@ def test_a_worker_woken_after_its_run_ended_neither_waits_nor_makes_its_workspac
 # Real links (root) ------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def one_cluster_at_once(timeout: float = 600):
+    """Wait (at most `timeout` s) until no other test process holds this module's linked
+    cluster, and hold it. pytest-xdist may hand the module's two linked tests to two
+    processes (worksteal gives the cut test to an idle one), and two 3-worker linked
+    clusters on a loaded 2-core machine starve each other's workers past the 2 s
+    stall limit: a run then fenced off every worker while they loaded their shards
+    (seen twice in two `-n 2` runs of this file at load 13)."""
+    with open(CLUSTER_LOCK, "a", encoding="utf-8") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{CLUSTER_LOCK} held for {timeout} s"
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="module")
 def linked(tmp_path_factory, tiny_dataset_factory):
-    """Three workers behind 1gbit links; every run of the module writes under `base`."""
+    """Three workers behind 1gbit links, one such cluster at a time on the machine
+    (`one_cluster_at_once`); every run of the module writes under `base`."""
     dataset = tiny_dataset_factory("float64")
     base = tmp_path_factory.mktemp("linkfaults")
     cluster = tiny_config(base, dataset, **{"cluster.link.rate": "1gbit",
@@ -127,7 +157,7 @@ def linked(tmp_path_factory, tiny_dataset_factory):
                                             "cluster.wait_timeout": 120}).cluster
     cluster = replace(cluster, stall_timeout=LIMIT)
     directories = [default_workspace_root(), os.path.dirname(dataset), str(base)]
-    with open_linked_cluster(cluster, directories) as (client, hosts):
+    with one_cluster_at_once(), open_linked_cluster(cluster, directories) as (client, hosts):
         register_setup(client, cluster)
         yield client, hosts, cluster, dataset, base
         run_id = hosts.run_id
