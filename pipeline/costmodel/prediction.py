@@ -63,7 +63,8 @@ class Options:
         ``batch_split``; a run's recorded split).
     dense_split : sequence of sequence of int, optional
         ``hybrid`` with a store: output neurons of dense layer ``j`` per
-        device; default as even as can be.
+        device taking part (given a sample); default, or given for another
+        number of devices, as even as can be over those.
     scheme : str
         ``hybrid`` feeding of the dense layers: ``"a"`` all-gather, ``"b"``
         broadcast in turn, ``"c"`` all-to-all.

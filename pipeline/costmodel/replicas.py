@@ -38,7 +38,7 @@ from .batch_reads import replica_batch_read
 from .network import Network
 from .replica_exchanges import (Stretches, even_counts, exchange_ops, exchange_phases, hand_on,
                                 norm_slots, reduce_ops, reduce_phases, stretches)
-from .prediction import Options, Prediction, split_batch
+from .prediction import Options, Prediction, split_batch, taking_part
 from .timeline import Timeline, steady
 from .timeline_fast import FastTimeline, InTurn, Sources
 
@@ -97,9 +97,11 @@ def _finish(strategy: str, batch: int, result, per_device: list[float], store: S
 
 def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
                        link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
-    """``data`` through the store, as the engine runs it (see the module doc)."""
+    """``data`` through the store, as the engine runs it (see the module doc); a
+    device given no sample leaves the run (`taking_part`)."""
+    every = _shares(batch, devices, options)
+    devices, shares = taking_part(devices, every)
     p = len(devices)
-    shares = _shares(batch, devices, options)
     params = network.params()
     times = replica_times(devices, network, shares, data_step=True)
     cut = stretches(times, *norm_slots(network, p, devices[0].bytes_per_elem,
@@ -116,7 +118,7 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     result = steady(timeline, lambda tl: step(tl, network, devices, shares, cut, params,
                                               update, stream, options.dataset))
     per_device = per_device_totals(times)
-    return _finish("data", batch, result, per_device, store, {"batch_shares": shares})
+    return _finish("data", batch, result, per_device, store, {"batch_shares": every})
 
 
 def _data_step(tl: Timeline, network: Network, devices: Sequence[DeviceSpec],
@@ -161,8 +163,12 @@ def _data_step_fast(tl: FastTimeline, network: Network, devices: Sequence[Device
 
 def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceSpec],
                          link: LinkSpec, store: StoreSpec, options: Options) -> Prediction:
-    """``hybrid`` through the store, as the engine runs it (see the module doc)."""
-    h = _hybrid_setup(network, batch, devices, options)
+    """``hybrid`` through the store, as the engine runs it (see the module doc); a
+    device given no sample leaves the run (`taking_part`): no trunk, no dense slice."""
+    every = _shares(batch, devices, options)
+    devices, shares = taking_part(devices, every)
+    h = _hybrid_setup(network, devices, shares, _kept_split(options.dense_split, len(devices)),
+                      options)
     p = len(devices)
     overhead = options.overhead or DaskOverhead()
     links = [dev.link or link for dev in devices]
@@ -177,7 +183,7 @@ def predict_hybrid_store(network: Network, batch: int, devices: Sequence[DeviceS
                                          for kind in ("forward", "backward"))
                   for d in range(p)]
     return _finish("hybrid", batch, result, per_device, store,
-                   {"batch_shares": h.shares, "dense_split": [list(r) for r in h.split],
+                   {"batch_shares": every, "dense_split": [list(r) for r in h.split],
                     "parts": len(h.parts)})
 
 
@@ -234,13 +240,21 @@ class _HybridSetup:
         return rows * np.array(self.split[j], dtype=float) * self.s
 
 
-def _hybrid_setup(network: Network, batch: int, devices: Sequence[DeviceSpec],
-                  options: Options) -> _HybridSetup:
-    """The batch's shares and parts, the dense split, each device's trunk and update."""
+def _kept_split(split: Sequence[Sequence[int]] | None, taking: int
+                ) -> Sequence[Sequence[int]] | None:
+    """`Options.dense_split` where it splits over the devices taking part (a run's
+    record: its layout was built after the idle workers left); else None, the even
+    split over those, as such a layout splits the neurons."""
+    if split is None or any(len(row) != taking for row in split):
+        return None
+    return split
+
+
+def _hybrid_setup(network: Network, devices: Sequence[DeviceSpec], shares: list[int],
+                  dense_split: Sequence[Sequence[int]] | None, options: Options) -> _HybridSetup:
+    """The batch's parts, the dense split, each device's trunk and update."""
     p, s = len(devices), devices[0].bytes_per_elem
-    shares = _shares(batch, devices, options)
-    split = options.dense_split or [even_counts(layer.out_features, p)
-                                    for layer in network.dense]
+    split = dense_split or [even_counts(layer.out_features, p) for layer in network.dense]
     conv_params = network.conv_params()
     rows = replica_times(devices, network, shares, dense=False)
     trunk = [sum(row, LayerTime()) for row in rows]
