@@ -23,7 +23,10 @@ in order (tasks/layout.py, tasks/step_task.py):
 
 A device starts an op when it is free and, for each read, once the slot is
 written and its reader has noticed (``DaskOverhead.sync`` with ready markers,
-``hop`` through the scheduler). With no store, the same bytes cross the links.
+``hop`` through the scheduler). With no store, the same bytes cross the links, a
+device's accesses one after another as the engine makes them (one task's thread,
+blocking reads and writes: docs/model.md, "Store"), not overlapped as a collective's
+sends and receives.
 Every access is one operation on a single-chunk slot. Simulating a few steps
 gives the steady step time (devices pipeline across steps: a device starts its
 next step when it is free and its task is queued, ``DaskOverhead.task`` later),
