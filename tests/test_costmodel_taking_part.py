@@ -15,6 +15,7 @@ from pipeline.costmodel import collectives as col
 from pipeline.costmodel.builders import marques_cifar
 from pipeline.costmodel.compute import dense_time
 from pipeline.costmodel.hybrid import dense_layer_exchange, dense_split, holders
+from pipeline.strategies import strategy_named
 
 FAST = DeviceSpec(flops=2e12, mem_bw=2e11, name="fast")
 SLOW = DeviceSpec(flops=2e11, mem_bw=2e10, name="slow")
@@ -81,3 +82,14 @@ def test_an_even_dense_split_prices_as_before():
     p = predict("hybrid", net, batch, [FAST] * K, LINK, scheme="a", dense_batch="full")
     whole = dense_time(FAST, net.dense, batch, 1 / K)
     assert p.breakdown["master"] == pytest.approx(whole.total, rel=1e-12)
+
+
+def test_a_hybrid_devices_memory_holds_its_share_of_the_devices_taking_part():
+    """Three devices, one given no rows: the two others each hold half of the dense
+    layers, as a run on those two does (each was counted a third). `data`'s peak holds
+    a whole gradient's worth of ranges at any device count: no such test for it."""
+    net = marques_cifar(8, 16, hidden=(4096,))
+    hybrid = strategy_named("hybrid")
+    with_idle = hybrid.peak_memory(net, 2, [[1, 0, 1]]).per_device
+    alone = hybrid.peak_memory(net, 2, [[1, 1]]).per_device
+    assert [with_idle[0], with_idle[2]] == pytest.approx(alone, rel=1e-12)

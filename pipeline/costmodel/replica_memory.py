@@ -287,11 +287,14 @@ def replica_footprint(device_peak: DevicePeak, network: Network, batch: int,
                       constants: MemoryConstants = DEFAULT_CONSTANTS,
                       gpu: Sequence[bool] | None = None) -> Footprint:
     """Each device's peak of replicas counted by `device_peak` (`replica_device_peak`,
-    `hybrid_device_peak`) with `rows` of the batch each (None: the whole batch on one)."""
+    `hybrid_device_peak`) with `rows` of the batch each (None: the whole batch on one).
+    The reduction's ranges and hybrid's dense slices are shared by the devices given
+    rows: one given none leaves the run (`prediction.taking_part`)."""
     rows = list(rows) if rows else [batch]
     gpus = list(gpu or [False] * len(rows))
+    taking = max(sum(1 for r in rows if r > 0), 1)
     return alike_once(list(zip(rows, gpus)), lambda r, on_gpu: device_peak(
-        network, batch, r, len(rows), s, constants, on_gpu))
+        network, batch, r, taking, s, constants, on_gpu))
 
 
 def reference_footprint(network: Network, batch: int, s: int = 4,
