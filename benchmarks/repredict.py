@@ -49,7 +49,8 @@ def main() -> None:
         measured = summary["step_time_median"]
         splits = {"kernel_split": summary.get("kernel_split"),
                   "batch_split": summary.get("batch_split"),
-                  "task_steps": round(summary.get("task_steps_median") or 1)}
+                  "task_steps": round(summary.get("task_steps_median") or 1),
+                  "split_workers": summary.get("split_workers")}
         steady = Steady(**{f.name: getattr(probe, f.name) for f in dataclasses.fields(probe)})
         now, before = (predict_config(config, p, **splits).step_time for p in (probe, steady))
         active = len(summary.get("workers") or probe.workers)

@@ -76,7 +76,8 @@ class PointPrediction(dict):
 def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
                    kernel_split: list[list[int]] | None = None,
                    batch_split: list[int] | None = None,
-                   task_steps: int | None = None) -> Prediction:
+                   task_steps: int | None = None,
+                   split_workers: list[str] | None = None) -> Prediction:
     """The model's step for ``config`` on the probed machine (its strategy's
     `predict_run`).
 
@@ -97,12 +98,16 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
         Steps per Dask task the run used (``summary["task_steps_median"]``); default
         what ``train.steps_per_task`` gives at the predicted step
         (pipeline/engine/task_steps.py). The probe's per-task costs are shared out over them.
+    split_workers : list of str, optional
+        The workers the splits' columns are (``summary["split_workers"]``): a run that
+        left a probed worker out has no column for it (default: the first probed ones).
     """
     spec = network_for(config)
     if isinstance(probe, ClusterProbe) and (probe.batch != config.train.batch
                                             or probe.network_spec() != spec):
         raise ValueError("the probe was made for another network or batch")
-    splits = {"kernel_split": kernel_split, "batch_split": batch_split}
+    splits = {"kernel_split": kernel_split, "batch_split": batch_split,
+              "split_workers": split_workers}
 
     def predict(on: ClusterProbe | MasterProbe) -> Prediction:
         prediction = strategy_named(config.strategy).predict_run(
@@ -229,7 +234,8 @@ def predict_point(config: RunConfig, result_summary: dict | None = None,
     task_steps = summary.get("task_steps_median")
     prediction = predict_config(config, probe, kernel_split=summary.get("kernel_split"),
                                 batch_split=summary.get("batch_split"),
-                                task_steps=int(task_steps) if task_steps else None)
+                                task_steps=int(task_steps) if task_steps else None,
+                                split_workers=summary.get("split_workers"))
     low, high = band(config, probe, prediction, summary)
     out = PointPrediction(
         strategy=config.strategy, predicted_step_time=prediction.step_time,
@@ -258,11 +264,14 @@ def band(config: RunConfig, probe: ClusterProbe | MasterProbe, prediction: Predi
     lower, then the upper quartile of the steps the probe timed (``probe.at``), the
     split held at the one predicted. The spread of the probe's timings, not the
     model's own error (docs/model.md)."""
+    recorded = bool(summary.get("kernel_split") or summary.get("batch_split"))
     kernel_split = summary.get("kernel_split") or prediction.kernel_counts
     batch_split = summary.get("batch_split") or prediction.details.get("batch_shares")
     low, high = (predict_config(config, probe.at(bound), kernel_split=kernel_split,
                                 batch_split=batch_split,
-                                task_steps=prediction.details.get("task_steps")).step_time
+                                task_steps=prediction.details.get("task_steps"),
+                                split_workers=summary.get("split_workers") if recorded
+                                else None).step_time
                  for bound in ("low", "high"))
     return min(low, prediction.step_time), max(high, prediction.step_time)
 

@@ -50,7 +50,8 @@ def test_local_batch_norm_gives_no_replica_one_row(tmp_path, three_worker_cluste
     one value per channel. The lone rows are merged; the third worker leaves."""
     result = _run(tmp_path, three_worker_cluster, tiny_dataset_factory("float32"),
                   placement="even", **{"train.batch": 4, "train.batch_norm": "local"})
-    assert result.summary["batch_split"] == [2, 2, 0]
+    assert result.summary["batch_split"] == [2, 2]  # a count per worker that trains
+    assert result.summary["split_workers"] == ["cpu-0", "cpu-1"]
     [why] = result.summary["left_out"]
     assert why.startswith("worker cpu-2 left out: its 1 sample(s) of the even split went "
                           "to another replica (train.batch_norm: local")

@@ -296,6 +296,23 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
     assert on_disk["predicted_step_time"] == summary["predicted_step_time"]
 
 
+def test_a_replica_split_that_left_a_worker_out_is_priced_on_the_worker_it_used(
+        probe, two_workers, tiny_dataset_factory, tmp_path):
+    """A recorded split giving cpu-0 no samples: the run's `batch_split` has a column
+    for cpu-1 alone (its `split_workers`), and the model prices it as the split with
+    cpu-0's zero column, not as shares for cpu-0 nor as shares that do not fit."""
+    client, cluster = two_workers
+    config = _config(tmp_path, tiny_dataset_factory("float32"), cluster, strategy="data",
+                     placement="recorded", split_from="[[0, 16]]", **{"train.steps": 4})
+    result = run_training(config, client=client, offered=find_workers(client, config.cluster))
+    summary = result.summary
+    assert (summary["batch_split"], summary["split_workers"]) == ([16], ["cpu-1"])
+    assert summary["prediction_probe"] == probe.key, summary.get("prediction_note")
+    zero_column = predict_point(config, {**summary, "batch_split": [0, 16],
+                                         "split_workers": ["cpu-0", "cpu-1"]}, probe)
+    assert summary["predicted_step_time"] == pytest.approx(zero_column["predicted_step_time"])
+
+
 def test_a_run_says_why_it_has_no_prediction(probe_cache, tiny_dataset_factory, tmp_path):
     """No cached probe of `reference` with 3 threads here, and `cached` measures none."""
     config = tiny_config(tmp_path, tiny_dataset_factory("float32"), strategy="reference",

@@ -34,6 +34,9 @@ CASES = [
      "work to z, which this run does not have (its workers: cpu-0, cpu-1)"),
     (["strategy=data", "train.batch=64", "split_from=[[30, 30]]"],
      "split_from: [30, 30] splits the batch's 64 samples: they add up to 60"),
+    (["strategy=data", "train.batch=64", "cluster.workers=3", "split_from={tmp}/columns"],
+     "split_from: {tmp}/columns/summary.json's batch_split has 3 count(s) for the 2 worker(s) "
+     "of its split_workers (cpu-0, cpu-2): give the split itself"),
     (["--scheduler", "tcp://127.0.0.1:9", "split_from=[[16, -16], [32, 32]]"],
      "a negative count"),  # an external cluster: the workers are not known, the rest is
 ]
@@ -51,6 +54,9 @@ def test_check_refuses_a_recorded_split_the_run_refuses(args, names, tmp_path, m
     monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
     write_summary(tmp_path / "three-layers", [[16, 16], [32, 32], [8, 8]], ["cpu-0", "cpu-1"])
     write_summary(tmp_path / "other-workers", [[16, 16], [32, 32]], ["cpu-0", "z"])
+    (tmp_path / "columns").mkdir()  # a count per worker offered, not per worker named
+    (tmp_path / "columns" / "summary.json").write_text(json.dumps(
+        {"strategy": "data", "batch_split": [32, 0, 32], "split_workers": ["cpu-0", "cpu-2"]}))
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     status, lines, _out = run_main("train", [SMALL, "--check", f"output={tmp_path}/run",
                                              "placement=recorded", *argv])

@@ -282,6 +282,11 @@ def recorded_counts(config: RunConfig, names: list[str], key: str) -> list[list[
     path, summary = recorded_summary(source, key)
     rows = summary[key] if key == "kernel_split" else [summary[key]]
     recorded = summary["split_workers"]
+    if any(len(row) != len(recorded) for row in rows):
+        raise ConfigError(f"split_from: {path}'s {key} has {len(rows[0])} count(s) for the "
+                          f"{len(recorded)} worker(s) of its split_workers ("
+                          f"{', '.join(recorded)}): give the split itself, a count per "
+                          "worker of this run (split_from=[[...]])")
     missing = [n for n, count in zip(recorded, zip(*rows)) if any(count) and n not in names]
     if missing:
         raise ConfigError(f"split_from: {path} gave work to {', '.join(missing)}, which "

@@ -88,7 +88,10 @@ class DataStrategy(Strategy):
         return DataLayout(tuple(workers), tuple(shares), batch_norm=config.train.batch_norm)
 
     def split_of(self, layout: Layout, placement: Placement) -> dict[str, Any]:
-        return {"batch_split": list(placement.counts[0])}
+        """Samples of each batch per worker of the run (`split_workers`), as `kernel`
+        records its kernels: a worker left out (no samples) has no column."""
+        assert isinstance(layout, DataLayout | HybridLayout)
+        return {"batch_split": list(layout.shares)}
 
     def record_attrs(self, config: RunConfig) -> dict[str, Any]:
         return {"gradient_reduction": "workspace: reduce-scatter by range ownership, "
@@ -114,6 +117,10 @@ class DataStrategy(Strategy):
         probe = self.cluster_probe(probe)
         active = self.workers_used(config, probe)
         shares = split.get("batch_split") or split_even(config.train.batch, active, 1)
+        if len(shares) != active:  # a recorded split that left workers out: they get 0
+            names = [w.name for w in probe.workers[:active]]
+            used = split.get("split_workers") or names[:len(shares)]
+            shares = [shares[used.index(n)] if n in used else 0 for n in names]
         options = probe.kernel_options(batch_shares=shares, scheme=config.hybrid.scheme,
                                        dense_batch=config.hybrid.dense_batch,
                                        sync=config.workspace.sync,
