@@ -149,6 +149,12 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
      "network.layers.1.padding: a pooling's padding is at most half its size (2 // 2 = 1)"),
     ({"layers": [{"conv": 4}, {"pool": "adaptive_avg", "size": 2, "stride": 2}]}, [],
      "network.layers.1.stride: an adaptive_avg pool has no stride"),
+    ({"layers": [{"block": "basic", "planes": 3}]}, [],  # nor this: a shortcut of the images
+     "network.layers.0.block: a basic block of 3 output channels and stride 1 on the images' "
+     "3 channels would add the images themselves as its shortcut, which no strategy holds: "
+     "put a conv layer before it"),
+    ({"layers": [{"block": "basic", "planes": 6}]}, ["network.width=0.5"],
+     "network.layers.0.block: a basic block of 3 output channels"),
     ({"layers": [{"pool": "max"}, {"conv": 4}]}, [],  # not a matter of the images' size
      "network.layers.0.pool: a pooling follows a conv layer or block, and this is the first"),
 ])

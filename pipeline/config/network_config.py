@@ -13,7 +13,7 @@ from typing import Literal
 
 from pipeline.config.schema import ConfigError, FieldError, check_range, described
 from tasks.specs import ConvLayerSpec, NetworkSpec
-from tasks.zoo import PRESETS, NetworkBuilder, build_preset, scaled
+from tasks.zoo import EXPANSION, PRESETS, NetworkBuilder, build_preset, scaled
 
 
 @dataclass
@@ -135,6 +135,8 @@ class NetworkConfig:
                                     self.width, 0.5 if self.dropout is None else self.dropout)
             if self.layers:
                 return self._custom(image_shape)
+        except FieldError:  # not a matter of the images' size
+            raise
         except ValueError as problem:
             what = f"preset: {self.preset}" if self.preset is not None else "layers: the network"
             raise ConfigError(f"network.{what} does not fit images of {image_shape[1]}x"
@@ -169,6 +171,7 @@ class NetworkConfig:
         its modules are named as torchvision's inside it)."""
         builder, index = NetworkBuilder(*image_shape), 0
         for i, layer in enumerate(self.layers or []):
+            _check_first_block(builder, layer, i, self.width)
             try:
                 index = _add_layer(builder, layer, index, self.width)
             except ValueError as problem:
@@ -178,6 +181,21 @@ class NetworkConfig:
         hidden, dropout = self._hidden_and_dropout()
         names = [str(index + 1 + 2 * j) for j in range(len(hidden) + 1)]  # after a Flatten
         return builder.network(hidden, self.classes, self.dtype, names, dropout)
+
+
+def _check_first_block(builder: NetworkBuilder, layer: LayerConfig, i: int, width: float
+                       ) -> None:
+    """Refuse a block whose shortcut would be the images themselves (the first layer,
+    stride 1, as many output channels as the images have): its residual sum adds a
+    layer's output, and the images are no layer's (FieldError naming it)."""
+    if layer.block is None or layer.planes is None or builder.tip >= 0:
+        return
+    out = scaled(layer.planes, width) * EXPANSION[layer.block]
+    if (layer.stride or 1) == 1 and out == builder.channels:
+        raise FieldError(f"network.layers.{i}.block", f"a {layer.block} block of {out} "
+                         f"output channels and stride 1 on the images' {builder.channels} "
+                         "channels would add the images themselves as its shortcut, which no "
+                         "strategy holds: put a conv layer before it")
 
 
 def _add_layer(builder: NetworkBuilder, layer: LayerConfig, index: int, width: float) -> int:
