@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from pipeline.config.run_config import build_run_config, load_run_config
 from pipeline.config.schema import ConfigError
@@ -123,6 +124,19 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
     assert keys[:3] == ["0.weight", "1.weight", "1.bias"]
     assert "5.downsample.0.weight" in keys and "11.weight" in keys
     assert network.tied_groups()[0] == [0, 2, 4]  # the stem and the first stage's blocks
+
+
+def test_a_network_of_your_own_loads_into_its_sequential_whatever_its_dropout(tmp_path):
+    """docs/networks.md: the keys are the Sequential's without its nn.Dropout modules
+    (conv, ReLU, max-pool, Flatten, Linear, ReLU, Linear), dropout or not."""
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(4 * 16 * 16, 6), nn.ReLU(), nn.Linear(6, 10))
+    for dropout in (0.0, 0.5):
+        network = _config(tmp_path, {"layers": [{"conv": 4}, {"pool": "max"}], "hidden": [6]},
+                          f"network.dropout={dropout}").network_spec((3, 32, 32))
+        assert network.dense_dropout(1) == dropout
+        state = initial_state(network, 0)
+        plain.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})  # strict
 
 
 @pytest.mark.parametrize("network,overrides,message", [
