@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import textwrap
 
 import numpy as np
 import pytest
@@ -18,11 +19,13 @@ from torch import nn
 
 from pipeline.config.run_config import build_run_config, load_run_config
 from pipeline.config.schema import ConfigError
+from pipeline.run import run_training
 from tasks.network import build_network, checkpoint_shapes, initial_state, set_dropout, to_arrays
 from tasks.zoo import PRESETS, build_preset, scaled
 from tests.zoo_replay import load_torchvision
 
 KEYS = json.loads((pathlib.Path(__file__).parent / "data" / "torchvision_keys.json").read_text())
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 TORCHVISION = [p for p in PRESETS if p != "marques"]
 #: A size each preset trains at here in a second: (image side, width)
 TEST_SIZE = {"alexnet": (64, 1 / 16), "vgg11": (32, 1 / 16), "vgg16": (32, 1 / 16),
@@ -124,6 +127,28 @@ def test_a_network_of_your_own_is_named_as_a_sequential_of_its_modules():
     assert keys[:3] == ["0.weight", "1.weight", "1.bias"]
     assert "5.downsample.0.weight" in keys and "11.weight" in keys
     assert network.tied_groups()[0] == [0, 2, 4]  # the stem and the first stage's blocks
+
+
+def test_the_readmes_checkpoint_snippet_loads_a_run_made_with_overrides(tmp_path,
+                                                                       tiny_dataset_factory):
+    """README's "load one into plain PyTorch", run as written (paths moved to
+    `tmp_path`) on a run of configs/resnet20.yaml whose command line scaled it
+    (network.width=0.25): the config it reads must be the one the run ran, overrides
+    included, or the checkpoint does not fit the network it builds."""
+    out = tmp_path / "runs" / "resnet20"
+    run_training(load_run_config(str(ROOT / "configs" / "resnet20.yaml"), [
+        "network.width=0.25", "strategy=reference", "train.batch=4", "train.eval_samples=0",
+        f"output={out}", f"data.path={tiny_dataset_factory('float32')}",
+        "data.train_samples=512", "data.test_samples=128", "progress=false",
+        "prediction=never"]))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    snippet = readme.split("load one into plain PyTorch:\n\n", 1)[1].split("\n\n", 1)[0]
+    code = textwrap.dedent(snippet).replace("runs/resnet20", str(out))
+    assert "load_model(" in code
+    scope: dict = {}
+    exec(code, scope)  # noqa: S102 (the README's own lines)
+    convs = [m for m in scope["model"].modules() if isinstance(m, nn.Conv2d)]
+    assert convs[0].out_channels == 4  # resnet20's stem of 16, at width 0.25
 
 
 def test_a_network_of_your_own_loads_into_its_sequential_whatever_its_dropout(tmp_path):
