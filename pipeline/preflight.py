@@ -284,8 +284,10 @@ def check_before_start(config: RunConfig, output_field: str = "output") -> Strat
     strategy = check_run(config, output_field)
     if strategy.uses_cluster:
         check_embedded_tags(config)
-        check_split_source(config, strategy, network_for(config),
-                           embedded_workers(config, strategy))
+        names = embedded_workers(config, strategy)
+        check_split_source(config, strategy, network_for(config), names)
+        if names is not None and config.placement != "recorded":
+            strategy.check_workers(config, network_for(config), len(names))
         check_embedded_memory(config)
     return strategy
 

@@ -99,6 +99,13 @@ CASES: list[Case] = [
       for strategy, more in (("reference", ()), ("single", ()), ("kernel", ()),
                              ("data", ()), ("hybrid", ()),
                              ("data", ("train.batch_norm=local",)))],
+    # Hybrid gives every worker some of each dense layer's neurons: refused before the
+    # workers start (they did start, and were timed, before the run refused it).
+    train_case("strategy=hybrid", "cluster.workers=3", "network.hidden=[1]",
+               names="network.hidden.0: strategy hybrid splits every dense layer's neurons "
+               "over its workers, at least one each, and this layer has 1 for 3 workers"),
+    train_case("strategy=hybrid", "cluster.workers=3", "network.hidden=[4, 2]",
+               names="network.hidden.1: strategy hybrid splits"),
     train_case("train.seed=-1", names="train.seed"),
     train_case("train.eval_samples=-1", names="train.eval_samples"),
     train_case("train.nesterov=true", "train.momentum=0", names="train.nesterov"),

@@ -98,6 +98,11 @@ class Strategy:
                               f"{self.name!r}, which takes "
                               f"{', '.join(repr(p) for p in self.placements)}")
 
+    def check_workers(self, config: RunConfig, network: NetworkSpec, workers: int) -> None:
+        """Refuse, naming the field, a network this strategy cannot share out over
+        `workers` workers: asked before a placement times them (by `--check` too, for
+        an embedded cluster), and of the workers a placement kept."""
+
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
              offered: list[ClusterWorker], run_id: str) -> RunPlan:
         """Place the run's work on `offered` (the workers offering the run's tags)."""

@@ -63,6 +63,8 @@ class DataStrategy(Strategy):
 
     def plan(self, client: Client, config: RunConfig, network: NetworkSpec,
              offered: list[ClusterWorker], run_id: str) -> RunPlan:
+        if config.placement != "recorded":  # which may leave workers out: asked of the rest
+            self.check_workers(config, network, len(offered))
         placement = choose_batch_split(client, config, self, network, list(offered), run_id)
         gone = placement.left_out([w.name for w in offered])
         workers = [w for w in offered if w.name not in gone]
@@ -145,13 +147,23 @@ class HybridStrategy(DataStrategy):
 
     def layout(self, config: RunConfig, network: NetworkSpec, workers: list[str],
                shares: list[int]) -> Layout:
+        self.check_workers(config, network, len(workers))
         widths = [out for _in, out in dense_widths(network)]
-        if min(widths) < len(workers):
-            raise ConfigError(f"strategy: hybrid splits every dense layer's neurons over the "
-                              f"{len(workers)} workers, but a layer has only {min(widths)}")
         neurons = tuple(tuple(split_counts(width, len(workers))) for width in widths)
         return HybridLayout(tuple(workers), tuple(shares), neurons, config.hybrid.scheme,
                             config.hybrid.dense_batch, batch_norm=config.train.batch_norm)
+
+    def check_workers(self, config: RunConfig, network: NetworkSpec, workers: int) -> None:
+        """Every dense layer's neurons are split over the workers, at least one each."""
+        widths = [out for _in, out in dense_widths(network)]
+        narrow = widths.index(min(widths))
+        if widths[narrow] < workers:
+            field = (f"network.hidden.{narrow}" if narrow < len(network.hidden)
+                     else "network.classes")
+            raise ConfigError(f"{field}: strategy hybrid splits every dense layer's neurons "
+                              f"over its workers, at least one each, and this layer has "
+                              f"{widths[narrow]} for {workers} workers: widen it, or use fewer "
+                              "workers (cluster.use_workers)")
 
     def arithmetic(self, config: RunConfig, workers: int) -> Arithmetic:
         """Krizhevsky scaled the conv layers' learning rate with the workers."""
