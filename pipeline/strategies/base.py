@@ -4,7 +4,8 @@ The run, the engine, recovery, the sweep and the model never ask which strategy 
 hold; they ask the strategy object (found by name in `pipeline.strategies.STRATEGIES`).
 A strategy says:
 
-- which configs it takes (`check`), and which placements;
+- which configs it takes (`check`), and which placements; which networks it can
+  share out over so many workers (`check_workers`);
 - how it places its work on the run's workers (`plan`: the workers it uses, the
   split, and the `Layout` that says who computes what and which slices cross
   workers), and what its worker side is (`worker_side`, tasks/run_state.py);
