@@ -97,6 +97,14 @@ def test_groups_take_unset_fields_from_the_jobqueue_and_the_run_tag():
     (["cluster.jobqueue.memory=lots"], "cluster.jobqueue.memory"),
     (["cluster.use_workers=3"], "cluster.use_workers: 3, but cluster.jobqueue submits 2 "
                                 "job(s) of one worker each"),
+    (["cluster.workers=3"], "cluster.workers: 3, but cluster.jobqueue.jobs is 2 (under "
+                            "cluster.jobqueue, cluster.workers is the number of jobs): set "
+                            "one of them"),
+    (["cluster.threads=2", "cluster.jobqueue.cores=1"], "cluster.threads: 2, but "
+                                                        "cluster.jobqueue.cores is 1"),
+    (["cluster.workers=[{speed: 0.5}, {}]"], "cluster.workers: a list describes the embedded "
+                                             "cluster's workers (emulated speeds"),
+    (["cluster.devices=[cpu, cpu]"], "cluster.devices: lists the embedded cluster's devices"),
 ])
 def test_jobqueue_config_mistakes_are_one_line(tmp_path, tiny_dataset_factory, overrides,
                                                names):

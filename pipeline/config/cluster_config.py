@@ -126,8 +126,10 @@ class JobqueueConfig(JobGroupConfig):
     each a tagged group of workers; without it, this one kind."""
 
     system: Literal["slurm", "pbs", "sge"] = described("slurm", "the batch system")
-    jobs: int | None = described(2, "how many jobs (workers)")
-    cores: int | None = described(1, "each job's cores: its worker's torch threads")
+    jobs: int | None = described(None, "how many jobs (workers); null: `cluster.workers`, "
+                                 "a count")
+    cores: int | None = described(None, "each job's cores: its worker's torch threads; "
+                                  "null: `cluster.threads`")
     memory: str | None = described("4GB", "each job's memory: the batch system's limit")
     walltime: str | None = described("01:00:00", "`HH:MM:SS`; a job (its worker) ends then")
     host: str = described("127.0.0.1", "where the run's scheduler listens: an address of "
@@ -173,12 +175,13 @@ class ClusterConfig:
         None, "the address of a scheduler you started (`tcp://HOST:8786`, `tls://...`); "
         "null: `DASK_SCHEDULER_ADDRESS`, else an embedded cluster the run starts")
     workers: int | list[WorkerConfig] = described(
-        2, "the embedded cluster: a count of CPU workers, or a list of workers")
+        2, "the embedded cluster: a count of CPU workers, or a list of workers (under "
+        "`jobqueue`: a count, its jobs)")
     devices: list[str] | None = described(
         None, "instead of `workers`, one worker per device, e.g. `[cuda:0, cpu, cpu]` (GPU "
         "ones tagged GPU, CPU ones CPU, each CPU worker with `threads` torch threads)")
     threads: int = described(1, "torch threads of each CPU worker that `workers: N` or "
-                             "`devices` makes")
+                             "`devices` makes (under `jobqueue`: each job's cores)")
     resource: str = described("CPU", "the tag whose workers train (`GPU` runs the shards "
                               "on CUDA)")
     resources: list[str] | None = described(
@@ -321,6 +324,7 @@ class ClusterConfig:
             if getattr(self, other) is not None:
                 raise FieldError("jobqueue", f"the run starts its own scheduler for its "
                                  f"batch jobs: unset cluster.{other} or cluster.jobqueue")
+        self._jobs_from_workers()
         jobs = self.jobqueue.job_count()
         if self.use_workers and self.use_workers > jobs:
             raise FieldError("use_workers", f"{self.use_workers}, but cluster.jobqueue submits "
@@ -332,6 +336,46 @@ class ClusterConfig:
                 raise FieldError(f"jobqueue.{where}resources",
                                  f"its workers offer {sorted(group.resources)}, none of the "
                                  f"run's tags ({', '.join(tags)})")
+
+    def _jobs_from_workers(self) -> None:
+        """Under `cluster.jobqueue` the workers are its jobs: a count of
+        `cluster.workers` and `cluster.threads` are its unset `jobs` and `cores`, and
+        the config then says the jobs' count and cores in both places (a sweep's
+        `cluster.workers` axis, its dry run and its report count jobs). What describes
+        the embedded cluster only (a list of workers, devices), or contradicts a job
+        count or cores given, is refused naming both fields: ignored, 3 workers asked
+        for trained on 2 jobs, and emulated speeds on full-speed jobs."""
+        jobqueue = self.jobqueue
+        assert jobqueue is not None
+        if self.devices is not None:
+            raise FieldError("devices", "lists the embedded cluster's devices, but under "
+                             "cluster.jobqueue the workers are batch jobs: drop "
+                             "cluster.devices (GPU jobs: cluster.jobqueue.groups)")
+        if not isinstance(self.workers, int):
+            raise FieldError("workers", "a list describes the embedded cluster's workers "
+                             "(emulated speeds, devices, memory limits), but under "
+                             "cluster.jobqueue the workers are batch jobs: give "
+                             "cluster.workers a count, or jobs of several kinds in "
+                             "cluster.jobqueue.groups")
+        default = ClusterConfig.__dataclass_fields__
+        for mine, theirs, what in (("workers", "jobs", "the number of jobs"),
+                                  ("threads", "cores", "each job's cores")):
+            value, given = getattr(self, mine), getattr(jobqueue, theirs)
+            if value == default[mine].default:
+                if given is None:
+                    setattr(jobqueue, theirs, value)
+                elif not jobqueue.groups:  # say the jobs' figure where the run reads it
+                    setattr(self, mine, given)
+            elif jobqueue.groups and mine == "workers":
+                raise FieldError("workers", f"{value}, but cluster.jobqueue.groups gives "
+                                 "each kind of job its count: set the groups' jobs "
+                                 "(cluster.jobqueue.groups.N.jobs) and drop cluster.workers")
+            elif given is None:
+                setattr(jobqueue, theirs, value)
+            elif given != value:
+                raise FieldError(mine, f"{value}, but cluster.jobqueue.{theirs} is {given} "
+                                 f"(under cluster.jobqueue, cluster.{mine} is {what}): set "
+                                 "one of them")
 
     def _check_links(self) -> None:
         """Links shape an embedded cluster only, and every worker needs a rate."""

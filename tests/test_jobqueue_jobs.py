@@ -1,0 +1,39 @@
+"""How many batch jobs a run on `cluster.jobqueue` submits, against a real one-node
+Slurm (tests/slurm_cluster.py, as tests/test_jobqueue.py; root and `slurm-wlm`/`munge`
+needed, else skipped with the reason): `cluster.workers` and `cluster.threads` are the
+jobs' count and cores unless `cluster.jobqueue` gives them (a contradiction is refused,
+tests/test_jobqueue.py), and the whole config then says the jobs' figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pipeline.cluster.jobqueue import open_jobqueue_client
+from pipeline.config.run_config import load_run_config
+from tests.slurm_cluster import LocalSlurm
+from tests.test_cli import ROOT
+
+
+def test_the_workers_asked_for_are_the_jobs_submitted(tmp_path, slurm: LocalSlurm):
+    """`cluster.workers=3` (no `cluster.jobqueue.jobs`) submits three jobs, each of
+    `cluster.threads` cores: three workers join, with 2 threads each."""
+    config = load_run_config(os.path.join(ROOT, "configs", "small.yaml"), [
+        "cluster.workers=3", "cluster.threads=2", "cluster.jobqueue.memory=1GB",
+        "cluster.wait_timeout=60", f"cluster.jobqueue.directory={tmp_path}"])
+    assert (config.cluster.jobqueue.jobs, config.cluster.jobqueue.cores) == (3, 2)
+    with open_jobqueue_client(config.cluster) as client:
+        names = sorted(info["name"] for info in client.scheduler_info()["workers"].values())
+        assert names == ["slurm-0", "slurm-1", "slurm-2"]
+        assert sorted(client.nthreads().values()) == [2, 2, 2]
+    assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_the_jobs_given_are_the_configs_workers():
+    """`cluster.jobqueue.jobs` and `cores` given, `cluster.workers` and `threads` left
+    at their defaults: the config counts the jobs' workers and threads (a sweep's dry
+    run and report read `cluster.workers`)."""
+    config = load_run_config(os.path.join(ROOT, "configs", "small.yaml"), [
+        "cluster.jobqueue.jobs=4", "cluster.jobqueue.cores=2"])
+    assert (config.cluster.workers, config.cluster.threads) == (4, 2)
+    assert len(config.cluster.worker_list()) == 4
