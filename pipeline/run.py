@@ -213,7 +213,8 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
     configure_process(1)  # the client must not fight the workers for cores
     startup = Startup(config.name, config.progress)
     if client is None:
-        client, links = stack.enter_context(start_cluster(config, startup, start.say))
+        client, links = stack.enter_context(start_cluster(config, startup, start.say,
+                                                           strategy.one_worker))
     counted = links.counters() if links is not None else {}
     with guarded(client, config.cluster.scheduler_timeout, "placing the work"):
         if offered is None:

@@ -2,17 +2,22 @@
 Slurm (tests/slurm_cluster.py, as tests/test_jobqueue.py; root and `slurm-wlm`/`munge`
 needed, else skipped with the reason): `cluster.workers` and `cluster.threads` are the
 jobs' count and cores unless `cluster.jobqueue` gives them (a contradiction is refused,
-tests/test_jobqueue.py), and the whole config then says the jobs' figures.
+tests/test_jobqueue.py), and the whole config then says the jobs' figures; a run whose
+strategy trains on one worker (`single`) submits one job, not one idle beside it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 
 from pipeline.cluster.jobqueue import open_jobqueue_client
 from pipeline.config.run_config import load_run_config
+from tests.helpers import run_main
 from tests.slurm_cluster import LocalSlurm
 from tests.test_cli import ROOT
+from tests.test_jobqueue_stops import _two_job_args
 
 
 def test_the_workers_asked_for_are_the_jobs_submitted(tmp_path, slurm: LocalSlurm):
@@ -37,3 +42,34 @@ def test_the_jobs_given_are_the_configs_workers():
         "cluster.jobqueue.jobs=4", "cluster.jobqueue.cores=2"])
     assert (config.cluster.workers, config.cluster.threads) == (4, 2)
     assert len(config.cluster.worker_list()) == 4
+
+
+def test_a_single_run_submits_only_its_masters_job(tmp_path, slurm: LocalSlurm,
+                                                   tiny_dataset_factory):
+    """`strategy=single` on a config of two jobs: one line says one job is submitted,
+    `squeue` lists only `hetcnn-slurm-0` while the run runs, and it trains on slurm-0;
+    without this the second job held its allocation idle for the whole run."""
+    args = _two_job_args(tmp_path, tiny_dataset_factory(), "strategy=single",
+                         "train.steps=6")
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.update(line.split()[1] for line in slurm.jobs(str(tmp_path)))
+            done.wait(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        status, lines, _ = run_main("train", args)
+    finally:
+        done.set()
+        watcher.join(30)
+    assert status == 0, lines
+    assert "strategy single trains on one worker: submitting 1 of the 2 slurm jobs " \
+           "cluster.jobqueue asks for (1 more would be idle for the whole run)" in lines, lines
+    assert seen == {"hetcnn-slurm-0"}, seen
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["split_workers"] == ["slurm-0"], summary
+    assert slurm.left_behind(str(tmp_path)) == []

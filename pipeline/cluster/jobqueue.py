@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -80,6 +81,19 @@ def jobqueue_problem(config: ClusterConfig) -> str | None:
     if jobqueue.system == "slurm":
         return partition_problem(jobqueue, config.tags()[0])
     return None
+
+
+def master_job_only(config: ClusterConfig) -> ClusterConfig | None:
+    """The cluster of a one-worker strategy's own run (`single`): one job, its master's,
+    where the config submits more. The others would hold their allocation idle for the
+    whole run; a sweep, whose other points use them, keeps its own jobs instead. None
+    where one job is all it submits, or where which job the master is depends on more
+    than its tag (groups of jobs, `cluster.use_workers`, a master named)."""
+    jobqueue = config.jobqueue
+    if (jobqueue is None or jobqueue.job_count() <= 1 or jobqueue.groups
+            or config.use_workers is not None or config.master not in (None, *config.tags())):
+        return None
+    return dataclasses.replace(config, workers=1, jobqueue=dataclasses.replace(jobqueue, jobs=1))
 
 
 _IMPORTING = threading.Lock()

@@ -25,6 +25,7 @@ from distributed import Client
 from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.workers import live_workers, scheduler_address
 from pipeline.cluster.connect import open_jobqueue, open_run_client
+from pipeline.cluster.jobqueue import master_job_only
 from pipeline.cluster.worker_setup import register_setup, workers_set_up
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.worker_limits import check_worker_limits
@@ -123,20 +124,29 @@ class Startup:
 
 
 @contextlib.contextmanager
-def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None]
-                  ) -> Iterator[tuple[Client, LinkedHosts | None]]:
+def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None],
+                  one_worker: bool = False) -> Iterator[tuple[Client, LinkedHosts | None]]:
     """A client to the run's own cluster (the embedded one, or `cluster.scheduler`'s),
     its workers set up, and the links they sit behind (None without `cluster.link`).
     Before starting embedded workers, warns when they outnumber the cores
-    (`contention_warning`); while they start, tells `startup` how many are up."""
+    (`contention_warning`); while they start, tells `startup` how many are up. Batch
+    jobs for a strategy that trains on `one_worker` are its master's alone, said in a
+    line (`master_job_only`)."""
     with contextlib.ExitStack() as stack:
         jobqueue = config.cluster.jobqueue
         if jobqueue is not None:  # batch jobs: the phase counts them, with the queue's word
-            jobs = jobqueue.job_count()
+            cluster = master_job_only(config.cluster) if one_worker else None
+            if cluster is not None:
+                asked = jobqueue.job_count()
+                say(f"strategy {config.strategy} trains on one worker: submitting 1 of the "
+                    f"{asked} {jobqueue.system} jobs cluster.jobqueue asks for ({asked - 1} "
+                    "more would be idle for the whole run)")
+            cluster = cluster or config.cluster
+            jobs = cluster.jobqueue.job_count()
             with startup.phase(f"starting {jobs} {jobqueue.system} job(s) for the workers",
                                f"{jobs} worker(s) up") as phase:
-                client = stack.enter_context(open_jobqueue(config.cluster, phase.update))
-                register_setup(client, config.cluster)
+                client = stack.enter_context(open_jobqueue(cluster, phase.update))
+                register_setup(client, cluster)
             yield client, None
             return
         if scheduler_address(config.cluster) is not None:
