@@ -26,7 +26,7 @@ import yaml
 from distributed import Client
 
 from pipeline.cli import ResultsFirst
-from pipeline.cluster.workers import (ClusterError, ClusterWorker, WorkerLost, find_workers,
+from pipeline.cluster.workers import (ClusterWorker, WorkerLost, find_workers,
                                       scheduler_address, started_elsewhere)
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.shared_paths import check_workers_code, check_workers_see
@@ -266,8 +266,9 @@ def _placed_surviving(config: RunConfig, strategy: Strategy, start: Start, clien
             replaced += 1
             offered = survivors(client, offered, lost)
             if not offered:
-                raise ClusterError(f"{lost}, and no worker of the run is left to place its "
-                                   "work on") from None
+                raise WorkerLost(f"{lost}, and no worker of the run is left to place its "
+                                 "work on", lost.addresses, lost.labels,
+                                 memory=lost.memory) from None
             start.say(f"warning: {lost}; placing the work again over {len(offered)} "
                       "worker(s)")
 

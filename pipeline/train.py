@@ -133,13 +133,19 @@ def _complete_step(path: str) -> int | None:
         return None
 
 
-def lost_line(error: WorkerLost | SchedulerLost) -> str:
+def lost_line(error: WorkerLost | SchedulerLost, config: RunConfig | None = None) -> str:
     """What a run that lost its scheduler or workers beyond recovery says: how to go
     on. A worker lost at its memory limit would be lost again on a resume, so that
-    line says what can help instead."""
+    line says what can help instead; a run that had trained nothing to keep (every
+    worker lost while the work was placed, on a fresh run: only the initial weights,
+    which the seed makes again) starts over with the same command."""
     if isinstance(error, WorkerLost) and error.memory:
         return (f"{error}; resuming would meet the same limit: give the worker more memory "
                 "(dask worker --memory-limit), add workers, or lower train.batch")
+    step = None if config is None else _complete_step(config.checkpoint_path)
+    if config is not None and not step and not earlier_results(config.output_dir):
+        return (f"{error}; nothing was trained yet: run the same command again to start "
+                "over (on fresh workers)")
     return (f"{error}; start the run again with train.resume=true to continue from the "
             "last checkpoint")
 
@@ -179,7 +185,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
     except NoSpace as error:
         return fail(no_space_line(error, loaded[0] if loaded else None, argv), RUNTIME_ERROR)
     except (WorkerLost, SchedulerLost) as error:
-        return fail(lost_line(error), RUNTIME_ERROR)
+        return fail(lost_line(error, loaded[0] if loaded else None), RUNTIME_ERROR)
     except (ClusterError, FloatingPointError, DatasetDamaged, DatasetChanged,
             CheckpointError, OSError) as error:
         return fail(error, RUNTIME_ERROR)

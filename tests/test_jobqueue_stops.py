@@ -6,8 +6,9 @@ interpreter, no batch system needed). The rest runs against a real one-node Slur
 needed, else skipped with the reason): Ctrl-C mid-run stops it as it stops a run on
 the embedded cluster (one `interrupted (SIGINT)` line, exit 130, its record written,
 no job left), jobs that reach their walltime together end the run with one line
-saying how to resume, its record kept for the resume, and a sweep whose jobs ended
-between points starts fresh ones for the next.
+saying how to resume, its record kept for the resume, jobs that end while the work is
+placed (before any step) end it with one line saying to run the same command again, and
+a sweep whose jobs ended between points starts fresh ones for the next.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -26,7 +28,7 @@ import xarray as xr
 from experiments.sweep.config import load_sweep
 from experiments.sweep.run import ClusterPool
 from storage import checkpoints
-from tests.slurm_cluster import LocalSlurm
+from tests.slurm_cluster import LocalSlurm, job_workers
 from tests.test_cli import ROOT, tiny_args
 from tests.helpers import run_main
 from tests.test_faults import FAULTS, wait_for_checkpoint
@@ -143,6 +145,52 @@ def test_jobs_that_end_together_stop_the_run_with_its_record_kept(tmp_path, slur
     assert list(record.step.values) == list(range(last + 4))
     assert json.loads(record.attrs["starts"])[0]["ended"] == "workers lost"
     assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_jobs_that_end_while_the_work_is_placed_say_to_run_again(tmp_path, slurm: LocalSlurm,
+                                                                 tiny_dataset_factory):
+    """Every job's worker killed once the run says it is placing the work (a placement
+    long enough to be announced: 48 kernels a layer, a batch of 64): one line, exit 1,
+    naming the workers lost and saying that nothing was trained and the same command
+    starts over (it did not say how to go on, and was no lost-worker error a sweep
+    reruns); the same command is then accepted, and no job is left."""
+    args = _two_job_args(tmp_path, tiny_dataset_factory(), "progress=true",
+                         "network.conv.0.kernels=48", "network.conv.1.kernels=48",
+                         "train.batch=64", "train.steps=40")
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
+                           stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    placing = threading.Event()
+
+    def read() -> None:
+        for line in run.stderr:
+            lines.append(line.rstrip())
+            if "placing the work on 2 worker(s)" in line:
+                placing.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert placing.wait(120), lines
+        killed = job_workers(str(tmp_path))
+        assert len(killed) == 2, killed
+        for process in killed:
+            process.kill()
+        run.wait(120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        reader.join(30)
+    assert run.returncode == 1, lines
+    assert re.fullmatch(r"error: calibration: (worker slurm-[01] left the cluster; its|workers "
+                        r"slurm-0, slurm-1 left the cluster; their) work in the run is lost, "
+                        r"and no worker of the run is left to place its work on; nothing was "
+                        r"trained yet: run the same command again to start over \(on fresh "
+                        r"workers\)", lines[-1]), lines
+    assert slurm.left_behind(str(tmp_path)) == []
+    status, again, _ = run_main("train", args + ["--check"])
+    assert status == 0, again
 
 
 def test_a_sweep_starts_fresh_jobs_where_its_jobs_ended_between_points(
