@@ -7,7 +7,8 @@ needed, else skipped with the reason): Ctrl-C mid-run stops it as it stops a run
 the embedded cluster (one `interrupted (SIGINT)` line, exit 130, its record written,
 no job left), jobs that reach their walltime together end the run with one line
 saying how to resume, its record kept for the resume, jobs that end while the work is
-placed (before any step) end it with one line saying to run the same command again, and
+placed (before any step) end it with one line saying to run the same command again, a
+stop while the scheduler waits on the workers' answers closes without a traceback, and
 a sweep whose jobs ended between points starts fresh ones for the next.
 """
 
@@ -191,6 +192,34 @@ def test_jobs_that_end_while_the_work_is_placed_say_to_run_again(tmp_path, slurm
     assert slurm.left_behind(str(tmp_path)) == []
     status, again, _ = run_main("train", args + ["--check"])
     assert status == 0, again
+
+
+def test_a_stop_while_the_workers_answer_closes_without_a_traceback(tmp_path, slurm: LocalSlurm):
+    """Ctrl-C (SIGINT) while the scheduler waits on a job's worker (a `client.run` it
+    has not answered, as while the workers are set up or their folders checked) closes
+    the cluster with the stop alone: before, the scheduler logged `broadcast to ...
+    failed: CommClosedError` and a `CancelledError` traceback of the worker's stream
+    (and asyncio, in a sweep, `Future exception was never retrieved`); no job is left."""
+    code = ("import os, signal, sys, threading, time\n"
+            "from pipeline.config.run_config import load_run_config\n"
+            "from pipeline.cluster.jobqueue import open_jobqueue_client\n"
+            "config = load_run_config(sys.argv[1], sys.argv[2:])\n"
+            "try:\n"
+            "    with open_jobqueue_client(config.cluster) as client:\n"
+            "        print('up', flush=True)\n"
+            "        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+            "        client.run(time.sleep, 5)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n"
+            "import gc; gc.collect()\n")
+    done = subprocess.run(
+        [sys.executable, "-c", code, os.path.join(ROOT, "configs", "small.yaml"),
+         "cluster.jobqueue.jobs=1", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
+         f"cluster.jobqueue.directory={tmp_path}"], cwd=ROOT, capture_output=True,
+        text=True, timeout=120)
+    assert done.stdout.split() == ["up", "interrupted"], (done.stdout, done.stderr)
+    assert done.stderr.strip() == "", done.stderr
+    assert slurm.left_behind(str(tmp_path)) == []
 
 
 def test_a_sweep_starts_fresh_jobs_where_its_jobs_ended_between_points(

@@ -269,14 +269,45 @@ def wait_for_jobs(cluster: Any, jobqueue: JobqueueConfig, wanted: int, timeout: 
 def close_jobqueue_cluster(cluster: Any) -> None:
     """Tell every worker to exit (its job then ends by itself), close the scheduler
     and cancel every job it submitted, even if closing fails half-way (dask-jobqueue
-    cancels them one by one as it closes its workers)."""
+    cancels them one by one as it closes its workers). What the scheduler says of
+    the workers it loses meanwhile is not said (`closing_quietly`)."""
     ids = list(job_ids(cluster).values())
     try:
-        with contextlib.suppress(Exception):  # a scheduler already gone closes nothing
-            cluster.sync(_close_workers, cluster.scheduler)
-        cluster.close()
+        with closing_quietly(cluster):
+            with contextlib.suppress(Exception):  # a scheduler already gone closes nothing
+                cluster.sync(_close_workers, cluster.scheduler)
+            cluster.close()
     finally:
         cancel_jobs(cluster.job_cls.config_name, ids)
+
+
+@contextlib.contextmanager
+def closing_quietly(cluster: Any) -> Iterator[None]:
+    """The scheduler's errors of its own close kept off stderr. A run stopped (Ctrl-C,
+    a signal, a failure) while the scheduler waited on its workers (a `client.run`
+    they had not answered: their set-up, the checks of their folders and code) closes
+    it with those waits open: it logged `broadcast to ... failed: CommClosedError`
+    and a `CancelledError` traceback of each worker's stream, and asyncio printed
+    `Future exception was never retrieved` with a CommClosedError traceback, after
+    the run's one line. Such errors of comms that the close ends are dropped, while
+    it closes and after (the loop's handler); any other is said as before."""
+    logger = logging.getLogger("distributed.scheduler")
+    level = logger.level
+    loop = getattr(getattr(cluster, "loop", None), "asyncio_loop", None)
+    if loop is not None:
+        loop.set_exception_handler(_closed_comms_unsaid)
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _closed_comms_unsaid(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's handler of errors no one retrieved, less those of closed comms and
+    cancelled waits (a closed cluster's)."""
+    if not isinstance(context.get("exception"), (OSError, asyncio.CancelledError)):
+        loop.default_exception_handler(context)
 
 
 async def _close_workers(scheduler: Any) -> None:
