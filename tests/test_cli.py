@@ -370,7 +370,9 @@ def test_a_worker_that_does_not_see_the_output_is_named(tmp_path, cli_cluster,
 
 def test_the_first_worker_missing_a_folder_is_named():
     """`first_unseen`: the run's first worker (in its order) that misses a folder, and
-    which; an answer that is not True (a worker's error) counts as missing."""
+    which; an answer that is not True (a worker's error) counts as missing, but no
+    answer at all (a closed comm: an OSError, which `os.path.exists` never raises) is
+    said as such, not as a missing folder."""
     from pipeline.cluster.workers import ClusterWorker
     from pipeline.cluster.shared_paths import first_unseen
 
@@ -380,6 +382,10 @@ def test_the_first_worker_missing_a_folder_is_named():
     assert first_unseen({what: everywhere for what in shown}, workers, shown) is None
     seen = {"dataset store": {**everywhere, "tcp://h2:1": False},
             "output directory": {**everywhere, "tcp://h1:1": OSError("gone")}}
+    line = first_unseen(seen, workers, shown)
+    assert line == ("worker w1 (tcp://h1:1) did not answer whether it sees the run's output "
+                    "directory /runs/x (OSError: gone)"), line
+    seen["output directory"]["tcp://h1:1"] = ValueError("its own error")
     line = first_unseen(seen, workers, shown)
     assert line.startswith("worker w1 (tcp://h1:1) does not see the run's output directory "
                            "/runs/x: "), line

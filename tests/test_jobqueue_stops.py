@@ -28,6 +28,10 @@ import xarray as xr
 
 from experiments.sweep.config import load_sweep
 from experiments.sweep.run import ClusterPool
+from pipeline.cluster.jobqueue import open_jobqueue_client
+from pipeline.cluster.shared_paths import check_workers_code, check_workers_see
+from pipeline.cluster.workers import find_workers
+from pipeline.config.run_config import load_run_config
 from storage import checkpoints
 from tests.slurm_cluster import LocalSlurm, job_workers
 from tests.test_cli import ROOT, tiny_args
@@ -219,6 +223,33 @@ def test_a_stop_while_the_workers_answer_closes_without_a_traceback(tmp_path, sl
         text=True, timeout=120)
     assert done.stdout.split() == ["up", "interrupted"], (done.stdout, done.stderr)
     assert done.stderr.strip() == "", done.stderr
+    assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_a_job_that_ends_before_its_folders_are_checked_is_no_folder_problem(
+        tmp_path, slurm: LocalSlurm, tiny_dataset_factory):
+    """slurm-1's job ends after the run found its workers and before it asked them
+    whether they see its dataset store and output directory (its walltime, a
+    `scancel`; here its worker killed): the checks pass over the worker that left (the
+    placement after finds it gone and goes on without it, or stops with the
+    lost-worker line). Before, the run stopped blaming the disk: `worker slurm-1 ...
+    does not see the run's dataset store ...: every worker needs the dataset store and
+    the output directory at the same path (a shared disk ...)`."""
+    config = load_run_config(os.path.join(ROOT, "configs", "small.yaml"), [
+        "cluster.jobqueue.jobs=2", "cluster.jobqueue.memory=1GB", "cluster.wait_timeout=60",
+        f"cluster.jobqueue.directory={tmp_path}"])
+    with open_jobqueue_client(config.cluster) as client:
+        offered = find_workers(client, config.cluster)
+        assert [w.name for w in offered] == ["slurm-0", "slurm-1"]
+        (victim,) = [process for process in job_workers(str(tmp_path))
+                     if "--name slurm-1 " in " ".join(process.cmdline())]
+        victim.kill()
+        deadline = time.monotonic() + 30
+        while len(client.nthreads()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(client.nthreads()) == 1
+        check_workers_see(client, offered, tiny_dataset_factory(), str(tmp_path))
+        check_workers_code(client, offered)
     assert slurm.left_behind(str(tmp_path)) == []
 
 

@@ -21,7 +21,7 @@ from typing import Iterator
 
 from distributed import Client
 
-from pipeline.cluster.workers import ClusterError, ClusterWorker
+from pipeline.cluster.workers import ClusterError, ClusterWorker, live_workers
 from tasks.code_identity import code_identity
 
 #: Seconds the workers have to answer (each looks up two paths).
@@ -49,7 +49,11 @@ def first_unseen(seen: dict[str, dict[str, object]], workers: list[ClusterWorker
     sees every folder."""
     for worker in workers:
         for what, path in shown.items():
-            if seen[what].get(worker.address) is not True:
+            answer = seen[what].get(worker.address)
+            if answer is None or isinstance(answer, OSError):  # no word on the folder
+                return (f"worker {worker.name} ({worker.address}) did not answer whether it "
+                        f"sees the run's {what} {path} ({type(answer).__name__}: {answer})")
+            if answer is not True:
                 return (f"worker {worker.name} ({worker.address}) does not see the run's "
                         f"{what} {path}: every worker needs the dataset store and the "
                         "output directory at the same path as this process (a shared "
@@ -60,7 +64,12 @@ def first_unseen(seen: dict[str, dict[str, object]], workers: list[ClusterWorker
 def check_workers_see(client: Client, workers: list[ClusterWorker], dataset: str,
                       output_dir: str) -> None:
     """Raise ClusterError naming the first of `workers` that does not see the dataset
-    store `dataset` or the output directory `output_dir` (module doc)."""
+    store `dataset` or the output directory `output_dir` (module doc). Workers that
+    left the cluster, before or while they are asked, are passed over (`still_listed`,
+    `left_meanwhile`)."""
+    workers = still_listed(client, workers)
+    if not workers:
+        return
     addresses = [w.address for w in workers]
     with marker_in(output_dir) as marker:
         looked_up = {"dataset store": dataset, "output directory": marker}
@@ -72,8 +81,9 @@ def check_workers_see(client: Client, workers: list[ClusterWorker], dataset: str
             raise ClusterError(f"the run's workers did not say within {ANSWER_S:g} s whether "
                                f"they see the dataset store {dataset} and the output "
                                f"directory {output_dir}") from None
-    line = first_unseen(seen, workers, {"dataset store": dataset,
-                                        "output directory": output_dir})
+    gone = left_meanwhile(client, workers, *seen.values())
+    line = first_unseen(seen, [w for w in workers if w.address not in gone],
+                        {"dataset store": dataset, "output directory": output_dir})
     if line is not None:
         raise ClusterError(line)
 
@@ -84,12 +94,15 @@ def other_code(client: Client, workers: list[ClusterWorker]) -> dict[str, str]:
     process keeps what it imported; tasks/code_identity.py). ClusterError where one
     could not be asked in time, or not reached (`unreached_for_code`): it did not say."""
     root, digest = code_identity()
+    workers = still_listed(client, workers)
     try:
         answers = client.run(code_identity, workers=[w.address for w in workers],
                              on_error="return", callback_timeout=ANSWER_S)
     except TimeoutError:
         raise ClusterError(f"the run's workers did not say within {ANSWER_S:g} s which code "
                            "of this project they run") from None
+    gone = left_meanwhile(client, workers, answers)
+    workers = [w for w in workers if w.address not in gone]
     unreached = unreached_for_code(answers, workers)
     if unreached:
         raise ClusterError("; ".join(f"worker {worker.name} ({worker.address}) could not be "
@@ -112,6 +125,27 @@ def other_code(client: Client, workers: list[ClusterWorker]) -> dict[str, str]:
             other[worker.address] = (f"runs other code than this run: the project at "
                                      f"{answer[0]}, this run's at {root}")
     return other
+
+
+def still_listed(client: Client, workers: list[ClusterWorker]) -> list[ClusterWorker]:
+    """Those of `workers` the scheduler still lists. Asked of one it no longer knows,
+    it tries to connect for 30 s (Dask's connect timeout), and the run failed saying
+    its workers did not answer whether they see its folders."""
+    listed = live_workers(client)
+    return [w for w in workers if w.address in listed]
+
+
+def left_meanwhile(client: Client, workers: list[ClusterWorker],
+                   *answers: dict[str, object]) -> set[str]:
+    """Those of `workers` (by address) that gave no answer in one of `answers` (no
+    reply, or a closed comm) and that the scheduler no longer lists: they left the
+    cluster while they were asked (a job's walltime, a `scancel`). They are not
+    blamed for the folders or the code; the placement after finds them gone, as
+    every lost worker (pipeline/run.py, `_placed_surviving`): the work goes to the
+    others, or the run stops with the lost-worker line if none is left."""
+    silent = {w.address for w in workers for answered in answers
+              if answered.get(w.address) is None or isinstance(answered.get(w.address), OSError)}
+    return silent - set(live_workers(client)) if silent else set()
 
 
 def unreached_for_code(answers: dict[str, object], workers: list[ClusterWorker]
