@@ -583,6 +583,18 @@ def test_contention_warning(tmp_path, monkeypatch):
     assert sweep_cli.contention_warning(sweep) is None
 
 
+def test_no_contention_warning_for_batch_jobs(tmp_path, monkeypatch):
+    """Batch jobs (`cluster.jobqueue`) run where the queue puts them, not on this
+    machine's cores: a sweep of 3 jobs of 2 cores on a 2-core login node is no
+    contention (the dry run counts 3 workers, `cluster.workers` being the jobs)."""
+    config = write_sweep(tmp_path, "unused.zarr", {"cluster.workers": [2, 3]},
+                         base={"cluster": {"threads": 2, "jobqueue": {"memory": "1GB"}}})
+    sweep = load_sweep(config)
+    assert [p.config.cluster.jobqueue.jobs for p in sweep.points] == [2, 3]
+    monkeypatch.setattr(sweep_cli.os, "cpu_count", lambda: 2)
+    assert sweep_cli.contention_warning(sweep) is None
+
+
 def test_speedup_against_baseline_median_and_capacity():
     # strategy axis [single, kernel], one other axis of 2, 2 repeats
     step_time = np.array([[[2.0, 4.0], [1.0, 1.0]], [[1.0, 1.5], [0.5, np.nan]]])

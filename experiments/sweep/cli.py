@@ -68,8 +68,9 @@ def contention_warning(sweep: Sweep) -> str | None:
     for point in sweep.points:
         if point.cluster_key is None:
             threads = point.config.reference.threads
-        elif point.cluster_key == "external":
-            continue  # the workers may be elsewhere; the scheduler knows, we do not
+        elif point.cluster_key == "external" or point.config.cluster.jobqueue is not None:
+            continue  # the workers may be elsewhere (batch jobs: where the queue puts
+            # them); the scheduler knows, we do not
         else:
             # The master mostly waits while workers compute, so it is not counted.
             threads = sum(w.threads for w in point.config.cluster.worker_list())
