@@ -16,8 +16,8 @@ Its workers, by name and resource tags (a run uses the workers offering its tags
 * gpu-0: GPU=1 and no CUDA device here (tests/test_cluster.py's master by tag).
 
 `slurm` is a real one-node Slurm per module that asks for it (tests/slurm_cluster.py;
-tests/test_jobqueue.py and tests/test_jobqueue_stops.py), skipped with the reason
-where it cannot start.
+tests/test_jobqueue.py, tests/test_jobqueue_stops.py and tests/test_jobqueue_jobs.py),
+skipped with the reason where it cannot start.
 """
 
 from __future__ import annotations

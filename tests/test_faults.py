@@ -79,6 +79,8 @@ FAULTS = {
     # tests/test_jobqueue_stops.py
     "Ctrl-C to the process group of a run on Slurm jobs, mid-run": "clean",
     "every Slurm job of a run ended mid-run, then resumed": "clean",
+    "every Slurm job's worker killed while the run places its work": "clean",
+    "Ctrl-C while the scheduler waits on a Slurm job's worker": "clean",
 }
 PAGE = os.path.join(ROOT, "docs", "reliability.md")
 

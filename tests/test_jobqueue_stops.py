@@ -159,6 +159,7 @@ def test_jobs_that_end_while_the_work_is_placed_say_to_run_again(tmp_path, slurm
     naming the workers lost and saying that nothing was trained and the same command
     starts over (it did not say how to go on, and was no lost-worker error a sweep
     reruns); the same command is then accepted, and no job is left."""
+    assert FAULTS["every Slurm job's worker killed while the run places its work"] == "clean"
     args = _two_job_args(tmp_path, tiny_dataset_factory(), "progress=true",
                          "network.conv.0.kernels=48", "network.conv.1.kernels=48",
                          "train.batch=64", "train.steps=40")
@@ -204,6 +205,7 @@ def test_a_stop_while_the_workers_answer_closes_without_a_traceback(tmp_path, sl
     the cluster with the stop alone: before, the scheduler logged `broadcast to ...
     failed: CommClosedError` and a `CancelledError` traceback of the worker's stream
     (and asyncio, in a sweep, `Future exception was never retrieved`); no job is left."""
+    assert FAULTS["Ctrl-C while the scheduler waits on a Slurm job's worker"] == "clean"
     code = ("import os, signal, sys, threading, time\n"
             "from pipeline.config.run_config import load_run_config\n"
             "from pipeline.cluster.jobqueue import open_jobqueue_client\n"
