@@ -349,6 +349,23 @@ def test_points_their_run_would_refuse_stop_the_sweep_before_it_starts(tmp_path,
     assert out == "" and not store.exists()
 
 
+def test_a_batch_its_workers_memory_cannot_hold_stops_the_sweep_in_one_line(
+        tmp_path, tiny_dataset_factory):
+    """`pipeline.train --check` refuses a batch no split fits into its workers' memory
+    (exit 2, one line); a sweep with such a batch among its points ended in a bare
+    traceback (exit 1), its dry run too. Now both stop first, naming the point."""
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"train.batch": [16, 512]},
+                         base={"cluster": {"workers": [{"memory_limit": "250MB"}]}})
+    store = tmp_path / "memory.zarr"
+    for dry in (["--dry-run"], []):
+        status, errors, out = run_main("sweep", [config, "--out", str(store), *dry])
+        assert status == 2 and len(errors) == 1, errors
+        assert errors[0].startswith("error: memory: worker cpu-0 needs "), errors
+        assert errors[0].endswith(" (at point batch=512)"), errors
+        assert out == "" and not store.exists()
+
+
 @pytest.mark.parametrize("axes, zip_groups, expected", [
     ({"train.btch": [8, 16]}, [], ["train.btch", "unknown key", "axes.train.btch"]),
     ({"train.batch": []}, [], ["axes.train.batch", "at least one value"]),

@@ -58,6 +58,7 @@ from pipeline.prediction import check_probe_environment, predict_point
 from pipeline.preflight import (check_before_start, check_own_dir, check_run,
                                 check_writable_dir)
 from pipeline.config.schema import ConfigError, to_dict
+from pipeline.placement.split import PlacementError
 from storage.space import NoSpace, is_full
 
 
@@ -163,7 +164,7 @@ def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
         checked.add(key)
         try:
             check_point(point, sweep.config.mode, field)
-        except ConfigError as error:
+        except (ConfigError, PlacementError) as error:  # as `--check` refuses them (exit 2)
             where = " ".join(f"{dim}={label}" for dim, label in point.labels.items())
             raise ConfigError(f"{error} (at point {where})") from None
 
