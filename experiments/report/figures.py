@@ -27,6 +27,8 @@ import xarray as xr  # noqa: E402
 import yaml  # noqa: E402
 
 from experiments.report.figure_files import legend_beside, save_figure  # noqa: E402
+from experiments.report.gaps import (mark_missing, place_missing, with_missing,  # noqa: E402
+                                    worker_counts)
 from experiments.report.view import (COLORS, PAPER_LABEL, PAPER_POINT,  # noqa: E402
                                      PAPER_STRATEGY, StoreView, label_order, slice_of_others)
 from experiments.sweep.store_layout import DONE  # noqa: E402
@@ -90,11 +92,13 @@ def speedup_range(capacities: Sequence[float]) -> tuple[float, bool]:
 
 def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     """Speedup against workers, per network size, with the ideal line and the paper."""
-    data = frame[(frame["strategy"] != sweep.baseline) & frame["speedup"].notna()]
-    if data.empty:
+    if frame["speedup"].notna().sum() == 0 or frame[frame["strategy"] != sweep.baseline][
+            "speedup"].isna().all():
         return False
     panels = sweep.network_dims
     wdim = sweep.worker_dim
+    data = place_missing(with_missing(frame[frame["strategy"] != sweep.baseline], "speedup"),
+                         "relative_capacity", wdim, worker_counts(sweep.ds, wdim))
     skip = set(panels) | {wdim, "strategy"}
     group = ["strategy"] + [d for d in sweep.dims if d not in skip]
     if wdim is not None:  # settings zipped with the workers (e.g. placement)
@@ -102,7 +106,7 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
                   and sweep.ds[c].dims == (wdim,) and "field" in sweep.ds[c].attrs
                   and sweep.ds[c].attrs["field"] not in ("cluster.workers",
                                                          "cluster.use_workers")]
-    if not data["equal_workers"].all():
+    if not data.loc[data["speedup"].notna(), "equal_workers"].all():
         group.append("equal_workers")
     panel_values = (sorted({tuple(r) for r in data[panels].astype(str).values},
                            key=lambda v: [label_order(data, p, sweep.ds).index(x)
@@ -129,10 +133,14 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
             keys = key if isinstance(key, tuple) else (key,)
             lines = lines.sort_values("relative_capacity")
             color = palette[keys]
-            label = speedup_label(keys, group, list(lines["relative_capacity"]))
+            mark_missing(ax, lines, "relative_capacity", color)
+            measured = lines[lines["speedup"].notna()]
+            if measured.empty:  # failed or not run wherever it was set
+                continue
+            label = speedup_label(keys, group, list(measured["relative_capacity"]))
             if lines["relative_capacity"].nunique() <= 1:  # one measured setting:
-                ax.axhline(float(lines["speedup"].median()), linestyle=":", linewidth=1.5,
-                           color=color, label=label)
+                ax.axhline(float(measured["speedup"].median()), linestyle=":",
+                           linewidth=1.5, color=color, label=label)
                 continue
             error = [lines["speedup"] - lines["speedup_low"],
                      lines["speedup_high"] - lines["speedup"]]
@@ -156,8 +164,8 @@ def breakdown_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     """Stacked per-step time (compute, exchange, master, wait) per strategy and workers."""
     keep = [d for d in ("strategy", sweep.worker_dim) if d]
     data, fixed = slice_of_others(sweep, frame, keep)
-    data = data[data["step_time"].notna()]
-    if data.empty:
+    data = with_missing(data, "step_time")
+    if data["step_time"].isna().all():
         return False
     labels = [" / ".join(str(row[d]) for d in keep) or "all" for _, row in data.iterrows()]
     fig, ax = plt.subplots(figsize=(max(5.5, 0.9 * len(data) + 2), 4.6))
@@ -169,6 +177,10 @@ def breakdown_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         bottom += values
     ax.plot(x, data["step_time"], marker="_", markersize=28, markeredgewidth=2,
             color="black", linestyle="none", label="measured step time")
+    for position, state in zip(x, data["missing"]):  # a point with no bar says why
+        if state:
+            ax.text(position, 0, f" {state}", rotation=90, ha="center", va="bottom",
+                    fontsize=9, color="#c44e52")
     ax.set_xticks(x, labels, rotation=30 if len(data) > 4 else 0, ha="right" if len(data) > 4
                   else "center")
     ax.set_ylabel("seconds per step (median)")
@@ -187,18 +199,21 @@ def batch_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         return False
     keep = [d for d in ("strategy", sweep.worker_dim, bdim) if d]
     data, fixed = slice_of_others(sweep, frame, keep)
-    data = data[data["step_time"].notna()].copy()
-    if data.empty:
+    data = with_missing(data, "step_time").copy()
+    if data["step_time"].isna().all():
         return False
     data["batch_value"] = pd.to_numeric(data[bdim], errors="coerce")
     group = [d for d in keep if d != bdim]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
-    for keys, lines in data.groupby(group, sort=False) if group else [((), data)]:
+    for index, (keys, lines) in enumerate(data.groupby(group, sort=False) if group
+                                          else [((), data)]):
         keys = keys if isinstance(keys, tuple) else (keys,)
         lines = lines.sort_values("batch_value")
-        label = _label(keys, group)
-        left.plot(lines["batch_value"], lines["step_time"], marker="o", label=label)
-        right.plot(lines["batch_value"], lines["throughput"], marker="o", label=label)
+        label = _label(keys, group) if lines["step_time"].notna().any() else None
+        color = COLORS[index % len(COLORS)]
+        for ax, name in ((left, "step_time"), (right, "throughput")):
+            ax.plot(lines["batch_value"], lines[name], marker="o", label=label, color=color)
+            mark_missing(ax, lines, "batch_value", color)
     left.set_ylabel("step time (s, median)")
     right.set_ylabel("throughput (samples/s)")
     for ax in (left, right):

@@ -18,6 +18,8 @@ import pandas as pd  # noqa: E402
 
 from experiments.report.figure_files import legend_beside, save_figure  # noqa: E402
 from experiments.report.figures import in_one_process  # noqa: E402
+from experiments.report.gaps import (mark_missing, place_missing, with_missing,  # noqa: E402
+                                    worker_counts)
 from experiments.report.view import COLORS, StoreView, slice_of_others  # noqa: E402
 
 
@@ -38,13 +40,17 @@ def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     for ax, (dim, label) in zip(axes[0], panels):
         keep = ["strategy", dim]
         data, fixed = slice_of_others(sweep, frame, keep)
-        data = data[data["memory_working"].notna()].copy()
+        data = with_missing(data, "memory_working").copy()
         data["x"] = pd.to_numeric(data["n_workers"] if dim == sweep.worker_dim else data[dim],
                                   errors="coerce")
+        data = place_missing(data, "x", dim, worker_counts(sweep.ds, dim))
         for strategy, rows in data.groupby("strategy", sort=False):
             rows = rows.sort_values("x")
             mb = rows["memory_working"] / 1e6
             alone = in_one_process(str(strategy))  # plain PyTorch, no workers
+            mark_missing(ax, rows, "x", "black" if alone else colors[strategy])
+            if mb.isna().all():
+                continue
             if alone and dim == sweep.worker_dim:
                 ax.axhline(float(mb.median()), color="black", linestyle="--", linewidth=1.2,
                            label="reference (plain PyTorch)")

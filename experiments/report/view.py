@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from experiments.sweep.store_layout import DONE, PREDICTED_COMPONENTS  # noqa: E402
+from experiments.sweep.store_layout import (DONE, FAILED, PENDING,  # noqa: E402
+                                           PREDICTED_COMPONENTS)
 from experiments.sweep.summary import RATES, base_strategy  # noqa: E402
 from pipeline.records.step_breakdown import COMPONENTS  # noqa: E402
 
@@ -74,7 +75,10 @@ class StoreView:
         return self.dim_with("train.batch")
 
     def points(self) -> pd.DataFrame:
-        """One row per grid point: medians (and min/max) over done repeats, all labels."""
+        """One row per grid point: medians (and min/max) over done repeats, all labels;
+        `missing` says why a point has no figures: "failed" (no repeat done, one failed),
+        "not run" (none done or failed, one pending), else "" (done, or not
+        applicable), so that a figure marks it rather than drawing past it."""
         ds = self.ds
         done = ds.status == DONE
         figures = ds[POINT_FIGURES + [n for n in BREAKDOWN_FIGURES + OPTIONAL_FIGURES
@@ -93,6 +97,10 @@ class StoreView:
             table[f"{name}_low"] = low[name]
             table[f"{name}_high"] = high[name]
         table["done"] = done.sum("repeat")
+        failed, pending = ((ds.status == state).sum("repeat") for state in (FAILED, PENDING))
+        table["missing"] = xr.where(table["done"] > 0, "",
+                                    xr.where(failed > 0, "failed",
+                                             xr.where(pending > 0, "not run", "")))
         table = table.drop_vars([c for c in ("step", "warmup") if c in table.coords])
         if not self.dims:
             table = table.expand_dims("point")

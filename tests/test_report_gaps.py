@@ -1,0 +1,113 @@
+"""A failed point in the report's line figures: a gap and a mark, never a line drawn
+past it as if it had been measured (experiments/report/gaps.py)."""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from experiments.report import cli as report
+from experiments.report import figures, memory
+from experiments.report.view import StoreView
+from experiments.sweep.config import load_sweep
+from experiments.sweep.results import ResultStore
+from experiments.sweep.run import run_sweep
+from tests.test_sweep import write_sweep
+
+
+@pytest.fixture(scope="module")
+def done_store(tmp_path_factory, tiny_dataset_factory):
+    """A real sweep, every point done: single and kernel on 1 and 2 workers at batch
+    8, 16 and 32 (single's 2-worker points not applicable)."""
+    tmp_path = tmp_path_factory.mktemp("gaps")
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["single", "kernel"], "cluster.workers": [1, 2],
+                          "train.batch": [8, 16, 32]}, name="gaps")
+    path = str(tmp_path / "gaps.zarr")
+    with pytest.MonkeyPatch.context() as patch:  # as in test_sweep: no cluster probes
+        patch.setenv("CNN_PREDICT_PROBE", "never")
+        patch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+        assert run_sweep(load_sweep(config, out=path), out=io.StringIO(),
+                         err=io.StringIO()) == 0
+    return path
+
+
+@pytest.fixture
+def failed_store(done_store, tmp_path):
+    """The sweep's store with kernel at 2 workers, batch 16 failed, as the sweep
+    records a point that failed (its figures cleared, the reason, status 2)."""
+    path = str(tmp_path / "gaps.zarr")
+    shutil.copytree(done_store, path)
+    with xr.open_zarr(path) as ds:
+        region = (list(ds.strategy.values).index("kernel"), list(ds.workers.values).index(2),
+                  list(ds.batch.values).index(16), 0)
+    store = ResultStore(path)
+    store.write_failure(region, "FloatingPointError: training diverged at step 1", {}, {})
+    store.refresh_derived()
+    return path
+
+
+def drawn(monkeypatch) -> dict[str, list]:
+    """Each figure's axes as drawn, by file name: [(line label, x, y, marker), ...]
+    per axes, then (legend label, ...) as the last entry, taken as the figure is
+    saved."""
+    seen: dict[str, list] = {}
+    for module in (figures, memory):
+        real = module.save_figure
+
+        def save(fig, path, real=real):
+            seen[path.rsplit("/", 1)[-1]] = [
+                [(line.get_label(), np.asarray(line.get_xdata(), dtype=float),
+                  np.asarray(line.get_ydata(), dtype=float), line.get_marker())
+                 for line in ax.get_lines()] + [("legend", *ax.get_legend_handles_labels()[1])]
+                for ax in fig.axes]
+            real(fig, path)
+        monkeypatch.setattr(module, "save_figure", save)
+    return seen
+
+
+def test_a_failed_point_breaks_its_line_and_is_marked(failed_store, tmp_path, monkeypatch):
+    frame = StoreView(xr.open_zarr(failed_store).load()).points()
+    row = frame[(frame.strategy == "kernel") & (frame.workers == "2") & (frame.batch == "16")]
+    assert list(row["missing"]) == ["failed"]
+    assert set(frame["missing"]) == {"", "failed"}  # not applicable points are no gap
+    seen = drawn(monkeypatch)
+    report.make_report(failed_store, str(tmp_path / "report"))
+
+    # batch.png: kernel on 2 workers over batch 8, 16, 32: a gap at 16 and its mark
+    step_time = seen["batch.png"][0]
+    line = next(x_y for x_y in step_time if x_y[0] == "kernel, workers 2")
+    assert list(line[1]) == [8, 16, 32]
+    assert np.isfinite(line[2][[0, 2]]).all() and np.isnan(line[2][1])
+    marks = [x_y for x_y in step_time if x_y[3] == "x" and x_y[1].size]
+    assert [list(m[1]) for m in marks] == [[16.0]]
+    assert any(label.startswith("failed point") for label in step_time[-1])
+
+    # speedup.png: kernel at batch 16 measured on 1 worker only; its failed 2-worker
+    # point is marked where 2 workers are (from the other 2-worker points)
+    lines = seen["speedup.png"][0]
+    marks = [x_y for x_y in lines[:-1] if x_y[3] == "x" and x_y[1].size]
+    assert [list(m[1]) for m in marks] == [[pytest.approx(2.0)]]
+    assert "kernel, batch 16 (at 1 only)" in lines[-1]
+
+    # memory.png, against batch (at 2 workers): the same gap and mark
+    against_batch = seen["memory.png"][1]
+    kernel = next(x_y for x_y in against_batch[:-1] if x_y[0] == "kernel")
+    assert list(kernel[1]) == [8, 16, 32] and np.isnan(kernel[2][1])
+    assert [list(m[1]) for m in against_batch[:-1] if m[3] == "x" and m[1].size] == [[16.0]]
+
+    text = open(tmp_path / "report" / "report.md", encoding="utf-8").read()
+    assert "- strategy=kernel, workers=2, batch=16: FloatingPointError" in text
+
+
+def test_a_store_with_every_point_done_has_no_marks(done_store, tmp_path, monkeypatch):
+    seen = drawn(monkeypatch)
+    report.make_report(done_store, str(tmp_path / "report"))
+    for name in ("batch.png", "speedup.png", "memory.png"):
+        for axes in seen[name]:
+            assert not any(x_y[3] == "x" for x_y in axes[:-1]), name
+            assert not any(label.startswith(("failed", "point not run")) for label in axes[-1])
