@@ -23,6 +23,7 @@ from experiments.report.errors import error_section
 from experiments.report.growth import growth_section
 from experiments.report.links import links_section
 from experiments.report.view import PAPER_POINT, PAPER_STRATEGY, StoreView
+from experiments.sweep.provenance import mixed_sessions
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED
 from experiments.sweep.summary import format_table, summary_table
 
@@ -40,6 +41,7 @@ def _provenance(ds: xr.Dataset) -> list[str]:
     versions = json.loads(ds.attrs.get("versions", "{}"))
     status = ds.status.values
     memory = machine.get("memory_bytes")
+    mixed = mixed_sessions(json.loads(ds.attrs.get("sessions") or "[]"))
     lines = [
         f"- points: {int((status == DONE).sum())} done, {int((status == FAILED).sum())} "
         f"failed, {int((status == 0).sum())} pending, {int((status == SKIPPED).sum())} not "
@@ -50,7 +52,10 @@ def _provenance(ds: xr.Dataset) -> list[str]:
         + f" ({machine.get('host', '?')})",
         *trained_on(ds),
         f"- code revision {ds.attrs.get('code_revision', '?')}; "
-        + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+        + (" (the first session's)" if mixed else ""),
+        *([f"- warning: {mixed}; their figures are mixed in this store (--fresh measures "
+           "every point again under one)"] if mixed else []),
         f"- started {ds.attrs.get('started', '?')}, {_ended(ds.attrs.get('finished'), status)}",
         f"- command: `{ds.attrs.get('command', '')}`",
         _speedup_line(ds),

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from experiments.sweep.measure import measure_point, predict_only
 from pipeline.records.record import code_revision
-from experiments.sweep.provenance import machine_info
+from experiments.sweep.provenance import machine_info, resume_warning, session_provenance
 from experiments.sweep.results import PointResult, ResultStore, StoreMismatch, SweepLock
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
 from experiments.sweep.summary import format_table, summary_table
@@ -270,6 +270,12 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                     store.write_skipped(point.region, point.skip)
         todo = [p for p in sweep.points if not p.skip and status[p.region] != DONE]
         skipped = sum(1 for p in sweep.points if p.skip)
+        differs = resume_warning(json.loads(store.attrs().get("sessions", "[]")),
+                                 session_provenance()) if todo else None
+        if differs:
+            print(f"warning: {store.path} holds points measured under another setup than "
+                  f"this session's ({differs}): the store will mix them, and its report "
+                  "names each session's; --fresh measures every point again", file=err)
         echo(f"sweep {sweep.config.name}: {len(sweep.points)} points, "
              f"{len(sweep.points) - len(todo) - skipped} done before, {len(todo)} to run"
              + (f", {skipped} not applicable" if skipped else "") + f" -> {sweep.store_path}")
@@ -281,8 +287,8 @@ def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
                 echo: Callable[[str], None], err: TextIO) -> None:
     """Run `todo` one point after another, a line and a bar step each, and record the
     session in the store's attributes however the loop ends."""
-    session = {"started": now_text(), "pid": os.getpid(), "host": os.uname().nodename,
-               "code_revision": code_revision(), "points_run": 0, "interrupted": True}
+    session = {"started": now_text(), "pid": os.getpid(), **session_provenance(),
+               "points_run": 0, "interrupted": True}
     pool = ClusterPool(echo)
     sampler = ProbeSampler(sweep.config.mode == "measure"
                            and sweep.config.probe_samples == "per_repeat", echo)
