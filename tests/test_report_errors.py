@@ -65,8 +65,33 @@ def test_the_error_table_sets_the_compute_error_and_the_repeats_spread_beside_it
 def test_the_error_table_names_the_cpu_it_was_measured_on():
     machine = {"host": "vm", "cpu": "AMD EPYC 7B13", "cores": 2}
     lines = error_section(_store().assign_attrs(machine=json.dumps(machine)))
-    assert any("Measured on AMD EPYC 7B13, 2 cores (host vm)" in line for line in lines)
+    assert any("Measured on AMD EPYC 7B13, 2 cores (host vm): the error holds for that "
+               "machine, after its own probe." in line for line in lines)
     assert any("an unrecorded CPU" in line for line in error_section(_store()))
+
+
+def test_the_error_table_names_the_workers_machines_not_the_clients():
+    """A sweep on a cluster (`--scheduler`, Slurm jobs) is started on a login node:
+    the store's `machine` is that node's, but the runs, their errors and the probes
+    behind them were measured on the workers' machines, as each done point keeps
+    them (a failed point's are not counted)."""
+    store = _store().assign_attrs(machine=json.dumps({"host": "login", "cpu": "Intel Xeon",
+                                                      "cores": 4}))
+    node = {"w0": {"machine": "node17: AMD EPYC 9654, 96 cores, AVX512", "torch_threads": 4}}
+    texts = np.full(store.status.shape, json.dumps(node), dtype=object)
+    other = {"w0": {"machine": "node18: AMD EPYC 9654, 96 cores, AVX512"}}
+    texts[1, 1, 1] = json.dumps(other)  # data's failed run
+    store["worker_machines"] = (store.status.dims, texts)
+    lines = error_section(store)
+    assert any("Measured on node17: AMD EPYC 9654, 96 cores, AVX512 (the workers' machine): "
+               "the error holds for that machine, after its own probe." in line
+               for line in lines), lines
+    assert not any("login" in line or "node18" in line for line in lines)
+    texts[1, 1, 0] = json.dumps(other)  # a done run on another node
+    store["worker_machines"] = (store.status.dims, texts)
+    assert any("Measured on node17: AMD EPYC 9654, 96 cores, AVX512; node18: AMD EPYC "
+               "9654, 96 cores, AVX512 (the workers' machines): the error holds for those "
+               "machines" in line for line in error_section(store))
 
 
 def test_the_memory_models_error_is_tabled_beside_the_step_times():

@@ -6,8 +6,9 @@ as a sign) and the largest; beside them the signed median of ``compute_error`` (
 model's compute against the run's: where it carries the miss, the machine ran at
 another speed than at its probe) and how far repeats of one point measured apart
 (`repeat_spread`: the machine's own noise, below which no error can be told from
-it). `error_section` writes them as a report.md table, with the CPU model the runs
-and their probes were measured on (`measured_on`). The error is the store's
+it). `error_section` writes them as a report.md table, with the machines the runs
+and their probes were measured on (`measured_on`: the workers', which on a cluster
+are not the client's). The error is the store's
 ``prediction_error`` (predicted / measured - 1), against each run's median step.
 Pure functions of the store.
 
@@ -93,11 +94,31 @@ def _rows(ds: xr.Dataset, errors: xr.DataArray) -> pd.DataFrame:
 
 
 def measured_on(ds: xr.Dataset) -> str:
-    """The machine the store's runs were measured (and its probes made) on, from its
-    ``machine`` attr: the CPU model first, as the error holds for that machine."""
+    """Where the store's runs were measured (and their probes made): the machines
+    its done points' workers trained on (``worker_machines``: on a cluster of
+    other hosts, not the client's), else, in a store without them, its ``machine``
+    attr (the client's): the CPU model first, as the error holds for that machine."""
+    machines = workers_machines(ds)
+    if len(machines) == 1:
+        return f"{machines[0]} (the workers' machine): the error holds for that machine"
+    if machines:
+        return (f"{'; '.join(machines)} (the workers' machines): the error holds for "
+                "those machines")
     machine = json.loads(ds.attrs.get("machine", "{}"))
     return (f"{machine.get('cpu', 'an unrecorded CPU')}, {machine.get('cores', '?')} cores "
-            f"(host {machine.get('host', '?')})")
+            f"(host {machine.get('host', '?')}): the error holds for that machine")
+
+
+def workers_machines(ds: xr.Dataset) -> list[str]:
+    """The machines the done points' workers trained on, as they said them, in the
+    store's order; none in a store written before they were kept."""
+    if "worker_machines" not in ds or "status" not in ds:
+        return []
+    done = np.asarray(ds.status.values == DONE)
+    texts = np.asarray(ds.worker_machines.values)[done]
+    said = [str(w.get("machine")) for text in texts
+            for w in json.loads(str(text or "") or "{}").values() if w.get("machine")]
+    return list(dict.fromkeys(said))
 
 
 def error_section(ds: xr.Dataset) -> list[str]:
@@ -125,8 +146,7 @@ def error_section(ds: xr.Dataset) -> list[str]:
         lines += [f"## {title}", "",
                   f"Over every done run with a prediction (points and repeats): {what}. "
                   "A signed median away from 0 is a bias. Measured on "
-                  f"{measured_on(ds)}: the error holds for that machine, after its own "
-                  "probe.", "",
+                  f"{measured_on(ds)}, after its own probe.", "",
                   *markdown_rows(["strategy", "runs", "median abs. error", "median error",
                                   "largest abs. error",
                                   *(EXTRA_COLUMNS[c] for c in extra)], table), ""]
