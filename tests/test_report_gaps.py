@@ -111,3 +111,20 @@ def test_a_store_with_every_point_done_has_no_marks(done_store, tmp_path, monkey
         for axes in seen[name]:
             assert not any(x_y[3] == "x" for x_y in axes[:-1]), name
             assert not any(label.startswith(("failed", "point not run")) for label in axes[-1])
+
+
+def test_the_docs_xarray_example_draws_speedup_lines(done_store):
+    """README's and docs/sweeps.md's line of xarray on a sweep's store: it drew a
+    heatmap of workers x repeat on the quick sweep's store and raised a TypeError on
+    any store with one more axis (here batch); it draws a line per batch now."""
+    import matplotlib.pyplot as plt
+
+    from tests.test_sweep import ROOT
+    lines = {path: [line.strip().split("   #")[0] for line in open(f"{ROOT}/{path}").read()
+                    .splitlines() if line.strip().startswith("ds.speedup.")]
+             for path in ("README.md", "docs/sweeps.md")}
+    assert lines["README.md"] == lines["docs/sweeps.md"] and len(lines["README.md"]) == 1
+    ds = xr.open_zarr(done_store)  # noqa: F841 - the example's name
+    drawn_lines = eval(lines["README.md"][0])
+    assert [type(line).__name__ for line in drawn_lines] == ["Line2D"] * ds.sizes["batch"]
+    plt.close("all")
