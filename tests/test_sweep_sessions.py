@@ -43,6 +43,7 @@ def test_a_store_resumed_under_another_code_revision_says_so(tmp_path, tiny_data
     sessions = json.loads(xr.open_zarr(path).attrs["sessions"])
     assert [s["code_revision"] for s in sessions] == [first, "0000000-dirty"]
     assert sessions[1]["versions"] == software_versions()
+    assert [s["cluster"] for s in sessions] == ["embedded", "embedded"]
 
     report.make_report(path, str(tmp_path / "report"))
     text = open(tmp_path / "report" / "report.md", encoding="utf-8").read()
@@ -73,6 +74,11 @@ def test_a_store_resumed_under_another_code_revision_says_so(tmp_path, tiny_data
        "versions": {"torch": "3", "numpy": "2"}}],
      "the store's points were measured under different versions: session 1 (T0, 1 "
      "point(s) run): versions torch 1; session 2 (T1, 1 point(s) run): versions torch 3"),
+    ([{"points_run": 3, "code_revision": "a", "started": "T0", "cluster": "embedded"},
+      {"points_run": 1, "code_revision": "a", "started": "T1",
+       "cluster": "tcp://10.0.0.1:8786"}],
+     "the store's points were measured under different cluster: session 1 (T0, 3 point(s) "
+     "run): cluster embedded; session 2 (T1, 1 point(s) run): cluster tcp://10.0.0.1:8786"),
 ])
 def test_mixed_sessions_names_what_differs(sessions, expected):
     assert provenance.mixed_sessions(sessions) == expected

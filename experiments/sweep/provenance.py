@@ -41,20 +41,23 @@ def machine_info() -> dict[str, Any]:
             "memory_bytes": psutil.virtual_memory().total, "gpus": gpus}
 
 
-def session_provenance() -> dict[str, Any]:
+def session_provenance(scheduler: str | None = None) -> dict[str, Any]:
     """What a sweep's session records of where and with which code its points ran
-    (beside its times): a store resumed elsewhere, or after the code changed, holds
-    points of several, and `mixed_sessions` names them."""
+    (beside its times): the client's host, the code revision, the package versions
+    and the cluster (`scheduler`'s address, or ``embedded``). A store resumed
+    elsewhere, on another cluster or after the code changed holds points of several,
+    and `mixed_sessions` names them."""
     return {"host": socket.gethostname(), "code_revision": code_revision(),
-            "versions": software_versions()}
+            "versions": software_versions(), "cluster": scheduler or "embedded"}
 
 
 def _differing(sessions: list[dict[str, Any]]) -> dict[str, Any]:
     """Per field that the sessions disagree on, how to say one session's value:
-    the code revision, the host, and the packages whose versions differ (sessions
-    written before they kept versions count as agreeing)."""
+    the code revision, the host, the cluster, and the packages whose versions differ
+    (a session written before it kept one of them counts as agreeing on it)."""
     said: dict[str, Any] = {}
-    for name, key in (("code revision", "code_revision"), ("host", "host")):
+    for name, key in (("code revision", "code_revision"), ("host", "host"),
+                      ("cluster", "cluster")):
         if len({s.get(key) for s in sessions if s.get(key)}) > 1:
             said[name] = lambda s, key=key: str(s.get(key, "?"))
     versions = [s["versions"] for s in sessions if isinstance(s.get("versions"), dict)]
@@ -68,8 +71,8 @@ def _differing(sessions: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def mixed_sessions(sessions: list[dict[str, Any]]) -> str | None:
-    """One line saying how the sessions that ran points differ in code revision, host
-    or package versions (each such session, numbered in the store's order, with what
+    """One line saying how the sessions that ran points differ in code revision, host,
+    cluster or package versions (each such session, numbered in the store's order, with what
     it ran), or None where they agree: a store resumed after `git pull`, on another
     machine or in another environment mixes their figures."""
     ran = [(index, s) for index, s in enumerate(sessions, start=1) if s.get("points_run")]

@@ -271,7 +271,7 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
         todo = [p for p in sweep.points if not p.skip and status[p.region] != DONE]
         skipped = sum(1 for p in sweep.points if p.skip)
         differs = resume_warning(json.loads(store.attrs().get("sessions", "[]")),
-                                 session_provenance()) if todo else None
+                                 session_provenance(sweep.scheduler)) if todo else None
         if differs:
             print(f"warning: {store.path} holds points measured under another setup than "
                   f"this session's ({differs}): the store will mix them, and its report "
@@ -287,7 +287,8 @@ def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
                 echo: Callable[[str], None], err: TextIO) -> None:
     """Run `todo` one point after another, a line and a bar step each, and record the
     session in the store's attributes however the loop ends."""
-    session = {"started": now_text(), "pid": os.getpid(), **session_provenance(),
+    session = {"started": now_text(), "pid": os.getpid(),
+               **session_provenance(sweep.scheduler),
                "points_run": 0, "interrupted": True}
     pool = ClusterPool(echo)
     sampler = ProbeSampler(sweep.config.mode == "measure"
