@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -364,6 +365,37 @@ def test_a_batch_its_workers_memory_cannot_hold_stops_the_sweep_in_one_line(
         assert errors[0].startswith("error: memory: worker cpu-0 needs "), errors
         assert errors[0].endswith(" (at point batch=512)"), errors
         assert out == "" and not store.exists()
+
+
+def test_a_store_named_without_zarr_beside_one_with_it_is_refused(tmp_path,
+                                                                   tiny_dataset_factory,
+                                                                   monkeypatch):
+    """results/x.zarr and results/x keep their runs in the same results/x.runs: a
+    second sweep there replaced the first's point records (its --fresh deleted them
+    all), and the two stores' locks did not keep them apart. Now the second is refused
+    in one line, its dry run too, and the first's records are left as they were."""
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    dataset = tiny_dataset_factory("float32")
+    first = write_sweep(tmp_path, dataset, {"strategy": ["single"]}, name="first")
+    second = write_sweep(tmp_path, dataset, {"strategy": ["single"]}, name="second",
+                         base={"train": {"batch": 8}})
+    store = tmp_path / "x.zarr"
+    assert run_main("sweep", [first, "--out", str(store)])[0] == 0
+    runs = sorted(os.listdir(tmp_path / "x.runs"))
+    record = tmp_path / "x.runs" / runs[0] / "summary.json"
+    before = record.read_bytes()
+    for extra in (["--dry-run"], [], ["--fresh"]):
+        status, errors, out = run_main("sweep", [second, "--out", str(tmp_path / "x"),
+                                                 *extra])
+        assert status == 2 and len(errors) == 1, errors
+        assert errors[0] == (f"error: --out: {tmp_path / 'x'} would keep its runs in "
+                             f"{tmp_path / 'x.runs'}, which holds those of the sweep store "
+                             f"{store}; name the store apart from it (e.g. another stem)")
+        assert out == "" and not (tmp_path / "x").exists()
+    assert sorted(os.listdir(tmp_path / "x.runs")) == runs and record.read_bytes() == before
+    shutil.rmtree(store)  # the first store gone (or moved, with its runs): no refusal
+    assert run_main("sweep", [second, "--out", str(tmp_path / "x"), "--dry-run"])[0] == 0
 
 
 @pytest.mark.parametrize("axes, zip_groups, expected", [

@@ -47,7 +47,7 @@ from experiments.sweep.store_layout import DONE, SKIPPED
 from experiments.sweep.results_checksums import point_key
 from experiments.scaling.run import dry_run_scaling, run_scaling_sweep
 from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
-from experiments.sweep.config import Sweep, load_sweep
+from experiments.sweep.config import Sweep, load_sweep, store_sharing_runs
 from experiments.sweep.points import Point
 from experiments.sweep.run import STORE, check_store, run_sweep
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
@@ -152,6 +152,7 @@ def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
     if isinstance(sweep, ScalingSweep):
         return
     check_own_dir(sweep.runs_dir, field)
+    check_runs_not_shared(sweep, field)
     checked: set[str] = set()
     for point in sorted(sweep.points, key=lambda p: p.order):  # the first in grid order
         # Points that differ only in their name and run directory (repeats, and most
@@ -167,6 +168,21 @@ def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
         except (ConfigError, PlacementError) as error:  # as `--check` refuses them (exit 2)
             where = " ".join(f"{dim}={label}" for dim, label in point.labels.items())
             raise ConfigError(f"{error} (at point {where})") from None
+
+
+def check_runs_not_shared(sweep: Sweep, field: str) -> None:
+    """Refuse a store whose run directories (results/x.runs) are another existing
+    store's (results/x.zarr beside results/x): its points would replace that sweep's
+    records, and `--fresh` would delete them."""
+    other = store_sharing_runs(sweep.store_path)
+    try:
+        runs = ResultStore(other).attrs().get("runs_dir") if os.path.isdir(other) else None
+    except Exception:  # noqa: BLE001 - no readable store there: nothing to share
+        runs = None
+    if runs == os.path.abspath(sweep.runs_dir):
+        raise ConfigError(f"{field}: {sweep.store_path} would keep its runs in "
+                          f"{sweep.runs_dir}, which holds those of the sweep store {other}; "
+                          "name the store apart from it (e.g. another stem)")
 
 
 def check_point(point: Point, mode: str, field: str) -> None:

@@ -188,6 +188,13 @@ def runs_dir_for(store_path: str) -> str:
     return stem + ".runs"
 
 
+def store_sharing_runs(store_path: str) -> str:
+    """The other store path whose run directories are this one's (`runs_dir_for`):
+    results/x for results/x.zarr, and results/x.zarr for results/x."""
+    path = store_path.rstrip("/")
+    return path[: -len(".zarr")] if path.endswith(".zarr") else path + ".zarr"
+
+
 # Loading -----------------------------------------------------------------------------
 
 
