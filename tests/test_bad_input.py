@@ -351,9 +351,21 @@ def write_zoo_sweep(tmp_path, presets: list[str]) -> str:
     return str(path)
 
 
-def test_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path):
+def sweep_in_process(monkeypatch, tmp_path, *args: str) -> tuple[int, list[str], str]:
+    """`run_main("sweep", ARGS)` from `tmp_path` with `sweep_process`'s environment (its
+    probe policy, no scheduler from the environment), undone after: where a test runs
+    the command once as a process, its other runs here (an interpreter and its imports
+    less each; what only a process shows, the first one shows)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    return run_main("sweep", list(args))
+
+
+def test_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path, monkeypatch):
     """The dry run once listed the points (without their status) and exited 0 where
-    the run refuses the store: it checks the store first, in the run's line."""
+    the run refuses the store: it checks the store first, in the run's line. The
+    first difference through the real command, the others through its `main` here."""
     config = write_zoo_sweep(tmp_path, ["resnet20"])
     store = str(tmp_path / "zoo.zarr")
     sweep = load_sweep(config, out=store)
@@ -362,15 +374,20 @@ def test_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path):
     before = sorted(p.name for p in (tmp_path / "zoo.zarr").iterdir())
     # each field by its dotted name and the values as the user wrote them: not the
     # base's derived train.steps (warm-up added in), nor a YAML line of a list
-    for override, difference in [
+    for number, (override, difference) in enumerate([
             ("train.batch=12", "base.train.batch: 13 there, 12 here"),
             ("measure.steps=4", "measure.steps: 1 there, 4 here"),
-            ("axes.train.lr=[0.05]", "axes.train.lr: [0.05, 0.1] there, [0.05] here")]:
-        result = sweep_process(config, "--out", store, override, "--dry-run", cwd=str(tmp_path))
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert_one_error_line(result.returncode, lines, 2,
+            ("axes.train.lr=[0.05]", "axes.train.lr: [0.05, 0.1] there, [0.05] here")]):
+        argv = [config, "--out", store, override, "--dry-run"]
+        if number == 0:
+            result = sweep_process(*argv, cwd=str(tmp_path))
+            status, stdout = result.returncode, result.stdout
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+        else:
+            status, lines, stdout = sweep_in_process(monkeypatch, tmp_path, *argv)
+        assert_one_error_line(status, lines, 2,
                               f"holds a different sweep (first difference: {difference})")
-        assert result.stdout == ""  # no list of points
+        assert stdout == ""  # no list of points
     assert sorted(p.name for p in (tmp_path / "zoo.zarr").iterdir()) == before
     # --fresh would replace it: the dry run lists the points, as the run would run them
     status, lines, out = run_main("sweep", [config, "--out", store, "train.batch=12",
@@ -389,20 +406,26 @@ def test_scaling_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path):
     assert "2 points" in run_main("sweep", [other, "--out", store, "--dry-run", "--fresh"])[2]
 
 
-def test_a_sweep_with_a_point_its_run_would_refuse_runs_no_point(tmp_path):
+def test_a_sweep_with_a_point_its_run_would_refuse_runs_no_point(tmp_path, monkeypatch):
     """AlexNet does not fit 32-pixel images: `pipeline.train --check` refuses it alone,
     and a sweep with it among its points once ran the others and recorded it as
     failed. Now the sweep (and its dry run) stops first, naming the point, and
-    writes no store."""
+    writes no store. The dry run through the real command, the run through its `main`
+    here."""
     config = write_zoo_sweep(tmp_path, ["resnet20", "alexnet"])
     store = tmp_path / "zoo.zarr"
     for dry in (["--dry-run"], []):
-        result = sweep_process(config, "--out", str(store), *dry, cwd=str(tmp_path))
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert_one_error_line(result.returncode, lines, 2,
+        argv = [config, "--out", str(store), *dry]
+        if dry:
+            result = sweep_process(*argv, cwd=str(tmp_path))
+            status, stdout = result.returncode, result.stdout
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+        else:
+            status, lines, stdout = sweep_in_process(monkeypatch, tmp_path, *argv)
+        assert_one_error_line(status, lines, 2,
                               "network.preset: alexnet does not fit images of 32x32")
         assert lines[0].endswith("(at point network=alexnet lr=0.05)"), lines
-        assert result.stdout == ""
+        assert stdout == ""
         assert not store.exists() and not (tmp_path / "zoo.runs").exists()
     assert not (tmp_path / "zoo-data.zarr").exists()  # no dataset built either
 
