@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 
 import matplotlib.image
 import pytest
@@ -47,10 +45,15 @@ def store(tmp_path_factory, tiny_dataset_factory):
     return path
 
 
-def test_report_cli_writes_figures_and_table_next_to_the_store(store):
-    result = subprocess.run([sys.executable, "-m", "experiments.report.cli", store], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+def test_report_cli_writes_figures_and_table_next_to_the_store(store, capsys, monkeypatch):
+    """The command's main in this process, from the project's root (that `python -m
+    experiments.report` starts as a process is tests/test_cli.py's
+    test_the_documented_commands_start_as_modules): an interpreter importing torch,
+    xarray and matplotlib less."""
+    monkeypatch.chdir(ROOT)
+    status = report.main([store])
+    result = capsys.readouterr()
+    assert status == 0, result.err
     out_dir = store[: -len(".zarr")] + ".report"
     expected = ["speedup.png", "breakdown.png", "batch.png", "placement.png",
                 "memory.png", "step_times.png", "growth_single.png", "growth_kernel.png", "report.md"]
@@ -58,7 +61,7 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store):
     mixes = open(os.path.join(out_dir, "report.md")).read().split("## Device mixes")[1]
     assert "kernels 12/16, devices 1+0.5/even | " in mixes  # one row per point
     assert "cpu-0 (cpu, CPU) 57%, cpu-1 (cpu, CPU) 43% |" in mixes  # 16/28, 12/28 kernels
-    assert result.stdout.split() == [os.path.join(out_dir, name) for name in expected]
+    assert result.out.split() == [os.path.join(out_dir, name) for name in expected]
     for name in expected[:-1]:
         image = matplotlib.image.imread(os.path.join(out_dir, name))
         assert image.shape[0] > 300 and image.shape[1] > 400, name
