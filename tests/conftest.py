@@ -1,6 +1,6 @@
 """Shared fixtures: a small synthetic dataset and a real Dask cluster.
 
-The cluster is a real scheduler with four nanny-managed worker processes (the same
+The cluster is a real scheduler with three nanny-managed worker processes (the same
 SpecCluster the runs start), started once and shared by every test module that asks
 for it: starting, warming up and closing a cluster costs several seconds, more than
 most of the runs on it. Each run registers its own worker setup (`register_setup`:
@@ -13,7 +13,9 @@ Its workers, by name and resource tags (a run uses the workers offering its tags
 * cpu-0, cpu-1, cpu-2: CPU=1, the workers of most runs (`three_worker_cluster`);
   also tagged FAST, MID, SLOW one each (tests/test_devices.py's device mix) and,
   cpu-0 and cpu-1, PROBE (the pair tests/test_prediction.py probes and predicts);
-* gpu-0: GPU=1 and no CUDA device here (tests/test_cluster.py's master by tag).
+* gpu-0 (GPU=1, no CUDA device here) is started beside them only for
+  tests/test_cluster.py's master by tag (`tests.helpers.worker_beside`), not kept for
+  the session: an idle worker costs its cluster about 9 ms of CPU a second.
 
 `slurm` is a real one-node Slurm per module that asks for it (tests/slurm_cluster.py;
 tests/test_jobqueue.py, tests/test_jobqueue_stops.py and tests/test_jobqueue_jobs.py),
@@ -60,13 +62,12 @@ SHARED_WORKERS = [
     WorkerConfig(name="cpu-0", resources={"CPU": 1, "FAST": 1, "PROBE": 1}),
     WorkerConfig(name="cpu-1", resources={"CPU": 1, "MID": 1, "PROBE": 1}),
     WorkerConfig(name="cpu-2", resources={"CPU": 1, "SLOW": 1}),
-    WorkerConfig(name="gpu-0", resources={"GPU": 1}),
 ]
 
 
 @pytest.fixture(scope="session")
 def shared_cluster():
-    """The session's cluster (module doc); yields (client, config of its four workers)."""
+    """The session's cluster (module doc); yields (client, config of its three workers)."""
     with embedded_client(SHARED_WORKERS) as made:
         yield made
 

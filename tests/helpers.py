@@ -10,6 +10,7 @@ import subprocess
 from contextlib import contextmanager
 from typing import Iterator
 
+import dask
 import numpy as np
 import psutil
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 
 from experiments.sweep import cli as sweep_cli
 from pipeline import train as train_cli
-from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.cluster.embedded import QUIET, start_embedded_cluster
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
 from pipeline.config.run_config import RunConfig, build_run_config
@@ -44,6 +45,34 @@ def embedded_client(workers: list[WorkerConfig]) -> Iterator[tuple[Client, Clust
     finally:
         client.close()
         cluster.close()
+
+
+@contextmanager
+def worker_beside(shared: tuple[Client, ClusterConfig], worker: WorkerConfig
+                  ) -> Iterator[tuple[Client, ClusterConfig]]:
+    """`worker` started beside the workers of `shared` (an `embedded_client`'s cluster),
+    as they were started (a nanny with their options and `QUIET`, its process forked
+    from the same server), and set up as a run sets up its workers; yields the client
+    and the config of all of them. Stopped after, and the others set up as before. For
+    a worker only a module needs (tests/test_cluster.py's GPU-tagged one): an idle
+    worker kept for the session costs its cluster about 9 ms of CPU a second."""
+    client, config = shared
+    cluster = client.cluster
+    template = next(iter(cluster.worker_spec.values()))
+    cluster.worker_spec[worker.name] = {
+        "cls": template["cls"],
+        "options": {**template["options"], "resources": dict(worker.resources)}}
+    with_it = ClusterConfig(workers=[*config.workers, worker])
+    try:
+        with dask.config.set(QUIET):
+            cluster.sync(cluster._correct_state)
+        client.wait_for_workers(len(with_it.workers), timeout=120)
+        register_setup(client, with_it)
+        yield client, with_it
+    finally:
+        cluster.worker_spec.pop(worker.name, None)
+        cluster.sync(cluster._correct_state)
+        register_setup(client, config)
 
 
 def scheduler_args(client: Client, folder: str) -> list[str]:

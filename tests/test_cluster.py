@@ -17,14 +17,24 @@ import pytest
 from pipeline.cluster.workers import ClusterError, add_master, find_workers, too_few_workers
 from pipeline.cluster.embedded import is_worker_process
 from pipeline.cluster.forked_main import adopt_parent_main, parent_main
+from pipeline.config.cluster_config import WorkerConfig
 from tests.conftest import ROOT
+from tests.helpers import worker_beside
+
+
+@pytest.fixture(scope="module")
+def with_gpu_worker(shared_cluster):
+    """The shared cluster (tests/conftest.py) with a GPU-tagged worker (its torch device
+    is the CPU here) started beside its three CPU workers for this module."""
+    with worker_beside(shared_cluster, WorkerConfig(name="gpu-0",
+                                                    resources={"GPU": 1})) as made:
+        yield made
 
 
 @pytest.fixture
-def mixed_cluster(shared_cluster):
-    """The shared cluster (tests/conftest.py): three CPU workers and one tagged GPU (its
-    torch device is the CPU here), with a config of its own to change."""
-    client, config = shared_cluster
+def mixed_cluster(with_gpu_worker):
+    """Three CPU workers and one tagged GPU, with a config of its own to change."""
+    client, config = with_gpu_worker
     return client, dataclasses.replace(config)
 
 
