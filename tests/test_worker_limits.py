@@ -19,8 +19,8 @@ from pipeline.cluster.workers import ClusterWorker, WorkerLost, live_workers
 from pipeline.engine.runner import TaskRunner
 from pipeline.train import lost_line
 from pipeline.cluster.worker_limits import MemoryRule, limit_problem, memory_loss_notes, memory_rule
-from tests.helpers import reliability_rows, run_main
-from tests.test_cli import CliCluster, error_lines, tiny_args, train
+from tests.helpers import error_lines_of, reliability_rows, run_main
+from tests.test_cli import CliCluster, tiny_args
 
 MB = 10 ** 6
 #: fault injected -> the test that injects it (docs/reliability.md lists the same).
@@ -140,10 +140,12 @@ def test_a_too_small_limit_is_refused_before_the_setup(tmp_path, scheduler,
     try:
         _wait_for_workers(address, 1)
         child = psutil.Process(worker.pid).children()[-1].pid  # the nanny's worker process
-        result = train(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
-                       "--scheduler", address, timeout=120)
-        lines = error_lines(result)
-        assert result.returncode == 2, result.stderr
+        # the command's main in this process: what is checked is the line and the
+        # worker's nanny, a process of its own (one interpreter start less)
+        status, said, _out = run_main("train", [
+            *tiny_args(tmp_path, tiny_dataset_factory("float32")), "--scheduler", address])
+        lines = error_lines_of("\n".join(said))
+        assert status == 2, said
         assert len(lines) == 1 and "worker tiny: 250 MB limit, a worker needs at least" \
             in lines[0], lines
         time.sleep(3)  # a setup would have had it restarted by now
@@ -162,14 +164,16 @@ def test_an_external_worker_s_memory_limit_is_read_from_the_scheduler(
     cluster, address = scheduler
     cluster.start_worker("--memory-limit", "650MB", "--no-nanny", "--resources", "LIMITED=1")
     try:  # the run waits for the worker (cluster.wait_timeout) while it starts
-        result = train(*tiny_args(tmp_path, tiny_dataset_factory("float32")),
-                       "network.conv.0.kernels=500", "network.conv.1.kernels=1500",
-                       "train.batch=32", "strategy=single", "cluster.resource=LIMITED",
-                       "--scheduler", address, timeout=120)
+        # the command's main in this process: the limit is the worker's, read from the
+        # scheduler (one interpreter start less)
+        status, said, _out = run_main("train", [
+            *tiny_args(tmp_path, tiny_dataset_factory("float32")),
+            "network.conv.0.kernels=500", "network.conv.1.kernels=1500", "train.batch=32",
+            "strategy=single", "cluster.resource=LIMITED", "--scheduler", address])
     finally:
         _stop_workers(cluster, address)
-    assert result.returncode == 2, result.stderr
-    lines = error_lines(result)
+    assert status == 2, said
+    lines = error_lines_of("\n".join(said))
     assert len(lines) == 1 and "needs" in lines[0] and "has 520 MB" in lines[0], lines
     assert "Dask pauses a worker at 80 % of its limit" in lines[0]
     assert not (tmp_path / "run" / "record.zarr").exists()
