@@ -144,8 +144,9 @@ def lost_line(error: WorkerLost | SchedulerLost, config: RunConfig | None = None
                 "(dask worker --memory-limit), add workers, or lower train.batch")
     step = None if config is None else _complete_step(config.checkpoint_path)
     if config is not None and not step and not earlier_results(config.output_dir):
+        workers = " (on fresh workers)" if isinstance(error, WorkerLost) else ""
         return (f"{error}; nothing was trained yet: run the same command again to start "
-                "over (on fresh workers)")
+                f"over{workers}")
     return (f"{error}; start the run again with train.resume=true to continue from the "
             "last checkpoint")
 

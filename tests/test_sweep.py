@@ -38,6 +38,7 @@ from experiments.sweep.probe_samples import ProbeSampler
 from experiments.sweep.run import ClusterPool, run_sweep
 from pipeline.cluster import embedded
 from pipeline.config.run_config import RunConfig
+from pipeline.prediction import predict_memory
 from pipeline.config.schema import ConfigError, load_yaml
 from pipeline.probe.machine import cpu_model, machine_identity
 from pipeline.records.step_breakdown import COMPONENTS
@@ -355,9 +356,15 @@ def test_a_batch_its_workers_memory_cannot_hold_stops_the_sweep_in_one_line(
     """`pipeline.train --check` refuses a batch no split fits into its workers' memory
     (exit 2, one line); a sweep with such a batch among its points ended in a bare
     traceback (exit 1), its dry run too. Now both stop first, naming the point."""
-    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
-                         {"train.batch": [16, 512]},
-                         base={"cluster": {"workers": [{"memory_limit": "250MB"}]}})
+    dataset = tiny_dataset_factory("float32")
+    # the limit lies halfway between the two batches' predicted peaks on this machine
+    # (its measured bare-process baselines move them by tens of MB from one to another)
+    sweep = load_sweep(write_sweep(tmp_path, dataset, {"train.batch": [16, 512]}))
+    peaks = [predict_memory(point.config).largest for point in sweep.points]
+    assert peaks[0] < peaks[1], peaks
+    limit = f"{int((peaks[0] + peaks[1]) / 2 / 1e6)}MB"
+    config = write_sweep(tmp_path, dataset, {"train.batch": [16, 512]},
+                         base={"cluster": {"workers": [{"memory_limit": limit}]}})
     store = tmp_path / "memory.zarr"
     for dry in (["--dry-run"], []):
         status, errors, out = run_main("sweep", [config, "--out", str(store), *dry])
