@@ -44,7 +44,7 @@ from pipeline.preflight import memory_refusal
 from pipeline.records.memory import machine_memory_constants
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
-from tests.helpers import (max_relative_error, replay_in_pytorch,
+from tests.helpers import (cut_probe_to_one_round, max_relative_error, replay_in_pytorch,
                            run_main, shared_workers, tiny_config)
 
 
@@ -327,7 +327,11 @@ def test_a_run_says_why_it_has_no_prediction(probe_cache, tiny_dataset_factory, 
 
 
 def test_model_placement_runs_and_stays_exact(probe, two_workers, tiny_dataset_factory,
-                                              tmp_path):
+                                              tmp_path, monkeypatch):
+    """`placement: model` on a network of its own (a probe of its own): the probe cut to
+    one round, as its figures are `test_probe_measures_positive_finite_constants`'s; here
+    the split it gives, the choice it records and the exact training are tested."""
+    cut_probe_to_one_round(monkeypatch)
     client, cluster = two_workers
     dataset = tiny_dataset_factory("float32")
     config = _config(tmp_path, dataset, cluster, placement="model",
