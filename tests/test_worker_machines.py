@@ -50,7 +50,10 @@ def partitions(tmp_path_factory):
     try:
         for cluster, prefix in zip(made, [(), PINNED]):
             cluster.start_scheduler()
-            cluster.start_worker("--name", "w0", prefix=prefix)
+            # no nanny: its process would cost a start (distributed's imports) and
+            # watch nothing these tests ask of a worker; the pinned worker is then the
+            # process `taskset` runs as
+            cluster.start_worker("--name", "w0", "--no-nanny", prefix=prefix)
         for cluster in made:
             address = json.loads(cluster.scheduler_file.read_text())["address"]
             clients.append(Client(address, set_as_default=False, timeout="30s"))
