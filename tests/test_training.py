@@ -106,9 +106,12 @@ def test_reference_strategy_matches_kernel(tmp_path, three_worker_cluster,
         checkpoints.read_tensors(kernel.checkpoint_path, 5)) < 1e-4
 
 
-def test_the_command_line_checks_its_run_once(tmp_path, monkeypatch):
+def test_the_command_line_checks_its_run_once_and_says_when_its_medians_include_warm_up(
+        tmp_path, monkeypatch):
     """`python -m pipeline.train` leaves the checks to the run, which makes them once
-    (the output folder's is one of them)."""
+    (the output folder's is one of them). And `train.warmup_steps` at or past
+    `train.steps` leaves no step to measure: the medians take every step, and the
+    summary and the closing line say so (one run checks both)."""
     checked: list[str] = []
     writable = preflight.check_writable_dir
 
@@ -119,27 +122,15 @@ def test_the_command_line_checks_its_run_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(preflight, "check_writable_dir", counted)
     output = str(tmp_path / "run")
-    status, lines, _out = run_main("train", [
-        os.path.join(ROOT, "configs", "small.yaml"), "strategy=reference",
-        f"output={output}", f"data.path={tmp_path / 'data'}", "data.train_samples=128",
-        "data.test_samples=32", "train.steps=2", "train.eval_samples=0",
-        "progress=false"])
-    assert status == 0, lines
-    assert checked == [output]
-    # no test images evaluated: no accuracy in the record, as the summary's is null
-    assert "test_accuracy" not in xr.open_zarr(os.path.join(output, "record.zarr")).attrs
-
-
-def test_a_run_all_of_whose_steps_are_warm_up_says_its_medians_include_them(tmp_path):
-    """`train.warmup_steps` at or past `train.steps` leaves no step to measure: the
-    medians take every step, and the summary and the closing line say so."""
-    output = str(tmp_path / "run")
     status, lines, out = run_main("train", [
         os.path.join(ROOT, "configs", "small.yaml"), "strategy=reference",
         f"output={output}", f"data.path={tmp_path / 'data'}", "data.train_samples=128",
         "data.test_samples=32", "train.steps=2", "train.warmup_steps=5",
         "train.eval_samples=0", "progress=false"])
     assert status == 0, lines
+    assert checked == [output]
+    # no test images evaluated: no accuracy in the record, as the summary's is null
+    assert "test_accuracy" not in xr.open_zarr(os.path.join(output, "record.zarr")).attrs
     summary = json.loads(open(os.path.join(output, "summary.json")).read())
     assert summary["warmup_included"] and summary["measured_steps"] == 2
     assert "over 2 measured steps" in out and "warm-up included: train.warmup_steps" in out
