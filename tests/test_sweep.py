@@ -44,7 +44,7 @@ from pipeline.probe.machine import cpu_model, machine_identity
 from pipeline.records.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from tasks.memory import current_rss
-from tests.helpers import run_main
+from tests.helpers import cut_probe_to_one_round, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -231,8 +231,10 @@ def test_a_sweep_with_repeats_probes_each_cluster_again_at_each_repeat(
     1's first point on a probe (the cluster's; this process's for `reference`) the
     sweep takes one more sample, says so, and repeat 1's points are predicted from the
     median over both (the cache keeps both samples). Which points get a sample is
-    `test_samples_are_taken_before_the_first_point_of_each_later_repeat`'s."""
+    `test_samples_are_taken_before_the_first_point_of_each_later_repeat`'s. The probe
+    is cut to one round: when samples are taken is under test, not their figures."""
     monkeypatch.setenv("CNN_PREDICT_PROBE", "auto")
+    cut_probe_to_one_round(monkeypatch)
     dataset = tiny_dataset_factory("float32")
     base = {"train": {"batch": 16, "eval_samples": 0, "checkpoint_every": 0}}
     config = write_sweep(tmp_path, dataset, {"strategy": ["reference", "kernel"]},
