@@ -419,9 +419,12 @@ def test_a_store_named_without_zarr_beside_one_with_it_is_refused(tmp_path,
      ["zip.0", "network.conv.1.kernels has 1"]),
     ({"zip": [{"fields": {"train.batch": [8, 16]}}]}, [],
      ["axes.zip: `zip:` is a key of the sweep file itself, beside `axes:`"]),
+    ({"strategy": ["kernel", "magic"]}, [], ["strategy", "'magic'"]),
 ])
 def test_bad_sweep_configs_exit_2_with_one_line(tmp_path, capsys, tiny_dataset_factory, axes,
                                                 zip_groups, expected):
+    """In this process; the command run as a process, refusing in one line, is
+    test_concurrent_sweep_is_refused's."""
     config = write_sweep(tmp_path, "unused.zarr", axes, zip=zip_groups)
     assert sweep_cli.main([config, "--out", str(tmp_path / "bad.zarr")]) == 2
     lines = error_lines(capsys.readouterr().err)
@@ -504,15 +507,6 @@ def test_base_on_the_command_line_replaces_the_sweeps_base(tmp_path, capsys):
         assert error_lines(capsys.readouterr().err) == [
             f"error: base: {quick} is a sweep config (it has axes and base), not a base: "
             "name the base it uses, or write its fields here"]
-
-
-def test_bad_axis_through_the_real_cli(tmp_path):
-    config = write_sweep(tmp_path, "unused.zarr", {"strategy": ["kernel", "magic"]})
-    result = run_cli(config)
-    assert result.returncode == 2
-    lines = error_lines(result)
-    assert len(lines) == 1 and "strategy" in lines[0] and "'magic'" in lines[0]
-    assert "Traceback" not in result.stderr
 
 
 def test_store_of_another_sweep_is_not_overwritten(tmp_path, capsys):
