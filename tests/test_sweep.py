@@ -382,12 +382,13 @@ def test_a_store_named_without_zarr_beside_one_with_it_is_refused(tmp_path,
     """results/x.zarr and results/x keep their runs in the same results/x.runs: a
     second sweep there replaced the first's point records (its --fresh deleted them
     all), and the two stores' locks did not keep them apart. Now the second is refused
-    in one line, its dry run too, and the first's records are left as they were."""
+    in one line, its dry run too, and the first's records are left as they were.
+    `reference` points: in this process, no cluster to start for what is a store's."""
     monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
     dataset = tiny_dataset_factory("float32")
-    first = write_sweep(tmp_path, dataset, {"strategy": ["single"]}, name="first")
-    second = write_sweep(tmp_path, dataset, {"strategy": ["single"]}, name="second",
+    first = write_sweep(tmp_path, dataset, {"strategy": ["reference"]}, name="first")
+    second = write_sweep(tmp_path, dataset, {"strategy": ["reference"]}, name="second",
                          base={"train": {"batch": 8}})
     store = tmp_path / "x.zarr"
     assert run_main("sweep", [first, "--out", str(store)])[0] == 0
