@@ -31,6 +31,7 @@ from experiments.sweep.results import PointResult, ResultStore
 from experiments.sweep.store_layout import ADDED_LATER, DONE, FAILED, build_template
 from experiments.sweep.run import one_line
 from experiments.sweep.config import load_sweep
+from pipeline.cluster.embedded import QUIET
 from pipeline.cluster.workers import SchedulerLost, WorkerLost
 from storage import checkpoints
 from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch, run_main
@@ -93,24 +94,45 @@ def this_code_everywhere():
         yield
 
 
+#: Dask's settings that cost CPU and that nothing under test reads, as the project
+#: sets them on the servers it starts itself (pipeline/cluster/embedded.py's `QUIET`):
+#: no statistical profiler (it samples each worker's stacks every 10 ms), no GIL
+#: monitor, the event-loop health check every 500 ms instead of 20, the system monitor
+#: every 2 s instead of 0.5. A kill, a join, a lost connection are seen as before.
+QUIET_SERVERS = {key: QUIET[key] for key in (
+    "distributed.worker.profile.enabled", "distributed.admin.system-monitor.gil.enabled",
+    "distributed.admin.tick.interval", "distributed.admin.system-monitor.interval")}
+
+
+def quiet_servers(patch: pytest.MonkeyPatch) -> None:
+    """`QUIET_SERVERS` as Dask's environment variables, for the servers (and runs) this
+    process starts from here on: on a module's shared cluster, over a run of a minute
+    or more, most of its CPU when idle."""
+    for key, value in QUIET_SERVERS.items():
+        patch.setenv("DASK_" + key.upper().replace(".", "__").replace("-", "_"), str(value))
+
+
 @pytest.fixture(scope="module")
 def three_cli_workers(tmp_path_factory, this_code_everywhere):
     """`dask scheduler` and three `dask worker --no-nanny --name wN` processes, shared by
-    the module; a test that kills a worker starts its replacement (`replace`)."""
-    cluster = CliCluster(tmp_path_factory.mktemp("cli"))
-    address = cluster.start_scheduler()
-    workers = {f"w{i}": cluster.start_worker("--no-nanny", "--name", f"w{i}") for i in range(3)}
-    client = Client(address, set_as_default=False, timeout="30s")
-    try:
-        client.wait_for_workers(3, timeout=120)
-        yield CliWorkers(cluster, address, workers, client)
-    finally:
-        client.close()
-        for process in reversed(cluster.processes):
-            process.kill()
-        for process in cluster.processes:
-            process.wait()
-        cluster.logs.close()
+    the module (`QUIET_SERVERS`); a test that kills a worker starts its replacement
+    (`replace`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        quiet_servers(patch)
+        cluster = CliCluster(tmp_path_factory.mktemp("cli"))
+        address = cluster.start_scheduler()
+        workers = {f"w{i}": cluster.start_worker("--no-nanny", "--name", f"w{i}") for i in range(3)}
+        client = Client(address, set_as_default=False, timeout="30s")
+        try:
+            client.wait_for_workers(3, timeout=120)
+            yield CliWorkers(cluster, address, workers, client)
+        finally:
+            client.close()
+            for process in reversed(cluster.processes):
+                process.kill()
+            for process in cluster.processes:
+                process.wait()
+            cluster.logs.close()
 
 
 @dataclass
