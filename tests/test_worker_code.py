@@ -38,6 +38,7 @@ from tasks import code_identity
 from tasks.code_identity import PACKAGES, source_digest
 from tests.helpers import run_main
 from tests.test_cli import CliCluster, tiny_args
+from tests.test_faults import quiet_servers
 from tests.test_sweep import write_sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,12 +97,14 @@ def test_a_worker_on_other_code_that_joins_mid_run_is_left_out(tmp_path, monkeyp
     the run's end (tests/test_faults.py's join test does the same)."""
     copy = project_copy(tmp_path, "another version of the project")
     monkeypatch.delenv("PYTHONPATH", raising=False)  # the scheduler and w1: this tree
+    quiet_servers(monkeypatch)  # its servers (and the run) as the project's own
     (tmp_path / "cluster").mkdir()
     cluster = CliCluster(tmp_path / "cluster")
     client = None
     try:
         address = cluster.start_scheduler()
-        cluster.start_worker("--name", "w1")
+        cluster.start_worker("--no-nanny", "--name", "w1")  # one process a worker: the
+        # code it imported is its own either way (the dry run's test below keeps a nanny)
         client = Client(address, set_as_default=False, timeout="30s")
         client.wait_for_workers(1, timeout=120)
         steps = 60
@@ -121,7 +124,7 @@ def test_a_worker_on_other_code_that_joins_mid_run_is_left_out(tmp_path, monkeyp
             run.send_signal(signal.SIGSTOP)
             try:
                 monkeypatch.setenv("PYTHONPATH", str(copy))
-                cluster.start_worker("--name", "w2")
+                cluster.start_worker("--no-nanny", "--name", "w2")
                 client.wait_for_workers(2, timeout=120)
                 stopped_at = checkpoints.latest_complete_step(
                     str(tmp_path / "run" / "checkpoints.zarr")) or 0
