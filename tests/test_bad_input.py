@@ -362,6 +362,17 @@ def sweep_in_process(monkeypatch, tmp_path, *args: str) -> tuple[int, list[str],
     return run_main("sweep", list(args))
 
 
+def sweep_either_way(as_process: bool, monkeypatch, tmp_path,
+                     *args: str) -> tuple[int, list[str], str]:
+    """The sweep command's (status, non-blank stderr lines, stdout): as a process
+    (`sweep_process`) or through its `main` here (`sweep_in_process`)."""
+    if not as_process:
+        return sweep_in_process(monkeypatch, tmp_path, *args)
+    result = sweep_process(*args, cwd=str(tmp_path))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    return result.returncode, lines, result.stdout
+
+
 def test_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path, monkeypatch):
     """The dry run once listed the points (without their status) and exited 0 where
     the run refuses the store: it checks the store first, in the run's line. The
@@ -378,13 +389,8 @@ def test_dry_run_refuses_another_sweeps_store_as_the_run_does(tmp_path, monkeypa
             ("train.batch=12", "base.train.batch: 13 there, 12 here"),
             ("measure.steps=4", "measure.steps: 1 there, 4 here"),
             ("axes.train.lr=[0.05]", "axes.train.lr: [0.05, 0.1] there, [0.05] here")]):
-        argv = [config, "--out", store, override, "--dry-run"]
-        if number == 0:
-            result = sweep_process(*argv, cwd=str(tmp_path))
-            status, stdout = result.returncode, result.stdout
-            lines = [line for line in result.stderr.splitlines() if line.strip()]
-        else:
-            status, lines, stdout = sweep_in_process(monkeypatch, tmp_path, *argv)
+        status, lines, stdout = sweep_either_way(number == 0, monkeypatch, tmp_path, config,
+                                                 "--out", store, override, "--dry-run")
         assert_one_error_line(status, lines, 2,
                               f"holds a different sweep (first difference: {difference})")
         assert stdout == ""  # no list of points
@@ -415,13 +421,8 @@ def test_a_sweep_with_a_point_its_run_would_refuse_runs_no_point(tmp_path, monke
     config = write_zoo_sweep(tmp_path, ["resnet20", "alexnet"])
     store = tmp_path / "zoo.zarr"
     for dry in (["--dry-run"], []):
-        argv = [config, "--out", str(store), *dry]
-        if dry:
-            result = sweep_process(*argv, cwd=str(tmp_path))
-            status, stdout = result.returncode, result.stdout
-            lines = [line for line in result.stderr.splitlines() if line.strip()]
-        else:
-            status, lines, stdout = sweep_in_process(monkeypatch, tmp_path, *argv)
+        status, lines, stdout = sweep_either_way(bool(dry), monkeypatch, tmp_path, config,
+                                                 "--out", str(store), *dry)
         assert_one_error_line(status, lines, 2,
                               "network.preset: alexnet does not fit images of 32x32")
         assert lines[0].endswith("(at point network=alexnet lr=0.05)"), lines
