@@ -17,7 +17,8 @@ needs stay in memory (`KernelWork.kept`), each for as many ops as take it:
 - ``conv-backward l``: sums its channels' gradient, in a fixed order: the partial
   input gradients of each layer reading l (readers in layer order, each reader's
   holders in worker order), the residual terms' gradients of each layer adding l
-  (local), the head's slice for the last layer; runs the shard's backward (the
+  (local), the head's slice for the last layer, each folded into the running sum
+  as it is read and dropped then; runs the shard's backward (the
   input and kernel gradients in one call, as autograd), hands the input gradient's
   slices on to the holders of its source layer, then steps SGD.
 """
@@ -199,13 +200,11 @@ def conv_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
     layer = op.layer
     shard = work.shards[layer]
     with clock.op(CONV_BACKWARD, layer):
-        parts = _output_gradients(run, layer, step, clock)
+        grad, summing = _output_gradient(run, layer, step, clock)
         with clock.phase("compute") as phase:
-            grad = parts[0]
-            for part in parts[1:]:  # the reduce-scatter's sum, in a fixed order
-                grad = grad + part
             input_grad = shard.input_gradient(grad)
             residual_grad = shard.residual_gradient()
+        run.emulate(clock, summing + phase.seconds)
         run.emulate(clock, phase.seconds)
         if residual_grad is not None:  # for the added layer's backward, here (tied)
             work.keep(f"residual/{layer}", residual_grad)
@@ -223,24 +222,76 @@ def conv_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
         run.emulate(clock, phase.seconds)
 
 
-def _output_gradients(run: RunState, layer: int, step: int, clock: TaskClock
-                      ) -> list[torch.Tensor]:
+@dataclass
+class _Part:
+    """One part of an output gradient, taken from memory (`take`) or read from the
+    workspace (`slot`, already waited for)."""
+
+    take: str = ""
+    slot: str = ""
+
+
+def _output_parts(run: RunState, layer: int) -> list[_Part]:
     """The parts of the gradient of this worker's channels of `layer`'s output, in the
     order they are summed (module doc)."""
-    work: KernelWork = run.work
     layout: KernelLayout = run.layout
     parts = []
     for reader in run.network.readers(layer):
-        parts += [work.take(f"partial/{reader}") if e == run.me
-                  else run.mover.read(f"partial/{reader}/{e}/{run.me}", step, clock)
+        parts += [_Part(take=f"partial/{reader}") if e == run.me
+                  else _Part(slot=f"partial/{reader}/{e}/{run.me}")
                   for e in layout.holders(reader)]
-    parts += [work.take(f"residual/{adder}") for adder in run.network.adders(layer)]
+    parts += [_Part(take=f"residual/{adder}") for adder in run.network.adders(layer)]
     if layer == layout.layers - 1:
-        parts.append(work.take("grad") if run.me == layout.master
-                     else run.mover.read(f"grad/{run.me}", step, clock))
+        parts.append(_Part(take="grad") if run.me == layout.master
+                     else _Part(slot=f"grad/{run.me}"))
     if not parts:
         raise RuntimeError(f"conv layer {layer}: no later layer or head uses its output")
     return parts
+
+
+def _output_gradient(run: RunState, layer: int, step: int, clock: TaskClock
+                     ) -> tuple[torch.Tensor, float]:
+    """The gradient of this worker's channels of `layer`'s output and the seconds its
+    sum computed. The parts (`_output_parts`) are summed in their fixed order, each
+    folded into the running sum as it is taken or read and dropped then, so that at
+    most the sum and one part read are alive besides what was kept (not every part
+    at once while the conv backward allocates). The sum is added into in place only
+    once it is a tensor of this op's own: a read's, or the first add's result; never a
+    kept part, which may be a view of a larger tensor (the own slice of a reader's
+    input gradient, of the head's features gradient). Every slot is waited for first,
+    then read: the op's compute stays one stretch after its waits, as before (the
+    probe reads spreads per stretch), and waiting holds no memory."""
+    work: KernelWork = run.work
+    parts = _output_parts(run, layer)
+    for part in parts:
+        if part.slot:
+            run.mover.wait(part.slot, step, clock)
+    total: torch.Tensor | None = None
+    own = False  # whether `total` is this op's own tensor, which may change in place
+    summing = 0.0
+    for part in parts:
+        tensor = work.take(part.take) if part.take else run.mover.read_ready(part.slot, clock)
+        if total is None:
+            total, own = tensor, bool(part.slot)
+            continue
+        with clock.phase("compute") as phase:  # the reduce-scatter's sum
+            total, own = fold(total, own, tensor, bool(part.slot))
+        summing += phase.seconds
+        del tensor
+    assert total is not None
+    return total, summing
+
+
+def fold(total: torch.Tensor, own: bool, part: torch.Tensor, part_own: bool
+         ) -> tuple[torch.Tensor, bool]:
+    """`total + part`, bit for bit, and whether it is a tensor of the caller's own:
+    added into `total` in place where it is own, else into `part` where that is (IEEE
+    addition commutes exactly), else a new tensor."""
+    if own:
+        return total.add_(part), True
+    if part_own:
+        return part.add_(total), True
+    return total + part, True
 
 
 def _gather(run: RunState, layer: int, step: int, clock: TaskClock) -> torch.Tensor:

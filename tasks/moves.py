@@ -35,8 +35,17 @@ class Mover:
 
     def read(self, slot: str, step: int, clock: TaskClock) -> torch.Tensor:
         """Wait for `slot` of `step`, read it onto the device."""
+        self.wait(slot, step, clock)
+        return self.read_ready(slot, clock)
+
+    def wait(self, slot: str, step: int, clock: TaskClock) -> None:
+        """Wait for `slot` of `step` (timed as a wait), reading nothing yet."""
         with clock.phase("wait", slot=slot):
             self.exchange.wait(slot, step, self.wait_timeout, task_cancelled)
+
+    def read_ready(self, slot: str, clock: TaskClock) -> torch.Tensor:
+        """Read `slot`, already waited for, onto the device: a tensor of its own (a
+        fresh array, moved), which the reader may change in place."""
         with clock.phase("read", slot=slot) as phase:
             data = self.exchange.read(slot)
             phase.nbytes = data.nbytes

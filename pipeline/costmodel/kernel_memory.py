@@ -17,6 +17,7 @@ from typing import Sequence
 
 from .memory import (DEFAULT_CONSTANTS, Footprint, Live, MemoryConstants, alike_once,
                      fast_path, finish_peak, layer_sizes, paper_family)
+from .kernel_memory_fold import fold_parts, fold_positions, output_parts
 from .kernel_memory_graph import GraphWalk
 from .network import ConvLayer, Network
 
@@ -24,10 +25,12 @@ from .network import ConvLayer, Network
 def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], master: bool,
                        holders: Sequence[Sequence[int]] | None = None, s: int = 4,
                        constants: MemoryConstants = DEFAULT_CONSTANTS,
-                       gpu: bool = False) -> tuple[float, dict[str, float]]:
+                       gpu: bool = False, me: int = 0) -> tuple[float, dict[str, float]]:
     """A `kernel` (or `single`) device's peak: `counts[l]` kernels of conv layer l,
     the dense head if `master`. `holders[l]` lists the kernel counts of every device
-    of layer l (whose slices this device reads and writes); None: this device alone.
+    of layer l (whose slices this device reads and writes), `me` this device's index
+    in them (its place in the order its output gradients are summed); None: this
+    device alone.
 
     The walk follows tasks/kernel_ops.py and tasks/conv_shard.py: forward gathers the
     layer input (its own output and the others' read, concatenated; with no other
@@ -37,7 +40,8 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
     output), and keeps the output only until the layer above has gathered it; the
     master reads only the dense layers from the checkpoint, gathers the features and
     keeps its gradient slice (a view of the whole gradient); backward sums the upper
-    layer's partials (held, with what was read, until the op ends), runs pool/ReLU
+    layer's partials, each folded into the sum as it is read and dropped then
+    (kernel_memory_fold.py; the sum, or the one part, held until the op ends), runs pool/ReLU
     backward into the conv output's gradient (freeing the mask and the indices), then
     the full-size input gradient and the kernel gradients in one call; the input
     gradient's own slice (a view) keeps it alive until the layer below has read it,
@@ -52,10 +56,9 @@ def kernel_device_peak(network: Network, batch: int, counts: Sequence[float], ma
         _forward(live, network.conv, batch, counts, holders, master, s, ws)
         if master:
             _dense_head(live, network, batch, counts, holders, s)
-        _backward(live, network.conv, batch, counts, holders, master, conv_params, s, ws)
-        live.free("partial0")
+        _backward(live, network, batch, counts, holders, master, conv_params, s, ws, me)
     else:
-        walk = GraphWalk(live, network, batch, counts, holders, master, s, ws)
+        walk = GraphWalk(live, network, batch, counts, holders, master, s, ws, me)
         walk.forward()
         if master:
             walk.dense_head()
@@ -145,24 +148,19 @@ def _dense_head(live: Live, network: Network, batch: int, counts: Sequence[float
         live.free("grad-features")
 
 
-def _backward(live: Live, layers: Sequence[ConvLayer], batch: int, counts: Sequence[float],
+def _backward(live: Live, network: Network, batch: int, counts: Sequence[float],
               holders: Sequence[Sequence[int]], master: bool, conv_params: Sequence[int],
-              s: int, ws: float) -> None:
-    """Backward over the held layers, top down: the upper layer's partials read and
-    summed, pool/ReLU backward, the input gradient and the kernel gradients in one
-    call, the input gradient's copies written for the layer below's other holders."""
-    last = len(layers) - 1
+              s: int, ws: float, me: int) -> None:
+    """Backward over the held layers, top down: the upper layer's partials folded into
+    their sum as they are read, pool/ReLU backward, the input gradient and the kernel
+    gradients in one call, the input gradient's copies written for the layer below's
+    other holders."""
+    layers = network.conv
     for l in reversed([l for l, k in enumerate(counts) if k]):
         sizes = layer_sizes(layers[l], batch, counts[l], s)
         per_kernel_y = layer_sizes(layers[l], batch, 1, s)["y"]
-        if l < last:
-            parts = len([k for k in holders[l + 1] if k])
-            own = 1 if counts[l + 1] else 0
-        else:
-            parts, own = 1, 1 if master else 0
-        live.alloc(f"grad-in{l}", "exchange", (parts - own) * per_kernel_y * counts[l])
-        if parts > 1:  # the reduce-scatter's sum
-            live.alloc(f"grad-y{l}", "backward", sizes["y"])
+        parts = output_parts(network, holders, me, master, l, per_kernel_y * counts[l])
+        grad = fold_parts(live, parts, f"grad-y{l}", sizes["y"])
         live.alloc(f"grad-z{l}", "backward", sizes["z"])
         live.free(f"mask{l}", f"index{l}")
         if l > 0:
@@ -172,8 +170,7 @@ def _backward(live: Live, layers: Sequence[ConvLayer], batch: int, counts: Seque
         if l > 0:
             copies = (sum(holders[l - 1]) - counts[l - 1]) / max(sum(holders[l - 1]), 1)
             live.transient(f"partial-copy{l}", "exchange", sizes["input"] * copies)
-        live.free(f"grad-in{l}", f"grad-y{l}", "grad-features", f"partial{l + 1}",
-                  f"x{l}", f"grad-z{l}", f"grad-w{l}")
+        live.free(grad, f"x{l}", f"grad-z{l}", f"grad-w{l}")
 
 
 def kernel_footprint(network: Network, batch: int,
@@ -187,6 +184,11 @@ def kernel_footprint(network: Network, batch: int,
     counts = counts or [[layer.out_channels] for layer in network.conv]
     devices = len(counts[0])
     gpus = list(gpu or [False] * devices)
-    keys = [(tuple(row[d] for row in counts), d == master, gpus[d]) for d in range(devices)]
-    return alike_once(keys, lambda mine, on_master, on_gpu: kernel_device_peak(
-        network, batch, list(mine), on_master, counts, s, constants, on_gpu))
+    places = fold_positions(counts)
+    keys = [(tuple(row[d] for row in counts), d == master, gpus[d], places[d])
+            for d in range(devices)]
+    first: dict[tuple, int] = {}  # devices alike in all but their index: the first's
+    for d, key in enumerate(keys):
+        first.setdefault(key, d)
+    return alike_once(keys, lambda *key: kernel_device_peak(
+        network, batch, list(key[0]), key[1], counts, s, constants, key[2], first[key]))

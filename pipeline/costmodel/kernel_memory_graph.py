@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .kernel_memory_fold import fold_parts, output_parts
 from .memory import Holds, Live, fast_path, layer_sizes, mask_draw_bytes, tail_sizes
 from .network import Network
 
@@ -29,15 +30,18 @@ class GraphWalk:
     backward. A layer's output is held by its readers, its adders (the residual term is
     a view of it until the adder's backward) and the head. Backward sums the parts of
     the output's gradient (the readers' partial input gradients, the adders' residual
-    gradients, the head's slice), runs the tail backward into the conv output's
+    gradients, the head's slice), each folded into the sum as it is read and dropped
+    then (kernel_memory_fold.py), runs the tail backward into the conv output's
     gradient (and a `GraphShard`'s residual term's gradient, kept for the added layer's
     backward here: the split is tied), then the input gradient, whose own slice keeps
     it alive until the source layer's backward, and the kernel gradients until its SGD
     step."""
 
     def __init__(self, live: Live, network: Network, batch: int, counts: Sequence[float],
-                 holders: Sequence[Sequence[int]], master: bool, s: int, ws: float) -> None:
+                 holders: Sequence[Sequence[int]], master: bool, s: int, ws: float,
+                 me: int = 0) -> None:
         self.live, self.holds = live, Holds(live)
+        self.me = me  # the device's index in `holders`: its place in each sum's order
         self.network, self.batch, self.counts = network, batch, counts
         self.holders, self.master, self.s, self.ws = holders, master, s, ws
         self.mine = [l for l, k in enumerate(counts) if k]
@@ -164,46 +168,21 @@ class GraphWalk:
         for l in reversed(self.mine):
             layer = self.network.conv[l]
             sizes = layer_sizes(layer, self.batch, self.counts[l], self.s)
-            taken = self._output_gradient(l, sizes["y"])
+            grad = fold_parts(self.live, output_parts(
+                self.network, self.holders, self.me, self.master, l,
+                self.output_bytes(l, 1) * self.counts[l]), f"grad-y{l}", sizes["y"])
             if fast_path(layer):
                 self.live.alloc(f"grad-z{l}", "backward", sizes["z"])
                 self.live.free(f"mask{l}", f"index{l}")
             else:
                 self._tail_backward(l, sizes["z"])
             self._conv_backward(l, sizes, conv_params[l])
-            self.live.free(*taken, f"grad-y{l}", f"grad-z{l}", f"grad-w{l}", f"stats{l}",
+            self.live.free(grad, f"grad-z{l}", f"grad-w{l}", f"stats{l}",
                            f"z{l}")
             self.holds.release(self.inputs[l])
             if not fast_path(layer):
                 self.holds.release(f"y{l}")
         self.live.free("grad-features")
-
-    def _output_gradient(self, l: int, own_bytes: float) -> list[str]:
-        """The parts of the gradient of the own channels of l's output, summed; returns
-        the names the op holds until it ends."""
-        live, per_kernel = self.live, self.output_bytes(l, 1)
-        parts, held = 0, []
-        for reader in self.network.readers(l):
-            own = 1 if self.counts[reader] else 0
-            if own:
-                held.append(f"partial{reader}")
-            parts += len([k for k in self.holders[reader] if k])
-            reads = len([k for k in self.holders[reader] if k]) - own
-            live.alloc(f"grad-in{l}.{reader}", "exchange", reads * per_kernel * self.counts[l])
-            held.append(f"grad-in{l}.{reader}")
-        for adder in self.network.adders(l):
-            parts += 1
-            held.append(f"residual{adder}")
-        if l == self.last:
-            parts += 1
-            if self.master:
-                held.append("grad-features")
-            else:
-                live.alloc("grad-head", "exchange", own_bytes)
-                held.append("grad-head")
-        if parts > 1:  # the reduce-scatter's sum
-            live.alloc(f"grad-y{l}", "backward", own_bytes)
-        return held
 
     def _tail_backward(self, l: int, conv_bytes: float) -> None:
         """Autograd through the poolings, the ReLU, the sum and batch norm (each saved
