@@ -205,7 +205,6 @@ def conv_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
             input_grad = shard.input_gradient(grad)
             residual_grad = shard.residual_gradient()
         run.emulate(clock, summing + phase.seconds)
-        run.emulate(clock, phase.seconds)
         if residual_grad is not None:  # for the added layer's backward, here (tied)
             work.keep(f"residual/{layer}", residual_grad)
         source = run.network.source(layer)
@@ -222,7 +221,7 @@ def conv_backward(run: RunState, op: StepOp, step: int, indices: np.ndarray,
         run.emulate(clock, phase.seconds)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Part:
     """One part of an output gradient, taken from memory (`take`) or read from the
     workspace (`slot`, already waited for)."""
@@ -259,8 +258,8 @@ def _output_gradient(run: RunState, layer: int, step: int, clock: TaskClock
     once it is a tensor of this op's own: a read's, or the first add's result; never a
     kept part, which may be a view of a larger tensor (the own slice of a reader's
     input gradient, of the head's features gradient). Every slot is waited for first,
-    then read: the op's compute stays one stretch after its waits, as before (the
-    probe reads spreads per stretch), and waiting holds no memory."""
+    then read: the op's compute stays one stretch after its waits, as the timeline
+    models it (the probe reads spreads per stretch), and waiting holds no memory."""
     work: KernelWork = run.work
     parts = _output_parts(run, layer)
     for part in parts:
