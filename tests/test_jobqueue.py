@@ -24,7 +24,7 @@ import pytest
 
 from pipeline.cluster import batch_queue, jobqueue
 from pipeline.cluster.worker_setup import register_setup
-from pipeline.config.cluster_config import JobGroupConfig, JobqueueConfig
+from pipeline.config.jobqueue_config import JobGroupConfig, JobqueueConfig
 from pipeline.config.run_config import load_run_config
 from pipeline.cluster.jobqueue import open_jobqueue_client
 from pipeline.run import run_training
@@ -102,6 +102,12 @@ def test_groups_take_unset_fields_from_the_jobqueue_and_the_run_tag():
                             "one of them"),
     (["cluster.threads=2", "cluster.jobqueue.cores=1"], "cluster.threads: 2, but "
                                                         "cluster.jobqueue.cores is 1"),
+    (["cluster.jobqueue.jobs=4", "cluster.workers=2"], "cluster.workers: 2, but "
+                                                       "cluster.jobqueue.jobs is 4"),
+    (["cluster.threads=1", "cluster.jobqueue.cores=2"], "cluster.threads: 1, but "
+                                                        "cluster.jobqueue.cores is 2"),
+    (["cluster.workers=2", "cluster.jobqueue.groups=[{jobs: 1}, {jobs: 2}]"],
+     "cluster.workers: 2, but cluster.jobqueue.groups give 3 job(s)"),
     (["cluster.workers=[{speed: 0.5}, {}]"], "cluster.workers: a list describes the embedded "
                                              "cluster's workers (emulated speeds"),
     (["cluster.devices=[cpu, cpu]"], "cluster.devices: lists the embedded cluster's devices"),

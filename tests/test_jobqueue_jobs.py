@@ -8,12 +8,16 @@ strategy trains on one worker (`single`) submits one job, not one idle beside it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 
+import pytest
+
 from pipeline.cluster.jobqueue import open_jobqueue_client
 from pipeline.config.run_config import load_run_config
+from pipeline.config.schema import ConfigError
 from tests.helpers import run_main
 from tests.slurm_cluster import LocalSlurm
 from tests.test_cli import ROOT
@@ -42,6 +46,26 @@ def test_the_jobs_given_are_the_configs_workers():
         "cluster.jobqueue.jobs=4", "cluster.jobqueue.cores=2"])
     assert (config.cluster.workers, config.cluster.threads) == (4, 2)
     assert len(config.cluster.worker_list()) == 4
+
+
+def test_workers_left_out_are_told_from_workers_written():
+    """`cluster.workers` and `threads` left out take the jobs' figures (else 2 and 1, as
+    on the embedded cluster); written, even at the embedded cluster's defaults, they
+    must agree with the jobs; with groups, `workers` is the groups' total."""
+    small = os.path.join(ROOT, "configs", "small.yaml")
+    assert (load_run_config(small).cluster.workers, load_run_config(small).cluster.threads) \
+        == (2, 1)
+    config = load_run_config(small, ["cluster.jobqueue.memory=1GB"]).cluster
+    assert (config.workers, config.threads, config.jobqueue.jobs) == (2, 1, 2)
+    config = load_run_config(small, ["cluster.workers=3", "cluster.jobqueue.jobs=3"]).cluster
+    assert dataclasses.replace(config, use_workers=None).workers == 3
+    config = load_run_config(small, ["cluster.jobqueue.groups=[{jobs: 1}, {cores: 2}]"])
+    assert (config.cluster.workers, config.cluster.jobqueue.job_count()) == (3, 3)
+    assert dataclasses.replace(config.cluster, use_workers=None).workers == 3
+    for wrong in (["cluster.workers=2", "cluster.jobqueue.jobs=4"],
+                  ["cluster.threads=1", "cluster.jobqueue.cores=2"]):
+        with pytest.raises(ConfigError, match=f"{wrong[0].split('=')[0]}: "):
+            load_run_config(small, wrong)
 
 
 def test_a_single_run_submits_only_its_masters_job(tmp_path, slurm: LocalSlurm,

@@ -15,7 +15,7 @@ import os
 import subprocess
 from collections import Counter
 
-from pipeline.config.cluster_config import JobqueueConfig
+from pipeline.config.jobqueue_config import JobqueueConfig
 
 #: Slurm job states after which a job's worker will never join.
 ENDED_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",

@@ -47,7 +47,8 @@ from typing import Any, Callable, Iterator
 import dask
 from distributed import Client, Security
 
-from pipeline.config.cluster_config import ClusterConfig, JobGroupConfig, JobqueueConfig
+from pipeline.config.cluster_config import ClusterConfig
+from pipeline.config.jobqueue_config import JobGroupConfig, JobqueueConfig
 from pipeline.cluster.embedded import QUIET, quiet_dashboard_errors
 from pipeline.cluster.batch_queue import (JobqueueError, cancel_jobs, ended_jobs, log_tail,
                                           never_starting, partition_problem,

@@ -16,9 +16,12 @@ from typing import Literal
 from pipeline.cluster.links import rate_bits
 from pipeline.cluster.security import TlsConfig
 from pipeline.config.addresses import address_problem
+from pipeline.config.jobqueue_config import JobqueueConfig
 from pipeline.config.schema import FieldError, check_range, described, parse_size
 
 
+#: `cluster.workers` and `cluster.threads` where a config leaves them out.
+DEFAULT_WORKERS, DEFAULT_THREADS = 2, 1
 #: A worker's device as configs write it.
 DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?")
 
@@ -88,100 +91,19 @@ class LinkConfig:
 
 
 @dataclass
-class JobGroupConfig:
-    """One kind of batch job of `cluster.jobqueue` (a partition's jobs): each runs one
-    Dask worker. A field left unset takes the `cluster.jobqueue` value of that name."""
-
-    jobs: int | None = described(None, "how many jobs (workers) of this kind")
-    cores: int | None = described(None, "the job's cores: the worker's torch threads")
-    memory: str | None = described(None, "the job's memory (`4GB`): the batch system's "
-                                   "limit")
-    walltime: str | None = described(None, "`HH:MM:SS`; the job (its worker) ends then")
-    queue: str | None = described(None, "the Slurm partition, PBS or SGE queue (null: the "
-                                  "default)")
-    account: str | None = described(None, "the Slurm/PBS account to charge (SGE: none)")
-    extra: list[str] | None = described(None, "more directives, e.g. `[\"--gres=gpu:1\"]` "
-                                        "for Slurm")
-    resources: dict[str, float] | None = described(None, "the worker's tags (null: the "
-                                                   "run's first tag)")
-    prologue: list[str] | None = described(None, "shell lines run before the worker "
-                                           "(`source .venv/bin/activate`)")
-
-    def __post_init__(self) -> None:
-        check_range(self, "jobs", low=1)
-        check_range(self, "cores", low=1)
-        if self.memory is not None:
-            parse_size(self.memory, "memory")
-        for tag, amount in (self.resources or {}).items():
-            if not tag or not math.isfinite(amount) or amount < 1:
-                raise FieldError(f"resources.{tag}",
-                                 f"expected a tag and a number >= 1, got {amount!r}")
-
-
-@dataclass
-class JobqueueConfig(JobGroupConfig):
-    """The run's workers as batch jobs of Slurm, PBS or SGE, through dask-jobqueue
-    (pipeline/cluster/jobqueue.py): the run's scheduler on `host` (or `interface`), one job
-    per worker. `groups` lists jobs of several kinds (a GPU partition and a CPU one),
-    each a tagged group of workers; without it, this one kind."""
-
-    system: Literal["slurm", "pbs", "sge"] = described("slurm", "the batch system")
-    jobs: int | None = described(None, "how many jobs (workers); null: `cluster.workers`, "
-                                 "a count")
-    cores: int | None = described(None, "each job's cores: its worker's torch threads; "
-                                  "null: `cluster.threads`")
-    memory: str | None = described("4GB", "each job's memory: the batch system's limit")
-    walltime: str | None = described("01:00:00", "`HH:MM:SS`; a job (its worker) ends then")
-    host: str = described("127.0.0.1", "where the run's scheduler listens: an address of "
-                          "this host the jobs reach (loopback: jobs on this machine only)")
-    interface: str | None = described(None, "or a network interface's name (`ib0`) the "
-                                      "scheduler listens on, instead of `host`")
-    directory: str | None = described(
-        None, "the folder the jobs read their TLS credentials and write their logs in: one "
-        "on a file system every node sees, as the same user (null: a folder in $HOME)")
-    groups: list[JobGroupConfig] | None = described(
-        None, "jobs of several kinds (a GPU partition and a CPU one), each a tagged group "
-        "of workers whose unset fields take the values above; null: one kind")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.groups is not None and not self.groups:
-            raise FieldError("groups", "list at least one group of jobs, or leave it out")
-        if self.interface is not None and self.host != "127.0.0.1":
-            raise FieldError("interface", "set either cluster.jobqueue.host or "
-                             "cluster.jobqueue.interface")
-
-    def job_count(self) -> int:
-        """How many jobs (workers) the run asks for, in all."""
-        return sum(group.jobs or self.jobs or 0 for group in self.groups or [self])
-
-    def group_list(self, tag: str) -> list[JobGroupConfig]:
-        """Every kind of job with each field filled in (from this config, and `tag`
-        for resources)."""
-        groups = self.groups or [JobGroupConfig()]
-        filled = []
-        for group in groups:
-            values = {name: getattr(group, name) if getattr(group, name) is not None
-                      else getattr(self, name) for name in JobGroupConfig.__dataclass_fields__}
-            values["resources"] = values["resources"] or {tag: 1.0}
-            values["extra"], values["prologue"] = values["extra"] or [], values["prologue"] or []
-            filled.append(JobGroupConfig(**values))
-        return filled
-
-
-@dataclass
 class ClusterConfig:
     scheduler: str | None = described(
         None, "the address of a scheduler you started (`tcp://HOST:8786`, `tls://...`); "
         "null: `DASK_SCHEDULER_ADDRESS`, else an embedded cluster the run starts")
-    workers: int | list[WorkerConfig] = described(
-        2, "the embedded cluster: a count of CPU workers, or a list of workers (under "
-        "`jobqueue`: a count, its jobs)")
+    workers: int | list[WorkerConfig] | None = described(
+        None, "the embedded cluster: a count of CPU workers, or a list of workers (null: "
+        "2; under `jobqueue`: a count, its jobs; null: `jobqueue.jobs`, else 2)")
     devices: list[str] | None = described(
         None, "instead of `workers`, one worker per device, e.g. `[cuda:0, cpu, cpu]` (GPU "
         "ones tagged GPU, CPU ones CPU, each CPU worker with `threads` torch threads)")
-    threads: int = described(1, "torch threads of each CPU worker that `workers: N` or "
-                             "`devices` makes (under `jobqueue`: each job's cores)")
+    threads: int | None = described(
+        None, "torch threads of each CPU worker that `workers: N` or `devices` makes (null: "
+        "1; under `jobqueue`: each job's cores; null: `jobqueue.cores`, else 1)")
     resource: str = described("CPU", "the tag whose workers train (`GPU` runs the shards "
                               "on CUDA)")
     resources: list[str] | None = described(
@@ -264,9 +186,13 @@ class ClusterConfig:
         return workers
 
     def __post_init__(self) -> None:
+        if self.devices is not None and self.workers not in (None, DEFAULT_WORKERS):
+            raise FieldError("devices", "set either cluster.devices or cluster.workers")
+        if self.jobqueue is None:
+            self._fill_defaults()
+        else:  # the jobs' figures, or the defaults
+            self._jobs_from_workers()
         if self.devices is not None:
-            if not isinstance(self.workers, int) or self.workers != 2:
-                raise FieldError("devices", "set either cluster.devices or cluster.workers")
             for index, device in enumerate(self.devices):
                 if not DEVICE_NAME.fullmatch(device):
                     raise FieldError(f"devices.{index}",
@@ -299,6 +225,15 @@ class ClusterConfig:
         self._check_links()
         self._check_jobqueue()
 
+    def _fill_defaults(self) -> None:
+        """`workers` and `threads` left unset (null) take their defaults, 2 and 1; unset
+        rather than written as 2 and 1, so that under `jobqueue` a figure written can be
+        told from one left out (`_jobs_from_workers`). `devices` makes the workers."""
+        if self.workers is None and self.devices is None:
+            self.workers = DEFAULT_WORKERS
+        if self.threads is None:
+            self.threads = DEFAULT_THREADS
+
     def _check_names(self) -> None:
         """Every embedded worker's name, given or made (`cpu-1`), is its own: Dask keeps
         one worker of a name, so two entries of one name would start two processes and
@@ -324,7 +259,6 @@ class ClusterConfig:
             if getattr(self, other) is not None:
                 raise FieldError("jobqueue", f"the run starts its own scheduler for its "
                                  f"batch jobs: unset cluster.{other} or cluster.jobqueue")
-        self._jobs_from_workers()
         jobs = self.jobqueue.job_count()
         if self.use_workers and self.use_workers > jobs:
             raise FieldError("use_workers", f"{self.use_workers}, but cluster.jobqueue submits "
@@ -341,35 +275,42 @@ class ClusterConfig:
         """Under `cluster.jobqueue` the workers are its jobs: a count of
         `cluster.workers` and `cluster.threads` are its unset `jobs` and `cores`, and
         the config then says the jobs' count and cores in both places (a sweep's
-        `cluster.workers` axis, its dry run and its report count jobs). What describes
-        the embedded cluster only (a list of workers, devices), or contradicts a job
-        count or cores given, is refused naming both fields: ignored, 3 workers asked
-        for trained on 2 jobs, and emulated speeds on full-speed jobs."""
+        `cluster.workers` axis, its dry run and its report count jobs; with `groups`,
+        `workers` is their total). What describes the embedded cluster only (a list of
+        workers, devices), or contradicts a job count or cores given, is refused naming
+        both fields, `workers: 2` against `jobs: 4` as `workers: 3` against `jobs: 2`
+        (the defaults are null, so a figure written is told from one left out):
+        ignored, 3 workers asked for trained on 2 jobs, and emulated speeds on
+        full-speed jobs."""
         jobqueue = self.jobqueue
         assert jobqueue is not None
         if self.devices is not None:
             raise FieldError("devices", "lists the embedded cluster's devices, but under "
                              "cluster.jobqueue the workers are batch jobs: drop "
                              "cluster.devices (GPU jobs: cluster.jobqueue.groups)")
-        if not isinstance(self.workers, int):
+        if isinstance(self.workers, list):
             raise FieldError("workers", "a list describes the embedded cluster's workers "
                              "(emulated speeds, devices, memory limits), but under "
                              "cluster.jobqueue the workers are batch jobs: give "
                              "cluster.workers a count, or jobs of several kinds in "
                              "cluster.jobqueue.groups")
-        default = ClusterConfig.__dataclass_fields__
+        if jobqueue.groups and jobqueue.jobs is None:  # a group's unset count
+            jobqueue.jobs = DEFAULT_WORKERS
         for mine, theirs, what in (("workers", "jobs", "the number of jobs"),
                                   ("threads", "cores", "each job's cores")):
             value, given = getattr(self, mine), getattr(jobqueue, theirs)
-            if value == default[mine].default:
+            if value is None:  # left out: the jobs' figure, else the default
                 if given is None:
-                    setattr(jobqueue, theirs, value)
-                elif not jobqueue.groups:  # say the jobs' figure where the run reads it
-                    setattr(self, mine, given)
+                    given = DEFAULT_WORKERS if mine == "workers" else DEFAULT_THREADS
+                    setattr(jobqueue, theirs, given)
+                # say the jobs' figure where the run reads it (groups: their total)
+                setattr(self, mine, jobqueue.job_count() if mine == "workers" else given)
             elif jobqueue.groups and mine == "workers":
-                raise FieldError("workers", f"{value}, but cluster.jobqueue.groups gives "
-                                 "each kind of job its count: set the groups' jobs "
-                                 "(cluster.jobqueue.groups.N.jobs) and drop cluster.workers")
+                if value != jobqueue.job_count():
+                    raise FieldError("workers", f"{value}, but cluster.jobqueue.groups give "
+                                     f"{jobqueue.job_count()} job(s): set the groups' jobs "
+                                     "(cluster.jobqueue.groups.N.jobs) and drop "
+                                     "cluster.workers")
             elif given is None:
                 setattr(jobqueue, theirs, value)
             elif given != value:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeline.config.data_config import DataConfig
-from pipeline.config.cluster_config import (ClusterConfig, JobGroupConfig, JobqueueConfig,
-                                            LinkConfig, WorkerConfig)
+from pipeline.config.cluster_config import ClusterConfig, LinkConfig, WorkerConfig
+from pipeline.config.jobqueue_config import JobGroupConfig, JobqueueConfig
 from pipeline.config.schema import (ConfigError, FieldError, check_range, described, from_dict,
                                     load_yaml, parse_override, set_dotted)
 from storage.private import default_workspace_root
