@@ -12,6 +12,7 @@ Slurm's daemons listen on loopback only.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import stat
@@ -21,6 +22,7 @@ import threading
 import time
 
 import pytest
+from distributed import Client
 
 from pipeline.cluster import batch_queue, jobqueue
 from pipeline.cluster.worker_setup import register_setup
@@ -199,6 +201,39 @@ def test_a_job_script_names_the_credential_files_never_the_key(tmp_path):
     assert "--host 127.0.0.1" in script and "--dashboard-address 127.0.0.1:0" in script
     for name in ("ca.pem", "cert.pem", "key.pem"):
         assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) == 0o600
+
+
+def test_the_close_drops_closed_comm_errors_only_while_it_closes(tmp_path):
+    """The handler that keeps a closing cluster's comm errors off stderr is the loop's
+    while the cluster closes, and the loop's own one after: the loop (its client's
+    too) goes on serving, and an OSError of another client's is said, not dropped."""
+    dask_jobqueue = pytest.importorskip("dask_jobqueue")
+    config = load_run_config(tiny_args(tmp_path, "data.zarr")[0], ["cluster.jobqueue.jobs=1"])
+    folder = str(tmp_path / "private")
+    os.mkdir(folder, 0o700)
+    security = jobqueue.file_security(jobqueue.write_credentials(jobqueue.run_security(),
+                                                                  folder))
+    group = config.cluster.jobqueue.group_list("CPU")[0]
+    cluster = dask_jobqueue.SLURMCluster(
+        n_workers=0, scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},
+        **jobqueue.job_options(config.cluster.jobqueue, group, security, folder))
+    loop = cluster.loop.asyncio_loop
+    said: list = []
+
+    def own(_loop, context):
+        said.append(context)
+
+    cluster.loop.add_callback(loop.set_exception_handler, own)
+    with Client(cluster, set_as_default=False, security=cluster.security) as client:
+        client.sync(asyncio.sleep, 0)  # the handler is set on the loop's own thread
+        with jobqueue.closing_quietly(cluster):
+            assert loop.get_exception_handler() is jobqueue._closed_comms_unsaid
+            jobqueue.close_jobqueue_cluster(cluster)
+        assert loop.get_exception_handler() is own
+        loop.call_soon_threadsafe(loop.call_exception_handler,
+                                  {"message": "another client's", "exception": OSError()})
+        client.sync(asyncio.sleep, 0.1)
+    assert [context["message"] for context in said] == ["another client's"]
 
 
 # Against a real Slurm -------------------------------------------------------------------

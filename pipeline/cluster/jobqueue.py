@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import importlib
 import importlib.util
 import logging
@@ -290,17 +291,23 @@ def closing_quietly(cluster: Any) -> Iterator[None]:
     it with those waits open: it logged `broadcast to ... failed: CommClosedError`
     and a `CancelledError` traceback of each worker's stream, and asyncio printed
     `Future exception was never retrieved` with a CommClosedError traceback, after
-    the run's one line. Such errors of comms that the close ends are dropped, while
-    it closes and after (the loop's handler); any other is said as before."""
+    the run's one line. Such errors of comms that the close ends are dropped while it
+    closes, and those of futures it left that are collected then (the loop's handler,
+    put back after: the loop may serve other clients, whose errors are theirs to
+    say); any other is said as before."""
     logger = logging.getLogger("distributed.scheduler")
     level = logger.level
     loop = getattr(getattr(cluster, "loop", None), "asyncio_loop", None)
+    handler = loop.get_exception_handler() if loop is not None else None
     if loop is not None:
         loop.set_exception_handler(_closed_comms_unsaid)
     logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
+        gc.collect()  # the close's abandoned futures report (or not) now, not later
+        if loop is not None:
+            loop.set_exception_handler(handler)
         logger.setLevel(level)
 
 
