@@ -158,8 +158,7 @@ def _train(config: RunConfig, strategy: Strategy, client: Client | None,
     finish = ResultsFirst()  # once every step is done, the results are written first
     with finish, ExitStack() as stack:
         if strategy.uses_cluster:
-            trained = _train_on_cluster(config, strategy, start, client, offered, links,
-                                        stack)
+            trained = _train_on_cluster(config, strategy, start, client, offered, links, stack)
         else:
             trained = _train_in_process(config, start, client, offered)
         finish.hold()  # every step is done: a stop now waits for the results
@@ -259,6 +258,7 @@ def _placed_surviving(config: RunConfig, strategy: Strategy, start: Start, clien
                 chosen, chosen_strategy = _resolve_auto(config, strategy, client, offered, start)
             check_memory_before_placing(client, chosen, offered)
             engine, split = _place(chosen, chosen_strategy, start, client, offered, startup)
+            offered = startup.placed(chosen_strategy, engine.workers, offered)  # jobs left idle
             return chosen, chosen_strategy, engine, split, offered
         except WorkerLost as lost:
             if replaced >= config.train.max_recoveries:

@@ -86,12 +86,12 @@ def open_run_client(config: ClusterConfig, directories: Sequence[str] = (),
 
 
 @contextlib.contextmanager
-def open_jobqueue(config: ClusterConfig, progress: JobProgress | None = None
-                  ) -> Iterator[Client]:
+def open_jobqueue(config: ClusterConfig, progress: JobProgress | None = None,
+                  only: list[str] | None = None) -> Iterator[Client]:
     """`open_jobqueue_client`, its refusals (all made before the block runs) as
     ClusterError."""
     try:
-        with open_jobqueue_client(config, progress) as client:
+        with open_jobqueue_client(config, progress, only) as client:
             yield client
     except JobqueueError as error:
         raise ClusterError(str(error)) from None

@@ -24,14 +24,14 @@ other (pipeline/training/recovery.py); a partition that does not exist, a missin
 `sbatch` or a missing dask-jobqueue are refused in one line before anything is
 submitted, and so is a scheduler address this machine does not have; and every job
 is cancelled when the run ends, however it ends short of SIGKILL (a worker whose
-scheduler is gone exits, which ends its job).
+scheduler is gone exits, which ends its job). Jobs the run will not use are not
+submitted, or are cancelled once it knows (pipeline/cluster/job_choice.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import importlib
 import importlib.util
@@ -83,19 +83,6 @@ def jobqueue_problem(config: ClusterConfig) -> str | None:
     if jobqueue.system == "slurm":
         return partition_problem(jobqueue, config.tags()[0])
     return None
-
-
-def master_job_only(config: ClusterConfig) -> ClusterConfig | None:
-    """The cluster of a one-worker strategy's own run (`single`): one job, its master's,
-    where the config submits more. The others would hold their allocation idle for the
-    whole run; a sweep, whose other points use them, keeps its own jobs instead. None
-    where one job is all it submits, or where which job the master is depends on more
-    than its tag (groups of jobs, `cluster.use_workers`, a master named)."""
-    jobqueue = config.jobqueue
-    if (jobqueue is None or jobqueue.job_count() <= 1 or jobqueue.groups
-            or config.use_workers is not None or config.master not in (None, *config.tags())):
-        return None
-    return dataclasses.replace(config, workers=1, jobqueue=dataclasses.replace(jobqueue, jobs=1))
 
 
 _IMPORTING = threading.Lock()
@@ -170,9 +157,11 @@ def job_options(jobqueue: JobqueueConfig, group: JobGroupConfig, security: Secur
     return options
 
 
-def start_jobqueue_cluster(config: ClusterConfig, folder: str) -> Any:
+def start_jobqueue_cluster(config: ClusterConfig, folder: str,
+                           only: list[str] | None = None) -> Any:
     """A dask-jobqueue cluster of the config's batch system, its scheduler in this
-    process, every job of every group submitted; credentials, job logs and the
+    process, every job of every group submitted (or those of the workers named in
+    `only`: pipeline/cluster/job_choice.py); credentials, job logs and the
     scheduler's scratch in `folder` (this user's, mode 0700). Returns once the jobs
     are submitted, not joined."""
     jobqueue = config.jobqueue
@@ -199,6 +188,8 @@ def start_jobqueue_cluster(config: ClusterConfig, folder: str) -> Any:
             options = job_options(jobqueue, group, security, folder)
             options["config_name"] = cls.job_cls.config_name
             for name in names:  # the job named after its worker (squeue, its log's name)
+                if only is not None and name not in only:
+                    continue
                 cluster.worker_spec[name] = {"cls": cls.job_cls, "options": {
                     **options, "job_name": f"hetcnn-{name}"}}
         with dask.config.set(QUIET):
@@ -268,6 +259,22 @@ def wait_for_jobs(cluster: Any, jobqueue: JobqueueConfig, wanted: int, timeout: 
         time.sleep(0.25)
 
 
+def release_jobs(cluster: Any, keep: set[str]) -> list[str]:
+    """Retire the workers of `cluster` not named in `keep` and cancel their jobs (they
+    leave its spec, so nothing submits them again); returns their names."""
+    released = sorted(name for name in cluster.worker_spec if name not in keep)
+    if released:
+        ids = [job for name, job in job_ids(cluster).items() if name in released]
+        for name in released:
+            del cluster.worker_spec[name]
+        try:
+            with dask.config.set(QUIET):
+                cluster.sync(cluster._correct_state)  # retires them, then cancels each job
+        finally:
+            cancel_jobs(cluster.job_cls.config_name, ids)  # however that went
+    return released
+
+
 def close_jobqueue_cluster(cluster: Any) -> None:
     """Tell every worker to exit (its job then ends by itself), close the scheduler
     and cancel every job it submitted, even if closing fails half-way (dask-jobqueue
@@ -326,11 +333,12 @@ async def _close_workers(scheduler: Any) -> None:
 
 
 @contextlib.contextmanager
-def open_jobqueue_client(config: ClusterConfig, progress: JobProgress | None = None
-                         ) -> Iterator[Client]:
-    """A client to a fresh cluster of batch jobs (`start_jobqueue_cluster`) once
-    `cluster.use_workers` (else all) of its workers have joined; every job cancelled,
-    the credentials and logs removed, when the block ends."""
+def open_jobqueue_client(config: ClusterConfig, progress: JobProgress | None = None,
+                         only: list[str] | None = None) -> Iterator[Client]:
+    """A client to a fresh cluster of batch jobs (`start_jobqueue_cluster`, the jobs
+    of the workers in `only` where given) once `cluster.use_workers` (else all) of its
+    workers have joined; every job cancelled, the credentials and logs removed, when
+    the block ends. The client's `cluster` is the dask-jobqueue cluster."""
     jobqueue = config.jobqueue
     assert jobqueue is not None
     problem = jobqueue_problem(config)
@@ -339,7 +347,7 @@ def open_jobqueue_client(config: ClusterConfig, progress: JobProgress | None = N
     parent = jobqueue.directory or os.path.expanduser("~")
     folder = tempfile.mkdtemp(prefix=".hetcnn-jobqueue-", dir=parent)  # mode 0700
     try:
-        cluster = start_jobqueue_cluster(config, folder)
+        cluster = start_jobqueue_cluster(config, folder, only)
         try:
             wanted = config.use_workers or len(cluster.worker_spec)
             wait_for_jobs(cluster, jobqueue, wanted, config.wait_timeout, folder,

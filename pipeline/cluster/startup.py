@@ -18,14 +18,14 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Callable, Iterator, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from distributed import Client
 
 from pipeline.cluster.scheduler_guard import guarded
-from pipeline.cluster.workers import live_workers, scheduler_address
+from pipeline.cluster.workers import ClusterWorker, live_workers, scheduler_address
 from pipeline.cluster.connect import open_jobqueue, open_run_client
-from pipeline.cluster.jobqueue import master_job_only
+from pipeline.cluster.job_choice import jobs_to_submit, release_idle_jobs
 from pipeline.cluster.worker_setup import register_setup, workers_set_up
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.worker_limits import check_worker_limits
@@ -88,6 +88,15 @@ class Startup:
                  every: float = HEARTBEAT_S, after: float = 1.0) -> None:
         self.name, self.enabled, self.every, self.after = name, enabled, every, after
         self.out = out or sys.stderr
+        #: set by `start_cluster` for the run's own batch jobs (`release_idle_jobs`)
+        self.release: Callable[..., list[ClusterWorker]] | None = None
+
+    def placed(self, strategy: Any, used: list[ClusterWorker], offered: list[ClusterWorker]
+               ) -> list[ClusterWorker]:
+        """`offered` less the workers whose batch jobs the run, its work placed on
+        `used`, cancelled as idle (pipeline/cluster/job_choice.py); `offered` as it is
+        on any other cluster."""
+        return self.release(strategy, used, offered) if self.release else offered
 
     def say(self, line: str) -> None:
         if self.enabled:
@@ -130,23 +139,21 @@ def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None
     its workers set up, and the links they sit behind (None without `cluster.link`).
     Before starting embedded workers, warns when they outnumber the cores
     (`contention_warning`); while they start, tells `startup` how many are up. Batch
-    jobs for a strategy that trains on `one_worker` are its master's alone, said in a
-    line (`master_job_only`)."""
+    jobs are those the run will use where the config says which (`jobs_to_submit`: a
+    strategy that trains on `one_worker`, its master's), said in a line; those its
+    placement leaves idle are cancelled then (`Startup.placed`)."""
     with contextlib.ExitStack() as stack:
         jobqueue = config.cluster.jobqueue
         if jobqueue is not None:  # batch jobs: the phase counts them, with the queue's word
-            cluster = master_job_only(config.cluster) if one_worker else None
-            if cluster is not None:
-                asked = jobqueue.job_count()
-                say(f"strategy {config.strategy} trains on one worker: submitting 1 of the "
-                    f"{asked} {jobqueue.system} jobs cluster.jobqueue asks for ({asked - 1} "
-                    "more would be idle for the whole run)")
-            cluster = cluster or config.cluster
-            jobs = cluster.jobqueue.job_count()
+            only, why = jobs_to_submit(config.cluster, one_worker, config.strategy)
+            if why:
+                say(why)
+            jobs = len(only) if only else jobqueue.job_count()
             with startup.phase(f"starting {jobs} {jobqueue.system} job(s) for the workers",
                                f"{jobs} worker(s) up") as phase:
-                client = stack.enter_context(open_jobqueue(cluster, phase.update))
-                register_setup(client, cluster)
+                client = stack.enter_context(open_jobqueue(config.cluster, phase.update, only))
+                register_setup(client, config.cluster)
+            startup.release = release_idle_jobs(client.cluster, say)
             yield client, None
             return
         if scheduler_address(config.cluster) is not None:
