@@ -65,6 +65,20 @@ def test_a_job_slurm_will_never_start_is_named_with_what_asks_for_it():
         "cluster.jobqueue.walltime")
 
 
+def test_the_partitions_jobs_wait_in_are_named():
+    states = {"11": ("PENDING", "Resources", "gpu"), "12": ("PENDING", "Priority", "cpu"),
+              "13": ("PENDING", "Resources", "cpu")}
+    assert batch_queue.partitions_of(states, ["11"]) == " in Slurm partition gpu"
+    assert batch_queue.partitions_of(states, ["11", "12", "13"]) == (
+        " in Slurm partitions cpu, gpu")
+    assert batch_queue.partitions_of(states, ["14"]) == ""
+    assert batch_queue.never_starting({"12": ("PENDING", "PartitionTimeLimit", "cpu")},
+                                      {"slurm-1": "12"}) == (
+        "cluster.jobqueue: slurm job 12 (slurm-1) will never start: Slurm keeps it pending "
+        "(PartitionTimeLimit) in Slurm partition cpu: it asks for more time than the "
+        "partition allows: cluster.jobqueue.walltime")
+
+
 def test_held_jobs_are_told_to_be_released_not_waited_for():
     states = {"11": ("PENDING", "Resources"), "12": ("PENDING", "JobHeldUser"),
               "13": ("PENDING", "JobHeldAdmin")}
@@ -332,14 +346,15 @@ def test_a_slurm_job_cancelled_mid_run_is_survived(tmp_path, slurm, tiny_dataset
 def test_a_job_that_cannot_start_is_reported_with_the_queue_reason(tmp_path, slurm,
                                                                    tiny_dataset_factory):
     """A job held until an hour from now: the run waits `cluster.wait_timeout`, then
-    stops with one line giving the queue's reason; the job is cancelled."""
+    stops with one line giving the queue's reason and the partition it waits in; the
+    job is cancelled."""
     assert FAULTS["Slurm job held in the queue past cluster.wait_timeout"] == "clean"
     args = tiny_args(tmp_path, tiny_dataset_factory()) + [
         "cluster.jobqueue.jobs=1", "cluster.wait_timeout=2", "cluster.jobqueue.memory=1GB",
         f"cluster.jobqueue.directory={tmp_path}", "cluster.jobqueue.extra=[--begin=now+3600]"]
     status, lines, _ = run_main("train", args)
     assert_one_error_line(status, lines, 1, "0 of 1 worker(s) up after 2 s (1 pending "
-                                            "(BeginTime))")
+                                            "(BeginTime) in Slurm partition debug)")
     assert slurm.left_behind(str(tmp_path)) == []
 
 
@@ -354,7 +369,8 @@ def test_a_job_slurm_will_never_start_stops_the_run_at_once(tmp_path, slurm,
     started = time.monotonic()
     status, lines, _ = run_main("train", args)
     assert_one_error_line(status, lines, 1, "(slurm-0) will never start: Slurm keeps it "
-                                            "pending (PartitionConfig): it asks for more than "
+                                            "pending (PartitionConfig) in Slurm partition debug: "
+                                            "it asks for more than "
                                             "the partition's nodes have: "
                                             "cluster.jobqueue.cores, memory or extra")
     assert time.monotonic() - started < 60

@@ -71,20 +71,30 @@ def batch_command(command: list[str]) -> str:
     return done.stdout
 
 
-def slurm_states(ids: list[str]) -> dict[str, tuple[str, str]]:
-    """(state, reason) of each of the Slurm jobs `ids` that `squeue` still lists."""
+def slurm_states(ids: list[str]) -> dict[str, tuple[str, ...]]:
+    """(state, reason, partition) of each of the Slurm jobs `ids` that `squeue` still
+    lists."""
     if not ids:
         return {}
-    listed = batch_command(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %r"])
+    listed = batch_command(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %P %r"])
     states = {}
     for line in listed.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) >= 2:
-            states[parts[0]] = (parts[1], parts[2] if len(parts) > 2 else "")
+        parts = line.split(None, 3)
+        if len(parts) >= 3:
+            states[parts[0]] = (parts[1], parts[3] if len(parts) > 3 else "", parts[2])
     return states
 
 
-def pending_summary(states: dict[str, tuple[str, str]], waiting: list[str]) -> str:
+def partitions_of(states: dict[str, tuple[str, ...]], waiting: list[str]) -> str:
+    """Where the jobs `waiting` (ids) wait, as a sentence's end: `` in Slurm partition
+    debug`` (`` partitions cpu, gpu``); "" where `squeue` did not say."""
+    names = sorted({states[i][2] for i in waiting if i in states and len(states[i]) > 2})
+    if not names:
+        return ""
+    return f" in Slurm partition{'s' if len(names) > 1 else ''} {', '.join(names)}"
+
+
+def pending_summary(states: dict[str, tuple[str, ...]], waiting: list[str]) -> str:
     """What the queue says of the jobs whose workers have not joined (`waiting`, their
     ids), e.g. ``2 pending (Resources), 1 starting``: a pure function of `squeue`'s
     answer."""
@@ -97,26 +107,27 @@ def pending_summary(states: dict[str, tuple[str, str]], waiting: list[str]) -> s
     return ", ".join(parts)
 
 
-def ended_jobs(states: dict[str, tuple[str, str]], waiting: dict[str, str]) -> list[str]:
+def ended_jobs(states: dict[str, tuple[str, ...]], waiting: dict[str, str]) -> list[str]:
     """Names (of `waiting`: job id by worker name) whose job ended without its worker
     joining: in an ended state, or no longer listed at all."""
     return [name for name, job in waiting.items()
             if job not in states or states[job][0] in ENDED_STATES]
 
 
-def never_starting(states: dict[str, tuple[str, str]], waiting: dict[str, str]
+def never_starting(states: dict[str, tuple[str, ...]], waiting: dict[str, str]
                    ) -> str | None:
     """What stops the first job of `waiting` (job id by worker name) that Slurm keeps
     pending for a reason no wait clears (`NEVER_STARTS`), as one line; None if none."""
     for name, job in waiting.items():
-        state, reason = states.get(job, ("", ""))
+        state, reason = states.get(job, ("", ""))[:2]
         if state == "PENDING" and reason in NEVER_STARTS:
             return (f"cluster.jobqueue: slurm job {job} ({name}) will never start: Slurm "
-                    f"keeps it pending ({reason}): it asks for {NEVER_STARTS[reason]}")
+                    f"keeps it pending ({reason}){partitions_of(states, [job])}: it asks "
+                    f"for {NEVER_STARTS[reason]}")
     return None
 
 
-def wait_advice(states: dict[str, tuple[str, str]], waiting: dict[str, str]) -> str:
+def wait_advice(states: dict[str, tuple[str, ...]], waiting: dict[str, str]) -> str:
     """What to do about jobs (`waiting`: job id by worker name) whose workers did not
     join in time: release the held ones (a held job waits for a person, not for the
     queue, so a longer wait would not help), else wait longer on a busy queue."""

@@ -52,7 +52,7 @@ from pipeline.config.cluster_config import ClusterConfig
 from pipeline.config.jobqueue_config import JobGroupConfig, JobqueueConfig
 from pipeline.cluster.embedded import QUIET, quiet_dashboard_errors
 from pipeline.cluster.batch_queue import (JobqueueError, cancel_jobs, ended_jobs, log_tail,
-                                          never_starting, partition_problem,
+                                          never_starting, partition_problem, partitions_of,
                                           pending_summary, slurm_states, wait_advice)
 from pipeline.cluster.security import TlsConfig, run_security, write_credentials
 
@@ -253,8 +253,9 @@ def wait_for_jobs(cluster: Any, jobqueue: JobqueueConfig, wanted: int, timeout: 
                                 f"ended ({state}) before its worker joined; its log: "
                                 f"{log_tail(folder, job)}")
         if time.monotonic() > deadline:
+            where = partitions_of(states, list(waiting.values()))
             raise JobqueueError(f"cluster.jobqueue: {len(joined)} of {wanted} worker(s) up "
-                                f"after {timeout:g} s ({detail or 'no job listed'}); "
+                                f"after {timeout:g} s ({detail or 'no job listed'}{where}); "
                                 f"{wait_advice(states, waiting)}")
         time.sleep(0.25)
 
