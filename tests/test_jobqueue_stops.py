@@ -9,7 +9,8 @@ no job left), jobs that reach their walltime together end the run with one line
 saying how to resume, its record kept for the resume, jobs that end while the work is
 placed (before any step) end it with one line saying to run the same command again, a
 stop while the scheduler waits on the workers' answers closes without a traceback, and
-a sweep whose jobs ended between points starts fresh ones for the next.
+a sweep whose jobs ended between points starts fresh ones for the next, while one
+whose jobs did not start does not queue them again for each point.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from experiments.sweep.config import load_sweep
 from experiments.sweep.run import ClusterPool
 from pipeline.cluster.jobqueue import open_jobqueue_client
 from pipeline.cluster.shared_paths import check_workers_code, check_workers_see
-from pipeline.cluster.workers import find_workers
+from pipeline.cluster.workers import ClusterError, find_workers
 from pipeline.config.run_config import load_run_config
 from storage import checkpoints
 from tests.slurm_cluster import LocalSlurm, job_workers
@@ -285,4 +286,41 @@ def test_a_sweep_starts_fresh_jobs_where_its_jobs_ended_between_points(
                "them again" in lines, lines
     finally:
         pool.close()
+    assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_a_sweep_does_not_queue_jobs_again_for_each_point_once_they_did_not_start(
+        tmp_path, slurm: LocalSlurm, tiny_dataset_factory):
+    """A sweep's jobs still queued after `cluster.wait_timeout` (held until an hour from
+    now): its first point fails with the queue's word, and the next point of the same
+    jobs fails at once with the same reason, nothing submitted again (slurmctld's log
+    counts one submission); before, each point queued fresh jobs and waited anew (on a
+    busy cluster, hours, losing the queue's place each time)."""
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["single", "kernel"]}, base={"cluster": {
+                             "wait_timeout": 2, "jobqueue": {
+                                 "jobs": 1, "memory": "1GB", "directory": str(tmp_path),
+                                 "extra": ["--begin=now+3600"]}}})
+    points = load_sweep(config, out=str(tmp_path / "sweep.zarr")).points
+    log = os.path.join(slurm.folder, "slurmctld.log")
+
+    def submitted() -> int:
+        with open(log, encoding="utf-8", errors="replace") as handle:
+            return handle.read().count("_slurm_rpc_submit_batch_job")
+
+    before = submitted()
+    pool = ClusterPool(lambda line: None)
+    try:
+        with pytest.raises(ClusterError) as first:
+            pool.client_for(points[0])
+        assert "0 of 1 worker(s) up after 2 s (1 pending (BeginTime)" in str(first.value)
+        started = time.monotonic()
+        with pytest.raises(ClusterError) as second:
+            pool.client_for(points[1])
+        assert time.monotonic() - started < 1.5
+        assert str(second.value) == (f"{first.value} (for an earlier point of the same jobs; "
+                                     "not submitted again: run the sweep again to retry)")
+    finally:
+        pool.close()
+    assert submitted() - before == 1
     assert slurm.left_behind(str(tmp_path)) == []

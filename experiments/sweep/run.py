@@ -44,8 +44,8 @@ from pipeline.cluster.connect import open_client
 from pipeline.cluster.embedded import restart_workers
 from pipeline.cluster.worker_setup import workers_set_up
 from pipeline.cluster.scheduler_guard import guarded
-from pipeline.cluster.workers import (SchedulerLost, SchedulerUnreachable, WorkerLost,
-                                      live_workers)
+from pipeline.cluster.workers import (ClusterError, SchedulerLost, SchedulerUnreachable,
+                                      WorkerLost, live_workers)
 from pipeline.config.run_config import RunConfig
 from pipeline.prediction import predict_point
 from pipeline.records.record import software_versions
@@ -84,13 +84,17 @@ def sweep_directories(config: RunConfig) -> list[str]:
 
 class ClusterPool:
     """At most one open client: the external scheduler's, or the embedded cluster of
-    the current worker set, replaced when a point needs another set."""
+    the current worker set, replaced when a point needs another set. Batch jobs that
+    did not give their workers (still queued after `cluster.wait_timeout`, never to
+    start, refused) are not submitted again for the next points of the same jobs:
+    those fail at once with the same reason, rather than each queue (and wait) anew."""
 
     def __init__(self, echo: Callable[[str], None]) -> None:
         self.echo = echo
         self.key: str | None = None
         self.client: Any = None
         self._stack: ExitStack | None = None
+        self._jobs_failed: dict[str, str] = {}  # why, by cluster key
 
     def client_for(self, point: Point) -> Any:
         if point.cluster_key is None:
@@ -99,6 +103,10 @@ class ClusterPool:
             if self._renew_workers(point):
                 return self.client
         self.close()
+        if point.cluster_key in self._jobs_failed:
+            raise ClusterError(f"{self._jobs_failed[point.cluster_key]} (for an earlier point "
+                               "of the same jobs; not submitted again: run the sweep again "
+                               "to retry)")
         stack = ExitStack()
         workers = point.config.cluster.worker_list()
         jobqueue = point.config.cluster.jobqueue
@@ -115,8 +123,10 @@ class ClusterPool:
                          "setting up the workers"):
                 check_worker_limits(client, point.config.cluster, live_workers(client))
                 stack.enter_context(workers_set_up(client, point.config.cluster))
-        except BaseException:
+        except BaseException as error:
             stack.close()
+            if jobqueue is not None and isinstance(error, ClusterError):
+                self._jobs_failed[point.cluster_key] = " ".join(str(error).split())
             raise
         self._stack, self.client, self.key = stack, client, point.cluster_key
         self.echo(self._describe(point, client))
