@@ -324,3 +324,29 @@ def test_a_sweep_does_not_queue_jobs_again_for_each_point_once_they_did_not_star
         pool.close()
     assert submitted() - before == 1
     assert slurm.left_behind(str(tmp_path)) == []
+
+
+def test_a_sweep_waits_for_all_its_jobs_whatever_its_first_points_use_workers(
+        tmp_path, slurm: LocalSlurm, tiny_dataset_factory):
+    """A sweep over `cluster.use_workers` (1, 2) on two jobs, the second slower to start
+    (its prologue sleeps): the jobs are the set's, so the pool waits for both before
+    the first point; before, it waited for the first point's one, and the second
+    point, finding one worker up, said `1 of 2 slurm job(s) ended since the last point
+    (their walltime?)` of a job still starting, cancelled both and queued them again."""
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"cluster.use_workers": [1, 2]}, base={"cluster": {
+                             "wait_timeout": 60, "jobqueue": {
+                                 "memory": "1GB", "directory": str(tmp_path), "groups": [
+                                     {"jobs": 1}, {"jobs": 1, "prologue": ["sleep 10"]}]}}})
+    points = load_sweep(config, out=str(tmp_path / "sweep.zarr")).points
+    assert points[0].config.cluster.use_workers == 1
+    lines: list[str] = []
+    pool = ClusterPool(lines.append)
+    try:
+        client = pool.client_for(points[0])
+        assert len(client.nthreads()) == 2
+        assert pool.client_for(points[1]) is client
+        assert not [line for line in lines if "ended since the last point" in line], lines
+    finally:
+        pool.close()
+    assert slurm.left_behind(str(tmp_path)) == []

@@ -16,6 +16,7 @@ drivers run a loaded sweep directly, and the loop's exit status is the CLI's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import os
@@ -108,8 +109,10 @@ class ClusterPool:
                                "of the same jobs; not submitted again: run the sweep again "
                                "to retry)")
         stack = ExitStack()
-        workers = point.config.cluster.worker_list()
-        jobqueue = point.config.cluster.jobqueue
+        workers, cluster = point.config.cluster.worker_list(), point.config.cluster
+        jobqueue = cluster.jobqueue
+        if jobqueue is not None:  # every job, whatever this point's use_workers: the
+            cluster = dataclasses.replace(cluster, use_workers=None)  # set's points share them
         if jobqueue is not None:
             self.echo(f"starting {jobqueue.job_count()} {jobqueue.system} job(s) for the "
                       "workers ...")
@@ -117,7 +120,7 @@ class ClusterPool:
             self.echo(f"starting an embedded cluster of {len(workers)} worker(s) ...")
         try:
             client = stack.enter_context(open_client(
-                point.config.cluster, sweep_directories(point.config),
+                cluster, sweep_directories(point.config),
                 batch=start_batch(len(workers), usable_cores())))
             with guarded(client, point.config.cluster.scheduler_timeout,
                          "setting up the workers"):
