@@ -128,3 +128,36 @@ def test_the_docs_xarray_example_draws_speedup_lines(done_store):
     drawn_lines = eval(lines["README.md"][0])
     assert [type(line).__name__ for line in drawn_lines] == ["Line2D"] * ds.sizes["batch"]
     plt.close("all")
+
+
+def test_a_point_beyond_its_workers_memory_is_marked_apart_from_failures(failed_store,
+                                                                        tmp_path, monkeypatch):
+    """A point the sweep did not run because its predicted peak exceeds a worker's
+    limit (recorded as failed, `failure` starting "Infeasible: ") is its own mark and
+    legend entry, its breakdown slot says so, and report.md lists it apart from the
+    points that failed while running and does not count it among them."""
+    with xr.open_zarr(failed_store) as ds:
+        region = (list(ds.strategy.values).index("kernel"), list(ds.workers.values).index(1),
+                  list(ds.batch.values).index(32), 0)
+    store = ResultStore(failed_store)
+    store.write_failure(region, "Infeasible: memory: worker cpu-0 needs 328 MB (predicted "
+                        "peak), has 284 MB; no split of this run fits its workers' memory",
+                        {"predicted_peak_memory": 328e6}, {})
+    store.refresh_derived()
+    frame = StoreView(xr.open_zarr(failed_store).load()).points()
+    kernel = frame[frame.strategy == "kernel"].set_index(["workers", "batch"])["missing"]
+    assert kernel[("1", "32")] == "beyond memory" and kernel[("2", "16")] == "failed"
+    seen = drawn(monkeypatch)
+    report.make_report(failed_store, str(tmp_path / "report"))
+    step_time = seen["batch.png"][0]
+    squares = [list(m[1]) for m in step_time[:-1] if m[3] == "s" and m[1].size]
+    crosses = [list(m[1]) for m in step_time[:-1] if m[3] == "x" and m[1].size]
+    assert squares == [[32.0]] and crosses == [[16.0]]
+    assert any(label.startswith("not run: predicted peak beyond") for label in step_time[-1])
+    text = open(tmp_path / "report" / "report.md", encoding="utf-8").read()
+    assert "1 failed, 1 not run (predicted beyond their workers' memory)" in text
+    failed, not_run = text.split("## Failed points")[1].split(
+        "## Points not run: beyond their workers' memory")
+    assert "batch=16: FloatingPointError" in failed and "Infeasible" not in failed
+    assert "- strategy=kernel, workers=1, batch=32: Infeasible: memory: worker cpu-0 " \
+        "needs 328 MB" in not_run

@@ -353,27 +353,54 @@ def test_points_their_run_would_refuse_stop_the_sweep_before_it_starts(tmp_path,
     assert out == "" and not store.exists()
 
 
-def test_a_batch_its_workers_memory_cannot_hold_stops_the_sweep_in_one_line(
+def test_a_batch_its_workers_memory_cannot_hold_is_recorded_not_run_and_the_rest_runs(
         tmp_path, tiny_dataset_factory):
-    """`pipeline.train --check` refuses a batch no split fits into its workers' memory
-    (exit 2, one line); a sweep with such a batch among its points ended in a bare
-    traceback (exit 1), its dry run too. Now both stop first, naming the point."""
+    """`pipeline.train --check` refuses a batch no split fits into its workers' memory.
+    A sweep with such a batch among its points stopped whole before any point ran
+    (exit 2), so sweeping batch [32, 64, 128, 4096] measured nothing. Now the point
+    is recorded as failed without running, its reason (predicted peak against the
+    limit) in `failure` and `predicted_peak_memory`, one line says so, the other
+    points run, and the exit status is a failed point's (1); a resume runs neither
+    again, and the dry run lists it as not run."""
     dataset = tiny_dataset_factory("float32")
     # the limit lies halfway between the two batches' predicted peaks on this machine
     # (its measured bare-process baselines move them by tens of MB from one to another)
     sweep = load_sweep(write_sweep(tmp_path, dataset, {"train.batch": [16, 512]}))
     peaks = [predict_memory(point.config).largest for point in sweep.points]
     assert peaks[0] < peaks[1], peaks
-    limit = f"{int((peaks[0] + peaks[1]) / 2 / 1e6)}MB"
+    limit = int((peaks[0] + peaks[1]) / 2 / 1e6)
     config = write_sweep(tmp_path, dataset, {"train.batch": [16, 512]},
-                         base={"cluster": {"workers": [{"memory_limit": limit}]}})
+                         base={"cluster": {"workers": [{"memory_limit": f"{limit}MB"}]}})
     store = tmp_path / "memory.zarr"
-    for dry in (["--dry-run"], []):
-        status, errors, out = run_main("sweep", [config, "--out", str(store), *dry])
-        assert status == 2 and len(errors) == 1, errors
-        assert errors[0].startswith("error: memory: worker cpu-0 needs "), errors
-        assert errors[0].endswith(" (at point batch=512)"), errors
-        assert out == "" and not store.exists()
+    status, errors, out = run_main("sweep", [config, "--out", str(store), "--dry-run"])
+    assert status == 0 and not store.exists(), errors
+    assert len(errors) == 1 and errors[0].startswith(
+        "warning: 1 of 2 point(s) do not fit their workers' memory and will not run"), errors
+    assert "batch=512 (first: memory: worker cpu-0 needs " in errors[0], errors
+    rows = {line.split()[1]: line for line in out.splitlines()[2:]}
+    assert rows["batch=512"].endswith("not run: beyond its workers' memory"), out
+    assert rows["batch=16"].endswith("pending"), out
+
+    status, errors, out = run_main("sweep", [config, "--out", str(store)])
+    assert status == 1, errors
+    assert errors[0].startswith("warning: 1 of 2 point(s) do not fit"), errors
+    assert "1 to run, 1 not run (beyond their workers' memory)" in out
+    assert out.count("s/step") == 1 and "1 point(s) not run: their predicted peak" in out
+    ds = open_clean(store)
+    assert list(ds.status.values[:, 0]) == [DONE, FAILED]
+    failure = str(ds.failure.values[1, 0])
+    assert failure.startswith("Infeasible: memory: worker cpu-0 needs "), failure
+    assert "(predicted peak), has " in failure, failure
+    assert ds.predicted_peak_memory.values[1, 0] > limit * 1e6
+    assert np.isnan(ds.step_time.values[1, 0]) and np.isfinite(ds.step_time.values[0, 0])
+    run_id = str(ds.run_id.values[0, 0])
+
+    status, errors, out = run_main("sweep", [config, "--out", str(store)])  # resume
+    assert status == 1 and "1 done before, 0 to run, 1 not run" in out, (errors, out)
+    again = open_clean(store)
+    assert str(again.run_id.values[0, 0]) == run_id  # not run again
+    assert list(again.status.values[:, 0]) == [DONE, FAILED]
+    assert str(again.failure.values[1, 0]) == failure
 
 
 def test_a_store_named_without_zarr_beside_one_with_it_is_refused(tmp_path,

@@ -39,8 +39,9 @@ bandwidth, and the speedup curves (:mod:`experiments.scaling.report`).
 
 Figures use medians over the done repeats, with the repeats' range as error bars. A
 point with no done repeat that failed (or is still pending) is a gap in its line, marked
-on the x axis (`x`: failed; hollow circle: not run yet), and a labelled empty slot in
-``breakdown.png`` (:mod:`experiments.report.gaps`).
+on the x axis (`x`: failed; hollow circle: not run yet; hollow square: not run, beyond
+its workers' memory), and a labelled empty slot in ``breakdown.png``
+(:mod:`experiments.report.gaps`).
 
 This module is the command line and the list of files: the figures are drawn by
 :mod:`experiments.report.figures` and :mod:`experiments.report.strategies` from

@@ -7,7 +7,8 @@ points that have them joins the neighbours of such a point as if it had been
 measured between them, and the reader of a paper's figure cannot tell. So the
 figures keep it in their lines as a gap (NaN: matplotlib breaks a line there) and
 mark it on the x axis, in its line's colour: an ``x`` for a failed point, a hollow
-circle for one not run yet, with one legend entry each.
+circle for one not run yet, a hollow square for one not run because its predicted
+peak memory exceeds a worker's limit, with one legend entry each.
 
 `place_missing` gives such a point its x where the figure's x is a figure of the
 point (relative capacity, workers used) from the done points at the same label of
@@ -19,9 +20,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from experiments.report.view import TOO_BIG
+
 #: The mark and legend entry of each kind of missing point.
 MARKS = {"failed": ("x", "failed point (no figure; see report.md)"),
-         "not run": ("o", "point not run yet (no figure)")}
+         "not run": ("o", "point not run yet (no figure)"),
+         TOO_BIG: ("s", "not run: predicted peak beyond a worker's memory (report.md)")}
 
 
 def with_missing(frame: pd.DataFrame, figure: str) -> pd.DataFrame:

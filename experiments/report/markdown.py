@@ -24,7 +24,7 @@ from experiments.report.growth import growth_section
 from experiments.report.links import links_section
 from experiments.report.view import PAPER_POINT, PAPER_STRATEGY, StoreView
 from experiments.sweep.provenance import mixed_sessions
-from experiments.sweep.store_layout import DONE, FAILED, SKIPPED
+from experiments.sweep.store_layout import DONE, FAILED, INFEASIBLE, SKIPPED, infeasible
 from experiments.sweep.summary import format_table, summary_table
 
 #: What report.md says of a `mode: predict` store, under "Figures".
@@ -42,9 +42,12 @@ def _provenance(ds: xr.Dataset) -> list[str]:
     status = ds.status.values
     memory = machine.get("memory_bytes")
     mixed = mixed_sessions(json.loads(ds.attrs.get("sessions") or "[]"))
+    too_big = int(((status == FAILED) & infeasible(ds.failure.values)).sum())
     lines = [
-        f"- points: {int((status == DONE).sum())} done, {int((status == FAILED).sum())} "
-        f"failed, {int((status == 0).sum())} pending, {int((status == SKIPPED).sum())} not "
+        f"- points: {int((status == DONE).sum())} done, {int((status == FAILED).sum()) - too_big} "
+        f"failed, " + (f"{too_big} not run (predicted beyond their workers' memory), "
+                       if too_big else "")
+        + f"{int((status == 0).sum())} pending, {int((status == SKIPPED).sum())} not "
         f"applicable (they would repeat another point), of {status.size}",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"
         + (f", {memory / 2**30:.0f} GiB" if memory else "")
@@ -199,11 +202,14 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
     lines += error_section(ds)
     lines += auto_section(ds, frame, sweep.dims, sweep.worker_dim)
     failures = table[table["failure"] != ""]
-    if not failures.empty:
-        lines += ["## Failed points", ""]
-        dims = [d for d in sweep.dims]
-        for _, row in failures.iterrows():
-            where = ", ".join(f"{d}={row[d]}" for d in dims) or "the point"
+    too_big = failures["failure"].str.startswith(INFEASIBLE)
+    for title, rows in (("Failed points", failures[~too_big]),
+                        ("Points not run: beyond their workers' memory", failures[too_big])):
+        if rows.empty:
+            continue
+        lines += [f"## {title}", ""]
+        for _, row in rows.iterrows():
+            where = ", ".join(f"{d}={row[d]}" for d in sweep.dims) or "the point"
             lines.append(f"- {where}: {row['failure']}")
         lines.append("")
     with open(path, "w", encoding="utf-8") as handle:

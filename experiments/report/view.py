@@ -25,13 +25,16 @@ import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from experiments.sweep.store_layout import (DONE, FAILED, PENDING,  # noqa: E402
-                                           PREDICTED_COMPONENTS)
+                                           PREDICTED_COMPONENTS, infeasible)
 from experiments.sweep.summary import RATES, base_strategy  # noqa: E402
 from pipeline.records.step_breakdown import COMPONENTS  # noqa: E402
 
 PAPER_POINT = (4, 3.28)  # Marques et al. 2018: 3.28x speedup with four CPUs
 PAPER_STRATEGY = "kernel"  # the paper's method, as a store names its rows
 PAPER_LABEL = "Marques et al. 2018: 3.28x on 4 CPUs"
+#: `StoreView.points`'s `missing` of a point not run: its predicted peak memory
+#: exceeds a worker's limit (experiments/sweep/cli.py's check before the sweep).
+TOO_BIG = "beyond memory"
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 POINT_FIGURES = ["step_time", "throughput", "speedup", "efficiency", "compute_time",
                  "storage_time", "master_time", "wait_time", "bytes_moved", "loss", "accuracy",
@@ -76,9 +79,10 @@ class StoreView:
 
     def points(self) -> pd.DataFrame:
         """One row per grid point: medians (and min/max) over done repeats, all labels;
-        `missing` says why a point has no figures: "failed" (no repeat done, one failed),
-        "not run" (none done or failed, one pending), else "" (done, or not
-        applicable), so that a figure marks it rather than drawing past it."""
+        `missing` says why a point has no figures: `TOO_BIG` (no repeat done, each
+        failed one not run as beyond its workers' memory), "failed" (no repeat done,
+        one failed), "not run" (none done or failed, one pending), else "" (done, or
+        not applicable), so that a figure marks it rather than drawing past it."""
         ds = self.ds
         done = ds.status == DONE
         figures = ds[POINT_FIGURES + [n for n in BREAKDOWN_FIGURES + OPTIONAL_FIGURES
@@ -98,9 +102,12 @@ class StoreView:
             table[f"{name}_high"] = high[name]
         table["done"] = done.sum("repeat")
         failed, pending = ((ds.status == state).sum("repeat") for state in (FAILED, PENDING))
+        too_big = ((ds.status == FAILED) & xr.apply_ufunc(infeasible, ds.failure)).sum(
+            "repeat") if "failure" in ds else xr.zeros_like(failed)
         table["missing"] = xr.where(table["done"] > 0, "",
-                                    xr.where(failed > 0, "failed",
-                                             xr.where(pending > 0, "not run", "")))
+                                    xr.where((failed > 0) & (too_big == failed), TOO_BIG,
+                                             xr.where(failed > 0, "failed",
+                                                      xr.where(pending > 0, "not run", ""))))
         table = table.drop_vars([c for c in ("step", "warmup") if c in table.coords])
         if not self.dims:
             table = table.expand_dims("point")

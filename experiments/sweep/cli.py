@@ -43,7 +43,7 @@ import numpy as np
 from experiments.sweep.measure import predicted_step_time
 from experiments.sweep.results import ResultStore, StoreBusy, StoreMismatch, SweepLock
 from experiments.sweep.results_checksums import StoreDamaged
-from experiments.sweep.store_layout import DONE, SKIPPED
+from experiments.sweep.store_layout import DONE, INFEASIBLE, SKIPPED
 from experiments.sweep.results_checksums import point_key
 from experiments.scaling.run import dry_run_scaling, run_scaling_sweep
 from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
@@ -58,6 +58,7 @@ from pipeline.prediction import check_probe_environment, predict_point
 from pipeline.preflight import (check_before_start, check_own_dir, check_run,
                                 check_writable_dir)
 from pipeline.config.schema import ConfigError, to_dict
+from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.placement.split import PlacementError
 from storage.space import NoSpace, is_full
 
@@ -104,6 +105,7 @@ def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False) -> None:
     print(f"sweep {sweep.config.name}: {len(sweep.points)} points ({shape} x "
           f"{sweep.config.repeats} repeat(s)) -> {sweep.store_path}", file=out)
     rows = []
+    too_big = any(p.infeasible for p in sweep.points)
     for number, point in enumerate(sweep.points, start=1):
         cluster = "none" if point.cluster_key is None else (
             "external" if point.cluster_key == "external"
@@ -111,11 +113,17 @@ def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False) -> None:
         predicted = predicted_step_time(predict_point, point, None)
         row = [str(number), point.describe(), cluster,
                "-" if np.isnan(predicted) else f"{predicted:.4f} s"]
-        if status is not None:
+        shown = status is not None and int(status[point.region]) in (DONE, SKIPPED)
+        if point.infeasible and not point.skip and not shown:  # what the run records
+            row.append("not run: beyond its workers' memory")
+        elif status is not None:
             row.append("damaged, runs again" if point_key(point.region) in damaged else
                        STATUS_WORDS[int(status[point.region])])
+        elif too_big:
+            row.append("pending")
         rows.append(row)
-    header = ["#", "point", "cluster", "predicted"] + (["status"] if status is not None else [])
+    header = ["#", "point", "cluster", "predicted"] + (
+        ["status"] if status is not None or too_big else [])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for row in [header] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
@@ -145,29 +153,52 @@ def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
     passes the checks `python -m pipeline.train --check` makes of a single run
     (`check_point`), so a bad path or a point its run would refuse is one line now,
     naming the point, rather than a traceback or a failure recorded point by point.
-    `field` is what named the store (``--out`` or ``output``). A scaling sweep's
-    points are hypothetical clusters, with no run config to check."""
+    `field` is what named the store (``--out`` or ``output``). A point that fits
+    none of its workers' memory (`MemoryRefused`) alone does not stop the sweep: it
+    gets `Point.infeasible` (the run records it as failed and runs the others). A
+    scaling sweep's points are hypothetical clusters, with no run config to check."""
     check_writable_dir(sweep.store_path, field)
     check_own_dir(sweep.store_path, field)
     if isinstance(sweep, ScalingSweep):
         return
     check_own_dir(sweep.runs_dir, field)
     check_runs_not_shared(sweep, field)
-    checked: set[str] = set()
+    checked: dict[str, MemoryRefused | None] = {}
     for point in sorted(sweep.points, key=lambda p: p.order):  # the first in grid order
         # Points that differ only in their name and run directory (repeats, and most
         # points of a big grid share a few configs) are checked once: the directories
         # are siblings in the sweep's runs folder, all writable if one is.
         same = {k: v for k, v in to_dict(point.config).items() if k not in ("name", "output")}
         key = json.dumps(same, sort_keys=True, default=str)
-        if key in checked:
-            continue
-        checked.add(key)
-        try:
-            check_point(point, sweep.config.mode, field)
-        except (ConfigError, PlacementError) as error:  # as `--check` refuses them (exit 2)
-            where = " ".join(f"{dim}={label}" for dim, label in point.labels.items())
-            raise ConfigError(f"{error} (at point {where})") from None
+        if key not in checked:
+            checked[key] = None
+            try:
+                check_point(point, sweep.config.mode, field)
+            except MemoryRefused as refused:  # the point alone: recorded, not run
+                checked[key] = refused
+            except (ConfigError, PlacementError) as error:  # as `--check` refuses (exit 2)
+                where = " ".join(f"{dim}={label}" for dim, label in point.labels.items())
+                raise ConfigError(f"{error} (at point {where})") from None
+        refused = checked[key]
+        if refused is not None:
+            point.infeasible = f"{INFEASIBLE}{refused}"
+            point.needed = np.nan if refused.needed is None else float(refused.needed)
+
+
+def infeasible_line(sweep: Sweep | ScalingSweep) -> str | None:
+    """One line naming the points `check_sweep_paths` found too big for their workers'
+    memory: they are recorded as failed with the reason and not run."""
+    if isinstance(sweep, ScalingSweep):
+        return None
+    points = [p for p in sweep.points if p.infeasible and not p.skip]
+    if not points:
+        return None
+    where = sorted({" ".join(f"{d}={v}" for d, v in p.labels.items()) for p in points})
+    named = "; ".join(where[:3]) + (f"; and {len(where) - 3} more" if len(where) > 3 else "")
+    first = points[0].infeasible.removeprefix(INFEASIBLE).split("; ")[0]
+    return (f"warning: {len(points)} of {len(sweep.points)} point(s) do not fit their "
+            "workers' memory and will not run (each recorded as failed, with the "
+            f"reason): {named} (first: {first})")
 
 
 def check_runs_not_shared(sweep: Sweep, field: str) -> None:
@@ -295,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         check_probe_environment()
     except (UsageError, ConfigError) as error:
         return fail(error, CONFIG_ERROR)
+    note = infeasible_line(sweep)
+    if note:
+        print(note, file=sys.stderr)
     if args.dry_run:
         return _print_dry_run(dry_run, sweep, args.fresh)
     warning = contention_warning(sweep) if sweep.config.mode == "measure" else None

@@ -38,6 +38,10 @@ class Point:
     order: int  # position in grid order (for stable directory names)
     cluster_key: str | None  # the worker set it needs; None: no cluster (reference)
     skip: str = ""  # why the point is not run (it would repeat another point), if so
+    #: Why the point cannot run (its predicted peak memory exceeds a worker's limit:
+    #: `experiments.sweep.cli.check_sweep_paths`), if so, and that predicted peak.
+    infeasible: str = ""
+    needed: float = float("nan")
 
     @property
     def region(self) -> tuple[int, ...]:

@@ -36,7 +36,8 @@ from experiments.sweep.measure import measure_point, predict_only
 from pipeline.records.record import code_revision
 from experiments.sweep.provenance import machine_info, resume_warning, session_provenance
 from experiments.sweep.results import PointResult, ResultStore, StoreMismatch, SweepLock
-from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
+from experiments.sweep.store_layout import (DONE, FAILED, SKIPPED, build_template,
+                                           infeasible)
 from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
@@ -281,8 +282,14 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
             for point in sweep.points:
                 if point.skip and status[point.region] != SKIPPED:
                     store.write_skipped(point.region, point.skip)
-        todo = [p for p in sweep.points if not p.skip and status[p.region] != DONE]
+                elif point.infeasible and not point.skip and status[point.region] != DONE:
+                    store.write_failure(point.region, point.infeasible,
+                                        {"predicted_peak_memory": point.needed}, {})
+        todo = [p for p in sweep.points
+                if not p.skip and not p.infeasible and status[p.region] != DONE]
         skipped = sum(1 for p in sweep.points if p.skip)
+        too_big = sum(1 for p in sweep.points
+                      if p.infeasible and not p.skip and status[p.region] != DONE)
         differs = resume_warning(json.loads(store.attrs().get("sessions", "[]")),
                                  session_provenance(sweep.scheduler)) if todo else None
         if differs:
@@ -290,8 +297,10 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                   f"this session's ({differs}): the store will mix them, and its report "
                   "names each session's; --fresh measures every point again", file=err)
         echo(f"sweep {sweep.config.name}: {len(sweep.points)} points, "
-             f"{len(sweep.points) - len(todo) - skipped} done before, {len(todo)} to run"
-             + (f", {skipped} not applicable" if skipped else "") + f" -> {sweep.store_path}")
+             f"{len(sweep.points) - len(todo) - skipped - too_big} done before, "
+             f"{len(todo)} to run" + (f", {skipped} not applicable" if skipped else "")
+             + (f", {too_big} not run (beyond their workers' memory)" if too_big else "")
+             + f" -> {sweep.store_path}")
         _run_points(sweep, store, todo, echo, err)
     return _closing_lines(sweep, echo)
 
@@ -385,13 +394,17 @@ def _end_session(store: ResultStore, session: dict) -> None:
 def _closing_lines(sweep: Sweep, echo: Callable[[str], None]) -> int:
     """The store's table, where it is, and the exit status: 1 if any point failed."""
     with xr.open_zarr(sweep.store_path) as ds:
-        failed_total = int((ds.status == FAILED).sum())
+        failed = ds.status.values == FAILED
+        too_big = failed & infeasible(ds.failure.values)
         echo("")
         echo(format_table(summary_table(ds.load())))
     echo(f"\nresults: {sweep.store_path}  (xr.open_zarr; report: python -m experiments.report "
          f"{shlex.quote(sweep.store_path)})")
-    if failed_total:
-        echo(f"{failed_total} point(s) failed; their reasons are in the store's `failure` "
-             "variable. Run the same command again to retry them.")
-        return 1
-    return 0
+    if too_big.any():
+        echo(f"{int(too_big.sum())} point(s) not run: their predicted peak memory exceeds "
+             "a worker's limit (the figures in the store's `failure` and "
+             "`predicted_peak_memory`); lower train.batch or give the workers more memory")
+    if (failed & ~too_big).any():
+        echo(f"{int((failed & ~too_big).sum())} point(s) failed; their reasons are in the "
+             "store's `failure` variable. Run the same command again to retry them.")
+    return 1 if failed.any() else 0

@@ -23,6 +23,16 @@ from experiments.sweep.points import worker_count
 from pipeline.records.step_breakdown import COMPONENTS
 
 PENDING, DONE, FAILED, SKIPPED = 0, 1, 2, 3
+#: How a failed point's `failure` starts where it was not run at all: its predicted
+#: peak memory exceeds a worker's limit (a measured sweep), or the model finds it
+#: infeasible (a scaling sweep).
+INFEASIBLE = "Infeasible: "
+
+
+def infeasible(failure: np.ndarray) -> np.ndarray:
+    """Where a store's `failure` texts say the point was not run (`INFEASIBLE`)."""
+    return np.vectorize(lambda text: str(text).startswith(INFEASIBLE), otypes=[bool])(
+        failure) if np.size(failure) else np.zeros(np.shape(failure), dtype=bool)
 #: The parts the model predicts (it has no dataset part of its own; its wait is the
 #: client's share of the cores, pipeline/costmodel/contention.py).
 PREDICTED_COMPONENTS = ("compute", "exchange", "wait", "client")
@@ -85,8 +95,9 @@ MEASURES: dict[str, tuple[str, str]] = {
        for part in PREDICTED_COMPONENTS},
     "predicted_peak_memory": ("B", "the model's largest peak memory of a worker (the "
                               "training process for reference) under the point's split: "
-                              "docs/model.md, 'Memory per device'. Stores written before "
-                              "it have none"),
+                              "docs/model.md, 'Memory per device'; of a point not run as "
+                              "beyond its workers' memory, the peak of the worker that "
+                              "cannot hold it. Stores written before it have none"),
     "recoveries": ("1", "worker losses the point's run survived (each: back to its last "
                    "checkpoint, re-placed on the surviving workers, replayed; see "
                    "recovery_log). Stores written before it have no such variable"),
@@ -109,7 +120,8 @@ MEASURES: dict[str, tuple[str, str]] = {
     "wall_time": ("s", "the point's whole run: setup, calibration, steps, evaluation"),
 }
 TEXTS: dict[str, str] = {
-    "failure": "why the point failed (status 2) or is not run (status 3)",
+    "failure": "why the point failed (status 2; 'Infeasible: ...' where it was not run: "
+               "its predicted peak memory exceeds a worker's limit) or is not run (status 3)",
     "run_id": "identifies the run that produced this point's values",
     "kernel_split": "kernels per worker per conv layer (JSON), as placed (kernel, single)",
     "batch_split": "samples of each step's batch per worker (JSON; data, hybrid)",

@@ -93,4 +93,5 @@ def capacities_explained(config: ClusterConfig) -> Iterator[None]:
                            dask.config.get("distributed.worker.memory.terminate", False),
                            True)
         raise MemoryRefused(f"{refused} (a dask worker you started has what Dask lets it "
-                            f"hold of its --memory-limit: {rule.describe()})") from None
+                            f"hold of its --memory-limit: {rule.describe()})", refused.needed,
+                            refused.available) from None

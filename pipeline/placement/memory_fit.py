@@ -41,7 +41,13 @@ class MemoryModel(Protocol):
 
 
 class MemoryRefused(PlacementError):
-    """No split of this run fits its devices' memory."""
+    """No split of this run fits its devices' memory: `needed` and `available` (bytes)
+    are the predicted peak and the capacity of the device named, where one is."""
+
+    def __init__(self, message: str, needed: float | None = None,
+                 available: float | None = None) -> None:
+        super().__init__(message)
+        self.needed, self.available = needed, available
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,8 @@ def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequ
                 if best is None or key < best[0]:
                     best = (key, trial, trial_counts, after)
         if best is None:
-            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst]))
+            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst]),
+                                now[worst], capacities[worst])
         _, shares, current, now = best
         moved += 1
 
