@@ -219,3 +219,38 @@ def test_a_sweep_stopped_with_points_pending_is_not_said_finished():
     ds.attrs["finished"] = ""  # its first session still running, or killed
     assert "- started T0, no session ended yet (a sweep running, or one killed)" in \
         _provenance(ds)
+
+
+def test_the_breakdown_says_its_parts_are_medians_beside_the_median_step(store, tmp_path,
+                                                                         monkeypatch):
+    """Its stacked bars are each part's own median over the steps, which need not add
+    up to the median step: the figure drew the step as a tick over the stack, with
+    nothing saying so, and stacked the dense head twice (`master_time` on top of the
+    compute that holds it). Now the parts are the step's along its critical worker
+    (each step's add up to it), the median step is a bar of its own beside them, and
+    the figure and report.md say the medians need not add up."""
+    from experiments.report import figures
+    seen = {}
+
+    def save(fig, path):
+        ax = fig.axes[0]
+        seen["bars"] = {label: [p.get_height() for p in container.patches]
+                        for container, label in zip(ax.containers,
+                                                    [c.get_label() for c in ax.containers])}
+        seen["text"] = " ".join(t.get_text() for t in fig.texts)
+        seen["rows"] = [t.get_text() for t in ax.get_xticklabels()]
+        fig.clf()
+    monkeypatch.setattr(figures, "save_figure", save)
+    sweep = StoreView(xr.open_zarr(store).load())
+    frame = sweep.points()
+    assert figures.breakdown_figure(sweep, frame, str(tmp_path / "breakdown.png"))
+    assert list(seen["bars"]) == ["compute", "exchange", "dataset", "wait", "client",
+                                  figures.STEP_BAR]
+    shown = figures.with_missing(figures.slice_of_others(
+        sweep, frame, ["strategy", "devices"])[0], "step_time")
+    assert seen["bars"][figures.STEP_BAR] == pytest.approx(list(shown["step_time"]))
+    assert seen["bars"]["compute"] == pytest.approx(list(shown["critical_compute"]))
+    assert "need not add up to the median step" in seen["text"]
+    report.make_report(store, str(tmp_path / "report"))
+    text = open(tmp_path / "report" / "report.md", encoding="utf-8").read()
+    assert "![Time breakdown](breakdown.png)\n\n*Each part of a step is its own median" in text

@@ -10,8 +10,9 @@ Writes, into ``<name>.report/`` next to the store ``<name>.zarr`` (or ``--out DI
   the axis, which ends at the sweep's own capacities, reaches 4; named in the legend
   otherwise); a setting measured once is a dotted line (`reference`: its threads,
   one process);
-- ``breakdown.png``: where a step's time goes (compute, exchange, master, wait) per
-  strategy and worker set, with the measured step time marked;
+- ``breakdown.png``: where a step's time goes (compute, exchange, dataset, wait, client
+  along each step's critical worker) per strategy and worker set, each part its own
+  median, beside the median step measured (the medians need not add up to it);
 - ``batch.png``: step time and throughput against batch size (if batch is swept);
 - ``placement.png``: calibrated against even placement on unequal workers (if
   placement is swept);

@@ -36,13 +36,20 @@ PREDICT_ONLY = ("This sweep ran the performance model alone (`mode: predict`): n
                 "the strategy it would pick, named in its `strategy_choice`).")
 
 
+#: What report.md says under a figure, where its picture alone could mislead.
+NOTES = {"breakdown.png": "Each part of a step is its own median over the measured "
+         "steps (along each step's critical worker); the medians need not add up to "
+         "the median step, the hatched bar beside them."}
+
+
 def _provenance(ds: xr.Dataset) -> list[str]:
     machine = json.loads(ds.attrs.get("machine", "{}"))
     versions = json.loads(ds.attrs.get("versions", "{}"))
     status = ds.status.values
     memory = machine.get("memory_bytes")
     mixed = mixed_sessions(json.loads(ds.attrs.get("sessions") or "[]"))
-    too_big = int(((status == FAILED) & infeasible(ds.failure.values)).sum())
+    too_big = int(((status == FAILED) & infeasible(ds.failure.values)).sum()) \
+        if "failure" in ds else 0
     lines = [
         f"- points: {int((status == DONE).sum())} done, {int((status == FAILED).sum()) - too_big} "
         f"failed, " + (f"{too_big} not run (predicted beyond their workers' memory), "
@@ -195,6 +202,7 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
     for name in figures:
         if not name.startswith("growth_"):  # those have a section of their own
             lines += [f"![{captions.get(name, name)}]({name})", ""]
+            lines += [f"*{NOTES[name]}*", ""] if name in NOTES else []
     lines += growth_section(figures)
     lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
     lines += mixes_section(ds, sweep)
