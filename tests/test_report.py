@@ -8,6 +8,7 @@ import json
 import os
 
 import matplotlib.image
+import numpy as np
 import pytest
 import xarray as xr
 
@@ -254,3 +255,27 @@ def test_the_breakdown_says_its_parts_are_medians_beside_the_median_step(store, 
     report.make_report(store, str(tmp_path / "report"))
     text = open(tmp_path / "report" / "report.md", encoding="utf-8").read()
     assert "![Time breakdown](breakdown.png)\n\n*Each part of a step is its own median" in text
+
+
+def test_a_zipped_batch_axis_draws_its_batch_lines(tmp_path, tiny_dataset_factory,
+                                                   monkeypatch):
+    """A batch zipped with another field (here the learning rate, scaled with it) has
+    labels such as `8/0.05`: batch.png read those as numbers, got none and drew no
+    line (memory.png's batch panel neither). Now both take the zip group's
+    `train.batch` coordinate, and the axis says what moves with it."""
+    from tests.test_report_gaps import drawn
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
+    monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"), {},
+                         zip=[{"dim": "scaled", "fields": {"train.batch": [8, 16],
+                                                           "train.lr": [0.05, 0.1]}}],
+                         name="zipped")
+    path = str(tmp_path / "zipped.zarr")
+    assert run_sweep(load_sweep(config, out=path), out=io.StringIO(),
+                     err=io.StringIO()) == 0
+    seen = drawn(monkeypatch)
+    report.make_report(path, str(tmp_path / "report"))
+    for name, panel in (("batch.png", 0), ("batch.png", 1), ("memory.png", -1)):
+        lines = [line for line in seen[name][panel][:-1] if line[1].size]
+        assert len(lines) == 1, (name, lines)
+        assert list(lines[0][1]) == [8, 16] and np.isfinite(lines[0][2]).all(), name

@@ -227,7 +227,7 @@ def batch_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     data = with_missing(data, "step_time").copy()
     if data["step_time"].isna().all():
         return False
-    data["batch_value"] = pd.to_numeric(data[bdim], errors="coerce")
+    data["batch_value"] = sweep.batch_sizes(data)
     group = [d for d in keep if d != bdim]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
     for index, (keys, lines) in enumerate(data.groupby(group, sort=False) if group
@@ -242,7 +242,7 @@ def batch_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     left.set_ylabel("step time (s, median)")
     right.set_ylabel("throughput (samples/s)")
     for ax in (left, right):
-        ax.set_xlabel("batch size")
+        ax.set_xlabel(sweep.batch_label())
         ax.grid(alpha=0.3)
     right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle("batch size" + (f" ({fixed})" if fixed else ""))

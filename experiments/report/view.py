@@ -77,6 +77,27 @@ class StoreView:
     def batch_dim(self) -> str | None:
         return self.dim_with("train.batch")
 
+    def batch_field(self) -> str | None:
+        """The name of the coordinate that holds each position's batch size along
+        `batch_dim`: the dim itself where it sweeps `train.batch` alone, else the
+        coordinate of that field in its zip group (whose own labels read `8/0.05`)."""
+        bdim = self.batch_dim
+        if bdim is None or self.axes.get(bdim) == ["train.batch"]:
+            return bdim
+        return next((str(name) for name, coord in self.ds.coords.items()
+                     if coord.dims == (bdim,) and coord.attrs.get("field") == "train.batch"),
+                    bdim)
+
+    def batch_sizes(self, frame: pd.DataFrame) -> pd.Series:
+        """Each row's batch size (samples), as a number: `batch_field`'s values."""
+        return pd.to_numeric(frame[self.batch_field()], errors="coerce")
+
+    def batch_label(self) -> str:
+        """The batch axis's label: what else moves with it, for a zip group."""
+        others = [f for f in self.axes.get(self.batch_dim or "", []) if f != "train.batch"]
+        return "batch size (samples)" + (f"; zipped with {', '.join(others)}" if others
+                                         else "")
+
     def points(self) -> pd.DataFrame:
         """One row per grid point: medians (and min/max) over done repeats, all labels;
         `missing` says why a point has no figures: `TOO_BIG` (no repeat done, each
