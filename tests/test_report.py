@@ -259,23 +259,32 @@ def test_the_breakdown_says_its_parts_are_medians_beside_the_median_step(store, 
 
 def test_a_zipped_batch_axis_draws_its_batch_lines(tmp_path, tiny_dataset_factory,
                                                    monkeypatch):
-    """A batch zipped with another field (here the learning rate, scaled with it) has
-    labels such as `8/0.05`: batch.png read those as numbers, got none and drew no
-    line (memory.png's batch panel neither). Now both take the zip group's
-    `train.batch` coordinate, and the axis says what moves with it."""
+    """A batch zipped with another field (here the workers: weak scaling) has labels
+    such as `2/16`: batch.png read those as numbers, got none and drew no line
+    (memory.png's batch panel neither). Now both take the zip group's `train.batch`
+    coordinate, and the axis says what moves with it.
+
+    The store's speedup was the 1-worker step time (batch 8) over the 2-worker one
+    (batch 16): a step of twice the samples counted as one, and an efficiency
+    above 1 where the workers kept pace. Now it counts the samples a second."""
     from tests.test_report_gaps import drawn
     monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
-    config = write_sweep(tmp_path, tiny_dataset_factory("float32"), {},
-                         zip=[{"dim": "scaled", "fields": {"train.batch": [8, 16],
-                                                           "train.lr": [0.05, 0.1]}}],
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["single", "kernel"]},
+                         zip=[{"dim": "scaled", "fields": {"cluster.workers": [1, 2],
+                                                           "train.batch": [8, 16]}}],
                          name="zipped")
     path = str(tmp_path / "zipped.zarr")
     assert run_sweep(load_sweep(config, out=path), out=io.StringIO(),
                      err=io.StringIO()) == 0
+    ds = xr.open_zarr(path).load()
+    single, kernel = ds.step_time.values[0, 0, 0], ds.step_time.values[1, :, 0]
+    assert ds.speedup.values[1, :, 0] == pytest.approx(single / kernel * [1, 2])
+    assert ds.efficiency.values[1, 1, 0] == pytest.approx(single / kernel[1])  # 2 workers
     seen = drawn(monkeypatch)
     report.make_report(path, str(tmp_path / "report"))
     for name, panel in (("batch.png", 0), ("batch.png", 1), ("memory.png", -1)):
-        lines = [line for line in seen[name][panel][:-1] if line[1].size]
-        assert len(lines) == 1, (name, lines)
-        assert list(lines[0][1]) == [8, 16] and np.isfinite(lines[0][2]).all(), name
+        lines = {line[0]: line for line in seen[name][panel][:-1] if line[1].size}
+        assert list(lines["kernel"][1]) == [8, 16], name
+        assert np.isfinite(lines["kernel"][2]).all(), name

@@ -688,6 +688,17 @@ def test_speedup_against_baseline_median_and_capacity():
     assert np.isnan(nothing).all()
 
 
+def test_speedup_counts_the_samples_where_the_batch_moves_with_the_workers():
+    """Weak scaling: batch 8 on 1 worker in 1.0 s, batch 16 on 2 workers in 1.0 s is
+    twice the samples a second (speedup 2, efficiency 1), not a speedup of 1."""
+    step_time = np.array([[[1.0], [1.0]]])  # strategy [kernel] x workers [1, 2]
+    capacity = np.array([[[1.0], [2.0]]])
+    batch = np.array([[[8.0], [16.0]]])
+    speedup, efficiency = compute_speedup(step_time, capacity, None, None, True, 1, 0, batch)
+    assert np.allclose(speedup[0, :, 0], [1.0, 2.0])
+    assert np.allclose(efficiency[0, :, 0], [1.0, 1.0])
+
+
 def test_the_grid_fits_each_strategy(tmp_path, tiny_dataset_factory):
     """Along a workers axis, `reference` takes that many threads and `single` is run
     once, at the fewest workers; the other strategies use the workers."""

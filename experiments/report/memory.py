@@ -41,8 +41,9 @@ def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         keep = ["strategy", dim]
         data, fixed = slice_of_others(sweep, frame, keep)
         data = with_missing(data, "memory_working").copy()
-        data["x"] = (pd.to_numeric(data["n_workers"], errors="coerce")
-                     if dim == sweep.worker_dim else sweep.batch_sizes(data))
+        workers = label == "workers"  # the same dim where the batch is zipped with them
+        data["x"] = (pd.to_numeric(data["n_workers"], errors="coerce") if workers
+                     else sweep.batch_sizes(data))
         data = place_missing(data, "x", dim, worker_counts(sweep.ds, dim))
         for strategy, rows in data.groupby("strategy", sort=False):
             rows = rows.sort_values("x")
@@ -51,14 +52,14 @@ def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
             mark_missing(ax, rows, "x", "black" if alone else colors[strategy])
             if mb.isna().all():
                 continue
-            if alone and dim == sweep.worker_dim:
+            if alone and workers:
                 ax.axhline(float(mb.median()), color="black", linestyle="--", linewidth=1.2,
                            label="reference (plain PyTorch)")
                 continue
             ax.plot(rows["x"], mb, marker="o", color=colors[strategy],
                     linestyle="--" if alone else "-",
                     label="reference (plain PyTorch)" if alone else strategy)
-        ax.set_xlabel(label if dim == sweep.worker_dim else sweep.batch_label())
+        ax.set_xlabel(label if workers else sweep.batch_label())
         ax.set_ylabel("working memory of the fullest worker (MB)")
         ax.set_title(f"memory against {label}" + (f" ({fixed})" if fixed else ""),
                      fontsize=9)

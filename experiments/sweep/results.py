@@ -62,7 +62,7 @@ from storage.locks import LockBusy, OwnerLock
 STORE_FORMAT = "hetcnn-sweep/3"
 UNCHECKED_FORMAT = "hetcnn-sweep/2"  # the last format without checksums
 #: What the derived figures (`DERIVED`) are computed from.
-DERIVED_INPUTS = ("status", "step_time", "capacity")
+DERIVED_INPUTS = ("status", "step_time", "capacity", "throughput")
 #: What mends damaged metadata: the file itself, or starting the sweep over.
 REPAIR = ("restore it from a copy, or run the sweep with --fresh to start it over (or "
           "--out to write elsewhere)")
@@ -384,13 +384,14 @@ class ResultStore:
         done = inputs["status"] == DONE
         step_time = np.where(done, inputs["step_time"], np.nan)
         capacity = np.where(done, inputs["capacity"], np.nan)
+        batch = np.round(np.where(done, inputs["throughput"], np.nan) * step_time)  # samples
         axis = dims.index(reference["dim"]) if reference.get("dim") in dims else None
         workers = (dims.index(reference["workers_dim"])
                    if reference.get("workers_dim") in dims else None)
         speedup, efficiency = compute_speedup(step_time, capacity, axis,
                                               reference.get("index"),
                                               bool(reference.get("available")), workers,
-                                              reference.get("workers_index"))
+                                              reference.get("workers_index"), batch)
         group["speedup"][...] = speedup
         group["efficiency"][...] = efficiency
         self.record.record_derived()

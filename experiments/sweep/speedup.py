@@ -43,27 +43,35 @@ def speedup_reference(sweep: Sweep) -> dict[str, Any]:
 
 def compute_speedup(step_time: np.ndarray, capacity: np.ndarray, axis: int | None,
                     index: int | None, available: bool, workers_axis: int | None = None,
-                    workers_index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    workers_index: int | None = None, batch: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """Speedup and efficiency against one baseline per grid, at the same other coordinates.
 
-    `step_time` and `capacity` have the axes then the repeat last. The baseline is
-    position `index` along `axis` (the strategy's dim) and position `workers_index`
-    along `workers_axis` (the fewest workers), reduced to its median over repeats, so
-    each repeat of a point is compared with one stable baseline. With no strategy dim
-    the whole grid is the baseline strategy (if `available`).
+    `step_time`, `capacity` and `batch` (each point's samples per step; None: the
+    same everywhere) have the axes then the repeat last. The baseline is position
+    `index` along `axis` (the strategy's dim) and position `workers_index` along
+    `workers_axis` (the fewest workers), reduced to its median over repeats, so each
+    repeat of a point is compared with one stable baseline. With no strategy dim the
+    whole grid is the baseline strategy (if `available`). Speedup is the samples a
+    second against the baseline's: at the same batch, its step time over the point's;
+    where the batch moves with the workers (weak scaling, a zip group), a step of
+    twice the samples in the baseline's time is a speedup of 2, not 1.
     """
     nan = np.full(step_time.shape, np.nan)
     if not available:
         return nan, nan.copy()
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        picked_time, picked_capacity = step_time, capacity
+        work = np.ones(step_time.shape) if batch is None else batch
+        picked_time, picked_capacity, picked_work = step_time, capacity, work
         for along, position in ((axis, index), (workers_axis, workers_index)):
             if along is not None and position is not None:
                 picked_time = np.take(picked_time, [position], axis=along)
                 picked_capacity = np.take(picked_capacity, [position], axis=along)
+                picked_work = np.take(picked_work, [position], axis=along)
         base_time = np.nanmedian(picked_time, axis=-1, keepdims=True)
         base_capacity = np.nanmedian(picked_capacity, axis=-1, keepdims=True)
-        speedup = base_time / step_time
+        base_work = np.nanmedian(picked_work, axis=-1, keepdims=True)
+        speedup = base_time / step_time * (work / base_work)
         efficiency = speedup / (capacity / base_capacity)
     return speedup, efficiency

@@ -49,7 +49,8 @@ MEASURES: dict[str, tuple[str, str]] = {
     "throughput": ("samples/s", "training samples per second: batch / step_time"),
     "speedup": ("1", "the baseline's step_time (the sweep's speedup_baseline strategy on "
                 "the fewest workers, median over repeats, same other coordinates) divided "
-                "by this point's step_time"),
+                "by this point's step_time, times this point's batch over the baseline's "
+                "(1 but where the batch is zipped with the workers: weak scaling)"),
     "efficiency": ("1", "speedup divided by the capacity relative to the baseline's "
                    "(workers, or reference threads, for equal devices; summed relative "
                    "speeds else)"),
