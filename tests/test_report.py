@@ -288,3 +288,14 @@ def test_a_zipped_batch_axis_draws_its_batch_lines(tmp_path, tiny_dataset_factor
         lines = {line[0]: line for line in seen[name][panel][:-1] if line[1].size}
         assert list(lines["kernel"][1]) == [8, 16], name
         assert np.isfinite(lines["kernel"][2]).all(), name
+
+
+def test_the_speedup_panel_names_a_zoo_network_by_its_preset():
+    """A sweep of a zoo network (no conv widths in its base) titled its speedup panel
+    'network as configured'; now the preset and its width."""
+    from experiments.report.figures import _base_network
+    for network, title in (({"preset": "resnet20", "width": 0.25}, "resnet20 (width 0.25)"),
+                           ({"preset": "vgg11"}, "vgg11"),
+                           ({"conv": [{"kernels": 32}, {"kernels": 64}]}, "32/64")):
+        ds = xr.Dataset(attrs={"config": json.dumps({"base": {"network": network}})})
+        assert _base_network(ds) == title

@@ -46,11 +46,15 @@ STEP_BAR = "measured step (median)"
 
 
 def _base_network(ds: xr.Dataset) -> str:
-    """The conv widths every point shares, e.g. '32/64' (when the network is not swept)."""
+    """The network every point shares (when it is not swept): its conv widths, e.g.
+    '32/64', or a zoo preset by name and width, e.g. 'resnet20 (width 0.25)'."""
     try:
-        conv = yaml.safe_load(ds.attrs.get("config", ""))["base"]["network"]["conv"]
-        return "/".join(str(layer["kernels"]) for layer in conv)
-    except (TypeError, KeyError, AttributeError, yaml.YAMLError):
+        network = yaml.safe_load(ds.attrs.get("config", ""))["base"]["network"]
+        if network.get("preset"):
+            width = network.get("width", 1)
+            return str(network["preset"]) + ("" if width == 1 else f" (width {width:g})")
+        return "/".join(str(layer["kernels"]) for layer in network["conv"])
+    except (TypeError, KeyError, AttributeError, ValueError, yaml.YAMLError):
         return "as configured"
 
 
