@@ -402,6 +402,17 @@ def test_a_batch_its_workers_memory_cannot_hold_is_recorded_not_run_and_the_rest
     assert list(again.status.values[:, 0]) == [DONE, FAILED]
     assert str(again.failure.values[1, 0]) == failure
 
+    # a driver of `run_sweep` (no check before it) meets the refusal as the run meets
+    # the workers: recorded the same way, not as a failure of the run ("MemoryRefused: ")
+    alone = load_sweep(config, ["axes.train.batch=[512]"], out=str(tmp_path / "alone.zarr"))
+    output = io.StringIO()
+    assert run_sweep(alone, out=output, err=io.StringIO()) == 1
+    ds = open_clean(tmp_path / "alone.zarr")
+    assert str(ds.failure.values[0, 0]).startswith("Infeasible: memory: worker cpu-0 needs ")
+    assert ds.predicted_peak_memory.values[0, 0] > limit * 1e6
+    assert "0/1 (not run: memory)" in output.getvalue()
+    assert "1 point(s) not run: their predicted peak" in output.getvalue()
+
 
 def test_a_store_named_without_zarr_beside_one_with_it_is_refused(tmp_path,
                                                                    tiny_dataset_factory,

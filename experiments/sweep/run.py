@@ -33,11 +33,11 @@ import xarray as xr
 from tqdm import tqdm
 
 from experiments.sweep.measure import measure_point, predict_only
-from pipeline.records.record import code_revision
+from pipeline.records.record import code_revision, software_versions
 from experiments.sweep.provenance import machine_info, resume_warning, session_provenance
 from experiments.sweep.results import PointResult, ResultStore, StoreMismatch, SweepLock
-from experiments.sweep.store_layout import (DONE, FAILED, SKIPPED, build_template,
-                                           infeasible)
+from experiments.sweep.store_layout import (DONE, FAILED, INFEASIBLE, SKIPPED,
+                                           build_template, infeasible)
 from experiments.sweep.summary import format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
@@ -49,8 +49,8 @@ from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.workers import (ClusterError, SchedulerLost, SchedulerUnreachable,
                                       WorkerLost, live_workers)
 from pipeline.config.run_config import RunConfig
+from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.prediction import predict_point
-from pipeline.records.record import software_versions
 from pipeline.cluster.worker_limits import check_worker_limits
 from pipeline.cluster.startup import start_batch, usable_cores
 from storage.locks import now_text
@@ -64,9 +64,12 @@ def one_line(error: BaseException) -> str:
     """A failure reason that fits one line of the store and of the log.
 
     A point that lost its workers or scheduler can simply run again: the reason
-    says so (a sweep reruns failed points), not how to resume a single run.
+    says so (a sweep reruns failed points), not how to resume a single run. A point
+    its workers' memory cannot hold is `INFEASIBLE`, as the check before the sweep says.
     """
     text = " ".join(str(error).split()) or repr(error)
+    if isinstance(error, MemoryRefused):
+        return f"{INFEASIBLE}{text}"[:500]
     if isinstance(error, SchedulerLost) or (isinstance(error, WorkerLost) and not error.memory):
         text = text[:400] + "; run the same sweep command again (once the cluster is back) " \
             "to rerun this point"
@@ -279,17 +282,17 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
             for line in _prepare_store(sweep, store, fresh, argv or sys.argv):
                 print(line, file=err)
             status = store.status()
+            too_big = [p for p in sweep.points
+                       if p.infeasible and not p.skip and status[p.region] != DONE]
             for point in sweep.points:
                 if point.skip and status[point.region] != SKIPPED:
                     store.write_skipped(point.region, point.skip)
-                elif point.infeasible and not point.skip and status[point.region] != DONE:
-                    store.write_failure(point.region, point.infeasible,
-                                        {"predicted_peak_memory": point.needed}, {})
+            for point in too_big:  # not run: beyond its workers' memory
+                store.write_failure(point.region, point.infeasible,
+                                    {"predicted_peak_memory": point.needed}, {})
         todo = [p for p in sweep.points
                 if not p.skip and not p.infeasible and status[p.region] != DONE]
         skipped = sum(1 for p in sweep.points if p.skip)
-        too_big = sum(1 for p in sweep.points
-                      if p.infeasible and not p.skip and status[p.region] != DONE)
         differs = resume_warning(json.loads(store.attrs().get("sessions", "[]")),
                                  session_provenance(sweep.scheduler)) if todo else None
         if differs:
@@ -297,9 +300,9 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
                   f"this session's ({differs}): the store will mix them, and its report "
                   "names each session's; --fresh measures every point again", file=err)
         echo(f"sweep {sweep.config.name}: {len(sweep.points)} points, "
-             f"{len(sweep.points) - len(todo) - skipped - too_big} done before, "
+             f"{len(sweep.points) - len(todo) - skipped - len(too_big)} done before, "
              f"{len(todo)} to run" + (f", {skipped} not applicable" if skipped else "")
-             + (f", {too_big} not run (beyond their workers' memory)" if too_big else "")
+             + (f", {len(too_big)} not run (beyond their workers' memory)" if too_big else "")
              + f" -> {sweep.store_path}")
         _run_points(sweep, store, todo, echo, err)
     return _closing_lines(sweep, echo)
@@ -366,7 +369,8 @@ def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, sampler: Pro
         with writing(STORE, store.path):
             store.write_failure(point.region, reason,
                                 {"started": started, "finished": finished,
-                                 "wall_time": finished - started},
+                                 "wall_time": finished - started, "predicted_peak_memory":
+                                 getattr(error, "needed", None) or np.nan},
                                 {"run_id": uuid.uuid4().hex})
         if point.cluster_key is not None:
             pool.discard()
@@ -401,9 +405,8 @@ def _closing_lines(sweep: Sweep, echo: Callable[[str], None]) -> int:
     echo(f"\nresults: {sweep.store_path}  (xr.open_zarr; report: python -m experiments.report "
          f"{shlex.quote(sweep.store_path)})")
     if too_big.any():
-        echo(f"{int(too_big.sum())} point(s) not run: their predicted peak memory exceeds "
-             "a worker's limit (the figures in the store's `failure` and "
-             "`predicted_peak_memory`); lower train.batch or give the workers more memory")
+        echo(f"{int(too_big.sum())} point(s) not run: their predicted peak memory exceeds a "
+             "worker's limit (see `failure`); lower train.batch or give the workers memory")
     if (failed & ~too_big).any():
         echo(f"{int((failed & ~too_big).sum())} point(s) failed; their reasons are in the "
              "store's `failure` variable. Run the same command again to retry them.")

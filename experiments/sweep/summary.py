@@ -20,7 +20,7 @@ import pandas as pd
 import xarray as xr
 import yaml
 
-from experiments.sweep.store_layout import DONE, FAILED, SKIPPED
+from experiments.sweep.store_layout import DONE, FAILED, INFEASIBLE, SKIPPED
 
 def _labels(ds: xr.Dataset, dim: str) -> list[str]:
     return [str(v) for v in ds[dim].values]
@@ -81,6 +81,8 @@ def summary_table(ds: xr.Dataset) -> pd.DataFrame:
             reasons = sorted({str(r) for r, s in zip(failures[position], status[position])
                               if s == FAILED and str(r)})
             row["failure"] = "; ".join(reasons)
+            row["beyond_memory"] = bool(reasons) and all(r.startswith(INFEASIBLE)
+                                                         for r in reasons)
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -89,7 +91,7 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
     """The main figures as aligned text (or a markdown table)."""
     columns = [c for c in table.columns if c not in (
         "step_time_p25", "step_time_p75", "predicted_step_time", "prediction_error",
-        "compute_error", "repeat_spread", "failure")]
+        "compute_error", "repeat_spread", "failure", "beyond_memory")]
     if "memory_working" in table and table["memory_working"].isna().all():
         columns.remove("memory_working")
     if table["predicted_step_time"].notna().any():
@@ -123,7 +125,8 @@ def format_table(table: pd.DataFrame, markdown: bool = False) -> str:
             else:
                 cells.append(str(value))
         if row.get("failure"):
-            cells[columns.index("runs")] += " (failed)"
+            cells[columns.index("runs")] += (" (not run: memory)" if row.get("beyond_memory")
+                                             else " (failed)")
         body.append(cells)
     if markdown:
         numeric = set(names)
