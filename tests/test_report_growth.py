@@ -118,3 +118,40 @@ def test_the_strategies_figure_draws_no_prediction_the_store_lacks(monkeypatch, 
     steps, speedup, _bytes = drawn[0].axes
     assert [t.get_text() for t in steps.get_legend().get_texts()] == ["batch 8", "batch 16"]
     assert speedup.get_title() == "speedup over 'single' (none: no done point of it)"
+
+
+def test_the_strategies_figure_leaves_a_failed_largest_point_empty(monkeypatch, tmp_path):
+    """Each strategy is drawn at its most workers: where that point failed, the figure
+    drew the strategy's next point down (data on 1 worker beside kernel on 2) under a
+    title saying 'each at its largest'. Now the slot is empty and says why, and each
+    strategy's tick names the workers its bars are at."""
+    from experiments.report import strategies
+    shape, dims = (3, 2, 1), ("strategy", "workers", "repeat")
+    data = {name: (dims, np.full(shape, 1.0)) for name in POINT_FIGURES}
+    workers = np.array([1.0, 2.0])[None, :, None]
+    data["step_time"] = (dims, np.broadcast_to(1.0 / workers, shape).copy())
+    data["speedup"] = (dims, np.broadcast_to(workers, shape).copy())
+    data["capacity"] = data["n_workers"] = (dims, np.broadcast_to(workers, shape).copy())
+    status = np.full(shape, DONE, dtype=np.int8)
+    status[0, 1, 0] = SKIPPED  # single: one worker only
+    status[2, 1, 0] = 2  # data on 2 workers failed
+    for name in POINT_FIGURES:
+        data[name][1][status != DONE] = np.nan
+    data["status"] = (dims, status)
+    ds = xr.Dataset(data, coords={"strategy": ["single", "kernel", "data"],
+                                  "workers": ("workers", [1, 2],
+                                              {"fields": '["cluster.workers"]'}),
+                                  "repeat": [0]},
+                    attrs={"sweep_name": "s", "speedup_baseline": "single",
+                           "axes": json.dumps({"strategy": ["strategy"],
+                                               "workers": ["cluster.workers"]})})
+    drawn = []
+    monkeypatch.setattr(strategies, "save_figure", lambda fig, path: drawn.append(fig))
+    sweep = StoreView(ds)
+    assert strategies.strategies_figure(sweep, sweep.points(), str(tmp_path / "s.png"))
+    steps = drawn[0].axes[0]
+    assert [t.get_text() for t in steps.get_xticklabels()] == [
+        "single\nworkers 1", "kernel\nworkers 2", "data\nworkers 2"]
+    heights = [bar.get_height() for bar in steps.patches]
+    assert heights[:2] == [1.0, 0.5] and np.isnan(heights[2])
+    assert [t.get_text().strip() for t in steps.texts] == ["failed"]

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.report.figure_files import save_figure  # noqa: E402
+from experiments.report.gaps import place_missing, with_missing, worker_counts  # noqa: E402
 from experiments.report.view import COLORS, StoreView, label_order, slice_of_others  # noqa: E402
 
 
@@ -32,11 +33,15 @@ def strategies_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     batch = sweep.batch_dim
     keep = ["strategy"] + [d for d in (batch, sweep.worker_dim) if d is not None]
     data, fixed = slice_of_others(sweep, frame, keep)
-    data = data[data["step_time"].notna()]
-    if sweep.worker_dim is not None:  # per strategy, its most distributed point
-        data = data.sort_values("relative_capacity").groupby(
+    wdim = sweep.worker_dim
+    data = place_missing(with_missing(data, "step_time"), "relative_capacity", wdim,
+                         worker_counts(sweep.ds, wdim))
+    if wdim is not None:  # per strategy, its most distributed point, done or not: a
+        # failed one is an empty, labelled slot, not the next one down passed off as it
+        data = data[data["relative_capacity"].notna()].sort_values(
+            "relative_capacity", kind="stable").groupby(
             ["strategy"] + ([batch] if batch else []), sort=False).tail(1)
-    if data.empty:
+    if data["step_time"].isna().all():
         return False
     strategies = [s for s in label_order(frame, "strategy", sweep.ds)
                   if s in set(data["strategy"])]
@@ -56,10 +61,17 @@ def strategies_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
                          label="predicted" if b == 0 else None)
         axes[1].bar(x, rows["speedup"], width, color=color, label=label)
         axes[2].bar(x, rows["bytes_moved"] / 1e6, width, color=color, label=label)
+        for ax in axes:  # a slot with no bar says why
+            for position, state in zip(x, rows["missing"].fillna("")):
+                if state:
+                    ax.text(position, 0, f" {state}", rotation=90, ha="center",
+                            va="bottom", fontsize=8, color="#c44e52")
     speedup = f"speedup over '{sweep.baseline}'" + (
         "" if data["speedup"].notna().any() else " (none: no done point of it)")
+    at = {str(name): _at(rows, wdim) for name, rows in data.groupby("strategy", sort=False)}
+    ticks = [at[name] for name in strategies]
     for ax, title in zip(axes, ("step time (s)", speedup, "exchange MB per step")):
-        ax.set_xticks(np.arange(len(strategies)), strategies)
+        ax.set_xticks(np.arange(len(strategies)), ticks)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -68,3 +80,11 @@ def strategies_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
                  f"(medians over repeats{workers}{', ' + fixed if fixed else ''})")
     save_figure(fig, path)
     return True
+
+
+def _at(rows: pd.DataFrame, wdim: str | None) -> str:
+    """A strategy's tick: its name, and the workers its bars are at (`wdim`'s labels)."""
+    name = str(rows["strategy"].iloc[0]) if not rows.empty else ""
+    if wdim is None or rows.empty:
+        return name
+    return f"{name}\n{wdim} {'/'.join(dict.fromkeys(rows[wdim].astype(str)))}"
