@@ -113,7 +113,7 @@ def test_a_run_prints_its_placement_and_records_its_prediction_once_encoded(
 
 def test_the_workspace_traffic_is_called_exchange_in_tables_and_plots():
     import pandas as pd
-    from experiments.report.figures import BREAKDOWN
+    from experiments.report.breakdown import BREAKDOWN
     from experiments.sweep.summary import format_table
     assert {key: label for key, label, _ in BREAKDOWN}["storage_time"] == "exchange"
     table = pd.DataFrame([{"strategy": "kernel", "runs": "1/1", "step_time": 0.05,

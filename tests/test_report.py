@@ -230,7 +230,7 @@ def test_the_breakdown_says_its_parts_are_medians_beside_the_median_step(store, 
     compute that holds it). Now the parts are the step's along its critical worker
     (each step's add up to it), the median step is a bar of its own beside them, and
     the figure and report.md say the medians need not add up."""
-    from experiments.report import figures
+    from experiments.report import breakdown as figures
     seen = {}
 
     def save(fig, path):

@@ -161,3 +161,26 @@ def test_a_point_beyond_its_workers_memory_is_marked_apart_from_failures(failed_
     assert "batch=16: FloatingPointError" in failed and "Infeasible" not in failed
     assert "- strategy=kernel, workers=1, batch=32: Infeasible: memory: worker cpu-0 " \
         "needs 328 MB" in not_run
+
+
+def test_a_line_without_its_baseline_is_named_not_left_out(done_store, tmp_path,
+                                                           monkeypatch):
+    """Where the speedup baseline (single on 1 worker) failed at batch 16, kernel's
+    measured batch-16 points have no speedup: speedup.png left their line out without
+    a word, as if batch 16 had never been swept. Now the legend names it and why."""
+    path = str(tmp_path / "gaps.zarr")
+    shutil.copytree(done_store, path)
+    with xr.open_zarr(path) as ds:
+        region = (list(ds.strategy.values).index("single"), list(ds.workers.values).index(1),
+                  list(ds.batch.values).index(16), 0)
+    store = ResultStore(path)
+    store.write_failure(region, "FloatingPointError: training diverged at step 1", {}, {})
+    store.refresh_derived()
+    seen = drawn(monkeypatch)
+    report.make_report(path, str(tmp_path / "report"))
+    legend = seen["speedup.png"][0][-1]
+    assert "kernel, batch 16: measured, no speedup (its 'single' baseline did not " \
+           "finish)" in legend, legend
+    assert "kernel, batch 8" in legend and "kernel, batch 32" in legend
+    assert not any(label.startswith(("kernel, batch 8:", "kernel, batch 32:"))
+                   for label in legend)

@@ -45,7 +45,8 @@ its workers' memory), and a labelled empty slot in ``breakdown.png``
 (:mod:`experiments.report.gaps`).
 
 This module is the command line and the list of files: the figures are drawn by
-:mod:`experiments.report.figures` and :mod:`experiments.report.strategies` from
+:mod:`experiments.report.figures`, :mod:`experiments.report.breakdown` and
+:mod:`experiments.report.strategies` from
 :mod:`experiments.report.view`'s table of points, and report.md is written by
 :mod:`experiments.report.markdown`.
 """
@@ -59,9 +60,9 @@ from typing import Any
 import xarray as xr
 
 from experiments.report.figure_files import write_figures
-from experiments.report.figures import (batch_figure, breakdown_figure, placement_figure,
-                                        predicted_figure, prediction_figure, speedup_figure,
-                                        step_times_figure)
+from experiments.report.breakdown import breakdown_figure
+from experiments.report.figures import (batch_figure, placement_figure, predicted_figure,
+                                        prediction_figure, speedup_figure, step_times_figure)
 from experiments.report.growth import growth_figure, growth_strategies
 from experiments.report.links import link_figure
 from experiments.report.markdown import write_markdown

@@ -1,5 +1,6 @@
-"""The measured sweep's figures, one function each: speedup, breakdown, batch,
-placement, step-time spread, prediction; and a predicted sweep's (`predicted_figure`).
+"""The measured sweep's figures, one function each: speedup, batch, placement,
+step-time spread, prediction; and a predicted sweep's (`predicted_figure`). The
+breakdown is :mod:`experiments.report.breakdown`.
 
 Each takes the store's view (:mod:`experiments.report.view`) and the points'
 table, draws its figure to `path` and returns True, or returns False where the
@@ -27,22 +28,14 @@ import xarray as xr  # noqa: E402
 import yaml  # noqa: E402
 
 from experiments.report.figure_files import legend_beside, save_figure  # noqa: E402
-from experiments.report.growth import COMPONENT_COLORS  # noqa: E402
 from experiments.report.gaps import (mark_missing, place_missing, with_missing,  # noqa: E402
                                     worker_counts)
 from experiments.report.view import (COLORS, PAPER_LABEL, PAPER_POINT,  # noqa: E402
                                      PAPER_STRATEGY, StoreView, label_order, slice_of_others)
 from experiments.sweep.store_layout import DONE  # noqa: E402
 from experiments.sweep.axes import value_label  # noqa: E402
-from pipeline.records.step_breakdown import COMPONENTS  # noqa: E402
 from pipeline.strategies import STRATEGIES  # noqa: E402
 
-BREAKDOWN = [("compute_time", "compute", "#4c72b0"), ("storage_time", "exchange", "#dd8452"),
-             ("master_time", "master", "#55a868"), ("wait_time", "wait", "#c44e52")]
-#: The step's parts along its critical worker (pipeline/records/step_breakdown.py).
-CRITICAL = [(f"critical_{part}", part, COMPONENT_COLORS[part]) for part in COMPONENTS]
-#: The legend entry of the measured step's bar in `breakdown_figure`.
-STEP_BAR = "measured step (median)"
 
 
 def _base_network(ds: xr.Dataset) -> str:
@@ -118,6 +111,8 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
                                                          "cluster.use_workers")]
     if not data.loc[data["speedup"].notna(), "equal_workers"].all():
         group.append("equal_workers")
+    orphans = frame[(frame["strategy"] != sweep.baseline) & frame["step_time"].notna()
+                    & frame["speedup"].isna()]  # measured, but their baseline is not
     panel_values = (sorted({tuple(r) for r in data[panels].astype(str).values},
                            key=lambda v: [label_order(data, p, sweep.ds).index(x)
                                           for p, x in zip(panels, v)])
@@ -139,6 +134,7 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         ax.plot(*(PAPER_POINT if paper_inside else ([], [])), marker="*", markersize=14,
                 color="black", linestyle="none",
                 label=PAPER_LABEL if paper_inside else f"{PAPER_LABEL} (beyond this axis)")
+        _no_baseline(ax, orphans, panels, panel, group, sweep.baseline)
         for key, lines in subset.groupby(group, sort=False):
             keys = key if isinstance(key, tuple) else (key,)
             lines = lines.sort_values("relative_capacity")
@@ -170,55 +166,17 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
     return True
 
 
-def breakdown_parts(frame: pd.DataFrame) -> list[tuple[str, str, str]]:
-    """The stacked parts of `breakdown_figure`: (column, label, colour). The step's
-    parts along each step's critical worker (`CRITICAL`: per step they add up to its
-    wall time) where the store has them; else, in a store written before them, the
-    busiest worker's compute (the dense head included), exchange and wait (`BREAKDOWN`
-    less the dense head, which compute already holds)."""
-    if "critical_compute" in frame and frame["critical_compute"].notna().any():
-        return CRITICAL
-    return [part for part in BREAKDOWN if part[0] != "master_time"]
-
-
-def breakdown_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
-    """Stacked per-step parts (`breakdown_parts`) per strategy and workers, each its
-    median over the measured steps, and beside them the median step measured: the
-    parts' medians need not add up to it, and the figure says so."""
-    keep = [d for d in ("strategy", sweep.worker_dim) if d]
-    data, fixed = slice_of_others(sweep, frame, keep)
-    data = with_missing(data, "step_time")
-    if data["step_time"].isna().all():
-        return False
-    labels = [" / ".join(str(row[d]) for d in keep) or "all" for _, row in data.iterrows()]
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.1 * len(data) + 2), 4.9))
-    x = np.arange(len(data))
-    bottom = np.zeros(len(data))
-    parts = breakdown_parts(data)
-    for name, label, color in parts:
-        values = np.nan_to_num(data[name].to_numpy(dtype=float))
-        ax.bar(x - 0.18, values, bottom=bottom, color=color, label=label, width=0.36)
-        bottom += values
-    ax.bar(x + 0.2, np.nan_to_num(data["step_time"].to_numpy(dtype=float)), width=0.3,
-           color="0.85", edgecolor="black", hatch="//", label=STEP_BAR)
-    for position, state in zip(x, data["missing"]):  # a point with no bar says why
-        if state:
-            ax.text(position, 0, f" {state}", rotation=90, ha="center", va="bottom",
-                    fontsize=9, color="#c44e52")
-    ax.set_xticks(x, labels, rotation=30 if len(data) > 4 else 0, ha="right" if len(data) > 4
-                  else "center")
-    ax.set_ylabel("seconds per step (medians over measured steps)")
-    ax.set_xlabel(" / ".join(keep))
-    ax.set_title("where a step's time goes" + (f" ({fixed})" if fixed else ""))
-    where = ("along each step's critical worker" if parts is CRITICAL
-             else "the busiest worker's (compute includes the dense head)")
-    fig.text(0.01, -0.02, f"Each part is its own median over the measured steps, {where}; "
-             "the medians need not add up to the median step, drawn beside (hatched).",
-             fontsize=8, ha="left", va="top", wrap=True)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.grid(axis="y", alpha=0.3)
-    save_figure(fig, path)
-    return True
+def _no_baseline(ax, orphans: pd.DataFrame, panels: list[str], panel: tuple, group: list[str],
+                 baseline: str) -> None:
+    """A legend entry for each line of the panel whose points were measured but have no
+    speedup, their baseline not done: a line left out says why, rather than looking
+    as if it had never been swept."""
+    for name, value in zip(panels, panel):
+        orphans = orphans[orphans[name] == value]
+    for key, _rows in orphans.groupby(group, sort=False):
+        keys = key if isinstance(key, tuple) else (key,)
+        ax.plot([], [], linestyle="none", label=f"{_label(keys, group)}: measured, no speedup "
+                f"(its '{baseline}' baseline did not finish)")
 
 
 def batch_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
