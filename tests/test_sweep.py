@@ -829,3 +829,33 @@ def test_every_shipped_sweep_config_expands_into_valid_points(name, tmp_path):
         assert load_scaling_sweep(path).points
     else:
         assert load_sweep(path, out=str(tmp_path / "results.zarr")).points
+
+
+def test_a_store_of_this_sweep_with_its_axes_in_another_order_is_refused(
+        tmp_path, tiny_dataset_factory):
+    """The fingerprint does not see the order of the axes: written in another order,
+    the same sweep was taken for the store's, and each point's cell was another's
+    (the dry run called `strategy=kernel batch=8` what the store holds of single at
+    batch 16; a resume wrote into those cells). Now it is refused in one line, dry run
+    and run, with nothing written; the axes in the store's order, or --fresh, go on."""
+    from experiments.sweep.run import _prepare_store
+    dataset = tiny_dataset_factory("float32")
+    axes = {"strategy": ["single", "kernel"], "train.batch": [8, 16]}
+    config = write_sweep(tmp_path, dataset, axes)
+    store = tmp_path / "tiny.zarr"
+    _prepare_store(load_sweep(config, out=str(store)), ResultStore(str(store)), False, [])
+    before = sorted(os.listdir(store))
+    write_sweep(tmp_path, dataset, dict(reversed(list(axes.items()))))
+    for extra in (["--dry-run"], []):
+        status, errors, out = run_main("sweep", [config, "--out", str(store), *extra])
+        assert status == 2 and len(errors) == 1 and out == "", (errors, out)
+        assert errors[0] == (f"error: {store} holds this sweep with its axes in another order "
+                             "(strategy, batch there, batch, strategy here): each point would "
+                             "land in another's cell; write them in the store's order, or "
+                             "pass --fresh to start over or --out for a new store")
+    assert sorted(os.listdir(store)) == before
+    status, errors, out = run_main("sweep", [config, "--out", str(store), "--dry-run",
+                                             "--fresh"])
+    assert status == 0, errors
+    write_sweep(tmp_path, dataset, axes)
+    assert run_main("sweep", [config, "--out", str(store), "--dry-run"])[0] == 0

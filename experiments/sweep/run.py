@@ -36,9 +36,9 @@ from experiments.sweep.measure import measure_point, predict_only
 from pipeline.records.record import code_revision, software_versions
 from experiments.sweep.provenance import machine_info, resume_warning, session_provenance
 from experiments.sweep.results import PointResult, ResultStore, StoreMismatch, SweepLock
-from experiments.sweep.store_layout import (DONE, FAILED, INFEASIBLE, SKIPPED,
+from experiments.sweep.store_layout import (DONE, FAILED, INFEASIBLE, SKIPPED, axes_moved,
                                            build_template, infeasible)
-from experiments.sweep.summary import format_table, summary_table
+from experiments.sweep.summary import clock, format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
 from experiments.sweep.probe_samples import ProbeSampler
@@ -207,6 +207,9 @@ def check_store(store: ResultStore, sweep: Sweep, fresh: bool) -> bool:
     if not store.exists():
         return False
     store.check(sweep.fingerprint, sweep.text)
+    moved = axes_moved(store.attrs(), sweep.axes, store.path)
+    if moved:
+        raise StoreMismatch(moved)
     return store.is_complete()
 
 
@@ -236,7 +239,7 @@ def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str
 def _point_line(done: int, total: int, elapsed: float, point: Point, result: PointResult | None,
                 reason: str | None, seconds: float) -> str:
     eta = elapsed / done * (total - done) if done else 0.0
-    head = f"[{done}/{total} {_clock(elapsed)} eta {_clock(eta)}] {point.describe()}"
+    head = f"[{done}/{total} {clock(elapsed)} eta {clock(eta)}] {point.describe()}"
     if reason is not None:
         return f"{head}  FAILED {reason}"
     values = result.values if result else {}
@@ -259,13 +262,6 @@ def _point_line(done: int, total: int, elapsed: float, point: Point, result: Poi
         text += (f"({values['prediction_error']:+.0%}" + ("" if np.isnan(compute) else
                                                           f", compute {compute:+.0%}") + ")")
     return text + f"  [{seconds:.1f} s]"
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else \
-        f"{rest // 60:02d}:{rest % 60:02d}"
 
 
 def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,

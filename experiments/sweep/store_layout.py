@@ -237,6 +237,25 @@ def build_template(sweep: Sweep, attrs: dict[str, Any]) -> xr.Dataset:
     return ds
 
 
+def axes_moved(attrs: dict[str, Any], axes: list[Axis], path: str) -> str | None:
+    """Why a store of this sweep (the same fingerprint, which does not see the order
+    of the axes) cannot take its points: its dims, or the fields of a zip group, are
+    in another order than the sweep's, so each point's cell would be another point's.
+    None where they agree (or the store does not say: written before it kept them)."""
+    if not attrs.get("axes"):
+        return None
+    there = [(str(dim), list(fields)) for dim, fields in json.loads(attrs["axes"]).items()]
+    here = [(axis.dim, list(axis.fields)) for axis in axes]
+    if there == here:
+        return None
+    dims = [d for d, _ in there] != [d for d, _ in here]
+    show = (lambda order: ", ".join(d for d, _ in order)) if dims else (
+        lambda order: "; ".join(f"{d}: {', '.join(f)}" for d, f in order))
+    return (f"{path} holds this sweep with its axes in another order ({show(there)} there, "
+            f"{show(here)} here): each point would land in another's cell; write them in "
+            "the store's order, or pass --fresh to start over or --out for a new store")
+
+
 def first_difference(stored: str, current: str) -> str:
     """The first field in which two sweeps' configs (the YAML a store keeps, and this
     sweep's) differ, as ``FIELD: VALUE there, VALUE here``, by dotted name and in the

@@ -153,3 +153,11 @@ def markdown_rows(header: list[str], rows: list[list[str]]) -> list[str]:
     """A small markdown table as report.md lines: the header, its rule, one line a row."""
     return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
+def clock(seconds: float) -> str:
+    """A duration as the sweep's progress lines give it: ``01:05`` or ``1:02:03``."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else \
+        f"{rest // 60:02d}:{rest % 60:02d}"
