@@ -28,7 +28,7 @@ import pytest
 import xarray as xr
 
 from experiments.sweep.config import load_sweep
-from experiments.sweep.run import ClusterPool
+from experiments.sweep.cluster_pool import ClusterPool
 from pipeline.cluster.jobqueue import open_jobqueue_client
 from pipeline.cluster.shared_paths import check_workers_code, check_workers_see
 from pipeline.cluster.workers import ClusterError, find_workers

@@ -35,7 +35,8 @@ from experiments.scaling.config import ScalingPoint, ScalingSweepConfig, load_sc
 from experiments.sweep.config import SweepConfig, load_sweep
 from experiments.sweep.points import run_order
 from experiments.sweep.probe_samples import ProbeSampler
-from experiments.sweep.run import ClusterPool, run_sweep
+from experiments.sweep.cluster_pool import ClusterPool
+from experiments.sweep.run import run_sweep
 from pipeline.cluster import embedded
 from pipeline.config.run_config import RunConfig
 from pipeline.prediction import predict_memory

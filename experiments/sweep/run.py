@@ -1,9 +1,10 @@
 """Run a measured sweep's points into its store, resumably: `run_sweep`.
 
 Points run one at a time (timings must not share the cluster), in the sweep's
-run order; `ClusterPool` keeps one client open and replaces it only when a point
-needs another worker set (or after a failed point); an embedded cluster's workers
-are restarted before each point it serves again. The store is made from its
+run order; `ClusterPool` (experiments/sweep/cluster_pool.py) keeps one client open
+and replaces it only when a point needs another worker set (or after a failed
+point); an embedded cluster's workers are restarted before each point it serves
+again. The store is made from its
 template on the first run and checked against the sweep on later ones; each
 point's cells are written as it finishes, a failure with its one-line reason
 (`one_line`), and the sweep goes on. A progress line per point goes to `out` and
@@ -16,8 +17,6 @@ drivers run a loaded sweep directly, and the loop's exit status is the CLI's.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import importlib.util
 import json
 import os
 import shlex
@@ -25,8 +24,7 @@ import shutil
 import sys
 import time
 import uuid
-from contextlib import ExitStack
-from typing import Any, Callable, TextIO
+from typing import Callable, TextIO
 
 import numpy as np
 import xarray as xr
@@ -41,18 +39,12 @@ from experiments.sweep.store_layout import (DONE, FAILED, INFEASIBLE, SKIPPED, a
 from experiments.sweep.summary import clock, format_table, summary_table
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import Point
+from experiments.sweep.cluster_pool import ClusterPool
 from experiments.sweep.probe_samples import ProbeSampler
-from pipeline.cluster.connect import open_client
-from pipeline.cluster.embedded import restart_workers
-from pipeline.cluster.worker_setup import workers_set_up
 from pipeline.cluster.scheduler_guard import guarded
-from pipeline.cluster.workers import (ClusterError, SchedulerLost, SchedulerUnreachable,
-                                      WorkerLost, live_workers)
-from pipeline.config.run_config import RunConfig
+from pipeline.cluster.workers import SchedulerLost, SchedulerUnreachable, WorkerLost
 from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.prediction import predict_point
-from pipeline.cluster.worker_limits import check_worker_limits
-from pipeline.cluster.startup import start_batch, usable_cores
 from storage.locks import now_text
 from storage.space import NoSpace, writing
 
@@ -77,118 +69,6 @@ def one_line(error: BaseException) -> str:
 
 
 # Cluster ----------------------------------------------------------------------------
-
-
-def sweep_directories(config: RunConfig) -> list[str]:
-    """What the workers of a point's cluster read and write, for every point it serves:
-    the workspace root, the dataset's folder and the folder of the points' output
-    directories (mounted over the link where the workers sit behind `cluster.link`)."""
-    workspace, dataset, output = config.shared_directories()
-    return [workspace, dataset, os.path.dirname(output)]
-
-
-class ClusterPool:
-    """At most one open client: the external scheduler's, or the embedded cluster of
-    the current worker set, replaced when a point needs another set. Batch jobs that
-    did not give their workers (still queued after `cluster.wait_timeout`, never to
-    start, refused) are not submitted again for the next points of the same jobs:
-    those fail at once with the same reason, rather than each queue (and wait) anew."""
-
-    def __init__(self, echo: Callable[[str], None]) -> None:
-        self.echo = echo
-        self.key: str | None = None
-        self.client: Any = None
-        self._stack: ExitStack | None = None
-        self._jobs_failed: dict[str, str] = {}  # why, by cluster key
-
-    def client_for(self, point: Point) -> Any:
-        if point.cluster_key is None:
-            return None
-        if self.client is not None and self.key == point.cluster_key:
-            if self._renew_workers(point):
-                return self.client
-        self.close()
-        if point.cluster_key in self._jobs_failed:
-            raise ClusterError(f"{self._jobs_failed[point.cluster_key]} (for an earlier point "
-                               "of the same jobs; not submitted again: run the sweep again "
-                               "to retry)")
-        stack = ExitStack()
-        workers, cluster = point.config.cluster.worker_list(), point.config.cluster
-        jobqueue = cluster.jobqueue
-        if jobqueue is not None:  # every job, whatever this point's use_workers: the
-            cluster = dataclasses.replace(cluster, use_workers=None)  # set's points share them
-        if jobqueue is not None:
-            self.echo(f"starting {jobqueue.job_count()} {jobqueue.system} job(s) for the "
-                      "workers ...")
-        elif point.cluster_key != "external":  # minutes, for many workers on few cores
-            self.echo(f"starting an embedded cluster of {len(workers)} worker(s) ...")
-        try:
-            client = stack.enter_context(open_client(
-                cluster, sweep_directories(point.config),
-                batch=start_batch(len(workers), usable_cores())))
-            with guarded(client, point.config.cluster.scheduler_timeout,
-                         "setting up the workers"):
-                check_worker_limits(client, point.config.cluster, live_workers(client))
-                stack.enter_context(workers_set_up(client, point.config.cluster))
-        except BaseException as error:
-            stack.close()
-            if jobqueue is not None and isinstance(error, ClusterError):
-                self._jobs_failed[point.cluster_key] = " ".join(str(error).split())
-            raise
-        self._stack, self.client, self.key = stack, client, point.cluster_key
-        self.echo(self._describe(point, client))
-        return client
-
-    def _renew_workers(self, point: Point) -> bool:
-        """Before a point that reuses an embedded cluster, its workers replaced by fresh
-        ones (`restart_workers`: each point starts from the workers a standalone run
-        has); False where that failed and the cluster must be started again. An
-        external scheduler's workers and workers behind links are left as they are
-        (not this sweep's to restart, or not measured); so are batch jobs, unless a
-        worker of them is gone (its job ended, as at its walltime): then fresh jobs."""
-        cluster = point.config.cluster
-        if cluster.jobqueue is not None:
-            wanted = cluster.use_workers or cluster.jobqueue.job_count()
-            up = len(self.client.nthreads())
-            if up < wanted:
-                self.echo(f"{wanted - up} of {wanted} {cluster.jobqueue.system} job(s) "
-                          "ended since the last point (their walltime?); starting them again")
-            return up >= wanted
-        if point.cluster_key == "external" or cluster.link_rates() is not None:
-            return True
-        try:
-            restart_workers(self.client)
-        except Exception as error:  # noqa: BLE001 - any failure: start the cluster again
-            why = ("they did not all come back in time" if isinstance(error, TimeoutError)
-                   else one_line(error))
-            self.echo(f"restarting the workers failed ({why}); starting the cluster again")
-            return False
-        return True
-
-    @staticmethod
-    def _describe(point: Point, client: Any) -> str:
-        jobqueue = point.config.cluster.jobqueue
-        if point.cluster_key == "external":
-            where = f"scheduler {client.scheduler.address}"
-        elif jobqueue is not None:
-            names = sorted(str(w["name"]) for w in client.scheduler_info()["workers"].values())
-            where = f"{len(names)} {jobqueue.system} job(s) [{' '.join(names)}]"
-        else:
-            workers = point.config.cluster.worker_list()
-            where = (f"embedded cluster of {len(workers)} worker(s) "
-                     f"[{' '.join(w.name or '' for w in workers)}]")
-        if importlib.util.find_spec("bokeh") is None:
-            return f"{where}; dask dashboard: not served (pip install bokeh>=3.1 for it)"
-        return f"{where}; dask dashboard: {client.dashboard_link}"
-
-    def discard(self) -> None:
-        """Drop the cluster after a failed point: a worker may be dead or hold state."""
-        self.close()
-
-    def close(self) -> None:
-        if self._stack is not None:
-            stack, self._stack, self.client, self.key = self._stack, None, None, None
-            stack.close()
 
 
 # The sweep --------------------------------------------------------------------------
