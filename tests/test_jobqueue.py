@@ -196,14 +196,20 @@ def test_a_scheduler_address_not_on_this_machine_is_one_line(tmp_path, tiny_data
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".hetcnn-jobqueue")]
 
 
-def test_a_job_script_names_the_credential_files_never_the_key(tmp_path):
-    dask_jobqueue = pytest.importorskip("dask_jobqueue")
+def one_job_credentials(tmp_path):
+    """A one-job config, its credentials written to a private folder: (config, folder,
+    security, the job group)."""
     config = load_run_config(tiny_args(tmp_path, "data.zarr")[0], ["cluster.jobqueue.jobs=1"])
     folder = str(tmp_path / "private")
     os.mkdir(folder, 0o700)
     security = jobqueue.file_security(jobqueue.write_credentials(jobqueue.run_security(),
                                                                   folder))
-    group = config.cluster.jobqueue.group_list("CPU")[0]
+    return config, folder, security, config.cluster.jobqueue.group_list("CPU")[0]
+
+
+def test_a_job_script_names_the_credential_files_never_the_key(tmp_path):
+    dask_jobqueue = pytest.importorskip("dask_jobqueue")
+    config, folder, security, group = one_job_credentials(tmp_path)
     job = dask_jobqueue.slurm.SLURMJob(scheduler="tls://127.0.0.1:1", name="slurm-0",
                                        config_name="slurm",
                                        **jobqueue.job_options(config.cluster.jobqueue, group,
@@ -222,12 +228,7 @@ def test_the_close_drops_closed_comm_errors_only_while_it_closes(tmp_path):
     while the cluster closes, and the loop's own one after: the loop (its client's
     too) goes on serving, and an OSError of another client's is said, not dropped."""
     dask_jobqueue = pytest.importorskip("dask_jobqueue")
-    config = load_run_config(tiny_args(tmp_path, "data.zarr")[0], ["cluster.jobqueue.jobs=1"])
-    folder = str(tmp_path / "private")
-    os.mkdir(folder, 0o700)
-    security = jobqueue.file_security(jobqueue.write_credentials(jobqueue.run_security(),
-                                                                  folder))
-    group = config.cluster.jobqueue.group_list("CPU")[0]
+    config, folder, security, group = one_job_credentials(tmp_path)
     cluster = dask_jobqueue.SLURMCluster(
         n_workers=0, scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},
         **jobqueue.job_options(config.cluster.jobqueue, group, security, folder))

@@ -36,19 +36,25 @@ def done_store(tmp_path_factory, tiny_dataset_factory):
     return path
 
 
-@pytest.fixture
-def failed_store(done_store, tmp_path):
-    """The sweep's store with kernel at 2 workers, batch 16 failed, as the sweep
-    records a point that failed (its figures cleared, the reason, status 2)."""
+def with_failed_point(done_store, tmp_path, strategy: str, workers: int) -> str:
+    """A copy of the sweep's store with `strategy` on `workers` at batch 16 failed, as
+    the sweep records a point that failed (its figures cleared, the reason, status 2)."""
     path = str(tmp_path / "gaps.zarr")
     shutil.copytree(done_store, path)
     with xr.open_zarr(path) as ds:
-        region = (list(ds.strategy.values).index("kernel"), list(ds.workers.values).index(2),
-                  list(ds.batch.values).index(16), 0)
+        region = (list(ds.strategy.values).index(strategy),
+                  list(ds.workers.values).index(workers), list(ds.batch.values).index(16), 0)
     store = ResultStore(path)
     store.write_failure(region, "FloatingPointError: training diverged at step 1", {}, {})
     store.refresh_derived()
     return path
+
+
+@pytest.fixture
+def failed_store(done_store, tmp_path):
+    """The sweep's store with kernel at 2 workers, batch 16 failed, as the sweep
+    records a point that failed (its figures cleared, the reason, status 2)."""
+    return with_failed_point(done_store, tmp_path, "kernel", 2)
 
 
 def drawn(monkeypatch) -> dict[str, list]:
@@ -168,14 +174,7 @@ def test_a_line_without_its_baseline_is_named_not_left_out(done_store, tmp_path,
     """Where the speedup baseline (single on 1 worker) failed at batch 16, kernel's
     measured batch-16 points have no speedup: speedup.png left their line out without
     a word, as if batch 16 had never been swept. Now the legend names it and why."""
-    path = str(tmp_path / "gaps.zarr")
-    shutil.copytree(done_store, path)
-    with xr.open_zarr(path) as ds:
-        region = (list(ds.strategy.values).index("single"), list(ds.workers.values).index(1),
-                  list(ds.batch.values).index(16), 0)
-    store = ResultStore(path)
-    store.write_failure(region, "FloatingPointError: training diverged at step 1", {}, {})
-    store.refresh_derived()
+    path = with_failed_point(done_store, tmp_path, "single", 1)
     seen = drawn(monkeypatch)
     report.make_report(path, str(tmp_path / "report"))
     legend = seen["speedup.png"][0][-1]
