@@ -39,10 +39,6 @@ def tiny_args(tmp_path, dataset: str) -> list[str]:
             "network.conv.0.kernels=8", "network.conv.1.kernels=8"]
 
 
-def error_lines(result: subprocess.CompletedProcess) -> list[str]:
-    return error_lines_of(result.stderr)
-
-
 class CliCluster:
     """Processes started the way a user starts them by hand: each in a terminal of its
     own, in a directory of their own (`tmp_path`), not the run's."""
@@ -99,12 +95,20 @@ class CliCluster:
 @pytest.fixture(scope="module")
 def cli_cluster(tmp_path_factory):
     """`dask scheduler` and two `dask worker --resources CPU=1` as subprocesses, shared
-    by the module's tests that train on them (some add a worker of their own)."""
+    by the module's tests that train on them (some add a worker of their own). One
+    worker has its nanny, as `dask worker` starts by default, the other none (`--no-nanny`,
+    as batch systems start them): the runs train on both kinds, and a nanny is a second
+    interpreter that imports torch. The servers are quiet (tests/test_faults.py's
+    `QUIET_SERVERS`: no profiler, slower ticks), which nothing here reads."""
+    from tests.test_faults import quiet_servers
+
     cluster = CliCluster(tmp_path_factory.mktemp("cli"))
     try:
-        address = cluster.start_scheduler()
-        for _ in range(2):
+        with pytest.MonkeyPatch.context() as patch:  # the servers' environment, not the runs'
+            quiet_servers(patch)
+            address = cluster.start_scheduler()
             cluster.start_worker()
+            cluster.start_worker("--no-nanny")
         with Client(address, timeout="30s", set_as_default=False) as client:
             client.wait_for_workers(2, timeout=60)  # a test may count them
         yield address
@@ -230,14 +234,18 @@ def test_data_and_hybrid_train_on_cli_started_workers(tmp_path, cli_cluster,
 
 
 def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_factory):
+    """The command's `main` in this process (about the refusal, not the process: the
+    first test runs `python -m pipeline.train` as one)."""
     dataset = tiny_dataset_factory("float32")
     started = time.monotonic()
-    result = train(*tiny_args(tmp_path, dataset), "cluster.resource=GPU")
+    status, said, _out = run_main("train", [*tiny_args(tmp_path, dataset),
+                                            "cluster.resource=GPU"])
     assert time.monotonic() - started < 15  # named before any cluster starts
-    assert result.returncode == 2
+    stderr = "\n".join(said)
+    assert status == 2
     assert "cluster.resource: no worker of the embedded cluster offers 'GPU' (they " \
-        "offer: CPU)" in result.stderr and "Traceback" not in result.stderr
-    assert len(error_lines(result)) == 1, result.stderr
+        "offer: CPU)" in stderr and "Traceback" not in stderr
+    assert len(error_lines_of(stderr)) == 1, stderr
     assert not (tmp_path / "run").exists()  # nothing written
 
 
