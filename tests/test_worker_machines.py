@@ -14,6 +14,7 @@ private cache; a real run on them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -25,12 +26,15 @@ from distributed import Client
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.config.cluster_config import ClusterConfig
+import pipeline.probe.cluster as cluster_probe
+import pipeline.probe.hops as hops
 from pipeline.probe import cached_probe, find_cached_probe
 from pipeline.probe.keys import worker_identity
 from pipeline.probe.machine import machine_identity, worker_machines
 from tasks.specs import ConvLayerSpec, NetworkSpec
 from tests.helpers import cut_probe_to_one_round, run_main
 from tests.test_cli import CliCluster, tiny_args
+from tests.test_faults import quiet_servers
 
 NETWORK = NetworkSpec((ConvLayerSpec(3, 8, 5, 2, 2, 32, 32),), (), 10, "float32")
 PINNED = ["taskset", "-c", "0"]  # one core of those this process may use
@@ -48,12 +52,16 @@ def partitions(tmp_path_factory):
     made = [CliCluster(tmp_path_factory.mktemp(name)) for name in ("whole", "pinned")]
     clients: list[Client] = []
     try:
-        for cluster, prefix in zip(made, [(), PINNED]):
-            cluster.start_scheduler()
-            # no nanny: its process would cost a start (distributed's imports) and
-            # watch nothing these tests ask of a worker; the pinned worker is then the
-            # process `taskset` runs as
-            cluster.start_worker("--name", "w0", "--no-nanny", prefix=prefix)
+        # the servers quiet, as the project's own (tests/test_faults.py's `QUIET_SERVERS`:
+        # no profiler sampling the probe's tasks, slower ticks); not this process's runs
+        with pytest.MonkeyPatch.context() as patch:
+            quiet_servers(patch)
+            for cluster, prefix in zip(made, [(), PINNED]):
+                cluster.start_scheduler()
+                # no nanny: its process would cost a start (distributed's imports) and
+                # watch nothing these tests ask of a worker; the pinned worker is then
+                # the process `taskset` runs as
+                cluster.start_worker("--name", "w0", "--no-nanny", prefix=prefix)
         for cluster in made:
             address = json.loads(cluster.scheduler_file.read_text())["address"]
             clients.append(Client(address, set_as_default=False, timeout="30s"))
@@ -77,6 +85,10 @@ def quick_probe(monkeypatch, tmp_path):
     figures (tests/test_probe_zoo.py cuts its probes the same way)."""
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
     cut_probe_to_one_round(monkeypatch)
+    # Dask's latencies from one round trip and one hop, not 23 and 12 (a second of CPU
+    # a probe): their figures are not what is tested here either
+    monkeypatch.setattr(cluster_probe, "probe_hops",
+                        functools.partial(hops.probe_hops, round_trips=1, links=2))
 
 
 def _probe(client: Client):
