@@ -113,7 +113,7 @@ def test_every_way_of_running_the_graph_gives_identical_weights(
     or Dask dependencies), however many steps are in flight and however many steps a
     task runs (a task never runs past a checkpoint: saves after steps 2 and 4)."""
     dataset = tiny_dataset_factory("float32")
-    common = {"cluster.use_workers": 3, "train.checkpoint_every": 2}
+    common = {"cluster.use_workers": 3, "train.checkpoint_every": 2, "train.eval_samples": 0}
     base, _ = _run(tmp_path / "base", three_worker_cluster, dataset, **common)
     variants = {"scheduler": {"workspace.sync": "scheduler"}, "inflight-1": {"train.inflight": 1},
                 "inflight-4": {"train.inflight": 4},
