@@ -43,8 +43,9 @@ from tests.test_worker_code import project_copy
 
 def test_pending_jobs_are_counted_with_the_queue_reason():
     states = {"11": ("PENDING", "Resources"), "12": ("PENDING", "Resources"),
-              "13": ("PENDING", "BeginTime"), "14": ("RUNNING", "None")}
-    summary = batch_queue.pending_summary(states, ["11", "12", "13", "14"])
+              "13": ("PENDING", "BeginTime"), "14": ("RUNNING", "None"),
+              "15": ("FAILED", "NonZeroExitCode")}  # `squeue -t all` lists ended jobs too
+    summary = batch_queue.pending_summary(states, ["11", "12", "13", "14", "15"])
     assert summary == "1 pending (BeginTime), 2 pending (Resources), 1 starting"
     assert batch_queue.pending_summary(states, []) == ""
 
@@ -389,7 +390,8 @@ def test_a_job_that_fails_before_its_worker_joins_is_one_line(tmp_path, slurm,
     started = time.monotonic()
     status, lines, _ = run_main("train", args)
     assert_one_error_line(status, lines, 1, "before its worker joined; its log: no such venv")
-    assert "slurm job" in lines[0] and "(slurm-0) ended" in lines[0]
+    # its state as Slurm gives it (`squeue -t all`: plain `squeue -j` hides ended jobs)
+    assert "slurm job" in lines[0] and "(slurm-0) ended (FAILED) before" in lines[0]
     assert time.monotonic() - started < 30
     assert slurm.left_behind(str(tmp_path)) == []
 

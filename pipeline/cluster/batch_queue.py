@@ -73,10 +73,12 @@ def batch_command(command: list[str]) -> str:
 
 def slurm_states(ids: list[str]) -> dict[str, tuple[str, ...]]:
     """(state, reason, partition) of each of the Slurm jobs `ids` that `squeue` still
-    lists."""
+    lists, ended ones included (`-t all`: without it, `squeue -j` hides a job that
+    has ended, `FAILED` or `TIMEOUT`, for the minutes Slurm keeps it, `MinJobAge`)."""
     if not ids:
         return {}
-    listed = batch_command(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %P %r"])
+    listed = batch_command(["squeue", "-h", "-t", "all", "-j", ",".join(ids),
+                            "-o", "%i %T %P %r"])
     states = {}
     for line in listed.splitlines():
         parts = line.split(None, 3)
@@ -101,7 +103,8 @@ def pending_summary(states: dict[str, tuple[str, ...]], waiting: list[str]) -> s
     pending = Counter(states[i][1] or "no reason given" for i in waiting
                       if i in states and states[i][0] == "PENDING")
     parts = [f"{count} pending ({reason})" for reason, count in sorted(pending.items())]
-    running = sum(1 for i in waiting if i in states and states[i][0] != "PENDING")
+    running = sum(1 for i in waiting if i in states
+                  and states[i][0] not in ENDED_STATES | {"PENDING"})
     if running:
         parts.append(f"{running} starting")
     return ", ".join(parts)
