@@ -266,9 +266,8 @@ def _placed_surviving(config: RunConfig, strategy: Strategy, start: Start, clien
             replaced += 1
             offered = survivors(client, offered, lost)
             if not offered:
-                raise WorkerLost(f"{lost}, and no worker of the run is left to place its "
-                                 "work on", lost.addresses, lost.labels,
-                                 memory=lost.memory) from None
+                raise lost.reworded(f"{lost}, and no worker of the run is left to place "
+                                    "its work on") from None
             start.say(f"warning: {lost}; placing the work again over {len(offered)} "
                       "worker(s)")
 

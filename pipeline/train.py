@@ -138,15 +138,21 @@ def lost_line(error: WorkerLost | SchedulerLost, config: RunConfig | None = None
     on. A worker lost at its memory limit would be lost again on a resume, so that
     line says what can help instead; a run that had trained nothing to keep (every
     worker lost while the work was placed, on a fresh run: only the initial weights,
-    which the seed makes again) starts over with the same command."""
+    which the seed makes again) starts over with the same command. Batch jobs that
+    ended at their walltime: the line names the field to raise as well."""
     if isinstance(error, WorkerLost) and error.memory:
         return (f"{error}; resuming would meet the same limit: give the worker more memory "
                 "(dask worker --memory-limit), add workers, or lower train.batch")
+    longer = getattr(error, "walltime", "")  # batch jobs ended at their walltime
     step = None if config is None else _complete_step(config.checkpoint_path)
     if config is not None and not step and not earlier_results(config.output_dir):
         workers = " (on fresh workers)" if isinstance(error, WorkerLost) else ""
-        return (f"{error}; nothing was trained yet: run the same command again to start "
-                f"over{workers}")
+        raise_it = f"raise {longer} and " if longer else ""
+        return (f"{error}; nothing was trained yet: {raise_it}run the same command again to "
+                f"start over{workers}")
+    if longer:
+        return (f"{error}; raise {longer} for longer jobs, or start the run again with "
+                "train.resume=true to continue from the last checkpoint (on fresh jobs)")
     return (f"{error}; start the run again with train.resume=true to continue from the "
             "last checkpoint")
 

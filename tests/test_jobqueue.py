@@ -25,6 +25,7 @@ import pytest
 from distributed import Client
 
 from pipeline.cluster import batch_queue, jobqueue
+from pipeline.cluster.job_ends import job_states, timed_out
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.config.jobqueue_config import JobGroupConfig, JobqueueConfig
 from pipeline.config.run_config import load_run_config
@@ -467,3 +468,17 @@ def _run_or_error(config):
         return run_training(config)
     except BaseException as error:  # noqa: BLE001 - handed to the test's thread
         return error
+
+
+def test_an_ended_jobs_state_is_read_and_no_walltime_end_unless_it_is(slurm):
+    """What the lost-worker line reads of a job that ended (pipeline/cluster/job_ends.py):
+    Slurm's state for it once it ended, which is no walltime end for a job that failed
+    (a walltime end, TIMEOUT, takes a minute at least: tests/test_job_ends.py covers
+    its words)."""
+    job = slurm.command("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "exit 3").strip()
+    deadline = time.monotonic() + 30
+    while (states := job_states("slurm", {"slurm-0": job})).get(job, ("",))[0] != "FAILED":
+        assert time.monotonic() < deadline, states
+        time.sleep(0.2)
+    assert states[job][:2] == ("FAILED", "NonZeroExitCode")
+    assert timed_out(states, {"slurm-0": job}) == []

@@ -63,8 +63,10 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, MemoryRefused):
         return f"{INFEASIBLE}{text}"[:500]
     if isinstance(error, SchedulerLost) or (isinstance(error, WorkerLost) and not error.memory):
-        text = text[:400] + "; run the same sweep command again (once the cluster is back) " \
-            "to rerun this point"
+        field = getattr(error, "walltime", "")  # batch jobs ended at their walltime
+        longer = f" raise {field}, or" if field else ""
+        text = text[:400 - len(longer)] + f";{longer} run the same sweep command again (once " \
+            "the cluster is back) to rerun this point"
     return f"{type(error).__name__}: {text}"[:500]
 
 

@@ -20,7 +20,8 @@ queue's reason (`squeue`), while the run waits for its workers (at most
 with its state and the end of its log, and so, at once, does one that Slurm keeps
 pending for a reason no wait clears (pipeline/cluster/batch_queue.py); a job that
 ends mid-run (its walltime, a `scancel`) is a lost worker, recovered from as any
-other (pipeline/training/recovery.py); a partition that does not exist, a missing
+other (pipeline/training/recovery.py), one ended at its walltime named so
+(pipeline/cluster/job_ends.py, which also has the start say the walltime); a partition that does not exist, a missing
 `sbatch` or a missing dask-jobqueue are refused in one line before anything is
 submitted, and so is a scheduler address this machine does not have; and every job
 is cancelled when the run ends, however it ends short of SIGKILL (a worker whose
@@ -54,6 +55,7 @@ from pipeline.cluster.embedded import QUIET, quiet_dashboard_errors
 from pipeline.cluster.batch_queue import (JobqueueError, cancel_jobs, ended_jobs, log_tail,
                                           never_starting, partition_problem, partitions_of,
                                           pending_summary, slurm_states, wait_advice)
+from pipeline.cluster.job_ends import walltime_limits
 from pipeline.cluster.security import TlsConfig, run_security, write_credentials
 
 #: dask-jobqueue's cluster class for each batch system.
@@ -183,8 +185,11 @@ def start_jobqueue_cluster(config: ClusterConfig, folder: str,
         field, value = next(iter(where.items()))
         raise JobqueueError(f"cluster.jobqueue.{field}: the run's scheduler cannot listen on "
                             f"{value}: {last_line(first_cause(error))}") from None
+    names_by_group = worker_names(jobqueue.system, groups)
+    cluster.hetcnn_walltimes = {name: limit for names, limit in  # job_ends.lost_at_walltime
+                                zip(names_by_group, walltime_limits(jobqueue)) for name in names}
     try:
-        for group, names in zip(groups, worker_names(jobqueue.system, groups)):
+        for group, names in zip(groups, names_by_group):
             options = job_options(jobqueue, group, security, folder)
             options["config_name"] = cls.job_cls.config_name
             for name in names:  # the job named after its worker (squeue, its log's name)

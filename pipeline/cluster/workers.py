@@ -40,12 +40,21 @@ class WorkerLost(ClusterError):
     """
 
     def __init__(self, message: str, addresses: list[str], labels: list[str],
-                 stalled: bool = False, memory: bool = False) -> None:
+                 stalled: bool = False, memory: bool = False, walltime: str = "") -> None:
         super().__init__(message)
         self.addresses = addresses
         self.labels = labels
         self.stalled = stalled  # still in the cluster but frozen: fenced off, not dead
         self.memory = memory  # lost at its memory limit: a resume would meet it again
+        # their batch jobs reached their walltime: the field(s) that set it
+        # (pipeline/cluster/job_ends.py), "" otherwise
+        self.walltime = walltime
+
+    def reworded(self, message: str) -> "WorkerLost":
+        """The same loss said as `message` (what the run adds: no worker left, the
+        recoveries used up), its workers and causes kept."""
+        return WorkerLost(message, self.addresses, self.labels, memory=self.memory,
+                          walltime=self.walltime)
 
 
 class SchedulerUnreachable(ClusterError):

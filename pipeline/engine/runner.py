@@ -34,6 +34,7 @@ from pipeline.cluster.workers import (ClusterError, ClusterWorker, SchedulerLost
                                       SchedulerSilent, SchedulerWatch, WorkerLost,
                                       abandon_client, fence_workers, live_workers,
                                       unresponsive)
+from pipeline.cluster.job_ends import lost_at_walltime
 from pipeline.cluster.worker_limits import lost_for_memory
 from storage.liveness import silent_stores
 from storage.datasets.store import DatasetChanged
@@ -292,11 +293,13 @@ class TaskRunner:
             lost = [f"{w.label} ({notes[w.address]})" if w.address in notes else w.label
                     for w in gone]
             many = len(lost) > 1  # "worker w1 ... its", "workers w0, w1 ... their"
+            why, walltime = lost_at_walltime(self.client, [w.name for w in gone])
             self._fail(WorkerLost(f"{what}: worker{'s' * many} {', '.join(lost)} left the "
-                                  f"cluster; {'their' if many else 'its'} work in the run "
-                                  "is lost",
+                                  f"cluster{f': {why}' if why else ''}; "
+                                  f"{'their' if many else 'its'} work in the run is lost",
                                   [worker.address for worker in gone],
-                                  [worker.label for worker in gone], memory=bool(notes)))
+                                  [worker.label for worker in gone], memory=bool(notes),
+                                  walltime=walltime))
 
     def _fetch_s(self) -> float:
         """How long to wait for finished results: 10 s, or the stall limit if shorter

@@ -266,18 +266,17 @@ class _Attempts:
         ended = self.current.run_id if self.current is not None else ""
         self.close()
         if len(recoveries) >= config.train.max_recoveries:
-            raise WorkerLost(f"{lost} (recovered {len(recoveries)} time(s) already; "
-                             f"train.max_recoveries={config.train.max_recoveries})"
-                             if recoveries else str(lost),
-                             lost.addresses, lost.labels, memory=lost.memory) from None
+            raise lost.reworded(f"{lost} (recovered {len(recoveries)} time(s) already; "
+                                f"train.max_recoveries={config.train.max_recoveries})"
+                                if recoveries else str(lost)) from None
         if lost.stalled:
             print(f"warning: {lost}; recovering", file=sys.stderr)
         with guarded(self.client, config.cluster.scheduler_timeout,
                      f"recovering from {', '.join(lost.labels)}"):
             self.offered = survivors(self.client, self.offered, lost)
         if not self.offered:  # a WorkerLost: the run keeps its record and can resume
-            raise WorkerLost(f"{lost}, and no worker of the run is left to continue on",
-                             lost.addresses, lost.labels, memory=lost.memory) from None
+            raise lost.reworded(f"{lost}, and no worker of the run is left to continue "
+                                "on") from None
         restored = checkpoints.latest_complete_step(config.checkpoint_path)
         assert restored is not None, "a run always has checkpoint 0"
         self.recorder.forget_from(restored)
