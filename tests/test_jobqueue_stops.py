@@ -191,6 +191,9 @@ def test_jobs_that_end_while_the_work_is_placed_say_to_run_again(tmp_path, slurm
             run.wait()
         reader.join(30)
     assert run.returncode == 1, lines
+    # the start names the jobs' walltime, and that it is the default
+    assert "small: starting 2 slurm job(s) for the workers, walltime 01:00:00 (the default " \
+           "of cluster.jobqueue.walltime) ..." in lines, lines
     assert re.fullmatch(r"error: calibration: (worker slurm-[01] left the cluster; its|workers "
                         r"slurm-0, slurm-1 left the cluster; their) work in the run is lost, "
                         r"and no worker of the run is left to place its work on; nothing was "
@@ -284,6 +287,8 @@ def test_a_sweep_starts_fresh_jobs_where_its_jobs_ended_between_points(
         assert again is not client and len(again.nthreads()) == 1
         assert "1 of 1 slurm job(s) ended since the last point (their walltime?); starting " \
                "them again" in lines, lines
+        assert lines.count("starting 1 slurm job(s) for the workers, walltime 01:00:00 (the "
+                           "default of cluster.jobqueue.walltime) ...") == 2, lines
     finally:
         pool.close()
     assert slurm.left_behind(str(tmp_path)) == []

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from experiments.sweep.points import Point
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.embedded import restart_workers
+from pipeline.cluster.job_ends import submitting_line
 from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.startup import start_batch, usable_cores
 from pipeline.cluster.worker_limits import check_worker_limits
@@ -65,8 +66,7 @@ class ClusterPool:
         if jobqueue is not None:  # every job, whatever this point's use_workers: the
             cluster = dataclasses.replace(cluster, use_workers=None)  # set's points share them
         if jobqueue is not None:
-            self.echo(f"starting {jobqueue.job_count()} {jobqueue.system} job(s) for the "
-                      "workers ...")
+            self.echo(f"{submitting_line(jobqueue, jobqueue.job_count())} ...")
         elif point.cluster_key != "external":  # minutes, for many workers on few cores
             self.echo(f"starting an embedded cluster of {len(workers)} worker(s) ...")
         try:

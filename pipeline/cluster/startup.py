@@ -26,6 +26,7 @@ from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.workers import ClusterWorker, live_workers, scheduler_address
 from pipeline.cluster.connect import open_jobqueue, open_run_client
 from pipeline.cluster.job_choice import jobs_to_submit, release_idle_jobs
+from pipeline.cluster.job_ends import submitting_line
 from pipeline.cluster.worker_setup import register_setup, workers_set_up
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.worker_limits import check_worker_limits
@@ -149,7 +150,7 @@ def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None
             if why:
                 say(why)
             jobs = len(only) if only else jobqueue.job_count()
-            with startup.phase(f"starting {jobs} {jobqueue.system} job(s) for the workers",
+            with startup.phase(submitting_line(jobqueue, jobs),  # names their walltime
                                f"{jobs} worker(s) up") as phase:
                 client = stack.enter_context(open_jobqueue(config.cluster, phase.update, only))
                 register_setup(client, config.cluster)
