@@ -29,7 +29,7 @@ from distributed import Client
 from storage import checkpoints
 from tests.helpers import error_lines_of
 from tests.test_cli import ROOT, CliCluster, tiny_args
-from tests.test_faults import FAULTS, killed_after_checkpoint, wait_for_checkpoint
+from tests.test_faults import FAULTS, killed_after_checkpoint, quiet_servers, wait_for_checkpoint
 from tests.test_sweep import write_sweep
 
 #: cluster.connect_timeout in these tests (the default is 10 s).
@@ -179,7 +179,8 @@ class SharedCliCluster:
     """`dask scheduler` and two `dask worker --no-nanny`, shared by the tests that stop
     or kill the scheduler under a run: their starts, and each worker's first import of
     torch, cost about as much as the runs themselves. Started again where a test
-    killed the scheduler.
+    killed the scheduler. Its servers run with tests/test_faults.py's `QUIET_SERVERS`
+    (idle, a third of the CPU); the runs under test with Dask's defaults.
 
     A fresh scheduler imports `TASK_MODULES` before any test's run: one imports them
     when the first graph that names them arrives, its event loop blocked meanwhile
@@ -200,10 +201,12 @@ class SharedCliCluster:
         fresh = self.cluster is None or self.cluster.processes[0].poll() is not None
         if fresh:
             self.close()  # killed by a test: its workers go too
-            self.cluster = CliCluster(self._folders.mktemp("stopped"))
-            self.address = self.cluster.start_scheduler()
-            for _ in range(2):
-                self.cluster.start_worker("--no-nanny")
+            with pytest.MonkeyPatch.context() as patch:
+                quiet_servers(patch)  # the servers' settings only, not the runs'
+                self.cluster = CliCluster(self._folders.mktemp("stopped"))
+                self.address = self.cluster.start_scheduler()
+                for _ in range(2):
+                    self.cluster.start_worker("--no-nanny")
         os.kill(self.cluster.processes[0].pid, signal.SIGCONT)  # woken, whatever came before
         # no task, no client but this one and the scheduler's own (`fire-and-forget`);
         # a lambda, sent by value: the scheduler does not import the tests
