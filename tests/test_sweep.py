@@ -28,7 +28,7 @@ from experiments.report.markdown import trained_on
 from experiments.sweep import cli as sweep_cli
 from experiments.sweep.results import ResultStore, SweepLock
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
-from experiments.sweep.speedup import compute_speedup
+from experiments.sweep.speedup import compute_speedup, speedup_caveat
 from experiments.sweep.summary import format_table, repeat_spread_of, summary_table
 from experiments.sweep.axes import SWEEP_FILE_KEYS, value_label
 from experiments.scaling.config import ScalingPoint, ScalingSweepConfig, load_scaling_sweep
@@ -709,6 +709,30 @@ def test_speedup_counts_the_samples_where_the_batch_moves_with_the_workers():
     speedup, efficiency = compute_speedup(step_time, capacity, None, None, True, 1, 0, batch)
     assert np.allclose(speedup[0, :, 0], [1.0, 2.0])
     assert np.allclose(efficiency[0, :, 0], [1.0, 1.0])
+
+
+def test_a_workers_axis_zipped_with_the_work_itself_is_said(tmp_path, tiny_dataset_factory):
+    """Kernels zipped with the workers make speedup divide step times of different
+    networks: the dry run (and the run) says so in one line; a batch or the cluster's
+    own fields moving with the workers (weak scaling) are the same work, and nothing
+    is said."""
+    dataset = tiny_dataset_factory("float32")
+    grown = write_sweep(tmp_path, dataset, {}, name="grown",
+                        zip=[{"dim": "scaled", "fields": {
+                            "cluster.workers": [1, 2], "network.conv.0.kernels": [8, 16]}}])
+    status, errors, _ = run_main("sweep", [grown, "--out", str(tmp_path / "g.zarr"),
+                                           "--dry-run"])
+    assert status == 0
+    said = [line for line in errors if "speedup and efficiency" in line]
+    assert said == ["warning: network.conv.0.kernels change(s) with cluster.workers (zip.0): "
+                    "speedup and efficiency compare steps of different work, not the same "
+                    "work on more workers"]
+    weak = write_sweep(tmp_path, dataset, {}, name="weak",
+                       zip=[{"fields": {"cluster.workers": [1, 2], "train.batch": [8, 16],
+                                        "cluster.threads": [1, 1]}}])
+    assert speedup_caveat(load_sweep(weak)) is None
+    assert speedup_caveat(load_sweep(write_sweep(tmp_path, dataset, {"cluster.workers": [1, 2]},
+                                                 name="plain"))) is None
 
 
 def test_the_grid_fits_each_strategy(tmp_path, tiny_dataset_factory):

@@ -41,6 +41,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from experiments.sweep.measure import predicted_step_time
+from experiments.sweep.speedup import speedup_caveat
 from experiments.sweep.results import ResultStore, StoreBusy, StoreMismatch, SweepLock
 from experiments.sweep.results_checksums import StoreDamaged
 from experiments.sweep.store_layout import DONE, INFEASIBLE, SKIPPED
@@ -326,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         check_probe_environment()
     except (UsageError, ConfigError) as error:
         return fail(error, CONFIG_ERROR)
-    note = infeasible_line(sweep)
-    if note:
+    for note in filter(None, (infeasible_line(sweep), speedup_caveat(sweep))):
         print(note, file=sys.stderr)
     if args.dry_run:
         return _print_dry_run(dry_run, sweep, args.fresh)

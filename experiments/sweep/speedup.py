@@ -22,6 +22,27 @@ import numpy as np
 from experiments.sweep.config import Sweep
 from experiments.sweep.points import fewest_workers
 
+#: Fields that may move with `cluster.workers` while speedup still compares the same
+#: work: the cluster's own (how the workers are given) and the batch (speedup counts
+#: samples a second, so a batch that grows with the workers is weak scaling).
+SAME_WORK_PREFIXES = ("cluster.", "train.batch")
+
+
+def speedup_caveat(sweep: Sweep) -> str | None:
+    """One line where the workers' axis is zipped with a field that changes the work
+    itself (a network's kernels, the dataset, the steps): speedup and efficiency then
+    divide step times of different work, which nothing else in the store says."""
+    workers = sweep.axis_with_field("cluster.workers")
+    if workers is None:
+        return None
+    others = [field for field in workers.fields if not field.startswith(SAME_WORK_PREFIXES)]
+    if not others:
+        return None
+    return (f"warning: {', '.join(others)} change(s) with cluster.workers ({workers.where}): "
+            "speedup and efficiency compare steps of different work, not the same work "
+            "on more workers")
+
+
 def speedup_reference(sweep: Sweep) -> dict[str, Any]:
     """Where the baseline of `speedup` lies: the baseline strategy's position along the
     strategy dim, and the fewest workers' position along the workers dim (if any)."""
