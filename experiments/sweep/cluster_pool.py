@@ -18,6 +18,7 @@ from typing import Any, Callable
 from experiments.sweep.points import Point
 from pipeline.cluster.connect import open_client
 from pipeline.cluster.embedded import restart_workers
+from pipeline.cluster.job_ends import lost_at_walltime
 from pipeline.cluster.job_ends import submitting_line
 from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.startup import start_batch, usable_cores
@@ -92,14 +93,17 @@ class ClusterPool:
         has); False where that failed and the cluster must be started again. An
         external scheduler's workers and workers behind links are left as they are
         (not this sweep's to restart, or not measured); so are batch jobs, unless a
-        worker of them is gone (its job ended, as at its walltime): then fresh jobs."""
+        worker of them is gone (its job ended: said at its walltime, `lost_at_walltime`):
+        then fresh jobs."""
         cluster = point.config.cluster
         if cluster.jobqueue is not None:
             wanted = cluster.use_workers or cluster.jobqueue.job_count()
             up = len(self.client.nthreads())
             if up < wanted:
+                why, _fields = lost_at_walltime(self.client, self._gone_jobs())
                 self.echo(f"{wanted - up} of {wanted} {cluster.jobqueue.system} job(s) "
-                          "ended since the last point (their walltime?); starting them again")
+                          f"ended since the last point{f': {why}' if why else ''}; "
+                          "starting them again")
             return up >= wanted
         if point.cluster_key == "external" or cluster.link_rates() is not None:
             return True
@@ -111,6 +115,12 @@ class ClusterPool:
             self.echo(f"restarting the workers failed ({why}); starting the cluster again")
             return False
         return True
+
+    def _gone_jobs(self) -> list[str]:
+        """Names of the batch jobs whose workers are no longer in the cluster."""
+        jobs = getattr(getattr(self.client, "cluster", None), "workers", {}) or {}
+        up = {str(w.get("name")) for w in self.client.scheduler_info()["workers"].values()}
+        return [str(name) for name in jobs if str(name) not in up]
 
     @staticmethod
     def _describe(point: Point, client: Any) -> str:
