@@ -71,8 +71,10 @@ def loopback_node() -> tuple[str, str, list[str]]:
 def listening(pids: list[int]) -> dict[str, list[str]]:
     """What the processes `pids` can be reached on, by process name: `ip:port` of each
     TCP socket they listen on and of each bound UDP one, and each unix socket's path
-    with its folder's mode (`path (700)`)."""
-    found: dict[str, list[str]] = {}
+    with its folder's mode (`path (700)`), each once: a connection a unix server has
+    accepted (a Slurm daemon asking munged for a credential) carries the server's path
+    too, so one path can show up more than once while a client is connected."""
+    found: dict[str, set[str]] = {}
     for pid in pids:
         process = psutil.Process(pid)
         for conn in process.net_connections("all"):
@@ -85,8 +87,8 @@ def listening(pids: list[int]) -> dict[str, list[str]]:
             else:
                 continue
             if where:
-                found.setdefault(process.name(), []).append(where)
-    return found
+                found.setdefault(process.name(), set()).add(where)
+    return {name: sorted(places) for name, places in found.items()}
 
 
 def free_port() -> int:
