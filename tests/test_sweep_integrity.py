@@ -22,6 +22,7 @@ import pytest
 import xarray as xr
 
 from experiments.report import cli as report
+from experiments.sweep import store_growth
 from experiments.sweep.results import ResultStore
 from experiments.sweep.store_layout import DONE, FAILED, PENDING, build_template
 from experiments.sweep.config import load_sweep
@@ -44,6 +45,9 @@ FAULTS = {
     "truncated zarr.json of the store": "test_damaged_metadata_is_one_line",
     "store written before checksums (format 2)": "test_a_store_without_checksums",
     "byte flipped in a scaling store": "test_a_damaged_scaling_store_is_named",
+    "growth (--extend) stopped before its swap": "test_a_growth_stopped_anywhere_leaves_one_whole_store",
+    "growth stopped between the two renames of a swap":
+        "test_a_growth_stopped_anywhere_leaves_one_whole_store",
 }
 
 
@@ -217,6 +221,116 @@ def test_a_write_stopped_at_any_step_never_leaves_a_point_done(tmp_path):
                                             "stopped while writing the point)")
     group["status"][0, 0] = DONE
     assert verdict() == (DONE, "")
+
+
+GROWN = ["repeats=2", "axes.train.batch=[4,8,16]"]  # the finished sweep, grown
+
+
+def point_files(store: str) -> dict[str, dict[str, bytes]]:
+    """Each recorded point's chunk files (by point key, then variable) and their bytes."""
+    record = ResultStore(store).record
+    return {key: {name.split("/")[0]: open(os.path.join(store, name), "rb").read()
+                  for name in entry["files"]}
+            for key, entry in record.data["points"].items()}
+
+
+def test_growing_a_finished_sweep_keeps_its_points_and_runs_the_new_ones(finished, tmp_path,
+                                                                          capsys):
+    """More repeats and one more batch (before the others): the two finished points
+    move to their new cells with every file byte for byte, are not run again (their
+    run_id), the four new points run, and the report reads the grown store."""
+    config, store = copy_of(finished, tmp_path)
+    before, ids = point_files(store), run_ids(store)
+    status, lines, out = run_main("sweep", [config, "--out", store, *GROWN, "--extend"])
+    assert status == 0, lines
+    assert "grew " in out and "4 new point(s) (2 -> 6: repeats: 1 there, 2 here; " \
+        "axes.train.batch: [8, 16] there, [4, 8, 16] here)" in out, out
+    assert "2 done before, 4 to run" in out and out.count("s/step") == 4, out
+    after = point_files(store)
+    assert after["0/1/0"] == before["0/0/0"] and after["0/2/0"] == before["0/1/0"]  # batch 8, 16
+    ds = xr.open_zarr(store).load()
+    assert list(ds.batch.values) == [4, 8, 16] and ds.sizes["repeat"] == 2
+    assert (ds.status == DONE).all() and ds.step_time.notnull().all()
+    assert [str(ds.run_id.sel(batch=b, repeat=0).item()) for b in (8, 16)] == ids
+    assert len(set(run_ids(store))) == 6  # the others ran, each once
+    assert ResultStore(store).record.verify().intact
+    assert not os.path.exists(store + ".growing")
+    assert report_lines(store, capsys) == (0, [])
+    status, lines, out = run_main("sweep", [config, "--out", store, *GROWN])  # a resume
+    assert status == 0 and "6 done before, 0 to run" in out, (lines, out)
+
+
+def test_a_growth_is_refused_without_extend_and_anything_else_even_with_it(finished,
+                                                                            tmp_path):
+    """Without --extend, one line names what growing adds and the flag; a removed value
+    or a changed base field is another sweep, --extend or not; the dry run with
+    --extend says what it would add. None of them writes to the store."""
+    config, store = copy_of(finished, tmp_path)
+    unchanged = files_of(store)
+    status, lines, out = run_main("sweep", [config, "--out", store, *GROWN])
+    assert status == 2 and len(lines) == 1 and out == "", lines
+    assert lines[0] == (f"error: {store} holds this sweep with fewer points: it would add 4 "
+                        "new point(s) (2 -> 6: repeats: 1 there, 2 here; axes.train.batch: "
+                        "[8, 16] there, [4, 8, 16] here); pass --extend to add them, keeping "
+                        "every finished point (or --fresh to start over, --out for a new "
+                        "store)")
+    for change, first in ((["axes.train.batch=[4,8]"],
+                           "axes.train.batch: [8, 16] there, [4, 8] here"),
+                          (["repeats=2", "train.lr=0.5"], "base.train.lr: (none) there, 0.5 "
+                           "here")):
+        for extra in ([], ["--dry-run"]):
+            status, lines, out = run_main("sweep", [config, "--out", store, *change,
+                                                    "--extend", *extra])
+            assert status == 2 and len(lines) == 1 and out == "", lines
+            assert f"holds a different sweep (first difference: {first}) (--extend adds " \
+                "only repeats and values of the axes the store has)" in lines[0], lines
+    status, lines, out = run_main("sweep", [config, "--out", store, *GROWN, "--extend",
+                                            "--dry-run"])
+    assert status == 0 and "the run grows the store first (--extend): 4 new point(s)" in out
+    assert out.count("  done") == 2 and out.count("  pending") == 4, out
+    assert files_of(store) == unchanged
+
+
+def test_a_growth_stopped_anywhere_leaves_one_whole_store(finished, tmp_path, monkeypatch):
+    """A growth stopped after the grown store was built, before its swap (raised in
+    this process, or killed: its leftover): the old store stays, verifies and
+    resumes. Stopped between the two renames of a swap where the file system cannot
+    exchange directories: the next sweep puts the grown store, complete, in place."""
+    config, store = copy_of(finished, tmp_path)
+    unchanged = point_files(store)
+
+    def stopped(grown: str, path: str) -> None:
+        assert ResultStore(grown).record.verify().intact  # built whole, not yet swapped
+        raise KeyboardInterrupt
+    monkeypatch.setattr(store_growth, "swap_in", stopped)
+    status, lines, out = run_main("sweep", [config, "--out", store, *GROWN, "--extend"])
+    assert status == 130 and os.path.exists(store + ".growing"), lines
+    assert point_files(store) == unchanged and ResultStore(store).record.verify().intact
+    status, out, err = resume(config, store)  # the finished sweep's own command
+    assert status == 0 and "2 done before, 0 to run" in out, (out, err)
+    assert not os.path.exists(store + ".growing") and point_files(store) == unchanged
+    def failed_copy(*args) -> None:
+        raise OSError("copy failed")
+    monkeypatch.setattr(store_growth, "copy_points", failed_copy)  # while building
+    status, lines, out = run_main("sweep", [config, "--out", store, *GROWN, "--extend"])
+    assert status == 1 and lines == ["error: copy failed"], lines
+    assert not os.path.exists(store + ".growing") and point_files(store) == unchanged
+    monkeypatch.undo()
+
+    def renamed_aside(grown: str, path: str) -> None:
+        os.rename(path, path + store_growth.REPLACED)  # the first of the two renames
+        raise KeyboardInterrupt
+    monkeypatch.setattr(store_growth, "swap_in", renamed_aside)
+    assert run_main("sweep", [config, "--out", store, *GROWN, "--extend"])[0] == 130
+    assert not os.path.exists(store) and os.path.exists(store + ".growing")
+    # the next sweep on the store (here, the finished one's: refused) settles it first
+    status, lines, out = run_main("sweep", [config, "--out", store])
+    assert status == 2 and "holds a different sweep" in lines[0], lines
+    assert not os.path.exists(store + ".replaced") and not os.path.exists(store + ".growing")
+    grown = point_files(store)
+    assert grown["0/1/0"] == unchanged["0/0/0"] and grown["0/2/0"] == unchanged["0/1/0"]
+    found = ResultStore(store).record.verify()
+    assert found.intact and int((found.status == DONE).sum()) == 2 and found.status.size == 6
 
 
 def test_verification_is_quick(finished):

@@ -45,8 +45,8 @@ from experiments.scaling import hardware as hw
 from pipeline.records.record import code_revision, software_versions
 from experiments.scaling.anchors import anchor_records
 from experiments.sweep.provenance import machine_info
-from experiments.sweep.results import (STORE_FORMAT, ResultStore, SweepLock,
-                                       record_whole_store)
+from experiments.sweep.results import STORE_FORMAT, ResultStore, SweepLock
+from experiments.sweep.results_checksums import record_whole_store
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, field_units, network_of,
                                         options_of, point_strategy)
@@ -334,16 +334,16 @@ def _summary(ds: xr.Dataset) -> list[str]:
 
 
 def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | None = None,
-                      argv: list[str] | None = None) -> int:
+                      argv: list[str] | None = None, extend: bool = False) -> int:
     """Evaluate the grid and write the store; returns the exit status.
 
     0: every point predicted or infeasible; 1: the model failed on some point.
-    Raises StoreMismatch (another sweep's store, without ``fresh``; or not a
-    sweep store at all) and StoreBusy (another sweep holds the lock).
+    Raises StoreMismatch (another sweep's store, without ``fresh``, or ``extend`` where
+    this sweep grows it; or not a sweep store) and StoreBusy (the lock is held).
     """
     out = out or sys.stdout
     with SweepLock(sweep.store_path):
-        ResultStore(sweep.store_path).check_rewrite(sweep.fingerprint, sweep.text, fresh)
+        ResultStore(sweep.store_path).check_rewrite(sweep.fingerprint, sweep.text, fresh, extend)
         started = now_text()
         shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
         print(f"scaling sweep {sweep.config.name}: {len(sweep.points)} points ({shape}), "
@@ -375,10 +375,11 @@ def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | No
     return 0
 
 
-def dry_run_scaling(sweep: ScalingSweep, out: TextIO, fresh: bool = False) -> None:
+def dry_run_scaling(sweep: ScalingSweep, out: TextIO, fresh: bool = False,
+                    extend: bool = False) -> None:
     """List the points with their predicted step times; write nothing. A store the
     run would refuse is refused first, in its words (`ResultStore.check_rewrite`)."""
-    ResultStore(sweep.store_path).check_rewrite(sweep.fingerprint, sweep.text, fresh)
+    ResultStore(sweep.store_path).check_rewrite(sweep.fingerprint, sweep.text, fresh, extend)
     shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
     print(f"scaling sweep {sweep.config.name}: {len(sweep.points)} points ({shape}) -> "
           f"{sweep.store_path}", file=out)

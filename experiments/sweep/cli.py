@@ -15,7 +15,9 @@ consecutive points that share it, its worker processes replaced by fresh ones
 before each (so that no point inherits what an earlier one left in them);
 `reference` points need none and run first.
 Results go to one Zarr store (default ``results/<name>.zarr``), one point at a
-time, so running the same command again resumes; ``--fresh`` starts over.
+time, so running the same command again resumes; ``--fresh`` starts over;
+``--extend`` grows a store of this sweep with fewer repeats or axis values, keeping
+its points (:mod:`experiments.sweep.store_growth`).
 
 Exit status: 0 all points done, 1 some point failed (each is recorded with its
 reason, and the sweep went on) or the store's metadata is damaged (one line naming
@@ -49,6 +51,7 @@ from experiments.sweep.results_checksums import point_key
 from experiments.scaling.run import dry_run_scaling, run_scaling_sweep
 from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
 from experiments.sweep.config import Sweep, load_sweep, store_sharing_runs
+from experiments.sweep.growth import Growth
 from experiments.sweep.points import Point
 from experiments.sweep.run import STORE, check_store, run_sweep
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
@@ -92,19 +95,24 @@ SWEEP_COMMAND = ("python", "-m", "experiments.sweep")
 STATUS_WORDS = {0: "pending", 1: "done", 2: "failed", 3: "not applicable"}
 
 
-def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False) -> None:
+def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False, extend: bool = False) -> None:
     """Print the points in run order (with the model's predicted time if there is one).
 
     A dry run runs nothing: a model that would measure the cluster first is asked
     to use only what it measured before (CNN_PREDICT_PROBE=cached, unless set). A
     store the run would refuse is refused here first, in the run's words
-    (`store_status`); the caller turns that into the run's exit status.
+    (`store_status`); the caller turns that into the run's exit status. A store the
+    run would grow (`extend`) is left as it is: its points are shown in their new
+    cells, and a line says what growing adds.
     """
     os.environ.setdefault("CNN_PREDICT_PROBE", "cached")
-    status, damaged = store_status(sweep, fresh)
+    status, damaged, growth = store_status(sweep, fresh, extend)
     shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
     print(f"sweep {sweep.config.name}: {len(sweep.points)} points ({shape} x "
           f"{sweep.config.repeats} repeat(s)) -> {sweep.store_path}", file=out)
+    if growth is not None:
+        print(f"the run grows the store first (--extend): {growth.describe()}; its "
+              "recorded points are kept", file=out)
     rows = []
     too_big = any(p.infeasible for p in sweep.points)
     for number, point in enumerate(sweep.points, start=1):
@@ -130,23 +138,33 @@ def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
 
 
-def store_status(sweep: Sweep, fresh: bool) -> tuple[np.ndarray | None, dict]:
+def store_status(sweep: Sweep, fresh: bool, extend: bool = False
+                 ) -> tuple[np.ndarray | None, dict, Growth | None]:
     """What the store says of each point, checked as the run checks it before it
     writes anything (`experiments.sweep.run._prepare_store`): the status array (None
-    where no kept store has one) and the damaged points.
+    where no kept store has one), the damaged points, and the growth the run makes
+    first (with `extend`; the status and damage are then in the grown grid's cells).
 
     Raises what the run raises: StoreMismatch (another sweep's store, or not a sweep
     store) and StoreDamaged (damaged metadata of a finished store): a dry run that
     listed the points without a status would say "fine" (exit 0) to a command the
     run refuses."""
     store = ResultStore(sweep.store_path)
-    if not check_store(store, sweep, fresh):
-        return None, {}  # none yet, replaced, or left half-made: every point runs
+    kept, growth = check_store(store, sweep, fresh, extend)
+    if not kept:
+        return None, {}, None  # none yet, replaced, or left half-made: every point runs
     try:
         found = store.verify()  # changes nothing: the run mends a damaged point
     except KeyError:  # a record without a part the verdict needs
-        return None, {}
-    return found.status, found.damaged
+        return None, {}, None
+    if growth is None:
+        return found.status, found.damaged, None
+    status, damaged = np.zeros(sweep.shape, dtype=np.int8), {}  # the new points: pending
+    for region in growth.old_regions():
+        status[growth.new_region(region)] = found.status[region]
+        if point_key(region) in found.damaged:
+            damaged[point_key(growth.new_region(region))] = found.damaged[point_key(region)]
+    return status, damaged, growth
 
 
 def check_sweep_paths(sweep: Sweep | ScalingSweep, field: str) -> None:
@@ -239,18 +257,20 @@ def scaling_main(args: argparse.Namespace, argv: list[str]) -> int:
     sweep = load_scaling_sweep(args.config, args.overrides, args.out)
     check_sweep_paths(sweep, "--out" if args.out else "output")
     if args.dry_run:
-        return _print_dry_run(dry_run_scaling, sweep, args.fresh)
+        return _print_dry_run(dry_run_scaling, sweep, args.fresh, args.extend)
     return _run_store_guarded(
-        lambda: run_scaling_sweep(sweep, args.fresh, argv=[*SWEEP_COMMAND, *argv]),
+        lambda: run_scaling_sweep(sweep, args.fresh, argv=[*SWEEP_COMMAND, *argv],
+                                  extend=args.extend),
         "interrupted: the previous store, if any, is unchanged", sweep.store_path)
 
 
-def _print_dry_run(printer: Callable[[Any, Any, bool], None], sweep: Any, fresh: bool) -> int:
+def _print_dry_run(printer: Callable[[Any, Any, bool, bool], None], sweep: Any, fresh: bool,
+                   extend: bool) -> int:
     """Run a dry-run printer; a store the run would refuse gets the run's line and
     exit status (the printer checks it before it prints anything)."""
     try:
         SweepLock(sweep.store_path).check_free()  # as the run would refuse it
-        printer(sweep, sys.stdout, fresh)
+        printer(sweep, sys.stdout, fresh, extend)
     except StoreBusy as error:
         return fail(error, IN_USE)
     except StoreMismatch as error:
@@ -316,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                         "cluster per worker set, or $DASK_SCHEDULER_ADDRESS)")
     parser.add_argument("--out", help="results store (default results/<name>.zarr)")
     parser.add_argument("--fresh", action="store_true", help="discard earlier results")
+    parser.add_argument("--extend", action="store_true", help="grow the store of this sweep "
+                        "with fewer repeats or axis values: its recorded points are kept, "
+                        "the new ones run")
     parser.add_argument("--dry-run", action="store_true", help="print the points, run nothing")
     try:
         # Options and key=value overrides in any order (`cfg --dry-run repeats=2`).
@@ -330,12 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     for note in filter(None, (infeasible_line(sweep), speedup_caveat(sweep))):
         print(note, file=sys.stderr)
     if args.dry_run:
-        return _print_dry_run(dry_run, sweep, args.fresh)
+        return _print_dry_run(dry_run, sweep, args.fresh, args.extend)
     warning = contention_warning(sweep) if sweep.config.mode == "measure" else None
     if warning:
         print(warning, file=sys.stderr)
     return _run_store_guarded(
-        lambda: run_sweep(sweep, args.fresh, argv=[*SWEEP_COMMAND, *argv]),
+        lambda: run_sweep(sweep, args.fresh, argv=[*SWEEP_COMMAND, *argv], extend=args.extend),
         "interrupted: finished points are kept; run the same command again to resume",
         sweep.store_path)
 

@@ -50,11 +50,11 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from experiments.sweep.growth import Growth, plan_growth, refusal
 from experiments.sweep.results_checksums import (Checksums, StoreDamaged, Verification,
                                                  encoded_chunk, read_metadata)
 from experiments.sweep.speedup import compute_speedup
-from experiments.sweep.store_layout import (ADDED_LATER, DERIVED, DONE, FAILED, PENDING, SKIPPED,
-                                           first_difference)
+from experiments.sweep.store_layout import ADDED_LATER, DERIVED, DONE, FAILED, PENDING, SKIPPED
 from storage.labelled import write_dataset
 from storage.locks import LockBusy, OwnerLock
 
@@ -68,11 +68,6 @@ REPAIR = ("restore it from a copy, or run the sweep with --fresh to start it ove
           "--out to write elsewhere)")
 #: Damaged points named one per line on resume; the rest are counted.
 SHOWN_DAMAGE = 10
-
-
-def record_whole_store(path: str) -> None:
-    """Checksums of a store written whole (``mode: scaling``): every file is `fixed`."""
-    Checksums.new(path, "scaling", [], [], [], {}).save()
 
 
 class StoreBusy(LockBusy):
@@ -166,9 +161,11 @@ class ResultStore:
     def attrs(self) -> dict[str, Any]:
         return dict(self._group("r").attrs)
 
-    def check(self, fingerprint: str, text: str) -> None:
+    def check(self, fingerprint: str, text: str, extend: bool = False) -> Growth | None:
         """Refuse a store made for another sweep, naming the first difference, and one
-        whose root metadata is damaged (StoreDamaged, naming the file)."""
+        whose root metadata is damaged (StoreDamaged, naming the file). A store of
+        this sweep with fewer points (`plan_growth`) is refused naming ``--extend``;
+        with `extend`, its `Growth` is returned (None: the store is this sweep's)."""
         root = os.path.join(self.path, "zarr.json")
         if os.path.exists(root) or Checksums.is_record(self.path):
             try:
@@ -202,21 +199,24 @@ class ResultStore:
             raise StoreMismatch(f"{self.path} is not a sweep results store; choose another "
                                 f"--out{fresh}")
         if attrs.get("fingerprint") != fingerprint:
-            first = first_difference(str(attrs.get("config", "")), text)
-            raise StoreMismatch(f"{self.path} holds a different sweep (first difference: "
-                                f"{first}); pass --fresh to start over or --out for a new "
-                                "store")
+            growth = plan_growth(str(attrs.get("config", "")), text)
+            if extend and isinstance(growth, Growth):
+                return growth
+            raise StoreMismatch(refusal(self.path, growth, extend))
+        return None
 
-    def check_rewrite(self, fingerprint: str, text: str, fresh: bool) -> None:
+    def check_rewrite(self, fingerprint: str, text: str, fresh: bool,
+                      extend: bool = False) -> None:
         """Before a sweep that rewrites the whole store (`mode: scaling`) does, and in
         its dry run: StoreMismatch for a path that holds no sweep store, or, without
-        `fresh`, another sweep's store (`check`)."""
+        `fresh`, another sweep's store (`check`; with `extend`, one this sweep grows
+        is rewritten: every point is predicted again anyway)."""
         if self.exists():
             if not self.is_sweep_store():
                 raise StoreMismatch(f"{self.path} is not a sweep results store; choose "
                                     "another --out")
             if not fresh:
-                self.check(fingerprint, text)
+                self.check(fingerprint, text, extend)
 
     def is_sweep_store(self) -> bool:
         """Whether the path holds a sweep store (possibly half-made, or with damaged

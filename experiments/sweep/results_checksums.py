@@ -142,6 +142,11 @@ def encoded_chunk(array_dir: str, value: Any) -> bytes:
             return handle.read()
 
 
+def record_whole_store(path: str) -> None:
+    """Checksums of a store written whole (``mode: scaling``): every file is `fixed`."""
+    Checksums.new(path, "scaling", [], [], [], {}).save()
+
+
 class Checksums:
     """The record of one store (``<store>/checksums.json``), held in memory by the one
     sweep writing the store (it holds the store's lock) and saved at each change."""

@@ -38,6 +38,8 @@ from experiments.sweep.store_layout import (DONE, FAILED, INFEASIBLE, SKIPPED, a
                                            build_template, infeasible)
 from experiments.sweep.summary import clock, format_table, summary_table
 from experiments.sweep.config import Sweep
+from experiments.sweep.growth import Growth
+from experiments.sweep.store_growth import grow_store, settle_growth
 from experiments.sweep.points import Point
 from experiments.sweep.cluster_pool import ClusterPool
 from experiments.sweep.probe_samples import ProbeSampler
@@ -76,29 +78,39 @@ def one_line(error: BaseException) -> str:
 # The sweep --------------------------------------------------------------------------
 
 
-def check_store(store: ResultStore, sweep: Sweep, fresh: bool) -> bool:
+def check_store(store: ResultStore, sweep: Sweep, fresh: bool,
+                extend: bool = False) -> tuple[bool, Growth | None]:
     """The run's refusals of the store at the sweep's path, before anything is written
-    (the dry run makes them too): StoreMismatch for another sweep's store, or, with
-    `fresh`, for a path that holds no sweep store at all. Returns whether the store
-    is kept and goes on (a finished store of this sweep, not replaced by `fresh`)."""
+    (the dry run makes them too): StoreMismatch for another sweep's store (or one
+    this sweep would grow, without `extend`), or, with `fresh`, for a path that holds
+    no sweep store at all. Returns whether the store is kept and goes on (a finished
+    store of this sweep, not replaced by `fresh`), and the growth it needs first."""
     if fresh:
         if store.exists() and not store.is_sweep_store():
             raise StoreMismatch(f"{store.path} is not a sweep results store; --fresh replaces "
                                 "only those: choose another --out")
-        return False
+        return False, None
     if not store.exists():
-        return False
-    store.check(sweep.fingerprint, sweep.text)
-    moved = axes_moved(store.attrs(), sweep.axes, store.path)
-    if moved:
+        return False, None
+    growth = store.check(sweep.fingerprint, sweep.text, extend)
+    moved = axes_moved(store.attrs(), sweep.axes, store.path) if growth is None else None
+    if moved:  # (a growth's plan checked the order of the axes itself)
         raise StoreMismatch(moved)
-    return store.is_complete()
+    kept = store.is_complete()
+    return kept, growth if kept else None
 
 
-def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str]) -> list[str]:
+def _prepare_store(sweep: Sweep, store: ResultStore, fresh: bool, argv: list[str],
+                   extend: bool = False, echo: Callable[[str], None] = print) -> list[str]:
     """Make the store, or check the one there and its checksums (a damaged point is
-    made pending again); returns the warnings naming the damage."""
-    if check_store(store, sweep, fresh):
+    made pending again), growing it first where `extend` lets it; returns the
+    warnings naming the damage."""
+    settle_growth(store.path)  # what a growth stopped by a kill left
+    kept, growth = check_store(store, sweep, fresh, extend)
+    if growth is not None:
+        grow_store(store.path, sweep, growth)
+        echo(f"grew {store.path}: {growth.describe()}; its recorded points kept")
+    if kept:
         return store.verify_for_resume()[1]
     if fresh:
         shutil.rmtree(sweep.runs_dir, ignore_errors=True)
@@ -147,8 +159,11 @@ def _point_line(done: int, total: int, elapsed: float, point: Point, result: Poi
 
 
 def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
-              err: TextIO | None = None, argv: list[str] | None = None) -> int:
-    """Run every point not done yet; returns the exit status (see the module doc)."""
+              err: TextIO | None = None, argv: list[str] | None = None,
+              extend: bool = False) -> int:
+    """Run every point not done yet, growing the store first where `extend` lets it
+    (:mod:`experiments.sweep.store_growth`); returns the exit status (see the module
+    doc)."""
     out = out or sys.stdout
     err = err or sys.stderr
     echo = lambda line: tqdm.write(line, file=out)  # noqa: E731 - keeps the bar intact
@@ -157,7 +172,7 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
         if lock.stale_note():
             print(lock.stale_note(), file=err)
         with writing(STORE, store.path):
-            for line in _prepare_store(sweep, store, fresh, argv or sys.argv):
+            for line in _prepare_store(sweep, store, fresh, argv or sys.argv, extend, echo):
                 print(line, file=err)
             status = store.status()
             too_big = [p for p in sweep.points

@@ -274,8 +274,8 @@ def first_difference(stored: str, current: str) -> str:
     missing = "(none)"
     for name in names:
         if old.get(name, missing) != new.get(name, missing):
-            return (f"{name}: {_flow(old.get(name, missing))} there, "
-                    f"{_flow(new.get(name, missing))} here")
+            return (f"{name}: {flow_yaml(old.get(name, missing))} there, "
+                    f"{flow_yaml(new.get(name, missing))} here")
     return "the same fields in another order"
 
 
@@ -291,7 +291,7 @@ def _fields(data: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _flow(value: Any) -> str:
+def flow_yaml(value: Any) -> str:
     """A value as one line of YAML (``[single, kernel]``, ``40``, ``null``)."""
     if isinstance(value, str) and value == "(none)":
         return value
