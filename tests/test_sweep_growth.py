@@ -11,6 +11,7 @@ import pytest
 import xarray as xr
 import yaml
 
+from experiments.sweep import store_growth
 from experiments.sweep.config import load_sweep
 from experiments.sweep.growth import Growth, plan_growth
 from experiments.sweep.results import PointResult, ResultStore
@@ -122,3 +123,19 @@ def test_a_scaling_sweep_grown_with_extend_is_rewritten(tmp_path):
     assert status == 2 and "1 new point(s)" in lines[0] and "pass --extend" in lines[0]
     assert run_main("sweep", [config, "--out", store, "--extend"])[0] == 0
     assert list(xr.open_zarr(store).devices.values) == [1, 2, 4]
+
+
+@pytest.mark.parametrize("exchanges", [True, False])
+def test_the_swap_puts_the_grown_store_in_place_and_removes_the_old(tmp_path, monkeypatch,
+                                                                    exchanges):
+    """One atomic exchange where the file system has it; else two renames (their
+    window is finished by `settle_growth`: tests/test_sweep_integrity.py)."""
+    if not exchanges:
+        monkeypatch.setattr(store_growth, "_exchange", lambda first, second: False)
+    store, grown = tmp_path / "s.zarr", tmp_path / "s.zarr.growing"
+    for path, name in ((store, "old"), (grown, "new")):
+        path.mkdir()
+        (path / name).write_text(name)
+    store_growth.swap_in(str(grown), str(store))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
+    assert [p.name for p in store.iterdir()] == ["new"]
