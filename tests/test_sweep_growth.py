@@ -6,6 +6,8 @@ stopped at each step of its growth is in tests/test_sweep_integrity.py."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -110,6 +112,23 @@ def test_the_grown_store_recomputes_speedup_over_a_baseline_that_moved(tmp_path)
     assert float(ds.speedup[0, 1, 0]) == pytest.approx(1.5)
     assert float(ds.efficiency[0, 1, 0]) == pytest.approx(0.75)
     assert store.record.verify().intact
+
+
+def test_a_damaged_point_is_not_copied_and_is_pending_in_the_grown_store(tmp_path):
+    def sweep(batches: list[int]):
+        return load_sweep(write_sweep(tmp_path, "unused.zarr", {
+            "strategy": ["reference"], "train.batch": batches}), out=str(tmp_path / "d.zarr"))
+
+    old = sweep([8, 16])
+    store = ResultStore(old.store_path)
+    store.create(build_template(old, {"fingerprint": old.fingerprint, "config": old.text}))
+    for region in ((0, 0, 0), (0, 1, 0)):
+        store.write_point(region, PointResult({"step_time": 0.1}, {"run_id": "r"}, {}))
+    os.remove(os.path.join(old.store_path, "step_time", "c", "0", "0", "0"))  # batch 8's
+    new = sweep([8, 16, 32])
+    grow_store(old.store_path, new, plan_growth(old.text, new.text))
+    found = ResultStore(old.store_path).verify()
+    assert found.intact and found.status[0, :, 0].tolist() == [0, DONE, 0]
 
 
 def test_a_scaling_sweep_grown_with_extend_is_rewritten(tmp_path):
