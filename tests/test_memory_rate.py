@@ -174,3 +174,33 @@ def test_a_replica_takes_its_dense_layers_from_the_head_timed_on_its_rows():
     assert without[convs].forward == pytest.approx(plain.forward)
     shares = [t.forward / (t.forward + t.backward) for t in (with_head[convs], without[convs])]
     assert shares[0] == pytest.approx(shares[1])
+
+
+def test_a_holder_joins_a_gathered_inputs_shards_at_the_memory_rate():
+    """The engine's `_gather` concatenates the shards of a layer's output (read each,
+    write the whole); with one holder the output is used as it is."""
+    dev = dataclasses.replace(CPU, mem_bw=1e10)
+    split = KernelContext(NET, 32, (dev, dev), None, None, ((16, 16), (32, 32)))
+    whole = NET.conv[0].output_elements(32)
+    assert split.gather_time(dev, 0) == dev.stream_time(2 * whole) > 0
+    assert split.gather_time(dev, -1) == 0.0  # the images: read, not joined
+    alone = KernelContext(NET, 32, (dev, dev), None, None, ((32, 0), (32, 32)))
+    assert alone.gather_time(dev, 0) == 0.0
+
+
+@pytest.mark.parametrize("timeline", ["reference", "fast"])
+def test_the_kernel_step_waits_for_its_joins(timeline, monkeypatch):
+    """Two equal holders of every layer: each joins layer 1's shards before layer 2,
+    the master the last layer's before the head, and the step waits for both."""
+    dev = dataclasses.replace(CPU, mem_bw=1e10)
+    net = marques_cifar(8, 16)
+    options = {"timeline": "reference"} if timeline == "reference" else {}
+
+    def step() -> float:
+        return predict("kernel", net, 32, [dev, dev], _link(1e-5), STORE,
+                       kernel_counts=[[4, 4], [8, 8]], **options).step_time
+
+    joined = step()
+    monkeypatch.setattr(KernelContext, "gather_time", lambda self, dev, l: 0.0)
+    assert joined - step() == pytest.approx(
+        sum(dev.stream_time(2 * layer.output_elements(32)) for layer in net.conv), rel=1e-9)

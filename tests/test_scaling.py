@@ -201,14 +201,16 @@ def test_a_device_given_no_sample_takes_no_part_in_the_exchanges(strategy):
 def test_infinite_bandwidth_speedup_approaches_the_device_count(strategy):
     """Marques' network is compute-bound: with free links every strategy nears P.
 
-    Not P exactly: kernel-parallel keeps the dense head on the master (Amdahl), so
-    the bound is 95 % of P here, for every strategy alike."""
+    Not P exactly: kernel-parallel keeps the dense head on the master and every
+    holder joins the shards of each input it gathers into the whole (a copy that does
+    not shrink with P), both Amdahl terms, so the bound is 94 % of P here (kernel at
+    16 devices: 94.9 %), for every strategy alike."""
     for devices in (2, 4, 8, 16):
         point = build_point({"strategy": strategy, "train": {"batch": 256},
                              "hardware": {"devices": devices, "device": "cpu",
                                           "link": {"gbps": math.inf, "latency_us": 0}}})
         speedup = evaluate_point(point)["speedup"]
-        assert 0.95 * devices < speedup <= devices * (1 + 1e-9), (devices, speedup)
+        assert 0.94 * devices < speedup <= devices * (1 + 1e-9), (devices, speedup)
 
 
 def test_data_parallel_needs_a_sample_per_device():

@@ -28,8 +28,10 @@ DEFAULT_UPDATE_ACCESSES = update_accesses()
 #: rate (tasks/update_rate.py: SGD with momentum, no weight decay).
 UPDATE_ACCESSES = update_accesses(momentum=True, weight_decay=False)
 
-#: Element accesses per parameter of a replica's concatenation of the summed ranges
-#: into one flat gradient before its update (read, write: ``grad-update``).
+#: Element accesses per element of a concatenation (read each part, write the whole):
+#: a replica's summed ranges into one flat gradient before its update
+#: (``grad-update``), a kernel holder's shards of a layer input into the whole input
+#: (tasks/kernel_ops.py, ``_gather``: `KernelContext.gather_time`).
 GATHER_ACCESSES = 2
 
 #: A replica's update in all, as the probe times it to find a worker's memory rate

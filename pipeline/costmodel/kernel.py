@@ -8,12 +8,14 @@ in order (tasks/layout.py, tasks/step_task.py):
   (a layer reading the images: one read from the dataset) or every shard's output
   of its source layer (`Network.source`; the layer below in a chain), gathered at
   the first layer the device holds that reads it and reused by the others: its own
-  shard from memory, each other shard one read of that shard's slot. Then conv,
-  batch norm, the residual sum (its own channels of the added layer, from memory:
-  tied splits), ReLU and poolings, then one write of its output if another device
-  reads it (a holder of a layer reading it, or the master for the last layer);
-- the dense head (master): a read per other shard of the last layer, forward,
-  backward, update, then one write per other shard of its gradient slice;
+  shard from memory, each other shard one read of that shard's slot, the shards then
+  joined into the whole input (`KernelContext.gather_time`, counted as overhead: no
+  phase of the engine's holds it). Then conv, batch norm, the residual sum (its own
+  channels of the added layer, from memory: tied splits), ReLU and poolings, then
+  one write of its output if another device reads it (a holder of a layer reading
+  it, or the master for the last layer);
+- the dense head (master): a read per other shard of the last layer, the join,
+  forward, backward, update, then one write per other shard of its gradient slice;
 - backward of each layer it holds, top down: a read per other source (every
   other holder's partial slice of each layer reading it, in layer then device
   order, and the master's gradient slice for the last layer), the sum (with the
@@ -131,11 +133,13 @@ def _simulate_step(ctx: KernelContext, tl: Timeline) -> None:
                 else:
                     tl.read(d, [(f"act/{src}/{e}", ctx.slice_bytes(src, e))
                                 for e in ctx.holders(src) if e != d], len(holders))
+                    tl.run(d, "overhead", ctx.gather_time(ctx.devices[d], src))
             tl.run(d, "compute", _conv(ctx, l, d).forward)
             if len(reading) - (d in reading) > 0:
                 tl.write(d, f"act/{l}/{d}", ctx.slice_bytes(l, d), len(holders))
     last = ctx.holders(L - 1)
     tl.read(m, [(f"act/{L - 1}/{e}", ctx.slice_bytes(L - 1, e)) for e in last if e != m], 1)
+    tl.run(m, "overhead", ctx.gather_time(ctx.devices[m], L - 1))
     tl.run(m, "master", dense_time(ctx.devices[m], net.dense, ctx.batch, dropout=net.dropout,
                                  accesses=net.update_accesses()).total)
     for e in last:

@@ -4,10 +4,11 @@ how many kernels of each conv layer each holds, and where the slices go.
 
 The engine's ops follow the network's layer graph (tasks/kernel_ops.py): a layer reads
 the whole output of its source layer (`Network.source`), gathered once per device at
-the first layer it holds that reads it; a layer's output goes to every holder of each
-layer reading it (and to the master, for the last layer); its gradient is the sum of
-the partial input gradients of every reader's holders, the residual gradients of the
-layers adding it (local: tied splits) and, for the last layer, the head's slice.
+the first layer it holds that reads it (its shards joined into the whole:
+`gather_time`); a layer's output goes to every holder of each layer reading it (and to
+the master, for the last layer); its gradient is the sum of the partial input
+gradients of every reader's holders, the residual gradients of the layers adding it
+(local: tied splits) and, for the last layer, the head's slice.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .compute import GATHER_ACCESSES
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec
 from .network import Network
 
@@ -112,6 +114,17 @@ class KernelContext:
         if self.network.conv[l].name in dev.layer_tables:
             return 0.0
         return dev.stream_time(self.summing_elements(l, kernels))
+
+    def gather_time(self, dev: DeviceSpec, l: int) -> float:
+        """Seconds of ``dev`` joining the shards of conv layer ``l``'s output into the
+        whole (``torch.cat`` along channels: `GATHER_ACCESSES` a element), where more
+        than one device holds it; none where one does (its output is used as it is).
+        The engine does this between the gather's reads and the compute of the layer
+        reading it (and on the master before the dense head), outside any phase the
+        probe times, so a table of measured shard times does not hold it."""
+        if l < 0 or len(self.holders(l)) < 2:
+            return 0.0
+        return dev.stream_time(GATHER_ACCESSES * self.network.conv[l].output_elements(self.batch))
 
     def gradient_parts(self, l: int) -> int:
         """Tensors summed into a holder's gradient of layer ``l``'s output: one partial

@@ -100,6 +100,8 @@ class _Plan:
     slice_bytes: list[np.ndarray]  # per layer, per device: bytes of its pooled output
     active: np.ndarray
     head: float
+    gathers: list[np.ndarray]  # per layer, per device: joining its source's shards
+    head_gather: float  # the master joining the last layer's shards
     act_ready: list[np.ndarray]  # per layer, per device: when its output slot is written
     partials: dict[int, InTurn]  # per layer: the partial gradients its holders handed down
     grad_ready: np.ndarray  # per device: when the master wrote its gradient slice
@@ -109,6 +111,15 @@ def _writers(ctx: KernelContext, holders: np.ndarray, l: int) -> np.ndarray:
     """Holders of layer `l` whose output slice another device reads."""
     readers = ctx.output_readers[l]
     return holders[len(readers) - np.isin(holders, readers) > 0]
+
+
+def _gather_seconds(ctx: KernelContext) -> list[np.ndarray]:
+    """Per layer, per device: `KernelContext.gather_time` of the layer's source, timed
+    once per distinct device."""
+    kinds, kind_of = distinct(ctx.devices)
+    index = np.array(kind_of, dtype=np.int64)
+    return [np.array([ctx.gather_time(kind, ctx.network.source(l)) for kind in kinds])[index]
+            for l in range(len(ctx.network.conv))]
 
 
 def _plan(ctx: KernelContext, dataset_seconds: dict[int, np.ndarray]) -> _Plan:
@@ -122,14 +133,17 @@ def _plan(ctx: KernelContext, dataset_seconds: dict[int, np.ndarray]) -> _Plan:
                       accesses=ctx.network.update_accesses()).total
     holders = [np.flatnonzero(row > 0) for row in counts]
     writers = [_writers(ctx, h, l) for l, h in enumerate(holders)]
+    gathers = _gather_seconds(ctx)
+    head_gather = ctx.gather_time(ctx.devices[ctx.master], len(counts) - 1)
     return _Plan(ctx, compute_tables(ctx), dataset_seconds, holders, list(ctx.gatherers), writers,
-                 slice_bytes, active, head,
+                 slice_bytes, active, head, gathers, head_gather,
                  [np.zeros(P) for _ in counts], {}, np.zeros(P))
 
 
 def _forward(plan: _Plan, tl: FastTimeline, l: int) -> None:
-    """Layer `l`'s forward on its holders: gather the input (those reading it first),
-    compute, write the output where another device reads it."""
+    """Layer `l`'s forward on its holders: gather the input (those reading it first:
+    read the other shards, join them), compute, write the output where another device
+    reads it."""
     ctx, H, G = plan.ctx, plan.holders[l], plan.gatherers[l]
     src = ctx.network.source(l)
     if src < 0:
@@ -139,18 +153,23 @@ def _forward(plan: _Plan, tl: FastTimeline, l: int) -> None:
         below = plan.holders[src]
         tl.read(G, Sources(below, plan.act_ready[src][below], plan.slice_bytes[src][below]),
                 len(H), np.zeros(len(G)), np.zeros(len(G)))
+        if plan.gathers[l][G].any():
+            tl.run(G, "overhead", plan.gathers[l][G])
     tl.run(H, "compute", plan.tables.forward[l][H])
     writers = plan.writers[l]
     plan.act_ready[l][writers] = tl.write_each(writers, plan.slice_bytes[l][writers], len(H))
 
 
 def _head(plan: _Plan, tl: FastTimeline) -> None:
-    """The master gathers the last layer, runs the dense head, hands out gradient slices."""
+    """The master gathers the last layer (reads, join), runs the dense head, hands out
+    gradient slices."""
     m = plan.ctx.master
     last = plan.holders[-1]
     master = np.array([m])
     tl.read(master, Sources(last, plan.act_ready[-1][last], plan.slice_bytes[-1][last]), 1,
             np.zeros(1), np.zeros(1))
+    if plan.head_gather > 0:
+        tl.run(master, "overhead", plan.head_gather)
     tl.run(master, "master", plan.head)
     targets = last[last != m]
     if len(targets):
