@@ -3,8 +3,11 @@
 import pytest
 
 from pipeline.costmodel.contention import contended_step, cores_filled
-from pipeline.probe.readings import client_cpu_fit, task_gap_s
-from pipeline.probe.runs import PlanRun, ProbePlan
+import numpy as np
+
+from pipeline.probe.client_cpu import client_cpu_fit
+from pipeline.probe.readings import task_gap_s
+from pipeline.probe.runs import PlanRun, ProbePlan, TaskCpu
 
 
 def test_the_workers_fill_the_cores_only_without_a_core_for_the_client():
@@ -22,35 +25,73 @@ def test_the_contended_step_adds_the_share_of_the_clients_cpu_for_its_tasks():
     assert contended_step(0.030, 2, 0.004, share=0.0) == 0.030
 
 
-def _run(workers: int, steps: int, wall_s: float, cpu_s: float) -> PlanRun:
-    return PlanRun(ProbePlan([[1] * workers]), [f"w{i}" for i in range(workers)], [], 0,
-                   cpu_s, wall_s, steps)
+def _round(workers: int, step_s: float, first: bool, send: float, take: float, rate: float,
+           noise: list[float] | None = None) -> list[TaskCpu]:
+    """One calibration round's collects as `PlanEngines.run` reads them (two tasks
+    ahead): the first round two one-step warm-ups and a 3-step measured task, a later
+    one a warm-up and the measured task; each collect's CPU from `send` and `take`
+    per task and worker and `rate` per second (plus its `noise`, seconds)."""
+    counts = [1, 1, 3] if first else [1, 3]
+    sent = [2, 1, 0] if first else [2, 0]
+    noise = noise or [0.0] * len(counts)
+    return [TaskCpu(workers, s, n, n * step_s,
+                    workers * (send * s + take) + rate * n * step_s + e)
+            for s, n, e in zip(sent, counts, noise)]
 
 
-def test_the_probe_fits_cpu_per_task_and_per_second():
-    per_task, rate = 0.004, 0.025
-    runs = [_run(p, 3, 3 * wall, 3 * (per_task * p + rate * wall))
-            for p, wall in ((1, 0.04), (2, 0.03), (1, 0.5), (2, 0.2), (2, 0.08))]
-    assert client_cpu_fit(runs) == pytest.approx((per_task, rate))
-    # a negative part is dropped and the other fitted alone
-    flat = [_run(1, 2, 0.1, 0.002), _run(2, 2, 0.1, 0.001)]
-    fitted = client_cpu_fit(flat)
+def _probe_rounds(send: float, take: float, rate: float, noise_s: float = 0.0
+                  ) -> list[TaskCpu]:
+    """The collects of a probe's rounds: plans on 1 and 2 workers of various step
+    times, two rounds each; `noise_s`: each collect's CPU off by up to that much."""
+    rng = np.random.default_rng(0)
+    readings = []
+    for workers, step_s in ((1, 0.12), (2, 0.07), (2, 0.09), (2, 0.15), (1, 0.25),
+                            (2, 0.03)):
+        for first in (True, False):
+            noise = list(rng.uniform(-noise_s, noise_s, 3 if first else 2))
+            readings += _round(workers, step_s, first, send, take, rate, noise)
+    return readings
+
+
+def test_the_probe_fits_cpu_per_task_and_per_second_collect_by_collect():
+    """A task's CPU is its sending and its taking in, whichever collect each falls in."""
+    assert client_cpu_fit(_probe_rounds(0.003, 0.008, 0.03)) == pytest.approx((0.011, 0.03))
+    assert client_cpu_fit(_probe_rounds(0.0, 0.004, 0.02)) == pytest.approx((0.004, 0.02))
+
+
+def test_the_fit_holds_with_each_collects_reading_off_by_milliseconds():
+    """ResNet-20's runs' figures (11 ms a task, 0.031 s a second), each collect's
+    reading off by up to 2 ms: the per-task part within a fifth."""
+    per_task, rate = client_cpu_fit(_probe_rounds(0.004, 0.007, 0.031, noise_s=0.002))
+    assert per_task == pytest.approx(0.011, rel=0.2) and rate == pytest.approx(0.031, rel=0.2)
+
+
+def test_a_collect_that_took_a_burst_of_cpu_is_left_out():
+    """One collect of 350 ms that took 190 ms of CPU beside its tasks (as on a tiny
+    network's probe on a loaded machine): without it the fit, not with it."""
+    readings = _probe_rounds(0.003, 0.008, 0.03)
+    readings[4] = TaskCpu(2, 2, 1, 0.35, readings[4].cpu_s + 0.19)
+    assert client_cpu_fit(readings) == pytest.approx((0.011, 0.03))
+
+
+def test_a_part_the_fit_would_make_negative_is_zero():
+    """No per-task CPU at all (the client only polls): the rate alone; no readings, or
+    none with steps: nothing."""
+    per_task, rate = client_cpu_fit(_probe_rounds(0.0, 0.0, 0.03))
+    assert per_task == pytest.approx(0.0, abs=1e-12) and rate == pytest.approx(0.03)
+    falling = [TaskCpu(1, 1, 1, 0.1, 0.004), TaskCpu(2, 1, 1, 0.1, 0.002)]
+    fitted = client_cpu_fit(falling)  # more tasks, less CPU: no per-task part
     assert fitted[0] == 0.0 and fitted[1] > 0
     assert client_cpu_fit([]) == (0.0, 0.0)
-    assert client_cpu_fit([_run(2, 0, 0.0, 0.0)]) == (0.0, 0.0)  # no measured steps
+    assert client_cpu_fit([TaskCpu(2, 0, 0, 0.0, 0.0)]) == (0.0, 0.0)
 
 
-def test_the_fit_counts_the_tasks_a_round_took_and_the_gap_is_before_the_measured_task():
-    """A round of 2 single-step warm-up tasks and a measured task of 3 steps on 2 workers:
-    6 tasks over 5 steps, not one per worker and step."""
-    per_task, rate = 0.004, 0.025
-    runs = []
-    for workers, wall in ((1, 0.04), (2, 0.03), (1, 0.5), (2, 0.2)):
-        tasks = 3 * workers
-        run = _run(workers, 5, 5 * wall, per_task * tasks + rate * 5 * wall)
-        run.tasks, run.task_gaps = tasks, [0.001 * workers]
-        runs.append(run)
-    assert runs[1].tasks_per_step == pytest.approx(6 / 5)
-    assert client_cpu_fit(runs) == pytest.approx((per_task, rate))
+def _run(workers: int, gap_s: float) -> PlanRun:
+    return PlanRun(ProbePlan([[1] * workers]), [f"w{i}" for i in range(workers)], [], 0,
+                   task_gaps=[gap_s] if gap_s else [])
+
+
+def test_the_gap_is_the_median_before_the_measured_task():
+    runs = [_run(w, 0.001 * w) for w in (1, 2, 1, 2)]
     assert task_gap_s(runs) == pytest.approx(0.0015)  # the median of 1, 2, 1, 2 ms
-    assert task_gap_s([_run(2, 3, 0.1, 0.01)]) == 0.0  # no gap measured
+    assert task_gap_s([_run(2, 0.0)]) == 0.0  # no gap measured

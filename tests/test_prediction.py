@@ -109,6 +109,9 @@ def test_probe_measures_positive_finite_constants(probe):
     # the gap between queued step tasks, the marker latency, a scheduler hop
     assert 0 <= d.task_s < 0.5 and 0 <= d.sync_s < 0.5
     assert _finite_positive(d.hop_s) and _finite_positive(d.round_trip_s)
+    # the client's CPU per step task, fitted collect by collect (probe/client_cpu.py)
+    assert _finite_positive(d.client_cpu_per_task_s) and d.client_cpu_per_task_s < 0.5
+    assert math.isfinite(d.client_cpu_rate) and d.client_cpu_rate >= 0
     assert _finite_positive(probe.master.dense_s)
     for worker in probe.workers:  # the backward's first part is part of it
         assert all(0 < t.input_grad_s <= t.backward_s for t in worker.timings if t.layer > 0)
@@ -116,7 +119,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 17 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 18 and probe.phase_seconds["timed_again"] >= 0
     for worker, device in zip(probe.workers, probe.device_specs()):
         # a replica's update timed on every worker at once: a memory rate a CPU can have,
         # and the rate the model prices every element-wise pass at

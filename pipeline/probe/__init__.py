@@ -8,6 +8,7 @@ latencies. A probe measures them where the step will run:
   replica plan), `rounds`: those runs in rounds, timing again what they did not
   settle (`robust`: the statistic and the check), `readings`: what their receipts
   say;
+- `client_cpu`: the client's CPU per step task and per second, from the rounds;
 - `client_share`: how much of the client's CPU lands on the step where the workers
   fill the cores, by the client's own CPU clock;
 - `hops`: Dask's client round trip and dependency hop (for ``sync: scheduler``);

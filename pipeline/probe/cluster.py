@@ -23,11 +23,12 @@ from distributed.comm import get_address_host
 from pipeline.cluster.startup import usable_cores
 from pipeline.cluster.workers import ClusterWorker, all_local, scheduler_in_process
 from pipeline.costmodel.contention import cores_filled
+from pipeline.probe.client_cpu import client_cpu_fit
 from pipeline.probe.client_share import SHARE_BELOW_S, median_share
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.keys import probe_key, worker_identity, workspace_location
 from pipeline.probe.machine import machine_identity, worker_identities
-from pipeline.probe.readings import (access_spreads, client_cpu_fit, dataset_read_s, dense_s,
+from pipeline.probe.readings import (access_spreads, dataset_read_s, dense_s,
                                      relative_spreads, shard_timings, store_fit, sync_s,
                                      task_gap_s, trunk_timings)
 from pipeline.probe.replica_rates import probe_memory_rates, probe_replica_heads
@@ -114,7 +115,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     (read_latency, read_bw), (write_latency, write_bw) = fits["read"], fits["write"]
     store = StoreProbe(workspace_dir or "engine default", read_latency, read_bw, write_latency,
                        write_bw, dataset_read_s(runs), access_spreads(runs, fits))
-    per_task, rate = client_cpu_fit(runs)
+    per_task, rate = client_cpu_fit([reading for run in runs for reading in run.task_cpu])
     dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip, per_task, rate,
                      scheduler_in_process(client), usable_cores(), median_share(shares),
                      shares)

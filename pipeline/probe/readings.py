@@ -370,22 +370,3 @@ def sync_s(runs: Sequence[PlanRun]) -> float:
                     if p.kind == "wait" and end is not None and p.start < end < p.end:
                         lags.append(p.end - end)
     return float(np.median(lags)) if lags else 0.0
-
-
-def client_cpu_fit(runs: Sequence[PlanRun]) -> tuple[float, float]:
-    """The probing process's CPU per step as ``per_task * tasks + rate * wall``: the
-    scheduler's and client's work for each step task (`PlanRun.tasks_per_step`), and
-    what they do while time passes (heartbeats, polls). Least squares over the runs'
-    steps; where it gives a negative part, that part is 0 and the other fitted alone."""
-    rows = [(run.tasks_per_step, run.wall_s / run.steps, run.client_cpu_s / run.steps)
-            for run in runs if run.steps > 0]
-    if not rows:
-        return 0.0, 0.0
-    tasks, wall, cpu = (np.array(column, dtype=float) for column in zip(*rows))
-    if len(rows) >= 2 and np.ptp(wall / tasks) > 0:
-        (per_task, rate), *_ = np.linalg.lstsq(np.column_stack([tasks, wall]), cpu, rcond=None)
-        if per_task >= 0 and rate >= 0:
-            return float(per_task), float(rate)
-        if per_task < 0:
-            return 0.0, max(float(np.sum(cpu * wall) / np.sum(wall * wall)), 0.0)
-    return max(float(np.sum(cpu * tasks) / np.sum(tasks * tasks)), 0.0), 0.0

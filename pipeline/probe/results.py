@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 17  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 18  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -35,7 +35,9 @@ PROBE_VERSION = 17  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    15: the spread read stretch by stretch (readings.relative_spreads);
 #                    16: the workspace's latency and bandwidth fitted to each access
 #                    size's median (readings.store_fit); 17: a data replica's whole
-#                    step (`TrunkTiming.data_step_s`, runs.ReplicaPlan)
+#                    step (`TrunkTiming.data_step_s`, runs.ReplicaPlan); 18: the
+#                    client's CPU per task fitted collect by collect (client_cpu.py),
+#                    not round by round
 
 
 @dataclass
@@ -88,7 +90,7 @@ class DaskProbe:
     ``hop_s``: a dependency between trivial tasks through the scheduler, and
     ``round_trip_s``: a client round trip of a trivial task.
     ``client_cpu_per_task_s`` and ``client_cpu_rate``: the probing process's CPU per
-    step as ``per_task * tasks + rate * seconds`` (readings.client_cpu_fit);
+    step as ``per_task * tasks + rate * seconds`` (client_cpu.client_cpu_fit);
     ``scheduler_here``: whether the scheduler ran in that process (an embedded
     cluster), so that its work is in those figures; ``host_cores``: the cores that
     process could run on. ``contention_share``: how much of its CPU per task delays the step

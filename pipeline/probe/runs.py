@@ -10,8 +10,8 @@ needs from the receipts: per worker and layer the
 forward, backward and input-gradient seconds at each kernel count; per workspace
 access its seconds and bytes; the dense head; the dataset read; the gap between a
 worker's queued step tasks; and how long a waiting reader takes to notice a
-slot's ready marker. Beside the receipts, the probing process's own CPU per
-measured step (the client, and an embedded cluster's scheduler), which on a
+slot's ready marker. Beside the receipts, the probing process's own CPU over each
+collect of a round (the client, and an embedded cluster's scheduler), which on a
 machine whose cores the workers fill is taken from them.
 
 Plans: the even split over the first ``P`` workers for ``P = 1..n`` (what
@@ -143,26 +143,33 @@ def plan_rounds(seconds: float, replica: bool = False) -> int:
 
 
 @dataclass
+class TaskCpu:
+    """This process's CPU over one collect of a calibration round: from the last
+    collect's return (or the round's start) to this one's, the tasks per worker it
+    submitted, the one task per worker it collected and that task's steps
+    (pipeline/probe/client_cpu.py fits the client's CPU per task from these)."""
+
+    workers: int
+    submitted: int  # tasks per worker submitted in the interval
+    steps: int  # steps of the task per worker collected at its end
+    wall_s: float
+    cpu_s: float
+
+
+@dataclass
 class PlanRun:
     """One plan's receipts (warm-up steps excluded: ``warmup_receipts``), the workers
-    it ran on, and the round it was timed in; this process's CPU and the wall time over
-    the round's steps (warm-up included) and the step tasks they took; and each
-    worker's gap between its last warm-up task and the measured one queued behind it."""
+    it ran on, and the round it was timed in; this process's CPU over each of the
+    round's collects (`TaskCpu`, warm-up tasks included); and each worker's gap between
+    its last warm-up task and the measured one queued behind it."""
 
     plan: Plan
     workers: list[str]
     receipts: list[Receipt]
     round: int = 0
-    client_cpu_s: float = 0.0
-    wall_s: float = 0.0
-    steps: int = 0
-    tasks: int = 0  # step tasks over those steps (0: one per worker and step)
+    task_cpu: list[TaskCpu] = field(default_factory=list)
     task_gaps: list[float] = field(default_factory=list)
     warmup_receipts: list[Receipt] = field(default_factory=list)
-
-    @property
-    def tasks_per_step(self) -> float:
-        return self.tasks / self.steps if self.tasks else float(self.plan.workers)
 
 
 def plan_seconds(network: NetworkSpec, batch: int, plan: Plan) -> float:
@@ -330,7 +337,9 @@ class PlanEngines:
         per task, a 20 ms replica trunk took a quarter longer than in the runs it
         predicts (docs/benchmarks.md). The per-task costs are measured on their own:
         the gap before the measured task (`PlanRun.task_gaps`), and this process's CPU
-        per task over the round."""
+        over each collect (`PlanRun.task_cpu`): the warm-ups' one step a task against
+        the measured task's several, so that its CPU per task and per second come
+        apart (pipeline/probe/client_cpu.py)."""
         engine, names, first = self._engine(plan)
         steps, warmup = plan_steps(plan_seconds(self.network, self.batch, plan))
         if first:
@@ -338,14 +347,18 @@ class PlanEngines:
         tasks = [(step, 1) for step in range(first, first + warmup)]
         tasks.append((first + warmup, steps - warmup))
         ahead = engine.config.train.inflight
-        cpu_start, wall_start = time.process_time(), time.perf_counter()
-        submitted, results = 0, []
-        for index, (start, _count) in enumerate(tasks):
+        submitted, results, task_cpu = 0, [], []
+        cpu, wall = time.process_time(), time.perf_counter()
+        for index, (start, count) in enumerate(tasks):
+            sent = submitted
             while submitted < min(index + ahead, len(tasks)):
                 engine.submit(*tasks[submitted])
                 submitted += 1
             results.append(engine.collect(start))
-        cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
+            now_cpu, now_wall = time.process_time(), time.perf_counter()
+            task_cpu.append(TaskCpu(plan.workers, submitted - sent, count, now_wall - wall,
+                                    now_cpu - cpu))
+            cpu, wall = now_cpu, now_wall
         for step_results in results:
             for result in step_results:
                 if not np.isfinite(result.loss):
@@ -356,8 +369,7 @@ class PlanEngines:
         self.engines[id(plan)] = (engine, names, first + steps)
         receipts = [r for result in results[-1] for r in result.receipts]
         warmup = [r for task in results[:-1] for result in task for r in result.receipts]
-        return PlanRun(plan, names, receipts, round_index, cpu, wall, steps,
-                       len(tasks) * plan.workers, gaps, warmup)
+        return PlanRun(plan, names, receipts, round_index, task_cpu, gaps, warmup)
 
 
 def _output_root(offered: Sequence[ClusterWorker]) -> str | None:
