@@ -155,6 +155,11 @@ CASES: list[Case] = [
                names="train.batch: 6000 is larger than the 5000 training samples"),
     train_case("placement=recorded", "split_from={tmp}/nowhere",
                names="split_from: cannot read a run summary at {tmp}/nowhere"),
+    # `--check` refuses them in the run's words (the two cases above).
+    train_case("network.classes=5", "--check",
+               names="network.classes: 5, but the dataset has 10 classes"),
+    train_case("placement=recorded", "split_from=/nonexistent", "--check",
+               names="split_from: cannot read a run summary at /nonexistent"),
     # Wrong keys, types and values.
     train_case("train.stepz=3", names="train.stepz: unknown key"),
     train_case("train.steps=many", names="train.steps: expected an integer"),
@@ -297,21 +302,14 @@ def test_a_disk_failure_during_a_run_is_one_line_exit_1(workdir, monkeypatch):
     assert_one_line(status, lines, Case("train", (), 1, "No space left on device"))
 
 
-# Real processes: what a user sees, from the interpreter's start to its exit.
+# Real processes: what a user sees, from the interpreter's start to its exit; one a
+# command (each an interpreter importing torch: the table checks the rest in-process).
 
 SUBPROCESS_CASES = [
     Case("train", (SMALL, "train.lr=1e-3", "--scheduler", "notaurl", "output=/proc/x"), 2,
          "cluster.scheduler"),
     Case("sweep", (QUICK, "--dry-run", "--out", "/dev/null/x", "axes.train.batch=[32,64]"),
          2, "--out"),
-    Case("train", (SMALL, "network.preset=resnet18", "network.width=0.125",
-                   "strategy=reference", "train.batch=1", "output=run"), 2,
-         "train.batch: a batch of 1 gives batch norm layer4.0.bn1"),
-    # `--check` refuses, in the run's words (the table above), what files alone tell.
-    Case("train", (SMALL, "network.classes=5", "--check"), 2,
-         "network.classes: 5, but the dataset has 10 classes"),
-    Case("train", (SMALL, "placement=recorded", "split_from=/nonexistent", "--check"), 2,
-         "split_from: cannot read a run summary at /nonexistent"),
 ]
 
 
