@@ -27,11 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 
 
-def train(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def tiny_args(tmp_path, dataset: str) -> list[str]:
     return [os.path.join(ROOT, "configs", "small.yaml"), f"output={tmp_path / 'run'}",
             f"data.path={dataset}", "data.train_samples=512", "data.test_samples=128",
@@ -120,10 +115,13 @@ def test_trains_on_cli_started_scheduler_and_workers(tmp_path, cli_cluster,
                                                      tiny_dataset_factory):
     dataset = tiny_dataset_factory("float32")
     # even placement: calibrating two alike workers on a loaded machine may give one
-    # no kernels of a layer, and this test is about CLI workers, not placement
-    result = train(*tiny_args(tmp_path, dataset), "placement=even", "--scheduler", cli_cluster)
-    assert result.returncode == 0, result.stderr
-    assert "strategy kernel" in result.stdout and "step time" in result.stdout
+    # no kernels of a layer, and this test is about CLI workers, not placement. The
+    # command's `main` in this process: the workers are the processes here (a real
+    # `python -m pipeline.train` is tests/test_bad_input.py's and test_worker_code.py's)
+    status, lines, out = run_main("train", [*tiny_args(tmp_path, dataset), "placement=even",
+                                            "--scheduler", cli_cluster])
+    assert status == 0, lines
+    assert "strategy kernel" in out and "step time" in out
     record = xr.open_zarr(tmp_path / "run" / "record.zarr")
     assert record.sizes == {"step": 3, "worker": 2, "layer": 2}
     assert (record.shard_compute_time > 0).all()
