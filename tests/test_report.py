@@ -252,6 +252,8 @@ def test_the_breakdown_says_its_parts_are_medians_beside_the_median_step(store, 
     assert seen["bars"][figures.STEP_BAR] == pytest.approx(list(shown["step_time"]))
     assert seen["bars"]["compute"] == pytest.approx(list(shown["critical_compute"]))
     assert "need not add up to the median step" in seen["text"]
+    from tests.test_report_gaps import unrendered
+    unrendered(monkeypatch)  # report.md is read here; the CLI test renders it all
     report.make_report(store, str(tmp_path / "report"))
     text = open(tmp_path / "report" / "report.md", encoding="utf-8").read()
     assert "![Time breakdown](breakdown.png)\n\n*Each part of a step is its own median" in text

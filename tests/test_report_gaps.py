@@ -6,12 +6,13 @@ from __future__ import annotations
 import io
 import shutil
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import xarray as xr
 
 from experiments.report import cli as report
-from experiments.report import figures, memory
+from experiments.report import breakdown, figures, growth, links, memory, strategies
 from experiments.report.view import StoreView
 from experiments.sweep.config import load_sweep
 from experiments.sweep.results import ResultStore
@@ -57,13 +58,17 @@ def failed_store(done_store, tmp_path):
     return with_failed_point(done_store, tmp_path, "kernel", 2)
 
 
-def drawn(monkeypatch) -> dict[str, list]:
+def drawn(monkeypatch, render: bool = True) -> dict[str, list]:
     """Each figure's axes as drawn, by file name: [(line label, x, y, marker), ...]
     per axes, then (legend label, ...) as the last entry, taken as the figure is
-    saved."""
+    saved. With `render` False no figure is laid out or written (each closed as it
+    would be saved), for a test that reads the lines and report.md only: laying out
+    and writing the PNGs is most of a report's CPU. The stores with a failed point
+    are rendered (the failed and beyond-memory one, the failed-baseline one): the
+    done store is theirs but for that point."""
     seen: dict[str, list] = {}
     for module in (figures, memory):
-        real = module.save_figure
+        real = module.save_figure if render else close_unsaved
 
         def save(fig, path, real=real):
             seen[path.rsplit("/", 1)[-1]] = [
@@ -73,7 +78,22 @@ def drawn(monkeypatch) -> dict[str, list]:
                 for ax in fig.axes]
             real(fig, path)
         monkeypatch.setattr(module, "save_figure", save)
+    if not render:
+        for module in (breakdown, growth, links, strategies):
+            monkeypatch.setattr(module, "save_figure", close_unsaved)
     return seen
+
+
+def close_unsaved(fig, path: str) -> None:
+    """`save_figure` without the layout and the file: the figure closed."""
+    plt.close(fig)
+
+
+def unrendered(monkeypatch) -> None:
+    """A report's figures drawn but neither laid out nor written (`drawn`'s `render`
+    False), for a test of what a report says or refuses, not of its pictures (which
+    tests/test_report.py's CLI test renders): most of a report's CPU."""
+    drawn(monkeypatch, render=False)
 
 
 def test_a_failed_point_breaks_its_line_and_is_marked(failed_store, tmp_path, monkeypatch):
@@ -81,7 +101,7 @@ def test_a_failed_point_breaks_its_line_and_is_marked(failed_store, tmp_path, mo
     row = frame[(frame.strategy == "kernel") & (frame.workers == "2") & (frame.batch == "16")]
     assert list(row["missing"]) == ["failed"]
     assert set(frame["missing"]) == {"", "failed"}  # not applicable points are no gap
-    seen = drawn(monkeypatch)
+    seen = drawn(monkeypatch, render=False)  # rendered with more marks in the test below
     report.make_report(failed_store, str(tmp_path / "report"))
 
     # batch.png: kernel on 2 workers over batch 8, 16, 32: a gap at 16 and its mark
@@ -111,7 +131,7 @@ def test_a_failed_point_breaks_its_line_and_is_marked(failed_store, tmp_path, mo
 
 
 def test_a_store_with_every_point_done_has_no_marks(done_store, tmp_path, monkeypatch):
-    seen = drawn(monkeypatch)
+    seen = drawn(monkeypatch, render=False)  # rendered but for one point below
     report.make_report(done_store, str(tmp_path / "report"))
     for name in ("batch.png", "speedup.png", "memory.png"):
         for axes in seen[name]:

@@ -30,6 +30,7 @@ from experiments.sweep.run import run_sweep
 from storage.labelled import write_dataset
 from tests.helpers import run_main
 from tests.test_integrity import PAGE, page_rows
+from tests.test_report_gaps import unrendered
 from tests.test_scaling import write_scaling
 from tests.test_sweep import no_cluster_probes, write_sweep  # noqa: F401 - autouse fixture
 
@@ -64,6 +65,13 @@ def finished(tmp_path_factory, tiny_dataset_factory) -> tuple[str, str]:
         assert run_sweep(load_sweep(config, out=store), out=io.StringIO(),
                          err=io.StringIO()) == 0
     return config, store
+
+
+@pytest.fixture(autouse=True)
+def figures_not_rendered(monkeypatch):
+    """The reports here are read for what they refuse or say, not for their pictures
+    (tests/test_report.py renders those): drawn, not laid out or written."""
+    unrendered(monkeypatch)
 
 
 def copy_of(finished: tuple[str, str], tmp_path) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from experiments.sweep.config import load_sweep
 from experiments.sweep.results import ResultStore
 from experiments.sweep.run import run_sweep
 from pipeline.records.record import code_revision, software_versions
+from tests.test_report_gaps import unrendered
 from tests.test_sweep import write_sweep
 
 
@@ -45,6 +46,7 @@ def test_a_store_resumed_under_another_code_revision_says_so(tmp_path, tiny_data
     assert sessions[1]["versions"] == software_versions()
     assert [s["cluster"] for s in sessions] == ["embedded", "embedded"]
 
+    unrendered(monkeypatch)  # what report.md says is tested here, not the figures
     report.make_report(path, str(tmp_path / "report"))
     text = open(tmp_path / "report" / "report.md", encoding="utf-8").read()
     assert f"- code revision {first}; python " in text
