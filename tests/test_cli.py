@@ -36,9 +36,12 @@ def tiny_args(tmp_path, dataset: str) -> list[str]:
 
 class CliCluster:
     """Processes started the way a user starts them by hand: each in a terminal of its
-    own, in a directory of their own (`tmp_path`), not the run's."""
+    own, in a directory of their own (`tmp_path`), not the run's. `dashboards` False
+    starts them with `--no-dashboard`, as a user may: each dashboard imports bokeh (a
+    third of a second of CPU a process), which nothing reads where a test passes it."""
 
-    def __init__(self, tmp_path) -> None:
+    def __init__(self, tmp_path, dashboards: bool = True) -> None:
+        self.dashboards = dashboards
         self.directory = tmp_path
         self.scheduler_file = tmp_path / "scheduler.json"
         self.logs = open(tmp_path / "cluster.log", "w")
@@ -48,7 +51,7 @@ class CliCluster:
         self.processes.append(subprocess.Popen(
             [os.path.join(BIN, "dask"), "scheduler", "--scheduler-file",
              str(self.scheduler_file), "--host", "127.0.0.1", "--port", "0",
-             "--dashboard-address", "127.0.0.1:0"],  # loopback only, as the project's own
+             *self.dashboard()],
             stdout=self.logs, stderr=self.logs, cwd=self.directory, env=self.env()))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the file appears before its text is written
@@ -75,10 +78,14 @@ class CliCluster:
         process = subprocess.Popen(
             [*prefix, os.path.join(BIN, "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
              "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
-             "--dashboard-address", "127.0.0.1:0", *extra],
+             *self.dashboard(), *extra],
             stdout=self.logs, stderr=self.logs, cwd=self.directory, env=self.env())
         self.processes.append(process)
         return process
+
+    def dashboard(self) -> list[str]:
+        """A server's dashboard option: on loopback only, as the project's own, or none."""
+        return ["--dashboard-address", "127.0.0.1:0"] if self.dashboards else ["--no-dashboard"]
 
     @staticmethod
     def env() -> dict[str, str]:
@@ -94,10 +101,11 @@ def cli_cluster(tmp_path_factory):
     worker has its nanny, as `dask worker` starts by default, the other none (`--no-nanny`,
     as batch systems start them): the runs train on both kinds, and a nanny is a second
     interpreter that imports torch. The servers are quiet (tests/test_faults.py's
-    `QUIET_SERVERS`: no profiler, slower ticks), which nothing here reads."""
+    `QUIET_SERVERS`: no profiler, slower ticks) and have no dashboard, which nothing
+    here reads."""
     from tests.test_faults import quiet_servers
 
-    cluster = CliCluster(tmp_path_factory.mktemp("cli"))
+    cluster = CliCluster(tmp_path_factory.mktemp("cli"), dashboards=False)
     try:
         with pytest.MonkeyPatch.context() as patch:  # the servers' environment, not the runs'
             quiet_servers(patch)
@@ -156,7 +164,7 @@ def test_a_worker_frozen_before_the_run_is_removed_and_the_run_goes_on(
     frozen = subprocess.Popen(
         [os.path.join(BIN, "dask"), "worker", cli_cluster, "--no-nanny", "--name", "frozen",
          "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
-         "--dashboard-address", "127.0.0.1:0"],
+         "--no-dashboard"],
         cwd=tmp_path, env=CliCluster.env(), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     client = Client(cli_cluster, timeout="30s", set_as_default=False)
@@ -359,7 +367,7 @@ def test_a_worker_that_does_not_see_the_output_is_named(tmp_path, cli_cluster,
          f"mount -t tmpfs hidden {shlex.quote(str(hidden))} && exec "
          f"{shlex.quote(os.path.join(BIN, 'dask'))} worker {cli_cluster} --no-nanny "
          "--name elsewhere --nthreads 1 --resources ELSEWHERE=1 --host 127.0.0.1 "
-         "--dashboard-address 127.0.0.1:0"],
+         "--no-dashboard"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         status, lines, _out = run_main("train", [

@@ -99,7 +99,7 @@ def test_a_worker_on_other_code_that_joins_mid_run_is_left_out(tmp_path, monkeyp
     monkeypatch.delenv("PYTHONPATH", raising=False)  # the scheduler and w1: this tree
     quiet_servers(monkeypatch)  # its servers (and the run) as the project's own
     (tmp_path / "cluster").mkdir()
-    cluster = CliCluster(tmp_path / "cluster")
+    cluster = CliCluster(tmp_path / "cluster", dashboards=False)
     client = None
     try:
         address = cluster.start_scheduler()
@@ -236,7 +236,7 @@ def test_a_sweeps_dry_run_probes_no_worker_that_runs_other_code(tmp_path, monkey
     worker, no prediction, nothing cached."""
     copy = project_copy(tmp_path, "another version of the project")
     (tmp_path / "cluster").mkdir()
-    cluster = CliCluster(tmp_path / "cluster")
+    cluster = CliCluster(tmp_path / "cluster", dashboards=False)
     try:
         address = cluster.start_scheduler()
         monkeypatch.setenv("PYTHONPATH", str(copy))

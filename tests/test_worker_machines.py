@@ -49,7 +49,8 @@ def partitions(tmp_path_factory):
     """Two clusters as two partitions of a batch system give them: each a `dask
     scheduler` and one worker named w0, tagged CPU; one's w0 may use every core of this
     process, the other's is pinned to one. Yields a client of each: (whole, pinned)."""
-    made = [CliCluster(tmp_path_factory.mktemp(name)) for name in ("whole", "pinned")]
+    made = [CliCluster(tmp_path_factory.mktemp(name), dashboards=False)
+            for name in ("whole", "pinned")]
     clients: list[Client] = []
     try:
         # the servers quiet, as the project's own (tests/test_faults.py's `QUIET_SERVERS`:
