@@ -11,6 +11,7 @@ whole and finished points are never rerun).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -36,7 +37,8 @@ from pipeline.cluster.workers import SchedulerLost, WorkerLost
 from storage import checkpoints
 from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch, run_main
 from pipeline.config.run_config import load_run_config
-from tests.test_cli import ROOT, CliCluster, tiny_args
+from tests.forked_servers import ForkedCluster
+from tests.test_cli import ROOT, tiny_args
 from tests.test_sweep import write_sweep
 
 #: fault -> what must come of it: "survived" (the run finished with the right
@@ -114,41 +116,41 @@ def quiet_servers(patch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def three_cli_workers(tmp_path_factory, this_code_everywhere):
-    """`dask scheduler` and three `dask worker --no-nanny --name wN` processes, shared by
-    the module (`QUIET_SERVERS`); a test that kills a worker starts its replacement
-    (`replace`)."""
-    with pytest.MonkeyPatch.context() as patch:
-        quiet_servers(patch)
-        cluster = CliCluster(tmp_path_factory.mktemp("cli"))
-        address = cluster.start_scheduler()
-        workers = {f"w{i}": cluster.start_worker("--no-nanny", "--name", f"w{i}") for i in range(3)}
+    """A scheduler and three workers named w0, w1, w2, each a process of its own
+    (tests/forked_servers.py: forked, not `dask worker` commands, which import torch
+    each), shared by the module (`QUIET_SERVERS`); the runs under test are
+    `python -m pipeline.train --scheduler` processes, as against a cluster started by
+    hand. A test that kills a worker starts its replacement (`replace`)."""
+    cluster = ForkedCluster(tmp_path_factory.mktemp("cli"), QUIET_SERVERS)
+    address = cluster.start_scheduler()
+    workers = {f"w{i}": cluster.start_worker(f"w{i}") for i in range(3)}
+    try:
         client = Client(address, set_as_default=False, timeout="30s")
-        try:
-            client.wait_for_workers(3, timeout=120)
-            yield CliWorkers(cluster, address, workers, client)
-        finally:
-            client.close()
-            for process in reversed(cluster.processes):
-                process.kill()
-            for process in cluster.processes:
-                process.wait()
-            cluster.logs.close()
+    except BaseException:
+        cluster.stop()
+        raise
+    try:
+        client.wait_for_workers(3, timeout=120)
+        yield CliWorkers(cluster, address, workers, client)
+    finally:
+        client.close()
+        cluster.stop()
 
 
 @dataclass
 class CliWorkers:
-    cluster: CliCluster
+    cluster: ForkedCluster
     address: str
-    workers: dict[str, subprocess.Popen]
+    workers: dict[str, multiprocessing.Process]
     client: Client
 
     def kill(self, name: str) -> None:
         self.workers[name].kill()
-        self.workers[name].wait()
+        self.workers[name].join(30)
 
     def replace(self, name: str) -> None:
         """Start a worker under a killed one's name; return once the cluster has three."""
-        self.workers[name] = self.cluster.start_worker("--no-nanny", "--name", name)
+        self.workers[name] = self.cluster.start_worker(name)
         self.client.wait_for_workers(3, timeout=120)
 
 
@@ -204,7 +206,7 @@ NETWORKS = {"paper family": ["network.conv.0.kernels=12", "network.conv.1.kernel
 ])  # resnet20 under a learning-rate schedule: the replay takes each step's rate
 def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dataset_factory,
                                            strategy, dtype, victim, tolerance, network):
-    """Three CLI workers, one SIGKILLed after checkpoint 4: the run re-places its share on
+    """Three worker processes, one SIGKILLed after checkpoint 4: the run re-places its share on
     the two survivors, replays from the last checkpoint, finishes by itself, records
     the recovery, and ends with plain PyTorch's weights (as an uninterrupted run on the
     survivors does)."""
@@ -299,7 +301,7 @@ def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(
 
 def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
         tmp_path, three_cli_workers, tiny_dataset_factory):
-    """Two CLI workers train; a third starts once the run has placed its work: at a
+    """Two worker processes train; a third starts once the run has placed its work: at a
     later checkpoint the run re-places over all three and goes on without restarting
     or replaying, and its float64 weights still equal plain single-process PyTorch's.
 

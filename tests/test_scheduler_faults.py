@@ -3,9 +3,9 @@ stops answering mid-run, and one killed mid-run: each ends in one line and exit 
 within its limit, never a silent wait.
 
 Real listeners (a socket that accepts and stays silent, an HTTP server: a dashboard's
-port) and a real `dask scheduler` process SIGSTOPped, the run or sweep as its own
+port) and a real Dask scheduler process SIGSTOPped, the run or sweep as its own
 process, so that a thread or event loop left behind would show as a process that
-does not exit. One `dask scheduler` with two workers serves the tests that stop or
+does not exit. One scheduler with two workers serves the tests that stop or
 kill it (`SharedCliCluster`): each wakes it after, the next waits until the earlier
 run is gone from it, and a killed one is started again.
 """
@@ -28,8 +28,10 @@ from distributed import Client
 
 from storage import checkpoints
 from tests.helpers import error_lines_of
-from tests.test_cli import ROOT, CliCluster, tiny_args
-from tests.test_faults import FAULTS, killed_after_checkpoint, quiet_servers, wait_for_checkpoint
+from tests.forked_servers import ForkedCluster
+from tests.test_cli import ROOT, tiny_args
+from tests.test_faults import (FAULTS, QUIET_SERVERS, killed_after_checkpoint,
+                               wait_for_checkpoint)
 from tests.test_sweep import write_sweep
 
 #: cluster.connect_timeout in these tests (the default is 10 s).
@@ -176,38 +178,38 @@ TASK_MODULES = "tasks.step_task"
 
 
 class SharedCliCluster:
-    """`dask scheduler` and two `dask worker --no-nanny`, shared by the tests that stop
-    or kill the scheduler under a run: their starts, and each worker's first import of
-    torch, cost about as much as the runs themselves. Started again where a test
-    killed the scheduler. Its servers run with tests/test_faults.py's `QUIET_SERVERS`
-    (idle, a third of the CPU); the runs under test with Dask's defaults.
+    """A scheduler and two workers, each a process of its own (tests/forked_servers.py:
+    forked from a process that imported torch, not `dask scheduler` and `dask worker`
+    commands, which import it each: their starts cost about as much as the runs
+    themselves), shared by the tests that stop or kill the scheduler under a run.
+    Started again where a test killed the scheduler. Its servers run with
+    tests/test_faults.py's `QUIET_SERVERS` (idle, a third of the CPU); the runs under
+    test, `python -m pipeline.train --scheduler` processes, with Dask's defaults.
 
-    A fresh scheduler imports `TASK_MODULES` before any test's run: one imports them
-    when the first graph that names them arrives, its event loop blocked meanwhile
-    (3.6 s here on a quiet machine, 15 s with the load at 10 on 2 cores), longer than
-    these tests' 4-s `cluster.scheduler_timeout`, so the first run on a fresh scheduler
-    was lost before its stop on a loaded machine ("asking for the workers: lost the
-    Dask scheduler"). Any earlier run on the scheduler pays that import; a test must
-    not depend on being the second."""
+    A scheduler imports `TASK_MODULES` before any test's run: one that had not
+    imports them when the first graph that names them arrives, its event loop blocked
+    meanwhile (3.6 s here on a quiet machine, 15 s with the load at 10 on 2 cores),
+    longer than these tests' 4-s `cluster.scheduler_timeout`, so the first run on a
+    fresh scheduler was lost before its stop on a loaded machine ("asking for the
+    workers: lost the Dask scheduler"). A forked scheduler has them from the process
+    it was forked from; a test must not depend on being the second either way."""
 
     def __init__(self, tmp_path_factory) -> None:
         self._folders = tmp_path_factory
-        self.cluster: CliCluster | None = None
+        self.cluster: ForkedCluster | None = None
         self.address = ""
 
-    def ready(self) -> tuple[CliCluster, str]:
+    def ready(self) -> tuple[ForkedCluster, str]:
         """The cluster, awake, with its two workers and nothing of an earlier test's
         run (whose client a stopped scheduler let go only once woken)."""
-        fresh = self.cluster is None or self.cluster.processes[0].poll() is not None
+        fresh = self.cluster is None or not self.cluster.scheduler.is_alive()
         if fresh:
             self.close()  # killed by a test: its workers go too
-            with pytest.MonkeyPatch.context() as patch:
-                quiet_servers(patch)  # the servers' settings only, not the runs'
-                self.cluster = CliCluster(self._folders.mktemp("stopped"))
-                self.address = self.cluster.start_scheduler()
-                for _ in range(2):
-                    self.cluster.start_worker("--no-nanny")
-        os.kill(self.cluster.processes[0].pid, signal.SIGCONT)  # woken, whatever came before
+            self.cluster = ForkedCluster(self._folders.mktemp("stopped"), QUIET_SERVERS)
+            self.address = self.cluster.start_scheduler()
+            for _ in range(2):
+                self.cluster.start_worker()
+        os.kill(self.cluster.scheduler.pid, signal.SIGCONT)  # woken, whatever came before
         # no task, no client but this one and the scheduler's own (`fire-and-forget`);
         # a lambda, sent by value: the scheduler does not import the tests
         idle = lambda dask_scheduler: not dask_scheduler.tasks and len(  # noqa: E731
@@ -238,26 +240,26 @@ def shared_cli_cluster(tmp_path_factory) -> Iterator[SharedCliCluster]:
 
 
 @pytest.fixture
-def scheduler(shared_cli_cluster) -> tuple[CliCluster, str]:
+def scheduler(shared_cli_cluster) -> tuple[ForkedCluster, str]:
     """(cluster, scheduler address) of the module's cluster, ready for a run."""
     return shared_cli_cluster.ready()
 
 
-def _stop_scheduler_after(cluster: CliCluster, run: subprocess.Popen, path: str,
+def _stop_scheduler_after(cluster: ForkedCluster, run: subprocess.Popen, path: str,
                           step: int) -> tuple[str, str, float]:
     """SIGSTOP the scheduler once checkpoint `step` is complete; the run's stdout and
     stderr, and the seconds from the stop to its exit."""
     wait_for_checkpoint(path, step, run)
-    os.kill(cluster.processes[0].pid, signal.SIGSTOP)
+    os.kill(cluster.scheduler.pid, signal.SIGSTOP)
     stopped = time.monotonic()
     out, err = run.communicate(timeout=90)
     return out, err, time.monotonic() - stopped
 
 
-def _wake(cluster: CliCluster, run: subprocess.Popen) -> None:
+def _wake(cluster: ForkedCluster, run: subprocess.Popen) -> None:
     """After a stopped-scheduler test: the scheduler woken, the run killed if it is
     still there (the module's cluster stays for the next test)."""
-    os.kill(cluster.processes[0].pid, signal.SIGCONT)
+    os.kill(cluster.scheduler.pid, signal.SIGCONT)
     if run.poll() is None:
         run.kill()
         run.wait()
@@ -265,7 +267,7 @@ def _wake(cluster: CliCluster, run: subprocess.Popen) -> None:
 
 def test_a_stopped_scheduler_is_said_then_lost_within_its_limit(tmp_path, tiny_dataset_factory,
                                                                   scheduler, monkeypatch):
-    """A `dask scheduler` SIGSTOPped mid-run. Before: the run waited silently for as
+    """A scheduler process SIGSTOPped mid-run. Before: the run waited silently for as
     long as it was stopped (its questions to the scheduler had no time limit), then
     went on. Now: a warning once it has been silent for half the limit, then the lost
     scheduler's line, exit 1, the checkpoints kept."""
@@ -306,7 +308,7 @@ def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_li
         tmp_path, tiny_dataset_factory, scheduler, monkeypatch):
     """Outside the step loop (finding the workers, placing the work, a join check, a
     recovery) the run's questions to the scheduler have no limit of their own. Before:
-    a `dask scheduler` SIGSTOPped while the run calibrated its placement held the run
+    a scheduler process SIGSTOPped while the run calibrated its placement held the run
     for as long as it was stopped. Now the run's guard closes its client at the limit,
     and the line names what the run was doing."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
@@ -321,7 +323,7 @@ def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_li
         for line in run.stderr:
             err.append(line)
             if "placing the work on 2 worker(s)" in line:
-                os.kill(cluster.processes[0].pid, signal.SIGSTOP)
+                os.kill(cluster.scheduler.pid, signal.SIGSTOP)
                 stopped = time.monotonic()
                 break
         assert stopped is not None, "".join(err)
@@ -344,7 +346,7 @@ def test_a_scheduler_stopped_while_the_run_places_its_work_is_lost_within_its_li
 
 def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
         tmp_path, tiny_dataset_factory, scheduler, monkeypatch):
-    """A `dask scheduler` SIGSTOPped once the last checkpoint is complete, while the
+    """A scheduler process SIGSTOPped once the last checkpoint is complete, while the
     run closes its engine and the model probes the cluster. Before: both asked the
     scheduler without a limit, and the finished run waited for as long as it was
     stopped. Now the run's results are written, without a prediction, and the note
@@ -368,7 +370,7 @@ def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
 
 def test_a_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, tiny_dataset_factory,
                                                            scheduler, monkeypatch):
-    """A `dask scheduler` SIGKILLed after checkpoint 4: one line naming the lost
+    """A scheduler process SIGKILLed after checkpoint 4: one line naming the lost
     scheduler and how to resume, exit 1, the checkpoints kept. (The module's cluster
     is started again for any test after it.)"""
     assert FAULTS["scheduler SIGKILLed mid-run"] == "clean"
@@ -377,7 +379,7 @@ def test_a_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, tiny_datase
     run = _train(tmp_path, tiny_dataset_factory("float32"), address, "train.checkpoint_every=4",
                  "train.steps=100000", "train.eval_samples=0", "placement=even")
     path = str(tmp_path / "run" / "checkpoints.zarr")
-    err = killed_after_checkpoint(run, path, 4, cluster.processes[0].kill)  # the scheduler
+    err = killed_after_checkpoint(run, path, 4, cluster.scheduler.kill)  # the scheduler
     assert run.returncode == 1
     assert len(error_lines_of(err)) == 1, err
     assert "lost the Dask scheduler" in err and "train.resume=true" in err
