@@ -9,8 +9,9 @@ module. Each case stops one of its workers for good; a case takes its workers by
 role (the run's first or second), from the workers still there, and workers stopped
 by earlier cases are started again (under their names) only when too few are left:
 so every case meets a valid cluster in any order, alone or after the others, and
-the module starts three workers again in all (the fewest its five stops allow, each
-start about 2.5 s of CPU).
+the module starts three workers again in all (the fewest its five stops allow), each
+forked from the fork server as the first ones were (pipeline/cluster/fork_server.py;
+a spawned worker imports torch again: about 2.5 s of CPU a start).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import psutil
 import pytest
 from distributed import Client
 
-from pipeline.cluster.embedded import start_embedded_cluster
+from pipeline.cluster.embedded import QUIET, start_embedded_cluster
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import live_workers
 from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
@@ -75,7 +76,8 @@ def workers_up(cluster, count: int) -> list[str]:
             nanny = spec.workers.pop(name, None)
             if nanny is not None:  # closed when its worker was fenced off; to be sure
                 spec.sync(nanny.close, timeout=10)
-        spec.sync(spec._correct_state)
+        with dask.config.set(QUIET):  # forked and quiet, as the cluster's first workers:
+            spec.sync(spec._correct_state)  # a nanny reads both when it starts its worker
         wait_until(lambda: len(worker_names(client)) == len(NAMES), 120, "workers not back")
         client.run(exec, WARM)
     return sorted(worker_names(client))
