@@ -4,8 +4,11 @@ Each stops with one line naming the store whose disk is full and its path, what 
 kept and how to go on, exit 1, no Dask "Compute Failed" block or traceback; what
 was written before stays readable (the last complete checkpoint passes its
 checksums; the sweep store opens without a warning, its finished points intact,
-and the same command, run again with room, runs only the rest). Mounting needs
-root: without it those tests are skipped with the reason. The helpers around
+and the same command, run again with room, runs only the rest). The commands run
+through their `main` in the test's process (what `python -m` runs, one interpreter
+start less each); as processes they are tests/test_signals.py's and
+tests/test_faults.py's. Mounting needs root: without it those tests are skipped with
+the reason. The helpers around
 (`NoSpace`, `writing`, the workers' log filter) are checked everywhere.
 """
 
@@ -18,19 +21,17 @@ import pickle
 import shlex
 import shutil
 import subprocess
-import sys
 import warnings
 
 import pytest
 import xarray as xr
 
-from experiments.sweep import cli as sweep_cli
 from experiments.sweep.store_layout import DONE
 from storage import checkpoints
 from storage.space import NoSpace, is_full, replace_file, writing
 from tasks.worker_state import _DropEndedRunFailures
-from tests.helpers import error_lines_of, scheduler_args
-from tests.test_cli import ROOT, tiny_args
+from tests.helpers import error_lines_of, run_main, scheduler_args
+from tests.test_cli import tiny_args
 from tests.test_faults import FAULTS
 from tests.test_sweep import write_sweep
 
@@ -142,22 +143,21 @@ def test_workers_do_not_log_a_full_disk_the_client_reports():
 
 @needs_mount
 def test_a_run_on_a_full_disk_stops_with_one_line_and_keeps_its_checkpoints(
-        small_disk, tiny_dataset_factory, shared_cluster, monkeypatch):
+        small_disk, tiny_dataset_factory, shared_cluster):
     """A run on the session's cluster (`--scheduler`: its workers write the
     checkpoints) into a 400 KiB tmpfs, a checkpoint every 2 steps: the disk fills
     while the workers save one."""
     assert FAULTS["disk full mid-run (checkpoints on a small tmpfs)"] == "clean"
-    monkeypatch.setenv("PYTHONPATH", ROOT)
     disk = small_disk("400k")
     client, _ = shared_cluster
     out = disk / "run"
     args = [*tiny_args(disk, tiny_dataset_factory("float32")), "--fresh", "placement=even",
             "train.steps=60", "train.checkpoint_every=2", "train.eval_samples=0",
             *scheduler_args(client, str(disk.parent))]
-    run = subprocess.run([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    lines = error_lines_of(run.stderr)
-    assert run.returncode == 1 and len(lines) == 1, run.stderr
+    status, said, _out = run_main("train", args)  # its main, in this process (module doc)
+    stderr = "\n".join(said)
+    lines = error_lines_of(stderr)
+    assert status == 1 and len(lines) == 1, stderr
     path = str(out / "checkpoints.zarr")
     last, passed = checkpoints.latest_valid_step(path)  # and every tensor matches its sum
     assert last is not None and not passed
@@ -166,30 +166,29 @@ def test_a_run_on_a_full_disk_stops_with_one_line_and_keeps_its_checkpoints(
     assert f"kept: every complete checkpoint, the last at step {last} ({path})" in lines[0]
     command = shlex.split(lines[0].split(" with: ", 1)[1])
     assert command[-1] == "train.resume=true" and "--fresh" not in command
-    assert "Compute Failed" not in run.stderr and "Traceback" not in run.stderr
+    assert "Compute Failed" not in stderr and "Traceback" not in stderr
     assert not [name for name in os.listdir(out) if name.endswith(".partial")]
 
 
 @needs_mount
 def test_a_sweep_on_a_full_disk_stops_with_one_line_and_the_rest_runs_later(
-        small_disk, tiny_dataset_factory, monkeypatch, capsys):
+        small_disk, tiny_dataset_factory, capsys):
     """Four plain-PyTorch points, the store and the runs on a 1 MiB tmpfs: the disk
     fills during a point; the sweep stops there, the point left pending. Run again
     with room, only the rest run, and the finished points are untouched."""
     assert FAULTS["disk full mid-sweep, then run again with room"] == "clean"
-    monkeypatch.setenv("PYTHONPATH", ROOT)
     disk = small_disk("1m")
     store = str(disk / "full.zarr")
     config = write_sweep(disk.parent, tiny_dataset_factory("float32"),
                          {"train.lr": [0.01, 0.02, 0.03, 0.04]}, name="full",
                          base={"strategy": "reference"})
-    run = subprocess.run([sys.executable, "-m", "experiments.sweep.cli", config, "--out", store],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    lines = [line for line in error_lines_of(run.stderr) if "point/s" not in line]  # no tqdm bar
-    said = f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"
-    assert run.returncode == 1 and len(lines) == 1, said
+    status, err, out = run_main("sweep", [config, "--out", store])  # in this process
+    stderr = "\n".join(err)
+    lines = [line for line in error_lines_of(stderr) if "point/s" not in line]  # no tqdm bar
+    said = f"exit {status}\n{out}\n{stderr}"
+    assert status == 1 and len(lines) == 1, said
     assert lines[0].startswith("error: no space left on the disk holding the "), said
-    assert str(disk) in lines[0] and "Traceback" not in run.stderr, said
+    assert str(disk) in lines[0] and "Traceback" not in stderr, said
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # opens cleanly: consolidated, nothing half-written
         before = xr.open_zarr(store).load()
@@ -199,7 +198,7 @@ def test_a_sweep_on_a_full_disk_stops_with_one_line_and_the_rest_runs_later(
     assert int((before.status == 0).sum()) == 4 - done, said  # the rest pending, none failed
 
     small_disk("16m")  # room again: the same command runs only the rest
-    assert sweep_cli.main([config, "--out", store]) == 0
+    assert run_main("sweep", [config, "--out", store])[0] == 0
     after = xr.open_zarr(store).load()
     assert (after.status == DONE).all()
     finished = before.status.values == DONE
