@@ -177,12 +177,26 @@ def killed_after_checkpoint(run: subprocess.Popen, path: str, step: int,
     return err
 
 
+def complete_from(path: str, step: int) -> int:
+    """The checkpoint store's latest complete step once a checkpoint of step `step` or
+    later has a folder in it, else 0: a poll that lists one folder (microseconds) while
+    there is none, instead of the store, whose listing reads every checkpoint's
+    metadata (about 1.5 ms of CPU: polled every 20 ms, 7% of a core for the wait)."""
+    try:
+        names = os.listdir(os.path.join(path, "step"))
+    except FileNotFoundError:
+        return 0
+    if not any(name.isdigit() and int(name) >= step for name in names):
+        return 0
+    return checkpoints.latest_complete_step(path) or 0
+
+
 def wait_for_checkpoint(path: str, step: int, run: subprocess.Popen,
                         timeout: float = 120) -> int:
     """Poll the checkpoint store until checkpoint `step` (or a later one) is complete."""
     deadline = time.monotonic() + timeout
     while True:
-        latest = checkpoints.latest_complete_step(path) or 0
+        latest = complete_from(path, step)
         if latest >= step:
             return latest
         assert run.poll() is None, run.communicate()

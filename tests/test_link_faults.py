@@ -47,7 +47,7 @@ from storage.exchange import Exchange, ExchangeError, SlotSpec, create_exchange
 from storage.exchange_folders import remove_exchange
 from storage.private import default_workspace_root
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
-from tests.test_faults import FAULTS
+from tests.test_faults import FAULTS, complete_from
 
 PROBLEM = links.link_problem()
 needs_links = pytest.mark.skipif(PROBLEM is not None, reason=f"cluster.link {PROBLEM}")
@@ -202,8 +202,8 @@ def wait_until(condition, timeout: float, what: str) -> None:
 
 
 def _checkpoint(config, runner, at_least: int) -> None:
-    wait_until(lambda: (checkpoints.latest_complete_step(config.checkpoint_path) or 0)
-               >= at_least or not runner.is_alive(), 120, f"no checkpoint {at_least}")
+    wait_until(lambda: complete_from(config.checkpoint_path, at_least) >= at_least
+               or not runner.is_alive(), 120, f"no checkpoint {at_least}")
 
 
 def _names(client) -> dict[str, str]:

@@ -36,7 +36,7 @@ from pipeline.run import run_training
 from pipeline.engine.runner import StallWatch, waiting_note
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
-from tests.test_faults import FAULTS
+from tests.test_faults import FAULTS, complete_from
 
 SHM = f"/dev/shm/dask-cnn-{os.getuid()}"
 LIMIT = 2.0  # cluster.stall_timeout, seconds
@@ -165,7 +165,7 @@ def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factor
     pid = client.run(os.getpid, workers=[names[victim]])[names[victim]]
     runner, outcome = training_thread(config, client)
     runner.start()
-    wait_until(lambda: (checkpoints.latest_complete_step(config.checkpoint_path) or 0) >= 4
+    wait_until(lambda: complete_from(config.checkpoint_path, 4) >= 4
                or not runner.is_alive(), 120, "no checkpoint 4")
     time.sleep(0.1)  # a step or two past the checkpoint: they are replayed
     os.kill(pid, signal.SIGSTOP)
