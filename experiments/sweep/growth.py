@@ -25,7 +25,8 @@ from typing import Any
 import yaml
 
 from experiments.sweep.axes import Axis, build_axes
-from experiments.sweep.store_layout import flow_yaml, first_difference
+from experiments.sweep.store_layout import (UNREADABLE_CONFIG, first_difference, flow_yaml,
+                                           read_both)
 from pipeline.config.schema import ConfigError
 
 #: Sweep fields that do not make a sweep another (its fingerprint leaves them out).
@@ -163,12 +164,10 @@ def plan_growth(stored: str, current: str) -> Growth | str:
     (`current`): a `Growth`, or the first difference that is not growth, in
     `first_difference`'s words (the same sweep, or a mere reordering of values, is
     no growth either: nothing would be added)."""
-    try:
-        there, here = yaml.safe_load(stored), yaml.safe_load(current)
-    except yaml.YAMLError:
-        there = here = None
-    if not isinstance(there, dict) or not isinstance(here, dict):
-        return "the store's config cannot be read"
+    both = read_both(stored, current)
+    if both is None:
+        return UNREADABLE_CONFIG
+    there, here = both
     undone, changes = _undo_growth(there, here)
     if _canonical(_identity(undone)) != _canonical(_identity(there)):
         return first_difference(yaml.safe_dump(_identity(there), sort_keys=False),

@@ -256,18 +256,31 @@ def axes_moved(attrs: dict[str, Any], axes: list[Axis], path: str) -> str | None
             "the store's order, or pass --fresh to start over or --out for a new store")
 
 
+#: What a comparison of the store's config with this sweep's says when the store's
+#: cannot be read as a mapping.
+UNREADABLE_CONFIG = "the store's config cannot be read"
+
+
+def read_both(stored: str, current: str) -> tuple[dict, dict] | None:
+    """The store's config (the YAML it keeps) and this sweep's, as mappings; None
+    where either is not one (`UNREADABLE_CONFIG`)."""
+    try:
+        there, here = yaml.safe_load(stored), yaml.safe_load(current)
+    except yaml.YAMLError:
+        return None
+    return (there, here) if isinstance(there, dict) and isinstance(here, dict) else None
+
+
 def first_difference(stored: str, current: str) -> str:
     """The first field in which two sweeps' configs (the YAML a store keeps, and this
     sweep's) differ, as ``FIELD: VALUE there, VALUE here``, by dotted name and in the
     user's terms: the sweep's own fields (``measure.steps``, ``axes.strategy``) before
     its base's, so that what the sweep derives from them (``base.train.steps``, the
     warm-up added in) is not taken for the change; a list is one value."""
-    try:
-        there, here = yaml.safe_load(stored), yaml.safe_load(current)
-    except yaml.YAMLError:
-        there = here = None
-    if not isinstance(there, dict) or not isinstance(here, dict):
-        return "the store's config cannot be read"
+    both = read_both(stored, current)
+    if both is None:
+        return UNREADABLE_CONFIG
+    there, here = both
     old, new = _fields(there), _fields(here)
     names = list(dict.fromkeys([*new, *old]))
     names.sort(key=lambda name: name.startswith("base."))
