@@ -26,8 +26,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-import torch
-
 PER_STRETCH, LIFETIME = "per-step", "lifetime"
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -79,13 +77,18 @@ def _lifetime_rss() -> int:
 
 
 def _cuda(device: str) -> bool:
-    return device.startswith("cuda") and torch.cuda.is_available()
+    if not device.startswith("cuda"):
+        return False
+    import torch  # here, not at the top: a process that only reads these constants
+    # (the client of an embedded cluster, pipeline/cluster/fork_server.py) stays torch-free
+    return torch.cuda.is_available()
 
 
 def reset_peak(device: str = "cpu") -> str:
     """Start a stretch: the resident peak back to the current size (and the GPU's peak
     counters on a CUDA device). Returns the kind of peak `read_peak` will give."""
     if _cuda(device):
+        import torch
         torch.cuda.reset_peak_memory_stats(torch.device(device))
     try:
         with open(_CLEAR_REFS, "w", encoding="ascii") as handle:
@@ -101,6 +104,7 @@ def read_peak(device: str = "cpu", kind: str = PER_STRETCH) -> MemoryPeak:
     rss = hwm * 1024 if hwm is not None else _lifetime_rss()
     if not _cuda(device):
         return MemoryPeak(rss, kind=kind if hwm is not None else LIFETIME)
+    import torch
     where = torch.device(device)
     return MemoryPeak(rss, int(torch.cuda.max_memory_allocated(where)),
                       int(torch.cuda.max_memory_reserved(where)),

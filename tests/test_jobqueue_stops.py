@@ -44,10 +44,12 @@ from tests.test_sweep import write_sweep
 def test_importing_dask_jobqueue_keeps_the_signal_handlers():
     """dask-jobqueue's import sets SIGINT to `sys.exit()` (a Ctrl-C would end the run
     with exit 0) and fails outside the main thread; through the project it does
-    neither."""
+    neither. Nor does importing the project's cluster code import torch (its fork
+    server's module list comes from tasks/memory.py, which imports it only for a GPU)."""
     pytest.importorskip("dask_jobqueue")
-    code = ("import signal, threading\n"
+    code = ("import signal, sys, threading\n"
             "from pipeline.cluster import jobqueue\n"
+            "print('torch' in sys.modules)\n"
             "def mine(*_): pass\n"
             "signal.signal(signal.SIGINT, mine)\n"
             "errors = []\n"
@@ -64,7 +66,8 @@ def test_importing_dask_jobqueue_keeps_the_signal_handlers():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["[]", "True", "SLURMCluster", "True", "True"], done.stdout
+    assert done.stdout.split() == ["False", "[]", "True", "SLURMCluster", "True", "True"], \
+        done.stdout
 
 
 def _two_job_args(tmp_path, dataset: str, *more: str) -> list[str]:
