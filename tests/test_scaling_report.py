@@ -19,6 +19,7 @@ import pytest
 
 from experiments.report import cli as report
 from experiments.scaling.config import build_point, load_scaling_sweep, network_of
+from experiments.scaling import figure_style, speedup_figure
 from experiments.scaling.anchors import anchor_records
 from experiments.scaling.run import _attrs as scaling_attrs
 from experiments.scaling.run import _replace_store as replace_store
@@ -29,6 +30,7 @@ from experiments.sweep.store_layout import DONE
 from pipeline.config.run_config import load_run_config
 from pipeline.config.schema import ConfigError, to_dict
 from pipeline.probe.tables import costmodel_network
+from tests.test_report_gaps import close_unsaved
 from tests.test_scaling import write_scaling
 from tests.test_sweep import ROOT, open_clean
 
@@ -42,6 +44,15 @@ def run_sweep(tmp_path, axes: dict, **extra) -> str:
     printed = io.StringIO()
     assert run_scaling_sweep(sweep, out=printed, argv=["test"]) == 0, printed.getvalue()
     return store
+
+
+@pytest.fixture
+def unrendered(monkeypatch) -> None:
+    """The report's figures drawn but neither laid out nor written, for a test that
+    reads report.md only (laying out and writing the PNGs is most of a report's CPU;
+    the tests below that look at the figures render them)."""
+    for module in (figure_style, speedup_figure):
+        monkeypatch.setattr(module, "save_figure", close_unsaved)
 
 
 def section(text: str, title: str) -> list[list[str]]:
@@ -78,7 +89,7 @@ def test_a_weak_scaling_grid_gets_its_report(tmp_path):
         assert crossover[1][-2 + column] == (str(faster[0]) if faster else "none")
 
 
-def test_the_report_says_what_every_point_stands_on(tmp_path):
+def test_the_report_says_what_every_point_stands_on(tmp_path, unrendered):
     """Fields not swept (the link's latency, the all-reduce, the device kind and its
     capacity) are in report.md, swept ones are not repeated there; without a link
     axis the region tables name the base's link; the anchors say they stand on the
@@ -242,7 +253,7 @@ def test_the_speedup_figure_marks_what_its_note_says(tmp_path):
     assert all((line.get_alpha() or 1.0) == 1.0 for line in lines if line.get_color() != "0.6")
 
 
-def test_a_small_grid_or_one_point_reports_every_prediction(tmp_path):
+def test_a_small_grid_or_one_point_reports_every_prediction(tmp_path, unrendered):
     """A sweep of one point (no axes) printed no prediction and wrote a report.md with
     an empty Figures heading and no number; a small grid now lists every point's
     prediction, or why it has none, as the store holds them. A hybrid that can never
@@ -270,7 +281,7 @@ def test_a_small_grid_or_one_point_reports_every_prediction(tmp_path):
     assert section(text, "Where the hybrid wins")[1] == ["-"]
 
 
-def test_the_anchors_are_the_sweeps_not_the_reports(tmp_path):
+def test_the_anchors_are_the_sweeps_not_the_reports(tmp_path, unrendered):
     """The anchors table was computed when the report was written, by whatever code
     then ran, beside predictions made by the sweep's code (whose revision report.md
     names). The sweep keeps them in its store and the report prints those; a store
