@@ -261,6 +261,21 @@ def _resolve_base(base: dict | str, source: str) -> dict:
 
 
 
+#: Sweep fields that do not make a sweep another (its fingerprint leaves them out).
+NOT_IDENTITY = ("output", "keep_checkpoints", "probe_samples")
+
+
+def sweep_identity(resolved: dict) -> dict:
+    """The parts of a resolved sweep config (`Sweep.text` read back) its fingerprint
+    sees: all but `NOT_IDENTITY` and the base's scheduler address."""
+    identity = {k: v for k, v in resolved.items() if k not in NOT_IDENTITY}
+    base = copy.deepcopy(resolved.get("base"))
+    if isinstance(base, dict) and isinstance(base.get("cluster"), dict):
+        base["cluster"].pop("scheduler", None)
+    identity["base"] = base
+    return identity
+
+
 def _fingerprint(data: dict) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -339,9 +354,6 @@ def load_sweep(path: str, overrides: list[str] = (), scheduler: str | None = Non
     resolved = to_dict(config)
     resolved["base"] = base
     text = yaml.safe_dump(resolved, sort_keys=False)
-    identity = {k: v for k, v in resolved.items() if k not in ("output", "keep_checkpoints",
-                                                                 "probe_samples")}
-    identity["base"] = copy.deepcopy(base)
-    identity["base"].get("cluster", {}).pop("scheduler", None)
-    return Sweep(config, path, base, axes, run_order(points), text, _fingerprint(identity),
+    return Sweep(config, path, base, axes, run_order(points), text,
+                 _fingerprint(sweep_identity(resolved)),
                  store_path, scheduler_address(base_config.cluster))

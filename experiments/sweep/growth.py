@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -25,13 +26,10 @@ from typing import Any
 import yaml
 
 from experiments.sweep.axes import Axis, build_axes
+from experiments.sweep.config import sweep_identity
 from experiments.sweep.store_layout import (UNREADABLE_CONFIG, first_difference, flow_yaml,
                                            read_both)
 from pipeline.config.schema import ConfigError
-
-#: Sweep fields that do not make a sweep another (its fingerprint leaves them out).
-NOT_IDENTITY = ("output", "keep_checkpoints", "probe_samples")
-
 
 @dataclass(frozen=True)
 class Growth:
@@ -49,12 +47,12 @@ class Growth:
 
     @property
     def old_points(self) -> int:
-        return _product(self.old_shape)
+        return math.prod(self.old_shape)
 
     @property
     def new_points(self) -> int:
         """Points the grown grid has that the store's has not."""
-        return _product(self.new_shape) - self.old_points
+        return math.prod(self.new_shape) - self.old_points
 
     def new_region(self, region: tuple[int, ...]) -> tuple[int, ...]:
         """An old point's cell in the grown grid."""
@@ -68,13 +66,6 @@ class Growth:
         """``4 new point(s) (2 -> 6: repeats: 1 there, 2 here; ...)``."""
         return (f"{self.new_points} new point(s) ({self.old_points} -> "
                 f"{self.old_points + self.new_points}: {'; '.join(self.changes)})")
-
-
-def _product(shape: tuple[int, ...]) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total
 
 
 def _canonical(row: Any) -> str:
@@ -106,16 +97,6 @@ def _grows(old: list[Any], new: list[Any]) -> bool:
     """Whether every old value (row) is among the new ones."""
     present = {_canonical(row) for row in new}
     return all(_canonical(row) in present for row in old)
-
-
-def _identity(config: dict) -> dict:
-    """The parts of a sweep's config its fingerprint sees."""
-    kept = {k: v for k, v in config.items() if k not in NOT_IDENTITY}
-    base = copy.deepcopy(kept.get("base"))
-    if isinstance(base, dict) and isinstance(base.get("cluster"), dict):
-        base["cluster"].pop("scheduler", None)
-    kept["base"] = base
-    return kept
 
 
 def _undo_growth(there: dict, here: dict) -> tuple[dict, list[str]]:
@@ -169,9 +150,9 @@ def plan_growth(stored: str, current: str) -> Growth | str:
         return UNREADABLE_CONFIG
     there, here = both
     undone, changes = _undo_growth(there, here)
-    if _canonical(_identity(undone)) != _canonical(_identity(there)):
-        return first_difference(yaml.safe_dump(_identity(there), sort_keys=False),
-                                yaml.safe_dump(_identity(undone), sort_keys=False))
+    if _canonical(sweep_identity(undone)) != _canonical(sweep_identity(there)):
+        return first_difference(yaml.safe_dump(sweep_identity(there), sort_keys=False),
+                                yaml.safe_dump(sweep_identity(undone), sort_keys=False))
     try:
         old_axes, new_axes = _axes_of(there), _axes_of(here)
     except ConfigError as error:  # the store's own config no longer parses
