@@ -66,6 +66,9 @@ class ForkedCluster:
     def start_scheduler(self) -> str:
         """Start the scheduler on loopback; its address, once it listens."""
         process = self._start("scheduler", {"host": "127.0.0.1", "port": 0, "dashboard": False,
+                                            # its HTTP server, which runs without a
+                                            # dashboard too: loopback, not every interface
+                                            "dashboard_address": "127.0.0.1:0",
                                             "scheduler_file": str(self.scheduler_file)})
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the file appears before its text is written
@@ -83,7 +86,8 @@ class ForkedCluster:
         --no-nanny`), named `name` if given; returns at once, before it joins."""
         address = json.loads(self.scheduler_file.read_text())["address"]
         options = {"scheduler_ip": address, "nthreads": 1, "resources": {"CPU": 1},
-                   "host": "127.0.0.1", "local_directory": str(self.folder)}
+                   "host": "127.0.0.1", "local_directory": str(self.folder),
+                   "dashboard": False, "dashboard_address": "127.0.0.1:0"}
         if name is not None:
             options["name"] = name
         return self._start("worker", options)

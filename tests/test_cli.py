@@ -85,7 +85,9 @@ class CliCluster:
 
     def dashboard(self) -> list[str]:
         """A server's dashboard option: on loopback only, as the project's own, or none."""
-        return ["--dashboard-address", "127.0.0.1:0"] if self.dashboards else ["--no-dashboard"]
+        # without a dashboard a server still serves HTTP, on every interface unless placed
+        loopback = ["--dashboard-address", "127.0.0.1:0"]
+        return loopback if self.dashboards else ["--no-dashboard", *loopback]
 
     @staticmethod
     def env() -> dict[str, str]:
@@ -164,7 +166,7 @@ def test_a_worker_frozen_before_the_run_is_removed_and_the_run_goes_on(
     frozen = subprocess.Popen(
         [os.path.join(BIN, "dask"), "worker", cli_cluster, "--no-nanny", "--name", "frozen",
          "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
-         "--no-dashboard"],
+         "--no-dashboard", "--dashboard-address", "127.0.0.1:0"],
         cwd=tmp_path, env=CliCluster.env(), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     client = Client(cli_cluster, timeout="30s", set_as_default=False)
@@ -367,7 +369,7 @@ def test_a_worker_that_does_not_see_the_output_is_named(tmp_path, cli_cluster,
          f"mount -t tmpfs hidden {shlex.quote(str(hidden))} && exec "
          f"{shlex.quote(os.path.join(BIN, 'dask'))} worker {cli_cluster} --no-nanny "
          "--name elsewhere --nthreads 1 --resources ELSEWHERE=1 --host 127.0.0.1 "
-         "--no-dashboard"],
+         "--no-dashboard --dashboard-address 127.0.0.1:0"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         status, lines, _out = run_main("train", [
