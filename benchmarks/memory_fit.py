@@ -44,6 +44,7 @@ import psutil
 
 from pipeline.config.run_config import load_run_config
 from pipeline.costmodel.memory import MB, MemoryConstants, element_bytes
+from pipeline.records.library_pages import evict_library_pages
 from pipeline.records.memory import machine_memory_constants
 from pipeline.cluster.embedded import is_worker_process
 from pipeline.prediction import network_for
@@ -96,42 +97,9 @@ def sample_tree(process: subprocess.Popen, period: float = 0.02) -> dict[int, di
     return peaks
 
 
-def shared_libraries(prefix: str) -> list[str]:
-    """The shared libraries (``*.so``, ``*.so.N``) installed under `prefix`."""
-    return sorted(os.path.join(root, name) for root, _, names in os.walk(prefix)
-                  for name in names if name.endswith(".so") or ".so." in name)
-
-
-def evict_library_pages(prefix: str = sys.prefix) -> int:
-    """Drop the page cache's copy of every shared library under `prefix` (those no
-    process maps stay out until read again); the number of files dropped.
-
-    Why: a process's peak counts the library pages it maps (`RssFile`), and how many
-    it maps for a page it touches depends on how the page cache holds the file. Files
-    pip has just written sit in the cache as large folios, and the kernel maps a
-    whole folio on a fault: a bare worker held 143 MB of library pages in a fresh
-    environment against 51 MB once those files were read back from disk, the same
-    code and the same anonymous memory (small network, `single`, batch 32). Evicting
-    before each case measures every case from the same state."""
-    dropped = 0
-    for path in shared_libraries(prefix):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            dropped += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return dropped
-
-
 def measure_case(config_path: str, name: str, steps: int, extra: list[str]) -> dict:
     """Run one case (the environment's libraries first dropped from the page cache:
-    `evict_library_pages`); the peak RSS (bytes) of the training process and of each
+    `pipeline.records.library_pages.evict_library_pages`); the peak RSS (bytes) of the training process and of each
     worker."""
     strategy, workers, overrides = CASES[name]
     evict_library_pages()

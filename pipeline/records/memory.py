@@ -38,16 +38,19 @@ import zarr
 
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants
 from pipeline.records.conv_workspace import cpu_signature, measure_conv_workspace
+from pipeline.records.library_pages import evict_library_pages
 from pipeline.records.memory_runtime import measure_runtimes, runtimes_wanted
 from storage.space import replace_file
 from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
 
 
 #: Part of the cache's key: bumped when `bare_process_rss` measures differently
-#: (2: the worker's baseline a forked child).
-BASELINE_METHOD = 2
-#: The same for `measure_runtimes` (1: a tiny run's own record).
-RUNTIME_METHOD = 1
+#: (2: the worker's baseline a forked child; 3: the libraries first dropped from the
+#: page cache).
+BASELINE_METHOD = 3
+#: The same for `measure_runtimes` (1: a tiny run's own record; 2: the libraries
+#: first dropped from the page cache).
+RUNTIME_METHOD = 2
 #: The same for `measure_conv_workspace` (1: each pass's scratch in a trimmed heap).
 WORKSPACE_METHOD = 1
 
@@ -60,7 +63,10 @@ def _cache_path() -> str:
 def _cached(what: list, measure: Callable[[], list[float]]) -> list[float]:
     """`measure()`'s figures, kept in the cache under the interpreter, the libraries'
     versions and `what`; measured again where none are kept, and kept only where all
-    are measured (positive)."""
+    are measured (positive). The environment's libraries are dropped from the page cache
+    first (`evict_library_pages`), so that a figure measured right after an install,
+    when pip's files sit in the cache as large folios, is not kept for every run after
+    it (a tiny run's working memory read 133 MB so against 93 MB)."""
     key = json.dumps([sys.executable, torch.__version__, np.__version__, dask.__version__,
                       distributed.__version__, zarr.__version__, xr.__version__, *what])
     path = _cache_path()
@@ -74,6 +80,7 @@ def _cached(what: list, measure: Callable[[], list[float]]) -> list[float]:
             return [float(v) for v in kept]
     except (OSError, ValueError, TypeError, AttributeError):
         cached = {}
+    evict_library_pages()
     measured = measure()
     if measured and all(v > 0 for v in measured):
         try:
@@ -134,7 +141,8 @@ def machine_memory_constants(constants: MemoryConstants = DEFAULT_CONSTANTS
     Why: a bare process's resident size is the machine's and its environment's, not
     the model's (the libraries' pages a process maps follow how the page cache holds
     their files: 50-90 MB a process apart between a fresh install and files read back
-    from disk, docs/benchmarks.md), and a run's working memory is its peak less these
+    from disk, docs/benchmarks.md; each is measured in the second state,
+    pipeline/records/library_pages.py), and a run's working memory is its peak less these
     same figures; what the project's processes hold beyond them follows the machine as
     much, and the scratch with the kernels oneDNN picks for the CPU. Where one cannot
     be measured, `constants`' own stays."""
