@@ -176,6 +176,30 @@ def test_a_replica_takes_its_dense_layers_from_the_head_timed_on_its_rows():
     assert shares[0] == pytest.approx(shares[1])
 
 
+def test_hybrids_dense_slices_run_at_the_rate_of_the_head_timed_on_a_replicas_rows():
+    """A hybrid device's slices of the dense layers take the measured head's rate (its
+    rows, every replica at once) over the master's, in both hybrid models; without a
+    timed head the master's rate stands."""
+    from pipeline.costmodel.compute import measured_head_factor
+    from pipeline.costmodel.devices import TrunkTime
+    net = marques_cifar()
+    head = dense_time(CPU, net.dense, 32, dropout=tuple(
+        net.dense_dropout(j) for j in range(len(net.dense))))
+    modelled = head.forward + head.backward
+    slow = dataclasses.replace(CPU, trunk=TrunkTime(32, 0.01, 0.02, dense=1.5 * modelled))
+    untimed = dataclasses.replace(CPU, trunk=TrunkTime(32, 0.01, 0.02))
+    assert measured_head_factor(slow, net) == pytest.approx(1.5)
+    assert measured_head_factor(untimed, net) == measured_head_factor(CPU, net) == 1.0
+    # through the workspace, the engine's ops: the dense slices are the `master` part
+    store = [predict("hybrid", net, 64, [dev] * 2, _link(1e-4), STORE).breakdown["master"]
+             for dev in (untimed, slow)]
+    assert store[1] == pytest.approx(1.5 * store[0], rel=0.05)
+    # over links, the collectives' model: its dense sub-steps likewise
+    links = [predict("hybrid", net, 64, [dev] * 2, _link(1e-4)).breakdown["master"]
+             for dev in (untimed, slow)]
+    assert links[1] == pytest.approx(1.5 * links[0], rel=0.05)
+
+
 def test_a_holder_joins_a_gathered_inputs_shards_at_the_memory_rate():
     """The engine's `_gather` concatenates the shards of a layer's output (read each,
     write the whole); with one holder the output is used as it is."""

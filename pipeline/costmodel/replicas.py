@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .compute import FLATTEN_ACCESSES, GATHER_ACCESSES, LayerTime, dense_time
+from .compute import FLATTEN_ACCESSES, GATHER_ACCESSES, LayerTime, dense_time, measured_head_factor
 from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, uneven
 from .batch_reads import replica_batch_read
@@ -216,6 +216,7 @@ class _HybridSetup:
     dataset: StoreSpec | None
     dense_batch: str
     split: Sequence[Sequence[int]]
+    head_factor: dict[int, float]  # `measured_head_factor` per device
     _dense: dict[tuple[int, int, str], np.ndarray] = field(default_factory=dict)
 
     def dense_seconds(self, d: int, j: int, rows: int, kind: str) -> float:
@@ -225,8 +226,9 @@ class _HybridSetup:
                            dropout=(self.network.dense_dropout(j),),
                            accesses=self.network.update_accesses())  # on the part's rows
         if kind == "forward":
-            return times.forward
-        return times.backward + (times.update if self.dense_batch == "worker" else 0.0)
+            return times.forward * self.head_factor[d]
+        return (times.backward * self.head_factor[d]
+                + (times.update if self.dense_batch == "worker" else 0.0))
 
     def dense(self, j: int, rows: int, kind: str) -> np.ndarray:
         """Every device's seconds of dense layer `j` on `rows` samples (once per part size)."""
@@ -270,7 +272,8 @@ def _hybrid_setup(network: Network, devices: Sequence[DeviceSpec], shares: list[
     return _HybridSetup(network, devices, shares, hybrid_parts(shares, options.scheme), s,
                         conv_params, trunk, stretches(rows, after_forward, None),
                         stretches(rows, None, before_backward), update, stream,
-                        options.dataset, options.dense_batch, split)
+                        options.dataset, options.dense_batch, split,
+                        {d: measured_head_factor(dev, network) for d, dev in enumerate(devices)})
 
 
 def _hybrid_step(tl: Timeline, h: _HybridSetup) -> None:
