@@ -108,6 +108,8 @@ def test_probe_measures_positive_finite_constants(probe):
     d = probe.dask
     # the gap between queued step tasks, the marker latency, a scheduler hop
     assert 0 <= d.task_s < 0.5 and 0 <= d.sync_s < 0.5
+    # a look at a written slot's marker, measured apart (two workers read each other's)
+    assert d.check_s is not None and 0 <= d.check_s < 0.5
     assert _finite_positive(d.hop_s) and _finite_positive(d.round_trip_s)
     # the client's CPU per step task, fitted collect by collect (probe/client_cpu.py)
     assert _finite_positive(d.client_cpu_per_task_s) and d.client_cpu_per_task_s < 0.5
@@ -119,7 +121,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 18 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 19 and probe.phase_seconds["timed_again"] >= 0
     for worker, device in zip(probe.workers, probe.device_specs()):
         # a replica's update timed on every worker at once: a memory rate a CPU can have,
         # and the rate the model prices every element-wise pass at
@@ -163,7 +165,8 @@ def test_probe_measures_positive_finite_constants(probe):
     assert store.chunk_cost("read") == s.read_latency_s and store.client_bw("read") == s.read_bw
     assert store.spread == s.spread[2]
     overhead = probe.overhead()
-    assert (overhead.task, overhead.sync, overhead.hop) == (d.task_s, d.sync_s, d.hop_s)
+    assert (overhead.task, overhead.sync, overhead.hop, overhead.check) == (
+        d.task_s, d.sync_s, d.hop_s, d.check_s)
     # the client's share of the cores, measured where two single-thread workers fill them
     if cores_filled([w.threads for w in probe.workers], d.host_cores):
         assert len(d.contention_shares) == 2 * SHARE_ROUNDS  # the even plan's and the replicas'

@@ -1,7 +1,8 @@
 """Workspace accesses in the model's timeline: their spread from access to access
 (`StoreSpec.spread`, measured by the probe as `access_spreads`) adds to the clocks'
 variances as compute's does, and every read checks its slot's ready marker, whether
-it waited for the slot or found it written (`DaskOverhead.sync`)."""
+it waited for the slot or found it written (`DaskOverhead.check`; a reader that waited
+notices the marker `DaskOverhead.sync` after the write)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,44 @@ def test_a_read_checks_its_marker_whether_or_not_it_waited():
     tl.read(0, [("late", 0.0)])
     assert tl.clock[0] == pytest.approx(10.01)
     assert [s.kind for s in tl.segments[0]][-2:] == ["wait", "io"]
+
+
+def test_a_look_at_a_written_slot_is_shorter_than_noticing_one():
+    """With the look measured apart (`check`), a read of a slot written before pays
+    the look alone; a read that waited still reads `sync` after the write, the wait
+    (for the writer's write, not later) followed by the look."""
+    tl = Timeline([LINK, LINK], None, DaskOverhead(sync=0.01, check=0.002))
+    tl.write(1, "early", 0.0)
+    tl.run(0, "compute", 5.0)
+    tl.read(0, [("early", 0.0)])
+    assert tl.clock[0] == pytest.approx(5.002)
+    tl.run(1, "compute", 10.0)
+    tl.write(1, "late", 0.0)
+    tl.read(0, [("late", 0.0)])
+    assert tl.clock[0] == pytest.approx(10.01)
+    wait, look = tl.segments[0][-2:]
+    assert (wait.kind, wait.waited_for, wait.end) == ("wait", (1, 10.0), pytest.approx(10.008))
+    assert look.kind == "io" and look.end - look.start == pytest.approx(0.002)
+    assert DaskOverhead(sync=0.01).marker_check == 0.01  # unmeasured: as long as noticing
+    assert DaskOverhead(sync=0.001, check=0.002).notice_lag == 0.0
+
+
+def test_the_probe_reads_a_look_at_a_written_slot_apart_from_noticing_one():
+    """A wait that began after its slot's write ended is a look (`check_s`); one that
+    the write ended inside is noticing (`sync_s`, from the write's end)."""
+    from pipeline.probe.readings import check_s, sync_s
+
+    def receipt(worker: str, phases: list[Phase]) -> Receipt:
+        return Receipt("t", worker, 0, 0.0, 1.0, [OpEvent(CONV_FORWARD, 0, 0.0, 1.0, phases)])
+    writer = receipt("w1", [Phase("write", 0.10, 0.20, 8, "act/1/0"),
+                            Phase("write", 0.50, 0.60, 8, "act/1/1")])
+    reader = receipt("w0", [Phase("wait", 0.30, 0.302, 0, "act/1/0"),  # written: a look
+                            Phase("wait", 0.40, 0.605, 0, "act/1/1")])  # waited: noticed
+    run = PlanRun(ProbePlan([[1, 1]]), ["w0", "w1"], [writer, reader])
+    assert check_s([run]) == pytest.approx(0.002)
+    assert sync_s([run]) == pytest.approx(0.005)
+    alone = PlanRun(ProbePlan([[1, 1]]), ["w0", "w1"], [writer])
+    assert check_s([alone]) is None
 
 
 def _kernel(store_spread: float, timeline: str = "fast"):

@@ -233,10 +233,10 @@ class Timeline:
     def read(self, d: int, sources: list[tuple[str, float]], sharing: int = 1) -> None:
         """Read each ``(slot, bytes)`` in turn, as soon as it is ready.
 
-        With ready markers each read waits until its own slot is written, then sees
-        its marker (``overhead.sync``: a reader that finds the slot already written
-        pays that check too; measured, the two take the same time) and reads it; the
-        check is part of the read's I/O. Through the scheduler the task holding the
+        With ready markers each read looks at its slot's marker and reads it (the
+        look, ``overhead.marker_check``, is part of the read's I/O); a reader that
+        came before the slot was written notices it ``overhead.sync`` after the write,
+        so it waits until ``notice_lag`` after it, the look following. Through the scheduler the task holding the
         reads starts a hop after all its dependencies (its own previous task
         included) have finished.
         """
@@ -249,10 +249,11 @@ class Timeline:
                 writer, ready = d, self.clock[d]
             self.wait(d, writer, ready, self.overhead.hop, written)
         marked = self.sync != "scheduler"
-        check = self.overhead.sync if marked else 0.0
+        check = self.overhead.marker_check if marked else 0.0
         for slot, n_bytes in sources:
             if marked:
-                self.wait(d, *self.ready[slot], 0.0, self.ready_noise[slot])
+                self.wait(d, *self.ready[slot], self.overhead.notice_lag,
+                          self.ready_noise[slot])
             self.run(d, "io", check + io_time(self.links[d], self.store, n_bytes, 1, "read", 1,
                                               sharing))
             self.moved += n_bytes

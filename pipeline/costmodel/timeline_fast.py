@@ -148,7 +148,7 @@ class FastTimeline:
         per_op, per_chunk, per_byte = io_rates(self.link, self.store, "read", sharing)
         fixed = per_op + (per_chunk if self.store is not None else 0.0)
         if self.sync != "scheduler":  # every marked read checks its marker (`Timeline.read`)
-            fixed += self.overhead.sync
+            fixed += self.overhead.marker_check
         pos = np.searchsorted(src.devices, readers)
         count = n - own
         q = src.bytes * per_byte  # seconds per source, the reader's part apart
@@ -168,15 +168,17 @@ class FastTimeline:
                       own: np.ndarray, shift: np.ndarray, start: np.ndarray,
                       total: np.ndarray, p: np.ndarray, q: np.ndarray,
                       q_own: np.ndarray) -> None:
-        """Ready markers: each read waits for its own slot, then checks its marker (the
-        check, `overhead.sync`, is in every read's seconds ``p``)."""
+        """Ready markers: each read waits for its own slot (until `notice_lag` after its
+        write), then checks its marker (the check, `overhead.marker_check`, is in every
+        read's seconds ``p``)."""
         n = len(src.devices)
         suffix_q = np.cumsum(q[::-1])[::-1]
         left_of = np.arange(n, 0, -1)  # sources from each index on
         end = np.empty(len(readers))
         binding = np.full(len(readers), -1)
+        lag = self.overhead.notice_lag
         for value, group in equal_groups(p):  # readers reading equal bytes share the maxima
-            after = src.base + suffix_q + value * left_of
+            after = src.base + lag + suffix_q + value * left_of
             before = after - src.lower
             tol = tolerance(after, start[group] - shift[group])
             pre, pre_first = first_prefix_max(before, tol)
@@ -235,7 +237,7 @@ class FastTimeline:
         skipped = own & (i > pos)  # the reader's own slot lies before the waited one
         io_before = p * (i - skipped) + prefix_q[i] - np.where(skipped, q_own, 0.0)
         ready = src.base[i] + shift - np.where(i < pos, src.lower[i], 0.0)
-        resume = ready
+        resume = ready + self.overhead.notice_lag  # the wait is for `ready`'s writer
         io_end = np.where(waits, start + io_before, start)
         self._add(readers, start, io_end, CODE["io"])
         self._add(readers[waits], io_end[waits], resume[waits], WAIT, src.devices[i][waits],

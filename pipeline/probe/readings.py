@@ -357,6 +357,24 @@ def task_gap_s(runs: Sequence[PlanRun]) -> float:
     return max(float(np.median(gaps)), 0.0) if gaps else 0.0
 
 
+def check_s(runs: Sequence[PlanRun]) -> float | None:
+    """Median look at the marker of a slot written before its reader came (a wait
+    phase that began after the slot's write ended): what every read of a written slot
+    pays, where `sync_s` is what a waiting reader pays; None where no read found its
+    slot written."""
+    looks = []
+    for run in runs:
+        written = {(r.step, p.slot): p.end for r in run.receipts for e in r.events
+                   for p in e.phases if p.kind == "write"}
+        for r in run.receipts:
+            for e in r.events:
+                for p in e.phases:
+                    end = written.get((r.step, p.slot))
+                    if p.kind == "wait" and end is not None and end <= p.start:
+                        looks.append(p.end - p.start)
+    return float(np.median(looks)) if looks else None
+
+
 def sync_s(runs: Sequence[PlanRun]) -> float:
     """Median delay from a slot's write to a reader that was waiting for it noticing."""
     lags = []

@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 18  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 19  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -37,7 +37,8 @@ PROBE_VERSION = 18  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    size's median (readings.store_fit); 17: a data replica's whole
 #                    step (`TrunkTiming.data_step_s`, runs.ReplicaPlan); 18: the
 #                    client's CPU per task fitted collect by collect (client_cpu.py),
-#                    not round by round
+#                    not round by round; 19: a look at a written slot's marker apart
+#                    from noticing one (`DaskProbe.check_s`)
 
 
 @dataclass
@@ -86,7 +87,9 @@ class DaskProbe:
     """The engine's orchestration costs (see `pipeline.costmodel.DaskOverhead`).
 
     ``task_s``: gap between a worker's consecutive (queued) step tasks; ``sync_s``:
-    a ready marker to its waiting reader; both from the calibration runs.
+    a ready marker to its waiting reader; ``check_s``: a reader's look at the marker
+    of a slot written before it came (None: not measured, as ``sync_s``); all from the
+    calibration runs.
     ``hop_s``: a dependency between trivial tasks through the scheduler, and
     ``round_trip_s``: a client round trip of a trivial task.
     ``client_cpu_per_task_s`` and ``client_cpu_rate``: the probing process's CPU per
@@ -109,6 +112,7 @@ class DaskProbe:
     host_cores: int = 0
     contention_share: float | None = None
     contention_shares: list[float | None] = field(default_factory=list)
+    check_s: float | None = None
 
 
 @dataclass
@@ -237,7 +241,7 @@ class ClusterProbe:
 
     def overhead(self) -> DaskOverhead:
         d = self.dask
-        return DaskOverhead(task=d.task_s, sync=d.sync_s, hop=d.hop_s)
+        return DaskOverhead(task=d.task_s, sync=d.sync_s, hop=d.hop_s, check=d.check_s)
 
     def kernel_options(self, **extra: Any) -> Options:
         """Cost-model options of the engine on this cluster (``extra``: more fields)."""
