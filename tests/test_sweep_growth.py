@@ -13,11 +13,12 @@ import pytest
 import xarray as xr
 import yaml
 
+from experiments.report.markdown import _provenance
 from experiments.sweep import store_growth
 from experiments.sweep.config import load_sweep
 from experiments.sweep.growth import Growth, plan_growth
-from experiments.sweep.results import PointResult, ResultStore
-from experiments.sweep.store_growth import grow_store
+from experiments.sweep.results import PointResult, ResultStore, StoreMismatch
+from experiments.sweep.store_growth import GROWING, grow_store
 from experiments.sweep.store_layout import DONE, build_template
 from tests.helpers import run_main
 from tests.test_scaling import write_scaling
@@ -105,6 +106,10 @@ def test_the_grown_store_recomputes_speedup_over_a_baseline_that_moved(tmp_path)
     assert list(ds.workers.values) == [1, 2] and int(ds.status[0, 1, 0]) == DONE
     assert '"workers_index": 0' in ds.attrs["speedup_reference"]
     assert np.isnan(ds.speedup[0, 1, 0]) and ds.attrs["fingerprint"] == new.fingerprint
+    # the report says the store grew, when, and by what
+    grown = [line for line in _provenance(ds) if line.startswith("- grown with --extend")]
+    assert len(grown) == 1 and ": 1 -> 2 points (" in grown[0], grown
+    assert "[2] there, [1, 2] here" in grown[0], grown
     store = ResultStore(old.store_path)
     store.write_point((0, 0, 0), point(0.3, 1.0))
     store.refresh_derived()
@@ -129,6 +134,35 @@ def test_a_damaged_point_is_not_copied_and_is_pending_in_the_grown_store(tmp_pat
     grow_store(old.store_path, new, plan_growth(old.text, new.text))
     found = ResultStore(old.store_path).verify()
     assert found.intact and found.status[0, :, 0].tolist() == [0, DONE, 0]
+
+
+def test_a_growth_that_would_lengthen_the_step_series_is_refused_and_keeps_the_store(
+        tmp_path):
+    """An added `train.steps` value longer than the store's per-step series cannot be
+    copied into it: one message names both lengths and the way out, and the store
+    stays as it was, with nothing left beside it."""
+    def sweep(steps: list[int]):
+        path = write_sweep(tmp_path, "unused.zarr", {"strategy": ["reference"],
+                                                     "train.steps": steps})
+        config = yaml.safe_load(open(path, encoding="utf-8"))
+        del config["measure"]  # which would set the steps itself
+        with open(path, "w", encoding="utf-8") as handle:
+            yaml.safe_dump(config, handle, sort_keys=False)
+        return load_sweep(path, out=str(tmp_path / "s.zarr"))
+
+    old = sweep([3])
+    store = ResultStore(old.store_path)
+    store.create(build_template(old, {"fingerprint": old.fingerprint, "config": old.text}))
+    store.write_point((0, 0, 0), PointResult({"step_time": 0.1}, {"run_id": "r"}, {}))
+    new = sweep([3, 6])
+    plan = plan_growth(old.text, new.text)
+    assert isinstance(plan, Growth) and plan.new_points == 1
+    with pytest.raises(StoreMismatch, match=r"per-step series \(3 steps there, 6 here\); "
+                                            r"pass --fresh"):
+        grow_store(old.store_path, new, plan)
+    found = ResultStore(old.store_path).verify()
+    assert found.intact and found.status.ravel().tolist() == [DONE]
+    assert not os.path.exists(old.store_path + GROWING)
 
 
 def test_a_scaling_sweep_grown_with_extend_is_rewritten(tmp_path):

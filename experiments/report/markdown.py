@@ -68,6 +68,7 @@ def _provenance(ds: xr.Dataset) -> list[str]:
            "every point again under one)"] if mixed else []),
         f"- started {ds.attrs.get('started', '?')}, {_ended(ds.attrs.get('finished'), status)}",
         f"- command: `{ds.attrs.get('command', '')}`",
+        *_growth_lines(ds),
         _speedup_line(ds),
     ]
     cores = machine.get("cores")
@@ -75,6 +76,18 @@ def _provenance(ds: xr.Dataset) -> list[str]:
         lines.append(f"- note: some points ran more worker threads (+1 master) than the "
                      f"{cores} cores here; their timings include contention.")
     return lines
+
+
+def _growth_lines(ds: xr.Dataset) -> list[str]:
+    """One line per time the store grew (``--extend``): when, its points before and
+    after, and what was added; none for a store that never grew."""
+    try:
+        growths = json.loads(ds.attrs.get("growths") or "[]")
+    except ValueError:
+        return ["- grown with --extend (its record of when is unreadable)"]
+    return [f"- grown with --extend {g.get('at', '?')}: {g.get('points_before', '?')} -> "
+            f"{g.get('points_after', '?')} points ({'; '.join(g.get('changes') or [])}); "
+            "the points before it kept as measured" for g in growths]
 
 
 def _ended(finished: str | None, status: np.ndarray) -> str:
