@@ -21,7 +21,7 @@ from pipeline.probe.timings import ShardTiming, TrunkTiming
 from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD
-from tasks.receipts import OpEvent, Receipt
+from tasks.receipts import OpEvent, Phase, Receipt
 from tasks.replica_layout import REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
 
 
@@ -357,34 +357,27 @@ def task_gap_s(runs: Sequence[PlanRun]) -> float:
     return max(float(np.median(gaps)), 0.0) if gaps else 0.0
 
 
+def _waits_for_writes(runs: Sequence[PlanRun]) -> list[tuple[Phase, float]]:
+    """Every wait phase for a slot written in the same step, with that write's end."""
+    found = []
+    for run in runs:
+        written = {(r.step, p.slot): p.end for r in run.receipts for e in r.events
+                   for p in e.phases if p.kind == "write"}
+        found += [(p, written[(r.step, p.slot)]) for r in run.receipts for e in r.events
+                  for p in e.phases if p.kind == "wait" and (r.step, p.slot) in written]
+    return found
+
+
 def check_s(runs: Sequence[PlanRun]) -> float | None:
     """Median look at the marker of a slot written before its reader came (a wait
     phase that began after the slot's write ended): what every read of a written slot
     pays, where `sync_s` is what a waiting reader pays; None where no read found its
     slot written."""
-    looks = []
-    for run in runs:
-        written = {(r.step, p.slot): p.end for r in run.receipts for e in r.events
-                   for p in e.phases if p.kind == "write"}
-        for r in run.receipts:
-            for e in r.events:
-                for p in e.phases:
-                    end = written.get((r.step, p.slot))
-                    if p.kind == "wait" and end is not None and end <= p.start:
-                        looks.append(p.end - p.start)
+    looks = [p.end - p.start for p, end in _waits_for_writes(runs) if end <= p.start]
     return float(np.median(looks)) if looks else None
 
 
 def sync_s(runs: Sequence[PlanRun]) -> float:
     """Median delay from a slot's write to a reader that was waiting for it noticing."""
-    lags = []
-    for run in runs:
-        written = {(r.step, p.slot): p.end for r in run.receipts for e in r.events
-                   for p in e.phases if p.kind == "write"}
-        for r in run.receipts:
-            for e in r.events:
-                for p in e.phases:
-                    end = written.get((r.step, p.slot))
-                    if p.kind == "wait" and end is not None and p.start < end < p.end:
-                        lags.append(p.end - end)
+    lags = [p.end - end for p, end in _waits_for_writes(runs) if p.start < end < p.end]
     return float(np.median(lags)) if lags else 0.0
