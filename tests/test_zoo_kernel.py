@@ -80,7 +80,10 @@ def _plain_layer(spec: ConvLayerSpec, x, residual, grad_y):
 def test_a_graph_shard_computes_its_channels_as_autograd_does(spec):
     """Channels [2, 5) of a layer: output, input gradient (its part), residual
     gradient, the parameters' gradients (the first momentum), running statistics and
-    counter equal plain PyTorch's on the whole layer, sliced."""
+    counter equal plain PyTorch's on the whole layer, sliced, to float64's rounding: a
+    convolution of a subset of the output channels may take another of oneDNN's code
+    paths than the whole layer's (on the AMD EPYC's AVX-512 the forward differed by up to
+    4 ulps; on the Intel Xeon it was bit for bit)."""
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(5, spec.in_channels, spec.in_height, spec.in_width, generator=generator,
                     dtype=torch.float64)
@@ -99,10 +102,12 @@ def test_a_graph_shard_computes_its_channels_as_autograd_does(spec):
                        OptimizerSpec(lr=0.0, weight_decay=0.0), "cpu")
     assert isinstance(shard, GraphShard)
     given = residual[:, lo:hi] if spec.residual is not None else None
-    assert torch.equal(shard.forward(x, True, given), out[:, lo:hi])
+    rounding = {"rtol": 1e-12, "atol": 1e-14}
+    torch.testing.assert_close(shard.forward(x, True, given), out[:, lo:hi], **rounding)
     partial = shard.input_gradient(grad_y[:, lo:hi].contiguous())
     if spec.residual is not None:
-        assert torch.equal(shard.residual_gradient(), grad_residual[:, lo:hi])
+        torch.testing.assert_close(shard.residual_gradient(), grad_residual[:, lo:hi],
+                                   **rounding)
     else:
         assert shard.residual_gradient() is None
     shard.update(0)
@@ -111,8 +116,10 @@ def test_a_graph_shard_computes_its_channels_as_autograd_does(spec):
         torch.testing.assert_close(torch.from_numpy(state["momentum"][name]), grad[lo:hi],
                                    rtol=1e-12, atol=0)
     if norm is not None:
-        assert np.array_equal(state["weights"]["bn.running_mean"], norm.running_mean[lo:hi])
-        assert np.array_equal(state["weights"]["bn.running_var"], norm.running_var[lo:hi])
+        for stat in ("running_mean", "running_var"):
+            np.testing.assert_allclose(state["weights"][f"bn.{stat}"],
+                                       getattr(norm, stat)[lo:hi].numpy(), rtol=1e-12,
+                                       atol=1e-14)
         assert state["weights"][COUNTER].tolist() == [1.0]
     # the input gradient through kernels [lo, hi) alone (a partial sum)
     expected = torch.nn.grad.conv2d_input(x.shape, start["weight"][lo:hi],
