@@ -99,8 +99,8 @@ def sample_tree(process: subprocess.Popen, period: float = 0.02) -> dict[int, di
 
 def measure_case(config_path: str, name: str, steps: int, extra: list[str]) -> dict:
     """Run one case (the environment's libraries first dropped from the page cache:
-    `pipeline.records.library_pages.evict_library_pages`); the peak RSS (bytes) of the training process and of each
-    worker."""
+    `pipeline.records.library_pages.evict_library_pages`); the peak RSS (bytes) of the
+    training process and of each worker."""
     strategy, workers, overrides = CASES[name]
     evict_library_pages()
     with tempfile.TemporaryDirectory() as tmp:

@@ -125,6 +125,12 @@ class LayerTime:
             self.backward_input + other.backward_input,
         )
 
+    def scaled(self, factor: float) -> "LayerTime":
+        """The forward and backward times `factor` times as long (a measured rate in
+        place of a modelled one); the update, bound by the parameters, as it is."""
+        return LayerTime(self.forward * factor, self.backward * factor, self.update,
+                         self.backward_input * factor)
+
 
 def conv_time(
     dev: DeviceSpec,
@@ -231,6 +237,14 @@ def dense_stream_elements(layers: Sequence[DenseLayer], batch: float, fraction: 
             bwd += DROPOUT_BACKWARD * batch * layer.in_features
         upd += accesses * layer.params(fraction)
     return fwd, bwd, upd
+
+
+def dense_slice_time(dev: DeviceSpec, network: Network, j: int, rows: float,
+                     fraction: float) -> LayerTime:
+    """A ``hybrid`` device's slice (``fraction`` of the neurons) of dense layer ``j`` on
+    ``rows`` samples, at the modelled rates: its dropout, its products, its update."""
+    return dense_time(dev, [network.dense[j]], rows, fraction,
+                      dropout=(network.dense_dropout(j),), accesses=network.update_accesses())
 
 
 def measured_head_factor(dev: DeviceSpec, network: Network) -> float:

@@ -117,8 +117,7 @@ def whole_step(dev: DeviceSpec, times: list[LayerTime], network: Network, batch:
     if step <= flatten:
         return times
     factor = (step - flatten) / modelled
-    return [LayerTime(t.forward * factor, t.backward * factor, t.update,
-                      t.backward_input * factor) for t in times]
+    return [t.scaled(factor) for t in times]
 
 
 def _rescaled(times: list[LayerTime], forward: float, backward: float) -> list[LayerTime]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import collectives as col
-from .compute import LayerTime, dense_time, measured_head_factor
+from .compute import LayerTime, dense_slice_time, measured_head_factor
 from .data import (allreduce_schedule, batch_norm_exchanges, comm_link, per_device_totals,
                    replica_pass, replica_times, unique_rows)
 from .devices import DeviceSpec, LinkSpec, distinct
@@ -105,12 +105,9 @@ class _DenseHead:
         """`dev`'s seconds of its `neurons` of every dense layer on `b` samples (none of
         a layer it holds no neuron of: it takes no part in it)."""
         net = self.network
-        times = sum((dense_time(dev, [layer], b, n / layer.out_features,
-                                dropout=(net.dense_dropout(j),), accesses=net.update_accesses())
+        times = sum((dense_slice_time(dev, net, j, b, n / layer.out_features)
                      for j, (layer, n) in enumerate(zip(net.dense, neurons))), LayerTime())
-        factor = measured_head_factor(dev, net)  # 1 where the probe timed no head
-        return LayerTime(times.forward * factor, times.backward * factor, times.update,
-                         times.backward_input * factor)
+        return times.scaled(measured_head_factor(dev, net))  # 1 where no head was timed
 
     def sub(self, b: float, update: bool) -> tuple[float, list[LayerTime]]:
         """One dense sub-step of `b` samples: the slowest group's time, each group's

@@ -31,7 +31,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .compute import FLATTEN_ACCESSES, GATHER_ACCESSES, LayerTime, dense_time, measured_head_factor
+from .compute import (FLATTEN_ACCESSES, GATHER_ACCESSES, LayerTime, dense_slice_time,
+                      measured_head_factor)
 from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, uneven
 from .batch_reads import replica_batch_read
@@ -222,13 +223,11 @@ class _HybridSetup:
     def dense_seconds(self, d: int, j: int, rows: int, kind: str) -> float:
         """Device `d`'s seconds of its slice of dense layer `j` on `rows` samples."""
         layer = self.network.dense[j]
-        times = dense_time(self.devices[d], [layer], rows, self.split[j][d] / layer.out_features,
-                           dropout=(self.network.dense_dropout(j),),
-                           accesses=self.network.update_accesses())  # on the part's rows
+        times = dense_slice_time(self.devices[d], self.network, j, rows,  # the part's rows
+                                 self.split[j][d] / layer.out_features).scaled(self.head_factor[d])
         if kind == "forward":
-            return times.forward * self.head_factor[d]
-        return (times.backward * self.head_factor[d]
-                + (times.update if self.dense_batch == "worker" else 0.0))
+            return times.forward
+        return times.backward + (times.update if self.dense_batch == "worker" else 0.0)
 
     def dense(self, j: int, rows: int, kind: str) -> np.ndarray:
         """Every device's seconds of dense layer `j` on `rows` samples (once per part size)."""

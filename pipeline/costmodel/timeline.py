@@ -236,9 +236,9 @@ class Timeline:
         With ready markers each read looks at its slot's marker and reads it (the
         look, ``overhead.marker_check``, is part of the read's I/O); a reader that
         came before the slot was written notices it ``overhead.sync`` after the write,
-        so it waits until ``notice_lag`` after it, the look following. Through the scheduler the task holding the
-        reads starts a hop after all its dependencies (its own previous task
-        included) have finished.
+        so it waits until ``notice_lag`` after it, the look following. Through the
+        scheduler the task holding the reads starts a hop after all its dependencies
+        (its own previous task included) have finished.
         """
         if not sources:
             return

@@ -66,7 +66,7 @@ def _cached(what: list, measure: Callable[[], list[float]]) -> list[float]:
     are measured (positive). The environment's libraries are dropped from the page cache
     first (`evict_library_pages`), so that a figure measured right after an install,
     when pip's files sit in the cache as large folios, is not kept for every run after
-    it (a tiny run's working memory read 133 MB so against 93 MB)."""
+    it (a tiny run's working memory read 133 MB then against 93 MB after)."""
     key = json.dumps([sys.executable, torch.__version__, np.__version__, dask.__version__,
                       distributed.__version__, zarr.__version__, xr.__version__, *what])
     path = _cache_path()
