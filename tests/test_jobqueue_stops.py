@@ -159,15 +159,16 @@ def test_jobs_that_end_together_stop_the_run_with_its_record_kept(tmp_path, slur
 def test_jobs_that_end_while_the_work_is_placed_say_to_run_again(tmp_path, slurm: LocalSlurm,
                                                                  tiny_dataset_factory):
     """Every job's worker killed once the run says it is placing the work (a placement
-    long enough to be announced after its first second and killed in: 96 kernels a
-    layer, a batch of 128, 7 s here under load): one line, exit 1,
+    long enough to be announced after its first second and killed in: 192 kernels a
+    layer, a batch of 256; at 96 and 128, 7 s here under load but under a second on
+    the quiet AMD EPYC, where it was never announced): one line, exit 1,
     naming the workers lost and saying that nothing was trained and the same command
     starts over (it did not say how to go on, and was no lost-worker error a sweep
     reruns); the same command is then accepted, and no job is left."""
     assert FAULTS["every Slurm job's worker killed while the run places its work"] == "clean"
     args = _two_job_args(tmp_path, tiny_dataset_factory(), "progress=true",
-                         "network.conv.0.kernels=96", "network.conv.1.kernels=96",
-                         "train.batch=128", "train.steps=40")
+                         "network.conv.0.kernels=192", "network.conv.1.kernels=192",
+                         "train.batch=256", "train.steps=40")
     run = subprocess.Popen([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
                            stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
