@@ -44,6 +44,7 @@ from pipeline.preflight import memory_refusal
 from pipeline.records.memory import machine_memory_constants
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
+from benchmarks.op_times import report as op_times_report, table_seconds
 from tests.helpers import (cut_probe_to_one_round, max_relative_error, replay_in_pytorch,
                            run_main, shared_workers, tiny_config)
 
@@ -301,6 +302,21 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
     assert result.record.attrs["predicted_step_time"] == summary["predicted_step_time"]
     on_disk = json.loads(open(os.path.join(result.output_dir, "summary.json")).read())
     assert on_disk["predicted_step_time"] == summary["predicted_step_time"]
+    # benchmarks/op_times.py: each conv op beside the probe's table at the run's split
+    tables = table_seconds(probe, summary)
+    specs = {device.name: device for device in probe.device_specs(2)}
+    assert len(tables) == 2 * 2 * 2  # workers, layers, passes
+    for layer, counts in enumerate(summary["kernel_split"]):
+        for worker, kernels in zip(summary["split_workers"], counts):
+            table = specs[worker].layer_tables[f"conv{layer + 1}"]
+            assert (tables[worker, f"conv-forward {layer}"],
+                    tables[worker, f"conv-backward {layer}"]) == table.times(kernels, probe.batch)
+    lines = op_times_report(result.output_dir)
+    ratios = [float(line.rsplit(" ", 1)[1]) for line in lines
+              if "compute/table" in line and "a step" not in line]
+    assert len(ratios) == len(tables) and all(0.1 < r < 10 for r in ratios), lines
+    assert sum("a step: compute" in line and "conv compute/table" in line
+               for line in lines) == 2  # each worker's step in all
 
 
 def test_a_replica_split_that_left_a_worker_out_is_priced_on_the_worker_it_used(
