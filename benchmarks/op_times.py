@@ -80,13 +80,12 @@ def table_seconds(probe: ClusterProbe, summary: dict[str, Any]) -> dict[OpKey, f
     names = summary.get("split_workers") or [w.name for w in probe.workers]
     if not split:
         return {}
-    active = len(split[0])
-    specs = {spec.name: spec for spec in probe.device_specs(active)}
+    tables = {spec.name: spec.layer_tables for spec in probe.device_specs(len(split[0]))}
+    convs = probe.costmodel_network().conv
     out: dict[OpKey, float] = {}
     for layer, counts in enumerate(split):
-        name = probe.costmodel_network().conv[layer].name
         for worker, kernels in zip(names, counts):
-            table = specs.get(worker) and specs[worker].layer_tables.get(name)
+            table = tables.get(worker, {}).get(convs[layer].name)
             if table is None or kernels <= 0:
                 continue
             forward, backward = table.times(kernels, probe.batch)
