@@ -12,8 +12,11 @@ own, whose residency `mincore` reports. No cluster is started.
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
+import threading
+import time
 from pathlib import Path
 
 from pipeline.records import memory as records_memory
@@ -84,3 +87,32 @@ def test_the_machines_memory_figures_are_measured_after_the_libraries_are_droppe
     assert happened == ["evicted", "measured"]
     assert records_memory._cached(["example", 1], measure) == [123.0]
     assert happened == ["evicted", "measured"]
+
+
+def test_processes_that_start_together_measure_a_figure_once_and_keep_the_same(
+        monkeypatch, tmp_path):
+    """Two callers at once (threads here: each opens the key's lock file apart, so its
+    flock excludes the other as another process's would): the first measures, the
+    second waits and takes what the first kept, and the cache keeps both keys that
+    were measured under it."""
+    monkeypatch.setenv("CNN_MEMORY_CACHE", str(tmp_path / "memory.json"))
+    monkeypatch.setattr(records_memory, "evict_library_pages", lambda: 0)
+    measured: list[float] = []
+
+    def measure() -> list[float]:
+        time.sleep(0.3)  # long enough for the other caller to arrive meanwhile
+        measured.append(100.0 + len(measured))
+        return [measured[-1]]
+
+    results: list[list[float]] = []
+    callers = [threading.Thread(target=lambda: results.append(
+        records_memory._cached(["together", 1], measure))) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(30)
+    assert measured == [100.0] and results == [[100.0], [100.0]]
+    assert records_memory._cached(["other", 1], lambda: [7.0]) == [7.0]
+    kept = json.loads((tmp_path / "memory.json").read_text())
+    assert sorted(v for v in kept.values()) == [[7.0], [100.0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.json"]  # locks gone

@@ -22,12 +22,14 @@ pipeline/records/conv_workspace.py), kept in the same cache (keys `RUNTIME_METHO
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 import dask
 import distributed
@@ -40,6 +42,7 @@ from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants
 from pipeline.records.conv_workspace import cpu_signature, measure_conv_workspace
 from pipeline.records.library_pages import evict_library_pages
 from pipeline.records.memory_runtime import measure_runtimes, runtimes_wanted
+from storage.locks import LockBusy, OwnerLock
 from storage.space import replace_file
 from tasks.memory import CLIENT_IMPORTS, WORKER_IMPORTS, bare_process_rss
 
@@ -60,36 +63,78 @@ def _cache_path() -> str:
         os.path.expanduser("~"), ".cache", "dask-cnn", "memory-baseline.json")
 
 
+def _kept(path: str, key: str) -> tuple[list[float] | None, dict]:
+    """The figures the cache at `path` keeps under `key` (None: none, or not all
+    positive), and everything it keeps."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            cached = json.load(handle)
+        kept = cached.get(key)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None, {}
+    kept = [kept] if isinstance(kept, (int, float)) else kept
+    if isinstance(kept, list) and kept and all(
+            isinstance(v, (int, float)) and v > 0 for v in kept):
+        return [float(v) for v in kept], cached
+    return None, cached
+
+
+@contextlib.contextmanager
+def _held(lock_path: str) -> Iterator[None]:
+    """`lock_path` held (`storage.locks.OwnerLock`, waiting for another holder), or
+    nothing held where it cannot be taken: the cache is an optimisation."""
+    lock = OwnerLock(lock_path, f"the memory cache's {os.path.basename(lock_path)}")
+    try:
+        lock.acquire(on_wait=lambda line: None)
+    except (OSError, LockBusy):
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _cached(what: list, measure: Callable[[], list[float]]) -> list[float]:
     """`measure()`'s figures, kept in the cache under the interpreter, the libraries'
     versions and `what`; measured again where none are kept, and kept only where all
     are measured (positive). The environment's libraries are dropped from the page cache
     first (`evict_library_pages`), so that a figure measured right after an install,
     when pip's files sit in the cache as large folios, is not kept for every run after
-    it (a tiny run's working memory read 133 MB then against 93 MB after)."""
+    it (a tiny run's working memory read 133 MB then against 93 MB after).
+
+    A figure is measured by one process at a time (a lock per key): processes that
+    start together (the test suite's three) would each measure and keep their own,
+    and one that read the cache twice could get two figures (a run's summary held a
+    baseline 12 KB off the one its process read after). Another process's wait ends
+    with the figure it kept; the cache file is rewritten under a lock of its own, so
+    that no process drops a figure another kept meanwhile."""
     key = json.dumps([sys.executable, torch.__version__, np.__version__, dask.__version__,
                       distributed.__version__, zarr.__version__, xr.__version__, *what])
     path = _cache_path()
+    kept, _ = _kept(path, key)
+    if kept is not None:
+        return kept
     try:
-        with open(path, encoding="utf-8") as handle:
-            cached = json.load(handle)
-        kept = cached.get(key)
-        kept = [kept] if isinstance(kept, (int, float)) else kept
-        if isinstance(kept, list) and kept and all(
-                isinstance(v, (int, float)) and v > 0 for v in kept):
-            return [float(v) for v in kept]
-    except (OSError, ValueError, TypeError, AttributeError):
-        cached = {}
-    evict_library_pages()
-    measured = measure()
-    if measured and all(v > 0 for v in measured):
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            kept = {k: v for k, v in cached.items() if k.startswith("[")}
-            replace_file(path, json.dumps({**kept, key: measured}))
-        except OSError:
-            pass  # a cache that cannot be written: measured again next time
-    return measured
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError:
+        pass
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    with _held(f"{path}.{digest}.lock"):
+        kept, _ = _kept(path, key)  # kept by the process that held the lock before
+        if kept is not None:
+            return kept
+        evict_library_pages()
+        measured = measure()
+        if measured and all(v > 0 for v in measured):
+            with _held(f"{path}.lock"):
+                _, cached = _kept(path, key)
+                try:
+                    kept_all = {k: v for k, v in cached.items() if k.startswith("[")}
+                    replace_file(path, json.dumps({**kept_all, key: measured}))
+                except OSError:
+                    pass  # a cache that cannot be written: measured again next time
+        return measured
 
 
 @functools.cache
