@@ -15,14 +15,14 @@ import dataclasses
 import pytest
 
 from pipeline.costmodel import DeviceSpec, Options, StoreSpec, conv_net
-from pipeline.costmodel.compute import FLATTEN_ACCESSES
+from pipeline.costmodel.compute import FLATTEN_ACCESSES, GATHER_ACCESSES
 from pipeline.costmodel.data import replica_times, whole_step
 from pipeline.costmodel.devices import IDEAL_LINK, TrunkTime
 from pipeline.costmodel.replicas import predict_data_store, predict_hybrid_store
 from pipeline.probe.readings import trunk_timings
 from pipeline.probe.runs import PlanRun, replica_plan
 from tasks.receipts import OpEvent, Phase, Receipt
-from tasks.replica_layout import REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
+from tasks.replica_layout import GRAD_UPDATE, REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
 MS = 1e-3
@@ -37,10 +37,13 @@ def _event(name: str, *phases: tuple[str, float]) -> OpEvent:
     return OpEvent(name, -1, 0.0, t, out)
 
 
-def _runs(step_compute: dict[str, float], rows: list[int]) -> list[PlanRun]:
+def _runs(step_compute: dict[str, float], rows: list[int],
+          update: dict[str, float] | None = None) -> list[PlanRun]:
     """Two rounds of a hybrid replica plan (trunk 10 + 20 ms a worker) and of a data
     one whose replica-step reads its batch, computes, waits for a peer, and computes
-    its hand-on copies (the compute split 80/20 around the wait)."""
+    its hand-on copies (the compute split 80/20 around the wait); then its grad-update
+    reads the peer's sum and computes `update` (4 ms where not given)."""
+    update = update or {}
     hybrid = replica_plan(NARROW, sum(rows), len(rows))
     data = replica_plan(NARROW, sum(rows), len(rows), whole=True)
     names = list(step_compute)
@@ -54,7 +57,8 @@ def _runs(step_compute: dict[str, float], rows: list[int]) -> list[PlanRun]:
         out.append(PlanRun(dataclasses.replace(data, shares=rows), names, [
             Receipt("t", w, s, 0.0, 1.0, [
                 _event(REPLICA_STEP, ("dataset", 3 * MS), ("compute", 0.8 * seconds),
-                       ("wait", 5 * MS), ("compute", 0.2 * seconds), ("io", 2 * MS))])
+                       ("wait", 5 * MS), ("compute", 0.2 * seconds), ("io", 2 * MS)),
+                _event(GRAD_UPDATE, ("read", 1 * MS), ("compute", update.get(w, 4 * MS)))])
             for w, seconds in step_compute.items() for s in (2, 3, 4)], r))
     return out
 
@@ -86,6 +90,21 @@ def test_no_data_step_without_a_data_plan_at_the_trunks_rows():
     runs = [run for run in _runs({"cpu-0": 27 * MS, "cpu-1": 33 * MS}, [8, 8])
             if not run.plan.whole]
     assert trunk_timings(runs)["cpu-0"].data_step_s is None
+    assert trunk_timings(runs)["cpu-0"].update_s is None
+
+
+def test_the_update_is_read_off_the_grad_update_compute_at_any_rows():
+    steps = {"cpu-0": 27 * MS, "cpu-1": 33 * MS}
+    update = {"cpu-0": 4 * MS, "cpu-1": 6 * MS}
+    trunks = trunk_timings(_runs(steps, [8, 8], update))
+    # the compute alone, not the read of the peer's sum
+    assert [trunks[w].update_s for w in steps] == pytest.approx([4 * MS, 6 * MS])
+    # an update covers every parameter whatever the rows: alike workers at uneven rows
+    # pool their updates as they are, where their trunks pool per row
+    pooled = trunk_timings(_runs(steps, [9, 3], update), [["cpu-0", "cpu-1"]])
+    assert pooled["cpu-0"].update_s == pooled["cpu-1"].update_s
+    assert 4 * MS <= pooled["cpu-0"].update_s <= 6 * MS
+    assert pooled["cpu-0"].data_step_s > 2 * pooled["cpu-1"].data_step_s
 
 
 NETWORK = conv_net([16, 32], image=16, kernel=3, padding=1, classes=10)
@@ -112,6 +131,24 @@ def test_a_data_replicas_layers_come_to_its_measured_step():
     (hybrid,) = replica_times([timed], NETWORK, [8], dense=False, data_step=False)
     assert sum(t.forward + t.backward for t in hybrid) == pytest.approx(6 * MS)
     assert whole_step(_device(flatten / 2), after, NETWORK, 16) is after  # nothing left
+
+
+def test_replica_updates_are_priced_at_the_measured_update_rate():
+    store = StoreSpec(write_bw=2e9, read_bw=2e9, latency=0.0, client_write_bw=1e9,
+                      client_read_bw=1e9, read_chunk=1e-4, write_chunk=1e-4)
+    plain = _device(10 * MS)
+    # the update streams four times as fast as the memory rate: one quarter the time
+    fast = dataclasses.replace(plain, update_bw=4 * plain.mem_bw)
+    assert fast.update_time(1e6) == pytest.approx(plain.stream_time(1e6) / 4)
+    assert fast.stream_time(1e6) == plain.stream_time(1e6)  # every other pass as it was
+    accesses = (GATHER_ACCESSES + NETWORK.update_accesses())
+    for model, params in ((predict_data_store, NETWORK.params()),
+                          (predict_hybrid_store, NETWORK.conv_params())):
+        slow_step, fast_step = (model(NETWORK, 32, [d] * 2, IDEAL_LINK, store,
+                                      Options(dense_batch="worker")).step_time
+                                for d in (plain, fast))
+        saved = 0.75 * plain.stream_time(accesses * params)
+        assert slow_step - fast_step == pytest.approx(saved, rel=1e-6), model
 
 
 def test_data_predictions_use_the_data_step_and_hybrid_its_trunk():

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pipeline.costmodel import Prediction
+from pipeline.costmodel.compute import DEFAULT_UPDATE_ACCESSES, GATHER_ACCESSES
 from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
                                           cores_filled)
 from pipeline.prediction import (PointPrediction, network_for, per_step_task_costs,
@@ -122,7 +123,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 19 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 20 and probe.phase_seconds["timed_again"] >= 0
     for worker, device in zip(probe.workers, probe.device_specs()):
         # a replica's update timed on every worker at once: a memory rate a CPU can have,
         # and the rate the model prices every element-wise pass at
@@ -149,6 +150,12 @@ def test_probe_measures_positive_finite_constants(probe):
                                                               for w in probe.workers]
     assert [d.trunk.data_step for d in probe.device_specs(2)] == [w.trunk.data_step_s
                                                                   for w in probe.workers]
+    # a data replica's update, its rate the replica's update accesses over its time
+    assert all(_finite_positive(w.trunk.update_s) for w in probe.workers)
+    net = probe.costmodel_network()
+    assert [d.update_bw for d in probe.device_specs(2)] == pytest.approx(
+        [(GATHER_ACCESSES + DEFAULT_UPDATE_ACCESSES) * net.params() * 4 / w.trunk.update_s
+         for w in probe.workers])
     # each worker's spread against its peer's, with both running (not alone)
     assert all(set(w.spread) == {2} and 0 < w.spread[2] < 1 for w in probe.workers)
     assert [d.spread for d in probe.device_specs(2)] == [w.spread[2] for w in probe.workers]

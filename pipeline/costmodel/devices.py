@@ -163,6 +163,11 @@ class DeviceSpec:
     spread : float
         Its compute time's coefficient of variation from step to step (0: steady):
         what the timeline's waits for it cost beyond the mean (timeline.py).
+    update_bw : float or None
+        Bytes per second of a replica's update (its gathered flat gradient and SGD
+        step), from the engine's own update timed in the probe: the update streams
+        faster per access than the memory rate's passes (VGG-11/4's ran 13 ms where
+        the memory rate priced 17). ``None``: the memory rate.
     """
 
     flops: float
@@ -177,6 +182,7 @@ class DeviceSpec:
     name: str = ""
     trunk: TrunkTime | None = None
     spread: float = 0.0
+    update_bw: float | None = None
 
     @classmethod
     def from_rates(
@@ -211,6 +217,13 @@ class DeviceSpec:
     def stream_time(self, elements: float) -> float:
         """Time to stream ``elements`` through memory once (element-wise ops)."""
         return self.bytes_per_elem * elements / (self.mem_bw * self.mem_efficiency)
+
+    def update_time(self, elements: float) -> float:
+        """Time of a replica's update making ``elements`` element accesses: at the
+        measured update rate where there is one, else as a stream."""
+        if self.update_bw is None:
+            return self.stream_time(elements)
+        return self.bytes_per_elem * elements / self.update_bw
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ def predict_data_store(network: Network, batch: int, devices: Sequence[DeviceSpe
     times = replica_times(devices, network, shares, data_step=True)
     cut = stretches(times, *norm_slots(network, p, devices[0].bytes_per_elem,
                                        options.batch_norm))
-    update = {d: dev.stream_time((GATHER_ACCESSES + network.update_accesses()) * params)
+    update = {d: dev.update_time((GATHER_ACCESSES + network.update_accesses()) * params)
               for d, dev in enumerate(devices)}
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     overhead = options.overhead or DaskOverhead()
@@ -261,11 +261,11 @@ def _hybrid_setup(network: Network, devices: Sequence[DeviceSpec], shares: list[
     trunk = [sum(row, LayerTime()) for row in rows]
     after_forward, before_backward = norm_slots(network, p, s, options.batch_norm)
     accesses = network.update_accesses()
-    update = {d: dev.stream_time((GATHER_ACCESSES + accesses) * conv_params)
+    update = {d: dev.update_time((GATHER_ACCESSES + accesses) * conv_params)
               for d, dev in enumerate(devices)}
     if options.dense_batch == "full":  # the dense slices step once, at the end
         for d, dev in enumerate(devices):
-            update[d] += sum(dev.stream_time(accesses * layer.params(
+            update[d] += sum(dev.update_time(accesses * layer.params(
                 split[j][d] / layer.out_features)) for j, layer in enumerate(network.dense))
     stream = {d: dev.stream_time(1.0) for d, dev in enumerate(devices)}
     return _HybridSetup(network, devices, shares, hybrid_parts(shares, options.scheme), s,

@@ -1,8 +1,8 @@
 """Reading calibration runs' receipts: the constants the model needs.
 
 Per worker, the shard timings (one robust figure per layer, kernel count and
-workers running: pipeline/probe/robust.py) and the replica plans' conv trunk and whole
-replica step; the
+workers running: pipeline/probe/robust.py) and the replica plans' conv trunk, whole
+replica step and update; the
 workspace's per-access cost and its spread; the dense head; the dataset read; the gap between a
 worker's queued step tasks; and how long a waiting reader takes to notice a
 slot's ready marker.
@@ -22,7 +22,7 @@ from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD
 from tasks.receipts import OpEvent, Phase, Receipt
-from tasks.replica_layout import REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
+from tasks.replica_layout import GRAD_UPDATE, REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
 
 
 def _busy(event: OpEvent) -> float:
@@ -117,12 +117,14 @@ RowSample = tuple[tuple[float, ...], float | None]
 
 
 def _replica_rounds(runs: Sequence[PlanRun], whole: bool, read: Callable[[Receipt], tuple[
-        tuple[float, ...], OpEvent] | None], alike: Sequence[Sequence[str]]
-        ) -> dict[str, tuple[int, int, list[list[RowSample]]]]:
+        tuple[float, ...], OpEvent] | None], alike: Sequence[Sequence[str]],
+        per_row: bool = True) -> dict[str, tuple[int, int, list[list[RowSample]]]]:
     """Per worker, the rows it ran in the replica plan (`whole`: the one timing a whole
     replica-step, `ReplicaPlan.whole`; else the trunk ops'), the workers running,
     and its steps by round, each step `read` off its receipt (compute figures and the
-    op holding the batch read; None: the receipt lacks the ops).
+    op holding the batch read; None: the receipt lacks the ops). `per_row`: the
+    figures grow with the rows (a trunk's); else they do not (an update's), and alike
+    workers' steps pool as they are.
 
     Workers in one group of `alike` (the same hardware as far as the probe can tell:
     `alike_workers`) are figured together, every step per row of all of them, each
@@ -143,8 +145,9 @@ def _replica_rounds(runs: Sequence[PlanRun], whole: bool, read: Callable[[Receip
                 batch_read = _dataset_read(reader)
                 key = (receipt.worker, run.plan.workers)
                 rows_of[key] = rows
+                scale = rows if per_row else 1
                 samples[key][run.round].append(
-                    (tuple(v / rows for v in values),
+                    (tuple(v / scale for v in values),
                      None if batch_read is None else batch_read / rows))
     group_of = {name: tuple(group) for group in alike for name in group}
     out = {}
@@ -154,7 +157,8 @@ def _replica_rounds(runs: Sequence[PlanRun], whole: bool, read: Callable[[Receip
         for name in peers:
             for r, steps in samples[(name, active)].items():
                 by_round[r] += steps
-        out[worker] = (rows, active, [[(tuple(v * rows for v in values),
+        scale = rows if per_row else 1
+        out[worker] = (rows, active, [[(tuple(v * scale for v in values),
                                         None if d is None else d * rows)
                                        for values, d in by_round[r]] for r in sorted(by_round)])
     return out
@@ -175,15 +179,23 @@ def _replica_step_op(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | No
     return ((_busy(ops[0]),), ops[0]) if ops else None
 
 
+def _grad_update_op(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
+    """A data replica's grad-update compute: the gather of the summed ranges into one
+    flat gradient and the SGD step over every parameter."""
+    ops = [e for e in receipt.events if e.name == GRAD_UPDATE]
+    return ((_busy(ops[0]),), ops[0]) if ops else None
+
+
 def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
                   ) -> dict[str, TrunkTiming]:
     """Per worker, its replica's conv trunk from the hybrid replica plan's rounds: the
     trunk-forward's compute and the trunk-backward's (its backward and the gradient's
     flattening, as a replica-step has them), each the median of its rounds' medians;
     and from the data replica plan's rounds, where it ran, the whole replica-step's
-    compute (`TrunkTiming.data_step_s`). Alike workers pool their steps
-    (`_replica_rounds`)."""
+    compute (`TrunkTiming.data_step_s`) and its update's (`TrunkTiming.update_s`).
+    Alike workers pool their steps (`_replica_rounds`)."""
     steps = _replica_rounds(runs, True, _replica_step_op, alike)
+    updates = _replica_rounds(runs, True, _grad_update_op, alike, per_row=False)
     out = {}
     for worker, (rows, active, rounds) in _replica_rounds(runs, False, _trunk_ops,
                                                           alike).items():
@@ -193,10 +205,13 @@ def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
         data = steps.get(worker)
         data_step = (estimate([[values[0] for values, _ in r] for r in data[2]]).value
                      if data is not None and data[:2] == (rows, active) else None)
+        update = updates.get(worker)
+        update_s = (estimate([[values[0] for values, _ in r] for r in update[2]]).value
+                    if update is not None and update[:2] == (rows, active) else None)
         out[worker] = TrunkTiming(rows, active, f.value, b.value, total.rounds, total.samples,
                                   min(total.low, both), max(total.high, both), total.settled,
                                   dataset_s=_read_figure([[d for _, d in r] for r in rounds]),
-                                  data_step_s=data_step)
+                                  data_step_s=data_step, update_s=update_s)
     return out
 
 

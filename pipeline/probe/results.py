@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, Network, Options, StoreSpec, TrunkTime
-from pipeline.costmodel.compute import conv_time
+from pipeline.costmodel.compute import DEFAULT_UPDATE_ACCESSES, GATHER_ACCESSES, conv_time
 from pipeline.costmodel.memory import element_bytes
 from pipeline.placement.split import split_even
 from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec, head_rate,
@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 19  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 20  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -38,7 +38,8 @@ PROBE_VERSION = 19  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    step (`TrunkTiming.data_step_s`, runs.ReplicaPlan); 18: the
 #                    client's CPU per task fitted collect by collect (client_cpu.py),
 #                    not round by round; 19: a look at a written slot's marker apart
-#                    from noticing one (`DaskProbe.check_s`)
+#                    from noticing one (`DaskProbe.check_s`); 20: a data replica's
+#                    update (`TrunkTiming.update_s`)
 
 
 @dataclass
@@ -204,8 +205,9 @@ class ClusterProbe:
         worker's is scaled by its emulated speed. A worker whose replica trunk was
         timed with ``active`` workers running gets it as its `TrunkTime`, and its
         spread against its peers with ``active`` running as its `DeviceSpec.spread`
-        (0 where none was measured, as alone), and its memory rate (`memory_bw`) as
-        the rate of every element-wise pass.
+        (0 where none was measured, as alone), and its update's rate
+        (`update_rate`) as its `DeviceSpec.update_bw`; its memory rate (`memory_bw`)
+        is the rate of every other element-wise pass.
         """
         active = len(self.workers) if active is None else active
         net = self.costmodel_network()
@@ -220,7 +222,8 @@ class ClusterProbe:
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s,
-                                                     w.trunk.dense_s, w.trunk.data_step_s))
+                                                     w.trunk.dense_s, w.trunk.data_step_s),
+                               update_bw=update_rate(w.trunk.update_s, net, s))
             specs.append(replace(spec, spread=w.spread.get(active, 0.0)))
         return specs
 
@@ -263,6 +266,16 @@ class ClusterProbe:
                 row.append(seconds.total / k)
             out[worker.name] = row
         return out
+
+
+def update_rate(update_s: float | None, net: Network, s: int) -> float | None:
+    """Bytes per second of a replica's update that took `update_s` over every parameter of
+    `net` in `s`-byte elements: its accesses at the probe's SGD (the config's
+    defaults: `DEFAULT_UPDATE_ACCESSES`, after the gather's) over the time (None where
+    it was not timed)."""
+    if not update_s or update_s <= 0:
+        return None
+    return (GATHER_ACCESSES + DEFAULT_UPDATE_ACCESSES) * net.params() * s / update_s
 
 
 def master_device(master: MasterProbe, net: Network, mem_bw: float = math.inf) -> DeviceSpec:

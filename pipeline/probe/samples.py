@@ -123,7 +123,7 @@ def _trunk(trunks: Sequence[TrunkTiming | None]) -> TrunkTiming | None:
         return None
     alike = [t for t in present if (t.rows, t.active) == (present[-1].rows, present[-1].active)]
     figures = _medians(alike, ("forward_s", "backward_s", "low_s", "high_s", "dataset_s",
-                               "dense_s", "data_step_s"))
+                               "dense_s", "data_step_s", "update_s"))
     return replace(alike[0], **figures, rounds=sum(t.rounds for t in alike),
                    steps=sum(t.steps for t in alike), settled=all(t.settled for t in alike))
 

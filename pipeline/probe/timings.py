@@ -68,7 +68,10 @@ class TrunkTiming:
     backward on the same rows, every replica at once (replica_rates.py; None: not
     measured); ``data_step_s`` a ``data`` replica's whole replica-step on the same rows
     (trunk and head, forward and backward, its gradient's hand-on copies; the data
-    replica plan's, pipeline/probe/runs.py: None where it did not run)."""
+    replica plan's, pipeline/probe/runs.py: None where it did not run); ``update_s`` that
+    replica's update (its grad-update: the summed ranges gathered into one flat
+    gradient and the SGD step over every parameter, at the probe's SGD, the config's
+    defaults; None where the data replica plan did not run)."""
 
     rows: int
     active: int
@@ -82,6 +85,7 @@ class TrunkTiming:
     dataset_s: float | None = None
     dense_s: float | None = None
     data_step_s: float | None = None
+    update_s: float | None = None
 
     def scaled(self, bound: str) -> "TrunkTiming":
         """At the lower or upper quartile of its steps (see `ShardTiming.scaled`; the
