@@ -46,7 +46,7 @@ from pipeline.cluster.workers import ClusterWorker, scheduler_address
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel import Prediction
 from pipeline.costmodel.contention import (UNMEASURED_SHARE, contended_step,
-                                          cores_filled)
+                                          cores_filled, median_task_share)
 from pipeline.costmodel.memory import Footprint, element_bytes
 from pipeline.records.memory import machine_memory_constants
 from pipeline.model_probe import check_probe_environment, probe_for_config, probe_policy
@@ -128,11 +128,15 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
 
 def per_step_task_costs(probe: ClusterProbe, task_steps: int) -> ClusterProbe:
     """The probe with its per-task Dask costs (the gap between a worker's tasks, the
-    client's CPU per task) shared out over `task_steps` steps per task: the probe
-    measured them per task (pipeline/probe/runs.py, `PlanEngines.run`)."""
-    dask = dataclasses.replace(probe.dask, task_s=probe.dask.task_s / task_steps,
-                               client_cpu_per_task_s=probe.dask.client_cpu_per_task_s
-                               / task_steps)
+    client's CPU per task) as a run's median step carries them at `task_steps` steps
+    per task (`median_task_share`: all at one, half at two, none at three or more),
+    the gap between steps inside a task (`DaskProbe.step_gap_s`) for the rest: the
+    probe measured them per task (pipeline/probe/runs.py, `PlanEngines.run`)."""
+    share = median_task_share(task_steps)
+    dask = probe.dask
+    in_task = dask.step_gap_s or 0.0
+    dask = dataclasses.replace(dask, task_s=dask.task_s * share + in_task * (1.0 - share),
+                               client_cpu_per_task_s=dask.client_cpu_per_task_s * share)
     return dataclasses.replace(probe, dask=dask)
 
 

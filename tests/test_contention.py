@@ -2,11 +2,11 @@
 
 import pytest
 
-from pipeline.costmodel.contention import contended_step, cores_filled
+from pipeline.costmodel.contention import contended_step, cores_filled, median_task_share
 import numpy as np
 
 from pipeline.probe.client_cpu import client_cpu_fit
-from pipeline.probe.readings import task_gap_s
+from pipeline.probe.dask_readings import step_gap_s, task_gap_s
 from pipeline.probe.runs import PlanRun, ProbePlan, TaskCpu
 
 
@@ -23,6 +23,17 @@ def test_the_contended_step_adds_the_share_of_the_clients_cpu_for_its_tasks():
     assert contended_step(0.030, 0.2, 0.004) == pytest.approx(0.030 + 0.0008)  # 10 steps a task
     assert contended_step(0.030, 2, 0.0, 0.5) == 0.030
     assert contended_step(0.030, 2, 0.004, share=0.0) == 0.030
+
+
+def test_a_runs_median_step_carries_a_tasks_costs_only_where_most_steps_meet_them():
+    """A task's costs land on the step at its boundary: every step at one step a task,
+    half of them at two (the median of an even count averages one of each), fewer than
+    half from three on."""
+    assert median_task_share(1) == 1.0
+    assert median_task_share(2) == 0.5
+    assert [median_task_share(k) for k in (3, 4, 10, 32)] == [0.0] * 4
+    with pytest.raises(ValueError):
+        median_task_share(0)
 
 
 def _round(workers: int, step_s: float, first: bool, send: float, take: float, rate: float,
@@ -89,6 +100,18 @@ def test_a_part_the_fit_would_make_negative_is_zero():
 def _run(workers: int, gap_s: float) -> PlanRun:
     return PlanRun(ProbePlan([[1] * workers]), [f"w{i}" for i in range(workers)], [], 0,
                    task_gaps=[gap_s] if gap_s else [])
+
+
+def test_the_gap_between_steps_inside_a_task_is_read_off_consecutive_receipts():
+    """Each worker's measured steps 4-6 run in one task: the gaps between them, not
+    across a step missing from the receipts (a warm-up left out) nor between workers."""
+    from tasks.receipts import Receipt
+    receipts = [Receipt("t", "w0", 4, 0.000, 0.010), Receipt("t", "w0", 5, 0.0102, 0.020),
+                Receipt("t", "w0", 6, 0.0203, 0.030), Receipt("t", "w1", 4, 0.0001, 0.0101),
+                Receipt("t", "w1", 6, 0.050, 0.060)]  # no step 5: no gap to read
+    run = PlanRun(ProbePlan([[1, 1]]), ["w0", "w1"], receipts, 0)
+    assert step_gap_s([run]) == pytest.approx(0.00025)  # the median of 0.2 and 0.3 ms
+    assert step_gap_s([_run(2, 0.001)]) is None  # no receipts: not measured
 
 
 def test_the_gap_is_the_median_before_the_measured_task():

@@ -112,6 +112,8 @@ def test_probe_measures_positive_finite_constants(probe):
     assert 0 <= d.task_s < 0.5 and 0 <= d.sync_s < 0.5
     # a look at a written slot's marker, measured apart (two workers read each other's)
     assert d.check_s is not None and 0 <= d.check_s < 0.5
+    # the gap between a worker's steps inside one task, measured apart from the one between tasks
+    assert d.step_gap_s is not None and 0 <= d.step_gap_s < 0.5
     assert _finite_positive(d.hop_s) and _finite_positive(d.round_trip_s)
     # the client's CPU per step task, fitted collect by collect (probe/client_cpu.py)
     assert _finite_positive(d.client_cpu_per_task_s) and d.client_cpu_per_task_s < 0.5
@@ -123,7 +125,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 20 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 21 and probe.phase_seconds["timed_again"] >= 0
     for worker, device in zip(probe.workers, probe.device_specs()):
         # a replica's update timed on every worker at once: a memory rate a CPU can have,
         # and the rate the model prices every element-wise pass at
@@ -591,21 +593,26 @@ def test_the_contention_share_the_probe_measured_is_the_one_the_prediction_uses(
 @pytest.mark.parametrize("strategy, workers", [("single", 1), ("kernel", 2), ("data", 2)])
 def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_dataset_factory,
                                                      tmp_path, strategy, workers):
-    """The probe prices a task per step; a run of four steps per task pays a worker's
-    gap between tasks once per four steps, and `auto` sizes tasks to about a second
-    by the predicted step (pipeline/engine/task_steps.py)."""
+    """The probe prices a task per step; a run's median step carries half of a
+    worker's gap between tasks at two steps a task and none at four (fewer than half
+    its steps meet a task's boundary), and `auto` sizes tasks to about a second by
+    the predicted step (pipeline/engine/task_steps.py)."""
     _, cluster = two_workers
     config = _config(tmp_path, tiny_dataset_factory("float32"), cluster, strategy=strategy)
     config.cluster.use_workers = workers
-    one = predict_config(config, probe, task_steps=1)
-    four = predict_config(config, probe, task_steps=4)
-    assert (one.details["task_steps"], four.details["task_steps"]) == (1, 4)
-    saved = one.breakdown["overhead"] - four.breakdown["overhead"]
-    assert saved == pytest.approx(0.75 * probe.dask.task_s, rel=1e-6)
-    assert four.step_time < one.step_time
-    shared = per_step_task_costs(probe, 4).dask
-    assert shared.task_s == probe.dask.task_s / 4
-    assert shared.client_cpu_per_task_s == probe.dask.client_cpu_per_task_s / 4
+    one, two, four = (predict_config(config, probe, task_steps=k) for k in (1, 2, 4))
+    assert [p.details["task_steps"] for p in (one, two, four)] == [1, 2, 4]
+    dask = probe.dask
+    assert 0 <= dask.step_gap_s < dask.task_s  # inside a task a step waits for no dispatch
+    for fewer, share in ((two, 0.5), (four, 1.0)):  # the gap between steps for the rest
+        saved = one.breakdown["overhead"] - fewer.breakdown["overhead"]
+        assert saved == pytest.approx(share * (dask.task_s - dask.step_gap_s), rel=1e-6)
+    assert four.step_time < two.step_time < one.step_time
+    shared = per_step_task_costs(probe, 2).dask
+    assert shared.task_s == pytest.approx((dask.task_s + dask.step_gap_s) / 2)
+    assert shared.client_cpu_per_task_s == dask.client_cpu_per_task_s / 2
+    assert per_step_task_costs(probe, 4).dask.client_cpu_per_task_s == 0.0
+    assert per_step_task_costs(probe, 4).dask.task_s == dask.step_gap_s
     auto = predict_config(config, probe)
     assert auto.details["task_steps"] == steps_per_task("auto", one.step_time) > 1
 

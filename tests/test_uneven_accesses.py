@@ -85,7 +85,7 @@ def test_a_look_at_a_written_slot_is_shorter_than_noticing_one():
 def test_the_probe_reads_a_look_at_a_written_slot_apart_from_noticing_one():
     """A wait that began after its slot's write ended is a look (`check_s`); one that
     the write ended inside is noticing (`sync_s`, from the write's end)."""
-    from pipeline.probe.readings import check_s, sync_s
+    from pipeline.probe.dask_readings import check_s, sync_s
 
     def receipt(worker: str, phases: list[Phase]) -> Receipt:
         return Receipt("t", worker, 0, 0.0, 1.0, [OpEvent(CONV_FORWARD, 0, 0.0, 1.0, phases)])

@@ -31,6 +31,26 @@ from __future__ import annotations
 UNMEASURED_SHARE = 1.0
 
 
+#: Steps a task must hold for its per-task costs to miss a run's median step.
+MEDIAN_MISSES_FROM = 3
+
+
+def median_task_share(task_steps: int) -> float:
+    """The part of one task's costs (a worker's gap between tasks, the client's CPU
+    per task) that a run's median step carries, with `task_steps` steps a task.
+
+    Those costs land on the step at the task's boundary, and a run's step time is the
+    median over its steps. With one step a task every step carries them; with two,
+    half the steps do, and the median of an even count averages one of each (half of
+    one task's costs, as `1 / task_steps`); with three or more, fewer than half the
+    steps carry them and the median step none: the small network's `data` and
+    `kernel` steps on 2 workers read alike at 3, 6 and 12 steps a task, where a
+    share of `1 / task_steps` priced them 1.0-1.4 ms (5-7 %) apart (docs/model.md)."""
+    if task_steps < 1:
+        raise ValueError(f"a task holds at least one step, not {task_steps}")
+    return 1.0 / task_steps if task_steps < MEDIAN_MISSES_FROM else 0.0
+
+
 def cores_filled(worker_threads: list[int], cores: int) -> bool:
     """Whether the workers' threads leave the client no core of its own."""
     return cores > 0 and sum(worker_threads) >= cores

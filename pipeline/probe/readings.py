@@ -1,11 +1,11 @@
-"""Reading calibration runs' receipts: the constants the model needs.
+"""Reading calibration runs' receipts: the compute and workspace constants the model
+needs.
 
 Per worker, the shard timings (one robust figure per layer, kernel count and
 workers running: pipeline/probe/robust.py) and the replica plans' conv trunk, whole
-replica step and update; the
-workspace's per-access cost and its spread; the dense head; the dataset read; the gap between a
-worker's queued step tasks; and how long a waiting reader takes to notice a
-slot's ready marker.
+replica step and update; the workspace's per-access cost and its spread; the dense
+head; the dataset read. The orchestration costs (the gaps between tasks and steps,
+the ready markers) are read in pipeline/probe/dask_readings.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pipeline.probe.timings import ShardTiming, TrunkTiming
 from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD
-from tasks.receipts import OpEvent, Phase, Receipt
+from tasks.receipts import OpEvent, Receipt
 from tasks.replica_layout import GRAD_UPDATE, REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
 
 
@@ -363,36 +363,3 @@ def dense_s(runs: Sequence[PlanRun]) -> Estimate:
         by_round[run.round] += [_busy(e) for r in run.receipts for e in r.events
                                 if e.name == DENSE_HEAD]
     return estimate([by_round[r] for r in sorted(by_round)])
-
-
-def task_gap_s(runs: Sequence[PlanRun]) -> float:
-    """Median gap between a worker's step task and its next, already queued one (each
-    round's last warm-up task and its measured task: `PlanRun.task_gaps`)."""
-    gaps = [gap for run in runs for gap in run.task_gaps]
-    return max(float(np.median(gaps)), 0.0) if gaps else 0.0
-
-
-def _waits_for_writes(runs: Sequence[PlanRun]) -> list[tuple[Phase, float]]:
-    """Every wait phase for a slot written in the same step, with that write's end."""
-    found = []
-    for run in runs:
-        written = {(r.step, p.slot): p.end for r in run.receipts for e in r.events
-                   for p in e.phases if p.kind == "write"}
-        found += [(p, written[(r.step, p.slot)]) for r in run.receipts for e in r.events
-                  for p in e.phases if p.kind == "wait" and (r.step, p.slot) in written]
-    return found
-
-
-def check_s(runs: Sequence[PlanRun]) -> float | None:
-    """Median look at the marker of a slot written before its reader came (a wait
-    phase that began after the slot's write ended): what every read of a written slot
-    pays, where `sync_s` is what a waiting reader pays; None where no read found its
-    slot written."""
-    looks = [p.end - p.start for p, end in _waits_for_writes(runs) if end <= p.start]
-    return float(np.median(looks)) if looks else None
-
-
-def sync_s(runs: Sequence[PlanRun]) -> float:
-    """Median delay from a slot's write to a reader that was waiting for it noticing."""
-    lags = [p.end - end for p, end in _waits_for_writes(runs) if p.start < end < p.end]
-    return float(np.median(lags)) if lags else 0.0

@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 20  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 21  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -39,7 +39,8 @@ PROBE_VERSION = 20  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    client's CPU per task fitted collect by collect (client_cpu.py),
 #                    not round by round; 19: a look at a written slot's marker apart
 #                    from noticing one (`DaskProbe.check_s`); 20: a data replica's
-#                    update (`TrunkTiming.update_s`)
+#                    update (`TrunkTiming.update_s`); 21: the gap between steps
+#                    inside a task (`DaskProbe.step_gap_s`)
 
 
 @dataclass
@@ -87,7 +88,9 @@ class StoreProbe:
 class DaskProbe:
     """The engine's orchestration costs (see `pipeline.costmodel.DaskOverhead`).
 
-    ``task_s``: gap between a worker's consecutive (queued) step tasks; ``sync_s``:
+    ``task_s``: gap between a worker's consecutive (queued) step tasks;
+    ``step_gap_s``: between a worker's consecutive steps inside one task (None: not
+    measured, a probe before version 21); ``sync_s``:
     a ready marker to its waiting reader; ``check_s``: a reader's look at the marker
     of a slot written before it came (None: not measured, as ``sync_s``); all from the
     calibration runs.
@@ -114,6 +117,7 @@ class DaskProbe:
     contention_share: float | None = None
     contention_shares: list[float | None] = field(default_factory=list)
     check_s: float | None = None
+    step_gap_s: float | None = None
 
 
 @dataclass
