@@ -1,5 +1,6 @@
 """Each op of a finished run, split into its compute, its workspace accesses and the
-rest, and a `kernel` run's conv ops beside the probe's tables.
+rest, a `kernel` run's conv ops beside the probe's tables, and a step as the run spent
+it beside the step as the model priced it.
 
     python -m benchmarks.op_times RUN_DIR [RUN_DIR ...]
 
@@ -17,8 +18,15 @@ Of a `kernel` or `single` run, each conv op also gets the probe's table at the r
 split (the cached probe its prediction names, the worker's `LayerTable` with as many
 workers running) and the run's compute over it: how much slower the run computed
 than its probe, layer by layer. The tables are of the probe's optimizer (no momentum,
-no weight decay): a backward that steps with them reads a little over. Not a test: a
-diagnosis for a prediction that missed (docs/benchmarks.md, "The model's error").
+no weight decay): a backward that steps with them reads a little over.
+
+Last, per worker, its measured steps (medians): the step's span in compute, in
+batch reads and workspace reads and writes, in waits for a peer's slot and in the
+rest (between ops), then the gap to its next step; and the model's breakdown from the
+summary (`predicted_breakdown`: its overhead holds the waits and the gaps between
+tasks or steps). The two are what told a step's miss apart into compute, waits and
+the client's share (docs/model.md, "Building blocks"). Not a test: a diagnosis for a
+prediction that missed (docs/benchmarks.md, "The model's error").
 """
 
 from __future__ import annotations
@@ -72,6 +80,58 @@ def op_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(WAR
             for key, by_step in steps.items()}
 
 
+#: A step as `step_parts` splits it.
+STEP_PARTS = ("span", "compute", "io", "wait", "rest", "gap")
+
+
+def step_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(WARMUP_STEPS)
+               ) -> dict[str, dict[str, float]]:
+    """Per worker the median over the steps not `left_out` of `STEP_PARTS` (seconds):
+    its ``step N`` span, the compute, batch and workspace I/O and wait phases inside
+    it, the rest of the span, and the gap to its next step's start (over the steps
+    that have one)."""
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    lanes: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for event in events:
+        if event.get("ph") == "X" and event.get("tid") in names:
+            lanes[event["tid"]].append(event)
+    out = {}
+    for lane, lane_events in lanes.items():
+        steps = sorted((e for e in lane_events if e.get("cat") == "task"
+                        and re.fullmatch(r"step \d+", e["name"])), key=lambda e: e["ts"])
+        phases = [e for e in lane_events if e.get("cat") == "phase"]
+        figures: dict[str, list[float]] = defaultdict(list)
+        for index, step in enumerate(steps):
+            if int(step["name"].split()[1]) in left_out:
+                continue
+            start, end = step["ts"], step["ts"] + step["dur"]
+            inside = [p for p in phases if start <= p["ts"] < end]
+            kinds = {"compute": ("compute", "emulated"), "io": ("read", "write", "dataset"),
+                     "wait": ("wait",)}
+            for part, phase_names in kinds.items():
+                figures[part].append(sum(p["dur"] for p in inside if p["name"] in phase_names))
+            figures["span"].append(step["dur"])
+            figures["rest"].append(step["dur"] - sum(figures[k][-1] for k in kinds))
+            if index + 1 < len(steps):
+                figures["gap"].append(steps[index + 1]["ts"] - end)
+        if figures:
+            out[names[lane]] = {part: median(figures[part]) / 1e6 if figures[part] else 0.0
+                                for part in STEP_PARTS}
+    return out
+
+
+def model_line(summary: dict[str, Any]) -> str | None:
+    """The model's step and its breakdown from a run's summary (None: not predicted)."""
+    b = summary.get("predicted_breakdown")
+    if not summary.get("predicted_step_time") or not isinstance(b, dict):
+        return None
+    io = b.get("storage", 0.0) + b.get("communication", 0.0)
+    return (f"model    a step {1e3 * summary['predicted_step_time']:.2f} ms: compute "
+            f"{1e3 * b.get('compute_critical', 0.0):.2f}, master {1e3 * b.get('master', 0.0):.2f}"
+            f", io {1e3 * io:.2f}, overhead {1e3 * b.get('overhead', 0.0):.2f}, contention "
+            f"{1e3 * b.get('contention', 0.0):.2f}")
+
+
 def table_seconds(probe: ClusterProbe, summary: dict[str, Any]) -> dict[OpKey, float]:
     """Per (worker, conv op) of a `kernel` or `single` run, the probe's table at the
     run's split: its worker's `LayerTable` with as many workers running, at the
@@ -105,9 +165,10 @@ def report(run: str) -> list[str]:
     """The lines printed for one run directory."""
     with open(os.path.join(run, "summary.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
+    left_out = set(summary.get("warmup_steps_left_out", range(WARMUP_STEPS)))
     with open(os.path.join(run, "trace.json"), encoding="utf-8") as handle:
-        parts = op_parts(json.load(handle)["traceEvents"],
-                         set(summary.get("warmup_steps_left_out", range(WARMUP_STEPS))))
+        events = json.load(handle)["traceEvents"]
+    parts = op_parts(events, left_out)
     probe = find_cached_probe(summary.get("prediction_probe") or "", any_age=True)
     tables = table_seconds(probe, summary) if isinstance(probe, ClusterProbe) else {}
     lines = [f"## {run}: {summary.get('strategy')}, step {summary['step_time_median']:.4f} s"
@@ -130,6 +191,14 @@ def report(run: str) -> list[str]:
         ratio = f", conv compute/table {t['tabled'] / t['table']:.3f}" if t["table"] else ""
         lines.append(f"{worker:8s} a step: compute {1e3 * t['compute']:.1f} ms, access "
                      f"{1e3 * t['access']:.1f}, other {1e3 * t['other']:.1f}{ratio}")
+    for worker, p in sorted(step_parts(events, left_out).items()):
+        lines.append(f"{worker:8s} a step's span {1e3 * p['span']:.2f} ms: compute "
+                     f"{1e3 * p['compute']:.2f}, io {1e3 * p['io']:.2f}, wait "
+                     f"{1e3 * p['wait']:.2f}, rest {1e3 * p['rest']:.2f}; then "
+                     f"{1e3 * p['gap']:.2f} to its next step")
+    model = model_line(summary)
+    if model:
+        lines.append(model)
     return lines
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.op_times import op_parts
+from benchmarks.op_times import model_line, op_parts, step_parts
 
 
 def _event(name: str, category: str, start_ms: float, ms: float, **args) -> dict:
@@ -17,7 +17,7 @@ def _step(step: int, origin: float, compute: float, twice: bool = False) -> list
     """One step of a worker: a forward of 10 ms with 1 ms read, 0.5 ms waiting,
     `compute` ms computing (the rest is its own work between phases); with `twice`
     a second op of the same name in the step, 2 ms all compute."""
-    events = [_event("step", "task", origin, 20.0, step=step),
+    events = [_event(f"step {step}", "task", origin, 20.0, step=step),
               _event("conv-forward 1", "op", origin, 10.0, step=step, layer=1),
               _event("wait", "phase", origin, 0.5),
               _event("read", "phase", origin + 0.5, 1.0),
@@ -45,3 +45,29 @@ def test_an_ops_time_splits_into_compute_accesses_and_the_rest_over_measured_ste
     # the warm-up counts where it is not left out: the median of 1, 8, 6 and 9 ms
     assert op_parts(events, left_out=set())["cpu-0", "conv-forward 1"]["compute"] == \
         pytest.approx(0.007)
+
+
+def test_a_step_splits_into_compute_io_waits_the_rest_and_the_gap_to_the_next():
+    events = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": 1,
+               "args": {"name": "cpu-0"}}]
+    for step, origin, compute in ((0, 0.0, 1.0), (1, 100.0, 8.0), (2, 121.0, 6.0),
+                                  (3, 142.0, 7.0)):
+        events += _step(step, origin, compute)
+    got = step_parts(events, left_out={0})["cpu-0"]
+    # steps 1-3: spans of 20 ms, compute 8, 6, 7; a read of 1 and a wait of 0.5 each;
+    # the rest 10.5, 12.5, 11.5; then 1 ms to the next step (steps 1 and 2 have one)
+    assert got["span"] == pytest.approx(0.020)
+    assert got["compute"] == pytest.approx(0.007)
+    assert (got["io"], got["wait"]) == (pytest.approx(0.001), pytest.approx(0.0005))
+    assert got["rest"] == pytest.approx(0.0115)
+    assert got["gap"] == pytest.approx(0.001)
+
+
+def test_the_models_line_is_the_summarys_breakdown():
+    summary = {"predicted_step_time": 0.0202,
+               "predicted_breakdown": {"compute_critical": 0.018, "master": 0.0,
+                                       "storage": 0.0008, "communication": 0.0001,
+                                       "overhead": 0.0007, "contention": 0.0004}}
+    assert model_line(summary) == ("model    a step 20.20 ms: compute 18.00, master 0.00, "
+                                   "io 0.90, overhead 0.70, contention 0.40")
+    assert model_line({"predicted_step_time": None}) is None

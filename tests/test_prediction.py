@@ -326,6 +326,9 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
     assert len(ratios) == len(tables) and all(0.1 < r < 10 for r in ratios), lines
     assert sum("a step: compute" in line and "conv compute/table" in line
                for line in lines) == 2  # each worker's step in all
+    spans = [line for line in lines if "a step's span" in line]  # each worker's steps
+    assert [line.split()[0] for line in spans] == ["cpu-0", "cpu-1"], lines
+    assert lines[-1].startswith(f"model    a step {1e3 * summary['predicted_step_time']:.2f} ms")
 
 
 def test_a_replica_split_that_left_a_worker_out_is_priced_on_the_worker_it_used(
