@@ -51,15 +51,21 @@ PARTS = ("compute", "access", "other")
 OpKey = tuple[str, str]  # (worker, op name as the trace writes it: "conv-forward 3")
 
 
-def op_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(WARMUP_STEPS)
-             ) -> dict[OpKey, dict[str, float]]:
-    """Per (worker, op) the median over the steps not `left_out` of each part of
-    `PARTS` (seconds; an op that runs more than once a step is summed within it)."""
+def _lanes(events: list[dict[str, Any]]) -> tuple[dict[int, str], dict[int, list[dict[str, Any]]]]:
+    """Each trace lane's worker name, and its complete events (``"ph": "X"``)."""
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     lanes: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for event in events:
         if event.get("ph") == "X" and event.get("tid") in names:
             lanes[event["tid"]].append(event)
+    return names, lanes
+
+
+def op_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(WARMUP_STEPS)
+             ) -> dict[OpKey, dict[str, float]]:
+    """Per (worker, op) the median over the steps not `left_out` of each part of
+    `PARTS` (seconds; an op that runs more than once a step is summed within it)."""
+    names, lanes = _lanes(events)
     steps: dict[OpKey, dict[int, dict[str, float]]] = defaultdict(
         lambda: defaultdict(lambda: dict.fromkeys(PARTS, 0.0)))
     for lane, lane_events in lanes.items():
@@ -82,6 +88,9 @@ def op_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(WAR
 
 #: A step as `step_parts` splits it.
 STEP_PARTS = ("span", "compute", "io", "wait", "rest", "gap")
+#: The phases inside a step that make each of its parts.
+STEP_PHASES = {"compute": ("compute", "emulated"), "io": ("read", "write", "dataset"),
+               "wait": ("wait",)}
 
 
 def step_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(WARMUP_STEPS)
@@ -90,11 +99,7 @@ def step_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(W
     its ``step N`` span, the compute, batch and workspace I/O and wait phases inside
     it, the rest of the span, and the gap to its next step's start (over the steps
     that have one)."""
-    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    lanes: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for event in events:
-        if event.get("ph") == "X" and event.get("tid") in names:
-            lanes[event["tid"]].append(event)
+    names, lanes = _lanes(events)
     out = {}
     for lane, lane_events in lanes.items():
         steps = sorted((e for e in lane_events if e.get("cat") == "task"
@@ -106,12 +111,10 @@ def step_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(W
                 continue
             start, end = step["ts"], step["ts"] + step["dur"]
             inside = [p for p in phases if start <= p["ts"] < end]
-            kinds = {"compute": ("compute", "emulated"), "io": ("read", "write", "dataset"),
-                     "wait": ("wait",)}
-            for part, phase_names in kinds.items():
+            for part, phase_names in STEP_PHASES.items():
                 figures[part].append(sum(p["dur"] for p in inside if p["name"] in phase_names))
             figures["span"].append(step["dur"])
-            figures["rest"].append(step["dur"] - sum(figures[k][-1] for k in kinds))
+            figures["rest"].append(step["dur"] - sum(figures[k][-1] for k in STEP_PHASES))
             if index + 1 < len(steps):
                 figures["gap"].append(steps[index + 1]["ts"] - end)
         if figures:

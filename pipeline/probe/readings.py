@@ -145,7 +145,7 @@ def _replica_rounds(runs: Sequence[PlanRun], whole: bool, read: Callable[[Receip
                 batch_read = _dataset_read(reader)
                 key = (receipt.worker, run.plan.workers)
                 rows_of[key] = rows
-                scale = rows if per_row else 1
+                scale = rows if per_row else 1  # undone below, after pooling
                 samples[key][run.round].append(
                     (tuple(v / scale for v in values),
                      None if batch_read is None else batch_read / rows))
@@ -172,18 +172,23 @@ def _trunk_ops(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
     return (_busy(ops[TRUNK_FORWARD]), _busy(ops[TRUNK_BACKWARD])), ops[TRUNK_FORWARD]
 
 
-def _replica_step_op(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
-    """A data replica's replica-step compute: forward and backward, its gradient's
-    hand-on copies."""
-    ops = [e for e in receipt.events if e.name == REPLICA_STEP]
-    return ((_busy(ops[0]),), ops[0]) if ops else None
+def _one_op(name: str) -> Callable[[Receipt], tuple[tuple[float, ...], OpEvent] | None]:
+    """A reader of one op's compute off a data replica's receipt: its ``replica-step``
+    (forward and backward, its gradient's hand-on copies) or its ``grad-update`` (the
+    summed ranges joined into one flat gradient, the SGD step over every parameter)."""
+    def read(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
+        ops = [e for e in receipt.events if e.name == name]
+        return ((_busy(ops[0]),), ops[0]) if ops else None
+    return read
 
 
-def _grad_update_op(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
-    """A data replica's grad-update compute: the gather of the summed ranges into one
-    flat gradient and the SGD step over every parameter."""
-    ops = [e for e in receipt.events if e.name == GRAD_UPDATE]
-    return ((_busy(ops[0]),), ops[0]) if ops else None
+def _figure_at(found: tuple[int, int, list[list[RowSample]]] | None, rows: int,
+               active: int) -> float | None:
+    """The median of the rounds' medians of a data replica plan's figure, where that
+    plan ran at the trunk's `rows` and `active` workers (None elsewhere)."""
+    if found is None or found[:2] != (rows, active):
+        return None
+    return estimate([[values[0] for values, _ in r] for r in found[2]]).value
 
 
 def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
@@ -194,20 +199,16 @@ def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
     and from the data replica plan's rounds, where it ran, the whole replica-step's
     compute (`TrunkTiming.data_step_s`) and its update's (`TrunkTiming.update_s`).
     Alike workers pool their steps (`_replica_rounds`)."""
-    steps = _replica_rounds(runs, True, _replica_step_op, alike)
-    updates = _replica_rounds(runs, True, _grad_update_op, alike, per_row=False)
+    steps = _replica_rounds(runs, True, _one_op(REPLICA_STEP), alike)
+    updates = _replica_rounds(runs, True, _one_op(GRAD_UPDATE), alike, per_row=False)
     out = {}
     for worker, (rows, active, rounds) in _replica_rounds(runs, False, _trunk_ops,
                                                           alike).items():
         f, b = (estimate([[values[n] for values, _ in r] for r in rounds]) for n in range(2))
         total = estimate([[values[0] + values[1] for values, _ in r] for r in rounds])
         both = f.value + b.value
-        data = steps.get(worker)
-        data_step = (estimate([[values[0] for values, _ in r] for r in data[2]]).value
-                     if data is not None and data[:2] == (rows, active) else None)
-        update = updates.get(worker)
-        update_s = (estimate([[values[0] for values, _ in r] for r in update[2]]).value
-                    if update is not None and update[:2] == (rows, active) else None)
+        data_step = _figure_at(steps.get(worker), rows, active)
+        update_s = _figure_at(updates.get(worker), rows, active)
         out[worker] = TrunkTiming(rows, active, f.value, b.value, total.rounds, total.samples,
                                   min(total.low, both), max(total.high, both), total.settled,
                                   dataset_s=_read_figure([[d for _, d in r] for r in rounds]),
