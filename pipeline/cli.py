@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, NoReturn, TypeVar
 import psutil
 
 from pipeline.cluster.semaphores import is_resource_tracker
+from pipeline.cluster.temp_folders import remove_own_temp_folder
 from storage.exchange_folders import remove_own_exchanges
 from storage.private import default_workspace_root
 
@@ -185,7 +186,8 @@ def stops_on_signals() -> Iterator[None]:
 def stop_now(signum: int) -> NoReturn:
     """Kill this process's children (an embedded cluster's workers) and exit
     128 + `signum` without unwinding: what a second signal asks for. The semaphores
-    of the workers' queues are unlinked first (`unlink_semaphores`), and the
+    of the workers' queues are unlinked first (`unlink_semaphores`) and
+    multiprocessing's temporary folder removed (`remove_own_temp_folder`); the
     workspaces this process made in the default root are removed once its workers
     are gone (one in `workspace.path` is left to the next run's sweep of stale ones).
     The resource tracker is spared: it ends by itself once this process and the
@@ -194,6 +196,7 @@ def stop_now(signum: int) -> NoReturn:
     print(f"stopped at once by a second signal ({signal.Signals(signum).name})",
           file=sys.stderr)
     unlink_semaphores()
+    remove_own_temp_folder()
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if not is_resource_tracker(child):

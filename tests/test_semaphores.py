@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -21,6 +22,7 @@ from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, is_resource_tracker, 
                                          pid_namespace, remove_stale_semaphores,
                                          semaphore_maker, tag_semaphores_with_pid,
                                          untagged_maker, untagged_maker_gone)
+from pipeline.cluster.temp_folders import remove_stale_temp_folders
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,6 +41,12 @@ def semaphores_of(pid: int) -> list[str]:
     return glob.glob(os.path.join(SEMAPHORE_FOLDER, f"sem.mp-cnn-{pid}-*"))
 
 
+def temp_folders_of(pid: int, root: str) -> list[str]:
+    """The multiprocessing temporary folders in `root` that process `pid` made (named
+    after it: pipeline/cluster/temp_folders.py)."""
+    return glob.glob(os.path.join(root, f"pymp-cnn-{pid}-*"))
+
+
 def wait_for_group_to_end(pgid: int, timeout: float = 60) -> None:
     """Return once no process of group `pgid` is left (its resource tracker included)."""
     deadline = time.monotonic() + timeout
@@ -51,12 +59,14 @@ def wait_for_group_to_end(pgid: int, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def held_then_group_signalled(signum: int) -> int:
+def held_then_group_signalled(signum: int, temp_root: str) -> int:
     """Start a process holding a one-worker embedded cluster in a session of its own,
+    with `temp_root` as its temporary folder (where no other test's cluster sweeps),
     check its 6 semaphores are there, send `signum` to its process group and wait
     until every process of the group has ended; returns the holder's pid."""
     holder = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": temp_root},
+                              stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
     try:
@@ -76,18 +86,25 @@ def test_a_hang_up_of_the_process_group_leaves_no_semaphore():
     """SIGHUP (a closed terminal) ends every process of the group, which unwinds
     nothing; the resource tracker, started with it blocked, outlives them and unlinks
     the semaphores. Unblocked, the hang-up ends the tracker too and all 6 stay."""
-    pid = held_then_group_signalled(signal.SIGHUP)
-    left = semaphores_of(pid)
-    remove_stale_semaphores()  # whatever the group left: not for later tests to see
+    with tempfile.TemporaryDirectory(dir="/tmp") as temp_root:  # short: a socket's path
+        pid = held_then_group_signalled(signal.SIGHUP, temp_root)
+        left = semaphores_of(pid)
+        remove_stale_semaphores()  # whatever the group left: not for later tests to see
+        (folder,) = temp_folders_of(pid, temp_root)  # nobody unwound: the next cluster's
+        assert remove_stale_temp_folders(temp_root) == [os.path.basename(folder)]
     assert left == []
 
 
 def test_the_next_cluster_removes_what_a_killed_process_group_left():
-    """SIGKILL to the group leaves nobody to unlink the semaphores; the next embedded
-    cluster's sweep (`remove_stale_semaphores`) removes them by the dead pid in their
-    names, and keeps those of a live process (this one's)."""
-    pid = held_then_group_signalled(signal.SIGKILL)
-    left = sorted(os.path.basename(path) for path in semaphores_of(pid))
+    """SIGKILL to the group leaves nobody to unlink the semaphores nor to remove the
+    temporary folder of the fork server's socket; the next embedded cluster's sweeps
+    (`remove_stale_semaphores`, `remove_stale_temp_folders`) remove them by the dead
+    pid in their names, and keep those of a live process (this one's)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as temp_root:  # short: a socket's path
+        pid = held_then_group_signalled(signal.SIGKILL, temp_root)
+        left = sorted(os.path.basename(path) for path in semaphores_of(pid))
+        (folder,) = temp_folders_of(pid, temp_root)
+        assert remove_stale_temp_folders(temp_root) == [os.path.basename(folder)]
     assert len(left) == 6  # the tracker died with the group
     tag_semaphores_with_pid()
     own = multiprocessing.get_context("forkserver").Lock()  # a named semaphore of a live pid
@@ -164,7 +181,7 @@ def hold_a_semaphore() -> None:
 
 
 STOPPED_TWICE = """
-import multiprocessing, time
+import multiprocessing, multiprocessing.util, time
 from pipeline.cli import stops_on_signals
 from pipeline.cluster.semaphores import start_resource_tracker
 from tests.test_semaphores import hold_a_semaphore
@@ -172,6 +189,7 @@ start_resource_tracker()
 with stops_on_signals():
     try:
         multiprocessing.get_context("forkserver").Process(target=hold_a_semaphore).start()
+        print(multiprocessing.util.get_temp_dir(), flush=True)  # the fork server's socket's
         time.sleep(120)
     finally:  # a run's cleanup that hangs: the second signal stops it at once
         print("unwinding", flush=True)
@@ -183,15 +201,19 @@ def test_a_second_signal_spares_the_tracker_that_unlinks_a_childs_semaphore():
     """The stop at once (`pipeline.cli.stop_now`) kills the process's children, a
     semaphore of one of them (not the process's own, which it unlinks itself) with
     it; the resource tracker, spared, unlinks that one once they are all gone.
-    Killed with them, it left the semaphore in /dev/shm."""
+    Killed with them, it left the semaphore in /dev/shm. The process's own temporary
+    folder (its fork server's socket's) is removed too, as its exit would have."""
     process = subprocess.Popen([sys.executable, "-c", STOPPED_TWICE], cwd=ROOT,
                                env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     path = ""
     try:
-        name = process.stdout.readline().strip()
+        # the child's semaphore's name and the process's folder, in either order
+        said = sorted(process.stdout.readline().strip() for _ in range(2))
+        folder, name = said if said[0].startswith("/") else ("", said[0])
         path = os.path.join(SEMAPHORE_FOLDER, f"sem.{name}")
-        assert name and os.path.exists(path), process.communicate(timeout=60)
+        assert name and os.path.exists(path), (said, process.communicate(timeout=60))
+        assert os.path.isdir(folder), said
         (tracker,) = [child for child in psutil.Process(process.pid).children()
                       if is_resource_tracker(child)]
         process.send_signal(signal.SIGHUP)
@@ -201,6 +223,7 @@ def test_a_second_signal_spares_the_tracker_that_unlinks_a_childs_semaphore():
         _gone, alive = psutil.wait_procs([tracker], timeout=30)
         assert not alive
         assert not os.path.exists(path)
+        assert not os.path.exists(folder)  # removed before the exit that skips cleanup
     finally:
         if process.poll() is None:
             process.kill()

@@ -43,6 +43,7 @@ from pipeline.config.cluster_config import WorkerConfig
 from pipeline.cluster.fork_server import start_fork_server
 from pipeline.cluster.semaphores import (is_resource_tracker, remove_stale_semaphores,
                                          start_resource_tracker, tag_semaphores_with_pid)
+from pipeline.cluster.temp_folders import remove_stale_temp_folders
 from pipeline.cluster.security import run_security
 
 LOOPBACK = "127.0.0.1"
@@ -85,10 +86,12 @@ def start_embedded_cluster(workers: list[WorkerConfig], progress: Progress | Non
     batches, the workers come up a few at a time rather than (nearly) all at the end.
     The semaphores of the nannies' queues carry this process's pid, and those that
     processes gone without unlinking theirs left are removed first
-    (pipeline/cluster/semaphores.py).
+    (pipeline/cluster/semaphores.py), as are the temporary folders such processes left
+    (pipeline/cluster/temp_folders.py).
     """
     tag_semaphores_with_pid()
     remove_stale_semaphores()
+    remove_stale_temp_folders()
     security, scratch = run_security(), private_scratch()
     quiet_dashboard_errors()
     scheduler = {"cls": Scheduler,

@@ -41,6 +41,7 @@ import dask.config
 
 from pipeline.cluster import forked_main
 from pipeline.cluster.semaphores import start_resource_tracker
+from pipeline.cluster.temp_folders import tag_temp_folder
 from tasks.memory import WORKER_MODULES
 
 
@@ -55,6 +56,7 @@ def start_fork_server() -> None:
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         [*WORKER_MODULES, forked_main.__name__])
     start_resource_tracker()  # starting it unblocks SIGINT in its caller: first
+    tag_temp_folder()  # where the server's socket goes: named for the sweep of stale ones
     saved = {name: os.environ.get(name) for name in environment}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     os.environ.update(environment)

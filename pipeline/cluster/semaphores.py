@@ -114,7 +114,14 @@ def maker_gone(name: str, namespace: int | None, pid_exists: Callable[[int], boo
     (``ns0``, or this process's unknown) may have a live maker this process cannot
     see, and unlinking it would fail that maker's next worker, which opens the
     semaphore by name: it is never judged gone."""
-    maker = semaphore_maker(name)
+    return tagged_maker_gone(semaphore_maker(name), namespace, pid_exists)
+
+
+def tagged_maker_gone(maker: tuple[int, int] | None, namespace: int | None,
+                      pid_exists: Callable[[int], bool]) -> bool:
+    """`maker_gone` for the pid and namespace a tagged name carries (`maker`; None: an
+    untagged name), whatever the thing named (a temporary folder too:
+    pipeline/cluster/temp_folders.py)."""
     if maker is None or not namespace or maker[1] != namespace:
         return False
     return not pid_exists(maker[0])
