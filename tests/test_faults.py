@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ from experiments.sweep.store_layout import ADDED_LATER, DONE, FAILED, build_temp
 from experiments.sweep.run import one_line
 from experiments.sweep.config import load_sweep
 from pipeline.cluster.embedded import QUIET
-from pipeline.cluster.workers import SchedulerLost, WorkerLost
+from pipeline.cluster.workers import ClusterWorker, SchedulerLost, WorkerLost
+from pipeline.engine.runner import FETCH_ASK_S, TaskRunner
 from storage import checkpoints
 from tests.helpers import error_lines_of, max_relative_error, replay_in_pytorch, run_main
 from pipeline.config.run_config import load_run_config
@@ -374,6 +376,34 @@ def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(
     expected, _ = replay_in_pytorch(config, dataset)
     assert max_relative_error(checkpoints.read_tensors(path, steps), expected) <= 1e-10
 
+
+
+def test_a_worker_that_leaves_holding_a_finished_result_is_named_within_seconds(
+        three_cli_workers):
+    """A task done, its worker frozen as the run fetches the result and then killed
+    (as a batch job's end does): the fetch cannot finish (the task is pinned there),
+    and the run names the lost worker at its next question to the scheduler, a second
+    or two on. It waited out the whole fetch limit (10 s) before it asked."""
+    cluster = three_cli_workers
+    info = cluster.client.scheduler_info(n_workers=-1)["workers"]
+    address = next(a for a, worker in info.items() if worker["name"] == "w2")
+    runner = TaskRunner(cluster.client, [ClusterWorker(address, "w2", "CPU", 1, 1.0, "cpu")],
+                        "held")
+    future = runner.submit(sum, 0, [1, 2], name="held")
+    assert future.result(timeout=30) == 3  # done, held by w2
+    os.kill(cluster.workers["w2"].pid, signal.SIGSTOP)
+    killer = threading.Timer(1.0, cluster.kill, args=("w2",))
+    killer.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(WorkerLost) as lost:
+            runner.gather([future], "collecting")
+        took = time.monotonic() - started
+    finally:
+        killer.join()
+        cluster.replace("w2")
+    assert "collecting: worker w2 left the cluster" in str(lost.value), str(lost.value)
+    assert 1.0 <= took < 1.0 + 3 * FETCH_ASK_S + 2.0, took
 
 
 def test_sweep_killed_at_random_moments_keeps_finished_points(tmp_path, this_code_everywhere,

@@ -47,6 +47,8 @@ STALL_STEPS, STALL_FLOOR_S, FIRST_STALL_S = 10.0, 30.0, 120.0
 #: Seconds a probed worker has to answer before it counts as stalled (at most the
 #: limit itself), and to list the run's stores.
 PROBE_S = 5.0
+#: Seconds between questions whether a worker left, while finished results are fetched.
+FETCH_ASK_S = 1.0
 #: Seconds without a task finishing after which the progress bar names the workers
 #: waited for (at most half the stall limit).
 WAIT_NOTE_S = 5.0
@@ -254,15 +256,8 @@ class TaskRunner:
             if any(f.cancelled() for f in futures):
                 self._scheduler_lost(what)
             if all(f.done() for f in futures):
-                try:
-                    results = self.client.sync(self.client._gather, futures,
-                                               callback_timeout=self._fetch_s())
-                except OSError:  # TimeoutError, or CommClosedError ("Stream is closed"):
-                    pass  # the holder of a result, or the scheduler, is gone: the check
-                    # below names which (a lost scheduler was once a bare comm error here)
-                except CancelledError:
-                    self._scheduler_lost(what)
-                else:
+                results = self._fetch(futures, what)
+                if results is not None:
                     for future in futures:
                         self._doing.pop(future.key, None)
                     return results
@@ -300,6 +295,30 @@ class TaskRunner:
                                   [worker.address for worker in gone],
                                   [worker.label for worker in gone], memory=bool(notes),
                                   walltime=walltime))
+
+    def _fetch(self, futures: list[Future], what: str) -> list[Any] | None:
+        """The finished `futures`' results; None where they did not come (a holder of
+        one, or the scheduler, is gone: the caller's check names which). One fetch runs
+        on the client's loop for up to `_fetch_s`, and every FETCH_ASK_S meanwhile the
+        scheduler is asked whether a worker left: a result held by a worker that left
+        after finishing is waited for, not recomputed (its task is pinned there), and
+        held a run that lost its last workers 10 s before it said so."""
+        fetch = asyncio.run_coroutine_threadsafe(self.client._gather(futures),
+                                                 self.client.loop.asyncio_loop)
+        deadline = time.monotonic() + self._fetch_s()
+        try:
+            while True:
+                try:
+                    return fetch.result(timeout=max(0.0, min(FETCH_ASK_S,
+                                                             deadline - time.monotonic())))
+                except OSError:  # not yet (TimeoutError), or CommClosedError ("Stream is
+                    if fetch.done() or time.monotonic() >= deadline:  # closed"): a lost
+                        return None  # scheduler was once a bare comm error here
+                except CancelledError:
+                    self._scheduler_lost(what)
+                self._check_workers(what)
+        finally:
+            fetch.cancel()
 
     def _fetch_s(self) -> float:
         """How long to wait for finished results: 10 s, or the stall limit if shorter
