@@ -22,7 +22,9 @@ no weight decay): a backward that steps with them reads a little over.
 
 Last, per worker, its measured steps (medians): the step's span in compute, in
 batch reads and workspace reads and writes, in waits for a peer's slot and in the
-rest (between ops), then the gap to its next step; and the model's breakdown from the
+rest (between ops), then the gap to its next step; its steps that open a task against
+the later ones of a task (`task_positions`: what a task's start costs on the worker's
+core, which one or two steps a task pay in their median step); and the model's breakdown from the
 summary (`predicted_breakdown`: its overhead holds the waits and the gaps between
 tasks or steps). The two are what told a step's miss apart into compute, waits and
 the client's share (docs/model.md, "Building blocks"). Not a test: a diagnosis for a
@@ -123,6 +125,36 @@ def step_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(W
     return out
 
 
+def task_positions(events: list[dict[str, Any]], left_out: Collection[int] = range(WARMUP_STEPS)
+                   ) -> dict[str, dict[str, tuple[float, int]]]:
+    """Per worker, the median span (seconds) and count of its steps not `left_out` that
+    open a task (``first``) and of those after them in the same task (``later``): a
+    task's steps are those the client submitted together (``submit steps A-B`` in the
+    trace; ``submit step A``: a task of one). The first pays the task's start on the
+    worker's core; the median step meets it at one or two steps a task only."""
+    opens = {}
+    for event in events:
+        found = re.fullmatch(r"submit steps? (\d+)(?:-(\d+))?", event.get("name", ""))
+        if found and event.get("cat") == "client":
+            first = int(found[1])
+            opens.update({step: first for step in range(first, int(found[2] or first) + 1)})
+    names, lanes = _lanes(events)
+    out = {}
+    for lane, lane_events in lanes.items():
+        spans: dict[str, list[float]] = defaultdict(list)
+        for event in lane_events:
+            named = re.fullmatch(r"step (\d+)", event["name"])
+            if event.get("cat") != "task" or not named or int(named[1]) in left_out:
+                continue
+            step = int(named[1])
+            if step in opens:
+                spans["first" if opens[step] == step else "later"].append(event["dur"])
+        if spans:
+            out[names[lane]] = {where: (median(spans[where]) / 1e6 if spans[where] else 0.0,
+                                        len(spans[where])) for where in ("first", "later")}
+    return out
+
+
 def model_line(summary: dict[str, Any]) -> str | None:
     """The model's step and its breakdown from a run's summary (None: not predicted)."""
     b = summary.get("predicted_breakdown")
@@ -199,6 +231,11 @@ def report(run: str) -> list[str]:
                      f"{1e3 * p['compute']:.2f}, io {1e3 * p['io']:.2f}, wait "
                      f"{1e3 * p['wait']:.2f}, rest {1e3 * p['rest']:.2f}; then "
                      f"{1e3 * p['gap']:.2f} to its next step")
+    for worker, where in sorted(task_positions(events, left_out).items()):
+        (first, opened), (later, inside) = where["first"], where["later"]
+        lines.append(f"{worker:8s} a task's first step {1e3 * first:.2f} ms ({opened} "
+                     f"steps)" + (f", its later ones {1e3 * later:.2f} ms ({inside}): "
+                                  f"{1e3 * (first - later):+.2f} ms a task" if inside else ""))
     model = model_line(summary)
     if model:
         lines.append(model)

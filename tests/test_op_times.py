@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.op_times import model_line, op_parts, step_parts
+from benchmarks.op_times import model_line, op_parts, step_parts, task_positions
 
 
 def _event(name: str, category: str, start_ms: float, ms: float, **args) -> dict:
@@ -61,6 +61,24 @@ def test_a_step_splits_into_compute_io_waits_the_rest_and_the_gap_to_the_next():
     assert (got["io"], got["wait"]) == (pytest.approx(0.001), pytest.approx(0.0005))
     assert got["rest"] == pytest.approx(0.0115)
     assert got["gap"] == pytest.approx(0.001)
+
+
+def test_a_tasks_first_step_is_told_from_its_later_ones_by_what_the_client_submitted():
+    """Tasks of steps 0-2, 3-5 and 6 (as `submit steps 0-2`, `submit step 6`), step 0
+    a warm-up: the steps that open a task (3, 6) against the later ones (1, 2, 4, 5);
+    a step no submit names (7) counts as neither."""
+    events = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": 1,
+               "args": {"name": "cpu-0"}}]
+    events += [_event(name, "client", 0.0, 1.0) for name in
+               ("submit steps 0-2", "submit steps 3-5", "submit step 6")]
+    for step, ms in enumerate((50.0, 20.0, 22.0, 31.0, 21.0, 19.0, 35.0, 99.0)):
+        events.append(_event(f"step {step}", "task", 100.0 * step, ms, step=step))
+    got = task_positions(events, left_out={0})["cpu-0"]
+    assert got["first"] == (pytest.approx(0.033), 2)  # steps 3 and 6: 31 and 35 ms
+    assert got["later"] == (pytest.approx(0.0205), 4)  # 20, 22, 21, 19 ms
+    # the warm-up counts where it is not left out: it opens the first task
+    assert task_positions(events, left_out=set())["cpu-0"]["first"] == \
+        (pytest.approx(0.035), 3)
 
 
 def test_the_models_line_is_the_summarys_breakdown():

@@ -328,6 +328,8 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
                for line in lines) == 2  # each worker's step in all
     spans = [line for line in lines if "a step's span" in line]  # each worker's steps
     assert [line.split()[0] for line in spans] == ["cpu-0", "cpu-1"], lines
+    opened = [line for line in lines if "a task's first step" in line]  # by the submits
+    assert [line.split()[0] for line in opened] == ["cpu-0", "cpu-1"], lines
     assert lines[-1].startswith(f"model    a step {1e3 * summary['predicted_step_time']:.2f} ms")
 
 
