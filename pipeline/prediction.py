@@ -114,9 +114,9 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
             config, on, model_network(config, spec), splits)
         return with_contention(prediction, on) if isinstance(on, ClusterProbe) else prediction
 
+    prediction = predict(probe)
     if not isinstance(probe, ClusterProbe):
-        return predict(probe)
-    prediction = predict(per_step_task_costs(probe, 1))  # what sizes an `auto` task
+        return prediction
     if task_steps is None:
         task_steps = steps_per_task(strategy_named(config.strategy).steps_per_task(config),
                                     prediction.step_time)
@@ -127,17 +127,16 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
 
 
 def per_step_task_costs(probe: ClusterProbe, task_steps: int) -> ClusterProbe:
-    """The probe with its per-task costs as a run's median step carries them at
-    `task_steps` steps a task (`median_task_share`: all at one, half at two, none
-    from three), the gap between steps inside a task (`DaskProbe.step_gap_s`) for the
-    rest: the gap between tasks, and a task's first step over its later ones
-    (`DaskProbe.task_start_s`, the client's share of the cores in it; before probe
-    version 22 the client's CPU per task instead, for `with_contention`)."""
-    share, dask = median_task_share(task_steps), probe.dask
-    gap = dask.task_s * share + (dask.step_gap_s or 0.0) * (1.0 - share)
-    start, client = dask.task_start_s, dask.client_cpu_per_task_s * share
-    dask = dataclasses.replace(dask, task_s=gap + max(start or 0.0, 0.0) * share,
-                               client_cpu_per_task_s=client if start is None else 0.0)
+    """The probe with its per-task Dask costs (the gap between a worker's tasks, the
+    client's CPU per task) as a run's median step carries them at `task_steps` steps
+    per task (`median_task_share`: all at one, half at two, none at three or more),
+    the gap between steps inside a task (`DaskProbe.step_gap_s`) for the rest: the
+    probe measured them per task (pipeline/probe/runs.py, `PlanEngines.run`)."""
+    share = median_task_share(task_steps)
+    dask = probe.dask
+    in_task = dask.step_gap_s or 0.0
+    dask = dataclasses.replace(dask, task_s=dask.task_s * share + in_task * (1.0 - share),
+                               client_cpu_per_task_s=dask.client_cpu_per_task_s * share)
     return dataclasses.replace(probe, dask=dask)
 
 
@@ -290,8 +289,7 @@ def constants(probe: ClusterProbe | MasterProbe) -> dict[str, Any]:
     s, d = probe.store, probe.dask
     return {"store_read_bw": s.read_bw, "store_write_bw": s.write_bw,
             "store_read_latency_s": s.read_latency_s, "store_write_latency_s": s.write_latency_s,
-            "dataset_read_s": s.dataset_read_s, "task_gap_s": d.task_s,
-            "task_start_s": d.task_start_s, "sync_s": d.sync_s,
+            "dataset_read_s": s.dataset_read_s, "task_gap_s": d.task_s, "sync_s": d.sync_s,
             "hop_s": d.hop_s, "client_round_trip_s": d.round_trip_s,
             "client_cpu_per_task_s": d.client_cpu_per_task_s,
             "client_cpu_rate": d.client_cpu_rate, "host_cores": d.host_cores,

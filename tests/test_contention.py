@@ -6,7 +6,7 @@ from pipeline.costmodel.contention import contended_step, cores_filled, median_t
 import numpy as np
 
 from pipeline.probe.client_cpu import client_cpu_fit
-from pipeline.probe.dask_readings import step_gap_s, task_gap_s, task_start_s
+from pipeline.probe.dask_readings import step_gap_s, task_gap_s
 from pipeline.probe.runs import PlanRun, ProbePlan, TaskCpu
 
 
@@ -112,23 +112,6 @@ def test_the_gap_between_steps_inside_a_task_is_read_off_consecutive_receipts():
     run = PlanRun(ProbePlan([[1, 1]]), ["w0", "w1"], receipts, 0)
     assert step_gap_s([run]) == pytest.approx(0.00025)  # the median of 0.2 and 0.3 ms
     assert step_gap_s([_run(2, 0.001)]) is None  # no receipts: not measured
-
-
-def test_a_tasks_start_is_its_first_measured_step_over_the_later_ones():
-    """Per run and worker, the measured task's first step (in step order) less the
-    median of its later ones; the median over them; a worker with one measured step
-    says nothing."""
-    from tasks.receipts import Receipt
-    receipts = [Receipt("t", "w0", 5, 0.010, 0.020), Receipt("t", "w0", 4, 0.000, 0.009),
-                Receipt("t", "w0", 6, 0.020, 0.032),  # w0: 9 ms, then 10 and 12: -2 ms
-                Receipt("t", "w1", 4, 0.000, 0.015), Receipt("t", "w1", 5, 0.015, 0.025),
-                Receipt("t", "w1", 6, 0.025, 0.035),  # w1: 15 ms, then 10 and 10: +5 ms
-                Receipt("t", "w2", 4, 0.000, 0.050)]  # one step: no later ones
-    other = [Receipt("t", "w0", 8, 0.0, 0.018), Receipt("t", "w0", 9, 0.018, 0.028)]  # +8 ms
-    runs = [PlanRun(ProbePlan([[1, 1, 1]]), ["w0", "w1", "w2"], receipts, 0),
-            PlanRun(ProbePlan([[1]]), ["w0"], other, 1)]
-    assert task_start_s(runs) == pytest.approx(0.005)  # the median of -2, 5 and 8 ms
-    assert task_start_s([_run(2, 0.001)]) is None  # no receipts: not measured
 
 
 def test_the_gap_is_the_median_before_the_measured_task():

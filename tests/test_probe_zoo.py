@@ -234,27 +234,3 @@ def test_the_replica_plan_runs_the_replicas_batch_norm_as_the_run_does(shared_cl
     assert key(normed, 8, batch_norm="local") != key(normed, 8, batch_norm="sync")
     plain = _spec("marques", 0.25)  # no batch norm
     assert key(plain, 8, batch_norm="local") == key(plain, 8, batch_norm="sync")
-
-
-def test_a_round_sends_one_more_task_as_its_measured_task_starts(shared_cluster):
-    """A round of a cheap plan: two one-step warm-up tasks, the measured task of three
-    steps, then a one-step task sent as the measured one starts (a run sends its next
-    task so, which slows the step that opens a task: `DaskProbe.task_start_s`). The
-    readings see the measured task alone, the warm-ups apart and neither the trailing
-    task; the plan's next round goes on after it, with one warm-up."""
-    client, cluster = shared_workers(shared_cluster, "PROBE")
-    register_setup(client, cluster)
-    offered = find_workers(client, cluster)[:2]
-    plan = runs.replica_plan(_normed(), 8, len(offered))
-    with cluster_probe._dataset_for(_normed(), 8, None) as dataset, \
-            runs.PlanEngines(client, offered, _normed(), 8, dataset, [plan]) as engines:
-        first = engines.run(plan, 0)
-        assert engines.engines[id(plan)][2] == 6  # 5 steps of the plan, then the trailing one
-        second = engines.run(plan, 1)
-    assert [t.steps for t in first.task_cpu] == [1, 1, 3, 1]  # a collect each
-    assert sorted({r.step for r in first.receipts}) == [2, 3, 4]
-    assert sorted({r.step for r in first.warmup_receipts}) == [0, 1]
-    assert [t.steps for t in second.task_cpu] == [1, 3, 1]
-    assert sorted({r.step for r in second.warmup_receipts}) == [6]
-    assert sorted({r.step for r in second.receipts}) == [7, 8, 9]
-    assert len(first.task_gaps) == len(second.task_gaps) == 2  # a worker's each

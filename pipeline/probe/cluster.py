@@ -28,8 +28,7 @@ from pipeline.probe.client_share import SHARE_BELOW_S, median_share
 from pipeline.probe.hops import probe_hops
 from pipeline.probe.keys import probe_key, worker_identity, workspace_location
 from pipeline.probe.machine import machine_identity, worker_identities
-from pipeline.probe.dask_readings import (check_s, step_gap_s, sync_s, task_gap_s,
-                                          task_start_s)
+from pipeline.probe.dask_readings import check_s, step_gap_s, sync_s, task_gap_s
 from pipeline.probe.readings import (access_spreads, dataset_read_s, dense_s,
                                      relative_spreads, shard_timings, store_fit,
                                      trunk_timings)
@@ -120,7 +119,7 @@ def probe_cluster(client: Any, offered: Sequence[ClusterWorker], network: Networ
     per_task, rate = client_cpu_fit([reading for run in runs for reading in run.task_cpu])
     dask = DaskProbe(task_gap_s(runs), sync_s(runs), hop, round_trip, per_task, rate,
                      scheduler_in_process(client), usable_cores(), median_share(shares),
-                     shares, check_s(runs), step_gap_s(runs), task_start_s(runs))
+                     shares, check_s(runs), step_gap_s(runs))
     dense = dense_s(runs)
     master = MasterProbe(1, batch, dense.value, created=time.time(), dense_low_s=dense.low,
                          dense_high_s=dense.high)

@@ -24,38 +24,21 @@ def task_gap_s(runs: Sequence[PlanRun]) -> float:
     return max(float(np.median(gaps)), 0.0) if gaps else 0.0
 
 
-def _measured_tasks(runs: Sequence[PlanRun]) -> list[list[Receipt]]:
-    """Each run's measured steps per worker, in step order: a round's measured steps
-    run in one task per worker (`PlanEngines.run`)."""
-    tasks = []
+def step_gap_s(runs: Sequence[PlanRun]) -> float | None:
+    """Median gap between a worker's consecutive measured steps: a round's measured
+    steps run in one task per worker (`PlanEngines.run`), so each gap is one between
+    steps inside a task, where `task_gap_s` is the one between tasks (None: no plan
+    measured two steps)."""
+    gaps = []
     for run in runs:
         by_worker: dict[str, list[Receipt]] = defaultdict(list)
         for receipt in run.receipts:
             by_worker[receipt.worker].append(receipt)
-        tasks += [sorted(receipts, key=lambda r: r.step) for receipts in by_worker.values()]
-    return tasks
-
-
-def step_gap_s(runs: Sequence[PlanRun]) -> float | None:
-    """Median gap between a worker's consecutive measured steps: each gap is one between
-    steps inside a task, where `task_gap_s` is the one between tasks (None: no plan
-    measured two steps)."""
-    gaps = [b.start - a.end for task in _measured_tasks(runs) for a, b in zip(task, task[1:])
-            if b.step == a.step + 1]
+        for receipts in by_worker.values():
+            ordered = sorted(receipts, key=lambda r: r.step)
+            gaps += [b.start - a.end for a, b in zip(ordered, ordered[1:])
+                     if b.step == a.step + 1]
     return max(float(np.median(gaps)), 0.0) if gaps else None
-
-
-def task_start_s(runs: Sequence[PlanRun]) -> float | None:
-    """Median of what the step that opens a task takes over the task's later steps: per
-    run and worker, the measured task's first step less the median of its others
-    (None: no plan measured two steps). The Dask work at a task's start (the last
-    task's result taken in and reported, the next one taken up, on the worker's side
-    and, where the workers fill the cores, the client's) slows that first step: 11 ms
-    a task in the small network's runs on 2 workers of the AMD EPYC (docs/model.md)."""
-    excess = [(task[0].end - task[0].start)
-              - float(np.median([r.end - r.start for r in task[1:]]))
-              for task in _measured_tasks(runs) if len(task) >= 2]
-    return float(np.median(excess)) if excess else None
 
 
 def _waits_for_writes(runs: Sequence[PlanRun]) -> list[tuple[Phase, float]]:

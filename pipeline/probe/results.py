@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 22  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 21  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -40,9 +40,7 @@ PROBE_VERSION = 22  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    not round by round; 19: a look at a written slot's marker apart
 #                    from noticing one (`DaskProbe.check_s`); 20: a data replica's
 #                    update (`TrunkTiming.update_s`); 21: the gap between steps
-#                    inside a task (`DaskProbe.step_gap_s`); 22: what a task's first
-#                    step takes over its later ones (`DaskProbe.task_start_s`), a next
-#                    task sent as the measured one starts (runs.py)
+#                    inside a task (`DaskProbe.step_gap_s`)
 
 
 @dataclass
@@ -92,9 +90,7 @@ class DaskProbe:
 
     ``task_s``: gap between a worker's consecutive (queued) step tasks;
     ``step_gap_s``: between a worker's consecutive steps inside one task (None: not
-    measured, a probe before version 21); ``task_start_s``: what the step that opens
-    a task takes over the task's later steps (None: not measured, before version 22;
-    dask_readings.task_start_s); ``sync_s``:
+    measured, a probe before version 21); ``sync_s``:
     a ready marker to its waiting reader; ``check_s``: a reader's look at the marker
     of a slot written before it came (None: not measured, as ``sync_s``); all from the
     calibration runs.
@@ -122,7 +118,6 @@ class DaskProbe:
     contention_shares: list[float | None] = field(default_factory=list)
     check_s: float | None = None
     step_gap_s: float | None = None
-    task_start_s: float | None = None
 
 
 @dataclass

@@ -339,17 +339,13 @@ class PlanEngines:
         the gap before the measured task (`PlanRun.task_gaps`), and this process's CPU
         over each collect (`PlanRun.task_cpu`): the warm-ups' one step a task against
         the measured task's several, so that its CPU per task and per second come
-        apart (pipeline/probe/client_cpu.py). A one-step task follows, sent as the
-        measured task starts, as a run sends its next task while its workers start the
-        last one sent: that sending slows the step that opens a task in a run
-        (`DaskProbe.task_start_s`, read off the measured task's first step)."""
+        apart (pipeline/probe/client_cpu.py)."""
         engine, names, first = self._engine(plan)
         steps, warmup = plan_steps(plan_seconds(self.network, self.batch, plan))
         if first:
             steps, warmup = steps - warmup + 1, 1
         tasks = [(step, 1) for step in range(first, first + warmup)]
         tasks.append((first + warmup, steps - warmup))
-        tasks.append((first + steps, 1))  # sent as the measured task starts (see above)
         ahead = engine.config.train.inflight
         submitted, results, task_cpu = 0, [], []
         cpu, wall = time.process_time(), time.perf_counter()
@@ -367,12 +363,12 @@ class PlanEngines:
             for result in step_results:
                 if not np.isfinite(result.loss):
                     raise FloatingPointError(f"a calibration run diverged at step {result.step}")
-        warm_end = {r.worker: r.end for r in results[-3][-1].receipts}
-        gaps = [r.start - warm_end[r.worker] for r in results[-2][0].receipts
+        warm_end = {r.worker: r.end for r in results[-2][-1].receipts}
+        gaps = [r.start - warm_end[r.worker] for r in results[-1][0].receipts
                 if r.worker in warm_end]
-        self.engines[id(plan)] = (engine, names, first + steps + 1)
-        receipts = [r for result in results[-2] for r in result.receipts]
-        warmup = [r for task in results[:-2] for result in task for r in result.receipts]
+        self.engines[id(plan)] = (engine, names, first + steps)
+        receipts = [r for result in results[-1] for r in result.receipts]
+        warmup = [r for task in results[:-1] for result in task for r in result.receipts]
         return PlanRun(plan, names, receipts, round_index, task_cpu, gaps, warmup)
 
 
