@@ -63,6 +63,13 @@ def _lanes(events: list[dict[str, Any]]) -> tuple[dict[int, str], dict[int, list
     return names, lanes
 
 
+def _steps(lane_events: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """A lane's ``step N`` spans in time order, each with its step number."""
+    steps = [(int(e["name"].split()[1]), e) for e in lane_events
+             if e.get("cat") == "task" and re.fullmatch(r"step \d+", e["name"])]
+    return sorted(steps, key=lambda numbered: numbered[1]["ts"])
+
+
 def op_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(WARMUP_STEPS)
              ) -> dict[OpKey, dict[str, float]]:
     """Per (worker, op) the median over the steps not `left_out` of each part of
@@ -104,12 +111,11 @@ def step_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(W
     names, lanes = _lanes(events)
     out = {}
     for lane, lane_events in lanes.items():
-        steps = sorted((e for e in lane_events if e.get("cat") == "task"
-                        and re.fullmatch(r"step \d+", e["name"])), key=lambda e: e["ts"])
+        steps = _steps(lane_events)
         phases = [e for e in lane_events if e.get("cat") == "phase"]
         figures: dict[str, list[float]] = defaultdict(list)
-        for index, step in enumerate(steps):
-            if int(step["name"].split()[1]) in left_out:
+        for index, (number, step) in enumerate(steps):
+            if number in left_out:
                 continue
             start, end = step["ts"], step["ts"] + step["dur"]
             inside = [p for p in phases if start <= p["ts"] < end]
@@ -118,7 +124,7 @@ def step_parts(events: list[dict[str, Any]], left_out: Collection[int] = range(W
             figures["span"].append(step["dur"])
             figures["rest"].append(step["dur"] - sum(figures[k][-1] for k in STEP_PHASES))
             if index + 1 < len(steps):
-                figures["gap"].append(steps[index + 1]["ts"] - end)
+                figures["gap"].append(steps[index + 1][1]["ts"] - end)
         if figures:
             out[names[lane]] = {part: median(figures[part]) / 1e6 if figures[part] else 0.0
                                 for part in STEP_PARTS}
@@ -142,12 +148,8 @@ def task_positions(events: list[dict[str, Any]], left_out: Collection[int] = ran
     out = {}
     for lane, lane_events in lanes.items():
         spans: dict[str, list[float]] = defaultdict(list)
-        for event in lane_events:
-            named = re.fullmatch(r"step (\d+)", event["name"])
-            if event.get("cat") != "task" or not named or int(named[1]) in left_out:
-                continue
-            step = int(named[1])
-            if step in opens:
+        for step, event in _steps(lane_events):
+            if step in opens and step not in left_out:
                 spans["first" if opens[step] == step else "later"].append(event["dur"])
         if spans:
             out[names[lane]] = {where: (median(spans[where]) / 1e6 if spans[where] else 0.0,
