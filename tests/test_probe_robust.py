@@ -1,10 +1,11 @@
-"""Probe timings that one scheduler hiccup cannot move (pure: no cluster).
+"""Probe timings that one scheduler hiccup cannot move (no cluster).
 
 The case behind it (2026-11-25): worker cpu-1's conv1 backward at 28 kernels was
 timed once at 60 ms among 7 ms neighbours, and cpu-1's whole-layer time came out
 2.5x too slow. These tests feed such timings, synthetic, through the statistic, the
 "time grows with kernels" check, the receipts-to-timings path and the model's tables;
-and the replica plan's conv trunks, which `data` and `hybrid` predictions take instead.
+and the replica plan's conv trunks, which `data` and `hybrid` predictions take instead;
+and the in-process reference probe's rounds (a burst over all of one short round).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pipeline.probe.tables import mark_outliers, table_points
 from pipeline.probe.robust import consistent, estimate, inconsistent
 from pipeline.probe.readings import shard_timings, trunk_timings
 from pipeline.probe.rounds import plans_holding, suspects
+from pipeline.probe import reference
 from pipeline.probe.runs import PlanRun, ProbePlan, replica_plan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD
 from tasks.replica_layout import TRUNK_BACKWARD, TRUNK_FORWARD
@@ -255,3 +257,33 @@ def test_batch_reads_are_figured_per_shard_and_trunk_and_reach_the_model():
     assert trunks["cpu-0"].forward_s == pytest.approx(10 * MS)  # the read is not compute
     probe.workers[1].trunk = trunks["cpu-1"]
     assert probe.device_specs(2)[1].trunk.dataset_time(32) == pytest.approx(7.5 * MS)
+
+
+def test_the_reference_probe_times_short_steps_in_rounds_and_long_ones_in_one():
+    assert reference.rounds_for(0.01, 5) == reference.REFERENCE_ROUNDS > 1
+    assert reference.rounds_for(0.4, 3) == 1  # 1.2 s a round: a burst covers one step
+    tiny = NetworkSpec((ConvLayerSpec(3, 4, in_height=8, in_width=8),), classes=10)
+    rounds = reference.time_network(tiny, 4)
+    repeats, _ = reference.repeats_for(0.0)
+    assert [len(rows) for rows in rounds] == [repeats] * reference.REFERENCE_ROUNDS
+    for rows in rounds:
+        for forward, backward, rest in rows:
+            assert len(forward) == len(backward) == 1 and forward[0] > 0 and backward[0] > 0
+
+
+def test_a_burst_over_one_whole_round_of_the_reference_probe_moves_no_figure(monkeypatch):
+    """All five steps of one round 40 % slow (as a 2-thread probe of the small network
+    once read, every step inside one burst), and the burst's end over two steps of the
+    next: the figures are the median of the rounds' medians (all 15 steps' median
+    would be a slow step)."""
+    def row(scale: float) -> tuple[list[float], list[float], float]:
+        return [4 * MS * scale], [6 * MS * scale], 2 * MS * scale
+    rounds = [[row(1.0)] * 5, [row(1.4)] * 5, [row(1.4)] * 2 + [row(1.02)] * 3]
+    monkeypatch.setattr(reference, "time_network", lambda *args, **kwargs: rounds)
+    network = NetworkSpec((ConvLayerSpec(3, 4, in_height=8, in_width=8),), classes=10)
+    probe = reference.probe_master(network, 4)
+    (timing,) = probe.timings
+    assert timing.forward_s == pytest.approx(4 * MS * 1.02)
+    assert timing.backward_s == pytest.approx(6 * MS * 1.02)
+    assert probe.dense_s == pytest.approx(2 * MS * 1.02)
+    assert timing.rounds == 3 and timing.steps == 15

@@ -30,28 +30,36 @@ from tasks.worker_state import configure_process
 #: config's defaults (the learning rate changes no time).
 DEFAULT_OPTIMIZER = OptimizerSpec(lr=1e-3)
 
+#: A burst of load on the machine (a page-cache flush, another process) lasts tens to
+#: hundreds of milliseconds and can cover every step of a short round: a 2-thread probe
+#: of the small network once read 38 % slow with all five of its 22 ms steps inside one.
+#: So a round shorter than SHORT_ROUND_S is one of REFERENCE_ROUNDS, ROUND_GAP_S apart,
+#: and each figure is the median of the rounds' medians, as in the cluster's probe
+#: (pipeline/probe/robust.py).
+SHORT_ROUND_S, REFERENCE_ROUNDS, ROUND_GAP_S = 0.5, 3, 0.2
+
 
 def probe_master(network: NetworkSpec, batch: int, threads: int = 1,
                  dataset: str | None = None,
                  optimizer: OptimizerSpec = DEFAULT_OPTIMIZER) -> MasterProbe:
     """Time whole training steps of the plain network in this process with ``threads``
     torch threads and the run's ``optimizer`` (what ``strategy: reference`` runs), split
-    by layer (:func:`time_network`). The process's torch thread count is restored
-    afterwards.
+    by layer (:func:`time_network`), each figure the median of its rounds' medians
+    (`estimate`). The process's torch thread count is restored afterwards.
     """
     before = torch.get_num_threads()
     configure_process(threads)
     try:
-        rows = time_network(network, batch, dataset, threads, optimizer)
+        rounds = time_network(network, batch, dataset, threads, optimizer)
         timings = []
         for i, layer in enumerate(network.conv):
-            f, b = (estimate([[row[n][i] for row in rows]]) for n in (0, 1))
-            total = estimate([[row[0][i] + row[1][i] for row in rows]])
+            f, b = (estimate([[row[n][i] for row in rows] for rows in rounds]) for n in (0, 1))
+            total = estimate([[row[0][i] + row[1][i] for row in rows] for rows in rounds])
             both = f.value + b.value
-            timings.append(ShardTiming(i, layer.kernels, 1, f.value, b.value, 0.0, 1,
+            timings.append(ShardTiming(i, layer.kernels, 1, f.value, b.value, 0.0, len(rounds),
                                        total.samples, min(total.low, both),
                                        max(total.high, both)))
-        rest = estimate([[row[2] for row in rows]])
+        rest = estimate([[row[2] for row in rows] for rows in rounds])
         read_s = time_dataset(dataset, batch, 5) if dataset else None
     finally:
         torch.set_num_threads(before)
@@ -83,10 +91,18 @@ def repeats_for(seconds: float) -> tuple[int, bool]:
     return 1, False
 
 
+def rounds_for(seconds: float, repeats: int) -> int:
+    """Rounds of `repeats` steps of about ``seconds`` each: `REFERENCE_ROUNDS` where a
+    round lasts under `SHORT_ROUND_S` (one burst of load can cover all its steps), else
+    one (a burst then covers one step of a round, which its median absorbs)."""
+    return REFERENCE_ROUNDS if seconds * repeats < SHORT_ROUND_S else 1
+
+
 def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
                  threads: int = 1, optimizer: OptimizerSpec = DEFAULT_OPTIMIZER
-                 ) -> list[tuple[list[float], list[float], float]]:
-    """Per step timed: per-layer forward and backward seconds inside it, and the rest.
+                 ) -> list[list[tuple[list[float], list[float], float]]]:
+    """Rounds (`rounds_for`) of steps timed: per step, per-layer forward and backward
+    seconds inside it, and the rest.
 
     Timed per conv layer within real steps of the network as ``strategy: reference``
     trains it (the paper family as a plain ``nn.Sequential``, any other network as
@@ -95,7 +111,7 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
     where each layer's forward starts and ends and where its backward starts and ends
     (`_chain_hooks`, `_graph_hooks`). The rest (dense head, loss, both passes, and the
     SGD step over all parameters) is the third value. One row per step after a
-    warm-up.
+    warm-up (before the first round only).
     """
     torch.manual_seed(0)
     model = _sequential(network) if network.plain else build_network(network)
@@ -115,26 +131,33 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
     handles, layer_times = hooks(network, model, stamps)
     seconds = rough_seconds(network.conv[-1], batch, network.conv[-1].kernels) / threads
     repeats, warmup = repeats_for(seconds)
-    rows = []
+    rounds: list[list[tuple[list[float], list[float], float]]] = []
+    step = 0
     try:
-        for attempt in range(repeats + (1 if warmup else 0)):
-            stamps.clear()
-            set_dropout(model, 0, attempt)  # each step its masks, as in training
-            t0 = time.perf_counter()
-            sgd.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            t2 = time.perf_counter()
-            sgd.step()
-            t3 = time.perf_counter()
-            if warmup and not attempt:
-                continue
-            fwd, bwd = layer_times(t2)
-            rows.append((fwd, bwd, (t3 - t0) - sum(fwd) - sum(bwd)))
+        for round_index in range(rounds_for(seconds, repeats)):
+            if round_index:
+                time.sleep(ROUND_GAP_S)
+            rows = []
+            for attempt in range(repeats + (1 if warmup and not round_index else 0)):
+                stamps.clear()
+                set_dropout(model, 0, step)  # each step its masks, as in training
+                step += 1
+                t0 = time.perf_counter()
+                sgd.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                t2 = time.perf_counter()
+                sgd.step()
+                t3 = time.perf_counter()
+                if warmup and not round_index and not attempt:
+                    continue
+                fwd, bwd = layer_times(t2)
+                rows.append((fwd, bwd, (t3 - t0) - sum(fwd) - sum(bwd)))
+            rounds.append(rows)
     finally:
         for handle in handles:
             handle.remove()
-    return rows
+    return rounds
 
 
 #: Per conv layer, its forward and backward seconds in the step just run, given the

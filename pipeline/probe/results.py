@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 21  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 22  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -40,7 +40,8 @@ PROBE_VERSION = 21  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    not round by round; 19: a look at a written slot's marker apart
 #                    from noticing one (`DaskProbe.check_s`); 20: a data replica's
 #                    update (`TrunkTiming.update_s`); 21: the gap between steps
-#                    inside a task (`DaskProbe.step_gap_s`)
+#                    inside a task (`DaskProbe.step_gap_s`); 22: the reference
+#                    probe's short steps timed in rounds (reference.py)
 
 
 @dataclass
