@@ -7,6 +7,7 @@ import dataclasses
 import io
 import os
 import subprocess
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -30,6 +31,25 @@ from tasks.network import load_model, set_dropout, to_arrays
 from tests.augment_replay import augmented_batch
 from tests.replica_replay import plain_scheduler, replay_network, step_schedulers
 from tests.zoo_replay import load_torchvision
+
+
+def wait_exited(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of `processes` still running after up to `timeout` seconds. A zombie has
+    exited: an orphan (a child of a process that ended first) stays one until the
+    machine's init reaps it, which here takes up to a second or two (psutil's
+    `wait_procs` waited that out)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = []
+        for process in processes:
+            try:
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    running.append(process)
+            except psutil.NoSuchProcess:
+                pass
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.02)
 
 
 @contextmanager

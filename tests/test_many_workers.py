@@ -28,6 +28,7 @@ from pipeline.cluster.startup import Startup, contention_warning, start_batch, u
 from tasks.worker_state import _DropClosingHeartbeats
 from tests.test_cli import ROOT, tiny_args
 from tests.test_faults import FAULTS
+from tests.helpers import wait_exited
 
 
 def test_the_warning_comes_when_threads_outnumber_cores():
@@ -114,7 +115,7 @@ def test_ctrl_c_to_the_process_group_while_workers_start_stops_cleanly(
     assert all(line.startswith("small: ") for line in kept[2:-1]), text  # progress lines only
     for noise in ("Traceback", "KeyboardInterrupt", "leaked", "Error"):
         assert noise not in text, text
-    _gone, alive = psutil.wait_procs(children, timeout=10)
+    alive = wait_exited(children, timeout=10)
     assert not alive, alive
     assert first_output_s < 90
 

@@ -23,6 +23,7 @@ from pipeline.cluster.semaphores import (SEMAPHORE_FOLDER, is_resource_tracker, 
                                          semaphore_maker, tag_semaphores_with_pid,
                                          untagged_maker, untagged_maker_gone)
 from pipeline.cluster.temp_folders import remove_stale_temp_folders
+from tests.helpers import wait_exited
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -220,7 +221,7 @@ def test_a_second_signal_spares_the_tracker_that_unlinks_a_childs_semaphore():
         assert process.stdout.readline().strip() == "unwinding"
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 128 + signal.SIGTERM
-        _gone, alive = psutil.wait_procs([tracker], timeout=30)
+        alive = wait_exited([tracker], timeout=30)
         assert not alive
         assert not os.path.exists(path)
         assert not os.path.exists(folder)  # removed before the exit that skips cleanup

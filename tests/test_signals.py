@@ -30,7 +30,7 @@ from pipeline.config.run_config import load_run_config
 from pipeline.engine.sampler import step_indices
 from storage import checkpoints
 from tasks.worker_state import WorkerSetup, _DropSetupNeverInstalled
-from tests.helpers import max_relative_error, replay_in_pytorch, run_main
+from tests.helpers import max_relative_error, replay_in_pytorch, run_main, wait_exited
 from tests.test_cli import ROOT, run_files, tiny_args
 from tests.test_faults import FAULTS, train_process, wait_for_checkpoint
 from tests.test_semaphores import semaphores_of
@@ -63,7 +63,7 @@ def stop_with(process: subprocess.Popen, signum: int) -> list[str]:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 128 + signum, err
-    gone, alive = psutil.wait_procs(children, timeout=10)
+    alive = wait_exited(children, timeout=10)
     assert children and not alive, alive
     assert not workspaces_of(process.pid)
     assert semaphores_of(process.pid) == []  # of its workers' queues (6 a worker)
