@@ -35,7 +35,7 @@ from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import live_workers
 from pipeline.config.run_config import load_run_config
 from pipeline.run import run_training
-from pipeline.engine.runner import STALL_FLOOR_S, STALL_STEPS
+from pipeline.engine.stalls import STALL_FLOOR_S, STALL_STEPS
 from storage import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,7 +2,7 @@
 in its namespace, and the store's server stopped, in real processes.
 
 A cut link and a stopped worker are one fault to the run: a worker that does not
-answer while it holds the run's tasks (the stall watch, pipeline/engine/runner.py). It is
+answer while it holds the run's tasks (the stall watch, pipeline/engine/stalls.py). It is
 fenced off and recovered from on the survivors, and the float64 weights equal plain
 PyTorch's; its late writes, once its link is back (or it is woken), land nowhere. A
 store that stops answering (the links' sshd and its sessions SIGSTOPped: every
@@ -40,7 +40,7 @@ from pipeline.cluster.linked import open_linked_cluster
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import ClusterError, live_workers
 from pipeline.run import run_training
-from pipeline.engine.runner import StoreStalled, stall_verdict
+from pipeline.engine.stalls import StoreStalled, stall_verdict
 from storage import checkpoints, liveness
 from storage.arrays import open_cached
 from storage.exchange import Exchange, ExchangeError, SlotSpec, create_exchange

@@ -33,7 +33,7 @@ from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import live_workers
 from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
 from pipeline.run import run_training
-from pipeline.engine.runner import StallWatch, waiting_note
+from pipeline.engine.stalls import StallWatch, waiting_note
 from storage import checkpoints
 from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
 from tests.test_faults import FAULTS, complete_from

@@ -30,7 +30,8 @@ from pipeline.cluster.object_store import workspace_url
 from pipeline.placement.split import Placement
 from pipeline.records.record import StepResult
 from pipeline.engine.checkpointing import data_identity
-from pipeline.engine.runner import StallWatch, TaskRunner
+from pipeline.engine.runner import TaskRunner
+from pipeline.engine.stalls import StallWatch
 from pipeline.engine.sampler import step_indices
 from pipeline.engine.step_graph import step_tasks
 from pipeline.engine.task_steps import steps_label
@@ -209,7 +210,7 @@ class StepEngine:
 
     def show_waits(self, note: Callable[[str], None]) -> None:
         """Have `note` hear what the run waits on when it waits long
-        (`pipeline.engine.runner.waiting_note`): the progress bar."""
+        (`pipeline.engine.stalls.waiting_note`): the progress bar."""
         self.runner.on_wait = note
 
     def _remove_workspace(self) -> None:

@@ -35,7 +35,8 @@ from pipeline.placement.split import (Placement, PlacementError, SplitChoice, ch
                                       merge_short_shares, split_even)
 from pipeline.placement.ties import check_tied, tie_counts
 from pipeline.probe.tables import model_network
-from pipeline.engine.runner import StallWatch, TaskRunner
+from pipeline.engine.runner import TaskRunner
+from pipeline.engine.stalls import StallWatch
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.schema import ConfigError
 from tasks.specs import NetworkSpec, batch_norm_rows

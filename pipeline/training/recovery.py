@@ -14,7 +14,7 @@ itself, a worker offering the run's tags that joins is noticed at the next
 checkpoint: the run stops there (nothing is in flight), places its work over the
 larger set the same way and goes on from that checkpoint, replaying nothing (a
 `Join`). A worker that stalled (stopped answering while holding the run's
-tasks: pipeline/engine/runner.py) is removed from the cluster before it is reported, and
+tasks: pipeline/engine/stalls.py) is removed from the cluster before it is reported, and
 is then recovered from like a dead one; its recovery says `cause: stalled`. Its
 late writes can land only where the ended attempt wrote (storage/checkpoints.py):
 each recovery names that attempt and counts what was found there. Stores
@@ -40,7 +40,7 @@ from pipeline.config.run_config import RunConfig
 from pipeline.engine.step_engine import StepEngine
 from pipeline.training.loop import train_loop
 from pipeline.records.record import RunRecorder
-from pipeline.engine.runner import StoreStalled
+from pipeline.engine.stalls import StoreStalled
 from pipeline.strategies import Strategy
 from pipeline.records.trace import ClientEvent
 from storage import checkpoints
