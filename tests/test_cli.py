@@ -158,10 +158,12 @@ def test_a_worker_frozen_before_the_run_is_removed_and_the_run_goes_on(
         tmp_path, cli_cluster, tiny_dataset_factory, monkeypatch):
     """A `dask worker` SIGSTOPped before the run connects: setting the workers up
     waits on every worker, and so waited for ever. Now the setup has a limit
-    (`SETUP_S`, shortened here), after which the workers that do not answer are
-    removed from the cluster, said, and the run trains on the others. The frozen
-    worker joins the module's cluster (its two workers train), and goes after."""
+    (`SETUP_S`), after which the workers that do not answer a direct call (`PROBE_S`)
+    are removed from the cluster, said, and the run trains on the others (both limits
+    shortened here). The frozen worker joins the module's cluster (its two workers
+    train), and goes after."""
     monkeypatch.setattr(worker_setup, "SETUP_S", 3.0)
+    monkeypatch.setattr(worker_setup, "PROBE_S", 2.0)
     monkeypatch.setattr(worker_limits, "ASK_WORKERS_S", 2.0)
     frozen = subprocess.Popen(
         [os.path.join(BIN, "dask"), "worker", cli_cluster, "--no-nanny", "--name", "frozen",
@@ -179,7 +181,7 @@ def test_a_worker_frozen_before_the_run_is_removed_and_the_run_goes_on(
         ran: list = []
         run = threading.Thread(target=lambda: ran.append(run_main("train", [
             *tiny_args(tmp_path, tiny_dataset_factory("float32")), "train.steps=2",
-            "--scheduler", cli_cluster])), daemon=True)
+            "placement=even", "--scheduler", cli_cluster])), daemon=True)
         run.start()
         run.join(120)  # a run that waits on the frozen worker never ends
     finally:
