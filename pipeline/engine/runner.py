@@ -115,7 +115,7 @@ class TaskRunner:
         while True:
             try:
                 with self.client.as_current():
-                    wait(futures, timeout=2.0)
+                    wait(futures, timeout=self.watch.wait_s(time.monotonic() - progress_at))
             except TimeoutError:
                 pass
             except CancelledError:

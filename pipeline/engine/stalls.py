@@ -142,3 +142,10 @@ class StallWatch:
         if not self.tasks:
             return FIRST_STALL_S
         return max(STALL_FLOOR_S, STALL_STEPS * statistics.median(self.tasks))
+
+    def wait_s(self, quiet_s: float) -> float:
+        """How long a run that has seen no progress for `quiet_s` seconds waits for
+        some before it looks again: 2 s, or until the limit if that comes first (a
+        stall is judged at its limit, not up to 2 s after it)."""
+        limit = self.limit()
+        return 2.0 if limit is None else min(2.0, max(0.05, limit - quiet_s))
