@@ -33,22 +33,25 @@ from tests.replica_replay import plain_scheduler, replay_network, step_scheduler
 from tests.zoo_replay import load_torchvision
 
 
-def wait_exited(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of `processes` still running after up to `timeout` seconds. A zombie has
-    exited: an orphan (a child of a process that ended first) stays one until the
-    machine's init reaps it, which here takes up to a second or two (psutil's
-    `wait_procs` waited that out)."""
+def wait_exited(processes: list[psutil.Process | int], timeout: float
+                ) -> list[psutil.Process | int]:
+    """Those of `processes` (or pids) still running after up to `timeout` seconds. A
+    zombie has exited: an orphan (a child of a process that ended first) stays one
+    until the machine's init reaps it, which here takes up to a second or two
+    (psutil's `wait_procs` waited that out)."""
+    def running(process: psutil.Process | int) -> bool:
+        try:
+            if isinstance(process, int):
+                process = psutil.Process(process)
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     deadline = time.monotonic() + timeout
     while True:
-        running = []
-        for process in processes:
-            try:
-                if process.status() != psutil.STATUS_ZOMBIE:
-                    running.append(process)
-            except psutil.NoSuchProcess:
-                pass
-        if not running or time.monotonic() >= deadline:
-            return running
+        left = [process for process in processes if running(process)]
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.02)
 
 

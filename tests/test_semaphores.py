@@ -49,22 +49,31 @@ def temp_folders_of(pid: int, root: str) -> list[str]:
 
 
 def wait_for_group_to_end(pgid: int, timeout: float = 60) -> None:
-    """Return once no process of group `pgid` is left (its resource tracker included)."""
+    """Return once every process of group `pgid` has exited (its resource tracker
+    included); a zombie has (init reaps an orphan up to a second or two later)."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        left = []
+        for pid in psutil.pids():
+            try:
+                if os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+            except (OSError, psutil.NoSuchProcess):
+                pass
+        if not left:
             return
-        assert time.monotonic() < deadline, f"process group {pgid} still running"
+        assert time.monotonic() < deadline, f"process group {pgid} still running: {left}"
         time.sleep(0.05)
 
 
-def held_then_group_signalled(signum: int, temp_root: str) -> int:
+def held_then_group_signalled(signum: int, temp_root: str) -> tuple[int, list[str]]:
     """Start a process holding a one-worker embedded cluster in a session of its own,
     with `temp_root` as its temporary folder (where no other test's cluster sweeps),
     check its 6 semaphores are there, send `signum` to its process group and wait
-    until every process of the group has ended; returns the holder's pid."""
+    until every process of the group has ended; returns the holder's pid and the
+    semaphores it left. Those are read before the holder is reaped: until then its
+    pid is taken, so the sweep of another test's cluster starting meanwhile
+    (`remove_stale_semaphores`, under xdist) cannot judge its maker gone."""
     holder = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": temp_root},
                               stdin=subprocess.PIPE,
@@ -74,13 +83,14 @@ def held_then_group_signalled(signum: int, temp_root: str) -> int:
         assert holder.stdout.readline().strip() == "ready", holder.communicate(timeout=60)
         assert len(semaphores_of(holder.pid)) == 6  # two queues of three to its worker
         os.killpg(holder.pid, signum)
-        holder.communicate(timeout=60)
         wait_for_group_to_end(holder.pid)
+        left = sorted(os.path.basename(path) for path in semaphores_of(holder.pid))
+        holder.communicate(timeout=60)
     finally:
         if holder.poll() is None:
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait()
-    return holder.pid
+    return holder.pid, left
 
 
 def test_a_hang_up_of_the_process_group_leaves_no_semaphore():
@@ -88,8 +98,7 @@ def test_a_hang_up_of_the_process_group_leaves_no_semaphore():
     nothing; the resource tracker, started with it blocked, outlives them and unlinks
     the semaphores. Unblocked, the hang-up ends the tracker too and all 6 stay."""
     with tempfile.TemporaryDirectory(dir="/tmp") as temp_root:  # short: a socket's path
-        pid = held_then_group_signalled(signal.SIGHUP, temp_root)
-        left = semaphores_of(pid)
+        pid, left = held_then_group_signalled(signal.SIGHUP, temp_root)
         remove_stale_semaphores()  # whatever the group left: not for later tests to see
         (folder,) = temp_folders_of(pid, temp_root)  # nobody unwound: the next cluster's
         assert remove_stale_temp_folders(temp_root) == [os.path.basename(folder)]
@@ -102,8 +111,7 @@ def test_the_next_cluster_removes_what_a_killed_process_group_left():
     (`remove_stale_semaphores`, `remove_stale_temp_folders`) remove them by the dead
     pid in their names, and keep those of a live process (this one's)."""
     with tempfile.TemporaryDirectory(dir="/tmp") as temp_root:  # short: a socket's path
-        pid = held_then_group_signalled(signal.SIGKILL, temp_root)
-        left = sorted(os.path.basename(path) for path in semaphores_of(pid))
+        pid, left = held_then_group_signalled(signal.SIGKILL, temp_root)
         (folder,) = temp_folders_of(pid, temp_root)
         assert remove_stale_temp_folders(temp_root) == [os.path.basename(folder)]
     assert len(left) == 6  # the tracker died with the group

@@ -24,7 +24,6 @@ import time
 from dataclasses import replace
 
 import dask
-import psutil
 import pytest
 from distributed import Client
 
@@ -35,7 +34,7 @@ from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
 from pipeline.run import run_training
 from pipeline.engine.stalls import StallWatch, waiting_note
 from storage import checkpoints
-from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config
+from tests.helpers import max_relative_error, replay_in_pytorch, tiny_config, wait_exited
 from tests.test_faults import FAULTS, complete_from
 
 SHM = f"/dev/shm/dask-cnn-{os.getuid()}"
@@ -179,7 +178,7 @@ def test_stopped_worker_is_fenced_off_and_survived(tmp_path, tiny_dataset_factor
         os.kill(pid, signal.SIGCONT)
     runner.join(120)
     assert "result" in outcome, outcome
-    wait_until(lambda: not psutil.pid_exists(pid), 30, "the woken worker is still there")
+    assert not wait_exited([pid], 30), "the woken worker is still there"
     # the limit, a 2 s poll, a fetch and a probe (each at most the limit), a busy machine
     assert noticed < LIMIT + 2 + LIMIT + LIMIT + 4
     summary = outcome["result"].summary
@@ -228,7 +227,7 @@ def test_a_worker_stopped_before_the_placement_is_fenced_off_and_the_work_placed
     runner.join(60)
     assert "result" in outcome, outcome
     result = outcome["result"]
-    wait_until(lambda: not psutil.pid_exists(pid), 30, "the woken worker is still there")
+    assert not wait_exited([pid], 30), "the woken worker is still there"
     notes = json.loads(result.record.attrs["notes"])
     assert [note for note in notes if "placing the work again" in note] == [
         note for note in notes if note.startswith(f"warning: calibration: worker {victim} "
@@ -252,6 +251,17 @@ def test_stall_limit_follows_the_median_step():
         watch.task_took(5.0)
     assert watch.limit() == 50.0
     assert StallWatch(4.0).limit() == 4.0 and StallWatch(None).limit() is None
+
+
+def test_a_quiet_run_looks_again_at_its_limit_not_after_it():
+    """The runner waits for progress up to 2 s at a time, and no further than the
+    limit: a stall is judged at the limit, not up to 2 s after it."""
+    watch = StallWatch(4.0)
+    assert watch.wait_s(0.0) == 2.0
+    assert watch.wait_s(2.5) == pytest.approx(1.5)
+    assert watch.wait_s(3.99) == pytest.approx(0.05)  # a short wait, never none
+    assert watch.wait_s(7.0) == pytest.approx(0.05)
+    assert StallWatch(None).wait_s(100.0) == 2.0
 
 
 def test_the_progress_bar_names_a_worker_waited_on_before_the_limit():
