@@ -360,8 +360,8 @@ def test_a_cut_link_and_a_stopped_worker_are_survived(linked, capsys):
         print(f"\nnoticed (fault to fenced off): link cut {noticed[0]:.1f} s, SIGSTOP "
               f"{noticed[1]:.1f} s; both gone {exited:.1f} s after the run; "
               f"recoveries {outcome['result'].summary['recoveries']}")
-    for seconds in noticed:  # the limit, a 2 s poll, a probe, a busy machine
-        assert seconds < LIMIT + 2 + LIMIT + 4
+    for seconds in noticed:  # the limit, a fetch (the cut one held a result) or none,
+        assert seconds < LIMIT + LIMIT + LIMIT + 4  # a probe, a busy machine
     lines = [line for line in err.splitlines() if "stalled" in line]
     assert len(lines) == 2 and all("did not answer" in line for line in lines), lines
     assert "worker w1 stalled" in lines[0] and "worker w2 stalled" in lines[1]
