@@ -601,7 +601,10 @@ def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_da
     """The probe prices a task per step; a run's median step carries half of a
     worker's gap between tasks at two steps a task and none at four (fewer than half
     its steps meet a task's boundary), and `auto` sizes tasks to about a second by
-    the predicted step (pipeline/engine/task_steps.py)."""
+    the predicted step (pipeline/engine/task_steps.py). For `kernel` the step gains
+    at most that: where the probe read the workers unequal and no gap between steps
+    inside a task, the other worker's path became critical with the overhead cut (a
+    real probe under load failed the equality once; scaled probes reproduce it)."""
     _, cluster = two_workers
     config = _config(tmp_path, tiny_dataset_factory("float32"), cluster, strategy=strategy)
     config.cluster.use_workers = workers
@@ -611,7 +614,11 @@ def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_da
     assert 0 <= dask.step_gap_s < dask.task_s  # inside a task a step waits for no dispatch
     for fewer, share in ((two, 0.5), (four, 1.0)):  # the gap between steps for the rest
         saved = one.breakdown["overhead"] - fewer.breakdown["overhead"]
-        assert saved == pytest.approx(share * (dask.task_s - dask.step_gap_s), rel=1e-6)
+        cut = share * (dask.task_s - dask.step_gap_s)
+        if strategy == "kernel":  # with less overhead on its path, the other worker's path,
+            assert 0 < saved <= cut * (1 + 1e-6)  # slack before, may become critical
+        else:  # one path (single), or replicas that every cost shifts alike (data)
+            assert saved == pytest.approx(cut, rel=1e-6)
     assert four.step_time < two.step_time < one.step_time
     shared = per_step_task_costs(probe, 2).dask
     assert shared.task_s == pytest.approx((dask.task_s + dask.step_gap_s) / 2)
