@@ -350,7 +350,7 @@ def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
     run closes its engine and the model probes the cluster. Before: both asked the
     scheduler without a limit, and the finished run waited for as long as it was
     stopped. Now the run's results are written, without a prediction, and the note
-    says why; exit 0 (every step is done)."""
+    says why; exit 0 (every step is done), within the limit and the unwind."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))  # a probe to run
     cluster, address = scheduler
@@ -365,7 +365,10 @@ def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
     assert re.search(r"^  predicted   none: the Dask scheduler (at \S+ )?stopped answering ",
                      out, re.M), out
     assert (tmp_path / "run" / "record.zarr").is_dir()
-    assert took < 2 * PLACING_S + 20, took  # the engine's close, the probe's guard
+    # the limit once, then the unwind (the engine's close waited out 10 s for the
+    # workers to free the run, and the question for other clients the limit again:
+    # 14.6 s here, where the warning says "up to 4 s in all"; now 5.5 s)
+    assert took < PLACING_S + 8, took
 
 
 def test_a_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, tiny_dataset_factory,

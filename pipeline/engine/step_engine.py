@@ -51,6 +51,9 @@ from tasks.specs import Arithmetic, NetworkSpec, RunPaths
 #: Seconds `StepEngine.close` gives the workspace's abort and removal after the stores
 #: stopped answering (on a store this process cannot reach either, they would hang).
 CLOSE_STALLED_S = 2.0
+#: Seconds `StepEngine.close` waits for the workers to free the run; a scheduler that
+#: stops answering meanwhile ends the wait at its limit (the runner's `SchedulerWatch`).
+RELEASE_S = 10.0
 
 
 def workspace_path(config: RunConfig, run_id: str, workers: list[ClusterWorker]) -> str:
@@ -243,17 +246,24 @@ class StepEngine:
             client = self.runner.client
             if pending:
                 client.cancel(pending)
+            watch = self.runner.scheduler_watch
             try:  # a scheduler silent past its limit: its connection would hold what follows
-                alive = {} if stalled else live_workers(client, patience=2.0,
-                                                        watch=self.runner.scheduler_watch)
+                alive = {} if stalled else live_workers(client, patience=2.0, watch=watch)
+                futures = [self.runner.submit(step_task.release_run, worker, self.run_id,
+                                              name=f"release-w{worker}")
+                           for worker, member in enumerate(self.workers)
+                           if member.address in alive]
+                deadline = time.monotonic() + RELEASE_S
+                while futures and time.monotonic() < deadline:
+                    with client.as_current():
+                        wait(futures, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                    if all(f.done() for f in futures):
+                        break
+                    if watch is not None:  # stopped meanwhile: given up at its limit
+                        live_workers(client, patience=2.0, watch=watch)
             except SchedulerSilent:
                 abandon_client(client)
                 raise
-            futures = [self.runner.submit(step_task.release_run, worker, self.run_id,
-                                          name=f"release-w{worker}")
-                       for worker, member in enumerate(self.workers) if member.address in alive]
-            with client.as_current():
-                wait(futures, timeout=10)
         except Exception:  # noqa: BLE001 - the cluster may already be gone
             pass
         if not stalled:
