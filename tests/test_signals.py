@@ -65,6 +65,12 @@ def stop_with(process: subprocess.Popen, signum: int) -> list[str]:
     assert process.returncode == 128 + signum, err
     alive = wait_exited(children, timeout=10)
     assert children and not alive, alive
+    # a zombie has exited, but a process started after `children` was listed (a
+    # probe's) may still be on its way out: its cleanup gets the same 10 s
+    deadline = time.monotonic() + 10
+    while (workspaces_of(process.pid) or semaphores_of(process.pid)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not workspaces_of(process.pid)
     assert semaphores_of(process.pid) == []  # of its workers' queues (6 a worker)
     return [line for line in err.splitlines() if line.strip()]
