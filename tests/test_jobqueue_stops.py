@@ -348,7 +348,7 @@ def test_a_sweep_waits_for_all_its_jobs_whatever_its_first_points_use_workers(
                          {"cluster.use_workers": [1, 2]}, base={"cluster": {
                              "wait_timeout": 60, "jobqueue": {
                                  "memory": "1GB", "directory": str(tmp_path), "groups": [
-                                     {"jobs": 1}, {"jobs": 1, "prologue": ["sleep 10"]}]}}})
+                                     {"jobs": 1}, {"jobs": 1, "prologue": ["sleep 3"]}]}}})
     points = load_sweep(config, out=str(tmp_path / "sweep.zarr")).points
     assert points[0].config.cluster.use_workers == 1
     lines: list[str] = []
