@@ -206,6 +206,16 @@ def _checkpoint(config, runner, at_least: int) -> None:
                or not runner.is_alive(), 120, f"no checkpoint {at_least}")
 
 
+def _state(process: psutil.Process) -> str:
+    """A process's state and what it waits on, for a failure's message."""
+    try:
+        with process.oneshot():
+            return (f"{process.status()}, {len(process.threads())} threads, "
+                    f"{len(process.net_connections('tcp'))} TCP connections")
+    except psutil.Error as error:
+        return repr(error)
+
+
 def _names(client) -> dict[str, str]:
     """By name, from the scheduler itself (`Client.scheduler_info()` may return a
     cache with no workers in it: tests/test_stalls.py's `worker_names`)."""
@@ -350,7 +360,9 @@ def test_a_cut_link_and_a_stopped_worker_are_survived(linked, capsys):
     kept = _digest(config.checkpoint_path)
     ended = time.monotonic()
     gone, alive = psutil.wait_procs(victims, timeout=90)  # slow under load
-    assert not alive, "a fenced-off worker did not exit once it could"
+    assert not alive, "fenced-off workers did not exit once they could: " + ", ".join(
+        f"{name} ({_state(process)})" for name, process in zip(("w1", "w2"), victims)
+        if process in alive)
     exited = time.monotonic() - ended
     time.sleep(0.5)
     assert _digest(config.checkpoint_path) == kept  # no late write landed
