@@ -24,7 +24,6 @@ skipped with the reason where it cannot start.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
@@ -39,16 +38,6 @@ from pipeline.config.cluster_config import WorkerConfig  # noqa: E402
 from storage.datasets import create_synthetic_dataset  # noqa: E402
 from tests.helpers import embedded_client, shared_workers  # noqa: E402
 from tests.slurm_cluster import LocalSlurm, slurm_missing  # noqa: E402
-
-
-def pytest_collection_finish(session):
-    """Every test module is imported by now, and with them torch, dask, xarray and the
-    project: those objects are put out of the garbage collector's reach (`gc.freeze`),
-    so that its full collections walk only what the tests make. Before, the three test
-    processes spent about 40 s of CPU in them, walking the same imported objects again
-    and again (up to 1.8 s a collection late in the suite)."""
-    gc.collect()
-    gc.freeze()
 
 
 @pytest.fixture(scope="session")
