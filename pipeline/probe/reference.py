@@ -18,6 +18,7 @@ from pipeline.probe.results import MasterProbe
 from pipeline.probe.timings import ShardTiming
 from pipeline.probe.robust import estimate
 from pipeline.placement.split import rough_seconds
+from pipeline.engine.heap import heap_frozen
 from storage.datasets.store import open_dataset_info
 from storage.datasets.reader import read_batch
 from tasks.network import SpecNetwork, build_network, set_dropout
@@ -134,26 +135,27 @@ def time_network(network: NetworkSpec, batch: int, dataset: str | None = None,
     rounds: list[list[tuple[list[float], list[float], float]]] = []
     step = 0
     try:
-        for round_index in range(rounds_for(seconds, repeats)):
-            if round_index:
-                time.sleep(ROUND_GAP_S)
-            rows = []
-            for attempt in range(repeats + (1 if warmup and not round_index else 0)):
-                stamps.clear()
-                set_dropout(model, 0, step)  # each step its masks, as in training
-                step += 1
-                t0 = time.perf_counter()
-                sgd.zero_grad(set_to_none=True)
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                t2 = time.perf_counter()
-                sgd.step()
-                t3 = time.perf_counter()
-                if warmup and not round_index and not attempt:
-                    continue
-                fwd, bwd = layer_times(t2)
-                rows.append((fwd, bwd, (t3 - t0) - sum(fwd) - sum(bwd)))
-            rounds.append(rows)
+        with heap_frozen():  # as the training loop's steps run
+            for round_index in range(rounds_for(seconds, repeats)):
+                if round_index:
+                    time.sleep(ROUND_GAP_S)
+                rows = []
+                for attempt in range(repeats + (1 if warmup and not round_index else 0)):
+                    stamps.clear()
+                    set_dropout(model, 0, step)  # each step its masks, as in training
+                    step += 1
+                    t0 = time.perf_counter()
+                    sgd.zero_grad(set_to_none=True)
+                    loss = loss_fn(model(x), y)
+                    loss.backward()
+                    t2 = time.perf_counter()
+                    sgd.step()
+                    t3 = time.perf_counter()
+                    if warmup and not round_index and not attempt:
+                        continue
+                    fwd, bwd = layer_times(t2)
+                    rows.append((fwd, bwd, (t3 - t0) - sum(fwd) - sum(bwd)))
+                rounds.append(rows)
     finally:
         for handle in handles:
             handle.remove()

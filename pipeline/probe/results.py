@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 22  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 23  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -41,7 +41,9 @@ PROBE_VERSION = 22  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    from noticing one (`DaskProbe.check_s`); 20: a data replica's
 #                    update (`TrunkTiming.update_s`); 21: the gap between steps
 #                    inside a task (`DaskProbe.step_gap_s`); 22: the reference
-#                    probe's short steps timed in rounds (reference.py)
+#                    probe's short steps timed in rounds (reference.py); 23: its
+#                    steps and the cluster probe's rounds with the heap frozen, as a
+#                    run's steps (pipeline/engine/heap.py)
 
 
 @dataclass

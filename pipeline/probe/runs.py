@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from pipeline.engine.checkpointing import prepare_checkpoints
+from pipeline.engine.heap import heap_frozen
 from pipeline.cluster.workers import ClusterWorker, all_local
 from pipeline.config.network_config import ConvLayerConfig, NetworkConfig
 from pipeline.config.run_config import DataConfig, RunConfig, TrainConfig, WorkspaceConfig
@@ -348,17 +349,18 @@ class PlanEngines:
         tasks.append((first + warmup, steps - warmup))
         ahead = engine.config.train.inflight
         submitted, results, task_cpu = 0, [], []
-        cpu, wall = time.process_time(), time.perf_counter()
-        for index, (start, count) in enumerate(tasks):
-            sent = submitted
-            while submitted < min(index + ahead, len(tasks)):
-                engine.submit(*tasks[submitted])
-                submitted += 1
-            results.append(engine.collect(start))
-            now_cpu, now_wall = time.process_time(), time.perf_counter()
-            task_cpu.append(TaskCpu(plan.workers, submitted - sent, count, now_wall - wall,
-                                    now_cpu - cpu))
-            cpu, wall = now_cpu, now_wall
+        with heap_frozen():  # as the training loop's steps run
+            cpu, wall = time.process_time(), time.perf_counter()
+            for index, (start, count) in enumerate(tasks):
+                sent = submitted
+                while submitted < min(index + ahead, len(tasks)):
+                    engine.submit(*tasks[submitted])
+                    submitted += 1
+                results.append(engine.collect(start))
+                now_cpu, now_wall = time.process_time(), time.perf_counter()
+                task_cpu.append(TaskCpu(plan.workers, submitted - sent, count,
+                                        now_wall - wall, now_cpu - cpu))
+                cpu, wall = now_cpu, now_wall
         for step_results in results:
             for result in step_results:
                 if not np.isfinite(result.loss):

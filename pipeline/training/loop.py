@@ -18,6 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.engine.checkpointing import save_checkpoint
+from pipeline.engine.heap import heap_frozen
 from pipeline.config.run_config import RunConfig
 from pipeline.records.record import RunRecorder, StepResult
 from pipeline.engine.task_steps import StepClock, next_task_steps, step_times, steps_label
@@ -54,7 +55,8 @@ def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
     bar = tqdm(total=config.train.steps, initial=from_step, unit="step",
                desc=f"{config.name} [{config.strategy}]", disable=not config.progress,
                file=sys.stderr, leave=False)
-    with bar:  # closed (its line cleared) on every way out, so an error's line stands alone
+    # the bar is closed (its line cleared) on every way out, so an error's line stands alone
+    with bar, heap_frozen():
         return _steps(config, trainer, recorder, client_events, from_step, train_samples,
                       stop_at_checkpoint, bar)
 

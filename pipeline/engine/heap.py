@@ -1,0 +1,29 @@
+"""The process that drives the steps (a run's client, the probe's) keeps the garbage
+collector's full collections off its steps: `heap_frozen` around the step loop."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """The objects alive when the steps start (torch's, Dask's, xarray's, the run's
+    set-up) kept out of the garbage collector's full collections while they run
+    (`gc.freeze`), and handed back to it after (`gc.unfreeze`: a sweep's process runs
+    many runs, and what they leave must stay collectable).
+
+    A full collection walks every object in the process: in a run's client, about
+    340,000, 0.18 s here, inside whichever step's collect triggered it (the small
+    network on 2 workers: one step of 60 took 0.215 s against 0.022 for the others,
+    14 % of the run's step time). Frozen, a collection walks only what the steps
+    make. Only the young generations are collected first (cheap): the old ones'
+    garbage waits for the first full collection after."""
+    gc.collect(1)
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
