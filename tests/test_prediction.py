@@ -323,7 +323,10 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
     lines = op_times_report(result.output_dir)
     ratios = [float(line.rsplit(" ", 1)[1]) for line in lines
               if "compute/table" in line and "a step" not in line]
-    assert len(ratios) == len(tables) and all(0.1 < r < 10 for r in ratios), lines
+    # the tiny run's conv ops take about 0.5 ms: a time slice lost to another process
+    # (several ms on a loaded 2-core machine; 12.9x once, in a fresh clone's first run)
+    # is 10x and more, where a unit slip (ms for s) is 1000x
+    assert len(ratios) == len(tables) and all(0.01 < r < 100 for r in ratios), lines
     assert sum("a step: compute" in line and "conv compute/table" in line
                for line in lines) == 2  # each worker's step in all
     spans = [line for line in lines if "a step's span" in line]  # each worker's steps
