@@ -17,9 +17,10 @@ def heap_frozen() -> Iterator[None]:
 
     A full collection walks every object in the process: in a run's client, about
     340,000, 0.18 s here, inside whichever step's collect triggered it (the small
-    network on 2 workers: one step of 60 took 0.215 s against 0.022 for the others,
-    14 % of the run's step time). Frozen, a collection walks only what the steps
-    make. Only the young generations are collected first (cheap): the old ones'
+    network on 2 workers, 400 steps: one step took 0.25 s against a median of 0.022,
+    and the mean step was 5-8 % longer than with the heap frozen;
+    docs/measurements/prediction-error-2026-12-01-amd-heap-frozen.txt). Frozen, a
+    collection walks only what the steps make. Only the young generations are collected first (cheap): the old ones'
     garbage waits for the first full collection after."""
     gc.collect(1)
     gc.freeze()
