@@ -7,6 +7,8 @@ import contextlib
 import gc
 from typing import Iterator
 
+from tasks.worker_state import freeze_heap
+
 
 @contextlib.contextmanager
 def heap_frozen() -> Iterator[None]:
@@ -20,10 +22,10 @@ def heap_frozen() -> Iterator[None]:
     network on 2 workers, 400 steps: one step took 0.25 s against a median of 0.022,
     and the mean step was 5-8 % longer than with the heap frozen;
     docs/measurements/prediction-error-2026-12-01-amd-heap-frozen.txt). Frozen, a
-    collection walks only what the steps make. Only the young generations are collected first (cheap): the old ones'
-    garbage waits for the first full collection after."""
-    gc.collect(1)
-    gc.freeze()
+    collection walks only what the steps make. As a worker's heap (`freeze_heap`),
+    only the young generations are collected first (cheap): the old ones' garbage
+    waits for the first full collection after."""
+    freeze_heap()
     try:
         yield
     finally:
