@@ -269,6 +269,9 @@ def test_mix_axis_and_dry_run(tmp_path, capsys):
      ["network.conv", "either network.preset or conv layers"]),
     ({"network.preset": ["resnet20", "vgg16"]}, {"network": {"image": 32}},
      ["network.image", "vgg16 takes its own 3x224x224 images", "value #2 of 2"]),
+    # an axis named after a later axis's field, which has no other name to fall back on
+    ({"network.preset": {"dim": "strategy", "values": ["alexnet"]}, "strategy": ["data"]},
+     None, ["axes.strategy: its dim name 'strategy' is taken by another axis", "`dim:`"]),
 ])
 def test_bad_scaling_configs_exit_2_with_one_line(tmp_path, capsys, axes, base, expected):
     config = write_scaling(tmp_path, axes, base=base)

@@ -460,6 +460,10 @@ def test_a_store_named_without_zarr_beside_one_with_it_is_refused(tmp_path,
     ({"zip": [{"fields": {"train.batch": [8, 16]}}]}, [],
      ["axes.zip: `zip:` is a key of the sweep file itself, beside `axes:`"]),
     ({"strategy": ["kernel", "magic"]}, [], ["strategy", "'magic'"]),
+    ({"train.batch": {"dim": "strategy", "values": [8, 16]}, "strategy": ["single"]}, [],
+     ["axes.strategy: its dim name 'strategy' is taken by another axis", "`dim:`"]),
+    ({"train.lr": {"dim": "batch", "values": [0.1]}}, [{"dim": "batch", "fields": {
+        "train.batch": [8]}}], ["zip.0.dim: the name 'batch' is already taken"]),
 ])
 def test_bad_sweep_configs_exit_2_with_one_line(tmp_path, capsys, tiny_dataset_factory, axes,
                                                 zip_groups, expected):
@@ -651,6 +655,24 @@ def test_axes_zip_labels_and_cluster_blocks(tmp_path):
     assert [c.kernels for c in point.config.network.conv] == [12, 16]
     assert point.config.output.startswith(os.path.join("results", "tiny.runs"))
     assert value_label("cluster.workers", [{"speed": 1.0, "resources": {"GPU": 1}}]) == "GPU:1"
+
+
+def test_a_name_given_with_dim_is_kept_and_the_field_named_axis_makes_way(tmp_path):
+    """A `dim:` naming another axis's field (written before or after it) takes the
+    name; the other axis falls back on its whole field, as a clash between two
+    fields' last parts does."""
+    for order in ("named first", "named last"):
+        axes = {"cluster.workers": [1, 2],
+                "train.batch": {"dim": "workers", "values": [8, 16]}}
+        if order == "named first":
+            axes = dict(reversed(list(axes.items())))
+        sweep = load_sweep(write_sweep(tmp_path, "unused.zarr", axes))
+        by_field = {axis.fields: axis.dim for axis in sweep.axes}
+        assert by_field == {("cluster.workers",): "cluster_workers",
+                            ("train.batch",): "workers"}, order
+        point = next(p for p in sweep.points
+                     if p.labels == {"cluster_workers": "2", "workers": "16"})
+        assert point.config.train.batch == 16, order
 
 
 def test_external_scheduler_sweeps_worker_counts_with_use_workers(tmp_path):

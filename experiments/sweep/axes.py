@@ -145,11 +145,17 @@ def value_json(value: Any) -> str:
 # Parsing -----------------------------------------------------------------------------
 
 
-def _dim_name(fields: tuple[str, ...], taken: set[str]) -> str:
+def _dim_name(fields: tuple[str, ...], taken: set[str], where: str) -> str:
+    """An axis's own dim name: its field's last part ('batch' for train.batch), else
+    the whole field ('cluster_workers') where another axis has the short one."""
     short = fields[0].split(".")[-1]
     if short not in taken and short not in RESERVED_NAMES and _DIM_NAME.match(short):
         return short
-    return re.sub(r"[^A-Za-z0-9_]", "_", fields[0])
+    full = re.sub(r"[^A-Za-z0-9_]", "_", fields[0])
+    if full in taken or full in RESERVED_NAMES:
+        raise ConfigError(f"{where}: its dim name {full!r} is taken by another axis; "
+                          "give one of them another with `dim:`")
+    return full
 
 
 def _axis_values(where: str, raw: Any) -> list[Any]:
@@ -221,19 +227,26 @@ def _parse_axes(config: Any) -> list[tuple[str | None, tuple[str, ...], list[tup
 
 
 def build_axes(config: Any) -> list[Axis]:
-    """The grid's dims, in order: the `axes:` entries, then the `zip:` groups."""
-    axes: list[Axis] = []
+    """The grid's dims, in order: the `axes:` entries, then the `zip:` groups.
+
+    Names given with `dim:` are claimed first, so that an axis named after its field
+    makes way for them, wherever they stand in the file."""
+    parsed = _parse_axes(config)
     taken: set[str] = set()
-    for dim, fields, values, where in _parse_axes(config):
-        if dim is not None:
-            if not isinstance(dim, str) or not _DIM_NAME.match(dim):
-                raise ConfigError(f"{where}.dim: {dim!r} is not a usable name "
-                                  "(letters, digits, _)")
-            if dim in taken or dim in RESERVED_NAMES:
-                raise ConfigError(f"{where}.dim: the name {dim!r} is already taken")
-        else:
-            dim = _dim_name(fields, taken)
+    for dim, _, _, where in parsed:
+        if dim is None:
+            continue
+        if not isinstance(dim, str) or not _DIM_NAME.match(dim):
+            raise ConfigError(f"{where}.dim: {dim!r} is not a usable name "
+                              "(letters, digits, _)")
+        if dim in taken or dim in RESERVED_NAMES:
+            raise ConfigError(f"{where}.dim: the name {dim!r} is already taken")
         taken.add(dim)
+    axes: list[Axis] = []
+    for dim, fields, values, where in parsed:
+        if dim is None:
+            dim = _dim_name(fields, taken, where)
+            taken.add(dim)
         labels = ["/".join(value_label(f, v) for f, v in zip(fields, row)) for row in values]
         for i, label in enumerate(labels):
             if labels.index(label) != i:
