@@ -53,7 +53,7 @@ from pipeline.model_probe import check_probe_environment, probe_for_config, prob
 from pipeline.probe import ClusterProbe, DaskProbe, MasterProbe, cached_master_probe, model_network
 from pipeline.strategies import strategy_named
 from pipeline.strategies.auto import Refusal, choose_strategy
-from pipeline.preflight import memory_refusal, memory_refusal_on
+from pipeline.preflight_memory import memory_refusal, memory_refusal_on
 from pipeline.strategies.base import network_for
 from pipeline.engine.task_steps import steps_per_task
 

@@ -42,8 +42,8 @@ from pipeline.engine.step_engine import StepEngine
 from pipeline.placement.capacity import capacities_explained, worker_capacities
 from pipeline.prediction import (predict_config, predict_run, prediction_stopped,
                                  probe_for_config)
-from pipeline.preflight import (check_before_start, check_run, fit_even_split,
-                                memory_refusal_on)
+from pipeline.preflight import check_before_start, check_run
+from pipeline.preflight_memory import fit_even_split, memory_refusal_on
 from pipeline.probe.machine import machine_identity, worker_machines
 from pipeline.records.record import (RunRecorder, code_revision, jsonable, link_attrs,
                                      software_versions)

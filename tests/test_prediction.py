@@ -41,7 +41,7 @@ from pipeline.strategies import strategy_named
 from pipeline.strategies.auto import choose_strategy, pick, with_master
 from pipeline.config.run_config import RunConfig
 from pipeline.placement.memory_fit import MemoryRefused
-from pipeline.preflight import memory_refusal
+from pipeline.preflight_memory import memory_refusal
 from pipeline.records.memory import machine_memory_constants
 from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints

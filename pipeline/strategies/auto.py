@@ -7,7 +7,7 @@ cluster, `choose_strategy` predicts, on a probe of that cluster (cached, else
 measured once: pipeline/prediction.py), every distributed strategy that accepts the
 config (`AutoStrategy.candidates`: kernel with the model's own split, single, data,
 hybrid, and any registered strategy with a model) and fits the workers' memory (the
-memory check a run of it would meet first: `pipeline.preflight.memory_refusal`) with
+memory check a run of it would meet first: `pipeline.preflight_memory.memory_refusal`) with
 each worker as master, and the run goes on with the config of the fastest as if it
 had been named. The choice is recorded: the chosen and the runner-up (another
 strategy) with their predictions, every alternative's, and why each other strategy
@@ -38,7 +38,7 @@ from pipeline.strategies.base import Strategy
 #: The model's step of a run config on a probe (`pipeline.prediction.predict_config`).
 Predict = Callable[[RunConfig, ClusterProbe], Prediction]
 #: Why a candidate config does not fit the run's workers' memory, "" where it does
-#: (`pipeline.preflight.memory_refusal` on the workers' capacities).
+#: (`pipeline.preflight_memory.memory_refusal` on the workers' capacities).
 Refusal = Callable[[RunConfig], str]
 
 
