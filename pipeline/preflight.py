@@ -15,8 +15,9 @@ import os
 import tempfile
 
 from pipeline.config.addresses import address_problem
-from pipeline.cluster.workers import scheduler_address, tagged_workers
+from pipeline.cluster.workers import scheduler_address, started_elsewhere, tagged_workers
 from pipeline.config.run_config import RunConfig
+from pipeline.cluster.connect import device_problem
 from pipeline.cluster.links import link_problem
 from pipeline.cluster.object_store import object_store_problem
 from pipeline.cluster.jobqueue import jobqueue_problem
@@ -157,8 +158,7 @@ def embedded_workers(config: RunConfig, strategy: Strategy) -> list[str] | None:
     tagged ones, `use_workers` of them; a strategy of one worker, its master: one
     name, unknown and so None); None where the cluster is not the config's."""
     cluster = config.cluster
-    if (cluster.scheduler or os.environ.get(SCHEDULER_VARIABLE) or cluster.jobqueue
-            or strategy.one_worker):
+    if started_elsewhere(cluster) or strategy.one_worker:
         return None
     offering = tagged_workers({w.name: {"name": w.name, "resources": w.resources}
                                for w in cluster.worker_list()}, cluster.tags())
@@ -275,6 +275,8 @@ def check_before_start(config: RunConfig, output_field: str = "output") -> Strat
     strategy = check_run(config, output_field)
     if strategy.uses_cluster:
         check_embedded_tags(config)
+        check_embedded_devices(config)
+        check_embedded_master(config)
         names = embedded_workers(config, strategy)
         check_split_source(config, strategy, network_for(config), names)
         if names is not None and config.placement != "recorded":
@@ -283,12 +285,35 @@ def check_before_start(config: RunConfig, output_field: str = "output") -> Strat
     return strategy
 
 
+def check_embedded_devices(config: RunConfig) -> None:
+    """An embedded worker on a CUDA device this machine lacks is the config's mistake
+    here (`cluster.devices` or `cluster.workers`), not only at the cluster's start."""
+    problem = (None if started_elsewhere(config.cluster)
+               else device_problem(config.cluster.worker_list()))
+    if problem:
+        field = "cluster.devices" if config.cluster.devices else "cluster.workers"
+        raise ConfigError(f"{field}: {problem}")
+
+
+def check_embedded_master(config: RunConfig) -> None:
+    """`cluster.master` must name a worker or a tag of the embedded cluster, as the run
+    asks of a started one (`pipeline.cluster.workers.add_master`)."""
+    wanted = config.cluster.master
+    if wanted is None or started_elsewhere(config.cluster):
+        return
+    workers = config.cluster.worker_list()
+    if not any(w.name == wanted or (w.resources or {}).get(wanted, 0) >= 1 for w in workers):
+        names = ", ".join(w.name for w in workers)
+        raise ConfigError(f"cluster.master: no worker of the embedded cluster is named or "
+                          f"tagged '{wanted}' (workers: {names})")
+
+
 def check_embedded_tags(config: RunConfig) -> None:
     """A run on its own embedded cluster knows every worker's tags: one that asks for
     a tag none of them offers (or more of them than there are) is a config mistake,
     named at once rather than after `cluster.wait_timeout`."""
     cluster = config.cluster
-    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or cluster.jobqueue:
+    if started_elsewhere(cluster):
         return
     workers = cluster.worker_list()
     tags = cluster.tags()

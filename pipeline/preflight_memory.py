@@ -11,12 +11,11 @@ refuses the same runs after the start: these checks name them first.
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable
 
 from distributed import Client
 
-from pipeline.cluster.workers import ClusterWorker, tagged_workers
+from pipeline.cluster.workers import ClusterWorker, started_elsewhere, tagged_workers
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import DEFAULT_CONSTANTS, MemoryConstants, element_bytes
@@ -36,7 +35,7 @@ def check_embedded_memory(config: RunConfig) -> None:
     the run's workers, or a device whose capacity only the worker knows (a GPU's
     total), is left to the split choice."""
     cluster = config.cluster
-    if cluster.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or cluster.jobqueue:
+    if started_elsewhere(cluster):
         return
     workers = cluster.worker_list()
     if (not strategy_of(config).uses_cluster

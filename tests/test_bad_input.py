@@ -139,6 +139,17 @@ CASES: list[Case] = [
     train_case("cluster.workers=[{name: cpu-1}, {}]",
                names="cluster.workers.1.name: its default name 'cpu-1' is already used "
                "(by cluster.workers.0)"),
+    # What the embedded cluster's workers are is known from the config: a master none
+    # of them is, or a CUDA device the machine lacks, is refused before it starts.
+    train_case("--check", "cluster.workers=3", "cluster.master=nosuch",
+               names="cluster.master: no worker of the embedded cluster is named or tagged "
+               "'nosuch' (workers: cpu-0, cpu-1, cpu-2)"),
+    train_case("cluster.master=GPU", names="cluster.master: no worker of the embedded cluster "
+               "is named or tagged 'GPU' (workers: cpu-0, cpu-1)"),
+    train_case("--check", "cluster.devices=[cuda:15, cpu]",
+               names="cluster.devices: worker gpu-0 wants cuda:15, but this machine has"),
+    train_case("cluster.workers=[{}, {device: 'cuda:15', resources: {GPU: 1}}]",
+               names="cluster.workers: worker gpu-1 wants cuda:15, but this machine has"),
     train_case("cluster.wait_timeout=-1", names="cluster.wait_timeout"),
     train_case("workspace.wait_timeout=0", names="workspace.wait_timeout"),
     train_case("workspace.channel_quantum=0", names="workspace.channel_quantum"),

@@ -231,8 +231,9 @@ def test_a_device_axis_is_labelled_by_mix_and_the_report_shows_shares():
 
 
 def test_the_device_mix_sweep_expands_to_one_cluster_per_mix(capsys, monkeypatch):
-    """experiments/configs/mixes.yaml (for a GPU machine) expands here too: a dry run
-    starts nothing. Its points run on an embedded cluster per mix, labelled by mix;
+    """experiments/configs/mixes.yaml (for a GPU machine) expands here too. Its dry run
+    starts nothing; without a GPU it is refused, as its points' runs would be, and with
+    the device check stubbed it lists them. They run on an embedded cluster per mix;
     the report's device-mix table is checked on a real sweep in tests/test_report.py."""
     config = os.path.join(ROOT, "experiments", "configs", "mixes.yaml")
     sweep = load_sweep(config)
@@ -243,6 +244,11 @@ def test_the_device_mix_sweep_expands_to_one_cluster_per_mix(capsys, monkeypatch
     assert {len(w) for w in workers} == {1, 3, 5}
     assert all(w[0].device == "cuda:0" and w[-1].threads in (1, 4) for w in workers)
     monkeypatch.setenv("CNN_PREDICT_PROBE", "cached")  # what a dry run sets; undone after
+    if not torch.cuda.is_available():  # every point's run would refuse here: so does the sweep
+        assert sweep_main([config, "--dry-run"]) == 2
+        assert ("error: cluster.devices: worker gpu-0 wants cuda:0, but this machine has 0 "
+                "CUDA device(s) (at point mix=gpu") in capsys.readouterr().err
+        monkeypatch.setattr("pipeline.preflight.device_problem", lambda workers: None)
     assert sweep_main([config, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count("mix=gpu+4cpu") == 8 and "5 worker(s)" in out

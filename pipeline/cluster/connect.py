@@ -97,15 +97,24 @@ def open_jobqueue(config: ClusterConfig, progress: JobProgress | None = None,
         raise ClusterError(str(error)) from None
 
 
-def check_devices(workers: list[WorkerConfig]) -> None:
-    """Refuse, before anything starts, an embedded CUDA worker this machine cannot host."""
+def device_problem(workers: list[WorkerConfig]) -> str | None:
+    """Why this machine cannot host one of the embedded `workers` (a CUDA device it
+    lacks), or None: `--check` says it as the config's error, a run's start as its."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for worker in workers:
         if worker.device.startswith("cuda"):
             index = int(worker.device.partition(":")[2] or 0)
             if index >= gpus:
-                raise ClusterError(f"cluster: worker {worker.name} wants {worker.device}, but "
-                                   f"this machine has {gpus} CUDA device(s)")
+                return (f"worker {worker.name} wants {worker.device}, but this machine has "
+                        f"{gpus} CUDA device(s)")
+    return None
+
+
+def check_devices(workers: list[WorkerConfig]) -> None:
+    """Refuse, before anything starts, an embedded CUDA worker this machine cannot host."""
+    problem = device_problem(workers)
+    if problem:
+        raise ClusterError(f"cluster: {problem}")
 
 
 def check_handshake(address: str, security: Security | None, seconds: float) -> None:
