@@ -30,6 +30,7 @@ from pipeline.preflight import check_before_start
 from pipeline.records.summary import format_summary
 from pipeline.run import run_training
 from pipeline.config.schema import ConfigError
+from pipeline.strategies import strategy_of
 from storage import checkpoints
 from storage.locks import LockBusy
 from storage.datasets.store import DatasetChanged, DatasetDamaged, DatasetError
@@ -198,9 +199,10 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         return fail(error, RUNTIME_ERROR)
     except (UsageError, ConfigError, DatasetError, PlacementError) as error:
         return fail(error, CONFIG_ERROR)
+    embedded_scheduler = (strategy_of(config).uses_cluster  # `reference` has no scheduler
+                          and scheduler_address(config.cluster) is None)
     print(format_summary(config.name, result.summary["strategy"], result.summary,
-                         result.summary["workers"],
-                         embedded_scheduler=scheduler_address(config.cluster) is None))
+                         result.summary["workers"], embedded_scheduler=embedded_scheduler))
     print(f"  record      {os.path.join(result.output_dir, 'record.zarr')}")
     return 0
 

@@ -136,6 +136,8 @@ def test_the_command_line_checks_its_run_once_and_says_when_its_medians_include_
     summary = json.loads(open(os.path.join(output, "summary.json")).read())
     assert summary["warmup_included"] and summary["measured_steps"] == 2
     assert "over 2 measured steps" in out and "warm-up included: train.warmup_steps" in out
+    # plain PyTorch in this process: no scheduler shares the client's core
+    assert "of a core: the client)" in out and "scheduler" not in out
 
 
 def test_a_library_run_refuses_what_the_command_line_refuses(tmp_path):
