@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import psutil
@@ -98,6 +99,11 @@ class Interrupted(KeyboardInterrupt):
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: A signal of the first one's number this soon after it is the same stop delivered
+#: twice, not a second one: coreutils' `timeout` sends its signal to the command and
+#: then to the command's process group, and the two, microseconds apart, reached the
+#: handler one by one at times, which stopped the run at once.
+SAME_STOP_S = 0.25
 
 
 class ResultsFirst:
@@ -154,17 +160,21 @@ _HOLDS: list[ResultsFirst] = []
 def stops_on_signals() -> Iterator[None]:
     """While the body runs, SIGINT, SIGTERM and SIGHUP raise `Interrupted`, so a
     batch system's stop or a closed terminal ends a run as cleanly as Ctrl-C; a
-    second one, while the first unwinds, stops at once (`stop_now`). Only the main
+    second one, while the first unwinds, stops at once (`stop_now`), unless it is the
+    first one's signal within `SAME_STOP_S` of it. Only the main
     thread can take signals: elsewhere (a run started from a thread) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    first: list[int] = []
+    first: list[tuple[int, float]] = []  # the first stop's signal and when it came
 
     def handle(signum: int, frame: object) -> None:
+        now = time.monotonic()
         if first:
+            if first[0][0] == signum and now - first[0][1] < SAME_STOP_S:
+                return  # the first stop again (`SAME_STOP_S`)
             stop_now(signum)
-        first.append(signum)
+        first.append((signum, now))
         # Interrupting Dask's `sync` mid-call makes its cancel callback fail on the
         # event loop (distributed 2026.8: "cannot access free variable 'future'"),
         # which tornado logs as a traceback: noise once the user has asked to stop.

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 import psutil
+import pytest
 import xarray as xr
 
 from experiments.sweep.store_layout import DONE
@@ -314,6 +315,54 @@ def test_a_second_signal_stops_at_once(monkeypatch):
         assert "stopped at once by a second signal (SIGTERM)" in err
         assert "leaked semaphore" not in err, err
         assert not workspaces_of(process.pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+SIGNALLED_AGAIN = """
+import sys, time
+from pipeline import cli
+cli.SAME_STOP_S = float(sys.argv[1])
+try:
+    with cli.stops_on_signals():
+        try:
+            print("ready", flush=True)
+            time.sleep(60)
+        finally:  # a run's cleanup, long enough to be signalled again
+            print("unwinding", flush=True)
+            time.sleep(2)
+            print("unwound", flush=True)
+except cli.Interrupted as stop:
+    print(stop.name, flush=True)
+"""
+
+
+@pytest.mark.parametrize("same_stop_s, again_after_s, at_once", [(30.0, 0.0, False),
+                                                                 (0.2, 0.6, True)])
+def test_the_same_signal_again_at_once_is_the_same_stop(monkeypatch, same_stop_s,
+                                                        again_after_s, at_once):
+    """coreutils' `timeout` sends its signal to the command, then to its process group:
+    the same signal again within `SAME_STOP_S` of the first is that stop, and the
+    run unwinds as from one; later, it is a second stop, and stops at once. (The
+    window is widened here, so that a loaded machine's delay cannot pass it.)"""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    process = subprocess.Popen([sys.executable, "-c", SIGNALLED_AGAIN, str(same_stop_s)],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        process.send_signal(signal.SIGINT)
+        assert process.stdout.readline().strip() == "unwinding"
+        time.sleep(again_after_s)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+        if at_once:
+            assert process.returncode == 128 + signal.SIGINT, (out, err)
+            assert "stopped at once by a second signal (SIGINT)" in err and out == "", out
+        else:
+            assert process.returncode == 0, err
+            assert out.split() == ["unwound", "SIGINT"] and "stopped at once" not in err
     finally:
         if process.poll() is None:
             process.kill()
