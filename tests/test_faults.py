@@ -10,6 +10,7 @@ whole and finished points are never rerun).
 
 from __future__ import annotations
 
+import glob
 import json
 import multiprocessing
 import os
@@ -49,6 +50,7 @@ FAULTS = {
     "worker SIGKILLed mid-run, kernel, float64": "survived",
     "worker SIGKILLed mid-run, data, float64": "survived",
     "worker SIGKILLed mid-run, recovery off, then resumed": "clean",
+    "worker SIGKILLed in a sweep's point, no checkpoint but step 0": "clean",
     # tests/test_scheduler_faults.py
     "scheduler SIGKILLed mid-run": "clean",
     "scheduler SIGSTOPped mid-run, limit 8 s": "clean",
@@ -313,6 +315,49 @@ def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(
     assert list(record.step.values) == list(range(last + 3))
     assert json.loads(record.attrs["starts"])[0]["ended"] == "workers lost"
     assert not [line for line in lines if "missing from the record" in line], lines
+
+
+def test_a_sweep_point_whose_every_step_ran_on_the_survivors_fails_not_stored(
+        tmp_path, three_cli_workers, tiny_dataset_factory, monkeypatch):
+    """Under `checkpoint_every: 0` a point's run that loses a worker recovers from
+    checkpoint 0 and runs every step on the survivors. Those figures were stored as
+    the point's (2 workers, "done", its split, its model error) with nothing said. The
+    point now fails in one line naming the loss, no figure stored, its run's summary
+    saying what its steps ran on; the same command runs it again."""
+    assert FAULTS["worker SIGKILLed in a sweep's point, no checkpoint but step 0"] == "clean"
+    cluster = three_cli_workers
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "never")  # no model probes: the point stays short
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"), {"cluster.workers": [2]},
+                         measure={"warmup_steps": 1, "steps": 600})
+    store = tmp_path / "lost.zarr"
+    command = ["--scheduler", cluster.address, "--out", str(store)]
+    sweep = subprocess.Popen([sys.executable, "-m", "experiments.sweep", config, *command],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("step-" in str(key) or "steps-" in str(key)  # the steps have begun
+                      for keys in cluster.client.processing().values() for key in keys):
+            assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
+            time.sleep(0.02)
+        cluster.kill("w1")  # one of the point's two (use_workers: the first by name)
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        cluster.replace("w1")
+    assert sweep.returncode == 1, err
+    ds = xr.open_zarr(store).load()
+    assert (ds.status == FAILED).all() and ds.step_time.isnull().all()
+    reason = str(ds.failure.values.ravel()[0])
+    assert reason.startswith("SetupNotMeasured: w1 lost at step ") and (
+        "recovered from checkpoint 0: every step ran on w0, not on the point's workers"
+        in reason), reason
+    assert "1 point(s) failed" in out and "Run the same command again" in out
+    (run,) = glob.glob(str(tmp_path / "lost.runs" / "*"))
+    summary = json.loads(open(os.path.join(run, "summary.json")).read())
+    assert summary["placed_setup_unmeasured"] and not summary["warmup_included"]
+    assert summary["recoveries"][0]["restored_step"] == 0
 
 
 def test_a_worker_joining_mid_run_is_used_from_the_next_checkpoint(

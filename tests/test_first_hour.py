@@ -81,6 +81,22 @@ def test_the_client_line_names_an_embedded_scheduler_only_where_there_is_one():
     assert "(10% of a core: the client)" in external
 
 
+def test_a_run_whose_every_step_was_placed_again_says_so_and_compares_no_prediction():
+    """A recovery from checkpoint 0 placed every step again, on fewer workers: the
+    medians are of those steps (not a warm-up's fallback), and the prediction, of the
+    set-up placed, is given but not held against them."""
+    note = "no measured step ran on the set-up it prices: a recovery placed every step again"
+    closing = format_summary("x", "kernel", {
+        **BARE_SUMMARY, "placed_setup_unmeasured": True, "warmup_included": False,
+        "predicted_step_time": 0.0062, "prediction_note": note}, ["a"])
+    assert ("over 3 measured steps (IQR 0.010-0.010 s, range 0.010-0.010 s); every one ran "
+            "after a recovery placed the work again on other workers than placed (below)"
+            in closing), closing
+    assert (f"  predicted   0.0062 s/step by the model at 1 step per task, not compared: {note}"
+            in closing.splitlines()), closing
+    assert "against the median" not in closing and "warm-up included" not in closing
+
+
 def test_a_run_without_a_prediction_says_why_in_its_closing_summary():
     note = "no probe of this cluster is cached: set prediction: auto to probe it once"
     closing = format_summary("x", "kernel", {**BARE_SUMMARY, "predicted_step_time": None,

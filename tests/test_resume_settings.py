@@ -17,7 +17,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from pipeline.records.starts import left_out_steps, measured
+from pipeline.records.starts import left_out_steps, measured, placed_setup_unmeasured
 from pipeline.run import run_training
 from storage import checkpoints
 from tests.helpers import run_main
@@ -172,3 +172,5 @@ def test_the_steps_said_left_out_are_those_the_timing_figures_leave_out():
                                          (3, [1, 2], [0], [3, 4, 5])):
         assert measured(record(restored), 1).step.values.tolist() == list(kept)
         assert left_out_steps(record(restored), 1) == (warm, others)
+        # and whether no step ran on the set-up placed, which the summary says
+        assert placed_setup_unmeasured(record(restored)) is (restored == 0)

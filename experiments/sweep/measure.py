@@ -119,6 +119,21 @@ def offered_workers(record: xr.Dataset) -> float:
     return float(record.sizes["worker"] + len(json.loads(record.attrs.get("left_out", "[]"))))
 
 
+class SetupNotMeasured(RuntimeError):
+    """A point whose run lost workers and, recovering from checkpoint 0, ran every step
+    on the survivors: its figures are of fewer workers than the point's, so they are
+    not stored as the point's (the point fails, and the same command runs it again)."""
+
+    def __init__(self, recoveries: list[dict]) -> None:
+        last = recoveries[-1] if recoveries else {}
+        lost = ", ".join(last.get("lost_workers", [])) or "workers"
+        on = ", ".join(last.get("workers", [])) or "the survivors"
+        super().__init__(f"{lost} lost at step {last.get('lost_at_step', '?')}, and the run "
+                         f"recovered from checkpoint {last.get('restored_step', 0)}: every "
+                         f"step ran on {on}, not on the point's workers, so none is stored "
+                         "as the point's (the run's directory keeps them)")
+
+
 def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointResult:
     """Train the point's config and turn its summary into the store's figures; the
     run records the model's prediction for itself, under the sweep's probe policy."""
@@ -133,6 +148,8 @@ def measure_point(point: Point, client: Any, keep_checkpoints: bool) -> PointRes
     summary, record = result.summary, result.record
     if not keep_checkpoints:
         shutil.rmtree(config.checkpoint_path, ignore_errors=True)
+    if summary.get("placed_setup_unmeasured"):
+        raise SetupNotMeasured(summary.get("recoveries") or [])
     step_time = summary["step_time_median"]
     predicted, low, high = (float("nan") if summary.get(key) is None else float(summary[key])
                             for key in ("predicted_step_time", "predicted_low",

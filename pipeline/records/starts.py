@@ -248,6 +248,13 @@ def measured(record: xr.Dataset, warmup_steps: int) -> xr.Dataset:
     return record
 
 
+def placed_setup_unmeasured(record: xr.Dataset) -> bool:
+    """Whether no step of the record ran on the set-up the summary names (the last
+    start's as placed): a recovery from checkpoint 0 placed every step again, on other
+    workers, and the timing figures (`measured`) fall back on those steps."""
+    return bool(record.sizes.get("step", 0)) and bool(other_setup(record).all())
+
+
 def left_out_steps(record: xr.Dataset, warmup_steps: int) -> tuple[list[int], list[int]]:
     """(warm-up steps, steps run on another set-up) that the timing figures
     (`measured`) leave out, as the summary lists them. Where `measured` falls back to

@@ -15,7 +15,8 @@ import numpy as np
 import xarray as xr
 
 from pipeline.records.memory import memory_lines, memory_summary
-from pipeline.records.starts import left_out_steps, measured, step_ranges
+from pipeline.records.starts import (left_out_steps, measured, placed_setup_unmeasured,
+                                     step_ranges)
 from pipeline.records.step_breakdown import record_breakdown
 
 
@@ -37,6 +38,7 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = F
     ``starts`` is the record's list of the run's starts (resumes add one each)."""
     tail = measured(ds, warmup_steps)
     left_out, others = left_out_steps(ds, warmup_steps)
+    re_placed = placed_setup_unmeasured(ds)
     times = np.asarray(tail.step_time.values, dtype=float)
     median = float(np.median(times)) if times.size else float("nan")
 
@@ -51,7 +53,11 @@ def summarize(ds: xr.Dataset, warmup_steps: int, batch: int, in_client: bool = F
         # last, or run after a recovery or join placed the work again
         "other_setup_steps_left_out": others,
         # every step a warm-up one: the medians fall back to them all, and say so
-        "warmup_included": bool(warmup_steps > 0 and ds.sizes["step"] and not left_out),
+        "warmup_included": bool(warmup_steps > 0 and ds.sizes["step"] and not left_out
+                                and not re_placed),
+        # no step ran on the set-up placed (a recovery from checkpoint 0 placed them all
+        # again, on other workers): the medians are of those steps, and say so
+        "placed_setup_unmeasured": re_placed,
         **({"starts": json.loads(ds.attrs["starts"])} if "starts" in ds.attrs else {}),
         "step_time_median": median,
         "step_time_p25": percentile(25), "step_time_p75": percentile(75),
@@ -129,7 +135,9 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str],
         f"  step time   median {summary['step_time_median']:.3f} s over "
         f"{summary['measured_steps']} measured steps ({spread})"
         + ("; warm-up included: train.warmup_steps leaves none to measure"
-           if summary.get("warmup_included") else ""),
+           if summary.get("warmup_included") else "")
+        + ("; every one ran after a recovery placed the work again on other workers than "
+           "placed (below)" if summary.get("placed_setup_unmeasured") else ""),
         *_starts_line(summary),
         f"  throughput  {summary['throughput']:.1f} samples/s",
         f"  breakdown   compute {summary['compute_time_median']:.3f} s, exchange "
@@ -170,6 +178,10 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str],
                         else "") + _probe_age(summary.get("prediction_probe_age_s")) + ")")
     elif summary.get("predicted_step_time") is None and summary.get("prediction_note"):
         lines.append(f"  predicted   none: {summary['prediction_note']}")
+    elif summary.get("predicted_step_time") is not None and summary.get("prediction_note"):
+        lines.append(f"  predicted   {summary['predicted_step_time']:.4f} s/step by the model"
+                     f"{_prediction_basis(summary)}, not compared: "
+                     f"{summary['prediction_note']}")
     if summary.get("link_bytes_sent"):
         lines.append(
             f"  links       {sum(summary['link_bytes_received'].values()) / 1e6:.2f} MB to "

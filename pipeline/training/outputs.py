@@ -219,7 +219,10 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
         summary["left_out"] = json.loads(attrs["left_out_reasons"])
     summary.update(changes)
     predicted, measured = prediction["predicted_step_time"], summary.get("step_time_median")
-    if predicted is not None and measured:
+    if predicted is not None and summary["placed_setup_unmeasured"]:
+        prediction["prediction_note"] = ("no measured step ran on the set-up it prices: a "
+                                         "recovery placed every step again")
+    elif predicted is not None and measured:
         prediction["prediction_error"] = predicted / measured - 1.0
         prediction["compute_error"] = compute_error(prediction.get("predicted_breakdown"),
                                                     summary.get("compute_time_median"))
