@@ -26,7 +26,7 @@ import yaml
 from distributed import Client
 
 from pipeline.cli import ResultsFirst
-from pipeline.cluster.workers import (ClusterWorker, WorkerLost, find_workers,
+from pipeline.cluster.workers import (ClusterWorker, SchedulerLost, WorkerLost, find_workers,
                                       scheduler_address, started_elsewhere)
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.shared_paths import check_workers_code, check_workers_see
@@ -316,17 +316,18 @@ def _write_trace(config: RunConfig, recorder: RunRecorder, start: Start) -> None
 def _kept_if_stopped(trained: Trained, start: Start) -> Iterator[None]:
     """Around a run's steps: a run stopped by an error keeps its trace so far, if there
     is room (the error that stopped it is the one to report). One stopped by a signal
-    (Ctrl-C, SIGTERM, SIGHUP), or by losing workers it cannot go on without (no worker
-    left, as when batch jobs reach their walltime together; or `train.max_recoveries`
-    used up), also writes its record and summary over the steps it ran, with the
+    (Ctrl-C, SIGTERM, SIGHUP), by losing workers it cannot go on without (none left, as
+    when batch jobs reach their walltime together; or `train.max_recoveries` used up)
+    or its scheduler, also writes its record and summary over the steps it ran, with the
     earlier starts' (`write_results`), so that its resume keeps what it measured; a
     write that fails is said in one line and the stop goes on."""
     try:
         yield
-    except (KeyboardInterrupt, WorkerLost) as stop:
+    except (KeyboardInterrupt, WorkerLost, SchedulerLost) as stop:
         with contextlib.suppress(OSError):
             _write_trace(trained.config, trained.recorder, start)
         ended = ("workers lost" if isinstance(stop, WorkerLost)
+                 else "scheduler lost" if isinstance(stop, SchedulerLost)
                  else getattr(stop, "name", "KeyboardInterrupt"))
         try:
             _write_stopped(trained, start, ended)

@@ -13,6 +13,7 @@ run is gone from it, and a killed one is started again.
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import signal
@@ -24,6 +25,7 @@ import time
 from typing import Iterator
 
 import pytest
+import xarray as xr
 from distributed import Client
 
 from storage import checkpoints
@@ -374,7 +376,8 @@ def test_a_scheduler_stopped_after_the_last_step_costs_the_prediction_only(
 def test_a_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, tiny_dataset_factory,
                                                            scheduler, monkeypatch):
     """A scheduler process SIGKILLed after checkpoint 4: one line naming the lost
-    scheduler and how to resume, exit 1, the checkpoints kept. (The module's cluster
+    scheduler and how to resume, exit 1, the checkpoints and the record of its steps
+    kept. (The module's cluster
     is started again for any test after it.)"""
     assert FAULTS["scheduler SIGKILLed mid-run"] == "clean"
     monkeypatch.setenv("PYTHONPATH", ROOT)
@@ -387,3 +390,11 @@ def test_a_scheduler_killed_mid_run_is_one_line_and_exit_1(tmp_path, tiny_datase
     assert len(error_lines_of(err)) == 1, err
     assert "lost the Dask scheduler" in err and "train.resume=true" in err
     assert checkpoints.latest_complete_step(path) >= 4  # what was saved is kept
+    # and the record of the steps it ran, as a stop by a signal or lost workers keeps it
+    # (a resume said they were missing: the start that ran them wrote none)
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert list(record.step.values) == list(range(record.sizes["step"]))
+    assert record.sizes["step"] >= 4
+    assert json.loads(record.attrs["starts"])[-1]["ended"] == "scheduler lost"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ended"] == "scheduler lost" and summary["predicted_step_time"] is None
