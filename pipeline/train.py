@@ -20,6 +20,7 @@ from pipeline.engine.checkpointing import CheckpointError
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
+from pipeline.cluster.connect import check_scheduler_answers
 from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
 from pipeline.config.run_config import RunConfig, load_run_config
 from pipeline.training.outputs import (OutputLock, RunComplete,
@@ -181,6 +182,8 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         if check_only:
             OutputLock(config.output_dir).check_free()  # as the run would refuse it
             check_earlier_results(config)  # as the run would refuse them
+            if strategy_of(config).uses_cluster and not config.cluster.jobqueue:
+                check_scheduler_answers(config.cluster)  # one it names: exit 1 as the run
             print(f"{config.name}: config and paths are fine ({config.strategy}, "
                   f"output {config.output_dir})")
             return 0

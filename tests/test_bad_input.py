@@ -150,6 +150,9 @@ CASES: list[Case] = [
                names="cluster.devices: worker gpu-0 wants cuda:15, but this machine has"),
     train_case("cluster.workers=[{}, {device: 'cuda:15', resources: {GPU: 1}}]",
                names="cluster.workers: worker gpu-1 wants cuda:15, but this machine has"),
+    # --check asks the scheduler it names, as the run's start does (exit 1, its line)
+    train_case("--check", "--scheduler", "tcp://127.0.0.1:9", status=1,
+               names="cannot reach the Dask scheduler at tcp://127.0.0.1:9"),
     train_case("cluster.wait_timeout=-1", names="cluster.wait_timeout"),
     train_case("workspace.wait_timeout=0", names="workspace.wait_timeout"),
     train_case("workspace.channel_quantum=0", names="workspace.channel_quantum"),

@@ -64,8 +64,8 @@ def open_run_client(config: ClusterConfig, directories: Sequence[str] = (),
         raise ClusterError(problem)
     if address:
         security = client_security(config.tls)
+        check_scheduler_answers(config)
         try:
-            check_handshake(address, security, config.connect_timeout)
             client = Client(address, timeout=config.connect_timeout, set_as_default=False,
                             security=security)
         except (OSError, TimeoutError) as error:
@@ -108,6 +108,19 @@ def device_problem(workers: list[WorkerConfig]) -> str | None:
                 return (f"worker {worker.name} wants {worker.device}, but this machine has "
                         f"{gpus} CUDA device(s)")
     return None
+
+
+def check_scheduler_answers(config: ClusterConfig) -> None:
+    """Raise `SchedulerUnreachable`, in the run's words, unless the scheduler the config
+    names (or $DASK_SCHEDULER_ADDRESS) sends Dask's handshake within
+    `cluster.connect_timeout`: what a run's start asks first, and `--check` asks alone."""
+    address = scheduler_address(config)
+    if not address:
+        return
+    try:
+        check_handshake(address, client_security(config.tls), config.connect_timeout)
+    except (OSError, TimeoutError) as error:
+        raise SchedulerUnreachable(connection_problem(address, error)) from None
 
 
 def check_devices(workers: list[WorkerConfig]) -> None:
