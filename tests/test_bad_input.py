@@ -153,6 +153,9 @@ CASES: list[Case] = [
     # --check asks the scheduler it names, as the run's start does (exit 1, its line)
     train_case("--check", "--scheduler", "tcp://127.0.0.1:9", status=1,
                names="cannot reach the Dask scheduler at tcp://127.0.0.1:9"),
+    train_case("cluster.jobqueue.walltime=1h",
+               names="cluster.jobqueue.walltime: expected HH:MM:SS (Slurm also D-HH:MM:SS), "
+               "got '1h'"),
     train_case("cluster.wait_timeout=-1", names="cluster.wait_timeout"),
     train_case("workspace.wait_timeout=0", names="workspace.wait_timeout"),
     train_case("workspace.channel_quantum=0", names="workspace.channel_quantum"),

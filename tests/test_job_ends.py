@@ -6,11 +6,14 @@ read against a real Slurm is in tests/test_jobqueue.py and test_jobqueue_stops.p
 
 from __future__ import annotations
 
+import pytest
+
 from experiments.sweep.run import one_line
 from pipeline.cluster.job_ends import (submitting_line, timed_out, walltime_limits,
                                        walltime_note)
 from pipeline.cluster.workers import WorkerLost
 from pipeline.config.jobqueue_config import JobGroupConfig, JobqueueConfig
+from pipeline.config.schema import FieldError
 from pipeline.train import lost_line
 
 DEFAULT = ("cluster.jobqueue.walltime", "01:00:00")
@@ -78,3 +81,16 @@ def test_the_runs_and_the_sweeps_last_line_say_to_raise_the_walltime():
     assert lost_line(plain).endswith("; start the run again with train.resume=true to "
                                      "continue from the last checkpoint")
     assert "walltime" not in one_line(plain)
+
+
+def test_a_walltime_is_checked_as_it_loads_and_a_number_is_seconds():
+    """`1h` went to sbatch, which refused it 12 s later (exit 1, no field named); and
+    YAML reads `12:00:00` as a number (base 60): it was refused as no string. A
+    walltime is now HH:MM:SS (Slurm's D-HH:MM:SS too) or seconds, written HH:MM:SS."""
+    assert JobqueueConfig(walltime=43200).walltime == "12:00:00"
+    assert JobqueueConfig(walltime=90).walltime == "00:01:30"
+    assert JobGroupConfig(walltime="2-00:00:00").walltime == "2-00:00:00"
+    assert JobqueueConfig(walltime="48:00:00").walltime == "48:00:00"
+    for bad in ("1h", "1:60:00", "01:00", 0):
+        with pytest.raises(FieldError, match="walltime"):
+            JobqueueConfig(walltime=bad)

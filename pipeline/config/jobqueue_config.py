@@ -9,10 +9,15 @@ from it as the batch system's fields are a topic of their own.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.config.schema import FieldError, check_range, described, parse_size
+
+#: A job's walltime as every batch system takes it (hours may pass 23), or Slurm's
+#: days before it; the batch system refused anything else only once submitted.
+WALLTIME = re.compile(r"(\d+-)?\d+:[0-5]\d:[0-5]\d")
 
 
 @dataclass
@@ -24,7 +29,8 @@ class JobGroupConfig:
     cores: int | None = described(None, "the job's cores: the worker's torch threads")
     memory: str | None = described(None, "the job's memory (`4GB`): the batch system's "
                                    "limit")
-    walltime: str | None = described(None, "`HH:MM:SS`; the job (its worker) ends then")
+    walltime: str | int | None = described(None, "`HH:MM:SS` (Slurm also `D-HH:MM:SS`; a "
+                                           "number: seconds); the job (its worker) ends then")
     queue: str | None = described(None, "the Slurm partition, PBS or SGE queue (null: the "
                                   "default)")
     account: str | None = described(None, "the Slurm/PBS account to charge (SGE: none)")
@@ -40,6 +46,15 @@ class JobGroupConfig:
         check_range(self, "cores", low=1)
         if self.memory is not None:
             parse_size(self.memory, "memory")
+        if isinstance(self.walltime, int):  # seconds; YAML reads 12:00:00 so (base 60)
+            if self.walltime < 1:
+                raise FieldError("walltime", f"expected at least 1 second, got "
+                                 f"{self.walltime}")
+            hours, rest = divmod(self.walltime, 3600)
+            self.walltime = f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+        if self.walltime is not None and not WALLTIME.fullmatch(self.walltime):
+            raise FieldError("walltime", f"expected HH:MM:SS (Slurm also D-HH:MM:SS), got "
+                             f"{self.walltime!r}")
         for tag, amount in (self.resources or {}).items():
             if not tag or not math.isfinite(amount) or amount < 1:
                 raise FieldError(f"resources.{tag}",
@@ -59,7 +74,8 @@ class JobqueueConfig(JobGroupConfig):
     cores: int | None = described(None, "each job's cores: its worker's torch threads; "
                                   "null: `cluster.threads`")
     memory: str | None = described("4GB", "each job's memory: the batch system's limit")
-    walltime: str | None = described("01:00:00", "`HH:MM:SS`; a job (its worker) ends then")
+    walltime: str | int | None = described("01:00:00", "`HH:MM:SS` (Slurm also `D-HH:MM:SS`; "
+                                           "a number: seconds); a job (its worker) ends then")
     host: str = described("127.0.0.1", "where the run's scheduler listens: an address of "
                           "this host the jobs reach (loopback: jobs on this machine only)")
     interface: str | None = described(None, "or a network interface's name (`ib0`) the "
