@@ -74,9 +74,10 @@ def test_the_runs_and_the_sweeps_last_line_say_to_raise_the_walltime():
     assert lost_line(final) == (
         f"{final}; raise cluster.jobqueue.walltime for longer jobs, or start the run again "
         "with train.resume=true to continue from the last checkpoint (on fresh jobs)")
+    # the sweep submits its own jobs again: "once the cluster is back" is for one by hand
     assert one_line(final).endswith("; raise cluster.jobqueue.walltime, or run the same "
-                                    "sweep command again (once the cluster is back) to "
-                                    "rerun this point")
+                                    "sweep command again to rerun this point (once a "
+                                    "cluster you started yourself is back)")
     plain = WorkerLost("step 3: worker slurm-0 left the cluster", ["tls://a:1"], ["slurm-0"])
     assert lost_line(plain).endswith("; start the run again with train.resume=true to "
                                      "continue from the last checkpoint")

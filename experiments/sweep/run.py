@@ -67,8 +67,8 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, SchedulerLost) or (isinstance(error, WorkerLost) and not error.memory):
         field = getattr(error, "walltime", "")  # batch jobs ended at their walltime
         longer = f" raise {field}, or" if field else ""
-        text = text[:400 - len(longer)] + f";{longer} run the same sweep command again (once " \
-            "the cluster is back) to rerun this point"
+        text = text[:400 - len(longer)] + f";{longer} run the same sweep command again to " \
+            "rerun this point (once a cluster you started yourself is back)"
     return f"{type(error).__name__}: {text}"[:500]
 
 
