@@ -243,6 +243,35 @@ def test_data_and_hybrid_train_on_cli_started_workers(tmp_path, cli_cluster,
         assert record.attrs["gradient_reduction"].startswith("workspace")
 
 
+def test_a_worker_whose_python_lacks_the_project_is_named(tmp_path, tiny_dataset_factory):
+    """A `dask worker` whose Python has Dask and torch but not this project (here: the
+    venv's packages without its .pth files, `python -S`, so the editable install is
+    not found): the run stops at the workers' setup in one line that names it; before,
+    the line said only that some worker lacked the module."""
+    import site
+    cluster = CliCluster(tmp_path, dashboards=False)
+    try:
+        address = cluster.start_scheduler()
+        bare = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        cluster.processes.append(subprocess.Popen(
+            [sys.executable, "-S", os.path.join(BIN, "dask"), "worker", address, "--name",
+             "bare", "--nthreads", "1", "--resources", "CPU=1", "--host", "127.0.0.1",
+             *cluster.dashboard(), "--no-nanny"], stdout=cluster.logs, stderr=cluster.logs,
+            cwd=tmp_path, env={**bare, "PYTHONPATH": site.getsitepackages()[0]}))
+        cluster.start_worker("--name", "full", "--no-nanny")  # one with it, not named
+        with Client(address, timeout="30s", set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+        status, said, _out = run_main("train", [
+            *tiny_args(tmp_path, tiny_dataset_factory("float32")), "--scheduler", address])
+    finally:
+        cluster.stop()
+    lines = error_lines_of("\n".join(said))
+    assert status == 1 and len(lines) == 1, said
+    assert "setting up the workers failed" in lines[0] and "No module named" in lines[0]
+    assert lines[0].endswith("install this project on every worker's Python "
+                             "(pip install -e .): it lacks it on bare"), lines[0]
+
+
 def test_resource_no_worker_has_fails_fast_naming_it(tmp_path, tiny_dataset_factory):
     """The command's `main` in this process (about the refusal, not the process: the
     first test runs `python -m pipeline.train` as one)."""

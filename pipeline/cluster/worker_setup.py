@@ -52,8 +52,28 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
         unregister_setup(client)
         hint = ""
         if "No module named" in str(error):
-            hint = "; install this project on every worker's Python (pip install -e .)"
+            lacking = ", ".join(_without_the_project(client)) or "which it cannot say"
+            hint = (f"; install this project on every worker's Python (pip install -e .): "
+                    f"it lacks it on {lacking}")
         raise ClusterError(f"setting up the workers failed: {error}{hint}") from None
+
+
+def _finds_the_project() -> bool:
+    """On a worker: whether its Python finds this project's worker-side package."""
+    import importlib.util
+    return importlib.util.find_spec("tasks") is not None
+
+
+def _without_the_project(client: Client) -> list[str]:
+    """The workers, by name, whose Python lacks this project: its function cannot even
+    be unpickled there (its module is this project's), or it finds no `tasks`."""
+    try:
+        found = client.run(_finds_the_project, on_error="return")
+        names = {address: str(info.get("name", address))
+                 for address, info in live_workers(client).items()}
+    except Exception:  # noqa: BLE001 - the line is said without the names
+        return []
+    return sorted(names.get(address, address) for address, ok in found.items() if ok is not True)
 
 
 def _fence_silent(client: Client) -> None:
