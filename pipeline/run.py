@@ -52,7 +52,7 @@ from pipeline.records.summary import left_out_lines, placement_line
 from pipeline.records.trace import ClientEvent, write_trace
 from pipeline.strategies import arithmetic_settings
 from pipeline.strategies.base import Strategy
-from pipeline.strategies.auto import choose_strategy
+from pipeline.strategies.auto import choice_words, choose_strategy
 from pipeline.training.evaluate import accuracy_or_why
 from pipeline.training.loop import train_loop
 from pipeline.training.outputs import (RunResult, owned_output, refuse_finished_resume,
@@ -281,8 +281,7 @@ def _resolve_auto(config: RunConfig, auto: Strategy, client: Client,
                                                memory_refusal_on(client, config, offered))
     start.attrs.update(strategy=config.strategy, strategy_choice=json.dumps(choice),
                        config=yaml.safe_dump(to_dict(config), sort_keys=False))
-    start.say(f"strategy auto: the model picks {choice['chosen']} (master "
-              f"{choice['master']}), predicted {choice['predicted_step_time']:.4f} s/step")
+    start.say(f"strategy auto: {choice_words(choice)}")
     return config, strategy
 
 

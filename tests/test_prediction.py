@@ -555,7 +555,12 @@ def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(
     assert result.summary["strategy"] == choice["chosen"] == result.record.attrs["strategy"]
     assert choice["probe_key"] == probe.key == result.summary.get("prediction_probe"), \
         result.summary.get("prediction_note")
-    assert f"strategy auto: the model picks {choice['chosen']}" in capsys.readouterr().err
+    # said with the steps per task its figure prices (a short run's tasks hold fewer)
+    steps = choice["task_steps"]
+    assert isinstance(steps, int) and steps >= 1
+    said = capsys.readouterr().err
+    assert (f"strategy auto: the model picks {choice['chosen']} (master {choice['master']}), "
+            f"predicted {choice['predicted_step_time']:.4f} s/step at {steps} step") in said
     assert "auto        chose" in format_summary("r", choice["chosen"], result.summary, ["w"])
 
 

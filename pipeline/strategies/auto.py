@@ -147,6 +147,16 @@ def pick(times: dict[tuple[str, str], float]) -> tuple[tuple[str, str], tuple[st
     return best, runner_up
 
 
+def choice_words(choice: dict[str, Any]) -> str:
+    """How a start says `auto`'s pick, with the steps per task its figure prices: a
+    short run's tasks may hold fewer, and its closing prediction (at the run's own)
+    then differs."""
+    steps = choice.get("task_steps")
+    at = f" at {steps} step{'s' if steps != 1 else ''} per task" if steps else ""
+    return (f"the model picks {choice['chosen']} (master {choice['master']}), predicted "
+            f"{choice['predicted_step_time']:.4f} s/step{at}")
+
+
 def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | None,
                     predict: Predict, refusal: Refusal | None = None
                     ) -> tuple[RunConfig, Strategy, dict[str, Any]]:
@@ -164,6 +174,7 @@ def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | Non
     masters = [w.name for w in probe.workers]
     configs: dict[tuple[str, str], RunConfig] = {}
     times: dict[tuple[str, str], float] = {}
+    task_steps: dict[tuple[str, str], int | None] = {}  # what each time prices (per task)
     fitting, skipped = auto.fitting(config, refusal, masters)
     for name, candidate in fitting.items():
         for master in masters[:auto.registry[name].workers_used(candidate, probe)]:
@@ -173,10 +184,12 @@ def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | Non
                 skipped[f"{name}@{master}"] = why
                 continue
             try:
-                times[name, master] = predict(trial, probe).step_time
+                prediction = predict(trial, probe)
             except (NotImplementedError, ValueError) as error:
                 skipped[name] = f"no prediction: {error}"
                 break
+            times[name, master] = prediction.step_time
+            task_steps[name, master] = prediction.details.get("task_steps")
             configs[name, master] = trial
     if not times:
         refuse_for_memory(skipped)
@@ -187,6 +200,7 @@ def choose_strategy(config: RunConfig, auto: Strategy, probe: ClusterProbe | Non
     record = {
         "requested": "auto", "chosen": best[0], "master": best[1],
         "placement": chosen.placement, "predicted_step_time": times[best],
+        "task_steps": task_steps[best],
         "runner_up": None if runner_up is None else {
             "strategy": runner_up[0], "master": runner_up[1],
             "predicted_step_time": times[runner_up]},
