@@ -28,7 +28,10 @@ from tests.helpers import wait_exited
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOLDER = """
-import sys
+import signal, sys
+# a terminal's process takes a hang-up; one started under nohup (as this suite may be)
+# inherits it ignored, and so would outlive it
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 from pipeline.cluster.embedded import start_embedded_cluster
 from pipeline.config.cluster_config import WorkerConfig
 cluster = start_embedded_cluster([WorkerConfig(name="w0", resources={"CPU": 1})])
@@ -70,8 +73,8 @@ def wait_for_group_to_end(pgid: int, timeout: float = 60) -> None:
 def survivor(pid: int) -> str:
     """What a process that outlived its group's signal is, and what it does with
     signals (blocked, ignored, caught, pending: its own and its threads'), so that a
-    failure says why. (Seen once, 2026-12-01, in a whole-suite run: all four processes
-    of a hung-up group still running after 60 s, unexplained.)"""
+    failure says why. (It showed a hung-up group that outlived SIGHUP to have it
+    ignored: the suite ran under nohup, which `HOLDER` now undoes.)"""
     try:
         command = " ".join(psutil.Process(pid).cmdline())[:80]
         masks = {}
