@@ -269,14 +269,12 @@ def check_run(config: RunConfig, output_field: str = "output") -> Strategy:
 def check_before_start(config: RunConfig, output_field: str = "output") -> Strategy:
     """Everything a run that starts its own cluster can check before it starts:
     `check_run` (the strategy, returned), then, for a strategy that uses a cluster,
-    the embedded workers' tags and memory. `pipeline.run.run_training` runs it once
-    per run; `python -m pipeline.train --check` runs it alone, and a sweep for each
-    of its measured points."""
+    the embedded workers (tags, devices, master) and memory.
+    `pipeline.run.run_training` runs it once per run; `python -m pipeline.train
+    --check` runs it alone, and a sweep for each of its measured points."""
     strategy = check_run(config, output_field)
     if strategy.uses_cluster:
-        check_embedded_tags(config)
-        check_embedded_devices(config)
-        check_embedded_master(config)
+        check_embedded_workers(config)
         names = embedded_workers(config, strategy)
         check_split_source(config, strategy, network_for(config), names)
         if names is not None and config.placement != "recorded":
@@ -285,33 +283,12 @@ def check_before_start(config: RunConfig, output_field: str = "output") -> Strat
     return strategy
 
 
-def check_embedded_devices(config: RunConfig) -> None:
-    """An embedded worker on a CUDA device this machine lacks is the config's mistake
-    here (`cluster.devices` or `cluster.workers`), not only at the cluster's start."""
-    problem = (None if started_elsewhere(config.cluster)
-               else device_problem(config.cluster.worker_list()))
-    if problem:
-        field = "cluster.devices" if config.cluster.devices else "cluster.workers"
-        raise ConfigError(f"{field}: {problem}")
-
-
-def check_embedded_master(config: RunConfig) -> None:
-    """`cluster.master` must name a worker or a tag of the embedded cluster, as the run
-    asks of a started one (`pipeline.cluster.workers.add_master`)."""
-    wanted = config.cluster.master
-    if wanted is None or started_elsewhere(config.cluster):
-        return
-    workers = config.cluster.worker_list()
-    if not any(w.name == wanted or (w.resources or {}).get(wanted, 0) >= 1 for w in workers):
-        names = ", ".join(w.name for w in workers)
-        raise ConfigError(f"cluster.master: no worker of the embedded cluster is named or "
-                          f"tagged '{wanted}' (workers: {names})")
-
-
-def check_embedded_tags(config: RunConfig) -> None:
-    """A run on its own embedded cluster knows every worker's tags: one that asks for
-    a tag none of them offers (or more of them than there are) is a config mistake,
-    named at once rather than after `cluster.wait_timeout`."""
+def check_embedded_workers(config: RunConfig) -> None:
+    """A run on its own embedded cluster knows every worker: one that asks for a tag
+    none of them offers (or more of them than there are), a worker on a CUDA device
+    this machine lacks, or a `cluster.master` that is none of them nor their tags is
+    a config mistake, named at once rather than after `cluster.wait_timeout` or once
+    the cluster has started (`pipeline.cluster.workers.add_master`)."""
     cluster = config.cluster
     if started_elsewhere(cluster):
         return
@@ -329,3 +306,12 @@ def check_embedded_tags(config: RunConfig) -> None:
         raise ConfigError(f"cluster.use_workers: {cluster.use_workers}, but only "
                           f"{len(offering)} worker(s) of the embedded cluster offer "
                           f"{' or '.join(tags)}")
+    problem = device_problem(workers)
+    if problem:
+        raise ConfigError(f"{'cluster.devices' if cluster.devices else 'cluster.workers'}: "
+                          f"{problem}")
+    master = cluster.master
+    if master is not None and not any(w.name == master or (w.resources or {}).get(master, 0)
+                                      >= 1 for w in workers):
+        raise ConfigError(f"cluster.master: no worker of the embedded cluster is named or "
+                          f"tagged '{master}' (workers: {', '.join(w.name for w in workers)})")

@@ -8,6 +8,7 @@ here or not, and the setup's lifetime is the run's, not the client's.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sys
 from typing import Iterator
 
@@ -60,7 +61,6 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
 
 def _finds_the_project() -> bool:
     """On a worker: whether its Python finds this project's worker-side package."""
-    import importlib.util
     return importlib.util.find_spec("tasks") is not None
 
 
