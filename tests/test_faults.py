@@ -51,6 +51,7 @@ FAULTS = {
     "worker SIGKILLed mid-run, data, float64": "survived",
     "worker SIGKILLed mid-run, recovery off, then resumed": "clean",
     "worker SIGKILLed in a sweep's point, no checkpoint but step 0": "clean",
+    "worker dies while the run sets the workers up": "survived",
     # tests/test_scheduler_faults.py
     "scheduler SIGKILLed mid-run": "clean",
     "scheduler SIGSTOPped mid-run, limit 8 s": "clean",
@@ -283,6 +284,40 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
         if run.poll() is None:
             run.kill()
         cluster.replace(victim)
+
+
+#: Run on a worker (`client.run(exec, ...)`): its process ends as soon as a run's
+#: `WorkerSetup` is installed there, as a worker whose host goes down as a run starts.
+DIE_WHEN_SET_UP = ("import os, tasks.worker_state\n"
+                   "tasks.worker_state.WorkerSetup.setup = lambda self, worker: os._exit(1)")
+
+
+def test_a_worker_that_dies_while_the_run_sets_it_up_is_left_out(
+        tmp_path, three_cli_workers, tiny_dataset_factory):
+    """A worker whose process ends while the run installs its setup broke the setup's
+    broadcast, and the run stopped: `setting up the workers failed: in <TCP (closed)
+    ConnectionPool.register_worker_plugin ...>: Stream is closed`. The setup is now
+    tried again on the others, with a warning naming the lost worker, and the run
+    places its work over them, as it does for a worker lost before placement."""
+    assert FAULTS["worker dies while the run sets the workers up"] == "survived"
+    cluster = three_cli_workers
+    (doomed,) = [address for address, info in cluster.client.scheduler_info(n_workers=-1)[
+        "workers"].items() if info["name"] == "w1"]
+    cluster.client.run(exec, DIE_WHEN_SET_UP, {}, workers=[doomed])
+    args = tiny_args(tmp_path, tiny_dataset_factory("float32")) + [
+        "placement=even", "train.eval_samples=0", "--scheduler", cluster.address]
+    try:
+        run = subprocess.run([sys.executable, "-m", "pipeline.train", *args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        cluster.workers["w1"].join(30)  # ended by itself
+        cluster.replace("w1")
+    assert run.returncode == 0, run.stderr
+    assert ("warning: setting up the workers: w1 left the cluster meanwhile (its process "
+            "ended?); setting up the others again") in run.stderr
+    record = xr.open_zarr(tmp_path / "run" / "record.zarr")
+    assert list(record.step.values) == [0, 1, 2]
+    assert sorted(json.loads(record.attrs["starts"])[0]["workers"]) == ["w0", "w2"]
 
 
 def test_worker_killed_with_recovery_off_stops_cleanly_then_resumes(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sys
+import time
 from typing import Iterator
 
 from distributed import Client
@@ -24,6 +25,12 @@ from tasks.worker_state import WorkerSetup
 #: then to answer a direct call.
 SETUP_S, PROBE_S = 60.0, 5.0
 
+#: How many times a setup that failed because a worker left the cluster meanwhile is
+#: tried again on the workers left: a worker whose process ends as the run starts
+#: (its host shut down, killed for memory) is then no more than the loss of a worker
+#: before placement, which places over the others.
+SETUP_TRIES, LEFT_WAIT_S = 3, 3.0
+
 
 def setup_name(client: Client) -> str:
     """The name `register_setup` gives its plugin: one per client, so that a run that
@@ -35,7 +42,9 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
     """Install `WorkerSetup` on every worker (threads, emulated speeds and devices by
     name, for the embedded cluster's workers). A failed install is taken back
     (`unregister_setup`): the scheduler keeps a plugin it could not install
-    everywhere, and runs it again on every worker that joins, a restarted one too."""
+    everywhere, and runs it again on every worker that joins, a restarted one too.
+    A setup broken by a worker that left the cluster meanwhile is tried again on the
+    others (`SETUP_TRIES`), with a warning naming it."""
     threads, speeds, devices = {}, {}, {}
     embedded = scheduler_address(config) is None
     if embedded:
@@ -43,20 +52,64 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
             threads[worker.name] = worker.threads
             speeds[worker.name] = worker.speed
             devices[worker.name] = worker.device
+    plugin = WorkerSetup(threads, speeds, devices, embedded)
+    for attempt in range(SETUP_TRIES):
+        before = _worker_names(client)
+        try:
+            client.sync(client._register_worker_plugin, plugin=plugin,
+                        name=setup_name(client), idempotent=False, callback_timeout=SETUP_S)
+            return
+        except TimeoutError:  # the scheduler waits on every worker: a frozen one never answers
+            _fence_silent(client)
+            return
+        except Exception as error:  # noqa: BLE001 - the workers' exception arrives as text
+            unregister_setup(client)
+            gone = _left_since(client, before) if isinstance(error, OSError) else []
+            if gone and attempt + 1 < SETUP_TRIES:
+                print(f"warning: setting up the workers: {', '.join(gone)} left the cluster "
+                      "meanwhile (its process ended?); setting up the others again",
+                      file=sys.stderr)
+                continue
+            raise ClusterError(f"setting up the workers failed: {error}"
+                               f"{_setup_hint(client, error, gone)}") from None
+
+
+def _worker_names(client: Client) -> set[str] | None:
+    """The names of the scheduler's workers now; None if it cannot say (the run's next
+    question of the scheduler says why)."""
     try:
-        client.sync(client._register_worker_plugin,
-                    plugin=WorkerSetup(threads, speeds, devices, embedded),
-                    name=setup_name(client), idempotent=False, callback_timeout=SETUP_S)
-    except TimeoutError:  # the scheduler waits on every worker: a frozen one never answers
-        _fence_silent(client)
-    except Exception as error:  # noqa: BLE001 - the workers' exception arrives as text
-        unregister_setup(client)
-        hint = ""
-        if "No module named" in str(error):
-            lacking = ", ".join(_without_the_project(client)) or "which it cannot say"
-            hint = (f"; install this project on every worker's Python (pip install -e .): "
-                    f"it lacks it on {lacking}")
-        raise ClusterError(f"setting up the workers failed: {error}{hint}") from None
+        return {str(info.get("name", address))
+                for address, info in live_workers(client, patience=2.0).items()}
+    except Exception:  # noqa: BLE001 - SchedulerLost is raised by the run's next step
+        return None
+
+
+def _left_since(client: Client, before: set[str] | None) -> list[str]:
+    """The names of `before`'s workers that left the cluster: a setup broken by a lost
+    connection, asked for `LEFT_WAIT_S`, as the scheduler may hear of the loss just
+    after the broken broadcast."""
+    deadline = time.monotonic() + LEFT_WAIT_S
+    while True:
+        now = _worker_names(client)
+        if before is None or now is None:
+            return []
+        gone = sorted(before - now)
+        if gone or time.monotonic() > deadline:
+            return gone
+        time.sleep(0.1)
+
+
+def _setup_hint(client: Client, error: Exception, gone: list[str]) -> str:
+    """What the failed setup's line adds: the workers that left during it (again and
+    again: `SETUP_TRIES` times), or those whose Python lacks this project."""
+    if gone:
+        return (f"; {', '.join(gone)} left the cluster while it was set up, "
+                f"{SETUP_TRIES} times running (do its workers keep dying?)")
+    if "No module named" in str(error):
+        lacking = ", ".join(_without_the_project(client)) or "which it cannot say"
+        return (f"; install this project on every worker's Python (pip install -e .): "
+                f"it lacks it on {lacking}")
+    return ""
 
 
 def _finds_the_project() -> bool:
