@@ -50,9 +50,9 @@ from experiments.sweep.results_checksums import record_whole_store
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, field_units, network_of,
                                         options_of, point_strategy)
+from experiments.scaling.baseline import BASELINE, single_time
 from experiments.scaling.memory_fit import baseline_fits, memory_verdict
 from experiments.scaling.view import one_device_only
-from pipeline.costmodel import predict
 from storage.labelled import write_dataset
 from storage.locks import now_text
 
@@ -110,25 +110,6 @@ OUT_OF_MEMORY = f"{Infeasible.__name__}: out of memory"
 # One point ----------------------------------------------------------------------------
 
 
-_SINGLE: dict[tuple, float] = {}
-
-
-#: The strategy every scaling point's speedup is measured against, on one device.
-BASELINE = "single"
-
-
-def _single_time(point: ScalingPoint, kind: str) -> float:
-    """`single` (`BASELINE`) on one device of ``kind`` at the point's network and
-    batch (cached)."""
-    preset = hw.resolve_kind(point.hardware, kind)
-    network = network_of(point.network)
-    key = (network, point.train.batch, preset)
-    if key not in _SINGLE:
-        device = hw.device_spec(point.hardware, kind)
-        _SINGLE[key] = predict(BASELINE, network, point.train.batch, device).step_time
-    return _SINGLE[key]
-
-
 def evaluate_point(point: ScalingPoint) -> dict[str, float]:
     """The model's figures for one point (see :data:`SCALING_MEASURES`), whether or
     not they fit the devices' memory (`assess_point` says).
@@ -155,9 +136,9 @@ def assess_point(point: ScalingPoint) -> tuple[dict[str, float], str]:
     link = hw.link_spec(point.hardware.link)
     store = hw.store_spec(point.hardware.store)
     prediction = strategy.model(network, batch, devices, link, store, options_of(point))
-    baseline = _single_time(point, kinds[0])
+    baseline = single_time(point, kinds[0])
     used = kinds[:strategy.devices_used(len(kinds))]
-    relative = {kind: baseline / _single_time(point, kind) for kind in set(used)}
+    relative = {kind: baseline / single_time(point, kind) for kind in set(used)}
     capacity = float(sum(relative[kind] for kind in used))
     step = prediction.step_time
     speedup = baseline / step

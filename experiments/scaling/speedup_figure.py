@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from experiments.report.figure_files import save_figure  # noqa: E402
 from experiments.scaling.figure_style import (EXTRA_COLORS, LINE_COLORS,  # noqa: E402
                                               UNFIT_LINE_NOTE, baseline_fits, panel, titled)
-from experiments.scaling.run import BASELINE  # noqa: E402
+from experiments.scaling.baseline import BASELINE  # noqa: E402
 from experiments.scaling.view import ScalingView, one_device_only  # noqa: E402
 from experiments.sweep.store_layout import DONE  # noqa: E402
 from experiments.sweep.summary import base_strategy  # noqa: E402
