@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import yaml
 from experiments.report import cli as report
 from experiments.sweep import cli as sweep_cli
 from experiments.sweep.store_layout import DONE, FAILED
+from experiments.scaling.baseline import UNFIT_NOTE
 from experiments.scaling.run import Infeasible, evaluate_point
 from experiments.scaling.config import build_point, load_scaling_sweep, network_of
 from experiments.scaling.hardware import DaskConfig, device_spec, link_spec, overhead_spec
@@ -137,6 +139,8 @@ def test_report_draws_the_three_scaling_figures(tiny_store):
 
 
 def test_speedup_and_capacity_of_a_mix_follow_the_model():
+    """A mix's devices are taken fastest kind first: the baseline is `single` on a GPU,
+    and the GPUs come before the CPU written first (kernel's master is device 0)."""
     point = build_point({"strategy": "kernel", "network": {"preset": "marques"},
                          "train": {"batch": 64},
                          "hardware": {"devices": {"cpu": 1, "gpu": 2},
@@ -146,14 +150,36 @@ def test_speedup_and_capacity_of_a_mix_follow_the_model():
     net = network_of(point.network)
     cpu, gpu = device_spec(point.hardware, "cpu"), device_spec(point.hardware, "gpu")
     assert gpu.conv_efficiency == 0.5 and gpu.flops == 1.95e13
-    one = predict("single", net, 64, cpu).step_time
-    step = predict("kernel", net, 64, [cpu, gpu, gpu], link_spec(point.hardware.link)).step_time
+    one = predict("single", net, 64, gpu).step_time
+    assert one < predict("single", net, 64, cpu).step_time
+    step = predict("kernel", net, 64, [gpu, gpu, cpu], link_spec(point.hardware.link)).step_time
     assert math.isclose(values["predicted_step_time"], step)
+    assert math.isclose(values["baseline_step_time"], one)
     assert math.isclose(values["speedup"], one / step)
-    relative = one / predict("single", net, 64, gpu).step_time
-    assert math.isclose(values["capacity"], 1 + 2 * relative)
-    assert math.isclose(values["efficiency"], one / step / (1 + 2 * relative))
+    relative = predict("single", net, 64, cpu).step_time
+    assert math.isclose(values["capacity"], 2 + one / relative)
+    assert math.isclose(values["efficiency"], one / step / (2 + one / relative))
     assert value_label("hardware.devices", {"cpu": 1, "gpu": 2}) == "1cpu+2gpu"
+
+
+@pytest.mark.parametrize("strategy", ["single", "kernel", "data", "hybrid"])
+def test_a_mix_is_one_point_whatever_the_order_it_is_written_in(strategy):
+    """`{cpu: 4, gpu: 4}` and `{gpu: 4, cpu: 4}` are the same eight devices. Against
+    `single` on the first kind written, one grid gave them 76x and 1.3x (data, marques,
+    batch 128, 100 Gb/s), and `single` on the mix ran on a CPU or a GPU by the order;
+    now every figure is the same, against the GPU."""
+    def figures(devices: dict) -> dict:
+        return evaluate_point(build_point({
+            "strategy": strategy, "network": {"preset": "marques"}, "train": {"batch": 128},
+            "hardware": {"devices": devices, "link": {"gbps": 100}}}))
+
+    cpu_first, gpu_first = figures({"cpu": 4, "gpu": 4}), figures({"gpu": 4, "cpu": 4})
+    assert cpu_first == pytest.approx(gpu_first, rel=1e-12, nan_ok=True)
+    assert cpu_first["baseline_step_time"] == pytest.approx(
+        figures({"gpu": 1})["predicted_step_time"] if strategy == "single"
+        else figures({"gpu": 1})["baseline_step_time"], rel=1e-12)
+    if strategy == "single":  # on the fastest device: the baseline itself
+        assert cpu_first["speedup"] == pytest.approx(1.0, rel=1e-12)
 
 
 @pytest.mark.parametrize("strategy", ["data", "hybrid"])
@@ -349,3 +375,20 @@ def test_the_commands_a_sweep_prints_and_records_survive_a_shell(tmp_path, capsy
     assert f"report: python -m experiments.report {shlex.quote(store)})" in capsys.readouterr().out
     command = open_clean(store).attrs["command"]
     assert shlex.split(command) == ["python", "-m", "experiments.sweep", *argv]
+
+
+def test_the_closing_lines_mark_a_speedup_whose_baseline_does_not_fit(tmp_path, capsys):
+    """VGG-16 at batch 4096 does not fit one A100 (`baseline_fits` 0): the report marks
+    such speedups with `*`, and the sweep's closing "best speedup" lines now do too,
+    with the note; they read 79.9x unmarked before."""
+    config = write_scaling(tmp_path, {"strategy": ["single", "data"],
+                                      "hardware.devices": [1, 64]},
+                           base={"network": {"preset": "vgg16"}, "train": {"batch": 4096},
+                                 "hardware": {"devices": 1, "device": "a100",
+                                              "link": {"gbps": 400}}})
+    assert sweep_cli.main([config, "--out", str(tmp_path / "vgg.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert open_clean(tmp_path / "vgg.zarr").baseline_fits.max() == 0
+    (line,) = [line for line in out.splitlines() if "data: best speedup" in line]
+    assert re.search(r"best speedup +[0-9.]+x\* \(efficiency", line), line
+    assert UNFIT_NOTE in out

@@ -10,6 +10,7 @@ import numpy as np
 import xarray as xr
 
 from experiments.report.figure_files import save_figure
+from experiments.scaling.baseline import UNFIT_BASELINE, UNFIT_NOTE
 from experiments.scaling.view import ScalingView
 
 __all__ = ["STRATEGY_COLORS", "LINE_COLORS", "EXTRA_COLORS", "UNFIT_BASELINE", "UNFIT_NOTE",
@@ -24,10 +25,6 @@ LINE_COLORS = {"single": "#555555", "kernel": "#1f6fc0", "data": "#e06a12",
 EXTRA_COLORS = ["#d9a0d9", "#e6d37a", "#8fd3d3", "#e39a9a"]
 
 
-#: Marks a speedup whose baseline (`single` on one device) does not fit that device.
-UNFIT_BASELINE = "*"
-UNFIT_NOTE = (f"{UNFIT_BASELINE}: `single` does not fit one device's memory at this network "
-              "and batch; the speedup is against its predicted step as if it did")
 #: The same on a line plot, which marks such a point with an open marker.
 UNFIT_LINE_NOTE = ("open markers: `single` does not fit one device's memory at that network "
                    "and batch; the speedup is against its predicted step as if it did")

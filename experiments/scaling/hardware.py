@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from pipeline.costmodel import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, krizhevsky_k20_setup
 from pipeline.config.schema import ConfigError, described
@@ -303,15 +304,20 @@ def device_spec(hw: HardwareConfig, name: str) -> DeviceSpec:
                       mem_efficiency=p.mem_efficiency, name=name)
 
 
-def device_list(hw: HardwareConfig) -> tuple[list[DeviceSpec], list[str]]:
-    """Every device in order, and its kind's name.
+def device_list(hw: HardwareConfig, rank: Callable[[str], float] | None = None
+                ) -> tuple[list[DeviceSpec], list[str]]:
+    """Every device in order, and its kind's name: the kinds in the order written, or
+    by ``rank`` (lowest first; a tie keeps the written order).
 
     Devices of one kind are the same object, which lets the model time equal
     devices' shares once.
     """
+    kinds = device_kinds(hw)
+    if rank is not None:
+        kinds = sorted(kinds, key=lambda kind: rank(kind[0]))
     devices: list[DeviceSpec] = []
     names: list[str] = []
-    for name, count in device_kinds(hw):
+    for name, count in kinds:
         spec = device_spec(hw, name)
         devices += [spec] * count
         names += [name] * count

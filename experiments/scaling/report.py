@@ -220,7 +220,7 @@ def write_markdown(view: ScalingView, figures: list[str], path: str) -> None:
         f"- code revision {ds.attrs.get('code_revision', '?')}; written "
         f"{ds.attrs.get('finished', '?')}",
         f"- command: `{ds.attrs.get('command', '')}`",
-        "- speedup: predicted step time of `single` on one device of the mix's first kind "
+        "- speedup: predicted step time of `single` on one device of the mix's fastest kind "
         "(same network and batch) over the point's; efficiency divides it by the devices' "
         "summed relative speed (their count, for equal devices).",
     ]

@@ -50,7 +50,8 @@ from experiments.sweep.results_checksums import record_whole_store
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, field_units, network_of,
                                         options_of, point_strategy)
-from experiments.scaling.baseline import BASELINE, single_time
+from experiments.scaling.baseline import (BASELINE, UNFIT_BASELINE, UNFIT_NOTE,
+                                          devices_fastest_first, single_time)
 from experiments.scaling.memory_fit import baseline_fits, memory_verdict
 from experiments.scaling.view import one_device_only
 from storage.labelled import write_dataset
@@ -63,8 +64,8 @@ __all__ = ["Infeasible", "evaluate_point", "SCALING_MEASURES", "build_dataset",
 SCALING_MEASURES: dict[str, tuple[str, str]] = {
     "predicted_step_time": ("s", "the performance model's step time for this point"),
     "throughput": ("samples/s", "training samples per second: batch / predicted_step_time"),
-    "speedup": ("1", "predicted step time of `single` on one device of the mix's first kind, "
-                "same network and batch (baseline_step_time), divided by this point's"),
+    "speedup": ("1", "predicted step time of `single` on one device of the mix's fastest "
+                "kind, same network and batch (baseline_step_time), divided by this point's"),
     "efficiency": ("1", "speedup divided by capacity (the device count for equal devices)"),
     "compute_time": ("s", "predicted compute on the step's critical path outside the dense "
                      "head (the conv trunk; the whole replica for data)"),
@@ -77,15 +78,15 @@ SCALING_MEASURES: dict[str, tuple[str, str]] = {
     "overhead_time": ("s", "predicted Dask orchestration per step (kernel with "
                       "hardware.dask; else 0)"),
     "baseline_step_time": ("s", "predicted step time of `single` on one device of the mix's "
-                           "first kind, same network and batch"),
-    "baseline_fits": ("1", "1 where that baseline (`single` on one device of the mix's first "
+                           "fastest kind, same network and batch"),
+    "baseline_fits": ("1", "1 where that baseline (`single` on one device of the mix's fastest "
                       "kind) fits the device's memory, else 0: the speedup is then against a "
                       "step no such device could run (the report marks it); NaN where the "
                       "memory model gives no figure"),
     "n_workers": ("1", "devices the strategy uses: the whole mix (idle ones included), "
                   "1 for single"),
     "capacity": ("1", "summed relative speed of those devices: each device's single-device "
-                 "speed over the first kind's, at this network and batch"),
+                 "speed over the fastest kind's, at this network and batch"),
     "peak_memory": ("B", "the model's largest peak memory of a device under the point's split "
                     "(pipeline.costmodel.memory; a CPU device's process, a GPU's device memory)"),
     "memory_fits": ("1", "1 where every device's predicted peak is within its kind's memory "
@@ -127,7 +128,7 @@ def assess_point(point: ScalingPoint) -> tuple[dict[str, float], str]:
     """The point's figures, and why it cannot run ("" where it can): a device whose
     predicted peak exceeds its kind's memory. Raises `Infeasible` as `evaluate_point`."""
     strategy = point_strategy(point)
-    devices, kinds = hw.device_list(point.hardware)
+    devices, kinds = devices_fastest_first(point)
     batch = point.train.batch
     why = strategy.infeasible(batch, len(devices))
     if why:
@@ -252,7 +253,7 @@ def build_dataset(sweep: ScalingSweep, outcome: Outcome, attrs: dict[str, Any]) 
 
 
 def _attrs(sweep: ScalingSweep, argv: list[str], started: str) -> dict[str, Any]:
-    reference = {"strategy": BASELINE, "devices": "one device of the mix's first kind"}
+    reference = {"strategy": BASELINE, "devices": "one device of the mix's fastest kind"}
     return {
         "title": f"scaling sweep {sweep.config.name}", "sweep_name": sweep.config.name,
         "mode": "scaling", "speedup_baseline": "single",
@@ -295,7 +296,8 @@ def _replace_store(ds: xr.Dataset, path: str) -> None:
 
 
 def _summary(ds: xr.Dataset) -> list[str]:
-    """Best predicted speedup per strategy, and where."""
+    """Best predicted speedup per strategy, and where; marked (`UNFIT_BASELINE`, as
+    the report marks it) where its baseline does not fit one device's memory."""
     if "strategy" not in ds.dims:
         return []
     lines = []
@@ -309,8 +311,13 @@ def _summary(ds: xr.Dataset) -> list[str]:
         where = ", ".join(f"{d}={v}" for d, v in at.items() if d != "strategy")
         value = float(speedup.isel(best))
         efficiency = float(ds.efficiency.sel(strategy=strategy).isel(best))
-        lines.append(f"  {strategy:>7}: best speedup {value:8.1f}x (efficiency "
+        fits = float(ds.baseline_fits.sel(strategy=strategy).isel(best)) \
+            if "baseline_fits" in ds else 1.0
+        mark = UNFIT_BASELINE if fits == 0 else ""
+        lines.append(f"  {strategy:>7}: best speedup {value:8.1f}x{mark} (efficiency "
                      f"{efficiency:.0%}) at {where}")
+    if any(UNFIT_BASELINE in line for line in lines):
+        lines.append(f"  {UNFIT_NOTE}")
     return lines
 
 
@@ -342,9 +349,11 @@ def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | No
     print(f"\nresults: {sweep.store_path}  (xr.open_zarr; report: python -m "
           f"experiments.report {shlex.quote(sweep.store_path)})", file=out)
     if outcome.infeasible:
-        print(f"{outcome.infeasible} point(s) are infeasible as described, "
-              f"{outcome.out_of_memory} of them out of memory (their reasons are in the "
-              "store's `failure` variable).", file=out)
+        memory = outcome.out_of_memory
+        print(f"{outcome.infeasible} point(s) infeasible, not predicted: {memory} out of a "
+              f"device's memory, {outcome.infeasible - memory} with a batch smaller than "
+              "its devices (data, hybrid); each point's reason is in the store's `failure` "
+              "variable.", file=out)
     if outcome.errors:
         reasons = sorted({str(f) for f, s in zip(outcome.failure.ravel(),
                                                  outcome.status.ravel())

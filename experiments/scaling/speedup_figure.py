@@ -135,6 +135,6 @@ def _speedup_legend(fig: Any, colors: dict[str, Any], batches: list, alphas: np.
                 for b, a, w in zip(batches, alphas, widths)]
     if mixed:
         handles.append(Line2D([], [], color="black", linestyle="none", marker="D",
-                              markersize=5, label="a mix (baseline: its first kind)"))
+                              markersize=5, label="a mix (baseline: its fastest kind)"))
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
                frameon=False)
