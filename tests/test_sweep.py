@@ -794,6 +794,13 @@ def test_points_that_would_repeat_another_are_recorded_not_run(tmp_path, tiny_da
     sweep = load_sweep(config, out=store)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CNN_PREDICT_PROBE", "never")
+        listed = io.StringIO()  # before any store: the dry run says so too (it said nothing)
+        sweep_cli.dry_run(sweep, listed)
+        rows = [line for line in listed.getvalue().splitlines() if line[:1].isdigit()]
+        assert len(rows) == 4, listed.getvalue()
+        for row in rows:
+            skipped = "strategy=single" in row and "workers=2" in row
+            assert row.endswith("not applicable" if skipped else "pending"), row
         output = io.StringIO()
         assert run_sweep(sweep, out=output, err=io.StringIO()) == 0
     assert "3 to run, 1 not applicable" in output.getvalue()

@@ -114,7 +114,8 @@ def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False, extend: bool = False
         print(f"the run grows the store first (--extend): {growth.describe()}; its "
               "recorded points are kept", file=out)
     rows = []
-    too_big = any(p.infeasible for p in sweep.points)
+    # without a store, a status column only where some point will not run as pending
+    not_all_pending = any(p.infeasible or p.skip for p in sweep.points)
     for number, point in enumerate(sweep.points, start=1):
         cluster = "none" if point.cluster_key is None else (
             "external" if point.cluster_key == "external"
@@ -128,11 +129,11 @@ def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False, extend: bool = False
         elif status is not None:
             row.append("damaged, runs again" if point_key(point.region) in damaged else
                        STATUS_WORDS[int(status[point.region])])
-        elif too_big:
-            row.append("pending")
+        elif not_all_pending:
+            row.append(STATUS_WORDS[SKIPPED] if point.skip else "pending")
         rows.append(row)
     header = ["#", "point", "cluster", "predicted"] + (
-        ["status"] if status is not None or too_big else [])
+        ["status"] if status is not None or not_all_pending else [])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for row in [header] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
