@@ -161,7 +161,8 @@ def stops_on_signals() -> Iterator[None]:
     """While the body runs, SIGINT, SIGTERM and SIGHUP raise `Interrupted`, so a
     batch system's stop or a closed terminal ends a run as cleanly as Ctrl-C; a
     second one, while the first unwinds, stops at once (`stop_now`), unless it is the
-    first one's signal within `SAME_STOP_S` of it. Only the main
+    first one's signal within `SAME_STOP_S` of it, also once the body has ended (the
+    process is then ending). Only the main
     thread can take signals: elsewhere (a run started from a thread) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -189,8 +190,32 @@ def stops_on_signals() -> Iterator[None]:
     try:
         yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+        for number, handler in previous.items():  # after a stop, a second one still
+            signal.signal(number, handle if first else handler)  # stops at once: the
+        # process is ending, and Python's own Ctrl-C would raise a KeyboardInterrupt
+        # into whatever its exit runs (a traceback, "Exception ignored in ...")
+
+
+@contextlib.contextmanager
+def quiet_start() -> Iterator[None]:
+    """A command's imports (torch, Dask, xarray: a second or two) under a Ctrl-C that
+    ends it with one line and 130, not a traceback of whichever import it cut: nothing
+    has run or been written yet. Python's own Ctrl-C handling is back after the block
+    (the command's `stops_on_signals` takes over)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        print(f"interrupted ({signal.Signals(signum).name}) while starting: nothing was run "
+              "or written", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def stop_now(signum: int) -> NoReturn:

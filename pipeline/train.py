@@ -16,26 +16,28 @@ import os
 import shlex
 import sys
 
-from pipeline.engine.checkpointing import CheckpointError
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
-                          UsageError, exit_with, fail, quiet_dask,
+                          UsageError, exit_with, fail, quiet_dask, quiet_start,
                           stops_on_signals)
-from pipeline.cluster.connect import check_scheduler_answers
-from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
-from pipeline.config.run_config import RunConfig, load_run_config
-from pipeline.training.outputs import (OutputLock, RunComplete,
-                                       check_earlier_results, earlier_results)
-from pipeline.placement.split import PlacementError
-from pipeline.prediction import check_probe_environment
-from pipeline.preflight import check_before_start
-from pipeline.records.summary import format_summary
-from pipeline.run import run_training
-from pipeline.config.schema import ConfigError
-from pipeline.strategies import strategy_of
-from storage import checkpoints
-from storage.locks import LockBusy
-from storage.datasets.store import DatasetChanged, DatasetDamaged, DatasetError
-from storage.space import NoSpace
+
+with quiet_start():  # torch, Dask, xarray: a Ctrl-C meanwhile is one line, not a traceback
+    from pipeline.engine.checkpointing import CheckpointError
+    from pipeline.cluster.connect import check_scheduler_answers
+    from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
+    from pipeline.config.run_config import RunConfig, load_run_config
+    from pipeline.training.outputs import (OutputLock, RunComplete,
+                                           check_earlier_results, earlier_results)
+    from pipeline.placement.split import PlacementError
+    from pipeline.prediction import check_probe_environment
+    from pipeline.preflight import check_before_start
+    from pipeline.records.summary import format_summary
+    from pipeline.run import run_training
+    from pipeline.config.schema import ConfigError
+    from pipeline.strategies import strategy_of
+    from storage import checkpoints
+    from storage.locks import LockBusy
+    from storage.datasets.store import DatasetChanged, DatasetDamaged, DatasetError
+    from storage.space import NoSpace
 
 
 #: What `--help` says of the overrides a first run needs (docs/configuration.md has

@@ -27,6 +27,7 @@ import pytest
 import xarray as xr
 
 from experiments.sweep.store_layout import DONE
+from pipeline.cli import SAME_STOP_S
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.sampler import step_indices
 from storage import checkpoints
@@ -430,3 +431,72 @@ def test_removing_a_setup_a_worker_never_had_is_not_logged():
     assert not drop.filter(record(ours, KeyError))
     assert drop.filter(record(ours, RuntimeError))  # a teardown that really failed
     assert drop.filter(record("someone-elses-plugin", KeyError))
+
+
+#: A `sitecustomize` that sends its process SIGINT as the process starts importing
+#: numpy (which torch, Dask, xarray all import first): a Ctrl-C in a command's first
+#: second, at a moment the test chooses.
+SIGINT_AT_IMPORT = """
+import os, signal, sys
+
+class CtrlCAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlCAtImport())
+"""
+
+
+@pytest.mark.parametrize("command", [["pipeline.train", "configs/small.yaml", "--check"],
+                                     ["experiments.sweep", "experiments/configs/quick.yaml",
+                                      "--dry-run"],
+                                     ["experiments.report", "results/none.zarr"]])
+def test_a_ctrl_c_while_a_command_imports_is_one_line(tmp_path, monkeypatch, command):
+    """Ctrl-C in a command's first second or two (its imports) printed a 30-line
+    traceback of whichever import it cut; now one line, and exit 130 as later."""
+    (tmp_path / "sitecustomize.py").write_text(SIGINT_AT_IMPORT)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), ROOT]))
+    done = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert done.stderr.splitlines() == [
+        "interrupted (SIGINT) while starting: nothing was run or written"], done.stderr
+    assert done.stdout == ""
+
+
+SIGNALLED_AFTER = """
+import time
+from pipeline import cli
+try:
+    with cli.stops_on_signals():
+        print("ready", flush=True)
+        time.sleep(60)
+except cli.Interrupted as stop:
+    print("stopped", stop.name, flush=True)
+    time.sleep(10)  # the process ending: writing its line, its exit's cleanup
+"""
+
+
+def test_a_second_signal_once_the_stop_has_unwound_stops_at_once(monkeypatch):
+    """Once the first stop has unwound (its line written, the process ending), a
+    second Ctrl-C raised a KeyboardInterrupt into whatever the exit ran: a traceback
+    ("Exception ignored in: <function WeakSet...>"), and at times an exit by the
+    signal itself (-2) rather than 130. It now stops at once, as during the unwinding."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    process = subprocess.Popen([sys.executable, "-c", SIGNALLED_AFTER], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        process.send_signal(signal.SIGINT)
+        assert process.stdout.readline().split() == ["stopped", "SIGINT"]
+        time.sleep(SAME_STOP_S + 0.3)  # a second stop, not the first one delivered twice
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+        assert process.returncode == 128 + signal.SIGINT, err
+        assert err.splitlines() == ["stopped at once by a second signal (SIGINT)"], err
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -2,6 +2,9 @@
 
 import sys
 
-from experiments.report.cli import main
+from pipeline.cli import quiet_start
+
+with quiet_start():  # xarray, matplotlib: a Ctrl-C meanwhile is one line, not a traceback
+    from experiments.report.cli import main
 
 sys.exit(main())
