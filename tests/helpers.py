@@ -356,3 +356,22 @@ def cut_probe_to_one_round(monkeypatch) -> None:
     monkeypatch.setattr(rounds, "RETIMES", 0)
     monkeypatch.setattr(cluster_probe, "plans_for",
                         lambda *args: runs.plans_for(*args, budget_s=0.0))
+
+
+#: docs/outputs.md, whose `## summary.json` section names every key of a summary.
+OUTPUTS_PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "docs", "outputs.md")
+
+
+def summary_keys_documented() -> set[str]:
+    """The keys docs/outputs.md's `## summary.json` table names (its first column)."""
+    import re
+    text = open(OUTPUTS_PAGE, encoding="utf-8").read()
+    section = text.split("\n## summary.json\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return {key for row in rows for key in re.findall(r"`([a-z_0-9]+)`", row)}
+
+
+def undocumented_summary_keys(summary: dict) -> set[str]:
+    """The keys of a run's summary that docs/outputs.md does not name."""
+    return set(summary) - summary_keys_documented()

@@ -15,7 +15,7 @@ import numpy as np
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.run import run_training
-from tests.helpers import tiny_config
+from tests.helpers import tiny_config, undocumented_summary_keys
 
 SQUEEZED = ("[{conv: 4, batch_norm: true}, {pool: adaptive_avg}, "
             "{conv: 4, batch_norm: true}]")
@@ -39,6 +39,7 @@ def test_calibrated_replicas_are_timed_on_two_rows_at_least(tmp_path, three_work
                   placement="calibrated", **{"train.batch": 13})
     assert result.record.attrs["placement"] == "calibrated"
     assert sum(result.summary["batch_split"]) == 13
+    assert not undocumented_summary_keys(result.summary)  # docs/outputs.md names every key
     points = json.loads(result.record.attrs["placement_choice"])["calibration_points"]
     assert sorted({rows for worker in points.values() for rows, _s in worker[0]}) == [2, 5]
     assert np.isfinite(result.record.loss.values).all()

@@ -18,6 +18,8 @@ from urllib.parse import unquote
 
 import pytest
 
+from tests.helpers import summary_keys_documented
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
@@ -151,3 +153,16 @@ def test_broken_files_and_anchors_are_reported(tmp_path):
 def test_issue_numbers_are_recognised():
     assert ISSUE_NUMBER.findall("(issue 21, item 3) issue21-x issues 4 and 8 Issue #9")
     assert ISSUE_NUMBER.findall("an issue of size, the issues here") == []
+
+
+def test_the_summary_keys_documented_are_keys_a_run_writes():
+    """docs/outputs.md's `## summary.json` table names no key the code no longer
+    writes: each is a string literal of the pipeline's code (the runs of
+    tests/test_prediction.py and tests/test_batch_norm_runs.py check the other way:
+    every key of their summaries is in the table)."""
+    code = "\n".join(path.read_text(encoding="utf-8")
+                     for path in (ROOT / "pipeline").rglob("*.py"))
+    documented = summary_keys_documented()
+    assert len(documented) > 50
+    assert sorted(key for key in documented
+                  if f'"{key}"' not in code and f"'{key}'" not in code) == []

@@ -47,7 +47,7 @@ from pipeline.engine.task_steps import steps_per_task
 from storage import checkpoints
 from benchmarks.op_times import report as op_times_report, table_seconds
 from tests.helpers import (cut_probe_to_one_round, max_relative_error, replay_in_pytorch,
-                           run_main, shared_workers, tiny_config)
+                           run_main, shared_workers, tiny_config, undocumented_summary_keys)
 
 
 @pytest.fixture(scope="module")
@@ -294,6 +294,7 @@ def test_prediction_error_of_a_real_run(probe, two_workers, tiny_dataset_factory
     # the run recorded the same prediction for itself (`prediction: cached` found the
     # module's probe of this cluster), in its summary and its record
     summary = result.summary
+    assert not undocumented_summary_keys(summary)  # docs/outputs.md names every key
     assert summary["predicted_step_time"] == prediction["predicted_step_time"]
     assert summary["prediction_probe"] == probe.key
     assert 0 <= summary["prediction_probe_age_s"] < 3600  # the module's probe, just made
@@ -543,6 +544,7 @@ def test_strategy_auto_runs_the_strategy_the_model_predicts_fastest(
     config = _config(tmp_path, dataset, cluster, strategy="auto", **{"train.steps": 3})
     result = run_training(config, client=client, offered=find_workers(client, config.cluster))
     choice = result.summary["strategy_choice"]
+    assert not undocumented_summary_keys(result.summary)  # docs/outputs.md names every key
     alternatives = choice["alternatives"]
     assert {key.split("@")[0] for key in alternatives} >= {"kernel", "single", "data"}
     assert choice["predicted_step_time"] == min(alternatives.values())
