@@ -46,6 +46,13 @@ class OneLineParser(argparse.ArgumentParser):
     can call `main` in-process)."""
 
     def error(self, message: str) -> NoReturn:
+        required = "the following arguments are required: "
+        if message.startswith(required):  # argparse lists optional positionals (`nargs="*"`)
+            optional = {action.dest for action in self._actions  # too, as if required
+                        if not action.option_strings and action.nargs in ("*", "?")}
+            names = [name for name in message[len(required):].split(", ")
+                     if name not in optional]
+            message = required + ", ".join(names)
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 

@@ -549,3 +549,12 @@ def test_reliability_page_counts_these_cases():
     assert properties, section
     assert int(properties.group(1)) == len(BUDGETS), section
     assert int(properties.group(2)) == sum(BUDGETS.values()), section
+
+
+@pytest.mark.parametrize("command, required", [("train", "config"), ("sweep", "config")])
+def test_a_command_without_arguments_names_only_what_is_required(command, required):
+    """argparse listed the optional overrides (`nargs="*"`) as required too:
+    `the following arguments are required: config, overrides`."""
+    status, lines, _out = run_main(command, [])
+    assert status == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: the following arguments are required: {required} (see")
