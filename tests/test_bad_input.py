@@ -238,6 +238,9 @@ CASES: list[Case] = [
     sweep_case("--out", "/proc/x", names="--out"),
     sweep_case("--out", "/dev/null/x", names="--out"),
     sweep_case("--out", "{tmp}/a-file", names="--out"),
+    sweep_case("--out", "{tmp}/q.zarr", "--fresh", "--extend", names="--fresh --extend"),
+    sweep_case("mode=predict", names="mode: ", config=SCALING),
+    sweep_case("mode=scaling", names="mode: "),
     # Run names: one folder's name of at most 100 safe characters, checked by --check too.
     train_case("name=a/b", names="name: 'a/b' has characters"),
     train_case("name=..", names="name: '..' is not a folder's name"),

@@ -263,12 +263,22 @@ def build_point(data: dict) -> ScalingPoint:
 
 
 def is_scaling_sweep(path: str, overrides: list[str] = ()) -> bool:
-    """Whether the sweep file (after ``mode=...`` overrides) is a scaling sweep."""
-    mode = load_yaml(path).get("mode")
+    """Whether the sweep file is a scaling sweep. A ``mode=...`` override may switch
+    between the modes of runs (``measure``, ``predict``), not into or out of
+    ``scaling``, whose file describes hypothetical clusters, not runs: a ConfigError
+    says so, rather than an unknown key of the other kind of file."""
+    written = load_yaml(path).get("mode")
+    mode = written
     for text in overrides:
         key, value = parse_override(text)
         if key == "mode":
             mode = value
+    if (mode == "scaling") != (written == "scaling"):
+        kind = ("a scaling sweep (hypothetical clusters, predicted)" if written == "scaling"
+                else "a sweep of runs")
+        raise ConfigError(f"mode: {path} is {kind}, which mode={mode} cannot make "
+                          f"{'a sweep of runs' if written == 'scaling' else 'a scaling sweep'}"
+                          ": their files differ (docs/sweeps.md); use a file of that kind")
     return mode == "scaling"
 
 

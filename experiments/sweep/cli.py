@@ -344,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Options and key=value overrides in any order (`cfg --dry-run repeats=2`).
         args = parser.parse_intermixed_args(argv)
+        if args.fresh and args.extend:
+            raise UsageError("--fresh --extend: --fresh discards the store's results, "
+                             "--extend keeps them and grows the store; give one of the two")
         if is_scaling_sweep(args.config, args.overrides):
             return scaling_main(args, argv)
         sweep = load_sweep(args.config, args.overrides, args.scheduler, args.out)
