@@ -392,3 +392,14 @@ def test_the_closing_lines_mark_a_speedup_whose_baseline_does_not_fit(tmp_path, 
     (line,) = [line for line in out.splitlines() if "data: best speedup" in line]
     assert re.search(r"best speedup +[0-9.]+x\* \(efficiency", line), line
     assert UNFIT_NOTE in out
+
+
+def test_the_closing_lines_write_a_swept_number_as_its_label(tmp_path, capsys):
+    """A swept device rate is written as its coordinate's label (`flops=2e+14`), not
+    as NumPy's float (`flops=200000000000000.0`)."""
+    config = write_scaling(tmp_path, {"strategy": ["kernel"], "hardware.devices": [1, 2],
+                                      "hardware.kinds.gpu.flops": [1e14, 2e14]},
+                           base={"hardware": {"devices": 1, "device": "gpu"}})
+    assert sweep_cli.main([config, "--out", str(tmp_path / "f.zarr")]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "best speedup" in line]
+    assert re.search(r"flops=[12]e\+14\b", line) and "00000000" not in line, line

@@ -47,6 +47,7 @@ from experiments.scaling.anchors import anchor_records
 from experiments.sweep.provenance import machine_info
 from experiments.sweep.results import STORE_FORMAT, ResultStore, SweepLock
 from experiments.sweep.results_checksums import record_whole_store
+from experiments.sweep.axes import value_label
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, field_units, network_of,
                                         options_of, point_strategy)
@@ -308,7 +309,8 @@ def _summary(ds: xr.Dataset) -> list[str]:
         best = speedup.where(np.isfinite(speedup), -np.inf).argmax(...)
         at = {dim: ds[dim].values[int(index)] for dim, index in best.items()
               if dim not in ("repeat",)}
-        where = ", ".join(f"{d}={v}" for d, v in at.items() if d != "strategy")
+        where = ", ".join(f"{d}={value_label(d, getattr(v, 'item', lambda: v)())}"
+                          for d, v in at.items() if d != "strategy")  # 1e+14, not 1e14's digits
         value = float(speedup.isel(best))
         efficiency = float(ds.efficiency.sel(strategy=strategy).isel(best))
         fits = float(ds.baseline_fits.sel(strategy=strategy).isel(best)) \
