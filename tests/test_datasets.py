@@ -381,6 +381,23 @@ def test_non_dataset_paths_are_rejected(tmp_path):
     assert (plain / "notes.txt").read_text() == "not zarr"
 
 
+def test_a_store_whose_root_metadata_is_damaged_is_said_so(tmp_path):
+    """A dataset store whose zarr.json was cut short was refused as "not a dataset
+    store"; it is said damaged, with what to do, and still never replaced."""
+    store = str(tmp_path / "s.zarr")
+    create_synthetic_dataset(store, train_samples=2, test_samples=1)
+    metadata = os.path.join(store, "zarr.json")
+    with open(metadata, "rb") as file:
+        head = file.read(100)
+    with open(metadata, "wb") as file:
+        file.write(head)
+    with pytest.raises(DatasetError, match=r"its root metadata \(zarr.json\) is damaged.*"
+                                           r"delete it \(rm -r\)"):
+        ensure_dataset("synthetic", store, train_samples=4, test_samples=1)
+    with open(metadata, "rb") as file:
+        assert file.read() == head
+
+
 def test_failed_build_leaves_the_old_store_and_no_debris(tmp_path, monkeypatch):
     store = str(tmp_path / "s.zarr")
     old = create_synthetic_dataset(store, train_samples=6, test_samples=2, seed=1)

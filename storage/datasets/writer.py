@@ -155,9 +155,23 @@ def check_target(final: str, overwrite: bool) -> None:
         raise DatasetError(f"{final!r} already exists; pass overwrite=True to rebuild it")
     if not _is_replaceable(final):
         raise DatasetError(
-            f"refusing to overwrite {final!r}: it is not a dataset store (only stores this "
+            f"refusing to overwrite {final!r}: {_why_not_ours(final)} (only stores this "
             "module wrote, or empty directories, are replaced)"
         )
+
+
+def _why_not_ours(path: str) -> str:
+    """Why `path` cannot be told a dataset store of ours: a Zarr store whose root
+    metadata (zarr.json) is damaged is said so, with what to do, not as something else."""
+    metadata = os.path.join(path, "zarr.json")
+    if os.path.isdir(path) and os.path.isfile(metadata):
+        try:
+            with open(metadata, "rb") as file:
+                json.load(file)
+        except (OSError, ValueError):
+            return ("its root metadata (zarr.json) is damaged, so it cannot be told a dataset "
+                    "store; if it is one, delete it (rm -r) and the run builds it again")
+    return "it is not a dataset store"
 
 
 def _is_replaceable(path: str) -> bool:
