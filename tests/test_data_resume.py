@@ -61,9 +61,11 @@ def test_a_resume_on_a_changed_image_folder_is_refused(tmp_path):
     Image.fromarray(np.full((20, 20, 3), 7, dtype=np.uint8)).save(added)
     status, lines, _ = run_main("train", _resume_args(tmp_path, source, store, 6,
                                                       "train.resume=true"))
-    assert_one_error_line(status, lines, 2, "train.resume: the checkpoints in ")
-    assert f"the dataset store {store} holds other images" in lines[0], lines
-    assert "15/3 train/test images then, 16/3 now" in lines[0], lines
+    rebuilt = f"dataset: building {store} again in its place: its source files changed"
+    assert lines[0] == rebuilt, lines  # said as it happens, before the refusal
+    assert_one_error_line(status, lines[1:], 2, "train.resume: the checkpoints in ")
+    assert f"the dataset store {store} holds other images" in lines[1], lines
+    assert "15/3 train/test images then, 16/3 now" in lines[1], lines
     assert xr.open_zarr(record).sizes["step"] == 4  # nothing trained
 
     # an image replaced by another of the same name: the counts stay, still refused
@@ -72,7 +74,8 @@ def test_a_resume_on_a_changed_image_folder_is_refused(tmp_path):
     Image.fromarray(np.full((20, 28, 3), 200, dtype=np.uint8)).save(replaced)
     status, lines, _ = run_main("train", _resume_args(tmp_path, source, store, 6,
                                                       "train.resume=true"))
-    assert_one_error_line(status, lines, 2, "15/3 train/test images then, 15/3 now")
+    assert lines[0] == rebuilt, lines
+    assert_one_error_line(status, lines[1:], 2, "15/3 train/test images then, 15/3 now")
 
     # the folder as it was: the resume goes on
     shutil.rmtree(source)

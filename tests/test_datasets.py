@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 import tarfile
 
 import numpy as np
@@ -26,7 +27,7 @@ from storage.datasets import (
     open_dataset_info,
     read_batch,
 )
-from storage.datasets import reader, shard_reader, synthetic, writer
+from storage.datasets import ensure, reader, shard_reader, synthetic, writer
 
 TRAIN_PER_BATCH = 3  # 5 batches -> 15 train samples
 TEST_SAMPLES = 4
@@ -544,3 +545,26 @@ def test_another_cifar_archive_of_the_same_name_is_imported_not_reused(tmp_path)
     assert ensure_dataset(stores["clean"], store).identity == clean.identity
     os.remove(stores["clean"])  # a store still outlives its archive
     assert ensure_dataset(stores["clean"], store).identity == clean.identity
+
+
+def test_a_build_and_a_rebuild_in_place_are_said(tmp_path, monkeypatch):
+    """A CIFAR-10 store at a path a synthetic run names was replaced by a synthetic
+    one with nothing said; a build (which may take minutes) was silent too. Both are
+    said now: a build once it has taken `ANNOUNCE_AFTER_S` (0 here), a rebuild at
+    once, with what changed."""
+    monkeypatch.setattr(ensure, "ANNOUNCE_AFTER_S", 0.0)
+    archive = _write_archive(tmp_path / "cifar-10-python.tar.gz", _cifar_batches())
+    store = str(tmp_path / "c.zarr")
+    lines: list[str] = []
+    ensure_dataset(archive, store, train_samples=5, test_samples=3, say=lines.append)
+    ensure_dataset(archive, store, train_samples=5, test_samples=3, say=lines.append)
+    assert lines[0] == f"dataset: building {store} from {archive} ..."  # reused: nothing
+    assert re.fullmatch(f"dataset: building {re.escape(store)} from {re.escape(archive)}: "
+                        r"done \(\d+\.\d s\)", lines[1]) and len(lines) == 2, lines
+    del lines[:]
+    monkeypatch.setattr(ensure, "ANNOUNCE_AFTER_S", 60.0)  # the rebuilds are quick here
+    ensure_dataset("synthetic", store, train_samples=5, test_samples=3, say=lines.append)
+    ensure_dataset("synthetic", store, train_samples=6, test_samples=3, say=lines.append)
+    assert lines == [
+        f"dataset: building {store} again in its place: source: {archive} -> synthetic",
+        f"dataset: building {store} again in its place: train_samples: 5 -> 6"]

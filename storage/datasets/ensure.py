@@ -9,11 +9,14 @@ verifies a reused store whole before the run trusts it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from storage.datasets.cifar10 import (CIFAR10_CLASSES, CIFAR10_IMAGE_SHAPE, cifar10_build,
@@ -60,11 +63,14 @@ def ensure_dataset(spec_source: str, path: str, **kwargs: Any) -> DatasetInfo:
     kwargs = dict(kwargs)
     say = kwargs.pop("say", None)
     with build_lock(path, say):
-        return _ensure(spec_source, path, kwargs)
+        return _ensure(spec_source, path, kwargs, say or (lambda line: None))
 
 
-def _ensure(spec_source: str, path: str, kwargs: dict[str, Any]) -> DatasetInfo:
-    """`ensure_dataset` under the store's build lock."""
+def _ensure(spec_source: str, path: str, kwargs: dict[str, Any],
+            say: Callable[[str], None]) -> DatasetInfo:
+    """`ensure_dataset` under the store's build lock; a build, and why a store is
+    built again in its place, are said to `say` (a build may take a while; a rebuild
+    replaces what was there)."""
     overwrite = bool(kwargs.pop("overwrite", False))
     recorded = _recorded_build(path)
     kind = source_kind(spec_source, recorded)
@@ -81,10 +87,58 @@ def _ensure(spec_source: str, path: str, kwargs: dict[str, Any]) -> DatasetInfo:
             return open_dataset_info(path)
         log.info("dataset store %s was built from %s, wanted %s: rebuilding", path,
                  recorded or "something else", wanted)
+        if recorded is not None:
+            say(f"dataset: building {path} again in its place: {build_change(recorded, wanted)}")
         overwrite = True  # check_target still refuses anything that is not ours
     log.info("building dataset store %s from %s", path, spec_source)
     bound.arguments["overwrite"] = overwrite
-    return builder(*bound.args, **bound.kwargs)
+    with said_if_slow(say, f"dataset: building {path} from {spec_source}"):
+        return builder(*bound.args, **bound.kwargs)
+
+
+#: A build said once it has taken this long (a small one, a second or less, says
+#: nothing: a line before a refusal would make bad input two lines).
+ANNOUNCE_AFTER_S = 1.0
+
+
+@contextlib.contextmanager
+def said_if_slow(say: Callable[[str], None], doing: str) -> Iterator[None]:
+    """``doing ...`` to `say` once the block has run `ANNOUNCE_AFTER_S`, and
+    ``done (N s)`` when a block so announced ends without an error."""
+    started, said = time.monotonic(), threading.Event()
+
+    def announce() -> None:
+        say(f"{doing} ...")
+        said.set()
+
+    timer = threading.Timer(ANNOUNCE_AFTER_S, announce)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()  # an announcement under way ends first
+    if said.is_set():
+        say(f"{doing}: done ({time.monotonic() - started:.1f} s)")
+
+
+def build_change(recorded: dict[str, Any], wanted: dict[str, Any]) -> str:
+    """How the build a run wants differs from the one a store records, in words:
+    `source: /data/cifar-10-python.tar.gz -> synthetic`, `train_samples: 5000 -> 512`."""
+    def value(build: dict[str, Any], key: str) -> Any:
+        if key == "source" and "source" not in build:
+            return build.get("kind")
+        return build.get(key)
+
+    if value(recorded, "source") != value(wanted, "source"):  # the rest follows from it
+        return f"source: {value(recorded, 'source')} -> {value(wanted, 'source')}"
+    keys = [key for key in dict.fromkeys([*recorded, *wanted])
+            if key not in ("kind", "files") and value(recorded, key) != value(wanted, key)]
+    words = [f"{key}: {value(recorded, key)} -> {value(wanted, key)}" for key in keys]
+    if recorded.get("files") != wanted.get("files") and "files" in wanted:
+        words.append("its source files changed")
+    return "; ".join(words) or "built by other code"
 
 
 def _recorded_build(path: str) -> dict[str, Any] | None:
