@@ -30,6 +30,7 @@ from pipeline.config.schema import ConfigError, yaml_load
 from tests.helpers import assert_one_error_line, run_main
 from tests.test_bad_input_properties import BUDGETS
 from tests.test_scaling import write_scaling
+from tests.test_datasets import _cifar_batches as cifar_batches, _write_archive as write_cifar_archive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = os.path.join(ROOT, "configs", "small.yaml")
@@ -228,6 +229,12 @@ CASES: list[Case] = [
                names="data.source: {tmp}/junk.tar.gz is a file but no tar archive"),
     train_case("--check", "data.source={tmp}/junk.tar.gz",
                names="data.source: {tmp}/junk.tar.gz is a file but no tar archive"),
+    # more samples than a (small) CIFAR-10 archive holds: known once it is read
+    replace(train_case("data.source={tmp}/cifar-10-python.tar.gz", "data.path={tmp}/c.zarr",
+                       "data.train_samples=100000",
+                       names="data.train_samples: 100000, but {tmp}/cifar-10-python.tar.gz "
+                             "holds"),
+            after_start=True),
     # Runtime (exit 1): nothing listens at the scheduler's address.
     replace(train_case("data.path={dataset}", "data.train_samples=512",
                        "data.test_samples=128", "--scheduler",  # the store as it is built
@@ -280,6 +287,7 @@ def workdir(tmp_path, monkeypatch, tiny_dataset_factory):
     (tmp_path / "nobase.yaml").write_text("base: missing.yaml\naxes: {strategy: [kernel]}\n")
     (tmp_path / "huge.yaml").write_text("name: " + "x" * 4_000_000 + "\n")
     (tmp_path / "junk.tar.gz").write_bytes(b"\x1f\x8b not really gzip\n" * 4)
+    write_cifar_archive(tmp_path / "cifar-10-python.tar.gz", cifar_batches())
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CNN_PREDICT_PROBE", "never")
     monkeypatch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))

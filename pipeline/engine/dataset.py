@@ -101,11 +101,18 @@ def check_dataset_fits(config: RunConfig, classes: int | None,
 def prepare_dataset(config: RunConfig, say: Callable[[str], None] | None = None
                     ) -> DatasetInfo:
     """Open the run's dataset store, building it from its source if missing; `say`
-    hears of a wait for another process's build and of half-built stores removed."""
+    hears of a wait for another process's build and of half-built stores removed, and
+    of a build. A sample count the source cannot give is refused naming its field, as
+    `--check` refuses it where a listing can tell (an image folder's); a CIFAR-10
+    archive's counts are known only once it is read."""
     check_data_source(config)
     train_samples, test_samples = config.data.sample_counts()
-    with writing("dataset store", config.dataset_path):  # a full disk: one clear line
-        return ensure_dataset(config.data.source, config.dataset_path,
-                              train_samples=train_samples, test_samples=test_samples,
-                              seed=config.data.seed, dtype=config.network.dtype,
-                              image_size=config.data.image_size, say=say)
+    try:
+        with writing("dataset store", config.dataset_path):  # a full disk: one clear line
+            return ensure_dataset(config.data.source, config.dataset_path,
+                                  train_samples=train_samples, test_samples=test_samples,
+                                  seed=config.data.seed, dtype=config.network.dtype,
+                                  image_size=config.data.image_size, say=say)
+    except SampleCountError as error:
+        raise ConfigError(f"data.{error.split}_samples: {error.asked}, but "
+                          f"{config.data.source} holds {error.holds}") from None
