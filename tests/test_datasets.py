@@ -27,7 +27,7 @@ from storage.datasets import (
     open_dataset_info,
     read_batch,
 )
-from storage.datasets import ensure, reader, shard_reader, synthetic, writer
+from storage.datasets import cifar10, ensure, reader, shard_reader, synthetic, writer
 
 TRAIN_PER_BATCH = 3  # 5 batches -> 15 train samples
 TEST_SAMPLES = 4
@@ -462,6 +462,26 @@ def test_archive_pickles_cannot_run_code(tmp_path):
     archive = _write_archive(tmp_path / "evil.tar.gz", batches)
     with pytest.raises(DatasetError, match="forbidden global"):
         import_cifar10(archive, str(tmp_path / "c.zarr"))
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_a_batch_pickled_by_any_protocol_loads(protocol):
+    """A variant of CIFAR-10 written again by Python 3 (an empty `batch_label` is
+    `__builtin__.bytes()` at protocol 2; protocol 5's arrays are numpy's `_frombuffer`)
+    was refused as holding a forbidden global; it loads, the same images."""
+    images = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    raw = pickle.dumps({b"data": images, b"labels": [1, 2], b"batch_label": b""},
+                       protocol=protocol)
+    parsed, labels = cifar10._parse_batch(raw, "x")
+    assert np.array_equal(parsed.reshape(2, 3072), images) and list(labels) == [1, 2]
+
+
+def test_a_pickle_that_asks_bytes_for_an_allocation_is_refused():
+    """`bytes()` is allowed with no argument only: `bytes(10**12)` from a small file
+    would ask for a terabyte."""
+    raw = b"\x80\x02}q\x00C\x04dataq\x01c__builtin__\nbytes\nJ\x00\xca\x9a;\x85Rs."
+    with pytest.raises(DatasetError, match="bytes\\(\\) with arguments"):
+        cifar10._parse_batch(raw, "x")
 
 
 # --- ensure_dataset ------------------------------------------------------------------

@@ -36,20 +36,35 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
     """Unpickles CIFAR-10 batches without running arbitrary code from the archive.
 
     The batches reference only numpy's array reconstruction (as ``numpy.core`` when
-    written by old numpy) and, for Python 3 protocol-2 pickles, ``_codecs.encode``.
+    written by old numpy; protocol 5's ``_frombuffer``) and, for Python 3 protocol-2
+    pickles, ``_codecs.encode`` and, for an empty bytes value, ``bytes()`` with no
+    argument (`_empty_bytes`: any argument is refused, so that no small file asks
+    for a huge allocation).
     """
 
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
         ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
     }
+    EMPTY_BYTES = {("__builtin__", "bytes"), ("builtins", "bytes")}
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.EMPTY_BYTES:
+            return _empty_bytes
         if (module, name) not in self.ALLOWED:
             raise pickle.UnpicklingError(f"forbidden global {module}.{name} in a CIFAR-10 batch")
-        if module == "numpy.core.multiarray":
-            module = "numpy._core.multiarray"  # numpy 2 name; avoids the deprecation shim
+        if module.startswith("numpy.core."):
+            module = module.replace("numpy.core.", "numpy._core.", 1)  # numpy 2's name; no shim
         return super().find_class(module, name)
+
+
+def _empty_bytes(*args: Any) -> bytes:
+    """`bytes()`, as a protocol-2 pickle writes an empty bytes value; any argument is
+    refused (``bytes(10**12)`` would allocate a terabyte)."""
+    if args:
+        raise pickle.UnpicklingError("bytes() with arguments in a CIFAR-10 batch")
+    return b""
 
 
 def _load_batch(raw: bytes, where: str) -> dict[bytes, Any]:
