@@ -474,6 +474,12 @@ def test_a_batch_pickled_by_any_protocol_loads(protocol):
                        protocol=protocol)
     parsed, labels = cifar10._parse_batch(raw, "x")
     assert np.array_equal(parsed.reshape(2, 3072), images) and list(labels) == [1, 2]
+    # its keys as str, not bytes (CIFAR-10's own): the same batch
+    raw = pickle.dumps({"data": images, "labels": [1, 2]}, protocol=protocol)
+    parsed, labels = cifar10._parse_batch(raw, "x")
+    assert np.array_equal(parsed.reshape(2, 3072), images) and list(labels) == [1, 2]
+    with pytest.raises(DatasetError, match="b'data' must be .*, got no such key"):
+        cifar10._parse_batch(pickle.dumps({"labels": [1]}, protocol=protocol), "x")
 
 
 def test_a_pickle_that_asks_bytes_for_an_allocation_is_refused():

@@ -76,7 +76,10 @@ def _load_batch(raw: bytes, where: str) -> dict[bytes, Any]:
     if not isinstance(batch, dict):
         raise DatasetError(
             f"{where} is not a CIFAR-10 batch (a {type(batch).__name__}, not a dict)")
-    return batch
+    # CIFAR-10's own keys are bytes (Python 2's str); a variant pickled again by
+    # Python 3 may have str keys: the same batch
+    return {key.encode() if isinstance(key, str) else key: value
+            for key, value in batch.items()}
 
 
 def _parse_batch(raw: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +89,8 @@ def _parse_batch(raw: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
     row = int(np.prod(CIFAR10_IMAGE_SHAPE))
     if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
             and data.shape[1] == row):
-        found = getattr(data, "dtype", type(data).__name__), getattr(data, "shape", "")
+        found = ("no such key" if data is None else
+                 (getattr(data, "dtype", type(data).__name__), getattr(data, "shape", "")))
         raise DatasetError(f"{where}: b'data' must be a uint8 array (n, {row}), got {found}")
     try:
         label_array = np.asarray(labels, dtype=np.int64)
