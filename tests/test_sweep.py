@@ -46,6 +46,7 @@ from pipeline.records.step_breakdown import COMPONENTS
 from storage.labelled import write_dataset
 from tasks.memory import current_rss
 from tests.helpers import cut_probe_to_one_round, run_main
+from tests.forked_servers import ForkedCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -913,3 +914,27 @@ def test_a_store_of_this_sweep_with_its_axes_in_another_order_is_refused(
     assert status == 0, errors
     write_sweep(tmp_path, dataset, axes)
     assert run_main("sweep", [config, "--out", str(store), "--dry-run"])[0] == 0
+
+
+def test_a_scheduler_connected_to_again_after_a_failed_point_is_described_once(tmp_path):
+    """After a failed point the pool drops its client and connects again for the next
+    point: on a scheduler you started, the line `scheduler ADDR; dask dashboard: ...`
+    was said again after every failed point; it is said once."""
+    cluster = ForkedCluster(tmp_path)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_worker("w0")
+        config = write_sweep(tmp_path, "unused.zarr", {"strategy": ["single", "kernel"]})
+        points = load_sweep(config, scheduler=address, out=str(tmp_path / "x.zarr")).points
+        lines: list[str] = []
+        pool = ClusterPool(lines.append)
+        try:
+            pool.client_for(points[0]).wait_for_workers(1, timeout=60)
+            pool.discard()  # as after a failed point
+            pool.client_for(points[1])
+        finally:
+            pool.close()
+    finally:
+        cluster.stop()
+    assert [line for line in lines if "dask dashboard" in line] == [lines[0]], lines
+    assert lines[0].startswith(f"scheduler {address}; dask dashboard: ")

@@ -49,6 +49,7 @@ class ClusterPool:
         self.client: Any = None
         self._stack: ExitStack | None = None
         self._jobs_failed: dict[str, str] = {}  # why, by cluster key
+        self._said: set[str] = set()  # the clusters described so far (`_describe`)
 
     def client_for(self, point: Point) -> Any:
         if point.cluster_key is None:
@@ -84,7 +85,10 @@ class ClusterPool:
                 self._jobs_failed[point.cluster_key] = " ".join(str(error).split())
             raise
         self._stack, self.client, self.key = stack, client, point.cluster_key
-        self.echo(self._describe(point, client))
+        described = self._describe(point, client)
+        if described not in self._said:  # a scheduler you started, connected to again
+            self._said.add(described)    # after a failed point: said once
+            self.echo(described)
         return client
 
     def _renew_workers(self, point: Point) -> bool:
