@@ -32,7 +32,7 @@ with quiet_start():  # torch, Dask, xarray: a Ctrl-C meanwhile is one line, not 
     from pipeline.preflight import check_before_start
     from pipeline.records.summary import format_summary
     from pipeline.run import run_training
-    from pipeline.config.schema import ConfigError
+    from pipeline.config.schema import ConfigError, load_yaml, parse_override
     from pipeline.strategies import strategy_of
     from storage import checkpoints
     from storage.locks import LockBusy
@@ -75,10 +75,35 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
     if args.scheduler:
         overrides.append(f"cluster.scheduler={args.scheduler}")
     config = load_run_config(args.config, overrides)
+    check_worker_count(config, load_yaml(args.config), overrides)
     check_probe_environment()
     if args.check:
         check_before_start(config)
     return config, args.check
+
+
+def check_worker_count(config: RunConfig, written: dict, overrides: list[str]) -> None:
+    """A `cluster.workers` count written in the file or an override sizes the embedded
+    cluster a run starts; beside a scheduler you started the run trains on that
+    scheduler's tagged workers, all of them, and the count was silently ignored (3
+    workers trained where `cluster.workers=2` was asked). Refused, naming the field
+    that does it there (`cluster.use_workers`), as a list of workers is
+    (`preflight.check_external_workers`). Checked here, where what was written can be
+    told from the default; a sweep gives a count axis that meaning itself."""
+    address = scheduler_address(config.cluster)
+    if address is None or config.cluster.jobqueue is not None or \
+            not strategy_of(config).uses_cluster:
+        return
+    count = (written.get("cluster") or {}).get("workers")
+    for text in overrides:
+        key, value = parse_override(text)
+        if key == "cluster.workers":
+            count = value
+    if isinstance(count, int) and not isinstance(count, bool):
+        raise ConfigError(f"cluster.workers: {count} counts the workers of the embedded "
+                          f"cluster a run starts, but the run trains on the scheduler at "
+                          f"{address}, on its workers offering the run's tags: to train on "
+                          f"{count} of them, set cluster.use_workers={count} instead")
 
 
 def resume_command(argv: list[str]) -> str:

@@ -128,6 +128,9 @@ CASES: list[Case] = [
     train_case("network.preset=alexnet", names="network.preset: alexnet does not fit"),
     train_case("network.conv=[]", names="network.conv"),
     train_case("cluster.workers=0", names="cluster.workers"),
+    # a count beside a scheduler you started (it was ignored: all its workers trained)
+    train_case("cluster.workers=2", "--scheduler", "tcp://127.0.0.1:9",
+               names="cluster.workers: 2 counts the workers of the embedded cluster"),
     train_case("cluster.workers=[{speed: 0}]", names="cluster.workers.0.speed"),
     train_case("cluster.workers=[{threads: 0}]", names="cluster.workers.0.threads"),
     train_case("cluster.workers=[{resources: {CPU: -1}}]", names="cluster.workers.0.resources"),

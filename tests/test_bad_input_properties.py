@@ -304,7 +304,7 @@ def test_keys_in_any_order_mean_the_same_config(data):
 
 
 VALID_OVERRIDES = ["train.lr=1e-3", "train.batch=32", "network.conv.1.kernels=48",
-                   "cluster.workers=3", "train.momentum=0"]
+                   "cluster.use_workers=3", "train.momentum=0"]
 
 
 @FAST
