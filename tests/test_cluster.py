@@ -182,3 +182,48 @@ def test_a_main_adopted_from_the_parent_is_not_run_again(tmp_path, monkeypatch, 
     else:
         spawn._fixup_main_from_path(str(script))
     assert sys.modules["__main__"] is server
+
+
+class SetupOnce:
+    """A client whose first install of the workers' setup breaks on a connection (a
+    worker's process ended, its nanny already restarting it under its name), and
+    whose second succeeds; it counts the installs."""
+
+    status, id = "running", "fake"
+
+    def __init__(self, error: Exception) -> None:
+        self.error, self.installs = error, 0
+
+    def _register_worker_plugin(self, **kwargs: object) -> None:
+        raise AssertionError("called through sync")
+
+    def sync(self, function: object, **kwargs: object) -> None:
+        self.installs += 1
+        if self.installs == 1:
+            raise self.error
+
+
+@pytest.mark.parametrize("error, retried", [(OSError("Stream is closed"), True),
+                                            (ModuleNotFoundError("No module named 'x'"), False)])
+def test_a_setup_broken_by_a_connection_is_installed_again(monkeypatch, capsys, error,
+                                                           retried):
+    """The worker named again at once (its nanny's restart): no worker is missing, and
+    the setup used to fail with the connection's error; a broken connection is now
+    tried again, saying so; the setup's own error (a worker lacking a module) is not."""
+    from pipeline.cluster import worker_setup
+    from pipeline.config.cluster_config import ClusterConfig
+
+    monkeypatch.setattr(worker_setup, "_worker_names", lambda client: {"cpu-0", "cpu-1"})
+    monkeypatch.setattr(worker_setup, "unregister_setup", lambda client: None)
+    monkeypatch.setattr(worker_setup, "_without_the_project", lambda client: ["cpu-1"])
+    monkeypatch.setattr(worker_setup, "LEFT_WAIT_S", 0.0)
+    client = SetupOnce(error)
+    if retried:
+        worker_setup.register_setup(client, ClusterConfig(workers=2))
+        assert client.installs == 2
+        assert ("warning: setting up the workers: a connection to a worker broke (OSError); "
+                "setting the workers up again") in capsys.readouterr().err
+    else:
+        with pytest.raises(ClusterError, match="it lacks it on cpu-1"):
+            worker_setup.register_setup(client, ClusterConfig(workers=2))
+        assert client.installs == 1

@@ -64,11 +64,14 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
             return
         except Exception as error:  # noqa: BLE001 - the workers' exception arrives as text
             unregister_setup(client)
-            gone = _left_since(client, before) if isinstance(error, OSError) else []
-            if gone and attempt + 1 < SETUP_TRIES:
-                print(f"warning: setting up the workers: {', '.join(gone)} left the cluster "
-                      "meanwhile (its process ended?); setting up the others again",
-                      file=sys.stderr)
+            broken = isinstance(error, OSError)  # a connection, not the setup's own code
+            gone = _left_since(client, before) if broken else []
+            if broken and attempt + 1 < SETUP_TRIES:
+                what = (f"{', '.join(gone)} left the cluster meanwhile (its process ended?); "
+                        "setting up the others again" if gone else
+                        f"a connection to a worker broke ({type(error).__name__}); setting the "
+                        "workers up again")  # a nanny may have restarted it under its name
+                print(f"warning: setting up the workers: {what}", file=sys.stderr)
                 continue
             raise ClusterError(f"setting up the workers failed: {error}"
                                f"{_setup_hint(client, error, gone)}") from None
@@ -100,11 +103,14 @@ def _left_since(client: Client, before: set[str] | None) -> list[str]:
 
 
 def _setup_hint(client: Client, error: Exception, gone: list[str]) -> str:
-    """What the failed setup's line adds: the workers that left during it (again and
-    again: `SETUP_TRIES` times), or those whose Python lacks this project."""
+    """What the failed setup's line adds: the workers that left during it, or a
+    connection that broke (again and again: `SETUP_TRIES` times), or those whose
+    Python lacks this project."""
     if gone:
         return (f"; {', '.join(gone)} left the cluster while it was set up, "
                 f"{SETUP_TRIES} times running (do its workers keep dying?)")
+    if isinstance(error, OSError):
+        return f"; {SETUP_TRIES} times running (do its workers keep dying?)"
     if "No module named" in str(error):
         lacking = ", ".join(_without_the_project(client)) or "which it cannot say"
         return (f"; install this project on every worker's Python (pip install -e .): "
