@@ -813,6 +813,17 @@ def test_points_that_would_repeat_another_are_recorded_not_run(tmp_path, tiny_da
     assert np.allclose(ds.speedup.sel(strategy="reference", workers=1), 1.0)
     table = summary_table(ds)
     assert len(table) == 3 and not ((table.strategy == "single") & (table.workers == "2")).any()
+    # grown by a repeat (--extend): its new single@2 is not applicable either, not pending
+    grown, listed = load_sweep(config, ["repeats=2"], out=store), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CNN_PREDICT_PROBE", "never")
+        sweep_cli.dry_run(grown, listed, extend=True)
+    rows = [line for line in listed.getvalue().splitlines() if line[:1].isdigit()]
+    assert len(rows) == 8, listed.getvalue()
+    for row in rows:
+        skipped = "strategy=single" in row and "workers=2" in row
+        new = "repeat=1" in row
+        assert row.endswith("not applicable" if skipped else "pending" if new else "done"), row
 
 
 def test_the_table_puts_the_computes_error_beside_the_steps():

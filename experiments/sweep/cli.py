@@ -127,8 +127,9 @@ def dry_run(sweep: Sweep, out: TextIO, fresh: bool = False, extend: bool = False
         if point.infeasible and not point.skip and not shown:  # what the run records
             row.append("not run: beyond its workers' memory")
         elif status is not None:
+            code = int(status[point.region])
             row.append("damaged, runs again" if point_key(point.region) in damaged else
-                       STATUS_WORDS[int(status[point.region])])
+                       STATUS_WORDS[SKIPPED if point.skip and code == 0 else code])
         elif not_all_pending:
             row.append(STATUS_WORDS[SKIPPED] if point.skip else "pending")
         rows.append(row)
