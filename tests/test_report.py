@@ -9,6 +9,7 @@ import os
 
 import matplotlib.image
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
@@ -301,3 +302,27 @@ def test_the_speedup_panel_names_a_zoo_network_by_its_preset():
                            ({"conv": [{"kernels": 32}, {"kernels": 64}]}, "32/64")):
         ds = xr.Dataset(attrs={"config": json.dumps({"base": {"network": network}})})
         assert _base_network(ds) == title
+
+
+@pytest.mark.parametrize("config, paper", [
+    ("experiments/configs/marques_cpu.yaml", True),  # a zip row of network.conv.N.kernels
+    ("experiments/configs/links_paper.yaml", True),  # its base
+    ("experiments/configs/krizhevsky.yaml", False),
+    ("experiments/configs/growth.yaml", False)])
+def test_the_papers_point_is_drawn_beside_the_papers_network_only(config, paper):
+    """Every speedup figure carried "Marques et al. 2018: 3.28x on 4 CPUs", whatever
+    network it measured (16/32 kernels too), and report.md compared its kernel
+    speedup with the paper's; now only a store that trains the paper's 500/1500."""
+    from experiments.report.markdown import _paper_comparison
+    from experiments.report.view import StoreView, has_paper_network
+    from experiments.sweep.config import load_sweep
+
+    sweep = load_sweep(os.path.join(ROOT, config))
+    ds = xr.Dataset({"status": (("strategy", "repeat"), [[1]])},
+                    coords={"strategy": ["kernel"], "repeat": [0]},
+                    attrs={"config": sweep.text})
+    assert has_paper_network(ds) == paper
+    frame = pd.DataFrame([{"strategy": "kernel", "equal_workers": True, "n_workers": 4.0,
+                           "speedup": 3.0, "efficiency": 0.75}])
+    line = _paper_comparison(StoreView(ds), frame)
+    assert (line is not None and "the paper reports 3.28x" in line) == paper, line

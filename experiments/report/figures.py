@@ -30,7 +30,7 @@ import yaml  # noqa: E402
 from experiments.report.figure_files import legend_beside, save_figure  # noqa: E402
 from experiments.report.gaps import (mark_missing, place_missing, with_missing,  # noqa: E402
                                     worker_counts)
-from experiments.report.view import (COLORS, PAPER_LABEL, PAPER_POINT,  # noqa: E402
+from experiments.report.view import (COLORS, PAPER_LABEL, PAPER_POINT, has_paper_network,  # noqa: E402
                                      PAPER_STRATEGY, StoreView, label_order, slice_of_others)
 from experiments.sweep.store_layout import DONE  # noqa: E402
 from experiments.sweep.axes import value_label  # noqa: E402
@@ -131,9 +131,10 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         for name, value in zip(panels, panel):
             subset = subset[subset[name] == value]
         ax.plot([0, top], [0, top], color="0.6", linestyle="--", linewidth=1, label="ideal")
-        ax.plot(*(PAPER_POINT if paper_inside else ([], [])), marker="*", markersize=14,
-                color="black", linestyle="none",
-                label=PAPER_LABEL if paper_inside else f"{PAPER_LABEL} (beyond this axis)")
+        if has_paper_network(sweep.ds):  # beside another network, no figure to compare
+            ax.plot(*(PAPER_POINT if paper_inside else ([], [])), marker="*", markersize=14,
+                    color="black", linestyle="none",
+                    label=PAPER_LABEL if paper_inside else f"{PAPER_LABEL} (beyond this axis)")
         _no_baseline(ax, orphans, panels, panel, group, sweep.baseline)
         for key, lines in subset.groupby(group, sort=False):
             keys = key if isinstance(key, tuple) else (key,)

@@ -22,7 +22,7 @@ from experiments.report.auto import auto_section
 from experiments.report.errors import error_section
 from experiments.report.growth import growth_section
 from experiments.report.links import links_section
-from experiments.report.view import PAPER_POINT, PAPER_STRATEGY, StoreView
+from experiments.report.view import PAPER_POINT, PAPER_STRATEGY, StoreView, has_paper_network
 from experiments.sweep.provenance import mixed_sessions
 from experiments.sweep.store_layout import DONE, FAILED, INFEASIBLE, SKIPPED, infeasible
 from experiments.sweep.summary import format_table, summary_table
@@ -115,6 +115,8 @@ def _speedup_line(ds: xr.Dataset) -> str:
 
 
 def _paper_comparison(sweep: StoreView, frame: pd.DataFrame) -> str | None:
+    if not has_paper_network(sweep.ds):  # another network's speedup: no comparison
+        return None
     data = frame[(frame["strategy"] == PAPER_STRATEGY) & frame["equal_workers"]
                  & np.isclose(frame["n_workers"], PAPER_POINT[0])]
     if data.empty or data["speedup"].isna().all():
