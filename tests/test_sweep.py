@@ -965,3 +965,17 @@ def test_a_rows_prediction_error_is_its_own_predicted_over_its_step():
     assert row["prediction_error"] == pytest.approx(row["predicted_step_time"]
                                                     / row["step_time"] - 1)
     assert row["prediction_error"] == pytest.approx(0.0293 / 0.0336 - 1)
+
+
+def test_a_sweep_whose_points_never_run_its_speedup_baseline_says_so(tmp_path):
+    """task_steps.yaml and links.yaml name `speedup_baseline: single` and run no
+    `single`: their stores' speedup and efficiency were empty, said only by the report."""
+    from experiments.sweep.speedup import missing_baseline_note
+    without = load_sweep(write_sweep(tmp_path, "d.zarr", {"strategy": ["kernel", "data"]},
+                                     name="without", speedup_baseline="single"))
+    assert missing_baseline_note(without) == (
+        "note: no speedup or efficiency: speedup_baseline is single, which no point runs "
+        "(set speedup_baseline to a strategy the sweep runs, or add it to the strategies)")
+    with_it = load_sweep(write_sweep(tmp_path, "d.zarr", {"strategy": ["single", "kernel"]},
+                                     name="with", speedup_baseline="single"))
+    assert missing_baseline_note(with_it) is None

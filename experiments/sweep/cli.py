@@ -43,7 +43,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from experiments.sweep.measure import predicted_step_time
-from experiments.sweep.speedup import speedup_caveat
+from experiments.sweep.speedup import missing_baseline_note, speedup_caveat
 from experiments.sweep.results import ResultStore, StoreBusy, StoreMismatch, SweepLock
 from experiments.sweep.results_checksums import StoreDamaged
 from experiments.sweep.store_layout import DONE, INFEASIBLE, SKIPPED
@@ -358,14 +358,20 @@ def main(argv: list[str] | None = None) -> int:
     for note in filter(None, (infeasible_line(sweep), speedup_caveat(sweep))):
         print(note, file=sys.stderr)
     if args.dry_run:
-        return _print_dry_run(dry_run, sweep, args.fresh, args.extend)
-    warning = contention_warning(sweep) if sweep.config.mode == "measure" else None
-    if warning:
-        print(warning, file=sys.stderr)
-    return _run_store_guarded(
-        lambda: run_sweep(sweep, args.fresh, argv=[*SWEEP_COMMAND, *argv], extend=args.extend),
-        "interrupted: finished points are kept; run the same command again to resume",
-        sweep.store_path)
+        status = _print_dry_run(dry_run, sweep, args.fresh, args.extend)
+    else:
+        warning = contention_warning(sweep) if sweep.config.mode == "measure" else None
+        if warning:
+            print(warning, file=sys.stderr)
+        status = _run_store_guarded(
+            lambda: run_sweep(sweep, args.fresh, argv=[*SWEEP_COMMAND, *argv],
+                              extend=args.extend),
+            "interrupted: finished points are kept; run the same command again to resume",
+            sweep.store_path)
+    note = missing_baseline_note(sweep)
+    if note and status == 0:  # closing the listing or the sweep; not beside a refusal
+        print(note, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

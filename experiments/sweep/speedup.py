@@ -43,6 +43,18 @@ def speedup_caveat(sweep: Sweep) -> str | None:
             "on more workers")
 
 
+def missing_baseline_note(sweep: Sweep) -> str | None:
+    """One line where the sweep's strategy axis lacks the speedup's baseline strategy:
+    the store's `speedup` and `efficiency` will then be empty, which the report says,
+    but the sweep did not."""
+    reference = speedup_reference(sweep)
+    if reference["available"] or reference["dim"] is None:  # no strategy axis: no speedup
+        return None  # is asked of it (a grid of one strategy over batch, say)
+    return (f"note: no speedup or efficiency: speedup_baseline is "
+            f"{sweep.config.speedup_baseline}, which no point runs (set speedup_baseline "
+            "to a strategy the sweep runs, or add it to the strategies)")
+
+
 def speedup_reference(sweep: Sweep) -> dict[str, Any]:
     """Where the baseline of `speedup` lies: the baseline strategy's position along the
     strategy dim, and the fewest workers' position along the workers dim (if any)."""
