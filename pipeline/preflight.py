@@ -296,6 +296,10 @@ def check_embedded_workers(config: RunConfig) -> None:
     tags = cluster.tags()
     offering = tagged_workers({w.name: {"name": w.name, "resources": w.resources}
                                for w in workers}, tags)
+    problem = device_problem(workers)  # first: a worker's tag follows its device
+    if problem:
+        raise ConfigError(f"{'cluster.devices' if cluster.devices else 'cluster.workers'}: "
+                          f"{problem}")
     field = "cluster.resources" if cluster.resources else "cluster.resource"
     if not offering:
         offered = ", ".join(sorted({t for w in workers for t in (w.resources or {})}))
@@ -306,10 +310,6 @@ def check_embedded_workers(config: RunConfig) -> None:
         raise ConfigError(f"cluster.use_workers: {cluster.use_workers}, but only "
                           f"{len(offering)} worker(s) of the embedded cluster offer "
                           f"{' or '.join(tags)}")
-    problem = device_problem(workers)
-    if problem:
-        raise ConfigError(f"{'cluster.devices' if cluster.devices else 'cluster.workers'}: "
-                          f"{problem}")
     master = cluster.master
     if master is not None and not any(w.name == master or (w.resources or {}).get(master, 0)
                                       >= 1 for w in workers):

@@ -154,6 +154,9 @@ CASES: list[Case] = [
                names="cluster.devices: worker gpu-0 wants cuda:15, but this machine has"),
     train_case("cluster.workers=[{}, {device: 'cuda:15', resources: {GPU: 1}}]",
                names="cluster.workers: worker gpu-1 wants cuda:15, but this machine has"),
+    # its only worker on a GPU (tagged GPU), the run asking CPU: the device is the cause
+    train_case("--check", "cluster.workers=[{device: 'cuda:15'}]",
+               names="cluster.workers: worker gpu-0 wants cuda:15, but this machine has"),
     # --check asks the scheduler it names, as the run's start does (exit 1, its line)
     train_case("--check", "--scheduler", "tcp://127.0.0.1:9", status=1,
                names="cannot reach the Dask scheduler at tcp://127.0.0.1:9"),
