@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
-from pipeline.records.summary import format_summary, placement_line
+from pipeline.records.summary import format_summary, left_out_lines, placement_line
 from pipeline.run import run_training
 from pipeline.train import main
 from tests.helpers import tiny_config
@@ -41,16 +41,36 @@ def test_the_placement_line_says_each_worker_s_share_and_why():
                             ["cpu-0", "cpu-1"], "cpu-0",
                             {"chosen": "minmax", "predicted_step_time": 0.0512,
                              "memory": {"units_moved": 2}})
+    # the prediction is the split's chosen, not the one moved to: said so
     assert kernel == ("placed: kernels per conv layer: cpu-0 16+40, cpu-1 16+24 (master "
                       "cpu-0); predicted 0.0512 s/step of the calibrated shards' compute "
-                      "alone; by measured speeds (placement: "
-                      "calibrated), the minmax split, 2 unit(s) moved to fit memory")
+                      "alone for the split before the move; by measured speeds (placement: "
+                      "calibrated), the minmax split, then 2 unit(s) moved to fit memory")
     model = placement_line("model", {"kernel_split": [[16, 16]]}, ["a", "b"], "a",
                            {"chosen": "minmax", "predicted_step_time": 0.0071})
     assert ("predicted 0.0071 s/step at one step per task, without the client's share of "
             "the cores; by the performance model" in model)
     data = placement_line("even", {"batch_split": [32, 32]}, ["a", "b"], "a", {})
     assert data == "placed: samples of each batch: a 32, b 32 (master a); by an even split"
+
+
+def test_a_worker_left_out_to_fit_memory_is_said_so():
+    """cpu-1's 100 MB held none of the kernels the even split gave it: the line said it
+    was left out for being "1.0x slower" than cpu-0, beside the even split's prediction."""
+    choice = {"chosen": "even", "workers": ["cpu-0", "cpu-1"], "predicted_step_time": 0.0144,
+              "split": [[16, 16], [32, 32]],
+              "alternatives": {"even": {"split": [[16, 16], [32, 32]],
+                                        "predicted_step_time": 0.0144},
+                               "single:cpu-0": {"split": [[32, 0], [64, 0]],
+                                                "predicted_step_time": 0.0221},
+                               "single:cpu-1": {"split": [[0, 32], [0, 64]],
+                                                "predicted_step_time": 0.0221}},
+              "memory": {"capacity": [4e9, 1e8], "units_moved": 12,
+                         "split_before": [[16, 16], [32, 32]]}}
+    (line,) = left_out_lines("calibrated", ["cpu-1"], choice, {}, "kernel")
+    assert line == ("worker cpu-1 left out: its memory (100 MB) holds none of the kernels the "
+                    "calibrated placement gave it: they were moved to the other workers to "
+                    "fit memory (cluster.workers' memory_limit)")
 
 
 #: The least summary `format_summary` prints.

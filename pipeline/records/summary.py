@@ -249,10 +249,12 @@ def placement_line(method: str, split: dict[str, Any], workers: list[str], maste
         why += f", the {choice['chosen']} split"
     moved = (choice.get("memory") or {}).get("units_moved") or 0
     if moved:
-        why += f", {moved} unit(s) moved to fit memory"
+        why += f", then {moved} unit(s) moved to fit memory"
     predicted = choice.get("predicted_step_time")
     step = (f"; predicted {predicted:.4f} s/step {PREDICTED_WHAT.get(method, '')}".rstrip()
             if predicted else "")
+    if step and moved:  # the prediction is of the split chosen, not of the one moved to
+        step += " for the split before the move"
     return f"placed: {what}: {', '.join(shares)} (master {master}){step}; by {why}"
 
 
@@ -293,7 +295,18 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
     before = dict(zip(merged.get("workers", []), merged.get("split_before", [[]])[0]))
     row = (choice.get("split") or own_even or [[]])[0]  # a batch split's one row
     samples = sum(row) if row and max(row) == 1 else 0  # one sample to each worker used
+    memory = choice.get("memory") or {}
+    moved_from = memory.get("split_before") or []  # `split_choice.fit_memory`'s record
     for name in left_out:
+        index = names.index(name) if name in names else None
+        if index is not None and memory.get("units_moved") and any(
+                len(row) > index and row[index] > 0 for row in moved_from):
+            capacity = (memory.get("capacity") or [None] * len(names))[index]
+            limit = f" ({capacity / 1e6:.0f} MB)" if capacity else ""
+            lines.append(f"worker {name} left out: its memory{limit} holds none of the "
+                         f"{unit}s the {placement} placement gave it: they were moved to "
+                         "the other workers to fit memory (cluster.workers' memory_limit)")
+            continue
         if before.get(name):
             lines.append(f"worker {name} left out: its {before[name]} {unit}(s) of the "
                          f"{placement} split went to another replica (train.batch_norm: "
