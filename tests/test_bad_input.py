@@ -155,6 +155,9 @@ CASES: list[Case] = [
     train_case("cluster.workers=[{}, {device: 'cuda:15', resources: {GPU: 1}}]",
                names="cluster.workers: worker gpu-1 wants cuda:15, but this machine has"),
     # its only worker on a GPU (tagged GPU), the run asking CPU: the device is the cause
+    # a per-part dense update of scheme a, which has one part: it would change nothing
+    train_case("strategy=hybrid", "hybrid.dense_batch=worker",
+               names="hybrid.dense_batch: `worker` steps the dense layers after each part"),
     train_case("--check", "cluster.workers=[{device: 'cuda:15'}]",
                names="cluster.workers: worker gpu-0 wants cuda:15, but this machine has"),
     # --check asks the scheduler it names, as the run's start does (exit 1, its line)

@@ -92,7 +92,8 @@ def test_a_resume_may_change_what_leaves_the_arithmetic_alone(tmp_path, tiny_dat
     code, lines = main_lines(capsys, [
         write_config(tmp_path, config), "train.resume=true", "train.steps=6",
         "train.checkpoint_every=3", "train.warmup_steps=2", "train.eval_samples=32",
-        "train.batch_norm=local", "hybrid.dense_batch=worker", "hybrid.conv_lr_scaling=sqrt",
+        "train.batch_norm=local", "hybrid.scheme=b", "hybrid.dense_batch=worker",
+        "hybrid.conv_lr_scaling=sqrt",
         "data.augment_padding=2",  # padding without augmentation changes nothing
         "train.lr_gamma=0.5", "train.lr_warmup_factor=0.5"])  # no step decay, no warm-up
     assert code == 0, lines

@@ -82,7 +82,7 @@ def test_hybrid_with_one_dense_update_equals_sgd_on_the_whole_batch(
     np.testing.assert_array_equal(result.record.workspace_bytes.sum("worker"), expected_bytes)
 
 
-@pytest.mark.parametrize("scheme,scaling", [("a", "none"), ("b", "linear"), ("c", "sqrt")])
+@pytest.mark.parametrize("scheme,scaling", [("b", "none"), ("b", "linear"), ("c", "sqrt")])
 def test_hybrid_with_a_dense_update_per_part_equals_that_schedule(
         tmp_path, three_worker_cluster, tiny_dataset_factory, scheme, scaling):
     dataset = tiny_dataset_factory("float64")

@@ -74,10 +74,17 @@ class HybridConfig:
         "(all-to-all)")
     dense_batch: Literal["full", "worker"] = described(
         "full", "`full`: the dense layers step once a step (the arithmetic of single-process "
-        "SGD); `worker`: after each part, on its mean loss (Krizhevsky's variable batch size)")
+        "SGD); `worker`: after each part, on its mean loss (Krizhevsky's variable batch "
+        "size; schemes `b` and `c`: `a` has one part)")
     conv_lr_scaling: Literal["none", "linear", "sqrt"] = described(
         "none", "the conv layers' learning rate times 1 (`none`), the workers (`linear`), or "
         "their square root (`sqrt`)")
+
+    def __post_init__(self) -> None:
+        if self.dense_batch == "worker" and self.scheme == "a":  # it would change nothing
+            raise FieldError("dense_batch", "`worker` steps the dense layers after each "
+                             "part of a step, and scheme `a` has one part (all at once), so "
+                             "it is `full` there: set hybrid.scheme to b or c with it")
 
 
 #: The longest run name: a name is a folder's (runs/<name>, its workspace's), and a
