@@ -118,3 +118,16 @@ def test_a_store_without_a_strategy_axis_has_its_auto_choices_read():
     rows = auto_rows(ds, frame, ["workers"]).set_index("workers")
     assert list(rows["chosen"]) == ["data", "kernel"]
     assert auto_section(ds, frame.assign(strategy="single"), ["workers"]) == []
+
+
+def test_auto_whose_placement_left_a_worker_out_is_said_so():
+    """Auto's kernel ran on cpu-0 alone at 2 workers: its row read as auto beating the
+    best by 14 %, though its step was one worker's; the row says "on 1 of 2 workers"."""
+    ds, frame = _store()
+    frame["n_workers"] = [1.0, 1.0, 1.0, 1.0, 2.0, 1.0, 2.0, 1.0]  # auto@2: one worker
+    frame["offered_workers"] = [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 1.0]
+    rows = auto_rows(ds, frame, ["workers"]).set_index("workers")
+    assert rows.loc["2", "auto_workers"] == "1 of 2" and rows.loc["1", "auto_workers"] == ""
+    table = [line for line in auto_section(ds, frame, ["strategy", "workers"])
+             if line.startswith("| 2 |")]
+    assert table and "| kernel (on 1 of 2 workers) |" in table[0], table

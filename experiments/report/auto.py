@@ -101,9 +101,10 @@ def auto_rows(ds: xr.Dataset, frame: pd.DataFrame, dims: list[str],
     measured median step), ``best`` and ``best_s`` (the fastest strategy auto could
     pick, measured as `measured_candidates` finds it: ``best_at`` says where, ``""``
     at the point itself), ``chosen_s`` and ``chosen_at`` (the chosen strategy's own
-    fixed point, if measured) and ``auto_over_best`` (auto_s / best_s - 1; NaN where
+    fixed point, if measured), ``auto_over_best`` (auto_s / best_s - 1; NaN where
     auto's choice was measured nowhere as a fixed strategy: the best of the others is
-    then no fair bar). `worker_dim` is the sweep's workers dim, if any."""
+    then no fair bar) and ``auto_workers`` ("1 of 2" where auto's placement left
+    workers out, else ""). `worker_dim` is the sweep's workers dim, if any."""
     choices = _choices(ds, dims)
     rows = []
     autos = frame[(frame["strategy"] == AUTO) & frame["step_time"].notna()]
@@ -111,9 +112,13 @@ def auto_rows(ds: xr.Dataset, frame: pd.DataFrame, dims: list[str],
         key = tuple(str(auto[d]) for d in dims)
         same = measured_candidates(frame, dims, key, worker_dim)
         chosen = choices.get(key, "")
+        used, offered = auto.get("n_workers"), auto.get("offered_workers")
         row = dict(zip(dims, key), chosen=chosen, auto_s=float(auto["step_time"]),
                    best="", best_s=float("nan"), best_at="", chosen_s=float("nan"),
-                   chosen_at="", auto_over_best=float("nan"))
+                   chosen_at="", auto_over_best=float("nan"),
+                   # its placement left workers out: the step is of fewer workers
+                   auto_workers=f"{used:g} of {offered:g}" if pd.notna(used) and pd.notna(
+                       offered) and used < offered else "")
         mine = same[same["strategy"] == chosen]
         if not mine.empty:
             row.update(chosen_s=float(mine.iloc[0]["step_time"]),
@@ -149,8 +154,11 @@ def auto_section(ds: xr.Dataset, frame: pd.DataFrame, dims: list[str],
             versus = f"- ({row['chosen']} not measured)"
         else:
             versus = "-"
+        chose = row["chosen"] or "?"
+        if row["auto_workers"]:
+            chose += f" (on {row['auto_workers']} workers)"
         table.append([str(row[d]) for d in others] + [
-            row["chosen"] or "?", f"{row['auto_s']:.4f}", best,
+            chose, f"{row['auto_s']:.4f}", best,
             "-" if pd.isna(row["best_s"]) else f"{row['best_s']:.4f}", versus])
     lines = ["## Strategy auto against the measured best", "",
              "Per point, what `strategy: auto` chose (the model's fastest on its probe), "
@@ -159,6 +167,9 @@ def auto_section(ds: xr.Dataset, frame: pd.DataFrame, dims: list[str],
              "worker whatever the cluster, so the sweep measures it at the fewest workers "
              "only: at more workers that point stands for it (it is what auto runs when "
              "it picks `single` there), marked \"at\" where it was measured. Where auto's "
-             "choice was not measured as a fixed strategy, no comparison is given.", "",
+             "choice was not measured as a fixed strategy, no comparison is given. Where "
+             "its placement left workers out, \"on 1 of 2 workers\" says so: its step is "
+             "then the fewer workers' (kernel on one worker is `single`'s arithmetic, "
+             "measured at another moment).", "",
              *markdown_rows(header, table)]
     return lines + [""]
