@@ -326,3 +326,23 @@ def test_the_papers_point_is_drawn_beside_the_papers_network_only(config, paper)
                            "speedup": 3.0, "efficiency": 0.75}])
     line = _paper_comparison(StoreView(ds), frame)
     assert (line is not None and "the paper reports 3.28x" in line) == paper, line
+
+
+def test_repeats_that_ran_different_splits_are_named():
+    """A calibrated point's two repeats split its work differently (one left the slow
+    worker out, the other gave it everything): the main table pooled them unsaid."""
+    from experiments.report.repeats import split_changes, split_changes_section
+    splits = np.array([[["[[16], [32]]", "[[0, 16], [0, 32]]"], ["[[8, 8]]", "[[8, 8]]"]]],
+                      dtype=object)
+    devices = np.array([[['[["cpu-0", "CPU", "cpu"]]',
+                          '[["cpu-0", "CPU", "cpu"], ["cpu-1", "CPU", "cpu"]]'],
+                         ['[["cpu-0", "CPU", "cpu"]]'] * 2]], dtype=object)
+    ds = xr.Dataset({"status": (("strategy", "workers", "repeat"), [[[1, 1], [1, 1]]]),
+                     "kernel_split": (("strategy", "workers", "repeat"), splits),
+                     "worker_devices": (("strategy", "workers", "repeat"), devices)},
+                    coords={"strategy": ["kernel"], "workers": ["1+0.5", "1"],
+                            "repeat": [0, 1]})
+    assert split_changes(ds) == [("strategy=kernel workers=1+0.5", [
+        "repeat 0: [[16], [32]] on cpu-0", "repeat 1: [[0, 16], [0, 32]] on cpu-0, cpu-1"])]
+    assert split_changes_section(ds)[0] == "## Repeats that ran different splits"
+    assert split_changes_section(ds.isel(workers=[1])) == []  # one split: nothing said

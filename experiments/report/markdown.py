@@ -22,6 +22,7 @@ from experiments.report.auto import auto_section
 from experiments.report.errors import error_section
 from experiments.report.growth import growth_section
 from experiments.report.links import links_section
+from experiments.report.repeats import split_changes_section
 from experiments.report.view import PAPER_POINT, PAPER_STRATEGY, StoreView, has_paper_network
 from experiments.sweep.provenance import mixed_sessions
 from experiments.sweep.store_layout import DONE, FAILED, INFEASIBLE, SKIPPED, infeasible
@@ -220,6 +221,7 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
             lines += [f"*{NOTES[name]}*", ""] if name in NOTES else []
     lines += growth_section(figures)
     lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
+    lines += split_changes_section(ds)
     lines += mixes_section(ds, sweep)
     lines += links_section(sweep, frame)
     lines += error_section(ds)
