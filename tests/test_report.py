@@ -346,3 +346,25 @@ def test_repeats_that_ran_different_splits_are_named():
         "repeat 0: [[16], [32]] on cpu-0", "repeat 1: [[0, 16], [0, 32]] on cpu-0, cpu-1"])]
     assert split_changes_section(ds)[0] == "## Repeats that ran different splits"
     assert split_changes_section(ds.isel(workers=[1])) == []  # one split: nothing said
+
+
+def test_emulated_workers_are_called_emulated():
+    """report.md showed `1+0.5` and `cpu-1 (cpu, CPU) 8%`: nothing said the half-speed
+    worker was this machine's CPU, sleeping in proportion to its compute."""
+    from experiments.report.markdown import emulated_speeds, mixes_section
+    assert emulated_speeds("cpu-0, cpu-1 (emulated 0.5x speed)") == {
+        "cpu-1": ", emulated 0.5x speed"}
+    assert emulated_speeds("cpu-0, cpu-1") == {}
+    ds = xr.Dataset({"status": (("workers", "repeat"), [[1]]),
+                     "step_time": (("workers", "repeat"), [[0.02]]),
+                     "kernel_split": (("workers", "repeat"), [["[[16, 8]]"]]),
+                     "batch_split": (("workers", "repeat"), [[""]]),
+                     "worker_devices": (("workers", "repeat"),
+                                        [['[["cpu-0", "CPU", "cpu"], ["cpu-1", "CPU", "cpu"]]']]),
+                     "worker_labels": (("workers", "repeat"),
+                                       [["cpu-0, cpu-1 (emulated 0.5x speed)"]])},
+                    coords={"workers": ["1+0.5"], "repeat": [0]},
+                    attrs={"axes": json.dumps({"workers": ["cluster.workers"]})})
+    rows = [line for line in mixes_section(ds, StoreView(ds)) if line.startswith("| workers")]
+    assert rows == ["| workers 1+0.5 | 20.0 | cpu-0 (cpu, CPU) 67%, "
+                    "cpu-1 (cpu, CPU, emulated 0.5x speed) 33% |"], rows

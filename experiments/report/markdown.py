@@ -158,6 +158,18 @@ def device_shares(kernel_split: str, batch_split: str, worker_devices: str
             for (name, tag, device), row in zip(workers, rows)]
 
 
+def emulated_speeds(labels: str) -> dict[str, str]:
+    """", emulated 0.5x speed" by worker name, from a point's `worker_labels`
+    ("cpu-0, cpu-1 (emulated 0.5x speed)"): a slower device emulated on this machine's
+    CPU (its tasks sleep in proportion to their compute), which the report says."""
+    found = {}
+    for label in labels.split(", "):
+        name, _, rest = label.partition(" (")
+        if rest.startswith("emulated"):
+            found[name] = ", " + rest.rstrip(")")
+    return found
+
+
 def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
     """report.md's table of step time and each device's share, point by point (first
     done repeat), where the sweep varies its devices (a `cluster.devices`, `resources`
@@ -167,6 +179,7 @@ def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
         return []
     status, texts = ds.status.values, {n: ds[n].values for n in (
         "kernel_split", "batch_split", "worker_devices")}
+    emulated = ds["worker_labels"].values if "worker_labels" in ds else None
     labels = {dim: [str(v) for v in ds[dim].values] for dim in sweep.dims}
     rows, kinds = [], set()
     for position in np.ndindex(*status.shape[:-1]):
@@ -179,8 +192,10 @@ def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
         kinds.update(kind for _n, kind, _s in shares)
         where = ", ".join(f"{d} {labels[d][i]}" for d, i in zip(sweep.dims, position))
         step = float(np.nanmedian(steps))
+        slower = emulated_speeds(str(emulated[cell])) if emulated is not None else {}
         rows.append(f"| {where or 'the point'} | {step * 1e3:.1f} | " + ", ".join(
-            f"{name} ({kind}) {share:.0%}" for name, kind, share in shares) + " |")
+            f"{name} ({kind}{slower.get(name, '')}) {share:.0%}"
+            for name, kind, share in shares) + " |")
     mixed = sweep.dim_with("cluster.devices", "cluster.resources", "cluster.workers") \
         or len(kinds) > 1
     if not rows or not mixed:
@@ -190,6 +205,12 @@ def mixes_section(ds: xr.Dataset, sweep: StoreView) -> list[str]:
             "(kernels over all conv layers, or samples), from the first done repeat. "
             "Workers of a mix that are not listed were given nothing (left out by the "
             "placement).", "", "| point | step (ms) | shares |", "|---|---:|---|", *rows, ""]
+
+
+#: Said under the main table where some worker was an emulated slower device.
+EMULATED_NOTE = ("Workers given a speed below 1 (labels such as `1+0.5`) are emulated "
+                 "slower devices: the same CPU, their tasks sleeping in proportion to their "
+                 "compute (`cluster.workers`' `speed`), not slower hardware.")
 
 
 def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figures: list[str],
@@ -221,6 +242,8 @@ def write_markdown(ds: xr.Dataset, sweep: StoreView, frame: pd.DataFrame, figure
             lines += [f"*{NOTES[name]}*", ""] if name in NOTES else []
     lines += growth_section(figures)
     lines += ["## Main figures (median over done repeats)", "", format_table(table, True), ""]
+    if "worker_labels" in ds and any("emulated" in str(v) for v in ds.worker_labels.values.ravel()):
+        lines += [EMULATED_NOTE, ""]
     lines += split_changes_section(ds)
     lines += mixes_section(ds, sweep)
     lines += links_section(sweep, frame)
