@@ -203,3 +203,27 @@ def test_a_line_without_its_baseline_is_named_not_left_out(done_store, tmp_path,
     assert "kernel, batch 8" in legend and "kernel, batch 32" in legend
     assert not any(label.startswith(("kernel, batch 8:", "kernel, batch 32:"))
                    for label in legend)
+
+
+def test_an_unequal_pair_measured_at_one_setting_is_a_point_not_a_line(
+        tmp_path, tiny_dataset_factory, monkeypatch):
+    """kernel on an unequal pair (1 and 0.5: capacity 1.5) was drawn as a dotted line
+    across the whole axis, as a baseline in one process is; it is a point at 1.5."""
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["single", "kernel"],
+                          "cluster.workers": [1, [{"speed": 1.0}, {"speed": 0.5}]]},
+                         name="pair")
+    path = str(tmp_path / "pair.zarr")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CNN_PREDICT_PROBE", "never")
+        patch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
+        assert run_sweep(load_sweep(config, out=path), out=io.StringIO(),
+                         err=io.StringIO()) == 0
+    seen = drawn(monkeypatch, render=False)
+    report.make_report(path, str(tmp_path / "report"))
+    axes = seen["speedup.png"][0]
+    assert "kernel, unequal workers (at 1.5 only)" in axes[-1]  # the legend
+    points = [line for line in axes[:-1]  # at the pair's capacity, about 1.5
+              if len(line[1]) == 1 and 1.4 < line[1][0] < 1.6 and line[3] == "o"]
+    assert len(points) == 1 and np.isfinite(points[0][2]).all(), axes
+    assert not [line for line in axes[:-1] if line[0].startswith("kernel")], axes  # no line

@@ -145,10 +145,12 @@ def speedup_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
             if measured.empty:  # failed or not run wherever it was set
                 continue
             label = speedup_label(keys, group, list(measured["relative_capacity"]))
-            if lines["relative_capacity"].nunique() <= 1:  # one measured setting:
-                ax.axhline(float(measured["speedup"].median()), linestyle=":",
-                           linewidth=1.5, color=color, label=label)
-                continue
+            one_process = any(in_one_process(str(v)) for n, v in zip(group, keys)
+                              if n == "strategy")
+            if one_process and lines["relative_capacity"].nunique() <= 1:  # a baseline in
+                ax.axhline(float(measured["speedup"].median()), linestyle=":",  # one
+                           linewidth=1.5, color=color, label=label)  # process, across
+                continue  # (a point of workers, e.g. an unequal pair, stays a point)
             error = [lines["speedup"] - lines["speedup_low"],
                      lines["speedup_high"] - lines["speedup"]]
             ax.errorbar(lines["relative_capacity"], lines["speedup"], yerr=error, color=color,
