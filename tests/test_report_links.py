@@ -48,3 +48,28 @@ def test_flips_name_the_rates_between_which_the_winner_changes():
     assert flips(two, "measured_winner") == [("10gbit", "kernel", "1gbit", "data")]
     assert flips(two, "predicted_winner") == [("1gbit", "kernel", "20mbit", "data")]
     assert flips(two[two["rate"] != "10gbit"], "measured_winner") == []
+
+
+def test_a_rate_not_every_strategy_was_measured_at_has_no_winner():
+    """kernel at 20mbit pending (a sweep stopped there): data, the only one measured,
+    read as the winner, and the section said "no flip" with the row missing."""
+    from experiments.report.links import links_section
+    from experiments.report.view import StoreView
+    import xarray as xr
+
+    frame = _frame()
+    frame.loc[(frame["strategy"] == "kernel") & (frame["rate"] == "20mbit"), "step_time"] = \
+        float("nan")
+    two = link_winners(frame, "rate", ["workers"])
+    two = two[two["workers"] == 2]
+    assert list(two["measured_winner"]) == ["kernel", "data", ""]
+    assert list(two["not_measured"]) == ["", "", "kernel"]
+    ds = xr.Dataset({"status": (("strategy", "workers", "rate", "repeat"),
+                                [[[[1]] * 3] * 2] * 2)},
+                    coords={"strategy": ["kernel", "data"], "workers": [2, 3],
+                            "rate": ["10gbit", "1gbit", "20mbit"], "repeat": [0]},
+                    attrs={"axes": '{"rate": ["cluster.link.rate"]}'})
+    lines = links_section(StoreView(ds), frame)
+    assert "| 2 | 20mbit | - (kernel not measured) |" in "\n".join(lines), lines
+    assert ("- workers 2, measured: kernel at 10gbit -> data at 1gbit (no winner at 20mbit: "
+            "not every strategy measured)") in lines, lines

@@ -58,8 +58,12 @@ def link_winners(frame: pd.DataFrame, dim: str, others: list[str]) -> pd.DataFra
         predicted = group.dropna(subset=["predicted_step_time"])
         row = dict(zip(others + ["rate"], keys))
         row["rate_bits"] = float(group["rate_bits"].iloc[0])
+        # a strategy not measured at this rate (pending, failed) leaves no winner: the
+        # fastest of the others would read as one
+        row["not_measured"] = ", ".join(sorted(set(group["strategy"].astype(str))
+                                               - set(measured["strategy"].astype(str))))
         row["measured_winner"] = (str(measured.loc[measured["step_time"].idxmin(), "strategy"])
-                                  if not measured.empty else "")
+                                  if not measured.empty and not row["not_measured"] else "")
         row["predicted_winner"] = (
             str(predicted.loc[predicted["predicted_step_time"].idxmin(), "strategy"])
             if not predicted.empty else "")
@@ -140,8 +144,10 @@ def links_section(sweep: StoreView, frame: pd.DataFrame) -> list[str]:
     for _, row in winners.iterrows():
         error = f"{row['worst_error']:.0%}" if np.isfinite(row["worst_error"]) else "-"
         margin = f"{row['measured_margin']:.0%}" if np.isfinite(row["measured_margin"]) else "-"
+        winner = row["measured_winner"] or (f"- ({row['not_measured']} not measured)"
+                                            if row["not_measured"] else "-")
         table.append([str(row[d]) for d in others] + [
-            str(row["rate"]), row["measured_winner"] or "-", margin,
+            str(row["rate"]), winner, margin,
             row["predicted_winner"] or "-", error])
     lines = ["## Link rate: which strategy wins", "",
              "Per rate, the strategy with the shortest measured step, by how much the "
@@ -159,5 +165,8 @@ def links_section(sweep: StoreView, frame: pd.DataFrame) -> list[str]:
             found = flips(group, column)
             text = "; ".join(f"{a} at {ra} -> {b} at {rb}" for ra, a, rb, b in found) or \
                 "no flip"
+            unknown = [str(r) for r, w in zip(group["rate"], group[column]) if not w]
+            if unknown:  # a flip may lie at a rate with no winner
+                text += f" (no winner at {', '.join(unknown)}: not every strategy measured)"
             lines.append(f"- {where}, {name}: {text}")
     return lines + [""]
