@@ -208,7 +208,8 @@ def test_a_line_without_its_baseline_is_named_not_left_out(done_store, tmp_path,
 def test_an_unequal_pair_measured_at_one_setting_is_a_point_not_a_line(
         tmp_path, tiny_dataset_factory, monkeypatch):
     """kernel on an unequal pair (1 and 0.5: capacity 1.5) was drawn as a dotted line
-    across the whole axis, as a baseline in one process is; it is a point at 1.5."""
+    across the whole axis, as a baseline in one process is; it is a point at 1.5, in
+    memory.png too."""
     config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
                          {"strategy": ["single", "kernel"],
                           "cluster.workers": [1, [{"speed": 1.0}, {"speed": 0.5}]]},
@@ -227,3 +228,7 @@ def test_an_unequal_pair_measured_at_one_setting_is_a_point_not_a_line(
               if len(line[1]) == 1 and 1.4 < line[1][0] < 1.6 and line[3] == "o"]
     assert len(points) == 1 and np.isfinite(points[0][2]).all(), axes
     assert not [line for line in axes[:-1] if line[0].startswith("kernel")], axes  # no line
+    # memory.png against workers: the pair at its capacity, as in speedup.png (it was
+    # at the median of the workers its repeats' placements used)
+    (kernel,) = [line for line in seen["memory.png"][0][:-1] if line[0] == "kernel"]
+    assert len(kernel[1]) == 2 and kernel[1][0] == 1.0 and 1.4 < kernel[1][1] < 1.6, kernel

@@ -24,8 +24,9 @@ from experiments.report.view import COLORS, StoreView, slice_of_others  # noqa: 
 
 
 def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
-    """Working memory per worker (the fullest) against workers and against batch, one
-    line per strategy; `reference` as a dashed line (or, across batch, its own line).
+    """Working memory per worker (the fullest) against workers (their summed relative
+    speed, as speedup.png's) and against batch, one line per strategy; `reference`
+    dashed, at its threads.
     Drawn where the store has memory figures and a workers or batch axis."""
     if "memory_working" not in frame or frame["memory_working"].isna().all():
         return False
@@ -42,7 +43,10 @@ def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
         data, fixed = slice_of_others(sweep, frame, keep)
         data = with_missing(data, "memory_working").copy()
         workers = label == "workers"  # the same dim where the batch is zipped with them
-        data["x"] = (pd.to_numeric(data["n_workers"], errors="coerce") if workers
+        # the workers the point was given, by summed relative speed (speedup.png's x: an
+        # unequal pair at 1.5, reference at its threads), not those a repeat's placement
+        # used (a pair's repeats, one leaving a worker out, drew it at their median)
+        data["x"] = (pd.to_numeric(data["capacity"], errors="coerce") if workers
                      else sweep.batch_sizes(data))
         data = place_missing(data, "x", dim, worker_counts(sweep.ds, dim))
         for strategy, rows in data.groupby("strategy", sort=False):
@@ -52,14 +56,11 @@ def memory_figure(sweep: StoreView, frame: pd.DataFrame, path: str) -> bool:
             mark_missing(ax, rows, "x", "black" if alone else colors[strategy])
             if mb.isna().all():
                 continue
-            if alone and workers:
-                ax.axhline(float(mb.median()), color="black", linestyle="--", linewidth=1.2,
-                           label="reference (plain PyTorch)")
-                continue
-            ax.plot(rows["x"], mb, marker="o", color=colors[strategy],
+            ax.plot(rows["x"], mb, marker="o", color="black" if alone else colors[strategy],
                     linestyle="--" if alone else "-",
                     label="reference (plain PyTorch)" if alone else strategy)
-        ax.set_xlabel(label if workers else sweep.batch_label())
+        ax.set_xlabel("workers (summed relative speed if unequal; reference: threads)"
+                      if workers else sweep.batch_label())
         ax.set_ylabel("working memory of the fullest worker (MB)")
         ax.set_title(f"memory against {label}" + (f" ({fixed})" if fixed else ""),
                      fontsize=9)
