@@ -368,3 +368,16 @@ def test_emulated_workers_are_called_emulated():
     rows = [line for line in mixes_section(ds, StoreView(ds)) if line.startswith("| workers")]
     assert rows == ["| workers 1+0.5 | 20.0 | cpu-0 (cpu, CPU) 67%, "
                     "cpu-1 (cpu, CPU, emulated 0.5x speed) 33% |"], rows
+
+
+def test_the_report_names_the_commands_of_later_sessions():
+    """After `--extend` the store's `command` (its first session's) no longer
+    reproduces it, and the sessions did not say theirs: the report names them."""
+    from experiments.report.markdown import _later_commands
+    first = "python -m experiments.sweep tiny.yaml"
+    ds = xr.Dataset(attrs={"command": first, "sessions": json.dumps([
+        {"command": first}, {"command": first + " repeats=2 --extend"},
+        {"command": first + " repeats=2 --extend"}, {"started": "old: no command"}])})
+    assert _later_commands(ds) == [
+        f"- later sessions ran: `{first} repeats=2 --extend`"]
+    assert _later_commands(xr.Dataset(attrs={"command": first})) == []

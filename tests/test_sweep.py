@@ -806,6 +806,7 @@ def test_points_that_would_repeat_another_are_recorded_not_run(tmp_path, tiny_da
         assert run_sweep(sweep, out=output, err=io.StringIO()) == 0
     assert "3 to run, 1 not applicable" in output.getvalue()
     ds = open_clean(store)
+    assert json.loads(ds.attrs["sessions"])[0]["command"]  # each session's, for the report
     assert (ds.status.sel(strategy="single", workers=2) == SKIPPED).all()
     assert "measured at workers=1" in str(ds.failure.sel(strategy="single", workers=2).values.ravel()[0])
     assert ds.step_time.sel(strategy="single", workers=2).isnull().all()

@@ -69,6 +69,7 @@ def _provenance(ds: xr.Dataset) -> list[str]:
            "every point again under one)"] if mixed else []),
         f"- started {ds.attrs.get('started', '?')}, {_ended(ds.attrs.get('finished'), status)}",
         f"- command: `{ds.attrs.get('command', '')}`",
+        *_later_commands(ds),
         *_growth_lines(ds),
         _speedup_line(ds),
     ]
@@ -77,6 +78,20 @@ def _provenance(ds: xr.Dataset) -> list[str]:
         lines.append(f"- note: some points ran more worker threads (+1 master) than the "
                      f"{cores} cores here; their timings include contention.")
     return lines
+
+
+def _later_commands(ds: xr.Dataset) -> list[str]:
+    """The sessions' commands other than the store's first (`--extend`, an override):
+    the first alone no longer reproduces a store grown since."""
+    try:
+        sessions = json.loads(ds.attrs.get("sessions") or "[]")
+    except ValueError:
+        return []
+    first = ds.attrs.get("command", "")
+    later = list(dict.fromkeys(str(s["command"]) for s in sessions
+                               if isinstance(s, dict) and s.get("command")
+                               and s["command"] != first))
+    return [f"- later sessions ran: {'; '.join(f'`{c}`' for c in later)}"] if later else []
 
 
 def _growth_lines(ds: xr.Dataset) -> list[str]:

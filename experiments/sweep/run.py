@@ -197,15 +197,17 @@ def run_sweep(sweep: Sweep, fresh: bool = False, out: TextIO | None = None,
              f"{len(todo)} to run" + (f", {skipped} not applicable" if skipped else "")
              + (f", {len(too_big)} not run (beyond their workers' memory)" if too_big else "")
              + f" -> {sweep.store_path}")
-        _run_points(sweep, store, todo, echo, err)
+        _run_points(sweep, store, todo, echo, err, shlex.join(argv or sys.argv))
     return _closing_lines(sweep, echo)
 
 
 def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
-                echo: Callable[[str], None], err: TextIO) -> None:
+                echo: Callable[[str], None], err: TextIO, command: str) -> None:
     """Run `todo` one point after another, a line and a bar step each, and record the
-    session in the store's attributes however the loop ends."""
-    session = {"started": now_text(), "pid": os.getpid(),
+    session in the store's attributes (with its `command`: a store grown by
+    `--extend` is reproduced by its last session's, not its first's) however the
+    loop ends."""
+    session = {"started": now_text(), "pid": os.getpid(), "command": command,
                **session_provenance(sweep.scheduler),
                "points_run": 0, "interrupted": True}
     pool = ClusterPool(echo)
