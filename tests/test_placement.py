@@ -364,3 +364,12 @@ def test_a_recorded_split_that_does_not_fit_names_the_row_and_why(counts, messag
         split_choice.check_recorded(counts, [16, 32], 2, rows)
     assert str(refused.value) == message
     assert split_choice.check_recorded([[6, 10], [0, 32]], [16, 32], 2, rows) == [[6, 10], [0, 32]]
+
+
+def test_an_even_split_gives_the_short_unit_to_the_worker_with_fewer():
+    """9 and 10 kernels in units of 4 on two workers split 8+1 and 8+2: the first
+    worker took the odd whole unit and the second the short one. Now 4+5 and 4+6;
+    whole units alone split as before (12: 8+4)."""
+    assert split_even(9, 2, 4) == [4, 5] and split_even(10, 2, 4) == [4, 6]
+    assert split_even(12, 2, 4) == [8, 4] and split_even(10, 3, 4) == [4, 4, 2]
+    assert split_proportional(64, [1.0, 0.5], 4) == [44, 20]  # no tie: as before

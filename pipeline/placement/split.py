@@ -74,8 +74,11 @@ def split_proportional(kernels: int, speeds: list[float], quantum: int) -> list[
     total_speed = sum(speeds)
     ideal = [len(units) * speed / total_speed for speed in speeds]
     shares = [max(1, math.floor(x)) for x in ideal]
-    while sum(shares) < len(units):  # largest remainder first
-        shares[max(range(workers), key=lambda i: ideal[i] - shares[i])] += 1
+    # Largest remainder first. A tie goes to the last worker where the last unit is
+    # short, since it takes that unit: 10 kernels in units of 4 split 4+6, not 8+2.
+    last = 1 if units[-1] < quantum else -1
+    while sum(shares) < len(units):
+        shares[max(range(workers), key=lambda i: (ideal[i] - shares[i], last * i))] += 1
     while sum(shares) > len(units):  # only when the one-unit minimum overshot
         shares[max((i for i in range(workers) if shares[i] > 1),
                    key=lambda i: shares[i] - ideal[i])] -= 1
