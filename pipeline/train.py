@@ -83,22 +83,26 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
 
 
 def check_worker_count(config: RunConfig, written: dict, overrides: list[str]) -> None:
-    """A `cluster.workers` count written in the file or an override sizes the embedded
-    cluster a run starts; beside a scheduler you started the run trains on that
-    scheduler's tagged workers, all of them, and the count was silently ignored (3
-    workers trained where `cluster.workers=2` was asked). Refused, naming the field
-    that does it there (`cluster.use_workers`), as a list of workers is
-    (`preflight.check_external_workers`). Checked here, where what was written can be
-    told from the default; a sweep gives a count axis that meaning itself."""
-    address = scheduler_address(config.cluster)
-    if address is None or config.cluster.jobqueue is not None or \
-            not strategy_of(config).uses_cluster:
-        return
+    """What only the written config can tell from the defaults (`cluster.workers`
+    defaults to a count of 2): a count written beside `cluster.devices`, which makes
+    the workers itself (a count of 2 passed where any other was refused); and a count
+    beside a scheduler you started, whose tagged workers the run trains on, all of
+    them: the count was silently ignored (3 workers trained where
+    `cluster.workers=2` was asked). Both refused naming the field, the second
+    pointing to `cluster.use_workers`, as a list of workers is refused there
+    (`preflight.check_external_workers`). A sweep gives a count axis that meaning
+    itself."""
     count = (written.get("cluster") or {}).get("workers")
     for text in overrides:
         key, value = parse_override(text)
         if key == "cluster.workers":
             count = value
+    if count is not None and config.cluster.devices is not None:
+        raise ConfigError("cluster.devices: set either cluster.devices or cluster.workers")
+    address = scheduler_address(config.cluster)
+    if address is None or config.cluster.jobqueue is not None or \
+            not strategy_of(config).uses_cluster:
+        return
     if isinstance(count, int) and not isinstance(count, bool):
         raise ConfigError(f"cluster.workers: {count} counts the workers of the embedded "
                           f"cluster a run starts, but the run trains on the scheduler at "

@@ -128,6 +128,9 @@ CASES: list[Case] = [
     train_case("network.preset=alexnet", names="network.preset: alexnet does not fit"),
     train_case("network.conv=[]", names="network.conv"),
     train_case("cluster.workers=0", names="cluster.workers"),
+    # a count of 2 beside devices, which make the workers (it passed: 2 is the default)
+    train_case("cluster.devices=[cpu]", "cluster.workers=2",
+               names="cluster.devices: set either cluster.devices or cluster.workers"),
     # a count beside a scheduler you started (it was ignored: all its workers trained)
     train_case("cluster.workers=2", "--scheduler", "tcp://127.0.0.1:9",
                names="cluster.workers: 2 counts the workers of the embedded cluster"),
