@@ -13,8 +13,10 @@ Why one view: each figure family (:mod:`experiments.report.figures`,
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
+from types import SimpleNamespace
 
 import matplotlib
 
@@ -27,7 +29,9 @@ import xarray as xr  # noqa: E402
 
 from experiments.sweep.store_layout import (DONE, FAILED, PENDING,  # noqa: E402
                                            PREDICTED_COMPONENTS, infeasible)
+from experiments.sweep.axes import build_axes, point_data  # noqa: E402
 from experiments.sweep.summary import RATES, base_strategy  # noqa: E402
+from pipeline.config.schema import ConfigError  # noqa: E402
 from pipeline.records.step_breakdown import COMPONENTS  # noqa: E402
 
 PAPER_POINT = (4, 3.28)  # Marques et al. 2018: 3.28x speedup with four CPUs
@@ -53,35 +57,24 @@ MEMORY_FIGURES = ["memory_peak", "memory_working", "client_memory_peak"]
 
 
 def has_paper_network(ds: xr.Dataset) -> bool:
-    """Whether some point of the store trains the paper's network (`PAPER_KERNELS`): its
-    base's, or a network axis's or zip group's (`network.conv`, `network.conv.N.kernels`).
-    Beside another network the paper's speedup is no figure to compare with, and a
-    reader of the figure could take it for one."""
+    """Whether some point of the store trains the paper's network (`PAPER_KERNELS`):
+    its sweep's points as the sweep builds them (`build_axes`, `point_data`), over the
+    axes and zip groups that set a network field. Beside another network the paper's
+    speedup is no figure to compare with, and a reader of the figure could take it
+    for one."""
     try:
         config = yaml.safe_load(ds.attrs.get("config", "")) or {}
-    except yaml.YAMLError:
+        base = config.get("base") if isinstance(config.get("base"), dict) else {}
+        axes = [axis for axis in build_axes(SimpleNamespace(
+            axes=config.get("axes") or {}, zip=config.get("zip") or [], measure=None))
+                if any(field.startswith("network.") for field in axis.fields)]
+    except (yaml.YAMLError, ConfigError, AttributeError, TypeError):
         return False
-    base_config = config.get("base") if isinstance(config.get("base"), dict) else {}
-    conv = (base_config.get("network") or {}).get("conv") or []
-    base = [layer.get("kernels") if isinstance(layer, dict) else None for layer in conv]
-    groups = [{field: values.get("values") if isinstance(values, dict) else values}
-              for field, values in (config.get("axes") or {}).items()]
-    groups += [group.get("fields", group) for group in config.get("zip") or []
-               if isinstance(group, dict)]
-    variants = [base]
-    for fields in groups:
-        columns = {field: values for field, values in fields.items()
-                   if field.startswith("network.conv") and isinstance(values, list)}
-        for row in zip(*columns.values()):
-            kernels = list(base)
-            for field, value in zip(columns, row):
-                if field == "network.conv" and isinstance(value, list):
-                    kernels = [layer.get("kernels") for layer in value if isinstance(layer, dict)]
-                elif (index := field.split(".")[2:3]) and field.endswith(".kernels") \
-                        and index[0].isdigit() and int(index[0]) < len(kernels):
-                    kernels[int(index[0])] = value
-            variants.append(kernels)
-    return any(kernels == PAPER_KERNELS for kernels in variants)
+    for position in itertools.product(*(range(len(axis)) for axis in axes)):
+        conv = (point_data(base, axes, position).get("network") or {}).get("conv") or []
+        if [layer.get("kernels") for layer in conv if isinstance(layer, dict)] == PAPER_KERNELS:
+            return True
+    return False
 
 
 class StoreView:
