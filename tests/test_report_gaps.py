@@ -28,8 +28,14 @@ def done_store(tmp_path_factory, tiny_dataset_factory):
     config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
                          {"strategy": ["single", "kernel"], "cluster.workers": [1, 2],
                           "train.batch": [8, 16, 32]}, name="gaps")
-    path = str(tmp_path / "gaps.zarr")
-    with pytest.MonkeyPatch.context() as patch:  # as in test_sweep: no cluster probes
+    return swept(tmp_path, config, "gaps.zarr")
+
+
+def swept(tmp_path, config: str, name: str) -> str:
+    """The store of sweep file `config`, run to its end in `tmp_path` (as in test_sweep:
+    no cluster probes)."""
+    path = str(tmp_path / name)
+    with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CNN_PREDICT_PROBE", "never")
         patch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
         assert run_sweep(load_sweep(config, out=path), out=io.StringIO(),
@@ -214,12 +220,7 @@ def test_an_unequal_pair_measured_at_one_setting_is_a_point_not_a_line(
                          {"strategy": ["single", "kernel"],
                           "cluster.workers": [1, [{"speed": 1.0}, {"speed": 0.5}]]},
                          name="pair")
-    path = str(tmp_path / "pair.zarr")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CNN_PREDICT_PROBE", "never")
-        patch.setenv("CNN_PROBE_CACHE", str(tmp_path / "probes"))
-        assert run_sweep(load_sweep(config, out=path), out=io.StringIO(),
-                         err=io.StringIO()) == 0
+    path = swept(tmp_path, config, "pair.zarr")
     seen = drawn(monkeypatch, render=False)
     report.make_report(path, str(tmp_path / "report"))
     axes = seen["speedup.png"][0]
