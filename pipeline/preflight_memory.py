@@ -78,7 +78,7 @@ def fit_even_split(config: RunConfig, workers: list[tuple[str, dict, str]],
                         element_bytes(network.dtype), strategy.split_master(master),
                         [device.startswith("cuda") for _, _, device in workers], constants)
     move_to_fit(counts, quanta, capacities, peaks, [name for name, _, _ in workers],
-                strategy.tied_rows(network))
+                strategy.tied_rows(network), config.cluster.memory_margin)
 
 
 def memory_refusal(config: RunConfig, workers: list[tuple[str, dict, str]],

@@ -65,12 +65,16 @@ def test_a_worker_left_out_to_fit_memory_is_said_so():
                                                 "predicted_step_time": 0.0221},
                                "single:cpu-1": {"split": [[0, 32], [0, 64]],
                                                 "predicted_step_time": 0.0221}},
-              "memory": {"capacity": [4e9, 1e8], "units_moved": 12,
+              "memory": {"capacity": [4e9, 1e8], "units_moved": 12, "margin": 0.15,
                          "split_before": [[16, 16], [32, 32]]}}
     (line,) = left_out_lines("calibrated", ["cpu-1"], choice, {}, "kernel")
     assert line == ("worker cpu-1 left out: its memory (100 MB) holds none of the kernels the "
                     "calibrated placement gave it: they were moved to the other workers to "
-                    "fit memory (cluster.workers' memory_limit)")
+                    "fit memory (its capacity, 15% of each peak kept free: "
+                    "cluster.memory_margin)")
+    del choice["memory"]["margin"]  # a record from before the margin
+    (line,) = left_out_lines("calibrated", ["cpu-1"], choice, {}, "kernel")
+    assert line.endswith("to fit memory (its capacity)")
 
 
 #: The least summary `format_summary` prints.

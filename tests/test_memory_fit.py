@@ -15,13 +15,13 @@ from dataclasses import replace
 import pytest
 
 from pipeline import train as train_cli
-from pipeline.config.cluster_config import WorkerConfig
+from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
 from pipeline.config.run_config import load_run_config
 from pipeline.costmodel import marques_cifar
 from pipeline.costmodel.memory import (DEFAULT_CONSTANTS, MB, MIB, Footprint, Live, fmt_bytes,
                                        retained)
 from pipeline.records.memory import machine_memory_constants, memory_baseline
-from pipeline.placement.memory_fit import MemoryRefused, fits, move_to_fit, split_peaks
+from pipeline.placement.memory_fit import MemoryRefused, fits, move_to_fit, planned, split_peaks
 from pipeline.placement.split import counts_from_shares, split_even
 from pipeline.prediction import predict_memory
 from pipeline.run import run_training
@@ -198,6 +198,34 @@ def test_a_config_that_fits_nowhere_is_refused_in_one_line():
     assert "worker cpu-0 needs" in line and "has 500 MB" in line
 
 
+def test_the_margin_keeps_a_share_of_each_peak_free():
+    """A capacity that holds the even split's peak but not the peak and its margin:
+    with the margin, units move until the device has the margin free; where no move
+    can give it that, the line says what the margin added."""
+    peaks = split_peaks(strategy_named("kernel"), PAPER, 32)
+    capacity = [peaks(even(2))[0] + 1 * MB, float("inf")]
+    assert fits(even(2), capacity, peaks) and not fits(even(2), capacity, peaks, 0.15)
+    assert move_to_fit(even(2), [4, 4], capacity, peaks).moved == 0
+    fit = move_to_fit(even(2), [4, 4], capacity, peaks, margin=0.15)
+    assert fit.moved > 0 and planned(fit.peaks[0], 0.15) <= capacity[0]
+    assert sum(row[0] for row in fit.counts) < sum(row[0] for row in even(2))
+    both = [peaks(even(2))[0] * 1.1] * 2  # fits at 10 %, not at 15 %, on either device
+    move_to_fit(even(2), [4, 4], both, peaks, margin=0.1)
+    with pytest.raises(MemoryRefused) as refused:
+        move_to_fit(even(2), [4, 4], both, peaks, ["cpu-0", "cpu-1"], margin=0.15)
+    assert "cluster.memory_margin's 15%" in str(refused.value)
+    assert refused.value.needed > both[0] == refused.value.available
+
+
+def test_the_margin_is_validated_at_the_edge():
+    assert ClusterConfig().memory_margin == 0.15
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(FieldError, match="memory_margin"):
+            ClusterConfig(memory_margin=bad)
+    with pytest.raises(FieldError, match=r"cluster\.memory_margin"):
+        load_run_config("configs/small.yaml", ["cluster.memory_margin=-1"])
+
+
 def test_memory_limit_is_validated_at_the_edge():
     assert WorkerConfig(memory_limit="2GB").memory_bytes() == 2e9
     assert WorkerConfig(memory_limit="1.5GiB").memory_bytes() == 1.5 * 2 ** 30
@@ -224,7 +252,8 @@ def _limits(tmp_path, dataset, names):
     peaks = split_peaks(strategy_named("kernel"), costmodel_network(spec), config.train.batch,
                         constants=machine_memory_constants())
     small = [[4, layer.kernels - 4] for layer in spec.conv]
-    return peaks, {names[0]: {"memory_limit": int(peaks(small)[0]) + 1},
+    margin = config.cluster.memory_margin
+    return peaks, {names[0]: {"memory_limit": int(planned(peaks(small)[0], margin)) + 1},
                    names[1]: {"memory_limit": "20GB"}}
 
 
@@ -242,7 +271,8 @@ def test_split_follows_memory_and_stays_exact(tmp_path, shared_cluster, tiny_dat
     assert split == [[4, 6], [4, 8]], split
     memory = json.loads(result.record.attrs["placement_choice"])["memory"]
     assert memory["split_before"] == [[4, 6], [8, 4]] and memory["units_moved"] == 1
-    assert memory["predicted_peak"][0] <= memory["capacity"][0]
+    assert memory["margin"] == 0.15
+    assert planned(memory["predicted_peak"][0], 0.15) <= memory["capacity"][0]
     trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
     expected, _ = replay_in_pytorch(config, dataset)
     assert max_relative_error(trained, expected) < 1e-4
@@ -398,8 +428,8 @@ def test_auto_is_refused_before_its_cluster_starts_only_where_no_strategy_fits(t
     """`--check` of `strategy=auto` on workers too small for every strategy it may
     choose: one line naming what each needs, exit 2 (it used to pass, and the run
     started a cluster and probed it before the chosen strategy was refused); on
-    workers that hold some strategy (here 1 MB more than the least of them), it
-    passes, leaving the choice to the model."""
+    workers that hold some strategy (here 1 MB more than the least of them with
+    `cluster.memory_margin`), it passes, leaving the choice to the model."""
     def check(limit: str) -> tuple[int, str]:
         workers = f"cluster.workers=[{{name: a, memory_limit: {limit}}}, " \
                   f"{{name: b, memory_limit: {limit}}}]"
@@ -416,7 +446,7 @@ def test_auto_is_refused_before_its_cluster_starts_only_where_no_strategy_fits(t
         "error: memory: strategy 'auto' found no strategy that fits the workers' memory (")
     for name in ("kernel", "single", "data", "hybrid"):
         assert f"{name}: worker a needs " in lines[0]
-    least = min(predict_memory(load_run_config(
-        "configs/small.yaml", [f"strategy={name}", "placement=even"])).largest
+    least = min(planned(predict_memory(load_run_config(
+        "configs/small.yaml", [f"strategy={name}", "placement=even"])).largest, 0.15)
         for name in ("kernel", "single", "data", "hybrid"))
     assert check(f"{int(least / 1e6) + 1}MB")[0] == 0

@@ -40,6 +40,7 @@ from experiments.sweep.run import run_sweep
 from pipeline.cluster import embedded
 from pipeline.config.run_config import RunConfig
 from pipeline.prediction import predict_memory
+from pipeline.placement.memory_fit import planned
 from pipeline.config.schema import ConfigError, load_yaml
 from pipeline.probe.machine import cpu_model, machine_identity
 from pipeline.records.step_breakdown import COMPONENTS
@@ -368,7 +369,8 @@ def test_a_batch_its_workers_memory_cannot_hold_is_recorded_not_run_and_the_rest
     # the limit lies halfway between the two batches' predicted peaks on this machine
     # (its measured bare-process baselines move them by tens of MB from one to another)
     sweep = load_sweep(write_sweep(tmp_path, dataset, {"train.batch": [16, 512]}))
-    peaks = [predict_memory(point.config).largest for point in sweep.points]
+    peaks = [planned(predict_memory(point.config).largest, point.config.cluster.memory_margin)
+             for point in sweep.points]  # each with the margin placement keeps free
     assert peaks[0] < peaks[1], peaks
     limit = int((peaks[0] + peaks[1]) / 2 / 1e6)
     config = write_sweep(tmp_path, dataset, {"train.batch": [16, 512]},
@@ -392,8 +394,8 @@ def test_a_batch_its_workers_memory_cannot_hold_is_recorded_not_run_and_the_rest
     assert list(ds.status.values[:, 0]) == [DONE, FAILED]
     failure = str(ds.failure.values[1, 0])
     assert failure.startswith("Infeasible: memory: worker cpu-0 needs "), failure
-    assert "(predicted peak), has " in failure, failure
-    assert ds.predicted_peak_memory.values[1, 0] > limit * 1e6
+    assert "(predicted peak " in failure and "cluster.memory_margin's 15%), has " in failure
+    assert planned(float(ds.predicted_peak_memory.values[1, 0]), 0.15) > limit * 1e6
     assert np.isnan(ds.step_time.values[1, 0]) and np.isfinite(ds.step_time.values[0, 0])
     run_id = str(ds.run_id.values[0, 0])
 

@@ -111,6 +111,11 @@ class ClusterConfig:
         "(`[GPU, CPU]` puts the GPU workers first, and the first is the default master), "
         "each serving under the first tag it offers")
     use_workers: int | None = described(None, "how many tagged workers to use (null: all)")
+    memory_margin: float = described(
+        0.15, "the share of each predicted peak placement keeps free on a worker with a "
+        "capacity (`memory_limit`, a `dask worker`'s `--memory-limit`, a GPU's total) for "
+        "the memory model's error: every split is planned with peak x (1 + this) within "
+        "it (docs/memory.md); 0: plan to the limit")
     wait_timeout: float = described(30.0, "seconds to wait for workers offering the tag")
     connect_timeout: float = described(
         10.0, "seconds to connect to a scheduler you started and hear its handshake (an "
@@ -202,6 +207,7 @@ class ClusterConfig:
             raise FieldError("workers", "at least one worker is needed")
         check_range(self, "threads", low=1)
         check_range(self, "use_workers", low=1)
+        check_range(self, "memory_margin", low=0, high=1)
         check_range(self, "wait_timeout", low=0, low_open=True)
         check_range(self, "connect_timeout", low=0, low_open=True)
         check_range(self, "scheduler_timeout", low=0, low_open=True)

@@ -76,26 +76,35 @@ def split_peaks(strategy: MemoryModel, network: Network, batch: int, s: int = 4,
     return peaks
 
 
-def overflows(peaks: Sequence[float], capacities: Sequence[float]) -> list[int]:
-    """Devices whose peak exceeds their capacity."""
-    return [d for d, (p, c) in enumerate(zip(peaks, capacities)) if p > c]
+def planned(peak: float, margin: float = 0.0) -> float:
+    """What a device must have for a predicted `peak`: the peak and `margin` (a share of
+    it, `cluster.memory_margin`) kept free for the model's error."""
+    return peak * (1.0 + margin)
 
 
-def fits(counts: list[list[int]], capacities: Sequence[float], peaks: Peaks) -> bool:
-    """Whether every device's predicted peak is within its capacity."""
-    return not overflows(peaks(counts), capacities)
+def overflows(peaks: Sequence[float], capacities: Sequence[float],
+              margin: float = 0.0) -> list[int]:
+    """Devices whose peak, with `margin`, exceeds their capacity."""
+    return [d for d, (p, c) in enumerate(zip(peaks, capacities)) if planned(p, margin) > c]
+
+
+def fits(counts: list[list[int]], capacities: Sequence[float], peaks: Peaks,
+         margin: float = 0.0) -> bool:
+    """Whether every device's predicted peak, with `margin`, is within its capacity."""
+    return not overflows(peaks(counts), capacities, margin)
 
 
 def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequence[float],
                 peaks: Peaks, names: Sequence[str] | None = None,
-                tied: Sequence[Sequence[int]] | None = None) -> Fit:
+                tied: Sequence[Sequence[int]] | None = None, margin: float = 0.0) -> Fit:
     """`counts` (``[row][device]``, rows of `quanta`-sized units) changed as little as
     the capacities need: while a device overflows, one unit of some row moves from it
     to another device that still fits after taking it, the move leaving the least
     overflow (then the most room) first. The rows of each group of `tied` (layers a
     residual sum ties, `NetworkSpec.tied_groups`; default: every row alone) are
-    equal and move together, a unit of each at once. Raises `MemoryRefused` naming
-    the device that cannot be brought within its capacity."""
+    equal and move together, a unit of each at once. A device fits where its peak with
+    `margin` (`planned`) is within its capacity. Raises `MemoryRefused` naming the
+    device that cannot be brought within its capacity."""
     names = list(names or [f"device {d}" for d in range(len(capacities))])
     groups = [list(g) for g in tied] if tied else [[r] for r in range(len(counts))]
     current = [list(row) for row in counts]
@@ -103,10 +112,10 @@ def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequ
     now = peaks(current)
     moved = 0
     while True:
-        over = overflows(now, capacities)
+        over = overflows(now, capacities, margin)
         if not over:
             return Fit(current, now, moved)
-        worst = max(over, key=lambda d: (now[d] - capacities[d], -d))
+        worst = max(over, key=lambda d: (planned(now[d], margin) - capacities[d], -d))
         best: tuple | None = None
         for group in groups:
             r = group[0]
@@ -123,24 +132,39 @@ def move_to_fit(counts: list[list[int]], quanta: Sequence[int], capacities: Sequ
                 trial_counts = [counts_from_shares(sum(c), q, sh)
                                 for c, q, sh in zip(current, quanta, trial)]
                 after = peaks(trial_counts)
-                if after[e] > capacities[e] or after[worst] >= now[worst]:
+                if planned(after[e], margin) > capacities[e] or after[worst] >= now[worst]:
                     continue
-                key = (max(after[worst] - capacities[worst], 0.0),
-                       -(capacities[e] - after[e]), r, e)
+                key = (max(planned(after[worst], margin) - capacities[worst], 0.0),
+                       -(capacities[e] - planned(after[e], margin)), r, e)
                 if best is None or key < best[0]:
                     best = (key, trial, trial_counts, after)
         if best is None:
-            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst]),
-                                now[worst], capacities[worst])
+            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst],
+                                        margin=margin),
+                                planned(now[worst], margin), capacities[worst])
         _, shares, current, now = best
         moved += 1
 
 
-def refusal(name: str, needed: float, available: float, recorded: bool = False) -> str:
+def refuse_overflow(now: list[float], capacities: list[float], names: list[str],
+                    margin: float, recorded: bool = False) -> None:
+    """Raise `MemoryRefused` naming the device furthest over its capacity, if any is,
+    for a split that cannot be moved (recorded, or merged after the moves)."""
+    over = overflows(now, capacities, margin)
+    if over:
+        worst = max(over, key=lambda d: planned(now[d], margin) - capacities[d])
+        raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst], recorded,
+                                    margin), planned(now[worst], margin), capacities[worst])
+
+
+def refusal(name: str, peak: float, available: float, recorded: bool = False,
+            margin: float = 0.0) -> str:
     """The one line a run that fits nowhere (or whose recorded split does not fit) is
-    refused with."""
+    refused with: what the device needs (its predicted `peak` with `margin`) and has."""
     why = ("the recorded split (placement: recorded) does not fit: place it anew"
            if recorded else "no split of this run fits its workers' memory: add workers "
            "or memory, or lower train.batch")
-    return (f"memory: worker {name} needs {fmt_bytes(needed)} (predicted peak), has "
-            f"{fmt_bytes(available)}; {why}")
+    needs = (f"{fmt_bytes(planned(peak, margin))} (predicted peak {fmt_bytes(peak)} and "
+             f"cluster.memory_margin's {margin:.0%})" if margin
+             else f"{fmt_bytes(peak)} (predicted peak)")
+    return f"memory: worker {name} needs {needs}, has {fmt_bytes(available)}; {why}"

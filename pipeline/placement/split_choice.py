@@ -28,8 +28,7 @@ from pipeline.placement.calibrate import (Points, alike_groups, calibrate, calib
 from pipeline.cluster.workers import ClusterWorker
 from pipeline.config.run_config import RunConfig
 from pipeline.costmodel.memory import element_bytes
-from pipeline.placement.memory_fit import (MemoryModel, MemoryRefused, move_to_fit, overflows,
-                                           refusal, split_peaks)
+from pipeline.placement.memory_fit import MemoryModel, move_to_fit, refuse_overflow, split_peaks
 from pipeline.placement.model_placement import model_placement
 from pipeline.placement.split import (Placement, PlacementError, SplitChoice, choose_calibrated,
                                       merge_short_shares, split_even)
@@ -175,26 +174,20 @@ def fit_memory(client: Client, config: RunConfig, strategy: MemoryModel,
                         [w.device.startswith("cuda") for w in workers],
                         worker_constants(client, config.cluster, workers))
     counts = placement.counts
+    margin = config.cluster.memory_margin
     moved = 0
     if config.placement == "recorded":
-        now = peaks(counts)
-        over = overflows(now, capacities)
-        if over:
-            worst = max(over, key=lambda d: now[d] - capacities[d])
-            raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst], True))
+        refuse_overflow(peaks(counts), capacities, names, margin, recorded=True)
     else:
         with capacities_explained(config.cluster):
-            fit = move_to_fit(counts, quanta, capacities, peaks, names, tied)
+            fit = move_to_fit(counts, quanta, capacities, peaks, names, tied, margin)
         counts, moved = fit.counts, fit.moved
         merged = [merge_short_shares(row, least_rows) for row in counts]
         if merged != counts:  # the moves left a replica too few rows
-            counts, now = merged, peaks(merged)
-            over = overflows(now, capacities)
-            if over:
-                worst = max(over, key=lambda d: now[d] - capacities[d])
-                raise MemoryRefused(refusal(names[worst], now[worst], capacities[worst]))
+            counts = merged
+            refuse_overflow(peaks(merged), capacities, names, margin)
     record = {"capacity": [None if c == float("inf") else c for c in capacities],
-              "predicted_peak": peaks(counts), "units_moved": moved,
+              "predicted_peak": peaks(counts), "margin": margin, "units_moved": moved,
               "split_before": placement.counts if moved else None}
     return Placement(placement.method, counts, placement.calibration,
                      {**placement.choice, "memory": record})

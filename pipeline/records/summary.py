@@ -303,9 +303,11 @@ def left_out_lines(placement: str, left_out: list[str], choice: dict[str, Any],
                 len(row) > index and row[index] > 0 for row in moved_from):
             capacity = (memory.get("capacity") or [None] * len(names))[index]
             limit = f" ({capacity / 1e6:.0f} MB)" if capacity else ""
+            margin = (f", {memory['margin']:.0%} of each peak kept free: "
+                      "cluster.memory_margin" if memory.get("margin") else "")
             lines.append(f"worker {name} left out: its memory{limit} holds none of the "
                          f"{unit}s the {placement} placement gave it: they were moved to "
-                         "the other workers to fit memory (cluster.workers' memory_limit)")
+                         f"the other workers to fit memory (its capacity{margin})")
             continue
         if before.get(name):
             lines.append(f"worker {name} left out: its {before[name]} {unit}(s) of the "
