@@ -55,7 +55,7 @@ from pipeline.strategies import strategy_named
 from pipeline.strategies.auto import Refusal, choose_strategy
 from pipeline.preflight_memory import memory_refusal, memory_refusal_on
 from pipeline.strategies.base import network_for
-from pipeline.engine.task_steps import steps_per_task
+from pipeline.engine.task_steps import median_task_steps
 
 __all__ = ["PointPrediction", "band", "check_probe_environment", "predict_config",
            "predict_point", "predict_run", "prediction_stopped", "network_for",
@@ -96,8 +96,9 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
         default an even split.
     task_steps : int, optional
         Steps per Dask task the run used (``summary["task_steps_median"]``); default
-        what ``train.steps_per_task`` gives at the predicted step
-        (pipeline/engine/task_steps.py). The probe's per-task costs are shared out over them.
+        the median a run of the config's steps, checkpoints and ``train.steps_per_task``
+        will run at the predicted step (`median_task_steps`). The probe's per-task costs
+        are shared out over them.
     split_workers : list of str, optional
         The workers the splits' columns are (``summary["split_workers"]``): a run that
         left a probed worker out has no column for it (default: the first probed ones).
@@ -118,8 +119,10 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
     if not isinstance(probe, ClusterProbe):
         return prediction
     if task_steps is None:
-        task_steps = steps_per_task(strategy_named(config.strategy).steps_per_task(config),
-                                    prediction.step_time)
+        train = config.train
+        task_steps = median_task_steps(
+            strategy_named(config.strategy).steps_per_task(config), prediction.step_time,
+            train.steps, config.checkpoint_steps(), train.inflight, train.warmup_steps)
     if task_steps > 1:
         prediction = predict(per_step_task_costs(probe, task_steps))
     return dataclasses.replace(prediction, details={**prediction.details,

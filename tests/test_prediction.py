@@ -43,7 +43,7 @@ from pipeline.config.run_config import RunConfig
 from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.preflight_memory import memory_refusal
 from pipeline.records.memory import machine_memory_constants
-from pipeline.engine.task_steps import steps_per_task
+from pipeline.engine.task_steps import median_task_steps, steps_per_task
 from storage import checkpoints
 from benchmarks.op_times import report as op_times_report, table_seconds
 from tests.helpers import (cut_probe_to_one_round, max_relative_error, replay_in_pytorch,
@@ -641,8 +641,16 @@ def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_da
     assert shared.client_cpu_per_task_s == dask.client_cpu_per_task_s / 2
     assert per_step_task_costs(probe, 4).dask.client_cpu_per_task_s == 0.0
     assert per_step_task_costs(probe, 4).dask.task_s == dask.step_gap_s
+    # `auto`: the tasks the run will run at the predicted step (its first tasks one
+    # step each, none past a checkpoint); a long run's, as `auto` sizes them
+    train = config.train
     auto = predict_config(config, probe)
-    assert auto.details["task_steps"] == steps_per_task("auto", one.step_time) > 1
+    assert auto.details["task_steps"] == median_task_steps(
+        "auto", one.step_time, train.steps, config.checkpoint_steps(), train.inflight,
+        train.warmup_steps)
+    train.steps, train.checkpoint_every = 400, 0
+    assert (predict_config(config, probe).details["task_steps"]
+            == steps_per_task("auto", one.step_time) > 1)
 
 
 # Zoo networks -------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from pipeline.training import loop
 from pipeline.config.run_config import build_run_config
 from pipeline.records.record import RunRecorder, StepResult
 from pipeline.engine.task_steps import (MAX_STEPS_PER_TASK, RECENT_STEPS, TASK_SECONDS, StepClock,
-                                        next_task_steps, step_times, steps_label, steps_per_task)
+                                        median_task_steps, next_task_steps, planned_task_steps,
+                                        step_times, steps_label, steps_per_task)
 from tasks.receipts import Receipt
 
 
@@ -127,6 +128,35 @@ def test_auto_grows_tasks_once_steps_are_timed_and_keeps_two_in_flight(monkeypat
     assert counts[:2] == [1, 1]  # nothing timed yet
     assert max(counts) == 8 and counts.count(8) >= 3  # then tasks of about a second
     assert sum(counts) == 40
+
+
+@pytest.mark.parametrize("train", [
+    {"steps": 40},
+    {"steps": 4},
+    {"steps": 10, "checkpoint_every": 4, "steps_per_task": 3, "inflight": 1},
+    {"steps": 23, "checkpoint_every": 7, "inflight": 3},
+    {"steps": 2, "inflight": 1},
+])
+def test_the_tasks_planned_before_a_run_are_those_the_loop_runs(monkeypatch, tmp_path, train):
+    """A prediction made before a run prices the per-task costs by the tasks the loop
+    will run (`planned_task_steps`): at a steady step, the same size for every step."""
+    step_s = TASK_SECONDS / 8
+    recorder, _ = _loop(monkeypatch, tmp_path, FakeTrainer(step_s), **train)
+    ran = [recorder.steps[s]["task_steps"] for s in range(train["steps"])]
+    every = train.get("checkpoint_every", 0)
+    checkpoints = {0, train["steps"], *(range(0, train["steps"], every) if every else [])}
+    assert planned_task_steps(train.get("steps_per_task", "auto"), step_s, train["steps"],
+                              checkpoints, train.get("inflight", 2)) == ran
+
+
+def test_a_short_run_is_priced_at_the_tasks_it_runs_not_a_long_runs():
+    """Four steps at 10 ms: tasks of 1, 1 and 2 steps, median 2 over the timed steps
+    (the first is a warm-up); a long run's tasks hold 32 (at most `MAX_STEPS_PER_TASK`)."""
+    assert planned_task_steps("auto", 0.01, 4, {0, 4}, 2) == [1, 1, 2, 2]
+    assert median_task_steps("auto", 0.01, 4, {0, 4}, 2, warmup_steps=1) == 2.0
+    assert median_task_steps("auto", 0.01, 200, {0, 200}, 2, 1) == MAX_STEPS_PER_TASK
+    assert median_task_steps(1, 0.01, 200, {0, 200}, 2, 1) == 1.0
+    assert median_task_steps("auto", 0.01, 1, {0, 1}, 2, warmup_steps=5) == 1.0  # all warm-up
 
 
 class FreezeWatchingTrainer(FakeTrainer):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from typing import Literal, Sequence
+from typing import Iterable, Literal, Sequence
 
 #: ``auto``: the seconds one task aims to last.
 TASK_SECONDS = 1.0
@@ -52,6 +52,40 @@ def next_task_steps(start: int, stop: int, setting: StepsPerTask,
         raise ValueError(f"no steps between {start} and {stop}")
     step_s = statistics.median(measured) if measured else None
     return min(stop - start, steps_per_task(setting, step_s))
+
+
+def planned_task_steps(setting: StepsPerTask, step_s: float | None, steps: int,
+                       checkpoints: Iterable[int], inflight: int) -> list[int]:
+    """The size of the task each step of a run will run in, as the training loop
+    (pipeline/training/loop.py) sizes them at a steady `step_s`: the `inflight` tasks
+    submitted before any step is measured run one step each, the later ones
+    `steps_per_task`, none past a checkpoint in `checkpoints` or the run's end. What
+    a prediction made before the run prices its per-task costs by: a run of a few
+    steps runs tasks of one or two steps whatever its step time."""
+    saves = sorted({s for s in checkpoints if 0 < s < steps} | {steps})
+    sizes: list[int] = []
+    in_flight: deque[int] = deque()
+    submitted = step = 0
+    while step < steps:
+        next_save = next(s for s in saves if s > step)
+        while len(in_flight) < inflight and submitted < next_save:
+            count = min(next_save - submitted,
+                        steps_per_task(setting, step_s if sizes else None))
+            in_flight.append(count)
+            submitted += count
+        count = in_flight.popleft()
+        sizes += [count] * count
+        step += count
+    return sizes
+
+
+def median_task_steps(setting: StepsPerTask, step_s: float | None, steps: int,
+                      checkpoints: Iterable[int], inflight: int, warmup_steps: int) -> int:
+    """The median of `planned_task_steps` over a run's timed steps (after
+    `warmup_steps`), as the run's summary gives it (``task_steps_median``), whole
+    as a prediction after the run takes it (`pipeline.prediction.predict_point`)."""
+    sizes = planned_task_steps(setting, step_s, steps, checkpoints, inflight)
+    return int(statistics.median(sizes[warmup_steps:] or sizes))
 
 
 class StepClock:
