@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,7 @@ from experiments.sweep.results import ResultStore, SweepLock
 from experiments.sweep.store_layout import DONE, FAILED, SKIPPED, build_template
 from experiments.sweep.speedup import compute_speedup, speedup_caveat
 from experiments.sweep.summary import format_table, repeat_spread_of, summary_table
-from experiments.sweep.axes import SWEEP_FILE_KEYS, value_label
+from experiments.sweep.axes import SWEEP_FILE_KEYS, build_axes, value_label
 from experiments.scaling.config import ScalingPoint, ScalingSweepConfig, load_scaling_sweep
 from experiments.sweep.config import SweepConfig, load_sweep
 from experiments.sweep.points import run_order
@@ -676,6 +677,19 @@ def test_a_name_given_with_dim_is_kept_and_the_field_named_axis_makes_way(tmp_pa
         point = next(p for p in sweep.points
                      if p.labels == {"cluster_workers": "2", "workers": "16"})
         assert point.config.train.batch == 16, order
+
+
+def test_axes_sharing_a_last_part_are_named_by_their_whole_fields_in_any_order():
+    """Two unnamed axes whose fields end alike take their whole fields, both, so that
+    writing them in the other order names the same dims (the first took the short
+    name, and a store written one way was another sweep's the other way)."""
+    axes = {"hardware.cpu.flops": [1e12], "hardware.gpu.flops": [1e14, 2e14],
+            "devices": [1, 2]}
+    for order in (axes, dict(reversed(list(axes.items())))):
+        named = {axis.fields[0]: axis.dim
+                 for axis in build_axes(SimpleNamespace(axes=order, zip=[]))}
+        assert named == {"hardware.cpu.flops": "hardware_cpu_flops",
+                         "hardware.gpu.flops": "hardware_gpu_flops", "devices": "devices"}
 
 
 def test_external_scheduler_sweeps_worker_counts_with_use_workers(tmp_path):

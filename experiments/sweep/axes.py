@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,11 +146,18 @@ def value_json(value: Any) -> str:
 # Parsing -----------------------------------------------------------------------------
 
 
-def _dim_name(fields: tuple[str, ...], taken: set[str], where: str) -> str:
+def _short_name(fields: tuple[str, ...]) -> str:
+    return fields[0].split(".")[-1]
+
+
+def _dim_name(fields: tuple[str, ...], taken: set[str], shared: set[str], where: str) -> str:
     """An axis's own dim name: its field's last part ('batch' for train.batch), else
-    the whole field ('cluster_workers') where another axis has the short one."""
-    short = fields[0].split(".")[-1]
-    if short not in taken and short not in RESERVED_NAMES and _DIM_NAME.match(short):
+    the whole field ('cluster_workers') where another axis has the short one: named
+    with `dim:`, or unnamed with the same last part (`shared`: then each takes its
+    whole field, so that no name depends on the order the axes are written in)."""
+    short = _short_name(fields)
+    if (short not in taken and short not in shared and short not in RESERVED_NAMES
+            and _DIM_NAME.match(short)):
         return short
     full = re.sub(r"[^A-Za-z0-9_]", "_", fields[0])
     if full in taken or full in RESERVED_NAMES:
@@ -242,10 +250,12 @@ def build_axes(config: Any) -> list[Axis]:
         if dim in taken or dim in RESERVED_NAMES:
             raise ConfigError(f"{where}.dim: the name {dim!r} is already taken")
         taken.add(dim)
+    unnamed = Counter(_short_name(fields) for dim, fields, _, _ in parsed if dim is None)
+    shared = {short for short, count in unnamed.items() if count > 1}
     axes: list[Axis] = []
     for dim, fields, values, where in parsed:
         if dim is None:
-            dim = _dim_name(fields, taken, where)
+            dim = _dim_name(fields, taken, shared, where)
             taken.add(dim)
         labels = ["/".join(value_label(f, v) for f, v in zip(fields, row)) for row in values]
         for i, label in enumerate(labels):
