@@ -17,9 +17,13 @@ from typing import Sequence
 import pytest
 import xarray as xr
 import yaml
-from distributed import Client
+from distributed import Client, Security
 
 from pipeline.cluster import worker_limits, worker_setup
+from pipeline.cluster.connect import check_handshake, check_scheduler_answers
+from pipeline.cluster.workers import SchedulerUnreachable
+from pipeline.config.cluster_config import ClusterConfig
+from pipeline.cluster.security import PLAIN_PEER, connection_problem
 from pipeline.probe.machine import machine_identity
 from tests.helpers import error_lines_of, run_main
 
@@ -153,6 +157,32 @@ def test_the_scheduler_is_found_through_the_environment(tmp_path, cli_cluster,
     workers = xr.open_zarr(tmp_path / "env" / "run" / "record.zarr").worker.values
     assert len(workers) == 2 and not any(str(w).startswith("cpu-") for w in workers), workers
     assert not [line for line in lines if "other client" in line], lines  # nobody else
+
+
+def test_a_tls_address_of_a_plain_scheduler_is_said_to_be_one(cli_cluster):
+    """A tls:// address of a tcp:// scheduler: the scheduler's plain handshake arrives
+    before TLS's (tornado's "IOStream is not idle", a traceback in 2 of 5 tries), or
+    TLS's handshake fails on it ("cannot reach ... is `dask scheduler` running
+    there?" of a running one). Either way the line says what it is."""
+    address = cli_cluster.replace("tcp://", "tls://")
+    for _ in range(3):
+        with pytest.raises(OSError) as error:
+            check_handshake(address, Security.temporary(), 10)
+        assert connection_problem(address, error.value) == (
+            f"the Dask scheduler at {address} does not speak TLS ({PLAIN_PEER}); if it "
+            f"serves plain TCP, name it {cli_cluster} without cluster.tls")
+
+
+def test_an_address_from_the_environment_is_said_to_come_from_it(monkeypatch):
+    """A leftover DASK_SCHEDULER_ADDRESS, where the user expects an embedded cluster:
+    the line says where the address came from."""
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:1")
+    with pytest.raises(SchedulerUnreachable) as refused:
+        check_scheduler_answers(ClusterConfig())
+    assert str(refused.value).endswith("(the address $DASK_SCHEDULER_ADDRESS gives)")
+    with pytest.raises(SchedulerUnreachable) as refused:
+        check_scheduler_answers(ClusterConfig(scheduler="tcp://127.0.0.1:1"))
+    assert "DASK_SCHEDULER_ADDRESS" not in str(refused.value)
 
 
 def test_a_worker_frozen_before_the_run_is_removed_and_the_run_goes_on(

@@ -148,6 +148,19 @@ def test_tls_problems_and_refusals_read_as_one_line():
         "[SSL: TLSV1_ALERT_UNKNOWN_CA]")
     assert connection_problem("tcp://h:1", TimeoutError()).startswith(
         "cannot reach the Dask scheduler at tcp://h:1 (TimeoutError)")
+    refused = OSError("in <distributed.comm.tcp.TCPConnector object at 0x7f>: "
+                      "ConnectionRefusedError: [Errno 111] Connection refused")
+    assert connection_problem("tcp://h:1", refused).startswith(
+        "cannot reach the Dask scheduler at tcp://h:1 (connection refused: nothing listens "
+        "there)")
+    # Dask's own config asking for encryption, and a tcp:// scheduler: one line, not
+    # Dask's RuntimeError from the depths of the connect
+    with dask.config.set({"distributed.comm.require-encryption": True}):
+        assert tls_problem("tcp://h:1", None) == (
+            "cluster.scheduler: Dask's config requires encryption (distributed.comm."
+            "require-encryption), which tcp://h:1 cannot give: name the scheduler "
+            "tls://h:1, or unset it for a tcp:// one")
+        assert tls_problem("tls://h:1", tls) is None
     assert tls_flags("c", "p", "k") == ["--tls-ca-file", "c", "--tls-cert", "p", "--tls-key", "k"]
 
 

@@ -28,6 +28,7 @@ import pytest
 import xarray as xr
 from distributed import Client
 
+from pipeline.cluster.connect import NotAScheduler, check_handshake
 from storage import checkpoints
 from tests.helpers import error_lines_of
 from tests.forked_servers import ForkedCluster
@@ -93,6 +94,35 @@ def http_server() -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_a_service_that_answers_in_another_protocol_is_named_as_not_dask():
+    """A service that answers Dask's handshake with its own bytes (an HTTP 400): Dask
+    reads them as a frame count and fails to allocate it; the line said "its reply is
+    not Dask's: MemoryError", a memory problem that was none."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def answer() -> None:
+        connection, _ = server.accept()
+        held.append(connection)
+        connection.recv(1024)
+        connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        with pytest.raises(NotAScheduler) as refused:
+            check_handshake(address, None, 5)
+    finally:
+        thread.join(10)
+        for connection in held:
+            connection.close()
+        server.close()
+    assert str(refused.value) == (
+        f"{address} answered but is not a Dask scheduler (its reply is not in Dask's message "
+        "format); is this the dashboard port? the scheduler's port is usually 8786")
 
 
 def _command(kind: str, tmp_path, dataset: str, address: str) -> list[str]:

@@ -19,11 +19,13 @@ from typing import Any, Coroutine, Iterator, Sequence
 import torch
 from distributed import Client, Security
 from distributed.comm import Comm, parse_address, registry
+from distributed.comm.core import FatalCommClosedError
 
 from pipeline.config.cluster_config import ClusterConfig, WorkerConfig
 from pipeline.cluster.embedded import Progress, start_embedded_cluster
 from pipeline.cluster.links import LinkedHosts
-from pipeline.cluster.security import client_security, connection_problem, tls_problem
+from pipeline.cluster.security import (PLAIN_PEER, client_security, connection_problem,
+                                       tls_problem)
 from pipeline.cluster.jobqueue import JobProgress, JobqueueError, open_jobqueue_client
 from pipeline.cluster.linked import open_linked_cluster
 from pipeline.cluster.workers import ClusterError, SchedulerUnreachable, scheduler_address
@@ -120,7 +122,8 @@ def check_scheduler_answers(config: ClusterConfig) -> None:
     try:
         check_handshake(address, client_security(config.tls), config.connect_timeout)
     except (OSError, TimeoutError) as error:
-        raise SchedulerUnreachable(connection_problem(address, error)) from None
+        source = "" if config.scheduler else " (the address $DASK_SCHEDULER_ADDRESS gives)"
+        raise SchedulerUnreachable(connection_problem(address, error) + source) from None
 
 
 def check_devices(workers: list[WorkerConfig]) -> None:
@@ -154,6 +157,17 @@ def check_handshake(address: str, security: Security | None, seconds: float) -> 
                 connector.connect(location, deserialize=False, **arguments), seconds)
         except asyncio.TimeoutError:
             raise OSError(f"timed out connecting to {address} after {seconds:g} s") from None
+        except ValueError:  # tornado's "IOStream is not idle": the peer spoke first
+            if protocol != "tls":
+                raise
+            raise OSError(PLAIN_PEER) from None
+        except FatalCommClosedError as error:  # Dask's, for any SSLError, often bare
+            cause = error.__cause__
+            if protocol != "tls" or str(error) or cause is None:
+                raise
+            if "WRONG_VERSION" in str(cause) or "record layer" in str(cause).lower():
+                raise OSError(PLAIN_PEER) from None
+            raise OSError(f"TLS: {type(cause).__name__}: {cause}") from None
         try:
             reply = await asyncio.wait_for(_exchange(comm), seconds)
         except asyncio.TimeoutError:
@@ -170,9 +184,10 @@ def check_handshake(address: str, security: Security | None, seconds: float) -> 
                               "a Dask scheduler)") from None
             raise NotAScheduler(address, "it closed the connection instead of a "
                                 "handshake") from None
-        except Exception as error:  # noqa: BLE001 - bytes Dask cannot decode
-            raise NotAScheduler(address, f"its reply is not Dask's: "
-                                f"{type(error).__name__}") from None
+        except Exception:  # noqa: BLE001 - bytes Dask cannot decode (an HTTP reply's
+            # first bytes read as a frame count ask for a huge allocation: MemoryError)
+            raise NotAScheduler(address, "its reply is not in Dask's message format") \
+                from None
         finally:
             comm.abort()
         if not isinstance(reply, dict):

@@ -83,6 +83,11 @@ def tls_problem(address: str | None, tls: TlsConfig | None) -> str | None:
         return None
     if tls is not None and scheme(address) != "tls":
         return f"cluster.tls: certificates are for a tls:// scheduler, not {address}"
+    if scheme(address) != "tls" and dask.config.get("distributed.comm.require-encryption",
+                                                    False):
+        return (f"cluster.scheduler: Dask's config requires encryption (distributed.comm."
+                f"require-encryption), which {address} cannot give: name the scheduler "
+                f"tls://{address.split('://')[-1]}, or unset it for a tcp:// one")
     if scheme(address) == "tls" and tls is None and not dask_tls_configured():
         return (f"cluster.tls: the scheduler {address} speaks TLS: give cluster.tls.ca_file, "
                 "cluster.tls.cert and cluster.tls.key (or Dask's distributed.comm.tls "
@@ -130,10 +135,18 @@ def tls_flags(ca_file: str, cert: str, key: str) -> list[str]:
     return ["--tls-ca-file", ca_file, "--tls-cert", cert, "--tls-key", key]
 
 
+#: How `pipeline.cluster.connect.check_handshake` says that a tls:// address was
+#: answered in plain text (a tcp:// scheduler speaks first, before TLS could begin).
+PLAIN_PEER = "it sent plain text where TLS's handshake was due"
+
+
 def connection_problem(address: str, error: BaseException) -> str:
     """One line for a failed connection to the scheduler at `address`."""
     kind = type(error).__name__
     text = str(error).split(">: ", 1)[-1]  # Dask's comm errors start "in <TLS ...>: "
+    if scheme(address) == "tls" and PLAIN_PEER in text:
+        return (f"the Dask scheduler at {address} does not speak TLS ({text}); if it serves "
+                f"plain TCP, name it tcp://{address.split('://')[-1]} without cluster.tls")
     if scheme(address) == "tls" and ("SSL" in text or "TLS" in text or "certificate" in text):
         return (f"the TLS handshake with the Dask scheduler at {address} failed ({kind}: "
                 f"{text}); cluster.tls's CA must have signed the scheduler's certificate, "
@@ -142,5 +155,7 @@ def connection_problem(address: str, error: BaseException) -> str:
         return (f"the Dask scheduler at {address} closed the connection at once ({kind}); if "
                 f"it serves TLS, name it tls://{address.split('://')[-1]} and give "
                 "cluster.tls (docs/multihost.md)")
+    if "refused" in text.lower():
+        kind = "connection refused: nothing listens there"
     return (f"cannot reach the Dask scheduler at {address} ({kind}); is `dask scheduler` "
             "running there?")
