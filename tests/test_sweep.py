@@ -692,6 +692,24 @@ def test_axes_sharing_a_last_part_are_named_by_their_whole_fields_in_any_order()
                          "hardware.gpu.flops": "hardware_gpu_flops", "devices": "devices"}
 
 
+def test_a_scheduler_that_does_not_answer_stops_the_sweep_before_any_point(
+        tmp_path, tiny_dataset_factory):
+    """`--scheduler` at an address where nothing listens: the dry run listed every
+    point (exit 0), and the sweep ran and stored its `reference` points, which need no
+    cluster, under that scheduler's session before the first point that did failed.
+    Now both say so first, in one line, and write nothing."""
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"strategy": ["reference", "kernel"]})
+    store = tmp_path / "unanswered.zarr"
+    for flags in (["--dry-run"], []):
+        status, errors, out = run_main("sweep", [config, "--out", str(store),
+                                                 "--scheduler", "tcp://127.0.0.1:1", *flags])
+        assert status == 1 and errors == [
+            "error: cannot reach the Dask scheduler at tcp://127.0.0.1:1 (connection "
+            "refused: nothing listens there); is `dask scheduler` running there?"], errors
+        assert out == "" and not store.exists()
+
+
 def test_external_scheduler_sweeps_worker_counts_with_use_workers(tmp_path):
     config = write_sweep(tmp_path, "unused.zarr", {"cluster.workers": [1, 3]})
     sweep = load_sweep(config, scheduler="tcp://10.0.0.1:8786")

@@ -1,7 +1,7 @@
 """Run a grid of trainings: ``python -m experiments.sweep CONFIG [options] [key=value ...]``.
 
     python -m experiments.sweep experiments/configs/quick.yaml
-    python -m experiments.sweep marques_cpu.yaml --scheduler tcp://HOST:8786
+    python -m experiments.sweep quick.yaml --scheduler tcp://HOST:8786 --out results/quick-mine.zarr
     python -m experiments.sweep quick.yaml --dry-run axes.train.batch=[32,64]
     python -m experiments.sweep experiments/configs/scaling.yaml   # mode: scaling
 
@@ -16,8 +16,8 @@ before each (so that no point inherits what an earlier one left in them);
 `reference` points need none and run first.
 Results go to one Zarr store (default ``results/<name>.zarr``), one point at a
 time, so running the same command again resumes; ``--fresh`` starts over;
-``--extend`` grows a store of this sweep with fewer repeats or axis values, keeping
-its points (:mod:`experiments.sweep.store_growth`).
+``--extend`` grows a store of this sweep written with fewer repeats or axis values,
+keeping its points (:mod:`experiments.sweep.store_growth`).
 
 Exit status: 0 all points done, 1 some point failed (each is recorded with its
 reason, and the sweep went on) or the store's metadata is damaged (one line naming
@@ -57,7 +57,9 @@ from experiments.sweep.run import STORE, check_store, run_sweep
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask,
                           stops_on_signals)
-from pipeline.cluster.workers import SchedulerUnreachable
+from pipeline.cluster.connect import check_scheduler_answers
+from pipeline.cluster.workers import SchedulerUnreachable, scheduler_address
+from pipeline.strategies import strategy_of
 from pipeline.prediction import check_probe_environment, predict_point
 from pipeline.preflight import (check_before_start, check_own_dir, check_run,
                                 check_writable_dir)
@@ -284,6 +286,17 @@ def _print_dry_run(printer: Callable[[Any, Any, bool, bool], None], sweep: Any, 
     return 0
 
 
+def check_sweep_scheduler(sweep: Sweep) -> None:
+    """Ask the scheduler the sweep's points train on (`--scheduler`, or
+    $DASK_SCHEDULER_ADDRESS) for its handshake before anything runs or is listed, as
+    `pipeline.train --check` does: a wrong address failed only at the first point on
+    it, after the points that need no cluster had run and been stored under it."""
+    for point in sweep.points:
+        if strategy_of(point.config).uses_cluster and scheduler_address(point.config.cluster):
+            check_scheduler_answers(point.config.cluster)
+            return
+
+
 def _run_store_guarded(run: Callable[[], int], interrupted: str, store_path: str) -> int:
     """Run a sweep, turning store refusals, a full disk and interruption (Ctrl-C,
     SIGTERM, SIGHUP: `stops_on_signals`) into exit codes."""
@@ -338,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                         "cluster per worker set, or $DASK_SCHEDULER_ADDRESS)")
     parser.add_argument("--out", help="results store (default results/<name>.zarr)")
     parser.add_argument("--fresh", action="store_true", help="discard earlier results")
-    parser.add_argument("--extend", action="store_true", help="grow the store of this sweep "
-                        "with fewer repeats or axis values: its recorded points are kept, "
-                        "the new ones run")
+    parser.add_argument("--extend", action="store_true", help="grow this sweep's store, "
+                        "written with fewer repeats or axis values, to the file's: its "
+                        "recorded points are kept, the new ones run")
     parser.add_argument("--dry-run", action="store_true", help="print the points, run nothing")
     try:
         # Options and key=value overrides in any order (`cfg --dry-run repeats=2`).
@@ -353,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.config, args.overrides, args.scheduler, args.out)
         check_sweep_paths(sweep, "--out" if args.out else "output")
         check_probe_environment()
+        check_sweep_scheduler(sweep)
     except (UsageError, ConfigError) as error:
         return fail(error, CONFIG_ERROR)
+    except SchedulerUnreachable as error:  # before any point: none is stored under it
+        return fail(error, RUNTIME_ERROR)
     for note in filter(None, (infeasible_line(sweep), speedup_caveat(sweep))):
         print(note, file=sys.stderr)
     if args.dry_run:
