@@ -15,6 +15,7 @@ import numpy as np
 from pipeline.cluster.worker_setup import register_setup
 from pipeline.cluster.workers import find_workers
 from pipeline.run import run_training
+from pipeline.training.outputs import PREDICTION_KEYS
 from tests.helpers import tiny_config, undocumented_summary_keys
 
 SQUEEZED = ("[{conv: 4, batch_norm: true}, {pool: adaptive_avg}, "
@@ -40,6 +41,10 @@ def test_calibrated_replicas_are_timed_on_two_rows_at_least(tmp_path, three_work
     assert result.record.attrs["placement"] == "calibrated"
     assert sum(result.summary["batch_split"]) == 13
     assert not undocumented_summary_keys(result.summary)  # docs/outputs.md names every key
+    # no probe cached, so no prediction: its keys are there, null (they were absent)
+    assert result.summary["predicted_step_time"] is None and result.summary["prediction_note"]
+    assert {key: result.summary[key] for key in PREDICTION_KEYS} == dict.fromkeys(
+        PREDICTION_KEYS)
     points = json.loads(result.record.attrs["placement_choice"])["calibration_points"]
     assert sorted({rows for worker in points.values() for rows, _s in worker[0]}) == [2, 5]
     assert np.isfinite(result.record.loss.values).all()

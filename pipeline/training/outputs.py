@@ -67,6 +67,14 @@ class OutputLock(OwnerLock):
                          "another run")
 
 
+
+#: The summary's keys of the model's prediction, there in every run (`null` where the
+#: run has none, `prediction_note` saying why: docs/outputs.md).
+PREDICTION_KEYS = ("predicted_step_time", "predicted_low", "predicted_high",
+                   "predicted_breakdown", "prediction_error", "compute_error",
+                   "prediction_probe", "prediction_probe_age_s", "prediction_probe_samples")
+
+
 def earlier_results(output_dir: str) -> list[str]:
     """The results of an earlier run found in `output_dir`. Checkpoints that hold only
     the initial weights are none: a run stopped before its first step (an unreachable
@@ -226,7 +234,7 @@ def write_results(config: RunConfig, info: DatasetInfo, attrs: dict[str, Any],
         prediction["prediction_error"] = predicted / measured - 1.0
         prediction["compute_error"] = compute_error(prediction.get("predicted_breakdown"),
                                                     summary.get("compute_time_median"))
-    summary.update(prediction)
+    summary.update({key: None for key in PREDICTION_KEYS}, **prediction)  # null: none
     if accuracy is not None:  # none measured: no attribute, as the summary's is null
         record.attrs["test_accuracy"] = accuracy
     record.attrs["prediction"] = jsonable(prediction)
