@@ -108,7 +108,8 @@ class SweepConfig:
     base: dict[str, Any] | str = described(
         factory=dict, content=RunConfig | str,
         doc="the run config every point starts from (a mapping as for `python -m "
-        "pipeline.train`), or a path to a run config file (relative to the sweep file)")
+        "pipeline.train`), or a path to a run config file (relative to the sweep file, "
+        "else to the current folder)")
     axes: dict[str, Any] = described(
         factory=dict, content=AXES_CONTENT,
         doc="a grid: dotted run-config field -> its values (a list, or `{dim: NAME, "

@@ -17,9 +17,11 @@ class DataConfig:
                             "per class (PNG, JPEG, BMP, PPM or WebP; `train/` and `test/` "
                             "or `val/` sub-folders, if present, are the splits), or a path "
                             "to `cifar-10-python.tar.gz` / its extracted folder")
-    path: str | None = described(None, "the dataset's Zarr store, built on first use (null: "
-                                 "`data/<source name>[-<digest of its path>]-<counts>[-s<seed>]"
-                                 "[-<side>px]-<dtype>.zarr`, the digest for all but synthetic)")
+    path: str | None = described(
+        None, "the dataset's Zarr store, built on first use (null: `data/<source name>"
+        "[-<digest of its path>][-<train>-<test>][-s<seed>][-<side>px]-<dtype>.zarr`: the "
+        "digest for all but synthetic, the counts and seed always for synthetic, else where "
+        "set, the side where not 32)")
     image_size: int | None = described(
         None, "the images' side in pixels, at least 8: synthetic images are drawn at it, "
         "and an image folder's are resized (shorter side, bilinear) and centre-cropped to "
