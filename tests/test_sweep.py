@@ -710,6 +710,24 @@ def test_a_scheduler_that_does_not_answer_stops_the_sweep_before_any_point(
         assert out == "" and not store.exists()
 
 
+def test_a_prediction_in_the_base_is_said_to_be_unused(tmp_path, tiny_dataset_factory,
+                                                       monkeypatch):
+    """The points' runs take the sweep's probe policy: `prediction=never` on the
+    sweep's command line was ignored unsaid. The default (a base written from a run's
+    config.yaml holds it) is not worth a line."""
+    monkeypatch.setenv("CNN_PREDICT_PROBE", "cached")
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"), {"strategy": ["kernel"]})
+    store = str(tmp_path / "said.zarr")
+    status, errors, _out = run_main("sweep", [config, "--out", store, "--dry-run",
+                                              "prediction=never"])
+    assert status == 0 and errors[0] == (
+        "warning: base.prediction: never is not used: a sweep's points take its probe "
+        "policy, $CNN_PREDICT_PROBE (now cached; docs/sweeps.md)"), errors
+    status, errors, _out = run_main("sweep", [config, "--out", store, "--dry-run",
+                                              "prediction=cached"])
+    assert status == 0 and not [e for e in errors if "prediction" in e], errors
+
+
 def test_external_scheduler_sweeps_worker_counts_with_use_workers(tmp_path):
     config = write_sweep(tmp_path, "unused.zarr", {"cluster.workers": [1, 3]})
     sweep = load_sweep(config, scheduler="tcp://10.0.0.1:8786")

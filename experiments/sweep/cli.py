@@ -50,7 +50,8 @@ from experiments.sweep.store_layout import DONE, INFEASIBLE, SKIPPED
 from experiments.sweep.results_checksums import point_key
 from experiments.scaling.run import dry_run_scaling, run_scaling_sweep
 from experiments.scaling.config import ScalingSweep, is_scaling_sweep, load_scaling_sweep
-from experiments.sweep.config import Sweep, load_sweep, store_sharing_runs
+from experiments.sweep.config import (Sweep, ignored_prediction_note, load_sweep,
+                                     store_sharing_runs)
 from experiments.sweep.growth import Growth
 from experiments.sweep.points import Point
 from experiments.sweep.run import STORE, check_store, run_sweep
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(error, CONFIG_ERROR)
     except SchedulerUnreachable as error:  # before any point: none is stored under it
         return fail(error, RUNTIME_ERROR)
-    for note in filter(None, (infeasible_line(sweep), speedup_caveat(sweep))):
+    for note in filter(None, (infeasible_line(sweep), speedup_caveat(sweep),
+                              ignored_prediction_note(sweep))):
         print(note, file=sys.stderr)
     if args.dry_run:
         status = _print_dry_run(dry_run, sweep, args.fresh, args.extend)

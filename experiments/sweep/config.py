@@ -52,6 +52,7 @@ from experiments.sweep.axes import Axis, build_axes, point_data
 from experiments.sweep.points import Point, cluster_key, fit_point_to_strategy, run_order
 from pipeline.cluster.workers import scheduler_address
 from pipeline.config.run_config import RunConfig, build_run_config, with_overrides
+from pipeline.model_probe import probe_policy
 from pipeline.config.schema import (ConfigError, described, from_dict, load_yaml, parse_override,
                                     set_dotted, to_dict)
 from pipeline.strategies import Strategy, strategy_of
@@ -243,6 +244,17 @@ def _set_axis(axes: dict, name: str, value: Any) -> None:
         axes[field] = {"dim": value, "values": axes[field]}
         return
     axes[name] = value
+
+
+def ignored_prediction_note(sweep: Sweep) -> str | None:
+    """A warning where the base sets `prediction` to other than a run's default: the
+    points' runs take the sweep's probe policy ($CNN_PREDICT_PROBE), so it was ignored
+    unsaid (a base written from a run's config.yaml holds the default: no warning)."""
+    value = sweep.base.get("prediction")
+    if value is None or value == RunConfig.prediction:
+        return None
+    return (f"warning: base.prediction: {value} is not used: a sweep's points take its probe "
+            f"policy, $CNN_PREDICT_PROBE (now {probe_policy()}; docs/sweeps.md)")
 
 
 def _resolve_base(base: dict | str, source: str) -> dict:
