@@ -152,6 +152,22 @@ def test_missing_dask_jobqueue_or_sbatch_is_one_line(tmp_path, tiny_dataset_fact
         assert_one_error_line(status, lines, 2, "its `sbatch` is not on this machine's PATH")
 
 
+def test_a_jobs_folder_that_is_not_one_is_named_by_check_and_run(tmp_path,
+                                                                 tiny_dataset_factory):
+    """`cluster.jobqueue.directory` missing: `--check` passed, and the run ended with
+    `[Errno 2] No such file or directory: '.../.hetcnn-jobqueue-...'` (exit 1)."""
+    pytest.importorskip("dask_jobqueue")
+    args = tiny_args(tmp_path, tiny_dataset_factory()) + ["cluster.jobqueue.jobs=1"]
+    missing, a_file = tmp_path / "nope", tmp_path / "a-file"
+    a_file.write_text("")
+    for path, why in ((missing, "does not exist"), (a_file, "is not a folder")):
+        for check in (["--check"], []):
+            status, lines, _ = run_main("train", args + [
+                f"cluster.jobqueue.directory={path}", *check])
+            assert_one_error_line(status, lines, 2,
+                                  f"cluster.jobqueue.directory: {path} {why}")
+
+
 def test_a_refused_submission_is_one_line(tmp_path, tiny_dataset_factory, monkeypatch):
     """`sbatch` failing (here a stand-in that fails as Slurm's does without a
     configuration): one line ending with its own last line of error, exit 1, and the

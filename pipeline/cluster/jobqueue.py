@@ -70,14 +70,22 @@ JobProgress = Callable[[int, int, str], None]
 
 def jobqueue_problem(config: ClusterConfig) -> str | None:
     """What stops `cluster.jobqueue` before anything is submitted, as one line:
-    dask-jobqueue missing, the batch system's submit command missing, or (Slurm) a
-    partition it does not have. None if nothing does."""
+    dask-jobqueue missing, its `directory` missing or not writable, the batch system's
+    submit command missing, or (Slurm) a partition it does not have. None if nothing
+    does."""
     jobqueue = config.jobqueue
     if jobqueue is None:
         return None
     if importlib.util.find_spec("dask_jobqueue") is None:
         return ("cluster.jobqueue needs dask-jobqueue, which is not installed: "
                 "pip install -c constraints.txt -e '.[slurm]'")
+    directory = jobqueue.directory
+    if directory and not os.path.isdir(directory):
+        return (f"cluster.jobqueue.directory: {directory} "
+                f"{'is not a folder' if os.path.exists(directory) else 'does not exist'} "
+                "(a folder every node sees, for the jobs' credentials and logs)")
+    if directory and not os.access(directory, os.W_OK | os.X_OK):
+        return f"cluster.jobqueue.directory: {directory} is not writable by this user"
     submit = SUBMIT_COMMANDS[jobqueue.system]
     if shutil.which(submit) is None:
         return (f"cluster.jobqueue.system: {jobqueue.system}, but its `{submit}` is not on "
