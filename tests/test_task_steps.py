@@ -2,6 +2,8 @@
 pure; and the training loop that applies them, over a fake trainer."""
 
 import gc
+import io
+import sys
 
 import pytest
 
@@ -157,6 +159,37 @@ def test_a_short_run_is_priced_at_the_tasks_it_runs_not_a_long_runs():
     assert median_task_steps("auto", 0.01, 200, {0, 200}, 2, 1) == MAX_STEPS_PER_TASK
     assert median_task_steps(1, 0.01, 200, {0, 200}, 2, 1) == 1.0
     assert median_task_steps("auto", 0.01, 1, {0, 1}, 2, warmup_steps=5) == 1.0  # all warm-up
+
+
+class WarningTrainer(FakeTrainer):
+    """A fake trainer that prints a warning line to standard error while collecting
+    step 3, as a worker joining mid-run is said."""
+
+    def collect(self, first: int) -> list[StepResult]:
+        if first == 3:
+            print("warning: worker w9 joined the cluster but runs other code",
+                  file=sys.stderr, flush=True)
+        return super().collect(first)
+
+
+def test_a_line_said_during_the_loop_clears_the_bar_first(monkeypatch, tmp_path):
+    """With the progress bar drawn, a warning was appended to the bar's line
+    (`...step_s=0.100]warning: ...`); now the bar is cleared first and drawn again
+    after it."""
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    trainer = WarningTrainer(step_s=0.25)
+    saved: list[int] = []
+    monkeypatch.setattr(loop, "save_checkpoint",
+                        lambda config, trainer, since, done, samples: saved.append(done))
+    config = build_run_config({"name": "fake", "progress": True,
+                               "output": str(tmp_path / "run")},
+                              ["train.steps=6", "train.steps_per_task=1"])
+    loop.train_loop(config, trainer, RunRecorder(["w0"], ["w0"], [1.0]), [], 0, 512)
+    text = err.getvalue()
+    at = text.index("warning: worker w9")
+    assert text[at - 1] in "\r\n", repr(text[max(0, at - 60):at + 20])
+    assert text.rstrip().count("warning:") == 1 and "fake [" in text[at:]  # drawn again
 
 
 class FreezeWatchingTrainer(FakeTrainer):

@@ -12,7 +12,7 @@ import contextlib
 import sys
 import time
 from collections import deque
-from typing import Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, TextIO
 
 import numpy as np
 from tqdm import tqdm
@@ -55,8 +55,11 @@ def train_loop(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
     bar = tqdm(total=config.train.steps, initial=from_step, unit="step",
                desc=f"{config.name} [{config.strategy}]", disable=not config.progress,
                file=sys.stderr, leave=False)
-    # the bar is closed (its line cleared) on every way out, so an error's line stands alone
-    with bar, heap_frozen():
+    # the bar is closed (its line cleared) on every way out, so an error's line stands alone;
+    # a line printed meanwhile (a warning, from any thread) clears it first
+    below = contextlib.redirect_stderr(BarSafeStream(sys.stderr)) if config.progress \
+        else contextlib.nullcontext()
+    with bar, below, heap_frozen():
         return _steps(config, trainer, recorder, client_events, from_step, train_samples,
                       stop_at_checkpoint, bar)
 
@@ -114,6 +117,22 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
                         step_s=f"{recorder.steps[step - 1]['step_time']:.3f}")
         bar.update(len(task))
     return steps
+
+
+class BarSafeStream:
+    """Standard error while a progress bar is drawn on it: a line written clears the
+    bar first, which is drawn again below it (tqdm's `external_write_mode`), rather
+    than being appended to the bar's line (`...step_s=0.100]warning: ...`)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        with tqdm.external_write_mode(file=self.stream):
+            return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding...
+        return getattr(self.stream, name)
 
 
 @contextlib.contextmanager
