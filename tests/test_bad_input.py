@@ -255,6 +255,8 @@ CASES: list[Case] = [
                        names="cannot reach the Dask scheduler at tcp://127.0.0.1:9", status=1),
             after_start=True),
     # The sweep: its store, its options, its keys and its base.
+    sweep_case("base=", names="base: expected a run config"),  # was "...: is a directory"
+    sweep_case("base={tmp}", names="base: "),
     sweep_case("--out", "/proc/x", names="--out"),
     sweep_case("--out", "/dev/null/x", names="--out"),
     sweep_case("--out", "{tmp}/a-file", names="--out"),

@@ -259,12 +259,18 @@ def ignored_prediction_note(sweep: Sweep) -> str | None:
 
 def _resolve_base(base: dict | str, source: str) -> dict:
     if isinstance(base, str):
+        if not base.strip():
+            raise ConfigError("base: expected a run config (a mapping) or a path to one, "
+                              "got ''")
         candidates = [os.path.join(os.path.dirname(os.path.abspath(source)), base), base]
         path = next((c for c in candidates if os.path.exists(c)), None)
         if path is None:
             raise ConfigError(f"base: no run config {base} beside the sweep file "
                               f"({candidates[0]}) or in the current folder")
-        loaded = load_yaml(path)
+        try:
+            loaded = load_yaml(path)
+        except ConfigError as error:  # a folder, unreadable, not YAML: said as the base's
+            raise ConfigError(f"base: {error}") from None
         if isinstance(loaded, dict) and {"axes", "base"} & set(loaded):
             raise ConfigError(f"base: {base} is a sweep config (it has "
                               f"{' and '.join(sorted({'axes', 'base'} & set(loaded)))}), not "
