@@ -30,6 +30,7 @@ from pipeline.config.schema import ConfigError
 from pipeline.cluster.security import tls_problem
 from pipeline.strategies import Strategy, arithmetic_settings, strategy_of
 from pipeline.strategies.base import network_for
+from storage.datasets.writer import is_replaceable, why_not_replaceable
 from storage.private import (default_workspace_root, folder_problem, owner_problem,
                              parent_problem)
 from tasks.specs import NetworkSpec, batch_norm_name, batch_norm_rows, lone_batch_norm
@@ -117,7 +118,10 @@ def check_dataset(config: RunConfig) -> None:
     if os.path.lexists(path):
         if not os.path.isdir(path):
             raise ConfigError(f"{field}: {path} is a file, not a dataset store")
-        return  # a store of other arguments is rebuilt; what is not ours is refused then
+        if not is_replaceable(path):  # the run would refuse to build over it
+            raise ConfigError(f"{field}: {path} exists and {why_not_replaceable(path)}: "
+                              "name another path, or a dataset store")
+        return  # a store of other arguments is rebuilt in its place
     source = config.data.source
     if source != "synthetic" and not os.path.exists(source):
         raise ConfigError(f"data.source: {source} does not exist (expected 'synthetic', a "

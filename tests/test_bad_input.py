@@ -139,6 +139,9 @@ CASES: list[Case] = [
     train_case("cluster.workers=[{resources: {CPU: -1}}]", names="cluster.workers.0.resources"),
     train_case("cluster.use_workers=0", names="cluster.use_workers"),
     train_case("cluster.memory_margin=-0.1", names="cluster.memory_margin"),
+    # a folder that is no dataset store (a run's record.zarr, say): --check passed it
+    train_case("data.path=" + os.path.join(ROOT, "configs"),
+               names="data.path: " + os.path.join(ROOT, "configs") + " exists and it is not"),
     # Two workers of one name: Dask keeps one, so the run trained on one of two.
     train_case("cluster.workers=[{name: a}, {name: a}]",
                names="cluster.workers.1.name: 'a' is already used (by cluster.workers.0)"),

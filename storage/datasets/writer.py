@@ -153,14 +153,14 @@ def check_target(final: str, overwrite: bool) -> None:
         return
     if not overwrite:
         raise DatasetError(f"{final!r} already exists; pass overwrite=True to rebuild it")
-    if not _is_replaceable(final):
+    if not is_replaceable(final):
         raise DatasetError(
-            f"refusing to overwrite {final!r}: {_why_not_ours(final)} (only stores this "
+            f"refusing to overwrite {final!r}: {why_not_replaceable(final)} (only stores this "
             "module wrote, or empty directories, are replaced)"
         )
 
 
-def _why_not_ours(path: str) -> str:
+def why_not_replaceable(path: str) -> str:
     """Why `path` cannot be told a dataset store of ours: a Zarr store whose root
     metadata (zarr.json) is damaged is said so, with what to do, not as something else."""
     metadata = os.path.join(path, "zarr.json")
@@ -174,7 +174,7 @@ def _why_not_ours(path: str) -> str:
     return "it is not a dataset store"
 
 
-def _is_replaceable(path: str) -> bool:
+def is_replaceable(path: str) -> bool:
     """True for a store of ours (any version) or an empty directory."""
     if os.path.isdir(path) and not os.listdir(path):
         return True
