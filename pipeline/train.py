@@ -25,8 +25,8 @@ with quiet_start():  # torch, Dask, xarray: a Ctrl-C meanwhile is one line, not 
     from pipeline.cluster.connect import check_scheduler_answers
     from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
     from pipeline.config.run_config import RunConfig, load_run_config
-    from pipeline.training.outputs import (OutputLock, RunComplete,
-                                           check_earlier_results, earlier_results)
+    from pipeline.training.outputs import (OutputLock, RunComplete, check_earlier_results,
+                                           earlier_kept, earlier_results)
     from pipeline.placement.split import PlacementError
     from pipeline.prediction import check_probe_environment
     from pipeline.preflight import check_before_start
@@ -128,6 +128,10 @@ def interrupted_line(stop: Interrupted, config: RunConfig | None, argv: list[str
     if stop.after_last_step:
         return (f"interrupted ({stop.name}) after the last step: the run is complete, its "
                 f"record and summary are written ({config.output_dir}); nothing to continue")
+    if earlier_kept(stop):
+        return (f"interrupted ({stop.name}) before the first checkpoint; the earlier run's "
+                f"results in {config.output_dir} are kept; run the same command again to "
+                "start over")
     step = checkpoints.latest_complete_step(config.checkpoint_path)
     if step is None or (step == 0 and not earlier_results(config.output_dir)):
         # only the initial weights, which the seed makes again (a run stopped while it
@@ -151,6 +155,9 @@ def no_space_line(error: NoSpace, config: RunConfig | None, argv: list[str]) -> 
     room = f"free some space there (or set {setting} to a disk with more room)" if setting \
         else "free some space there"
     step = None if config is None else _complete_step(config.checkpoint_path)
+    if config is not None and earlier_kept(error):
+        return (f"{error}; nothing of this run was kept (the earlier run's results in "
+                f"{config.output_dir} are); {room}, then run the same command again")
     if step is None:
         return f"{error}; no checkpoint was kept; {room}, then run the same command again"
     return (f"{error}; kept: every complete checkpoint, the last at step {step} "
@@ -178,7 +185,8 @@ def lost_line(error: WorkerLost | SchedulerLost, config: RunConfig | None = None
                 "(dask worker --memory-limit), add workers, or lower train.batch")
     longer = getattr(error, "walltime", "")  # batch jobs ended at their walltime
     step = None if config is None else _complete_step(config.checkpoint_path)
-    if config is not None and not step and not earlier_results(config.output_dir):
+    if config is not None and (earlier_kept(error) or (
+            not step and not earlier_results(config.output_dir))):
         workers = " (on fresh workers)" if isinstance(error, WorkerLost) else ""
         raise_it = f"raise {longer} and " if longer else ""
         return (f"{error}; nothing was trained yet: {raise_it}run the same command again to "

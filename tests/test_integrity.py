@@ -37,7 +37,7 @@ from pipeline import train
 from pipeline.engine import step_engine as engine
 from pipeline.cluster import links
 from pipeline.cluster.worker_setup import register_setup
-from pipeline.training.outputs import LOCK_NAME, OutputBusy, OutputLock
+from pipeline.training.outputs import ASIDE, LOCK_NAME, OutputBusy, OutputLock, set_aside
 from pipeline.config.schema import ConfigError, to_dict
 from pipeline.run import run_training
 from storage import checkpoints
@@ -60,6 +60,10 @@ FAULTS = {
     "second run into a locked output directory": "test_second_run_into_a_locked_dir_is_refused",
     "lock left by a SIGKILLed run": "test_second_run_into_a_locked_dir_is_refused",
     "rerun over earlier results without resume": "test_rerun_over_results_is_refused_or_fresh",
+    "fresh rerun refused after its start":
+        "test_a_fresh_run_refused_before_its_first_step_keeps_the_old_results",
+    "fresh rerun killed before or after its first step":
+        "test_files_a_killed_fresh_run_set_aside_are_settled_by_the_next_run",
     "sweep retrying a failed point into its old directory":
         "test_sweep_reruns_a_point_over_its_old_results",
     "workspace left by a SIGKILLed run": "test_run_removes_stale_workspaces_only",
@@ -216,6 +220,62 @@ def test_rerun_over_results_is_refused_or_fresh(tmp_path, tiny_dataset_factory, 
     with OutputLock(config.output_dir):  # in-process callers get the exception
         with pytest.raises(OutputBusy, match=f"pid {os.getpid()}"):
             run_training(config)
+
+
+def test_a_fresh_run_refused_before_its_first_step_keeps_the_old_results(
+        tmp_path, tiny_dataset_factory, capsys):
+    """`--fresh` sets the earlier run's results aside until the new run has results of
+    its own: a run refused once it started (here its dataset, found damaged as the run
+    opens it) puts them back, and the same command with a good dataset replaces them."""
+    config = reference_config(tmp_path, tiny_dataset_factory("float32"))
+    path = write_config(tmp_path, config)
+    assert main_lines(capsys, [path])[0] == 0
+    before = {name: os.path.getmtime(os.path.join(config.output_dir, name))
+              for name in ("summary.json", "config.yaml", "trace.json")}
+    store = copy_store(tmp_path, tiny_dataset_factory)
+    labels = np.asarray(zarr.open_array(store, path="train/labels")[:])
+    labels[7] = 10  # 10 classes: labels 0..9
+    relabel(store, "train", labels)
+
+    code, lines = main_lines(capsys, [path, "--fresh", f"data.path={store}"])
+    assert code == 1 and len(lines) == 1 and "outside [0, 10)" in lines[0], lines
+    assert {name: os.path.getmtime(os.path.join(config.output_dir, name))
+            for name in before} == before
+    assert checkpoints.complete_steps(config.checkpoint_path) == [0, config.train.steps]
+    assert sorted(os.listdir(config.output_dir)) == sorted(
+        ["checkpoints.zarr", "config.yaml", "record.zarr", "summary.json", "trace.json"])
+
+    assert main_lines(capsys, [path, "--fresh"])[0] == 0
+    assert os.path.getmtime(os.path.join(config.output_dir, "summary.json")) > \
+        before["summary.json"]
+    assert not [name for name in os.listdir(config.output_dir) if name.endswith(".aside")]
+
+
+def test_files_a_killed_fresh_run_set_aside_are_settled_by_the_next_run(
+        tmp_path, tiny_dataset_factory, capsys):
+    """A fresh run killed before its first step leaves the earlier run's files aside:
+    the next run puts them back (so a plain rerun is refused over them, with a note);
+    one killed after it trained has results of its own, and they are removed."""
+    config = reference_config(tmp_path, tiny_dataset_factory("float32"))
+    path = write_config(tmp_path, config)
+    assert main_lines(capsys, [path])[0] == 0
+    summary = os.path.join(config.output_dir, "summary.json")
+    first = os.path.getmtime(summary)
+    set_aside(config.output_dir)  # as the killed fresh run did, then wrote its step 0
+    checkpoints.create_checkpoint(config.checkpoint_path, 0, {"w": (2,)}, {}, "float32")
+    code, lines = main_lines(capsys, [path])
+    assert code == 2 and len(lines) == 2 and "put back" in lines[0], lines
+    assert "already holds an earlier run's results" in lines[1], lines
+    assert os.path.getmtime(summary) == first and not os.path.exists(
+        os.path.join(config.output_dir, ASIDE))
+
+    set_aside(config.output_dir)  # this time the killed fresh run trained: its own steps
+    shutil.copytree(os.path.join(config.output_dir, ASIDE, "checkpoints.zarr"),
+                    config.checkpoint_path)
+    code, lines = main_lines(capsys, [path])
+    assert code == 2 and len(lines) == 1 and "checkpoints.zarr" in lines[0], lines
+    assert not os.path.exists(summary) and not os.path.exists(
+        os.path.join(config.output_dir, ASIDE))
 
 
 def test_sweep_reruns_a_point_over_its_old_results(tmp_path, tiny_dataset_factory):

@@ -6,13 +6,18 @@ lock (`run.lock`, the same flock-based lock as a sweep store's, `storage.locks`)
 from start to end: a second run is refused at once, naming the holder, and a lock
 left by a killed run is taken over with a note. Under the lock, a directory that
 already holds results is refused unless the run resumes them (`train.resume`) or
-replaces them (`train.fresh`, `--fresh`), which removes them first. At its end the
-run writes its results there (`write_results`: the record, the summary and the
-config it ran).
+replaces them (`train.fresh`, `--fresh`). A fresh run moves them aside (`ASIDE`, in
+the directory) as it starts and removes them only once it ends with results of its
+own: a run refused before its first step (a damaged dataset, a scheduler it cannot
+reach) puts them back, so nothing is lost to a run that never trained; one killed
+meanwhile leaves them aside, and the next run into the directory settles them the
+same way. At its end the run writes its results there (`write_results`: the record,
+the summary and the config it ran).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -45,6 +50,10 @@ LOCK_NAME = "run.lock"
 RESULTS = ("checkpoints.zarr", "record.zarr", "summary.json")
 #: What a fresh run removes: the results and the rest of a run's files.
 OUTPUTS = RESULTS + ("trace.json", "config.yaml", "record.zarr.partial", "record.zarr.old")
+#: Where a fresh run keeps the earlier run's files until it has results of its own.
+ASIDE = "earlier-run.aside"
+#: The attribute that marks an error that ended a fresh run whose earlier files were put back.
+KEPT_MARK = "earlier_results_kept"
 
 
 class OutputBusy(LockBusy):
@@ -108,10 +117,48 @@ def clear_outputs(output_dir: str) -> None:
     """Remove a run's files from `output_dir` (the caller holds its lock)."""
     paths = [os.path.join(output_dir, name) for name in OUTPUTS]
     for path in paths + glob.glob(os.path.join(output_dir, "workspace-*.zarr")):
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
-            os.remove(path)
+        _remove(path)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def set_aside(output_dir: str) -> None:
+    """Move an earlier run's files into `ASIDE` (renames in one directory: no copy, no
+    space), its stale workspaces removed; the caller holds the lock."""
+    aside = os.path.join(output_dir, ASIDE)
+    os.makedirs(aside)
+    for name in OUTPUTS:
+        if os.path.lexists(os.path.join(output_dir, name)):
+            os.rename(os.path.join(output_dir, name), os.path.join(aside, name))
+    clear_outputs(output_dir)  # the workspaces: never results
+
+
+def earlier_kept(stop: BaseException) -> bool:
+    """Whether `stop` ended a fresh run before it had results, and the earlier run's
+    were put back: what the run's last line says is then of those, not of a resume."""
+    return bool(getattr(stop, KEPT_MARK, False))
+
+
+def settle_aside(output_dir: str) -> bool:
+    """The files a fresh run set aside: removed if the directory holds results of its
+    own (that run trained), else put back in place of what it left (its initial
+    checkpoint, a trace). Returns whether they were put back."""
+    aside = os.path.join(output_dir, ASIDE)
+    if not os.path.isdir(aside):
+        return False
+    restore = not earlier_results(output_dir)
+    if restore:  # its workspaces (never results) are left as a failed run leaves them
+        for name in OUTPUTS:
+            _remove(os.path.join(output_dir, name))
+        for name in os.listdir(aside):
+            os.rename(os.path.join(aside, name), os.path.join(output_dir, name))
+    shutil.rmtree(aside)
+    return restore
 
 
 def refuse_finished_resume(config: RunConfig) -> None:
@@ -150,10 +197,20 @@ def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         note = lock.stale_note()
         if note:
             say(note)
+        if settle_aside(output_dir):  # a fresh run killed before its first step
+            say(f"note: {output_dir}: the files of the run before an interrupted fresh "
+                "run were put back")
         check_earlier_results(config)
         if config.train.fresh:
-            clear_outputs(output_dir)
-        yield
+            set_aside(output_dir)
+        try:
+            yield
+        except BaseException as error:
+            with contextlib.suppress(Exception):  # the error is what to report; a
+                if config.train.fresh and settle_aside(output_dir):  # next run settles
+                    setattr(error, KEPT_MARK, True)
+            raise
+        settle_aside(output_dir)
     finally:
         lock.release()
 
