@@ -33,7 +33,8 @@ from experiments.sweep.results import ResultStore
 from experiments.sweep.store_layout import DONE
 from experiments.sweep.run import run_sweep
 from experiments.sweep.config import load_sweep
-from pipeline import train
+from pipeline import run as pipeline_run, train
+from pipeline.cli import Interrupted
 from pipeline.engine import step_engine as engine
 from pipeline.cluster import links
 from pipeline.cluster.worker_setup import register_setup
@@ -244,6 +245,17 @@ def test_a_fresh_run_refused_before_its_first_step_keeps_the_old_results(
     assert checkpoints.complete_steps(config.checkpoint_path) == [0, config.train.steps]
     assert sorted(os.listdir(config.output_dir)) == sorted(
         ["checkpoints.zarr", "config.yaml", "record.zarr", "summary.json", "trace.json"])
+
+    def stopped(*args, **kwargs):  # Ctrl-C as the run builds its dataset
+        raise Interrupted(signal.SIGINT)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline_run, "prepare_dataset", stopped)
+        code, lines = main_lines(capsys, [path, "--fresh"])
+    assert code == 130 and lines == [
+        f"interrupted (SIGINT) before the first checkpoint; the earlier run's results in "
+        f"{config.output_dir} are kept; run the same command again to start over"], lines
+    assert os.path.getmtime(os.path.join(config.output_dir, "summary.json")) == \
+        before["summary.json"]
 
     assert main_lines(capsys, [path, "--fresh"])[0] == 0
     assert os.path.getmtime(os.path.join(config.output_dir, "summary.json")) > \
