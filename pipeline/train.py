@@ -25,7 +25,7 @@ with quiet_start():  # torch, Dask, xarray: a Ctrl-C meanwhile is one line, not 
     from pipeline.cluster.connect import check_scheduler_answers
     from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
     from pipeline.config.run_config import RunConfig, load_run_config
-    from pipeline.training.outputs import (OutputLock, RunComplete, check_earlier_results,
+    from pipeline.training.outputs import (OutputLock, RunComplete, check_output_dir,
                                            earlier_kept, earlier_results)
     from pipeline.placement.split import PlacementError
     from pipeline.prediction import check_probe_environment
@@ -220,7 +220,7 @@ def _main(argv: list[str], loaded: list[RunConfig]) -> int:
         loaded.append(config)
         if check_only:
             OutputLock(config.output_dir).check_free()  # as the run would refuse it
-            check_earlier_results(config)  # as the run would refuse them
+            check_output_dir(config)  # as the run would refuse its files
             if strategy_of(config).uses_cluster and not config.cluster.jobqueue:
                 check_scheduler_answers(config.cluster)  # one it names: exit 1 as the run
             print(f"{config.name}: config and paths are fine ({config.strategy}, "

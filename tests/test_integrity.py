@@ -65,6 +65,8 @@ FAULTS = {
         "test_a_fresh_run_refused_before_its_first_step_keeps_the_old_results",
     "fresh rerun killed before or after its first step":
         "test_files_a_killed_fresh_run_set_aside_are_settled_by_the_next_run",
+    "a config.yaml or trace.json of the user's in the output directory":
+        "test_a_run_refuses_a_config_or_trace_it_did_not_write",
     "sweep retrying a failed point into its old directory":
         "test_sweep_reruns_a_point_over_its_old_results",
     "workspace left by a SIGKILLed run": "test_run_removes_stale_workspaces_only",
@@ -288,6 +290,35 @@ def test_files_a_killed_fresh_run_set_aside_are_settled_by_the_next_run(
     assert code == 2 and len(lines) == 1 and "checkpoints.zarr" in lines[0], lines
     assert not os.path.exists(summary) and not os.path.exists(
         os.path.join(config.output_dir, ASIDE))
+
+
+def test_a_run_refuses_a_config_or_trace_it_did_not_write(tmp_path, tiny_dataset_factory,
+                                                          capsys):
+    """A config.yaml or trace.json in the output directory beside no run's results is
+    the user's (`python -m pipeline.train exp/config.yaml output=exp`): the run and
+    `--check` refuse it in one line naming it, exit 2, `--fresh` too, and it is left as
+    it was; beside an earlier run's results it is that run's, replaced as they are."""
+    config = reference_config(tmp_path, tiny_dataset_factory("float32"))
+    own = tmp_path / "exp"
+    own.mkdir()
+    users = {"config.yaml": "# my notes\n" + yaml.safe_dump(to_dict(config), sort_keys=False),
+             "trace.json": '{"mine": true}'}
+    for name, text in users.items():
+        written = own / name
+        written.write_text(text)
+        for extra in ([], ["--fresh"], ["--check"], ["--check", "--fresh"]):
+            code, lines = main_lines(capsys, [str(own / "config.yaml") if name == "config.yaml"
+                                              else write_config(tmp_path, config),
+                                              f"output={own}", *extra])
+            assert code == 2 and len(lines) == 1, (extra, lines)
+            assert lines[0].startswith("error: output: ") and str(written) in lines[0], lines
+        assert written.read_text() == text
+        assert sorted(os.listdir(own)) in ([name], [name, LOCK_NAME])
+        written.rename(tmp_path / name)
+    path = write_config(tmp_path, config)
+    assert main_lines(capsys, [path])[0] == 0  # an earlier run's: replaced by --fresh
+    assert main_lines(capsys, [path, "--fresh", "--check"])[0] == 0
+    assert main_lines(capsys, [path, "--fresh"])[0] == 0
 
 
 def test_sweep_reruns_a_point_over_its_old_results(tmp_path, tiny_dataset_factory):

@@ -6,7 +6,8 @@ lock (`run.lock`, the same flock-based lock as a sweep store's, `storage.locks`)
 from start to end: a second run is refused at once, naming the holder, and a lock
 left by a killed run is taken over with a note. Under the lock, a directory that
 already holds results is refused unless the run resumes them (`train.resume`) or
-replaces them (`train.fresh`, `--fresh`). A fresh run moves them aside (`ASIDE`, in
+replaces them (`train.fresh`, `--fresh`); so is a `config.yaml` or `trace.json` there
+beside none of a run's files (a user's own: `--fresh` replaces a run's files only). A fresh run moves them aside (`ASIDE`, in
 the directory) as it starts and removes them only once it ends with results of its
 own: a run refused before its first step (a damaged dataset, a scheduler it cannot
 reach) puts them back, so nothing is lost to a run that never trained; one killed
@@ -52,6 +53,8 @@ RESULTS = ("checkpoints.zarr", "record.zarr", "summary.json")
 OUTPUTS = RESULTS + ("trace.json", "config.yaml", "record.zarr.partial", "record.zarr.old")
 #: Where a fresh run keeps the earlier run's files until it has results of its own.
 ASIDE = "earlier-run.aside"
+#: A run's files that are no results: a user's own of these names is refused, not replaced.
+RUN_FILES = ("trace.json", "config.yaml")
 #: The attribute that marks an error that ended a fresh run whose earlier files were put back.
 KEPT_MARK = "earlier_results_kept"
 
@@ -110,6 +113,33 @@ def check_earlier_results(config: RunConfig) -> None:
         raise ConfigError(f"output: {config.output_dir} already holds an earlier run's "
                           f"results ({', '.join(found)}); pass --fresh (train.fresh=true) "
                           "to replace them, train.resume=true to continue that run, or "
+                          "choose another output")
+
+
+def foreign_files(output_dir: str) -> list[str]:
+    """The files a run writes beside its results (`RUN_FILES`) that `output_dir` holds
+    with none of a run's other files beside them (not even checkpoints of the initial
+    weights only, or what a fresh run set aside): a user's own, as when the config a
+    run reads sits in its output directory (`exp/config.yaml output=exp`)."""
+    if os.path.lexists(os.path.join(output_dir, ASIDE)) or any(
+            os.path.lexists(os.path.join(output_dir, name))
+            for name in OUTPUTS if name not in RUN_FILES):
+        return []
+    return [name for name in RUN_FILES if os.path.lexists(os.path.join(output_dir, name))]
+
+
+def check_output_dir(config: RunConfig) -> None:
+    """Raise ConfigError if the output directory holds an earlier run's results that
+    `config` neither resumes nor replaces, or a file the run would write over that is
+    no run's: `--fresh` replaces a run's files only (the run's refusal, and
+    `--check`'s)."""
+    check_earlier_results(config)
+    found = foreign_files(config.output_dir)
+    if found:
+        named = " and ".join(os.path.join(config.output_dir, name) for name in found)
+        raise ConfigError(f"output: {named} {'is' if len(found) == 1 else 'are'} no earlier "
+                          "run's (no run's results beside it) and the run would write over "
+                          "it (--fresh replaces a run's files only): move it elsewhere or "
                           "choose another output")
 
 
@@ -200,7 +230,7 @@ def owned_output(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         if settle_aside(output_dir):  # a fresh run killed before its first step
             say(f"note: {output_dir}: the files of the run before an interrupted fresh "
                 "run were put back")
-        check_earlier_results(config)
+        check_output_dir(config)
         if config.train.fresh:
             set_aside(output_dir)
         try:
