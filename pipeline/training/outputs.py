@@ -161,10 +161,11 @@ def set_aside(output_dir: str) -> None:
     """Move an earlier run's files into `ASIDE` (renames in one directory: no copy, no
     space), its stale workspaces removed; the caller holds the lock."""
     aside = os.path.join(output_dir, ASIDE)
-    os.makedirs(aside)
-    for name in OUTPUTS:
-        if os.path.lexists(os.path.join(output_dir, name)):
-            os.rename(os.path.join(output_dir, name), os.path.join(aside, name))
+    found = [name for name in OUTPUTS if os.path.lexists(os.path.join(output_dir, name))]
+    if found:  # none: nothing to keep, nothing to say was kept
+        os.makedirs(aside)
+    for name in found:
+        os.rename(os.path.join(output_dir, name), os.path.join(aside, name))
     clear_outputs(output_dir)  # the workspaces: never results
 
 
@@ -177,18 +178,19 @@ def earlier_kept(stop: BaseException) -> bool:
 def settle_aside(output_dir: str) -> bool:
     """The files a fresh run set aside: removed if the directory holds results of its
     own (that run trained), else put back in place of what it left (its initial
-    checkpoint, a trace). Returns whether they were put back."""
+    checkpoint, a trace). Returns whether results were put back (not only initial
+    weights, which the seed makes again)."""
     aside = os.path.join(output_dir, ASIDE)
     if not os.path.isdir(aside):
         return False
-    restore = not earlier_results(output_dir)
+    restore = not earlier_results(output_dir) and bool(os.listdir(aside))
     if restore:  # its workspaces (never results) are left as a failed run leaves them
         for name in OUTPUTS:
             _remove(os.path.join(output_dir, name))
         for name in os.listdir(aside):
             os.rename(os.path.join(aside, name), os.path.join(output_dir, name))
     shutil.rmtree(aside)
-    return restore
+    return restore and bool(earlier_results(output_dir))
 
 
 def refuse_finished_resume(config: RunConfig) -> None:
