@@ -509,3 +509,43 @@ def test_the_documented_commands_start_as_modules():
     for module, (code, first_line) in answers.items():
         assert code == 0, (module, code)
         assert f"python -m {module}" in first_line, (module, first_line)
+
+
+def test_workers_offering_other_than_one_unit_of_the_tag_train_as_plain_pytorch(
+        tmp_path, tiny_dataset_factory):
+    """`dask worker --nthreads 2 --resources CPU=2` beside one with `CPU=0.5`: each task
+    of the run asks for all its worker offers of the tag, so the two-unit worker runs
+    one of the run's tasks at a time (asking for one unit, it ran two at once, out of
+    the step graph's order: "the writer is already at step 1 while this reader wants
+    step 0"), and the half-unit worker is one of the run's (it was never found: "no
+    worker offers resource 'CPU'"). float64 weights equal plain PyTorch's, for the
+    kernel and the data strategies."""
+    from tests.test_faults import quiet_servers
+    from pipeline.config.run_config import load_run_config
+    from storage import checkpoints
+    from tests.helpers import max_relative_error, replay_in_pytorch
+
+    dataset = tiny_dataset_factory("float64")
+    cluster = CliCluster(tmp_path, dashboards=False)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            quiet_servers(patch)
+            address = cluster.start_scheduler()
+            cluster.start_worker("--name", "two", "--nthreads", "2", "--resources", "CPU=2")
+            cluster.start_worker("--name", "half", "--no-nanny", "--resources", "CPU=0.5")
+        with Client(address, timeout="30s", set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+        for strategy in ("kernel", "data"):
+            out = tmp_path / strategy
+            status, lines, _out = run_main("train", [
+                *tiny_args(out, dataset), "network.dtype=float64", "train.steps=4",
+                f"strategy={strategy}", "placement=even", "--scheduler", address])
+            assert status == 0, (strategy, lines)
+            record = xr.open_zarr(out / "run" / "record.zarr")
+            assert sorted(map(str, record.worker.values)) == ["half", "two"]
+            config = load_run_config(str(out / "run" / "config.yaml"))
+            trained = checkpoints.read_tensors(config.checkpoint_path, config.train.steps)
+            expected, _ = replay_in_pytorch(config, dataset)
+            assert max_relative_error(trained, expected) <= 1e-10, strategy
+    finally:
+        cluster.stop()

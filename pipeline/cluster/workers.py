@@ -74,10 +74,13 @@ class ClusterWorker:
 
     address: str
     name: str
-    resource: str  # the tag it serves this run under (its tasks ask for one of it)
+    resource: str  # the tag it serves this run under
     threads: int
     emulated_speed: float  # 1.0 unless the worker emulates a slower device
     device: str = ""  # "cpu", "cuda:N" where the config says; "" (external) until set up
+    # how much of `resource` the worker offers: each task of the run asks for all of it,
+    # so the worker runs one of the run's tasks at a time (the step graph's order)
+    amount: float = 1.0
 
     @property
     def label(self) -> str:
@@ -259,17 +262,18 @@ def _cluster_worker(config: ClusterConfig, address: str, info: dict, tag: str) -
     worker = embedded.get(name)
     return ClusterWorker(address, name, tag,
                          worker.threads if worker else int(info["nthreads"]),
-                         worker.speed if worker else 1.0, worker.device if worker else "")
+                         worker.speed if worker else 1.0, worker.device if worker else "",
+                         float(info.get("resources", {}).get(tag) or 1.0))
 
 
 def tagged_workers(workers: dict[str, dict], tags: list[str]) -> list[tuple[str, dict, str]]:
-    """``(address, info, tag)`` of every worker offering one of `tags`, ordered by the
-    first tag it offers (in the order listed), then by name: a pure function of the
-    scheduler's worker table."""
+    """``(address, info, tag)`` of every worker offering one of `tags` (any amount above
+    0: `--resources CPU=0.5` too), ordered by the first tag it offers (in the order
+    listed), then by name: a pure function of the scheduler's worker table."""
     found = []
     for address, info in workers.items():
         offered = info.get("resources", {})
-        tag = next((t for t in tags if offered.get(t, 0) >= 1), None)
+        tag = next((t for t in tags if offered.get(t, 0) > 0), None)
         if tag is not None:
             found.append((address, info, tag))
     return sorted(found, key=lambda item: (tags.index(item[2]), str(item[1].get("name"))))
@@ -340,7 +344,7 @@ def add_master(client: Client, config: ClusterConfig, offered: list[ClusterWorke
     workers = live_workers(client)
     for address, info in sorted(workers.items(), key=lambda item: str(item[1].get("name"))):
         name, tags = str(info.get("name")), info.get("resources", {})
-        if name == wanted or tags.get(wanted, 0) >= 1:
+        if name == wanted or tags.get(wanted, 0) > 0:
             tag = wanted if wanted in tags else next(
                 (t for t in config.tags() if t in tags), next(iter(tags), config.resource))
             return offered + [_cluster_worker(config, address, info, tag)], len(offered)

@@ -91,12 +91,16 @@ class TaskRunner:
     def submit(self, function: Callable[..., Any], worker: int, *args: Any, name: str,
                priority: int = 0, doing: str = "", **kwargs: Any) -> Future:
         """Run `function(*args, **kwargs)` on worker number `worker` of the run;
-        `doing` names its work in a stall report (default: the task's name)."""
+        `doing` names its work in a stall report (default: the task's name). The task
+        asks for all the worker offers of its tag (`ClusterWorker.amount`), so that a
+        worker offering two units (or half of one) runs one task of the run at a time,
+        in the step graph's order, as one offering one unit does."""
         member = self.workers[worker]
         key = f"{name}-{self.run_id}"
         self._doing[key] = (worker, doing or name)
         return self.client.submit(function, *args, workers=[member.address],
-                                  resources={member.resource: 1}, allow_other_workers=False,
+                                  resources={member.resource: member.amount},
+                                  allow_other_workers=False,
                                   pure=False, key=key, priority=priority, **kwargs)
 
     def gather(self, futures: list[Future], what: str) -> list[Any]:
