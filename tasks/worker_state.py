@@ -234,9 +234,10 @@ def _add_filter(logger: str, kind: type[logging.Filter]) -> None:
 
 
 class WorkerSetup(WorkerPlugin):
-    """Configures each worker: torch threads, emulated speed, the compute device."""
+    """Configures each worker: torch threads, emulated speed, the compute device (run
+    by the plugin a run registers, `tasks.setup_gate.RunSetup`, on the run's workers)."""
 
-    name = "cnn-worker-setup"
+    name = "cnn-worker-setup"  # as `setup_gate.SETUP_NAME`, which is imported apart: no torch
 
     def __init__(self, threads_by_name: dict[str, int] | None = None,
                  speed_by_name: dict[str, float] | None = None,

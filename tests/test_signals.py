@@ -31,6 +31,7 @@ from pipeline.cli import SAME_STOP_S
 from pipeline.config.run_config import load_run_config
 from pipeline.engine.sampler import step_indices
 from storage import checkpoints
+from tasks.setup_gate import SETUP_NAME
 from tasks.worker_state import WorkerSetup, _DropSetupNeverInstalled
 from tests.helpers import max_relative_error, replay_in_pytorch, run_main, wait_exited
 from tests.test_cli import ROOT, run_files, tiny_args
@@ -424,6 +425,7 @@ def test_removing_a_setup_a_worker_never_had_is_not_logged():
                                      "Worker plugin %s failed to teardown", (name,),
                                      sys.exc_info())
 
+    assert WorkerSetup.name == SETUP_NAME  # the plugin's name, kept apart from torch's import
     ours = f"{WorkerSetup.name}-Client-1234"
     assert any(isinstance(f, _DropSetupNeverInstalled)
                for f in logging.getLogger("distributed.worker").filters)

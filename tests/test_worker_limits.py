@@ -27,6 +27,8 @@ MB = 10 ** 6
 FAULTS = {
     "`dask worker --memory-limit 250MB` (torch alone is more)":
         "test_a_too_small_limit_is_refused_before_the_setup",
+    "a worker of another tag with `--memory-limit 150MB`":
+        "test_a_small_worker_outside_the_run_is_left_alone",
     "a run on workers you started ends": "test_the_setup_does_not_outlive_the_run",
     "a worker's nanny restarts it for memory mid-task":
         "test_a_worker_its_nanny_restarts_for_memory_is_lost_for_memory",
@@ -151,6 +153,34 @@ def test_a_too_small_limit_is_refused_before_the_setup(tmp_path, scheduler,
         time.sleep(3)  # a setup would have had it restarted by now
         assert psutil.Process(child).is_running()
         assert [c.pid for c in psutil.Process(worker.pid).children()][-1] == child
+    finally:
+        _stop_workers(cluster, address)
+
+
+def test_a_small_worker_outside_the_run_is_left_alone(tmp_path, scheduler,
+                                                      tiny_dataset_factory):
+    """A `dask worker --resources SMALL=1 --memory-limit 150MB` (with its nanny) beside
+    the run's CPU worker: the run trains, exit 0 (before: refused, "worker tiny: 150 MB
+    limit, a worker needs at least ...", exit 2, though the run never uses it), and
+    the run's setup, which Dask registers on every worker, left it as it was: no
+    torch imported there, its process not restarted."""
+    cluster, address = scheduler
+    cluster.start_worker("--name", "plain", "--no-nanny")
+    tiny = cluster.start_worker("--memory-limit", "150MB", "--name", "tiny",
+                                "--resources", "SMALL=1")
+    try:
+        workers = _wait_for_workers(address, 2)
+        (tiny_address,) = [a for a, info in workers.items() if info["name"] == "tiny"]
+        child = psutil.Process(tiny.pid).children()[-1].pid  # the nanny's worker process
+        status, said, _out = run_main("train", [
+            *tiny_args(tmp_path, tiny_dataset_factory("float32")), "train.steps=2",
+            "placement=even", "--scheduler", address])
+        assert status == 0, said
+        with Client(address, timeout="10s") as client:
+            imported = client.run(lambda: "torch" in __import__("sys").modules,
+                                  workers=[tiny_address])
+        assert imported == {tiny_address: False}
+        assert [c.pid for c in psutil.Process(tiny.pid).children()][-1] == child
     finally:
         _stop_workers(cluster, address)
 

@@ -33,6 +33,7 @@ from pipeline.config.cluster_config import ClusterConfig
 from pipeline.costmodel.memory import MemoryConstants, fmt_bytes
 from pipeline.records.memory import machine_memory_constants, memory_baseline
 from pipeline.placement.memory_fit import MemoryRefused
+from tasks.setup_gate import serves_run
 from tasks.memory import EXTERNAL_WORKER_IMPORTS, current_rss
 
 #: The nanny's event when it restarts a worker for memory (distributed/worker_memory.py).
@@ -119,11 +120,15 @@ def check_worker_limits(client: Client, config: ClusterConfig,
                         workers: dict[str, dict]) -> None:
     """Refuse (`MemoryRefused`, one line) a cluster the user started whose workers'
     memory limits cannot hold a set-up worker, before the setup would kill them.
-    Every worker of `workers` (the scheduler's table) is checked: the setup reaches
-    them all. Embedded and linked clusters start their workers without a limit."""
+    The workers of `workers` (the scheduler's table) that the setup reaches are
+    checked: those that may be the run's (`serves_run`: offering one of its tags, or its
+    master); on the others the setup does nothing. Embedded and linked clusters start
+    their workers without a limit."""
     if scheduler_address(config) is None:
         return
-    limited = {a: info for a, info in workers.items() if info.get("memory_limit")}
+    limited = {a: info for a, info in workers.items() if info.get("memory_limit")
+               and serves_run(str(info.get("name")), info.get("resources") or {},
+                              config.tags(), config.master)}
     if not limited:
         return
     problem = limit_problem(limited, memory_rules(client, limited),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import pickle
 import sys
 import time
 from typing import Iterator
@@ -18,6 +19,7 @@ from distributed import Client
 from pipeline.config.cluster_config import ClusterConfig
 from pipeline.cluster.workers import (ClusterError, fence_workers, live_workers,
                                       scheduler_address, unresponsive)
+from tasks.setup_gate import SETUP_NAME, RunSetup
 from tasks.worker_state import WorkerSetup
 
 
@@ -35,12 +37,15 @@ SETUP_TRIES, LEFT_WAIT_S = 3, 3.0
 def setup_name(client: Client) -> str:
     """The name `register_setup` gives its plugin: one per client, so that a run that
     ends removes its own setup and never another run's on the same cluster."""
-    return f"{WorkerSetup.name}-{client.id}"
+    return f"{SETUP_NAME}-{client.id}"
 
 
 def register_setup(client: Client, config: ClusterConfig) -> None:
-    """Install `WorkerSetup` on every worker (threads, emulated speeds and devices by
-    name, for the embedded cluster's workers). A failed install is taken back
+    """Install `WorkerSetup` on every worker that may be one of the run's (threads,
+    emulated speeds and devices by name, for the embedded cluster's workers): on a
+    cluster the user started, those offering one of its tags and its master
+    (`RunSetup`); Dask registers the plugin on the others too, where it does
+    nothing (they may have a memory limit too small for torch). A failed install is taken back
     (`unregister_setup`): the scheduler keeps a plugin it could not install
     everywhere, and runs it again on every worker that joins, a restarted one too.
     A setup broken by a worker that left the cluster meanwhile is tried again on the
@@ -52,7 +57,10 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
             threads[worker.name] = worker.threads
             speeds[worker.name] = worker.speed
             devices[worker.name] = worker.device
-    plugin = WorkerSetup(threads, speeds, devices, embedded)
+    setup = WorkerSetup(threads_by_name=threads, speed_by_name=speeds,
+                        device_by_name=devices, embedded=embedded)
+    plugin = RunSetup(pickle.dumps(setup), None if embedded else config.tags(),
+                      config.master)
     for attempt in range(SETUP_TRIES):
         before = _worker_names(client)
         try:
@@ -154,7 +162,7 @@ def _fence_silent(client: Client) -> None:
 
 
 def unregister_setup(client: Client, timeout: float = 5.0) -> None:
-    """Remove the client's `WorkerSetup` from the cluster, so that it does not outlive
+    """Remove the client's setup (`RunSetup`) from the cluster, so that it does not outlive
     the run: a worker restarted later (by its nanny, for memory) would run it again,
     and with a limit too small for torch, be restarted for ever. The scheduler forgets
     the plugin as soon as it reads the request; telling the workers is given
