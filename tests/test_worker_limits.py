@@ -30,6 +30,8 @@ FAULTS = {
     "a worker of another tag with `--memory-limit 150MB`":
         "test_a_small_worker_outside_the_run_is_left_alone",
     "a run on workers you started ends": "test_the_setup_does_not_outlive_the_run",
+    "a run's setup left on the scheduler (its scheduler frozen until the run stopped)":
+        "test_a_run_removes_the_setups_of_runs_whose_client_is_gone",
     "a worker's nanny restarts it for memory mid-task":
         "test_a_worker_its_nanny_restarts_for_memory_is_lost_for_memory",
 }
@@ -229,6 +231,39 @@ def test_the_setup_does_not_outlive_the_run(tmp_path, scheduler, tiny_dataset_fa
             plugins = client.run_on_scheduler(
                 lambda dask_scheduler: sorted(dask_scheduler.worker_plugins))
         assert not [name for name in plugins if name.startswith("cnn-worker-setup")], plugins
+    finally:
+        _stop_workers(cluster, address)
+
+
+def test_a_run_removes_the_setups_of_runs_whose_client_is_gone(tmp_path, scheduler,
+                                                              tiny_dataset_factory):
+    """A setup left on the scheduler by a run that could not remove it (its scheduler
+    frozen until the run stopped): the scheduler installed it on every worker that
+    joined later. A run that starts removes it, in one line, and leaves the setup of
+    a client still connected (another run's) where it is."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    from pipeline.cluster.worker_setup import setup_name
+
+    cluster, address = scheduler
+    cluster.start_worker("--name", "plain", "--no-nanny")
+    try:
+        _wait_for_workers(address, 1)
+        with Client(address, timeout="10s") as gone:  # a run's client, gone when it ends
+            orphaned = setup_name(gone)
+            gone.register_plugin(WorkerPlugin(), name=orphaned)
+        with Client(address, timeout="10s") as other:  # another run's, connected
+            other.register_plugin(WorkerPlugin(), name=setup_name(other))
+            status, lines, _out = run_main("train", [
+                *tiny_args(tmp_path, tiny_dataset_factory("float32")), "train.steps=2",
+                "placement=even", "--scheduler", address])
+            plugins = other.run_on_scheduler(
+                lambda dask_scheduler: sorted(dask_scheduler.worker_plugins))
+        assert status == 0, lines
+        assert [line for line in lines if "removed the setup" in line] == [
+            f"setting up the workers: removed the setup of an earlier run whose client has "
+            f"left the scheduler ({orphaned}), which set up every worker that joined since"]
+        assert orphaned not in plugins and setup_name(other) in plugins, plugins
     finally:
         _stop_workers(cluster, address)
 

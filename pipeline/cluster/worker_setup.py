@@ -12,7 +12,7 @@ import importlib.util
 import pickle
 import sys
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from distributed import Client
 
@@ -172,6 +172,36 @@ def unregister_setup(client: Client, timeout: float = 5.0) -> None:
     with contextlib.suppress(Exception):
         client.sync(client._unregister_worker_plugin, name=setup_name(client),
                     callback_timeout=timeout)
+
+
+def remove_orphaned_setups(client: Client) -> list[str]:
+    """Remove from the scheduler the setups (`setup_name`) of earlier runs whose client
+    is no longer connected to it, and return their names. A run that could not remove
+    its own (its scheduler frozen until the run stopped, its process killed) left it
+    registered, and the scheduler installs it on every worker that joins later:
+    torch imported, the dead run's threads and speeds applied. Removed from the
+    scheduler's table only (workers that joined meanwhile keep what it set, as they
+    would after a run that ended well); nothing waits on the workers. Nested so that
+    cloudpickle sends it by value: the scheduler's Python need not have this project."""
+    prefix = f"{SETUP_NAME}-"
+
+    def remove(dask_scheduler: Any) -> list[str]:
+        orphaned = sorted(name for name in dask_scheduler.worker_plugins
+                          if name.startswith(prefix)
+                          and name[len(prefix):] not in dask_scheduler.clients)
+        for name in orphaned:
+            dask_scheduler.worker_plugins.pop(name, None)
+        return orphaned
+
+    return list(client.run_on_scheduler(remove))
+
+
+def orphaned_setups_line(names: list[str]) -> str:
+    """What a run says when it removed earlier runs' setups (`remove_orphaned_setups`)."""
+    runs = "an earlier run" if len(names) == 1 else f"{len(names)} earlier runs"
+    return (f"setting up the workers: removed the setup of {runs} whose client has left "
+            f"the scheduler ({', '.join(names)}), which set up every worker that joined "
+            "since")
 
 
 @contextlib.contextmanager
