@@ -432,7 +432,8 @@ def test_a_worker_that_does_not_see_the_output_is_named(tmp_path, cli_cluster,
          f"{shlex.quote(os.path.join(BIN, 'dask'))} worker {cli_cluster} --no-nanny "
          "--name elsewhere --nthreads 1 --resources ELSEWHERE=1 --host 127.0.0.1 "
          "--no-dashboard --dashboard-address 127.0.0.1:0"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=tmp_path, env=CliCluster.env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     try:
         status, lines, _out = run_main("train", [
             *tiny_args(hidden, tiny_dataset_factory("float32")), "placement=even",
