@@ -1004,6 +1004,39 @@ def test_a_scheduler_connected_to_again_after_a_failed_point_is_described_once(t
     assert lines[0].startswith(f"scheduler {address}; dask dashboard: ")
 
 
+def test_points_on_other_tags_of_a_scheduler_are_set_up_for_their_own(tmp_path):
+    """A sweep over `cluster.resource` on a scheduler you started: a run's setup sets
+    up only the workers offering its tags (tasks/setup_gate.py), so the point on
+    `OTHER` gets a client of its own, set up for it; reusing the `CPU` point's, its
+    worker was never set up ("worker ... was not set up")."""
+    from tests.test_cli import CliCluster
+
+    cluster = CliCluster(tmp_path, dashboards=False)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_worker("--name", "cpu", "--no-nanny")
+        cluster.start_worker("--name", "other", "--no-nanny", "--resources", "OTHER=1")
+        config = write_sweep(tmp_path, "unused.zarr", {"cluster.resource": ["CPU", "OTHER"]})
+        points = load_sweep(config, scheduler=address, out=str(tmp_path / "x.zarr")).points
+        pool = ClusterPool(lambda line: None)
+        try:
+            pool.client_for(points[0]).wait_for_workers(2, timeout=60)
+            client = pool.client_for(points[1])
+
+            def set_up(dask_worker) -> bool:
+                from tasks.worker_state import _PROFILES
+                return dask_worker.address in _PROFILES
+
+            names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
+            done = {names[a]: was for a, was in client.run(set_up).items()}
+        finally:
+            pool.close()
+    finally:
+        cluster.stop()
+    assert [p.config.cluster.resource for p in points] == ["CPU", "OTHER"]
+    assert done["other"], done
+
+
 def test_a_rows_prediction_error_is_its_own_predicted_over_its_step():
     """Two repeats (predicted 0.03 and 0.0286 s, measured 0.03 and 0.0372 s): the row
     showed the repeats' median error (-15.5 %) beside medians whose ratio is -13 %."""

@@ -23,7 +23,8 @@ from pipeline.cluster.job_ends import submitting_line
 from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.startup import start_batch, usable_cores
 from pipeline.cluster.worker_limits import check_worker_limits
-from pipeline.cluster.worker_setup import workers_set_up
+from pipeline.cluster.worker_setup import (orphaned_setups_line, remove_orphaned_setups,
+                                           setup_scope, workers_set_up)
 from pipeline.cluster.workers import ClusterError, live_workers
 from pipeline.config.run_config import RunConfig
 
@@ -46,6 +47,7 @@ class ClusterPool:
     def __init__(self, echo: Callable[[str], None]) -> None:
         self.echo = echo
         self.key: str | None = None
+        self.scope: Any = None  # which workers its setup serves (`setup_scope`)
         self.client: Any = None
         self._stack: ExitStack | None = None
         self._jobs_failed: dict[str, str] = {}  # why, by cluster key
@@ -54,7 +56,8 @@ class ClusterPool:
     def client_for(self, point: Point) -> Any:
         if point.cluster_key is None:
             return None
-        if self.client is not None and self.key == point.cluster_key:
+        scope = setup_scope(point.config.cluster)  # another: set up again, on a new client
+        if self.client is not None and (self.key, self.scope) == (point.cluster_key, scope):
             if self._renew_workers(point):
                 return self.client
         self.close()
@@ -77,6 +80,10 @@ class ClusterPool:
                 batch=start_batch(len(workers), usable_cores())))
             with guarded(client, point.config.cluster.scheduler_timeout,
                          "setting up the workers"):
+                orphaned = (remove_orphaned_setups(client)  # earlier runs' left behind
+                            if point.cluster_key == "external" else [])
+                if orphaned:
+                    self.echo(orphaned_setups_line(orphaned))
                 check_worker_limits(client, point.config.cluster, live_workers(client))
                 stack.enter_context(workers_set_up(client, point.config.cluster))
         except BaseException as error:
@@ -84,7 +91,7 @@ class ClusterPool:
             if jobqueue is not None and isinstance(error, ClusterError):
                 self._jobs_failed[point.cluster_key] = " ".join(str(error).split())
             raise
-        self._stack, self.client, self.key = stack, client, point.cluster_key
+        self._stack, self.client, self.key, self.scope = stack, client, point.cluster_key, scope
         described = self._describe(point, client)
         if described not in self._said:  # a scheduler you started, connected to again
             self._said.add(described)    # after a failed point: said once

@@ -40,6 +40,16 @@ def setup_name(client: Client) -> str:
     return f"{SETUP_NAME}-{client.id}"
 
 
+def setup_scope(config: ClusterConfig) -> tuple[tuple[str, ...], str | None] | None:
+    """Which workers `register_setup` sets up for `config` (`RunSetup`): on a cluster
+    the user started, those offering its tags, and its master, as (tags, master);
+    None: every worker (an embedded cluster's, or batch jobs', all of them the run's).
+    A sweep whose points differ in it sets the workers up again."""
+    if scheduler_address(config) is None:
+        return None
+    return tuple(config.tags()), config.master
+
+
 def register_setup(client: Client, config: ClusterConfig) -> None:
     """Install `WorkerSetup` on every worker that may be one of the run's (threads,
     emulated speeds and devices by name, for the embedded cluster's workers): on a
@@ -57,9 +67,10 @@ def register_setup(client: Client, config: ClusterConfig) -> None:
             threads[worker.name] = worker.threads
             speeds[worker.name] = worker.speed
             devices[worker.name] = worker.device
+    scope = setup_scope(config)
     setup = WorkerSetup(threads_by_name=threads, speed_by_name=speeds,
                         device_by_name=devices, embedded=embedded)
-    plugin = RunSetup(pickle.dumps(setup), None if embedded else config.tags(),
+    plugin = RunSetup(pickle.dumps(setup), None if scope is None else list(scope[0]),
                       config.master)
     for attempt in range(SETUP_TRIES):
         before = _worker_names(client)
