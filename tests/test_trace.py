@@ -59,3 +59,31 @@ def test_trace_plot_draws_the_steps(tmp_path, capsys):
     assert plot_main([str(path), "--steps", "1", "2", "-o", str(picture)]) == 0
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_main([str(path), "--steps", "9", "-o", str(picture)]) == 2  # no such step
+
+
+def test_trace_plot_reads_the_array_form_and_says_what_is_wrong_in_one_line(tmp_path, capsys):
+    """The array form of the Chrome trace format was a TypeError traceback, a string
+    traceEvents an AttributeError one, a summary.json `error: ...: 'traceEvents'`, and an
+    unwritable -o blamed the trace."""
+    origin = 50.0
+    receipts = [_receipt(w, s, origin + s, w == "w0") for s in (0, 1) for w in ("w0", "w1")]
+    path = tmp_path / "trace.json"
+    write_trace(str(path), receipts, [], ["w0", "w1"], origin)
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps(json.loads(path.read_text())["traceEvents"]))
+    picture = tmp_path / "step.png"
+    assert plot_main([str(array), "--steps", "1", "-o", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    bad = {"string.json": '{"traceEvents": "x"}', "summary.json": '{"steps": 4}',
+           "numbers.json": "[1, 2]", "partial.json": '{"traceEvents": [{"ph": "X", "ts": 0}]}'}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        assert plot_main([str(tmp_path / name), "-o", str(picture)]) == 2
+    assert plot_main([str(path), "-o", str(tmp_path / "missing" / "step.png")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == len(bad) + 1 and all(line.startswith("error: ") for line in lines)
+    for line, name in zip(lines, bad):
+        assert f"{tmp_path / name}: not a trace" in line, line
+    assert "no traceEvents" in lines[1]
+    assert str(tmp_path / "missing" / "step.png") in lines[-1] and str(path) not in lines[-1]
