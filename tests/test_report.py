@@ -14,6 +14,7 @@ import pytest
 import xarray as xr
 
 from experiments.report import cli as report
+from experiments.report.report_folder import report_file
 from experiments.report.view import StoreView
 from experiments.sweep.run import run_sweep
 from experiments.sweep.config import load_sweep
@@ -60,6 +61,7 @@ def test_report_cli_writes_figures_and_table_next_to_the_store(store, capsys, mo
     expected = ["speedup.png", "breakdown.png", "batch.png", "placement.png",
                 "memory.png", "step_times.png", "growth_single.png", "growth_kernel.png", "report.md"]
     assert sorted(os.listdir(out_dir)) == sorted(expected)
+    assert all(report_file(out_dir, name) for name in expected)  # replaced by the next report
     mixes = open(os.path.join(out_dir, "report.md")).read().split("## Device mixes")[1]
     assert "kernels 12/16, devices 1+0.5/even | " in mixes  # one row per point
     assert "cpu-0 (cpu, CPU) 57%, cpu-1 (cpu, CPU) 43% |" in mixes  # 16/28, 12/28 kernels
@@ -156,8 +158,55 @@ def test_a_report_folder_that_cannot_be_made_is_one_line(store, tmp_path, capsys
     (tmp_path / "a-file").write_text("")
     assert report.main([store, "--out", str(tmp_path / "a-file")]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line]
-    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'a-file'}: "), lines
-    assert "--out" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith(f"error: --out: {tmp_path / 'a-file'} "), lines
+    assert (tmp_path / "a-file").read_text() == ""
+
+
+def test_a_report_folder_holds_one_report(store, tmp_path, capsys):
+    """A measured sweep's figures were left beside a scaling sweep's report.md written
+    into the same --out, and a run's folder, configs or a sweep's .runs took a report
+    among their files. Now an earlier report, of any store, is replaced wholly, and a
+    folder holding anything else is refused untouched."""
+    from tests.test_scaling import TINY_AXES, write_scaling
+    from experiments.sweep import cli as sweep_cli
+    scaling = str(tmp_path / "tinyscale.zarr")
+    assert sweep_cli.main([write_scaling(tmp_path, TINY_AXES), "--out", scaling]) == 0
+    out = tmp_path / "report"
+    capsys.readouterr()
+    assert report.main([store, "--out", str(out)]) == 0
+    measured = sorted(os.listdir(out))
+    assert "speedup.png" in measured and "growth_kernel.png" in measured
+    capsys.readouterr()
+    assert report.main([scaling, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(path) for path in printed)
+    assert not set(measured) - {"report.md"} & set(os.listdir(out))
+    assert report.main([store, "--out", str(out)]) == 0  # and back: the scaling's removed
+    assert sorted(os.listdir(out)) == measured
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    (run / "speedup.png").write_text("mine")
+    refused = {str(run): "summary.json", os.path.join(ROOT, "configs"): "paper.yaml",
+               os.path.dirname(store): "paperlike.runs",
+               str(tmp_path / "tinyscale.runs"): "run", str(tmp_path): "report"}
+    capsys.readouterr()
+    for folder, named in refused.items():
+        (tmp_path / "tinyscale.runs" / "run").mkdir(parents=True, exist_ok=True)
+        before = sorted(os.listdir(folder))
+        assert report.main([scaling, "--out", folder]) == 2
+        [line] = [line for line in capsys.readouterr().err.splitlines() if line]
+        assert line.startswith(f"error: --out: {folder} holds files or folders that are not "
+                               "a report's (") and named in line, line
+        assert sorted(os.listdir(folder)) == before
+    assert (run / "speedup.png").read_text() == "mine"
+
+
+def test_the_filesystem_root_is_no_report_folder(store):
+    """`--out /` wrote /report.md and figures into the root."""
+    from experiments.report.report_folder import OutDirRefused, prepare_report_folder
+    with pytest.raises(OutDirRefused, match="^--out: / is the filesystem root"):
+        prepare_report_folder(os.sep, store)
 
 
 def test_speedup_labels_and_range_fit_what_was_measured():

@@ -29,6 +29,10 @@ Writes, into ``<name>.report/`` next to the store ``<name>.zarr`` (or ``--out DI
 - ``report.md``: provenance, the figures, the main table and any failures (of a
   ``mode: predict`` store, the predicted figure and table, saying what is left out).
 
+The folder holds one report: an earlier one there (this store's or another's) is
+replaced wholly, and a folder holding anything else is refused, exit 2
+(:mod:`experiments.report.report_folder`, which knows every file a report writes).
+
 The store's checksums are verified first: a damaged file (a point's, the
 coordinates', the metadata's) is one line naming it and exit 1, and nothing is
 drawn; the sweep's same command runs damaged points again. A store of the format
@@ -67,6 +71,7 @@ from experiments.report.growth import growth_figure, growth_strategies
 from experiments.report.links import link_figure
 from experiments.report.markdown import write_markdown
 from experiments.report.memory import memory_figure
+from experiments.report.report_folder import OutDirRefused, prepare_report_folder
 from experiments.report.strategies import strategies_figure
 from experiments.report.view import StoreView
 from experiments.sweep.results import ResultStore, StoreMismatch
@@ -101,17 +106,14 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
     if "status" not in ds:
         raise ReportError(f"{store}: not a sweep results store")
     out_dir = out_dir or default_out_dir(store)
-    inside = os.path.relpath(os.path.realpath(out_dir), os.path.realpath(store))
-    if inside != os.pardir and not inside.startswith(os.pardir + os.sep):  # read as damage
-        raise ReportError(f"--out: {out_dir} is inside the results store {store}; choose "
-                          "a directory outside it")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as error:  # a file of that name, no permission, no space
-        raise ReportError(f"{out_dir}: cannot hold the report ({error.strerror or error}); "
-                          "pass --out DIR") from None
+    prepare_report_folder(out_dir, store)  # an earlier report there is removed
     if ds.attrs.get("mode") == "scaling":  # predicted over hypothetical clusters
         return make_scaling_report(ds, out_dir)
+    return make_measured_report(ds, out_dir)
+
+
+def make_measured_report(ds: xr.Dataset, out_dir: str) -> list[str]:
+    """A measured (or predict) store's figures and report.md; returns the paths."""
     sweep = StoreView(ds)
     frame = sweep.points()
     makers: list[tuple[str, Any]] = [
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         paths = make_report(args.results, args.out)
-    except (UsageError, ReportError) as error:
+    except (UsageError, ReportError, OutDirRefused) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except StoreDamaged as error:
