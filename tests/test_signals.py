@@ -469,6 +469,46 @@ def test_a_ctrl_c_while_a_command_imports_is_one_line(tmp_path, monkeypatch, com
     assert done.stdout == ""
 
 
+REPORT_STOPPED_WHILE_DRAWING = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's background job starts it
+from experiments.report import cli
+from experiments.scaling import report
+
+drawn = report.speedup_figure
+
+
+def draw_then_ctrl_c(*args):
+    drawn(*args)
+    os.kill(os.getpid(), signal.SIGINT)
+    return True
+
+
+report.speedup_figure = draw_then_ctrl_c
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_while_a_report_draws_stops_it_and_leaves_no_half_report(tmp_path):
+    """The report ignored it (the signals were left as its start found them: ignored,
+    for a background job), finished, and exited 0; now one line, exit 130, and none of
+    the report's files left (an earlier report's neither: it was being replaced)."""
+    from experiments.sweep import cli as sweep_cli
+    from tests.test_scaling import TINY_AXES, write_scaling
+    store = str(tmp_path / "tinyscale.zarr")
+    assert sweep_cli.main([write_scaling(tmp_path, TINY_AXES), "--out", store]) == 0
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.md").write_text("an earlier report")
+    done = subprocess.run([sys.executable, "-c", REPORT_STOPPED_WHILE_DRAWING, store, "--out",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert done.stderr.splitlines() == [
+        "interrupted (SIGINT): no report was written (its partial files are removed); run "
+        "the same command again"], done.stderr
+    assert done.stdout == "" and os.listdir(out) == []
+
+
 SIGNALLED_AFTER = """
 import time
 from pipeline import cli

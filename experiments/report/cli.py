@@ -32,6 +32,8 @@ Writes, into ``<name>.report/`` next to the store ``<name>.zarr`` (or ``--out DI
 The folder holds one report: an earlier one there (this store's or another's) is
 replaced wholly, and a folder holding anything else is refused, exit 2
 (:mod:`experiments.report.report_folder`, which knows every file a report writes).
+A report stopped by Ctrl-C, SIGTERM or SIGHUP removes the files it wrote (none looks
+like a whole report) and exits 128 + the signal's number with one line.
 
 The store's checksums are verified first: a damaged file (a point's, the
 coordinates', the metadata's) is one line naming it and exit 1, and nothing is
@@ -71,13 +73,14 @@ from experiments.report.growth import growth_figure, growth_strategies
 from experiments.report.links import link_figure
 from experiments.report.markdown import write_markdown
 from experiments.report.memory import memory_figure
-from experiments.report.report_folder import OutDirRefused, prepare_report_folder
+from experiments.report.report_folder import (OutDirRefused, prepare_report_folder,
+                                             remove_report)
 from experiments.report.strategies import strategies_figure
 from experiments.report.view import StoreView
 from experiments.sweep.results import ResultStore, StoreMismatch
 from experiments.sweep.results_checksums import StoreDamaged
 from experiments.scaling.report import make_scaling_report
-from pipeline.cli import OneLineParser, UsageError
+from pipeline.cli import Interrupted, OneLineParser, UsageError, stops_on_signals
 
 
 class ReportError(ValueError):
@@ -107,9 +110,13 @@ def make_report(store: str, out_dir: str | None = None) -> list[str]:
         raise ReportError(f"{store}: not a sweep results store")
     out_dir = out_dir or default_out_dir(store)
     prepare_report_folder(out_dir, store)  # an earlier report there is removed
-    if ds.attrs.get("mode") == "scaling":  # predicted over hypothetical clusters
-        return make_scaling_report(ds, out_dir)
-    return make_measured_report(ds, out_dir)
+    try:
+        if ds.attrs.get("mode") == "scaling":  # predicted over hypothetical clusters
+            return make_scaling_report(ds, out_dir)
+        return make_measured_report(ds, out_dir)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: no half report that looks whole
+        remove_report(out_dir)
+        raise
 
 
 def make_measured_report(ds: xr.Dataset, out_dir: str) -> list[str]:
@@ -144,7 +151,16 @@ def main(argv: list[str] | None = None) -> int:
                         f"e.g. {default_out_dir('results/quick.zarr')}/ for results/quick.zarr)")
     try:
         args = parser.parse_args(argv)
-        paths = make_report(args.results, args.out)
+        with stops_on_signals():
+            paths = make_report(args.results, args.out)
+    except Interrupted as stop:
+        print(f"interrupted ({stop.name}): no report was written (its partial files are "
+              "removed); run the same command again", file=sys.stderr)
+        return stop.status
+    except KeyboardInterrupt:  # raised by hand, or with the signals left to Python
+        print("interrupted: no report was written (its partial files are removed); run the "
+              "same command again", file=sys.stderr)
+        return 130
     except (UsageError, ReportError, OutDirRefused) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
