@@ -185,6 +185,30 @@ def test_an_address_from_the_environment_is_said_to_come_from_it(monkeypatch):
     assert "DASK_SCHEDULER_ADDRESS" not in str(refused.value)
 
 
+def test_sweep_points_wanting_more_workers_than_found_fail_at_once(tmp_path, cli_cluster,
+                                                                   tiny_dataset_factory):
+    """Two workers offer CPU: the 3-worker point waits `cluster.wait_timeout` and fails;
+    the 4-worker point failed alike after waiting as long again (30 s a point by
+    default); now it fails at once, saying why, and the 1-worker point runs."""
+    from tests.test_sweep import write_sweep
+
+    config = write_sweep(tmp_path, tiny_dataset_factory("float32"),
+                         {"cluster.workers": [1, 3, 4]},
+                         base={"cluster": {"wait_timeout": 3}})
+    store = tmp_path / "short.zarr"
+    status, _lines, _out = run_main("sweep", [config, "--out", str(store),
+                                              "--scheduler", cli_cluster])
+    assert status == 1
+    ds = xr.open_zarr(store)
+    assert [str(s) for s in ds.failure.values[:, 0]][0] == ""
+    three, four = (str(f) for f in ds.failure.values[1:, 0])
+    assert "only 2 of the 3 workers needed offer resource 'CPU' after 3 s" in three, three
+    assert four.endswith("only 2 of the 4 workers needed offer resource 'CPU' (an earlier "
+                         "point of this sweep waited 3 s for more; add workers and run the "
+                         "same command again)"), four
+    assert float(ds.wall_time.values[2, 0]) < 1.0 <= 3 <= float(ds.wall_time.values[1, 0])
+
+
 def test_a_worker_frozen_before_the_run_is_removed_and_the_run_goes_on(
         tmp_path, cli_cluster, tiny_dataset_factory, monkeypatch):
     """A `dask worker` SIGSTOPped before the run connects: setting the workers up

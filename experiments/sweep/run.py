@@ -44,7 +44,8 @@ from experiments.sweep.points import Point
 from experiments.sweep.cluster_pool import ClusterPool
 from experiments.sweep.probe_samples import ProbeSampler
 from pipeline.cluster.scheduler_guard import guarded
-from pipeline.cluster.workers import SchedulerLost, SchedulerUnreachable, WorkerLost
+from pipeline.cluster.workers import (SchedulerLost, SchedulerUnreachable, TooFewWorkers,
+                                     WorkerLost)
 from pipeline.placement.memory_fit import MemoryRefused
 from pipeline.prediction import predict_point
 from storage.locks import now_text
@@ -211,6 +212,7 @@ def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
                **session_provenance(sweep.scheduler),
                "points_run": 0, "interrupted": True}
     pool = ClusterPool(echo)
+    short: dict[tuple[str, ...], int] = {}  # tags -> workers found, where too few
     sampler = ProbeSampler(sweep.config.mode == "measure"
                            and sweep.config.probe_samples == "per_repeat", echo)
     begun = time.perf_counter()
@@ -220,7 +222,8 @@ def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
         for done, point in enumerate(todo, start=1):
             bar.set_postfix_str(point.describe()[:60])
             t0 = time.perf_counter()
-            result, reason, scheduler_lost = _run_point(sweep, store, pool, sampler, point)
+            result, reason, scheduler_lost = _run_point(sweep, store, pool, sampler, point,
+                                                        short)
             stopped = len(todo) - done if scheduler_lost else 0
             session["points_run"] = done
             bar.update(1)
@@ -238,9 +241,11 @@ def _run_points(sweep: Sweep, store: ResultStore, todo: list[Point],
 
 
 def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, sampler: ProbeSampler,
-               point: Point) -> tuple[PointResult | None, str | None, bool]:
+               point: Point, short: dict[tuple[str, ...], int]
+               ) -> tuple[PointResult | None, str | None, bool]:
     """Run one point (a probe sample first where `sampler` wants one) and write what it
-    gave: its figures, or its failure (the reason, its times). Returns the result, the
+    gave: its figures, or its failure (the reason, its times); `short` keeps what a
+    point on too few workers found (`check_enough_workers`). Returns the result, the
     reason it failed, and whether an external scheduler was lost (the points left stay
     pending)."""
     started = time.time()
@@ -248,6 +253,7 @@ def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, sampler: Pro
         if sweep.config.mode == "predict":
             result = predict_only(point, predict_point)
         else:
+            check_enough_workers(point, short)
             client = pool.client_for(point)
             if sampler.wanted(point):
                 with guarded(client, point.config.cluster.scheduler_timeout,
@@ -267,6 +273,8 @@ def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, sampler: Pro
                                  "wall_time": finished - started, "predicted_peak_memory":
                                  getattr(error, "needed", None) or np.nan},
                                 {"run_id": uuid.uuid4().hex})
+        if isinstance(error, TooFewWorkers) and point.cluster_key == "external":
+            short[error.tags] = min(short.get(error.tags, error.found), error.found)
         if point.cluster_key is not None:
             pool.discard()
         return None, reason, isinstance(error, SchedulerLost) and point.cluster_key == "external"
@@ -274,6 +282,21 @@ def _run_point(sweep: Sweep, store: ResultStore, pool: ClusterPool, sampler: Pro
         store.write_point(point.region, result)
         store.refresh_derived()
     return result, None, False
+
+
+def check_enough_workers(point: Point, short: dict[tuple[str, ...], int]) -> None:
+    """Raise `TooFewWorkers` at once for a point on a scheduler you started that wants
+    more workers of its tags than an earlier point found after waiting
+    `cluster.wait_timeout` for them (`short`: tags -> workers found): each such point
+    waited the whole timeout again, 30 s by default, before it failed alike."""
+    cluster = point.config.cluster
+    tags, wanted = tuple(cluster.tags()), cluster.use_workers or 1
+    found = short.get(tags)
+    if point.cluster_key == "external" and found is not None and wanted > found:
+        raise TooFewWorkers(f"only {found} of the {wanted} workers needed offer resource "
+                            f"'{' or '.join(tags)}' (an earlier point of this sweep waited "
+                            f"{cluster.wait_timeout:g} s for more; add workers and run the "
+                            "same command again)", list(tags), found, wanted)
 
 
 def _end_session(store: ResultStore, session: dict) -> None:

@@ -32,6 +32,16 @@ class ClusterError(RuntimeError):
     """The cluster cannot serve this run (unreachable, missing tag, worker lost)."""
 
 
+class TooFewWorkers(ClusterError):
+    """Fewer workers than the run wants offer its tags after `cluster.wait_timeout`:
+    `found` of `wanted`, for `tags` (a sweep's later points that want as many or more
+    fail at once rather than wait again)."""
+
+    def __init__(self, message: str, tags: list[str], found: int, wanted: int) -> None:
+        super().__init__(message)
+        self.tags, self.found, self.wanted = tuple(tags), found, wanted
+
+
 class WorkerLost(ClusterError):
     """Workers of the run left the cluster: their state (shards, replicas) is gone.
 
@@ -307,8 +317,9 @@ def find_workers(client: Client, config: ClusterConfig) -> list[ClusterWorker]:
         if len(tagged) >= wanted:
             return workers_of(config, tagged)
         if time.monotonic() > deadline:
-            raise ClusterError(too_few_workers(tags, len(tagged), wanted, config.wait_timeout,
-                                               workers))
+            raise TooFewWorkers(too_few_workers(tags, len(tagged), wanted,
+                                                config.wait_timeout, workers),
+                                tags, len(tagged), wanted)
         time.sleep(0.2)
 
 
