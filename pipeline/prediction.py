@@ -122,7 +122,7 @@ def predict_config(config: RunConfig, probe: ClusterProbe | MasterProbe,
         train = config.train
         task_steps = median_task_steps(
             strategy_named(config.strategy).steps_per_task(config), prediction.step_time,
-            train.steps, config.checkpoint_steps(), train.inflight, train.warmup_steps)
+            train.steps, train.checkpoint_every, train.inflight, train.warmup_steps)
     if task_steps > 1:
         prediction = predict(per_step_task_costs(probe, task_steps))
     return dataclasses.replace(prediction, details={**prediction.details,

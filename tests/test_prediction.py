@@ -646,7 +646,7 @@ def test_steps_per_task_share_out_the_per_task_costs(probe, two_workers, tiny_da
     train = config.train
     auto = predict_config(config, probe)
     assert auto.details["task_steps"] == median_task_steps(
-        "auto", one.step_time, train.steps, config.checkpoint_steps(), train.inflight,
+        "auto", one.step_time, train.steps, train.checkpoint_every, train.inflight,
         train.warmup_steps)
     train.steps, train.checkpoint_every = 400, 0
     assert (predict_config(config, probe).details["task_steps"]

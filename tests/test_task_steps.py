@@ -3,7 +3,10 @@ pure; and the training loop that applies them, over a fake trainer."""
 
 import gc
 import io
+import itertools
+import statistics
 import sys
+import time
 
 import pytest
 
@@ -145,20 +148,43 @@ def test_the_tasks_planned_before_a_run_are_those_the_loop_runs(monkeypatch, tmp
     step_s = TASK_SECONDS / 8
     recorder, _ = _loop(monkeypatch, tmp_path, FakeTrainer(step_s), **train)
     ran = [recorder.steps[s]["task_steps"] for s in range(train["steps"])]
-    every = train.get("checkpoint_every", 0)
-    checkpoints = {0, train["steps"], *(range(0, train["steps"], every) if every else [])}
     assert planned_task_steps(train.get("steps_per_task", "auto"), step_s, train["steps"],
-                              checkpoints, train.get("inflight", 2)) == ran
+                              train.get("checkpoint_every", 0),
+                              train.get("inflight", 2)) == ran
 
 
 def test_a_short_run_is_priced_at_the_tasks_it_runs_not_a_long_runs():
     """Four steps at 10 ms: tasks of 1, 1 and 2 steps, median 2 over the timed steps
     (the first is a warm-up); a long run's tasks hold 32 (at most `MAX_STEPS_PER_TASK`)."""
-    assert planned_task_steps("auto", 0.01, 4, {0, 4}, 2) == [1, 1, 2, 2]
-    assert median_task_steps("auto", 0.01, 4, {0, 4}, 2, warmup_steps=1) == 2.0
-    assert median_task_steps("auto", 0.01, 200, {0, 200}, 2, 1) == MAX_STEPS_PER_TASK
-    assert median_task_steps(1, 0.01, 200, {0, 200}, 2, 1) == 1.0
-    assert median_task_steps("auto", 0.01, 1, {0, 1}, 2, warmup_steps=5) == 1.0  # all warm-up
+    assert planned_task_steps("auto", 0.01, 4, 0, 2) == [1, 1, 2, 2]
+    assert median_task_steps("auto", 0.01, 4, 0, 2, warmup_steps=1) == 2.0
+    assert median_task_steps("auto", 0.01, 200, 0, 2, 1) == MAX_STEPS_PER_TASK
+    assert median_task_steps(1, 0.01, 200, 0, 2, 1) == 1.0
+    assert median_task_steps("auto", 0.01, 1, 0, 2, warmup_steps=5) == 1.0  # all warm-up
+
+
+@pytest.mark.parametrize("setting", ["auto", 1, 3])
+def test_the_median_task_is_counted_as_the_steps_planned_are(setting):
+    """`median_task_steps` counts steps by their task's size, period by period, and
+    gives what the median of every planned step gives."""
+    for steps, every, inflight, warmup in itertools.product(
+            [1, 2, 5, 12, 37], [0, 1, 2, 5, 11, 40], [1, 2, 3], [0, 1, 4, 13, 50]):
+        for step_s in (None, 0.01, TASK_SECONDS / 4, 2.0):
+            sizes = planned_task_steps(setting, step_s, steps, every, inflight)
+            assert len(sizes) == steps
+            assert (median_task_steps(setting, step_s, steps, every, inflight, warmup)
+                    == int(statistics.median(sizes[warmup:] or sizes))), (steps, every)
+
+
+def test_a_huge_run_is_planned_at_once():
+    """A run of 10^9 steps (`TrainConfig.MAX_STEPS`) with a checkpoint after each, or
+    none, in tasks of a step: planned in a moment, not step by step (it took minutes
+    and gigabytes)."""
+    started = time.perf_counter()
+    assert median_task_steps(1, 0.01, 10**9, 1, 2, 1) == 1
+    assert median_task_steps("auto", 0.01, 10**9, 0, 2, 10**6) == MAX_STEPS_PER_TASK
+    assert median_task_steps("auto", 0.01, 10**9, 3, 2, 10**8) == 3
+    assert time.perf_counter() - started < 10.0  # step by step: minutes (a bound, not a benchmark)
 
 
 class WarningTrainer(FakeTrainer):

@@ -245,12 +245,12 @@ class RunConfig:
         t = self.train
         return OptimizerSpec(t.lr, t.momentum, t.weight_decay, t.nesterov, t.lr_schedule())
 
-    def checkpoint_steps(self) -> set[int]:
-        """Steps after which a checkpoint is written (0 = the initial weights)."""
-        steps = {0, self.train.steps}
-        if self.train.checkpoint_every:
-            steps.update(range(0, self.train.steps, self.train.checkpoint_every))
-        return steps
+    def next_checkpoint(self, step: int) -> int:
+        """The first step after `step` after which a checkpoint is written: the next
+        multiple of `train.checkpoint_every`, or the run's last step. Computed, not
+        looked up in a set of them: a run of 10^8 steps has as many."""
+        every, steps = self.train.checkpoint_every, self.train.steps
+        return min(steps, (step // every + 1) * every) if every else steps
 
 
 def auto_channel_quanta(network: NetworkSpec) -> list[int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from typing import Iterable, Literal, Sequence
+from typing import Literal, Sequence
 
 #: ``auto``: the seconds one task aims to last.
 TASK_SECONDS = 1.0
@@ -54,38 +54,93 @@ def next_task_steps(start: int, stop: int, setting: StepsPerTask,
     return min(stop - start, steps_per_task(setting, step_s))
 
 
+#: One checkpoint period's tasks as the loop runs them, in order: (steps a task,
+#: such tasks one after another).
+PeriodTasks = list[tuple[int, int]]
+
+
+def _period_tasks(length: int, first_sizes: Sequence[int], size: int) -> PeriodTasks:
+    """The tasks of a period of `length` steps between checkpoints: the loop cuts
+    each at the period's end, sizes the first ones `first_sizes` and the rest `size`."""
+    tasks: PeriodTasks = []
+    left = length
+    for first in first_sizes:
+        if not left:
+            break
+        tasks.append((min(left, first), 1))
+        left -= tasks[-1][0]
+    whole, rest = divmod(left, size)
+    return tasks + [(size, whole)] * bool(whole) + [(rest, 1)] * bool(rest)
+
+
+def planned_periods(setting: StepsPerTask, step_s: float | None, steps: int,
+                    checkpoint_every: int, inflight: int) -> list[tuple[PeriodTasks, int]]:
+    """The tasks a run of `steps` steps will run, as the training loop
+    (pipeline/training/loop.py) sizes them at a steady `step_s`, by checkpoint period:
+    (a period's tasks, how many such periods one after another). The `inflight`
+    tasks submitted before any step is measured run `steps_per_task(setting, None)`
+    steps (one, for ``auto``), the later ones `steps_per_task(setting, step_s)`; none
+    runs past a checkpoint (every `checkpoint_every` steps; 0: none but the end) or
+    the run's end. Nothing is in flight at a checkpoint, so every whole period after
+    the first has the same tasks: a run of 10^9 steps costs no more than one of 10."""
+    every = checkpoint_every or steps
+    first_length = min(every, steps)
+    size = steps_per_task(setting, step_s)
+    periods = [(_period_tasks(first_length, [steps_per_task(setting, None)] * inflight,
+                              size), 1)]
+    whole, rest = divmod(steps - first_length, every)
+    if whole:
+        periods.append((_period_tasks(every, [], size), whole))
+    if rest:
+        periods.append((_period_tasks(rest, [], size), 1))
+    return periods
+
+
 def planned_task_steps(setting: StepsPerTask, step_s: float | None, steps: int,
-                       checkpoints: Iterable[int], inflight: int) -> list[int]:
-    """The size of the task each step of a run will run in, as the training loop
-    (pipeline/training/loop.py) sizes them at a steady `step_s`: the `inflight` tasks
-    submitted before any step is measured run one step each, the later ones
-    `steps_per_task`, none past a checkpoint in `checkpoints` or the run's end. What
-    a prediction made before the run prices its per-task costs by: a run of a few
-    steps runs tasks of one or two steps whatever its step time."""
-    saves = sorted({s for s in checkpoints if 0 < s < steps} | {steps})
-    sizes: list[int] = []
-    in_flight: deque[int] = deque()
-    submitted = step = 0
-    while step < steps:
-        next_save = next(s for s in saves if s > step)
-        while len(in_flight) < inflight and submitted < next_save:
-            count = min(next_save - submitted,
-                        steps_per_task(setting, step_s if sizes else None))
-            in_flight.append(count)
-            submitted += count
-        count = in_flight.popleft()
-        sizes += [count] * count
-        step += count
-    return sizes
+                       checkpoint_every: int, inflight: int) -> list[int]:
+    """The size of the task each step of a run will run in (`planned_periods`), step
+    by step. What a prediction made before the run prices its per-task costs by: a
+    run of a few steps runs tasks of one or two steps whatever its step time."""
+    return [count for tasks, repeats in planned_periods(setting, step_s, steps,
+                                                        checkpoint_every, inflight)
+            for _ in range(repeats) for count, number in tasks
+            for _ in range(count * number)]
 
 
 def median_task_steps(setting: StepsPerTask, step_s: float | None, steps: int,
-                      checkpoints: Iterable[int], inflight: int, warmup_steps: int) -> int:
+                      checkpoint_every: int, inflight: int, warmup_steps: int) -> int:
     """The median of `planned_task_steps` over a run's timed steps (after
-    `warmup_steps`), as the run's summary gives it (``task_steps_median``), whole
-    as a prediction after the run takes it (`pipeline.prediction.predict_point`)."""
-    sizes = planned_task_steps(setting, step_s, steps, checkpoints, inflight)
-    return int(statistics.median(sizes[warmup_steps:] or sizes))
+    `warmup_steps`; all of them if none is timed), as the run's summary gives it
+    (``task_steps_median``), whole as a prediction after the run takes it
+    (`pipeline.prediction.predict_point`). Counted by task size, not step by step."""
+    periods = planned_periods(setting, step_s, steps, checkpoint_every, inflight)
+    skip = warmup_steps if warmup_steps < steps else 0
+    steps_of_size: dict[int, int] = {}  # timed steps by the size of their task
+    for tasks, repeats in periods:
+        period_steps = sum(count * number for count, number in tasks)
+        whole = min(repeats, skip // period_steps)  # periods wholly in the warm-up
+        skip, repeats = skip - whole * period_steps, repeats - whole
+        if repeats and skip:  # one period partly in the warm-up
+            for count, number in tasks:
+                dropped = min(skip, count * number)
+                steps_of_size[count] = steps_of_size.get(count, 0) + count * number - dropped
+                skip -= dropped
+            repeats -= 1
+        for count, number in tasks:
+            steps_of_size[count] = steps_of_size.get(count, 0) + count * number * repeats
+    return int(_median_of_counts(steps_of_size))
+
+
+def _median_of_counts(counts: dict[int, int]) -> float:
+    """`statistics.median` of a list holding each key of `counts` that many times."""
+    total = sum(counts.values())
+    middle: list[int] = []  # the values at positions (total - 1) // 2 and total // 2
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        while len(middle) < 2 and seen > ((total - 1) // 2, total // 2)[len(middle)]:
+            middle.append(value)
+    return middle[0] if total % 2 else (middle[0] + middle[1]) / 2
 
 
 class StepClock:

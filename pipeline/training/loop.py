@@ -73,14 +73,13 @@ def _steps(config: RunConfig, trainer: Trainer, recorder: RunRecorder,
     # a long wait on a worker (a frozen one, before the stall limit) shows on the bar;
     # the next step's figures replace it
     trainer.show_waits(lambda note: bar.set_postfix_str(note, refresh=True))
-    saves = sorted(s for s in config.checkpoint_steps() if s > from_step)
     in_flight: deque[range] = deque()
     clock = StepClock()  # the step times that size `auto` tasks
     submitted, last_save, last_end = from_step, from_step, time.perf_counter()
     previous_end: float | None = None  # when the last collected step finished (workers)
     step = from_step
     while step < steps:
-        next_save = next(s for s in saves if s > step)
+        next_save = config.next_checkpoint(step)
         kind = reset_peak()  # the client's own peak over this task's submits and collect
         cpu_start = time.process_time()  # the client's CPU (and an embedded scheduler's)
         while len(in_flight) < ahead and submitted < next_save:
