@@ -248,6 +248,34 @@ def test_a_number_out_of_range_is_refused_naming_it(data):
     assert_refused("train", [SMALL, *TRAIN_BASE, f"{name}={render(value)}"], name)
 
 
+#: Integers past a field's top (`steps`: a run of 10^23 steps ate the client's memory;
+#: `seed`: torch's generators overflowed at the first step), and one too large for a
+#: float (``math.isfinite`` overflowed checking it); `image_size`: 100000 asked for
+#: terabytes.
+TOO_LARGE = {"train.steps": [10**9 + 1, 2**63 - 1, 10**23],
+             "train.seed": [2**64, 10**20], "data.seed": [10**400],
+             "data.image_size": [513, 100000]}
+
+
+@pytest.mark.parametrize("name,value", [(name, value) for name, values in TOO_LARGE.items()
+                                        for value in values])
+def test_an_integer_past_its_field_s_top_is_refused_naming_it(name, value):
+    assert_refused("train", [SMALL, *TRAIN_BASE, f"{name}={value}", "--check"], name)
+
+
+def test_the_largest_steps_and_seed_are_taken():
+    config = checked_config([SMALL, *TRAIN_BASE, "train.steps=1000000000",
+                             f"train.seed={2**64 - 1}", "--check"])
+    assert config["train"]["steps"] == 10**9 and config["train"]["seed"] == 2**64 - 1
+
+
+def test_fresh_beside_resume_names_the_field_once():
+    status, lines, _ = run_main("train", [SMALL, *TRAIN_BASE, "train.resume=true",
+                                          "--fresh", "--check"])
+    assert_one_error_line(status, lines, 2, "train.fresh")
+    assert lines[0].count("train.fresh") == 1, lines
+
+
 # pipeline.train: valid mutations ------------------------------------------------------
 
 REFERENCE = to_dict(load_run_config(SMALL, TRAIN_BASE))

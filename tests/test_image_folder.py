@@ -247,7 +247,7 @@ def test_the_default_store_path_names_the_side_unless_it_is_32(tmp_path):
     assert path(source="/y/pets", image_size=64) not in (pets, "")
     assert path(source="/x/pets", image_size=64, seed=3) == pets.replace("-64px", "-s3-64px")
     assert path(source="/x/pets/", image_size=64) == pets
-    with pytest.raises(ConfigError, match="data.image_size: expected an integer >= 8"):
+    with pytest.raises(ConfigError, match="data.image_size: expected an integer in \\[8, 512\\]"):
         build_run_config({"data": {"image_size": 4}})
 
 

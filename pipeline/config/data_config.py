@@ -23,7 +23,8 @@ class DataConfig:
         "digest for all but synthetic, the counts and seed always for synthetic, else where "
         "set, the side where not 32)")
     image_size: int | None = described(
-        None, "the images' side in pixels, at least 8: synthetic images are drawn at it, "
+        None, "the images' side in pixels, 8 to 512 (the zoo's largest, ImageNet's 224, "
+        "and room for higher-resolution recipes): synthetic images are drawn at it, "
         "and an image folder's are resized (shorter side, bilinear) and centre-cropped to "
         "it (null: 32; CIFAR-10's is 32, and no other value is taken for it)")
     train_samples: int | None = described(None, "training images (null: 5000 synthetic, or "
@@ -33,7 +34,8 @@ class DataConfig:
         "folder's test/ or val/; a folder without them holds out this many images, drawn "
         "with `seed`, else a sixth of them)")
     seed: int = described(0, "the seed of the synthetic set, and of the order (and, "
-                          "without test/, the split) of an image folder's images")
+                          "without test/, the split) of an image folder's images, 0 to "
+                          "2^64 - 1 (as `train.seed`; it names the store's file)")
     augment: Literal["none", "crop_flip"] = described(
         "none", "training-time augmentation of each step's training images (the test "
         "images that score accuracy never): `none`, or `crop_flip`, He et al.'s CIFAR-10 "
@@ -48,6 +50,9 @@ class DataConfig:
     SYNTHETIC_DEFAULTS = (5000, 1000)
     DEFAULT_IMAGE_SIZE = 32
     MIN_IMAGE_SIZE = 8
+    #: The largest side: past ImageNet's 224 (the zoo's largest networks) with room
+    #: for higher-resolution recipes; 100000 passed and then asked for terabytes.
+    MAX_IMAGE_SIZE = 512
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -55,8 +60,8 @@ class DataConfig:
                              "CIFAR-10, got ''")
         check_range(self, "train_samples", low=1)
         check_range(self, "test_samples", low=1)
-        check_range(self, "image_size", low=self.MIN_IMAGE_SIZE)
-        check_range(self, "seed", low=0)
+        check_range(self, "image_size", low=self.MIN_IMAGE_SIZE, high=self.MAX_IMAGE_SIZE)
+        check_range(self, "seed", low=0, high=2**64 - 1)
         check_range(self, "augment_padding", low=0)
         side = self.image_side()
         if self.augment == "crop_flip" and self.augment_padding >= side:

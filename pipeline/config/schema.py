@@ -61,7 +61,8 @@ def check_range(obj: Any, name: str, low: float | None = None, high: float | Non
     value = getattr(obj, name)
     if value is None:
         return
-    inside = math.isfinite(value)
+    # an int is finite, and one past a float's range would overflow math.isfinite
+    inside = not isinstance(value, float) or math.isfinite(value)
     if inside and low is not None:
         inside = value > low if low_open else value >= low
     if inside and high is not None:
@@ -74,10 +75,16 @@ def check_range(obj: Any, name: str, low: float | None = None, high: float | Non
 
 def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
     if high is None:
-        return f"{'>' if low_open else '>='} {low:g}"
+        return f"{'>' if low_open else '>='} {_bound(low)}"
     if low is None:
-        return f"{'<' if high_open else '<='} {high:g}"
-    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"{'<' if high_open else '<='} {_bound(high)}"
+    return (f"in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}"
+            f"{')' if high_open else ']'}")
+
+
+def _bound(value: float) -> str:
+    """An interval's end as written: an integer whole (2**64 - 1 is not 1.84467e+19)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 # YAML -------------------------------------------------------------------------------
@@ -121,6 +128,8 @@ def yaml_load(text: Any) -> Any:
 
 
 def _describe(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > 200:  # repr of one is megabytes
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

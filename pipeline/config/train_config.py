@@ -20,7 +20,8 @@ from tasks.lr_schedule import TORCH_WARMUP_FACTOR, LrSchedule, schedule_problem
 class TrainConfig:
     """SGD and its learning-rate schedule, the run's steps, checkpoints and tasks."""
 
-    steps: int = described(20, "SGD steps of the run (warm-up steps included)")
+    steps: int = described(20, "SGD steps of the run (warm-up steps included), at most "
+                           "10^9 (years of 0.1 s steps)")
     batch: int = described(64, "the mini-batch: samples a step, over all workers (at least "
                            "2 where a batch norm sees 1x1 features, docs/networks.md)")
     lr: float = described(0.05, "the learning rate (> 0): the base rate, which `lr_warmup` "
@@ -45,7 +46,8 @@ class TrainConfig:
     lr_warmup_factor: float = described(
         TORCH_WARMUP_FACTOR, "the warm-up's first rate over `lr`, in (0, 1] (torch's LinearLR "
         "start_factor, whose default 1/3 it keeps)")
-    seed: int = described(0, "the seed of the initial weights and of each step's samples")
+    seed: int = described(0, "the seed of the initial weights and of each step's samples, "
+                          "0 to 2^64 - 1 (torch's generators take no more)")
     warmup_steps: int = described(1, "first steps left out of the timing summary")
     checkpoint_every: int = described(0, "steps between checkpoints (0: only step 0 and the "
                                       "last step)")
@@ -80,14 +82,22 @@ class TrainConfig:
         3, "lost workers survived per run: restore the last complete checkpoint, re-place "
         "the lost share on the survivors and replay (0: stop at the first loss)")
 
+    #: The most steps a run takes: more is no run anyone waits for (a run's record and
+    #: progress are step by step), and a mistyped huge count is refused at once.
+    MAX_STEPS = 10**9
+    #: The largest seed: torch's `manual_seed` takes an unsigned 64-bit integer.
+    MAX_SEED = 2**64 - 1
+
     def __post_init__(self) -> None:
-        for name in ("steps", "batch", "inflight"):
+        check_range(self, "steps", low=1, high=self.MAX_STEPS)
+        for name in ("batch", "inflight"):
             check_range(self, name, low=1)
         if self.steps_per_task != "auto":
             check_range(self, "steps_per_task", low=1)
-        for name in ("checkpoint_every", "warmup_steps", "eval_samples", "weight_decay", "seed",
+        for name in ("checkpoint_every", "warmup_steps", "eval_samples", "weight_decay",
                      "max_recoveries"):
             check_range(self, name, low=0)
+        check_range(self, "seed", low=0, high=self.MAX_SEED)
         check_range(self, "lr", low=0, low_open=True)
         check_range(self, "momentum", low=0, high=1, high_open=True)
         check_range(self, "lr_gamma", low=0, high=1, low_open=True)
@@ -99,8 +109,8 @@ class TrainConfig:
         if self.nesterov and self.momentum == 0:
             raise FieldError("nesterov", "Nesterov momentum needs train.momentum > 0")
         if self.fresh and self.resume:
-            raise FieldError("fresh", "train.fresh: true discards the results that "
-                             "train.resume: true continues from; set one of them")
+            raise FieldError("fresh", "true discards the results that train.resume: true "
+                             "continues from; set one of them")
 
     def lr_schedule(self) -> LrSchedule:
         """The learning rate's schedule over the run's steps (tasks/lr_schedule.py)."""
