@@ -295,6 +295,15 @@ def test_mix_axis_and_dry_run(tmp_path, capsys):
      ["network.conv", "either network.preset or conv layers"]),
     ({"network.preset": ["resnet20", "vgg16"]}, {"network": {"image": 32}},
      ["network.image", "vgg16 takes its own 3x224x224 images", "value #2 of 2"]),
+    # past the model's range: 10^20 devices overflowed an int64 coordinate, 10^8 computed
+    # for minutes; a batch of 10^20 or a width of 1e300 overflowed in the model
+    ({"hardware.devices": [99999999999999999999]}, None,
+     ["hardware.devices", "1 to 65536", "axes.hardware.devices"]),
+    ({"hardware.devices": [4, 100000000]}, None, ["hardware.devices", "value #2 of 2"]),
+    ({"hardware.devices": [{"cpu": 40000, "gpu": 40000}]}, None,
+     ["hardware.devices", "80000 devices; at most 65536"]),
+    ({}, {"train": {"batch": 99999999999999999999}}, ["train.batch", "16777216"]),
+    ({}, {"network": {"preset": "marques", "width": 1e300}}, ["network.width", "(0, 64]"]),
     # an axis named after a later axis's field, which has no other name to fall back on
     ({"network.preset": {"dim": "strategy", "values": ["alexnet"]}, "strategy": ["data"]},
      None, ["axes.strategy: its dim name 'strategy' is taken by another axis", "`dim:`"]),
@@ -307,6 +316,13 @@ def test_bad_scaling_configs_exit_2_with_one_line(tmp_path, capsys, axes, base, 
     for text in expected:
         assert text in lines[0], lines[0]
     assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_a_one_value_axis_is_counted_by_its_value(tmp_path, capsys):
+    """"1 points (1 devices)" read as one device where the point had 65536."""
+    config = write_scaling(tmp_path, {"hardware.devices": [65536]})
+    assert sweep_cli.main([config, "--dry-run", "--out", str(tmp_path / "s.zarr")]) == 0
+    assert ": 1 point (devices 65536) -> " in capsys.readouterr().out
 
 
 def test_a_measured_sweeps_key_on_a_scaling_sweep_names_the_keys_it_takes(tmp_path, capsys):

@@ -68,7 +68,7 @@ def test_width_scales_a_preset_as_in_training():
 @pytest.mark.parametrize("network, names", [
     ({"preset": "vgg16", "image": 64}, ["network.image", "3x224x224"]),
     ({"preset": "resnet50", "hidden": [10]}, ["network.hidden", "resnet50"]),
-    ({"preset": "resnet50", "width": 0}, ["network.width", "positive"]),
+    ({"preset": "resnet50", "width": 0}, ["network.width", "(0, 64]"]),
     ({"conv": [{"kernels": 8}], "width": 0.5}, ["network.width", "scales a preset"]),
 ])
 def test_bad_zoo_networks_name_the_field(network, names):

@@ -728,6 +728,17 @@ def test_a_prediction_in_the_base_is_said_to_be_unused(tmp_path, tiny_dataset_fa
     assert status == 0 and not [e for e in errors if "prediction" in e], errors
 
 
+def test_an_axis_of_integers_past_int64_keeps_them_whole():
+    """A seed axis of 2^64 - 1 (train.seed's largest) became a float coordinate and
+    the label "1.84467e+19"; 10^20 devices overflowed the int64 coordinate."""
+    seeds = {"train.seed": [2**64 - 1, 1]}
+    [axis] = build_axes(SimpleNamespace(axes=seeds, zip=[]))
+    assert list(axis.coordinate()) == ["18446744073709551615", "1"]
+    assert axis.coordinate().dtype == object and not axis.plain  # its JSON values beside
+    [plain] = build_axes(SimpleNamespace(axes={"train.seed": [2**63 - 1, 1]}, zip=[]))
+    assert plain.coordinate().dtype == np.int64 and plain.coordinate()[0] == 2**63 - 1
+
+
 def test_external_scheduler_sweeps_worker_counts_with_use_workers(tmp_path):
     config = write_sweep(tmp_path, "unused.zarr", {"cluster.workers": [1, 3]})
     sweep = load_sweep(config, scheduler="tcp://10.0.0.1:8786")

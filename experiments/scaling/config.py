@@ -64,11 +64,19 @@ class TrainDesc:
     """The step: ``batch`` samples over all devices (strong scaling), and how
     replicas take batch norm's statistics."""
 
-    batch: int = described(128, "the whole mini-batch over all devices (strong scaling)")
+    batch: int = described(128, "the whole mini-batch over all devices (strong scaling), "
+                           "1 to 2^24 (past any published large-batch run's 64Ki)")
     batch_norm: Literal["sync", "local"] = described(
         "sync", "`data`/`hybrid`: batch norm's statistics over the whole batch (two small "
         "all-reduces per batch-norm layer and step) or each replica's own, as a run's "
         "`train.batch_norm`")
+
+    #: The largest batch: 256x the 64Ki of the largest published large-batch runs;
+    #: 10^20 passed and the model overflowed.
+    MAX_BATCH = 2**24
+
+    def __post_init__(self) -> None:
+        check_range(self, "batch", low=1, high=self.MAX_BATCH)
 
 
 @dataclass

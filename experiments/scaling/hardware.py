@@ -188,7 +188,9 @@ class HardwareConfig:
     """The hypothetical cluster of one point (see the module docstring)."""
 
     devices: int | dict[str, int] = described(
-        1, "how many devices of `device`, or a mix in order: `{cpu: 2, gpu: 6}`")
+        1, "how many devices of `device`, or a mix in order: `{cpu: 2, gpu: 6}`; 1 to "
+        "65536 in all (the model's target is 1 to 4096, docs/model.md; its cost grows "
+        "with the count)")
     device: str = described("cpu", "the device kind: a preset (`cpu`: a core here, `gpu`: "
                             "A100 in FP32, `k20`, `cpu_node`: a 2-socket server, `a100`, "
                             "`h100`: in TF32) or a kind of `kinds`")
@@ -224,6 +226,11 @@ def _fraction(where: str, value: float | None) -> None:
         raise ConfigError(f"{where}: expected an efficiency in (0, 1], got {value!r}")
 
 
+#: The most devices a point has: 16x the model's target of 4096 (docs/model.md). A
+#: point's cost grows with its devices (one share each): 10^8 computed for minutes.
+MAX_DEVICES = 65536
+
+
 def _known_kinds(hw: HardwareConfig) -> list[str]:
     return list(PRESETS) + [k for k in hw.kinds if k not in PRESETS]
 
@@ -247,8 +254,9 @@ def check_hardware(hw: HardwareConfig, where: str = "hardware") -> None:
         raise ConfigError(f"{where}.device: unknown device kind {hw.device!r} (expected one "
                           f"of {', '.join(known)}, or define it under {where}.kinds)")
     if isinstance(hw.devices, int):
-        if hw.devices < 1:
-            raise ConfigError(f"{where}.devices: expected at least 1 device, got {hw.devices}")
+        if not 1 <= hw.devices <= MAX_DEVICES:
+            raise ConfigError(f"{where}.devices: expected 1 to {MAX_DEVICES} devices, got "
+                              f"{hw.devices}")
     else:
         for name, count in hw.devices.items():
             if name not in known:
@@ -259,6 +267,9 @@ def check_hardware(hw: HardwareConfig, where: str = "hardware") -> None:
                 raise ConfigError(f"{where}.devices.{name}: expected a count >= 0, got {count}")
         if sum(hw.devices.values()) < 1:
             raise ConfigError(f"{where}.devices: the mix has no device")
+        if sum(hw.devices.values()) > MAX_DEVICES:
+            raise ConfigError(f"{where}.devices: the mix has {sum(hw.devices.values())} "
+                              f"devices; at most {MAX_DEVICES}")
     _positive(f"{where}.link.gbps", hw.link.gbps, allow_inf=True)
     _not_negative(f"{where}.link.latency_us", hw.link.latency_us)
     if hw.store is not None:

@@ -71,7 +71,7 @@ class NetworkDesc:
     channels: int | None = described(None, "the input's channels (conv layers and marques "
                                      "only; null: 3)")
     width: float = described(1.0, "a preset's channels and its own hidden widths scaled by "
-                             "this (as `network.width` of a run)")
+                             "this (as `network.width` of a run), above 0, at most 64")
 
 
 # The network -----------------------------------------------------------------------
@@ -89,6 +89,11 @@ def zoo_shape(preset: str) -> tuple[int, int, int]:
     return ZOO_IMAGES.get(preset, IMAGENET)
 
 
+#: The widest scaling: 64x a preset's channels (AlexNet's 384 conv kernels x 64 is
+#: 24576); 1e300 passed and the model overflowed.
+MAX_WIDTH = 64
+
+
 def check_network(desc: NetworkDesc) -> None:
     """Raise a ConfigError naming the field for a network the model cannot build, or
     for a field the chosen network does not take (a silently ignored field would
@@ -99,8 +104,9 @@ def check_network(desc: NetworkDesc) -> None:
         _check_own_layers(desc)
     if desc.preset not in SHAPED_PRESETS:
         _check_zoo_fields(desc)
-    if not math.isfinite(desc.width) or desc.width <= 0:
-        raise ConfigError(f"network.width: expected a positive number, got {desc.width!r}")
+    if not math.isfinite(desc.width) or not 0 < desc.width <= MAX_WIDTH:
+        raise ConfigError(f"network.width: expected a number in (0, {MAX_WIDTH}], got "
+                          f"{desc.width!r}")
     if desc.conv is not None and desc.layers is None:
         _check_conv_layers(desc.conv, desc.width)
     for i, size in enumerate(desc.hidden):

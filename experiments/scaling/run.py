@@ -47,7 +47,7 @@ from experiments.scaling.anchors import anchor_records
 from experiments.sweep.provenance import machine_info
 from experiments.sweep.results import STORE_FORMAT, ResultStore, SweepLock
 from experiments.sweep.results_checksums import record_whole_store
-from experiments.sweep.axes import value_label
+from experiments.sweep.axes import grid_text, value_label
 from experiments.sweep.store_layout import DONE, FAILED, axis_coords
 from experiments.scaling.config import (ScalingPoint, ScalingSweep, field_units, network_of,
                                         options_of, point_strategy)
@@ -335,8 +335,7 @@ def run_scaling_sweep(sweep: ScalingSweep, fresh: bool = False, out: TextIO | No
     with SweepLock(sweep.store_path):
         ResultStore(sweep.store_path).check_rewrite(sweep.fingerprint, sweep.text, fresh, extend)
         started = now_text()
-        shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
-        print(f"scaling sweep {sweep.config.name}: {len(sweep.points)} points ({shape}), "
+        print(f"scaling sweep {sweep.config.name}: {grid_text(sweep.axes, len(sweep.points))}, "
               f"predicted by the performance model -> {sweep.store_path}", file=out)
         outcome = evaluate_grid(sweep)
         ds = build_dataset(sweep, outcome, _attrs(sweep, argv or sys.argv, started))
@@ -372,8 +371,7 @@ def dry_run_scaling(sweep: ScalingSweep, out: TextIO, fresh: bool = False,
     """List the points with their predicted step times; write nothing. A store the
     run would refuse is refused first, in its words (`ResultStore.check_rewrite`)."""
     ResultStore(sweep.store_path).check_rewrite(sweep.fingerprint, sweep.text, fresh, extend)
-    shape = " x ".join(f"{len(a)} {a.dim}" for a in sweep.axes) or "1 point"
-    print(f"scaling sweep {sweep.config.name}: {len(sweep.points)} points ({shape}) -> "
+    print(f"scaling sweep {sweep.config.name}: {grid_text(sweep.axes, len(sweep.points))} -> "
           f"{sweep.store_path}", file=out)
     rows = []
     for number, run in enumerate(sweep.points, start=1):

@@ -48,6 +48,8 @@ RESERVED_NAMES = {
 #: ``zip:`` group indented one level too deep), they get their own message.
 SWEEP_FILE_KEYS = ("axes", "base", "description", "keep_checkpoints", "measure", "mode",
                    "probe_samples", "repeats", "speedup_baseline", "zip")
+#: The integers a coordinate holds as numbers (an axis of larger ones is labelled).
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -69,17 +71,21 @@ class Axis:
         if len(self.fields) == 1:
             flat = [v[0] for v in self.values]
             if all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
-                return np.array(flat, dtype=np.int64)
+                if all(INT64_MIN <= v <= INT64_MAX for v in flat):
+                    return np.array(flat, dtype=np.int64)
+                return np.array(self.labels, dtype=object)  # not rounded to a float
             if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
                 return np.array(flat, dtype=np.float64)
         return np.array(self.labels, dtype=object)
 
     @property
     def plain(self) -> bool:
-        """Whether the coordinate itself holds the values (no companion needed)."""
+        """Whether the coordinate itself holds the values (no companion needed): not
+        integers past int64's range, which it labels (`coordinate`)."""
         if len(self.fields) != 1:
             return False
         return all(isinstance(v[0], (int, float, str)) and not isinstance(v[0], bool)
+                   and not (isinstance(v[0], int) and not INT64_MIN <= v[0] <= INT64_MAX)
                    for v in self.values)
 
     def value_of(self, position: int, name: str) -> Any:
@@ -111,6 +117,8 @@ def value_label(field_name: str, value: Any) -> str:
         return "true" if value else "false"
     if value is None:
         return "none"
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        return str(value)  # a seed past 2^63 as written, not rounded ("1.84467e+19")
     if isinstance(value, (int, float)):
         return _number(value)
     if isinstance(value, str):
@@ -232,6 +240,14 @@ def _parse_axes(config: Any) -> list[tuple[str | None, tuple[str, ...], list[tup
                               f"each ({counts})")
         parsed.append((dim, tuple(group), list(zip(*columns)), where))
     return parsed
+
+
+def grid_text(axes: list[Axis], points: int) -> str:
+    """How a sweep's first line counts its grid: "4 points (2 strategy x 2 devices)";
+    an axis of one value by that value ("1 point (devices 4096)", not "1 devices")."""
+    shape = " x ".join(f"{a.dim} {a.labels[0]}" if len(a) == 1 else f"{len(a)} {a.dim}"
+                       for a in axes)
+    return f"{points} point{'' if points == 1 else 's'}" + (f" ({shape})" if shape else "")
 
 
 def build_axes(config: Any) -> list[Axis]:
