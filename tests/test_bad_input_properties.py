@@ -257,8 +257,9 @@ TOO_LARGE = {"train.steps": [10**9 + 1, 2**63 - 1, 10**23],
              "data.image_size": [513, 100000]}
 
 
-@pytest.mark.parametrize("name,value", [(name, value) for name, values in TOO_LARGE.items()
-                                        for value in values])
+@pytest.mark.parametrize("name,value", [
+    pytest.param(name, value, id=f"{name}-{len(str(value))}-digits")
+    for name, values in TOO_LARGE.items() for value in values])
 def test_an_integer_past_its_field_s_top_is_refused_naming_it(name, value):
     assert_refused("train", [SMALL, *TRAIN_BASE, f"{name}={value}", "--check"], name)
 
