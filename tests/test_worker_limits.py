@@ -261,7 +261,7 @@ def test_a_run_removes_the_setups_of_runs_whose_client_is_gone(tmp_path, schedul
                 lambda dask_scheduler: sorted(dask_scheduler.worker_plugins))
         assert status == 0, lines
         assert [line for line in lines if "removed the setup" in line] == [
-            f"setting up the workers: removed the setup of an earlier run whose client has "
+            f"note: setting up the workers: removed the setup of an earlier run whose client has "
             f"left the scheduler ({orphaned}), which set up every worker that joined since"]
         assert orphaned not in plugins and setup_name(other) in plugins, plugins
     finally:

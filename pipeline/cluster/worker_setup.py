@@ -210,7 +210,7 @@ def remove_orphaned_setups(client: Client) -> list[str]:
 def orphaned_setups_line(names: list[str]) -> str:
     """What a run says when it removed earlier runs' setups (`remove_orphaned_setups`)."""
     runs = "an earlier run" if len(names) == 1 else f"{len(names)} earlier runs"
-    return (f"setting up the workers: removed the setup of {runs} whose client has left "
+    return (f"note: setting up the workers: removed the setup of {runs} whose client has left "
             f"the scheduler ({', '.join(names)}), which set up every worker that joined "
             "since")
 
