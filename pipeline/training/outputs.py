@@ -7,13 +7,13 @@ from start to end: a second run is refused at once, naming the holder, and a loc
 left by a killed run is taken over with a note. Under the lock, a directory that
 already holds results is refused unless the run resumes them (`train.resume`) or
 replaces them (`train.fresh`, `--fresh`); so is a `config.yaml` or `trace.json` there
-beside none of a run's files (a user's own: `--fresh` replaces a run's files only). A fresh run moves them aside (`ASIDE`, in
-the directory) as it starts and removes them only once it ends with results of its
-own: a run refused before its first step (a damaged dataset, a scheduler it cannot
-reach) puts them back, so nothing is lost to a run that never trained; one killed
-meanwhile leaves them aside, and the next run into the directory settles them the
-same way. At its end the run writes its results there (`write_results`: the record,
-the summary and the config it ran).
+beside none of a run's files (a user's own: `--fresh` replaces a run's files only). A
+fresh run moves them aside (`ASIDE`, in the directory) as it starts and removes them
+only once it ends with results of its own: a run refused before its first step (a
+damaged dataset, a scheduler it cannot reach) puts them back, so nothing is lost to a
+run that never trained; one killed meanwhile leaves them aside, and the next run into
+the directory settles them the same way. At its end the run writes its results there
+(`write_results`: the record, the summary and the config it ran).
 """
 
 from __future__ import annotations
