@@ -297,13 +297,19 @@ except Interrupted:
 """
 
 
+def _script(monkeypatch, script: str, *args: str) -> subprocess.Popen:
+    """`script` run by this Python as a process of its own, with this tree's code, its
+    output read as text (the signal tests' scripts print each stage they reach)."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    return subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def test_a_second_signal_stops_at_once(monkeypatch):
     """SIGHUP starts the unwinding; a SIGTERM during it ends the process at once,
     exit 143, without waiting for the cleanup, and removes the workspace it made and
     unlinks its semaphore itself (its resource tracker would, with a warning)."""
-    monkeypatch.setenv("PYTHONPATH", ROOT)
-    process = subprocess.Popen([sys.executable, "-c", SLOW_CLEANUP], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = _script(monkeypatch, SLOW_CLEANUP)
     try:
         assert process.stdout.readline().strip() == "ready"
         process.send_signal(signal.SIGHUP)
@@ -348,10 +354,7 @@ def test_the_same_signal_again_at_once_is_the_same_stop(monkeypatch, same_stop_s
     the same signal again within `SAME_STOP_S` of the first is that stop, and the
     run unwinds as from one; later, it is a second stop, and stops at once. (The
     window is widened here, so that a loaded machine's delay cannot pass it.)"""
-    monkeypatch.setenv("PYTHONPATH", ROOT)
-    process = subprocess.Popen([sys.executable, "-c", SIGNALLED_AGAIN, str(same_stop_s)],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = _script(monkeypatch, SIGNALLED_AGAIN, str(same_stop_s))
     try:
         assert process.stdout.readline().strip() == "ready"
         process.send_signal(signal.SIGINT)
@@ -527,9 +530,7 @@ def test_a_second_signal_once_the_stop_has_unwound_stops_at_once(monkeypatch):
     second Ctrl-C raised a KeyboardInterrupt into whatever the exit ran: a traceback
     ("Exception ignored in: <function WeakSet...>"), and at times an exit by the
     signal itself (-2) rather than 130. It now stops at once, as during the unwinding."""
-    monkeypatch.setenv("PYTHONPATH", ROOT)
-    process = subprocess.Popen([sys.executable, "-c", SIGNALLED_AFTER], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = _script(monkeypatch, SIGNALLED_AFTER)
     try:
         assert process.stdout.readline().strip() == "ready"
         process.send_signal(signal.SIGINT)
