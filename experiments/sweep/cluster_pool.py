@@ -22,10 +22,8 @@ from pipeline.cluster.job_ends import lost_at_walltime
 from pipeline.cluster.job_ends import submitting_line
 from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.startup import start_batch, usable_cores
-from pipeline.cluster.worker_limits import check_worker_limits
-from pipeline.cluster.worker_setup import (orphaned_setups_line, remove_orphaned_setups,
-                                           setup_scope, workers_set_up)
-from pipeline.cluster.workers import ClusterError, live_workers
+from pipeline.cluster.worker_setup import run_workers_set_up, setup_scope
+from pipeline.cluster.workers import ClusterError
 from pipeline.config.run_config import RunConfig
 
 
@@ -80,12 +78,8 @@ class ClusterPool:
                 batch=start_batch(len(workers), usable_cores())))
             with guarded(client, point.config.cluster.scheduler_timeout,
                          "setting up the workers"):
-                orphaned = (remove_orphaned_setups(client)  # earlier runs' left behind
-                            if point.cluster_key == "external" else [])
-                if orphaned:
-                    self.echo(orphaned_setups_line(orphaned))
-                check_worker_limits(client, point.config.cluster, live_workers(client))
-                stack.enter_context(workers_set_up(client, point.config.cluster))
+                stack.enter_context(run_workers_set_up(client, point.config.cluster,
+                                                       self.echo))
         except BaseException as error:
             stack.close()
             if jobqueue is not None and isinstance(error, ClusterError):

@@ -23,14 +23,12 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 from distributed import Client
 
 from pipeline.cluster.scheduler_guard import guarded
-from pipeline.cluster.workers import ClusterWorker, live_workers, scheduler_address
+from pipeline.cluster.workers import ClusterWorker, scheduler_address
 from pipeline.cluster.connect import open_jobqueue, open_run_client
 from pipeline.cluster.job_choice import jobs_to_submit, release_idle_jobs
 from pipeline.cluster.job_ends import submitting_line
-from pipeline.cluster.worker_setup import (orphaned_setups_line, register_setup,
-                                           remove_orphaned_setups, workers_set_up)
+from pipeline.cluster.worker_setup import register_setup, run_workers_set_up
 from pipeline.cluster.links import LinkedHosts
-from pipeline.cluster.worker_limits import check_worker_limits
 from pipeline.config.run_config import RunConfig
 from pipeline.config.cluster_config import WorkerConfig
 from tasks.machine import usable_cores
@@ -162,11 +160,7 @@ def start_cluster(config: RunConfig, startup: Startup, say: Callable[[str], None
             client, links = stack.enter_context(open_run_client(
                 config.cluster, config.shared_directories()))
             with guarded(client, config.cluster.scheduler_timeout, "setting up the workers"):
-                orphaned = remove_orphaned_setups(client)
-                if orphaned:
-                    say(orphaned_setups_line(orphaned))
-                check_worker_limits(client, config.cluster, live_workers(client))
-                stack.enter_context(workers_set_up(client, config.cluster))
+                stack.enter_context(run_workers_set_up(client, config.cluster, say))
             yield client, links
             return
         workers = config.cluster.worker_list()

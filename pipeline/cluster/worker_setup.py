@@ -12,11 +12,12 @@ import importlib.util
 import pickle
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from distributed import Client
 
 from pipeline.config.cluster_config import ClusterConfig
+from pipeline.cluster.worker_limits import check_worker_limits
 from pipeline.cluster.workers import (ClusterError, fence_workers, live_workers,
                                       scheduler_address, unresponsive)
 from tasks.setup_gate import SETUP_NAME, RunSetup
@@ -223,3 +224,19 @@ def workers_set_up(client: Client, config: ClusterConfig) -> Iterator[None]:
         yield
     finally:
         unregister_setup(client)
+
+
+@contextlib.contextmanager
+def run_workers_set_up(client: Client, config: ClusterConfig,
+                       say: Callable[[str], None]) -> Iterator[None]:
+    """A run's workers made ready for the block, as a run's start and a sweep's
+    connection make them: on a cluster the user started, the setups earlier runs left
+    removed (`remove_orphaned_setups`, said); the workers' memory limits checked
+    (`check_worker_limits`); the run's setup for the block (`workers_set_up`)."""
+    if scheduler_address(config) is not None:
+        orphaned = remove_orphaned_setups(client)
+        if orphaned:
+            say(orphaned_setups_line(orphaned))
+    check_worker_limits(client, config, live_workers(client))
+    with workers_set_up(client, config):
+        yield
