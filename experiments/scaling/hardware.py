@@ -265,11 +265,12 @@ def check_hardware(hw: HardwareConfig, where: str = "hardware") -> None:
                                   f"{where}.kinds)")
             if count < 0:
                 raise ConfigError(f"{where}.devices.{name}: expected a count >= 0, got {count}")
-        if sum(hw.devices.values()) < 1:
+        total = sum(hw.devices.values())
+        if total < 1:
             raise ConfigError(f"{where}.devices: the mix has no device")
-        if sum(hw.devices.values()) > MAX_DEVICES:
-            raise ConfigError(f"{where}.devices: the mix has {sum(hw.devices.values())} "
-                              f"devices; at most {MAX_DEVICES}")
+        if total > MAX_DEVICES:
+            raise ConfigError(f"{where}.devices: the mix has {total} devices; at most "
+                              f"{MAX_DEVICES}")
     _positive(f"{where}.link.gbps", hw.link.gbps, allow_inf=True)
     _not_negative(f"{where}.link.latency_us", hw.link.latency_us)
     if hw.store is not None:
