@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+import warnings
 
 import pytest
 
@@ -34,6 +36,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+from pipeline.cluster.shared_use import FIRE_AND_FORGET  # noqa: E402
 from pipeline.config.cluster_config import WorkerConfig  # noqa: E402
 from storage.datasets import create_synthetic_dataset  # noqa: E402
 from tests.helpers import embedded_client, shared_workers  # noqa: E402
@@ -70,6 +73,31 @@ def shared_cluster():
     """The session's cluster (module doc); yields (client, config of its three workers)."""
     with embedded_client(SHARED_WORKERS) as made:
         yield made
+
+
+@pytest.fixture(autouse=True)
+def shared_cluster_quiet(request):
+    """Before a test on the session's cluster, wait (up to 10 s) until no client of it
+    holds tasks: futures an earlier test dropped are released by a message the client
+    sends in the background, and a run started meanwhile saw them as another client's
+    work and said so (pipeline/cluster/shared_use.py), one line too many for a test
+    that counts its lines. Tests that do not use the cluster do not wait."""
+    if "shared_cluster" not in request.fixturenames:
+        return
+    client, _ = request.getfixturevalue("shared_cluster")
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        if not client.run_on_scheduler(_clients_holding_tasks):
+            return
+        time.sleep(0.05)
+    warnings.warn(f"clients of the shared cluster still hold tasks after 10 s: "
+                  f"{client.run_on_scheduler(_clients_holding_tasks)}")
+
+
+def _clients_holding_tasks(dask_scheduler) -> list[str]:
+    """The clients of the scheduler holding tasks, less fire-and-forget's own."""
+    return [key for key, state in dask_scheduler.clients.items()
+            if key != FIRE_AND_FORGET and state.wants_what]
 
 
 @pytest.fixture

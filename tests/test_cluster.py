@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 from importlib.machinery import ModuleSpec
 from multiprocessing import spawn
@@ -227,3 +228,20 @@ def test_a_setup_broken_by_a_connection_is_installed_again(monkeypatch, capsys, 
         with pytest.raises(ClusterError, match="it lacks it on cpu-1"):
             worker_setup.register_setup(client, ClusterConfig(workers=2))
         assert client.installs == 1
+
+
+def test_the_quiet_wait_sees_a_held_future_and_its_release(shared_cluster):
+    """The wait before each test on the shared cluster (tests/conftest.py) asks the
+    scheduler which clients hold tasks: a held future's client is listed, and no
+    longer once the future is released (else the wait would never wait, or never end)."""
+    from tests.conftest import _clients_holding_tasks
+    client, _ = shared_cluster
+    held = client.submit(sum, [1, 2], pure=False)
+    assert held.result() == 3
+    assert client.id in client.run_on_scheduler(_clients_holding_tasks)
+    held.release()
+    del held
+    deadline = time.monotonic() + 10.0
+    while client.run_on_scheduler(_clients_holding_tasks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.run_on_scheduler(_clients_holding_tasks) == []
