@@ -240,23 +240,20 @@ def test_a_store_without_its_speedup_baseline_says_it_has_no_speedup():
     assert any(line.startswith("- speedup is against `single`") for line in _provenance(ds))
 
 
-def test_a_report_again_leaves_no_figure_of_what_the_store_no_longer_has(tmp_path):
-    """A report written over an earlier one (the same --out) removes the earlier
-    figures it does not draw, those named after a strategy or network included;
-    other files stay."""
+def test_figures_that_do_not_apply_are_not_written_nor_listed(tmp_path):
+    """A maker that says its figure does not apply (False) leaves no file, and the
+    report lists only the figures drawn, in the makers' order."""
     from experiments.report.figure_files import write_figures
-    for name in ("growth_data.png", "winner_alexnet.png", "speedup.png", "mine.png"):
-        (tmp_path / name).write_bytes(b"old")
 
     def draw(path: str) -> bool:
         with open(path, "wb") as handle:
             handle.write(b"new")
         return True
 
-    written = write_figures([("growth_kernel.png", draw), ("speedup.png", lambda p: False)],
-                            str(tmp_path))
-    assert written == ["growth_kernel.png"]
-    assert sorted(os.listdir(tmp_path)) == ["growth_kernel.png", "mine.png"]
+    written = write_figures([("growth_kernel.png", draw), ("speedup.png", lambda p: False),
+                             ("batch.png", draw)], str(tmp_path))
+    assert written == ["growth_kernel.png", "batch.png"]
+    assert sorted(os.listdir(tmp_path)) == ["batch.png", "growth_kernel.png"]
 
 
 def test_a_sweep_stopped_with_points_pending_is_not_said_finished():

@@ -29,23 +29,8 @@ def save_figure(fig: Any, path: str) -> None:
     plt.close(fig)
 
 
-#: Figures named after what a store holds (`growth_<strategy>.png`, a scaling report's
-#: `winner_<network>.png`): an earlier report's that this one does not draw are removed.
-NAMED_BY_DATA = ("growth_", "winner_")
-
-
 def write_figures(makers: list[tuple[str, Any]], out_dir: str) -> list[str]:
-    """Draw each (file name, maker) figure; a maker returns False when its figure does
-    not apply, and an earlier report's file of that name is then removed, as is one of
-    `NAMED_BY_DATA` that no maker drew (a strategy or network the store no longer has)."""
-    written = []
-    for name, make in makers:
-        path = os.path.join(out_dir, name)
-        if make(path):
-            written.append(name)
-        elif os.path.exists(path):
-            os.remove(path)
-    for name in os.listdir(out_dir):
-        if name.startswith(NAMED_BY_DATA) and name.endswith(".png") and name not in written:
-            os.remove(os.path.join(out_dir, name))
-    return written
+    """Draw each (file name, maker) figure into `out_dir`; a maker returns False when
+    its figure does not apply (nothing is written then). Returns the names drawn. The
+    folder holds no earlier report by now (report_folder.prepare_report_folder)."""
+    return [name for name, make in makers if make(os.path.join(out_dir, name))]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 
-from experiments.report.figure_files import NAMED_BY_DATA
 
 #: Every figure a report may write under a fixed name (a measured sweep's, a predict
 #: store's, a scaling sweep's); `NAMED_BY_DATA` prefixes name the others.
@@ -20,6 +19,9 @@ FIXED_FIGURES = frozenset({
     "strategies.png", "speedup.png", "breakdown.png", "batch.png", "placement.png",
     "memory.png", "step_times.png", "prediction.png", "predicted.png", "links.png",
     "winner_workers_batch.png", "winner_workers_bandwidth.png", "scaling_speedup.png"})
+#: Prefixes of figures named after what a store holds (`growth_<strategy>.png`, a
+#: scaling report's `winner_<network>.png`).
+NAMED_BY_DATA = ("growth_", "winner_")
 
 
 class OutDirRefused(ValueError):
