@@ -31,7 +31,7 @@ from pipeline.cluster.workers import (ClusterWorker, SchedulerLost, WorkerLost, 
 from pipeline.cluster.links import LinkedHosts
 from pipeline.cluster.shared_paths import check_workers_code, check_workers_see
 from pipeline.cluster.scheduler_guard import guarded
-from pipeline.cluster.shared_use import say_shared_use
+from pipeline.cluster.shared_use import SharedUseWatch
 from pipeline.cluster.startup import Startup, start_cluster
 from pipeline.cluster.worker_limits import worker_constants
 from pipeline.config.run_config import RunConfig
@@ -223,7 +223,8 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
             check_workers_code(client, offered)
         config, strategy, engine, split, offered = _placed_surviving(
             config, strategy, start, client, offered, startup)
-        say_shared_use(client, config.cluster, start.say, "as the run starts")
+        shared_use = SharedUseWatch(client, config.cluster, start.say)
+        shared_use.check("as the run starts")
     workers = engine.workers
     recorder = RunRecorder([w.name for w in workers], [w.label for w in workers],
                            [w.emulated_speed for w in workers],
@@ -232,13 +233,13 @@ def _train_on_cluster(config: RunConfig, strategy: Strategy, start: Start,
     with _kept_if_stopped(trained, start):
         train_with_recovery(config, client, strategy, start.network, engine, offered,
                             recorder, start.client_events, start.from_step,
-                            start.info.train_samples, trained.history)
+                            start.info.train_samples, trained.history, shared_use)
     if scheduler_address(config.cluster) is not None:  # only a cluster the user started
         # every step is done: a lost or silent scheduler costs this line only (the
         # prediction's note says so)
         with contextlib.suppress(Exception), guarded(
                 client, config.cluster.scheduler_timeout, "asking for other clients"):
-            say_shared_use(client, config.cluster, start.say, "as its steps ended")
+            shared_use.check("as its steps ended")
     return trained
 
 

@@ -4,10 +4,12 @@ A run's step times are its workers' times. On a cluster the user started (`dask
 scheduler`, `dask worker`), another client (a second run or sweep, a notebook) may
 hold tasks on the same workers at the same time: their work then slows this run's
 steps, and its figures (and the model's errors against them) include it, with
-nothing in the record to say so. So a run on an external scheduler asks, once its
-work is placed and again when its steps are done, how many other clients hold
-tasks there, and says so in a warning that its record's notes keep. A client that
-is only connected (a dashboard's, an idle notebook's) holds none and is not counted.
+nothing in the record to say so. So a run on an external scheduler asks how many
+other clients hold tasks there once its work is placed, at each checkpoint (a run
+started after this one and done before its end is seen there) and when its steps are
+done, and says so in a warning that its record's notes keep (`SharedUseWatch`). A
+client that is only connected (a dashboard's, an idle notebook's) holds none and is
+not counted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from distributed import Client
 from pipeline.cluster.workers import scheduler_address
 from pipeline.config.cluster_config import ClusterConfig
 
-__all__ = ["other_clients_with_work", "say_shared_use", "shared_use_warning"]
+__all__ = ["SharedUseWatch", "other_clients_with_work", "shared_use_warning"]
 
 #: The scheduler's own client of `fire_and_forget` tasks.
 FIRE_AND_FORGET = "fire-and-forget"
@@ -55,12 +57,23 @@ def shared_use_warning(client: Client, when: str) -> str | None:
             "its step times include it")
 
 
-def say_shared_use(client: Client, config: ClusterConfig, say: Callable[[str], None],
-                   when: str) -> None:
-    """On a cluster the user started (`config` names its scheduler), `say` the
-    warning where other clients hold tasks on it (the run's `say` keeps it in the
-    record's notes)."""
-    if scheduler_address(config) is not None and client.status == "running":
-        line = shared_use_warning(client, when)
-        if line:
-            say(line)
+class SharedUseWatch:
+    """A run's questions about other clients, on a cluster the user started (`config`
+    names its scheduler; elsewhere nothing is asked). `check` says the warning where
+    other clients hold tasks, through the run's `say` (which keeps it in the record's
+    notes); at a checkpoint (`only_new`) only where the last question found none, so
+    a long run shared throughout is not warned at every checkpoint."""
+
+    def __init__(self, client: Client, config: ClusterConfig,
+                 say: Callable[[str], None]) -> None:
+        self.client, self.say = client, say
+        self.asks = scheduler_address(config) is not None
+        self.others_before = 0
+
+    def check(self, when: str, only_new: bool = False) -> None:
+        if not self.asks or self.client.status != "running":
+            return
+        line = shared_use_warning(self.client, when)
+        others_before, self.others_before = self.others_before, int(line is not None)
+        if line and not (only_new and others_before):
+            self.say(line)

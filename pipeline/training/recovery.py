@@ -34,6 +34,7 @@ from distributed import Client
 
 from pipeline.cluster.scheduler_guard import guarded
 from pipeline.cluster.shared_paths import other_code
+from pipeline.cluster.shared_use import SharedUseWatch
 from pipeline.cluster.workers import (ClusterError, ClusterWorker, WorkerLost, current_workers,
                                       live_workers, scheduler_address)
 from pipeline.config.run_config import RunConfig
@@ -155,17 +156,20 @@ def train_with_recovery(config: RunConfig, client: Client, strategy: Strategy,
                         network: NetworkSpec, engine: StepEngine,
                         offered: list[ClusterWorker], recorder: RunRecorder,
                         client_events: list[ClientEvent], from_step: int,
-                        train_samples: int, history: History | None = None) -> History:
+                        train_samples: int, history: History | None = None,
+                        shared_use: SharedUseWatch | None = None) -> History:
     """Train from `from_step` to the end with `engine`, recovering from lost workers
     and taking in joined ones.
 
     `offered` are the workers the run was placed over (a master that the strategy's
     placement adds is found again by it). Closes every engine it used. Returns what
     happened, in `history` where one is passed: the caller then has it even when the
-    run is stopped (its record keeps the recoveries and joins so far).
+    run is stopped (its record keeps the recoveries and joins so far). `shared_use`
+    asks at each checkpoint whether other clients came to hold tasks meanwhile.
     """
     run = _Attempts(config, client, strategy, network, recorder, client_events,
-                    train_samples, engine, offered, from_step, history or History())
+                    train_samples, engine, offered, from_step, history or History(),
+                    shared_use)
     try:
         while True:
             try:
@@ -193,7 +197,8 @@ class _Attempts:
     def __init__(self, config: RunConfig, client: Client, strategy: Strategy,
                  network: NetworkSpec, recorder: RunRecorder,
                  client_events: list[ClientEvent], train_samples: int, engine: StepEngine,
-                 offered: list[ClusterWorker], from_step: int, history: History) -> None:
+                 offered: list[ClusterWorker], from_step: int, history: History,
+                 shared_use: SharedUseWatch | None) -> None:
         self.config, self.client, self.strategy, self.network = config, client, strategy, network
         self.recorder, self.client_events, self.train_samples = (recorder, client_events,
                                                                  train_samples)
@@ -204,6 +209,7 @@ class _Attempts:
         self.refused: set[str] = set()  # joined workers on other code
         self.pending: dict[str, Any] | None = None
         self.pending_since = 0.0
+        self.shared_use = shared_use
 
     def _start(self) -> StepEngine:
         """The engine started at `from_step` (built over `offered` if there is none)."""
@@ -219,12 +225,14 @@ class _Attempts:
     def _stop_for_joined(self, step: int) -> bool:
         """Whether workers joined (`joined`): only a cluster the run did not start can
         grow, so only its scheduler is asked, under a guard (a thread, at each
-        checkpoint)."""
+        checkpoint); so is whether other clients came to hold tasks there."""
         if scheduler_address(self.config.cluster) is None:
             return False
         with guarded(self.client, self.config.cluster.scheduler_timeout,
                      f"step {step}: asking whether workers joined"):
             self.grown[:] = joined(self.client, self.config, self.offered, self.refused)
+            if self.shared_use is not None:
+                self.shared_use.check(f"at step {step}", only_new=True)
         return bool(self.grown)
 
     def train(self) -> int:
