@@ -205,18 +205,11 @@ def test_the_sweep_keeps_another_namespaces_semaphore_of_a_pid_unknown_here(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
 
 
-def hold_a_semaphore() -> None:
-    """A child's own semaphore (as a worker's), said on stdout and held until killed."""
-    lock = multiprocessing.get_context("forkserver").Lock()
-    print(lock._semlock.name.lstrip("/"), flush=True)
-    time.sleep(120)
-
-
 STOPPED_TWICE = """
 import multiprocessing, multiprocessing.util, time
 from pipeline.cli import stops_on_signals
 from pipeline.cluster.semaphores import start_resource_tracker
-from tests.test_semaphores import hold_a_semaphore
+from tests.semaphore_child import hold_a_semaphore  # not this module: it imports torch
 start_resource_tracker()
 with stops_on_signals():
     try:
