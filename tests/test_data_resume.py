@@ -136,6 +136,7 @@ def test_a_run_whose_store_is_rebuilt_under_it_stops_in_one_line(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline.train", os.path.join(ROOT, "configs", "small.yaml"),
          f"output={output}", "progress=false", "prediction=never", f"data.path={store}",
+         "placement=even",  # not about placement: calibrating costs the run seconds
          "data.train_samples=256", "data.test_samples=32", "train.steps=1000000",
          "train.batch=8", "train.checkpoint_every=2", "network.conv.0.kernels=4",
          "network.conv.1.kernels=4"],
