@@ -106,9 +106,11 @@ def test_three_tags_with_zero_kernel_shards_train_exactly(mixed_cluster, tmp_pat
     client, cluster = mixed_cluster
     dataset = tiny_dataset_factory("float64")
     split = [[6, 4, 0], [4, 0, 8]]
+    # 3 steps, not tiny_config's 5: `slow` (0.05x) holds layer 1's largest shard, so each
+    # step waits out its emulated slowness; 3 steps move the weights as well
+    steps = {"network.dtype": "float64", "train.steps": 3}
     config, result = run(tmp_path, dataset, client, cluster, ["FAST", "MID", "SLOW"], "first",
-                         placement="recorded", split_from=json.dumps(split),
-                         **{"network.dtype": "float64"})
+                         placement="recorded", split_from=json.dumps(split), **steps)
     assert result.summary["kernel_split"] == split
     assert result.summary["worker_devices"] == [
         {"name": FAST, "tag": "FAST", "device": "cpu"},
@@ -121,8 +123,7 @@ def test_three_tags_with_zero_kernel_shards_train_exactly(mixed_cluster, tmp_pat
     assert max_relative_error(trained, checkpoints.read_tensors(config.checkpoint_path, 0)) > 1e-3
 
     again, repeat = run(tmp_path, dataset, client, cluster, ["FAST", "MID", "SLOW"], "again",
-                        placement="recorded", split_from=config.output_dir,
-                        **{"network.dtype": "float64"})
+                        placement="recorded", split_from=config.output_dir, **steps)
     assert repeat.summary["kernel_split"] == split and repeat.record.attrs["placement"] == "recorded"
     repeated = checkpoints.read_tensors(again.checkpoint_path, again.train.steps)
     bitwise = all((repeated[key] == trained[key]).all() for key in trained)
