@@ -331,7 +331,7 @@ def test_a_zipped_batch_axis_draws_its_batch_lines(tmp_path, tiny_dataset_factor
     single, kernel = ds.step_time.values[0, 0, 0], ds.step_time.values[1, :, 0]
     assert ds.speedup.values[1, :, 0] == pytest.approx(single / kernel * [1, 2])
     assert ds.efficiency.values[1, 1, 0] == pytest.approx(single / kernel[1])  # 2 workers
-    seen = drawn(monkeypatch)
+    seen = drawn(monkeypatch, render=False)  # its lines are read, not its pictures
     report.make_report(path, str(tmp_path / "report"))
     for name, panel in (("batch.png", 0), ("batch.png", 1), ("memory.png", -1)):
         lines = {line[0]: line for line in seen[name][panel][:-1] if line[1].size}
