@@ -24,6 +24,7 @@ skipped with the reason where it cannot start.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -81,7 +82,10 @@ def shared_cluster_quiet(request):
     holds tasks: futures an earlier test dropped are released by a message the client
     sends in the background, and a run started meanwhile saw them as another client's
     work and said so (pipeline/cluster/shared_use.py), one line too many for a test
-    that counts its lines. Tests that do not use the cluster do not wait."""
+    that counts its lines. What is still held after the wait (futures kept alive by
+    an earlier test, or a client it left open) is released on the scheduler, with a
+    warning naming the clients and keys, so that one test's leftovers fail no other.
+    Tests that do not use the cluster do not wait."""
     if "shared_cluster" not in request.fixturenames:
         return
     client, _ = request.getfixturevalue("shared_cluster")
@@ -89,15 +93,33 @@ def shared_cluster_quiet(request):
     while time.monotonic() < deadline:
         if not client.run_on_scheduler(_clients_holding_tasks):
             return
+        gc.collect()  # futures in reference cycles
         time.sleep(0.05)
-    warnings.warn(f"clients of the shared cluster still hold tasks after 10 s: "
-                  f"{client.run_on_scheduler(_clients_holding_tasks)}")
+    held = client.run_on_scheduler(_release_held_tasks)
+    warnings.warn(f"clients of the shared cluster still held tasks after 10 s, released "
+                  f"now (this process's own client: {client.id}): {held}")
 
 
-def _clients_holding_tasks(dask_scheduler) -> list[str]:
-    """The clients of the scheduler holding tasks, less fire-and-forget's own."""
-    return [key for key, state in dask_scheduler.clients.items()
-            if key != FIRE_AND_FORGET and state.wants_what]
+def _clients_holding_tasks(dask_scheduler) -> dict[str, list[str]]:
+    """The clients of the scheduler holding tasks (a few of each one's keys), less
+    fire-and-forget's own."""
+    return {key: sorted(str(task.key) for task in state.wants_what)[:5]
+            for key, state in dask_scheduler.clients.items()
+            if key != FIRE_AND_FORGET and state.wants_what}
+
+
+def _release_held_tasks(dask_scheduler) -> dict[str, list[str]]:
+    """Release, for every client (less fire-and-forget's) still holding tasks, what it
+    holds, as its own release message would; return `_clients_holding_tasks` as it
+    was. A test starts with nothing of its own on the cluster: all it finds held is
+    an earlier test's."""
+    held = _clients_holding_tasks(dask_scheduler)
+    for key, state in list(dask_scheduler.clients.items()):
+        if key != FIRE_AND_FORGET and state.wants_what:
+            dask_scheduler.client_releases_keys(
+                [task.key for task in state.wants_what], key,
+                stimulus_id=f"tests-release-leftovers-{time.time()}")
+    return held
 
 
 @pytest.fixture

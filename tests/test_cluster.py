@@ -233,9 +233,14 @@ def test_a_setup_broken_by_a_connection_is_installed_again(monkeypatch, capsys, 
 def test_the_quiet_wait_sees_a_held_future_and_its_release(shared_cluster):
     """The wait before each test on the shared cluster (tests/conftest.py) asks the
     scheduler which clients hold tasks: a held future's client is listed, and no
-    longer once the future is released (else the wait would never wait, or never end)."""
-    from tests.conftest import _clients_holding_tasks
+    longer once the future is released (else the wait would never wait, or never end);
+    a future still held after the wait is released on the scheduler, its key said."""
+    from tests.conftest import _clients_holding_tasks, _release_held_tasks
     client, _ = shared_cluster
+    kept = client.submit(sum, [4, 5], pure=False)
+    assert kept.result() == 9
+    assert client.run_on_scheduler(_release_held_tasks) == {client.id: [str(kept.key)]}
+    assert client.run_on_scheduler(_clients_holding_tasks) == {}
     held = client.submit(sum, [1, 2], pure=False)
     assert held.result() == 3
     assert client.id in client.run_on_scheduler(_clients_holding_tasks)
@@ -244,4 +249,4 @@ def test_the_quiet_wait_sees_a_held_future_and_its_release(shared_cluster):
     deadline = time.monotonic() + 10.0
     while client.run_on_scheduler(_clients_holding_tasks) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert client.run_on_scheduler(_clients_holding_tasks) == []
+    assert client.run_on_scheduler(_clients_holding_tasks) == {}

@@ -20,8 +20,9 @@ def test_another_clients_work_that_comes_mid_run_is_said_at_the_next_checkpoint(
     task as this run started, and it may be done before this run's steps end, so
     only a checkpoint in between sees it. Here the other client's task asks for a
     resource no worker has: it waits and slows nothing; it is cancelled once the run
-    has said it. The run's checkpoint every 2 steps of 60: the task comes at some
-    checkpoint, and the next one says so, in the record's notes too."""
+    has said it. The run's checkpoint every 2 steps of 60: the task comes once some
+    checkpoint is on disk, and the run says so at that checkpoint (where the task
+    came before the run looked) or at a later one, in the record's notes too."""
     client, _ = shared_cluster
     out = tmp_path / "run"
     path = str(out / "checkpoints.zarr")
@@ -55,7 +56,7 @@ def test_another_clients_work_that_comes_mid_run_is_said_at_the_next_checkpoint(
     said = [line for line in lines if "other client" in line]
     assert said[0].startswith("warning: at step "), lines
     at_step = int(said[0].split()[3].rstrip(","))
-    assert came_at[0] < at_step < 60 and at_step % 2 == 0, (came_at, said)
+    assert came_at[0] <= at_step < 60 and at_step % 2 == 0, (came_at, said)
     assert said[0].endswith(
         f", 1 other client holds tasks on the Dask scheduler at {client.scheduler.address} "
         "(another run or sweep?): their work shares this run's workers, so its step "
