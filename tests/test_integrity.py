@@ -269,7 +269,8 @@ def test_files_a_killed_fresh_run_set_aside_are_settled_by_the_next_run(
         tmp_path, tiny_dataset_factory, capsys):
     """A fresh run killed before its first step leaves the earlier run's files aside:
     the next run puts them back (so a plain rerun is refused over them, with a note);
-    one killed after it trained has results of its own, and they are removed."""
+    one killed after it trained has results of its own, and they are removed.
+    `--check` refuses the set-aside results as the run will, moving nothing."""
     config = reference_config(tmp_path, tiny_dataset_factory("float32"))
     path = write_config(tmp_path, config)
     assert main_lines(capsys, [path])[0] == 0
@@ -277,6 +278,9 @@ def test_files_a_killed_fresh_run_set_aside_are_settled_by_the_next_run(
     first = os.path.getmtime(summary)
     set_aside(config.output_dir)  # as the killed fresh run did, then wrote its step 0
     checkpoints.create_checkpoint(config.checkpoint_path, 0, {"w": (2,)}, {}, "float32")
+    code, lines = main_lines(capsys, [path, "--check"])  # moves nothing, refuses as the run
+    assert code == 2 and len(lines) == 1 and f"{ASIDE}/summary.json" in lines[0], lines
+    assert os.path.isdir(os.path.join(config.output_dir, ASIDE))
     code, lines = main_lines(capsys, [path])
     assert code == 2 and len(lines) == 2 and "put back" in lines[0], lines
     assert "already holds an earlier run's results" in lines[1], lines

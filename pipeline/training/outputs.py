@@ -107,8 +107,14 @@ def initial_weights_only(path: str) -> bool:
 
 def check_earlier_results(config: RunConfig) -> None:
     """Raise ConfigError if the output directory holds an earlier run's results that
-    `config` neither resumes nor replaces (the run's refusal, and `--check`'s)."""
+    `config` neither resumes nor replaces (the run's refusal, and `--check`'s). Results
+    a fresh run set aside and was stopped before replacing count: the run puts them
+    back before it looks (`settle_aside`), and `--check`, which moves nothing, must
+    refuse them as the run will."""
     found = earlier_results(config.output_dir)
+    aside = os.path.join(config.output_dir, ASIDE)
+    if not found and os.path.isdir(aside):
+        found = [os.path.join(ASIDE, name) for name in earlier_results(aside)]
     if found and not (config.train.fresh or config.train.resume):
         raise ConfigError(f"output: {config.output_dir} already holds an earlier run's "
                           f"results ({', '.join(found)}); pass --fresh (train.fresh=true) "
