@@ -114,11 +114,10 @@ def _release_held_tasks(dask_scheduler) -> dict[str, list[str]]:
     was. A test starts with nothing of its own on the cluster: all it finds held is
     an earlier test's."""
     held = _clients_holding_tasks(dask_scheduler)
-    for key, state in list(dask_scheduler.clients.items()):
-        if key != FIRE_AND_FORGET and state.wants_what:
-            dask_scheduler.client_releases_keys(
-                [task.key for task in state.wants_what], key,
-                stimulus_id=f"tests-release-leftovers-{time.time()}")
+    for key in held:
+        dask_scheduler.client_releases_keys(
+            [task.key for task in dask_scheduler.clients[key].wants_what], key,
+            stimulus_id=f"tests-release-leftovers-{time.time()}")
     return held
 
 
