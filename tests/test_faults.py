@@ -250,6 +250,8 @@ def test_worker_killed_mid_run_is_survived(tmp_path, three_cli_workers, tiny_dat
         (recovery,) = summary["recoveries"]
         assert recovery["lost_workers"] == [victim]
         assert f"recovered   {victim} lost at step {recovery['lost_at_step']}" in out  # said
+        header = next(line for line in out.splitlines() if line.startswith("run "))
+        assert header.endswith(f"; ended on {', '.join(recovery['workers'])} (below)")
         assert set(recovery["workers"]) == {"w0", "w1", "w2"} - {victim}
         restored = recovery["restored_step"]
         assert restored >= every and restored % every == 0

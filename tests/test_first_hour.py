@@ -98,6 +98,27 @@ def test_the_closing_prediction_says_what_it_prices_beside_the_placement_s():
             in format_summary("x", "kernel", alone, ["a"]))
 
 
+def test_the_header_names_the_workers_a_recovery_or_a_join_left_the_run_on():
+    """Placed on a, b, c; c lost (back to checkpoint 4), then d joined at 8: the run
+    ended on a, b, d, which the header says beside the placed set."""
+    lost = {"lost_at_step": 6, "restored_step": 4, "lost_workers": ["c"],
+            "workers": ["a", "b"], "replayed_steps": 2, "seconds": 1.0}
+    joined = {"at_step": 8, "joined_workers": ["d"], "workers": ["a", "b", "d"]}
+    placed = ["a", "b", "c"]
+    header = format_summary("x", "kernel", BARE_SUMMARY, placed).splitlines()[0]
+    assert header == "run x: strategy kernel on a, b, c"
+    header = format_summary("x", "kernel", {**BARE_SUMMARY, "recoveries": [lost]},
+                            placed).splitlines()[0]
+    assert header == "run x: strategy kernel on a, b, c; ended on a, b (below)"
+    both = {**BARE_SUMMARY, "recoveries": [lost], "joins": [joined]}
+    assert format_summary("x", "kernel", both, placed).splitlines()[0].endswith(
+        "; ended on a, b, d (below)")
+    # A loss at the checkpoint a join came at restores that checkpoint: the later event.
+    at_the_join = {**lost, "restored_step": 8, "workers": ["a", "d"]}
+    assert format_summary("x", "kernel", {**both, "recoveries": [at_the_join]},
+                          placed).splitlines()[0].endswith("; ended on a, d (below)")
+
+
 def test_the_client_line_names_an_embedded_scheduler_only_where_there_is_one():
     embedded = format_summary("x", "kernel", BARE_SUMMARY, ["a"])
     assert "(10% of a core: the client and an embedded scheduler)" in embedded

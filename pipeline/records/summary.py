@@ -129,8 +129,10 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str],
     in the client's process (an embedded cluster), which the client line counts."""
     spread = (f"IQR {summary['step_time_p25']:.3f}-{summary['step_time_p75']:.3f} s, "
               f"range {summary['step_time_min']:.3f}-{summary['step_time_max']:.3f} s")
+    ended_on = workers_at_the_end(summary, workers)
     lines = [
-        f"run {name}: strategy {strategy} on {', '.join(workers)}",
+        f"run {name}: strategy {strategy} on {', '.join(workers)}"
+        + (f"; ended on {', '.join(ended_on)} (below)" if ended_on != list(workers) else ""),
         *machine_lines(summary.get("worker_machines") or {}),
         f"  step time   median {summary['step_time_median']:.3f} s over "
         f"{summary['measured_steps']} measured steps ({spread})"
@@ -200,6 +202,20 @@ def format_summary(name: str, strategy: str, summary: dict, workers: list[str],
         lines.append(f"  joined      {', '.join(j['joined_workers'])} at step {j['at_step']}: "
                      f"from then on {', '.join(j['workers'])}")
     return "\n".join(lines)
+
+
+def workers_at_the_end(summary: dict, placed: list[str]) -> list[str]:
+    """The workers a run ended on: those its last recovery or join left it (each
+    names the run's workers from its step on: a recovery from the checkpoint it
+    restored, a join from the checkpoint it came at), else the `placed` ones. At one
+    step, a recovery counts after a join: a loss there restores the checkpoint the
+    join came at, while a join is only noticed at a checkpoint the run reached."""
+    events = [(int(r["restored_step"]), 1, list(r["workers"]))
+              for r in summary.get("recoveries") or []]
+    events += [(int(j["at_step"]), 0, list(j["workers"])) for j in summary.get("joins") or []]
+    if not events:
+        return list(placed)
+    return sorted(events, key=lambda event: event[:2])[-1][2]  # stable: list order at ties
 
 
 def machine_lines(worker_machines: dict[str, dict[str, Any]]) -> list[str]:
