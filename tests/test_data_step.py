@@ -22,7 +22,8 @@ from pipeline.costmodel.replicas import predict_data_store, predict_hybrid_store
 from pipeline.probe.readings import trunk_timings
 from pipeline.probe.runs import PlanRun, replica_plan
 from tasks.receipts import OpEvent, Phase, Receipt
-from tasks.replica_layout import GRAD_UPDATE, REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
+from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_UPDATE, REPLICA_STEP,
+                                  TRUNK_BACKWARD, TRUNK_FORWARD)
 from tasks.specs import ConvLayerSpec, NetworkSpec
 
 MS = 1e-3
@@ -39,7 +40,8 @@ def _event(name: str, *phases: tuple[str, float]) -> OpEvent:
 
 def _runs(step_compute: dict[str, float], rows: list[int],
           update: dict[str, float] | None = None) -> list[PlanRun]:
-    """Two rounds of a hybrid replica plan (trunk 10 + 20 ms a worker) and of a data
+    """Two rounds of a hybrid replica plan (trunk 10 + 20 ms a worker, its dense ops
+    1 ms forward after a 2 ms gather of the features and 3 ms backward) and of a data
     one whose replica-step reads its batch, computes, waits for a peer, and computes
     its hand-on copies (the compute split 80/20 around the wait); then its grad-update
     reads the peer's sum and computes `update` (4 ms where not given)."""
@@ -52,6 +54,9 @@ def _runs(step_compute: dict[str, float], rows: list[int],
         out.append(PlanRun(dataclasses.replace(hybrid, shares=rows), names, [
             Receipt("t", w, s, 0.0, 1.0, [_event(TRUNK_FORWARD, ("dataset", 3 * MS),
                                                  ("compute", 10 * MS)),
+                                          _event(DENSE_FORWARD, ("read", 2 * MS),
+                                                 ("compute", 1 * MS)),
+                                          _event(DENSE_BACKWARD, ("compute", 3 * MS)),
                                           _event(TRUNK_BACKWARD, ("compute", 20 * MS))])
             for w in names for s in (2, 3, 4)], r))
         out.append(PlanRun(dataclasses.replace(data, shares=rows), names, [
@@ -91,6 +96,19 @@ def test_no_data_step_without_a_data_plan_at_the_trunks_rows():
             if not run.plan.whole]
     assert trunk_timings(runs)["cpu-0"].data_step_s is None
     assert trunk_timings(runs)["cpu-0"].update_s is None
+
+
+def test_hybrids_dense_ops_are_read_off_its_plan_as_they_are_whatever_the_rows():
+    """Their compute, not the features' gather; the whole batch's neurons, so alike
+    workers at uneven rows pool them as they are; none without a hybrid plan."""
+    steps = {"cpu-0": 27 * MS, "cpu-1": 33 * MS}
+    trunks = trunk_timings(_runs(steps, [8, 8]))
+    assert [trunks[w].hybrid_head_s for w in steps] == pytest.approx([4 * MS, 4 * MS])
+    pooled = trunk_timings(_runs(steps, [9, 3]), [["cpu-0", "cpu-1"]])
+    assert pooled["cpu-0"].hybrid_head_s == pytest.approx(4 * MS)
+    assert pooled["cpu-1"].hybrid_head_s == pytest.approx(4 * MS)
+    data_only = [run for run in _runs(steps, [8, 8]) if run.plan.whole]
+    assert all(t.hybrid_head_s is None for t in trunk_timings(data_only).values())
 
 
 def test_the_update_is_read_off_the_grad_update_compute_at_any_rows():

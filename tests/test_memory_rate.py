@@ -200,6 +200,31 @@ def test_hybrids_dense_slices_run_at_the_rate_of_the_head_timed_on_a_replicas_ro
     assert links[1] == pytest.approx(1.5 * links[0], rel=0.05)
 
 
+def test_hybrids_dense_slices_take_its_own_ops_where_the_probe_timed_them():
+    """Timed as a hybrid run runs them (`TrunkTime.hybrid_head`: a device's neurons on
+    the whole batch), the dense ops set its slices' scale over the replica's head;
+    both hybrid models take it."""
+    from pipeline.costmodel.compute import dense_slice_time, hybrid_head_factor
+    from pipeline.costmodel.devices import TrunkTime
+    net = marques_cifar()
+    neurons = [layer.out_features // 2 for layer in net.dense]
+    slices = [dense_slice_time(CPU, net, j, 64, 0.5) for j in range(len(net.dense))]
+    modelled = sum(t.forward + t.backward for t in slices)
+    head = dense_time(CPU, net.dense, 32, dropout=tuple(
+        net.dense_dropout(j) for j in range(len(net.dense))))
+    replica_head = 1.5 * (head.forward + head.backward)  # the replica's head: 1.5x
+    own = dataclasses.replace(CPU, trunk=TrunkTime(32, 0.01, 0.02, dense=replica_head,
+                                                   hybrid_head=3 * modelled,
+                                                   hybrid_head_batch=64))
+    without = dataclasses.replace(own, trunk=dataclasses.replace(own.trunk, hybrid_head=None))
+    assert hybrid_head_factor(own, net, neurons) == pytest.approx(3.0)
+    assert hybrid_head_factor(without, net, neurons) == pytest.approx(1.5)
+    for store in (STORE, None):
+        masters = [predict("hybrid", net, 64, [dev] * 2, _link(1e-4), store).breakdown["master"]
+                   for dev in (without, own)]
+        assert masters[1] == pytest.approx(2 * masters[0], rel=0.05)
+
+
 def test_a_holder_joins_a_gathered_inputs_shards_at_the_memory_rate():
     """The engine's `_gather` concatenates the shards of a layer's output (read each,
     write the whole); with one holder the output is used as it is."""

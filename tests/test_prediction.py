@@ -125,7 +125,7 @@ def test_probe_measures_positive_finite_constants(probe):
         for t in worker.timings:
             assert t.rounds >= 2 and t.steps >= 2 * t.rounds, t
             assert 0 < t.low_s <= t.forward_s + t.backward_s <= t.high_s * 1.001, t
-    assert probe.version == 23 and probe.phase_seconds["timed_again"] >= 0
+    assert probe.version == 24 and probe.phase_seconds["timed_again"] >= 0
     for worker, device in zip(probe.workers, probe.device_specs()):
         # a replica's update timed on every worker at once: a memory rate a CPU can have,
         # and the rate the model prices every element-wise pass at
@@ -152,6 +152,10 @@ def test_probe_measures_positive_finite_constants(probe):
                                                               for w in probe.workers]
     assert [d.trunk.data_step for d in probe.device_specs(2)] == [w.trunk.data_step_s
                                                                   for w in probe.workers]
+    # hybrid's dense ops, its neurons on the whole batch, read off the hybrid plan
+    assert all(_finite_positive(w.trunk.hybrid_head_s) for w in probe.workers)
+    assert [(d.trunk.hybrid_head, d.trunk.hybrid_head_batch) for d in probe.device_specs(2)] \
+        == [(w.trunk.hybrid_head_s, probe.batch) for w in probe.workers]
     # a data replica's update, its rate the replica's update accesses over its time
     assert all(_finite_positive(w.trunk.update_s) for w in probe.workers)
     net = probe.costmodel_network()

@@ -267,3 +267,23 @@ def measured_head_factor(dev: DeviceSpec, network: Network) -> float:
                           accesses=network.update_accesses())
     total = modelled.forward + modelled.backward
     return measured / total if measured and total > 0 else 1.0
+
+
+def hybrid_head_factor(dev: DeviceSpec, network: Network, neurons: Sequence[int]) -> float:
+    """A ``hybrid`` device's measured dense work over the modelled, by which its slices
+    (`neurons` of each dense layer) are scaled. Where the probe timed its hybrid dense
+    ops (`TrunkTime.hybrid_head`: its neurons on the whole batch, as runs run them),
+    those over the modelled slices at that batch; else `measured_head_factor`.
+
+    Why the ops themselves: each has a fixed cost (its Python, autograd's set-up, the
+    gather of its input) that a product as small as the small network's one dense
+    layer (4096 x 10, batch 64) does not cover: there, on 2 workers (Intel Xeon), the
+    ops took 1.1 ms a step where the replica's head gave 0.4."""
+    trunk = dev.trunk
+    if trunk is None or not trunk.hybrid_head or trunk.hybrid_head_batch <= 0:
+        return measured_head_factor(dev, network)
+    b = trunk.hybrid_head_batch
+    modelled = sum((dense_slice_time(dev, network, j, b, n / layer.out_features)
+                    for j, (layer, n) in enumerate(zip(network.dense, neurons))), LayerTime())
+    total = modelled.forward + modelled.backward
+    return trunk.hybrid_head / total if total > 0 else 1.0

@@ -101,6 +101,11 @@ class TrunkTime:
     #: layers run a few percent faster in ``data``'s one autograd pass than in
     #: ``hybrid``'s trunk ops (None: not measured; trunk and head stand)
     data_step: float | None = None
+    #: a ``hybrid`` device's dense ops (its neurons of every dense layer, forward and
+    #: backward) on ``hybrid_head_batch`` rows, the whole batch, as its runs run them,
+    #: every device at once (None: not measured; the dense head's figure stands)
+    hybrid_head: float | None = None
+    hybrid_head_batch: int = 0
 
     def data_step_time(self, batch: float) -> float | None:
         """Seconds of a ``data`` replica's step on ``batch`` rows (``None``: not timed)."""

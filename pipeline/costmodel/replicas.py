@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from .compute import (FLATTEN_ACCESSES, GATHER_ACCESSES, LayerTime, dense_slice_time,
-                      measured_head_factor)
+                      hybrid_head_factor)
 from .data import per_device_totals, replica_times
 from .devices import DaskOverhead, DeviceSpec, LinkSpec, StoreSpec, spreads, uneven
 from .batch_reads import replica_batch_read
@@ -217,7 +217,7 @@ class _HybridSetup:
     dataset: StoreSpec | None
     dense_batch: str
     split: Sequence[Sequence[int]]
-    head_factor: dict[int, float]  # `measured_head_factor` per device
+    head_factor: dict[int, float]  # `hybrid_head_factor` per device
     _dense: dict[tuple[int, int, str], np.ndarray] = field(default_factory=dict)
 
     def dense_seconds(self, d: int, j: int, rows: int, kind: str) -> float:
@@ -272,7 +272,8 @@ def _hybrid_setup(network: Network, devices: Sequence[DeviceSpec], shares: list[
                         conv_params, trunk, stretches(rows, after_forward, None),
                         stretches(rows, None, before_backward), update, stream,
                         options.dataset, options.dense_batch, split,
-                        {d: measured_head_factor(dev, network) for d, dev in enumerate(devices)})
+                        {d: hybrid_head_factor(dev, network, [row[d] for row in split])
+                         for d, dev in enumerate(devices)})
 
 
 def _hybrid_step(tl: Timeline, h: _HybridSetup) -> None:

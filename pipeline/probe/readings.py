@@ -22,7 +22,8 @@ from pipeline.probe.robust import Estimate, estimate
 from pipeline.probe.runs import PlanRun, ProbePlan, ReplicaPlan
 from tasks.layout import CONV_BACKWARD, CONV_FORWARD, DENSE_HEAD
 from tasks.receipts import OpEvent, Receipt
-from tasks.replica_layout import GRAD_UPDATE, REPLICA_STEP, TRUNK_BACKWARD, TRUNK_FORWARD
+from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_UPDATE, REPLICA_STEP,
+                                  TRUNK_BACKWARD, TRUNK_FORWARD)
 
 
 def _busy(event: OpEvent) -> float:
@@ -172,6 +173,13 @@ def _trunk_ops(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
     return (_busy(ops[TRUNK_FORWARD]), _busy(ops[TRUNK_BACKWARD])), ops[TRUNK_FORWARD]
 
 
+def _dense_ops(receipt: Receipt) -> tuple[tuple[float, ...], OpEvent] | None:
+    """A hybrid replica's dense ops, every layer's forward and backward: their compute
+    summed (None where the step ran none)."""
+    ops = [e for e in receipt.events if e.name in (DENSE_FORWARD, DENSE_BACKWARD)]
+    return ((sum(_busy(e) for e in ops),), ops[0]) if ops else None
+
+
 def _one_op(name: str) -> Callable[[Receipt], tuple[tuple[float, ...], OpEvent] | None]:
     """A reader of one op's compute off a data replica's receipt: its ``replica-step``
     (forward and backward, its gradient's hand-on copies) or its ``grad-update`` (the
@@ -184,8 +192,8 @@ def _one_op(name: str) -> Callable[[Receipt], tuple[tuple[float, ...], OpEvent] 
 
 def _figure_at(found: tuple[int, int, list[list[RowSample]]] | None, rows: int,
                active: int) -> float | None:
-    """The median of the rounds' medians of a data replica plan's figure, where that
-    plan ran at the trunk's `rows` and `active` workers (None elsewhere)."""
+    """The median of the rounds' medians of a replica plan's figure, where that plan
+    ran at the trunk's `rows` and `active` workers (None elsewhere)."""
     if found is None or found[:2] != (rows, active):
         return None
     return estimate([[values[0] for values, _ in r] for r in found[2]]).value
@@ -197,10 +205,13 @@ def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
     trunk-forward's compute and the trunk-backward's (its backward and the gradient's
     flattening, as a replica-step has them), each the median of its rounds' medians;
     and from the data replica plan's rounds, where it ran, the whole replica-step's
-    compute (`TrunkTiming.data_step_s`) and its update's (`TrunkTiming.update_s`).
-    Alike workers pool their steps (`_replica_rounds`)."""
+    compute (`TrunkTiming.data_step_s`) and its update's (`TrunkTiming.update_s`);
+    from the hybrid plan's rounds also its dense ops (`TrunkTiming.hybrid_head_s`:
+    its neurons on the whole batch, which do not grow with its rows). Alike workers
+    pool their steps (`_replica_rounds`)."""
     steps = _replica_rounds(runs, True, _one_op(REPLICA_STEP), alike)
     updates = _replica_rounds(runs, True, _one_op(GRAD_UPDATE), alike, per_row=False)
+    heads = _replica_rounds(runs, False, _dense_ops, alike, per_row=False)
     out = {}
     for worker, (rows, active, rounds) in _replica_rounds(runs, False, _trunk_ops,
                                                           alike).items():
@@ -212,7 +223,8 @@ def trunk_timings(runs: Sequence[PlanRun], alike: Sequence[Sequence[str]] = ()
         out[worker] = TrunkTiming(rows, active, f.value, b.value, total.rounds, total.samples,
                                   min(total.low, both), max(total.high, both), total.settled,
                                   dataset_s=_read_figure([[d for _, d in r] for r in rounds]),
-                                  data_step_s=data_step, update_s=update_s)
+                                  data_step_s=data_step, update_s=update_s,
+                                  hybrid_head_s=_figure_at(heads.get(worker), rows, active))
     return out
 
 

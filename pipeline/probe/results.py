@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 23  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 24  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -43,7 +43,8 @@ PROBE_VERSION = 23  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    inside a task (`DaskProbe.step_gap_s`); 22: the reference
 #                    probe's short steps timed in rounds (reference.py); 23: its
 #                    steps and the cluster probe's rounds with the heap frozen, as a
-#                    run's steps (pipeline/engine/heap.py)
+#                    run's steps (pipeline/engine/heap.py); 24: hybrid's dense ops
+#                    (`TrunkTiming.hybrid_head_s`)
 
 
 @dataclass
@@ -229,7 +230,8 @@ class ClusterProbe:
             if w.trunk is not None and w.trunk.active == active:
                 spec = replace(spec, trunk=TrunkTime(w.trunk.rows, w.trunk.forward_s,
                                                      w.trunk.backward_s, w.trunk.dataset_s,
-                                                     w.trunk.dense_s, w.trunk.data_step_s),
+                                                     w.trunk.dense_s, w.trunk.data_step_s,
+                                                     w.trunk.hybrid_head_s, self.batch),
                                update_bw=update_rate(w.trunk.update_s, net, s))
             specs.append(replace(spec, spread=w.spread.get(active, 0.0)))
         return specs

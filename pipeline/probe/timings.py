@@ -71,7 +71,10 @@ class TrunkTiming:
     replica plan's, pipeline/probe/runs.py: None where it did not run); ``update_s`` that
     replica's update (its grad-update: the summed ranges gathered into one flat
     gradient and the SGD step over every parameter, at the probe's SGD, the config's
-    defaults; None where the data replica plan did not run)."""
+    defaults; None where the data replica plan did not run); ``hybrid_head_s`` the
+    ``hybrid`` replica plan's dense ops on this worker (every dense-forward and
+    dense-backward of its neurons, on the whole batch: scheme a), as a run runs them
+    (None where that plan did not run or the network has no dense layer)."""
 
     rows: int
     active: int
@@ -86,6 +89,7 @@ class TrunkTiming:
     dense_s: float | None = None
     data_step_s: float | None = None
     update_s: float | None = None
+    hybrid_head_s: float | None = None
 
     def scaled(self, bound: str) -> "TrunkTiming":
         """At the lower or upper quartile of its steps (see `ShardTiming.scaled`; the
