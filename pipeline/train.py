@@ -8,6 +8,10 @@ full disk's line says which store's disk, what was kept and how to go on. Ctrl-C
 SIGTERM and SIGHUP end the run cleanly with one line naming the last complete
 checkpoint and the command that continues from it, and exit 128 + the signal's
 number.
+
+Run as a command, it reads its command line and config before it imports torch, Dask's
+cluster code and xarray (`answer_before_imports`): `--help`, a mistyped option and a
+config's wrong field are answered in half a second, not five.
 """
 
 from __future__ import annotations
@@ -19,26 +23,9 @@ import sys
 from pipeline.cli import (CONFIG_ERROR, IN_USE, RUNTIME_ERROR, Interrupted, OneLineParser,
                           UsageError, exit_with, fail, quiet_dask, quiet_start,
                           stops_on_signals)
-
-with quiet_start():  # torch, Dask, xarray: a Ctrl-C meanwhile is one line, not a traceback
-    from pipeline.engine.checkpointing import CheckpointError
-    from pipeline.cluster.connect import check_scheduler_answers
-    from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
+with quiet_start():  # a Ctrl-C meanwhile is one line (pipeline.cli), as in the imports below
     from pipeline.config.run_config import RunConfig, load_run_config
-    from pipeline.training.outputs import (OutputLock, RunComplete, check_output_dir,
-                                           earlier_kept, earlier_results)
-    from pipeline.placement.split import PlacementError
-    from pipeline.prediction import check_probe_environment
-    from pipeline.preflight import check_before_start
-    from pipeline.records.summary import format_summary
-    from pipeline.run import run_training
     from pipeline.config.schema import ConfigError, load_yaml, parse_override
-    from pipeline.strategies import strategy_of
-    from storage import checkpoints
-    from storage.locks import LockBusy
-    from storage.datasets.store import DatasetChanged, DatasetDamaged, DatasetError
-    from storage.space import NoSpace
-
 
 #: What `--help` says of the overrides a first run needs (docs/configuration.md has
 #: every key).
@@ -51,11 +38,10 @@ RUN_KEYS_HELP = (
     "lines.")
 
 
-def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
-    """Parse the command line and load the config (its fields checked as it loads);
-    with `--check`, also check everything a run can find wrong before it starts
-    (`check_before_start`), which the run otherwise checks itself, once. Returns the
-    config and whether only to check."""
+def parse_command(argv: list[str] | None) -> tuple[str, list[str], bool]:
+    """The command line: the config file, its overrides (`--fresh` and `--scheduler`
+    as theirs) and whether only to check. `--help` prints and exits; a wrong option
+    raises `UsageError`."""
     parser = OneLineParser(prog="python -m pipeline.train",
                            description="Train a CNN with one strategy.",
                            epilog=RUN_KEYS_HELP)
@@ -74,12 +60,61 @@ def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
         overrides.append("train.fresh=true")
     if args.scheduler:
         overrides.append(f"cluster.scheduler={args.scheduler}")
-    config = load_run_config(args.config, overrides)
-    check_worker_count(config, load_yaml(args.config), overrides)
+    return args.config, overrides, args.check
+
+
+def answer_before_imports(argv: list[str]) -> int | None:
+    """The command's answer where its command line or config is wrong (exit 2, one
+    line) or `--help` was asked (exit 0, by argparse), before the imports a run needs
+    (torch, Dask's cluster code, xarray: 4-5 s of a command's start); None where both
+    are fine, for `main` to read them again and go on. Only what `main` would answer
+    the same way is answered here: anything else the config raises is left to it."""
+    with quiet_start():
+        try:
+            path, overrides, _check = parse_command(argv)
+            load_run_config(path, overrides)
+        except (UsageError, ConfigError) as error:
+            return fail(error, CONFIG_ERROR)
+        except Exception:  # noqa: BLE001 - main meets it again and answers it
+            return None
+    return None
+
+
+if __name__ == "__main__":
+    answered = answer_before_imports(sys.argv[1:])
+    if answered is not None:
+        sys.exit(answered)
+
+with quiet_start():  # torch, Dask, xarray: a Ctrl-C meanwhile is one line, not a traceback
+    from pipeline.engine.checkpointing import CheckpointError
+    from pipeline.cluster.connect import check_scheduler_answers
+    from pipeline.cluster.workers import ClusterError, SchedulerLost, WorkerLost, scheduler_address
+    from pipeline.training.outputs import (OutputLock, RunComplete, check_output_dir,
+                                           earlier_kept, earlier_results)
+    from pipeline.placement.split import PlacementError
+    from pipeline.prediction import check_probe_environment
+    from pipeline.preflight import check_before_start
+    from pipeline.records.summary import format_summary
+    from pipeline.run import run_training
+    from pipeline.strategies import strategy_of
+    from storage import checkpoints
+    from storage.locks import LockBusy
+    from storage.datasets.store import DatasetChanged, DatasetDamaged, DatasetError
+    from storage.space import NoSpace
+
+
+def load_checked(argv: list[str] | None) -> tuple[RunConfig, bool]:
+    """Parse the command line and load the config (its fields checked as it loads);
+    with `--check`, also check everything a run can find wrong before it starts
+    (`check_before_start`), which the run otherwise checks itself, once. Returns the
+    config and whether only to check."""
+    path, overrides, check_only = parse_command(argv)
+    config = load_run_config(path, overrides)
+    check_worker_count(config, load_yaml(path), overrides)
     check_probe_environment()
-    if args.check:
+    if check_only:
         check_before_start(config)
-    return config, args.check
+    return config, check_only
 
 
 def check_worker_count(config: RunConfig, written: dict, overrides: list[str]) -> None:

@@ -370,6 +370,35 @@ def test_bad_input_through_the_real_command(case, tmp_path):
     assert_one_line(result.returncode, lines, case)
 
 
+#: `python -m pipeline.train ARGS` through runpy in a fresh interpreter, saying at its
+#: exit its status and which of the imports a run needs it had made.
+AS_THE_COMMAND = (
+    "import runpy, sys\n"
+    "sys.argv = ['pipeline.train', *sys.argv[1:]]\n"
+    "try:\n"
+    "    runpy.run_module('pipeline.train', run_name='__main__', alter_sys=True)\n"
+    "except SystemExit as stop:\n"
+    "    heavy = [name for name in ('torch', 'xarray') if name in sys.modules]\n"
+    "    print('status', stop.code, 'imported', heavy)\n")
+
+
+def test_help_and_wrong_input_are_answered_before_the_runs_imports(tmp_path):
+    """`--help`, a wrong option and a config's wrong field are answered before the
+    command imports torch or xarray (half a second, not five), each as `main` answers
+    it; a config that reads is left to `main`, which imports them."""
+    cases = [(["--help"], 0), ([SMALL, "train.lr=abc"], 2), ([SMALL, "--bogus"], 2)]
+    for args, status in cases:
+        result = subprocess.run([sys.executable, "-c", AS_THE_COMMAND, *args], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PYTHONPATH": ROOT})
+        assert f"status {status} imported []" in result.stdout, (args, result.stdout,
+                                                               result.stderr)
+        if status:
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            assert lines == run_main("train", args)[1], (args, lines)
+    assert train_cli.answer_before_imports([SMALL, "train.steps=3"]) is None
+
+
 def sweep_process(*args: str, cwd: str) -> subprocess.CompletedProcess:
     """``python -m experiments.sweep ARGS`` as a user runs it, from `cwd`."""
     env = {**os.environ, "PYTHONPATH": ROOT, "CNN_PREDICT_PROBE": "never"}
