@@ -247,6 +247,14 @@ def dense_slice_time(dev: DeviceSpec, network: Network, j: int, rows: float,
                       dropout=(network.dense_dropout(j),), accesses=network.update_accesses())
 
 
+def dense_slices_time(dev: DeviceSpec, network: Network, neurons: Sequence[int],
+                      rows: float) -> LayerTime:
+    """A ``hybrid`` device's `neurons` of every dense layer on ``rows`` samples, at the
+    modelled rates (none of a layer it holds no neuron of)."""
+    return sum((dense_slice_time(dev, network, j, rows, n / layer.out_features)
+                for j, (layer, n) in enumerate(zip(network.dense, neurons))), LayerTime())
+
+
 def measured_head_factor(dev: DeviceSpec, network: Network) -> float:
     """The device's measured dense head over the modelled one, on a replica's rows
     with every replica at once (`TrunkTime.dense`), by which a ``hybrid`` device's
@@ -282,8 +290,6 @@ def hybrid_head_factor(dev: DeviceSpec, network: Network, neurons: Sequence[int]
     trunk = dev.trunk
     if trunk is None or not trunk.hybrid_head or trunk.hybrid_head_batch <= 0:
         return measured_head_factor(dev, network)
-    b = trunk.hybrid_head_batch
-    modelled = sum((dense_slice_time(dev, network, j, b, n / layer.out_features)
-                    for j, (layer, n) in enumerate(zip(network.dense, neurons))), LayerTime())
+    modelled = dense_slices_time(dev, network, neurons, trunk.hybrid_head_batch)
     total = modelled.forward + modelled.backward
     return trunk.hybrid_head / total if total > 0 else 1.0

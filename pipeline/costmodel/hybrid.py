@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import collectives as col
-from .compute import LayerTime, dense_slice_time, hybrid_head_factor
+from .compute import LayerTime, dense_slices_time, hybrid_head_factor
 from .data import (allreduce_schedule, batch_norm_exchanges, comm_link, per_device_totals,
                    replica_pass, replica_times, unique_rows)
 from .devices import DeviceSpec, LinkSpec, distinct
@@ -105,10 +105,8 @@ class _DenseHead:
         """`dev`'s seconds of its `neurons` of every dense layer on `b` samples (none of
         a layer it holds no neuron of: it takes no part in it), scaled to what the
         probe measured (`hybrid_head_factor`: 1 where it timed no head)."""
-        net = self.network
-        times = sum((dense_slice_time(dev, net, j, b, n / layer.out_features)
-                     for j, (layer, n) in enumerate(zip(net.dense, neurons))), LayerTime())
-        return times.scaled(hybrid_head_factor(dev, net, neurons))
+        return dense_slices_time(dev, self.network, neurons, b).scaled(
+            hybrid_head_factor(dev, self.network, neurons))
 
     def sub(self, b: float, update: bool) -> tuple[float, list[LayerTime]]:
         """One dense sub-step of `b` samples: the slowest group's time, each group's
