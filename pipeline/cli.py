@@ -9,6 +9,7 @@ line, exit 128 + the signal's number.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import gc
@@ -175,8 +176,18 @@ def stops_on_signals() -> Iterator[None]:
         yield
         return
     first: list[tuple[int, float]] = []  # the first stop's signal and when it came
+    swallowed: list[int] = []  # a stop raised where Python ignores exceptions
+
+    def deliver(signum: int) -> None:
+        if _HOLDS and _HOLDS[-1].holding:  # the run's results come first (`ResultsFirst`)
+            _HOLDS[-1].note(Interrupted(signum))
+            return
+        raise Interrupted(signum)
 
     def handle(signum: int, frame: object) -> None:
+        if swallowed:  # the stop again, after it was swallowed (`raised_again_if_swallowed`)
+            deliver(swallowed.pop())
+            return
         now = time.monotonic()
         if first:
             if first[0][0] == signum and now - first[0][1] < SAME_STOP_S:
@@ -188,14 +199,12 @@ def stops_on_signals() -> Iterator[None]:
         # which tornado logs as a traceback: noise once the user has asked to stop.
         logging.getLogger("tornado.application").setLevel(logging.CRITICAL)
         quiet_dask(logging.CRITICAL + 1)  # the run's own cleanup, said in its one line
-        if _HOLDS and _HOLDS[-1].holding:  # the run's results come first (`ResultsFirst`)
-            _HOLDS[-1].note(Interrupted(signum))
-            return
-        raise Interrupted(signum)
+        deliver(signum)
 
     previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
     try:
-        yield
+        with raised_again_if_swallowed(Interrupted, swallowed):
+            yield
     finally:
         for number, handler in previous.items():  # after a stop, a second one still
             signal.signal(number, handle if first else handler)  # stops at once: the
@@ -213,16 +222,64 @@ def quiet_start() -> Iterator[None]:
         yield
         return
 
+    swallowed: list[int] = []
+
     def handle(signum: int, frame: object) -> None:
-        print(f"interrupted ({signal.Signals(signum).name}) while starting: nothing was run "
-              "or written", file=sys.stderr)
-        raise SystemExit(128 + signum)
+        if not swallowed:  # said once, also where it has to be raised again
+            print(f"interrupted ({signal.Signals(signum).name}) while starting: nothing was "
+                  "run or written", file=sys.stderr)
+        raise StoppedWhileStarting(signum)
 
     previous = signal.signal(signal.SIGINT, handle)
     try:
-        yield
+        with raised_again_if_swallowed(StoppedWhileStarting, swallowed):
+            yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+class StoppedWhileStarting(SystemExit):
+    """`quiet_start`'s stop: exit 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def raised_again_if_swallowed(kind: type[Interrupted] | type[StoppedWhileStarting],
+                              swallowed: list[int]) -> Iterator[None]:
+    """A signal handler's exception is raised wherever the main thread is, and where
+    that is a garbage collector's callback (distributed's GC diagnosis), a `__del__`
+    or a weakref's callback, Python prints "Exception ignored in ..." and goes on: a
+    Ctrl-C lost, the run finishing as if never asked to stop. While the body runs,
+    such a swallowed `kind` is delivered again (`_deliver_soon`), its number put in
+    `swallowed` so that the handler raises it again (not a second stop, nor the same
+    stop delivered twice)."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        stop = unraisable.exc_value
+        if not isinstance(stop, kind):
+            previous(unraisable)
+            return
+        swallowed.append(stop.signum)
+        _thread.start_new_thread(_deliver_soon, (stop.signum,))
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
+def _deliver_soon(signum: int) -> None:
+    """Run `signum`'s handler in the main thread once it is out of what swallowed the
+    stop: from another thread, after a millisecond (the rest of a garbage collection),
+    as `_thread.interrupt_main`, which only marks it pending. Raised or marked from
+    the main thread itself, the handler would run at once, still inside."""
+    time.sleep(0.001)
+    _thread.interrupt_main(signum)
 
 
 def stop_now(signum: int) -> NoReturn:

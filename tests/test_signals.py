@@ -373,6 +373,47 @@ def test_the_same_signal_again_at_once_is_the_same_stop(monkeypatch, same_stop_s
             process.kill()
 
 
+SWALLOWED_STOP = """
+import gc, os, signal, sys, time
+from pipeline.cli import Interrupted, quiet_start, stops_on_signals
+
+
+def diagnose(phase, info):  # Python run by the garbage collector, as Dask's GC diagnosis
+    if phase == "start":
+        os.kill(os.getpid(), signal.SIGINT)  # its handler's exception: raised in here
+
+
+block = quiet_start() if sys.argv[1] == "starting" else stops_on_signals()
+try:
+    with block:
+        gc.callbacks.append(diagnose)
+        gc.collect()
+        gc.callbacks.remove(diagnose)
+        time.sleep(1)
+        print("went on", flush=True)
+except Interrupted as stop:
+    print("stopped by", stop.name, flush=True)
+"""
+
+
+@pytest.mark.parametrize("block", ["running", "starting"])
+def test_a_stop_raised_inside_a_garbage_collection_is_not_lost(monkeypatch, block):
+    """Ctrl-C while the garbage collector ran Dask's GC diagnosis: the handler's
+    exception, raised in that callback, was printed as "Exception ignored in" and
+    dropped, and the run finished with exit 0 (seen in a probe cut by Ctrl-C). The
+    stop is now raised again once the collection is over, in a run
+    (`stops_on_signals`) as in a command's imports (`quiet_start`)."""
+    process = _script(monkeypatch, SWALLOWED_STOP, block)
+    out, err = process.communicate(timeout=30)
+    assert "went on" not in out and "Exception ignored" not in err, (out, err)
+    if block == "running":
+        assert (process.returncode, out) == (0, "stopped by SIGINT\n"), (out, err)
+    else:
+        assert process.returncode == 128 + signal.SIGINT, (out, err)
+        assert err.splitlines() == [
+            "interrupted (SIGINT) while starting: nothing was run or written"], err
+
+
 RESULTS_FIRST = """
 import os, signal
 from pipeline.cli import Interrupted, ResultsFirst, stops_on_signals
