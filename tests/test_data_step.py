@@ -19,7 +19,7 @@ from pipeline.costmodel.compute import FLATTEN_ACCESSES, GATHER_ACCESSES
 from pipeline.costmodel.data import replica_times, whole_step
 from pipeline.costmodel.devices import IDEAL_LINK, TrunkTime
 from pipeline.costmodel.replicas import predict_data_store, predict_hybrid_store
-from pipeline.probe.readings import trunk_timings
+from pipeline.probe.readings import steady_receipts, trunk_timings
 from pipeline.probe.runs import PlanRun, replica_plan
 from tasks.receipts import OpEvent, Phase, Receipt
 from tasks.replica_layout import (DENSE_BACKWARD, DENSE_FORWARD, GRAD_UPDATE, REPLICA_STEP,
@@ -178,3 +178,24 @@ def test_data_predictions_use_the_data_step_and_hybrid_its_trunk():
     assert slow.step_time - fast.step_time == pytest.approx(10 * MS, rel=0.05)
     assert predict(predict_hybrid_store, 30 * MS).step_time == \
         predict(predict_hybrid_store, 20 * MS).step_time
+
+
+def test_a_measured_tasks_first_step_is_left_out_of_the_readings():
+    """The first step of a measured task pays the task's start on the worker's core
+    (the model prices it apart): a task of three steps is read off its last two, so a
+    slow first step cannot leave the slower of the others as the median; a task of
+    two keeps both."""
+    data = replica_plan(NARROW, 16, 2, whole=True)
+    hybrid = [run for run in _runs({"cpu-0": 0.0, "cpu-1": 0.0}, [8, 8]) if not run.plan.whole]
+
+    def run(step_ms: dict[int, float], r: int) -> PlanRun:
+        return PlanRun(data, ["cpu-0", "cpu-1"], [
+            Receipt("t", w, s, 0.0, 1.0, [_event(REPLICA_STEP, ("compute", ms * MS))])
+            for w in ("cpu-0", "cpu-1") for s, ms in step_ms.items()], r)
+
+    three = [run({2: 40.0, 3: 27.0, 4: 25.0}, 0), run({6: 38.0, 7: 25.0, 8: 27.0}, 1)]
+    assert trunk_timings(hybrid + three)["cpu-0"].data_step_s == pytest.approx(26 * MS)  # not 27
+    assert [r.step for r in steady_receipts(three[1])] == [7, 8, 7, 8]
+    two = [run({2: 40.0, 3: 26.0}, 0), run({6: 38.0, 7: 24.0}, 1)]
+    assert trunk_timings(hybrid + two)["cpu-0"].data_step_s == pytest.approx(32 * MS)
+    assert len(steady_receipts(two[0])) == 4

@@ -51,6 +51,19 @@ def _first_part(event: OpEvent) -> float:
     return sum(p.seconds for p in event.phases[:cut] if p.kind in ("compute", "emulated"))
 
 
+def steady_receipts(run: PlanRun) -> list[Receipt]:
+    """A run's measured receipts without its task's first step where the task held
+    three or more: that step pays the task's start on the worker's core (its compute
+    1.1-1.5x the next steps' in the small network's runs, Intel Xeon), which the model
+    prices apart (`DaskProbe.task`, the client's CPU per task) and a run's median step
+    carries none of from three steps a task on (docs/model.md, "Dask"). In a median of
+    three it left the larger of the other two: 1-3 % over the runs' median steps."""
+    steps = sorted({r.step for r in run.receipts})
+    if len(steps) < 3:
+        return list(run.receipts)
+    return [r for r in run.receipts if r.step != steps[0]]
+
+
 Cell = tuple[str, int, int, int]  # worker, layer, kernels, workers running
 
 #: One measured step of a cell: forward, backward, input-gradient and dataset-read
@@ -78,7 +91,7 @@ def shard_samples(runs: Sequence[PlanRun]) -> dict[Cell, dict[int, list[StepTime
     for run in runs:
         if not isinstance(run.plan, ProbePlan):
             continue
-        for receipt in run.receipts:
+        for receipt in steady_receipts(run):
             column = run.workers.index(receipt.worker)
             events: dict[int, dict[str, OpEvent]] = defaultdict(dict)
             for event in receipt.events:
@@ -139,7 +152,7 @@ def _replica_rounds(runs: Sequence[PlanRun], whole: bool, read: Callable[[Receip
     for run in runs:
         if not isinstance(run.plan, ReplicaPlan) or run.plan.whole != whole:
             continue
-        for receipt in run.receipts:
+        for receipt in steady_receipts(run):
             rows, figures = run.plan.shares[run.workers.index(receipt.worker)], read(receipt)
             if rows and figures is not None:
                 values, reader = figures
@@ -373,6 +386,6 @@ def dense_s(runs: Sequence[PlanRun]) -> Estimate:
     """The dense head's compute on the master (worker 0): its figure over the rounds."""
     by_round: dict[int, list[float]] = defaultdict(list)
     for run in runs:
-        by_round[run.round] += [_busy(e) for r in run.receipts for e in r.events
+        by_round[run.round] += [_busy(e) for r in steady_receipts(run) for e in r.events
                                 if e.name == DENSE_HEAD]
     return estimate([by_round[r] for r in sorted(by_round)])

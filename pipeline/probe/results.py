@@ -21,7 +21,7 @@ from pipeline.probe.tables import (costmodel_network, dataset_store, device_spec
 from pipeline.probe.timings import ShardTiming, TrunkTiming
 from tasks.specs import NetworkSpec
 
-PROBE_VERSION = 24  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
+PROBE_VERSION = 25  # 5: rounds, robust figures, spread, outliers; 6: replica trunks;
 #                    7: the client's CPU per step; 8: batch reads per shard and trunk;
 #                    9: each worker's compute spread against its peers; 10: none new,
 #                    but the workers' max-pool got faster (tasks/pooling.py), so every
@@ -44,7 +44,8 @@ PROBE_VERSION = 24  # 5: rounds, robust figures, spread, outliers; 6: replica tr
 #                    probe's short steps timed in rounds (reference.py); 23: its
 #                    steps and the cluster probe's rounds with the heap frozen, as a
 #                    run's steps (pipeline/engine/heap.py); 24: hybrid's dense ops
-#                    (`TrunkTiming.hybrid_head_s`)
+#                    (`TrunkTiming.hybrid_head_s`); 25: compute read without a
+#                    measured task's first step (readings.steady_receipts)
 
 
 @dataclass
