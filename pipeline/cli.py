@@ -263,8 +263,12 @@ def raised_again_if_swallowed(kind: type[Interrupted] | type[StoppedWhileStartin
         if not isinstance(stop, kind):
             previous(unraisable)
             return
+        try:
+            _thread.start_new_thread(_deliver_soon, (stop.signum,))
+        except RuntimeError:  # no new threads (the interpreter is ending): said as before
+            previous(unraisable)
+            return
         swallowed.append(stop.signum)
-        _thread.start_new_thread(_deliver_soon, (stop.signum,))
 
     sys.unraisablehook = hook
     try:
