@@ -378,8 +378,12 @@ import gc, os, signal, sys, time
 from pipeline.cli import Interrupted, quiet_start, stops_on_signals
 
 
+fired = []
+
+
 def diagnose(phase, info):  # Python run by the garbage collector, as Dask's GC diagnosis
-    if phase == "start":
+    if phase == "start" and not fired:  # once: not again in the collection at exit,
+        fired.append(phase)  # where the stop may have come before its removal below
         os.kill(os.getpid(), signal.SIGINT)  # its handler's exception: raised in here
 
 
@@ -387,8 +391,10 @@ block = quiet_start() if sys.argv[1] == "starting" else stops_on_signals()
 try:
     with block:
         gc.callbacks.append(diagnose)
-        gc.collect()
-        gc.callbacks.remove(diagnose)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(diagnose)
         time.sleep(1)
         print("went on", flush=True)
 except Interrupted as stop:
